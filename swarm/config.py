@@ -1,0 +1,51 @@
+"""Typed configuration of the swarm server (one place for defaults).
+
+The CLI builds a :class:`ServerConfig`; tests build one directly. Nothing reads environment variables
+except the CLI (``SWARM_ADMIN_TOKEN``), which passes the value in here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from swarm.engine.model_loading import DEFAULT_CACHE_DIR
+
+
+class SamplingDefaults(BaseModel):
+    """Sampling used when a request leaves a parameter out."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(default=256, ge=1)
+    """Completion cap when the request gives none."""
+
+
+class ServerConfig(BaseModel):
+    """Everything ``swarm serve`` needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    """``None`` for the embedded default, else a local HF directory or a ``.gguf`` file."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    run_dir: Path = Path("runs/default")
+    """Holds the pool database, checkpoints, metrics JSONL and logs; reusing it resumes the run."""
+    admin_token: SecretStr | None = None
+    """Bearer token for control routes; ``None`` makes control routes loopback-only and open."""
+    public_url: str | None = None
+    """Base URL handed to clients in ``EpisodeCreated.base_url``; defaults to the request's own URL."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    cache_dir: Path = DEFAULT_CACHE_DIR
+    """Where GGUF models are converted to safetensors once."""
+    max_batch_size: int = Field(default=32, ge=1)
+    batch_window_s: float = Field(default=0.005, ge=0.0)
+    episode_timeout_s: float = Field(default=600.0, gt=0)
+    """An open episode with no call and no heartbeat for this long is reclaimed (infra failure)."""
+    sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)

@@ -1,0 +1,295 @@
+"""The ``hf`` engine: batched sampling with a transformers causal LM (the embedded default).
+
+Concurrent requests are queued and a worker thread runs them together as one static batch: prompts are
+left-padded, position ids are computed from the attention mask so every row sees the positions it
+would see alone, and one decode loop with a shared KV cache samples every row with its own
+temperature, top-p, seed and stop conditions. Static batching beats continuous batching for a small
+model on a CPU (DESIGN.md §7), and it keeps logprobs exact: they are ``log_softmax`` of the fp32 raw
+logits (never HF ``scores``, which are after logits processors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from swarm.engine.base import Completion, SamplingParams
+from swarm.errors import ContextLengthError
+from swarm.tracking.records import FinishReason
+
+
+@dataclass
+class _Job:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: concurrent.futures.Future[list[Completion]] = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class _Row:
+    """One completion being sampled (a request with ``n`` choices has ``n`` rows)."""
+
+    job: _Job
+    choice: int
+    generator: torch.Generator | None
+    max_new: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish: FinishReason | None = None
+    text: str = ""
+
+
+class HFEngine:
+    """Batched sampler over a transformers model; thread-safe; generation pauses while ``lock`` is held.
+
+    Args:
+        model: a causal LM (``PreTrainedModel`` or a peft wrapper); may be replaced via :attr:`model`.
+        tokenizer: its tokenizer (used for stop strings and end-of-turn ids only).
+        model_name: served name.
+        max_batch_size: most rows (requests × n) per batch.
+        batch_window_s: how long the worker waits for more requests after the first arrives.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        model_name: str,
+        *,
+        max_batch_size: int = 32,
+        batch_window_s: float = 0.005,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        config = model.config
+        self.max_context = int(getattr(config, "max_position_embeddings", 2048))
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.stop_ids = self._end_of_turn_ids(model, tokenizer)
+        self.lock = threading.RLock()
+        forward_params = inspect.signature(model.forward).parameters
+        # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; accept both.
+        self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
+        self._logits_kw = "logits_to_keep" if "logits_to_keep" in forward_params else None
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+        self._worker.start()
+        self.batches = 0
+        """Number of batches run (for tests and metrics)."""
+
+    @staticmethod
+    def _end_of_turn_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(model, "generation_config", None), model.config):
+            eos = getattr(source, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, list | tuple):
+                ids.update(int(i) for i in eos)
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        return frozenset(ids)
+
+    # -- public API -----------------------------------------------------------------------------------
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        """Raise :class:`ContextLengthError` unless the prompt leaves room for one completion token."""
+        if not prompt_ids:
+            raise ContextLengthError("the rendered prompt is empty")
+        if len(prompt_ids) >= self.max_context:
+            raise ContextLengthError(
+                f"the prompt is {len(prompt_ids)} tokens but the context window is {self.max_context} "
+                "tokens (prompt + at least one completion token must fit)"
+            )
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> concurrent.futures.Future[list[Completion]]:
+        """Queue a request; the future resolves to ``params.n`` completions."""
+        self.check_prompt(prompt_ids)
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        job = _Job(list(prompt_ids), params)
+        self._queue.put(job)
+        return job.future
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        """Sample ``params.n`` completions (awaitable; batched with concurrent requests)."""
+        return await asyncio.wrap_future(self.submit(prompt_ids, params))
+
+    def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        """Blocking variant of :meth:`generate`."""
+        return self.submit(prompt_ids, params).result()
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+    # -- worker ---------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            jobs = [first]
+            rows = first.params.n
+            deadline = time.monotonic() + self.batch_window_s
+            while rows < self.max_batch_size:
+                timeout = deadline - time.monotonic()
+                try:
+                    job = self._queue.get(timeout=max(timeout, 0.0)) if timeout > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._queue.put(None)
+                    break
+                jobs.append(job)
+                rows += job.params.n
+            try:
+                with self.lock:
+                    results = self._generate_batch(jobs)
+                for job, completions in zip(jobs, results, strict=True):
+                    job.future.set_result(completions)
+            except BaseException as exc:  # hand the failure to every waiting request
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+
+    def _make_rows(self, jobs: list[_Job]) -> list[_Row]:
+        rows: list[_Row] = []
+        for job in jobs:
+            room = self.max_context - len(job.prompt_ids)
+            for choice in range(job.params.n):
+                gen = None
+                if job.params.seed is not None:
+                    gen = torch.Generator().manual_seed(job.params.seed + choice)
+                rows.append(_Row(job, choice, gen, max_new=max(1, min(job.params.max_tokens, room))))
+        return rows
+
+    @torch.no_grad()
+    def _generate_batch(self, jobs: list[_Job]) -> list[list[Completion]]:
+        started = time.perf_counter()
+        rows = self._make_rows(jobs)
+        device = next(self.model.parameters()).device
+        B = len(rows)
+        L = max(len(r.job.prompt_ids) for r in rows)
+        input_ids_BL = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attention_BL = torch.zeros((B, L), dtype=torch.long)
+        for b, row in enumerate(rows):  # left padding
+            p = row.job.prompt_ids
+            input_ids_BL[b, L - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention_BL[b, L - len(p) :] = 1
+        input_ids_BL, attention_BL = input_ids_BL.to(device), attention_BL.to(device)
+        position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)
+        temperature_B = torch.tensor([r.job.params.temperature for r in rows], dtype=torch.float32)
+        top_p_B = torch.tensor([r.job.params.top_p for r in rows], dtype=torch.float32)
+
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        prefill_kw: dict[str, Any] = {self._cache_kw: cache}
+        if self._logits_kw:
+            prefill_kw[self._logits_kw] = 1  # only the last position's logits are needed
+        out = self.model(
+            input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL, use_cache=True, **prefill_kw
+        )
+        logits_BV = out.logits[:, -1, :].float().cpu()
+        next_pos_B = position_BL[:, -1:] + 1
+        max_new = max(r.max_new for r in rows)
+        for _ in range(max_new):
+            logprobs_BV = torch.log_softmax(logits_BV, dim=-1)
+            tokens_B = self._sample(logits_BV, temperature_B, top_p_B, rows)
+            for b, row in enumerate(rows):
+                if row.finish is not None:
+                    continue
+                tok = int(tokens_B[b])
+                row.ids.append(tok)
+                row.logprobs.append(float(logprobs_BV[b, tok]))
+                k = row.job.params.top_logprobs
+                if k > 0:
+                    vals, idx = torch.topk(logprobs_BV[b], k)
+                    row.top.append([(int(i), float(v)) for i, v in zip(idx, vals, strict=True)])
+                self._check_finish(row, tok)
+            if all(r.finish is not None for r in rows):
+                break
+            step_ids_B1 = tokens_B.view(B, 1).to(device)
+            attention_BL = torch.cat([attention_BL, torch.ones((B, 1), dtype=torch.long, device=device)], dim=1)
+            out = self.model(
+                input_ids=step_ids_B1,
+                attention_mask=attention_BL,
+                position_ids=next_pos_B,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+            logits_BV = out.logits[:, -1, :].float().cpu()
+            next_pos_B = next_pos_B + 1
+        elapsed = time.perf_counter() - started
+        self.batches += 1
+        results: dict[int, list[Completion]] = {id(job): [] for job in jobs}
+        for row in rows:
+            if row.finish is None:  # defensive: the loop above always sets it
+                row.finish = FinishReason.LENGTH
+            if not row.text:
+                row.text = self._visible_text(row.ids)
+            results[id(row.job)].append(
+                Completion(
+                    ids=row.ids,
+                    logprobs=row.logprobs,
+                    finish_reason=row.finish,
+                    text=row.text,
+                    top_logprobs=row.top,
+                    generate_s=elapsed,
+                    batch_size=B,
+                )
+            )
+        return [results[id(job)] for job in jobs]
+
+    def _visible_text(self, ids: list[int]) -> str:
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def _check_finish(self, row: _Row, tok: int) -> None:
+        if tok in self.stop_ids:
+            row.finish = FinishReason.STOP
+            return
+        stops = row.job.params.stop
+        if stops:
+            text = self._visible_text(row.ids)
+            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                row.finish = FinishReason.STOP
+                row.text = text[:cut]
+                return
+        if len(row.ids) >= row.max_new:
+            row.finish = FinishReason.LENGTH
+
+    @staticmethod
+    def _sample(
+        logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_p_B: torch.Tensor, rows: list[_Row]
+    ) -> torch.Tensor:
+        """Per-row sampling: greedy where temperature is 0, else top-p over softmax(logits / T)."""
+        greedy_B = logits_BV.argmax(dim=-1)
+        out_B = greedy_B.clone()
+        for b, row in enumerate(rows):
+            t = float(temperature_B[b])
+            if row.finish is not None or t <= 0.0:
+                continue
+            probs_V = torch.softmax(logits_BV[b] / t, dim=-1)
+            p = float(top_p_B[b])
+            if p < 1.0:
+                sorted_p, sorted_i = torch.sort(probs_V, descending=True)
+                keep = sorted_p.cumsum(0) - sorted_p < p  # always keeps the top token
+                probs_V = torch.zeros_like(probs_V).scatter(0, sorted_i[keep], sorted_p[keep])
+            out_B[b] = torch.multinomial(probs_V, 1, generator=row.generator)[0]
+        return out_B

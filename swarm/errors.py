@@ -1,0 +1,113 @@
+"""The swarm error tree.
+
+::
+
+    SwarmError
+    ├── ConfigError (ValueError)         invalid configuration or CLI option
+    ├── ModelLoadError                   a model cannot be found or loaded
+    ├── RequestError (ValueError)        a client request is invalid (HTTP 400/404/422)
+    │   └── ContextLengthError           prompt + max_tokens exceed the context window
+    ├── AuthError                        unknown, finished or wrong-kind key (HTTP 401/403)
+    ├── EpisodeNotFound (LookupError)    no such episode (HTTP 404)
+    ├── EpisodeStateError                episode not open for this action (HTTP 409)
+    ├── Unavailable                      engine paused/training/draining or quota full (HTTP 503/429)
+    └── ClientError                      raised by SwarmClient for an HTTP error answer
+
+Every error carries the context a caller needs (episode id, HTTP status) and a message safe to show:
+no secret is ever formatted into one.
+"""
+
+from __future__ import annotations
+
+
+class SwarmError(Exception):
+    """Base of every error raised by the swarm package."""
+
+    status_code: int = 500
+    error_type: str = "server_error"
+
+
+class ConfigError(SwarmError, ValueError):
+    """An invalid configuration value or command-line option."""
+
+    status_code = 400
+    error_type = "invalid_config"
+
+
+class ModelLoadError(SwarmError):
+    """A model cannot be located or loaded."""
+
+    error_type = "model_load_error"
+
+
+class RequestError(SwarmError, ValueError):
+    """A client request is invalid."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, status_code: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.param = param
+
+
+class ContextLengthError(RequestError):
+    """The prompt (plus at least one completion token) does not fit the model's context window."""
+
+    error_type = "context_length_exceeded"
+
+
+class AuthError(SwarmError):
+    """A missing, unknown, finished or wrong-kind credential."""
+
+    status_code = 401
+    error_type = "authentication_error"
+
+    def __init__(self, message: str, *, status_code: int = 401) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class EpisodeNotFound(SwarmError, LookupError):
+    """No episode with this id."""
+
+    status_code = 404
+    error_type = "not_found"
+
+    def __init__(self, episode_id: str) -> None:
+        super().__init__(f"episode {episode_id!r} not found")
+        self.episode_id = episode_id
+
+
+class EpisodeStateError(SwarmError):
+    """The episode is not in a state that allows this action (e.g. finishing an aborted episode)."""
+
+    status_code = 409
+    error_type = "conflict"
+
+    def __init__(self, episode_id: str, message: str) -> None:
+        super().__init__(message)
+        self.episode_id = episode_id
+
+
+class Unavailable(SwarmError):
+    """The server cannot take this now; retry after ``retry_after_s`` seconds."""
+
+    status_code = 503
+    error_type = "unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, status_code: int = 503) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.status_code = status_code
+
+
+class ClientError(SwarmError):
+    """An error answer from a swarm server, raised by :class:`swarm.client.SwarmClient`."""
+
+    def __init__(self, message: str, *, status_code: int, error_type: str = "", url: str = "") -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.error_type = error_type
+        self.url = url

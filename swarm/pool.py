@@ -1,0 +1,247 @@
+"""The durable episode pool: every ended episode and its call records, in SQLite (WAL).
+
+An episode is written once, when it ends (finish or abort), in one transaction with all its calls, and
+the write is committed before the HTTP answer is sent, so a finished episode survives a crash of the
+server the moment its client has been told it is finished. Open episodes live in memory only; after a
+crash their keys stop working and their clients see 401 (and abort or retry).
+
+Training consumption is recorded per episode as ``trained_step``: the policy version whose update used
+it. On restart, :meth:`Pool.rewind` forgets consumption by steps newer than the last checkpoint, so an
+episode is trained exactly once per persisted policy (never lost, never twice).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarm.protocol import EpisodeCounts, EpisodeKind, EpisodeStatus
+from swarm.tracking.records import CallRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    family TEXT,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reward REAL,
+    agent_rewards TEXT NOT NULL DEFAULT '{}',
+    metrics TEXT NOT NULL DEFAULT '{}',
+    metadata TEXT NOT NULL DEFAULT '{}',
+    trainable_agents TEXT,
+    reason TEXT,
+    created_at REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    seq INTEGER NOT NULL,
+    trained_step INTEGER
+);
+CREATE INDEX IF NOT EXISTS episodes_pending ON episodes (kind, trained_step, seq);
+CREATE TABLE IF NOT EXISTS calls (
+    episode_id TEXT NOT NULL REFERENCES episodes(id),
+    idx INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (episode_id, idx)
+);
+"""
+
+
+@dataclass
+class StoredEpisode:
+    """One ended episode as kept in the pool."""
+
+    id: str
+    task_id: str
+    client_id: str
+    kind: EpisodeKind
+    status: EpisodeStatus
+    created_at: float
+    finished_at: float
+    family: str | None = None
+    reward: float | None = None
+    agent_rewards: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    trainable_agents: list[str] | None = None
+    reason: str | None = None
+    seq: int = 0
+    """Commit order (1, 2, …): batch policies take the oldest first."""
+    trained_step: int | None = None
+
+
+class Pool:
+    """Thread-safe SQLite pool of ended episodes.
+
+    Args:
+        path: database file (created with its parent directory); ``":memory:"`` for tests.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM episodes").fetchone()
+        self._seq = int(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- writes ----------------------------------------------------------------------------------------
+    def add(self, episode: StoredEpisode, calls: Sequence[CallRecord]) -> StoredEpisode:
+        """Commit an ended episode and its calls in one transaction; returns it with ``seq`` set.
+
+        Raises:
+            sqlite3.IntegrityError: an episode with this id is already stored.
+        """
+        with self._lock:
+            self._seq += 1
+            episode.seq = self._seq
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute(
+                    "INSERT INTO episodes (id, task_id, client_id, family, kind, status, reward, agent_rewards,"
+                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        episode.id,
+                        episode.task_id,
+                        episode.client_id,
+                        episode.family,
+                        episode.kind.value,
+                        episode.status.value,
+                        episode.reward,
+                        json.dumps(episode.agent_rewards),
+                        json.dumps(episode.metrics),
+                        json.dumps(episode.metadata),
+                        None if episode.trainable_agents is None else json.dumps(episode.trainable_agents),
+                        episode.reason,
+                        episode.created_at,
+                        episode.finished_at,
+                        episode.seq,
+                        episode.trained_step,
+                    ),
+                )
+                self._db.executemany(
+                    "INSERT INTO calls (episode_id, idx, record) VALUES (?, ?, ?)",
+                    [(episode.id, c.index, c.model_dump_json()) for c in calls],
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._seq -= 1
+                raise
+        return episode
+
+    def mark_trained(self, episode_ids: Iterable[str], step: int) -> None:
+        """Record that the update producing policy version ``step`` consumed these episodes."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "UPDATE episodes SET trained_step = ? WHERE id = ? AND trained_step IS NULL",
+                [(step, eid) for eid in episode_ids],
+            )
+            self._db.execute("COMMIT")
+
+    def rewind(self, checkpoint_step: int) -> int:
+        """Forget consumption by steps after ``checkpoint_step`` (their weights were lost); returns count."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE episodes SET trained_step = NULL WHERE trained_step > ?", (checkpoint_step,)
+            )
+            return int(cur.rowcount)
+
+    # -- reads -----------------------------------------------------------------------------------------
+    def get(self, episode_id: str) -> tuple[StoredEpisode, list[CallRecord]] | None:
+        """The stored episode and its calls in call order, or ``None``."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+            if row is None:
+                return None
+            cols = [d[0] for d in self._db.execute("SELECT * FROM episodes LIMIT 0").description]
+            records = self._db.execute(
+                "SELECT record FROM calls WHERE episode_id = ? ORDER BY idx", (episode_id,)
+            ).fetchall()
+        return self._episode(dict(zip(cols, row, strict=True))), [
+            CallRecord.model_validate_json(r[0]) for r in records
+        ]
+
+    def pending(self, kind: EpisodeKind = EpisodeKind.TRAIN) -> list[StoredEpisode]:
+        """Ended, untrained episodes of ``kind`` in commit order (oldest first)."""
+        with self._lock:
+            cur = self._db.execute(
+                "SELECT * FROM episodes WHERE kind = ? AND trained_step IS NULL ORDER BY seq", (kind.value,)
+            )
+            cols = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        return [self._episode(dict(zip(cols, r, strict=True))) for r in rows]
+
+    def calls(self, episode_ids: Sequence[str]) -> dict[str, list[CallRecord]]:
+        """Call records of several episodes, each in call order."""
+        out: dict[str, list[CallRecord]] = {eid: [] for eid in episode_ids}
+        with self._lock:
+            for eid in episode_ids:
+                for (record,) in self._db.execute(
+                    "SELECT record FROM calls WHERE episode_id = ? ORDER BY idx", (eid,)
+                ):
+                    out[eid].append(CallRecord.model_validate_json(record))
+        return out
+
+    def counts(self) -> EpisodeCounts:
+        """Counts of stored episodes by status, plus pending and trained train episodes."""
+        with self._lock:
+            by_status = dict(
+                self._db.execute("SELECT status, COUNT(*) FROM episodes GROUP BY status").fetchall()
+            )
+            pending, trained = self._db.execute(
+                "SELECT SUM(trained_step IS NULL), SUM(trained_step IS NOT NULL) FROM episodes WHERE kind = ?",
+                (EpisodeKind.TRAIN.value,),
+            ).fetchone()
+        return EpisodeCounts(
+            finished=by_status.get(EpisodeStatus.FINISHED.value, 0),
+            aborted=by_status.get(EpisodeStatus.ABORTED.value, 0),
+            infra_failure=by_status.get(EpisodeStatus.INFRA_FAILURE.value, 0),
+            pending=int(pending or 0),
+            trained=int(trained or 0),
+        )
+
+    def recent(self, limit: int = 100) -> list[StoredEpisode]:
+        """The most recently ended episodes, newest first."""
+        with self._lock:
+            cur = self._db.execute("SELECT * FROM episodes ORDER BY seq DESC LIMIT ?", (limit,))
+            cols = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        return [self._episode(dict(zip(cols, r, strict=True))) for r in rows]
+
+    @staticmethod
+    def _episode(row: dict[str, Any]) -> StoredEpisode:
+        return StoredEpisode(
+            id=row["id"],
+            task_id=row["task_id"],
+            client_id=row["client_id"],
+            family=row["family"],
+            kind=EpisodeKind(row["kind"]),
+            status=EpisodeStatus(row["status"]),
+            reward=row["reward"],
+            agent_rewards=json.loads(row["agent_rewards"]),
+            metrics=json.loads(row["metrics"]),
+            metadata=json.loads(row["metadata"]),
+            trainable_agents=None if row["trainable_agents"] is None else json.loads(row["trainable_agents"]),
+            reason=row["reason"],
+            created_at=row["created_at"],
+            finished_at=row["finished_at"],
+            seq=row["seq"],
+            trained_step=row["trained_step"],
+        )
