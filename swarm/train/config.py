@@ -1,0 +1,93 @@
+"""Typed configuration of the torch trainer backend (live-editable fields are marked)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from swarm.train.losses import LossAggregation
+
+__all__ = ["LIVE_FIELDS", "LoraSettings", "TrainerConfig"]
+
+
+class LoraSettings(BaseModel):
+    """LoRA adapters (Hu et al. 2021, arXiv:2106.09685) built with ``peft``; the base weights stay frozen."""
+
+    model_config = ConfigDict(frozen=True)
+
+    r: int = Field(default=16, ge=1)
+    """Adapter rank."""
+    alpha: int = Field(default=32, ge=1)
+    """Scaling numerator: the adapter output is multiplied by ``alpha / r``."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter input (training forward only; old/reference logprobs run without it)."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names of the linear layers that get adapters (Llama naming)."""
+
+
+class TrainerConfig(BaseModel):
+    """Hyper-parameters of one GRPO/PPO update (see :class:`swarm.train.TorchTrainer`).
+
+    Symbols: ε_low/ε_high = ``clip_eps_low``/``clip_eps_high``, β = ``kl_coef``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(default=1e-5, ge=0.0)
+    """AdamW learning rate (live)."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW decoupled weight decay (live)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW β1, β2 (live)."""
+    adam_eps: float = Field(default=1e-8, gt=0.0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0)
+    """Clip the global gradient L2 norm to this value before each optimizer step; ``None`` disables (live)."""
+    micro_batch_size: int = Field(default=4, ge=1)
+    """Sequences per forward/backward pass (gradients are accumulated over micro-batches)."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """Optional cap on padded tokens (sequences × longest length) per micro-batch; a longer single sequence
+    still forms its own micro-batch."""
+    ppo_epochs: int = Field(default=1, ge=1)
+    """Passes over the batch per step (live)."""
+    minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per pass: the batch is split into this many minibatches (live)."""
+    clip_eps_low: float = Field(default=0.2, ge=0.0, lt=1.0)
+    """ε_low of the PPO clip (live)."""
+    clip_eps_high: float = Field(default=0.2, ge=0.0)
+    """ε_high of the PPO clip; DAPO's clip-higher uses 0.28 (live)."""
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    """β: weight of the k3 KL penalty to the reference policy; 0 disables it (live, but with full fine-tuning
+    a reference copy exists only if the trainer was built with ``kl_coef > 0``)."""
+    entropy_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the entropy bonus (subtracted from the loss) (live)."""
+    loss_agg: LossAggregation = LossAggregation.TOKEN_MEAN
+    """How per-token losses reduce to a scalar (live)."""
+    norm_tokens: int = Field(default=1024, ge=1)
+    """L for ``seq_mean_token_sum_norm`` (Dr. GRPO): the generation budget in tokens (live)."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Logits are divided by this before log-softmax; must match the temperature of the behaviour logprobs
+    (the engine records them at 1.0) (live)."""
+    recompute_old_logprobs: bool | None = None
+    """Recompute π_θ_old with a separate no-grad forward at step start. ``None`` (auto): only when the step
+    makes more than one optimizer update (``ppo_epochs · minibatches > 1``); with one update, π_θ_old equals
+    π_θ at the time of the single forward, so the detached logprobs of that forward are exactly π_θ_old (as
+    TRL does for ``num_iterations=1``). (live)"""
+    lora: LoraSettings | None = None
+    """LoRA adapters, or ``None`` for full fine-tuning (fixed at construction)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        b1, b2 = self.betas
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {self.betas}")
+        return self
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per :meth:`TorchTrainer.step`."""
+        return self.ppo_epochs * self.minibatches
+
+
+LIVE_FIELDS: frozenset[str] = frozenset(TrainerConfig.model_fields) - {"lora", "adam_eps"}
+"""Fields :meth:`TorchTrainer.update_config` may change between steps."""

@@ -1,0 +1,535 @@
+"""The embedded torch trainer backend: one GRPO/PPO policy update per :meth:`TorchTrainer.step`.
+
+A step (DESIGN.md §5), for samples ``i`` (token sequences with a loss mask) and their advantages ``Â_i``:
+
+1. Bucket samples by length into micro-batches (right-padded, attention mask); split the batch into
+   ``minibatches`` (one optimizer update each) and repeat for ``ppo_epochs``.
+2. π_θ_old: log-probs of the scored tokens under the weights that start the step (no grad, eval mode),
+   recomputed by the trainer; the engine's behaviour log-probs only feed the drift metric.
+3. π_ref (only when ``kl_coef > 0``): the base model with LoRA adapters disabled, or a frozen copy of the
+   initial weights for full fine-tuning.
+4. Per micro-batch: forward with grad, ``loss_t = -min(r Â, clip(r) Â) + β k3 - c H`` per scored token
+   (:mod:`swarm.train.losses`), aggregated with the normaliser of the whole minibatch so that gradient
+   accumulation over micro-batches equals one big batch exactly, then ``backward``.
+5. Clip the global gradient norm, AdamW step, zero the gradients.
+
+Positions: logits at position ``t`` predict token ``t+1``, so the model is fed ``input_ids[:-1]`` and scored
+on ``input_ids[1:]`` where ``loss_mask[1:] == 1``. Only scored positions go through the LM head (the
+``(N, V)`` logits of completion tokens, not of prompts), which is what makes this step cheaper than scoring
+every position.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from swarm.tracking.records import Sample
+from swarm.train.config import LIVE_FIELDS, TrainerConfig
+from swarm.train.losses import (
+    aggregate_loss,
+    entropy_from_logits,
+    kl_k3,
+    loss_normalizer,
+    ppo_clip_loss,
+    selective_log_softmax,
+)
+from swarm.train.metrics import StepMetrics, StepTimings
+
+__all__ = ["TorchTrainer", "TrainerError"]
+
+
+class TrainerError(ValueError):
+    """A trainer call got bad input (malformed samples, misaligned advantages, an impossible config change)."""
+
+
+@dataclass
+class _MicroBatch:
+    """Right-padded tensors of a few samples; ``b`` sequences, ``L`` = longest length − 1."""
+
+    rows: list[int]
+    """Indices of the samples (into the step's sample list)."""
+    input_ids: torch.Tensor
+    """(b, L) int64: ``input_ids[:-1]`` of each sample, padded with the pad id."""
+    attention_mask: torch.Tensor | None
+    """(b, L) int64, or ``None`` when no row is padded."""
+    target_ids: torch.Tensor
+    """(b, L) int64: ``input_ids[1:]``."""
+    score_mask: torch.Tensor
+    """(b, L) bool: ``loss_mask[1:] == 1``."""
+    behaviour_logprobs: torch.Tensor
+    """(N,) float32: engine log-probs of the scored tokens, row-major."""
+    advantages_N: torch.Tensor
+    """(N,) float32: advantage of each scored token's sample."""
+    weights_b: torch.Tensor
+    """(b,) float32: sample weights."""
+
+    @property
+    def tokens(self) -> int:
+        return int(self.score_mask.sum())
+
+
+def _validate_sample(i: int, s: Sample) -> None:
+    T = len(s.input_ids)
+    if T < 2:
+        raise TrainerError(f"sample {i} (episode {s.episode_id!r}) has {T} tokens; at least 2 are needed")
+    if len(s.loss_mask) != T or len(s.behaviour_logprobs) != T:
+        raise TrainerError(
+            f"sample {i} (episode {s.episode_id!r}): input_ids, loss_mask and behaviour_logprobs must have "
+            f"the same length, got {T}, {len(s.loss_mask)}, {len(s.behaviour_logprobs)}"
+        )
+    if s.loss_mask[0]:
+        raise TrainerError(f"sample {i} (episode {s.episode_id!r}): the first token cannot be scored")
+    if s.weight < 0 or not math.isfinite(s.weight):
+        raise TrainerError(f"sample {i} (episode {s.episode_id!r}) has invalid weight {s.weight}")
+
+
+class TorchTrainer:
+    """GRPO/PPO trainer over a Hugging Face causal LM, with LoRA (peft) or full fine-tuning and AdamW.
+
+    The trainer owns the optimizer and, with LoRA, wraps the model with adapters: generation must use
+    :attr:`model`. A step leaves the model in eval mode.
+
+    Args:
+        model: A ``transformers`` causal LM (e.g. Llama/SmolLM2), any dtype (fp32 on CPU).
+        config: Hyper-parameters.
+        pad_token_id: Id used to right-pad micro-batches (never scored).
+
+    Raises:
+        TrainerError: The model has no trainable parameters.
+    """
+
+    def __init__(self, model: nn.Module, config: TrainerConfig, pad_token_id: int) -> None:
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self._step = 0
+        self._ref_model: nn.Module | None = None
+        if config.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            lora = config.lora
+            peft_config = LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            )
+            self._model: nn.Module = get_peft_model(model, peft_config)  # type: ignore[arg-type, unused-ignore]
+        else:
+            self._model = model
+            if config.kl_coef > 0:
+                self._ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self._params = [p for p in self._model.parameters() if p.requires_grad]
+        if not self._params:
+            raise TrainerError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self._params,
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+        self._model.eval()
+
+    @property
+    def model(self) -> nn.Module:
+        """The (possibly peft-wrapped) model that the engine must generate with."""
+        return self._model
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer-visible policy version: number of completed :meth:`step` calls."""
+        return self._step
+
+    @property
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Parameters the optimizer updates (the adapters with LoRA, all weights otherwise)."""
+        return list(self._params)
+
+    # ----------------------------------------------------------------------------------------- config, state
+
+    def update_config(self, **changes: Any) -> TrainerConfig:
+        """Change live hyper-parameters; effective from the next step.
+
+        Args:
+            **changes: Fields of :class:`TrainerConfig` listed in ``LIVE_FIELDS`` (lr, clip, kl_coef, …).
+
+        Returns:
+            The new config.
+
+        Raises:
+            TrainerError: Unknown or non-live field, invalid value, or ``kl_coef > 0`` with full fine-tuning
+                when the trainer was built without a reference copy.
+        """
+        fixed = set(changes) - LIVE_FIELDS
+        if fixed:
+            raise TrainerError(
+                f"cannot change {sorted(fixed)} on a live trainer (live fields: {sorted(LIVE_FIELDS)})"
+            )
+        try:
+            new = TrainerConfig.model_validate({**self.config.model_dump(), **changes})
+        except ValueError as e:
+            raise TrainerError(f"invalid trainer config change {changes}: {e}") from e
+        if new.kl_coef > 0 and new.lora is None and self._ref_model is None:
+            raise TrainerError(
+                "kl_coef > 0 with full fine-tuning needs a reference copy of the initial weights; "
+                "build the trainer with kl_coef > 0"
+            )
+        self.config = new
+        for group in self.optimizer.param_groups:
+            group["lr"] = new.lr
+            group["weight_decay"] = new.weight_decay
+            group["betas"] = new.betas
+        return new
+
+    def state_dict(self) -> dict[str, Any]:
+        """Trainer state to checkpoint besides the weights: optimizer, step, config."""
+        return {
+            "step": self._step,
+            "optimizer": self.optimizer.state_dict(),
+            "config": self.config.model_dump(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (weights are loaded separately by the caller)."""
+        self._step = int(state["step"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        live = {k: v for k, v in state.get("config", {}).items() if k in LIVE_FIELDS}
+        if live:
+            self.update_config(**live)
+
+    # ----------------------------------------------------------------------------------------- batching
+
+    def _micro_batches(
+        self, samples: Sequence[Sample], rows: Sequence[int], adv: Sequence[float]
+    ) -> list[_MicroBatch]:
+        """Group ``rows`` into length-sorted micro-batches (longest first)."""
+        cfg = self.config
+        order = sorted(rows, key=lambda i: (-len(samples[i].input_ids), i))
+        chunks: list[list[int]] = []
+        for i in order:
+            L = len(samples[i].input_ids) - 1
+            if chunks:
+                cur = chunks[-1]
+                longest = len(samples[cur[0]].input_ids) - 1
+                fits = len(cur) < cfg.micro_batch_size and (
+                    cfg.micro_batch_tokens is None
+                    or (len(cur) + 1) * max(longest, L) <= cfg.micro_batch_tokens
+                )
+                if fits:
+                    cur.append(i)
+                    continue
+            chunks.append([i])
+        return [self._collate(samples, chunk, adv) for chunk in chunks]
+
+    def _collate(self, samples: Sequence[Sample], rows: list[int], adv: Sequence[float]) -> _MicroBatch:
+        L = max(len(samples[i].input_ids) for i in rows) - 1
+        b = len(rows)
+        input_ids = torch.full((b, L), self.pad_token_id, dtype=torch.long)  # (b, L)
+        target_ids = torch.zeros((b, L), dtype=torch.long)  # (b, L)
+        attention = torch.zeros((b, L), dtype=torch.long)  # (b, L)
+        score = torch.zeros((b, L), dtype=torch.bool)  # (b, L)
+        behaviour = torch.zeros((b, L), dtype=torch.float32)  # (b, L)
+        adv_bL = torch.zeros((b, L), dtype=torch.float32)  # (b, L)
+        for r, i in enumerate(rows):
+            s = samples[i]
+            n = len(s.input_ids) - 1
+            ids = torch.tensor(s.input_ids, dtype=torch.long)
+            input_ids[r, :n] = ids[:-1]
+            target_ids[r, :n] = ids[1:]
+            attention[r, :n] = 1
+            score[r, :n] = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
+            behaviour[r, :n] = torch.tensor(s.behaviour_logprobs[1:], dtype=torch.float32)
+            adv_bL[r, :n] = float(adv[i])
+        return _MicroBatch(
+            rows=list(rows),
+            input_ids=input_ids,
+            attention_mask=None if bool(attention.all()) else attention,
+            target_ids=target_ids,
+            score_mask=score,
+            behaviour_logprobs=behaviour[score],
+            advantages_N=adv_bL[score],
+            weights_b=torch.tensor([samples[i].weight for i in rows], dtype=torch.float32),
+        )
+
+    # ----------------------------------------------------------------------------------------- forward
+
+    def _device(self) -> torch.device:
+        return self._params[0].device
+
+    def _scored_logits(self, model: nn.Module, mb: _MicroBatch) -> torch.Tensor:
+        """Logits of the scored positions only, shape (N, V), float32, divided by the temperature."""
+        device = self._device()
+        input_ids = mb.input_ids.to(device)
+        attention = None if mb.attention_mask is None else mb.attention_mask.to(device)
+        score = mb.score_mask.to(device)
+        causal_lm: Any = model
+        if hasattr(
+            model, "get_base_model"
+        ):  # peft: adapters are injected in place, so its modules carry them
+            causal_lm = model.get_base_model()  # type: ignore[operator]
+        cfg = causal_lm.config
+        plain_head = all(
+            getattr(cfg, name, None) in (None, 1.0) for name in ("final_logit_softcapping", "logit_scale")
+        )
+        if plain_head:
+            # Backbone once, then the LM head on scored positions only (saves the prompt positions' (·, V)).
+            hidden = causal_lm.get_decoder()(input_ids=input_ids, attention_mask=attention, use_cache=False)
+            hidden_NH = hidden.last_hidden_state[score]  # (N, H)
+            logits_NV = causal_lm.get_output_embeddings()(hidden_NH)  # (N, V)
+        else:
+            logits_NV = model(input_ids=input_ids, attention_mask=attention, use_cache=False).logits[score]
+        logits_NV = logits_NV.float()
+        if self.config.temperature != 1.0:
+            logits_NV = logits_NV / self.config.temperature
+        return logits_NV
+
+    @torch.no_grad()
+    def _logprobs(self, model: nn.Module, mb: _MicroBatch) -> torch.Tensor:
+        """No-grad log-probs of the scored tokens, shape (N,)."""
+        logits_NV = self._scored_logits(model, mb)
+        return selective_log_softmax(
+            logits_NV, mb.target_ids.to(logits_NV.device)[mb.score_mask.to(logits_NV.device)]
+        )
+
+    def _reference(self) -> AbstractContextManager[Any]:
+        if self.config.lora is not None:
+            return self._model.disable_adapter()  # type: ignore[operator, unused-ignore]
+        return nullcontext()
+
+    def reference_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
+        """Reference-policy log-probs of each sample's scored tokens (for tests and diagnostics).
+
+        Returns:
+            One (N_i,) float32 tensor per sample, in sample order.
+
+        Raises:
+            TrainerError: Full fine-tuning built without a reference copy.
+        """
+        ref = self._ref_model if self.config.lora is None else self._model
+        if ref is None:
+            raise TrainerError("no reference policy: full fine-tuning trainer built with kl_coef == 0")
+        was_training = self._model.training
+        self._model.eval()
+        out: list[torch.Tensor] = []
+        with self._reference():
+            for i in range(len(samples)):
+                out.append(self._logprobs(ref, self._collate(samples, [i], [0.0] * len(samples))).cpu())
+        self._model.train(was_training)
+        return out
+
+    # ----------------------------------------------------------------------------------------- the step
+
+    def step(
+        self,
+        samples: Sequence[Sample],
+        advantages: Sequence[float],
+        rewards: Sequence[float] | None = None,
+    ) -> StepMetrics:
+        """Make one policy update (``ppo_epochs · minibatches`` optimizer steps) on a batch.
+
+        Args:
+            samples: Training sequences (see :class:`swarm.tracking.records.Sample`).
+            advantages: Advantage of each sample, aligned with ``samples`` (normally its episode's GRPO
+                advantage, :func:`swarm.train.episode_advantages`).
+            rewards: Episode rewards of the batch, for the reward metrics only (one per episode).
+
+        Returns:
+            The step's metrics; the policy version (:attr:`step_count`) is incremented.
+
+        Raises:
+            TrainerError: Empty batch, misaligned advantages, malformed samples, no scored token, or a
+                non-finite advantage.
+        """
+        t_start = time.perf_counter()
+        cfg = self.config
+        if not samples:
+            raise TrainerError("cannot train on an empty batch")
+        if len(advantages) != len(samples):
+            raise TrainerError(f"got {len(advantages)} advantages for {len(samples)} samples")
+        if not all(math.isfinite(a) for a in advantages):
+            raise TrainerError(f"advantages must be finite, got {list(advantages)}")
+        for i, s in enumerate(samples):
+            _validate_sample(i, s)
+        total_tokens = sum(sum(s.loss_mask[1:]) for s in samples)
+        if total_tokens == 0:
+            raise TrainerError("no sample has a scored token (all loss masks are 0)")
+
+        n_mb = cfg.minibatches if cfg.minibatches <= len(samples) else len(samples)
+        minibatch_rows = [list(range(len(samples)))[k::n_mb] for k in range(n_mb)]
+        batches = [self._micro_batches(samples, rows, advantages) for rows in minibatch_rows]
+        timings = StepTimings()
+
+        # π_θ_old (and π_ref) of every scored token, computed once under the step's starting weights.
+        recompute = cfg.recompute_old_logprobs
+        if recompute is None:
+            recompute = cfg.updates_per_step > 1
+        old: dict[int, torch.Tensor] = {}  # id(micro-batch) -> (N,)
+        ref: dict[int, torch.Tensor] = {}
+        self._model.eval()
+        t0 = time.perf_counter()
+        if recompute:
+            for mbs in batches:
+                for mb in mbs:
+                    old[id(mb)] = self._logprobs(self._model, mb)
+        timings.old_logprobs_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if cfg.kl_coef > 0:
+            ref_model = self._ref_model if cfg.lora is None else self._model
+            if ref_model is None:
+                raise TrainerError(
+                    "kl_coef > 0 but no reference copy exists (full fine-tuning built with kl_coef 0)"
+                )
+            with self._reference():
+                for mbs in batches:
+                    for mb in mbs:
+                        ref[id(mb)] = self._logprobs(ref_model, mb)
+        timings.ref_logprobs_s = time.perf_counter() - t0
+
+        sums: dict[str, float] = dict.fromkeys(
+            ("loss", "policy_loss", "kl", "clip", "entropy", "ratio", "tokens", "drift", "grad_norm"), 0.0
+        )
+        drift_max = 0.0
+        if recompute:
+            for mbs in batches:
+                for mb in mbs:
+                    diff_N = (mb.behaviour_logprobs - old[id(mb)].cpu()).abs()
+                    sums["drift"] += float(diff_N.sum())
+                    drift_max = max(drift_max, float(diff_N.max()) if diff_N.numel() else 0.0)
+        grad_norm_max = 0.0
+        micro_batches = 0
+        self._model.train()
+        for epoch in range(cfg.ppo_epochs):
+            for mbs in batches:
+                # Normaliser of the whole minibatch: micro-batch losses then sum to the minibatch loss.
+                norm = sum(
+                    loss_normalizer(mb.score_mask, mb.weights_b, cfg.loss_agg, norm_tokens=cfg.norm_tokens)
+                    for mb in mbs
+                )
+                t0 = time.perf_counter()
+                for mb in mbs:
+                    stats = self._forward_backward(
+                        mb, old, ref, norm, measure_drift=epoch == 0 and not recompute
+                    )
+                    micro_batches += 1
+                    for k, v in stats.items():
+                        if k == "drift_max":
+                            drift_max = max(drift_max, v)
+                        else:
+                            sums[k] += v
+                timings.fwd_bwd_s += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+                sums["grad_norm"] += grad_norm
+                grad_norm_max = max(grad_norm_max, grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                timings.optim_s += time.perf_counter() - t0
+        self._model.eval()
+        self._step += 1
+
+        updates = cfg.ppo_epochs * len(batches)
+        scored = max(sums["tokens"], 1.0)
+        adv_t = torch.tensor(list(advantages), dtype=torch.float64)
+        rew_t = torch.tensor(list(rewards), dtype=torch.float64) if rewards else None
+        timings.total_s = time.perf_counter() - t_start
+        return StepMetrics(
+            step=self._step,
+            samples=len(samples),
+            episodes=len({s.episode_id for s in samples}),
+            tokens=int(total_tokens),
+            reward_mean=None if rew_t is None else float(rew_t.mean()),
+            reward_std=None if rew_t is None else float(rew_t.std(unbiased=False)),
+            adv_mean=float(adv_t.mean()),
+            adv_std=float(adv_t.std(unbiased=False)),
+            adv_min=float(adv_t.min()),
+            adv_max=float(adv_t.max()),
+            loss=sums["loss"] / updates,
+            policy_loss=sums["policy_loss"] / updates,
+            kl=sums["kl"] / scored if cfg.kl_coef > 0 else None,
+            clip_frac=sums["clip"] / scored,
+            entropy=sums["entropy"] / scored,
+            grad_norm=sums["grad_norm"] / updates,
+            grad_norm_max=grad_norm_max,
+            ratio_mean=sums["ratio"] / scored,
+            logprob_drift_mean=sums["drift"] / total_tokens,
+            logprob_drift_max=drift_max,
+            lr=cfg.lr,
+            updates=updates,
+            micro_batches=micro_batches,
+            time_s=timings,
+            created_at=time.time(),
+        )
+
+    def _forward_backward(
+        self,
+        mb: _MicroBatch,
+        old: Mapping[int, torch.Tensor],
+        ref: Mapping[int, torch.Tensor],
+        normalizer: float,
+        *,
+        measure_drift: bool,
+    ) -> dict[str, float]:
+        """Loss of one micro-batch (scaled by the minibatch normaliser) and its backward; returns sums."""
+        cfg = self.config
+        device = self._device()
+        score = mb.score_mask.to(device)
+        logits_NV = self._scored_logits(self._model, mb)  # (N, V)
+        targets_N = mb.target_ids.to(device)[score]
+        logprobs_N = selective_log_softmax(logits_NV, targets_N)  # (N,)
+        old_N = old[id(mb)].to(device) if id(mb) in old else logprobs_N.detach()
+        adv_N = mb.advantages_N.to(device)
+        loss_N, clipped_N = ppo_clip_loss(logprobs_N, old_N, adv_N, cfg.clip_eps_low, cfg.clip_eps_high)
+        policy_N = loss_N
+        kl_N: torch.Tensor | None = None
+        if cfg.kl_coef > 0:
+            kl_N = kl_k3(logprobs_N, ref[id(mb)].to(device))
+            loss_N = loss_N + cfg.kl_coef * kl_N
+        if cfg.entropy_coef > 0:
+            entropy_N = entropy_from_logits(logits_NV)
+            loss_N = loss_N - cfg.entropy_coef * entropy_N
+        else:
+            with torch.no_grad():
+                entropy_N = entropy_from_logits(logits_NV.detach())
+
+        def to_bL(x_N: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(score.shape, dtype=x_N.dtype, device=device).masked_scatter(score, x_N)
+
+        weights = mb.weights_b.to(device)
+        loss = aggregate_loss(
+            to_bL(loss_N), score, weights, cfg.loss_agg, norm_tokens=cfg.norm_tokens, normalizer=normalizer
+        )
+        loss.backward()
+        with torch.no_grad():
+            policy_loss = aggregate_loss(
+                to_bL(policy_N.detach()),
+                score,
+                weights,
+                cfg.loss_agg,
+                norm_tokens=cfg.norm_tokens,
+                normalizer=normalizer,
+            )
+            stats = {
+                "loss": float(loss),
+                "policy_loss": float(policy_loss),
+                "kl": float(kl_N.sum()) if kl_N is not None else 0.0,
+                "clip": float(clipped_N.sum()),
+                "entropy": float(entropy_N.sum()),
+                "ratio": float(torch.exp(logprobs_N.detach() - old_N).sum()),
+                "tokens": float(score.sum()),
+            }
+            if measure_drift:
+                diff = (mb.behaviour_logprobs.to(device) - old_N).abs()
+                stats["drift"] = float(diff.sum())
+                stats["drift_max"] = float(diff.max()) if diff.numel() else 0.0
+        return stats
