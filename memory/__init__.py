@@ -1,0 +1,99 @@
+"""Knowledge store of A3R: studies, pre-registered hypotheses, experiments, runs and their metrics,
+versioned code artifacts, patches with their approval trail, findings and events.
+
+A SQLite file by default (``.a3r/memory.db``, WAL journal, foreign keys on), or any SQLAlchemy URL
+(PostgreSQL for teams). The schema is migrated with Alembic when a store is opened, so a store made by
+an older version upgrades in place. Secrets (API keys, bearer tokens, passwords) are redacted before
+anything is written.
+
+Example:
+    >>> from memory import Store
+    >>> with Store("/tmp/example.db") as store:  # doctest: +SKIP
+    ...     study = store.create_study("Does a KL penalty prevent collapse on countdown?")
+    ...     h = store.register_hypothesis(
+    ...         study.id,
+    ...         statement="KL 0.05 keeps held-out accuracy within 2 points",
+    ...         expected_outcome="no drop below baseline - 2",
+    ...         decision_rule="3 of 3 seeds",
+    ...     )
+    ...     exp = store.create_experiment(study.id, "kl-0.05", hypothesis_id=h.id)
+    ...     run = store.start_run(exp.id, seed=0, config={"kl_coef": 0.05})
+    ...     store.log_metrics(run.id, step=1, metrics={"reward/mean": 0.4})
+"""
+
+from memory._db import DEFAULT_PATH
+from memory._errors import (
+    IntegrityViolation,
+    InvalidInput,
+    InvalidTransition,
+    NotFound,
+    PreregistrationError,
+    SchemaVersionError,
+    StoreConfigError,
+    StoreError,
+    StoreUnavailable,
+)
+from memory._export import ExperimentExport, StudyExport, render_markdown
+from memory._models import (
+    ArtifactKind,
+    CodeArtifactPublic,
+    EventLevel,
+    EventPublic,
+    ExperimentPublic,
+    FindingPublic,
+    FindingStatus,
+    FindingUpdate,
+    HypothesisPublic,
+    MetricPointPublic,
+    PatchPublic,
+    PatchStatus,
+    RunPublic,
+    RunStatus,
+    RunUpdate,
+    RunWithMetrics,
+    StudyPublic,
+    StudyStatus,
+    StudyUpdate,
+)
+from memory._secrets import REDACTED, scrub, scrub_text
+from memory._store import Store, StoreConfig
+
+__all__ = [
+    "DEFAULT_PATH",
+    "REDACTED",
+    "ArtifactKind",
+    "CodeArtifactPublic",
+    "EventLevel",
+    "EventPublic",
+    "ExperimentExport",
+    "ExperimentPublic",
+    "FindingPublic",
+    "FindingStatus",
+    "FindingUpdate",
+    "HypothesisPublic",
+    "IntegrityViolation",
+    "InvalidInput",
+    "InvalidTransition",
+    "MetricPointPublic",
+    "NotFound",
+    "PatchPublic",
+    "PatchStatus",
+    "PreregistrationError",
+    "RunPublic",
+    "RunStatus",
+    "RunUpdate",
+    "RunWithMetrics",
+    "SchemaVersionError",
+    "Store",
+    "StoreConfig",
+    "StoreConfigError",
+    "StoreError",
+    "StoreUnavailable",
+    "StudyExport",
+    "StudyPublic",
+    "StudyStatus",
+    "StudyUpdate",
+    "render_markdown",
+    "scrub",
+    "scrub_text",
+]

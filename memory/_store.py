@@ -1,0 +1,1089 @@
+"""The store API: typed create/update/query methods over the knowledge-store tables.
+
+`Store` opens (and migrates) a database and hands out `*Public` models, detached from any session.
+Every method runs in its own transaction. Writes that read before they write (artifact versions,
+patch decisions, finding seeds, run completion) are safe with several processes writing at once: on
+SQLite write transactions start with ``BEGIN IMMEDIATE``; on PostgreSQL the row read is locked with
+``SELECT ... FOR UPDATE`` and status changes are compare-and-set ``UPDATE ... WHERE status = ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, ValidationError
+from sqlalchemy import func, update
+from sqlmodel import Session, col, select
+
+from memory._db import Engines, current_revision, make_engines, resolve_url, translate_errors, upgrade
+from memory._errors import InvalidInput, InvalidTransition, NotFound, PreregistrationError
+from memory._export import ExperimentExport, StudyExport
+from memory._models import (
+    ArtifactKind,
+    CodeArtifact,
+    CodeArtifactPublic,
+    Event,
+    EventLevel,
+    EventPublic,
+    Experiment,
+    ExperimentCreate,
+    ExperimentPublic,
+    Finding,
+    FindingCreate,
+    FindingEvidence,
+    FindingPublic,
+    FindingStatus,
+    FindingUpdate,
+    Hypothesis,
+    HypothesisCreate,
+    HypothesisPublic,
+    MetricPoint,
+    MetricPointPublic,
+    Patch,
+    PatchPublic,
+    PatchStatus,
+    Run,
+    RunCreate,
+    RunPublic,
+    RunStatus,
+    RunUpdate,
+    RunWithMetrics,
+    Study,
+    StudyCreate,
+    StudyPublic,
+    StudyUpdate,
+    utcnow,
+)
+from memory._secrets import scrub_text
+
+__all__ = ["Store", "StoreConfig"]
+
+_M = TypeVar("_M", bound=BaseModel)
+_T = TypeVar("_T")
+
+
+class StoreConfig(BaseModel):
+    """Where the store lives and how to open it; `open` builds the `Store`.
+
+    Attributes:
+        location: Path of a SQLite file or any SQLAlchemy URL; ``None`` means ``.a3r/memory.db``.
+        busy_timeout_s: Seconds a SQLite writer waits for another writer's lock.
+        create: Create a missing SQLite file (``False``: raise `NotFound`).
+        echo: Log SQL statements.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    location: str | None = None
+    busy_timeout_s: float = 30.0
+    create: bool = True
+    echo: bool = False
+
+    def open(self) -> Store:
+        """Open (creating and migrating as needed) the configured store."""
+        return Store(self.location, busy_timeout_s=self.busy_timeout_s, create=self.create, echo=self.echo)
+
+
+def _validated(model: type[_M], **data: Any) -> _M:
+    """Validate input through a data model; errors name fields and rules, never values."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or model.__name__}: {error['msg']}"
+            for error in exc.errors(include_input=False, include_url=False)
+        )
+        raise InvalidInput(f"invalid {model.__name__}: {problems}") from None
+
+
+def _sha256(content: str) -> str:
+    return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
+
+class Store:
+    """Typed access to the knowledge store (studies, hypotheses, runs, artifacts, patches, findings).
+
+    Opening a store creates the database if needed and upgrades its schema to the newest revision.
+    Use it as a context manager, or call `close`.
+
+    Args:
+        location: Path of a SQLite file, any SQLAlchemy URL (e.g. ``postgresql+psycopg://...``), or
+            ``None`` for ``.a3r/memory.db`` in the working directory.
+        busy_timeout_s: Seconds a SQLite writer waits for another writer's lock.
+        create: Create a missing SQLite file; when ``False`` a missing file raises `NotFound`.
+        migrate: Upgrade the schema to the newest revision on open.
+        echo: Log SQL statements.
+
+    Raises:
+        StoreConfigError: The location is malformed or its driver is missing.
+        NotFound: ``create`` is ``False`` and the SQLite file is missing.
+        SchemaVersionError: The database was written by a newer version of this package.
+        StoreUnavailable: The database cannot be reached.
+
+    Example:
+        >>> with Store("/tmp/demo.db") as store:  # doctest: +SKIP
+        ...     study = store.create_study("Does a KL penalty prevent collapse?")
+    """
+
+    def __init__(
+        self,
+        location: str | Path | None = None,
+        *,
+        busy_timeout_s: float = 30.0,
+        create: bool = True,
+        migrate: bool = True,
+        echo: bool = False,
+    ) -> None:
+        url = resolve_url(location, create=create)
+        self._url = url
+        self._engines: Engines = make_engines(url, busy_timeout_s=busy_timeout_s, echo=echo)
+        if migrate:
+            try:
+                upgrade(self._engines)
+            except BaseException:
+                self._engines.read.dispose()
+                raise
+
+    @classmethod
+    def open(cls, location: str | Path | None = None, **options: Any) -> Store:
+        """Open a store from a path or URL; same arguments as the constructor."""
+        return cls(location, **options)
+
+    # ------------------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        """The store URL with any password masked (safe to print)."""
+        return self._url.render_as_string(hide_password=True)
+
+    @property
+    def dialect(self) -> str:
+        """Database backend name, ``"sqlite"`` or ``"postgresql"``."""
+        return self._url.get_backend_name()
+
+    @property
+    def schema_revision(self) -> str | None:
+        """Alembic revision of the database schema."""
+        with translate_errors():
+            return current_revision(self._engines.read)
+
+    def close(self) -> None:
+        """Close all pooled connections."""
+        self._engines.read.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Session]:
+        with translate_errors(), Session(self._engines.read) as session:
+            yield session
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Session]:
+        """Session of one write transaction; the caller commits. Leaving early rolls back."""
+        with translate_errors(), Session(self._engines.write) as session:
+            yield session
+
+    @staticmethod
+    def _get(session: Session, table: type[_T], key: int, *, lock: bool = False) -> _T:
+        """Row by primary key, or `NotFound`; ``lock`` takes a row lock (PostgreSQL) for the transaction."""
+        row = session.get(table, key, with_for_update=lock)
+        if row is None:
+            raise NotFound(table.__name__.lower(), key)
+        return row
+
+    # -------------------------------------------------------------------------------- studies
+    def create_study(self, question: str, *, kind: str = "research") -> StudyPublic:
+        """Register a study (a research question).
+
+        Raises:
+            InvalidInput: Empty question, or kind longer than 32 characters.
+        """
+        data = _validated(StudyCreate, question=question, kind=kind)
+        with self._write() as session:
+            study = Study.model_validate(data)
+            session.add(study)
+            session.commit()
+            session.refresh(study)
+            return StudyPublic.model_validate(study)
+
+    def get_study(self, study_id: int) -> StudyPublic:
+        """The study with this id.
+
+        Raises:
+            NotFound: No such study.
+        """
+        with self._read() as session:
+            return StudyPublic.model_validate(self._get(session, Study, study_id))
+
+    def studies(self) -> list[StudyPublic]:
+        """All studies, oldest first."""
+        with self._read() as session:
+            rows = session.exec(select(Study).order_by(col(Study.id))).all()
+            return [StudyPublic.model_validate(row) for row in rows]
+
+    def update_study(self, study_id: int, changes: StudyUpdate) -> StudyPublic:
+        """Change the fields set in ``changes`` (e.g. ``StudyUpdate(status="concluded", conclusion=...)``).
+
+        Raises:
+            NotFound: No such study.
+        """
+        data = _validated(StudyUpdate, **changes.model_dump(exclude_unset=True))
+        with self._write() as session:
+            study = self._get(session, Study, study_id, lock=True)
+            study.sqlmodel_update({**data.model_dump(exclude_unset=True), "updated_at": utcnow()})
+            session.add(study)
+            session.commit()
+            session.refresh(study)
+            return StudyPublic.model_validate(study)
+
+    # ----------------------------------------------------------------------------- hypotheses
+    def register_hypothesis(
+        self,
+        study_id: int,
+        *,
+        statement: str,
+        expected_outcome: str,
+        decision_rule: str,
+        experiment_id: int | None = None,
+    ) -> HypothesisPublic:
+        """Pre-register a hypothesis, optionally as the one an experiment tests.
+
+        The registration time is recorded. An experiment's hypothesis must be registered before its
+        first run, so a decision rule is never written after seeing results.
+
+        Args:
+            study_id: Study the hypothesis belongs to.
+            statement: The claim.
+            expected_outcome: What the runs should show if the claim holds.
+            decision_rule: How results decide, fixed in advance.
+            experiment_id: Experiment (of the same study) that tests it.
+
+        Raises:
+            NotFound: No such study or experiment.
+            InvalidInput: An empty field, or the experiment belongs to another study.
+            PreregistrationError: The experiment already has runs.
+        """
+        data = _validated(
+            HypothesisCreate,
+            statement=statement,
+            expected_outcome=expected_outcome,
+            decision_rule=decision_rule,
+        )
+        with self._write() as session:
+            self._get(session, Study, study_id)
+            hypothesis = Hypothesis.model_validate(data, update={"study_id": study_id})
+            session.add(hypothesis)
+            session.flush()
+            if experiment_id is not None:
+                assert hypothesis.id is not None
+                self._attach_hypothesis(session, experiment_id, hypothesis.id, study_id)
+            session.commit()
+            session.refresh(hypothesis)
+            return HypothesisPublic.model_validate(hypothesis)
+
+    def hypotheses(self, study_id: int) -> list[HypothesisPublic]:
+        """Hypotheses of a study in registration order."""
+        with self._read() as session:
+            rows = session.exec(
+                select(Hypothesis).where(Hypothesis.study_id == study_id).order_by(col(Hypothesis.id))
+            ).all()
+            return [HypothesisPublic.model_validate(row) for row in rows]
+
+    def _attach_hypothesis(
+        self, session: Session, experiment_id: int, hypothesis_id: int, study_id: int
+    ) -> None:
+        experiment = self._get(session, Experiment, experiment_id, lock=True)
+        if experiment.study_id != study_id:
+            raise InvalidInput(
+                f"experiment {experiment_id} belongs to study {experiment.study_id}, not study {study_id}"
+            )
+        first_run = session.exec(select(Run.id).where(Run.experiment_id == experiment_id).limit(1)).first()
+        if first_run is not None:
+            raise PreregistrationError(
+                "experiment",
+                experiment_id,
+                "started",
+                "tested by a new hypothesis",
+                f"run {first_run} already started; register hypotheses before the runs that test them",
+            )
+        experiment.hypothesis_id = hypothesis_id
+        session.add(experiment)
+
+    # ---------------------------------------------------------------------------- experiments
+    def create_experiment(
+        self,
+        study_id: int,
+        name: str,
+        *,
+        description: str = "",
+        template: str | None = None,
+        hypothesis_id: int | None = None,
+    ) -> ExperimentPublic:
+        """Create an experiment of a study, optionally testing a registered hypothesis.
+
+        Raises:
+            NotFound: No such study or hypothesis.
+            InvalidInput: Empty name, or the hypothesis belongs to another study.
+        """
+        data = _validated(ExperimentCreate, name=name, description=description, template=template)
+        with self._write() as session:
+            self._get(session, Study, study_id)
+            if hypothesis_id is not None:
+                hypothesis = self._get(session, Hypothesis, hypothesis_id)
+                if hypothesis.study_id != study_id:
+                    raise InvalidInput(f"hypothesis {hypothesis_id} belongs to study {hypothesis.study_id}")
+            experiment = Experiment.model_validate(
+                data, update={"study_id": study_id, "hypothesis_id": hypothesis_id}
+            )
+            session.add(experiment)
+            session.commit()
+            session.refresh(experiment)
+            return ExperimentPublic.model_validate(experiment)
+
+    def set_experiment_hypothesis(self, experiment_id: int, hypothesis_id: int) -> ExperimentPublic:
+        """Make an existing experiment test a registered hypothesis (only before its first run).
+
+        Raises:
+            NotFound: No such experiment or hypothesis.
+            PreregistrationError: The experiment already has runs.
+        """
+        with self._write() as session:
+            hypothesis = self._get(session, Hypothesis, hypothesis_id)
+            self._attach_hypothesis(session, experiment_id, hypothesis_id, hypothesis.study_id)
+            session.commit()
+            return ExperimentPublic.model_validate(self._get(session, Experiment, experiment_id))
+
+    def experiments(self, study_id: int) -> list[ExperimentPublic]:
+        """Experiments of a study in creation order."""
+        with self._read() as session:
+            rows = session.exec(
+                select(Experiment).where(Experiment.study_id == study_id).order_by(col(Experiment.id))
+            ).all()
+            return [ExperimentPublic.model_validate(row) for row in rows]
+
+    # ----------------------------------------------------------------------------------- runs
+    def start_run(
+        self,
+        experiment_id: int,
+        *,
+        name: str = "",
+        config: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        server_url: str | None = None,
+        run_dir: str | Path | None = None,
+        git_commit: str | None = None,
+    ) -> RunPublic:
+        """Record the start of a run (status ``running``).
+
+        Args:
+            experiment_id: Experiment the run belongs to.
+            name: Short label.
+            config: JSON-serialisable run configuration; secret-looking values are redacted.
+            seed: Random seed.
+            server_url: Swarm server base URL (a password in it is redacted).
+            run_dir: Directory of the run's files.
+            git_commit: Commit of the code used.
+
+        Raises:
+            NotFound: No such experiment.
+            InvalidInput: A field is malformed.
+        """
+        data = _validated(
+            RunCreate,
+            name=name,
+            config=dict(config or {}),
+            seed=seed,
+            server_url=server_url,
+            run_dir=None if run_dir is None else str(run_dir),
+            git_commit=git_commit,
+        )
+        with self._write() as session:
+            # Locked so that a concurrent hypothesis registration sees this run (pre-registration).
+            self._get(session, Experiment, experiment_id, lock=True)
+            run = Run.model_validate(data, update={"experiment_id": experiment_id})
+            session.add(run)
+            session.commit()
+            session.refresh(run)
+            return RunPublic.model_validate(run)
+
+    def get_run(self, run_id: int) -> RunPublic:
+        """The run with this id.
+
+        Raises:
+            NotFound: No such run.
+        """
+        with self._read() as session:
+            return RunPublic.model_validate(self._get(session, Run, run_id))
+
+    def update_run(self, run_id: int, changes: RunUpdate) -> RunPublic:
+        """Change the descriptive fields set in ``changes`` (name, config, seed, server, dir, commit).
+
+        Raises:
+            NotFound: No such run.
+        """
+        data = _validated(RunUpdate, **changes.model_dump(exclude_unset=True))
+        with self._write() as session:
+            run = self._get(session, Run, run_id, lock=True)
+            run.sqlmodel_update(data.model_dump(exclude_unset=True))
+            session.add(run)
+            session.commit()
+            session.refresh(run)
+            return RunPublic.model_validate(run)
+
+    def finish_run(
+        self,
+        run_id: int,
+        *,
+        status: RunStatus | str = RunStatus.finished,
+        final_metrics: Mapping[str, float] | None = None,
+        error: str | None = None,
+    ) -> RunPublic:
+        """Move a running run to a terminal status, once.
+
+        Args:
+            run_id: The run.
+            status: ``finished``, ``failed`` or ``cancelled``.
+            final_metrics: Metrics at the end, by name (finite floats).
+            error: Why it failed (redacted of secrets).
+
+        Raises:
+            NotFound: No such run.
+            InvalidInput: ``status`` is not terminal, or a metric is not a finite number.
+            InvalidTransition: The run already finished.
+        """
+        try:
+            target = RunStatus(status)
+        except ValueError:
+            raise InvalidInput(f"unknown run status {status!s}") from None
+        if target is RunStatus.running:
+            raise InvalidInput("finish_run needs a terminal status: finished, failed or cancelled")
+        metrics = None if final_metrics is None else _finite_metrics(final_metrics)
+        with self._write() as session:
+            result = session.exec(
+                update(Run)
+                .where(col(Run.id) == run_id, col(Run.status) == RunStatus.running)
+                .values(status=target, final_metrics=metrics, error=error, finished_at=utcnow())
+            )
+            if result.rowcount != 1:
+                run = self._get(session, Run, run_id)
+                raise InvalidTransition("run", run_id, run.status.value, target.value)
+            session.commit()
+            return RunPublic.model_validate(self._get(session, Run, run_id))
+
+    def log_metrics(self, run_id: int, step: int, metrics: Mapping[str, float]) -> int:
+        """Append one point per metric of a run at a trainer step.
+
+        Args:
+            run_id: The run.
+            step: Trainer step (optimizer updates so far), >= 0.
+            metrics: Values by metric name (finite floats), e.g. ``{"reward/mean": 0.41, "kl": 0.02}``.
+
+        Returns:
+            Number of points written.
+
+        Raises:
+            NotFound: No such run.
+            InvalidInput: Negative step or a non-finite value (log NaN/inf as an event instead).
+        """
+        if step < 0:
+            raise InvalidInput(f"step must be >= 0, got {step}")
+        values = _finite_metrics(metrics)
+        with self._write() as session:
+            self._get(session, Run, run_id)
+            now = utcnow()
+            session.add_all(
+                MetricPoint(run_id=run_id, step=step, name=name, value=value, recorded_at=now)
+                for name, value in values.items()
+            )
+            session.commit()
+        return len(values)
+
+    def metric_history(self, run_id: int, name: str | None = None) -> list[MetricPointPublic]:
+        """Metric points of a run ordered by step (then insertion), optionally of one metric."""
+        with self._read() as session:
+            query = select(MetricPoint).where(MetricPoint.run_id == run_id)
+            if name is not None:
+                query = query.where(MetricPoint.name == name)
+            rows = session.exec(query.order_by(col(MetricPoint.step), col(MetricPoint.id))).all()
+            return [MetricPointPublic.model_validate(row) for row in rows]
+
+    def runs(
+        self, study_id: int | None = None, *, status: RunStatus | str | None = None
+    ) -> list[RunWithMetrics]:
+        """Runs (of one study, or all) with the latest value of each metric, oldest first.
+
+        "Latest" is the point with the highest step, ties broken by the last written.
+        """
+        with self._read() as session:
+            query = select(Run, Experiment.study_id).join(Experiment, col(Run.experiment_id) == Experiment.id)
+            if study_id is not None:
+                query = query.where(Experiment.study_id == study_id)
+            if status is not None:
+                query = query.where(col(Run.status) == RunStatus(status))
+            pairs = session.exec(query.order_by(col(Run.id))).all()
+            latest = self._latest_metrics(session, [run.id for run, _ in pairs if run.id is not None])
+            return [
+                RunWithMetrics.model_validate(
+                    run,
+                    update={
+                        "study_id": owner,
+                        "latest_metrics": latest.get(run.id or 0, ({}, None))[0],
+                        "latest_step": latest.get(run.id or 0, ({}, None))[1],
+                    },
+                )
+                for run, owner in pairs
+            ]
+
+    def study_runs(self, study_id: int) -> list[RunWithMetrics]:
+        """Runs of a study with their latest metric values (what the TUI and the analyst show).
+
+        Raises:
+            NotFound: No such study.
+        """
+        self.get_study(study_id)
+        return self.runs(study_id)
+
+    @staticmethod
+    def _latest_metrics(
+        session: Session, run_ids: list[int]
+    ) -> dict[int, tuple[dict[str, float], int | None]]:
+        if not run_ids:
+            return {}
+        rank = (
+            func.row_number()
+            .over(
+                partition_by=(col(MetricPoint.run_id), col(MetricPoint.name)),
+                order_by=(col(MetricPoint.step).desc(), col(MetricPoint.id).desc()),
+            )
+            .label("rank")
+        )
+        # Five columns: beyond SQLModel's typed select overloads, so SQLAlchemy's own select.
+        ranked = (
+            sa.select(
+                col(MetricPoint.run_id),
+                col(MetricPoint.name),
+                col(MetricPoint.value),
+                col(MetricPoint.step),
+                rank,
+            )
+            .where(col(MetricPoint.run_id).in_(run_ids))
+            .subquery()
+        )
+        rows = session.exec(
+            select(ranked.c.run_id, ranked.c.name, ranked.c.value, ranked.c.step).where(ranked.c.rank == 1)
+        ).all()
+        latest: dict[int, tuple[dict[str, float], int | None]] = {}
+        for run_id, name, value, step in rows:
+            values, top = latest.get(run_id, ({}, None))
+            values[name] = value
+            latest[run_id] = (values, step if top is None else max(top, step))
+        return {run_id: (dict(sorted(values.items())), top) for run_id, (values, top) in latest.items()}
+
+    # ------------------------------------------------------------------------------ artifacts
+    def add_artifact(
+        self, study_id: int, kind: ArtifactKind | str, name: str, content: str
+    ) -> CodeArtifactPublic:
+        """Store a new version of a named piece of code (or a report) of a study.
+
+        Versions count from 1 per (study, name). Content identical to the latest version is not stored
+        again: that version is returned. Secret-looking strings in the content are redacted, and the
+        hash is of the content as stored.
+
+        Raises:
+            NotFound: No such study.
+            InvalidInput: Unknown kind, empty name, or the name is already used with another kind.
+        """
+        try:
+            artifact_kind = ArtifactKind(kind)
+        except ValueError:
+            raise InvalidInput(
+                f"unknown artifact kind {kind!s}; use one of {[k.value for k in ArtifactKind]}"
+            ) from None
+        if not name.strip() or len(name) > 200:
+            raise InvalidInput("artifact name must be 1 to 200 characters")
+        with self._write() as session:
+            artifact = self._add_artifact(session, study_id, artifact_kind, name, content)
+            session.commit()
+            return CodeArtifactPublic.model_validate(artifact)
+
+    def _add_artifact(
+        self, session: Session, study_id: int, kind: ArtifactKind, name: str, content: str
+    ) -> CodeArtifact:
+        # Locking the study serialises version numbering of its artifacts across writers.
+        self._get(session, Study, study_id, lock=True)
+        latest = self._latest_artifact(session, study_id, name)
+        if latest is not None and latest.kind != kind:
+            raise InvalidInput(
+                f"artifact {name!r} of study {study_id} is a {latest.kind.value}, not a {kind.value}"
+            )
+        # Hash what is stored: the content column would redact secrets on the way in anyway.
+        stored = scrub_text(content)
+        digest = _sha256(stored)
+        if latest is not None and latest.sha256 == digest:
+            return latest
+        artifact = CodeArtifact(
+            study_id=study_id,
+            kind=kind,
+            name=name,
+            version=1 if latest is None else latest.version + 1,
+            content=stored,
+            sha256=digest,
+        )
+        session.add(artifact)
+        session.flush()
+        session.refresh(artifact)
+        return artifact
+
+    @staticmethod
+    def _latest_artifact(session: Session, study_id: int, name: str) -> CodeArtifact | None:
+        return session.exec(
+            select(CodeArtifact)
+            .where(CodeArtifact.study_id == study_id, CodeArtifact.name == name)
+            .order_by(col(CodeArtifact.version).desc())
+            .limit(1)
+        ).first()
+
+    def get_artifact(self, artifact_id: int) -> CodeArtifactPublic:
+        """The artifact version with this id.
+
+        Raises:
+            NotFound: No such artifact.
+        """
+        with self._read() as session:
+            return CodeArtifactPublic.model_validate(self._get(session, CodeArtifact, artifact_id))
+
+    def latest_artifact(self, study_id: int, name: str) -> CodeArtifactPublic | None:
+        """Newest version of a named artifact of a study, or ``None``."""
+        with self._read() as session:
+            latest = self._latest_artifact(session, study_id, name)
+            return None if latest is None else CodeArtifactPublic.model_validate(latest)
+
+    def artifacts(self, study_id: int) -> list[CodeArtifactPublic]:
+        """All artifact versions of a study, by name then version."""
+        with self._read() as session:
+            rows = session.exec(
+                select(CodeArtifact)
+                .where(CodeArtifact.study_id == study_id)
+                .order_by(col(CodeArtifact.name), col(CodeArtifact.version))
+            ).all()
+            return [CodeArtifactPublic.model_validate(row) for row in rows]
+
+    # -------------------------------------------------------------------------------- patches
+    def propose_patch(
+        self, artifact_id: int, *, diff: str, rationale: str, proposed_by: str = "analyst"
+    ) -> PatchPublic:
+        """Propose a change to an artifact version; the patch starts ``pending``.
+
+        Raises:
+            NotFound: No such artifact.
+            InvalidInput: Empty diff or rationale.
+        """
+        if not diff.strip() or not rationale.strip():
+            raise InvalidInput("a patch needs a non-empty diff and rationale")
+        if not proposed_by.strip() or len(proposed_by) > 100:
+            raise InvalidInput("proposed_by must be 1 to 100 characters")
+        with self._write() as session:
+            artifact = self._get(session, CodeArtifact, artifact_id)
+            patch = Patch(
+                artifact_id=artifact_id,
+                base_version=artifact.version,
+                diff=diff,
+                rationale=rationale,
+                proposed_by=proposed_by,
+            )
+            session.add(patch)
+            session.commit()
+            assert patch.id is not None
+            return self._patch_public(session, patch.id)
+
+    def decide_patch(self, patch_id: int, *, approve: bool, by: str, note: str | None = None) -> PatchPublic:
+        """Approve or reject a pending patch, exactly once.
+
+        The decision is a compare-and-set on ``status = 'pending'``: of several concurrent deciders,
+        exactly one succeeds and the others get `InvalidTransition`.
+
+        Args:
+            patch_id: The patch.
+            approve: ``True`` approves, ``False`` rejects.
+            by: Who decided (user name, or ``"policy:<name>"``).
+            note: Comment kept with the decision.
+
+        Raises:
+            NotFound: No such patch.
+            InvalidInput: Empty ``by``.
+            InvalidTransition: The patch is no longer pending.
+        """
+        if not by.strip() or len(by) > 100:
+            raise InvalidInput("decided_by must be 1 to 100 characters")
+        target = PatchStatus.approved if approve else PatchStatus.rejected
+        with self._write() as session:
+            result = session.exec(
+                update(Patch)
+                .where(col(Patch.id) == patch_id, col(Patch.status) == PatchStatus.pending)
+                .values(status=target, decided_by=by, decided_at=utcnow(), note=note)
+            )
+            if result.rowcount != 1:
+                patch = self._get(session, Patch, patch_id)
+                raise InvalidTransition("patch", patch_id, patch.status.value, target.value)
+            session.commit()
+            return self._patch_public(session, patch_id)
+
+    def mark_patch_applied(self, patch_id: int, *, content: str | None = None) -> PatchPublic:
+        """Record that an approved patch was applied.
+
+        Args:
+            patch_id: The patch (must be ``approved``).
+            content: The patched code; when given, it is stored as the next version of the patched
+                artifact in the same transaction and linked as ``result_artifact_id``.
+
+        Raises:
+            NotFound: No such patch.
+            InvalidTransition: The patch is not ``approved`` (pending, rejected or already applied).
+        """
+        with self._write() as session:
+            result = session.exec(
+                update(Patch)
+                .where(col(Patch.id) == patch_id, col(Patch.status) == PatchStatus.approved)
+                .values(status=PatchStatus.applied, applied_at=utcnow())
+            )
+            if result.rowcount != 1:
+                patch = self._get(session, Patch, patch_id)
+                reason = (
+                    "only an approved patch can be applied" if patch.status is PatchStatus.pending else ""
+                )
+                raise InvalidTransition(
+                    "patch", patch_id, patch.status.value, PatchStatus.applied.value, reason
+                )
+            if content is not None:
+                patch = self._get(session, Patch, patch_id)
+                base = self._get(session, CodeArtifact, patch.artifact_id)
+                produced = self._add_artifact(session, base.study_id, base.kind, base.name, content)
+                patch.result_artifact_id = produced.id
+                session.add(patch)
+            session.commit()
+            return self._patch_public(session, patch_id)
+
+    def get_patch(self, patch_id: int) -> PatchPublic:
+        """The patch with this id.
+
+        Raises:
+            NotFound: No such patch.
+        """
+        with self._read() as session:
+            return self._patch_public(session, patch_id)
+
+    def pending_patches(self, study_id: int | None = None) -> list[PatchPublic]:
+        """Patches waiting for a decision (of one study, or all), oldest first."""
+        return self.patches(study_id, status=PatchStatus.pending)
+
+    def patches(
+        self, study_id: int | None = None, *, status: PatchStatus | str | None = None
+    ) -> list[PatchPublic]:
+        """Patches (of one study, or all; of one status, or all), oldest first."""
+        with self._read() as session:
+            query = select(Patch, CodeArtifact).join(CodeArtifact, col(Patch.artifact_id) == CodeArtifact.id)
+            if study_id is not None:
+                query = query.where(CodeArtifact.study_id == study_id)
+            if status is not None:
+                query = query.where(col(Patch.status) == PatchStatus(status))
+            return [
+                _patch_public(patch, artifact)
+                for patch, artifact in session.exec(query.order_by(col(Patch.id)))
+            ]
+
+    def _patch_public(self, session: Session, patch_id: int) -> PatchPublic:
+        patch = self._get(session, Patch, patch_id)
+        return _patch_public(patch, self._get(session, CodeArtifact, patch.artifact_id))
+
+    # ------------------------------------------------------------------------------- findings
+    def add_finding(
+        self,
+        study_id: int,
+        *,
+        statement: str,
+        confidence: float,
+        evidence: str = "",
+        status: FindingStatus | str = FindingStatus.unconfirmed,
+        seeds: Iterable[int] = (),
+        run_ids: Iterable[int] = (),
+        hypothesis_id: int | None = None,
+    ) -> FindingPublic:
+        """Record a finding of a study, linked to the runs that are its evidence.
+
+        Args:
+            study_id: The study.
+            statement: What was found.
+            confidence: Probability the statement holds, in [0, 1].
+            evidence: Summary of the evidence.
+            status: ``unconfirmed``, ``confirmed`` or ``refuted``.
+            seeds: Seeds on which it replicated.
+            run_ids: Runs (of this study) that are its evidence.
+            hypothesis_id: Hypothesis it bears on.
+
+        Raises:
+            NotFound: No such study, run or hypothesis.
+            InvalidInput: A field is malformed, or a run or hypothesis belongs to another study.
+        """
+        data = _validated(
+            FindingCreate,
+            statement=statement,
+            confidence=confidence,
+            evidence=evidence,
+            status=status,
+            seeds=list(seeds),
+            run_ids=list(run_ids),
+            hypothesis_id=hypothesis_id,
+        )
+        with self._write() as session:
+            self._get(session, Study, study_id)
+            if data.hypothesis_id is not None:
+                self._check_owner(session, Hypothesis, data.hypothesis_id, study_id)
+            finding = Finding.model_validate(
+                data.model_dump(exclude={"run_ids"}), update={"study_id": study_id}
+            )
+            session.add(finding)
+            session.flush()
+            assert finding.id is not None
+            self._link_evidence(session, finding.id, study_id, data.run_ids)
+            session.commit()
+            return self._finding_public(session, finding.id)
+
+    def update_finding(self, finding_id: int, changes: FindingUpdate) -> FindingPublic:
+        """Change the fields set in ``changes``; ``run_ids`` replaces the evidence links.
+
+        Raises:
+            NotFound: No such finding or run.
+            InvalidInput: A field is malformed.
+        """
+        data = _validated(FindingUpdate, **changes.model_dump(exclude_unset=True))
+        fields = data.model_dump(exclude_unset=True)
+        run_ids = fields.pop("run_ids", None)
+        if "seeds" in fields and fields["seeds"] is not None:
+            fields["seeds"] = sorted(set(fields["seeds"]))
+        with self._write() as session:
+            finding = self._get(session, Finding, finding_id, lock=True)
+            finding.sqlmodel_update({**fields, "updated_at": utcnow()})
+            session.add(finding)
+            if run_ids is not None:
+                for link in session.exec(
+                    select(FindingEvidence).where(FindingEvidence.finding_id == finding_id)
+                ):
+                    session.delete(link)
+                session.flush()
+                self._link_evidence(session, finding_id, finding.study_id, sorted(set(run_ids)))
+            session.commit()
+            return self._finding_public(session, finding_id)
+
+    def add_finding_seeds(
+        self, finding_id: int, seeds: Iterable[int], *, run_ids: Iterable[int] = ()
+    ) -> FindingPublic:
+        """Add replication seeds (and their evidence runs) to a finding, keeping those already there.
+
+        A read-modify-write under a row lock (PostgreSQL) or the write lock (SQLite): concurrent
+        callers never lose each other's seeds.
+
+        Raises:
+            NotFound: No such finding or run.
+        """
+        with self._write() as session:
+            finding = self._get(session, Finding, finding_id, lock=True)
+            finding.seeds = sorted(set(finding.seeds) | set(seeds))
+            finding.updated_at = utcnow()
+            session.add(finding)
+            known = set(
+                session.exec(
+                    select(FindingEvidence.run_id).where(FindingEvidence.finding_id == finding_id)
+                ).all()
+            )
+            self._link_evidence(session, finding_id, finding.study_id, sorted(set(run_ids) - known))
+            session.commit()
+            return self._finding_public(session, finding_id)
+
+    def findings(self, study_id: int, *, status: FindingStatus | str | None = None) -> list[FindingPublic]:
+        """Findings of a study (optionally of one status), oldest first, with their evidence run ids."""
+        with self._read() as session:
+            query = select(Finding).where(Finding.study_id == study_id)
+            if status is not None:
+                query = query.where(col(Finding.status) == FindingStatus(status))
+            rows = session.exec(query.order_by(col(Finding.id))).all()
+            ids = [row.id for row in rows if row.id is not None]
+            links: dict[int, list[int]] = {}
+            if ids:
+                for finding_id, run_id in session.exec(
+                    select(FindingEvidence.finding_id, FindingEvidence.run_id)
+                    .where(col(FindingEvidence.finding_id).in_(ids))
+                    .order_by(col(FindingEvidence.run_id))
+                ):
+                    links.setdefault(finding_id, []).append(run_id)
+            return [
+                FindingPublic.model_validate(row, update={"run_ids": links.get(row.id or 0, [])})
+                for row in rows
+            ]
+
+    def _finding_public(self, session: Session, finding_id: int) -> FindingPublic:
+        finding = self._get(session, Finding, finding_id)
+        run_ids = session.exec(
+            select(FindingEvidence.run_id)
+            .where(FindingEvidence.finding_id == finding_id)
+            .order_by(col(FindingEvidence.run_id))
+        ).all()
+        return FindingPublic.model_validate(finding, update={"run_ids": list(run_ids)})
+
+    def _link_evidence(
+        self, session: Session, finding_id: int, study_id: int, run_ids: Iterable[int]
+    ) -> None:
+        for run_id in run_ids:
+            self._get(session, Run, run_id)
+            owner = session.exec(
+                select(Experiment.study_id)
+                .join(Run, col(Run.experiment_id) == Experiment.id)
+                .where(Run.id == run_id)
+            ).one()
+            if owner != study_id:
+                raise InvalidInput(f"run {run_id} belongs to study {owner}, not study {study_id}")
+            session.add(FindingEvidence(finding_id=finding_id, run_id=run_id))
+
+    def _check_owner(self, session: Session, table: type[Hypothesis], key: int, study_id: int) -> None:
+        row = self._get(session, table, key)
+        if row.study_id != study_id:
+            raise InvalidInput(
+                f"{table.__name__.lower()} {key} belongs to study {row.study_id}, not study {study_id}"
+            )
+
+    # --------------------------------------------------------------------------------- events
+    def log_event(
+        self,
+        message: str,
+        *,
+        study_id: int | None = None,
+        run_id: int | None = None,
+        level: EventLevel | str = EventLevel.info,
+    ) -> EventPublic:
+        """Append an event about a study or a run (a run event is also filed under its study).
+
+        Secret-looking substrings of the message are redacted.
+
+        Raises:
+            NotFound: No such study or run.
+            InvalidInput: Neither study nor run given, unknown level, or the run is of another study.
+        """
+        if study_id is None and run_id is None:
+            raise InvalidInput("an event needs a study_id or a run_id")
+        try:
+            event_level = EventLevel(level)
+        except ValueError:
+            raise InvalidInput(
+                f"unknown event level {level!s}; use one of {[v.value for v in EventLevel]}"
+            ) from None
+        with self._write() as session:
+            if run_id is not None:
+                self._get(session, Run, run_id)
+                owner = session.exec(
+                    select(Experiment.study_id)
+                    .join(Run, col(Run.experiment_id) == Experiment.id)
+                    .where(Run.id == run_id)
+                ).one()
+                if study_id is not None and study_id != owner:
+                    raise InvalidInput(f"run {run_id} belongs to study {owner}, not study {study_id}")
+                study_id = owner
+            elif study_id is not None:
+                self._get(session, Study, study_id)
+            event = Event(study_id=study_id, run_id=run_id, level=event_level, message=message)
+            session.add(event)
+            session.commit()
+            session.refresh(event)
+            return EventPublic.model_validate(event)
+
+    def events(
+        self,
+        *,
+        study_id: int | None = None,
+        run_id: int | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[EventPublic]:
+        """Events, oldest first, filtered by study and/or run; ``after_id`` gives those newer than a
+        previously seen event (for polling), ``limit`` caps the count."""
+        with self._read() as session:
+            query = select(Event)
+            if study_id is not None:
+                query = query.where(Event.study_id == study_id)
+            if run_id is not None:
+                query = query.where(Event.run_id == run_id)
+            if after_id is not None:
+                query = query.where(col(Event.id) > after_id)
+            query = query.order_by(col(Event.id))
+            if limit is not None:
+                query = query.limit(limit)
+            return [EventPublic.model_validate(row) for row in session.exec(query).all()]
+
+    # --------------------------------------------------------------------------------- export
+    def export_study(self, study_id: int) -> StudyExport:
+        """Everything recorded about a study, as one serialisable model.
+
+        ``export.model_dump(mode="json")`` is the JSON export; `memory.render_markdown` renders it.
+
+        Raises:
+            NotFound: No such study.
+        """
+        study = self.get_study(study_id)
+        runs = self.runs(study_id)
+        experiments = [
+            ExperimentExport.model_validate(
+                experiment.model_dump(),
+                update={"runs": [run for run in runs if run.experiment_id == experiment.id]},
+            )
+            for experiment in self.experiments(study_id)
+        ]
+        return StudyExport(
+            schema_revision=self.schema_revision,
+            exported_at=utcnow(),
+            study=study,
+            hypotheses=self.hypotheses(study_id),
+            experiments=experiments,
+            artifacts=self.artifacts(study_id),
+            patches=self.patches(study_id),
+            findings=self.findings(study_id),
+            events=self.events(study_id=study_id),
+        )
+
+
+def _finite_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise InvalidInput("metric names must be strings of 1 to 200 characters")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise InvalidInput(f"metric {name!r} is not a number") from None
+        if not math.isfinite(number):
+            raise InvalidInput(
+                f"metric {name!r} is {number}; only finite values are stored (log the event instead)"
+            )
+        values[name] = number
+    return values
+
+
+def _patch_public(patch: Patch, artifact: CodeArtifact) -> PatchPublic:
+    return PatchPublic.model_validate(
+        patch,
+        update={
+            "study_id": artifact.study_id,
+            "artifact_name": artifact.name,
+            "artifact_kind": artifact.kind,
+        },
+    )
