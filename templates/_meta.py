@@ -1,0 +1,166 @@
+"""Typed metadata of a task template: what it is, its parameters and what the model must be able to do."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ._errors import TemplateParamError
+
+ParamValue = bool | int | float | str | None
+
+
+class ParamTarget(StrEnum):
+    """Which part of a rendered template a parameter configures."""
+
+    WORKFLOW = "workflow"
+    """Substituted into the ``PARAMS`` dict of ``workflow.py`` (sampling settings, game rules...)."""
+    DATA = "data"
+    """Passed to the data builder that writes ``tasks.jsonl`` (dataset choice, size, seed, level...)."""
+
+
+class ParamSpec(BaseModel):
+    """One template parameter with its type, default and allowed range."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    """Identifier used in ``PARAMS`` and on the command line."""
+    type: Literal["int", "float", "bool", "str"]
+    """Value type; ``None`` is accepted only where ``nullable`` is set."""
+    default: ParamValue
+    """Value used when the caller gives none."""
+    description: str
+    """One line for humans and for the planner."""
+    target: ParamTarget = ParamTarget.WORKFLOW
+    """Where the value goes when the template is rendered."""
+    minimum: float | None = None
+    """Inclusive lower bound (numbers only)."""
+    maximum: float | None = None
+    """Inclusive upper bound (numbers only)."""
+    choices: tuple[str, ...] | None = None
+    """Allowed values (strings only)."""
+    nullable: bool = False
+    """Whether ``None`` is allowed (e.g. "same server" for an optional endpoint URL)."""
+
+    @model_validator(mode="after")
+    def _default_is_valid(self) -> ParamSpec:
+        self.coerce(self.default, template="<spec>")
+        return self
+
+    def coerce(self, value: Any, *, template: str) -> ParamValue:
+        """Check ``value`` against this spec and return it converted to the declared type.
+
+        Args:
+            value: The raw value (from JSON, a CLI string or Python).
+            template: Template name, used in the error message.
+
+        Returns:
+            The value as ``bool``/``int``/``float``/``str`` (or ``None`` when nullable).
+
+        Raises:
+            TemplateParamError: Wrong type, out of range or not among the choices.
+        """
+
+        def fail(message: str) -> TemplateParamError:
+            return TemplateParamError(template, self.name, message)
+
+        if value is None:
+            if self.nullable:
+                return None
+            raise fail("may not be None")
+        out: ParamValue
+        if self.type == "bool":
+            if isinstance(value, str) and value.lower() in {"true", "false", "1", "0", "yes", "no"}:
+                out = value.lower() in {"true", "1", "yes"}
+            elif isinstance(value, bool):
+                out = value
+            else:
+                raise fail(f"expected a bool, got {value!r}")
+        elif self.type == "int":
+            if isinstance(value, bool):
+                raise fail(f"expected an int, got {value!r}")
+            if isinstance(value, int):
+                out = value
+            elif (isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip())) or (
+                isinstance(value, float) and value.is_integer()
+            ):
+                out = int(value)
+            else:
+                raise fail(f"expected an int, got {value!r}")
+        elif self.type == "float":
+            if isinstance(value, bool):
+                raise fail(f"expected a number, got {value!r}")
+            try:
+                out = float(value)
+            except (TypeError, ValueError):
+                raise fail(f"expected a number, got {value!r}") from None
+        else:
+            if not isinstance(value, str):
+                raise fail(f"expected a string, got {value!r}")
+            out = value
+        if isinstance(out, int | float) and not isinstance(out, bool):
+            if self.minimum is not None and out < self.minimum:
+                raise fail(f"{out} is below the minimum {self.minimum:g}")
+            if self.maximum is not None and out > self.maximum:
+                raise fail(f"{out} is above the maximum {self.maximum:g}")
+        if self.choices is not None and out not in self.choices:
+            raise fail(f"{out!r} is not one of {', '.join(self.choices)}")
+        return out
+
+
+class TemplateMeta(BaseModel):
+    """Metadata of one task template, read by the registry, the planner and the coder agent."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    """Template name, equal to its folder name (``who_is_the_spy``, ``math``...)."""
+    title: str
+    """Short human title."""
+    description: str
+    """What the task is and what a training run on it shows."""
+    keywords: tuple[str, ...]
+    """Lower-case words and phrases a user might say to mean this template (used by :func:`match`)."""
+    capabilities: tuple[str, ...]
+    """What the model must be able to do (e.g. "follow a short answer format", "multi-turn chat")."""
+    parameters: tuple[ParamSpec, ...] = Field(default_factory=tuple)
+    """Parameters with defaults and ranges."""
+    multi_agent: bool = False
+    """Whether episodes have several named agents (the OpenAI ``user`` field names the agent)."""
+
+    def param(self, name: str) -> ParamSpec:
+        """The spec of parameter ``name``.
+
+        Raises:
+            TemplateParamError: No such parameter.
+        """
+        for spec in self.parameters:
+            if spec.name == name:
+                return spec
+        known = ", ".join(p.name for p in self.parameters)
+        raise TemplateParamError(self.name, name, f"unknown parameter (known: {known})")
+
+    def defaults(self, target: ParamTarget | None = None) -> dict[str, ParamValue]:
+        """Default values of all parameters, or of those for one ``target``."""
+        return {p.name: p.default for p in self.parameters if target is None or p.target == target}
+
+    def resolve(self, params: dict[str, Any] | None = None) -> dict[str, ParamValue]:
+        """Defaults overlaid with ``params``, each value checked and converted.
+
+        Args:
+            params: Caller's values by parameter name (may be ``None`` or partial).
+
+        Returns:
+            A complete dict with one value per parameter.
+
+        Raises:
+            TemplateParamError: A name is unknown or a value is invalid.
+        """
+        resolved = self.defaults()
+        for key, value in (params or {}).items():
+            resolved[key] = self.param(key).coerce(value, template=self.name)
+        return resolved

@@ -1,0 +1,139 @@
+"""Discovering templates, loading their parts, and matching them against a user's sentence."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ._errors import UnknownTemplateError
+from ._meta import ParamTarget, ParamValue, TemplateMeta
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+"""Folder of the ``templates`` package; each template is a sub-folder with a ``meta.py``."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """One template folder: metadata plus access to its modules."""
+
+    meta: TemplateMeta
+    """Typed metadata."""
+    folder: Path
+    """The template's source folder."""
+    check_params: Callable[[dict[str, Any]], None] | None = None
+    """Optional cross-parameter check from ``meta.py`` (raises ``TemplateParamError``)."""
+
+    @property
+    def name(self) -> str:
+        """Template name (equal to the folder name)."""
+        return self.meta.name
+
+    def module(self, name: str) -> ModuleType:
+        """Import ``templates.<template>.<name>`` (e.g. ``"reward"``, ``"data"``, ``"workflow"``)."""
+        return importlib.import_module(f"{__package__}.{self.name}.{name}")
+
+    def resolve(self, params: dict[str, Any] | None = None) -> dict[str, ParamValue]:
+        """Complete, checked parameters: defaults overlaid with ``params``.
+
+        Raises:
+            TemplateParamError: Unknown name, invalid value or a broken cross-parameter rule.
+        """
+        resolved = self.meta.resolve(params)
+        if self.check_params is not None:
+            self.check_params(resolved)
+        return resolved
+
+    def build_tasks(self, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run the data builder with the data parameters of ``params`` (defaults elsewhere).
+
+        Returns:
+            Task dicts, each with an ``id``.
+        """
+        resolved = self.resolve(params)
+        data_params = {p.name: resolved[p.name] for p in self.meta.parameters if p.target == ParamTarget.DATA}
+        tasks: list[dict[str, Any]] = self.module("data").build(**data_params)
+        return tasks
+
+
+def _template_dirs() -> list[Path]:
+    return sorted(
+        p for p in PACKAGE_DIR.iterdir() if (p / "meta.py").is_file() and not p.name.startswith("_")
+    )
+
+
+def _load(folder: Path) -> Template:
+    meta_module = importlib.import_module(f"{__package__}.{folder.name}.meta")
+    meta: TemplateMeta = meta_module.META
+    if meta.name != folder.name:
+        raise ValueError(f"template folder {folder.name!r} declares name {meta.name!r}")
+    return Template(meta=meta, folder=folder, check_params=getattr(meta_module, "check_params", None))
+
+
+def list_templates() -> list[TemplateMeta]:
+    """Metadata of every template, sorted by name."""
+    return [_load(folder).meta for folder in _template_dirs()]
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[\s\-]+", "_", name.strip().lower())
+
+
+def get_template(name: str) -> Template:
+    """The template called ``name`` (hyphens and spaces are read as underscores: ``who-is-the-spy``).
+
+    Raises:
+        UnknownTemplateError: No such template.
+    """
+    wanted = _canonical(name)
+    folders = _template_dirs()
+    for folder in folders:
+        if folder.name == wanted:
+            return _load(folder)
+    raise UnknownTemplateError(name, [f.name for f in folders])
+
+
+def _tokens(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9@]+", " ", text.lower()).split()
+
+
+def _contains(tokens: list[str], phrase: list[str]) -> bool:
+    n = len(phrase)
+    return any(tokens[i : i + n] == phrase for i in range(len(tokens) - n + 1))
+
+
+def match_score(meta: TemplateMeta, sentence: str) -> float:
+    """How well ``sentence`` asks for this template.
+
+    Each keyword or the template name found in the sentence as a whole-word phrase adds
+    ``1 + 0.5 * (words - 1)`` (longer phrases are more specific); the name adds 2 more. Keywords that
+    normalise to the same words count once.
+
+    Returns:
+        A score >= 0 (0: no keyword matched).
+    """
+    tokens = _tokens(sentence)
+    phrases = {tuple(_tokens(k)) for k in meta.keywords} - {()}
+    name = tuple(_tokens(meta.name.replace("_", " ")))
+    score = 2.0 if _contains(tokens, list(name)) else 0.0
+    for phrase in phrases | {name}:
+        if _contains(tokens, list(phrase)):
+            score += 1.0 + 0.5 * (len(phrase) - 1)
+    return score
+
+
+def match(sentence: str) -> list[tuple[str, float]]:
+    """Templates whose keywords occur in ``sentence``, best first.
+
+    Args:
+        sentence: A user request, e.g. ``"train who-is-the-spy"`` or ``"min stable batch size on AIME"``.
+
+    Returns:
+        ``(template name, score)`` pairs with score > 0, highest score first (ties by name).
+    """
+    scored = [(meta.name, match_score(meta, sentence)) for meta in list_templates()]
+    return sorted((s for s in scored if s[1] > 0), key=lambda s: (-s[1], s[0]))

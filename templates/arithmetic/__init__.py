@@ -1,0 +1,1 @@
+"""Arithmetic template: synthetic questions at five difficulty levels, seeded by index."""

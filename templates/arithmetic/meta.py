@@ -1,0 +1,81 @@
+"""Metadata of the arithmetic template."""
+
+from templates._meta import ParamSpec, ParamTarget, TemplateMeta
+
+META = TemplateMeta(
+    name="arithmetic",
+    title="Synthetic arithmetic with difficulty levels",
+    description=(
+        "Generated arithmetic questions answered with a bare number. Level 1 is single-digit addition "
+        "(the embedded SmolLM2-135M gets some right, so GRPO has signal); levels 2-5 add two-digit "
+        "addition, subtraction, multiplication and three-operand expressions. Questions are seeded by "
+        "index, so runs repeat and resume. A sanity task for a training setup."
+    ),
+    keywords=(
+        "arithmetic",
+        "addition",
+        "subtraction",
+        "multiplication",
+        "sums",
+        "synthetic",
+        "toy",
+        "smoke test",
+        "sanity check",
+        "easy",
+        "small model",
+        "difficulty",
+        "curriculum",
+    ),
+    capabilities=("single-turn chat", "answer with a bare number"),
+    parameters=(
+        ParamSpec(
+            name="level",
+            type="int",
+            default=1,
+            minimum=1,
+            maximum=5,
+            description="Difficulty: 1 a+b (digits), 2 two-digit a+b, 3 two-digit a±b, 4 a×b, 5 (a op b) op c.",
+            target=ParamTarget.DATA,
+        ),
+        ParamSpec(
+            name="n_tasks",
+            type="int",
+            default=512,
+            minimum=1,
+            maximum=1_000_000,
+            description="Number of tasks to write.",
+            target=ParamTarget.DATA,
+        ),
+        ParamSpec(
+            name="seed",
+            type="int",
+            default=0,
+            minimum=0,
+            maximum=2**31 - 1,
+            description="Generator seed (task i depends only on seed, level and i).",
+            target=ParamTarget.DATA,
+        ),
+        ParamSpec(
+            name="fewshot",
+            type="bool",
+            default=True,
+            description="Prefix one solved example (user 'What is 4 + 5?', assistant '9').",
+        ),
+        ParamSpec(
+            name="max_tokens",
+            type="int",
+            default=16,
+            minimum=1,
+            maximum=4096,
+            description="Completion token limit.",
+        ),
+        ParamSpec(
+            name="temperature",
+            type="float",
+            default=1.0,
+            minimum=0.0,
+            maximum=2.0,
+            description="Sampling temperature.",
+        ),
+    ),
+)

@@ -1,0 +1,1 @@
+"""Countdown template: reach a target number from given numbers with + - * /."""

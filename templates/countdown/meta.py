@@ -1,0 +1,93 @@
+"""Metadata of the countdown template."""
+
+from templates._meta import ParamSpec, ParamTarget, TemplateMeta
+
+META = TemplateMeta(
+    name="countdown",
+    title="Countdown numbers game",
+    description=(
+        "Given a few numbers and a target, write an arithmetic expression (+ - * / and parentheses) "
+        "that uses each number exactly once and equals the target, inside <answer></answer>. "
+        "Puzzles are generated from a random solution expression (always solvable), seeded by index. "
+        "Reward 1 for a correct expression, a small format reward for a valid expression that misses."
+    ),
+    keywords=(
+        "countdown",
+        "numbers game",
+        "target number",
+        "reach a target",
+        "24 game",
+        "arithmetic puzzle",
+        "puzzle",
+        "search",
+        "tinyzero",
+        "equation",
+    ),
+    capabilities=(
+        "single-turn chat",
+        "write an arithmetic expression inside <answer></answer>",
+        "search over combinations of numbers",
+    ),
+    parameters=(
+        ParamSpec(
+            name="n_numbers",
+            type="int",
+            default=3,
+            minimum=2,
+            maximum=6,
+            description="How many numbers each puzzle gives.",
+            target=ParamTarget.DATA,
+        ),
+        ParamSpec(
+            name="max_number",
+            type="int",
+            default=20,
+            minimum=2,
+            maximum=100,
+            description="Given numbers are drawn from 1..max_number.",
+            target=ParamTarget.DATA,
+        ),
+        ParamSpec(
+            name="n_tasks",
+            type="int",
+            default=512,
+            minimum=1,
+            maximum=1_000_000,
+            description="Number of puzzles to write.",
+            target=ParamTarget.DATA,
+        ),
+        ParamSpec(
+            name="seed",
+            type="int",
+            default=0,
+            minimum=0,
+            maximum=2**31 - 1,
+            description="Generator seed (puzzle i depends only on the seed, sizes and i).",
+            target=ParamTarget.DATA,
+        ),
+        ParamSpec(
+            name="format_reward",
+            type="float",
+            default=0.1,
+            minimum=0.0,
+            maximum=0.5,
+            description="Reward for a valid expression that uses the numbers but misses the target.",
+        ),
+        ParamSpec(
+            name="max_tokens",
+            type="int",
+            default=256,
+            minimum=1,
+            maximum=16_384,
+            description="Completion token limit.",
+        ),
+        ParamSpec(
+            name="temperature",
+            type="float",
+            default=1.0,
+            minimum=0.0,
+            maximum=2.0,
+            description="Sampling temperature.",
+        ),
+    ),
+)

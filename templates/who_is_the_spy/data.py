@@ -1,0 +1,146 @@
+"""Data builder of who-is-the-spy: one game setup per task from the word-pair list, seeded by index.
+
+Task ``i`` uses word pair ``i mod len(pairs)`` (``data/word_pairs.txt``, civilian word first), and
+``random.Random(f"spy:{seed}:{i}")`` decides whether the two words swap roles and which seats the
+spies take, so any slice regenerates alone. Each task::
+
+    {"id": "spy-n4-k1-s0-000000", "civilian_word": "apple", "spy_word": "pear", "n_players": 4,
+     "spy_seats": [3], "max_rounds": 3, "trainable_agents": ["spy_3"]}
+
+``trainable_agents`` lists the agent names (``<role>_<seat>``, the OpenAI ``user`` the workflow
+sends) whose calls the server should train, from ``train_roles`` (``spy``, ``civilian`` or ``both``).
+
+Usage: ``python data.py --out tasks.jsonl [--n-players 4] [--n-spies 1] [--max-rounds 3]
+[--train-roles both] [--n-tasks 0] [--seed 0]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+PAIRS_FILE = Path(__file__).resolve().parent / "data" / "word_pairs.txt"
+TRAIN_ROLES = ("both", "spy", "civilian")
+
+
+def load_pairs(path: str | Path = PAIRS_FILE) -> list[tuple[str, str]]:
+    """Word pairs ``(civilian, spy)`` from a ``word,word`` per line file (``#`` comments).
+
+    Raises:
+        ValueError: A line is not two different non-empty words.
+    """
+    pairs = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2 or not all(parts) or parts[0].lower() == parts[1].lower():
+            raise ValueError(f"{path}:{number}: expected 'civilian word,spy word', got {line!r}")
+        pairs.append((parts[0], parts[1]))
+    return pairs
+
+
+def trainable_agents(n_players: int, spy_seats: list[int], train_roles: str) -> list[str]:
+    """Agent names to train for a seating (see module docstring).
+
+    Raises:
+        ValueError: Unknown ``train_roles``.
+    """
+    if train_roles not in TRAIN_ROLES:
+        raise ValueError(f"train_roles must be one of {TRAIN_ROLES}, got {train_roles!r}")
+    names = []
+    for seat in range(1, n_players + 1):
+        role = "spy" if seat in spy_seats else "civilian"
+        if train_roles in ("both", role):
+            names.append(f"{role}_{seat}")
+    return names
+
+
+def make_task(
+    index: int,
+    pairs: list[tuple[str, str]],
+    *,
+    n_players: int = 4,
+    n_spies: int = 1,
+    max_rounds: int = 3,
+    train_roles: str = "both",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Game setup ``index`` (see module docstring).
+
+    Raises:
+        ValueError: Spies not fewer than half the players, fewer than 3 players, or a bad index.
+    """
+    if n_players < 3 or n_spies < 1 or 2 * n_spies >= n_players:
+        raise ValueError(f"need n_players >= 3 and 1 <= n_spies < n_players / 2; got {n_players}, {n_spies}")
+    if index < 0 or not pairs:
+        raise ValueError("index must be >= 0 and pairs non-empty")
+    rng = random.Random(f"spy:{seed}:{index}")
+    civilian, spy = pairs[index % len(pairs)]
+    if rng.random() < 0.5:
+        civilian, spy = spy, civilian
+    spy_seats = sorted(rng.sample(range(1, n_players + 1), n_spies))
+    return {
+        "id": f"spy-n{n_players}-k{n_spies}-s{seed}-{index:06d}",
+        "civilian_word": civilian,
+        "spy_word": spy,
+        "n_players": n_players,
+        "spy_seats": spy_seats,
+        "max_rounds": max_rounds,
+        "trainable_agents": trainable_agents(n_players, spy_seats, train_roles),
+    }
+
+
+def build(
+    n_players: int = 4,
+    n_spies: int = 1,
+    max_rounds: int = 3,
+    train_roles: str = "both",
+    n_tasks: int = 0,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Tasks ``0..n_tasks-1`` (``n_tasks=0``: one per word pair)."""
+    pairs = load_pairs()
+    count = n_tasks or len(pairs)
+    return [
+        make_task(
+            i,
+            pairs,
+            n_players=n_players,
+            n_spies=n_spies,
+            max_rounds=max_rounds,
+            train_roles=train_roles,
+            seed=seed,
+        )
+        for i in range(count)
+    ]
+
+
+def write_jsonl(tasks: list[dict[str, Any]], path: str | Path) -> None:
+    """Write one JSON object per line (UTF-8)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for task in tasks:
+            f.write(json.dumps(task, ensure_ascii=False) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry point (see module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--n-players", type=int, default=4)
+    parser.add_argument("--n-spies", type=int, default=1)
+    parser.add_argument("--max-rounds", type=int, default=3)
+    parser.add_argument("--train-roles", default="both", choices=TRAIN_ROLES)
+    parser.add_argument("--n-tasks", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    tasks = build(args.n_players, args.n_spies, args.max_rounds, args.train_roles, args.n_tasks, args.seed)
+    write_jsonl(tasks, args.out)
+
+
+if __name__ == "__main__":
+    main()

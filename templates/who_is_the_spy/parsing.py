@@ -1,0 +1,153 @@
+"""Robust reading of player output: public descriptions, votes and own-word leaks.
+
+Model output is messy ("I vote for player 3!", "3", "Player three", a paragraph naming several
+players). Each reader either returns a clean value or says why it could not, so the game can treat
+the move as invalid (and the reward can penalise it) instead of guessing.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Collection
+from dataclasses import dataclass
+from enum import StrEnum
+
+from templates.answers import strip_thinking
+
+MAX_DESCRIPTION_CHARS = 200
+"""Public descriptions are cut to this many characters."""
+
+_NUMBER_WORDS = {
+    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+    "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
+}  # fmt: skip
+_NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b")
+_EXPLICIT_VOTE = re.compile(
+    r"\bvot(?:e|ed|ing)\b\s*(?:for|:|is|=|-)?\s*(?:player|p|#|no\.?|number)?\s*#?\s*(\d+)\b"
+)
+_PLAYER_MENTION = re.compile(r"\b(?:player|p)\s*#?\s*(\d+)\b")
+_INTEGER = re.compile(r"(?<![\d.])(\d+)(?![\d.])")
+_SPEAKER_PREFIX = re.compile(
+    r"^\s*(?:\*\*)?(?:player\s*\d+|description|my description|answer)\s*(?:\*\*)?\s*[:\-–]\s*", re.I
+)
+
+
+class VoteStatus(StrEnum):
+    """How a vote was read."""
+
+    VALID = "valid"
+    """A living player other than the voter."""
+    UNPARSED = "unparsed"
+    """No single player could be read from the text (empty, no number, several candidates)."""
+    SELF = "self"
+    """The voter named themself."""
+    NOT_ALIVE = "not_alive"
+    """The named player does not exist or was already eliminated."""
+
+
+@dataclass(frozen=True)
+class Vote:
+    """A parsed vote."""
+
+    status: VoteStatus
+    """Whether the vote counts."""
+    target: int | None = None
+    """The seat voted for (set for every status except ``UNPARSED``)."""
+
+    @property
+    def valid(self) -> bool:
+        """Whether the vote counts."""
+        return self.status == VoteStatus.VALID
+
+
+def normalise(text: str) -> str:
+    """Lower-case, accents removed (NFKD), whitespace collapsed."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return re.sub(r"\s+", " ", plain).strip().lower()
+
+
+def read_seat(text: str) -> int | None:
+    """The one seat number a vote text names, or ``None`` when there is none or several.
+
+    Order: an explicit "vote (for) (player) N"; else the only distinct "player N" mentioned; else the
+    only distinct integer. Number words up to twelve count as digits ("Player three").
+    """
+    visible = _NUMBER_WORD_RE.sub(lambda m: str(_NUMBER_WORDS[m.group(1)]), normalise(strip_thinking(text)))
+    explicit = _EXPLICIT_VOTE.findall(visible)
+    if explicit:
+        return int(explicit[0])
+    for pattern in (_PLAYER_MENTION, _INTEGER):
+        found = {int(n) for n in pattern.findall(visible)}
+        if len(found) == 1:
+            return found.pop()
+        if len(found) > 1:
+            return None
+    return None
+
+
+def parse_vote(text: str, *, voter: int, alive: Collection[int]) -> Vote:
+    """Read a vote and check it against the rules.
+
+    Args:
+        text: The voter's raw reply.
+        voter: The voter's seat.
+        alive: Seats still in the game.
+
+    Returns:
+        The vote with its status.
+    """
+    seat = read_seat(text)
+    if seat is None:
+        return Vote(VoteStatus.UNPARSED)
+    if seat == voter:
+        return Vote(VoteStatus.SELF, seat)
+    if seat not in alive:
+        return Vote(VoteStatus.NOT_ALIVE, seat)
+    return Vote(VoteStatus.VALID, seat)
+
+
+def clean_description(text: str, *, max_chars: int = MAX_DESCRIPTION_CHARS) -> str:
+    """The public part of a description: first visible non-empty line, speaker prefix removed, capped.
+
+    Args:
+        text: The player's raw reply.
+        max_chars: Longest public description.
+
+    Returns:
+        The description (may be empty when the reply had no visible text).
+    """
+    for line in strip_thinking(text).splitlines():
+        line = _SPEAKER_PREFIX.sub("", line).strip().strip('"').strip()
+        if line:
+            return re.sub(r"\s+", " ", line)[:max_chars]
+    return ""
+
+
+def mentions_word(text: str, word: str) -> bool:
+    """Whether ``text`` says ``word`` (the rule "never say your own word").
+
+    Caught: the word in any case or accent form, with a plural ending (``apples``), inside a compound
+    written as one word only when it stands alone (``apple-pie`` counts, ``pineapple`` does not), and
+    spelled out with separators (``a-p-p-l-e``, ``a p p l e``). Multi-word words match with any spacing.
+
+    Args:
+        text: Public text.
+        word: The secret word.
+
+    Returns:
+        ``True`` when the word is said.
+    """
+    norm_text, norm_word = normalise(text), normalise(word)
+    if not norm_word:
+        return False
+    phrase = r"\s*".join(re.escape(part) for part in norm_word.split())
+    if re.search(rf"(?<![a-z0-9]){phrase}(?:s|es)?(?![a-z0-9])", norm_text):
+        return True
+    letters = [c for c in norm_word if c.isalnum()]
+    if len(letters) >= 3:
+        spelled = r"[\W_]+".join(re.escape(c) for c in letters)
+        if re.search(rf"(?<![a-z0-9]){spelled}(?![a-z0-9])", norm_text):
+            return True
+    return False

@@ -1,0 +1,107 @@
+"""Who-is-the-spy workflow: one full game per episode, each seat an agent with its own history.
+
+Contract (swarm/client/workflow.py): ``async def run(task, llm) -> Result``; only the OpenAI
+chat-completions API is used. Multi-agent conventions:
+
+* Agent names are ``<role>_<seat>`` (``spy_3``, ``civilian_1``), sent as the OpenAI ``user`` field.
+* Which agents train is decided by the data builder (``train_roles``) and stored in each task's
+  ``trainable_agents``; :func:`trainable_agents` returns it for the runner to pass at episode start.
+* Trainable seats always call the episode's server. Untrained seats call it too (their calls are
+  recorded but not trained), unless ``opponent_base_url`` names another OpenAI-compatible endpoint.
+* Assistant replies go back into each player's history verbatim, so histories are append-only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from swarm.client.workflow import LLM, Result
+from templates._loader import import_sibling
+
+_game = import_sibling(__name__, __file__, "game")
+_reward = import_sibling(__name__, __file__, "reward")
+
+# <params> (rendered by templates.render; edit values here or re-render)
+PARAMS: dict[str, Any] = {
+    "describe_max_tokens": 48,
+    "invalid_vote_penalty": 0.25,
+    "leak_penalty": 0.5,
+    "opponent_api_key_env": None,
+    "opponent_base_url": None,
+    "opponent_model": None,
+    "temperature": 1.0,
+    "tell_roles": False,
+    "vote_max_tokens": 16,
+}
+# </params>
+
+
+def trainable_agents(task: dict[str, Any]) -> list[str]:
+    """Agent names whose calls the server trains for ``task`` (its ``trainable_agents`` field)."""
+    return list(task["trainable_agents"])
+
+
+def _opponent_client() -> Any:
+    from openai import AsyncOpenAI
+
+    env = PARAMS["opponent_api_key_env"]
+    key = os.environ.get(env, "") if env else ""
+    return AsyncOpenAI(base_url=PARAMS["opponent_base_url"], api_key=key or "EMPTY")
+
+
+def _player(client: Any, model: str, agent: str) -> Any:
+    limits = {
+        _game.Phase.DESCRIBE: PARAMS["describe_max_tokens"],
+        _game.Phase.VOTE: PARAMS["vote_max_tokens"],
+    }
+
+    async def act(messages: list[dict[str, str]], phase: Any) -> str:
+        response = await client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=limits[phase],
+            temperature=PARAMS["temperature"],
+            user=agent,
+        )
+        return response.choices[0].message.content or ""
+
+    return act
+
+
+async def run(task: dict[str, Any], llm: LLM) -> Result:
+    """Play one game and return per-agent rewards.
+
+    Args:
+        task: A row from ``data.py`` (words, seats, spies, rounds, trainable agents).
+        llm: The episode's endpoint.
+
+    Returns:
+        ``Result`` whose ``reward`` is the mean reward of the trainable agents, ``agent_rewards`` has
+        every agent, and metrics ``spy_won``, ``rounds``, ``leaks``, ``invalid_votes``.
+    """
+    setup = _game.GameSetup.from_task(task)
+    trainable = set(trainable_agents(task))
+    own = llm.openai()
+    opponent = _opponent_client() if PARAMS["opponent_base_url"] else None
+    players = {}
+    for seat in setup.seats:
+        agent = setup.agent(seat)
+        if agent in trainable or opponent is None:
+            players[seat] = _player(own, llm.model, agent)
+        else:
+            players[seat] = _player(opponent, PARAMS["opponent_model"] or llm.model, agent)
+    record = await _game.play(setup, players, tell_roles=PARAMS["tell_roles"])
+    rewards = _reward.agent_rewards(
+        record, leak_penalty=PARAMS["leak_penalty"], invalid_vote_penalty=PARAMS["invalid_vote_penalty"]
+    )
+    return Result(
+        reward=_reward.episode_reward(rewards, trainable),
+        agent_rewards=rewards,
+        metrics={
+            "spy_won": float(record.winner == _game.Role.SPY),
+            "rounds": float(record.rounds),
+            "leaks": float(sum(s.leaks for s in record.stats.values())),
+            "invalid_votes": float(sum(s.invalid_votes for s in record.stats.values())),
+        },
+    )
