@@ -113,7 +113,9 @@ class HFEngine:
                 "tokens (prompt + at least one completion token must fit)"
             )
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> concurrent.futures.Future[list[Completion]]:
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> concurrent.futures.Future[list[Completion]]:
         """Queue a request; the future resolves to ``params.n`` completions."""
         self.check_prompt(prompt_ids)
         if self._closed:
@@ -147,7 +149,11 @@ class HFEngine:
             while rows < self.max_batch_size:
                 timeout = deadline - time.monotonic()
                 try:
-                    job = self._queue.get(timeout=max(timeout, 0.0)) if timeout > 0 else self._queue.get_nowait()
+                    job = (
+                        self._queue.get(timeout=max(timeout, 0.0))
+                        if timeout > 0
+                        else self._queue.get_nowait()
+                    )
                 except queue.Empty:
                     break
                 if job is None:
@@ -201,7 +207,11 @@ class HFEngine:
         if self._logits_kw:
             prefill_kw[self._logits_kw] = 1  # only the last position's logits are needed
         out = self.model(
-            input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL, use_cache=True, **prefill_kw
+            input_ids=input_ids_BL,
+            attention_mask=attention_BL,
+            position_ids=position_BL,
+            use_cache=True,
+            **prefill_kw,
         )
         logits_BV = out.logits[:, -1, :].float().cpu()
         next_pos_B = position_BL[:, -1:] + 1
@@ -223,7 +233,9 @@ class HFEngine:
             if all(r.finish is not None for r in rows):
                 break
             step_ids_B1 = tokens_B.view(B, 1).to(device)
-            attention_BL = torch.cat([attention_BL, torch.ones((B, 1), dtype=torch.long, device=device)], dim=1)
+            attention_BL = torch.cat(
+                [attention_BL, torch.ones((B, 1), dtype=torch.long, device=device)], dim=1
+            )
             out = self.model(
                 input_ids=step_ids_B1,
                 attention_mask=attention_BL,

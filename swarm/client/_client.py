@@ -1,0 +1,340 @@
+"""``SwarmClient`` / ``AsyncSwarmClient``: begin, finish and abort episodes over HTTP.
+
+Request building and answer parsing live in :class:`_BaseClient`; the sync and async faces only send.
+Transient failures (connection errors, 429, 502/503/504) are retried with exponential backoff
+(tenacity), honouring ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from swarm.client.workflow import LLM, Result
+from swarm.errors import ClientError
+from swarm.protocol import (
+    EpisodeAbort,
+    EpisodeCreate,
+    EpisodeCreated,
+    EpisodeFinish,
+    EpisodeKind,
+    EpisodeView,
+    StatusView,
+)
+
+_TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How the client retries transient failures."""
+
+    attempts: int = 8
+    """Most tries per request (1 = no retry)."""
+    max_wait_s: float = 30.0
+    """Largest single backoff, in seconds."""
+    deadline_s: float = 300.0
+    """Give up after this many seconds in total."""
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.TransportError):
+        return True
+    return isinstance(exc, ClientError) and exc.status_code in _TRANSIENT_STATUS
+
+
+class _BaseClient:
+    def __init__(self, url: str, admin_token: str | None, retry: RetryPolicy) -> None:
+        self.url = url.rstrip("/")
+        self.retry = retry
+        self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r})"
+
+    @staticmethod
+    def _check(response: httpx.Response) -> Any:
+        if response.is_success:
+            return response.json()
+        try:
+            error = response.json().get("error", {})
+            message, kind = error.get("message", response.text), error.get("type", "")
+        except ValueError:
+            message, kind = response.text, ""
+        raise ClientError(
+            f"{response.request.method} {response.request.url.path} → {response.status_code}: {message}",
+            status_code=response.status_code,
+            error_type=kind,
+            url=str(response.request.url),
+        )
+
+    def _retry_kwargs(self) -> dict[str, Any]:
+        return {
+            "retry": retry_if_exception(_is_transient),
+            "stop": stop_after_attempt(self.retry.attempts) | stop_after_delay(self.retry.deadline_s),
+            "wait": wait_exponential_jitter(initial=0.2, max=self.retry.max_wait_s),
+            "reraise": True,
+        }
+
+    @staticmethod
+    def _begin_body(
+        task_id: str,
+        client_id: str,
+        kind: EpisodeKind | str,
+        family: str | None,
+        metadata: dict[str, Any] | None,
+        trainable_agents: list[str] | None,
+    ) -> dict[str, Any]:
+        return EpisodeCreate(
+            task_id=task_id,
+            client_id=client_id,
+            kind=EpisodeKind(kind),
+            family=family,
+            metadata=metadata or {},
+            trainable_agents=trainable_agents,
+        ).model_dump(mode="json")
+
+    @staticmethod
+    def _finish_body(result: float | Result) -> dict[str, Any]:
+        if isinstance(result, Result):
+            return EpisodeFinish(
+                reward=result.reward, agent_rewards=result.agent_rewards, metrics=result.metrics
+            ).model_dump()
+        return EpisodeFinish(reward=float(result)).model_dump()
+
+
+class Episode:
+    """An open episode (sync). ``llm`` is what an OpenAI-compatible agent needs."""
+
+    def __init__(self, client: SwarmClient, created: EpisodeCreated) -> None:
+        self._client = client
+        self.id = created.episode_id
+        self.base_url = created.base_url
+        self.api_key = created.api_key
+        self.model = created.model
+        self.llm = LLM(base_url=self.base_url, api_key=self.api_key, model=self.model)
+        self.ended = False
+
+    def __repr__(self) -> str:
+        return f"Episode(id={self.id!r}, base_url={self.base_url!r}, ended={self.ended})"
+
+    def finish(self, reward: float | Result) -> None:
+        """End with a reward (or a :class:`Result`); committed server-side when this returns."""
+        self._client.finish(self.id, reward)
+        self.ended = True
+
+    def abort(self, reason: str = "aborted by client", *, infra_failure: bool = False) -> None:
+        self._client.abort(self.id, reason, infra_failure=infra_failure)
+        self.ended = True
+
+    def heartbeat(self) -> None:
+        self._client.heartbeat(self.id)
+
+
+class SwarmClient(_BaseClient):
+    """Blocking client of one swarm server.
+
+    Args:
+        url: server root, e.g. ``http://127.0.0.1:8000``.
+        admin_token: for control routes (status, config); not needed for episodes.
+        client_id: reported with every episode (for ``all_clients_ready`` votes and ``swarm top``).
+        timeout_s: per-request timeout in seconds.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        admin_token: str | None = None,
+        client_id: str = "anonymous",
+        timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, admin_token, retry or RetryPolicy())
+        self.client_id = client_id
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SwarmClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, json: Any = None, admin: bool = False) -> Any:
+        headers = self._headers if admin else {}
+        for attempt in Retrying(**self._retry_kwargs()):
+            with attempt:
+                return self._check(self._http.request(method, path, json=json, headers=headers))
+        raise AssertionError("unreachable")  # pragma: no cover - tenacity reraises
+
+    def begin(
+        self,
+        task_id: str,
+        *,
+        kind: EpisodeKind | str = EpisodeKind.TRAIN,
+        family: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        trainable_agents: list[str] | None = None,
+    ) -> Episode:
+        body = self._begin_body(task_id, self.client_id, kind, family, metadata, trainable_agents)
+        return Episode(self, EpisodeCreated.model_validate(self._request("POST", "/api/v1/episodes", body)))
+
+    def finish(self, episode_id: str, reward: float | Result) -> None:
+        self._request("POST", f"/api/v1/episodes/{episode_id}/finish", self._finish_body(reward))
+
+    def abort(
+        self, episode_id: str, reason: str = "aborted by client", *, infra_failure: bool = False
+    ) -> None:
+        body = EpisodeAbort(reason=reason[:4000], infra_failure=infra_failure).model_dump()
+        self._request("POST", f"/api/v1/episodes/{episode_id}/abort", body)
+
+    def heartbeat(self, episode_id: str) -> None:
+        self._request("POST", f"/api/v1/episodes/{episode_id}/heartbeat")
+
+    def get_episode(self, episode_id: str) -> EpisodeView:
+        return EpisodeView.model_validate(self._request("GET", f"/api/v1/episodes/{episode_id}"))
+
+    def status(self) -> StatusView:
+        return StatusView.model_validate(self._request("GET", "/api/v1/status", admin=True))
+
+    @contextlib.contextmanager
+    def episode(self, task_id: str, **kwargs: Any) -> Iterator[Episode]:
+        """Open an episode for the block; an exception inside aborts it (and is re-raised).
+
+        Leaving the block without ``ep.finish(...)`` aborts the episode too: an episode never stays open.
+        """
+        ep = self.begin(task_id, **kwargs)
+        try:
+            yield ep
+        except BaseException as exc:
+            if not ep.ended:
+                with contextlib.suppress(ClientError, httpx.TransportError):
+                    ep.abort(f"{type(exc).__name__}: {exc}")
+            raise
+        if not ep.ended:
+            ep.abort("the episode block ended without finish()")
+
+
+class AsyncEpisode:
+    """An open episode (async)."""
+
+    def __init__(self, client: AsyncSwarmClient, created: EpisodeCreated) -> None:
+        self._client = client
+        self.id = created.episode_id
+        self.base_url = created.base_url
+        self.api_key = created.api_key
+        self.model = created.model
+        self.llm = LLM(base_url=self.base_url, api_key=self.api_key, model=self.model)
+        self.ended = False
+
+    def __repr__(self) -> str:
+        return f"AsyncEpisode(id={self.id!r}, base_url={self.base_url!r}, ended={self.ended})"
+
+    async def finish(self, reward: float | Result) -> None:
+        await self._client.finish(self.id, reward)
+        self.ended = True
+
+    async def abort(self, reason: str = "aborted by client", *, infra_failure: bool = False) -> None:
+        await self._client.abort(self.id, reason, infra_failure=infra_failure)
+        self.ended = True
+
+    async def heartbeat(self) -> None:
+        await self._client.heartbeat(self.id)
+
+
+class AsyncSwarmClient(_BaseClient):
+    """Async twin of :class:`SwarmClient` (same arguments)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        admin_token: str | None = None,
+        client_id: str = "anonymous",
+        timeout_s: float = 600.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, admin_token, retry or RetryPolicy())
+        self.client_id = client_id
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+        self._http = httpx.AsyncClient(
+            base_url=self.url, timeout=timeout_s, transport=transport, limits=limits
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSwarmClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, json: Any = None, admin: bool = False) -> Any:
+        headers = self._headers if admin else {}
+        async for attempt in AsyncRetrying(**self._retry_kwargs()):
+            with attempt:
+                return self._check(await self._http.request(method, path, json=json, headers=headers))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def begin(
+        self,
+        task_id: str,
+        *,
+        kind: EpisodeKind | str = EpisodeKind.TRAIN,
+        family: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        trainable_agents: list[str] | None = None,
+    ) -> AsyncEpisode:
+        body = self._begin_body(task_id, self.client_id, kind, family, metadata, trainable_agents)
+        created = EpisodeCreated.model_validate(await self._request("POST", "/api/v1/episodes", body))
+        return AsyncEpisode(self, created)
+
+    async def finish(self, episode_id: str, reward: float | Result) -> None:
+        await self._request("POST", f"/api/v1/episodes/{episode_id}/finish", self._finish_body(reward))
+
+    async def abort(
+        self, episode_id: str, reason: str = "aborted by client", *, infra_failure: bool = False
+    ) -> None:
+        body = EpisodeAbort(reason=reason[:4000], infra_failure=infra_failure).model_dump()
+        await self._request("POST", f"/api/v1/episodes/{episode_id}/abort", body)
+
+    async def heartbeat(self, episode_id: str) -> None:
+        await self._request("POST", f"/api/v1/episodes/{episode_id}/heartbeat")
+
+    async def get_episode(self, episode_id: str) -> EpisodeView:
+        return EpisodeView.model_validate(await self._request("GET", f"/api/v1/episodes/{episode_id}"))
+
+    async def status(self) -> StatusView:
+        return StatusView.model_validate(await self._request("GET", "/api/v1/status", admin=True))
+
+    @contextlib.asynccontextmanager
+    async def episode(self, task_id: str, **kwargs: Any) -> AsyncIterator[AsyncEpisode]:
+        """Async :meth:`SwarmClient.episode`: an exception inside aborts the episode."""
+        ep = await self.begin(task_id, **kwargs)
+        try:
+            yield ep
+        except BaseException as exc:
+            if not ep.ended:
+                with contextlib.suppress(ClientError, httpx.TransportError):
+                    await ep.abort(f"{type(exc).__name__}: {exc}")
+            raise
+        if not ep.ended:
+            await ep.abort("the episode block ended without finish()")

@@ -1,0 +1,86 @@
+"""The FastAPI app factory: routers, lifespan (model load, pool open) and the JSON error body."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from swarm.config import ServerConfig
+from swarm.engine.hf import HFEngine
+from swarm.errors import SwarmError, Unavailable
+from swarm.protocol import ErrorBody, ErrorDetail
+from swarm.server import control_routes, episode_routes, openai_routes
+from swarm.server.runtime import SwarmRuntime
+
+
+def _error(
+    status: int, type_: str, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = ErrorBody(error=ErrorDetail(type=type_, message=message, param=param))
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
+
+
+async def _swarm_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, SwarmError)
+    headers = None
+    if isinstance(exc, Unavailable):
+        headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+    return _error(exc.status_code, exc.error_type, str(exc), getattr(exc, "param", None), headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        problems.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
+    param = ".".join(str(p) for p in first if p != "body") or None
+    return _error(422, "invalid_request_error", "; ".join(problems) or "invalid request", param)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    return _error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail))
+
+
+async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+    return _error(500, "server_error", f"internal error: {type(exc).__name__}")
+
+
+def create_app(config: ServerConfig, engine: HFEngine | None = None) -> FastAPI:
+    """Build the swarm server app; the model loads in the lifespan (``engine`` injects a shared one)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = await asyncio.to_thread(SwarmRuntime, config, engine)
+        app.state.runtime = runtime
+        reclaimer = asyncio.create_task(runtime.reclaim_loop())
+        try:
+            yield
+        finally:
+            reclaimer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reclaimer
+            runtime.close()
+
+    app = FastAPI(
+        title="swarm server",
+        version="0.1.0",
+        summary="OpenAI-compatible serving with token-exact episode recording and RL training.",
+        lifespan=lifespan,
+    )
+    app.add_exception_handler(SwarmError, _swarm_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unhandled)
+    app.include_router(openai_routes.router)
+    app.include_router(episode_routes.router)
+    app.include_router(control_routes.router)
+    return app

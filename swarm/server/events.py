@@ -1,0 +1,80 @@
+"""The server's event log: an in-memory ring for late readers, a JSONL file, and live SSE subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Level = Literal["debug", "info", "warning", "error"]
+
+
+class Event(BaseModel):
+    """One log event (``GET /api/v1/events`` streams these)."""
+
+    seq: int
+    """Monotonic number within this server process (SSE ``id``)."""
+    time: float
+    """Unix time in seconds."""
+    level: Level = "info"
+    kind: str
+    """Short machine-readable kind, e.g. ``episode.finished``, ``train.step``, ``config.changed``."""
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventLog:
+    """Thread-safe publisher: events are appended to ``path`` and fanned out to async subscribers.
+
+    Args:
+        path: JSONL file (appended to; ``None`` keeps events in memory only).
+        capacity: how many recent events are kept for ``GET /api/v1/events?since=``.
+    """
+
+    def __init__(self, path: Path | None, capacity: int = 2000) -> None:
+        self._path = path
+        self._ring: deque[Event] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]] = set()
+        self._seq = 0
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, kind: str, message: str, level: Level = "info", **data: Any) -> Event:
+        """Record an event (callable from any thread). Never pass secrets in ``message`` or ``data``."""
+        with self._lock:
+            self._seq += 1
+            event = Event(seq=self._seq, time=time.time(), level=level, kind=kind, message=message, data=data)
+            self._ring.append(event)
+            if self._path is not None:
+                with self._path.open("a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(event.model_dump()) + "\n")
+            subscribers = list(self._subscribers)
+        for loop, q in subscribers:
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, event)
+            except RuntimeError:  # the subscriber's loop is closed
+                continue
+        return event
+
+    def recent(self, since: int = 0) -> list[Event]:
+        """Buffered events with ``seq > since``."""
+        with self._lock:
+            return [e for e in self._ring if e.seq > since]
+
+    def subscribe(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]:
+        """Register the running loop for live events; pair with :meth:`unsubscribe`."""
+        handle = (asyncio.get_running_loop(), asyncio.Queue[Event]())
+        with self._lock:
+            self._subscribers.add(handle)
+        return handle
+
+    def unsubscribe(self, handle: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]) -> None:
+        with self._lock:
+            self._subscribers.discard(handle)

@@ -1,0 +1,493 @@
+"""The server runtime: engine, tracker, pool and open episodes behind one object.
+
+Routers call this object; it owns every piece of mutable server state (no module globals), so a test
+can build several servers in one process. Everything that touches the event loop runs on it; blocking
+torch work runs in the engine's worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm.config import ServerConfig
+from swarm.engine.base import Completion, SamplingParams
+from swarm.engine.hf import HFEngine
+from swarm.engine.model_loading import load_model, resolve_model
+from swarm.errors import AuthError, EpisodeNotFound, EpisodeStateError, RequestError, Unavailable
+from swarm.pool import Pool, StoredEpisode
+from swarm.protocol import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Choice,
+    ChoiceLogprobs,
+    EngineState,
+    EpisodeAbort,
+    EpisodeCounts,
+    EpisodeCreate,
+    EpisodeCreated,
+    EpisodeFinish,
+    EpisodeStatus,
+    EpisodeView,
+    FunctionCall,
+    MergeSummary,
+    StatusView,
+    TokenLogprob,
+    ToolCall,
+    TopLogprob,
+    Usage,
+)
+from swarm.server.events import EventLog
+from swarm.tracking.merge import build_samples
+from swarm.tracking.records import CallRecord, FinishReason
+from swarm.tracking.render import PromptRenderer
+from swarm.tracking.toolcalls import parse_tool_calls
+
+KEY_PREFIX = "sk-swarm-"
+
+
+def _key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class OpenEpisode:
+    """An episode that has begun and not yet ended (kept in memory; written to the pool when it ends)."""
+
+    id: str
+    key_digest: str
+    request: EpisodeCreate
+    created_at: float
+    last_seen: float
+    calls: list[CallRecord] = field(default_factory=list)
+    busy: int = 0
+    """Chat requests of this episode in flight (an episode is never reclaimed while one runs)."""
+
+    def is_trainable(self, agent: str) -> bool:
+        agents = self.request.trainable_agents
+        return agents is None or agent in agents
+
+
+class SwarmRuntime:
+    """All state of one swarm server.
+
+    Args:
+        config: server configuration.
+        engine: an already built engine (tests inject one to share a model); ``None`` loads
+            ``config.model`` (the embedded default when that is ``None``).
+    """
+
+    def __init__(self, config: ServerConfig, engine: HFEngine | None = None) -> None:
+        self.config = config
+        self.started = time.time()
+        run_dir = config.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.events = EventLog(run_dir / "events.jsonl")
+        if engine is None:
+            source = resolve_model(config.model, cache_dir=config.cache_dir)
+            model, tokenizer = load_model(source, dtype=config.dtype, device=config.device)
+            engine = HFEngine(
+                model,
+                tokenizer,
+                source.name,
+                max_batch_size=config.max_batch_size,
+                batch_window_s=config.batch_window_s,
+            )
+            self._owns_engine = True
+        else:
+            self._owns_engine = False
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = engine.model_name
+        self.renderer = PromptRenderer(self.tokenizer)
+        self.pool = Pool(run_dir / "pool.db")
+        self.step = 0
+        self.state = EngineState.IDLE
+        self._episodes: dict[str, OpenEpisode] = {}
+        self._by_key: dict[str, str] = {}
+        self.events.emit("server.started", f"serving {self.model_name}", model=self.model_name)
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.close()
+        self.pool.close()
+
+    # -- episodes --------------------------------------------------------------------------------------
+    def begin(self, body: EpisodeCreate, base_url: str) -> EpisodeCreated:
+        """Open an episode and mint its secret key.
+
+        Raises:
+            Unavailable: the server is paused, draining or training (503 + Retry-After).
+        """
+        if self.state in (EngineState.PAUSED, EngineState.DRAINING, EngineState.TRAINING):
+            raise Unavailable(f"the server is {self.state.value}; no new episodes now", retry_after_s=2.0)
+        episode_id = "ep-" + uuid.uuid4().hex
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        now = time.time()
+        episode = OpenEpisode(episode_id, _key_digest(key), body, now, now)
+        self._episodes[episode_id] = episode
+        self._by_key[episode.key_digest] = episode_id
+        if self.state is EngineState.IDLE:
+            self.state = EngineState.ROLLING
+        return EpisodeCreated(episode_id=episode_id, base_url=base_url, api_key=key, model=self.model_name)
+
+    def episode_for_key(self, key: str) -> OpenEpisode:
+        """The open episode a key belongs to.
+
+        Raises:
+            AuthError: unknown key, or the episode has ended (401).
+        """
+        episode_id = self._by_key.get(_key_digest(key))
+        if episode_id is None:
+            raise AuthError("invalid or expired episode API key (the episode may have ended)")
+        return self._episodes[episode_id]
+
+    def _open(self, episode_id: str) -> OpenEpisode:
+        episode = self._episodes.get(episode_id)
+        if episode is not None:
+            return episode
+        if self.pool.get(episode_id) is not None:
+            raise EpisodeStateError(episode_id, f"episode {episode_id} has already ended")
+        raise EpisodeNotFound(episode_id)
+
+    def heartbeat(self, episode_id: str) -> None:
+        self._open(episode_id).last_seen = time.time()
+
+    def finish(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
+        """End an episode with its reward; it is committed to the pool before this returns."""
+        episode = self._open(episode_id)
+        return self._end(
+            episode,
+            EpisodeStatus.FINISHED,
+            reward=body.reward,
+            agent_rewards=body.agent_rewards,
+            metrics=body.metrics,
+        )
+
+    def abort(self, episode_id: str, body: EpisodeAbort) -> StoredEpisode:
+        """End an episode without a reward (``infra_failure`` keeps it out of group statistics)."""
+        episode = self._open(episode_id)
+        status = EpisodeStatus.INFRA_FAILURE if body.infra_failure else EpisodeStatus.ABORTED
+        return self._end(episode, status, reason=body.reason)
+
+    def _end(self, episode: OpenEpisode, status: EpisodeStatus, **fields: Any) -> StoredEpisode:
+        # Remove the key first: from here on no call can be added to this episode.
+        self._by_key.pop(episode.key_digest, None)
+        self._episodes.pop(episode.id, None)
+        req = episode.request
+        stored = StoredEpisode(
+            id=episode.id,
+            task_id=req.task_id,
+            client_id=req.client_id,
+            family=req.family,
+            kind=req.kind,
+            status=status,
+            created_at=episode.created_at,
+            finished_at=time.time(),
+            metadata=req.metadata,
+            trainable_agents=req.trainable_agents,
+            **fields,
+        )
+        try:
+            self.pool.add(stored, episode.calls)
+        except BaseException:
+            # Nothing is lost: the episode stays open and the client may retry finish.
+            self._episodes[episode.id] = episode
+            self._by_key[episode.key_digest] = episode.id
+            raise
+        self.events.emit(
+            f"episode.{status.value}",
+            f"episode {episode.id} {status.value} (task {req.task_id}, {len(episode.calls)} calls)",
+            episode_id=episode.id,
+            task_id=req.task_id,
+            client_id=req.client_id,
+            reward=stored.reward,
+        )
+        return stored
+
+    def reclaim_idle(self, now: float | None = None) -> list[str]:
+        """Abort, as infrastructure failures, open episodes idle longer than ``episode_timeout_s``."""
+        now = time.time() if now is None else now
+        stale = [
+            e
+            for e in self._episodes.values()
+            if e.busy == 0 and now - e.last_seen > self.config.episode_timeout_s
+        ]
+        for episode in stale:
+            self._end(
+                episode,
+                EpisodeStatus.INFRA_FAILURE,
+                reason=f"reclaimed: no call or heartbeat for {self.config.episode_timeout_s:g} s",
+            )
+        return [e.id for e in stale]
+
+    def view(self, episode_id: str) -> EpisodeView:
+        """The token-level record of an open or ended episode, with its merged samples."""
+        open_episode = self._episodes.get(episode_id)
+        if open_episode is not None:
+            req = open_episode.request
+            calls = list(open_episode.calls)
+            base: dict[str, Any] = {
+                "task_id": req.task_id,
+                "client_id": req.client_id,
+                "kind": req.kind,
+                "family": req.family,
+                "status": EpisodeStatus.OPEN,
+                "created_at": open_episode.created_at,
+            }
+        else:
+            found = self.pool.get(episode_id)
+            if found is None:
+                raise EpisodeNotFound(episode_id)
+            stored, calls = found
+            base = {
+                "task_id": stored.task_id,
+                "client_id": stored.client_id,
+                "kind": stored.kind,
+                "family": stored.family,
+                "status": stored.status,
+                "reward": stored.reward,
+                "agent_rewards": stored.agent_rewards,
+                "metrics": stored.metrics,
+                "reason": stored.reason,
+                "created_at": stored.created_at,
+                "finished_at": stored.finished_at,
+                "trained_step": stored.trained_step,
+            }
+        samples, stats = build_samples(episode_id, calls)
+        merge = MergeSummary(
+            calls=stats.calls,
+            samples=stats.samples,
+            merge_ratio=stats.merge_ratio,
+            prefix_breaks=dict(stats.prefix_breaks),
+            splices=stats.splices,
+            splice_mismatches=stats.splice_mismatches,
+            tokens_saved=stats.tokens_saved,
+        )
+        return EpisodeView(episode_id=episode_id, calls=calls, samples=samples, merge=merge, **base)
+
+    # -- chat completions ------------------------------------------------------------------------------
+    def agent_for(self, request: ChatCompletionRequest) -> str:
+        """The agent name of a request: ``model="<served>:<agent>"`` or the ``user`` field.
+
+        Raises:
+            RequestError: the model name is not served here (404 ``model_not_found``).
+        """
+        model = request.model
+        if model == self.model_name:
+            return request.user or "default"
+        prefix = self.model_name + ":"
+        if model.startswith(prefix) and len(model) > len(prefix):
+            return model[len(prefix) :]
+        raise RequestError(
+            f"model {model!r} is not served here; use {self.model_name!r} (or '{prefix}<agent>')",
+            status_code=404,
+            param="model",
+        )
+
+    def sampling_for(self, request: ChatCompletionRequest) -> SamplingParams:
+        defaults = self.config.sampling
+        max_tokens = request.max_completion_tokens or request.max_tokens or defaults.max_tokens
+        top_k = request.top_logprobs or 0
+        if top_k and not request.logprobs:
+            raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+        return SamplingParams(
+            temperature=defaults.temperature if request.temperature is None else request.temperature,
+            top_p=defaults.top_p if request.top_p is None else request.top_p,
+            max_tokens=max_tokens,
+            stop=tuple(request.stop or ()),  # the validator turned a string into a list
+            seed=request.seed,
+            n=request.n,
+            top_logprobs=top_k,
+        )
+
+    async def chat(
+        self, episode: OpenEpisode, request: ChatCompletionRequest
+    ) -> tuple[ChatCompletion, list[CallRecord]]:
+        """Render, sample and record one chat request of an open episode.
+
+        Raises:
+            RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
+        """
+        arrived = time.time()
+        agent = self.agent_for(request)
+        params = self.sampling_for(request)
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        rendered = self.renderer.render(messages, request.tools, history=episode.calls)
+        self.engine.check_prompt(rendered.prompt_ids)
+        episode.busy += 1
+        episode.last_seen = arrived
+        try:
+            queued = time.time()
+            completions = await self.engine.generate(rendered.prompt_ids, params)
+        finally:
+            episode.busy -= 1
+            episode.last_seen = time.time()
+        if episode.id not in self._episodes:  # ended (or reclaimed) while we sampled: record nothing
+            raise EpisodeStateError(episode.id, f"episode {episode.id} ended while this call was running")
+        records = [
+            self._record(episode, agent, rendered.prompt_ids, c, params, request, arrived, queued, rendered)
+            for c in completions
+        ]
+        episode.calls.extend(records)
+        return self._completion_response(request, records, completions, len(rendered.prompt_ids)), records
+
+    def _record(
+        self,
+        episode: OpenEpisode,
+        agent: str,
+        prompt_ids: list[int],
+        completion: Completion,
+        params: SamplingParams,
+        request: ChatCompletionRequest,
+        arrived: float,
+        queued: float,
+        rendered: Any,
+    ) -> CallRecord:
+        text = completion.text
+        tool_calls: list[dict[str, Any]] = []
+        finish = completion.finish_reason
+        if request.tools:
+            content, tool_calls = parse_tool_calls(text)
+            if tool_calls:
+                text = content or ""
+                finish = FinishReason.TOOL_CALLS
+        sampling = {
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+            "stop": list(params.stop),
+            "seed": params.seed,
+            "n": params.n,
+        }
+        index = len(episode.calls)
+        return CallRecord(
+            index=index,
+            agent=agent,
+            trainable=episode.is_trainable(agent),
+            prompt_ids=prompt_ids,
+            completion_ids=completion.ids,
+            logprobs=completion.logprobs,
+            finish_reason=finish,
+            text=text,
+            tool_calls=tool_calls,
+            sampling=sampling,
+            splices=rendered.splices,
+            splice_mismatches=rendered.splice_mismatches,
+            policy_version=self.step,
+            created_at=arrived,
+            queue_s=max(0.0, time.time() - queued - completion.generate_s),
+            generate_s=completion.generate_s,
+        )
+
+    def _completion_response(
+        self,
+        request: ChatCompletionRequest,
+        records: Sequence[CallRecord],
+        completions: Sequence[Completion],
+        prompt_len: int,
+    ) -> ChatCompletion:
+        choices = []
+        for i, (record, completion) in enumerate(zip(records, completions, strict=True)):
+            tool_calls = [
+                ToolCall(id=tc["id"], function=FunctionCall(**tc["function"])) for tc in record.tool_calls
+            ] or None
+            message = AssistantMessage(
+                content=record.text if record.text or not tool_calls else None, tool_calls=tool_calls
+            )
+            choices.append(
+                Choice(
+                    index=i,
+                    message=message,
+                    finish_reason=record.finish_reason.value,  # type: ignore[arg-type]
+                    logprobs=self.logprobs_view(completion) if request.logprobs else None,
+                )
+            )
+        completion_tokens = sum(len(r.completion_ids) for r in records)
+        return ChatCompletion(
+            id="chatcmpl-" + uuid.uuid4().hex,
+            created=int(time.time()),
+            model=request.model,
+            choices=choices,
+            usage=Usage(
+                prompt_tokens=prompt_len,
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_len + completion_tokens,
+            ),
+            system_fingerprint=f"policy-{self.step}",
+        )
+
+    def text_pieces(self, ids: Sequence[int], content: str) -> list[str]:
+        """Split ``content`` into one piece per token of ``ids`` (for streaming).
+
+        Pieces come from incremental decoding, so they concatenate to exactly ``content`` (a token that
+        ends inside a multi-byte character yields ``""`` and the next token carries the character;
+        tokens past the visible text, such as a stop string or end-of-turn token, yield ``""``).
+        """
+        pieces: list[str] = []
+        emitted = 0
+        for t in range(len(ids)):
+            decoded = str(self.tokenizer.decode(list(ids[: t + 1]), skip_special_tokens=False))
+            if decoded.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for the next token
+                pieces.append("")
+                continue
+            upto = min(len(decoded), len(content))
+            pieces.append(content[emitted:upto] if upto > emitted else "")
+            emitted = max(emitted, upto)
+        if emitted < len(content) and pieces:
+            pieces[-1] += content[emitted:]
+        return pieces
+
+    def token_text(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+
+    def logprobs_view(self, completion: Completion) -> ChoiceLogprobs:
+        """OpenAI ``logprobs.content`` for a completion (token strings decoded one id at a time)."""
+        content = []
+        for t, (tok, lp) in enumerate(zip(completion.ids, completion.logprobs, strict=True)):
+            text = self.token_text(tok)
+            top = completion.top_logprobs[t] if t < len(completion.top_logprobs) else []
+            content.append(
+                TokenLogprob(
+                    token=text,
+                    logprob=lp,
+                    bytes=list(text.encode()),
+                    top_logprobs=[
+                        TopLogprob(
+                            token=self.token_text(i), logprob=v, bytes=list(self.token_text(i).encode())
+                        )
+                        for i, v in top
+                    ],
+                )
+            )
+        return ChoiceLogprobs(content=content)
+
+    # -- status ----------------------------------------------------------------------------------------
+    def status(self) -> StatusView:
+        stored = self.pool.counts()
+        counts = EpisodeCounts(**{**stored.model_dump(), "open": len(self._episodes)})
+        clients = Counter(e.request.client_id for e in self._episodes.values())
+        return StatusView(
+            state=self.state,
+            step=self.step,
+            model=self.model_name,
+            episodes=counts,
+            clients=dict(clients),
+            uptime_s=time.time() - self.started,
+            run_dir=str(self.config.run_dir),
+            training_enabled=False,
+        )
+
+    async def reclaim_loop(self, period_s: float = 5.0) -> None:
+        """Background task: reclaim idle episodes every ``period_s`` seconds."""
+        while True:
+            await asyncio.sleep(period_s)
+            self.reclaim_idle()

@@ -1,0 +1,139 @@
+"""Shared fixtures: one real tokenizer, one tiny random model of the embedded architecture, the real
+embedded model (loaded once, lazily) and real uvicorn servers on loopback.
+
+The tiny model has SmolLM2's tokenizer and vocabulary but 2 small layers, so tests exercise the real
+tokenizer, chat template and engine quickly; tests that need real behaviour use ``embedded``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import uvicorn
+
+from swarm.config import ServerConfig
+from swarm.engine import HFEngine, ModelSource, load_model, resolve_model
+from swarm.server.app import create_app
+
+
+@pytest.fixture(scope="session")
+def embedded_source() -> ModelSource:
+    """The embedded default model converted to its safetensors cache (once per machine)."""
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(embedded_source: ModelSource) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(embedded_source.directory), local_files_only=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(embedded_source: ModelSource) -> Any:
+    """A random 2-layer Llama with SmolLM2's config shape and vocabulary (fp32, seeded)."""
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(str(embedded_source.directory), local_files_only=True)
+    config.num_hidden_layers = 2
+    config.hidden_size = 64
+    config.intermediate_size = 128
+    config.num_attention_heads = 4
+    config.num_key_value_heads = 2
+    config.head_dim = 16
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model: Any, tokenizer: Any) -> Iterator[HFEngine]:
+    engine = HFEngine(tiny_model, tokenizer, "tiny-smollm2")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def embedded(embedded_source: ModelSource) -> Iterator[HFEngine]:
+    """The real embedded SmolLM2-135M-Instruct behind an engine (loaded once per session)."""
+    model, tok = load_model(embedded_source)
+    engine = HFEngine(model, tok, embedded_source.name)
+    yield engine
+    engine.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    """A real uvicorn server in a thread (encode/httpx tests/conftest.py ``TestServer`` style)."""
+
+    config: ServerConfig
+    engine: HFEngine | None = None
+    _server: uvicorn.Server | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.config.port}"
+
+    @property
+    def runtime(self) -> Any:
+        assert self._server is not None
+        return self._server.config.app.state.runtime  # type: ignore[union-attr]
+
+    def start(self) -> LiveServer:
+        app = create_app(self.config, engine=self.engine)
+        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.config.port, log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(cfg)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 120
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("test server failed to start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        assert self._server is not None and self._thread is not None
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+    def restart(self) -> LiveServer:
+        """Stop and start again with the same run dir (resume)."""
+        self.stop()
+        return self.start()
+
+
+def make_server(tmp: Path, engine: HFEngine | None, **overrides: Any) -> LiveServer:
+    config = ServerConfig(run_dir=tmp / "run", port=free_port(), **overrides)
+    return LiveServer(config, engine).start()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_engine: HFEngine) -> Iterator[LiveServer]:
+    """A server on loopback over the tiny random model (shared by the server tests)."""
+    live = make_server(tmp_path_factory.mktemp("server"), tiny_engine)
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="session")
+def embedded_server(tmp_path_factory: pytest.TempPathFactory, embedded: HFEngine) -> Iterator[LiveServer]:
+    """A server on loopback over the real embedded model."""
+    live = make_server(tmp_path_factory.mktemp("embedded"), embedded)
+    yield live
+    live.stop()
