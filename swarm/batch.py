@@ -27,11 +27,13 @@ may start another episode (else the server answers ``429`` with ``Retry-After``)
 any window of admitted train episodes, ``count_f ≤ share_f · N + G`` for every family ``f`` (``N`` episodes in
 the window), so a batch of ``B`` groups drawn from the window matches the ratio within one group.
 
-Errors::
+Errors (part of the tree in :mod:`swarm.errors`)::
 
-    ValueError
-    └── BatchConfigError      invalid policy configuration (also raised by pydantic validation)
-    └── UnknownFamilyError    an episode names a family the quotas do not list
+    SwarmError
+    ├── ConfigError (ValueError)
+    │   └── BatchConfigError      invalid policy or quota configuration, bad policy input
+    └── RequestError (ValueError)
+        └── UnknownFamilyError    an episode names a family the quotas do not list (HTTP 422)
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
+
+from swarm.errors import ConfigError, RequestError
 
 __all__ = [
     "Admission",
@@ -60,11 +64,11 @@ __all__ = [
 ]
 
 
-class BatchConfigError(ValueError):
+class BatchConfigError(ConfigError):
     """A batch policy or quota configuration is invalid."""
 
 
-class UnknownFamilyError(ValueError):
+class UnknownFamilyError(RequestError):
     """An episode names a task family that the configured quotas do not list.
 
     Attributes:
@@ -78,7 +82,9 @@ class UnknownFamilyError(ValueError):
         what = "no task family" if family is None else f"task family {family!r}"
         super().__init__(
             f"episode has {what}, but family quotas are configured for {', '.join(self.known)}; "
-            "pass one of them as the episode's family"
+            "pass one of them as the episode's family",
+            status_code=422,
+            param="family",
         )
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from swarm.errors import SwarmError
 from swarm.tracking.records import Sample
 from swarm.train.config import LIVE_FIELDS, TrainerConfig
 from swarm.train.losses import (
@@ -47,8 +48,11 @@ from swarm.train.metrics import StepMetrics, StepTimings
 __all__ = ["TorchTrainer", "TrainerError"]
 
 
-class TrainerError(ValueError):
+class TrainerError(SwarmError, ValueError):
     """A trainer call got bad input (malformed samples, misaligned advantages, an impossible config change)."""
+
+    status_code = 400
+    error_type = "trainer_error"
 
 
 @dataclass
@@ -192,7 +196,11 @@ class TorchTrainer:
         return new
 
     def state_dict(self) -> dict[str, Any]:
-        """Trainer state to checkpoint besides the weights: optimizer, step, config."""
+        """Trainer state to checkpoint besides the weights: optimizer, step, config.
+
+        Like ``torch.optim.Optimizer.state_dict``, the optimizer tensors are the live ones (no copy):
+        serialise it (``torch.save``) before the next :meth:`step`.
+        """
         return {
             "step": self._step,
             "optimizer": self.optimizer.state_dict(),
@@ -376,14 +384,14 @@ class TorchTrainer:
         old: dict[int, torch.Tensor] = {}  # id(micro-batch) -> (N,)
         ref: dict[int, torch.Tensor] = {}
         self._model.eval()
-        t0 = time.perf_counter()
         if recompute:
+            t0 = time.perf_counter()
             for mbs in batches:
                 for mb in mbs:
                     old[id(mb)] = self._logprobs(self._model, mb)
-        timings.old_logprobs_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
+            timings.old_logprobs_s = time.perf_counter() - t0
         if cfg.kl_coef > 0:
+            t0 = time.perf_counter()
             ref_model = self._ref_model if cfg.lora is None else self._model
             if ref_model is None:
                 raise TrainerError(
@@ -393,7 +401,7 @@ class TorchTrainer:
                 for mbs in batches:
                     for mb in mbs:
                         ref[id(mb)] = self._logprobs(ref_model, mb)
-        timings.ref_logprobs_s = time.perf_counter() - t0
+            timings.ref_logprobs_s = time.perf_counter() - t0
 
         sums: dict[str, float] = dict.fromkeys(
             ("loss", "policy_loss", "kl", "clip", "entropy", "ratio", "tokens", "drift", "grad_norm"), 0.0
