@@ -1,0 +1,84 @@
+"""Who-is-the-spy: reading votes, descriptions and own-word leaks from messy model output."""
+
+import pytest
+
+from templates.who_is_the_spy.parsing import (
+    VoteStatus,
+    clean_description,
+    mentions_word,
+    parse_vote,
+    read_seat,
+)
+
+ALIVE = [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("text", "seat"),
+    [
+        ("I vote for player 3!", 3),
+        ("3", 3),
+        ("Player three", 3),
+        ("**Player 4**", 4),
+        ("P2", 2),
+        ("Vote: 5", 5),
+        ("I think player 2 is odd, but I vote for player 4.", 4),
+        ("My vote: #1", 1),
+        ("<think>player 5 maybe</think> Player 2", 2),
+        ("Player 3 is the spy. Player 3!", 3),
+        ("", None),
+        ("I have no idea", None),
+        ("Player 1 or player 2", None),
+        ("1 2 3", None),
+        ("<think>I vote for 3", None),
+    ],
+)
+def test_read_seat(text, seat):
+    assert read_seat(text) == seat
+
+
+def test_parse_vote_applies_the_rules():
+    assert parse_vote("I vote for player 3", voter=1, alive=ALIVE).status == VoteStatus.VALID
+    assert parse_vote("player 1", voter=1, alive=ALIVE).status == VoteStatus.SELF
+    assert parse_vote("player 9", voter=1, alive=ALIVE).status == VoteStatus.NOT_ALIVE
+    assert parse_vote("player 5", voter=1, alive=[1, 2, 3]).status == VoteStatus.NOT_ALIVE
+    vote = parse_vote("everyone!", voter=1, alive=ALIVE)
+    assert vote.status == VoteStatus.UNPARSED and vote.target is None and not vote.valid
+
+
+@pytest.mark.parametrize(
+    ("text", "word", "leak"),
+    [
+        ("It is an apple.", "apple", True),
+        ("APPLES are red", "apple", True),
+        ("a-p-p-l-e", "apple", True),
+        ("it's A P P L E", "apple", True),
+        ("apple-pie is nice", "apple", True),
+        ("I like pineapple juice", "apple", False),
+        ("It grows on trees and is red.", "apple", False),
+        ("a sweet   potato dish", "sweet potato", True),
+        ("sweet drinks and potato chips", "sweet potato", False),
+        ("Un café, s'il vous plaît", "cafe", True),
+        ("a cat sat", "cat", True),
+        ("concatenate", "cat", False),
+        ("", "cat", False),
+    ],
+)
+def test_mentions_word(text, word, leak):
+    assert mentions_word(text, word) is leak
+
+
+@pytest.mark.parametrize(
+    ("text", "public"),
+    [
+        ("It is sweet and red.", "It is sweet and red."),
+        ("\n\n  Player 2: it is round \n more lines", "it is round"),
+        ('Description: "a fruit"', "a fruit"),
+        ("<think>my word is apple</think>It is a fruit.", "It is a fruit."),
+        ("<think>unclosed", ""),
+        ("", ""),
+        ("x" * 1000, "x" * 200),
+    ],
+)
+def test_clean_description(text, public):
+    assert clean_description(text) == public
