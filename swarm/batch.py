@@ -8,7 +8,8 @@ Policies (``B`` = ``batch_size``, ``G`` = ``group_size``; a *group* is the episo
 
 =====================  ==================================================================================
 ``episodes``           ≥ ``B·G`` eligible episodes: the oldest ``B·G`` are trained (groups may be partial).
-``tasks``              ≥ ``B`` tasks with a full group of ``G``: the ``B`` groups completed first are trained.
+``tasks``              ≥ ``B`` tasks with a full group of ``G``: the ``B`` groups completed first are trained
+                       (one group per task per batch; a task's extra episodes wait for the next batch).
 ``informative_tasks``  ≥ ``B`` full groups whose rewards are not all equal; full groups with equal rewards
                        (zero GRPO signal) met on the way are consumed untrained and listed in ``dropped``.
 ``all_clients_ready``  every active client voted ready: all eligible episodes of all clients are trained.
@@ -308,8 +309,12 @@ def select_batch(
         by_task: dict[str, list[EpisodeSummary]] = {}
         chosen_groups: list[list[EpisodeSummary]] = []
         zero_signal: list[str] = []
-        # Walk in finish order; a group is complete when its G-th usable episode arrives.
+        chosen_tasks: set[str] = set()
+        # Walk in finish order; a group is complete when its G-th usable episode arrives. A batch holds at most
+        # one group per task (groups are keyed by task): a task's next group waits for the next batch.
         for ep in usable:
+            if ep.task_id in chosen_tasks:
+                continue
             members = by_task.setdefault(ep.task_id, [])
             members.append(ep)
             if len(members) < G:
@@ -319,6 +324,7 @@ def select_batch(
                 zero_signal.extend(m.episode_id for m in group)
                 continue
             chosen_groups.append(group)
+            chosen_tasks.add(ep.task_id)
             if len(chosen_groups) == B:
                 chosen = sorted((m for g in chosen_groups for m in g), key=lambda m: position[m.episode_id])
                 what = "informative full groups" if informative_only else "full groups"
