@@ -80,12 +80,12 @@ class PrefixBreak(StrEnum):
     RESAMPLED = "resampled"
     """``B.prompt_ids == A.prompt_ids``: another choice (``n > 1``) or a retry of the same request."""
     COMPLETION_REWRITTEN = "completion_rewritten"
-    """``l`` ends inside the completion of ``A`` or of a call on ``A``'s chain (or ``B`` keeps ``A``'s prompt
-    but drops ``A``'s completion): an earlier completion was not repeated verbatim (template stripped
-    ``<think>``, re-formatted a tool call, a stop string was removed, the client edited or dropped it)."""
+    """``l`` ends inside the completion of ``A`` or of a call on ``A``'s chain (or right after ``A``'s
+    prompt): an earlier completion was not repeated verbatim (the template stripped ``<think>`` or
+    re-formatted a tool call, a stop string was removed, the client edited the reply)."""
     HISTORY_EDITED = "history_edited"
     """``l`` ends elsewhere inside ``A``'s prompt but covers at least half of the shorter prompt: the agent
-    edited, truncated or summarised its history."""
+    dropped, edited or summarised turns of its history."""
     NEW_CONTEXT = "new_context"
     """Little or no common prefix: another system prompt (a sub-agent under the same name), a new task."""
 
