@@ -2,7 +2,9 @@
 
 Request building and answer parsing live in :class:`_BaseClient`; the sync and async faces only send.
 Transient failures (connection errors, 429, 502/503/504) are retried with exponential backoff
-(tenacity), honouring ``Retry-After``.
+(tenacity). An answer with ``Retry-After`` (a full quota, a training step, a paused server) is waited
+out for exactly that long and does not use up an attempt: only ``RetryPolicy.deadline_s`` bounds how
+long a client keeps coming back to a busy server.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from typing import Any
 import httpx
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     Retrying,
     retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
     wait_exponential_jitter,
 )
 
@@ -42,9 +43,9 @@ class RetryPolicy:
     """How the client retries transient failures."""
 
     attempts: int = 8
-    """Most tries per request (1 = no retry)."""
+    """Most failed tries per request (1 = no retry); answers with ``Retry-After`` do not count."""
     max_wait_s: float = 30.0
-    """Largest single backoff, in seconds."""
+    """Largest single backoff, in seconds (also caps a server's ``Retry-After``)."""
     deadline_s: float = 300.0
     """Give up after this many seconds in total."""
 
@@ -53,6 +54,62 @@ def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, httpx.TransportError):
         return True
     return isinstance(exc, ClientError) and exc.status_code in _TRANSIENT_STATUS
+
+
+def _retry_after(exc: BaseException | None) -> float | None:
+    if isinstance(exc, ClientError) and exc.status_code in _TRANSIENT_STATUS:
+        return exc.retry_after_s
+    return None
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (RFC 9110 §10.2.3 delay-seconds form; an HTTP date counts as absent)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+class _RetryWait:
+    """tenacity wait: the server's ``Retry-After`` when it sent one, else exponential backoff with jitter."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._max = policy.max_wait_s
+        self._backoff = wait_exponential_jitter(multiplier=0.2, max=policy.max_wait_s, jitter=0.2)
+
+    def __call__(self, state: RetryCallState) -> float:
+        after = _retry_after(state.outcome.exception() if state.outcome else None)
+        if after is not None:
+            return min(after, self._max)
+        return float(self._backoff(state))
+
+
+class _RetryStop:
+    """tenacity stop: ``attempts`` failed tries not counting busy answers, or ``deadline_s`` in total.
+
+    One instance per request (it counts that request's busy answers).
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+        self._busy = 0
+
+    def __call__(self, state: RetryCallState) -> bool:
+        if _retry_after(state.outcome.exception() if state.outcome else None) is not None:
+            self._busy += 1
+        if state.seconds_since_start is not None and state.seconds_since_start >= self._policy.deadline_s:
+            return True
+        return state.attempt_number - self._busy >= self._policy.attempts
+
+
+def _metrics_list(body: Any) -> list[dict[str, Any]]:
+    """Accept ``[{...}, ...]`` or ``{"steps": [...]}`` / ``{"metrics": [...]}`` (one dict per step)."""
+    if isinstance(body, dict):
+        body = body.get("steps", body.get("metrics", []))
+    return [row for row in body if isinstance(row, dict)] if isinstance(body, list) else []
 
 
 class _BaseClient:
@@ -78,13 +135,14 @@ class _BaseClient:
             status_code=response.status_code,
             error_type=kind,
             url=str(response.request.url),
+            retry_after_s=_parse_retry_after(response.headers.get("retry-after")),
         )
 
     def _retry_kwargs(self) -> dict[str, Any]:
         return {
             "retry": retry_if_exception(_is_transient),
-            "stop": stop_after_attempt(self.retry.attempts) | stop_after_delay(self.retry.deadline_s),
-            "wait": wait_exponential_jitter(initial=0.2, max=self.retry.max_wait_s),
+            "stop": _RetryStop(self.retry),
+            "wait": _RetryWait(self.retry),
             "reraise": True,
         }
 
@@ -213,6 +271,14 @@ class SwarmClient(_BaseClient):
     def status(self) -> StatusView:
         return StatusView.model_validate(self._request("GET", "/api/v1/status", admin=True))
 
+    def metrics(self) -> list[dict[str, Any]]:
+        """Per-step training metrics (``GET /api/v1/metrics``), oldest first.
+
+        Raises:
+            ClientError: the server answered an error (404 when it serves no metrics route).
+        """
+        return _metrics_list(self._request("GET", "/api/v1/metrics", admin=True))
+
     @contextlib.contextmanager
     def episode(self, task_id: str, **kwargs: Any) -> Iterator[Episode]:
         """Open an episode for the block; an exception inside aborts it (and is re-raised).
@@ -324,6 +390,10 @@ class AsyncSwarmClient(_BaseClient):
 
     async def status(self) -> StatusView:
         return StatusView.model_validate(await self._request("GET", "/api/v1/status", admin=True))
+
+    async def metrics(self) -> list[dict[str, Any]]:
+        """Async :meth:`SwarmClient.metrics`."""
+        return _metrics_list(await self._request("GET", "/api/v1/metrics", admin=True))
 
     @contextlib.asynccontextmanager
     async def episode(self, task_id: str, **kwargs: Any) -> AsyncIterator[AsyncEpisode]:

@@ -45,7 +45,8 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish: FinishReason | None = None
-    text: str = ""
+    text: str | None = None
+    """Visible text, set when a stop string cut it (else decoded at the end)."""
 
 
 class HFEngine:
@@ -251,7 +252,7 @@ class HFEngine:
         for row in rows:
             if row.finish is None:  # defensive: the loop above always sets it
                 row.finish = FinishReason.LENGTH
-            if not row.text:
+            if row.text is None:
                 row.text = self._visible_text(row.ids)
             results[id(row.job)].append(
                 Completion(

@@ -81,7 +81,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         raise ModelLoadError(f"cannot load GGUF file {gguf}: {exc}") from exc
     # The de-quantized weights are plain fp32 tensors; drop the GGUF quantizer so that
     # save_pretrained writes an ordinary checkpoint (DESIGN.md §7).
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,8 @@ def load_model(source: ModelSource, dtype: str = "float32", device: str = "cpu")
         tokenizer = AutoTokenizer.from_pretrained(str(source.directory), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
             str(source.directory), dtype=torch_dtype, local_files_only=True
-        ).to(device)
+        )
+        model = model.to(device)  # type: ignore[arg-type]
     except Exception as exc:
         raise ModelLoadError(f"cannot load model from {source.directory}: {exc}") from exc
     model.eval()

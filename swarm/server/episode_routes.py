@@ -3,6 +3,9 @@
 Beginning an episode needs no credential (clients are trusted to report rewards; put the server
 behind a network boundary or an admin token for control). Finishing, aborting and heartbeats are
 addressed by episode id; the id is not a secret, but the episode key is needed for completions.
+
+Routes are ``async def``: they run on the event loop like the completion route, so the runtime's
+episode table is only ever touched from one thread (pool commits take about a millisecond).
 """
 
 from __future__ import annotations
@@ -22,33 +25,33 @@ def _base_url(runtime: RuntimeDep, request: Request) -> str:
 
 
 @router.post("", status_code=201)
-def begin_episode(body: EpisodeCreate, runtime: RuntimeDep, request: Request) -> EpisodeCreated:
+async def begin_episode(body: EpisodeCreate, runtime: RuntimeDep, request: Request) -> EpisodeCreated:
     """Open an episode; the answer's ``api_key`` records every completion made with it."""
     return runtime.begin(body, _base_url(runtime, request))
 
 
 @router.post("/{episode_id}/finish")
-def finish_episode(episode_id: str, body: EpisodeFinish, runtime: RuntimeDep) -> Ack:
+async def finish_episode(episode_id: str, body: EpisodeFinish, runtime: RuntimeDep) -> Ack:
     """End the episode with its reward; committed to the pool before the answer is sent."""
     stored = runtime.finish(episode_id, body)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
 @router.post("/{episode_id}/abort")
-def abort_episode(episode_id: str, body: EpisodeAbort, runtime: RuntimeDep) -> Ack:
+async def abort_episode(episode_id: str, body: EpisodeAbort, runtime: RuntimeDep) -> Ack:
     """End the episode without a reward (``infra_failure=true`` keeps it out of group statistics)."""
     stored = runtime.abort(episode_id, body)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
 @router.post("/{episode_id}/heartbeat")
-def heartbeat(episode_id: str, runtime: RuntimeDep) -> Ack:
+async def heartbeat(episode_id: str, runtime: RuntimeDep) -> Ack:
     """Keep a slow episode from being reclaimed as idle."""
     runtime.heartbeat(episode_id)
     return Ack(episode_id=episode_id, status="open")
 
 
 @router.get("/{episode_id}")
-def get_episode(episode_id: str, runtime: RuntimeDep) -> EpisodeView:
+async def get_episode(episode_id: str, runtime: RuntimeDep) -> EpisodeView:
     """Token-level record: every call (prompt ids, completion ids, logprobs, …) and the merged samples."""
     return runtime.view(episode_id)

@@ -334,8 +334,19 @@ class SwarmRuntime:
         if episode.id not in self._episodes:  # ended (or reclaimed) while we sampled: record nothing
             raise EpisodeStateError(episode.id, f"episode {episode.id} ended while this call was running")
         records = [
-            self._record(episode, agent, rendered.prompt_ids, c, params, request, arrived, queued, rendered)
-            for c in completions
+            self._record(
+                episode,
+                len(episode.calls) + i,
+                agent,
+                rendered.prompt_ids,
+                c,
+                params,
+                request,
+                arrived,
+                queued,
+                rendered,
+            )
+            for i, c in enumerate(completions)
         ]
         episode.calls.extend(records)
         return self._completion_response(request, records, completions, len(rendered.prompt_ids)), records
@@ -343,6 +354,7 @@ class SwarmRuntime:
     def _record(
         self,
         episode: OpenEpisode,
+        index: int,
         agent: str,
         prompt_ids: list[int],
         completion: Completion,
@@ -368,7 +380,6 @@ class SwarmRuntime:
             "seed": params.seed,
             "n": params.n,
         }
-        index = len(episode.calls)
         return CallRecord(
             index=index,
             agent=agent,
@@ -407,7 +418,7 @@ class SwarmRuntime:
                 Choice(
                     index=i,
                     message=message,
-                    finish_reason=record.finish_reason.value,  # type: ignore[arg-type]
+                    finish_reason=record.finish_reason.value,
                     logprobs=self.logprobs_view(completion) if request.logprobs else None,
                 )
             )

@@ -1,0 +1,164 @@
+"""Episode lifecycle, keys, control auth, durability and bad input: clear 4xx JSON, server keeps serving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AuthenticationError, OpenAI
+
+from swarm.client import SwarmClient
+from swarm.errors import ClientError
+from tests.conftest import make_server
+
+QUESTION = [{"role": "user", "content": "hi"}]
+
+
+def chat(base_url: str, key: str, body: Any) -> httpx.Response:
+    return httpx.post(f"{base_url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+
+
+def assert_error(r: httpx.Response, status: int, kind: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"]
+    if kind:
+        assert error["type"] == kind
+    return error
+
+
+@pytest.fixture()
+def ep(server: Any) -> Any:
+    with SwarmClient(server.url) as client:
+        episode = client.begin("errors")
+        yield episode
+        if not episode.ended:
+            episode.abort("test teardown")
+
+
+def test_bad_requests_get_json_errors_and_server_keeps_serving(server: Any, ep: Any) -> None:
+    url, key, model = ep.base_url, ep.api_key, ep.model
+    r = httpx.post(
+        f"{url}/chat/completions",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    assert_error(r, 422, "invalid_request_error")
+    assert_error(chat(url, key, {"model": model, "messages": []}), 422)
+    err = assert_error(chat(url, key, {"model": "gpt-4", "messages": QUESTION}), 404, "invalid_request_error")
+    assert err["param"] == "model"
+    assert_error(chat(url, key, {"model": model, "messages": QUESTION, "max_tokens": 0}), 422)
+    assert_error(chat(url, key, {"model": model, "messages": [{"role": "wizard", "content": "x"}]}), 422)
+    long_prompt = [{"role": "user", "content": "hello " * 9000}]
+    err = assert_error(
+        chat(url, key, {"model": model, "messages": long_prompt, "max_tokens": 4}),
+        400,
+        "context_length_exceeded",
+    )
+    assert "context window" in err["message"]
+    assert_error(
+        chat(url, "sk-swarm-not-a-key", {"model": model, "messages": QUESTION}), 401, "authentication_error"
+    )
+    assert_error(httpx.post(f"{url}/chat/completions", json={"model": model, "messages": QUESTION}), 401)
+    # none of the bad requests was recorded, and the episode still works
+    ok = chat(url, key, {"model": model, "messages": QUESTION, "max_tokens": 4})
+    assert ok.status_code == 200
+    with SwarmClient(server.url) as client:
+        assert len(client.get_episode(ep.id).calls) == 1
+
+
+def test_finished_episode_key_is_refused_and_episode_is_durable(tmp_path: Path, tiny_engine: Any) -> None:
+    live = make_server(tmp_path, tiny_engine)
+    try:
+        with SwarmClient(live.url) as client:
+            with client.episode("durable", metadata={"note": "kept"}) as ep:
+                oa = OpenAI(base_url=ep.base_url, api_key=ep.api_key)
+                oa.chat.completions.create(model=ep.model, messages=QUESTION, max_tokens=5)
+                ep.finish(0.75)
+            with pytest.raises(AuthenticationError):
+                oa.chat.completions.create(model=ep.model, messages=QUESTION, max_tokens=5)
+            before = client.get_episode(ep.id)
+            with pytest.raises(ClientError) as info:
+                client.finish(ep.id, 1.0)
+            assert info.value.status_code == 409
+        live.restart()  # a new process state over the same run dir
+        with SwarmClient(live.url) as client:
+            after = client.get_episode(ep.id)
+            assert client.status().episodes.finished == 1
+        assert after.calls == before.calls and after.reward == 0.75
+    finally:
+        live.stop()
+
+
+def test_abort_kinds_heartbeat_and_unknown_episode(server: Any) -> None:
+    with SwarmClient(server.url) as client:
+        a = client.begin("abort")
+        a.heartbeat()
+        a.abort("tool crashed", infra_failure=True)
+        assert client.get_episode(a.id).status == "infra_failure"
+        with pytest.raises(ValueError, match="boom"), client.episode("abort2") as b:
+            raise ValueError("boom")
+        view = client.get_episode(b.id)
+        assert view.status == "aborted" and "boom" in (view.reason or "")
+        with pytest.raises(ClientError) as info:
+            client.get_episode("ep-nope")
+        assert info.value.status_code == 404
+        assert_error(httpx.post(f"{server.url}/api/v1/episodes", json={"task_id": ""}), 422)
+        assert_error(httpx.post(f"{server.url}/api/v1/episodes", json={"task_id": "x", "typo_field": 1}), 422)
+
+
+def test_nonfinite_reward_is_rejected_and_episode_stays_open(server: Any) -> None:
+    with SwarmClient(server.url) as client:
+        ep = client.begin("nan")
+        r = httpx.post(
+            f"{server.url}/api/v1/episodes/{ep.id}/finish",
+            content=b'{"reward": NaN}',
+            headers={"Content-Type": "application/json"},
+        )
+        assert r.status_code == 422
+        ep.finish(1.0)  # nothing was lost: the episode is still open and finishes normally
+        assert client.get_episode(ep.id).status == "finished"
+
+
+def test_control_routes_need_admin_token_and_refuse_episode_keys(tmp_path: Path, tiny_engine: Any) -> None:
+    from pydantic import SecretStr
+
+    live = make_server(tmp_path, tiny_engine, admin_token=SecretStr("admin-secret-for-tests"))
+    try:
+        with SwarmClient(live.url) as client:
+            ep = client.begin("auth")
+            assert_error(httpx.get(f"{live.url}/api/v1/status"), 401)
+            assert_error(
+                httpx.get(f"{live.url}/api/v1/status", headers={"Authorization": f"Bearer {ep.api_key}"}), 403
+            )
+            assert_error(
+                httpx.get(f"{live.url}/api/v1/status", headers={"Authorization": "Bearer wrong"}), 401
+            )
+            with SwarmClient(live.url, admin_token="admin-secret-for-tests") as admin:
+                assert admin.status().episodes.open == 1
+            ep.finish(0.0)
+        events = httpx.get(
+            f"{live.url}/api/v1/events?follow=false",
+            headers={"Authorization": "Bearer admin-secret-for-tests"},
+        )
+        assert events.status_code == 200 and "episode.finished" in events.text
+        assert (
+            "sk-swarm-" not in events.text
+            and "admin-secret" not in (tmp_path / "run" / "events.jsonl").read_text()
+        )
+    finally:
+        live.stop()
+
+
+def test_openapi_document_lists_routes(server: Any) -> None:
+    doc = httpx.get(f"{server.url}/openapi.json").json()
+    for path in (
+        "/v1/chat/completions",
+        "/v1/models",
+        "/api/v1/episodes",
+        "/api/v1/episodes/{episode_id}/finish",
+        "/api/v1/status",
+    ):
+        assert path in doc["paths"]
