@@ -1,7 +1,8 @@
 """``swarm``: serve a model for RL training and talk to running servers.
 
-Commands: ``swarm serve`` (this process hosts the model), ``swarm status URL``. User mistakes end with
-exit code 1 and one readable line, never a traceback.
+Commands: ``swarm serve`` (this process hosts the model), ``swarm run WORKFLOW.py`` (roll a workflow out
+over a dataset against servers), ``swarm status URL`` and ``swarm top URL`` (live view). User mistakes
+end with exit code 1 and one readable line, never a traceback.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -119,6 +120,179 @@ def status(
     table.add_row("clients", ", ".join(f"{c} ({n})" for c, n in view.clients.items()) or "-")
     table.add_row("run dir", view.run_dir)
     Console().print(table)
+
+
+def _parse_servers(servers: list[str]) -> dict[str, str]:
+    """``URL`` (one server, named ``default``) or ``NAME=URL`` per server (multi-model)."""
+    parsed: dict[str, str] = {}
+    for spec in servers:
+        name, sep, url = spec.partition("=")
+        if not sep:
+            name, url = "default", spec
+        if not url.startswith(("http://", "https://")):
+            raise fail(f"--server {spec}: expected URL or NAME=URL with an http(s):// URL")
+        if name in parsed:
+            raise fail(f"--server {spec}: the name {name!r} is given twice (use NAME=URL for each server)")
+        parsed[name] = url
+    if "default" in parsed and len(parsed) > 1:
+        raise fail("--server: name every server (NAME=URL) when there are several")
+    return parsed
+
+
+@app.command()
+def run(
+    workflow: Annotated[
+        str, typer.Argument(help="Workflow file (async def run(task, llm)), or FILE.py:Name.")
+    ],
+    server: Annotated[
+        list[str],
+        typer.Option(help="Server URL; repeat as NAME=URL for multi-model workflows (llm is then a dict)."),
+    ],
+    dataset: Annotated[
+        str, typer.Option(help="Tasks: JSONL file, saved HF dataset dir, or FILE.py:function.")
+    ],
+    group_size: Annotated[int, typer.Option(help="G: episodes per task (one GRPO group).")] = 4,
+    concurrency: Annotated[int, typer.Option(help="N: most episodes at once.")] = 8,
+    epochs: Annotated[int, typer.Option(help="Passes over the dataset.")] = 1,
+    max_tasks: Annotated[int | None, typer.Option(help="Use only the first M tasks.")] = None,
+    split: Annotated[str | None, typer.Option(help="Split of a saved HF DatasetDict.")] = None,
+    eval_dataset: Annotated[str | None, typer.Option(help="Eval tasks (same formats as --dataset).")] = None,
+    eval_every: Annotated[int | None, typer.Option(help="Eval round after every K train tasks.")] = None,
+    eval_group_size: Annotated[int, typer.Option(help="Episodes per eval task.")] = 1,
+    family: Annotated[str | None, typer.Option(help="Task family for cocktail quotas.")] = None,
+    trainable_agent: Annotated[
+        list[str] | None, typer.Option(help="Agent whose calls are trained (repeat; default: all).")
+    ] = None,
+    client_id: Annotated[
+        str | None, typer.Option(help="Client id (default: runner-<workflow name>).")
+    ] = None,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="Resume file folder (default: .swarm-runs/<workflow name>).")
+    ] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Forget earlier progress in the state dir.")] = False,
+    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats of a running episode.")] = 30.0,
+    infra_retries: Annotated[int, typer.Option(help="Re-runs of an infra-failed episode.")] = 2,
+    progress: Annotated[bool, typer.Option(help="Draw the live progress bar.")] = True,
+) -> None:
+    """Roll a workflow out over a dataset: G episodes per task, N at a time; resumable (--state-dir)."""
+    import asyncio
+
+    from pydantic import ValidationError
+    from rich.table import Table
+
+    from swarm.client import (
+        AsyncSwarmClient,
+        DatasetError,
+        ProgressLog,
+        Runner,
+        RunnerConfig,
+        RunnerError,
+        TaskSet,
+        WorkflowLoadError,
+        load_workflow,
+    )
+
+    servers = _parse_servers(server)
+    if eval_every is not None and eval_dataset is None:
+        raise fail("--eval-every needs --eval-dataset")
+    try:
+        fn = load_workflow(workflow)
+        tasks = TaskSet(dataset, split=split)
+        eval_tasks = TaskSet(eval_dataset, split=split) if eval_dataset is not None else None
+    except (WorkflowLoadError, DatasetError) as exc:
+        raise fail(str(exc)) from None
+    stem = Path(workflow.split(":")[0]).stem
+    state = state_dir if state_dir is not None else Path(".swarm-runs") / stem
+    if fresh:
+        (state / ProgressLog.FILE).unlink(missing_ok=True)
+    try:
+        config = RunnerConfig(
+            group_size=group_size,
+            concurrency=concurrency,
+            epochs=epochs,
+            max_tasks=max_tasks,
+            eval_every=eval_every,
+            eval_group_size=eval_group_size,
+            family=family,
+            trainable_agents=trainable_agent or None,
+            client_id=client_id or f"runner-{stem}",
+            heartbeat_s=heartbeat,
+            infra_retries=infra_retries,
+            state_dir=state,
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+
+    async def go() -> Any:
+        clients = {
+            name: AsyncSwarmClient(url, client_id=config.client_id, retry=Runner.default_retry())
+            for name, url in servers.items()
+        }
+        try:
+            runner = Runner(
+                fn, clients, tasks, config, eval_dataset=eval_tasks, console=console, show_progress=progress
+            )
+            return await runner.run()
+        finally:
+            for c in clients.values():
+                await c.aclose()
+
+    try:
+        summary = asyncio.run(go())
+    except RunnerError as exc:
+        raise fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted; run the same command again to resume") from None
+    table = Table(title="swarm run", show_header=False)
+    table.add_row("finished", str(summary.finished))
+    table.add_row("agent failures", str(summary.agent_failures))
+    table.add_row("infra failures", str(summary.infra_failures))
+    if summary.partial_finishes:
+        table.add_row("partial finishes", str(summary.partial_finishes))
+    table.add_row("resumed (skipped)", str(summary.resumed))
+    table.add_row("tasks done", str(summary.tasks_done))
+    table.add_row("train reward mean", f"{summary.train_reward_mean:.4f}")
+    for round_ in sorted(summary.eval_rewards):
+        table.add_row(f"eval round {round_} reward", f"{summary.eval_reward_mean(round_):.4f}")
+    table.add_row("state dir", str(state))
+    Console().print(table)
+
+
+@app.command()
+def top(
+    url: Annotated[str, typer.Argument(help="Server root, e.g. http://127.0.0.1:8000")],
+    admin_token: Annotated[
+        str | None, typer.Option(help="Admin token (or env SWARM_ADMIN_TOKEN).", show_default=False)
+    ] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+) -> None:
+    """Live view of a server: state, policy step, pool, clients and the reward curve."""
+    import time
+
+    from rich.live import Live
+
+    from swarm.client import RetryPolicy, SwarmClient
+    from swarm.client._dashboard import poll, render
+
+    token = admin_token or os.environ.get("SWARM_ADMIN_TOKEN")
+    out = Console()
+    retry = RetryPolicy(attempts=1, deadline_s=5)
+    with SwarmClient(url, admin_token=token, retry=retry, timeout_s=5.0) as client:
+        if once:
+            snap = poll(client)
+            if snap.status is None:
+                raise fail(snap.error or f"no answer from {url}")
+            out.print(render(url, snap))
+            return
+        try:
+            with Live(render(url, poll(client)), console=out, refresh_per_second=4, screen=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(render(url, poll(client)))
+        except KeyboardInterrupt:
+            return
 
 
 def main() -> None:

@@ -106,8 +106,18 @@ class Unavailable(SwarmError):
 class ClientError(SwarmError):
     """An error answer from a swarm server, raised by :class:`swarm.client.SwarmClient`."""
 
-    def __init__(self, message: str, *, status_code: int, error_type: str = "", url: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        error_type: str = "",
+        url: str = "",
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.error_type = error_type
         self.url = url
+        self.retry_after_s = retry_after_s
+        """The answer's ``Retry-After`` in seconds (429/503), ``None`` when it gave none."""

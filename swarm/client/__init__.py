@@ -1,6 +1,50 @@
-"""Swarm clients: open episodes on swarm servers and run agent workflows in them."""
+"""Swarm clients: open episodes on swarm servers and run agent workflows in them.
+
+- :class:`SwarmClient` / :class:`AsyncSwarmClient`: begin, finish, abort and heartbeat episodes.
+- :class:`MultiEpisode`: one rollout over several servers, finished or aborted together.
+- :class:`Runner` (``swarm run``): a workflow file over a dataset, G episodes per task, N at a time,
+  with resume, eval rounds and infrastructure-failure handling.
+"""
 
 from swarm.client._client import AsyncEpisode, AsyncSwarmClient, Episode, RetryPolicy, SwarmClient
+from swarm.client._datasets import Task, TaskSet
+from swarm.client._errors import (
+    DatasetError,
+    MultiEpisodeError,
+    PartialFinishError,
+    RunnerError,
+    WorkflowLoadError,
+)
+from swarm.client._failures import EpisodeLost, FailureKind, classify_failure
+from swarm.client._loader import load_workflow
+from swarm.client._multi import MultiEpisode
+from swarm.client._progress import ProgressLog
+from swarm.client._runner import Runner, RunnerConfig, RunSummary, run_workflow
 from swarm.client.workflow import LLM, Result
 
-__all__ = ["LLM", "AsyncEpisode", "AsyncSwarmClient", "Episode", "Result", "RetryPolicy", "SwarmClient"]
+__all__ = [
+    "LLM",
+    "AsyncEpisode",
+    "AsyncSwarmClient",
+    "DatasetError",
+    "Episode",
+    "EpisodeLost",
+    "FailureKind",
+    "MultiEpisode",
+    "MultiEpisodeError",
+    "PartialFinishError",
+    "ProgressLog",
+    "Result",
+    "RetryPolicy",
+    "RunSummary",
+    "Runner",
+    "RunnerConfig",
+    "RunnerError",
+    "SwarmClient",
+    "Task",
+    "TaskSet",
+    "WorkflowLoadError",
+    "classify_failure",
+    "load_workflow",
+    "run_workflow",
+]
