@@ -141,6 +141,8 @@ class TorchTrainer:
             betas=config.betas,
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
+            # The fused kernel (one pass over all parameters) exists for CPU and CUDA tensors in torch >= 2.4.
+            fused=all(p.device.type in ("cpu", "cuda") for p in self._params),
         )
         self._model.eval()
 
