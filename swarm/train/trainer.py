@@ -357,11 +357,11 @@ class TorchTrainer:
             The step's metrics; the policy version (:attr:`step_count`) is incremented.
 
         Raises:
-            TrainerError: Empty batch, misaligned advantages, malformed samples, no scored token, or a
-                non-finite advantage.
+            TrainerError: Empty batch, misaligned advantages, malformed samples, no scored token, a
+                non-finite advantage, or a non-finite gradient (that update is skipped; earlier updates of a
+                multi-update step stay applied and the step counter does not advance).
         """
         t_start = time.perf_counter()
-        cfg = self.config
         if not samples:
             raise TrainerError("cannot train on an empty batch")
         if len(advantages) != len(samples):
@@ -374,6 +374,22 @@ class TorchTrainer:
         if total_tokens == 0:
             raise TrainerError("no sample has a scored token (all loss masks are 0)")
 
+        try:
+            return self._step_checked(samples, advantages, rewards, int(total_tokens), t_start)
+        finally:
+            # Whatever happened (including an exception mid-step), leave no stale gradient and eval mode.
+            self.optimizer.zero_grad(set_to_none=True)
+            self._model.eval()
+
+    def _step_checked(
+        self,
+        samples: Sequence[Sample],
+        advantages: Sequence[float],
+        rewards: Sequence[float] | None,
+        total_tokens: int,
+        t_start: float,
+    ) -> StepMetrics:
+        cfg = self.config
         n_mb = cfg.minibatches if cfg.minibatches <= len(samples) else len(samples)
         minibatch_rows = [list(range(len(samples)))[k::n_mb] for k in range(n_mb)]
         batches = [self._micro_batches(samples, rows, advantages) for rows in minibatch_rows]
@@ -440,6 +456,11 @@ class TorchTrainer:
                 t0 = time.perf_counter()
                 max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+                if not math.isfinite(grad_norm):
+                    raise TrainerError(
+                        f"non-finite gradient norm ({grad_norm}) at update {self._step}.{epoch}; the update was "
+                        "skipped (lower lr, check rewards/advantages and logprobs)"
+                    )
                 sums["grad_norm"] += grad_norm
                 grad_norm_max = max(grad_norm_max, grad_norm)
                 self.optimizer.step()

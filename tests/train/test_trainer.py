@@ -78,7 +78,9 @@ def test_zero_learning_rate_leaves_parameters_unchanged(
     assert metrics.grad_norm > 0
 
 
-def _gradients(make_model: ModelFactory, samples: list[Sample], **config: object) -> dict[str, torch.Tensor]:
+def _gradients(
+    make_model: ModelFactory, samples: list[Sample], advantages: list[float] = ADVANTAGES, **config: object
+) -> dict[str, torch.Tensor]:
     trainer = TorchTrainer(
         make_model(), TrainerConfig(lr=0.0, max_grad_norm=None, **config), pad_token_id=PAD
     )  # type: ignore[arg-type]
@@ -91,7 +93,7 @@ def _gradients(make_model: ModelFactory, samples: list[Sample], **config: object
                 captured[names[id(p)]] = p.grad.detach().clone()
 
     trainer.optimizer.register_step_pre_hook(grab)
-    trainer.step(samples, ADVANTAGES)
+    trainer.step(samples, advantages)
     return captured
 
 
@@ -282,3 +284,27 @@ def test_variable_padding_does_not_change_logprobs(make_model: ModelFactory) -> 
     )
     assert m.micro_batches == 1
     assert m.logprob_drift_max < 1e-4
+
+
+def test_sample_without_scored_tokens_in_its_own_micro_batch(
+    make_model: ModelFactory, samples: list[Sample]
+) -> None:
+    # A context-only sample (e.g. a non-trainable agent's chain) trains nothing but must not break the step.
+    context_only = samples[0].model_copy(
+        update={"loss_mask": [0] * len(samples[0].input_ids), "episode_id": "ctx"}
+    )
+    with_ctx = _gradients(make_model, [*samples, context_only], [*ADVANTAGES, 1.0], micro_batch_size=1)
+    without = _gradients(make_model, samples, micro_batch_size=1)
+    for name in without:
+        assert torch.allclose(with_ctx[name], without[name], atol=1e-6), name
+
+
+def test_non_finite_gradient_skips_the_update(make_model: ModelFactory, samples: list[Sample]) -> None:
+    trainer = TorchTrainer(make_model(), TrainerConfig(lr=1e-2), pad_token_id=PAD)
+    before = _snapshot(trainer)
+    with pytest.raises(TrainerError, match="non-finite gradient"):
+        trainer.step(samples, [1e38] * len(samples))
+    after = _snapshot(trainer)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert trainer.step_count == 0 and not trainer.model.training
+    assert all(p.grad is None for p in trainer.trainable_parameters)
