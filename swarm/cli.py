@@ -33,6 +33,51 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=1)
 
 
+def _training_config(
+    path: Path | None,
+    enabled: bool,
+    policy: str,
+    batch_size: int,
+    group_size: int,
+    lr: float,
+    lora_rank: int,
+    kl_coef: float,
+    micro_batch_size: int,
+    checkpoint_every: int,
+    max_steps: int | None,
+    drain_timeout: float,
+    quotas: list[str],
+) -> Any:
+    """Build the TrainingConfig from a JSON file or from the CLI options (ValueError on bad input)."""
+    from swarm.config import TrainingConfig
+
+    if path is not None:
+        return TrainingConfig.model_validate_json(path.read_text())
+    shares: dict[str, float] = {}
+    for item in quotas:
+        family, sep, share = item.partition("=")
+        if not sep or not family:
+            raise ValueError(f"--quota {item!r}: expected FAMILY=SHARE, e.g. math=0.4")
+        try:
+            shares[family] = float(share)
+        except ValueError:
+            raise ValueError(f"--quota {item!r}: {share!r} is not a number") from None
+    trainer: dict[str, Any] = {"lr": lr, "kl_coef": kl_coef, "micro_batch_size": micro_batch_size}
+    if lora_rank > 0:
+        trainer["lora"] = {"r": lora_rank, "alpha": 2 * lora_rank}
+    return TrainingConfig.model_validate(
+        {
+            "enabled": enabled,
+            "batch": {"policy": policy, "batch_size": batch_size, "group_size": group_size},
+            "trainer": trainer,
+            "quotas": {"shares": shares, "slack": group_size} if shares else None,
+            "checkpoint_every": checkpoint_every,
+            "max_steps": max_steps,
+            "drain_timeout_s": drain_timeout,
+        }
+    )
+
+
 @app.command()
 def serve(
     model: Annotated[
@@ -56,6 +101,31 @@ def serve(
     episode_timeout: Annotated[
         float, typer.Option(help="Reclaim open episodes idle this many seconds.")
     ] = 600.0,
+    train: Annotated[
+        bool, typer.Option("--train/--no-train", help="Train on pooled episodes (or only serve and record).")
+    ] = True,
+    batch_policy: Annotated[
+        str, typer.Option(help="episodes | tasks | informative_tasks | all_clients_ready | any_client_ready")
+    ] = "tasks",
+    batch_size: Annotated[
+        int, typer.Option(help="B: groups (tasks) per step, or episodes/G for the episodes policy.")
+    ] = 8,
+    group_size: Annotated[int, typer.Option(help="G: episodes per task (GRPO group).")] = 8,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank; 0 trains all weights.")] = 0,
+    kl_coef: Annotated[float, typer.Option(help="β of the KL penalty to the reference policy.")] = 0.0,
+    micro_batch_size: Annotated[int, typer.Option(help="Sequences per forward/backward pass.")] = 4,
+    checkpoint_every: Annotated[int, typer.Option(help="Save a checkpoint every N steps.")] = 5,
+    max_steps: Annotated[int | None, typer.Option(help="Stop training after N steps (keep serving).")] = None,
+    drain_timeout: Annotated[
+        float, typer.Option(help="Seconds open episodes may finish once a batch is ready.")
+    ] = 120.0,
+    quota: Annotated[
+        list[str] | None, typer.Option(help="Family share, repeatable: --quota math=0.4 --quota code=0.6")
+    ] = None,
+    training_config: Annotated[
+        Path | None, typer.Option(help="JSON file with a full TrainingConfig (overrides the options above).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ) -> None:
     """Host a model: OpenAI-compatible completions, episodes, control API."""
@@ -77,10 +147,28 @@ def serve(
             device=device,
             max_batch_size=max_batch_size,
             episode_timeout_s=episode_timeout,
+            training=_training_config(
+                training_config,
+                train,
+                batch_policy,
+                batch_size,
+                group_size,
+                lr,
+                lora_rank,
+                kl_coef,
+                micro_batch_size,
+                checkpoint_every,
+                max_steps,
+                drain_timeout,
+                quota or [],
+            ),
         )
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+        where = ".".join(str(p) for p in err["loc"])
+        raise fail(f"{where}: {err['msg']}") from None
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
     if model is not None and not Path(model).expanduser().exists():
         raise fail(f"--model {model}: no such file or directory")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

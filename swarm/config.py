@@ -11,7 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
+from swarm.tracking.merge import LossWeighting
+from swarm.train.config import TrainerConfig
 
 
 class SamplingDefaults(BaseModel):
@@ -23,6 +26,33 @@ class SamplingDefaults(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(default=256, ge=1)
     """Completion cap when the request gives none."""
+
+
+class TrainingConfig(BaseModel):
+    """When and how the server trains on its pooled episodes (DESIGN.md §4, §5)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    """Train when the batch policy is satisfied; ``False`` only serves and records (inference mode)."""
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    """Batch policy, batch size B and group size G."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Optimizer, PPO clip, KL, LoRA, micro-batching."""
+    normalize_std: bool = True
+    """Divide group-centred rewards by the group std (GRPO); ``False`` gives Dr. GRPO advantages."""
+    loss_weighting: LossWeighting = LossWeighting.EPISODE
+    """How an episode split into several samples is weighted (default: it counts once)."""
+    quotas: FamilyQuotas | None = None
+    """Task-family mix enforced at episode admission (429 + Retry-After), e.g. math 0.4 / code 0.6."""
+    drain_timeout_s: float = Field(default=120.0, ge=0.0)
+    """Once a batch is ready, open episodes may still finish for this long; then they are aborted."""
+    checkpoint_every: int = Field(default=5, ge=1)
+    """Save weights + optimizer + step every N steps (and on ``POST /api/v1/checkpoint``)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """How many recent checkpoints to keep on disk."""
+    max_steps: int | None = Field(default=None, ge=1)
+    """Stop training (keep serving) after this many policy versions."""
 
 
 class ServerConfig(BaseModel):
@@ -49,3 +79,6 @@ class ServerConfig(BaseModel):
     episode_timeout_s: float = Field(default=600.0, gt=0)
     """An open episode with no call and no heartbeat for this long is reclaimed (infra failure)."""
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    reclaim_period_s: float = Field(default=5.0, gt=0)
+    """How often open episodes are checked for the idle timeout."""

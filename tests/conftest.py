@@ -19,7 +19,7 @@ import pytest
 import torch
 import uvicorn
 
-from swarm.config import ServerConfig
+from swarm.config import ServerConfig, TrainingConfig
 from swarm.engine import HFEngine, ModelSource, load_model, resolve_model
 from swarm.server.app import create_app
 
@@ -37,8 +37,7 @@ def tokenizer(embedded_source: ModelSource) -> Any:
     return AutoTokenizer.from_pretrained(str(embedded_source.directory), local_files_only=True)
 
 
-@pytest.fixture(scope="session")
-def tiny_model(embedded_source: ModelSource) -> Any:
+def build_tiny_model(embedded_source: ModelSource, seed: int = 0) -> Any:
     """A random 2-layer Llama with SmolLM2's config shape and vocabulary (fp32, seeded)."""
     from transformers import AutoConfig, LlamaForCausalLM
 
@@ -49,9 +48,14 @@ def tiny_model(embedded_source: ModelSource) -> Any:
     config.num_attention_heads = 4
     config.num_key_value_heads = 2
     config.head_dim = 16
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    return model
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(embedded_source: ModelSource) -> Any:
+    """The shared tiny random model (never trained: the shared server runs with training disabled)."""
+    return build_tiny_model(embedded_source)
 
 
 @pytest.fixture(scope="session")
@@ -126,7 +130,7 @@ def make_server(tmp: Path, engine: HFEngine | None, **overrides: Any) -> LiveSer
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_engine: HFEngine) -> Iterator[LiveServer]:
     """A server on loopback over the tiny random model (shared by the server tests)."""
-    live = make_server(tmp_path_factory.mktemp("server"), tiny_engine)
+    live = make_server(tmp_path_factory.mktemp("server"), tiny_engine, training=TrainingConfig(enabled=False))
     yield live
     live.stop()
 
@@ -134,6 +138,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_engine: HFEngine) -> I
 @pytest.fixture(scope="session")
 def embedded_server(tmp_path_factory: pytest.TempPathFactory, embedded: HFEngine) -> Iterator[LiveServer]:
     """A server on loopback over the real embedded model."""
-    live = make_server(tmp_path_factory.mktemp("embedded"), embedded)
+    live = make_server(tmp_path_factory.mktemp("embedded"), embedded, training=TrainingConfig(enabled=False))
     yield live
     live.stop()

@@ -61,13 +61,17 @@ def create_app(config: ServerConfig, engine: HFEngine | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = await asyncio.to_thread(SwarmRuntime, config, engine)
         app.state.runtime = runtime
-        reclaimer = asyncio.create_task(runtime.reclaim_loop())
+        tasks = [asyncio.create_task(runtime.reclaim_loop())]
+        if runtime.training is not None:
+            tasks.append(asyncio.create_task(runtime.training.run()))
         try:
             yield
         finally:
-            reclaimer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reclaimer
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             runtime.close()
 
     app = FastAPI(
@@ -83,4 +87,5 @@ def create_app(config: ServerConfig, engine: HFEngine | None = None) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(episode_routes.router)
     app.include_router(control_routes.router)
+    app.include_router(control_routes.votes_router)
     return app

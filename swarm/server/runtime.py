@@ -46,6 +46,7 @@ from swarm.protocol import (
     Usage,
 )
 from swarm.server.events import EventLog
+from swarm.server.training import TrainingLoop
 from swarm.tracking.merge import build_samples
 from swarm.tracking.records import CallRecord, FinishReason
 from swarm.tracking.render import PromptRenderer
@@ -113,6 +114,9 @@ class SwarmRuntime:
         self.state = EngineState.IDLE
         self._episodes: dict[str, OpenEpisode] = {}
         self._by_key: dict[str, str] = {}
+        self.training: TrainingLoop | None = None
+        if config.training.enabled:
+            self.training = TrainingLoop(self, config.training)
         self.events.emit("server.started", f"serving {self.model_name}", model=self.model_name)
 
     def close(self) -> None:
@@ -129,6 +133,9 @@ class SwarmRuntime:
         """
         if self.state in (EngineState.PAUSED, EngineState.DRAINING, EngineState.TRAINING):
             raise Unavailable(f"the server is {self.state.value}; no new episodes now", retry_after_s=2.0)
+        if self.training is not None:
+            self.training.admit(body.family, body.kind)
+            self.training.votes.touch(body.client_id)
         episode_id = "ep-" + uuid.uuid4().hex
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         now = time.time()
@@ -203,6 +210,8 @@ class SwarmRuntime:
             self._episodes[episode.id] = episode
             self._by_key[episode.key_digest] = episode.id
             raise
+        if self.training is not None:
+            self.training.released(req.family, req.kind, status)
         self.events.emit(
             f"episode.{status.value}",
             f"episode {episode.id} {status.value} (task {req.task_id}, {len(episode.calls)} calls)",
@@ -212,6 +221,27 @@ class SwarmRuntime:
             reward=stored.reward,
         )
         return stored
+
+    def open_count(self) -> int:
+        return len(self._episodes)
+
+    def abort_open(self, reason: str) -> list[str]:
+        """Abort every open episode as an infrastructure failure (drain timeout); returns their ids."""
+        ended = list(self._episodes.values())
+        for episode in ended:
+            self._end(episode, EpisodeStatus.INFRA_FAILURE, reason=reason)
+        return [e.id for e in ended]
+
+    def pause(self) -> None:
+        self.state = EngineState.PAUSED
+        self.events.emit("server.paused", "paused: no new episodes, no training")
+
+    def resume(self) -> None:
+        if self.state is EngineState.PAUSED:
+            self.state = EngineState.ROLLING
+            self.events.emit("server.resumed", "resumed")
+        if self.training is not None:
+            self.training.wake()
 
     def reclaim_idle(self, now: float | None = None) -> list[str]:
         """Abort, as infrastructure failures, open episodes idle longer than ``episode_timeout_s``."""
@@ -494,11 +524,11 @@ class SwarmRuntime:
             clients=dict(clients),
             uptime_s=time.time() - self.started,
             run_dir=str(self.config.run_dir),
-            training_enabled=False,
+            training_enabled=self.training is not None and self.training.config.enabled,
         )
 
-    async def reclaim_loop(self, period_s: float = 5.0) -> None:
-        """Background task: reclaim idle episodes every ``period_s`` seconds."""
+    async def reclaim_loop(self) -> None:
+        """Background task: reclaim idle episodes every ``config.reclaim_period_s`` seconds."""
         while True:
-            await asyncio.sleep(period_s)
+            await asyncio.sleep(self.config.reclaim_period_s)
             self.reclaim_idle()

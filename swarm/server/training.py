@@ -1,0 +1,445 @@
+"""The server's training loop: batch selection, drain, GRPO/PPO step, live weight update, checkpoints.
+
+State machine (DESIGN.md §2)::
+
+    idle ──begin──► rolling ──batch ready──► draining ──open episodes ended / timeout──► training
+                       ▲                                                                    │
+                       └──────────────────────── step done (new weights) ◄──────────────────┘
+    any state ──pause──► paused ──resume──► rolling
+
+What a client sees: in ``draining`` and ``training`` (and ``paused``) ``POST /api/v1/episodes`` answers
+``503`` with ``Retry-After`` (``SwarmClient`` waits and retries); completions of episodes that are still
+open while draining are served normally; at the drain timeout they are aborted as infrastructure
+failures (excluded from groups, never trained). During ``training`` the engine lock is held, so any
+completion request waits and is then sampled by the new weights.
+
+Crash safety: an episode is marked consumed (``trained_step``) only after the step's update. On restart
+the newest checkpoint is loaded and :meth:`Pool.rewind` un-marks episodes consumed by later steps
+(their update was lost with the process), so each pooled episode trains exactly once for the persisted
+policy line, and the step counter continues from the checkpoint (``checkpoint_every=1`` makes that the
+last completed step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from swarm.batch import (
+    Batch,
+    BatchConfig,
+    BatchPolicy,
+    ClientVotes,
+    EpisodeSummary,
+    FamilyQuotas,
+    admit,
+    select_batch,
+)
+from swarm.batch import EpisodeStatus as BatchStatus
+from swarm.config import TrainingConfig
+from swarm.errors import RequestError, Unavailable
+from swarm.pool import StoredEpisode
+from swarm.protocol import EngineState, EpisodeKind, EpisodeStatus
+from swarm.server.checkpoints import latest_checkpoint, load_trainer_state, load_weights, save_checkpoint
+from swarm.tracking.merge import LossWeighting, MergeStats, aggregate_stats, build_samples
+from swarm.tracking.records import Sample
+from swarm.train import (
+    LIVE_FIELDS,
+    StepMetrics,
+    TorchTrainer,
+    TrainerConfig,
+    TrainerError,
+    episode_advantages,
+)
+from swarm.train.losses import LossAggregation
+
+if TYPE_CHECKING:
+    from swarm.server.runtime import SwarmRuntime
+
+
+class ServerStepMetrics(StepMetrics):
+    """A trainer step's metrics plus what the server knows about the batch (one line of metrics.jsonl)."""
+
+    batch_policy: str = ""
+    groups: int = 0
+    """GRPO groups (tasks) in the batch."""
+    episodes_dropped: int = 0
+    """Episodes consumed without training (zero-signal groups, infra failures)."""
+    calls: int = 0
+    """Call records merged into the batch's samples."""
+    merge_ratio: float = 0.0
+    """Calls per training sample."""
+    prefix_breaks: dict[str, int] = Field(default_factory=dict)
+    splices: int = 0
+    tokens_saved: int = 0
+    """Prompt tokens not recomputed thanks to prefix merging."""
+    drain_s: float = 0.0
+    """Seconds spent draining open episodes before the step."""
+    drain_aborted: int = 0
+    """Open episodes aborted at the drain timeout."""
+    checkpoint_s: float = 0.0
+
+
+class ConfigPatch(BaseModel):
+    """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float | None = Field(default=None, ge=0.0)
+    weight_decay: float | None = Field(default=None, ge=0.0)
+    max_grad_norm: float | None = Field(default=None, gt=0.0)
+    clip_eps_low: float | None = Field(default=None, ge=0.0, lt=1.0)
+    clip_eps_high: float | None = Field(default=None, ge=0.0)
+    kl_coef: float | None = Field(default=None, ge=0.0)
+    entropy_coef: float | None = Field(default=None, ge=0.0)
+    loss_agg: LossAggregation | None = None
+    ppo_epochs: int | None = Field(default=None, ge=1)
+    minibatches: int | None = Field(default=None, ge=1)
+    batch_policy: BatchPolicy | None = None
+    batch_size: int | None = Field(default=None, ge=1)
+    group_size: int | None = Field(default=None, ge=1)
+    normalize_std: bool | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """Default sampling temperature (requests that set one keep theirs)."""
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    quotas: dict[str, float] | None = None
+    """Family shares, e.g. ``{"math": 0.4, "code": 0.6}``; ``{}`` removes quotas."""
+    training_enabled: bool | None = None
+    drain_timeout_s: float | None = Field(default=None, ge=0.0)
+    checkpoint_every: int | None = Field(default=None, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)
+
+
+class Vote(BaseModel):
+    """``POST /api/v1/clients/{client_id}/ready``: a client's readiness vote."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ready: bool = True
+
+
+TRAINER_FIELDS = frozenset(LIVE_FIELDS) & frozenset(ConfigPatch.model_fields)
+
+
+def _summary(ep: StoredEpisode) -> EpisodeSummary:
+    status = {
+        EpisodeStatus.FINISHED: BatchStatus.FINISHED,
+        EpisodeStatus.ABORTED: BatchStatus.ABORTED,
+        EpisodeStatus.INFRA_FAILURE: BatchStatus.INFRA_FAILURE,
+    }[ep.status]
+    kind: Literal["train", "eval"] = "train" if ep.kind is EpisodeKind.TRAIN else "eval"
+    return EpisodeSummary(
+        episode_id=ep.id,
+        task_id=ep.task_id,
+        client_id=ep.client_id,
+        family=ep.family,
+        kind=kind,
+        status=status,
+        reward=ep.reward,
+        finished_at=ep.finished_at,
+    )
+
+
+class TrainingLoop:
+    """Owns the trainer, votes, quotas window, metrics history and checkpoints of one server."""
+
+    def __init__(self, runtime: SwarmRuntime, config: TrainingConfig) -> None:
+        self.runtime = runtime
+        self.config = config
+        engine = runtime.engine
+        pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
+        self.trainer = TorchTrainer(engine.model, config.trainer, pad_token_id=int(pad))
+        engine.model = self.trainer.model  # with LoRA the engine now samples through the adapters
+        self.votes = ClientVotes()
+        self.window: Counter[str] = Counter()
+        """Train episodes admitted per family since the last step (for quotas)."""
+        self.metrics_path = runtime.config.run_dir / "metrics.jsonl"
+        self.history: list[ServerStepMetrics] = []
+        self._pending_trainer: dict[str, Any] = {}
+        self._wakeup: asyncio.Event | None = None
+        self._restore()
+
+    # -- restore -----------------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        latest = latest_checkpoint(self.runtime.config.run_dir)
+        step = 0
+        if latest is not None:
+            step, path = latest
+            load_weights(path, self.trainer.model)
+            self.trainer.load_state_dict(load_trainer_state(path))
+            self.runtime.events.emit("checkpoint.loaded", f"resumed from checkpoint step {step}", step=step)
+        rewound = self.runtime.pool.rewind(step)
+        if rewound:
+            self.runtime.events.emit(
+                "pool.rewound",
+                f"{rewound} episodes consumed after step {step} will be trained again (their update was lost)",
+                level="warning",
+                episodes=rewound,
+            )
+        self.runtime.step = step
+        kept = []
+        if self.metrics_path.exists():
+            for line in self.metrics_path.read_text().splitlines():
+                try:
+                    m = ServerStepMetrics.model_validate_json(line)
+                except ValueError:
+                    continue  # a torn last line from a crash
+                if m.step <= step:
+                    kept.append(m)
+            self.metrics_path.write_text("".join(m.model_dump_json() + "\n" for m in kept))
+        self.history = kept
+
+    # -- admission and votes -----------------------------------------------------------------------------
+    def admit(self, family: str | None, kind: EpisodeKind) -> None:
+        """Enforce family quotas for a new train episode (raises 429 Unavailable when over quota)."""
+        if kind is not EpisodeKind.TRAIN or self.config.quotas is None:
+            return
+        decision = admit(self.config.quotas, dict(self.window), family)
+        if not decision.allowed:
+            raise Unavailable(decision.reason, retry_after_s=decision.retry_after_s, status_code=429)
+        self.window[family or ""] += 1
+
+    def released(self, family: str | None, kind: EpisodeKind, status: EpisodeStatus) -> None:
+        """An episode ended: infra failures give their quota slot back; wake the loop."""
+        if (
+            kind is EpisodeKind.TRAIN
+            and status is EpisodeStatus.INFRA_FAILURE
+            and self.window[family or ""] > 0
+        ):
+            self.window[family or ""] -= 1
+        self.wake()
+
+    def vote(self, client_id: str, ready: bool) -> None:
+        self.votes.vote(client_id, ready)
+        self.wake()
+
+    def wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    # -- live config -------------------------------------------------------------------------------------
+    def apply(self, patch: ConfigPatch) -> dict[str, Any]:
+        """Validate and stage a live config change; returns the fields changed.
+
+        Raises:
+            RequestError: the combined configuration is invalid (422).
+        """
+        changes = patch.model_dump(exclude_none=True)
+        trainer_changes = {k: v for k, v in changes.items() if k in TRAINER_FIELDS}
+        try:
+            if trainer_changes:
+                merged = {**self.trainer.config.model_dump(), **self._pending_trainer, **trainer_changes}
+                new = TrainerConfig.model_validate(merged)
+                if new.kl_coef > 0 and new.lora is None and self.config.trainer.kl_coef == 0:
+                    raise ValueError(
+                        "kl_coef > 0 with full fine-tuning needs the server started with kl_coef > 0"
+                    )
+            batch_fields = {"batch_policy": "policy", "batch_size": "batch_size", "group_size": "group_size"}
+            batch_changes = {batch_fields[k]: v for k, v in changes.items() if k in batch_fields}
+            new_batch = (
+                BatchConfig.model_validate({**self.config.batch.model_dump(), **batch_changes})
+                if batch_changes
+                else None
+            )
+            quotas: FamilyQuotas | Literal[False] | None = False
+            if "quotas" in changes:
+                shares = changes["quotas"]
+                group = new_batch.group_size if new_batch else self.config.batch.group_size
+                quotas = FamilyQuotas(shares=shares, slack=group) if shares else None
+        except ValueError as exc:
+            raise RequestError(f"invalid config change: {exc}", status_code=422) from exc
+        self._pending_trainer.update(trainer_changes)
+        if new_batch is not None:
+            self.config.batch = new_batch
+        if quotas is not False:
+            self.config.quotas = quotas
+            self.window.clear()
+        sampling = self.runtime.config.sampling
+        for name in ("temperature", "top_p", "max_tokens"):
+            if name in changes:
+                setattr(sampling, name, changes[name])
+        for name, attr in (
+            ("normalize_std", "normalize_std"),
+            ("training_enabled", "enabled"),
+            ("drain_timeout_s", "drain_timeout_s"),
+            ("checkpoint_every", "checkpoint_every"),
+            ("max_steps", "max_steps"),
+        ):
+            if name in changes:
+                setattr(self.config, attr, changes[name])
+        self.runtime.events.emit("config.changed", f"config changed: {sorted(changes)}", changes=changes)
+        self.wake()
+        return changes
+
+    def effective_config(self) -> dict[str, Any]:
+        """The configuration the next step will use (staged changes included)."""
+        trainer = {**self.trainer.config.model_dump(mode="json"), **self._pending_trainer}
+        return {
+            "training": {**self.config.model_dump(mode="json", exclude={"trainer"}), "trainer": trainer},
+            "sampling": self.runtime.config.sampling.model_dump(),
+        }
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def _can_train(self) -> bool:
+        if not self.config.enabled or self.runtime.state is EngineState.PAUSED:
+            return False
+        return self.config.max_steps is None or self.runtime.step < self.config.max_steps
+
+    def _select(self) -> Batch | None:
+        pending = [_summary(e) for e in self.runtime.pool.pending(EpisodeKind.TRAIN)]
+        if not pending:
+            return None
+        return select_batch(self.config.batch, pending, self.votes)
+
+    async def run(self) -> None:
+        """Background task: wait for wake-ups, train whenever the batch policy is satisfied."""
+        self._wakeup = asyncio.Event()
+        self._wakeup.set()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            try:
+                await self._maybe_step()
+            except Exception as exc:  # a failed step must not kill the server: report it and keep serving
+                self.runtime.state = EngineState.ROLLING
+                self.runtime.events.emit(
+                    "train.failed", f"training step failed: {type(exc).__name__}: {exc}", level="error"
+                )
+                await asyncio.sleep(1.0)
+
+    async def _maybe_step(self) -> None:
+        if not self._can_train() or self._select() is None:
+            return
+        runtime = self.runtime
+        runtime.state = EngineState.DRAINING
+        drain_started = time.monotonic()
+        deadline = drain_started + self.config.drain_timeout_s
+        while runtime.open_count() and time.monotonic() < deadline and runtime.state is EngineState.DRAINING:
+            await asyncio.sleep(0.05)
+        if runtime.state is not EngineState.DRAINING:  # paused while draining
+            return
+        aborted = runtime.abort_open("aborted at the drain timeout before a training step")
+        drain_s = time.monotonic() - drain_started
+        batch = self._select()
+        if batch is None:
+            runtime.state = EngineState.ROLLING
+            return
+        runtime.state = EngineState.TRAINING
+        runtime.events.emit(
+            "train.started",
+            f"training step {runtime.step + 1}: {batch.reason}",
+            episodes=len(batch.episode_ids),
+        )
+        try:
+            metrics = await asyncio.to_thread(self._step_blocking, batch, drain_s, len(aborted))
+        finally:
+            runtime.state = EngineState.ROLLING
+        if metrics is not None:
+            runtime.events.emit(
+                "train.step",
+                f"step {metrics.step}: reward {metrics.reward_mean}, loss {metrics.loss:.4f}, {metrics.tokens} tokens",
+                **json.loads(
+                    metrics.model_dump_json(
+                        include={"step", "reward_mean", "loss", "kl", "tokens", "grad_norm"}
+                    )
+                ),
+            )
+        self.wake()  # another batch may already be waiting
+
+    def _samples(self, batch: Batch) -> tuple[list[Sample], list[float], MergeStats]:
+        calls = self.runtime.pool.calls(batch.episode_ids)
+        advantages = episode_advantages(batch.groups, batch.rewards, normalize_std=self.config.normalize_std)
+        weighting = LossWeighting(self.config.loss_weighting)
+        samples: list[Sample] = []
+        advs: list[float] = []
+        stats = []
+        for eid in batch.episode_ids:
+            built, st = build_samples(eid, calls[eid], weighting)
+            stats.append(st)
+            for s in built:
+                if any(s.loss_mask):
+                    samples.append(s)
+                    advs.append(advantages.get(eid, 0.0))
+        return samples, advs, aggregate_stats(stats)
+
+    def _step_blocking(self, batch: Batch, drain_s: float, drain_aborted: int) -> ServerStepMetrics | None:
+        runtime = self.runtime
+        samples, advs, merge = self._samples(batch)
+        consumed = list(batch.episode_ids) + list(batch.dropped)
+        if not samples:
+            runtime.pool.mark_trained(consumed, runtime.step + 1)
+            runtime.events.emit(
+                "train.skipped", "batch has no trainable tokens; consumed without an update", level="warning"
+            )
+            return None
+        with runtime.engine.lock:  # generation pauses; afterwards it samples the new weights
+            if self._pending_trainer:
+                self.trainer.update_config(**self._pending_trainer)
+                self._pending_trainer.clear()
+            try:
+                base = self.trainer.step(samples, advs, rewards=list(batch.rewards.values()))
+            except TrainerError as exc:
+                runtime.pool.mark_trained(consumed, runtime.step + 1)
+                runtime.events.emit("train.skipped", f"batch rejected by the trainer: {exc}", level="error")
+                return None
+            step = self.trainer.step_count
+            runtime.pool.mark_trained(consumed, step)
+            runtime.step = step
+            self.window.clear()
+            self.votes.reset()
+            checkpoint_s = 0.0
+            if step % self.config.checkpoint_every == 0 or (
+                self.config.max_steps is not None and step >= self.config.max_steps
+            ):
+                checkpoint_s = self._checkpoint_locked()
+        metrics = ServerStepMetrics(
+            **base.model_dump(),
+            batch_policy=self.config.batch.policy.value,
+            groups=len(batch.groups),
+            episodes_dropped=len(batch.dropped),
+            calls=merge.calls,
+            merge_ratio=merge.merge_ratio,
+            prefix_breaks=dict(merge.prefix_breaks),
+            splices=merge.splices,
+            tokens_saved=merge.tokens_saved,
+            drain_s=drain_s,
+            drain_aborted=drain_aborted,
+            checkpoint_s=checkpoint_s,
+        )
+        self.history.append(metrics)
+        with self.metrics_path.open("a", encoding="utf-8") as fh:
+            fh.write(metrics.model_dump_json() + "\n")
+        return metrics
+
+    def _checkpoint_locked(self) -> float:
+        started = time.perf_counter()
+        save_checkpoint(
+            self.runtime.config.run_dir,
+            self.trainer.step_count,
+            self.trainer.model,
+            self.runtime.tokenizer,
+            self.trainer.state_dict(),
+            keep=self.config.keep_checkpoints,
+        )
+        elapsed = time.perf_counter() - started
+        self.runtime.events.emit(
+            "checkpoint.saved",
+            f"checkpoint step {self.trainer.step_count} ({elapsed:.1f} s)",
+            step=self.trainer.step_count,
+        )
+        return elapsed
+
+    def checkpoint(self) -> int:
+        """Save a checkpoint now (blocking; generation pauses meanwhile); returns the step saved."""
+        with self.runtime.engine.lock:
+            self._checkpoint_locked()
+            return self.trainer.step_count
+
+
+__all__ = ["ConfigPatch", "ServerStepMetrics", "TrainingLoop", "Vote"]
