@@ -106,6 +106,15 @@ def render(url: str, snap: Snapshot) -> RenderableType:
     else:
         curve = Text(snap.metrics_note or "no training step yet", style="dim")
     return Panel(
-        Group(head, Text(""), pool, Text(""), clients, Text(""), Text("reward mean per step", style="bold"), curve),
+        Group(
+            head,
+            Text(""),
+            pool,
+            Text(""),
+            clients,
+            Text(""),
+            Text("reward mean per step", style="bold"),
+            curve,
+        ),
         title=f"swarm top {url}",
     )

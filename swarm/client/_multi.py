@@ -121,6 +121,7 @@ class MultiEpisode:
             return ep
 
         results = await asyncio.gather(*(one(n) for n in self._clients), return_exceptions=True)
+        self.episodes = {n: self.episodes[n] for n in self._clients if n in self.episodes}
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await self._abort_open("another member of this multi-model episode failed to begin", True)
@@ -181,7 +182,7 @@ class MultiEpisode:
             self.ended = True
             raise MultiEpisodeError(str(exc), aborted=aborted, failed={"heartbeat": exc}) from exc
         finished: list[str] = []
-        for name in self.episodes:
+        for name in self.names:  # the mapping's order, not the order the begins answered in
             try:
                 await self._finish_one(name, per_member[name])
             except (ClientError, httpx.TransportError) as exc:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.traceback import Traceback
@@ -324,6 +324,10 @@ class Runner:
             return self._count_infra(slot, exc), None, None
         except httpx.TransportError as exc:
             return self._count_infra(slot, exc), None, None
+        except ValidationError as exc:  # checked here before sending: a bad task id or family
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise RunnerError(f"task {slot.task.task_id[:60]!r}: {where}: {err['msg']}") from None
         first_id = episode[names[0]].id
         llm: Any = episode[names[0]].llm if len(names) == 1 else episode.llms
         try:
