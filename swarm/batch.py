@@ -19,7 +19,8 @@ Policies (``B`` = ``batch_size``, ``G`` = ``group_size``; a *group* is the episo
 
 Eligibility: only ``kind == "train"`` episodes count. ``INFRA_FAILURE`` episodes (the server or the client's
 infrastructure failed, not the policy) never enter a group and never count towards ``G``; they are listed in
-``dropped`` of the next batch so the pool can retire them. ``ABORTED`` episodes (the workflow gave up, e.g. the
+``dropped`` of the next batch so the pool can retire them (a client that wants its group complete re-runs
+the failed episode). ``ABORTED`` episodes (the workflow gave up, e.g. the
 agent broke its tool protocol) are policy failures: by default they count with reward
 ``BatchConfig.aborted_reward`` (0.0); set it to ``None`` to treat them like infrastructure failures.
 

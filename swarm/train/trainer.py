@@ -99,6 +99,11 @@ def _validate_sample(i: int, s: Sample) -> None:
 class TorchTrainer:
     """GRPO/PPO trainer over a Hugging Face causal LM, with LoRA (peft) or full fine-tuning and AdamW.
 
+    The objective is GRPO's (Shao et al. 2024, arXiv:2402.03300, eq. 3): PPO-clip (Schulman et al. 2017,
+    eq. 7) with group-relative advantages, optional DAPO clip-higher and token-level aggregation (Yu et al.
+    2025), optional Dr. GRPO aggregation (Liu et al. 2025), optional k3 KL to a reference; AdamW is
+    Loshchilov & Hutter 2019 (decoupled weight decay). The formulas live in :mod:`swarm.train.losses`.
+
     The trainer owns the optimizer and, with LoRA, wraps the model with adapters: generation must use
     :attr:`model`. A step leaves the model in eval mode.
 

@@ -1,0 +1,32 @@
+"""The public fronts of swarm.train and swarm.batch (changing them is an interface change)."""
+
+import swarm.batch
+import swarm.train
+
+
+def test_train_exports() -> None:
+    assert sorted(swarm.train.__all__) == [
+        "LIVE_FIELDS",
+        "LoraSettings",
+        "LossAggregation",
+        "MetricsLog",
+        "StepMetrics",
+        "StepTimings",
+        "TorchTrainer",
+        "TrainerConfig",
+        "TrainerError",
+        "aggregate_loss",
+        "entropy_from_logits",
+        "episode_advantages",
+        "grpo_advantages",
+        "kl_k3",
+        "loss_normalizer",
+        "ppo_clip_loss",
+        "selective_log_softmax",
+    ]
+    assert all(hasattr(swarm.train, name) for name in swarm.train.__all__)
+
+
+def test_batch_exports() -> None:
+    assert all(hasattr(swarm.batch, name) for name in swarm.batch.__all__)
+    assert {"select_batch", "admit", "BatchPolicy", "ClientVotes", "FamilyQuotas"} <= set(swarm.batch.__all__)
