@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Sim, TemplateSetup
+from tracking_sim import Sim, TemplateSetup
 
 from swarm.tracking.errors import MergeError
 from swarm.tracking.merge import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from conftest import Sim, TemplateSetup
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tracking_sim import Sim, TemplateSetup
 
 from swarm.tracking.merge import LossWeighting, build_samples, call_sequences
 from swarm.tracking.records import CallRecord, FinishReason

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from chat_templates_for_tests import GEMMA_STYLE
-from conftest import Sim, TemplateSetup
+from tracking_sim import Sim, TemplateSetup
 
 from swarm.tracking.chat_templates import CHATML_TOOLS_TEMPLATE, resolve_chat_template
 from swarm.tracking.errors import PromptError
