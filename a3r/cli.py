@@ -163,6 +163,11 @@ def export(
     typer.echo(f"wrote {out}", err=True)
 
 
+from a3r.commands import register as _register_research_commands  # noqa: E402
+
+_register_research_commands(app)  # vibe, research, resume
+
+
 def main() -> None:
     """Entry point of the ``a3r`` console script."""
     app()

@@ -1,0 +1,508 @@
+"""Executing one run: a swarm server (started or attached), ``swarm run`` clients and held-out
+evaluations as subprocesses, monitored only through the swarm HTTP API and the clients' files.
+
+The monitor polls ``GET /api/v1/status`` (policy step, episode counts), ``GET /api/v1/metrics``
+(per-step trainer metrics, recorded as `memory` metric points), ``GET /api/v1/events`` (warnings and
+errors, recorded as store events) and the client's ``progress.jsonl``. It enforces the step target and
+the wall-time budget and tells a *hung* run (no step, no episode, no event, no client record for
+``hang_after_s``) from a *slow* one (episodes flow but no trainer step for a while: noted, not stopped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from a3r.analysis import (
+    Diagnosis,
+    EpisodeRecord,
+    RewardSummary,
+    detect_all,
+    detect_crash,
+    detect_stall,
+    detect_zero_signal,
+    groups_of,
+    metric_series,
+    read_progress,
+    summarise_rewards,
+    REWARD_KEYS,
+)
+from a3r.errors import SwarmProcessError
+from a3r.graph.context import RunContext
+from a3r.graph.state import RunOutcome, RunSpec
+from a3r.processes import ManagedProcess, ServerHandle, ServerOptions, launch, start_server, swarm_command
+
+__all__ = ["Workspace", "execute_run"]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Files of a study's workspace (written by the coder).
+
+    Attributes:
+        root: The workspace folder.
+    """
+
+    root: Path
+
+    @property
+    def workflow(self) -> Path:
+        return self.root / "workflow.py"
+
+    @property
+    def tasks(self) -> Path:
+        return self.root / "tasks.jsonl"
+
+    @property
+    def heldout(self) -> Path:
+        return self.root / "heldout.jsonl"
+
+    @property
+    def evaluator(self) -> Path:
+        """Frozen copy of the workflow and reward used for held-out evaluation (never patched)."""
+        return self.root / "evaluator" / "workflow.py"
+
+    def run_dir(self, key: str) -> Path:
+        return self.root / "runs" / key
+
+    def server_dir(self, server_key: str) -> Path:
+        return self.root / "servers" / server_key
+
+    def task_count(self) -> int:
+        with self.tasks.open(encoding="utf-8") as f:
+            return sum(1 for line in f if line.strip())
+
+
+@dataclass
+class _Api:
+    """Thin reader of a server's control routes (admin token in a header, never logged)."""
+
+    handle: ServerHandle
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10.0))
+    event_seq: int = 0
+
+    def status(self) -> dict[str, Any] | None:
+        try:
+            response = self.http.get(f"{self.handle.url}/api/v1/status", headers=self.handle.headers())
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    def metrics(self) -> list[dict[str, Any]]:
+        try:
+            response = self.http.get(f"{self.handle.url}/api/v1/metrics", headers=self.handle.headers())
+        except httpx.HTTPError:
+            return []
+        if response.status_code != 200:
+            return []
+        body = response.json()
+        if isinstance(body, dict):
+            body = body.get("steps", body.get("metrics", []))
+        return [row for row in body if isinstance(row, dict)] if isinstance(body, list) else []
+
+    def events(self) -> list[dict[str, Any]]:
+        """Events after the last one seen (``follow=false``: the buffered ones, then the stream ends)."""
+        try:
+            response = self.http.get(
+                f"{self.handle.url}/api/v1/events",
+                params={"since": self.event_seq, "follow": "false"},
+                headers=self.handle.headers(),
+            )
+        except httpx.HTTPError:
+            return []
+        if response.status_code != 200:
+            return []
+        found: list[dict[str, Any]] = []
+        for line in response.text.splitlines():
+            if line.startswith("data:"):
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line[5:].strip())
+                    if isinstance(event, dict):
+                        found.append(event)
+                        self.event_seq = max(self.event_seq, int(event.get("seq", 0)))
+        return found
+
+    def patch_config(self, changes: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            response = self.http.patch(
+                f"{self.handle.url}/api/v1/config", json=changes, headers=self.handle.headers()
+            )
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _numeric(row: dict[str, Any]) -> dict[str, float]:
+    values = {
+        k: float(v)
+        for k, v in row.items()
+        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+    if values.get("samples"):
+        values["completion_tokens_mean"] = values.get("tokens", 0.0) / values["samples"]
+    return values
+
+
+def _server_options(spec: RunSpec, ctx: RunContext) -> ServerOptions:
+    s = spec.settings
+    options = ServerOptions(ctx.server_options)
+    if spec.purpose == "preflight":
+        options["train"] = False
+    else:
+        options.update(
+            {
+                "train": True,
+                "batch-policy": "tasks",
+                "batch-size": s.batch_size,
+                "group-size": s.group_size,
+                "lr": s.lr,
+                "max-steps": s.steps if spec.purpose in ("train", "sweep") else None,
+            }
+        )
+    return options
+
+
+class _Recorder:
+    """Writes metric points and notable server events of one run into the store, once each."""
+
+    def __init__(self, ctx: RunContext, run_id: int) -> None:
+        self.ctx = ctx
+        self.run_id = run_id
+        history = ctx.store.metric_history(run_id)
+        self.last_step = max((p.step for p in history), default=-1)
+
+    def metrics(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            step = int(row.get("step", 0))
+            if step > self.last_step:
+                values = _numeric(row)
+                if values:
+                    self.ctx.store.log_metrics(self.run_id, step, values)
+                self.last_step = step
+
+    def events(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            level = str(event.get("level", "info"))
+            kind = str(event.get("kind", ""))
+            if level in ("warning", "error") or kind.startswith(("train.failed", "checkpoint.loaded")):
+                self.ctx.store.log_event(
+                    f"server {kind}: {event.get('message', '')}"[:2000],
+                    run_id=self.run_id,
+                    level=level if level in ("debug", "info", "warning", "error") else "info",
+                )
+
+    def note(self, message: str, level: str = "info") -> None:
+        self.ctx.store.log_event(message, run_id=self.run_id, level=level)
+        self.ctx.say(message)
+
+
+def _client(spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: int) -> ManagedProcess:
+    s = spec.settings
+    purpose_tasks = s.smoke_tasks if spec.purpose == "smoke" else (s.steps - start_step + 1) * s.batch_size
+    tasks_needed = max(1, purpose_tasks)
+    available = max(1, ws.task_count())
+    epochs = max(1, math.ceil(tasks_needed / available))
+    argv = [
+        *swarm_command(),
+        "run",
+        str(ws.workflow),
+        "--server",
+        url,
+        "--dataset",
+        str(ws.tasks),
+        "--group-size",
+        str(s.group_size),
+        "--concurrency",
+        str(s.concurrency),
+        "--epochs",
+        str(epochs),
+        "--max-tasks",
+        str(min(tasks_needed, available)),
+        "--state-dir",
+        str(run_dir / "client"),
+        "--client-id",
+        f"a3r-{spec.key}"[:200],
+        "--heartbeat",
+        "10",
+        "--no-progress",
+    ]
+    return launch("client", argv, log_path=run_dir / "client.log", cwd=ws.root)
+
+
+def _evaluate(
+    ctx: RunContext, ws: Workspace, url: str, run_dir: Path, timeout_s: float
+) -> tuple[RewardSummary | None, str, float]:
+    """Held-out evaluation with the frozen evaluator; returns (summary, error text, seconds)."""
+    out = run_dir / "eval.jsonl"
+    out.unlink(missing_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "a3r.evaluate",
+        str(ws.evaluator),
+        "--server",
+        url,
+        "--dataset",
+        str(ws.heldout),
+        "--out",
+        str(out),
+        "--samples",
+        str(ctx.eval_samples),
+        "--max-tasks",
+        str(ctx.eval_tasks),
+        "--episode-timeout",
+        str(ctx.episode_timeout_s),
+    ]
+    started = time.monotonic()
+    process = launch("eval", argv, log_path=run_dir / "eval.log", cwd=ws.root)
+    code = process.wait(timeout_s)
+    if code is None:
+        process.stop()
+        return None, f"held-out evaluation exceeded {timeout_s:.0f} s", time.monotonic() - started
+    elapsed = time.monotonic() - started
+    records = read_progress(out)
+    groups = groups_of(records, kind="eval")
+    if code != 0 or not groups:
+        return None, f"evaluation exited with code {code}: {process.log_text(1500).strip()[-600:]}", elapsed
+    return summarise_rewards(groups), "", elapsed
+
+
+def _server_for(spec: RunSpec, ctx: RunContext, ws: Workspace, rec: _Recorder) -> ServerHandle:
+    if ctx.server_url is not None and spec.purpose in ("smoke", "train"):
+        return ServerHandle(url=ctx.server_url.rstrip("/"), admin_token=ctx.admin_token)
+    key = spec.server_key or spec.key
+    handle = ctx.servers.get(key)
+    if handle is not None and handle.process is not None and handle.process.poll() is None:
+        return handle
+    handle = start_server(ws.server_dir(key), model=ctx.model, options=_server_options(spec, ctx))
+    ctx.servers[key] = handle
+    rec.note(f"run {spec.key}: swarm serve started at {handle.url} (run dir {ws.server_dir(key)})")
+    return handle
+
+
+def _ident(spec: RunSpec) -> dict[str, Any]:
+    return {"key": spec.key, "purpose": spec.purpose, "seed": spec.seed, "stage": spec.stage, "value": spec.value}
+
+
+def _release(spec: RunSpec, ctx: RunContext, outcome: RunOutcome | None) -> None:
+    """Stop the run's server unless a later run continues on it (kept, or stopped for a patch)."""
+    if spec.keep_server or (outcome is not None and outcome.status == "needs_attention"):
+        return
+    handle = ctx.servers.pop(spec.server_key or spec.key, None)
+    if handle is not None:
+        handle.stop()
+
+
+def execute_run(spec: RunSpec, *, ctx: RunContext, ws: Workspace, run_id: int, budget_s: float) -> RunOutcome:
+    """Run ``spec`` to its end and record it (metric points, events) under store run ``run_id``.
+
+    Args:
+        spec: What to run.
+        ctx: Run context (store, servers, limits).
+        ws: The study workspace.
+        run_id: Store run (status ``running``); finished by the caller.
+        budget_s: Wall seconds this run may take at most.
+
+    Returns:
+        The outcome; failures to start come back as ``failed_to_start`` outcomes, not exceptions.
+    """
+    run_dir = ws.run_dir(spec.key)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rec = _Recorder(ctx, run_id)
+    started = time.monotonic()
+    try:
+        handle = _server_for(spec, ctx, ws, rec)
+    except SwarmProcessError as exc:
+        rec.note(f"run {spec.key}: {exc}", "error")
+        return RunOutcome(**_ident(spec), run_id=run_id, status="failed_to_start", reason=str(exc), run_dir=str(run_dir))
+    api = _Api(handle)
+    outcome: RunOutcome | None = None
+    try:
+        if ctx.server_url is not None and handle.process is None and spec.purpose == "train":
+            s = spec.settings
+            applied = api.patch_config({"batch_size": s.batch_size, "group_size": s.group_size, "lr": s.lr})
+            rec.note(
+                f"run {spec.key}: attached to {handle.url}; "
+                + ("live config applied" if applied is not None else "server kept its own training config")
+            )
+        if spec.purpose == "preflight":
+            summary, error, elapsed = _evaluate(ctx, ws, handle.url, run_dir, budget_s)
+            rec.events(api.events())
+            episodes = summary.episodes if summary else 0
+            outcome = RunOutcome(
+                **_ident(spec),
+                run_id=run_id,
+                status="finished" if summary else "crashed",
+                reason=f"baseline held-out mean reward {summary.mean_reward:.3f}" if summary else error,
+                episodes=episodes,
+                wall_s=time.monotonic() - started,
+                eval=summary,
+                run_dir=str(run_dir),
+                seconds_per_episode=elapsed / episodes if episodes else math.nan,
+                diagnoses=[] if summary else detect_crash(error, exit_code=1),
+            )
+        else:
+            outcome = _monitor(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s)
+        return outcome
+    finally:
+        api.close()
+        _release(spec, ctx, outcome)
+
+
+def _monitor(
+    spec: RunSpec,
+    ctx: RunContext,
+    ws: Workspace,
+    handle: ServerHandle,
+    api: _Api,
+    rec: _Recorder,
+    run_dir: Path,
+    run_id: int,
+    started: float,
+    budget_s: float,
+) -> RunOutcome:
+    status = api.status() or {}
+    start_step = int(status.get("step", 0))
+    training = bool(status.get("training_enabled", False))
+    target = spec.settings.steps if spec.purpose in ("train", "sweep") and training else None
+    client = _client(spec, ws, handle.url, run_dir, start_step)
+    progress_path = run_dir / "client" / "progress.jsonl"
+    rec.note(
+        f"run {spec.key}: client started (G={spec.settings.group_size}, B={spec.settings.batch_size}, "
+        f"step {start_step}" + (f" → {target})" if target else ")")
+    )
+    last_signature: tuple[Any, ...] | None = None
+    last_change = time.monotonic()
+    last_step_change = time.monotonic()
+    last_step = start_step
+    slow_noted = False
+    samples: list[tuple[float, int, int]] = []
+    rows: list[dict[str, Any]] = []
+    episodes: list[EpisodeRecord] = []
+    outcome_status = "finished"
+    reason = ""
+    client_done_at: float | None = None
+    diagnoses: list[Diagnosis] = []
+    while True:
+        code = client.poll()
+        now = time.monotonic()
+        status = api.status()
+        if status is None and handle.process is not None and handle.process.poll() is not None:
+            outcome_status, reason = "crashed", f"swarm server exited with code {handle.process.poll()}"
+            diagnoses += detect_crash(handle.process.log_text(), exit_code=handle.process.poll())
+            break
+        step = int((status or {}).get("step", last_step))
+        counts = (status or {}).get("episodes", {})
+        new_rows = api.metrics()
+        if new_rows:
+            rows = new_rows
+            rec.metrics(rows)
+        events = api.events()
+        rec.events(events)
+        episodes = read_progress(progress_path)
+        finished = int(counts.get("finished", 0))
+        samples.append((now, step, finished))
+        signature = (step, finished, counts.get("aborted"), counts.get("open"), len(episodes), api.event_seq)
+        if signature != last_signature:
+            last_signature, last_change = signature, now
+        if step != last_step:
+            last_step, last_step_change, slow_noted = step, now, False
+        if target is not None and step >= target:
+            reason = f"reached step {step}"
+            break
+        if code is not None:
+            if code != 0:
+                outcome_status, reason = "crashed", f"swarm run exited with code {code}"
+                break
+            if target is None:
+                reason = "client finished its tasks"
+                break
+            client_done_at = client_done_at or now
+            if now - last_change > min(ctx.hang_after_s, 60.0):
+                reason = f"tasks exhausted at step {step} (target {target})"
+                break
+        if spec.early_stop and code is None:
+            live = detect_zero_signal(groups_of(episodes), group_size=spec.settings.group_size, min_groups=2)
+            if live:
+                outcome_status, reason = "needs_attention", live[0].summary
+                break
+        if now - last_change > ctx.hang_after_s:
+            outcome_status = "hung"
+            reason = f"no progress (step {step}, {finished} episodes, no event) for {now - last_change:.0f} s"
+            break
+        if target is not None and not slow_noted and now - last_step_change > ctx.hang_after_s / 2:
+            rec.note(
+                f"run {spec.key}: slow, not hung: no trainer step for {now - last_step_change:.0f} s while "
+                f"episodes keep coming ({finished} finished)",
+                "warning",
+            )
+            slow_noted = True
+        if now - started > budget_s:
+            outcome_status, reason = "budget", f"wall-time budget of {budget_s:.0f} s spent at step {step}"
+            break
+        time.sleep(ctx.poll_s)
+    exit_code = client.poll()
+    if exit_code is None:
+        exit_code = client.stop()
+        exit_code = None if outcome_status != "crashed" else exit_code
+    log_text = client.log_text()
+    episodes = read_progress(progress_path)
+    rows = api.metrics() or rows
+    rec.metrics(rows)
+    rec.events(api.events())
+    stopped_by_us = outcome_status in ("needs_attention", "hung", "budget") or reason.startswith("reached step")
+    diagnoses += detect_all(
+        rows=rows,
+        episodes=episodes,
+        group_size=spec.settings.group_size,
+        log_text=log_text,
+        exit_code=None if stopped_by_us else exit_code,
+        drop_max=spec.stability.drop_max,
+        entropy_min=spec.stability.entropy_min,
+        kl_max=spec.stability.kl_max,
+    )
+    diagnoses += detect_stall(samples, window_s=max(ctx.hang_after_s, 30.0)) if target is not None else []
+    eval_summary: RewardSummary | None = None
+    if spec.purpose == "sweep" and outcome_status == "finished":
+        remaining = max(30.0, budget_s - (time.monotonic() - started))
+        eval_summary, error, _ = _evaluate(ctx, ws, handle.url, run_dir, remaining)
+        if error:
+            rec.note(f"run {spec.key}: {error}", "warning")
+    train_groups = groups_of(episodes)
+    curve = [(s, v) for s, v in metric_series(rows, *REWARD_KEYS) if s > start_step or spec.start_step == 0]
+    wall = time.monotonic() - started
+    finished_eps = sum(len(v) for v in train_groups.values())
+    step_times = [t for t, s, _ in samples]
+    final = _numeric(rows[-1]) if rows else {}
+    return RunOutcome(
+        **_ident(spec),
+        run_id=run_id,
+        status=outcome_status,  # type: ignore[arg-type]
+        reason=reason,
+        steps=last_step,
+        episodes=finished_eps,
+        wall_s=wall,
+        curve=curve,
+        episode_curve=[statistics.fmean(v) for v in train_groups.values() if v],
+        eval=eval_summary,
+        train=summarise_rewards(train_groups) if train_groups else None,
+        diagnoses=diagnoses,
+        final_metrics=final,
+        run_dir=str(run_dir),
+        seconds_per_episode=wall / finished_eps if finished_eps else math.nan,
+        seconds_per_step=(
+            (step_times[-1] - step_times[0]) / (last_step - start_step) if last_step > start_step else math.nan
+        ),
+    )

@@ -1,0 +1,147 @@
+"""The analyst: turns a run's diagnoses into findings with evidence and, for a patchable problem,
+proposes a patch (a unified diff of one allow-listed workspace file, with a rationale) for approval.
+
+A run the runner stopped early (``needs_attention``) for which no patch is proposed is continued
+without early stopping, so a thread never loops on the same problem.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+
+from a3r.errors import PatchNotAllowed
+from a3r.graph.context import RunContext
+from a3r.graph.records import ensure_finding
+from a3r.graph.state import PatchReview, ResearchState, RunOutcome, RunSpec
+from a3r.patches import PATCHABLE, check_allowed, unified_diff
+from a3r.plans import PatchDraft
+
+__all__ = ["analyst", "continuation", "pending_patch_file"]
+
+_CONFIDENCE = {"crash": 0.95, "hang": 0.9, "zero_signal": 0.9, "collapse": 0.8, "stall": 0.8}
+
+
+def pending_patch_file(workspace: Path, patch_id: int) -> Path:
+    """Where a proposed patch's base and new content wait for the decision."""
+    return workspace / ".a3r-patches" / f"{patch_id}.json"
+
+
+def continuation(outcome: RunOutcome, spec_settings: RunSpec, *, suffix: str, early_stop: bool) -> RunSpec:
+    """A run that continues training on the same server after ``outcome`` (hot-swapped client)."""
+    return spec_settings.model_copy(
+        update={"key": f"{outcome.key}-{suffix}", "start_step": outcome.steps, "early_stop": early_stop}
+    )
+
+
+def _spec_of(state: ResearchState, outcome: RunOutcome) -> RunSpec:
+    plan = state["plan"]
+    return RunSpec(
+        key=outcome.key,
+        purpose=outcome.purpose,
+        seed=outcome.seed,
+        settings=plan.training,
+        stage=outcome.stage,
+        value=outcome.value,
+        server_key=f"main-s{outcome.seed}",
+        keep_server=outcome.purpose == "smoke",
+        stability=plan.stability or RunSpec.model_fields["stability"].get_default(call_default_factory=True),
+    )
+
+
+def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal["approve", "planner"]]:
+    """Record findings of the last run; propose a patch when one is warranted."""
+    ctx = runtime.context
+    outcome = state["outcomes"][-1]
+    study_id = state["study_id"]
+    hypothesis = (state.get("hypothesis_ids") or [None])[0]
+    for diagnosis in outcome.diagnoses:
+        ensure_finding(
+            ctx,
+            study_id,
+            statement=f"{outcome.key}: {diagnosis.kind.value}: {diagnosis.summary}",
+            evidence={"run": outcome.key, **diagnosis.evidence},
+            confidence=_CONFIDENCE.get(diagnosis.kind.value, 0.7),
+            seeds=[outcome.seed],
+            run_ids=[outcome.run_id],
+            hypothesis_id=hypothesis if outcome.purpose == "train" else None,
+        )
+    queue = list(state.get("queue") or [])
+    patches_done = len(state.get("decisions", []))
+    patchable = [d for d in outcome.diagnoses if d.patchable]
+    worth_patching = outcome.status != "finished" or outcome.purpose == "smoke"
+    if (
+        state["mode"] == "vibe"
+        and outcome.purpose in ("smoke", "train")
+        and worth_patching
+        and patchable
+        and patches_done < ctx.max_patches
+    ):
+        review = _propose(state, ctx, outcome, patchable[0])
+        if review is not None:
+            return Command(goto="approve", update={"pending_patch": review})
+    if outcome.status == "needs_attention":
+        follow = continuation(outcome, _spec_of(state, outcome), suffix="c", early_stop=False)
+        line = f"analyst: no patch for {outcome.key}; training continues unchanged ({follow.key})"
+        ctx.say(line)
+        return Command(goto="planner", update={"queue": [follow, *queue], "log": [line]})
+    return Command(goto="planner")
+
+
+def _propose(state: ResearchState, ctx: RunContext, outcome: RunOutcome, diagnosis: object) -> PatchReview | None:
+    from a3r.analysis import Diagnosis
+
+    assert isinstance(diagnosis, Diagnosis)
+    ws = Path(state["workspace"])
+    files = {name: (ws / name).read_text(encoding="utf-8") for name in sorted(PATCHABLE) if (ws / name).exists()}
+    key = ctx.key("analyst", f"patch:{outcome.key}")
+    recorded = ctx.ledger.get(key)
+    if recorded is None:
+        draft = ctx.provider.propose_patch(diagnosis, files, template=state["plan"].template)
+        if draft is None:
+            ctx.say(f"analyst: {diagnosis.kind.value} in {outcome.key}; {ctx.provider.name} has no patch for it")
+            return None
+        try:
+            check_allowed(ws, draft.file)
+        except PatchNotAllowed as exc:
+            ctx.store.log_event(f"analyst: patch refused: {exc}", study_id=state["study_id"], level="warning")
+            ctx.say(f"analyst: patch refused: {exc}")
+            return None
+        base = files.get(draft.file, "")
+        diff = unified_diff(base, draft.new_content, draft.file)
+        if not diff:
+            return None
+        artifact = ctx.store.latest_artifact(state["study_id"], draft.file)
+        if artifact is None:
+            return None
+        patch = ctx.store.propose_patch(
+            artifact.id, diff=diff, rationale=draft.rationale, proposed_by=ctx.provider.name[:100]
+        )
+        pending = pending_patch_file(ws, patch.id)
+        pending.parent.mkdir(parents=True, exist_ok=True)
+        pending.write_text(
+            json.dumps({"file": draft.file, "base": base, "new": draft.new_content}), encoding="utf-8"
+        )
+        ctx.ledger.put(key, {"patch_id": patch.id, "file": draft.file, "rationale": draft.rationale, "diff": diff})
+        recorded = ctx.ledger.get(key)
+    assert recorded is not None
+    review = PatchReview(
+        patch_id=int(recorded["patch_id"]),
+        file=recorded["file"],
+        diff=recorded["diff"],
+        rationale=recorded["rationale"],
+        diagnosis=diagnosis.summary,
+        proposed_by=ctx.provider.name,
+    )
+    ctx.say(f"analyst: patch {review.patch_id} proposed for {review.file}: {review.rationale}")
+    return review
+
+
+def draft_from_pending(workspace: Path, patch_id: int) -> PatchDraft:
+    """The stored draft of a proposed patch."""
+    data = json.loads(pending_patch_file(workspace, patch_id).read_text(encoding="utf-8"))
+    return PatchDraft(file=data["file"], new_content=data["new"], rationale="(stored)")

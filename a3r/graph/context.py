@@ -1,0 +1,128 @@
+"""The run context of the research graph (LangGraph runtime context) and its idempotency ledger.
+
+`RunContext` carries what nodes use but the state must not hold: the knowledge store, the LLM
+provider, live swarm server handles, the admin token of an attached server, budgets and callbacks.
+`Ledger` makes side effects idempotent across node re-runs (a node re-runs from its start when the
+graph resumes after an interrupt or a crash): ``ledger.once(key, create)`` returns the recorded result
+for a key (thread id + node + step) instead of creating again.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memory import Store
+
+from a3r.llm import ResearchProvider
+from a3r.processes import ServerHandle
+
+__all__ = ["Ledger", "RunContext"]
+
+
+class Ledger:
+    """A key → JSON value table in a SQLite file (the checkpoint database by default).
+
+    Args:
+        path: SQLite file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("CREATE TABLE IF NOT EXISTS a3r_ledger (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any | None:
+        """The value recorded for ``key``, or ``None``."""
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM a3r_ledger WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def put(self, key: str, value: Any) -> None:
+        """Record ``value`` (JSON-serialisable) for ``key`` (first write wins)."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR IGNORE INTO a3r_ledger (key, value) VALUES (?, ?)", (key, json.dumps(value))
+            )
+
+    def once(self, key: str, create: Callable[[], Any]) -> Any:
+        """``create()`` the first time ``key`` is seen, the recorded result afterwards."""
+        found = self.get(key)
+        if found is not None:
+            return found
+        value = create()
+        self.put(key, value)
+        return self.get(key)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+@dataclass
+class RunContext:
+    """What the nodes of one graph invocation share (not checkpointed).
+
+    Attributes:
+        store: The knowledge store.
+        provider: Plans, writes code, proposes patches.
+        ledger: Idempotency ledger.
+        thread_id: The graph thread (``a3r resume THREAD``).
+        root: Folder of study workspaces (``<root>/studies/<study id>``).
+        model: ``swarm serve --model`` (``None``: the embedded model).
+        server_url: Attach to this server instead of starting ones (vibe).
+        admin_token: Admin token of the attached server (secret; memory only).
+        auto_approve: Approve patches without asking (decided by ``policy:auto-approve``).
+        budget_s: Wall-time budget of the whole thread, in seconds (runs are scheduled within it).
+        hang_after_s: A run with no progress (step, episode counts, events, client records) for this
+            long is hung.
+        poll_s: Seconds between polls of a running server.
+        max_patches: Patches proposed per thread at most.
+        eval_tasks: Held-out tasks evaluated per run.
+        eval_samples: Attempts per held-out task (>= 2 for pass@2).
+        episode_timeout_s: Per-episode time limit of evaluation clients.
+        server_options: Extra ``swarm serve`` options for every started server (e.g. ``max-batch-size``).
+        notify: Progress callback (one line each), e.g. the CLI printer.
+        servers: Live servers by server key.
+    """
+
+    store: Store
+    provider: ResearchProvider
+    ledger: Ledger
+    thread_id: str
+    root: Path
+    model: str | None = None
+    server_url: str | None = None
+    admin_token: str | None = field(default=None, repr=False)
+    auto_approve: bool = False
+    budget_s: float = 3600.0
+    hang_after_s: float = 180.0
+    poll_s: float = 1.0
+    max_patches: int = 2
+    eval_tasks: int = 16
+    eval_samples: int = 2
+    episode_timeout_s: float = 300.0
+    server_options: dict[str, Any] = field(default_factory=dict)
+    notify: Callable[[str], None] | None = None
+    servers: dict[str, ServerHandle] = field(default_factory=dict)
+
+    def say(self, line: str) -> None:
+        """Report progress (to ``notify``)."""
+        if self.notify is not None:
+            self.notify(line)
+
+    def key(self, node: str, step: str) -> str:
+        """Idempotency key of a side effect: thread id + node + step."""
+        return f"{self.thread_id}:{node}:{step}"
+
+    def close_servers(self) -> None:
+        """Stop every server this context started."""
+        for handle in list(self.servers.values()):
+            handle.stop()
+        self.servers.clear()

@@ -1,0 +1,154 @@
+"""The planner (supervisor): interprets the request once, then routes after every analysed run.
+
+First visit: the provider's plan (template, parameters, settings, hypotheses, sweep, stability
+definition) is written into the store (study and hypotheses, before any run) and the first runs are
+queued. Later visits: queued runs go to the runner; a research thread moves through its stages
+(preflight → coarse → refine, `a3r.research`); when nothing is left, the reporter concludes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+
+from a3r.graph.context import RunContext
+from a3r.graph.records import ensure_hypotheses, ensure_study
+from a3r.graph.state import ResearchState
+from pydantic import ValidationError
+
+from a3r.errors import PlanError
+from a3r.plans import StabilityCriterion, TrainingSettings, check_plan
+from a3r.research import fit_budget, initial_queue, refine_values, sweep_specs, verdicts
+
+__all__ = ["planner"]
+
+Route = Literal["coder", "runner", "reporter"]
+
+
+def planner(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Route]:
+    """Plan on the first visit; afterwards pick the next runs or hand over to the reporter."""
+    ctx = runtime.context
+    if state.get("plan") is None:
+        return _first_plan(state, ctx)
+    if state.get("queue"):
+        return Command(goto="runner")
+    if state["mode"] == "vibe" or state.get("conclusion"):
+        return Command(goto="reporter")
+    return _research_step(state, ctx)
+
+
+def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
+    request, mode = state["request"], state["mode"]
+    plan = ctx.provider.plan(request, mode=mode)
+    overrides = state.get("overrides") or {}
+    if overrides:
+        try:
+            training = TrainingSettings.model_validate({**plan.training.model_dump(), **overrides})
+        except ValidationError as exc:
+            raise PlanError(
+                "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))
+            ) from None
+        plan = check_plan(plan.model_copy(update={"training": training}))
+    study_id = ensure_study(ctx, request, "research" if mode == "research" else "vibe")
+    hypothesis_ids = ensure_hypotheses(ctx, study_id, plan.hypotheses)
+    line = (
+        f"plan ({ctx.provider.name}): {plan.objective}; template {plan.template}; "
+        f"steps {plan.training.steps}, B={plan.training.batch_size}, G={plan.training.group_size}, "
+        f"lr={plan.training.lr:g}, seeds {plan.training.seeds}"
+    )
+    if plan.stability is not None:
+        line += f"; stability: {plan.stability.describe()}"
+    ctx.store.log_event(line, study_id=study_id)
+    ctx.say(line)
+    return Command(
+        goto="coder",
+        update={
+            "plan": plan,
+            "study_id": study_id,
+            "hypothesis_ids": hypothesis_ids,
+            "queue": initial_queue(plan),
+            "stage": "preflight" if plan.kind == "research" else "train",
+            "log": [line],
+        },
+    )
+
+
+def _spent(state: ResearchState) -> float:
+    return sum(o.wall_s for o in state.get("outcomes", []))
+
+
+def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
+    plan = state["plan"]
+    assert plan.sweep is not None
+    stage = state.get("stage", "preflight")
+    outcomes = state.get("outcomes", [])
+    criterion = plan.stability or StabilityCriterion()
+    budget_left = ctx.budget_s - _spent(state)
+    eval_episodes = ctx.eval_tasks * ctx.eval_samples
+    if stage == "preflight":
+        pre = next((o for o in reversed(outcomes) if o.purpose == "preflight"), None)
+        if pre is None or pre.eval is None:
+            reason = pre.reason if pre else "no preflight ran"
+            return _conclude(f"stopped: the preflight evaluation failed ({reason})")
+        baseline = pre.eval
+        line = (
+            f"preflight: untrained model on {baseline.tasks} held-out tasks × {ctx.eval_samples}: mean reward "
+            f"{baseline.mean_reward:.3f}, p@1 {baseline.pass_at_1:.3f}, p@2 {baseline.pass_at_2:.3f}"
+        )
+        ctx.say(line)
+        if baseline.mean_reward <= 0.0 and not state.get("force", False):
+            return _conclude(
+                f"stopped before the sweep: the untrained model scores zero on {plan.template} "
+                f"({baseline.episodes} held-out attempts, p@2 {baseline.pass_at_2:.3f}); GRPO would see only "
+                "zero-signal groups. Recommendations: an easier task with signal for this model (e.g. the arithmetic "
+                "template at level 1), an easier subset, a stronger base model (--model), a few-shot prompt, or "
+                "--force to sweep anyway.",
+                update={"baseline": baseline, "log": [line]},
+            )
+        specs = sweep_specs(plan, plan.sweep.coarse, "coarse")
+        kept, dropped = fit_budget(
+            specs,
+            budget_s=budget_left,
+            seconds_per_episode=pre.seconds_per_episode,
+            eval_episodes=eval_episodes,
+            goal=plan.sweep.goal,
+        )
+        lines = [line]
+        if dropped:
+            lines.append(f"budget: dropped {plan.sweep.variable} values {dropped} (would not fit {budget_left:.0f} s)")
+        if not kept:
+            return _conclude(
+                f"stopped: no configuration with {len(plan.training.seeds)} seeds fits the remaining budget of "
+                f"{budget_left:.0f} s; raise --budget-minutes",
+                update={"baseline": baseline, "log": lines},
+            )
+        for text in lines[1:]:
+            ctx.say(text)
+        return Command(goto="runner", update={"baseline": baseline, "stage": "coarse", "queue": kept, "log": lines})
+    baseline = state.get("baseline")
+    assert baseline is not None
+    if stage == "coarse" and plan.sweep.goal == "min_stable" and plan.sweep.refine:
+        configs = verdicts(outcomes, baseline=baseline, criterion=criterion)
+        tested = [c.value for c in configs]
+        extra = refine_values(configs, tested)
+        if extra:
+            measured = [o.seconds_per_episode for o in outcomes if o.purpose == "sweep"]
+            per_episode = min((m for m in measured if m == m), default=float("nan"))
+            kept, _ = fit_budget(
+                sweep_specs(plan, extra, "refine"),
+                budget_s=budget_left,
+                seconds_per_episode=per_episode,
+                eval_episodes=eval_episodes,
+                goal="min_stable",
+            )
+            if kept:
+                line = f"refine: testing {plan.sweep.variable}={extra} between the smallest stable value and the one below"
+                ctx.say(line)
+                return Command(goto="runner", update={"stage": "refine", "queue": kept, "log": [line]})
+    return Command(goto="reporter", update={"stage": "done"})
+
+
+def _conclude(text: str, update: dict[str, object] | None = None) -> Command[Route]:
+    return Command(goto="reporter", update={**(update or {}), "conclusion": text, "stage": "done"})

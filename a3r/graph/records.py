@@ -1,0 +1,99 @@
+"""Get-or-create access to the knowledge store, so a node that re-runs writes nothing twice.
+
+Natural keys where the store has them (experiment name within a study, run name within an
+experiment, hypothesis statement, finding statement); the `Ledger` where it has none (the study of a
+thread, a patch proposed for a run).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from memory import FindingStatus, RunPublic, RunStatus
+
+from a3r.graph.context import RunContext
+from a3r.graph.state import RunSpec
+from a3r.plans import HypothesisDraft
+
+__all__ = ["ensure_experiment", "ensure_finding", "ensure_hypotheses", "ensure_run", "ensure_study"]
+
+
+def ensure_study(ctx: RunContext, question: str, kind: str) -> int:
+    """The thread's study, created once."""
+    created = ctx.ledger.once(ctx.key("planner", "study"), lambda: ctx.store.create_study(question, kind=kind).id)
+    return int(created)
+
+
+def ensure_hypotheses(ctx: RunContext, study_id: int, drafts: Sequence[HypothesisDraft]) -> list[int]:
+    """Register each hypothesis once (matched by statement), in order."""
+    existing = {h.statement: h.id for h in ctx.store.hypotheses(study_id)}
+    ids: list[int] = []
+    for draft in drafts:
+        if draft.statement not in existing:
+            existing[draft.statement] = ctx.store.register_hypothesis(
+                study_id,
+                statement=draft.statement,
+                expected_outcome=draft.expected_outcome,
+                decision_rule=draft.decision_rule,
+            ).id
+        ids.append(existing[draft.statement])
+    return ids
+
+
+def ensure_experiment(
+    ctx: RunContext, study_id: int, name: str, *, template: str | None, hypothesis_id: int | None, description: str = ""
+) -> int:
+    """The study's experiment called ``name``, created once (with its hypothesis, before any run)."""
+    for experiment in ctx.store.experiments(study_id):
+        if experiment.name == name:
+            return experiment.id
+    return ctx.store.create_experiment(
+        study_id, name, template=template, hypothesis_id=hypothesis_id, description=description
+    ).id
+
+
+def ensure_run(ctx: RunContext, experiment_id: int, spec: RunSpec, *, server_url: str | None = None) -> RunPublic:
+    """The experiment's run for ``spec`` (named by its key), started once.
+
+    A run left ``running`` by a killed process is returned as is: the runner continues it.
+    """
+    for run in ctx.store.runs():
+        if run.experiment_id == experiment_id and run.name == spec.key:
+            return ctx.store.get_run(run.id)
+    config = {"purpose": spec.purpose, "stage": spec.stage, "value": spec.value, **spec.settings.model_dump()}
+    return ctx.store.start_run(experiment_id, name=spec.key, config=config, seed=spec.seed, server_url=server_url)
+
+
+def ensure_finding(
+    ctx: RunContext,
+    study_id: int,
+    *,
+    statement: str,
+    evidence: dict[str, object] | str,
+    confidence: float,
+    status: FindingStatus = FindingStatus.unconfirmed,
+    seeds: Sequence[int] = (),
+    run_ids: Sequence[int] = (),
+    hypothesis_id: int | None = None,
+) -> int:
+    """Record a finding once (matched by statement within the study)."""
+    for finding in ctx.store.findings(study_id):
+        if finding.statement == statement:
+            return finding.id
+    text = evidence if isinstance(evidence, str) else json.dumps(evidence, default=str)
+    return ctx.store.add_finding(
+        study_id,
+        statement=statement,
+        evidence=text,
+        confidence=confidence,
+        status=status,
+        seeds=seeds,
+        run_ids=run_ids,
+        hypothesis_id=hypothesis_id,
+    ).id
+
+
+def is_open(run: RunPublic) -> bool:
+    """Whether the run still needs a terminal status."""
+    return run.status is RunStatus.running

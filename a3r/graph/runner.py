@@ -1,0 +1,103 @@
+"""The runner: executes the head of the queue (`a3r.execution.execute_run`) and records the run.
+
+Idempotent on re-run: the store run is got-or-created by the spec's key; a finished run's outcome is
+kept in the ledger and returned instead of running again; a run a killed a3r left ``running`` is
+continued (same server run dir and client state dir, so the server resumes from its checkpoint and
+the client skips the episodes it already ended).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from langgraph.runtime import Runtime
+from memory import RunStatus
+
+from a3r.execution import Workspace, execute_run
+from a3r.graph.context import RunContext
+from a3r.graph.records import ensure_experiment, ensure_run
+from a3r.graph.state import ResearchState, RunOutcome, RunSpec
+
+__all__ = ["experiment_name", "runner"]
+
+_STORE_STATUS = {
+    "finished": RunStatus.finished,
+    "needs_attention": RunStatus.cancelled,
+    "budget": RunStatus.cancelled,
+    "crashed": RunStatus.failed,
+    "hung": RunStatus.failed,
+    "failed_to_start": RunStatus.failed,
+}
+
+
+def experiment_name(state: ResearchState, spec: RunSpec) -> tuple[str, int | None]:
+    """Experiment of a run (and the hypothesis it tests): one per swept value, one for training."""
+    plan = state["plan"]
+    hypotheses = state.get("hypothesis_ids") or [None]
+    if spec.purpose == "preflight":
+        return "preflight-baseline", None
+    if spec.purpose == "sweep" and plan.sweep is not None and spec.value is not None:
+        return f"{plan.sweep.variable}={spec.value:g}", hypotheses[0]
+    return f"{plan.template or 'generated'}-train", hypotheses[0]
+
+
+def _final_metrics(outcome: RunOutcome) -> dict[str, float]:
+    values = {f"train/{k}": v for k, v in outcome.final_metrics.items()}
+    for prefix, summary in (("eval", outcome.eval), ("episodes", outcome.train)):
+        if summary is not None:
+            values |= {
+                f"{prefix}/mean_reward": summary.mean_reward,
+                f"{prefix}/pass_at_1": summary.pass_at_1,
+                f"{prefix}/pass_at_2": summary.pass_at_2,
+            }
+    values["steps"] = float(outcome.steps)
+    values["wall_s"] = outcome.wall_s
+    return {k: v for k, v in values.items() if math.isfinite(v)}
+
+
+def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, object]:
+    """Run the first queued spec; return the rest of the queue and the outcome."""
+    ctx = runtime.context
+    queue = list(state.get("queue") or [])
+    spec = queue.pop(0)
+    key = ctx.key("runner", spec.key)
+    cached = ctx.ledger.get(key)
+    if cached is not None:
+        return {"queue": queue, "outcomes": [RunOutcome.model_validate(cached)]}
+    study_id = state["study_id"]
+    name, hypothesis_id = experiment_name(state, spec)
+    experiment_id = ensure_experiment(
+        ctx, study_id, name, template=state["plan"].template, hypothesis_id=hypothesis_id
+    )
+    run = ensure_run(ctx, experiment_id, spec)
+    if run.status is RunStatus.running and ctx.store.events(run_id=run.id, limit=1):
+        ctx.store.log_event(f"run {spec.key}: continuing after an interruption", run_id=run.id, level="warning")
+    budget_left = ctx.budget_s - sum(o.wall_s for o in state.get("outcomes", []))
+    ws = Workspace(Path(state["workspace"]))
+    if budget_left <= 0:
+        outcome = RunOutcome(
+            key=spec.key,
+            run_id=run.id,
+            purpose=spec.purpose,
+            seed=spec.seed,
+            stage=spec.stage,
+            value=spec.value,
+            status="budget",
+            reason="the thread's wall-time budget is spent",
+        )
+    else:
+        ctx.say(f"runner: {spec.key} ({spec.purpose}) — budget left {budget_left:.0f} s")
+        outcome = execute_run(spec, ctx=ctx, ws=ws, run_id=run.id, budget_s=budget_left)
+    if ctx.store.get_run(run.id).status is RunStatus.running:
+        ctx.store.finish_run(
+            run.id,
+            status=_STORE_STATUS[outcome.status],
+            final_metrics=_final_metrics(outcome),
+            error=None if outcome.status == "finished" else outcome.reason[:2000],
+        )
+    line = f"runner: {spec.key} {outcome.status}: {outcome.reason} (steps {outcome.steps}, {outcome.episodes} episodes, {outcome.wall_s:.0f} s)"
+    ctx.store.log_event(line, run_id=run.id, level="info" if outcome.status == "finished" else "warning")
+    ctx.say(line)
+    ctx.ledger.put(key, outcome.model_dump())
+    return {"queue": queue, "outcomes": [outcome], "log": [line]}

@@ -1,0 +1,223 @@
+"""What the planner decides, as pydantic schemas (also the structured-output schemas of LLM providers).
+
+A `PlanDraft` is what a provider proposes for a user's request (template, parameters, training
+settings, pre-registered hypotheses, and for research questions the sweep and the operational
+definition of "stable"). `check_plan` validates a draft against the template registry, so an LLM's
+plan and the offline planner's plan pass the same gate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+import templates
+from a3r.errors import PlanError
+
+__all__ = [
+    "GeneratedCode",
+    "HypothesisDraft",
+    "PatchDraft",
+    "PlanDraft",
+    "StabilityCriterion",
+    "SweepSpec",
+    "TrainingSettings",
+    "check_plan",
+]
+
+ParamValue = bool | int | float | str | None
+
+
+class TrainingSettings(BaseModel):
+    """Training settings of one run (server and client options).
+
+    Attributes:
+        steps: Trainer steps (policy updates) to run; the runner stops at this step.
+        batch_size: B, GRPO groups (tasks) per trainer step.
+        group_size: G, episodes per task (one GRPO group).
+        lr: Learning rate of the policy optimizer.
+        concurrency: Episodes the client runs at once.
+        seeds: Seeds to replicate the run on.
+        smoke_tasks: Tasks of the smoke run (one group each) before training; 0 skips it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=4, ge=1, le=100_000)
+    batch_size: int = Field(default=2, ge=1, le=4096)
+    group_size: int = Field(default=4, ge=2, le=256)
+    lr: float = Field(default=1e-5, gt=0, le=1.0)
+    concurrency: int = Field(default=8, ge=1, le=1024)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=16)
+    smoke_tasks: int = Field(default=1, ge=0, le=64)
+
+
+class HypothesisDraft(BaseModel):
+    """A hypothesis registered before any run that tests it.
+
+    Attributes:
+        statement: The claim.
+        expected_outcome: What the runs show if it holds.
+        decision_rule: How results decide, fixed in advance (thresholds, seeds).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    statement: str = Field(min_length=1)
+    expected_outcome: str = Field(min_length=1)
+    decision_rule: str = Field(min_length=1)
+
+
+class StabilityCriterion(BaseModel):
+    """Operational definition of a *stable* training run (pre-registered with the plan).
+
+    A run is stable when (1) it finished without a crash or hang, (2) the mean training reward over
+    its last ``last_k`` steps is at least ``baseline - delta`` (``baseline``: the untrained model's
+    mean reward on the same task, measured by the preflight evaluation), and (3) no collapse was
+    detected: the policy entropy, where reported, stays above ``entropy_min`` and the KL to the
+    reference below ``kl_max``, and the reward never drops by more than ``drop_max`` between the first
+    and second half of the run. A configuration is stable when every one of at least ``min_seeds``
+    seeds is stable.
+
+    Attributes:
+        last_k: Steps averaged at the end of a run.
+        delta: Tolerated loss of reward below the baseline (reward units, 0..1 for 0/1 rewards).
+        drop_max: Largest tolerated drop of mean reward from the first to the second half.
+        entropy_min: Entropy floor in nats per token (collapse below).
+        kl_max: KL ceiling (divergence above).
+        min_seeds: Seeds per configuration before a claim.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    last_k: int = Field(default=2, ge=1)
+    delta: float = Field(default=0.05, ge=0)
+    drop_max: float = Field(default=0.25, ge=0)
+    entropy_min: float = Field(default=0.05, ge=0)
+    kl_max: float = Field(default=1.0, gt=0)
+    min_seeds: int = Field(default=2, ge=1)
+
+    def describe(self) -> str:
+        """The definition as one sentence, for the study's hypotheses and the report."""
+        return (
+            f"a run is stable iff it ends without crash or hang, its mean training reward over the last "
+            f"{self.last_k} steps is >= baseline - {self.delta:g}, its reward does not drop by more than "
+            f"{self.drop_max:g} from the first to the second half, entropy (where reported) stays >= "
+            f"{self.entropy_min:g} and KL <= {self.kl_max:g}; a configuration is stable iff all of >= "
+            f"{self.min_seeds} seeds are stable"
+        )
+
+
+class SweepSpec(BaseModel):
+    """A staged sweep over one training setting.
+
+    Attributes:
+        variable: The setting swept (a `TrainingSettings` field).
+        coarse: Values of the first stage (powers of two for sizes).
+        refine: Whether a second stage bisects between the smallest stable value and its neighbour.
+        goal: ``min_stable``: the smallest stable value; ``best``: the value with the highest reward.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    variable: Literal["batch_size", "group_size", "lr"] = "batch_size"
+    coarse: list[float] = Field(min_length=1, max_length=32)
+    refine: bool = True
+    goal: Literal["min_stable", "best"] = "min_stable"
+
+
+class PlanDraft(BaseModel):
+    """A provider's plan for a request (structured output of the planner).
+
+    Attributes:
+        kind: ``train`` (``a3r vibe``) or ``research`` (``a3r research``: a question answered by a sweep).
+        template: Registry template to start from, or ``None`` when new code must be written.
+        params: Template parameters (validated against the template's `ParamSpec`).
+        objective: One line: what is trained or asked.
+        training: Settings of each training run.
+        hypotheses: Registered in the store before any run.
+        sweep: For research questions, the sweep.
+        stability: For stability questions, the operational definition.
+        rationale: Why this template and these settings.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["train", "research"]
+    template: str | None
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+    objective: str = Field(min_length=1)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
+    hypotheses: list[HypothesisDraft] = Field(default_factory=list)
+    sweep: SweepSpec | None = None
+    stability: StabilityCriterion | None = None
+    rationale: str = ""
+
+    @field_validator("template")
+    @classmethod
+    def _canonical_template(cls, value: str | None) -> str | None:
+        return None if value is None else value.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+class GeneratedCode(BaseModel):
+    """New task code written by an LLM when no template covers a request.
+
+    Attributes:
+        workflow: ``workflow.py`` source (``async def run(task, llm)`` with a ``# <params>`` block).
+        reward: ``reward.py`` source with ``reward(...)`` and ``self_check(tasks) -> list[str]``.
+        tasks: Training tasks, each a dict with a unique ``id``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflow: str = Field(min_length=1)
+    reward: str = Field(min_length=1)
+    tasks: list[dict[str, Any]] = Field(min_length=1)
+
+
+class PatchDraft(BaseModel):
+    """A proposed change of one workspace file (the whole new content; the diff is computed).
+
+    Attributes:
+        file: Path relative to the workspace (must be on the patch allow-list).
+        new_content: The complete patched file.
+        rationale: Why, citing the evidence.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: str = Field(min_length=1)
+    new_content: str
+    rationale: str = Field(min_length=1)
+
+
+def check_plan(draft: PlanDraft) -> PlanDraft:
+    """Validate a plan against the template registry and resolve its parameters.
+
+    Args:
+        draft: A provider's plan.
+
+    Returns:
+        The plan with ``params`` completed by the template's defaults and converted to their types.
+
+    Raises:
+        PlanError: Unknown template, invalid parameters, a research plan without a sweep, or a sweep
+            with fewer seeds than the stability criterion demands.
+    """
+    params = dict(draft.params)
+    if draft.template is not None:
+        try:
+            template = templates.get_template(draft.template)
+            params = dict(template.resolve(params))
+        except templates.TemplateError as exc:
+            raise PlanError(str(exc)) from None
+    if draft.kind == "research":
+        if draft.sweep is None:
+            raise PlanError("a research plan needs a sweep (variable and coarse values)")
+        if draft.stability is not None and len(draft.training.seeds) < draft.stability.min_seeds:
+            raise PlanError(
+                f"the stability criterion needs >= {draft.stability.min_seeds} seeds per configuration, "
+                f"the plan has {len(draft.training.seeds)}"
+            )
+    return draft.model_copy(update={"params": params})
