@@ -389,8 +389,9 @@ class TrainingLoop:
                 runtime.events.emit("train.skipped", f"batch rejected by the trainer: {exc}", level="error")
                 return None
             step = self.trainer.step_count
+            # Order matters for crash safety: consumed before the checkpoint (a crash in between rewinds
+            # them at restart), and the new step made visible last.
             runtime.pool.mark_trained(consumed, step)
-            runtime.step = step
             self.window.clear()
             self.votes.reset()
             checkpoint_s = 0.0
@@ -412,9 +413,10 @@ class TrainingLoop:
             drain_aborted=drain_aborted,
             checkpoint_s=checkpoint_s,
         )
-        self.history.append(metrics)
         with self.metrics_path.open("a", encoding="utf-8") as fh:
             fh.write(metrics.model_dump_json() + "\n")
+        self.history.append(metrics)
+        runtime.step = step
         return metrics
 
     def _checkpoint_locked(self) -> float:

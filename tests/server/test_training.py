@@ -1,0 +1,219 @@
+"""Training in the server: live weight updates, metrics, live config, drain, and crash-safe resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from swarm.batch import BatchConfig, BatchPolicy
+from swarm.client import SwarmClient
+from swarm.config import TrainingConfig
+from swarm.engine import HFEngine
+from swarm.train import TrainerConfig
+from tests.conftest import build_tiny_model, free_port, make_server
+
+QUESTION = [{"role": "user", "content": "Say something."}]
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def probe(client: SwarmClient) -> tuple[str, float]:
+    """Greedy first token and its logprob for a fixed prompt, in an eval episode (never trained)."""
+    with client.episode("probe", kind="eval") as ep:
+        r = OpenAI(base_url=ep.base_url, api_key=ep.api_key).chat.completions.create(
+            model=ep.model, messages=QUESTION, max_tokens=1, temperature=0, logprobs=True
+        )
+        ep.finish(0.0)
+    token = r.choices[0].logprobs.content[0]
+    return token.token, token.logprob
+
+
+def rollout(client: SwarmClient, task_id: str, reward: float, max_tokens: int = 6) -> str:
+    with client.episode(task_id) as ep:
+        OpenAI(base_url=ep.base_url, api_key=ep.api_key).chat.completions.create(
+            model=ep.model, messages=QUESTION, max_tokens=max_tokens, temperature=1.0
+        )
+        ep.finish(reward)
+    return ep.id
+
+
+def training_config(lr: float, **kw: Any) -> TrainingConfig:
+    return TrainingConfig(
+        batch=BatchConfig(policy=BatchPolicy.EPISODES, batch_size=1, group_size=2),
+        trainer=TrainerConfig(lr=lr),
+        checkpoint_every=1,
+        **kw,
+    )
+
+
+@pytest.fixture()
+def fresh_engine(embedded_source: Any, tokenizer: Any) -> Any:
+    engine = HFEngine(build_tiny_model(embedded_source, seed=1), tokenizer, "tiny-trainable")
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("lr", [1e-2, 0.0])
+def test_a_step_updates_the_weights_generation_uses(tmp_path: Path, fresh_engine: Any, lr: float) -> None:
+    live = make_server(tmp_path, fresh_engine, training=training_config(lr))
+    try:
+        with SwarmClient(live.url) as client:
+            token_before, lp_before = probe(client)
+            ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]
+            wait_for(lambda: client.status().step == 1, what="step 1")
+            token_after, lp_after = probe(client)
+            assert all(client.get_episode(i).trained_step == 1 for i in ids)
+            metrics = httpx.get(f"{live.url}/api/v1/metrics").json()
+        if lr > 0:
+            assert (token_after, lp_after) != (token_before, lp_before)
+        else:
+            assert (token_after, lp_after) == (token_before, lp_before)
+        (m,) = metrics
+        assert m["step"] == 1 and m["episodes"] == 2 and m["reward_mean"] == 0.5 and m["tokens"] > 0
+        assert m["lr"] == lr and m["groups"] == 1
+        run = tmp_path / "run"
+        assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+        assert (run / "checkpoints" / "step-000001" / "model.safetensors").exists()
+        assert "train.step" in (run / "events.jsonl").read_text()
+    finally:
+        live.stop()
+
+
+def test_live_config_pause_resume_and_drain(tmp_path: Path, fresh_engine: Any) -> None:
+    config = training_config(1e-3, drain_timeout_s=1.0)
+    config.batch = BatchConfig(policy=BatchPolicy.EPISODES, batch_size=1, group_size=1)
+    live = make_server(tmp_path, fresh_engine, training=config)
+    url = live.url
+    try:
+        bad = httpx.patch(f"{url}/api/v1/config", json={"lr": -1})
+        assert bad.status_code == 422 and "lr" in bad.json()["error"]["message"]
+        bad = httpx.patch(f"{url}/api/v1/config", json={"quotas": {"math": 0.5}})
+        assert bad.status_code == 422 and "sum to 1" in bad.json()["error"]["message"]
+        ok = httpx.patch(f"{url}/api/v1/config", json={"lr": 5e-4, "temperature": 0.7, "clip_eps_high": 0.28})
+        assert ok.status_code == 200, ok.text
+        cfg = httpx.get(f"{url}/api/v1/config").json()
+        assert cfg["training"]["trainer"]["lr"] == 5e-4 and cfg["sampling"]["temperature"] == 0.7
+        assert httpx.post(f"{url}/api/v1/pause").json()["state"] == "paused"
+        refused = httpx.post(f"{url}/api/v1/episodes", json={"task_id": "x"})
+        assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+        assert httpx.post(f"{url}/api/v1/resume").json()["state"] == "rolling"
+
+        with SwarmClient(url) as client:
+            straggler = client.begin("slow")  # stays open while a batch becomes ready
+            rollout(client, "fast", 1.0)
+            wait_for(lambda: client.status().state.value == "draining", 10, "draining")
+            during = httpx.post(f"{url}/api/v1/episodes", json={"task_id": "late"})
+            assert during.status_code == 503
+            wait_for(lambda: client.status().step == 1, 30, "step 1")
+            view = client.get_episode(straggler.id)
+            assert view.status == "infra_failure" and "drain" in (view.reason or "")
+            gone = httpx.post(
+                f"{straggler.base_url}/chat/completions",
+                json={"model": straggler.model, "messages": QUESTION},
+                headers={"Authorization": f"Bearer {straggler.api_key}"},
+            )
+            assert gone.status_code == 401
+        metrics = httpx.get(f"{url}/api/v1/metrics").json()
+        assert metrics[0]["lr"] == 5e-4 and metrics[0]["drain_aborted"] == 1
+        events = httpx.get(f"{url}/api/v1/events?follow=false").text
+        assert "config.changed" in events and "server.paused" in events
+    finally:
+        live.stop()
+
+
+def _serve(model_dir: Path, run_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "swarm.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--run-dir",
+        str(run_dir),
+        "--batch-policy",
+        "episodes",
+        "--batch-size",
+        "1",
+        "--group-size",
+        "2",
+        "--lr",
+        "1e-3",
+        "--checkpoint-every",
+        "1",
+        "--drain-timeout",
+        "5",
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, "swarm serve exited"
+        try:
+            return httpx.get(f"{url}/api/v1/status", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(up, 120, "swarm serve")
+    return proc
+
+
+def test_kill_9_while_rolling_and_while_training_loses_nothing(
+    tmp_path: Path, embedded_source: Any, tokenizer: Any
+) -> None:
+    model_dir = tmp_path / "tiny"
+    build_tiny_model(embedded_source, seed=2).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    run_dir, port = tmp_path / "run", free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _serve(model_dir, run_dir, port)
+    try:
+        with SwarmClient(url) as client:
+            first = [rollout(client, "a", 1.0), rollout(client, "a", 0.0)]
+            wait_for(lambda: client.status().step == 1, 60, "step 1")
+            third = rollout(client, "b", 1.0)
+        os.kill(proc.pid, signal.SIGKILL)  # while rolling: one finished episode pending
+        proc.wait()
+        proc = _serve(model_dir, run_dir, port)
+        with SwarmClient(url) as client:
+            status = client.status()
+            assert status.step == 1 and status.episodes.finished == 3 and status.episodes.pending == 1
+            # make the next step slow enough to kill the server in the middle of it
+            assert httpx.patch(f"{url}/api/v1/config", json={"ppo_epochs": 400}).status_code == 200
+            fourth = rollout(client, "b", 0.0)
+            wait_for(lambda: client.status().state.value == "training", 60, "training state")
+        os.kill(proc.pid, signal.SIGKILL)  # while training step 2
+        proc.wait()
+        proc = _serve(model_dir, run_dir, port)
+        with SwarmClient(url) as client:
+            status = client.status()
+            assert status.step == 1 and status.episodes.finished == 4 and status.episodes.pending == 2
+            wait_for(lambda: client.status().step == 2, 60, "step 2 after restart")
+            trained = {eid: client.get_episode(eid).trained_step for eid in [*first, third, fourth]}
+        assert trained == {first[0]: 1, first[1]: 1, third: 2, fourth: 2}  # each trained exactly once
+        steps = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        assert len(steps) == 2
+    finally:
+        proc.kill()
+        proc.wait()
