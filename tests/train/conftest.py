@@ -28,7 +28,9 @@ def tiny_llama_template() -> LlamaForCausalLM:
         max_position_embeddings=256,
         pad_token_id=PAD,
     )
-    return LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config)
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
 
 
 @pytest.fixture

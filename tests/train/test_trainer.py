@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -79,11 +80,11 @@ def test_zero_learning_rate_leaves_parameters_unchanged(
 
 
 def _gradients(
-    make_model: ModelFactory, samples: list[Sample], advantages: list[float] = ADVANTAGES, **config: object
+    make_model: ModelFactory, samples: list[Sample], advantages: list[float] = ADVANTAGES, **config: Any
 ) -> dict[str, torch.Tensor]:
     trainer = TorchTrainer(
         make_model(), TrainerConfig(lr=0.0, max_grad_norm=None, **config), pad_token_id=PAD
-    )  # type: ignore[arg-type]
+    )
     captured: dict[str, torch.Tensor] = {}
     names = {id(p): n for n, p in trainer.model.named_parameters()}
 

@@ -1,0 +1,315 @@
+"""Bench: what the swarm server's HTTP + tracking path costs, and how batching scales (issue 2, item 6).
+
+One process loads the embedded model (SmolLM2-135M-Instruct, fp32, CPU) into one
+:class:`~swarm.engine.hf.HFEngine` and serves it with the real app (:func:`~swarm.server.app.create_app`
+under uvicorn on loopback, in a thread, as ``swarm serve`` does minus the process boundary). The
+clients run in the main thread, so both sides of each comparison use the very same engine object.
+
+**Overhead.** For each ``--overhead-tokens`` value ``M`` the same chat prompt is sampled greedily
+(temperature 0, ``max_tokens=M``) two ways, interleaved (the order alternates every repeat):
+
+- *direct*: ``engine.generate_sync(prompt_ids, params)`` with the prompt ids the server rendered;
+- *HTTP*: ``openai.OpenAI(...).chat.completions.create`` with the key of a fresh episode: HTTP,
+  validation, key lookup, chat-template rendering, sampling, the token-level call record and the
+  OpenAI response. Episode begin and finish (pool commit) are timed separately, not in the call.
+
+Greedy decoding makes both completions the same tokens (checked), so the time difference is the
+serving path. Overhead = median over repeats of ``http_i / direct_i - 1`` (paired, so load drift on a
+shared machine cancels); the medians of each side are shown too. Target: ≤ 5 %.
+
+**Throughput.** ``c`` workers (``--concurrency``) each run ``--rounds`` episodes of one call
+(begin, chat with temperature 1, a distinct seed and ``max_tokens=--throughput-tokens``, finish) over
+the async OpenAI SDK. Tokens/s = completion tokens reported by the server (``usage``) / wall time of
+the phase. The engine batches concurrent requests statically, so the rows per batch are shown.
+Target: 16 concurrent ≥ 4× the tokens/s of 1.
+
+Usage::
+
+    .venv/bin/python bench/serve.py                                # a few minutes on 2 cores
+    .venv/bin/python bench/serve.py --repeats 3 --rounds 2 --overhead-tokens 16 --throughput-tokens 16
+    .venv/bin/python bench/serve.py --json results.json             # also write the numbers
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+import uvicorn
+from openai import AsyncOpenAI, OpenAI
+from rich.console import Console
+from rich.table import Table
+
+from swarm.client import AsyncSwarmClient, SwarmClient
+from swarm.config import ServerConfig
+from swarm.engine import HFEngine, load_model, resolve_model
+from swarm.engine.base import SamplingParams
+from swarm.server.app import create_app
+
+OVERHEAD_TARGET = 0.05
+"""Largest allowed relative per-call overhead of HTTP + tracking over the engine."""
+SPEEDUP_TARGET = 4.0
+"""Smallest allowed tokens/s ratio of the highest concurrency to concurrency 1."""
+
+OVERHEAD_MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Explain in a few paragraphs how a bicycle stays upright."},
+]
+STORY_MESSAGES = [
+    {"role": "user", "content": "Write a long story about a dragon who learns to bake bread. Use many chapters."}
+]
+
+console = Console()
+
+
+@contextlib.contextmanager
+def serve(engine: HFEngine, run_dir: Path) -> Iterator[str]:
+    """Run the swarm app over ``engine`` with uvicorn on a free loopback port; yields the root URL."""
+    config = ServerConfig(run_dir=run_dir, port=0)
+    app = create_app(config, engine=engine)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the bench server failed to start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+# -- overhead ------------------------------------------------------------------------------------------
+@dataclass
+class OverheadRow:
+    max_tokens: int
+    completion_tokens: int
+    direct_s: list[float]
+    http_s: list[float]
+    begin_finish_s: list[float]
+
+    @property
+    def overhead(self) -> float:
+        """Median over repeats of ``http_i / direct_i - 1`` (paired)."""
+        return statistics.median(h / d - 1.0 for h, d in zip(self.http_s, self.direct_s, strict=True))
+
+
+def _http_call(swarm: SwarmClient, max_tokens: int) -> tuple[float, float, str, list[int], list[int]]:
+    """One greedy call in a fresh episode: (call seconds, begin+finish seconds, episode id, ids...)."""
+    t0 = time.perf_counter()
+    episode = swarm.begin(f"overhead-{max_tokens}", kind="eval")
+    t1 = time.perf_counter()
+    client = OpenAI(base_url=episode.base_url, api_key=episode.api_key, max_retries=0)
+    t2 = time.perf_counter()
+    reply = client.chat.completions.create(
+        model=episode.model,
+        messages=OVERHEAD_MESSAGES,  # type: ignore[arg-type]
+        temperature=0.0,
+        max_tokens=max_tokens,
+    )
+    t3 = time.perf_counter()
+    episode.finish(0.0)
+    t4 = time.perf_counter()
+    client.close()
+    call = swarm.get_episode(episode.id).calls[0]
+    assert reply.usage is not None and reply.usage.completion_tokens == len(call.completion_ids)
+    return t3 - t2, (t1 - t0) + (t4 - t3), episode.id, call.prompt_ids, call.completion_ids
+
+
+def measure_overhead(engine: HFEngine, url: str, max_tokens: int, repeats: int) -> OverheadRow:
+    """Interleaved greedy calls, direct and over HTTP, with identical prompts and completions."""
+    with SwarmClient(url, client_id="bench-serve") as swarm:
+        _, _, _, prompt_ids, reference = _http_call(swarm, max_tokens)  # warm-up; gives the prompt ids
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        direct = engine.generate_sync(prompt_ids, params)[0]
+        if direct.ids != reference:
+            raise RuntimeError("greedy completions differ between the engine and the server")
+        row = OverheadRow(max_tokens, len(reference), [], [], [])
+        for r in range(repeats):
+            for side in ("direct", "http") if r % 2 == 0 else ("http", "direct"):
+                if side == "direct":
+                    t0 = time.perf_counter()
+                    ids = engine.generate_sync(prompt_ids, params)[0].ids
+                    row.direct_s.append(time.perf_counter() - t0)
+                else:
+                    call_s, begin_finish_s, _, _, ids = _http_call(swarm, max_tokens)
+                    row.http_s.append(call_s)
+                    row.begin_finish_s.append(begin_finish_s)
+                if ids != reference:
+                    raise RuntimeError(f"the {side} greedy completion changed between repeats")
+        return row
+
+
+# -- throughput ----------------------------------------------------------------------------------------
+@dataclass
+class ThroughputRow:
+    concurrency: int
+    calls: int
+    tokens: int
+    full_length: int
+    wall_s: float
+    batches: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def rows_per_batch(self) -> float:
+        return self.calls / max(self.batches, 1)
+
+
+async def _worker(
+    swarm: AsyncSwarmClient, worker: int, concurrency: int, rounds: int, max_tokens: int
+) -> list[int]:
+    tokens = []
+    for r in range(rounds):
+        episode = await swarm.begin(f"throughput-c{concurrency}-w{worker}-r{r}", kind="eval")
+        client = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, max_retries=0)
+        reply = await client.chat.completions.create(
+            model=episode.model,
+            messages=STORY_MESSAGES,  # type: ignore[arg-type]
+            temperature=1.0,
+            max_tokens=max_tokens,
+            seed=(concurrency * 1000 + worker) * 1000 + r,
+        )
+        await episode.finish(0.0)
+        await client.close()
+        assert reply.usage is not None
+        tokens.append(reply.usage.completion_tokens)
+    return tokens
+
+
+async def _throughput(url: str, concurrency: int, rounds: int, max_tokens: int) -> list[int]:
+    async with AsyncSwarmClient(url, client_id=f"bench-serve-c{concurrency}") as swarm:
+        per_worker = await asyncio.gather(
+            *(_worker(swarm, w, concurrency, rounds, max_tokens) for w in range(concurrency))
+        )
+    return [t for tokens in per_worker for t in tokens]
+
+
+def measure_throughput(
+    engine: HFEngine, url: str, concurrency: int, rounds: int, max_tokens: int
+) -> ThroughputRow:
+    batches = engine.batches
+    t0 = time.perf_counter()
+    tokens = asyncio.run(_throughput(url, concurrency, rounds, max_tokens))
+    wall = time.perf_counter() - t0
+    return ThroughputRow(
+        concurrency=concurrency,
+        calls=len(tokens),
+        tokens=sum(tokens),
+        full_length=sum(t == max_tokens for t in tokens),
+        wall_s=wall,
+        batches=engine.batches - batches,
+    )
+
+
+# -- report --------------------------------------------------------------------------------------------
+def _verdict(ok: bool) -> str:
+    return "[green]PASS[/green]" if ok else "[red]FAIL[/red]"
+
+
+def overhead_table(rows: list[OverheadRow]) -> Table:
+    table = Table(title=f"Per-call overhead of HTTP + tracking vs the engine (target ≤ {OVERHEAD_TARGET:.0%})")
+    for col in ("max_tokens", "tokens", "direct (s)", "HTTP (s)", "overhead", "begin+finish (ms)", "verdict"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(
+            str(row.max_tokens),
+            str(row.completion_tokens),
+            f"{statistics.median(row.direct_s):.3f}",
+            f"{statistics.median(row.http_s):.3f}",
+            f"{row.overhead:+.1%}",
+            f"{statistics.median(row.begin_finish_s) * 1e3:.1f}",
+            _verdict(row.overhead <= OVERHEAD_TARGET),
+        )
+    return table
+
+
+def throughput_table(rows: list[ThroughputRow]) -> Table:
+    base = rows[0].tokens_per_s
+    top = max(rows, key=lambda r: r.concurrency)
+    table = Table(
+        title=f"Generated tokens/s over HTTP (target: {top.concurrency} concurrent ≥ {SPEEDUP_TARGET:g}× "
+        f"concurrency {rows[0].concurrency})"
+    )
+    for col in ("concurrency", "calls", "tokens", "full length", "wall (s)", "tokens/s", "× c=1", "rows/batch", "verdict"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        ratio = row.tokens_per_s / base
+        table.add_row(
+            str(row.concurrency),
+            str(row.calls),
+            str(row.tokens),
+            f"{row.full_length}/{row.calls}",
+            f"{row.wall_s:.1f}",
+            f"{row.tokens_per_s:.1f}",
+            f"{ratio:.2f}×",
+            f"{row.rows_per_batch:.1f}",
+            _verdict(ratio >= SPEEDUP_TARGET) if row is top else "",
+        )
+    return table
+
+
+def main(
+    overhead_tokens: Annotated[list[int], typer.Option(help="max_tokens of the overhead rows")] = [32, 128],  # noqa: B006
+    repeats: Annotated[int, typer.Option(min=1, help="interleaved repeats per overhead row")] = 7,
+    concurrency: Annotated[list[int], typer.Option(help="concurrent clients per throughput row")] = [1, 4, 16],  # noqa: B006
+    rounds: Annotated[int, typer.Option(min=1, help="episodes per client per throughput row")] = 3,
+    throughput_tokens: Annotated[int, typer.Option(min=1, help="max_tokens of throughput calls")] = 64,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch intra-op threads (default: torch's)")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="also write the numbers here")] = None,
+) -> None:
+    """Measure the swarm server's per-call overhead and its batched throughput on the embedded model."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    source = resolve_model(None)
+    model, tokenizer = load_model(source)
+    engine = HFEngine(model, tokenizer, source.name)
+    console.print(
+        f"model {source.name} fp32 on CPU, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"batch window {engine.batch_window_s * 1e3:g} ms, max batch {engine.max_batch_size} rows"
+    )
+    overhead_rows: list[OverheadRow] = []
+    throughput_rows: list[ThroughputRow] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="a3r-bench-serve-") as tmp, serve(engine, Path(tmp) / "run") as url:
+            for max_tokens in overhead_tokens:
+                row = measure_overhead(engine, url, max_tokens, repeats)
+                overhead_rows.append(row)
+                console.print(f"overhead max_tokens={max_tokens}: {row.overhead:+.1%}")
+            for c in sorted(concurrency):
+                trow = measure_throughput(engine, url, c, rounds, throughput_tokens)
+                throughput_rows.append(trow)
+                console.print(f"concurrency {c}: {trow.tokens_per_s:.1f} tokens/s")
+    finally:
+        engine.close()
+    console.print(overhead_table(overhead_rows))
+    console.print(throughput_table(throughput_rows))
+    if json_path is not None:
+        payload: dict[str, Any] = {
+            "threads": torch.get_num_threads(),
+            "overhead": [{**asdict(r), "overhead": r.overhead} for r in overhead_rows],
+            "throughput": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in throughput_rows],
+        }
+        json_path.write_text(json.dumps(payload, indent=2))
+
+
+if __name__ == "__main__":
+    typer.run(main)
