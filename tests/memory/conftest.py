@@ -71,7 +71,19 @@ class PostgresServer:
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=100"
         )
-        self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60", "-o", options, "start")
+        self._pg(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            options,
+            "start",
+        )
         self.base = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}"
 
     def _pg(self, program: str, *args: str) -> None:
@@ -84,7 +96,9 @@ class PostgresServer:
             _unavailable(f"{program} failed ({result.returncode}): {result.stderr.strip()[-2000:]} {tail}")
 
     def _admin(self) -> psycopg.Connection:
-        return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True)
+        return psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True
+        )
 
     def database(self) -> str:
         name = f"t_{uuid.uuid4().hex[:16]}"

@@ -192,7 +192,11 @@ def test_artifacts_version_hash_and_dedupe(store: Store) -> None:
     study_id, _, _ = _study_with_run(store)
     code = "def reward(completion, answer):\n    return float(completion.strip() == answer)\n"
     first = store.add_artifact(study_id, ArtifactKind.reward, "reward.py", code)
-    assert (first.version, first.kind, first.sha256) == (1, ArtifactKind.reward, hashlib.sha256(code.encode()).hexdigest())
+    assert (first.version, first.kind, first.sha256) == (
+        1,
+        ArtifactKind.reward,
+        hashlib.sha256(code.encode()).hexdigest(),
+    )
     again = store.add_artifact(study_id, "reward", "reward.py", code)
     assert again == first  # identical content: no new version
     second = store.add_artifact(study_id, "reward", "reward.py", code + "# v2\n")
@@ -235,7 +239,11 @@ def test_patch_lifecycle_pending_approved_applied(store: Store) -> None:
         store.mark_patch_applied(patch.id)
 
     approved = store.decide_patch(patch.id, approve=True, by="alice", note="looks right")
-    assert (approved.status, approved.decided_by, approved.note) == (PatchStatus.approved, "alice", "looks right")
+    assert (approved.status, approved.decided_by, approved.note) == (
+        PatchStatus.approved,
+        "alice",
+        "looks right",
+    )
     assert approved.decided_at is not None
     assert store.pending_patches() == []
     with pytest.raises(InvalidTransition):
@@ -288,7 +296,11 @@ def test_findings_with_evidence_and_seeds(store: Store) -> None:
         run_ids=[run2, run_id],
         hypothesis_id=hypothesis.id,
     )
-    assert (finding.status, finding.seeds, finding.run_ids) == (FindingStatus.unconfirmed, [0, 1], sorted([run_id, run2]))
+    assert (finding.status, finding.seeds, finding.run_ids) == (
+        FindingStatus.unconfirmed,
+        [0, 1],
+        sorted([run_id, run2]),
+    )
     refuted = store.add_finding(study_id, statement="group size matters", confidence=0.2, status="refuted")
 
     run3 = store.start_run(experiment_id, seed=2).id
@@ -298,7 +310,11 @@ def test_findings_with_evidence_and_seeds(store: Store) -> None:
     confirmed = store.update_finding(
         finding.id, FindingUpdate(status=FindingStatus.confirmed, confidence=0.9, run_ids=[run3])
     )
-    assert (confirmed.status, confirmed.confidence, confirmed.run_ids) == (FindingStatus.confirmed, 0.9, [run3])
+    assert (confirmed.status, confirmed.confidence, confirmed.run_ids) == (
+        FindingStatus.confirmed,
+        0.9,
+        [run3],
+    )
     assert confirmed.statement == "KL 0.05 avoids collapse"
 
     assert [f.id for f in store.findings(study_id)] == [finding.id, refuted.id]

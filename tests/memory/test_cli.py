@@ -1,0 +1,122 @@
+"""``a3r runs | findings | export`` on a real store (Typer's CliRunner, in process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from a3r.cli import app
+from memory import Store
+
+
+@pytest.fixture
+def populated(store: Store, store_url: str) -> tuple[str, int]:
+    study = store.create_study("Does KL 0.05 prevent collapse?")
+    experiment = store.create_experiment(study.id, "kl-0.05")
+    first = store.start_run(experiment.id, name="seed0", seed=0)
+    store.log_metrics(first.id, 10, {"reward/mean": 0.625, "kl": 0.031})
+    store.finish_run(first.id, final_metrics={"accuracy": 0.5})
+    second = store.start_run(experiment.id, name="seed1", seed=1)
+    store.add_finding(
+        study.id,
+        statement="KL keeps reward rising",
+        confidence=0.8,
+        status="confirmed",
+        seeds=[0, 1],
+        run_ids=[first.id, second.id],
+    )
+    other = store.create_study("Unrelated")
+    store.add_finding(other.id, statement="other finding", confidence=0.3)
+    return store_url, study.id
+
+
+runner = CliRunner()
+
+
+def test_runs_table(populated: tuple[str, int]) -> None:
+    url, study_id = populated
+    result = runner.invoke(app, ["runs", "--store", url, "--study", str(study_id)])
+    assert result.exit_code == 0, result.output
+    assert "seed0" in result.output and "seed1" in result.output
+    assert "kl=0.031" in result.output and "reward/mean=0.625" in result.output
+    assert "finished" in result.output and "running" in result.output
+    only_running = runner.invoke(app, ["runs", "-s", url, "--status", "running"])
+    assert "seed1" in only_running.output and "seed0" not in only_running.output
+
+
+def test_findings_table(populated: tuple[str, int]) -> None:
+    url, study_id = populated
+    everything = runner.invoke(app, ["findings", "--store", url])
+    assert everything.exit_code == 0, everything.output
+    assert "KL keeps reward rising" in everything.output and "other finding" in everything.output
+    one = runner.invoke(app, ["findings", "--store", url, "--study", str(study_id), "--status", "confirmed"])
+    assert "KL keeps reward rising" in one.output and "other finding" not in one.output
+    assert "0.80" in one.output and "0,1" in one.output
+
+
+def test_export_markdown_and_json(populated: tuple[str, int], tmp_path: Path) -> None:
+    url, study_id = populated
+    markdown = runner.invoke(app, ["export", str(study_id), "--store", url])
+    assert markdown.exit_code == 0, markdown.output
+    assert markdown.output.startswith(f"# Study {study_id}: Does KL 0.05 prevent collapse?")
+    assert "**confirmed** (confidence 0.80): KL keeps reward rising" in markdown.output
+
+    out = tmp_path / "study.json"
+    written = runner.invoke(app, ["export", str(study_id), "-s", url, "--format", "json", "--out", str(out)])
+    assert written.exit_code == 0, written.output
+    data = json.loads(out.read_text())
+    assert data["study"]["id"] == study_id
+    assert [run["name"] for run in data["experiments"][0]["runs"]] == ["seed0", "seed1"]
+    assert data["findings"][0]["run_ids"] == [run["id"] for run in data["experiments"][0]["runs"]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["export", "999"], "error: study 999 not found"),
+        (["runs", "--study", "999"], "error: study 999 not found"),
+        (["findings", "--study", "999"], "error: study 999 not found"),
+    ],
+)
+def test_unknown_study_is_one_line_and_exit_code_1(
+    populated: tuple[str, int], args: list[str], message: str
+) -> None:
+    url, _ = populated
+    result = runner.invoke(app, [*args, "--store", url])
+    assert result.exit_code == 1
+    assert result.output.strip() == message
+    assert "Traceback" not in result.output
+
+
+def test_missing_store_and_bad_url_are_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "memory.db"
+    result = runner.invoke(app, ["runs", "--store", str(missing)])
+    assert result.exit_code == 1
+    assert result.output.strip() == f"error: store {missing} not found"
+    assert not missing.parent.exists()  # reading never creates a store
+
+    bad = runner.invoke(app, ["export", "1", "--store", "nosuchdialect://user:pw@host/db"])
+    assert bad.exit_code == 1
+    assert bad.output.startswith("error: unsupported store URL dialect") and "pw" not in bad.output
+    assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_unwritable_out_file_is_one_line(populated: tuple[str, int], tmp_path: Path) -> None:
+    url, study_id = populated
+    result = runner.invoke(
+        app, ["export", str(study_id), "-s", url, "-o", str(tmp_path / "no" / "dir" / "x.md")]
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith("error: cannot write")
+
+
+def test_default_store_is_in_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with Store() as store:  # creates .a3r/memory.db here
+        store.create_study("in cwd")
+    assert (tmp_path / ".a3r" / "memory.db").exists()
+    result = runner.invoke(app, ["export", "1"])
+    assert result.exit_code == 0 and "in cwd" in result.output
