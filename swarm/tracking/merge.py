@@ -58,6 +58,13 @@ class LossWeighting(StrEnum):
     clipped surrogate times -1). Equivalently every masked token gets the coefficient
     ``weight_s / n_s`` (:func:`token_loss_weights`; ``n_s`` = trained tokens of ``s``) and the weighted sum
     is divided by the batch's ``Σ_s weight_s``.
+
+    In terms of :class:`swarm.train.losses.LossAggregation` this contract is ``SEQ_MEAN_TOKEN_MEAN`` with
+    ``weights_B = sample.weight``. Under ``TOKEN_MEAN`` (``Σ_i w_i Σ_t ℓ_it / Σ_i w_i |o_i|``) a sample weight
+    multiplies each of its tokens instead; there the split-invariant choice is ``SAMPLE`` (all weights 1:
+    a split episode's tokens weigh exactly what they would in one merged sequence), or per-token
+    coefficients from :func:`token_loss_weights`. Weights only matter for split episodes: an episode that
+    merged into one sample has weight 1 in ``EPISODE`` and ``SAMPLE`` modes.
     """
 
     EPISODE = "episode"
