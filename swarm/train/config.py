@@ -61,8 +61,11 @@ class TrainerConfig(BaseModel):
     a reference copy exists only if the trainer was built with ``kl_coef > 0``)."""
     entropy_coef: float = Field(default=0.0, ge=0.0)
     """Weight of the entropy bonus (subtracted from the loss) (live)."""
-    loss_agg: LossAggregation = LossAggregation.TOKEN_MEAN
-    """How per-token losses reduce to a scalar (live)."""
+    loss_agg: LossAggregation = LossAggregation.SEQ_MEAN_TOKEN_MEAN
+    """How per-token losses reduce to a scalar (live). The default matches the sample-weight contract of
+    :class:`swarm.tracking.merge.LossWeighting` (``EPISODE`` weights: each episode counts once, as the mean of
+    its trained tokens); pair ``token_mean`` (DAPO) with ``LossWeighting.SAMPLE`` for a split-invariant
+    token-level loss."""
     norm_tokens: int = Field(default=1024, ge=1)
     """L for ``seq_mean_token_sum_norm`` (Dr. GRPO): the generation budget in tokens (live)."""
     temperature: float = Field(default=1.0, gt=0.0)

@@ -219,8 +219,11 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 1024) -> torch.T
 class LossAggregation(StrEnum):
     """How per-token losses of a batch reduce to one scalar (with per-sequence weights ``w_i``).
 
-    With the default sample weights (an episode split into k samples has weights summing to 1), an episode
-    counts as one sequence whose loss is the weight-average of its samples in every mode.
+    With sample weights summing to 1 per episode (``swarm.tracking.merge.LossWeighting.EPISODE``), an
+    episode split into k samples counts as one sequence whose loss is the weight-average of its samples in
+    every mode; with ``EPISODE`` weights (``n_s / N_e``) and ``SEQ_MEAN_TOKEN_MEAN`` that is exactly the
+    episode's token mean, whatever the split. For ``TOKEN_MEAN`` use weights 1 (``LossWeighting.SAMPLE``):
+    each trained token then counts once, and no token is ever trained by two samples.
     """
 
     TOKEN_MEAN = "token_mean"

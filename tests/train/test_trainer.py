@@ -309,3 +309,27 @@ def test_non_finite_gradient_skips_the_update(make_model: ModelFactory, samples:
     assert all(torch.equal(before[n], after[n]) for n in before)
     assert trainer.step_count == 0 and not trainer.model.training
     assert all(p.grad is None for p in trainer.trainable_parameters)
+
+
+def test_split_episode_with_episode_weights_gives_the_merged_gradient(make_model: ModelFactory) -> None:
+    # One episode as one merged sample vs the same trained tokens split over two samples (a branch that
+    # repeats the context), weighted n_s / N_e (LossWeighting.EPISODE): the default aggregation
+    # (seq_mean_token_mean) must give the same gradient, i.e. the episode counts once.
+    merged = make_sample("ep", 20, 4, seed=7)
+    first = merged.model_copy(
+        update={
+            "input_ids": merged.input_ids[:12],
+            "loss_mask": merged.loss_mask[:12],
+            "behaviour_logprobs": merged.behaviour_logprobs[:12],
+            "call_ids": merged.call_ids[:12],
+            "weight": 8 / 16,
+        }
+    )
+    second = merged.model_copy(
+        update={"loss_mask": [0] * 12 + merged.loss_mask[12:], "weight": 8 / 16, "index": 1}
+    )
+    other = make_sample("other", 10, 3, seed=8)
+    g_merged = _gradients(make_model, [merged, other], [1.0, -1.0])
+    g_split = _gradients(make_model, [first, second, other], [1.0, 1.0, -1.0])
+    for name in g_merged:
+        assert torch.allclose(g_merged[name], g_split[name], atol=1e-6), name
