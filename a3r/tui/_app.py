@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
 from textual import work
@@ -10,14 +11,15 @@ from textual.binding import Binding, BindingType
 
 from a3r.tui._approvals_screen import ApprovalsScreen
 from a3r.tui._config import TuiConfig
-from a3r.tui._context import TuiContext
-from a3r.tui._decision import DecisionHook
+from a3r.tui._context import DecisionHookError, TuiContext
+from a3r.tui._decision import Decision, DecisionHook
 from a3r.tui._findings_screen import FindingsScreen
+from a3r.tui._patch_screen import PatchScreen
 from a3r.tui._studies_screen import StudiesScreen
 from a3r.tui._study_screen import StudyScreen
 from a3r.tui._tables import read_store
 from a3r.tui._tokens import Detokenizer
-from memory import Store
+from memory import PatchPublic, Store
 
 __all__ = ["A3RApp"]
 
@@ -69,6 +71,7 @@ class A3RApp(App[None]):
         self._start_study = study_id
         self._start_approvals = approvals
         self._announced: set[int] = set()
+        self._hook_lock = asyncio.Lock()
 
     def on_mount(self) -> None:
         self.push_screen(StudiesScreen(self.ctx))
@@ -86,6 +89,18 @@ class A3RApp(App[None]):
     def action_findings(self) -> None:
         if not isinstance(self.screen, FindingsScreen):
             self.push_screen(FindingsScreen(self.ctx))
+
+    def on_patch_screen_decided(self, message: PatchScreen.Decided) -> None:
+        self.hand_over(message.patch, message.decision)
+
+    @work(group="on-decision")
+    async def hand_over(self, patch: PatchPublic, decision: Decision) -> None:
+        """Call ``on_decision`` for a recorded decision, one call at a time, in decision order."""
+        async with self._hook_lock:
+            try:
+                await self.ctx.call_hook(patch, decision)
+            except DecisionHookError as exc:
+                self.notify(str(exc), title="on_decision", severity="error", timeout=15)
 
     @work(exclusive=True, group="pending")
     async def watch_pending(self) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from a3r.tui._config import TuiConfig
 from a3r.tui._decision import Decision, DecisionHook
@@ -12,6 +15,8 @@ from a3r.tui._tokens import Detokenizer
 from memory import PatchPublic, Store
 
 __all__ = ["DecisionHookError", "TuiContext"]
+
+_R = TypeVar("_R")
 
 
 class DecisionHookError(RuntimeError):
@@ -42,9 +47,7 @@ class TuiContext:
     on_decision: DecisionHook | None = None
 
     async def decide(self, patch_id: int, decision: Decision) -> PatchPublic:
-        """Record a decision in the store, log it as a study event, then call ``on_decision``.
-
-        The store write runs in a worker thread (the UI keeps drawing); a synchronous hook too.
+        """Record a decision in the store (in a worker thread) and log it as a study event.
 
         Returns:
             The patch as recorded (status ``approved`` or ``rejected``).
@@ -52,7 +55,6 @@ class TuiContext:
         Raises:
             memory.InvalidTransition: The patch was decided already (by someone else).
             memory.StoreError: The store cannot be written.
-            DecisionHookError: The hook raised; the decision is recorded nonetheless.
         """
         reviewer = self.config.reviewer
         patch = await asyncio.to_thread(
@@ -64,16 +66,52 @@ class TuiContext:
             message + (f": {decision.note}" if decision.note else ""),
             study_id=patch.study_id,
         )
+        return patch
+
+    async def call_hook(self, patch: PatchPublic, decision: Decision) -> None:
+        """Call ``on_decision(patch.id, decision.approved, decision.note)``, if there is a hook.
+
+        A coroutine function is awaited on the loop; a plain function runs in a daemon thread of its
+        own (it may block for long, e.g. resume a graph that trains until its next interrupt; quitting
+        the TUI does not wait for it).
+
+        Raises:
+            DecisionHookError: The hook raised.
+        """
         hook = self.on_decision
         if hook is None:
-            return patch
+            return
         try:
             if inspect.iscoroutinefunction(hook):
                 await hook(patch.id, decision.approved, decision.note)
             else:
-                result = await asyncio.to_thread(hook, patch.id, decision.approved, decision.note)
+                result = await _in_daemon_thread(hook, patch.id, decision.approved, decision.note)
                 if inspect.isawaitable(result):
                     await result
         except Exception as exc:
             raise DecisionHookError(patch, exc) from exc
-        return patch
+
+
+async def _in_daemon_thread(fn: Callable[..., _R], *args: object) -> _R:
+    """Run ``fn(*args)`` in a new daemon thread and await its result (or exception)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_R] = loop.create_future()
+
+    def settle(value: _R | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)  # type: ignore[arg-type]
+
+    def target() -> None:
+        try:
+            value = fn(*args)
+        except BaseException as exc:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, value, None)
+
+    threading.Thread(target=target, name="a3r-tui-on-decision", daemon=True).start()
+    return await future

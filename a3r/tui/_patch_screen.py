@@ -7,10 +7,12 @@ from typing import ClassVar
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from a3r.tui._context import DecisionHookError, TuiContext
+from a3r.tui._context import TuiContext
+from a3r.tui._decision import Decision
 from a3r.tui._decision_dialog import DecisionDialog
 from a3r.tui._episode_screen import EpisodeScreen
 from a3r.tui._evidence import gather_evidence
@@ -25,7 +27,8 @@ class PatchScreen(Screen[None]):
     """Review of one patch (`PatchView`), the approval dialog, and the decision.
 
     On ``a`` or ``r`` (or the buttons) the `DecisionDialog` asks for confirmation and a note; a
-    worker awaits it, records the decision (`TuiContext.decide`) and goes back to the list.
+    worker awaits it, records the decision (`TuiContext.decide`), posts `Decided` (the app then calls
+    ``on_decision``) and goes back to the list.
 
     | key    | action                         |
     |--------|--------------------------------|
@@ -37,6 +40,14 @@ class PatchScreen(Screen[None]):
         ctx: The session context.
         patch: The patch to review.
     """
+
+    class Decided(Message):
+        """A decision was recorded in the store (bubbles to the app, which calls ``on_decision``)."""
+
+        def __init__(self, patch: PatchPublic, decision: Decision) -> None:
+            self.patch = patch
+            self.decision = decision
+            super().__init__()
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Back")]
 
@@ -90,12 +101,10 @@ class PatchScreen(Screen[None]):
         except StoreError as exc:
             self.notify(str(exc), title="store", severity="error")
             return
-        except DecisionHookError as exc:
-            self.notify(str(exc), title="on_decision", severity="error", timeout=15)
-            recorded = exc.patch
         self.notify(f"patch {recorded.id} {recorded.status.value}", title="decision recorded")
         self.patch = recorded
         self.query_one(PatchView).patch = recorded
+        self.post_message(self.Decided(recorded, decision))
         self.dismiss(None)
 
     @on(PatchView.EpisodeOpened)

@@ -35,11 +35,13 @@ async def _open_first_pending(app: A3RApp, pilot: object, seeded: Seeded) -> Non
 
 async def test_approve_with_note_by_keys(store: Store, seeded: Seeded, config: TuiConfig) -> None:
     calls: list[tuple[int, bool, str | None, str]] = []
+    release = threading.Event()
 
     def on_decision(patch_id: int, approved: bool, note: str | None) -> None:
-        # Called after the store write, from a worker thread (a graph resume may block).
-        calls.append((patch_id, approved, note, store.get_patch(patch_id).status.value))
+        # Called after the store write, in a thread of its own: a graph resume may block for long.
         assert threading.current_thread() is not threading.main_thread()
+        calls.append((patch_id, approved, note, store.get_patch(patch_id).status.value))
+        release.wait(timeout=30)
 
     app = A3RApp(store, config=config, on_decision=on_decision)
     async with app.run_test(size=SIZE) as pilot:
@@ -57,9 +59,13 @@ async def test_approve_with_note_by_keys(store: Store, seeded: Seeded, config: T
         await pilot.press("a")
         assert isinstance(app.screen, DecisionDialog) and app.screen.approve
         await pilot.press(*"fix matches the diagnosis", "enter")
+        # The UI goes back to the list while the hook still runs (blocked on `release`).
         await wait_for(pilot, lambda: isinstance(app.screen, ApprovalsScreen))
         await wait_for(pilot, lambda: len(cells(app, "#pending")) == 1)
         assert cells(app, "#pending")[0][0] == str(seeded.second_patch_id)
+        await wait_for(pilot, lambda: calls)
+        assert not release.is_set()
+        release.set()
 
     patch = store.get_patch(seeded.patch_id)
     assert patch.status is PatchStatus.approved
@@ -156,8 +162,13 @@ async def test_failing_hook_keeps_the_decision(store: Store, seeded: Seeded, con
         await _open_first_pending(app, pilot, seeded)
         await pilot.press("a", "enter")
         await wait_for(pilot, lambda: isinstance(app.screen, ApprovalsScreen))
-        messages = [n.message for n in app._notifications]
-        assert any("on_decision failed: ConnectionError: graph thread gone" in m for m in messages)
+        await wait_for(
+            pilot,
+            lambda: any(
+                "on_decision failed: ConnectionError: graph thread gone" in n.message
+                for n in app._notifications
+            ),
+        )
     patch = store.get_patch(seeded.patch_id)
     assert (patch.status, patch.note) == (PatchStatus.approved, None)
 
