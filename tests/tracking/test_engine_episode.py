@@ -1,0 +1,51 @@
+"""End to end with a real engine: a tiny random model of the embedded architecture samples arbitrary
+token sequences (rarely the tokenizer's canonical split); rendering with splicing still chains every
+turn into one sample, while naive re-tokenization would have drifted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swarm.engine import HFEngine
+from swarm.engine.base import SamplingParams
+from swarm.tracking.merge import build_samples, call_sequences
+from swarm.tracking.records import CallRecord
+from swarm.tracking.render import PromptRenderer
+
+
+async def test_sampled_multi_turn_episode_merges_token_exactly(
+    tiny_engine: HFEngine, smol_tokenizer: Any
+) -> None:
+    renderer = PromptRenderer(smol_tokenizer)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    calls: list[CallRecord] = []
+    drifted = 0
+    for turn in range(4):
+        messages.append({"role": "user", "content": f"Turn {turn}: say something."})
+        rendered = renderer.render(messages, history=calls)
+        naive = smol_tokenizer.encode(rendered.text, add_special_tokens=False)
+        drifted += naive != rendered.prompt_ids
+        (completion,) = await tiny_engine.generate(
+            rendered.prompt_ids, SamplingParams(max_tokens=8, seed=turn)
+        )
+        calls.append(
+            CallRecord(
+                index=turn,
+                prompt_ids=rendered.prompt_ids,
+                completion_ids=completion.ids,
+                logprobs=completion.logprobs,
+                finish_reason=completion.finish_reason,
+                text=completion.text,
+                splices=rendered.splices,
+                splice_mismatches=rendered.splice_mismatches,
+            )
+        )
+        messages.append({"role": "assistant", "content": completion.text})
+    assert drifted > 0  # the sampled ids are not what re-tokenizing the text gives
+    (sample,), stats = build_samples("ep", calls)
+    assert sample.calls == [0, 1, 2, 3] and stats.prefix_breaks == {} and stats.splice_mismatches == 0
+    assert stats.splices == 0 + 1 + 2 + 3
+    for index, ids in call_sequences(sample).items():
+        assert ids == calls[index].prompt_ids + calls[index].completion_ids
+    masked = [lp for lp, m in zip(sample.behaviour_logprobs, sample.loss_mask, strict=True) if m]
+    assert masked == [lp for c in calls for lp in c.logprobs]
