@@ -10,6 +10,7 @@ Store commands (read the knowledge store; ``--store`` takes a SQLite path or a S
 | ``a3r runs``            | runs with status, seed and latest metrics (rich table)   |
 | ``a3r findings``        | findings with status, confidence and evidence runs       |
 | ``a3r export STUDY``    | a whole study as Markdown (default) or JSON              |
+| ``a3r tui``             | the terminal UI: studies, runs, episodes, approvals      |
 
 User mistakes (unknown study, missing store, malformed URL) end with exit code 1 and one line on
 stderr, never a traceback.
@@ -161,6 +162,49 @@ def export(
     except OSError as exc:
         raise _fail(f"cannot write {out}: {exc.strerror}") from None
     typer.echo(f"wrote {out}", err=True)
+
+
+@app.command()
+def tui(
+    store: StoreOption = _DEFAULT_STORE,
+    study: Annotated[int | None, typer.Option("--study", help="Open this study first.")] = None,
+    approvals: Annotated[bool, typer.Option("--approvals", help="Open the pending approvals first.")] = False,
+    refresh: Annotated[float, typer.Option("--refresh", help="Seconds between two refreshes.")] = 2.0,
+    reviewer: Annotated[
+        str | None, typer.Option("--reviewer", help="Name recorded with decisions (default: login name).")
+    ] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(
+            "--admin-token",
+            envvar="SWARM_ADMIN_TOKEN",
+            help="Swarm servers' control token.",
+            show_default=False,
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option("--tokenizer", help="Model directory or .gguf for the token view (default: embedded)."),
+    ] = None,
+) -> None:
+    """Oversee studies and runs, and approve or reject patches, in the terminal (Textual TUI)."""
+    from pydantic import ValidationError
+
+    from a3r.tui import HFDetokenizer, TuiConfig, run_tui
+
+    try:
+        options = {"refresh_s": refresh, "admin_token": admin_token, "reviewer": reviewer}
+        settings = TuiConfig.model_validate({k: v for k, v in options.items() if v is not None})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        flag = {"refresh_s": "--refresh", "reviewer": "--reviewer"}.get(str(problem["loc"][0]), "option")
+        raise _fail(f"invalid {flag}: {problem['msg']}") from None
+    with _open_store(store) as opened:
+        if study is not None:
+            opened.get_study(study)  # NotFound becomes one line
+        run_tui(
+            opened, config=settings, detokenize=HFDetokenizer(tokenizer), study_id=study, approvals=approvals
+        )
 
 
 from a3r.commands import register as _register_research_commands  # noqa: E402
