@@ -75,7 +75,7 @@ def resolve_url(location: str | Path | None, *, create: bool = True) -> URL:
     if "://" in text:
         try:
             url = make_url(text)
-        except ArgumentError as exc:
+        except (ArgumentError, ValueError) as exc:
             # The message names only the scheme, never the credentials in the URL.
             raise StoreConfigError(f"malformed store URL (scheme {text.split('://')[0]!r})") from exc
     else:

@@ -175,6 +175,8 @@ class EventLevel(enum.StrEnum):
 
 # ----------------------------------------------------------------------------------------- Study
 class StudyBase(StoreModel):
+    """Fields a caller gives when registering a study."""
+
     question: str = Field(min_length=1, sa_type=ScrubbedText)
     """The research question, in one sentence."""
     kind: str = Field(default="research", max_length=32)
@@ -182,6 +184,8 @@ class StudyBase(StoreModel):
 
 
 class Study(StudyBase, table=True):
+    """A research question and its outcome (table ``study``)."""
+
     id: int | None = Field(default=None, primary_key=True)
     status: StudyStatus = Field(default=StudyStatus.open, sa_type=_str_enum(StudyStatus))
     conclusion: str | None = Field(default=None, sa_type=ScrubbedText)
@@ -191,10 +195,12 @@ class Study(StudyBase, table=True):
 
 
 class StudyCreate(StudyBase):
-    pass
+    """Input of `Store.create_study`."""
 
 
 class StudyPublic(StudyBase):
+    """A study as the store returns it."""
+
     id: int
     status: StudyStatus
     conclusion: str | None
@@ -203,6 +209,8 @@ class StudyPublic(StudyBase):
 
 
 class StudyUpdate(StoreModel):
+    """Changes to a study; only the fields set are applied."""
+
     question: str | None = Field(default=None, min_length=1)
     status: StudyStatus | None = None
     conclusion: str | None = None
@@ -210,6 +218,8 @@ class StudyUpdate(StoreModel):
 
 # ------------------------------------------------------------------------------------ Hypothesis
 class HypothesisBase(StoreModel):
+    """Fields of a pre-registered hypothesis."""
+
     statement: str = Field(min_length=1, sa_type=ScrubbedText)
     """What is claimed, e.g. "a KL penalty of 0.05 avoids collapse on countdown"."""
     expected_outcome: str = Field(min_length=1, sa_type=ScrubbedText)
@@ -219,16 +229,20 @@ class HypothesisBase(StoreModel):
 
 
 class Hypothesis(HypothesisBase, table=True):
+    """A hypothesis registered before the runs that test it (table ``hypothesis``)."""
+
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(foreign_key="study.id", index=True)
     registered_at: datetime = Field(default_factory=utcnow)
 
 
 class HypothesisCreate(HypothesisBase):
-    pass
+    """Input of `Store.register_hypothesis`."""
 
 
 class HypothesisPublic(HypothesisBase):
+    """A hypothesis as the store returns it."""
+
     id: int
     study_id: int
     registered_at: datetime
@@ -236,6 +250,8 @@ class HypothesisPublic(HypothesisBase):
 
 # ------------------------------------------------------------------------------------ Experiment
 class ExperimentBase(StoreModel):
+    """Fields a caller gives when creating an experiment."""
+
     name: str = Field(min_length=1, max_length=200)
     description: str = Field(default="", sa_type=ScrubbedText)
     template: str | None = Field(default=None, max_length=200)
@@ -243,6 +259,8 @@ class ExperimentBase(StoreModel):
 
 
 class Experiment(ExperimentBase, table=True):
+    """A set of runs (usually one per seed) under one configuration (table ``experiment``)."""
+
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(foreign_key="study.id", index=True)
     hypothesis_id: int | None = Field(default=None, foreign_key="hypothesis.id")
@@ -251,10 +269,12 @@ class Experiment(ExperimentBase, table=True):
 
 
 class ExperimentCreate(ExperimentBase):
-    pass
+    """Input of `Store.create_experiment`."""
 
 
 class ExperimentPublic(ExperimentBase):
+    """An experiment as the store returns it."""
+
     id: int
     study_id: int
     hypothesis_id: int | None
@@ -263,6 +283,8 @@ class ExperimentPublic(ExperimentBase):
 
 # ------------------------------------------------------------------------------------------- Run
 class RunBase(StoreModel):
+    """Fields a caller gives when starting a run."""
+
     name: str = Field(default="", max_length=200)
     config: dict[str, Any] = Field(default_factory=dict, sa_type=_json())
     """Full configuration of the run (scrubbed of secrets when stored)."""
@@ -277,6 +299,8 @@ class RunBase(StoreModel):
 
 
 class Run(RunBase, table=True):
+    """One training/evaluation run against a swarm server (table ``run``)."""
+
     id: int | None = Field(default=None, primary_key=True)
     experiment_id: int = Field(foreign_key="experiment.id", index=True)
     status: RunStatus = Field(default=RunStatus.running, sa_type=_str_enum(RunStatus), index=True)
@@ -290,10 +314,12 @@ class Run(RunBase, table=True):
 
 
 class RunCreate(RunBase):
-    pass
+    """Input of `Store.start_run`."""
 
 
 class RunPublic(RunBase):
+    """A run as the store returns it."""
+
     id: int
     experiment_id: int
     status: RunStatus
@@ -313,6 +339,8 @@ class RunWithMetrics(RunPublic):
 
 
 class RunUpdate(StoreModel):
+    """Changes to a run's descriptive fields; only the fields set are applied."""
+
     name: str | None = Field(default=None, max_length=200)
     config: dict[str, Any] | None = None
     seed: int | None = None
@@ -338,6 +366,8 @@ class MetricPoint(StoreModel, table=True):
 
 
 class MetricPointPublic(StoreModel):
+    """A metric point as the store returns it."""
+
     id: int
     run_id: int
     step: int
@@ -365,6 +395,8 @@ class CodeArtifact(StoreModel, table=True):
 
 
 class CodeArtifactPublic(StoreModel):
+    """An artifact version as the store returns it."""
+
     id: int
     study_id: int
     kind: ArtifactKind
@@ -400,6 +432,8 @@ class Patch(StoreModel, table=True):
 
 
 class PatchPublic(StoreModel):
+    """A patch as the store returns it, with the study, name and kind of its artifact."""
+
     id: int
     artifact_id: int
     base_version: int
@@ -420,6 +454,8 @@ class PatchPublic(StoreModel):
 
 # ---------------------------------------------------------------------------------------- Finding
 class FindingBase(StoreModel):
+    """Fields of a finding."""
+
     statement: str = Field(min_length=1, sa_type=ScrubbedText)
     evidence: str = Field(default="", sa_type=ScrubbedText)
     """Summary of the evidence; the runs themselves are linked through `FindingEvidence`."""
@@ -433,6 +469,8 @@ class FindingBase(StoreModel):
 
 
 class Finding(FindingBase, table=True):
+    """What a study established, with its confidence and status (table ``finding``)."""
+
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(foreign_key="study.id", index=True)
     created_at: datetime = Field(default_factory=utcnow)
@@ -447,6 +485,8 @@ class FindingEvidence(StoreModel, table=True):
 
 
 class FindingCreate(FindingBase):
+    """Input of `Store.add_finding`."""
+
     run_ids: list[int] = Field(default_factory=list)
     """Runs that are evidence for the finding."""
 
@@ -457,6 +497,8 @@ class FindingCreate(FindingBase):
 
 
 class FindingPublic(FindingBase):
+    """A finding as the store returns it, with the ids of its evidence runs."""
+
     id: int
     study_id: int
     created_at: datetime
@@ -465,6 +507,8 @@ class FindingPublic(FindingBase):
 
 
 class FindingUpdate(StoreModel):
+    """Changes to a finding; only the fields set are applied."""
+
     statement: str | None = Field(default=None, min_length=1)
     evidence: str | None = None
     confidence: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -491,6 +535,8 @@ class Event(StoreModel, table=True):
 
 
 class EventPublic(StoreModel):
+    """An event as the store returns it."""
+
     id: int
     study_id: int | None
     run_id: int | None

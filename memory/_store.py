@@ -535,17 +535,15 @@ class Store:
                 query = query.where(col(Run.status) == RunStatus(status))
             pairs = session.exec(query.order_by(col(Run.id))).all()
             latest = self._latest_metrics(session, [run.id for run, _ in pairs if run.id is not None])
-            return [
-                RunWithMetrics.model_validate(
-                    run,
-                    update={
-                        "study_id": owner,
-                        "latest_metrics": latest.get(run.id or 0, ({}, None))[0],
-                        "latest_step": latest.get(run.id or 0, ({}, None))[1],
-                    },
+            runs: list[RunWithMetrics] = []
+            for run, owner in pairs:
+                values, step = latest.get(run.id or 0, ({}, None))
+                runs.append(
+                    RunWithMetrics.model_validate(
+                        run, update={"study_id": owner, "latest_metrics": values, "latest_step": step}
+                    )
                 )
-                for run, owner in pairs
-            ]
+            return runs
 
     def study_runs(self, study_id: int) -> list[RunWithMetrics]:
         """Runs of a study with their latest metric values (what the TUI and the analyst show).
