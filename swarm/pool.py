@@ -188,6 +188,18 @@ class Pool:
             rows = cur.fetchall()
         return [self._episode(dict(zip(cols, r, strict=True))) for r in rows]
 
+    def episodes(self, episode_ids: Sequence[str]) -> dict[str, StoredEpisode]:
+        """Stored episodes by id (ids not in the pool are left out)."""
+        out: dict[str, StoredEpisode] = {}
+        with self._lock:
+            for eid in episode_ids:
+                cur = self._db.execute("SELECT * FROM episodes WHERE id = ?", (eid,))
+                row = cur.fetchone()
+                if row is not None:
+                    cols = [d[0] for d in cur.description]
+                    out[eid] = self._episode(dict(zip(cols, row, strict=True)))
+        return out
+
     def calls(self, episode_ids: Sequence[str]) -> dict[str, list[CallRecord]]:
         """Call records of several episodes, each in call order."""
         out: dict[str, list[CallRecord]] = {eid: [] for eid in episode_ids}

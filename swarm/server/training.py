@@ -146,6 +146,45 @@ def _summary(ep: StoredEpisode) -> EpisodeSummary:
     )
 
 
+def agent_advantages(
+    groups: dict[str, list[str]],
+    rewards: dict[str, float],
+    agent_rewards: dict[str, dict[str, float]],
+    *,
+    normalize_std: bool = True,
+) -> dict[tuple[str, str], float]:
+    """GRPO advantages per agent for multi-agent episodes that report per-agent rewards.
+
+    For each group (task) and each agent named in any of its episodes' ``agent_rewards``, the agent's
+    rewards across the G episodes form its own group: ``A_{i,a} = (r_{i,a} − mean_j r_{j,a}) / std_j r_{j,a}``
+    (Shao et al. 2024, eq. of §4.1.2, applied per agent), where an episode that did not report agent
+    ``a`` falls back to its scalar reward. Agents without per-agent rewards use the episode advantage.
+
+    Args:
+        groups: task_id → episode ids (``Batch.groups``).
+        rewards: episode_id → scalar reward (``Batch.rewards``).
+        agent_rewards: episode_id → {agent: reward} for episodes that reported them.
+        normalize_std: divide by the group std (GRPO) or not (Dr. GRPO).
+
+    Returns:
+        (episode_id, agent) → advantage, for every agent named in ``agent_rewards`` of the group.
+    """
+    import torch
+
+    from swarm.train import grpo_advantages
+
+    out: dict[tuple[str, str], float] = {}
+    for episode_ids in groups.values():
+        agents = sorted({a for e in episode_ids for a in agent_rewards.get(e, {})})
+        for agent in agents:
+            rewards_G = torch.tensor(
+                [agent_rewards.get(e, {}).get(agent, rewards[e]) for e in episode_ids], dtype=torch.float64
+            )
+            adv_G = grpo_advantages(rewards_G, normalize_std=normalize_std)
+            out.update({(e, agent): float(a) for e, a in zip(episode_ids, adv_G.tolist(), strict=True)})
+    return out
+
+
 class TrainingLoop:
     """Owns the trainer, votes, quotas window, metrics history and checkpoints of one server."""
 
@@ -354,7 +393,12 @@ class TrainingLoop:
 
     def _samples(self, batch: Batch) -> tuple[list[Sample], list[float], MergeStats]:
         calls = self.runtime.pool.calls(batch.episode_ids)
+        stored = self.runtime.pool.episodes(batch.episode_ids)
+        agent_rewards = {eid: ep.agent_rewards for eid, ep in stored.items() if ep.agent_rewards}
         advantages = episode_advantages(batch.groups, batch.rewards, normalize_std=self.config.normalize_std)
+        by_agent = agent_advantages(
+            batch.groups, batch.rewards, agent_rewards, normalize_std=self.config.normalize_std
+        )
         weighting = LossWeighting(self.config.loss_weighting)
         samples: list[Sample] = []
         advs: list[float] = []
@@ -365,7 +409,7 @@ class TrainingLoop:
             for s in built:
                 if any(s.loss_mask):
                     samples.append(s)
-                    advs.append(advantages.get(eid, 0.0))
+                    advs.append(by_agent.get((eid, s.agent), advantages.get(eid, 0.0)))
         return samples, advs, aggregate_stats(stats)
 
     def _step_blocking(self, batch: Batch, drain_s: float, drain_aborted: int) -> ServerStepMetrics | None:
