@@ -29,7 +29,7 @@ console = Console(stderr=True)
 
 def fail(message: str) -> typer.Exit:
     """Print one readable error line and return the exit to raise."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code=1)
 
 

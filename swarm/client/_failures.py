@@ -10,7 +10,8 @@ handling a timeout is still a bug):
 
 - timeouts: :class:`TimeoutError` (``asyncio.TimeoutError``), ``httpx.TimeoutException``,
   ``openai.APITimeoutError``;
-- transport errors: ``httpx.TransportError``, ``openai.APIConnectionError``;
+- transport errors: ``httpx.TransportError``, ``openai.APIConnectionError`` (httpx2, the fork
+  ``openai>=3`` is built on, is recognised like httpx);
 - answers that say "not your fault, try later": HTTP 429 and 5xx (``httpx.HTTPStatusError``,
   ``openai.RateLimitError`` / ``InternalServerError`` / any ``APIStatusError`` with such a status,
   :class:`swarm.errors.ClientError`);
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from enum import StrEnum
+from typing import Any
 
 import httpx
 
@@ -70,26 +72,38 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
             stack.append(current.__cause__)
 
 
+def _http_libraries() -> list[Any]:
+    """httpx, and httpx2 when installed (``openai>=3`` is built on httpx2, a same-API fork)."""
+    libraries: list[Any] = [httpx]
+    try:
+        import httpx2
+    except ImportError:
+        return libraries
+    libraries.append(httpx2)
+    return libraries
+
+
 def _status_and_url(exc: BaseException) -> tuple[int, str] | None:
-    """HTTP status and request URL of an error answer from httpx, the OpenAI SDK or our client."""
+    """HTTP status and request URL of an error answer (httpx/httpx2, the OpenAI SDK, our client)."""
     if isinstance(exc, ClientError):
         return exc.status_code, exc.url
-    if isinstance(exc, httpx.HTTPStatusError):
-        return exc.response.status_code, str(exc.request.url)
-    response = getattr(exc, "response", None)  # openai.APIStatusError (imported lazily: optional)
-    status = getattr(exc, "status_code", None)
-    if isinstance(response, httpx.Response) and isinstance(status, int):
-        try:
-            url = str(response.request.url)
-        except RuntimeError:  # a response built without a request
-            url = ""
-        return status, url
-    return None
+    response = getattr(exc, "response", None)  # httpx(2).HTTPStatusError, openai.APIStatusError
+    status = getattr(response, "status_code", None)
+    if response is None or not isinstance(status, int):
+        return None
+    try:
+        url = str(response.request.url)
+    except (AttributeError, RuntimeError):  # a response built without a request
+        url = ""
+    return status, url
 
 
 def _is_infra(exc: BaseException, own_base_urls: tuple[str, ...]) -> bool:
-    if isinstance(exc, EpisodeLost | TimeoutError | httpx.TimeoutException | httpx.TransportError):
+    if isinstance(exc, EpisodeLost | TimeoutError):
         return True
+    for lib in _http_libraries():
+        if isinstance(exc, lib.TimeoutException | lib.TransportError):
+            return True
     try:
         import openai
     except ImportError:  # pragma: no cover - openai is a core dependency

@@ -24,7 +24,7 @@ def _openai_status(cls: type[openai.APIStatusError], status: int, url: str) -> o
 
 INFRA = [
     TimeoutError("slow"),
-    asyncio.TimeoutError(),
+    TimeoutError(),
     httpx.ConnectError("refused"),
     httpx.ReadTimeout("read timed out"),
     httpx.RemoteProtocolError("server went away"),
@@ -94,4 +94,31 @@ def test_exception_groups_are_searched() -> None:
 def test_own_server_401_without_known_url_is_agent() -> None:
     # without the episode's base URL the runner cannot tell whose key failed
     exc = _openai_status(openai.AuthenticationError, 401, f"{OWN}/chat/completions")
+    assert classify_failure(exc) is FailureKind.AGENT
+
+
+def test_httpx2_errors_count_like_httpx() -> None:
+    httpx2 = pytest.importorskip("httpx2")  # openai>=3 is built on this same-API fork of httpx
+    assert classify_failure(httpx2.ConnectError("refused")) is FailureKind.INFRA
+    assert classify_failure(httpx2.ReadTimeout("slow")) is FailureKind.INFRA
+
+
+def test_a_real_401_from_our_server_after_the_episode_ended_is_infra(client_server) -> None:
+    from swarm.client import AsyncSwarmClient
+
+    async def go() -> tuple[BaseException, str]:
+        async with AsyncSwarmClient(client_server.url) as client:
+            ep = await client.begin("gone")
+            await ep.abort("the server forgot it")
+        sdk = openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key, max_retries=0)
+        try:
+            await sdk.chat.completions.create(
+                model=ep.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+        except openai.AuthenticationError as exc:
+            return exc, ep.base_url
+        raise AssertionError("the ended episode's key still worked")
+
+    exc, base_url = asyncio.run(go())
+    assert classify_failure(exc, (base_url,)) is FailureKind.INFRA
     assert classify_failure(exc) is FailureKind.AGENT

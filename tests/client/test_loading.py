@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.client import DatasetError, LLM, Result, TaskSet, WorkflowLoadError, load_workflow
+from swarm.client import LLM, DatasetError, Result, TaskSet, WorkflowLoadError, load_workflow
 from tests.client.conftest import write_jsonl, write_workflow
 
 LLM_STUB = LLM(base_url="http://127.0.0.1:1/v1", api_key="sk-swarm-test", model="m")
@@ -116,7 +116,7 @@ def test_generator_sources(tmp_path: Path) -> None:
     assert not source.sized
     with pytest.raises(DatasetError, match="defines no function 'nope'"):
         TaskSet(f"{gen}:nope")
-    with pytest.raises(DatasetError, match="FILE.py:FUNCTION"):
+    with pytest.raises(DatasetError, match=r"FILE\.py:FUNCTION"):
         TaskSet(gen)
     assert [t.data["x"] for t in TaskSet(lambda: ({"x": i} for i in range(2)))] == [0, 1]
 
