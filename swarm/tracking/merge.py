@@ -14,23 +14,24 @@ trainable completion tokens. Chains with nothing left to train are dropped.
 merges only consecutive observations greedily). ``S`` = system + tools, ``U``/``R`` = user/tool turns,
 ``X`` = completions, agent ``a`` trainable, agent ``b`` not::
 
-    call 0 (a): prompt S U1               completion X0
-    call 1 (b): prompt S' V1              completion Y1       # sub-agent, other system prompt
-    call 2 (a): prompt S U1 X0 R1         completion X2       # extends call 0
-    call 3 (a): prompt S U1 X0' R1 U2     completion X3       # X0 re-rendered (think stripped):
-                                                              #   extends nothing → break
-    call 4 (a): prompt S U1 X0 R1 X2 U3   completion X4       # extends call 2
-
-    forest: 0 → 2 → 4,  1,  3
-    sample 0: S U1 X0 R1 X2 U3 X4   mask on X0 X2 X4   calls [0, 2, 4]
-    sample 1: S' V1 Y1              nothing trainable → dropped (counted in ``untrained_chains``)
-    sample 2: S U1 X0' R1 U2 X3     mask on X3         calls [3]
-    prefix breaks: {"completion_rewritten": 1} (call 3 vs call 2, the latest call of agent a)
+    call 0 (a): prompt S U1                     completion X0
+    call 1 (b): prompt S' V1                    completion Y1    # sub-agent, own system prompt
+    call 2 (a): prompt S U1 X0 R1               completion X2    # extends call 0
+    call 3 (a): prompt S U1 X0 R1 X2 U2         completion X3    # extends call 2
+    call 4 (a): prompt S U1 X0' R1 X2' U2 X3' U3 completion X4   # the template stripped <think> from
+                                                                 #   earlier turns: extends nothing
+    forest: 0 → 2 → 3,   1,   4
+    sample 0: S U1 X0 R1 X2 U2 X3                 mask on X0 X2 X3, calls [0, 2, 3]
+    (chain [1]: nothing trainable, dropped and counted in ``untrained_chains``)
+    sample 1: S U1 X0' R1 X2' U2 X3' U3 X4        mask on X4,       calls [4]
+    prefix breaks: {"completion_rewritten": 1}   (call 4 against call 3, the latest call of agent a;
+                                                  they diverge inside X0, the completion of call 0)
 
 **Prefix breaks** are counted per call ``B`` that does not extend ``A``, the latest earlier call of the
-same agent, with the cause read from the longest common prefix ``l`` of ``B.prompt_ids`` and
-``A.prompt_ids + A.completion_ids`` (see :class:`PrefixBreak`). Calls of another agent in between are not
-breaks (``agent_switches`` counts them).
+same agent (nor another choice of ``A``'s request: a call of that agent with ``A``'s prompt), with the
+cause read from the longest common prefix ``l`` of ``B.prompt_ids`` and ``A.prompt_ids +
+A.completion_ids`` (see :class:`PrefixBreak`). Calls of another agent in between are not breaks
+(``agent_switches`` counts them).
 """
 
 from __future__ import annotations
@@ -294,17 +295,19 @@ def _episode_stats(
 ) -> MergeStats:
     breaks: Counter[str] = Counter()
     by_index = {c.index: c for c in calls}
-    latest_by_agent: dict[str, CallRecord] = {}
+    # the agent's latest request: its calls (several when n > 1 choices or retries share one prompt)
+    latest_by_agent: dict[str, list[CallRecord]] = {}
     switches = 0
     for k, call in enumerate(calls):
-        previous = latest_by_agent.get(call.agent)
-        if previous is not None and not _extends(
-            call.prompt_ids, previous.prompt_ids + previous.completion_ids
-        ):
-            breaks[_classify(previous, call, by_index, parents).value] += 1
+        latest = latest_by_agent.get(call.agent, [])
+        if latest and not any(_extends(call.prompt_ids, a.prompt_ids + a.completion_ids) for a in latest):
+            breaks[_classify(latest[-1], call, by_index, parents).value] += 1
         if k > 0 and calls[k - 1].agent != call.agent:
             switches += 1
-        latest_by_agent[call.agent] = call
+        if latest and latest[-1].prompt_ids == call.prompt_ids:
+            latest.append(call)
+        else:
+            latest_by_agent[call.agent] = [call]
     tokens_unmerged = sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls if c.trainable)
     tokens_merged = sum(len(s.input_ids) for s in samples)
     return MergeStats(

@@ -198,12 +198,14 @@ def test_resampled_choices_share_the_prefix_and_train_it_once(setups: dict[str, 
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Pick a number."}]
     _, reply = sim.call(messages, sim.ids("Seven."))
     messages += [reply, {"role": "user", "content": "Another?"}]
-    sim.call(messages, sim.ids("Three."))  # choice 0
+    _, choice0 = sim.call(messages, sim.ids("Three."))  # choice 0
     sim.call(messages, sim.ids("Nine."))  # choice 1 (n=2): same prompt
+    # the client continues with choice 0 (not the latest call): not another break
+    sim.call([*messages, choice0, {"role": "user", "content": "Ok."}], sim.ids("Fine."))
     samples, stats = build_samples("ep", sim.calls)
-    assert [s.calls for s in samples] == [[0, 1], [0, 2]]
+    assert [s.calls for s in samples] == [[0, 1, 3], [0, 2]]
     assert stats.prefix_breaks == {"resampled": 1}
-    assert _masked(samples[0]) == sim.calls[0].completion_ids + sim.calls[1].completion_ids
+    assert _masked(samples[0]) == [t for k in (0, 1, 3) for t in sim.calls[k].completion_ids]
     assert _masked(samples[1]) == sim.calls[2].completion_ids  # call 0 already trained in sample 0
     for sample in samples:
         _check_sample_against_calls(sample, sim.calls)
@@ -288,3 +290,48 @@ def test_calls_in_any_order_give_the_same_samples(setups: dict[str, TemplateSetu
     sim = Sim(setups["gemma"])
     _multi_turn(sim, 3)
     assert build_samples("ep", list(reversed(sim.calls))) == build_samples("ep", sim.calls)
+
+
+def _record(
+    index: int, prompt: list[int], completion: list[int], agent: str = "a", trainable: bool = True
+) -> CallRecord:
+    return CallRecord(
+        index=index,
+        agent=agent,
+        trainable=trainable,
+        prompt_ids=prompt,
+        completion_ids=completion,
+        logprobs=[-1.0] * len(completion),
+        finish_reason=FinishReason.STOP,
+    )
+
+
+def test_the_worked_example_of_the_module_docstring() -> None:
+    S, U1, X0, S_, V1, Y1, R1, X2, U2, X3, U3, X4 = (
+        [1, 2, 3],
+        [4],
+        [5, 6],
+        [7, 8],
+        [9],
+        [10],
+        [11],
+        [12],
+        [13],
+        [14],
+        [15],
+        [16],
+    )
+    X0_, X2_, X3_ = [17], [18], [19]  # the same turns with their <think> blocks stripped
+    calls = [
+        _record(0, S + U1, X0),
+        _record(1, S_ + V1, Y1, agent="b", trainable=False),
+        _record(2, S + U1 + X0 + R1, X2),
+        _record(3, S + U1 + X0 + R1 + X2 + U2, X3),
+        _record(4, S + U1 + X0_ + R1 + X2_ + U2 + X3_ + U3, X4),
+    ]
+    samples, stats = build_samples("ep", calls)
+    assert [(s.index, s.calls) for s in samples] == [(0, [0, 2, 3]), (1, [4])]
+    assert samples[0].input_ids == S + U1 + X0 + R1 + X2 + U2 + X3
+    assert _masked(samples[0]) == X0 + X2 + X3 and _masked(samples[1]) == X4
+    assert stats.untrained_chains == 1 and stats.prefix_breaks == {"completion_rewritten": 1}
+    assert stats.agent_switches == 2
