@@ -1,0 +1,118 @@
+"""Patch allow-list and application; sweep scheduling, stability verdicts and the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from a3r.analysis import Diagnosis, DiagnosisKind, RewardSummary
+from a3r.errors import PatchConflict, PatchNotAllowed
+from a3r.graph.state import RunOutcome
+from a3r.llm import OfflineProvider
+from a3r.patches import apply_patch, check_allowed, unified_diff
+from a3r.plans import StabilityCriterion
+from a3r.report import plot_rewards, write_report
+from a3r.research import fit_budget, initial_queue, judge_run, refine_values, sweep_specs, verdicts
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["heldout.jsonl", "evaluator/workflow.py", "evaluator/reward.py", "../workflow.py", "/etc/passwd", "limits.json", "sub/workflow.py"],
+)
+def test_patches_never_touch_evaluators_heldout_or_limits(tmp_path: Path, target: str) -> None:
+    (tmp_path / "evaluator").mkdir()
+    with pytest.raises(PatchNotAllowed):
+        check_allowed(tmp_path, target)
+
+
+def test_symlinked_target_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "heldout.jsonl").write_text("{}\n")
+    (tmp_path / "tasks.jsonl").symlink_to(tmp_path / "heldout.jsonl")
+    with pytest.raises(PatchNotAllowed):
+        check_allowed(tmp_path, "tasks.jsonl")
+
+
+def test_apply_patch_is_idempotent_and_detects_conflicts(tmp_path: Path) -> None:
+    (tmp_path / "workflow.py").write_text("A = 1\n")
+    diff = unified_diff("A = 1\n", "A = 2\n", "workflow.py")
+    assert diff.startswith("--- a/workflow.py\n+++ b/workflow.py") and "-A = 1" in diff and "+A = 2" in diff
+    assert apply_patch(tmp_path, "workflow.py", base="A = 1\n", new="A = 2\n") is True
+    assert apply_patch(tmp_path, "workflow.py", base="A = 1\n", new="A = 2\n") is False  # re-run of the node
+    assert (tmp_path / "workflow.py").read_text() == "A = 2\n"
+    with pytest.raises(PatchConflict):
+        apply_patch(tmp_path, "workflow.py", base="A = 1\n", new="A = 3\n")
+
+
+def _outcome(key: str, value: float, seed: int, curve: list[float], status: str = "finished", **extra: object) -> RunOutcome:
+    return RunOutcome(
+        key=key,
+        run_id=seed + int(value) * 10,
+        purpose="sweep",
+        seed=seed,
+        value=value,
+        status=status,  # type: ignore[arg-type]
+        reason="",
+        curve=[(i + 1, v) for i, v in enumerate(curve)],
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+BASELINE = RewardSummary(tasks=8, episodes=16, mean_reward=0.3, pass_at_1=0.3, pass_at_2=0.45)
+
+
+def test_research_plan_queue_and_sweep() -> None:
+    plan = OfflineProvider().plan("find min stable batch size on arithmetic", mode="research")
+    assert [s.purpose for s in initial_queue(plan)] == ["preflight"]
+    specs = sweep_specs(plan, plan.sweep.coarse if plan.sweep else [], "coarse")
+    assert len(specs) == 4 * len(plan.training.seeds)
+    assert [s.settings.batch_size for s in specs[:2]] == [1, 1] and specs[0].seed != specs[1].seed
+    assert specs[0].key == "coarse-batch_size=1-s0"
+    kept, dropped = fit_budget(specs, budget_s=3 * 60, seconds_per_episode=0.5, eval_episodes=32, goal="min_stable")
+    assert kept and dropped and max(s.value or 0 for s in kept) < min(dropped)
+    assert len(kept) % len(plan.training.seeds) == 0  # configurations are never cut to fewer seeds
+    vibe = OfflineProvider().plan("train arithmetic", mode="vibe")
+    assert [s.key for s in initial_queue(vibe)] == ["smoke", "train-s0"]
+
+
+def test_stability_verdicts_and_refinement() -> None:
+    criterion = StabilityCriterion(last_k=2, delta=0.05, min_seeds=2)
+    collapse = Diagnosis(kind=DiagnosisKind.collapse, summary="reward fell")
+    outcomes = [
+        _outcome("b1s0", 1, 0, [0.3, 0.1, 0.0]),
+        _outcome("b1s1", 1, 1, [0.3, 0.3, 0.35]),
+        _outcome("b2s0", 2, 0, [0.3, 0.3, 0.3], diagnoses=[collapse]),
+        _outcome("b2s1", 2, 1, [0.3, 0.3, 0.3]),
+        _outcome("b4s0", 4, 0, [0.3, 0.35, 0.4]),
+        _outcome("b4s1", 4, 1, [0.3, 0.3, 0.3]),
+        _outcome("b8s0", 8, 0, [0.3, 0.3, 0.3]),
+    ]
+    unstable = judge_run(outcomes[0], BASELINE.mean_reward, criterion)
+    assert not unstable.stable and "< baseline" in unstable.reasons[0]
+    assert judge_run(_outcome("h", 4, 0, [0.5], status="hung"), 0.3, criterion).stable is False
+    configs = verdicts(outcomes, baseline=BASELINE, criterion=criterion)
+    assert [(c.value, c.stable) for c in configs] == [(1, False), (2, False), (4, True), (8, None)]
+    assert configs[2].stable_seeds == [0, 1]
+    assert refine_values(configs, [c.value for c in configs]) == [3.0]
+    assert refine_values(configs, [1, 2, 3, 4, 8]) == []
+
+
+def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    from memory import StudyPublic, StudyStatus
+
+    plan = OfflineProvider().plan("find min stable batch size on arithmetic", mode="research")
+    outcomes = [_outcome("b4s0", 4, 0, [0.3, 0.42]), _outcome("b4s1", 4, 1, [0.3, 0.36])]
+    configs = verdicts(outcomes, baseline=BASELINE, criterion=StabilityCriterion(last_k=1))
+    now = datetime.now(timezone.utc)
+    study = StudyPublic(id=1, question="q", kind="research", status=StudyStatus.open, conclusion=None, created_at=now, updated_at=now)
+    path = write_report(
+        tmp_path, study=study, plan=plan, hypotheses=[], outcomes=outcomes, baseline=BASELINE,
+        configs=configs, findings=[], patches=[], conclusion="B* ≤ 4",
+    )
+    text = path.read_text()
+    assert "0.420" in text and "0.360" in text and "| 4 |" in text and "![sweep](sweep.png)" in text
+    assert (tmp_path / "reward_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    assert plot_rewards([], tmp_path / "none.png") is None
