@@ -255,3 +255,22 @@ def test_template_failures_raise_prompt_error(smol_tokenizer: Any) -> None:
     toolless = PromptRenderer(smol_tokenizer, smol_tokenizer.chat_template)
     with pytest.raises(PromptError, match="cannot render tools"):
         toolless.render([{"role": "user", "content": "a"}], TOOLS)
+
+
+def test_prefers_the_requesting_agents_call_among_equal_texts(setups: dict[str, TemplateSetup]) -> None:
+    setup = setups["smollm2"]
+    tok = setup.tokenizer
+    sim = Sim(setup)
+    split = [*tok.encode("o", add_special_tokens=False), *tok.encode("k", add_special_tokens=False)]
+    a, _ = sim.call([{"role": "user", "content": "a?"}], [*split, setup.eos_id], agent="a")
+    b, _ = sim.call([{"role": "user", "content": "b?"}], sim.ids("ok"), agent="b")
+    assert a.text == b.text == "ok" and a.completion_ids != b.completion_ids
+    # a new conversation that quotes "ok": neither call's prompt matches, so the agent decides
+    messages = [
+        {"role": "user", "content": "c?"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "d"},
+    ]
+    assert sim.render(messages, agent="a").spliced_calls == [a.index]
+    assert sim.render(messages, agent="b").spliced_calls == [b.index]
+    assert sim.render(messages).spliced_calls == [b.index]  # no agent given: the most recent call
