@@ -22,7 +22,7 @@ from memory import MetricPointPublic, RunPublic
 
 __all__ = ["RunScreen"]
 
-_LIVE_METRICS = ("loss", "kl", "clip_ratio", "entropy", "grad_norm")
+_LIVE_METRICS = ("loss", "kl", "clip_frac", "entropy", "grad_norm", "lr")
 
 
 class RunScreen(PollingScreen):

@@ -17,10 +17,11 @@ from swarm.protocol import EpisodeView
 
 __all__ = ["TokenSequence", "TokenView", "token_sequences"]
 
-TRAINED_STYLE = "bold black on green"
-"""Tokens with loss mask 1: targets whose log-probability the trainer trains."""
-CONTEXT_STYLE = "grey62"
-"""Tokens with loss mask 0: prompt, tool output, other agents' turns (context only)."""
+TRAINED_STYLES = ("black on green3", "black on dark_sea_green2")
+"""Tokens with loss mask 1 (targets whose log-probability the trainer trains), alternating so that
+neighbouring tokens stay distinguishable."""
+CONTEXT_STYLES = ("grey70", "grey50")
+"""Tokens with loss mask 0 (prompt, tool output, other agents' turns: context only), alternating."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +90,12 @@ def token_sequences(episode: EpisodeView, pieces_of: dict[int, str]) -> list[Tok
 
 
 def render_tokens(sequence: TokenSequence) -> Text:
-    """Rich text of a sequence: trained tokens highlighted, context tokens dimmed, newlines shown as ↵."""
+    """Rich text of a sequence: trained tokens highlighted, context tokens grey, each token's shade
+    alternating with its neighbour's; newlines shown as ↵."""
     text = Text()
-    for piece, mask in zip(sequence.pieces, sequence.loss_mask, strict=True):
-        shown = piece.replace("\n", "↵\n")
-        text.append(shown, style=TRAINED_STYLE if mask else CONTEXT_STYLE)
+    for position, (piece, mask) in enumerate(zip(sequence.pieces, sequence.loss_mask, strict=True)):
+        styles = TRAINED_STYLES if mask else CONTEXT_STYLES
+        text.append(piece.replace("\n", "↵\n"), style=styles[position % 2])
     return text
 
 
@@ -182,9 +184,9 @@ class TokenView(VerticalScroll, can_focus=True):
             return
         legend = Text.assemble(
             f"{self.index + 1}/{len(self.sequences)} {shown.title} · {len(shown.pieces)} tokens, ",
-            (f"{shown.trained} trained", TRAINED_STYLE),
+            (f"{shown.trained} trained", TRAINED_STYLES[0]),
             " / ",
-            ("context", CONTEXT_STYLE),
+            ("context", CONTEXT_STYLES[0]),
         )
         head.update(legend)
         body.update(render_tokens(shown))

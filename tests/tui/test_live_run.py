@@ -1,0 +1,147 @@
+"""The run screen against a real swarm server on loopback (a tiny random model that trains): live
+status, the reward curve of the server's per-step metrics, ended episodes, and the token-level view of
+an episode with loss-mask colouring; a server that is down is reported without blocking the screen."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from a3r.tui import A3RApp, HFDetokenizer, RewardCurve, TokenView, TuiConfig
+from a3r.tui._episode_screen import EpisodeScreen
+from a3r.tui._run_screen import RunScreen
+from a3r.tui._token_view import TRAINED_STYLES, render_tokens
+from memory import Store
+from swarm.batch import BatchConfig, BatchPolicy
+from swarm.client import SwarmClient
+from swarm.config import TrainingConfig
+from swarm.engine import HFEngine
+from swarm.train import TrainerConfig
+from tests.conftest import LiveServer, build_tiny_model, free_port, make_server
+from tests.tui.conftest import cells, text_of, wait_for
+
+SIZE = (80, 24)
+QUESTION = [{"role": "user", "content": "Count to three."}]
+
+
+@pytest.fixture(scope="module")
+def trained_server(
+    tmp_path_factory: pytest.TempPathFactory, embedded_source: Any, tokenizer: Any
+) -> Iterator[tuple[LiveServer, list[dict[str, Any]]]]:
+    """A server that trained two steps on groups of 2 episodes (rewards 1 and 0, then 0.75 and 0.25),
+    with its per-step metrics as served by ``GET /api/v1/metrics``."""
+    engine = HFEngine(build_tiny_model(embedded_source, seed=3), tokenizer, "tiny-tui")
+    training = TrainingConfig(
+        batch=BatchConfig(policy=BatchPolicy.EPISODES, batch_size=1, group_size=2),
+        trainer=TrainerConfig(lr=1e-3),
+    )
+    live = make_server(tmp_path_factory.mktemp("tui-server"), engine, training=training)
+    try:
+        with SwarmClient(live.url) as client:
+            for step, rewards in enumerate(((1.0, 0.0), (0.75, 0.25)), start=1):
+                for reward in rewards:
+                    with client.episode(f"count-{step}") as ep:
+                        OpenAI(base_url=ep.base_url, api_key=ep.api_key).chat.completions.create(
+                            model=ep.model, messages=QUESTION, max_tokens=6, temperature=1.0
+                        )
+                        ep.finish(reward)
+                assert _wait(lambda s=step: client.status().step == s), (
+                    f"the server did not train step {step}"
+                )
+            metrics = client.metrics()
+        yield live, metrics
+    finally:
+        live.stop()
+        engine.close()
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _study_with_run(store: Store, server_url: str) -> tuple[int, int]:
+    study = store.create_study("Does the tiny model learn to count?")
+    experiment = store.create_experiment(study.id, "count")
+    run = store.start_run(experiment.id, seed=0, server_url=server_url)
+    store.log_metrics(run.id, step=1, metrics={"reward/mean": 0.5})
+    return study.id, run.id
+
+
+async def test_live_run_and_episode_tokens(
+    store: Store, trained_server: tuple[LiveServer, list[dict[str, Any]]], tokenizer: Any
+) -> None:
+    live, metrics = trained_server
+    assert [m["reward_mean"] for m in metrics] == [0.5, 0.5]
+    study_id, run_id = _study_with_run(store, live.url)
+    config = TuiConfig(refresh_s=0.5, reviewer="ada")
+    app = A3RApp(store, config=config, study_id=study_id, detokenize=HFDetokenizer.from_tokenizer(tokenizer))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(cells(app, "#runs")) == 1)
+        await pilot.press("enter")
+        screen = app.screen
+        assert isinstance(screen, RunScreen) and screen.run_id == run_id
+        await wait_for(
+            pilot, lambda: screen.live is not None and len(screen.live.episodes) == 4, timeout_s=20
+        )
+        status = text_of(app, "#live-status")
+        assert "policy step 2" in status and "tiny-tui" in status and "trained 4" in status
+        assert f"loss={metrics[-1]['loss']:.4g}" in status
+        curve = screen.query_one("#live-curve", RewardCurve)
+        assert curve.metric == "live reward_mean" and curve.values == (0.5, 0.5)
+        rows = cells(app, "#episodes")
+        # Newest first, with the rewards the client reported.
+        assert [row[1:] for row in rows] == [
+            ["count-2", "finished", "0.25"],
+            ["count-2", "finished", "0.75"],
+            ["count-1", "finished", "0"],
+            ["count-1", "finished", "1"],
+        ]
+        episode_id = rows[0][0]
+
+        await pilot.press("enter")
+        episode_screen = app.screen
+        assert isinstance(episode_screen, EpisodeScreen) and episode_screen.episode_id == episode_id
+        view = episode_screen.query_one(TokenView)
+        await wait_for(pilot, lambda: view.sequences, timeout_s=20)
+        with SwarmClient(live.url) as client:
+            record = client.get_episode(episode_id)
+        (sample,) = record.samples
+        (shown,) = view.sequences
+        # Every token is shown once, in order, with the sample's loss mask.
+        assert "".join(shown.pieces) == tokenizer.decode(sample.input_ids)
+        assert shown.loss_mask == tuple(sample.loss_mask)
+        assert shown.trained == len(record.calls[0].completion_ids) > 0
+        # Trained tokens are highlighted, context tokens are not.
+        text = render_tokens(shown)
+        trained_text = "".join(
+            text.plain[span.start : span.end] for span in text.spans if span.style in TRAINED_STYLES
+        )
+        assert trained_text.replace("↵", "") == tokenizer.decode(record.calls[0].completion_ids)
+        info = text_of(app, "#episode-info")
+        assert "finished" in info and "reward 0.25" in info and "1 calls, 1 samples" in info
+
+
+async def test_unreachable_server_is_reported(store: Store) -> None:
+    study_id, _ = _study_with_run(store, f"http://127.0.0.1:{free_port()}")
+    app = A3RApp(store, config=TuiConfig(refresh_s=0.5, request_timeout_s=2.0), study_id=study_id)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(cells(app, "#runs")) == 1)
+        await pilot.press("enter")
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        await wait_for(pilot, lambda: screen.live is not None)
+        assert "cannot reach http://127.0.0.1:" in text_of(app, "#live-status")
+        assert screen.query_one("#live-curve", RewardCurve).title_text.endswith("server unreachable")
+        # The stored curve is still drawn, and the screen still answers keys.
+        assert screen.query_one("#stored-curve", RewardCurve).values == (0.5,)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, RunScreen)
