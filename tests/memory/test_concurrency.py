@@ -91,7 +91,7 @@ def test_two_processes_lose_no_update(store: Store, store_url: str) -> None:
     def new_patch() -> int:
         return store.propose_patch(base.id, diff="d", rationale="r").id
 
-    ids = {
+    ids: dict[str, Any] = {
         "study": study.id,
         "run": run.id,
         "finding": finding.id,
