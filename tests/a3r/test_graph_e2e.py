@@ -1,0 +1,88 @@
+"""The whole offline graph end to end against real ``swarm serve`` subprocesses on the embedded model:
+plan → code → smoke → training → zero-signal detected → patch → interrupt → approve → client hot-swap on
+the same server → report. Asserts the exact node stream, interrupts included, and that approving
+creates exactly one experiment (no side effect runs twice when the approval node resumes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.types import Command
+
+from a3r.graph import PatchReview, RunContext, build_graph, open_checkpointer
+from a3r.graph.context import Ledger
+from a3r.llm import OfflineProvider, read_params
+from memory import ArtifactKind, PatchStatus, RunStatus, Store, StudyStatus
+
+pytestmark = pytest.mark.slow
+
+
+def _nodes(chunks: list[dict[str, Any]]) -> list[str]:
+    return [name for chunk in chunks for name in chunk]
+
+
+def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
+    store = Store(tmp_path / "memory.db")
+    saver = open_checkpointer(tmp_path / "checkpoints.db")
+    ctx = RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "checkpoints.db"),
+        thread_id="t-e2e",
+        root=tmp_path / ".a3r",
+        hang_after_s=120.0,
+        poll_s=0.5,
+        eval_tasks=4,
+        server_options={"max-batch-size": 8, "checkpoint-every": 100},
+    )
+    graph = build_graph(saver)
+    config = {"configurable": {"thread_id": "t-e2e"}}
+    request = {
+        "request": "train arithmetic with temperature 0",
+        "mode": "vibe",
+        "overrides": {"steps": 3, "batch_size": 1, "group_size": 2},
+    }
+    try:
+        first = list(graph.stream(request, config, context=ctx, stream_mode="updates", durability="sync"))
+        assert _nodes(first) == ["planner", "coder", "runner", "analyst", "planner", "runner", "analyst", "__interrupt__"]
+        (pending,) = first[-1]["__interrupt__"]
+        review = pending.value
+        assert isinstance(review, PatchReview)
+        assert review.file == "workflow.py" and review.actions == ("approve", "reject")
+        assert "'temperature': 0.0" in review.diff and "'temperature': 1.0" in review.diff
+        study_id = graph.get_state(config).values["study_id"]
+        assert len(store.experiments(study_id)) == 1
+        assert store.get_patch(review.patch_id).status is PatchStatus.pending
+
+        second = list(graph.stream(Command(resume="approve"), config, context=ctx, stream_mode="updates", durability="sync"))
+        assert _nodes(second) == ["approve", "runner", "analyst", "planner", "reporter"]
+    finally:
+        ctx.close_servers()
+
+    state = graph.get_state(config).values
+    assert len(store.experiments(study_id)) == 1
+    runs = store.study_runs(study_id)
+    assert [r.name for r in runs] == ["smoke", "train-s0", f"train-s0-p{review.patch_id}"]
+    assert [r.status for r in runs] == [RunStatus.finished, RunStatus.cancelled, RunStatus.finished]
+    assert store.get_patch(review.patch_id).status is PatchStatus.applied
+    workflow_versions = [a for a in store.artifacts(study_id) if a.name == "workflow.py"]
+    assert [a.version for a in workflow_versions] == [1, 2]
+    ws = Path(state["workspace"])
+    assert read_params((ws / "workflow.py").read_text())["temperature"] == 1.0
+    assert read_params((ws / "evaluator" / "workflow.py").read_text())["temperature"] == 0.0  # frozen evaluator
+    # The client was hot-swapped on the same server: one server start for the whole thread, and the
+    # continuation started at the step the server had reached.
+    starts = [e for e in store.events(study_id=study_id) if "swarm serve started" in e.message]
+    assert len(starts) == 1
+    outcomes = state["outcomes"]
+    assert outcomes[-1].status == "finished" and outcomes[-1].steps >= 3
+    assert store.metric_history(runs[-1].id, "reward_mean")
+    assert any("zero_signal" in f.statement for f in store.findings(study_id))
+    assert store.get_study(study_id).status is StudyStatus.concluded
+    report = Path(state["report"])
+    assert report.exists() and "temperature" in report.read_text()
+    assert (report.parent / "reward_curves.png").exists()
+    assert any(a.kind is ArtifactKind.report for a in store.artifacts(study_id))
+    store.close()
