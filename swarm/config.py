@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.tracking.merge import LossWeighting
 from swarm.train.config import TrainerConfig
+from swarm.train.losses import LossAggregation
 
 
 class SamplingDefaults(BaseModel):
@@ -37,8 +38,11 @@ class TrainingConfig(BaseModel):
     """Train when the batch policy is satisfied; ``False`` only serves and records (inference mode)."""
     batch: BatchConfig = Field(default_factory=BatchConfig)
     """Batch policy, batch size B and group size G."""
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    """Optimizer, PPO clip, KL, LoRA, micro-batching."""
+    trainer: TrainerConfig = Field(
+        default_factory=lambda: TrainerConfig(loss_agg=LossAggregation.SEQ_MEAN_TOKEN_MEAN)
+    )
+    """Optimizer, PPO clip, KL, LoRA, micro-batching. The default aggregation is GRPO's original
+    sequence-mean of token-means, where with ``loss_weighting="episode"`` the "sequence" is the episode."""
     normalize_std: bool = True
     """Divide group-centred rewards by the group std (GRPO); ``False`` gives Dr. GRPO advantages."""
     loss_weighting: LossWeighting = LossWeighting.EPISODE
@@ -53,6 +57,30 @@ class TrainingConfig(BaseModel):
     """How many recent checkpoints to keep on disk."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop training (keep serving) after this many policy versions."""
+
+    @model_validator(mode="after")
+    def _weighting_matches_aggregation(self) -> TrainingConfig:
+        if "loss_agg" not in self.trainer.model_fields_set:  # not chosen: take the server's default
+            self.trainer = self.trainer.model_copy(update={"loss_agg": LossAggregation.SEQ_MEAN_TOKEN_MEAN})
+        check_weighting(self.loss_weighting, self.trainer.loss_agg)
+        return self
+
+
+def check_weighting(weighting: LossWeighting, aggregation: LossAggregation) -> None:
+    """Refuse a loss weighting that the aggregation would distort.
+
+    ``episode`` weights (an episode's samples share weight 1 by trained tokens) are exact under the
+    sequence-mean aggregations; under ``token_mean`` they would weight an episode's tokens unevenly, so
+    ``token_mean`` pairs with ``sample`` (every token counts once) or ``token`` weighting.
+
+    Raises:
+        ValueError: the pair is inconsistent.
+    """
+    if weighting is LossWeighting.EPISODE and aggregation is LossAggregation.TOKEN_MEAN:
+        raise ValueError(
+            "loss_weighting='episode' needs a sequence-mean loss_agg (seq_mean_token_mean or "
+            "seq_mean_token_sum_norm); with loss_agg='token_mean' use loss_weighting='sample'"
+        )
 
 
 class ServerConfig(BaseModel):

@@ -4,13 +4,18 @@
 
     SwarmError
     ├── ConfigError (ValueError)         invalid configuration or CLI option
+    │   └── BatchConfigError             invalid batch policy or quota configuration (batch)
     ├── ModelLoadError                   a model cannot be found or loaded
     ├── RequestError (ValueError)        a client request is invalid (HTTP 400/404/422)
-    │   └── ContextLengthError           prompt + max_tokens exceed the context window
+    │   ├── ContextLengthError           the prompt does not fit the context window
+    │   ├── PromptError                  messages/tools the chat template cannot render (tracking)
+    │   └── UnknownFamilyError           an episode names a family the quotas do not list (batch)
+    ├── MergeError (ValueError)          inconsistent call records of an episode (tracking; a bug)
     ├── AuthError                        unknown, finished or wrong-kind key (HTTP 401/403)
     ├── EpisodeNotFound (LookupError)    no such episode (HTTP 404)
     ├── EpisodeStateError                episode not open for this action (HTTP 409)
     ├── Unavailable                      engine paused/training/draining or quota full (HTTP 503/429)
+    ├── TrainerError (ValueError)        a batch the trainer cannot use (train)
     └── ClientError                      raised by SwarmClient for an HTTP error answer
 
 Every error carries the context a caller needs (episode id, HTTP status) and a message safe to show:

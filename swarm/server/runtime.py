@@ -351,7 +351,7 @@ class SwarmRuntime:
         agent = self.agent_for(request)
         params = self.sampling_for(request)
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        rendered = self.renderer.render(messages, request.tools, history=episode.calls)
+        rendered = self.renderer.render(messages, request.tools, history=episode.calls, agent=agent)
         self.engine.check_prompt(rendered.prompt_ids)
         episode.busy += 1
         episode.last_seen = arrived

@@ -41,7 +41,7 @@ from swarm.batch import (
     select_batch,
 )
 from swarm.batch import EpisodeStatus as BatchStatus
-from swarm.config import TrainingConfig
+from swarm.config import TrainingConfig, check_weighting
 from swarm.errors import RequestError, Unavailable
 from swarm.pool import StoredEpisode
 from swarm.protocol import EngineState, EpisodeKind, EpisodeStatus
@@ -275,6 +275,7 @@ class TrainingLoop:
             if trainer_changes:
                 merged = {**self.trainer.config.model_dump(), **self._pending_trainer, **trainer_changes}
                 new = TrainerConfig.model_validate(merged)
+                check_weighting(self.config.loss_weighting, new.loss_agg)
                 if new.kl_coef > 0 and new.lora is None and self.config.trainer.kl_coef == 0:
                     raise ValueError(
                         "kl_coef > 0 with full fine-tuning needs the server started with kl_coef > 0"

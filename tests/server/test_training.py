@@ -106,6 +106,8 @@ def test_live_config_pause_resume_and_drain(tmp_path: Path, fresh_engine: Any) -
         assert bad.status_code == 422 and "lr" in bad.json()["error"]["message"]
         bad = httpx.patch(f"{url}/api/v1/config", json={"quotas": {"math": 0.5}})
         assert bad.status_code == 422 and "sum to 1" in bad.json()["error"]["message"]
+        bad = httpx.patch(f"{url}/api/v1/config", json={"loss_agg": "token_mean"})
+        assert bad.status_code == 422 and "loss_weighting" in bad.json()["error"]["message"]
         ok = httpx.patch(f"{url}/api/v1/config", json={"lr": 5e-4, "temperature": 0.7, "clip_eps_high": 0.28})
         assert ok.status_code == 200, ok.text
         cfg = httpx.get(f"{url}/api/v1/config").json()
