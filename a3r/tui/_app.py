@@ -19,7 +19,7 @@ from a3r.tui._studies_screen import StudiesScreen
 from a3r.tui._study_screen import StudyScreen
 from a3r.tui._tables import read_store
 from a3r.tui._tokens import Detokenizer
-from memory import PatchPublic, Store
+from memory import InvalidTransition, PatchPublic, Store, StoreError
 
 __all__ = ["A3RApp"]
 
@@ -90,15 +90,29 @@ class A3RApp(App[None]):
         if not isinstance(self.screen, FindingsScreen):
             self.push_screen(FindingsScreen(self.ctx))
 
-    def on_patch_screen_decided(self, message: PatchScreen.Decided) -> None:
-        self.hand_over(message.patch, message.decision)
+    def on_patch_screen_decision_taken(self, message: PatchScreen.DecisionTaken) -> None:
+        self.record_decision(message.patch, message.decision)
 
-    @work(group="on-decision")
-    async def hand_over(self, patch: PatchPublic, decision: Decision) -> None:
-        """Call ``on_decision`` for a recorded decision, one call at a time, in decision order."""
+    @work(group="decisions")
+    async def record_decision(self, patch: PatchPublic, decision: Decision) -> None:
+        """Write a decision to the store, then call ``on_decision`` (hook calls one at a time, in order).
+
+        A patch decided meanwhile by someone else is reported and left as it is; no hook is called.
+        """
+        try:
+            recorded = await self.ctx.decide(patch.id, decision)
+        except InvalidTransition as exc:
+            self.notify(str(exc), title="already decided", severity="error", timeout=10)
+            return
+        except StoreError as exc:
+            self.notify(str(exc), title="store", severity="error", timeout=10)
+            return
+        self.notify(
+            f"patch {recorded.id} {recorded.status.value} by {recorded.decided_by}", title="decision recorded"
+        )
         async with self._hook_lock:
             try:
-                await self.ctx.call_hook(patch, decision)
+                await self.ctx.call_hook(recorded, decision)
             except DecisionHookError as exc:
                 self.notify(str(exc), title="on_decision", severity="error", timeout=15)
 

@@ -15,6 +15,7 @@ from textual.widgets import Footer, Header, Static
 
 from a3r.tui._context import TuiContext
 from a3r.tui._swarm import RunMonitor
+from a3r.tui._tables import on_stack
 from a3r.tui._token_view import TokenView, token_sequences
 from a3r.tui._tokens import Detokenizer
 from swarm.errors import SwarmError
@@ -105,13 +106,16 @@ class EpisodeScreen(Screen[None]):
         try:
             episode = await self.monitor.episode(self.episode_id)
         except (httpx.HTTPError, SwarmError) as exc:
-            info.update(Text(f"cannot fetch {self.episode_id}: {exc}", style="bold red"))
+            if on_stack(self):
+                info.update(Text(f"cannot fetch {self.episode_id}: {exc}", style="bold red"))
             return
         try:
             pieces = await asyncio.to_thread(episode_pieces, episode, self.ctx.detokenize)
         except Exception as exc:  # a tokenizer that cannot load must not close the screen
             self.notify(f"showing token ids: {type(exc).__name__}: {exc}", severity="warning")
             pieces = await asyncio.to_thread(episode_pieces, episode, None)
+        if not on_stack(self):
+            return
         self.episode = episode
         reward = "-" if episode.reward is None else f"{episode.reward:.4g}"
         info.update(

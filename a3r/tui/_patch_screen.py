@@ -17,8 +17,8 @@ from a3r.tui._decision_dialog import DecisionDialog
 from a3r.tui._episode_screen import EpisodeScreen
 from a3r.tui._evidence import gather_evidence
 from a3r.tui._patch_view import PatchView
-from a3r.tui._tables import read_store
-from memory import InvalidTransition, PatchPublic, StoreError
+from a3r.tui._tables import on_stack, read_store
+from memory import PatchPublic
 
 __all__ = ["PatchScreen"]
 
@@ -27,8 +27,8 @@ class PatchScreen(Screen[None]):
     """Review of one patch (`PatchView`), the approval dialog, and the decision.
 
     On ``a`` or ``r`` (or the buttons) the `DecisionDialog` asks for confirmation and a note; a
-    worker awaits it, records the decision (`TuiContext.decide`), posts `Decided` (the app then calls
-    ``on_decision``) and goes back to the list.
+    worker awaits it, posts `DecisionTaken` to the app (which records it with `TuiContext.decide`, then
+    calls ``on_decision``) and goes back to the list.
 
     | key    | action                         |
     |--------|--------------------------------|
@@ -41,8 +41,8 @@ class PatchScreen(Screen[None]):
         patch: The patch to review.
     """
 
-    class Decided(Message):
-        """A decision was recorded in the store (bubbles to the app, which calls ``on_decision``)."""
+    class DecisionTaken(Message):
+        """The reviewer confirmed a decision (posted to the app, which records it and calls the hook)."""
 
         def __init__(self, patch: PatchPublic, decision: Decision) -> None:
             self.patch = patch
@@ -88,23 +88,13 @@ class PatchScreen(Screen[None]):
 
     @work(exclusive=True, group="decision")
     async def decide(self, approve: bool) -> None:
-        """Ask for confirmation and a note, then record the decision and go back."""
+        """Ask for confirmation and a note; hand the decision to the app and go back to the list."""
         decision = await self.app.push_screen_wait(DecisionDialog(self.patch, approve))
-        if decision is None:
+        if decision is None or not on_stack(self):
             return
-        try:
-            recorded = await self.ctx.decide(self.patch.id, decision)
-        except InvalidTransition as exc:
-            self.notify(str(exc), title="already decided", severity="error")
-            self.load_evidence()
-            return
-        except StoreError as exc:
-            self.notify(str(exc), title="store", severity="error")
-            return
-        self.notify(f"patch {recorded.id} {recorded.status.value}", title="decision recorded")
-        self.patch = recorded
-        self.query_one(PatchView).patch = recorded
-        self.post_message(self.Decided(recorded, decision))
+        # Posted to the app, whose worker outlives this screen: the store write and the hook happen
+        # even if the reviewer leaves at once.
+        self.app.post_message(self.DecisionTaken(self.patch, decision))
         self.dismiss(None)
 
     @on(PatchView.EpisodeOpened)

@@ -17,7 +17,7 @@ from a3r.tui._metric_names import reward_metric
 from a3r.tui._polling import PollingScreen
 from a3r.tui._reward_curve import RewardCurve
 from a3r.tui._swarm import LiveRun, RunMonitor
-from a3r.tui._tables import Cell, read_store, refill
+from a3r.tui._tables import Cell, on_stack, read_store, refill
 from memory import MetricPointPublic, RunPublic
 
 __all__ = ["RunScreen"]
@@ -125,7 +125,9 @@ class RunScreen(PollingScreen):
                 admin_token=token.get_secret_value() if token is not None else None,
                 timeout_s=self.ctx.config.request_timeout_s,
             )
-        self.show_live(await self.monitor.poll())
+        live = await self.monitor.poll()
+        if on_stack(self):
+            self.show_live(live)
 
     def show_live(self, live: LiveRun) -> None:
         """Draw one poll of the server."""

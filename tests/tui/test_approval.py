@@ -129,7 +129,7 @@ async def test_cancel_leaves_the_patch_pending(store: Store, seeded: Seeded, con
 
 async def test_patch_decided_elsewhere_is_refused(store: Store, seeded: Seeded, config: TuiConfig) -> None:
     """Two reviewers (or a policy) race: the store's compare-and-set lets one win; the TUI reports the
-    other decision, calls no hook and shows the patch as it is now."""
+    other decision and calls no hook."""
     calls: list[object] = []
     app = A3RApp(store, config=config, on_decision=lambda *args: calls.append(args))
     async with app.run_test(size=SIZE) as pilot:
@@ -137,13 +137,9 @@ async def test_patch_decided_elsewhere_is_refused(store: Store, seeded: Seeded, 
         await pilot.press("a")
         store.decide_patch(seeded.patch_id, approve=False, by="policy:max-diff", note="too large")
         await pilot.press("enter")
-        screen = app.screen
-        assert isinstance(screen, PatchScreen)
-        view = screen.query_one(PatchView)
-        await wait_for(pilot, lambda: view.patch is not None and view.patch.status is PatchStatus.rejected)
-        assert all(button.disabled for button in view.query(Button))
-        await pilot.press("a")  # nothing to decide any more
-        assert app.screen is screen
+        await wait_for(pilot, lambda: any(n.title == "already decided" for n in app._notifications))
+        assert isinstance(app.screen, ApprovalsScreen)
+        await wait_for(pilot, lambda: len(cells(app, "#pending")) == 1)
     patch = store.get_patch(seeded.patch_id)
     assert (patch.status, patch.decided_by, patch.note) == (
         PatchStatus.rejected,
@@ -151,6 +147,26 @@ async def test_patch_decided_elsewhere_is_refused(store: Store, seeded: Seeded, 
         "too large",
     )
     assert calls == []
+
+
+async def test_decided_patch_shows_its_decision_and_asks_nothing(
+    store: Store, seeded: Seeded, config: TuiConfig
+) -> None:
+    app = A3RApp(store, config=TuiConfig(refresh_s=60, reviewer="ada"))
+    async with app.run_test(size=SIZE) as pilot:
+        await _open_first_pending(app, pilot, seeded)
+        await pilot.press("escape")
+        store.decide_patch(seeded.patch_id, approve=True, by="bob", note="ok")
+        await pilot.press("enter")  # the list is stale (slow refresh): the review reads the store
+        screen = app.screen
+        assert isinstance(screen, PatchScreen)
+        view = screen.query_one(PatchView)
+        await wait_for(pilot, lambda: view.patch is not None and view.patch.status is PatchStatus.approved)
+        assert all(button.disabled for button in view.query(Button))
+        assert "approved by bob · note: ok" in text_of(app, "#patch-body")
+        await pilot.press("a")
+        assert app.screen is screen
+        await wait_for(pilot, lambda: any("already approved" in n.message for n in app._notifications))
 
 
 async def test_failing_hook_keeps_the_decision(store: Store, seeded: Seeded, config: TuiConfig) -> None:
