@@ -59,7 +59,7 @@ META = TemplateMeta(
             name="fewshot",
             type="bool",
             default=True,
-            description="Prefix one solved example (user 'What is 4 + 5?', assistant '9').",
+            description="Prefix three solved single-digit additions as chat turns.",
         ),
         ParamSpec(
             name="max_tokens",

@@ -40,12 +40,13 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
         answer expression was found) and ``completion_chars``.
     """
     numbers = ", ".join(str(n) for n in task["numbers"])
-    response = await llm.openai().chat.completions.create(
-        model=llm.model,
-        messages=[{"role": "user", "content": PROMPT.format(numbers=numbers, target=task["target"])}],
-        max_tokens=PARAMS["max_tokens"],
-        temperature=PARAMS["temperature"],
-    )
+    async with llm.openai() as client:
+        response = await client.chat.completions.create(
+            model=llm.model,
+            messages=[{"role": "user", "content": PROMPT.format(numbers=numbers, target=task["target"])}],
+            max_tokens=PARAMS["max_tokens"],
+            temperature=PARAMS["temperature"],
+        )
     text = response.choices[0].message.content or ""
     reward = _reward.reward(text, task["numbers"], task["target"], format_reward=PARAMS["format_reward"])
     return Result(

@@ -35,13 +35,13 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
         ``Result`` with reward 0/1 and metrics ``correct``, ``format_ok`` (one final answer found),
         ``truncated`` (stopped by ``max_tokens``) and ``completion_chars``.
     """
-    client = llm.openai()
-    response = await client.chat.completions.create(
-        model=llm.model,
-        messages=[{"role": "user", "content": PROMPT.format(problem=task["problem"])}],
-        max_tokens=PARAMS["max_tokens"],
-        temperature=PARAMS["temperature"],
-    )
+    async with llm.openai() as client:
+        response = await client.chat.completions.create(
+            model=llm.model,
+            messages=[{"role": "user", "content": PROMPT.format(problem=task["problem"])}],
+            max_tokens=PARAMS["max_tokens"],
+            temperature=PARAMS["temperature"],
+        )
     choice = response.choices[0]
     text = choice.message.content or ""
     reward = _reward.reward(text, str(task["answer"]), max_completion_chars=PARAMS["max_completion_chars"])

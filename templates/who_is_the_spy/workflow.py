@@ -13,6 +13,7 @@ chat-completions API is used. Multi-agent conventions:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -82,16 +83,19 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
     """
     setup = _game.GameSetup.from_task(task)
     trainable = set(trainable_agents(task))
-    own = llm.openai()
-    opponent = _opponent_client() if PARAMS["opponent_base_url"] else None
-    players = {}
-    for seat in setup.seats:
-        agent = setup.agent(seat)
-        if agent in trainable or opponent is None:
-            players[seat] = _player(own, llm.model, agent)
-        else:
-            players[seat] = _player(opponent, PARAMS["opponent_model"] or llm.model, agent)
-    record = await _game.play(setup, players, tell_roles=PARAMS["tell_roles"])
+    async with contextlib.AsyncExitStack() as stack:
+        own = await stack.enter_async_context(llm.openai())
+        opponent = (
+            await stack.enter_async_context(_opponent_client()) if PARAMS["opponent_base_url"] else None
+        )
+        players = {}
+        for seat in setup.seats:
+            agent = setup.agent(seat)
+            if agent in trainable or opponent is None:
+                players[seat] = _player(own, llm.model, agent)
+            else:
+                players[seat] = _player(opponent, PARAMS["opponent_model"] or llm.model, agent)
+        record = await _game.play(setup, players, tell_roles=PARAMS["tell_roles"])
     rewards = _reward.agent_rewards(
         record, leak_penalty=PARAMS["leak_penalty"], invalid_vote_penalty=PARAMS["invalid_vote_penalty"]
     )
