@@ -215,7 +215,11 @@ class TorchTrainer:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (weights are loaded separately by the caller)."""
+        """Restore :meth:`state_dict` output (weights are loaded separately by the caller).
+
+        The saved live hyper-parameters (lr, clip, KL, …) are re-applied, so ``PATCH``-ed values survive a
+        restart; call :meth:`update_config` afterwards to override them.
+        """
         self._step = int(state["step"])
         self.optimizer.load_state_dict(state["optimizer"])
         live = {k: v for k, v in state.get("config", {}).items() if k in LIVE_FIELDS}
