@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -67,10 +68,13 @@ OVERHEAD_MESSAGES = [
     {"role": "user", "content": "Explain in a few paragraphs how a bicycle stays upright."},
 ]
 STORY_MESSAGES = [
-    {"role": "user", "content": "Write a long story about a dragon who learns to bake bread. Use many chapters."}
+    {
+        "role": "user",
+        "content": "Write a long story about a dragon who learns to bake bread. Use many chapters.",
+    }
 ]
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 120)
 
 
 @contextlib.contextmanager
@@ -109,12 +113,14 @@ class OverheadRow:
         return statistics.median(h / d - 1.0 for h, d in zip(self.http_s, self.direct_s, strict=True))
 
 
-def _http_call(swarm: SwarmClient, max_tokens: int) -> tuple[float, float, str, list[int], list[int]]:
-    """One greedy call in a fresh episode: (call seconds, begin+finish seconds, episode id, ids...)."""
+def _http_call(
+    swarm: SwarmClient, base: OpenAI, max_tokens: int
+) -> tuple[float, float, list[int], list[int]]:
+    """One greedy call in a fresh episode: (call s, begin + finish s, prompt ids, completion ids)."""
     t0 = time.perf_counter()
     episode = swarm.begin(f"overhead-{max_tokens}", kind="eval")
     t1 = time.perf_counter()
-    client = OpenAI(base_url=episode.base_url, api_key=episode.api_key, max_retries=0)
+    client = base.with_options(base_url=episode.base_url, api_key=episode.api_key)
     t2 = time.perf_counter()
     reply = client.chat.completions.create(
         model=episode.model,
@@ -125,19 +131,19 @@ def _http_call(swarm: SwarmClient, max_tokens: int) -> tuple[float, float, str, 
     t3 = time.perf_counter()
     episode.finish(0.0)
     t4 = time.perf_counter()
-    client.close()
     call = swarm.get_episode(episode.id).calls[0]
-    assert reply.usage is not None and reply.usage.completion_tokens == len(call.completion_ids)
-    return t3 - t2, (t1 - t0) + (t4 - t3), episode.id, call.prompt_ids, call.completion_ids
+    if reply.usage is None or reply.usage.completion_tokens != len(call.completion_ids):
+        raise RuntimeError("the reported usage does not match the recorded call")
+    return t3 - t2, (t1 - t0) + (t4 - t3), call.prompt_ids, call.completion_ids
 
 
 def measure_overhead(engine: HFEngine, url: str, max_tokens: int, repeats: int) -> OverheadRow:
     """Interleaved greedy calls, direct and over HTTP, with identical prompts and completions."""
-    with SwarmClient(url, client_id="bench-serve") as swarm:
-        _, _, _, prompt_ids, reference = _http_call(swarm, max_tokens)  # warm-up; gives the prompt ids
+    base = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    with base, SwarmClient(url, client_id="bench-serve") as swarm:
+        _, _, prompt_ids, reference = _http_call(swarm, base, max_tokens)  # warm-up; the prompt ids
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        direct = engine.generate_sync(prompt_ids, params)[0]
-        if direct.ids != reference:
+        if engine.generate_sync(prompt_ids, params)[0].ids != reference:
             raise RuntimeError("greedy completions differ between the engine and the server")
         row = OverheadRow(max_tokens, len(reference), [], [], [])
         for r in range(repeats):
@@ -147,7 +153,7 @@ def measure_overhead(engine: HFEngine, url: str, max_tokens: int, repeats: int) 
                     ids = engine.generate_sync(prompt_ids, params)[0].ids
                     row.direct_s.append(time.perf_counter() - t0)
                 else:
-                    call_s, begin_finish_s, _, _, ids = _http_call(swarm, max_tokens)
+                    call_s, begin_finish_s, _, ids = _http_call(swarm, base, max_tokens)
                     row.http_s.append(call_s)
                     row.begin_finish_s.append(begin_finish_s)
                 if ids != reference:
@@ -175,12 +181,12 @@ class ThroughputRow:
 
 
 async def _worker(
-    swarm: AsyncSwarmClient, worker: int, concurrency: int, rounds: int, max_tokens: int
+    swarm: AsyncSwarmClient, base: AsyncOpenAI, worker: int, concurrency: int, rounds: int, max_tokens: int
 ) -> list[int]:
     tokens = []
     for r in range(rounds):
         episode = await swarm.begin(f"throughput-c{concurrency}-w{worker}-r{r}", kind="eval")
-        client = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, max_retries=0)
+        client = base.with_options(base_url=episode.base_url, api_key=episode.api_key)
         reply = await client.chat.completions.create(
             model=episode.model,
             messages=STORY_MESSAGES,  # type: ignore[arg-type]
@@ -189,16 +195,18 @@ async def _worker(
             seed=(concurrency * 1000 + worker) * 1000 + r,
         )
         await episode.finish(0.0)
-        await client.close()
         assert reply.usage is not None
         tokens.append(reply.usage.completion_tokens)
     return tokens
 
 
 async def _throughput(url: str, concurrency: int, rounds: int, max_tokens: int) -> list[int]:
-    async with AsyncSwarmClient(url, client_id=f"bench-serve-c{concurrency}") as swarm:
+    # One OpenAI client whose connection pool every episode shares (``with_options`` swaps the key):
+    # building an SDK client per episode costs tens of ms of CPU in this process, which the server shares.
+    base = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    async with base, AsyncSwarmClient(url, client_id=f"bench-serve-c{concurrency}") as swarm:
         per_worker = await asyncio.gather(
-            *(_worker(swarm, w, concurrency, rounds, max_tokens) for w in range(concurrency))
+            *(_worker(swarm, base, w, concurrency, rounds, max_tokens) for w in range(concurrency))
         )
     return [t for tokens in per_worker for t in tokens]
 
@@ -226,7 +234,9 @@ def _verdict(ok: bool) -> str:
 
 
 def overhead_table(rows: list[OverheadRow]) -> Table:
-    table = Table(title=f"Per-call overhead of HTTP + tracking vs the engine (target ≤ {OVERHEAD_TARGET:.0%})")
+    table = Table(
+        title=f"Per-call overhead of HTTP + tracking vs the engine (target ≤ {OVERHEAD_TARGET:.0%})"
+    )
     for col in ("max_tokens", "tokens", "direct (s)", "HTTP (s)", "overhead", "begin+finish (ms)", "verdict"):
         table.add_column(col, justify="right")
     for row in rows:
@@ -249,7 +259,17 @@ def throughput_table(rows: list[ThroughputRow]) -> Table:
         title=f"Generated tokens/s over HTTP (target: {top.concurrency} concurrent ≥ {SPEEDUP_TARGET:g}× "
         f"concurrency {rows[0].concurrency})"
     )
-    for col in ("concurrency", "calls", "tokens", "full length", "wall (s)", "tokens/s", "× c=1", "rows/batch", "verdict"):
+    for col in (
+        "concurrency",
+        "calls",
+        "tokens",
+        "full length",
+        "wall (s)",
+        "tokens/s",
+        "× c=1",
+        "rows/batch",
+        "verdict",
+    ):
         table.add_column(col, justify="right")
     for row in rows:
         ratio = row.tokens_per_s / base
@@ -268,15 +288,27 @@ def throughput_table(rows: list[ThroughputRow]) -> Table:
 
 
 def main(
-    overhead_tokens: Annotated[list[int], typer.Option(help="max_tokens of the overhead rows")] = [32, 128],  # noqa: B006
+    overhead_tokens: Annotated[
+        list[int] | None,
+        typer.Option(help="max_tokens of the overhead rows (repeatable; default 32 and 128)"),
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="interleaved repeats per overhead row")] = 7,
-    concurrency: Annotated[list[int], typer.Option(help="concurrent clients per throughput row")] = [1, 4, 16],  # noqa: B006
+    concurrency: Annotated[
+        list[int] | None,
+        typer.Option(help="concurrent clients per throughput row (repeatable; default 1, 4 and 16)"),
+    ] = None,
     rounds: Annotated[int, typer.Option(min=1, help="episodes per client per throughput row")] = 3,
     throughput_tokens: Annotated[int, typer.Option(min=1, help="max_tokens of throughput calls")] = 64,
-    threads: Annotated[int | None, typer.Option(min=1, help="torch intra-op threads (default: torch's)")] = None,
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="torch intra-op threads (default: torch's)")
+    ] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="also write the numbers here")] = None,
 ) -> None:
     """Measure the swarm server's per-call overhead and its batched throughput on the embedded model."""
+    overhead_tokens = overhead_tokens or [32, 128]
+    concurrency = sorted(concurrency or [1, 4, 16])
+    if min(overhead_tokens) < 1 or min(concurrency) < 1:
+        raise typer.BadParameter("--overhead-tokens and --concurrency values must be at least 1")
     if threads is not None:
         torch.set_num_threads(threads)
     source = resolve_model(None)
@@ -289,12 +321,15 @@ def main(
     overhead_rows: list[OverheadRow] = []
     throughput_rows: list[ThroughputRow] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="a3r-bench-serve-") as tmp, serve(engine, Path(tmp) / "run") as url:
+        with (
+            tempfile.TemporaryDirectory(prefix="a3r-bench-serve-") as tmp,
+            serve(engine, Path(tmp) / "run") as url,
+        ):
             for max_tokens in overhead_tokens:
                 row = measure_overhead(engine, url, max_tokens, repeats)
                 overhead_rows.append(row)
                 console.print(f"overhead max_tokens={max_tokens}: {row.overhead:+.1%}")
-            for c in sorted(concurrency):
+            for c in concurrency:
                 trow = measure_throughput(engine, url, c, rounds, throughput_tokens)
                 throughput_rows.append(trow)
                 console.print(f"concurrency {c}: {trow.tokens_per_s:.1f} tokens/s")

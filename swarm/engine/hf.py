@@ -58,6 +58,11 @@ class HFEngine:
         model_name: served name.
         max_batch_size: most rows (requests × n) per batch.
         batch_window_s: how long the worker waits for more requests after the first arrives.
+        regroup_fraction: after a batch ends, the next one waits (beyond ``batch_window_s``) for as
+            many rows as the ended batch had plus those left queued, for at most this fraction of the
+            ended batch's duration. Clients that send their next request when their answer arrives
+            then share one batch again instead of splitting into batches that take turns.
+        regroup_max_s: cap in seconds on that extra wait.
     """
 
     def __init__(
@@ -68,12 +73,16 @@ class HFEngine:
         *,
         max_batch_size: int = 32,
         batch_window_s: float = 0.005,
+        regroup_fraction: float = 0.2,
+        regroup_max_s: float = 2.0,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
+        self.regroup_fraction = regroup_fraction
+        self.regroup_max_s = regroup_max_s
         config = model.config
         self.max_context = int(getattr(config, "max_position_embeddings", 2048))
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
@@ -84,6 +93,8 @@ class HFEngine:
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
         self._logits_kw = "logits_to_keep" if "logits_to_keep" in forward_params else None
         self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._queued_rows = 0
+        self._queued_lock = threading.Lock()
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="hf-engine", daemon=True)
         self._worker.start()
@@ -122,6 +133,8 @@ class HFEngine:
         if self._closed:
             raise RuntimeError("engine is closed")
         job = _Job(list(prompt_ids), params)
+        with self._queued_lock:
+            self._queued_rows += params.n
         self._queue.put(job)
         return job.future
 
@@ -140,14 +153,18 @@ class HFEngine:
 
     # -- worker ---------------------------------------------------------------------------------------
     def _run(self) -> None:
+        expected_rows = 0  # rows of the last batch + rows queued when it ended: likely back soon
+        regroup_until = 0.0  # monotonic time until which the worker waits for them
         while True:
             first = self._queue.get()
             if first is None:
                 return
             jobs = [first]
             rows = first.params.n
-            deadline = time.monotonic() + self.batch_window_s
+            window_end = time.monotonic() + self.batch_window_s
+            target = min(expected_rows, self.max_batch_size)
             while rows < self.max_batch_size:
+                deadline = max(window_end, regroup_until) if rows < target else window_end
                 timeout = deadline - time.monotonic()
                 try:
                     job = (
@@ -162,9 +179,16 @@ class HFEngine:
                     break
                 jobs.append(job)
                 rows += job.params.n
+            with self._queued_lock:
+                self._queued_rows -= rows
             try:
                 with self.lock:
+                    started = time.monotonic()
                     results = self._generate_batch(jobs)
+                    ended = time.monotonic()
+                with self._queued_lock:
+                    expected_rows = rows + self._queued_rows
+                regroup_until = ended + min(self.regroup_max_s, self.regroup_fraction * (ended - started))
                 for job, completions in zip(jobs, results, strict=True):
                     job.future.set_result(completions)
             except BaseException as exc:  # hand the failure to every waiting request
