@@ -141,6 +141,8 @@ class PatchView(Widget):
         episodes.clear_options()
         episodes.add_options(Option(f"episode {ep} (Enter: tokens)", id=ep) for ep in self.evidence.episodes)
         episodes.display = bool(self.evidence.episodes)
+        if self.evidence.episodes:
+            episodes.highlighted = 0
         pending = self.patch is not None and self.patch.status is PatchStatus.pending
         for button in self.query(Button):
             button.disabled = not pending

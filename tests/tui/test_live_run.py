@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from a3r.tui import A3RApp, HFDetokenizer, RewardCurve, TokenView, TuiConfig
+from a3r.tui import A3RApp, HFDetokenizer, PatchView, RewardCurve, TokenView, TuiConfig
 from a3r.tui._episode_screen import EpisodeScreen
+from a3r.tui._patch_screen import PatchScreen
 from a3r.tui._run_screen import RunScreen
 from a3r.tui._token_view import TRAINED_STYLES, render_tokens
 from memory import Store
@@ -145,3 +146,33 @@ async def test_unreachable_server_is_reported(store: Store) -> None:
         assert screen.query_one("#stored-curve", RewardCurve).values == (0.5,)
         await pilot.press("escape")
         assert not isinstance(app.screen, RunScreen)
+
+
+async def test_cited_episode_opens_from_the_patch_review(
+    store: Store, trained_server: tuple[LiveServer, list[dict[str, Any]]], tokenizer: Any
+) -> None:
+    live, _ = trained_server
+    study_id, run_id = _study_with_run(store, live.url)
+    app = A3RApp(store, config=TuiConfig(refresh_s=0.5), detokenize=HFDetokenizer.from_tokenizer(tokenizer))
+    async with app.run_test(size=SIZE) as pilot:
+        # Find an episode id through the run screen, as a reviewer would.
+        await app.push_screen(RunScreen(app.ctx, run_id))
+        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and len(cells(app, "#episodes")) == 4)
+        episode_id = cells(app, "#episodes")[-1][0]
+        artifact = store.add_artifact(study_id, "workflow", "workflow.py", "async def run(task, llm): ...\n")
+        patch = store.propose_patch(
+            artifact.id, diff="-a\n+b\n", rationale=f"In run {run_id}, {episode_id} counts wrongly."
+        )
+        await pilot.press("escape", "p")
+        await wait_for(pilot, lambda: cells(app, "#pending"))
+        await pilot.press("enter")
+        review = app.screen
+        assert isinstance(review, PatchScreen) and review.patch.id == patch.id
+        view = review.query_one(PatchView)
+        await wait_for(pilot, lambda: view.evidence.episodes == (episode_id,))
+        assert view.evidence.server_url == live.url
+        await pilot.press("tab", "enter")  # focus the cited episodes, open the first
+        screen = app.screen
+        assert isinstance(screen, EpisodeScreen) and screen.episode_id == episode_id
+        await wait_for(pilot, lambda: screen.query_one(TokenView).sequences, timeout_s=20)
+        assert "reward 1" in text_of(app, "#episode-info")

@@ -1,0 +1,197 @@
+"""The TUI's parts on their own: evidence citations, SSE parsing, reward-metric choice, token
+sequences of unmerged calls, the reward curve widget, settings validation."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import SecretStr, ValidationError
+from textual.app import App, ComposeResult
+
+from a3r.tui import (
+    HFDetokenizer,
+    PatchEvidence,
+    RewardCurve,
+    TuiConfig,
+    cited_episodes,
+    cited_runs,
+    gather_evidence,
+    token_sequences,
+)
+from a3r.tui._approvals_screen import age_text
+from a3r.tui._episode_screen import episode_pieces
+from a3r.tui._evidence import cited_metrics
+from a3r.tui._metric_names import reward_metric
+from a3r.tui._swarm import LiveRun, parse_sse
+from memory import Store
+from swarm.protocol import EpisodeStatus, EpisodeView
+from swarm.tracking.records import CallRecord, FinishReason
+from tests.tui.conftest import EPISODE_CITED, Seeded
+
+
+@pytest.mark.parametrize(
+    ("text", "runs"),
+    [
+        ("Run 3 collapsed; run #4 too.", [3, 4]),
+        ("runs 3, 4 and 5 (and run 3 again)", [3, 4, 5]),
+        ("Runs #7 & #8 or 9", [7, 8, 9]),
+        ("rerun 3 times; 12 runs overall", []),
+        ("no runs cited", []),
+    ],
+)
+def test_cited_runs(text: str, runs: list[int]) -> None:
+    assert cited_runs(text) == runs
+
+
+def test_cited_episodes_and_metrics() -> None:
+    text = f"see {EPISODE_CITED}, ep-0123456789abcdef and {EPISODE_CITED}; not ep-xyz nor ep-12ab"
+    assert cited_episodes(text) == [EPISODE_CITED, "ep-0123456789abcdef"]
+    names = ["reward/mean", "reward", "kl", "kl_coef", "loss"]
+    assert cited_metrics("reward/mean fell while kl rose; kl_coef unchanged", names) == [
+        "reward/mean",
+        "kl",
+        "kl_coef",
+    ]
+
+
+def test_gather_evidence_resolves_runs_and_servers(store: Store, seeded: Seeded) -> None:
+    patch = store.get_patch(seeded.patch_id)
+    evidence = gather_evidence(store, patch)
+    assert [run.id for run in evidence.runs] == [seeded.run_ids[1], seeded.run_ids[0]]
+    assert evidence.metrics == ("reward/mean",)
+    assert evidence.episodes == (EPISODE_CITED,)
+    assert evidence.server_url is None  # no seeded run recorded a server
+    artifact = store.latest_artifact(seeded.study_id, "reward.py")
+    assert artifact is not None
+    stray = store.propose_patch(artifact.id, diff="-a\n+b\n", rationale="as run 999 shows")
+    assert gather_evidence(store, stray) == PatchEvidence(missing_runs=(999,))
+    experiment = store.experiments(seeded.study_id)[0]
+    store.start_run(experiment.id, server_url="http://127.0.0.1:9/")
+    assert gather_evidence(store, stray).server_url == "http://127.0.0.1:9/"
+
+
+def test_parse_sse() -> None:
+    body = (
+        ": keep-alive\n\n"
+        'event: episode.finished\nid: 3\ndata: {"seq": 3, "kind": "episode.finished"}\n\n'
+        "data: not json\n\n"
+        'data: {"seq": 4,\ndata: "kind": "x"}\n\n'
+        "data: [1, 2]\n\n"
+        'data: {"seq": 5}'
+    )
+    assert parse_sse(body) == [{"seq": 3, "kind": "episode.finished"}, {"seq": 4, "kind": "x"}, {"seq": 5}]
+
+
+def test_live_series_skips_missing_values() -> None:
+    live = LiveRun(
+        metrics=[{"step": 1, "reward_mean": 0.5}, {"step": 2}, {"step": 3, "reward_mean": 1, "x": True}]
+    )
+    assert live.series("reward_mean") == [0.5, 1.0]
+    assert live.series("x") == []
+    assert LiveRun().series("reward_mean") == []
+
+
+@pytest.mark.parametrize(
+    ("names", "chosen"),
+    [
+        (["kl", "reward/mean", "reward_mean"], "reward/mean"),
+        (["kl", "reward_mean"], "reward_mean"),
+        (["kl", "my_reward_avg"], "my_reward_avg"),
+        (["loss", "kl"], "kl"),
+        ([], None),
+    ],
+)
+def test_reward_metric(names: list[str], chosen: str | None) -> None:
+    assert reward_metric(names) == chosen
+
+
+def test_age_text() -> None:
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    assert [age_text(now - timedelta(seconds=s), now) for s in (-5, 42, 300, 7200, 3 * 86400)] == [
+        "0s",
+        "42s",
+        "5m",
+        "2h",
+        "3d",
+    ]
+
+
+def _open_episode() -> EpisodeView:
+    calls = [
+        CallRecord(
+            index=0,
+            prompt_ids=[1, 2, 3],
+            completion_ids=[4, 5],
+            logprobs=[-0.1, -0.2],
+            finish_reason=FinishReason.STOP,
+        ),
+        CallRecord(
+            index=1,
+            agent="critic",
+            trainable=False,
+            prompt_ids=[1, 2, 3, 4, 5, 6],
+            completion_ids=[7],
+            logprobs=[-0.3],
+            finish_reason=FinishReason.LENGTH,
+        ),
+    ]
+    return EpisodeView(
+        episode_id="ep-00",
+        task_id="t",
+        client_id="c",
+        kind="train",
+        status=EpisodeStatus.OPEN,
+        created_at=0.0,
+        calls=calls,
+    )
+
+
+def test_unmerged_calls_are_shown_call_by_call() -> None:
+    episode = _open_episode()
+    pieces = episode_pieces(episode, None)
+    assert pieces == {i: f"⟨{i}⟩" for i in range(1, 8)}
+    first, second = token_sequences(episode, pieces)
+    assert first.loss_mask == (0, 0, 0, 1, 1) and first.trained == 2
+    assert first.logprobs == (0.0, 0.0, 0.0, -0.1, -0.2)
+    # A non-trainable agent's completion is context only.
+    assert second.loss_mask == (0,) * 7 and second.trained == 0
+    assert "agent critic" in second.title and "length" in second.title
+
+
+def test_detokenizer_pieces_are_exact(tokenizer: Any) -> None:
+    ids = tokenizer.encode("Hello world!\nHow are you?")
+    pieces = HFDetokenizer.from_tokenizer(tokenizer)(ids)
+    assert len(pieces) == len(ids) and "".join(pieces) == tokenizer.decode(ids)
+
+    def short(ids: Any) -> list[str]:
+        return ["x"]
+
+    with pytest.raises(ValueError, match="1 pieces for 7 token ids"):
+        episode_pieces(_open_episode(), short)
+
+
+class _CurveApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield RewardCurve()
+
+
+async def test_reward_curve_widget() -> None:
+    app = _CurveApp()
+    async with app.run_test(size=(40, 6)):
+        curve = app.query_one(RewardCurve)
+        assert curve.title_text == "reward: no data yet"
+        curve.show("reward/mean", [0.25, math.nan, 0.5, math.inf, 0.125])
+        assert curve.values == (0.25, 0.5, 0.125)
+        assert curve.title_text == "reward/mean  last 0.125  min 0.125  max 0.5  (3 steps)"
+        assert list(app.query_one("#curve").data) == [0.25, 0.5, 0.125]
+
+
+def test_config_validation() -> None:
+    assert TuiConfig(admin_token="s3cret").admin_token == SecretStr("s3cret")
+    assert "s3cret" not in repr(TuiConfig(admin_token="s3cret"))
+    for bad in ({"refresh_s": 0}, {"reviewer": ""}, {"event_tail": 0}, {"request_timeout_s": -1}):
+        with pytest.raises(ValidationError):
+            TuiConfig.model_validate(bad)
