@@ -15,6 +15,7 @@ fixed edges.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -51,8 +52,15 @@ def open_checkpointer(path: Path) -> SqliteSaver:
 
 def build_graph(
     checkpointer: BaseCheckpointSaver[str] | None = None,
+    *,
+    interrupt_before: Sequence[str] | None = None,
 ) -> CompiledStateGraph[ResearchState, RunContext, ResearchState, ResearchState]:
-    """Compile the research graph (planner, coder, runner, analyst, approve, reporter)."""
+    """Compile the research graph (planner, coder, runner, analyst, approve, reporter).
+
+    Args:
+        checkpointer: Where threads are checkpointed (`open_checkpointer`); required for approvals.
+        interrupt_before: Node names to pause before (debugging, tests, dry runs).
+    """
     graph = StateGraph(ResearchState, context_schema=RunContext)
     graph.add_node("planner", planner)
     graph.add_node("coder", coder)
@@ -63,4 +71,4 @@ def build_graph(
     graph.add_edge(START, "planner")
     graph.add_edge("runner", "analyst")
     graph.add_edge("reporter", END)
-    return graph.compile(checkpointer=checkpointer)
+    return graph.compile(checkpointer=checkpointer, interrupt_before=list(interrupt_before or []))
