@@ -61,6 +61,21 @@ def test_reward_tricky_outputs(completion, expected):
     assert reward(completion, "204") == expected
 
 
+@pytest.mark.parametrize(
+    ("completion", "answer"),
+    [
+        (r"\boxed{\$18}", "18"),
+        (r"\boxed{18.00}", "18"),
+        (r"\boxed{1,234}", "1234"),
+        (r"\boxed{1{,}234}", "1234"),
+        ("#### 1,234", "1234"),
+        (r"\boxed{033}", "33"),
+    ],
+)
+def test_reward_accepts_usual_number_formats(completion, answer):
+    assert reward(completion, answer) == 1.0
+
+
 def test_is_equivalent_handles_latex_and_garbage():
     assert is_equivalent(r"\frac{1}{2}", "0.5")
     assert not is_equivalent(r"\frac{1}{3}", "0.5")

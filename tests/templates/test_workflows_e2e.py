@@ -72,12 +72,12 @@ async def test_who_is_the_spy_runs_a_game_with_named_agents(server: Any, tmp_pat
         "n_players": 3,
         "max_rounds": 2,
         "train_roles": "spy",
-        "n_tasks": 2,
+        "n_tasks": 1,
         "describe_max_tokens": 8,
         "vote_max_tokens": 4,
     }
     rendered = render("who_is_the_spy", params, tmp_path / "spy")
-    episodes = await run_episodes(server.url, rendered.folder, 2)
+    episodes = await run_episodes(server.url, rendered.folder, 1)
     for task, result, view in episodes:
         names = {f"{'spy' if s in task['spy_seats'] else 'civilian'}_{s}" for s in (1, 2, 3)}
         assert set(result.agent_rewards) == names == {call.agent for call in view.calls}
