@@ -19,8 +19,17 @@ from pathlib import Path
 from types import ModuleType
 
 
+def _fingerprint(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    stats = ((p.name, p.stat()) for p in sorted(folder.glob("*.py")))
+    return tuple((name, st.st_mtime_ns, st.st_size) for name, st in stats)
+
+
 def folder_package(folder: str | Path) -> str:
     """Register ``folder`` as an importable package and return its module name.
+
+    When a ``.py`` file of the folder changed since the modules were imported (an applied patch), the
+    cached modules are dropped so the next import reads the current code, matching the runner, which
+    imports the workflow file afresh on each load.
 
     Args:
         folder: A directory holding template modules (need not contain ``__init__.py``).
@@ -30,10 +39,17 @@ def folder_package(folder: str | Path) -> str:
     """
     path = Path(folder).resolve()
     name = "_a3r_template_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    if name not in sys.modules:
+    fingerprint = _fingerprint(path)
+    package = sys.modules.get(name)
+    if package is not None and getattr(package, "__a3r_fingerprint__", None) != fingerprint:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
+        package = None
+    if package is None:
         spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
         spec.submodule_search_locations = [str(path)]
         package = importlib.util.module_from_spec(spec)
+        package.__a3r_fingerprint__ = fingerprint  # type: ignore[attr-defined]
         sys.modules[name] = package
     return name
 

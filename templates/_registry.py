@@ -27,6 +27,8 @@ class Template:
     """The template's source folder."""
     check_params: Callable[[dict[str, Any]], None] | None = None
     """Optional cross-parameter check from ``meta.py`` (raises ``TemplateParamError``)."""
+    agents_for: Callable[[dict[str, Any]], list[str]] | None = None
+    """Optional ``trainable_agents(params)`` from ``meta.py`` (multi-agent templates)."""
 
     @property
     def name(self) -> str:
@@ -47,6 +49,14 @@ class Template:
         if self.check_params is not None:
             self.check_params(resolved)
         return resolved
+
+    def trainable_agents(self, params: dict[str, Any] | None = None) -> list[str] | None:
+        """Agent names a run with ``params`` trains (``None``: single-agent, everything trains).
+
+        Raises:
+            TemplateParamError: Invalid parameters.
+        """
+        return None if self.agents_for is None else self.agents_for(self.resolve(params))
 
     def build_tasks(self, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run the data builder with the data parameters of ``params`` (defaults elsewhere).
@@ -71,7 +81,12 @@ def _load(folder: Path) -> Template:
     meta: TemplateMeta = meta_module.META
     if meta.name != folder.name:
         raise ValueError(f"template folder {folder.name!r} declares name {meta.name!r}")
-    return Template(meta=meta, folder=folder, check_params=getattr(meta_module, "check_params", None))
+    return Template(
+        meta=meta,
+        folder=folder,
+        check_params=getattr(meta_module, "check_params", None),
+        agents_for=getattr(meta_module, "trainable_agents", None),
+    )
 
 
 def list_templates() -> list[TemplateMeta]:

@@ -2,7 +2,8 @@
 
 A rendered folder holds ``workflow.py`` (its ``PARAMS`` block set to the workflow parameters),
 ``reward.py`` and the template's other modules, the data builder ``data.py`` (with its ``data/``
-files), ``tasks.jsonl`` (built with the data parameters), ``params.json``, ``meta.json``, ``README.md``
+files), ``tasks.jsonl`` (built with the data parameters), ``params.json`` (parameters and, for multi-agent
+templates, ``trainable_agents``), ``meta.json``, ``README.md``
 and ``test_template.py`` (pytest: gold answers earn full reward, garbage earns 0, the workflow
 imports). Modules import each other through :mod:`templates._loader`, so the folder works wherever
 the ``templates`` package is importable.
@@ -173,7 +174,16 @@ def render(name: str, params: dict[str, Any] | None, out_dir: str | Path) -> Ren
             substitute_params(workflow.read_text(encoding="utf-8"), workflow_params), encoding="utf-8"
         )
         (out / "params.json").write_text(
-            json.dumps({"template": template.name, "params": resolved}, indent=2) + "\n", encoding="utf-8"
+            json.dumps(
+                {
+                    "template": template.name,
+                    "params": resolved,
+                    "trainable_agents": template.trainable_agents(resolved),
+                },
+                indent=2,
+            )
+            + "\n",
+            encoding="utf-8",
         )
         (out / "meta.json").write_text(template.meta.model_dump_json(indent=2) + "\n", encoding="utf-8")
         with open(out / "tasks.jsonl", "w", encoding="utf-8") as f:

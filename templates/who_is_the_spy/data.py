@@ -5,10 +5,11 @@ Task ``i`` uses word pair ``i mod len(pairs)`` (``data/word_pairs.txt``, civilia
 spies take, so any slice regenerates alone. Each task::
 
     {"id": "spy-n4-k1-s0-000000", "civilian_word": "apple", "spy_word": "pear", "n_players": 4,
-     "spy_seats": [3], "max_rounds": 3, "trainable_agents": ["spy_3"]}
+     "spy_seats": [3], "max_rounds": 3, "trainable_agents": ["spy_1"]}
 
-``trainable_agents`` lists the agent names (``<role>_<seat>``, the OpenAI ``user`` the workflow
-sends) whose calls the server should train, from ``train_roles`` (``spy``, ``civilian`` or ``both``).
+``trainable_agents`` lists the agent names (``<role>_<rank>``, the OpenAI ``user`` the workflow
+sends; rank counts players of a role in seat order) whose calls the server should train, from
+``train_roles`` (``spy``, ``civilian`` or ``both``). It is the same for every task of one game size.
 
 Usage: ``python data.py --out tasks.jsonl [--n-players 4] [--n-spies 1] [--max-rounds 3]
 [--train-roles both] [--n-tasks 0] [--seed 0]``.
@@ -44,8 +45,10 @@ def load_pairs(path: str | Path = PAIRS_FILE) -> list[tuple[str, str]]:
     return pairs
 
 
-def trainable_agents(n_players: int, spy_seats: list[int], train_roles: str) -> list[str]:
-    """Agent names to train for a seating (see module docstring).
+def trainable_agents(n_players: int, n_spies: int, train_roles: str) -> list[str]:
+    """Agent names to train for a game size (``spy_1..``, ``civilian_1..``; see ``game.agent_name``).
+
+    The names depend only on the sizes, not on the seating, so one list serves every task of a run.
 
     Raises:
         ValueError: Unknown ``train_roles``.
@@ -53,10 +56,10 @@ def trainable_agents(n_players: int, spy_seats: list[int], train_roles: str) -> 
     if train_roles not in TRAIN_ROLES:
         raise ValueError(f"train_roles must be one of {TRAIN_ROLES}, got {train_roles!r}")
     names = []
-    for seat in range(1, n_players + 1):
-        role = "spy" if seat in spy_seats else "civilian"
-        if train_roles in ("both", role):
-            names.append(f"{role}_{seat}")
+    if train_roles in ("both", "spy"):
+        names += [f"spy_{k}" for k in range(1, n_spies + 1)]
+    if train_roles in ("both", "civilian"):
+        names += [f"civilian_{k}" for k in range(1, n_players - n_spies + 1)]
     return names
 
 
@@ -91,7 +94,7 @@ def make_task(
         "n_players": n_players,
         "spy_seats": spy_seats,
         "max_rounds": max_rounds,
-        "trainable_agents": trainable_agents(n_players, spy_seats, train_roles),
+        "trainable_agents": trainable_agents(n_players, n_spies, train_roles),
     }
 
 

@@ -58,9 +58,22 @@ class Player(Protocol):
         ...
 
 
-def agent_name(seat: int, role: Role) -> str:
-    """The agent name of a seat, ``"<role>_<seat>"`` (e.g. ``spy_3``), sent as the OpenAI ``user``."""
-    return f"{role.value}_{seat}"
+def agent_name(role: Role, rank: int) -> str:
+    """The agent name ``"<role>_<rank>"`` sent as the OpenAI ``user`` (e.g. ``spy_1``, ``civilian_2``).
+
+    ``rank`` counts players of that role in seat order from 1, so the set of names depends only on the
+    numbers of players and spies, never on the (random) seating: a run can name its trainable agents
+    once (``spy_1``) for every task.
+    """
+    return f"{role.value}_{rank}"
+
+
+def agent_names(n_players: int, n_spies: int) -> dict[Role, list[str]]:
+    """All agent names of a game size, by role."""
+    return {
+        Role.SPY: [agent_name(Role.SPY, k) for k in range(1, n_spies + 1)],
+        Role.CIVILIAN: [agent_name(Role.CIVILIAN, k) for k in range(1, n_players - n_spies + 1)],
+    }
 
 
 @dataclass(frozen=True)
@@ -118,7 +131,9 @@ class GameSetup:
 
     def agent(self, seat: int) -> str:
         """The agent name of ``seat`` (see :func:`agent_name`)."""
-        return agent_name(seat, self.role(seat))
+        role = self.role(seat)
+        rank = sum(1 for s in range(1, seat + 1) if self.role(s) == role)
+        return agent_name(role, rank)
 
 
 def normalise_word(word: str) -> str:

@@ -11,7 +11,7 @@ META = TemplateMeta(
     description=(
         "A social deduction game played by LLM agents: civilians share a secret word, spies hold a "
         "similar one; players describe their word without saying it, vote, and eliminate. Each player "
-        "keeps its own history and is named `<role>_<seat>` in the OpenAI `user` field; which roles "
+        "keeps its own history and is named `<role>_<rank>` (`spy_1`, `civilian_2`) in the OpenAI `user` field; which roles "
         "train is a parameter (others are played untrained by the same server or another endpoint). "
         "Per-agent rewards: team win minus penalties for saying one's own word or voting invalidly."
     ),
@@ -74,6 +74,14 @@ META = TemplateMeta(
                   description="NAME of the environment variable holding the opponent API key."),
     ),
 )  # fmt: skip
+
+
+def trainable_agents(params: dict[str, Any]) -> list[str]:
+    """Agent names a run of these (resolved) parameters trains, e.g. ``["spy_1"]`` for ``train_roles="spy"``."""
+    names = {"spy": [f"spy_{k}" for k in range(1, params["n_spies"] + 1)]}
+    names["civilian"] = [f"civilian_{k}" for k in range(1, params["n_players"] - params["n_spies"] + 1)]
+    role = params["train_roles"]
+    return names["spy"] + names["civilian"] if role == "both" else names[role]
 
 
 def check_params(params: dict[str, Any]) -> None:

@@ -3,9 +3,11 @@
 Contract (swarm/client/workflow.py): ``async def run(task, llm) -> Result``; only the OpenAI
 chat-completions API is used. Multi-agent conventions:
 
-* Agent names are ``<role>_<seat>`` (``spy_3``, ``civilian_1``), sent as the OpenAI ``user`` field.
+* Agent names are ``<role>_<rank>`` (``spy_1``, ``civilian_2``; rank = order among players of that
+  role by seat), sent as the OpenAI ``user`` field; the names depend only on the game size.
 * Which agents train is decided by the data builder (``train_roles``) and stored in each task's
-  ``trainable_agents``; :func:`trainable_agents` returns it for the runner to pass at episode start.
+  ``trainable_agents``; :func:`trainable_agents` returns it for the runner to pass at episode start
+  (it is the same list for every task, so ``swarm run --trainable-agent spy_1`` works too).
 * Trainable seats always call the episode's server. Untrained seats call it too (their calls are
   recorded but not trained), unless ``opponent_base_url`` names another OpenAI-compatible endpoint.
 * Assistant replies go back into each player's history verbatim, so histories are append-only.

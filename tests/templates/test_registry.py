@@ -124,6 +124,17 @@ def test_render_then_validate(tmp_path, name):
     }
 
 
+def test_trainable_agents_of_multi_agent_templates(tmp_path):
+    spy = get_template("who_is_the_spy")
+    assert spy.trainable_agents({"train_roles": "spy", "n_players": 6, "n_spies": 2}) == ["spy_1", "spy_2"]
+    assert spy.trainable_agents({"train_roles": "civilian"}) == ["civilian_1", "civilian_2", "civilian_3"]
+    assert get_template("math").trainable_agents() is None
+    rendered = render("who_is_the_spy", {"train_roles": "spy", "n_tasks": 5}, tmp_path / "s")
+    assert json.loads(rendered.params.read_text())["trainable_agents"] == ["spy_1"]
+    tasks = [json.loads(line) for line in rendered.tasks.read_text().splitlines()]
+    assert all(t["trainable_agents"] == ["spy_1"] for t in tasks)
+
+
 def test_render_substitutes_params(tmp_path):
     rendered = render(
         "arithmetic", {"level": 2, "n_tasks": 7, "max_tokens": 8, "fewshot": False}, tmp_path / "a"
@@ -208,3 +219,8 @@ def test_rendered_copies_are_independent(tmp_path):
     assert load_module(a.folder, "reward").MAX_COMPLETION_CHARS == 400
     assert load_module(b.folder, "reward").MAX_COMPLETION_CHARS == 5
     assert load_module(a.folder, "workflow")._reward is load_module(a.folder, "reward")
+    # an edited (patched) file is read again on the next load, as the runner re-reads workflows
+    a.reward.write_text(
+        a.reward.read_text().replace("MAX_COMPLETION_CHARS = 400", "MAX_COMPLETION_CHARS = 77")
+    )
+    assert load_module(a.folder, "reward").MAX_COMPLETION_CHARS == 77

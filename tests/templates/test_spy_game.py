@@ -34,7 +34,7 @@ def test_civilians_win_when_they_vote_out_the_spy():
     record = asyncio.run(play(setup4(), players))
     assert record.winner == Role.CIVILIAN and record.rounds == 1 and record.eliminated == [3]
     rewards = agent_rewards(record)
-    assert rewards == {"civilian_1": 1.0, "civilian_2": 1.0, "spy_3": 0.0, "civilian_4": 1.0}
+    assert rewards == {"civilian_1": 1.0, "civilian_2": 1.0, "spy_1": 0.0, "civilian_3": 1.0}
     assert "Player 3 is eliminated" in record.transcript[-1]
 
 
@@ -70,8 +70,8 @@ def test_leaks_and_invalid_votes_are_counted_hidden_and_penalised():
     assert all("APPLE" not in line for line in record.transcript)
     rewards = agent_rewards(record)
     assert record.winner == Role.CIVILIAN
-    assert rewards["civilian_4"] == pytest.approx(1.0 - 0.5 - 0.25)
-    assert rewards["spy_3"] == pytest.approx(-0.75)
+    assert rewards["civilian_3"] == pytest.approx(1.0 - 0.5 - 0.25)
+    assert rewards["spy_1"] == pytest.approx(-0.75)
 
 
 def test_each_history_is_append_only_and_private():
@@ -102,6 +102,14 @@ def test_tell_roles_and_setup_validation():
         asyncio.run(play(setup4(), {1: players[1]}))
 
 
+def test_agent_names_depend_on_the_game_size_not_the_seating():
+    a = GameSetup(civilian_word="x", spy_word="y", n_players=5, spy_seats=(1, 4))
+    b = GameSetup(civilian_word="x", spy_word="y", n_players=5, spy_seats=(2, 5))
+    assert [a.agent(s) for s in a.seats] == ["spy_1", "civilian_1", "civilian_2", "spy_2", "civilian_3"]
+    assert {a.agent(s) for s in a.seats} == {b.agent(s) for s in b.seats}
+    assert sorted(data.trainable_agents(5, 2, "both")) == sorted(a.agent(s) for s in a.seats)
+
+
 def test_role_reward_and_episode_reward():
     assert role_reward(won=True, leaks=0, invalid_votes=0) == 1.0
     assert role_reward(won=False, leaks=5, invalid_votes=5) == -1.0
@@ -122,7 +130,8 @@ def test_word_pairs_and_builder():
     assert len(tasks) == len(pairs) and len({t["id"] for t in tasks}) == len(tasks)
     for task in tasks[:50]:
         setup = GameSetup.from_task(task)
-        assert task["trainable_agents"] == [f"spy_{s}" for s in task["spy_seats"]]
+        assert task["trainable_agents"] == ["spy_1", "spy_2"]
+        assert {setup.agent(s) for s in setup.spy_seats} == {"spy_1", "spy_2"}
         assert {task["civilian_word"], task["spy_word"]} == set(pairs[tasks.index(task) % len(pairs)])
         assert len(setup.spy_seats) == 2
     swapped = sum(task["civilian_word"] != pairs[i][0] for i, task in enumerate(tasks))

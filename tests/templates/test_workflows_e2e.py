@@ -79,10 +79,11 @@ async def test_who_is_the_spy_runs_a_game_with_named_agents(server: Any, tmp_pat
     rendered = render("who_is_the_spy", params, tmp_path / "spy")
     episodes = await run_episodes(server.url, rendered.folder, 1)
     for task, result, view in episodes:
-        names = {f"{'spy' if s in task['spy_seats'] else 'civilian'}_{s}" for s in (1, 2, 3)}
+        names = {"spy_1", "civilian_1", "civilian_2"}
         assert set(result.agent_rewards) == names == {call.agent for call in view.calls}
         assert view.agent_rewards == result.agent_rewards
         (spy,) = task["trainable_agents"]
+        assert spy == "spy_1"
         assert result.reward == result.agent_rewards[spy]
         assert all(call.trainable == (call.agent == spy) for call in view.calls)
         rounds = int(result.metrics["rounds"])
