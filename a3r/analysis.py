@@ -318,7 +318,11 @@ def _halves(series: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
 
 
 def detect_collapse(
-    rows: Sequence[Mapping[str, Any]], *, drop_max: float = 0.25, entropy_min: float = 0.05, kl_max: float = 1.0
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    drop_max: float = 0.25,
+    entropy_min: float = 0.05,
+    kl_max: float = 1.0,
 ) -> list[Diagnosis]:
     """Collapse: the reward falls from the first to the second half of the run, the entropy falls
     below ``entropy_min`` (nats/token) or the KL exceeds ``kl_max``.
@@ -333,7 +337,10 @@ def detect_collapse(
             Diagnosis(
                 kind=DiagnosisKind.collapse,
                 summary=f"mean reward fell from {halves[0]:.3f} (first half) to {halves[1]:.3f} (second half)",
-                evidence={"reward_first_half": round(halves[0], 4), "reward_second_half": round(halves[1], 4)},
+                evidence={
+                    "reward_first_half": round(halves[0], 4),
+                    "reward_second_half": round(halves[1], 4),
+                },
             )
         )
     entropy = metric_series(rows, *ENTROPY_KEYS)

@@ -25,11 +25,10 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.syntax import Syntax
 
-from memory import StoreError
-
 from a3r.errors import A3RError
 from a3r.llm import ProviderKind
 from a3r.session import Session, SessionSettings, Step, open_session, recorded_settings
+from memory import StoreError
 
 __all__ = ["register"]
 
@@ -60,19 +59,23 @@ def _show_review(step: Step) -> None:
 
 def _drive(session: Session, step: Step, *, wait: bool) -> Step:
     """Loop over pending patches: prompt on a terminal, poll the store with ``--wait``, else stop."""
-    while step.status == "waiting":
+    while step.status == "waiting" and step.review is not None:
+        review = step.review
         _show_review(step)
-        assert step.review is not None
         if sys.stdin.isatty():
-            approved = typer.confirm(f"approve patch {step.review.patch_id}?", default=False)
-            note = None if approved else (typer.prompt("reason (optional)", default="", show_default=False) or None)
+            approved = typer.confirm(f"approve patch {review.patch_id}?", default=False)
+            note = (
+                None
+                if approved
+                else (typer.prompt("reason (optional)", default="", show_default=False) or None)
+            )
             step = session.resume({"action": "approve" if approved else "reject", "by": "cli", "note": note})
         elif wait:
-            _out.print(f"waiting for a decision on patch {step.review.patch_id} (a3r tui, or another resume)…")
-            step = session.wait_for_store_decision(step.review)
+            _out.print(f"waiting for a decision on patch {review.patch_id} (a3r tui, or another resume)…")
+            step = session.wait_for_store_decision(review)
         else:
             _out.print(
-                f"thread {session.thread_id} waits for a decision on patch {step.review.patch_id}: run "
+                f"thread {session.thread_id} waits for a decision on patch {review.patch_id}: run "
                 f"`a3r resume {session.thread_id} --approve` or `--reject` (or decide it in `a3r tui`)",
                 markup=False,
             )
@@ -122,7 +125,9 @@ def _launch(
 ) -> None:
     try:
         with open_session(settings, notify=_say) as session:
-            _out.print(f"thread {session.thread_id} (resume with `a3r resume {session.thread_id}`)", markup=False)
+            _out.print(
+                f"thread {session.thread_id} (resume with `a3r resume {session.thread_id}`)", markup=False
+            )
             if tui and importlib.util.find_spec("a3r.tui") is not None:
                 step = _run_with_tui(session, request, mode, force=force, overrides=overrides)
             else:
@@ -133,24 +138,39 @@ def _launch(
     except (A3RError, StoreError) as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:
-        raise _fail("interrupted; continue with `a3r resume THREAD` (the thread id is printed above)") from None
+        raise _fail(
+            "interrupted; continue with `a3r resume THREAD` (the thread id is printed above)"
+        ) from None
 
 
-StoreOption = Annotated[str, typer.Option("--store", "-s", help="Knowledge store: SQLite path or SQLAlchemy URL.")]
+StoreOption = Annotated[
+    str, typer.Option("--store", "-s", help="Knowledge store: SQLite path or SQLAlchemy URL.")
+]
 RootOption = Annotated[Path, typer.Option("--root", help="Folder of checkpoints and study workspaces.")]
 ProviderOption = Annotated[
     ProviderKind, typer.Option("--provider", help="Who plans: offline (no network), anthropic, openai.")
 ]
-ProviderModelOption = Annotated[str | None, typer.Option("--provider-model", help="LLM name for the provider.")]
-BaseUrlOption = Annotated[
-    str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint (local vLLM/Ollama) or Anthropic proxy.")
+ProviderModelOption = Annotated[
+    str | None, typer.Option("--provider-model", help="LLM name for the provider.")
 ]
-ModelOption = Annotated[str | None, typer.Option("--model", help="Policy model for swarm serve (default: embedded).")]
+BaseUrlOption = Annotated[
+    str | None,
+    typer.Option("--base-url", help="OpenAI-compatible endpoint (local vLLM/Ollama) or Anthropic proxy."),
+]
+ModelOption = Annotated[
+    str | None, typer.Option("--model", help="Policy model for swarm serve (default: embedded).")
+]
 StepsOption = Annotated[int | None, typer.Option("--steps", min=1, help="Trainer steps per run.")]
-BudgetOption = Annotated[float, typer.Option("--budget-minutes", min=0.1, help="Wall-time budget of the thread.")]
+BudgetOption = Annotated[
+    float, typer.Option("--budget-minutes", min=0.1, help="Wall-time budget of the thread.")
+]
 AutoOption = Annotated[bool, typer.Option("--auto-approve", help="Approve proposed patches without asking.")]
-WaitOption = Annotated[bool, typer.Option("--wait", help="Off a terminal, wait for decisions taken in a3r tui.")]
-HangOption = Annotated[float, typer.Option("--hang-after", min=1, help="Seconds without progress before a run is hung.")]
+WaitOption = Annotated[
+    bool, typer.Option("--wait", help="Off a terminal, wait for decisions taken in a3r tui.")
+]
+HangOption = Annotated[
+    float, typer.Option("--hang-after", min=1, help="Seconds without progress before a run is hung.")
+]
 
 
 def vibe(
@@ -158,10 +178,14 @@ def vibe(
     model: ModelOption = None,
     steps: StepsOption = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="B: groups per step.")] = None,
-    group_size: Annotated[int | None, typer.Option("--group-size", min=2, help="G: episodes per task.")] = None,
+    group_size: Annotated[
+        int | None, typer.Option("--group-size", min=2, help="G: episodes per task.")
+    ] = None,
     budget_minutes: BudgetOption = 30.0,
     auto_approve: AutoOption = False,
-    server: Annotated[str | None, typer.Option("--server", help="Attach to this swarm server instead of starting one.")] = None,
+    server: Annotated[
+        str | None, typer.Option("--server", help="Attach to this swarm server instead of starting one.")
+    ] = None,
     tui: Annotated[bool, typer.Option("--tui", help="Oversee the run in the TUI (approvals there).")] = False,
     wait: WaitOption = False,
     store: StoreOption = ".a3r/memory.db",
@@ -184,19 +208,33 @@ def vibe(
         budget_minutes=budget_minutes,
         hang_after_s=hang_after,
     )
-    overrides = {k: v for k, v in {"steps": steps, "batch_size": batch_size, "group_size": group_size}.items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in {"steps": steps, "batch_size": batch_size, "group_size": group_size}.items()
+        if v is not None
+    }
     _launch(request, "vibe", settings, overrides=overrides, tui=tui, wait=wait)
 
 
 def research(
-    question: Annotated[str, typer.Argument(help='A research question, e.g. "find min stable batch size on AIME".')],
+    question: Annotated[
+        str, typer.Argument(help='A research question, e.g. "find min stable batch size on AIME".')
+    ],
     model: ModelOption = None,
     steps: StepsOption = None,
-    seeds: Annotated[int | None, typer.Option("--seeds", min=2, help="Seeds per configuration (>= 2).")] = None,
-    group_size: Annotated[int | None, typer.Option("--group-size", min=2, help="G: episodes per task.")] = None,
+    seeds: Annotated[
+        int | None, typer.Option("--seeds", min=2, help="Seeds per configuration (>= 2).")
+    ] = None,
+    group_size: Annotated[
+        int | None, typer.Option("--group-size", min=2, help="G: episodes per task.")
+    ] = None,
     budget_minutes: BudgetOption = 60.0,
-    force: Annotated[bool, typer.Option("--force", help="Sweep even when the untrained model scores zero.")] = False,
-    eval_tasks: Annotated[int, typer.Option("--eval-tasks", min=1, help="Held-out tasks per evaluation.")] = 16,
+    force: Annotated[
+        bool, typer.Option("--force", help="Sweep even when the untrained model scores zero.")
+    ] = False,
+    eval_tasks: Annotated[
+        int, typer.Option("--eval-tasks", min=1, help="Held-out tasks per evaluation.")
+    ] = 16,
     store: StoreOption = ".a3r/memory.db",
     root: RootOption = Path(".a3r"),
     provider: ProviderOption = ProviderKind.offline,
@@ -231,8 +269,12 @@ def resume(
     approve: Annotated[bool, typer.Option("--approve", help="Approve the pending patch.")] = False,
     reject: Annotated[bool, typer.Option("--reject", help="Reject the pending patch.")] = False,
     note: Annotated[str | None, typer.Option("--note", help="Comment kept with the decision.")] = None,
-    auto_approve: Annotated[bool | None, typer.Option("--auto-approve/--ask", help="Override the thread's approval mode.")] = None,
-    budget_minutes: Annotated[float | None, typer.Option("--budget-minutes", min=0.1, help="New budget of the thread.")] = None,
+    auto_approve: Annotated[
+        bool | None, typer.Option("--auto-approve/--ask", help="Override the thread's approval mode.")
+    ] = None,
+    budget_minutes: Annotated[
+        float | None, typer.Option("--budget-minutes", min=0.1, help="New budget of the thread.")
+    ] = None,
     wait: WaitOption = False,
     root: RootOption = Path(".a3r"),
     store: Annotated[str | None, typer.Option("--store", "-s", help="Store (default: the thread's).")] = None,

@@ -47,12 +47,21 @@ async def _evaluate(args: argparse.Namespace) -> int:
                     try:
                         async with client.episode(task.task_id, kind="eval") as ep:
                             output = await asyncio.wait_for(run(task.data, ep.llm), args.episode_timeout)
-                            reward = output.reward if isinstance(output, Result) else float(output)
+                            if isinstance(output, Result):
+                                reward = output.reward
+                            elif isinstance(output, int | float):
+                                reward = float(output)
+                            else:
+                                raise TypeError("evaluation needs a single-server workflow (one reward)")
                             await ep.finish(reward)
                         record |= {"status": "finished", "reward": reward}
                     except Exception as exc:
                         failures += 1
-                        record |= {"status": "aborted", "reward": None, "error": f"{type(exc).__name__}: {exc}"[:500]}
+                        record |= {
+                            "status": "aborted",
+                            "reward": None,
+                            "error": f"{type(exc).__name__}: {exc}"[:500],
+                        }
                 record["time"] = time.time()
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()

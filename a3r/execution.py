@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from a3r.analysis import (
+    REWARD_KEYS,
     Diagnosis,
     EpisodeRecord,
     RewardSummary,
@@ -34,14 +35,17 @@ from a3r.analysis import (
     metric_series,
     read_progress,
     summarise_rewards,
-    REWARD_KEYS,
 )
 from a3r.errors import SwarmProcessError
 from a3r.graph.context import RunContext
 from a3r.graph.state import RunOutcome, RunSpec
 from a3r.processes import ManagedProcess, ServerHandle, ServerOptions, launch, start_server, swarm_command
 
-__all__ = ["Workspace", "execute_run"]
+__all__ = ["TRAINING_HANG_FACTOR", "Workspace", "execute_run"]
+
+TRAINING_HANG_FACTOR = 5.0
+"""While the server is training or draining (a step is under way, no event until it ends), a run is
+hung only after ``TRAINING_HANG_FACTOR × hang_after_s`` without progress."""
 
 
 @dataclass(frozen=True)
@@ -293,7 +297,13 @@ def _server_for(spec: RunSpec, ctx: RunContext, ws: Workspace, rec: _Recorder) -
 
 
 def _ident(spec: RunSpec) -> dict[str, Any]:
-    return {"key": spec.key, "purpose": spec.purpose, "seed": spec.seed, "stage": spec.stage, "value": spec.value}
+    return {
+        "key": spec.key,
+        "purpose": spec.purpose,
+        "seed": spec.seed,
+        "stage": spec.stage,
+        "value": spec.value,
+    }
 
 
 def _release(spec: RunSpec, ctx: RunContext, outcome: RunOutcome | None) -> None:
@@ -326,7 +336,9 @@ def execute_run(spec: RunSpec, *, ctx: RunContext, ws: Workspace, run_id: int, b
         handle = _server_for(spec, ctx, ws, rec)
     except SwarmProcessError as exc:
         rec.note(f"run {spec.key}: {exc}", "error")
-        return RunOutcome(**_ident(spec), run_id=run_id, status="failed_to_start", reason=str(exc), run_dir=str(run_dir))
+        return RunOutcome(
+            **_ident(spec), run_id=run_id, status="failed_to_start", reason=str(exc), run_dir=str(run_dir)
+        )
     api = _Api(handle)
     outcome: RunOutcome | None = None
     try:
@@ -373,9 +385,9 @@ def _monitor(
     started: float,
     budget_s: float,
 ) -> RunOutcome:
-    status = api.status() or {}
-    start_step = int(status.get("step", 0))
-    training = bool(status.get("training_enabled", False))
+    initial = api.status() or {}
+    start_step = int(initial.get("step", 0))
+    training = bool(initial.get("training_enabled", False))
     target = spec.settings.steps if spec.purpose in ("train", "sweep") and training else None
     client = _client(spec, ws, handle.url, run_dir, start_step)
     progress_path = run_dir / "client" / "progress.jsonl"
@@ -438,7 +450,9 @@ def _monitor(
             if live:
                 outcome_status, reason = "needs_attention", live[0].summary
                 break
-        if now - last_change > ctx.hang_after_s:
+        busy = (status or {}).get("state") in ("training", "draining")
+        hang_limit = ctx.hang_after_s * (TRAINING_HANG_FACTOR if busy else 1.0)
+        if now - last_change > hang_limit:
             outcome_status = "hung"
             reason = f"no progress (step {step}, {finished} episodes, no event) for {now - last_change:.0f} s"
             break
@@ -462,7 +476,9 @@ def _monitor(
     rows = api.metrics() or rows
     rec.metrics(rows)
     rec.events(api.events())
-    stopped_by_us = outcome_status in ("needs_attention", "hung", "budget") or reason.startswith("reached step")
+    stopped_by_us = outcome_status in ("needs_attention", "hung", "budget") or reason.startswith(
+        "reached step"
+    )
     diagnoses += detect_all(
         rows=rows,
         episodes=episodes,
@@ -503,6 +519,8 @@ def _monitor(
         run_dir=str(run_dir),
         seconds_per_episode=wall / finished_eps if finished_eps else math.nan,
         seconds_per_step=(
-            (step_times[-1] - step_times[0]) / (last_step - start_step) if last_step > start_step else math.nan
+            (step_times[-1] - step_times[0]) / (last_step - start_step)
+            if last_step > start_step
+            else math.nan
         ),
     )

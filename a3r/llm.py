@@ -552,7 +552,9 @@ class ChatProvider:
         try:
             return schema.model_validate(answer)
         except ValidationError as exc:
-            raise ProviderError(f"{self.name}: answer does not fit {schema.__name__}: {exc.error_count()} errors") from None
+            raise ProviderError(
+                f"{self.name}: answer does not fit {schema.__name__}: {exc.error_count()} errors"
+            ) from None
 
     def plan(self, request: str, *, mode: Mode) -> PlanDraft:
         """Ask the model for a `PlanDraft` and check it against the registry.

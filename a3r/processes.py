@@ -286,5 +286,7 @@ def start_server(
             pass
         if time.monotonic() > deadline:
             process.stop(sig=signal.SIGKILL)
-            raise SwarmProcessError(f"swarm serve did not answer within {ready_timeout_s:g} s (log: {process.log_path})")
+            raise SwarmProcessError(
+                f"swarm serve did not answer within {ready_timeout_s:g} s (log: {process.log_path})"
+            )
         time.sleep(0.25)

@@ -11,14 +11,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic  # noqa: E402
-
-from a3r.analysis import RewardSummary  # noqa: E402
-from a3r.graph.state import RunOutcome  # noqa: E402
-from a3r.plans import PlanDraft  # noqa: E402
-from a3r.research import ConfigVerdict  # noqa: E402
+from a3r.analysis import RewardSummary
+from a3r.graph.state import RunOutcome
+from a3r.plans import PlanDraft
+from a3r.research import ConfigVerdict
+from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["plot_rewards", "plot_sweep", "write_report"]
 
@@ -41,7 +40,13 @@ def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
         if o.curve:
             ax.plot([s for s, _ in o.curve], [v for _, v in o.curve], marker="o", label=f"{o.key} (per step)")
         else:
-            ax.plot(range(1, len(o.episode_curve) + 1), o.episode_curve, marker=".", linestyle="--", label=f"{o.key} (per group)")
+            ax.plot(
+                range(1, len(o.episode_curve) + 1),
+                o.episode_curve,
+                marker=".",
+                linestyle="--",
+                label=f"{o.key} (per group)",
+            )
     ax.set_xlabel("trainer step (or group index)")
     ax.set_ylabel("mean train reward")
     ax.grid(alpha=0.3)
@@ -52,7 +57,9 @@ def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
     return path
 
 
-def plot_sweep(configs: Sequence[ConfigVerdict], variable: str, baseline: RewardSummary | None, path: Path) -> Path | None:
+def plot_sweep(
+    configs: Sequence[ConfigVerdict], variable: str, baseline: RewardSummary | None, path: Path
+) -> Path | None:
     """Held-out p@1, p@2 and last-k train reward per swept value, stable values marked."""
     if not configs:
         return None
@@ -98,7 +105,9 @@ def write_report(
     """
     folder.mkdir(parents=True, exist_ok=True)
     curves = plot_rewards(outcomes, folder / "reward_curves.png")
-    sweep = plot_sweep(configs, plan.sweep.variable if plan.sweep else "value", baseline, folder / "sweep.png")
+    sweep = plot_sweep(
+        configs, plan.sweep.variable if plan.sweep else "value", baseline, folder / "sweep.png"
+    )
     lines = [
         f"# Study {study.id}: {study.question}",
         "",
@@ -113,12 +122,16 @@ def write_report(
         ),
     ]
     if plan.sweep is not None:
-        lines.append(f"- sweep: `{plan.sweep.variable}` over {plan.sweep.coarse} (goal {plan.sweep.goal}, refine {plan.sweep.refine})")
+        lines.append(
+            f"- sweep: `{plan.sweep.variable}` over {plan.sweep.coarse} (goal {plan.sweep.goal}, refine {plan.sweep.refine})"
+        )
     if plan.stability is not None:
         lines.append(f"- operational definition: {plan.stability.describe()}")
     lines += ["", "## Pre-registered hypotheses", ""]
     for h in hypotheses:
-        lines.append(f"- ({h.registered_at:%Y-%m-%d %H:%M:%S} UTC) **{h.statement}** — expected: {h.expected_outcome}; decision rule: {h.decision_rule}")
+        lines.append(
+            f"- ({h.registered_at:%Y-%m-%d %H:%M:%S} UTC) **{h.statement}** — expected: {h.expected_outcome}; decision rule: {h.decision_rule}"
+        )
     if baseline is not None:
         lines += [
             "",
@@ -162,7 +175,9 @@ def write_report(
     if findings:
         lines += ["", "## Findings", ""]
         for f in findings:
-            lines.append(f"- [{f.status.value}, confidence {f.confidence:.2f}, seeds {f.seeds}, runs {f.run_ids}] {f.statement}")
+            lines.append(
+                f"- [{f.status.value}, confidence {f.confidence:.2f}, seeds {f.seeds}, runs {f.run_ids}] {f.statement}"
+            )
     if patches:
         lines += ["", "## Patches", ""]
         for p in patches:

@@ -144,7 +144,9 @@ def estimate_run_s(spec: RunSpec, *, seconds_per_episode: float, eval_episodes: 
     """Wall seconds a sweep run should take: episodes of its steps and its evaluation at the measured
     seconds per episode, plus `SERVER_OVERHEAD_S`."""
     s = spec.settings
-    per_episode = seconds_per_episode if math.isfinite(seconds_per_episode) and seconds_per_episode > 0 else 2.0
+    per_episode = (
+        seconds_per_episode if math.isfinite(seconds_per_episode) and seconds_per_episode > 0 else 2.0
+    )
     episodes = s.steps * s.batch_size * s.group_size + eval_episodes
     return SERVER_OVERHEAD_S + per_episode * episodes
 

@@ -20,14 +20,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field
-
-from memory import PatchStatus, Store
 
 from a3r.errors import ThreadNotFound
 from a3r.graph import Ledger, PatchReview, RunContext, build_graph, open_checkpointer
 from a3r.llm import ProviderConfig, ProviderKind, make_provider
+from memory import PatchStatus, Store
 
 __all__ = ["Session", "SessionSettings", "Step", "open_session"]
 
@@ -93,7 +93,9 @@ class Step(BaseModel):
 class Session:
     """One thread of the research graph (see module docstring); use `open_session`."""
 
-    def __init__(self, settings: SessionSettings, thread_id: str, notify: Callable[[str], None] | None) -> None:
+    def __init__(
+        self, settings: SessionSettings, thread_id: str, notify: Callable[[str], None] | None
+    ) -> None:
         self.settings = settings
         self.thread_id = thread_id
         root = settings.root
@@ -128,7 +130,7 @@ class Session:
         self._lock = threading.Lock()
 
     @property
-    def _config(self) -> dict[str, Any]:
+    def _config(self) -> RunnableConfig:
         return {"configurable": {"thread_id": self.thread_id}, "recursion_limit": 500}
 
     def _invoke(self, value: Any) -> Step:
@@ -159,8 +161,14 @@ class Session:
         """Whether the checkpointer knows this thread."""
         return bool(self.graph.get_state(self._config).values)
 
-    def start(self, request: str, *, mode: Literal["vibe", "research"], force: bool = False,
-              overrides: dict[str, Any] | None = None) -> Step:
+    def start(
+        self,
+        request: str,
+        *,
+        mode: Literal["vibe", "research"],
+        force: bool = False,
+        overrides: dict[str, Any] | None = None,
+    ) -> Step:
         """Launch the thread on ``request``; returns when it ends or waits for a patch decision."""
         self.ledger.put(f"{self.thread_id}:session", self.settings.model_dump(mode="json"))
         return self._invoke({"request": request, "mode": mode, "force": force, "overrides": overrides or {}})
@@ -173,19 +181,25 @@ class Session:
             ThreadNotFound: The checkpointer has no such thread.
         """
         if not self.exists():
-            raise ThreadNotFound(f"no checkpoint for thread {self.thread_id!r} in {self.settings.root / 'checkpoints.db'}")
+            raise ThreadNotFound(
+                f"no checkpoint for thread {self.thread_id!r} in {self.settings.root / 'checkpoints.db'}"
+            )
         if decision is not None and self.step().status == "waiting":
             return self._invoke(Command(resume=decision))
         return self._invoke(None)
 
-    def wait_for_store_decision(self, review: PatchReview, *, poll_s: float = 2.0, timeout_s: float | None = None) -> Step:
+    def wait_for_store_decision(
+        self, review: PatchReview, *, poll_s: float = 2.0, timeout_s: float | None = None
+    ) -> Step:
         """Poll the store until the patch is decided elsewhere (e.g. in ``a3r tui``), then resume with it."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             patch = self.store.get_patch(review.patch_id)
             if patch.status is not PatchStatus.pending:
                 approved = patch.status in (PatchStatus.approved, PatchStatus.applied)
-                return self.resume({"approved": approved, "note": patch.note, "by": patch.decided_by or "store"})
+                return self.resume(
+                    {"approved": approved, "note": patch.note, "by": patch.decided_by or "store"}
+                )
             if deadline is not None and time.monotonic() > deadline:
                 return self.step()
             time.sleep(poll_s)

@@ -17,7 +17,7 @@ from langgraph.types import Command
 from a3r.errors import PatchNotAllowed
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
-from a3r.graph.state import PatchReview, ResearchState, RunOutcome, RunSpec
+from a3r.graph.state import PatchReview, ResearchState, RunOutcome, RunSpec, first_hypothesis
 from a3r.patches import PATCHABLE, check_allowed, unified_diff
 from a3r.plans import PatchDraft
 
@@ -58,7 +58,7 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
     ctx = runtime.context
     outcome = state["outcomes"][-1]
     study_id = state["study_id"]
-    hypothesis = (state.get("hypothesis_ids") or [None])[0]
+    hypothesis = first_hypothesis(state)
     for diagnosis in outcome.diagnoses:
         ensure_finding(
             ctx,
@@ -92,18 +92,24 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
     return Command(goto="planner")
 
 
-def _propose(state: ResearchState, ctx: RunContext, outcome: RunOutcome, diagnosis: object) -> PatchReview | None:
+def _propose(
+    state: ResearchState, ctx: RunContext, outcome: RunOutcome, diagnosis: object
+) -> PatchReview | None:
     from a3r.analysis import Diagnosis
 
     assert isinstance(diagnosis, Diagnosis)
     ws = Path(state["workspace"])
-    files = {name: (ws / name).read_text(encoding="utf-8") for name in sorted(PATCHABLE) if (ws / name).exists()}
+    files = {
+        name: (ws / name).read_text(encoding="utf-8") for name in sorted(PATCHABLE) if (ws / name).exists()
+    }
     key = ctx.key("analyst", f"patch:{outcome.key}")
     recorded = ctx.ledger.get(key)
     if recorded is None:
         draft = ctx.provider.propose_patch(diagnosis, files, template=state["plan"].template)
         if draft is None:
-            ctx.say(f"analyst: {diagnosis.kind.value} in {outcome.key}; {ctx.provider.name} has no patch for it")
+            ctx.say(
+                f"analyst: {diagnosis.kind.value} in {outcome.key}; {ctx.provider.name} has no patch for it"
+            )
             return None
         try:
             check_allowed(ws, draft.file)
@@ -126,7 +132,9 @@ def _propose(state: ResearchState, ctx: RunContext, outcome: RunOutcome, diagnos
         pending.write_text(
             json.dumps({"file": draft.file, "base": base, "new": draft.new_content}), encoding="utf-8"
         )
-        ctx.ledger.put(key, {"patch_id": patch.id, "file": draft.file, "rationale": draft.rationale, "diff": diff})
+        ctx.ledger.put(
+            key, {"patch_id": patch.id, "file": draft.file, "rationale": draft.rationale, "diff": diff}
+        )
         recorded = ctx.ledger.get(key)
     assert recorded is not None
     review = PatchReview(

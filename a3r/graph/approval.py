@@ -16,12 +16,12 @@ from typing import Any, Literal
 
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
-from memory import PatchStatus
 
 from a3r.graph.analyst import _spec_of, continuation, pending_patch_file
 from a3r.graph.context import RunContext
 from a3r.graph.state import PatchDecision, ResearchState
 from a3r.patches import apply_patch
+from memory import PatchStatus
 
 __all__ = ["approve", "parse_decision"]
 
@@ -41,7 +41,9 @@ def parse_decision(raw: Any, patch_id: int) -> PatchDecision:
         raw = {**raw, "action": "approve" if raw["approved"] else "reject"}  # the TUI's resume value
     if not isinstance(raw, dict) or raw.get("action") not in ("approve", "reject"):
         raise ValueError(f"a patch decision must be 'approve' or 'reject', got {raw!r}")
-    return PatchDecision(patch_id=patch_id, action=raw["action"], by=str(raw.get("by") or "user"), note=raw.get("note"))
+    return PatchDecision(
+        patch_id=patch_id, action=raw["action"], by=str(raw.get("by") or "user"), note=raw.get("note")
+    )
 
 
 def approve(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal["runner"]]:
@@ -72,10 +74,14 @@ def approve(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
         apply_patch(ws, pending["file"], base=pending["base"], new=pending["new"])
         if patch.status is PatchStatus.approved:
             ctx.store.mark_patch_applied(review.patch_id, content=pending["new"])
-        follow = continuation(outcome, _spec_of(state, outcome), suffix=f"p{review.patch_id}", early_stop=True)
+        follow = continuation(
+            outcome, _spec_of(state, outcome), suffix=f"p{review.patch_id}", early_stop=False
+        )
         line = f"approval: patch {review.patch_id} approved by {decision.by} and applied to {review.file}; client hot-swapped ({follow.key})"
     else:
-        follow = continuation(outcome, _spec_of(state, outcome), suffix=f"r{review.patch_id}", early_stop=False)
+        follow = continuation(
+            outcome, _spec_of(state, outcome), suffix=f"r{review.patch_id}", early_stop=False
+        )
         line = f"approval: patch {review.patch_id} rejected by {decision.by}; training continues unchanged ({follow.key})"
     ctx.store.log_event(line, study_id=state["study_id"])
     ctx.say(line)

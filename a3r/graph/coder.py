@@ -18,11 +18,10 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 import templates
-from memory import ArtifactKind
-
 from a3r.graph.context import RunContext
 from a3r.graph.state import ResearchState
 from a3r.plans import GeneratedCode, PlanDraft
+from memory import ArtifactKind
 
 __all__ = ["coder", "write_generated"]
 
@@ -62,7 +61,11 @@ def _heldout(ws: Path, plan: PlanDraft, n: int) -> None:
         template = templates.get_template(plan.template)
         data_params = {p.name for p in template.meta.parameters if p.target == templates.ParamTarget.DATA}
         if {"seed", "n_tasks"} <= data_params:
-            params = {**plan.params, "seed": int(plan.params.get("seed") or 0) + HELDOUT_SEED_OFFSET, "n_tasks": n}
+            params = {
+                **plan.params,
+                "seed": int(plan.params.get("seed") or 0) + HELDOUT_SEED_OFFSET,
+                "n_tasks": n,
+            }
             _write_jsonl(target, template.build_tasks(params))
             return
     rows = _read_jsonl(ws / "tasks.jsonl")
@@ -112,14 +115,22 @@ def coder(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal
     for name, kind in _ARTIFACTS:
         path = ws / name
         if path.exists():
-            artifacts[name] = ctx.store.add_artifact(study_id, kind, name, path.read_text(encoding="utf-8")).id
+            artifacts[name] = ctx.store.add_artifact(
+                study_id, kind, name, path.read_text(encoding="utf-8")
+            ).id
     if not report.ok:
         text = f"stopped: the {'rendered' if plan.template else 'generated'} code failed validation at step {report.step}: {report.detail[:800]}"
         ctx.store.log_event(text, study_id=study_id, level="error")
         ctx.say(text)
         return Command(
             goto="reporter",
-            update={"workspace": str(ws), "artifacts": artifacts, "conclusion": text, "queue": [], "stage": "done"},
+            update={
+                "workspace": str(ws),
+                "artifacts": artifacts,
+                "conclusion": text,
+                "queue": [],
+                "stage": "done",
+            },
         )
     line = f"coder: workspace {ws} validated ({report.tasks} tasks; held-out {sum(1 for _ in (ws / 'heldout.jsonl').open())})"
     ctx.store.log_event(line, study_id=study_id)

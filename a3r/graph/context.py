@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memory import Store
-
 from a3r.llm import ResearchProvider
 from a3r.processes import ServerHandle
+from memory import Store
 
 __all__ = ["Ledger", "RunContext"]
 
@@ -36,7 +35,9 @@ class Ledger:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("CREATE TABLE IF NOT EXISTS a3r_ledger (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS a3r_ledger (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+        )
         self._lock = threading.Lock()
 
     def get(self, key: str) -> Any | None:

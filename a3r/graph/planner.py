@@ -12,13 +12,12 @@ from typing import Literal
 
 from langgraph.runtime import Runtime
 from langgraph.types import Command
-
-from a3r.graph.context import RunContext
-from a3r.graph.records import ensure_hypotheses, ensure_study
-from a3r.graph.state import ResearchState
 from pydantic import ValidationError
 
 from a3r.errors import PlanError
+from a3r.graph.context import RunContext
+from a3r.graph.records import ensure_hypotheses, ensure_study
+from a3r.graph.state import ResearchState
 from a3r.plans import StabilityCriterion, TrainingSettings, check_plan
 from a3r.research import fit_budget, initial_queue, refine_values, sweep_specs, verdicts
 
@@ -117,7 +116,9 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
         )
         lines = [line]
         if dropped:
-            lines.append(f"budget: dropped {plan.sweep.variable} values {dropped} (would not fit {budget_left:.0f} s)")
+            lines.append(
+                f"budget: dropped {plan.sweep.variable} values {dropped} (would not fit {budget_left:.0f} s)"
+            )
         if not kept:
             return _conclude(
                 f"stopped: no configuration with {len(plan.training.seeds)} seeds fits the remaining budget of "
@@ -126,11 +127,13 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             )
         for text in lines[1:]:
             ctx.say(text)
-        return Command(goto="runner", update={"baseline": baseline, "stage": "coarse", "queue": kept, "log": lines})
-    baseline = state.get("baseline")
-    assert baseline is not None
+        return Command(
+            goto="runner", update={"baseline": baseline, "stage": "coarse", "queue": kept, "log": lines}
+        )
+    measured_baseline = state.get("baseline")
+    assert measured_baseline is not None
     if stage == "coarse" and plan.sweep.goal == "min_stable" and plan.sweep.refine:
-        configs = verdicts(outcomes, baseline=baseline, criterion=criterion)
+        configs = verdicts(outcomes, baseline=measured_baseline, criterion=criterion)
         tested = [c.value for c in configs]
         extra = refine_values(configs, tested)
         if extra:

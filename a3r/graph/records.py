@@ -10,18 +10,19 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from memory import FindingStatus, RunPublic, RunStatus
-
 from a3r.graph.context import RunContext
 from a3r.graph.state import RunSpec
 from a3r.plans import HypothesisDraft
+from memory import FindingStatus, RunPublic, RunStatus
 
 __all__ = ["ensure_experiment", "ensure_finding", "ensure_hypotheses", "ensure_run", "ensure_study"]
 
 
 def ensure_study(ctx: RunContext, question: str, kind: str) -> int:
     """The thread's study, created once."""
-    created = ctx.ledger.once(ctx.key("planner", "study"), lambda: ctx.store.create_study(question, kind=kind).id)
+    created = ctx.ledger.once(
+        ctx.key("planner", "study"), lambda: ctx.store.create_study(question, kind=kind).id
+    )
     return int(created)
 
 
@@ -42,7 +43,13 @@ def ensure_hypotheses(ctx: RunContext, study_id: int, drafts: Sequence[Hypothesi
 
 
 def ensure_experiment(
-    ctx: RunContext, study_id: int, name: str, *, template: str | None, hypothesis_id: int | None, description: str = ""
+    ctx: RunContext,
+    study_id: int,
+    name: str,
+    *,
+    template: str | None,
+    hypothesis_id: int | None,
+    description: str = "",
 ) -> int:
     """The study's experiment called ``name``, created once (with its hypothesis, before any run)."""
     for experiment in ctx.store.experiments(study_id):
@@ -53,7 +60,9 @@ def ensure_experiment(
     ).id
 
 
-def ensure_run(ctx: RunContext, experiment_id: int, spec: RunSpec, *, server_url: str | None = None) -> RunPublic:
+def ensure_run(
+    ctx: RunContext, experiment_id: int, spec: RunSpec, *, server_url: str | None = None
+) -> RunPublic:
     """The experiment's run for ``spec`` (named by its key), started once.
 
     A run left ``running`` by a killed process is returned as is: the runner continues it.
@@ -62,7 +71,9 @@ def ensure_run(ctx: RunContext, experiment_id: int, spec: RunSpec, *, server_url
         if run.experiment_id == experiment_id and run.name == spec.key:
             return ctx.store.get_run(run.id)
     config = {"purpose": spec.purpose, "stage": spec.stage, "value": spec.value, **spec.settings.model_dump()}
-    return ctx.store.start_run(experiment_id, name=spec.key, config=config, seed=spec.seed, server_url=server_url)
+    return ctx.store.start_run(
+        experiment_id, name=spec.key, config=config, seed=spec.seed, server_url=server_url
+    )
 
 
 def ensure_finding(

@@ -9,14 +9,14 @@ import statistics
 from pathlib import Path
 
 from langgraph.runtime import Runtime
-from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
-from a3r.graph.state import ResearchState, RunOutcome
+from a3r.graph.state import ResearchState, RunOutcome, first_hypothesis
 from a3r.plans import StabilityCriterion
 from a3r.report import write_report
 from a3r.research import ConfigVerdict, verdicts
+from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
 __all__ = ["reporter"]
 
@@ -25,7 +25,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     outcomes = [o for o in state.get("outcomes", []) if o.purpose == "train"]
     curve = [point for o in outcomes for point in o.curve]
     study_id = state["study_id"]
-    hypothesis = (state.get("hypothesis_ids") or [None])[0]
+    hypothesis = first_hypothesis(state)
     run_ids = [o.run_id for o in outcomes]
     if len(curve) < 2:
         episodes = sum(o.episodes for o in outcomes)
@@ -37,7 +37,13 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     first = statistics.fmean(v for _, v in curve[:k])
     last = statistics.fmean(v for _, v in curve[-k:])
     gain = last - first
-    status = FindingStatus.confirmed if gain > 0 else FindingStatus.refuted if gain < 0 else FindingStatus.unconfirmed
+    status = (
+        FindingStatus.confirmed
+        if gain > 0
+        else FindingStatus.refuted
+        if gain < 0
+        else FindingStatus.unconfirmed
+    )
     statement = (
         f"training on {state['plan'].template} for {curve[-1][0]} steps changed the mean train reward from "
         f"{first:.3f} (first {k} steps) to {last:.3f} (last {k} steps): {gain:+.3f}"
@@ -53,7 +59,10 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         run_ids=run_ids,
         hypothesis_id=hypothesis,
     )
-    return statement + f" — hypothesis {status.value} by its decision rule (1 seed; replicate before relying on it)"
+    return (
+        statement
+        + f" — hypothesis {status.value} by its decision rule (1 seed; replicate before relying on it)"
+    )
 
 
 def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> str:
@@ -61,7 +70,7 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     assert plan.sweep is not None
     variable = plan.sweep.variable
     study_id = state["study_id"]
-    hypothesis = (state.get("hypothesis_ids") or [None])[0]
+    hypothesis = first_hypothesis(state)
     for c in configs:
         verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
         ensure_finding(
@@ -71,8 +80,14 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
                 f"{variable}={c.value:g} is {verdict} ({len(c.stable_seeds)}/{len(c.seeds)} seeds stable; last-k train "
                 f"reward {c.last_k_reward:.3f}, held-out p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f})"
             ),
-            evidence={"reasons": c.reasons, "runs": c.runs, "last_k_reward": c.last_k_reward,
-                      "pass_at_1": c.pass_at_1, "pass_at_2": c.pass_at_2, "mean_reward": c.eval_mean_reward},
+            evidence={
+                "reasons": c.reasons,
+                "runs": c.runs,
+                "last_k_reward": c.last_k_reward,
+                "pass_at_1": c.pass_at_1,
+                "pass_at_2": c.pass_at_2,
+                "mean_reward": c.eval_mean_reward,
+            },
             confidence=0.8 if c.stable is not None else 0.3,
             status=FindingStatus.confirmed if c.stable is not None else FindingStatus.unconfirmed,
             seeds=c.seeds,
@@ -92,7 +107,9 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     all_ids = [i for c in configs for i in c.run_ids]
     seeds = sorted({s for c in configs for s in c.seeds})
     if not stable:
-        statement = f"no tested {variable} ({tested}) was stable on every seed under the pre-registered definition"
+        statement = (
+            f"no tested {variable} ({tested}) was stable on every seed under the pre-registered definition"
+        )
         status = FindingStatus.refuted
     else:
         smallest = min(stable, key=lambda c: c.value)
@@ -100,7 +117,9 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
         if below and all(c.stable is False for c in below):
             statement = (
                 f"minimal stable {variable} = {smallest.value:g}: stable on seeds {smallest.stable_seeds}, while "
-                + "; ".join(f"{c.value:g} was unstable ({c.reasons[0] if c.reasons else 'see runs'})" for c in below)
+                + "; ".join(
+                    f"{c.value:g} was unstable ({c.reasons[0] if c.reasons else 'see runs'})" for c in below
+                )
             )
             status = FindingStatus.confirmed
         elif not below:
@@ -140,13 +159,25 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
     conclusion = state.get("conclusion")
     stopped_early = conclusion is not None
     if conclusion is None:
-        conclusion = _research_conclusion(state, ctx, configs) if plan.kind == "research" else _vibe_conclusion(state, ctx)
+        conclusion = (
+            _research_conclusion(state, ctx, configs)
+            if plan.kind == "research"
+            else _vibe_conclusion(state, ctx)
+        )
     elif plan.kind == "research":
-        ensure_finding(ctx, study_id, statement=conclusion, evidence={"baseline": baseline.model_dump() if baseline else None},
-                       confidence=0.9, status=FindingStatus.unconfirmed)
+        ensure_finding(
+            ctx,
+            study_id,
+            statement=conclusion,
+            evidence={"baseline": baseline.model_dump() if baseline else None},
+            confidence=0.9,
+            status=FindingStatus.unconfirmed,
+        )
     study = ctx.store.update_study(
         study_id,
-        StudyUpdate(status=StudyStatus.abandoned if stopped_early else StudyStatus.concluded, conclusion=conclusion),
+        StudyUpdate(
+            status=StudyStatus.abandoned if stopped_early else StudyStatus.concluded, conclusion=conclusion
+        ),
     )
     folder = Path(state.get("workspace") or ctx.root / "studies" / str(study_id))
     path = write_report(

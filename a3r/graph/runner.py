@@ -12,12 +12,12 @@ import math
 from pathlib import Path
 
 from langgraph.runtime import Runtime
-from memory import RunStatus
 
 from a3r.execution import Workspace, execute_run
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_experiment, ensure_run
-from a3r.graph.state import ResearchState, RunOutcome, RunSpec
+from a3r.graph.state import ResearchState, RunOutcome, RunSpec, first_hypothesis
+from memory import RunStatus
 
 __all__ = ["experiment_name", "runner"]
 
@@ -34,12 +34,11 @@ _STORE_STATUS = {
 def experiment_name(state: ResearchState, spec: RunSpec) -> tuple[str, int | None]:
     """Experiment of a run (and the hypothesis it tests): one per swept value, one for training."""
     plan = state["plan"]
-    hypotheses = state.get("hypothesis_ids") or [None]
     if spec.purpose == "preflight":
         return "preflight-baseline", None
     if spec.purpose == "sweep" and plan.sweep is not None and spec.value is not None:
-        return f"{plan.sweep.variable}={spec.value:g}", hypotheses[0]
-    return f"{plan.template or 'generated'}-train", hypotheses[0]
+        return f"{plan.sweep.variable}={spec.value:g}", first_hypothesis(state)
+    return f"{plan.template or 'generated'}-train", first_hypothesis(state)
 
 
 def _final_metrics(outcome: RunOutcome) -> dict[str, float]:
@@ -72,7 +71,9 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
     )
     run = ensure_run(ctx, experiment_id, spec)
     if run.status is RunStatus.running and ctx.store.events(run_id=run.id, limit=1):
-        ctx.store.log_event(f"run {spec.key}: continuing after an interruption", run_id=run.id, level="warning")
+        ctx.store.log_event(
+            f"run {spec.key}: continuing after an interruption", run_id=run.id, level="warning"
+        )
     budget_left = ctx.budget_s - sum(o.wall_s for o in state.get("outcomes", []))
     ws = Workspace(Path(state["workspace"]))
     if budget_left <= 0:

@@ -31,6 +31,7 @@ __all__ = [
     "ResearchState",
     "RunOutcome",
     "RunSpec",
+    "first_hypothesis",
     "merge_dicts",
 ]
 
@@ -186,6 +187,12 @@ class ResearchState(TypedDict, total=False):
     conclusion: str | None
     report: str | None
     log: Annotated[list[str], operator.add]
+
+
+def first_hypothesis(state: ResearchState) -> int | None:
+    """Id of the thread's first registered hypothesis (the one its runs test), if any."""
+    ids = state.get("hypothesis_ids") or []
+    return ids[0] if ids else None
 
 
 STATE_TYPES: tuple[type, ...] = (

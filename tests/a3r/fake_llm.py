@@ -49,7 +49,13 @@ class FakeLLMServer:
             self.requests.append({"api": "openai", "headers": dict(request.headers), "body": body})
             if self.fail_with:
                 return JSONResponse(
-                    {"error": {"message": "bad key", "type": "invalid_request_error", "code": "invalid_api_key"}},
+                    {
+                        "error": {
+                            "message": "bad key",
+                            "type": "invalid_request_error",
+                            "code": "invalid_api_key",
+                        }
+                    },
                     status_code=self.fail_with,
                 )
             message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
@@ -84,7 +90,10 @@ class FakeLLMServer:
             self.requests.append({"api": "anthropic", "headers": dict(request.headers), "body": body})
             if self.fail_with:
                 return JSONResponse(
-                    {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}},
+                    {
+                        "type": "error",
+                        "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+                    },
                     status_code=self.fail_with,
                 )
             name = body["tools"][0]["name"]
@@ -95,7 +104,12 @@ class FakeLLMServer:
                     "role": "assistant",
                     "model": body["model"],
                     "content": [
-                        {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:8]}", "name": name, "input": self.canned[name]}
+                        {
+                            "type": "tool_use",
+                            "id": f"toolu_{uuid.uuid4().hex[:8]}",
+                            "name": name,
+                            "input": self.canned[name],
+                        }
                     ],
                     "stop_reason": "tool_use",
                     "stop_sequence": None,
@@ -133,6 +147,8 @@ class ToolCallingFakeChatModel(GenericFakeChatModel):
 def tool_answers(*calls: tuple[str, dict[str, Any]]) -> Iterator[AIMessage]:
     """Scripted answers: one AI message per ``(schema name, arguments)`` with that tool call."""
     return iter(
-        AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call-{i}", "type": "tool_call"}])
+        AIMessage(
+            content="", tool_calls=[{"name": name, "args": args, "id": f"call-{i}", "type": "tool_call"}]
+        )
         for i, (name, args) in enumerate(calls)
     )

@@ -27,7 +27,9 @@ from a3r.analysis import (
 )
 
 
-@pytest.mark.parametrize(("n", "c", "k"), [(n, c, k) for n in range(1, 7) for c in range(n + 1) for k in range(1, n + 1)])
+@pytest.mark.parametrize(
+    ("n", "c", "k"), [(n, c, k) for n in range(1, 7) for c in range(n + 1) for k in range(1, n + 1)]
+)
 def test_pass_at_k_matches_enumeration(n: int, c: int, k: int) -> None:
     attempts = [1] * c + [0] * (n - c)
     subsets = list(itertools.combinations(range(n), k))
@@ -81,7 +83,10 @@ def test_zero_signal_needs_full_flat_groups() -> None:
 
 
 def test_collapse_and_length() -> None:
-    rows = [{"step": s, "reward_mean": r, "entropy": e} for s, r, e in [(1, 0.6, 1.0), (2, 0.6, 0.8), (3, 0.1, 0.3), (4, 0.1, 0.01)]]
+    rows = [
+        {"step": s, "reward_mean": r, "entropy": e}
+        for s, r, e in [(1, 0.6, 1.0), (2, 0.6, 0.8), (3, 0.1, 0.3), (4, 0.1, 0.01)]
+    ]
     kinds = [d.summary for d in detect_collapse(rows)]
     assert any("fell from 0.600" in k for k in kinds) and any("entropy collapsed" in k for k in kinds)
     steady = [{"step": s, "reward_mean": 0.5, "entropy": 1.0, "kl": 0.01} for s in range(1, 7)]
@@ -104,7 +109,7 @@ def test_reward_hacking_and_stall() -> None:
 
 def test_crash_cites_the_traceback() -> None:
     log = (
-        "starting\nTraceback (most recent call last):\n  File \"workflow.py\", line 3, in run\n"
+        'starting\nTraceback (most recent call last):\n  File "workflow.py", line 3, in run\n'
         "    1 / 0\nZeroDivisionError: division by zero\nmore output\n"
     )
     (found,) = detect_crash(log, exit_code=1)

@@ -46,7 +46,16 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     }
     try:
         first = list(graph.stream(request, config, context=ctx, stream_mode="updates", durability="sync"))
-        assert _nodes(first) == ["planner", "coder", "runner", "analyst", "planner", "runner", "analyst", "__interrupt__"]
+        assert _nodes(first) == [
+            "planner",
+            "coder",
+            "runner",
+            "analyst",
+            "planner",
+            "runner",
+            "analyst",
+            "__interrupt__",
+        ]
         (pending,) = first[-1]["__interrupt__"]
         review = pending.value
         assert isinstance(review, PatchReview)
@@ -56,7 +65,11 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
         assert len(store.experiments(study_id)) == 1
         assert store.get_patch(review.patch_id).status is PatchStatus.pending
 
-        second = list(graph.stream(Command(resume="approve"), config, context=ctx, stream_mode="updates", durability="sync"))
+        second = list(
+            graph.stream(
+                Command(resume="approve"), config, context=ctx, stream_mode="updates", durability="sync"
+            )
+        )
         assert _nodes(second) == ["approve", "runner", "analyst", "planner", "reporter"]
     finally:
         ctx.close_servers()
@@ -71,7 +84,9 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     assert [a.version for a in workflow_versions] == [1, 2]
     ws = Path(state["workspace"])
     assert read_params((ws / "workflow.py").read_text())["temperature"] == 1.0
-    assert read_params((ws / "evaluator" / "workflow.py").read_text())["temperature"] == 0.0  # frozen evaluator
+    assert (
+        read_params((ws / "evaluator" / "workflow.py").read_text())["temperature"] == 0.0
+    )  # frozen evaluator
     # The client was hot-swapped on the same server: one server start for the whole thread, and the
     # continuation started at the step the server had reached.
     starts = [e for e in store.events(study_id=study_id) if "swarm serve started" in e.message]

@@ -40,7 +40,7 @@ async def run(task, llm):
     return 1.0 if text == task["answer"] else 0.0
 '''
 
-REWARD_OK = '''def reward(completion: str, answer: str) -> float:
+REWARD_OK = """def reward(completion: str, answer: str) -> float:
     return 1.0 if completion.strip().lower() == answer else 0.0
 
 
@@ -52,20 +52,35 @@ def self_check(tasks):
         if reward("", task["answer"]) != 0.0:
             failures.append(f"{task['id']}: empty earned reward")
     return failures
-'''
+"""
 
 REWARD_BROKEN = REWARD_OK.replace("return 1.0 if completion.strip().lower() == answer else 0.0", "return 1.0")
 
-TASKS = [{"id": f"w{i}", "word": w, "answer": w[::-1]} for i, w in enumerate(["cat", "dog", "sun", "map", "pen", "cup", "hat", "box", "red", "ink"])]
+TASKS = [
+    {"id": f"w{i}", "word": w, "answer": w[::-1]}
+    for i, w in enumerate(["cat", "dog", "sun", "map", "pen", "cup", "hat", "box", "red", "ink"])
+]
 
 PLAN = {
     "kind": "train",
     "template": None,
     "params": {},
     "objective": "teach the policy to reverse three-letter words",
-    "training": {"steps": 2, "batch_size": 1, "group_size": 2, "lr": 1e-5, "concurrency": 2, "seeds": [0], "smoke_tasks": 1},
+    "training": {
+        "steps": 2,
+        "batch_size": 1,
+        "group_size": 2,
+        "lr": 1e-5,
+        "concurrency": 2,
+        "seeds": [0],
+        "smoke_tasks": 1,
+    },
     "hypotheses": [
-        {"statement": "reversal accuracy rises", "expected_outcome": "last-2 > first-2", "decision_rule": "difference > 0"}
+        {
+            "statement": "reversal accuracy rises",
+            "expected_outcome": "last-2 > first-2",
+            "decision_rule": "difference > 0",
+        }
     ],
     "rationale": "no template covers word reversal",
 }
@@ -93,7 +108,11 @@ def test_llm_plans_and_writes_code_for_an_uncovered_task(tmp_path: Path, store: 
     ctx = _context(tmp_path, tool_answers(("PlanDraft", PLAN), ("GeneratedCode", code)), store)
     graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"), interrupt_before=["runner"])
     config = {"configurable": {"thread_id": "t-llm"}}
-    chunks = list(graph.stream({"request": "train word reversal", "mode": "vibe"}, config, context=ctx, stream_mode="updates"))
+    chunks = list(
+        graph.stream(
+            {"request": "train word reversal", "mode": "vibe"}, config, context=ctx, stream_mode="updates"
+        )
+    )
     assert [name for chunk in chunks for name in chunk] == ["planner", "coder", "__interrupt__"]
     state = graph.get_state(config)
     assert state.next == ("runner",)
@@ -107,7 +126,11 @@ def test_llm_plans_and_writes_code_for_an_uncovered_task(tmp_path: Path, store: 
     study_id = values["study_id"]
     assert [h.statement for h in store.hypotheses(study_id)] == ["reversal accuracy rises"]
     kinds = {a.name: a.kind for a in store.artifacts(study_id)}
-    assert kinds == {"workflow.py": ArtifactKind.workflow, "reward.py": ArtifactKind.reward, "tasks.jsonl": ArtifactKind.data}
+    assert kinds == {
+        "workflow.py": ArtifactKind.workflow,
+        "reward.py": ArtifactKind.reward,
+        "tasks.jsonl": ArtifactKind.data,
+    }
     assert values["queue"][0].key == "smoke"
 
 
@@ -116,7 +139,11 @@ def test_generated_code_failing_its_checks_is_not_run(tmp_path: Path, store: Sto
     ctx = _context(tmp_path, tool_answers(("PlanDraft", PLAN), ("GeneratedCode", code)), store)
     graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"))
     config = {"configurable": {"thread_id": "t-llm"}}
-    chunks = list(graph.stream({"request": "train word reversal", "mode": "vibe"}, config, context=ctx, stream_mode="updates"))
+    chunks = list(
+        graph.stream(
+            {"request": "train word reversal", "mode": "vibe"}, config, context=ctx, stream_mode="updates"
+        )
+    )
     assert [name for chunk in chunks for name in chunk] == ["planner", "coder", "reporter"]
     values = graph.get_state(config).values
     assert "failed validation at step checks" in values["conclusion"]
@@ -137,8 +164,12 @@ def _analyst_state(tmp_path: Path, store: Store) -> dict[str, Any]:
         store.add_artifact(study.id, kind, name, (ws / name).read_text())
     experiment = store.create_experiment(study.id, "generated-train")
     run = store.start_run(experiment.id, name="train-s0")
-    diagnosis = Diagnosis(kind=DiagnosisKind.zero_signal, summary="4/4 groups identical", evidence={"groups": 4}, patchable=True)
-    outcome = RunOutcome(key="train-s0", run_id=run.id, status="needs_attention", reason="zero signal", diagnoses=[diagnosis])
+    diagnosis = Diagnosis(
+        kind=DiagnosisKind.zero_signal, summary="4/4 groups identical", evidence={"groups": 4}, patchable=True
+    )
+    outcome = RunOutcome(
+        key="train-s0", run_id=run.id, status="needs_attention", reason="zero signal", diagnoses=[diagnosis]
+    )
     return {
         "mode": "vibe",
         "study_id": study.id,
@@ -152,7 +183,11 @@ def _analyst_state(tmp_path: Path, store: Store) -> dict[str, Any]:
 
 def test_llm_patch_to_a_forbidden_file_is_refused(tmp_path: Path, store: Store) -> None:
     state = _analyst_state(tmp_path, store)
-    bad = {"file": "heldout.jsonl", "new_content": '{"answer": "x"}\n', "rationale": "make the held-out set easier"}
+    bad = {
+        "file": "heldout.jsonl",
+        "new_content": '{"answer": "x"}\n',
+        "rationale": "make the held-out set easier",
+    }
     ctx = _context(tmp_path, tool_answers(("PatchDraft", bad)), store)
     command = analyst(state, Runtime(context=ctx))  # type: ignore[arg-type]
     assert command.goto == "planner"  # no approval asked; training continues unchanged
@@ -165,7 +200,11 @@ def test_llm_patch_to_a_forbidden_file_is_refused(tmp_path: Path, store: Store) 
 def test_llm_patch_is_proposed_once_with_a_diff(tmp_path: Path, store: Store) -> None:
     state = _analyst_state(tmp_path, store)
     new = WORKFLOW.replace('"temperature": 1.0', '"temperature": 1.2')
-    good = {"file": "workflow.py", "new_content": new, "rationale": "identical rewards: sample more diversely"}
+    good = {
+        "file": "workflow.py",
+        "new_content": new,
+        "rationale": "identical rewards: sample more diversely",
+    }
     ctx = _context(tmp_path, tool_answers(("PatchDraft", good)), store)
     command = analyst(state, Runtime(context=ctx))  # type: ignore[arg-type]
     assert command.goto == "approve"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,15 @@ from a3r.research import fit_budget, initial_queue, judge_run, refine_values, sw
 
 @pytest.mark.parametrize(
     "target",
-    ["heldout.jsonl", "evaluator/workflow.py", "evaluator/reward.py", "../workflow.py", "/etc/passwd", "limits.json", "sub/workflow.py"],
+    [
+        "heldout.jsonl",
+        "evaluator/workflow.py",
+        "evaluator/reward.py",
+        "../workflow.py",
+        "/etc/passwd",
+        "limits.json",
+        "sub/workflow.py",
+    ],
 )
 def test_patches_never_touch_evaluators_heldout_or_limits(tmp_path: Path, target: str) -> None:
     (tmp_path / "evaluator").mkdir()
@@ -44,7 +53,9 @@ def test_apply_patch_is_idempotent_and_detects_conflicts(tmp_path: Path) -> None
         apply_patch(tmp_path, "workflow.py", base="A = 1\n", new="A = 3\n")
 
 
-def _outcome(key: str, value: float, seed: int, curve: list[float], status: str = "finished", **extra: object) -> RunOutcome:
+def _outcome(
+    key: str, value: float, seed: int, curve: list[float], status: str = "finished", **extra: object
+) -> RunOutcome:
     return RunOutcome(
         key=key,
         run_id=seed + int(value) * 10,
@@ -68,7 +79,9 @@ def test_research_plan_queue_and_sweep() -> None:
     assert len(specs) == 4 * len(plan.training.seeds)
     assert [s.settings.batch_size for s in specs[:2]] == [1, 1] and specs[0].seed != specs[1].seed
     assert specs[0].key == "coarse-batch_size=1-s0"
-    kept, dropped = fit_budget(specs, budget_s=3 * 60, seconds_per_episode=0.5, eval_episodes=32, goal="min_stable")
+    kept, dropped = fit_budget(
+        specs, budget_s=3 * 60, seconds_per_episode=0.5, eval_episodes=32, goal="min_stable"
+    )
     assert kept and dropped and max(s.value or 0 for s in kept) < min(dropped)
     assert len(kept) % len(plan.training.seeds) == 0  # configurations are never cut to fewer seeds
     vibe = OfflineProvider().plan("train arithmetic", mode="vibe")
@@ -98,18 +111,34 @@ def test_stability_verdicts_and_refinement() -> None:
 
 
 def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from memory import StudyPublic, StudyStatus
 
     plan = OfflineProvider().plan("find min stable batch size on arithmetic", mode="research")
     outcomes = [_outcome("b4s0", 4, 0, [0.3, 0.42]), _outcome("b4s1", 4, 1, [0.3, 0.36])]
     configs = verdicts(outcomes, baseline=BASELINE, criterion=StabilityCriterion(last_k=1))
-    now = datetime.now(timezone.utc)
-    study = StudyPublic(id=1, question="q", kind="research", status=StudyStatus.open, conclusion=None, created_at=now, updated_at=now)
+    now = datetime.now(UTC)
+    study = StudyPublic(
+        id=1,
+        question="q",
+        kind="research",
+        status=StudyStatus.open,
+        conclusion=None,
+        created_at=now,
+        updated_at=now,
+    )
     path = write_report(
-        tmp_path, study=study, plan=plan, hypotheses=[], outcomes=outcomes, baseline=BASELINE,
-        configs=configs, findings=[], patches=[], conclusion="B* ≤ 4",
+        tmp_path,
+        study=study,
+        plan=plan,
+        hypotheses=[],
+        outcomes=outcomes,
+        baseline=BASELINE,
+        configs=configs,
+        findings=[],
+        patches=[],
+        conclusion="B* ≤ 4",
     )
     text = path.read_text()
     assert "0.420" in text and "0.360" in text and "| 4 |" in text and "![sweep](sweep.png)" in text

@@ -10,7 +10,15 @@ import pytest
 
 from a3r.analysis import Diagnosis, DiagnosisKind
 from a3r.errors import OfflineUnsupported, PlanError, ProviderConfigError, ProviderError
-from a3r.llm import ChatProvider, OfflineProvider, ProviderConfig, ProviderKind, chat_model, make_provider, read_params
+from a3r.llm import (
+    ChatProvider,
+    OfflineProvider,
+    ProviderConfig,
+    ProviderKind,
+    chat_model,
+    make_provider,
+    read_params,
+)
 from a3r.plans import PlanDraft
 from tests.a3r.fake_llm import FakeLLMServer
 
@@ -21,9 +29,21 @@ PLAN = {
     "template": "countdown",
     "params": {"n_numbers": 3, "max_tokens": 64},
     "objective": "train countdown briefly",
-    "training": {"steps": 3, "batch_size": 2, "group_size": 4, "lr": 1e-5, "concurrency": 4, "seeds": [0], "smoke_tasks": 1},
+    "training": {
+        "steps": 3,
+        "batch_size": 2,
+        "group_size": 4,
+        "lr": 1e-5,
+        "concurrency": 4,
+        "seeds": [0],
+        "smoke_tasks": 1,
+    },
     "hypotheses": [
-        {"statement": "reward rises", "expected_outcome": "last > first", "decision_rule": "last-2 mean > first-2 mean"}
+        {
+            "statement": "reward rises",
+            "expected_outcome": "last > first",
+            "decision_rule": "last-2 mean > first-2 mean",
+        }
     ],
     "sweep": None,
     "stability": None,
@@ -60,7 +80,9 @@ def _openai(server: FakeLLMServer) -> ProviderConfig:
 def test_anthropic_plan_through_the_messages_api(fresh: FakeLLMServer) -> None:
     plan = make_provider(_anthropic(fresh)).plan("train countdown", mode="vibe")
     assert isinstance(plan, PlanDraft) and plan.template == "countdown"
-    assert plan.params["n_numbers"] == 3 and plan.params["max_number"] == 20  # defaults completed by check_plan
+    assert (
+        plan.params["n_numbers"] == 3 and plan.params["max_number"] == 20
+    )  # defaults completed by check_plan
     (request,) = fresh.requests
     assert request["api"] == "anthropic"
     headers = request["headers"]
@@ -124,7 +146,12 @@ def test_from_env_requires_keys() -> None:
     [
         ("train who-is-the-spy", "vibe", "who_is_the_spy", {}),
         ("find min stable batch size on AIME", "research", "math", {"dataset": "aime"}),
-        ("train arithmetic level 3 with temperature 0.5 for 6 steps", "vibe", "arithmetic", {"level": 3, "temperature": 0.5}),
+        (
+            "train arithmetic level 3 with temperature 0.5 for 6 steps",
+            "vibe",
+            "arithmetic",
+            {"level": 3, "temperature": 0.5},
+        ),
     ],
 )
 def test_offline_plans(request_text: str, mode: Any, template: str, checks: dict[str, Any]) -> None:

@@ -4,7 +4,6 @@ died with a3r (no orphan), and the study concludes with a report."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -34,7 +33,19 @@ def test_resume_after_kill_9(tmp_path: Path) -> None:
     common = ["--root", str(root), "--store", str(store_path)]
     out = (tmp_path / "vibe.log").open("wb")
     proc = subprocess.Popen(
-        [*A3R, "vibe", "train arithmetic", "--steps", "2", "--batch-size", "1", "--group-size", "2", "--auto-approve", *common],
+        [
+            *A3R,
+            "vibe",
+            "train arithmetic",
+            "--steps",
+            "2",
+            "--batch-size",
+            "1",
+            "--group-size",
+            "2",
+            "--auto-approve",
+            *common,
+        ],
         stdout=out,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -55,13 +66,21 @@ def test_resume_after_kill_9(tmp_path: Path) -> None:
         out.close()
     thread = re.search(r"thread (t-[0-9a-f]+)", (tmp_path / "vibe.log").read_text()).group(1)  # type: ignore[union-attr]
     # The server was started with PR_SET_PDEATHSIG: it dies with a3r.
-    _wait_for(lambda: not Path(f"/proc/{server_pid}").exists() or "zombie" in _state(server_pid), 30, "the orphan server to end")
+    _wait_for(
+        lambda: not Path(f"/proc/{server_pid}").exists() or "zombie" in _state(server_pid),
+        30,
+        "the orphan server to end",
+    )
     with Store(store_path) as store:
         (before,) = [r for r in store.runs() if r.name == "train-s0"]
         assert before.status is RunStatus.running
 
     resumed = subprocess.run(
-        [*A3R, "resume", thread, "--root", str(root)], capture_output=True, text=True, cwd=tmp_path, timeout=600
+        [*A3R, "resume", thread, "--root", str(root)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
     )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"thread {thread} done" in resumed.stdout
