@@ -15,9 +15,9 @@ from a3r.tui._context import DecisionHookError, TuiContext
 from a3r.tui._decision import Decision, DecisionHook
 from a3r.tui._findings_screen import FindingsScreen
 from a3r.tui._patch_screen import PatchScreen
+from a3r.tui._polling import read_store
 from a3r.tui._studies_screen import StudiesScreen
 from a3r.tui._study_screen import StudyScreen
-from a3r.tui._tables import read_store
 from a3r.tui._tokens import Detokenizer
 from memory import InvalidTransition, PatchPublic, Store, StoreError
 
@@ -71,6 +71,7 @@ class A3RApp(App[None]):
         self._start_study = study_id
         self._start_approvals = approvals
         self._announced: set[int] = set()
+        self._first_poll_done = False
         self._hook_lock = asyncio.Lock()
 
     def on_mount(self) -> None:
@@ -122,10 +123,14 @@ class A3RApp(App[None]):
         pending = await read_store(self.screen, self.ctx.store.pending_patches)
         if pending is None:
             return
-        for patch in pending:
-            if patch.id not in self._announced:
-                self._announced.add(patch.id)
+        fresh = [patch for patch in pending if patch.id not in self._announced]
+        self._announced.update(patch.id for patch in fresh)
+        if len(fresh) > 1 and not self._first_poll_done:  # the backlog at start-up: one line
+            self.notify(f"{len(fresh)} patches await approval: press p", title="approval needed")
+        else:
+            for patch in fresh:
                 self.notify(
                     f"patch #{patch.id} to {patch.artifact_name} (study {patch.study_id}) awaits approval: press p",
                     title="approval needed",
                 )
+        self._first_poll_done = True

@@ -12,8 +12,8 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from a3r.tui._context import TuiContext
 from a3r.tui._patch_screen import PatchScreen
-from a3r.tui._polling import PollingScreen
-from a3r.tui._tables import Cell, read_store, refill
+from a3r.tui._polling import PollingScreen, read_store
+from a3r.tui._tables import Cell, refill
 from memory import PatchPublic
 
 __all__ = ["ApprovalsScreen", "age_text"]

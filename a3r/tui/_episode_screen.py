@@ -14,8 +14,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from a3r.tui._context import TuiContext
+from a3r.tui._polling import on_stack
 from a3r.tui._swarm import RunMonitor
-from a3r.tui._tables import on_stack
 from a3r.tui._token_view import TokenView, token_sequences
 from a3r.tui._tokens import Detokenizer
 from swarm.errors import SwarmError

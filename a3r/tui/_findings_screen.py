@@ -11,8 +11,8 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Header, Static
 
 from a3r.tui._context import TuiContext
-from a3r.tui._polling import PollingScreen
-from a3r.tui._tables import Cell, read_store, refill
+from a3r.tui._polling import PollingScreen, read_store
+from a3r.tui._tables import Cell, refill
 from memory import FindingPublic
 
 __all__ = ["FindingsScreen"]

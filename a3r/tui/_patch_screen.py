@@ -17,7 +17,7 @@ from a3r.tui._decision_dialog import DecisionDialog
 from a3r.tui._episode_screen import EpisodeScreen
 from a3r.tui._evidence import gather_evidence
 from a3r.tui._patch_view import PatchView
-from a3r.tui._tables import on_stack, read_store
+from a3r.tui._polling import on_stack, read_store
 from memory import PatchPublic
 
 __all__ = ["PatchScreen"]

@@ -1,12 +1,20 @@
-"""`PollingScreen`: a screen that re-reads its data while it is shown, and only then."""
+"""How screens refresh: `PollingScreen` re-reads while shown, `read_store` reads off the UI thread, and
+`on_stack` tells a worker whether its screen is still there to draw on after an ``await``."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from textual.screen import Screen
 
 from a3r.tui._context import TuiContext
+from memory import StoreError
 
-__all__ = ["PollingScreen"]
+__all__ = ["PollingScreen", "on_stack", "read_store"]
+
+_T = TypeVar("_T")
 
 
 class PollingScreen(Screen[None]):
@@ -37,3 +45,24 @@ class PollingScreen(Screen[None]):
     def reload(self) -> object:
         """Re-read what the screen shows; screens override this with an exclusive worker."""
         return None
+
+
+def on_stack(screen: Screen[Any]) -> bool:
+    """Whether ``screen`` is still on the app's screen stack (after an ``await`` it may have been
+    popped, and its widgets are being removed)."""
+    return screen in screen.app.screen_stack
+
+
+async def read_store(screen: Screen[Any], read: Callable[[], _T]) -> _T | None:
+    """Run a store read in a worker thread for ``screen``.
+
+    Returns:
+        The result; ``None`` when the store failed (shown as a notification) or when the screen left
+        the stack meanwhile (nothing left to draw on).
+    """
+    try:
+        result = await asyncio.to_thread(read)
+    except StoreError as exc:
+        screen.notify(str(exc), title="store", severity="error")
+        return None
+    return result if on_stack(screen) else None

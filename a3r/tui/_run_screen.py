@@ -14,10 +14,10 @@ from textual.widgets import DataTable, Footer, Header, Static
 from a3r.tui._context import TuiContext
 from a3r.tui._episode_screen import EpisodeScreen
 from a3r.tui._metric_names import reward_metric
-from a3r.tui._polling import PollingScreen
+from a3r.tui._polling import PollingScreen, on_stack, read_store
 from a3r.tui._reward_curve import RewardCurve
 from a3r.tui._swarm import LiveRun, RunMonitor
-from a3r.tui._tables import Cell, on_stack, read_store, refill
+from a3r.tui._tables import Cell, refill
 from memory import MetricPointPublic, RunPublic
 
 __all__ = ["RunScreen"]

@@ -15,10 +15,10 @@ from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedCo
 
 from a3r.tui._context import TuiContext
 from a3r.tui._metric_names import reward_metric
-from a3r.tui._polling import PollingScreen
+from a3r.tui._polling import PollingScreen, read_store
 from a3r.tui._reward_curve import RewardCurve
 from a3r.tui._run_screen import RunScreen
-from a3r.tui._tables import Cell, read_store, refill, selected_key
+from a3r.tui._tables import Cell, refill, selected_key
 from memory import (
     CodeArtifactPublic,
     EventPublic,

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
 
 from rich.text import Text
-from textual.screen import Screen
 from textual.widgets import DataTable
 
-from memory import StoreError
-
-__all__ = ["on_stack", "read_store", "refill", "selected_key"]
-
-_T = TypeVar("_T")
+__all__ = ["Cell", "refill", "selected_key"]
 
 Cell = str | Text
 
@@ -41,24 +34,3 @@ def selected_key(table: DataTable[Cell]) -> str | None:
         return None
     row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
     return row_key.value
-
-
-def on_stack(screen: Screen[Any]) -> bool:
-    """Whether ``screen`` is still on the app's screen stack (after an ``await`` it may have been
-    popped, and its widgets are being removed)."""
-    return screen in screen.app.screen_stack
-
-
-async def read_store(screen: Screen[Any], read: Callable[[], _T]) -> _T | None:
-    """Run a store read in a worker thread for ``screen``.
-
-    Returns:
-        The result; ``None`` when the store failed (shown as a notification) or when the screen left
-        the stack meanwhile (nothing left to draw on).
-    """
-    try:
-        result = await asyncio.to_thread(read)
-    except StoreError as exc:
-        screen.notify(str(exc), title="store", severity="error")
-        return None
-    return result if on_stack(screen) else None

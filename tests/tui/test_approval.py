@@ -194,6 +194,11 @@ async def test_new_pending_patch_is_announced(store: Store, seeded: Seeded, conf
     async with app.run_test(size=SIZE) as pilot:
         assert isinstance(app.screen, ApprovalsScreen) and app.screen.study_id == seeded.study_id
         await wait_for(pilot, lambda: len(cells(app, "#pending")) == 2)
+        # The backlog at start-up is one notification, not one per patch.
+        await wait_for(
+            pilot, lambda: any(n.message == "2 patches await approval: press p" for n in app._notifications)
+        )
+        assert not any("patch #" in n.message for n in app._notifications)
         artifact = store.latest_artifact(seeded.study_id, "reward.py")
         assert artifact is not None
         third = store.propose_patch(artifact.id, diff="-a\n+b\n", rationale="third try")
