@@ -72,6 +72,7 @@ class ApprovalsScreen(PollingScreen):
         if patches is None:
             return
         self._patches = {str(p.id): p for p in patches}
+        room = max(20, self.size.width - 50)  # the rationale's first line; the review shows it all
         self.query_one("#none-pending", Static).display = not patches
         refill(
             self.query_one("#pending", DataTable),
@@ -84,7 +85,7 @@ class ApprovalsScreen(PollingScreen):
                         f"{p.artifact_name} v{p.base_version}",
                         p.proposed_by,
                         age_text(p.created_at),
-                        p.rationale.splitlines()[0][:60] if p.rationale else "",
+                        _cut(p.rationale.splitlines()[0] if p.rationale else "", room),
                     ),
                 )
                 for p in patches
@@ -96,3 +97,7 @@ class ApprovalsScreen(PollingScreen):
         patch = self._patches.get(event.row_key.value or "")
         if patch is not None:
             self.app.push_screen(PatchScreen(self.ctx, patch))
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -75,6 +75,7 @@ class FindingsScreen(PollingScreen):
         if findings is None:
             return
         self._findings = {str(f.id): f for f in findings}
+        room = max(20, self.size.width - 36)  # the statement column; the full text shows below
         table: DataTable[Cell] = self.query_one("#findings", DataTable)
         refill(
             table,
@@ -86,7 +87,7 @@ class FindingsScreen(PollingScreen):
                         str(f.study_id),
                         Text(f.status.value, style=_STATUS_STYLE.get(f.status.value, "")),
                         f"{f.confidence:.2f}",
-                        f.statement,
+                        f.statement if len(f.statement) <= room else f.statement[: room - 1] + "…",
                     ),
                 )
                 for f in findings

@@ -167,7 +167,7 @@ class PatchView(Widget):
             Text("Rationale", style="bold underline"),
             Text(patch.rationale),
             Text("Diff", style="bold underline"),
-            Syntax(patch.diff, "diff", theme="ansi_dark").highlight(patch.diff),
+            _diff_text(patch.diff),
             Text("Evidence cited", style="bold underline"),
             self._evidence_table(),
         ]
@@ -202,3 +202,11 @@ class PatchView(Widget):
             return table
         where = evidence.server_url or "no server recorded: cannot open"
         return Group(table, Text(f"{len(evidence.episodes)} episode(s) cited, from {where}"))
+
+
+def _diff_text(diff: str) -> Text:
+    """A unified diff highlighted by Pygments' ``diff`` lexer, folding long lines (no background)."""
+    text = Syntax(diff, "diff", theme="ansi_dark").highlight(diff)
+    text.no_wrap = False
+    text.overflow = "fold"
+    return text

@@ -38,6 +38,9 @@ async def test_screens_fit_80x24(store: Store, seeded: Seeded, config: TuiConfig
             assert isinstance(app.screen, screen_type)
             footer = app.screen.query_one(Footer)
             assert footer.region == Region(0, 23, 80, 1), f"{screen_type.__name__}: footer at {footer.region}"
+            for table in app.screen.query(DataTable):
+                if table.display and table.row_count:
+                    assert table.virtual_size.width <= table.size.width, f"{table.id} scrolls sideways"
         for button in app.screen.query(Button):
             assert _visible(button), f"button {button.id} at {button.region} is cut off"
         await pilot.press("r")
