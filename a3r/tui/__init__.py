@@ -19,9 +19,12 @@ Approval contract (what the research graph relies on):
    resumes with ``Command(resume={"patch_id": id, "approved": status == "approved", "note": note})``.
 4. When the TUI is embedded (``a3r vibe --tui``), the runner passes ``on_decision(patch_id, approved,
    note)`` (a `DecisionHook`), called once per decision **after** the store write succeeded: it
-   resumes the thread directly. A plain function runs in a worker thread (it may block); a coroutine
-   function runs on the UI loop. If it raises, the reviewer sees the error and the decision stays in
-   the store, so a polling graph still resumes.
+   resumes the thread directly. A plain function runs in a daemon thread of its own (it may block,
+   e.g. train until the next interrupt; the UI never waits for it, and quitting the TUI does not
+   either); a coroutine function runs on the UI loop. Calls are serialised in decision order. If it
+   raises, the reviewer sees the error and the decision stays in the store, so a polling graph still
+   resumes. The store write and the hook run in an app-level worker: leaving the review screen at
+   once loses nothing.
 
 A decision is taken exactly once: the store's compare-and-set on ``pending`` makes a second decider
 (another TUI, a policy) fail with `memory.InvalidTransition`, shown as an error, and no hook is called.

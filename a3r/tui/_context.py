@@ -97,21 +97,23 @@ async def _in_daemon_thread(fn: Callable[..., _R], *args: object) -> _R:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[_R] = loop.create_future()
 
-    def settle(value: _R | None, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)  # type: ignore[arg-type]
-
     def target() -> None:
         try:
             value = fn(*args)
         except BaseException as exc:  # handed to the awaiting coroutine
-            loop.call_soon_threadsafe(settle, None, exc)
+            loop.call_soon_threadsafe(_reject, future, exc)
         else:
-            loop.call_soon_threadsafe(settle, value, None)
+            loop.call_soon_threadsafe(_resolve, future, value)
 
     threading.Thread(target=target, name="a3r-tui-on-decision", daemon=True).start()
     return await future
+
+
+def _resolve(future: asyncio.Future[_R], value: _R) -> None:
+    if not future.done():  # not cancelled meanwhile (the app quit)
+        future.set_result(value)
+
+
+def _reject(future: asyncio.Future[_R], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.message import Message
@@ -143,7 +144,7 @@ class TokenView(VerticalScroll, can_focus=True):
     sequences: reactive[tuple[TokenSequence, ...]] = reactive(tuple)
     index: reactive[int] = reactive(0)
 
-    def compose(self):  # type: ignore[no-untyped-def]
+    def compose(self) -> ComposeResult:
         yield Static(id="token-head")
         yield Static(id="token-body")
 
