@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from a3r.tui import A3RApp, HFDetokenizer, PatchView, RewardCurve, TokenView, TuiConfig
 from a3r.tui._episode_screen import EpisodeScreen
@@ -26,7 +27,7 @@ from tests.conftest import LiveServer, build_tiny_model, free_port, make_server
 from tests.tui.conftest import cells, text_of, wait_for
 
 SIZE = (80, 24)
-QUESTION = [{"role": "user", "content": "Count to three."}]
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Count to three."}]
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +51,16 @@ def trained_server(
                             model=ep.model, messages=QUESTION, max_tokens=6, temperature=1.0
                         )
                         ep.finish(reward)
-                assert _wait(lambda s=step: client.status().step == s), (
-                    f"the server did not train step {step}"
-                )
+                assert _wait(_trained(client, step)), f"the server did not train step {step}"
             metrics = client.metrics()
         yield live, metrics
     finally:
         live.stop()
         engine.close()
+
+
+def _trained(client: SwarmClient, step: int) -> Callable[[], bool]:
+    return lambda: client.status().step == step
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float = 120.0) -> bool:

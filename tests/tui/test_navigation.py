@@ -3,6 +3,8 @@ findings, and the refresh that picks up what others write to the store meanwhile
 
 from __future__ import annotations
 
+from textual.widgets import RichLog
+
 from a3r.tui import A3RApp, RewardCurve, TuiConfig
 from a3r.tui._findings_screen import FindingsScreen
 from a3r.tui._run_screen import RunScreen
@@ -23,7 +25,7 @@ async def test_studies_to_study_to_run(store: Store, seeded: Seeded, config: Tui
             [str(seeded.study_id), "open", "research", "2", "1", "2"],
             [str(seeded.other_study_id), "open", "vibe", "0", "0", "0"],
         ]
-        assert "2 patch(es) await approval" in app.screen.sub_title
+        assert "2 patch(es) await approval" in str(app.screen.sub_title)
 
         await pilot.press("enter")
         assert isinstance(app.screen, StudyScreen) and app.screen.study_id == seeded.study_id
@@ -46,7 +48,7 @@ async def test_studies_to_study_to_run(store: Store, seeded: Seeded, config: Tui
         assert "decide: 3 of 3 seeds" in plan
         assert "kl-0.05 [countdown] tests H" in plan and "reward reward.py v1" in plan
         await pilot.press("3")
-        log_lines = [str(line.text) for line in app.screen.query_one("#events").lines]
+        log_lines = [str(line.text) for line in app.screen.query_one("#events", RichLog).lines]
         assert any("planned 1 experiment" in line for line in log_lines)
         assert any("warning" in line and "run collapsed" in line for line in log_lines)
 
@@ -76,7 +78,7 @@ async def test_refresh_shows_new_runs_metrics_and_events(
         await wait_for(pilot, lambda: len(cells(app, "#runs")) == 3)
         assert cells(app, "#runs")[2][:5] == [str(new_run.id), "kl-0.05", "2", "running", "7"]
         await pilot.press("3")
-        log = app.screen.query_one("#events")
+        log = app.screen.query_one("#events", RichLog)
         await wait_for(pilot, lambda: any("seed 2 started" in str(line.text) for line in log.lines))
         # Events are appended once each, never repeated by later refreshes.
         await pilot.pause(0.5)
@@ -95,10 +97,11 @@ async def test_findings_screen(store: Store, seeded: Seeded, config: TuiConfig) 
                 str(seeded.study_id),
                 "unconfirmed",
                 "0.70",
-                "Exact-match reward gives zero signal on decimal answers",
+                "Exact-match reward gives zero signal on dec…",  # cut to fit 80 columns
             ]
         ]
         detail = text_of(app, "#finding")
+        assert "Exact-match reward gives zero signal on decimal answers" in detail
         assert "run 2 collapsed" in detail and f"evidence runs {seeded.run_ids[1]}" in detail
         assert "seeds 1" in detail
 

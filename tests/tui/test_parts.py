@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 from textual.app import App, ComposeResult
+from textual.widgets import Sparkline
 
 from a3r.tui import (
     HFDetokenizer,
@@ -27,7 +28,7 @@ from a3r.tui._evidence import cited_metrics
 from a3r.tui._metric_names import reward_metric
 from a3r.tui._swarm import LiveRun, parse_sse
 from memory import Store
-from swarm.protocol import EpisodeStatus, EpisodeView
+from swarm.protocol import EpisodeKind, EpisodeStatus, EpisodeView
 from swarm.tracking.records import CallRecord, FinishReason
 from tests.tui.conftest import EPISODE_CITED, Seeded
 
@@ -142,7 +143,7 @@ def _open_episode() -> EpisodeView:
         episode_id="ep-00",
         task_id="t",
         client_id="c",
-        kind="train",
+        kind=EpisodeKind.TRAIN,
         status=EpisodeStatus.OPEN,
         created_at=0.0,
         calls=calls,
@@ -186,12 +187,13 @@ async def test_reward_curve_widget() -> None:
         curve.show("reward/mean", [0.25, math.nan, 0.5, math.inf, 0.125])
         assert curve.values == (0.25, 0.5, 0.125)
         assert curve.title_text == "reward/mean  last 0.125  min 0.125  max 0.5  (3 steps)"
-        assert list(app.query_one("#curve").data) == [0.25, 0.5, 0.125]
+        assert list(app.query_one("#curve", Sparkline).data or []) == [0.25, 0.5, 0.125]
 
 
 def test_config_validation() -> None:
-    assert TuiConfig(admin_token="s3cret").admin_token == SecretStr("s3cret")
-    assert "s3cret" not in repr(TuiConfig(admin_token="s3cret"))
+    config = TuiConfig.model_validate({"admin_token": "s3cret"})
+    assert config.admin_token == SecretStr("s3cret")
+    assert "s3cret" not in repr(config)
     for bad in ({"refresh_s": 0}, {"reviewer": ""}, {"event_tail": 0}, {"request_timeout_s": -1}):
         with pytest.raises(ValidationError):
             TuiConfig.model_validate(bad)
