@@ -13,12 +13,12 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from a3r.tui._context import TuiContext
 from a3r.tui._episode_screen import EpisodeScreen
-from a3r.tui._metric_names import reward_metric
+from a3r.tui._metric_names import reward_history, reward_metric
 from a3r.tui._polling import PollingScreen, on_stack, read_store
 from a3r.tui._reward_curve import RewardCurve
 from a3r.tui._swarm import LiveRun, RunMonitor
 from a3r.tui._tables import Cell, refill
-from memory import MetricPointPublic, RunPublic
+from memory import RunPublic
 
 __all__ = ["RunScreen"]
 
@@ -88,8 +88,8 @@ class RunScreen(PollingScreen):
         if self.monitor is not None:
             await self.monitor.aclose()
 
-    def _read(self) -> tuple[RunPublic, list[MetricPointPublic]]:
-        return self.ctx.store.get_run(self.run_id), self.ctx.store.metric_history(self.run_id)
+    def _read(self) -> tuple[RunPublic, tuple[str, list[float]]]:
+        return self.ctx.store.get_run(self.run_id), reward_history(self.ctx.store, self.run_id)
 
     @work(exclusive=True, group="store")
     async def reload(self) -> None:
@@ -97,7 +97,7 @@ class RunScreen(PollingScreen):
         read = await read_store(self, self._read)
         if read is None:
             return
-        run, history = read
+        run, (name, values) = read
         self.sub_title = f"{run.name or 'unnamed'} · {run.status.value}"
         info = Text.assemble(
             ("status ", "bold"),
@@ -110,10 +110,7 @@ class RunScreen(PollingScreen):
         if run.error:
             info.append(f"\nerror: {run.error}", style="red")
         self.query_one("#run-info", Static).update(info)
-        name = reward_metric(point.name for point in history) or "reward"
-        self.query_one("#stored-curve", RewardCurve).show(
-            f"stored {name}", [point.value for point in history if point.name == name]
-        )
+        self.query_one("#stored-curve", RewardCurve).show(f"stored {name}", values)
         if run.server_url is None:
             self.query_one("#live-curve", RewardCurve).placeholder = "no server recorded"
             self.query_one("#live-status", Static).update("no live data: the run recorded no server")

@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedContent, TabPane
 
 from a3r.tui._context import TuiContext
-from a3r.tui._metric_names import reward_metric
+from a3r.tui._metric_names import reward_history
 from a3r.tui._polling import PollingScreen, read_store
 from a3r.tui._reward_curve import RewardCurve
 from a3r.tui._run_screen import RunScreen
@@ -24,7 +24,6 @@ from memory import (
     EventPublic,
     ExperimentPublic,
     HypothesisPublic,
-    MetricPointPublic,
     RunWithMetrics,
     StudyPublic,
 )
@@ -195,17 +194,11 @@ class StudyScreen(PollingScreen):
             curve.show("reward", [])
             return
         run_id = int(run_key)
-        history = await read_store(self, lambda: self.ctx.store.metric_history(run_id))
-        if history is None:
+        read = await read_store(self, lambda: reward_history(self.ctx.store, run_id))
+        if read is None:
             return
-        name, values = curve_of(history)
+        name, values = read
         curve.show(f"run {run_id} {name}", values)
-
-
-def curve_of(history: list[MetricPointPublic]) -> tuple[str, list[float]]:
-    """The reward metric of a run's history and its values by step (oldest first)."""
-    name = reward_metric(point.name for point in history) or "reward"
-    return name, [point.value for point in history if point.name == name]
 
 
 def _status_text(run: RunWithMetrics) -> Text:

@@ -25,7 +25,7 @@ from a3r.tui import (
 from a3r.tui._approvals_screen import age_text
 from a3r.tui._episode_screen import episode_pieces
 from a3r.tui._evidence import cited_metrics
-from a3r.tui._metric_names import reward_metric
+from a3r.tui._metric_names import reward_history, reward_metric
 from a3r.tui._swarm import LiveRun, parse_sse
 from memory import Store
 from swarm.protocol import EpisodeKind, EpisodeStatus, EpisodeView
@@ -197,3 +197,13 @@ def test_config_validation() -> None:
     for bad in ({"refresh_s": 0}, {"reviewer": ""}, {"event_tail": 0}, {"request_timeout_s": -1}):
         with pytest.raises(ValidationError):
             TuiConfig.model_validate(bad)
+
+
+def test_reward_history(store: Store, seeded: Seeded) -> None:
+    assert reward_history(store, seeded.run_ids[0]) == ("reward/mean", [0.1, 0.2, 0.35, 0.5])
+    experiment = store.experiments(seeded.study_id)[0]
+    other = store.start_run(experiment.id)
+    assert reward_history(store, other.id) == ("reward", [])
+    for step, value in enumerate([0.3, 0.1]):
+        store.log_metrics(other.id, step=step, metrics={"loss": 1.0 - step, "task_reward_avg": value})
+    assert reward_history(store, other.id) == ("task_reward_avg", [0.3, 0.1])
