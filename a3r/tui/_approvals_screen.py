@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from a3r.tui._context import TuiContext
 from a3r.tui._patch_screen import PatchScreen
-from a3r.tui._polling import PollingScreen, read_store
+from a3r.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.tui._tables import Cell, refill
 from memory import PatchPublic
 
@@ -65,7 +65,7 @@ class ApprovalsScreen(PollingScreen):
         table: DataTable[Cell] = self.query_one("#pending", DataTable)
         table.add_columns("patch", "study", "artifact", "by", "age", "rationale")
 
-    @work(exclusive=True, group="store")
+    @work(exclusive=True, group=RELOAD_GROUP)
     async def reload(self) -> None:
         """Re-read the pending patches (a store read in a worker thread)."""
         patches = await read_store(self, lambda: self.ctx.store.pending_patches(self.study_id))

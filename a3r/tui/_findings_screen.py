@@ -11,7 +11,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Header, Static
 
 from a3r.tui._context import TuiContext
-from a3r.tui._polling import PollingScreen, read_store
+from a3r.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.tui._tables import Cell, refill
 from memory import FindingPublic
 
@@ -68,7 +68,7 @@ class FindingsScreen(PollingScreen):
         ids = [self.study_id] if self.study_id is not None else [s.id for s in store.studies()]
         return [finding for study_id in ids for finding in store.findings(study_id)]
 
-    @work(exclusive=True, group="store")
+    @work(exclusive=True, group=RELOAD_GROUP)
     async def reload(self) -> None:
         """Re-read the findings (a store read in a worker thread)."""
         findings = await read_store(self, self._read)

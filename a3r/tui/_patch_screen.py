@@ -69,7 +69,7 @@ class PatchScreen(Screen[None]):
         view.query_one("#patch-text").focus()
         self.load_evidence()
 
-    @work(exclusive=True, group="store")
+    @work(exclusive=True, group="evidence")
     async def load_evidence(self) -> None:
         """Re-read the patch and resolve the evidence its rationale cites."""
         read = await read_store(

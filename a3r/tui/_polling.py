@@ -12,7 +12,10 @@ from textual.screen import Screen
 from a3r.tui._context import TuiContext
 from memory import StoreError
 
-__all__ = ["PollingScreen", "on_stack", "read_store"]
+__all__ = ["RELOAD_GROUP", "PollingScreen", "on_stack", "read_store"]
+
+RELOAD_GROUP = "store"
+"""Worker group of every screen's `PollingScreen.reload` (``@work(exclusive=True, group=RELOAD_GROUP)``)."""
 
 _T = TypeVar("_T")
 
@@ -39,8 +42,18 @@ class PollingScreen(Screen[None]):
         self.reload()
 
     def _tick(self) -> None:
-        if self.is_current:
+        # A poll still in flight (a slow server, a busy store) is left to finish rather than
+        # restarted, or a server slower than ``refresh_s`` would never be shown.
+        if self.is_current and not self.polling:
             self.reload()
+
+    @property
+    def polling(self) -> bool:
+        """Whether a `reload` of this screen is still running."""
+        return any(
+            worker.node is self and worker.group == RELOAD_GROUP and not worker.is_finished
+            for worker in self.workers
+        )
 
     def reload(self) -> object:
         """Re-read what the screen shows; screens override this with an exclusive worker."""

@@ -14,7 +14,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from a3r.tui._context import TuiContext
 from a3r.tui._episode_screen import EpisodeScreen
 from a3r.tui._metric_names import reward_history, reward_metric
-from a3r.tui._polling import PollingScreen, on_stack, read_store
+from a3r.tui._polling import RELOAD_GROUP, PollingScreen, on_stack, read_store
 from a3r.tui._reward_curve import RewardCurve
 from a3r.tui._swarm import LiveRun, RunMonitor
 from a3r.tui._tables import Cell, refill
@@ -91,7 +91,7 @@ class RunScreen(PollingScreen):
     def _read(self) -> tuple[RunPublic, tuple[str, list[float]]]:
         return self.ctx.store.get_run(self.run_id), reward_history(self.ctx.store, self.run_id)
 
-    @work(exclusive=True, group="store")
+    @work(exclusive=True, group=RELOAD_GROUP)
     async def reload(self) -> None:
         """Re-read the run from the store, then poll its server (both off the UI thread)."""
         read = await read_store(self, self._read)

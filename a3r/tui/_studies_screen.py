@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.widgets import DataTable, Footer, Header, Static
 
 from a3r.tui._context import TuiContext
-from a3r.tui._polling import PollingScreen, read_store
+from a3r.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.tui._study_screen import StudyScreen
 from a3r.tui._tables import Cell, refill
 from memory import RunStatus, StudyPublic
@@ -62,7 +62,7 @@ class StudiesScreen(PollingScreen):
             pending=Counter(patch.study_id for patch in store.pending_patches()),
         )
 
-    @work(exclusive=True, group="store")
+    @work(exclusive=True, group=RELOAD_GROUP)
     async def reload(self) -> None:
         """Re-read the studies (a store read in a worker thread)."""
         snapshot = await read_store(self, self._read)

@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedCo
 
 from a3r.tui._context import TuiContext
 from a3r.tui._metric_names import reward_history
-from a3r.tui._polling import PollingScreen, read_store
+from a3r.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.tui._reward_curve import RewardCurve
 from a3r.tui._run_screen import RunScreen
 from a3r.tui._tables import Cell, refill, selected_key
@@ -141,7 +141,7 @@ class StudyScreen(PollingScreen):
             else store.events(study_id=self.study_id)[-self.ctx.config.event_tail :],
         )
 
-    @work(exclusive=True, group="store")
+    @work(exclusive=True, group=RELOAD_GROUP)
     async def reload(self) -> None:
         """Re-read the study (a store read in a worker thread) and update the three tabs."""
         snapshot = await read_store(self, self._read)

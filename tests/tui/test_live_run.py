@@ -4,8 +4,10 @@ an episode with loss-mask colouring; a server that is down is reported without b
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from swarm.batch import BatchConfig, BatchPolicy
 from swarm.client import SwarmClient
 from swarm.config import TrainingConfig
 from swarm.engine import HFEngine
+from swarm.protocol import EngineState, EpisodeCounts, StatusView
 from swarm.train import TrainerConfig
 from tests.conftest import LiveServer, build_tiny_model, free_port, make_server
 from tests.tui.conftest import cells, text_of, wait_for
@@ -179,3 +182,57 @@ async def test_cited_episode_opens_from_the_patch_review(
         assert isinstance(screen, EpisodeScreen) and screen.episode_id == episode_id
         await wait_for(pilot, lambda: screen.query_one(TokenView).sequences, timeout_s=20)
         assert "reward 1" in text_of(app, "#episode-info")
+
+
+class _SlowControlHandler(BaseHTTPRequestHandler):
+    """The swarm control routes the run screen reads, answering after ``delay_s`` (a slow server)."""
+
+    delay_s = 0.8
+    status = StatusView(
+        state=EngineState.ROLLING,
+        step=7,
+        model="slow-model",
+        episodes=EpisodeCounts(finished=3),
+        uptime_s=10.0,
+        run_dir="/tmp/slow",
+        training_enabled=True,
+    )
+
+    def do_GET(self) -> None:
+        time.sleep(self.delay_s)
+        path = self.path.split("?")[0]
+        body, kind = {
+            "/api/v1/status": (self.status.model_dump_json(), "application/json"),
+            "/api/v1/metrics": ("[]", "application/json"),
+            "/api/v1/events": ("", "text/event-stream"),
+        }.get(path, ('{"error": {"type": "not_found", "message": "no route"}}', "application/json"))
+        self.send_response(200 if path.startswith("/api/v1/") else 404)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+async def test_server_slower_than_the_refresh_is_still_shown(store: Store) -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _SlowControlHandler)
+    serving = threading.Thread(target=httpd.serve_forever, daemon=True)
+    serving.start()
+    try:
+        _, run_id = _study_with_run(store, f"http://127.0.0.1:{httpd.server_port}")
+        app = A3RApp(store, config=TuiConfig(refresh_s=0.3))
+        async with app.run_test(size=SIZE) as pilot:
+            await app.push_screen(RunScreen(app.ctx, run_id))
+            screen = app.screen
+            assert isinstance(screen, RunScreen)
+            await wait_for(
+                pilot, lambda: screen.live is not None and screen.live.status is not None, timeout_s=15
+            )
+            assert "policy step 7 · slow-model" in text_of(app, "#live-status")
+            assert screen.live is not None and screen.live.metrics == []
+            assert screen.query_one("#live-curve", RewardCurve).title_text.endswith("no training steps yet")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
