@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ def main(run: Callable[[dict[str, Any], Any], Awaitable[Result]], about: str) ->
         group_size=args.group_size,
         concurrency=args.concurrency,
         state_dir=args.state_dir,
-        client_id=Path(__file__).stem,
+        client_id=Path(sys.argv[0]).stem,  # the example's name: math_openai, math_http, ...
     )
     print(
         f"finished={summary.finished} agent_failures={summary.agent_failures} "

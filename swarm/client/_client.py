@@ -279,6 +279,20 @@ class SwarmClient(_BaseClient):
         """
         return _metrics_list(self._request("GET", "/api/v1/metrics", admin=True))
 
+    def config(self) -> dict[str, Any]:
+        """The server's live configuration (``GET /api/v1/config``)."""
+        body: dict[str, Any] = self._request("GET", "/api/v1/config", admin=True)
+        return body
+
+    def patch_config(self, **changes: Any) -> dict[str, Any]:
+        """Change live settings (``PATCH /api/v1/config``), e.g. ``quotas={"math": 0.5, "code": 0.5}``.
+
+        Raises:
+            ClientError: 422 for an unknown field or a bad value.
+        """
+        body: dict[str, Any] = self._request("PATCH", "/api/v1/config", changes, admin=True)
+        return body
+
     @contextlib.contextmanager
     def episode(self, task_id: str, **kwargs: Any) -> Iterator[Episode]:
         """Open an episode for the block; an exception inside aborts it (and is re-raised).
@@ -394,6 +408,16 @@ class AsyncSwarmClient(_BaseClient):
     async def metrics(self) -> list[dict[str, Any]]:
         """Async :meth:`SwarmClient.metrics`."""
         return _metrics_list(await self._request("GET", "/api/v1/metrics", admin=True))
+
+    async def config(self) -> dict[str, Any]:
+        """Async :meth:`SwarmClient.config`."""
+        body: dict[str, Any] = await self._request("GET", "/api/v1/config", admin=True)
+        return body
+
+    async def patch_config(self, **changes: Any) -> dict[str, Any]:
+        """Async :meth:`SwarmClient.patch_config`."""
+        body: dict[str, Any] = await self._request("PATCH", "/api/v1/config", changes, admin=True)
+        return body
 
     @contextlib.asynccontextmanager
     async def episode(self, task_id: str, **kwargs: Any) -> AsyncIterator[AsyncEpisode]:

@@ -10,15 +10,19 @@ from typing import Any
 
 import pytest
 
+from swarm.config import TrainingConfig
 from swarm.engine import HFEngine
 from swarm.pool import StoredEpisode
 from tests.conftest import LiveServer, make_server
+
+NO_TRAINING = TrainingConfig(enabled=False)
+"""Client tests serve and record only: a training step would change the shared tiny model's weights."""
 
 
 @pytest.fixture(scope="session")
 def client_server(tmp_path_factory: pytest.TempPathFactory, tiny_engine: HFEngine) -> Iterator[LiveServer]:
     """A tiny-model server for the client tests (episodes are told apart by client id)."""
-    live = make_server(tmp_path_factory.mktemp("client-server"), tiny_engine)
+    live = make_server(tmp_path_factory.mktemp("client-server"), tiny_engine, training=NO_TRAINING)
     yield live
     live.stop()
 
@@ -57,6 +61,6 @@ CHAT_WORKFLOW = """
 @pytest.fixture(scope="session")
 def second_server(tmp_path_factory: pytest.TempPathFactory, tiny_engine: HFEngine) -> Iterator[LiveServer]:
     """Another tiny-model server (multi-model episodes span two servers)."""
-    live = make_server(tmp_path_factory.mktemp("second-server"), tiny_engine)
+    live = make_server(tmp_path_factory.mktemp("second-server"), tiny_engine, training=NO_TRAINING)
     yield live
     live.stop()

@@ -1,29 +1,124 @@
-"""The examples run as workflows (through the runner) and as scripts against a real server."""
+"""Every example runs: as a workflow through the runner and as a script, against real servers."""
 
 from __future__ import annotations
 
+import copy
+import os
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from swarm.batch import FamilyQuotas
 from swarm.client import load_workflow, run_workflow
+from swarm.config import TrainingConfig
+from swarm.engine import HFEngine
+from swarm.protocol import EpisodeStatus
+from tests.client.conftest import episodes_of
+from tests.conftest import make_server
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
+SHORT = 4
+"""Completion tokens per example call in CI."""
+
+
+@pytest.fixture
+def short_completions(monkeypatch: pytest.MonkeyPatch) -> None:
+    if str(EXAMPLES) not in sys.path:
+        monkeypatch.syspath_prepend(str(EXAMPLES))
+    import math_common
+
+    monkeypatch.setattr(math_common, "MAX_TOKENS", SHORT)
+
+
+def _script(name: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
 
 
 @pytest.mark.parametrize("name", ["math_openai", "math_langchain", "math_http"])
-def test_math_example_as_workflow(name: str, server, tmp_path: Path) -> None:
-    workflow = load_workflow(EXAMPLES / f"{name}.py")
+def test_math_example_as_workflow(name: str, client_server, short_completions: None) -> None:
     summary = run_workflow(
-        workflow,
-        server.url,
+        load_workflow(EXAMPLES / f"{name}.py"),
+        client_server.url,
         EXAMPLES / "data" / "math.jsonl",
         max_tasks=1,
         group_size=2,
-        concurrency=2,
-        client_id=f"test-{name}",
+        client_id=f"example-{name}",
         show_progress=False,
     )
-    assert summary.finished == 2, summary
-    assert summary.agent_failures == summary.infra_failures == 0
+    assert (summary.finished, summary.agent_failures, summary.infra_failures) == (2, 0, 0)
+    episodes = episodes_of(client_server, f"example-{name}")
+    assert [e.task_id for e in episodes] == ["math-000", "math-000"]
+    assert all(e.metrics.keys() == {"has_number", "chars"} for e in episodes)
+    calls = client_server.runtime.pool.get(episodes[0].id)[1]
+    assert len(calls) == 1 and len(calls[0].completion_ids) <= SHORT
+
+
+@pytest.mark.parametrize("name", ["math_openai.py", "math_langchain.py", "math_http.py"])
+def test_math_example_as_script(name: str, client_server) -> None:
+    out = _script(
+        name, "--server", client_server.url, "--tasks", "1", "--group-size", "1", "--max-tokens", "2"
+    )
+    assert "finished=1 agent_failures=0 infra_failures=0" in out
+    assert len(episodes_of(client_server, name.removesuffix(".py"))) == 1
+
+
+def test_two_models_example(client_server, second_server, short_completions: None) -> None:
+    summary = run_workflow(
+        load_workflow(EXAMPLES / "two_models.py"),
+        {"planner": client_server.url, "executor": second_server.url},
+        EXAMPLES / "data" / "math.jsonl",
+        max_tasks=1,
+        group_size=2,
+        client_id="example-two",
+        show_progress=False,
+    )
+    assert summary.finished == 2
+    for server in (client_server, second_server):
+        assert [e.status for e in episodes_of(server, "example-two")] == [EpisodeStatus.FINISHED] * 2
+    assert all("plan_chars" in e.metrics for e in episodes_of(client_server, "example-two"))
+    out = _script(
+        "two_models.py",
+        "--planner",
+        client_server.url,
+        "--executor",
+        second_server.url,
+        "--tasks",
+        "1",
+        "--group-size",
+        "1",
+        "--max-tokens",
+        "2",
+    )
+    assert "finished=1" in out
+
+
+def test_cocktail_example(tmp_path: Path, tiny_model: Any, tokenizer: Any) -> None:
+    engine = HFEngine(copy.deepcopy(tiny_model), tokenizer, "tiny-cocktail-example")
+    live = make_server(tmp_path, engine, training=TrainingConfig(quotas=FamilyQuotas(shares={"x": 1.0})))
+    try:
+        out = _script(
+            "cocktail.py", "--server", live.url, "--tasks", "2", "--group-size", "2", "--max-tokens", "2"
+        )
+        assert "math: finished=4" in out and "count: finished=4" in out
+        assert live.runtime.training.config.quotas.shares == {"math": 0.75, "count": 0.25}
+        families = Counter(
+            e.family for e in live.runtime.pool.recent(1000) if e.status is EpisodeStatus.FINISHED
+        )
+    finally:
+        live.stop()
+        engine.close()
+    assert families == {"math": 4, "count": 4}

@@ -16,7 +16,7 @@ from typing import Any
 
 from swarm.client import load_workflow, run_workflow
 from swarm.protocol import EpisodeStatus
-from tests.client.conftest import episodes_of, write_jsonl, write_workflow
+from tests.client.conftest import NO_TRAINING, episodes_of, write_jsonl, write_workflow
 from tests.conftest import make_server
 
 BLOCKING_WORKFLOW = """
@@ -56,7 +56,9 @@ def _swarm_run(args: list[str]) -> subprocess.Popen[str]:
 
 
 def test_kill_9_mid_episode_then_resume_with_an_edited_reward(tmp_path: Path, tiny_engine) -> None:
-    live = make_server(tmp_path / "server", tiny_engine, episode_timeout_s=1.5)
+    live = make_server(
+        tmp_path / "server", tiny_engine, episode_timeout_s=1.5, reclaim_period_s=0.5, training=NO_TRAINING
+    )
     try:
         marks = tmp_path / "marks"
         marks.mkdir()
@@ -98,7 +100,7 @@ def test_kill_9_mid_episode_then_resume_with_an_edited_reward(tmp_path: Path, ti
 
 
 def test_server_restart_under_a_running_client(tmp_path: Path, tiny_engine) -> None:
-    live = make_server(tmp_path / "server", tiny_engine)
+    live = make_server(tmp_path / "server", tiny_engine, training=NO_TRAINING)
     try:
         code = """
             import asyncio
