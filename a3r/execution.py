@@ -389,6 +389,10 @@ def _monitor(
     start_step = int(initial.get("step", 0))
     training = bool(initial.get("training_enabled", False))
     target = spec.settings.steps if spec.purpose in ("train", "sweep") and training else None
+    if target is not None and handle.process is None:
+        # An attached server may have trained before this thread: count steps from where it stood.
+        base = int(ctx.ledger.once(ctx.key("runner", f"attach-base:{handle.url}"), lambda: start_step))
+        target = base + spec.settings.steps
     client = _client(spec, ws, handle.url, run_dir, start_step)
     progress_path = run_dir / "client" / "progress.jsonl"
     rec.note(

@@ -82,10 +82,11 @@ class ProviderConfig(BaseModel):
 
     Attributes:
         kind: Provider kind.
-        model: Model name (default per kind: ``claude-sonnet-4-5``, ``gpt-4o-mini``).
+        model: Model name (default per kind: ``claude-sonnet-4-6``, ``gpt-4o-mini``).
         base_url: Endpoint root (OpenAI-compatible: ``http://host:8000/v1``; Anthropic: proxy root).
         api_key: The secret (never printed: `SecretStr`).
-        temperature: Sampling temperature of planning calls.
+        temperature: Sampling temperature of planning calls (``None``: the model's default; some newer
+            models accept no other).
         timeout_s: Per-request timeout in seconds.
         max_retries: SDK retries of transient errors.
     """
@@ -96,7 +97,7 @@ class ProviderConfig(BaseModel):
     model: str | None = None
     base_url: str | None = None
     api_key: SecretStr | None = None
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     timeout_s: float = Field(default=120.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
 
@@ -167,8 +168,7 @@ def chat_model(config: ProviderConfig) -> BaseChatModel:
         from langchain_anthropic import ChatAnthropic
 
         anthropic_kwargs: dict[str, Any] = {
-            "model": config.model or "claude-sonnet-4-5",
-            "temperature": config.temperature,
+            "model": config.model or "claude-sonnet-4-6",
             "timeout": config.timeout_s,
             "max_retries": config.max_retries,
             "max_tokens": 4096,
@@ -176,13 +176,15 @@ def chat_model(config: ProviderConfig) -> BaseChatModel:
         }
         if config.base_url:
             anthropic_kwargs["base_url"] = config.base_url
+        if config.temperature is not None:
+            anthropic_kwargs["temperature"] = config.temperature
         return ChatAnthropic(**anthropic_kwargs)
     if config.kind is ProviderKind.openai:
         from langchain_openai import ChatOpenAI
 
         return ChatOpenAI(
             model=config.model or "gpt-4o-mini",
-            temperature=config.temperature,
+            temperature=config.temperature,  # None: the server's default
             timeout=config.timeout_s,
             max_retries=config.max_retries,
             base_url=config.base_url,

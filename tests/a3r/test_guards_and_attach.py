@@ -1,0 +1,170 @@
+"""Guard rails and the less travelled paths: API keys never reach the store, checkpoints or
+workspace; the research preflight stops on a zero baseline (unless forced); ``--server`` attaches
+to a running swarm server and drives it through its HTTP API only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from langgraph.runtime import Runtime
+
+from a3r.analysis import RewardSummary
+from a3r.graph import RunContext, RunOutcome, build_graph, open_checkpointer
+from a3r.graph.context import Ledger
+from a3r.graph.planner import planner
+from a3r.llm import OfflineProvider, ProviderConfig, make_provider
+from memory import RunStatus, Store
+from tests.a3r.fake_llm import FakeLLMServer
+from tests.a3r.test_providers import PLAN, SECRET
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store(tmp_path / "memory.db") as opened:
+        yield opened
+
+
+def test_api_keys_never_reach_store_checkpoints_or_workspace(tmp_path: Path, store: Store) -> None:
+    fake = FakeLLMServer(canned={"PlanDraft": PLAN}).start()
+    try:
+        config = ProviderConfig.from_env(
+            "anthropic", base_url=fake.url, environ={"ANTHROPIC_API_KEY": SECRET}
+        )
+        ctx = RunContext(
+            store=store,
+            provider=make_provider(config),
+            ledger=Ledger(tmp_path / "checkpoints.db"),
+            thread_id="t-secret",
+            root=tmp_path / ".a3r",
+            eval_tasks=2,
+        )
+        graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"), interrupt_before=["runner"])
+        list(
+            graph.stream(
+                {"request": "train countdown", "mode": "vibe"},
+                {"configurable": {"thread_id": "t-secret"}},
+                context=ctx,
+            )
+        )
+    finally:
+        fake.stop()
+    assert fake.requests, "the provider was called"
+    store.close()
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "workflow.py" for p in files) and any(
+        p.name.startswith("checkpoints.db") for p in files
+    )
+    for path in files:
+        assert SECRET.encode() not in path.read_bytes(), path
+
+
+def _research_state(store: Store, mean: float) -> dict[str, Any]:
+    plan = OfflineProvider().plan("find min stable batch size on AIME", mode="research")
+    study = store.create_study("find min stable batch size on AIME", kind="research")
+    baseline = RewardSummary(tasks=8, episodes=16, mean_reward=mean, pass_at_1=mean, pass_at_2=mean)
+    pre = RunOutcome(
+        key="preflight",
+        run_id=1,
+        purpose="preflight",
+        status="finished",
+        reason="",
+        eval=baseline,
+        wall_s=40.0,
+        seconds_per_episode=0.5,
+    )
+    return {
+        "request": study.question,
+        "mode": "research",
+        "study_id": study.id,
+        "plan": plan,
+        "stage": "preflight",
+        "outcomes": [pre],
+        "queue": [],
+    }
+
+
+def test_research_stops_on_a_zero_baseline_unless_forced(tmp_path: Path, store: Store) -> None:
+    ctx = RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "l.db"),
+        thread_id="t",
+        root=tmp_path,
+    )
+    state = _research_state(store, 0.0)
+    stop = planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    assert stop.goto == "reporter"
+    conclusion = stop.update["conclusion"]  # type: ignore[index]
+    assert (
+        "scores zero on math" in conclusion
+        and "arithmetic template" in conclusion
+        and "--force" in conclusion
+    )
+    forced = planner({**state, "force": True}, Runtime(context=ctx))  # type: ignore[arg-type]
+    assert forced.goto == "runner"
+    queue = forced.update["queue"]  # type: ignore[index]
+    assert {s.stage for s in queue} == {"coarse"} and {s.seed for s in queue} == {0, 1}
+    assert sorted({s.settings.batch_size for s in queue}) == [1, 2, 4, 8]
+    tight = RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=ctx.ledger,
+        thread_id="t",
+        root=tmp_path,
+        budget_s=120.0,
+    )
+    cut = planner({**state, "force": True}, Runtime(context=tight))  # type: ignore[arg-type]
+    assert cut.goto == "reporter" and "fits the remaining budget" in cut.update["conclusion"]  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_vibe_attaches_to_a_running_server(
+    tmp_path: Path, store: Store, tokenizer: Any, tiny_model: Any
+) -> None:
+    import copy
+
+    from swarm.engine import HFEngine
+    from tests.conftest import make_server
+
+    torch.manual_seed(0)
+    engine = HFEngine(
+        copy.deepcopy(tiny_model), tokenizer, "tiny-attach"
+    )  # its own weights: training mutates them
+    live = make_server(tmp_path, engine)
+    try:
+        ctx = RunContext(
+            store=store,
+            provider=OfflineProvider(),
+            ledger=Ledger(tmp_path / "checkpoints.db"),
+            thread_id="t-attach",
+            root=tmp_path / ".a3r",
+            server_url=live.url,
+            hang_after_s=120.0,
+            poll_s=0.5,
+            eval_tasks=2,
+        )
+        graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"))
+        config = {"configurable": {"thread_id": "t-attach"}}
+        request = {
+            "request": "train arithmetic",
+            "mode": "vibe",
+            "overrides": {"steps": 2, "batch_size": 1, "group_size": 2},
+        }
+        graph.invoke(request, config, context=ctx, durability="sync")
+        state = graph.get_state(config).values
+    finally:
+        live.stop()
+        engine.close()
+    assert ctx.servers == {}  # nothing was started
+    assert live.runtime.step >= 2
+    live_config = live.runtime.training.effective_config()
+    batch = live_config["training"]["batch"]
+    assert batch["batch_size"] == 1 and batch["group_size"] == 2
+    runs = store.study_runs(state["study_id"])
+    assert runs[0].name == "smoke" and all(r.status is not RunStatus.running for r in runs)
+    assert state["outcomes"][-1].steps >= 2 and state["report"]
+    assert any("attached to" in e.message for e in store.events(study_id=state["study_id"]))
