@@ -2,7 +2,8 @@
 proposes a patch (a unified diff of one allow-listed workspace file, with a rationale) for approval.
 
 A run the runner stopped early (``needs_attention``) for which no patch is proposed is continued
-without early stopping, so a thread never loops on the same problem.
+without early stopping, so a thread never loops on the same problem. A smoke run that fails, or a run
+whose server cannot start, ends the thread (with the evidence) instead of training a broken setup.
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
         review = _propose(state, ctx, outcome, patchable[0])
         if review is not None:
             return Command(goto="approve", update={"pending_patch": review})
+    if outcome.status == "failed_to_start" or (outcome.purpose == "smoke" and outcome.status != "finished"):
+        detail = "; ".join(d.summary for d in outcome.diagnoses) or outcome.reason
+        text = f"stopped: the {outcome.purpose} run {outcome.key} ended {outcome.status}: {detail}"
+        ctx.say(f"analyst: {text}")
+        return Command(goto="planner", update={"queue": [], "conclusion": text, "log": [text]})
     if outcome.status == "needs_attention":
         follow = continuation(outcome, _spec_of(state, outcome), suffix="c", early_stop=False)
         line = f"analyst: no patch for {outcome.key}; training continues unchanged ({follow.key})"

@@ -168,3 +168,45 @@ def test_vibe_attaches_to_a_running_server(
     assert runs[0].name == "smoke" and all(r.status is not RunStatus.running for r in runs)
     assert state["outcomes"][-1].steps >= 2 and state["report"]
     assert any("attached to" in e.message for e in store.events(study_id=state["study_id"]))
+
+
+def test_a_failed_smoke_run_ends_the_thread_with_its_evidence(tmp_path: Path, store: Store) -> None:
+    from a3r.analysis import detect_crash
+    from a3r.graph.analyst import analyst
+
+    plan = OfflineProvider().plan("train arithmetic", mode="vibe")
+    study = store.create_study("train arithmetic", kind="vibe")
+    run = store.start_run(store.create_experiment(study.id, "arithmetic-train").id, name="smoke")
+    log = "Traceback (most recent call last):\n  File \"workflow.py\", line 9, in run\nKeyError: 'question'\n"
+    smoke = RunOutcome(
+        key="smoke",
+        run_id=run.id,
+        purpose="smoke",
+        status="crashed",
+        reason="swarm run exited with code 1",
+        diagnoses=detect_crash(log, exit_code=1),
+    )
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "workflow.py").write_text("PARAMS = {}\n")
+    state = {
+        "mode": "vibe",
+        "study_id": study.id,
+        "workspace": str(ws),
+        "plan": plan,
+        "outcomes": [smoke],
+        "queue": [],
+        "hypothesis_ids": [],
+    }
+    ctx = RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "l.db"),
+        thread_id="t",
+        root=tmp_path,
+    )
+    command = analyst(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    assert command.goto == "planner" and command.update["queue"] == []  # type: ignore[index]
+    assert "KeyError: 'question'" in command.update["conclusion"]  # type: ignore[index]
+    (finding,) = store.findings(study.id)
+    assert "crash" in finding.statement and finding.run_ids == [run.id]
