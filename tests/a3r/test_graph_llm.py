@@ -13,7 +13,7 @@ import pytest
 from langgraph.runtime import Runtime
 
 from a3r.analysis import Diagnosis, DiagnosisKind
-from a3r.graph import PatchReview, RunContext, RunOutcome, build_graph, open_checkpointer
+from a3r.graph import PatchReview, RunContext, RunOutcome, RunSpec, build_graph, open_checkpointer, serializer
 from a3r.graph.analyst import analyst
 from a3r.graph.context import Ledger
 from a3r.llm import ChatProvider
@@ -103,10 +103,21 @@ def store(tmp_path: Path) -> Iterator[Store]:
         yield opened
 
 
-def test_llm_plans_and_writes_code_for_an_uncovered_task(tmp_path: Path, store: Store) -> None:
+def _checkpointer(kind: str, tmp_path: Path) -> Any:
+    if kind == "sqlite":
+        return open_checkpointer(tmp_path / "checkpoints.db")
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    return InMemorySaver(serde=serializer())
+
+
+@pytest.mark.parametrize("checkpointer", ["memory", "sqlite"])
+def test_llm_plans_and_writes_code_for_an_uncovered_task(
+    tmp_path: Path, store: Store, checkpointer: str
+) -> None:
     code = {"workflow": WORKFLOW, "reward": REWARD_OK, "tasks": TASKS}
     ctx = _context(tmp_path, tool_answers(("PlanDraft", PLAN), ("GeneratedCode", code)), store)
-    graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"), interrupt_before=["runner"])
+    graph = build_graph(_checkpointer(checkpointer, tmp_path), interrupt_before=["runner"])
     config = {"configurable": {"thread_id": "t-llm"}}
     chunks = list(
         graph.stream(
@@ -217,3 +228,16 @@ def test_llm_patch_is_proposed_once_with_a_diff(tmp_path: Path, store: Store) ->
     assert again.update["pending_patch"].patch_id == review.patch_id  # type: ignore[index]
     (patch,) = store.patches(state["study_id"])
     assert patch.status is PatchStatus.pending and patch.rationale == good["rationale"]
+
+
+def test_checkpoints_revive_only_allow_listed_types() -> None:
+    from pydantic import BaseModel
+
+    class Smuggled(BaseModel):
+        command: str = "rm -rf /"
+
+    serde = serializer()
+    spec = RunSpec(key="train-s0", purpose="train")
+    assert serde.loads_typed(serde.dumps_typed({"queue": [spec]})) == {"queue": [spec]}
+    revived = serde.loads_typed(serde.dumps_typed({"x": Smuggled()}))
+    assert revived == {"x": {"command": "rm -rf /"}}  # plain data, never the class
