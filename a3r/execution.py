@@ -214,7 +214,10 @@ class _Recorder:
 
 def _client(spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: int) -> ManagedProcess:
     s = spec.settings
-    purpose_tasks = s.smoke_tasks if spec.purpose == "smoke" else (s.steps - start_step + 1) * s.batch_size
+    # Training runs get three times the groups their steps need (batches the trainer skips, groups
+    # cut by a drain); the runner stops the client once the target step is reached.
+    remaining = max(1, s.steps - start_step)
+    purpose_tasks = s.smoke_tasks if spec.purpose == "smoke" else (3 * remaining + 1) * s.batch_size
     tasks_needed = max(1, purpose_tasks)
     available = max(1, ws.task_count())
     epochs = max(1, math.ceil(tasks_needed / available))
