@@ -2,10 +2,13 @@
 
     python bench/learning.py [--steps 15] [--lr 3e-5]
 
-Task: questions with the instruction "Answer in at most three words."; reward 1 when the reply has
-at most three words, decaying linearly to 0 at 23 words (a format reward the 135M model can learn on a
-CPU in minutes). GRPO with B=4 tasks × G=4 episodes per step, full fine-tuning, in-process server.
-Prints the reward per step and the rise (mean of the last 3 steps − mean of the first 3).
+Task: one-word-answer questions with the instruction "Answer in at most three words.". Reward
+(:func:`reward`): 0.5 when the reply contains the answer word, plus up to 0.5 for brevity (full at
+three words or fewer, falling linearly to 0 at 23 words; an empty reply earns nothing). A reply that is
+short but wrong is capped at 0.5, so the optimum needs the right answer said briefly — a pure length
+reward was hacked within 5 steps by short nonsense ("WOV", "zipper"). GRPO with B=4 tasks × G=4
+episodes per step, full fine-tuning, in-process server. Prints the reward and the correct-answer rate
+per step and the rise (mean of the last 3 steps − mean of the first 3).
 """
 
 from __future__ import annotations
@@ -23,44 +26,56 @@ from rich.console import Console
 from rich.table import Table
 
 from swarm.batch import BatchConfig, BatchPolicy
-from swarm.client import AsyncSwarmClient
+from swarm.client import AsyncSwarmClient, Result
 from swarm.config import SamplingDefaults, ServerConfig, TrainingConfig
 from swarm.server.app import create_app
 from swarm.train import TrainerConfig
 
 QUESTIONS = [
-    "What color is the sky on a clear day?",
-    "Which animal says moo?",
-    "What is the capital of France?",
-    "What do bees make?",
-    "What is frozen water called?",
-    "Which planet do we live on?",
-    "What do you use to write on paper?",
-    "What fruit is yellow and curved?",
+    ("What color is the sky on a clear day?", "blue"),
+    ("Which animal says moo?", "cow"),
+    ("What is the capital of France?", "paris"),
+    ("What do bees make?", "honey"),
+    ("What is frozen water called?", "ice"),
+    ("Which planet do we live on?", "earth"),
+    ("What is the opposite of hot?", "cold"),
+    ("What fruit is yellow and curved?", "banana"),
 ]
 
 
-def reward(text: str) -> float:
-    """1.0 for at most three words, falling linearly to 0.0 at 23 words."""
+def correct(text: str, answer: str) -> bool:
+    return answer in text.lower()
+
+
+def reward(text: str, answer: str) -> float:
+    """0.5 for containing ``answer`` + up to 0.5 for brevity (≤ 3 words full, 0 at 23 words or empty)."""
     words = len(text.split())
-    return max(0.0, min(1.0, 1.0 - (words - 3) / 20))
+    brevity = 0.0 if words == 0 else max(0.0, min(1.0, 1.0 - (words - 3) / 20))
+    return 0.5 * correct(text, answer) + 0.5 * brevity
 
 
-async def episode(client: AsyncSwarmClient, task: int, seed: int) -> float:
+async def episode(client: AsyncSwarmClient, task: int, seed: int) -> tuple[float, float, int]:
+    question, answer = QUESTIONS[task]
     async with client.episode(f"q{task}") as ep:
         oa = AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key, max_retries=5)
         r = await oa.chat.completions.create(
             model=ep.model,
-            messages=[{"role": "user", "content": QUESTIONS[task] + " Answer in at most three words."}],
+            messages=[{"role": "user", "content": question + " Answer in at most three words."}],
             max_tokens=32,
             seed=seed,
         )
-        value = reward(r.choices[0].message.content or "")
-        await ep.finish(value)
-        return value
+        text = r.choices[0].message.content or ""
+        value = reward(text, answer)
+        ok, words = float(correct(text, answer)), len(text.split())
+        await ep.finish(Result(reward=value, metrics={"correct": ok, "words": words}))
+        return value, ok, words
 
 
-async def drive(url: str, steps: int, tasks_per_step: int, group: int) -> None:
+async def drive(
+    url: str, steps: int, tasks_per_step: int, group: int
+) -> list[list[tuple[float, float, int]]]:
+    """Roll out one batch per step and wait for the update; returns each round's (reward, correct, words)."""
+    rounds = []
     async with AsyncSwarmClient(url) as client:
         seed = 0
         for step in range(steps):
@@ -70,9 +85,10 @@ async def drive(url: str, steps: int, tasks_per_step: int, group: int) -> None:
                 for _ in range(group):
                     seed += 1
                     coros.append(episode(client, task, seed))
-            await asyncio.gather(*coros)
+            rounds.append(await asyncio.gather(*coros))
             while (await client.status()).step < step + 1:
                 await asyncio.sleep(0.2)
+    return rounds
 
 
 def main() -> None:
@@ -100,21 +116,36 @@ def main() -> None:
         time.sleep(0.1)
     port = server.servers[0].sockets[0].getsockname()[1]
     started = time.time()
-    asyncio.run(drive(f"http://127.0.0.1:{port}", args.steps, args.tasks, args.group))
+    rounds = asyncio.run(drive(f"http://127.0.0.1:{port}", args.steps, args.tasks, args.group))
     history = server.config.app.state.runtime.training.history  # type: ignore[union-attr]
     server.should_exit = True
     thread.join()
     table = Table(title=f"GRPO on a short-answer format task, embedded SmolLM2-135M, lr {args.lr}")
-    for col in ("step", "reward mean", "reward std", "loss", "grad norm", "tokens", "step s"):
+    for col in ("step", "reward mean", "reward std", "correct", "words", "loss", "grad norm", "step s"):
         table.add_column(col, justify="right")
-    for m in history:
-        table.add_row(str(m.step), f"{m.reward_mean:.3f}", f"{m.reward_std:.3f}", f"{m.loss:.4f}", f"{m.grad_norm:.3f}", str(m.tokens), f"{m.time_s.total_s:.1f}")
+    for m, batch in zip(history, rounds, strict=False):
+        n = len(batch)
+        table.add_row(
+            str(m.step),
+            f"{m.reward_mean:.3f}",
+            f"{m.reward_std:.3f}",
+            f"{sum(b[1] for b in batch) / n:.2f}",
+            f"{sum(b[2] for b in batch) / n:.1f}",
+            f"{m.loss:.4f}",
+            f"{m.grad_norm:.3f}",
+            f"{m.time_s.total_s:.1f}",
+        )
     console = Console()
     console.print(table)
     first = sum(m.reward_mean or 0 for m in history[:3]) / 3
     last = sum(m.reward_mean or 0 for m in history[-3:]) / 3
-    console.print(f"mean reward first 3 steps {first:.3f} → last 3 steps {last:.3f}: rise {last - first:+.3f} "
-                  f"({time.time() - started:.0f} s wall)")
+    acc_first = sum(b[1] for batch in rounds[:3] for b in batch) / max(1, sum(len(b) for b in rounds[:3]))
+    acc_last = sum(b[1] for batch in rounds[-3:] for b in batch) / max(1, sum(len(b) for b in rounds[-3:]))
+    console.print(f"correct-answer rate first 3 steps {acc_first:.2f} → last 3 steps {acc_last:.2f}")
+    console.print(
+        f"mean reward first 3 steps {first:.3f} → last 3 steps {last:.3f}: rise {last - first:+.3f} "
+        f"({time.time() - started:.0f} s wall)"
+    )
 
 
 if __name__ == "__main__":
