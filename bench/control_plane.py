@@ -234,9 +234,8 @@ def main() -> None:
         table.add_row("server CPU per episode (all threads)", f"{per_episode * 1000:.2f} ms")
         table.add_row("server capacity on one free core", f"{1 / per_episode:,.0f} episodes/s")
     table.add_row("load average (1 min) at the end", f"{os.getloadavg()[0]:.1f}")
-    table.add_row(
-        "server", "started here (access log " + ("on)" if args.access_log else "off)") if server else url
-    )
+    how = f"access log {'on' if args.access_log else 'off'}, training {'on' if args.training else 'off'}"
+    table.add_row("server", f"started here ({how})" if server else url)
     table.add_row("cpu cores", str(os.cpu_count()))
     console.print(table)
     if after - before != len(episode):
