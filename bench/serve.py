@@ -24,8 +24,10 @@ to the direct median wall time. Target: ≤ 5 %. The paired wall-time ratio (med
 
 **Throughput.** ``c`` workers (``--concurrency``) each run ``--rounds`` episodes of one call
 (begin, chat with temperature 1, a distinct seed and ``max_tokens=--throughput-tokens``, finish) over
-the async OpenAI SDK. Tokens/s = completion tokens reported by the server (``usage``) / wall time of
-the phase. The engine batches concurrent requests statically, so the rows per batch are shown.
+the async OpenAI SDK, after one untimed warm-up round (so the rows show steady state, not the cold
+start where the first batch leaves with whoever arrived in the first batch window). Tokens/s =
+completion tokens reported by the server (``usage``) / wall time of the timed rounds. The engine
+batches concurrent requests statically, so the rows per batch are shown.
 Target: 16 concurrent ≥ 4× the tokens/s of 1.
 
 Usage::
@@ -241,6 +243,7 @@ async def _throughput(url: str, concurrency: int, rounds: int, max_tokens: int) 
 def measure_throughput(
     engine: HFEngine, url: str, concurrency: int, rounds: int, max_tokens: int
 ) -> ThroughputRow:
+    asyncio.run(_throughput(url, concurrency, 1, max_tokens))  # warm-up: past the cold start
     batches = engine.batches
     t0 = time.perf_counter()
     tokens = asyncio.run(_throughput(url, concurrency, rounds, max_tokens))
