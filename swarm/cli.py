@@ -227,6 +227,23 @@ def _parse_servers(servers: list[str]) -> dict[str, str]:
     return parsed
 
 
+def _reachable(url: str) -> None:
+    """Fail with one line when nothing answers HTTP at ``url`` (any answer, even 404, is fine)."""
+    import httpx
+
+    for attempt in range(3):
+        try:
+            httpx.get(url.rstrip("/") + "/v1/models", timeout=5.0)
+            return
+        except httpx.TransportError as exc:
+            error = exc
+        if attempt < 2:
+            import time
+
+            time.sleep(1.0)
+    raise fail(f"cannot reach {url}: {type(error).__name__}: {error}")
+
+
 @app.command()
 def run(
     workflow: Annotated[
@@ -311,6 +328,9 @@ def run(
     except ValidationError as exc:
         err = exc.errors()[0]
         raise fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+
+    for url in servers.values():
+        _reachable(url)
 
     async def go() -> Any:
         clients = {

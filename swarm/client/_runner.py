@@ -14,7 +14,8 @@ Failures (see :mod:`swarm.client._failures`):
   stopped working because the server restarted, a heartbeat that finds the episode gone) → aborted with
   ``infra_failure=true`` and run again, up to ``infra_retries`` times, with backoff;
 - the server rejecting our episodes outright (a 4xx other than 429, e.g. a family the quotas do not
-  list) → :class:`RunnerError`: the run stops (open episodes are aborted as infra failures).
+  list), or ``max_consecutive_infra`` infra failures in a row → :class:`RunnerError`: the run stops
+  (open episodes are aborted as infra failures; a restart resumes).
 
 While a workflow runs, a heartbeat goes to its episode(s) every ``heartbeat_s`` seconds; if the server
 has lost the episode the workflow is cancelled at once and the episode counts as an infra failure.
@@ -75,6 +76,9 @@ class RunnerConfig(BaseModel):
     """Extra tries of an episode after an infrastructure failure (a restart re-runs the rest)."""
     retry_backoff_s: float = Field(default=1.0, ge=0)
     """First wait before re-running an infra-failed episode (doubles each time)."""
+    max_consecutive_infra: int = Field(default=25, ge=1)
+    """Stop the run (:class:`RunnerError`) after this many infra failures in a row: the server or an
+    outside service is down, and a restarted runner resumes once it is back."""
     state_dir: Path | None = None
     """Holds ``progress.jsonl`` (resume); ``None`` keeps no state."""
 
@@ -180,6 +184,7 @@ class Runner:
         self._bar_task: Any = None
         self._eval_rounds: list[int] = []
         self._members_done: dict[tuple[int, str], int] = {}
+        self._infra_streak = 0
 
     @staticmethod
     def default_retry() -> RetryPolicy:
@@ -298,6 +303,11 @@ class Runner:
                 backoff *= 2
             self._progress_log.record(slot.key, status, reward, episode_id)
             self._advance(slot.key)
+            if self._infra_streak >= self.config.max_consecutive_infra:
+                raise RunnerError(
+                    f"{self._infra_streak} infrastructure failures in a row (last: task {slot.task.task_id}); "
+                    "stopping: run the same command again to resume once the servers are back"
+                )
         finally:
             semaphore.release()
 
@@ -354,6 +364,7 @@ class Runner:
             return self._count_infra(slot, exc), None, first_id
         reward = _reward_of(rewards[names[0]] if isinstance(rewards, dict) else rewards)
         self.summary.finished += 1
+        self._infra_streak = 0
         if slot.kind is EpisodeKind.TRAIN:
             self.summary.train_rewards.append(reward)
         else:
@@ -362,6 +373,7 @@ class Runner:
 
     def _count_infra(self, slot: Slot, exc: BaseException) -> str:
         self.summary.infra_failures += 1
+        self._infra_streak += 1
         self.console.print(
             f"[yellow]infra failure[/] task {slot.task.task_id} member {slot.member}: "
             f"{type(exc).__name__}: {exc}",

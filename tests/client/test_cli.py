@@ -93,3 +93,11 @@ def test_top_once_unreachable_server() -> None:
     result = cli.invoke(app, ["top", "http://127.0.0.1:9", "--once"])
     assert result.exit_code == 1
     _one_error_line(result.output, "cannot reach http://127.0.0.1:9")
+
+
+def test_run_against_an_unreachable_server(tmp_path: Path) -> None:
+    workflow = write_workflow(tmp_path, "async def run(task, llm):\n    return 1.0\n")
+    data = write_jsonl(tmp_path / "data.jsonl", [{"id": "a"}])
+    result = cli.invoke(app, ["run", str(workflow), "--server", "http://127.0.0.1:9", "--dataset", str(data)])
+    assert result.exit_code == 1
+    _one_error_line(result.output, "cannot reach http://127.0.0.1:9: ConnectError")

@@ -236,3 +236,24 @@ def test_run_workflow_with_a_generator(client_server) -> None:
         show_progress=False,
     )
     assert summary.finished == 6 and summary.train_reward_mean == pytest.approx(1.0)
+
+
+def test_a_run_of_infra_failures_stops_the_runner(client_server, tmp_path: Path) -> None:
+    code = """
+        import httpx
+
+        async def run(task, llm):
+            raise httpx.ConnectError("the tool service is down")
+    """
+    with pytest.raises(RunnerError, match="3 infrastructure failures in a row"):
+        _run(
+            load_workflow(write_workflow(tmp_path, code)),
+            client_server,
+            _tasks(tmp_path, 10),
+            client_id="infra-streak",
+            group_size=1,
+            concurrency=1,
+            infra_retries=0,
+            max_consecutive_infra=3,
+        )
+    assert [e.status for e in episodes_of(client_server, "infra-streak")] == [EpisodeStatus.INFRA_FAILURE] * 3
