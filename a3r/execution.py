@@ -41,11 +41,15 @@ from a3r.graph.context import RunContext
 from a3r.graph.state import RunOutcome, RunSpec
 from a3r.processes import ManagedProcess, ServerHandle, ServerOptions, launch, start_server, swarm_command
 
-__all__ = ["TRAINING_HANG_FACTOR", "Workspace", "execute_run"]
+__all__ = ["STARTUP_GRACE_S", "TRAINING_HANG_FACTOR", "Workspace", "execute_run"]
 
 TRAINING_HANG_FACTOR = 5.0
 """While the server is training or draining (a step is under way, no event until it ends), a run is
 hung only after ``TRAINING_HANG_FACTOR × hang_after_s`` without progress."""
+
+STARTUP_GRACE_S = 60.0
+"""Until a new client shows a first sign of progress, a run is hung only after this many seconds (or
+``hang_after_s`` if longer): starting a client subprocess takes a while on a loaded machine."""
 
 
 @dataclass(frozen=True)
@@ -403,6 +407,7 @@ def _monitor(
         f"step {start_step}" + (f" → {target})" if target else ")")
     )
     last_signature: tuple[Any, ...] | None = None
+    alive_seen = False
     last_change = time.monotonic()
     last_step_change = time.monotonic()
     last_step = start_step
@@ -412,7 +417,6 @@ def _monitor(
     episodes: list[EpisodeRecord] = []
     outcome_status = "finished"
     reason = ""
-    client_done_at: float | None = None
     diagnoses: list[Diagnosis] = []
     while True:
         code = client.poll()
@@ -435,6 +439,7 @@ def _monitor(
         samples.append((now, step, finished))
         signature = (step, finished, counts.get("aborted"), counts.get("open"), len(episodes), api.event_seq)
         if signature != last_signature:
+            alive_seen = alive_seen or last_signature is not None
             last_signature, last_change = signature, now
         if step != last_step:
             last_step, last_step_change, slow_noted = step, now, False
@@ -448,8 +453,12 @@ def _monitor(
             if target is None:
                 reason = "client finished its tasks"
                 break
-            client_done_at = client_done_at or now
-            if now - last_change > min(ctx.hang_after_s, 60.0):
+            # The client is done; the server may still drain and train on what it pooled.
+            pending = int(counts.get("pending", 0)) + int(counts.get("open", 0))
+            state = (status or {}).get("state")
+            waiting = state in ("training", "draining") or pending > 0
+            quiet_limit = ctx.hang_after_s * TRAINING_HANG_FACTOR if waiting else min(ctx.hang_after_s, 60.0)
+            if now - last_change > quiet_limit:
                 reason = f"tasks exhausted at step {step} (target {target})"
                 break
         if spec.early_stop and code is None:
@@ -459,6 +468,8 @@ def _monitor(
                 break
         busy = (status or {}).get("state") in ("training", "draining")
         hang_limit = ctx.hang_after_s * (TRAINING_HANG_FACTOR if busy else 1.0)
+        if not alive_seen:  # the client has not shown a sign of life yet: allow for its start-up
+            hang_limit = max(hang_limit, STARTUP_GRACE_S)
         if now - last_change > hang_limit:
             outcome_status = "hung"
             reason = f"no progress (step {step}, {finished} episodes, no event) for {now - last_change:.0f} s"

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from langgraph.runtime import Runtime
 
 from a3r.analysis import RewardSummary
@@ -122,51 +121,36 @@ def test_research_stops_on_a_zero_baseline_unless_forced(tmp_path: Path, store: 
 
 
 @pytest.mark.slow
-def test_vibe_attaches_to_a_running_server(
-    tmp_path: Path, store: Store, tokenizer: Any, tiny_model: Any
-) -> None:
-    import copy
-
-    from swarm.engine import HFEngine
-    from tests.conftest import make_server
-
-    torch.manual_seed(0)
-    engine = HFEngine(
-        copy.deepcopy(tiny_model), tokenizer, "tiny-attach"
-    )  # its own weights: training mutates them
-    live = make_server(tmp_path, engine)
-    try:
-        ctx = RunContext(
-            store=store,
-            provider=OfflineProvider(),
-            ledger=Ledger(tmp_path / "checkpoints.db"),
-            thread_id="t-attach",
-            root=tmp_path / ".a3r",
-            server_url=live.url,
-            hang_after_s=120.0,
-            poll_s=0.5,
-            eval_tasks=2,
-        )
-        graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"))
-        config = {"configurable": {"thread_id": "t-attach"}}
-        request = {
-            "request": "train arithmetic",
-            "mode": "vibe",
-            "overrides": {"steps": 2, "batch_size": 1, "group_size": 2},
-        }
-        graph.invoke(request, config, context=ctx, durability="sync")
-        state = graph.get_state(config).values
-    finally:
-        live.stop()
-        engine.close()
+def test_vibe_attaches_to_a_running_server(tmp_path: Path, store: Store, trainable_server: Any) -> None:
+    live = trainable_server
+    ctx = RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "checkpoints.db"),
+        thread_id="t-attach",
+        root=tmp_path / ".a3r",
+        server_url=live.url,
+        hang_after_s=120.0,
+        poll_s=0.5,
+        eval_tasks=2,
+    )
+    graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"))
+    config = {"configurable": {"thread_id": "t-attach"}}
+    request = {
+        "request": "train arithmetic",
+        "mode": "vibe",
+        "overrides": {"steps": 2, "batch_size": 1, "group_size": 2},
+    }
+    step_before = live.runtime.step
+    graph.invoke(request, config, context=ctx, durability="sync")
+    state = graph.get_state(config).values
     assert ctx.servers == {}  # nothing was started
-    assert live.runtime.step >= 2
-    live_config = live.runtime.training.effective_config()
-    batch = live_config["training"]["batch"]
+    assert live.runtime.step >= step_before + 2
+    batch = live.runtime.training.effective_config()["training"]["batch"]
     assert batch["batch_size"] == 1 and batch["group_size"] == 2
     runs = store.study_runs(state["study_id"])
     assert runs[0].name == "smoke" and all(r.status is not RunStatus.running for r in runs)
-    assert state["outcomes"][-1].steps >= 2 and state["report"]
+    assert state["outcomes"][-1].steps >= step_before + 2 and state["report"]
     assert any("attached to" in e.message for e in store.events(study_id=state["study_id"]))
 
 

@@ -1,0 +1,90 @@
+"""The run monitor tells a hung run (nothing moves) from a slow one (episodes keep coming), against a
+real training server, with real ``swarm run`` client subprocesses."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from a3r.execution import Workspace, execute_run
+from a3r.graph import RunContext, RunSpec
+from a3r.graph.context import Ledger
+from a3r.llm import OfflineProvider
+from a3r.plans import TrainingSettings
+from memory import Store
+
+pytestmark = pytest.mark.slow
+
+
+def _workspace(tmp_path: Path, body: str) -> Workspace:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    code = "import asyncio\n\n\nasync def run(task, llm):\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    (ws / "workflow.py").write_text(code + "\n")
+    (ws / "tasks.jsonl").write_text(
+        "".join(json.dumps({"id": f"{ws.parent.name}-t{i}", "value": i % 2}) + "\n" for i in range(40))
+    )
+    return Workspace(ws)
+
+
+def _run(tmp_path: Path, server: Any, body: str, key: str, hang_after_s: float) -> Any:
+    store = Store(tmp_path / "memory.db")
+    study = store.create_study("monitor")
+    run = store.start_run(store.create_experiment(study.id, "e").id, name=key)
+    ctx = RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "ledger.db"),
+        thread_id=key,
+        root=tmp_path,
+        server_url=server.url,
+        hang_after_s=hang_after_s,
+        poll_s=0.3,
+    )
+    spec = RunSpec(
+        key=key,
+        purpose="train",
+        settings=TrainingSettings(steps=1, batch_size=1, group_size=2, concurrency=2),
+    )
+    outcome = execute_run(spec, ctx=ctx, ws=_workspace(tmp_path, body), run_id=run.id, budget_s=240)
+    events = [e.message for e in store.events(run_id=run.id)]
+    store.close()
+    return outcome, events
+
+
+def test_a_run_where_nothing_moves_is_hung(tmp_path: Path, tokenizer: Any, tiny_model: Any) -> None:
+    import copy
+
+    from swarm.engine import HFEngine
+    from tests.conftest import make_server
+
+    # A server of its own: the frozen episodes stay open on it until its episode timeout.
+    engine = HFEngine(copy.deepcopy(tiny_model), tokenizer, "tiny-frozen")
+    server = make_server(tmp_path / "server", engine)
+    try:
+        outcome, _ = _run(tmp_path, server, "await asyncio.sleep(3600)\nreturn 0.0", "frozen", 6.0)
+    finally:
+        server.stop()
+        engine.close()
+    assert outcome.status == "hung"
+    assert "no progress" in outcome.reason and outcome.episodes == 0
+
+
+def test_a_slow_run_is_not_hung(tmp_path: Path, trainable_server: Any) -> None:
+    # Each episode takes 3 s, longer than half the hang window (the "slow" note) yet episodes keep
+    # finishing within it, so the run is slow, not hung, and reaches its step.
+    body = """
+        client = llm.openai(max_retries=0)
+        await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        await asyncio.sleep(3.0)
+        return float(task["value"])
+    """
+    outcome, events = _run(tmp_path, trainable_server, body, "slow", 6.0)
+    assert outcome.status == "finished", outcome.reason
+    assert outcome.reason.startswith("reached step")
+    assert outcome.episodes >= 2
+    assert any("slow, not hung" in e for e in events)
