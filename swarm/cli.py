@@ -272,7 +272,7 @@ def run(
         str | None, typer.Option(help="Client id (default: runner-<workflow name>).")
     ] = None,
     state_dir: Annotated[
-        Path | None, typer.Option(help="Resume file folder (default: .swarm-runs/<workflow name>).")
+        Path | None, typer.Option(help="Resume file folder (default: .swarm/runs/<workflow name>).")
     ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Forget earlier progress in the state dir.")] = False,
     heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats of a running episode.")] = 30.0,
@@ -307,7 +307,7 @@ def run(
     except (WorkflowLoadError, DatasetError) as exc:
         raise fail(str(exc)) from None
     stem = Path(workflow.split(":")[0]).stem
-    state = state_dir if state_dir is not None else Path(".swarm-runs") / stem
+    state = state_dir if state_dir is not None else Path(".swarm") / "runs" / stem
     if fresh:
         (state / ProgressLog.FILE).unlink(missing_ok=True)
     try:

@@ -89,9 +89,9 @@ def render(url: str, snap: Snapshot) -> RenderableType:
         pool.add_column(name, justify="right")
     pool.add_row(*(str(v) for v in counts.values()))
 
-    clients = Table(title="clients (open episodes)", show_edge=False)
+    clients = Table(title="clients", show_edge=False)
     clients.add_column("client")
-    clients.add_column("open", justify="right")
+    clients.add_column("open episodes", justify="right")
     for name, n in sorted(st.clients.items()):
         clients.add_row(name, str(n))
     if not st.clients:
