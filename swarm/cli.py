@@ -275,6 +275,9 @@ def run(
         Path | None, typer.Option(help="Resume file folder (default: .swarm/runs/<workflow name>).")
     ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Forget earlier progress in the state dir.")] = False,
+    rerun_aborted: Annotated[
+        bool, typer.Option("--rerun-aborted", help="Resume: run again the episodes the workflow failed.")
+    ] = False,
     heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats of a running episode.")] = 30.0,
     infra_retries: Annotated[int, typer.Option(help="Re-runs of an infra-failed episode.")] = 2,
     progress: Annotated[bool, typer.Option(help="Draw the live progress bar.")] = True,
@@ -324,6 +327,7 @@ def run(
             heartbeat_s=heartbeat,
             infra_retries=infra_retries,
             state_dir=state,
+            rerun_aborted=rerun_aborted,
         )
     except ValidationError as exc:
         err = exc.errors()[0]

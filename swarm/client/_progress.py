@@ -9,7 +9,8 @@
 episode's index in its GRPO group (0 … G-1). An episode slot ``(kind, round, task_id, member)`` is
 *done* when its last line has status ``finished``, ``aborted`` (the agent failed: a real, scored
 rollout) or ``partial_finish`` (a multi-model episode committed on some servers: retrying would
-duplicate those). ``infra_failure`` lines are not done: a restart runs those slots again.
+duplicate those). ``infra_failure`` lines are not done: a restart runs those slots again (and so do ``aborted`` ones
+when the runner is started with ``rerun_aborted``, e.g. after fixing a bug in the workflow).
 
 Semantics on restart (at-least-once per slot, never a lost finished episode):
 
@@ -83,9 +84,12 @@ class ProgressLog:
             self._fh.close()
             self._fh = None
 
-    def done(self, key: SlotKey) -> bool:
+    def done(self, key: SlotKey, *, rerun_aborted: bool = False) -> bool:
+        """Whether a slot has ended for good (``rerun_aborted``: agent failures count as not done)."""
         record = self._slots.get(key)
-        return record is not None and record.status in DONE_STATUSES
+        if record is None or record.status not in DONE_STATUSES:
+            return False
+        return not (rerun_aborted and record.status == "aborted")
 
     def get(self, key: SlotKey) -> SlotRecord | None:
         return self._slots.get(key)

@@ -81,6 +81,8 @@ class RunnerConfig(BaseModel):
     outside service is down, and a restarted runner resumes once it is back."""
     state_dir: Path | None = None
     """Holds ``progress.jsonl`` (resume); ``None`` keeps no state."""
+    rerun_aborted: bool = False
+    """On resume, run again the slots whose episode the agent failed (after fixing the workflow)."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +238,7 @@ class Runner:
             try:
                 async with asyncio.TaskGroup() as group:
                     for slot in self._train_slots():
-                        if self._progress_log.done(slot.key):
+                        if self._progress_log.done(slot.key, rerun_aborted=self.config.rerun_aborted):
                             self.summary.resumed += 1
                             self._advance(slot.key)
                             continue

@@ -257,3 +257,39 @@ def test_a_run_of_infra_failures_stops_the_runner(client_server, tmp_path: Path)
             max_consecutive_infra=3,
         )
     assert [e.status for e in episodes_of(client_server, "infra-streak")] == [EpisodeStatus.INFRA_FAILURE] * 3
+
+
+def test_rerun_aborted_after_fixing_the_workflow(client_server, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    broken = write_workflow(tmp_path, "async def run(task, llm):\n    return task['missing']\n", name="wf.py")
+    first = _run(
+        load_workflow(broken),
+        client_server,
+        _tasks(tmp_path, 2),
+        client_id="rerun",
+        group_size=1,
+        state_dir=state,
+    )
+    assert first.agent_failures == 2
+    fixed = write_workflow(tmp_path, "async def run(task, llm):\n    return 1.0\n", name="wf.py")
+    again = _run(
+        load_workflow(fixed),
+        client_server,
+        _tasks(tmp_path, 2),
+        client_id="rerun",
+        group_size=1,
+        state_dir=state,
+    )
+    assert (again.resumed, again.finished) == (2, 0)  # an agent failure is a real rollout: done
+    rerun = _run(
+        load_workflow(fixed),
+        client_server,
+        _tasks(tmp_path, 2),
+        client_id="rerun",
+        group_size=1,
+        state_dir=state,
+        rerun_aborted=True,
+    )
+    assert (rerun.resumed, rerun.finished) == (0, 2)
+    statuses = [e.status for e in episodes_of(client_server, "rerun")]
+    assert statuses == [EpisodeStatus.ABORTED] * 2 + [EpisodeStatus.FINISHED] * 2
