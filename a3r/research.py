@@ -26,6 +26,8 @@ __all__ = [
     "fit_budget",
     "initial_queue",
     "judge_run",
+    "min_stable_value",
+    "non_monotone",
     "refine_values",
     "sweep_specs",
     "verdicts",
@@ -245,13 +247,35 @@ def verdicts(
     return result
 
 
-def refine_values(configs: Sequence[ConfigVerdict], tested: Sequence[float]) -> list[float]:
-    """For a minimal-stable question: the integer midpoint between the smallest stable value and the
-    largest unstable value below it, if one exists and was not tested yet."""
-    stable = [c.value for c in configs if c.stable]
-    if not stable:
+def min_stable_value(configs: Sequence[ConfigVerdict]) -> float | None:
+    """The smallest tested value from which every larger tested value is stable (undecided values
+    neither count for nor against), or ``None`` when the largest decided value is unstable.
+
+    Stability is taken as monotone in the swept size: a stable value with an unstable one above it
+    does not count (see `non_monotone`)."""
+    decided = sorted((c for c in configs if c.stable is not None), key=lambda c: c.value)
+    answer: float | None = None
+    for config in reversed(decided):
+        if not config.stable:
+            break
+        answer = config.value
+    return answer
+
+
+def non_monotone(configs: Sequence[ConfigVerdict]) -> list[float]:
+    """Stable values below the largest unstable value (evidence that the verdicts are noisy)."""
+    unstable = [c.value for c in configs if c.stable is False]
+    if not unstable:
         return []
-    smallest = min(stable)
+    return [c.value for c in configs if c.stable and c.value < max(unstable)]
+
+
+def refine_values(configs: Sequence[ConfigVerdict], tested: Sequence[float]) -> list[float]:
+    """For a minimal-stable question: the integer midpoint between `min_stable_value` and the largest
+    unstable value below it, if one exists and was not tested yet."""
+    smallest = min_stable_value(configs)
+    if smallest is None:
+        return []
     below = [c.value for c in configs if c.stable is False and c.value < smallest]
     if not below:
         return []

@@ -15,7 +15,7 @@ from a3r.graph.records import ensure_finding
 from a3r.graph.state import ResearchState, RunOutcome, first_hypothesis
 from a3r.plans import StabilityCriterion
 from a3r.report import write_report
-from a3r.research import ConfigVerdict, verdicts
+from a3r.research import ConfigVerdict, min_stable_value, non_monotone, verdicts
 from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
 __all__ = ["reporter"]
@@ -102,34 +102,30 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
             return "no configuration was evaluated on held-out tasks; no conclusion"
         best = max(scored, key=lambda c: c.eval_mean_reward)
         return f"best {variable} = {best.value:g} (held-out mean reward {best.eval_mean_reward:.3f} over seeds {best.seeds})"
-    stable = [c for c in configs if c.stable]
     tested = ", ".join(f"{c.value:g}" for c in configs)
     all_ids = [i for c in configs for i in c.run_ids]
     seeds = sorted({s for c in configs for s in c.seeds})
-    if not stable:
-        statement = (
-            f"no tested {variable} ({tested}) was stable on every seed under the pre-registered definition"
-        )
+    smallest = min_stable_value(configs)
+    noisy = non_monotone(configs)
+    if smallest is None:
+        statement = f"no tested {variable} ({tested}) was stable on every seed (with every larger value stable) under the pre-registered definition"
         status = FindingStatus.refuted
     else:
-        smallest = min(stable, key=lambda c: c.value)
-        below = [c for c in configs if c.value < smallest.value]
-        if below and all(c.stable is False for c in below):
-            statement = (
-                f"minimal stable {variable} = {smallest.value:g}: stable on seeds {smallest.stable_seeds}, while "
-                + "; ".join(
-                    f"{c.value:g} was unstable ({c.reasons[0] if c.reasons else 'see runs'})" for c in below
-                )
+        chosen = next(c for c in configs if c.value == smallest)
+        below = [c for c in configs if c.value < smallest and c.stable is False]
+        statement = f"minimal stable {variable} = {smallest:g} (stable on seeds {chosen.stable_seeds}, and every larger tested value stable)"
+        if below:
+            statement += "; " + "; ".join(
+                f"{c.value:g} unstable ({c.reasons[0] if c.reasons else 'see runs'})" for c in below[-2:]
             )
-            status = FindingStatus.confirmed
-        elif not below:
-            statement = (
-                f"minimal stable {variable} ≤ {smallest.value:g}: the smallest tested value was already stable on "
-                f"seeds {smallest.stable_seeds}"
+        elif smallest == min(c.value for c in configs):
+            statement = f"minimal stable {variable} ≤ {smallest:g}: the smallest tested value was already stable on seeds {chosen.stable_seeds}"
+        status = FindingStatus.confirmed
+        if noisy:
+            statement += (
+                f". Caution: {', '.join(f'{v:g}' for v in noisy)} also passed while a larger value failed — the verdicts "
+                "are noisy at this budget (more seeds or steps needed)"
             )
-            status = FindingStatus.confirmed
-        else:
-            statement = f"smallest stable {variable} among {tested} is {smallest.value:g}, but smaller values were undecided"
             status = FindingStatus.unconfirmed
     ensure_finding(
         ctx,

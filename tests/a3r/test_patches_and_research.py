@@ -14,7 +14,16 @@ from a3r.llm import OfflineProvider
 from a3r.patches import apply_patch, check_allowed, unified_diff
 from a3r.plans import StabilityCriterion
 from a3r.report import plot_rewards, write_report
-from a3r.research import fit_budget, initial_queue, judge_run, refine_values, sweep_specs, verdicts
+from a3r.research import (
+    fit_budget,
+    initial_queue,
+    judge_run,
+    min_stable_value,
+    non_monotone,
+    refine_values,
+    sweep_specs,
+    verdicts,
+)
 
 
 @pytest.mark.parametrize(
@@ -106,8 +115,24 @@ def test_stability_verdicts_and_refinement() -> None:
     configs = verdicts(outcomes, baseline=BASELINE, criterion=criterion)
     assert [(c.value, c.stable) for c in configs] == [(1, False), (2, False), (4, True), (8, None)]
     assert configs[2].stable_seeds == [0, 1]
+    assert min_stable_value(configs) == 4 and non_monotone(configs) == []
     assert refine_values(configs, [c.value for c in configs]) == [3.0]
     assert refine_values(configs, [1, 2, 3, 4, 8]) == []
+
+
+def test_non_monotone_verdicts_are_flagged() -> None:
+    # The pattern a noisy sweep gave on arithmetic: 1 unstable, 2 stable, 4 unstable, 8 stable.
+    criterion = StabilityCriterion(last_k=1, delta=0.05, min_seeds=2)
+    outcomes = [
+        _outcome(f"b{v}s{seed}", v, seed, [r])
+        for v, r in ((1, 0.0), (2, 0.3), (4, 0.0), (8, 0.3))
+        for seed in (0, 1)
+    ]
+    configs = verdicts(outcomes, baseline=BASELINE, criterion=criterion)
+    assert [c.stable for c in configs] == [False, True, False, True]
+    assert min_stable_value(configs) == 8  # every larger value must be stable too
+    assert non_monotone(configs) == [2]
+    assert refine_values(configs, [1, 2, 4, 8]) == [6.0]
 
 
 def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
