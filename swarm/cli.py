@@ -352,7 +352,7 @@ def run(
 
     try:
         summary = asyncio.run(go())
-    except RunnerError as exc:
+    except (RunnerError, DatasetError) as exc:
         raise fail(str(exc)) from None
     except KeyboardInterrupt:
         raise fail("interrupted; run the same command again to resume") from None

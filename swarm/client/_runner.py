@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from rich.traceback import Traceback
 
 from swarm.client._client import AsyncSwarmClient, RetryPolicy
 from swarm.client._datasets import Task, TaskSet
-from swarm.client._errors import MultiEpisodeError, PartialFinishError, RunnerError
+from swarm.client._errors import DatasetError, MultiEpisodeError, PartialFinishError, RunnerError
 from swarm.client._failures import EpisodeLost, FailureKind, classify_failure
 from swarm.client._loader import WorkflowFn, WorkflowOutput
 from swarm.client._multi import MultiEpisode
@@ -194,7 +194,7 @@ class Runner:
         return RetryPolicy(attempts=10, max_wait_s=10.0, deadline_s=3600.0)
 
     # -- scheduling --------------------------------------------------------------------------------------
-    def _train_slots(self) -> Any:
+    def _train_slots(self) -> Iterator[Slot]:
         cfg = self.config
         count = 0
         for epoch in range(cfg.epochs):
@@ -207,7 +207,7 @@ class Runner:
                 if cfg.eval_every is not None and count % cfg.eval_every == 0:
                     yield from self._eval_slots(count // cfg.eval_every)
 
-    def _eval_slots(self, round_: int) -> Any:
+    def _eval_slots(self, round_: int) -> Iterator[Slot]:
         assert self.eval_dataset is not None
         self._eval_rounds.append(round_)
         for task in self.eval_dataset:
@@ -231,7 +231,9 @@ class Runner:
         """Run every slot not yet done; returns the counts.
 
         Raises:
-            RunnerError: the server rejected an episode outright (the run stopped).
+            RunnerError: the server rejected an episode outright, or too many infra failures came in a
+                row (the run stopped; open episodes were aborted).
+            DatasetError: a generator source yielded a bad record.
         """
         semaphore = asyncio.Semaphore(self.config.concurrency)
         with self._progress_context():
@@ -245,7 +247,7 @@ class Runner:
                         await semaphore.acquire()
                         group.create_task(self._run_slot(slot, semaphore))
             except BaseExceptionGroup as eg:
-                fatal = [e for e in eg.exceptions if isinstance(e, RunnerError)]
+                fatal = [e for e in eg.exceptions if isinstance(e, RunnerError | DatasetError)]
                 if fatal:
                     raise fatal[0] from None
                 raise

@@ -16,6 +16,7 @@ from rich.console import Console
 from swarm.client import (
     LLM,
     AsyncSwarmClient,
+    DatasetError,
     Runner,
     RunnerConfig,
     RunnerError,
@@ -293,3 +294,20 @@ def test_rerun_aborted_after_fixing_the_workflow(client_server, tmp_path: Path) 
     assert (rerun.resumed, rerun.finished) == (0, 2)
     statuses = [e.status for e in episodes_of(client_server, "rerun")]
     assert statuses == [EpisodeStatus.ABORTED] * 2 + [EpisodeStatus.FINISHED] * 2
+
+
+def test_a_bad_generated_record_stops_the_run(client_server) -> None:
+    def tasks() -> Any:
+        yield {"id": "fine"}
+        yield ["not", "a", "dict"]
+
+    with pytest.raises(DatasetError, match="a task must be a JSON object, got list"):
+        run_workflow(
+            _one, client_server.url, TaskSet(tasks), group_size=1, client_id="bad-gen", show_progress=False
+        )
+    assert "bad-gen" not in client_server.runtime.status().clients  # nothing left open
+    assert all(e.status is not EpisodeStatus.FINISHED for e in episodes_of(client_server, "bad-gen"))
+
+
+async def _one(task: dict[str, Any], llm: LLM) -> float:
+    return 1.0
