@@ -194,3 +194,26 @@ def test_a_failed_smoke_run_ends_the_thread_with_its_evidence(tmp_path: Path, st
     assert "KeyError: 'question'" in command.update["conclusion"]  # type: ignore[index]
     (finding,) = store.findings(study.id)
     assert "crash" in finding.statement and finding.run_ids == [run.id]
+
+
+def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.cli import app
+
+    runner = CliRunner()
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db")]
+    result = runner.invoke(app, ["vibe", "train a chess engine", *common])
+    assert result.exit_code == 1
+    assert "error: no task template covers" in result.output and "LLM provider" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(
+        app,
+        ["research", "find min stable batch size on arithmetic", "--provider", "anthropic", *common],
+        env={"ANTHROPIC_API_KEY": ""},
+    )
+    assert result.exit_code == 1 and "ANTHROPIC_API_KEY" in result.output
+    result = runner.invoke(app, ["resume", "t-unknown", "--root", str(tmp_path / ".a3r")])
+    assert result.exit_code == 1 and "unknown thread" in result.output
+    result = runner.invoke(app, ["resume", "t-unknown", "--approve", "--reject", "--root", str(tmp_path)])
+    assert result.exit_code == 1 and "exclude each other" in result.output
