@@ -509,7 +509,9 @@ def _monitor(
     )
     diagnoses += detect_stall(samples, window_s=max(ctx.hang_after_s, 30.0)) if target is not None else []
     eval_summary: RewardSummary | None = None
-    if spec.purpose == "sweep" and outcome_status == "finished":
+    # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
+    # after (train) training, so a train-reward gain can be checked against held-out reward.
+    if spec.purpose in ("sweep", "smoke", "train") and outcome_status == "finished" and ctx.eval_tasks > 0:
         remaining = max(30.0, budget_s - (time.monotonic() - started))
         eval_summary, error, _ = _evaluate(ctx, ws, handle.url, run_dir, remaining)
         if error:

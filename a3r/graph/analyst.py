@@ -15,6 +15,7 @@ from typing import Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from a3r.analysis import Diagnosis, detect_reward_hacking
 from a3r.errors import PatchNotAllowed
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
@@ -54,6 +55,21 @@ def _spec_of(state: ResearchState, outcome: RunOutcome) -> RunSpec:
     )
 
 
+def _held_out_check(state: ResearchState, outcome: RunOutcome) -> list[Diagnosis]:
+    """Reward-hacking signs of a finished training run: its train reward rose while the held-out reward
+    (frozen evaluator) fell from the smoke run's baseline to the end of training."""
+    if outcome.purpose != "train" or outcome.eval is None:
+        return []
+    runs = [o for o in state["outcomes"] if o.seed == outcome.seed]
+    base = next((o.eval for o in runs if o.purpose == "smoke" and o.eval is not None), None)
+    curve = [point for o in runs if o.purpose == "train" for point in o.curve]
+    if base is None or len(curve) < 2:
+        return []
+    return detect_reward_hacking(
+        [curve[0], curve[-1]], [(0, base.mean_reward), (1, outcome.eval.mean_reward)]
+    )
+
+
 def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal["approve", "planner"]]:
     """Record findings of the last run; propose a patch when one is warranted."""
     ctx = runtime.context
@@ -70,6 +86,17 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
             seeds=[outcome.seed],
             run_ids=[outcome.run_id],
             hypothesis_id=hypothesis if outcome.purpose == "train" else None,
+        )
+    for diagnosis in _held_out_check(state, outcome):
+        ensure_finding(
+            ctx,
+            study_id,
+            statement=f"{outcome.key}: {diagnosis.kind.value}: {diagnosis.summary}",
+            evidence={"run": outcome.key, **diagnosis.evidence},
+            confidence=0.6,
+            seeds=[outcome.seed],
+            run_ids=[o.run_id for o in state["outcomes"] if o.seed == outcome.seed],
+            hypothesis_id=hypothesis,
         )
     queue = list(state.get("queue") or [])
     patches_done = len(state.get("decisions", []))
@@ -101,8 +128,6 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
 def _propose(
     state: ResearchState, ctx: RunContext, outcome: RunOutcome, diagnosis: object
 ) -> PatchReview | None:
-    from a3r.analysis import Diagnosis
-
     assert isinstance(diagnosis, Diagnosis)
     ws = Path(state["workspace"])
     files = {

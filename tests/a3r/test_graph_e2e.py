@@ -93,6 +93,9 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     assert len(starts) == 1
     outcomes = state["outcomes"]
     assert outcomes[-1].status == "finished" and outcomes[-1].steps >= 3
+    # Held-out evaluation with the frozen evaluator before (smoke) and after training.
+    assert outcomes[0].eval is not None and outcomes[0].eval.episodes == 8
+    assert outcomes[-1].eval is not None and outcomes[-1].eval.tasks == 4
     assert store.metric_history(runs[-1].id, "reward_mean")
     assert any("zero_signal" in f.statement for f in store.findings(study_id))
     assert store.get_study(study_id).status is StudyStatus.concluded

@@ -217,3 +217,57 @@ def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "unknown thread" in result.output
     result = runner.invoke(app, ["resume", "t-unknown", "--approve", "--reject", "--root", str(tmp_path)])
     assert result.exit_code == 1 and "exclude each other" in result.output
+
+
+def test_train_reward_up_while_held_out_down_is_flagged(tmp_path: Path, store: Store) -> None:
+    from a3r.graph.analyst import analyst
+
+    plan = OfflineProvider().plan("train arithmetic", mode="vibe")
+    study = store.create_study("train arithmetic", kind="vibe")
+    experiment = store.create_experiment(study.id, "arithmetic-train")
+    smoke_run = store.start_run(experiment.id, name="smoke")
+    train_run = store.start_run(experiment.id, name="train-s0")
+    held = {"tasks": 4, "episodes": 8, "pass_at_1": 0.0, "pass_at_2": 0.0}
+    smoke = RunOutcome(
+        key="smoke",
+        run_id=smoke_run.id,
+        purpose="smoke",
+        status="finished",
+        reason="",
+        eval=RewardSummary(mean_reward=0.5, **held),
+    )
+    train = RunOutcome(
+        key="train-s0",
+        run_id=train_run.id,
+        purpose="train",
+        status="finished",
+        reason="reached step 4",
+        curve=[(1, 0.2), (2, 0.4), (3, 0.5), (4, 0.7)],
+        eval=RewardSummary(mean_reward=0.25, **held),
+    )
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    state = {
+        "mode": "vibe",
+        "study_id": study.id,
+        "workspace": str(ws),
+        "plan": plan,
+        "outcomes": [smoke, train],
+        "queue": [],
+        "hypothesis_ids": [],
+    }
+    ctx = RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "l.db"),
+        thread_id="t",
+        root=tmp_path,
+    )
+    assert analyst(state, Runtime(context=ctx)).goto == "planner"  # type: ignore[arg-type]
+    (finding,) = store.findings(study.id)
+    assert (
+        "reward_hacking" in finding.statement
+        and "+0.500" in finding.statement
+        and "-0.250" in finding.statement
+    )
+    assert finding.run_ids == [smoke_run.id, train_run.id]
