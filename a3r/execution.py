@@ -253,7 +253,7 @@ def _client(spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: i
 
 
 def _evaluate(
-    ctx: RunContext, ws: Workspace, url: str, run_dir: Path, timeout_s: float
+    ctx: RunContext, ws: Workspace, url: str, run_dir: Path, timeout_s: float, *, samples: int | None = None
 ) -> tuple[RewardSummary | None, str, float]:
     """Held-out evaluation with the frozen evaluator; returns (summary, error text, seconds)."""
     out = run_dir / "eval.jsonl"
@@ -270,7 +270,7 @@ def _evaluate(
         "--out",
         str(out),
         "--samples",
-        str(ctx.eval_samples),
+        str(samples or ctx.eval_samples),
         "--max-tasks",
         str(ctx.eval_tasks),
         "--episode-timeout",
@@ -357,7 +357,9 @@ def execute_run(spec: RunSpec, *, ctx: RunContext, ws: Workspace, run_id: int, b
                 + ("live config applied" if applied is not None else "server kept its own training config")
             )
         if spec.purpose == "preflight":
-            summary, error, elapsed = _evaluate(ctx, ws, handle.url, run_dir, budget_s)
+            summary, error, elapsed = _evaluate(
+                ctx, ws, handle.url, run_dir, budget_s, samples=max(ctx.preflight_samples, ctx.eval_samples)
+            )
             rec.events(api.events())
             episodes = summary.episodes if summary else 0
             outcome = RunOutcome(

@@ -87,6 +87,8 @@ class RunContext:
         max_patches: Patches proposed per thread at most.
         eval_tasks: Held-out tasks evaluated per run.
         eval_samples: Attempts per held-out task (>= 2 for pass@2).
+        preflight_samples: Attempts per held-out task in the preflight (more attempts make a zero
+            baseline meaningful: 0 of n correct bounds the success rate by about 3/n at 95%).
         episode_timeout_s: Per-episode time limit of evaluation clients.
         server_options: Extra ``swarm serve`` options for every started server (e.g. ``max-batch-size``).
         notify: Progress callback (one line each), e.g. the CLI printer.
@@ -108,6 +110,7 @@ class RunContext:
     max_patches: int = 2
     eval_tasks: int = 16
     eval_samples: int = 2
+    preflight_samples: int = 4
     episode_timeout_s: float = 300.0
     server_options: dict[str, Any] = field(default_factory=dict)
     notify: Callable[[str], None] | None = None

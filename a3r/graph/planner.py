@@ -18,7 +18,7 @@ from a3r.errors import PlanError
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_hypotheses, ensure_study
 from a3r.graph.state import ResearchState
-from a3r.plans import StabilityCriterion, TrainingSettings, check_plan
+from a3r.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
 from a3r.research import fit_budget, initial_queue, refine_values, sweep_specs, verdicts
 
 __all__ = ["planner"]
@@ -93,17 +93,16 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             return _conclude(f"stopped: the preflight evaluation failed ({reason})")
         baseline = pre.eval
         line = (
-            f"preflight: untrained model on {baseline.tasks} held-out tasks × {ctx.eval_samples}: mean reward "
+            f"preflight: untrained model on {baseline.tasks} held-out tasks, {baseline.episodes} attempts: mean reward "
             f"{baseline.mean_reward:.3f}, p@1 {baseline.pass_at_1:.3f}, p@2 {baseline.pass_at_2:.3f}"
         )
         ctx.say(line)
         if baseline.mean_reward <= 0.0 and not state.get("force", False):
             return _conclude(
                 f"stopped before the sweep: the untrained model scores zero on {plan.template} "
-                f"({baseline.episodes} held-out attempts, p@2 {baseline.pass_at_2:.3f}); GRPO would see only "
-                "zero-signal groups. Recommendations: an easier task with signal for this model (e.g. the arithmetic "
-                "template at level 1), an easier subset, a stronger base model (--model), a few-shot prompt, or "
-                "--force to sweep anyway.",
+                f"(0 of {baseline.episodes} held-out attempts; 95% upper bound on its success rate ≈ "
+                f"{min(1.0, 3 / max(baseline.episodes, 1)):.2f}); GRPO would see only zero-signal groups. "
+                f"Recommendations: {_recommendations(plan)}, or --force to sweep anyway.",
                 update={"baseline": baseline, "log": [line]},
             )
         specs = sweep_specs(plan, plan.sweep.coarse, "coarse")
@@ -151,6 +150,19 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
                 ctx.say(line)
                 return Command(goto="runner", update={"stage": "refine", "queue": kept, "log": [line]})
     return Command(goto="reporter", update={"stage": "done"})
+
+
+def _recommendations(plan: PlanDraft) -> str:
+    """What to try when the untrained model scores zero, by template."""
+    if plan.template == "arithmetic":
+        level = int(plan.params.get("level") or 1)
+        if level > 1:
+            return f"arithmetic level {level - 1} or 1 (easier questions), few-shot examples on, a stronger base model (--model)"
+        return "few-shot examples on, more completion tokens, a stronger base model (--model)"
+    return (
+        "a task with signal for this model (e.g. the arithmetic template at level 1), an easier subset of "
+        f"{plan.template}, a stronger base model (--model), a few-shot prompt"
+    )
 
 
 def _conclude(text: str, update: dict[str, object] | None = None) -> Command[Route]:
