@@ -64,3 +64,23 @@ def second_server(tmp_path_factory: pytest.TempPathFactory, tiny_engine: HFEngin
     live = make_server(tmp_path_factory.mktemp("second-server"), tiny_engine, training=NO_TRAINING)
     yield live
     live.stop()
+
+
+@pytest.fixture(scope="session")
+def embedded_client_server(
+    tmp_path_factory: pytest.TempPathFactory, embedded: HFEngine
+) -> Iterator[LiveServer]:
+    """A server on the real embedded SmolLM2-135M-Instruct (training off: the model is shared)."""
+    live = make_server(tmp_path_factory.mktemp("embedded-client"), embedded, training=NO_TRAINING)
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="session")
+def embedded_second_server(
+    tmp_path_factory: pytest.TempPathFactory, embedded: HFEngine
+) -> Iterator[LiveServer]:
+    """A second embedded-model server (the two-model example's executor)."""
+    live = make_server(tmp_path_factory.mktemp("embedded-second"), embedded, training=NO_TRAINING)
+    yield live
+    live.stop()
