@@ -101,3 +101,13 @@ def test_run_against_an_unreachable_server(tmp_path: Path) -> None:
     result = cli.invoke(app, ["run", str(workflow), "--server", "http://127.0.0.1:9", "--dataset", str(data)])
     assert result.exit_code == 1
     _one_error_line(result.output, "cannot reach http://127.0.0.1:9: ConnectError")
+
+
+def test_sparkline_scales_min_to_max() -> None:
+    from swarm.client._dashboard import sparkline
+
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert sparkline([2.0, 2.0]) == "▁▁"
+    assert sparkline([0.0, float("nan"), 1.0]) == "▁ █"
+    assert sparkline([]) == ""
+    assert len(sparkline([float(i) for i in range(100)], width=60)) == 60
