@@ -87,6 +87,7 @@ class EpisodeRecord(BaseModel):
         status: ``finished``, ``aborted`` (agent failure), ``infra_failure`` or ``partial_finish``.
         reward: Episode reward (``None`` when aborted).
         time: Unix time the end was recorded, in seconds.
+        error: Why an evaluation attempt failed (``a3r.evaluate`` records only).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -98,6 +99,7 @@ class EpisodeRecord(BaseModel):
     status: str
     reward: float | None = None
     time: float = 0.0
+    error: str | None = None
 
 
 def read_progress(path: Path) -> list[EpisodeRecord]:

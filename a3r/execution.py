@@ -284,10 +284,19 @@ def _evaluate(
         return None, f"held-out evaluation exceeded {timeout_s:.0f} s", time.monotonic() - started
     elapsed = time.monotonic() - started
     records = read_progress(out)
-    groups = groups_of(records, kind="eval")
-    if code != 0 or not groups:
+    if code != 0 or not records:
         return None, f"evaluation exited with code {code}: {process.log_text(1500).strip()[-600:]}", elapsed
-    return summarise_rewards(groups), "", elapsed
+    # An attempt that failed (time limit, error) is an incorrect attempt: limits are part of the evaluation.
+    failed = [r for r in records if r.status != "finished" or r.reward is None]
+    groups: dict[tuple[int, str], list[float]] = {}
+    for record in records:
+        reward = record.reward if record.status == "finished" and record.reward is not None else 0.0
+        groups.setdefault((record.round, record.task_id), []).append(reward)
+    note = ""
+    if failed:
+        errors = sorted({(r.error or r.status)[:80] for r in failed})
+        note = f"{len(failed)} of {len(records)} held-out attempts failed and count as incorrect ({'; '.join(errors[:3])})"
+    return summarise_rewards(groups), note, elapsed
 
 
 def _server_for(spec: RunSpec, ctx: RunContext, ws: Workspace, rec: _Recorder) -> ServerHandle:
@@ -366,7 +375,12 @@ def execute_run(spec: RunSpec, *, ctx: RunContext, ws: Workspace, run_id: int, b
                 **_ident(spec),
                 run_id=run_id,
                 status="finished" if summary else "crashed",
-                reason=f"baseline held-out mean reward {summary.mean_reward:.3f}" if summary else error,
+                reason=(
+                    f"baseline held-out mean reward {summary.mean_reward:.3f}"
+                    + (f"; {error}" if error else "")
+                    if summary
+                    else error
+                ),
                 episodes=episodes,
                 wall_s=time.monotonic() - started,
                 eval=summary,

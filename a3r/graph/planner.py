@@ -102,7 +102,8 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
                 f"stopped before the sweep: the untrained model scores zero on {plan.template} "
                 f"(0 of {baseline.episodes} held-out attempts; 95% upper bound on its success rate ≈ "
                 f"{min(1.0, 3 / max(baseline.episodes, 1)):.2f}); GRPO would see only zero-signal groups. "
-                f"Recommendations: {_recommendations(plan)}, or --force to sweep anyway.",
+                f"Recommendations: {_recommendations(plan)}, or --force to sweep anyway."
+                + (f" Note: {pre.reason.split('; ', 1)[1]}." if "attempts failed" in pre.reason else ""),
                 update={"baseline": baseline, "log": [line]},
             )
         specs = sweep_specs(plan, plan.sweep.coarse, "coarse")
