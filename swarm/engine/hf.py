@@ -201,10 +201,7 @@ class HFEngine:
         for job in jobs:
             room = self.max_context - len(job.prompt_ids)
             for choice in range(job.params.n):
-                gen = None
-                if job.params.seed is not None:
-                    gen = torch.Generator().manual_seed(job.params.seed + choice)
-                rows.append(_Row(job, choice, gen, max_new=max(1, min(job.params.max_tokens, room))))
+                rows.append(_Row(job, choice, None, max_new=max(1, min(job.params.max_tokens, room))))
         return rows
 
     @torch.no_grad()
@@ -222,8 +219,14 @@ class HFEngine:
             attention_BL[b, L - len(p) :] = 1
         input_ids_BL, attention_BL = input_ids_BL.to(device), attention_BL.to(device)
         position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)
-        temperature_B = torch.tensor([r.job.params.temperature for r in rows], dtype=torch.float32)
-        top_p_B = torch.tensor([r.job.params.top_p for r in rows], dtype=torch.float32)
+        temperature_B = torch.tensor(
+            [r.job.params.temperature for r in rows], dtype=torch.float32, device=device
+        )
+        top_p_B = torch.tensor([r.job.params.top_p for r in rows], dtype=torch.float32, device=device)
+        top_k = max(r.job.params.top_logprobs for r in rows)
+        for row in rows:
+            if row.job.params.seed is not None:  # per-row generator on the model's device
+                row.generator = torch.Generator(device=device).manual_seed(row.job.params.seed + row.choice)
 
         from transformers import DynamicCache
 
@@ -238,26 +241,31 @@ class HFEngine:
             use_cache=True,
             **prefill_kw,
         )
-        logits_BV = out.logits[:, -1, :].float().cpu()
+        logits_BV = out.logits[:, -1, :].float()
         next_pos_B = position_BL[:, -1:] + 1
         max_new = max(r.max_new for r in rows)
         for _ in range(max_new):
+            # Everything stays on the model's device; one transfer of B ids + B logprobs per step.
             logprobs_BV = torch.log_softmax(logits_BV, dim=-1)
             tokens_B = self._sample(logits_BV, temperature_B, top_p_B, rows)
+            chosen_B = logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
+            tokens, chosen = tokens_B.tolist(), chosen_B.tolist()
+            if top_k > 0:
+                top_vals_BK, top_ids_BK = torch.topk(logprobs_BV, top_k, dim=-1)
+                top_vals, top_ids = top_vals_BK.tolist(), top_ids_BK.tolist()
             for b, row in enumerate(rows):
                 if row.finish is not None:
                     continue
-                tok = int(tokens_B[b])
+                tok = tokens[b]
                 row.ids.append(tok)
-                row.logprobs.append(float(logprobs_BV[b, tok]))
+                row.logprobs.append(chosen[b])
                 k = row.job.params.top_logprobs
                 if k > 0:
-                    vals, idx = torch.topk(logprobs_BV[b], k)
-                    row.top.append([(int(i), float(v)) for i, v in zip(idx, vals, strict=True)])
+                    row.top.append(list(zip(top_ids[b][:k], top_vals[b][:k], strict=True)))
                 self._check_finish(row, tok)
             if all(r.finish is not None for r in rows):
                 break
-            step_ids_B1 = tokens_B.view(B, 1).to(device)
+            step_ids_B1 = tokens_B.view(B, 1)
             attention_BL = torch.cat(
                 [attention_BL, torch.ones((B, 1), dtype=torch.long, device=device)], dim=1
             )
@@ -268,7 +276,7 @@ class HFEngine:
                 use_cache=True,
                 **{self._cache_kw: cache},
             )
-            logits_BV = out.logits[:, -1, :].float().cpu()
+            logits_BV = out.logits[:, -1, :].float()
             next_pos_B = next_pos_B + 1
         elapsed = time.perf_counter() - started
         self.batches += 1
@@ -315,18 +323,35 @@ class HFEngine:
     def _sample(
         logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_p_B: torch.Tensor, rows: list[_Row]
     ) -> torch.Tensor:
-        """Per-row sampling: greedy where temperature is 0, else top-p over softmax(logits / T)."""
+        """Sample one token per row, vectorised: greedy where temperature is 0, else top-p (nucleus,
+        Holtzman et al. 2020) over ``softmax(logits / T)``.
+
+        Rows without a seed are drawn together from the device's global generator; seeded rows draw
+        from their own generator so a seed reproduces its completion whatever else shares the batch.
+
+        Returns:
+            Token ids, shape (B,), int64, on the logits' device.
+        """
         greedy_B = logits_BV.argmax(dim=-1)
+        sampled = [b for b, r in enumerate(rows) if r.finish is None and r.job.params.temperature > 0.0]
+        if not sampled:
+            return greedy_B
+        idx_S = torch.tensor(sampled, device=logits_BV.device)
+        probs_SV = torch.softmax(logits_BV[idx_S] / temperature_B[idx_S, None], dim=-1)
+        top_p_S = top_p_B[idx_S]
+        if bool((top_p_S < 1.0).any()):
+            sorted_p_SV, sorted_i_SV = torch.sort(probs_SV, dim=-1, descending=True)
+            keep_SV = sorted_p_SV.cumsum(-1) - sorted_p_SV < top_p_S[:, None]  # always keeps the top token
+            probs_SV = torch.zeros_like(probs_SV).scatter(-1, sorted_i_SV, sorted_p_SV * keep_SV)
+        drawn_S = torch.empty(len(sampled), dtype=torch.long, device=logits_BV.device)
+        free = [i for i, b in enumerate(sampled) if rows[b].generator is None]
+        if free:
+            free_F = torch.tensor(free, device=logits_BV.device)
+            drawn_S[free_F] = torch.multinomial(probs_SV[free_F], 1)[:, 0]
+        for i, b in enumerate(sampled):
+            generator = rows[b].generator
+            if generator is not None:
+                drawn_S[i] = torch.multinomial(probs_SV[i], 1, generator=generator)[0]
         out_B = greedy_B.clone()
-        for b, row in enumerate(rows):
-            t = float(temperature_B[b])
-            if row.finish is not None or t <= 0.0:
-                continue
-            probs_V = torch.softmax(logits_BV[b] / t, dim=-1)
-            p = float(top_p_B[b])
-            if p < 1.0:
-                sorted_p, sorted_i = torch.sort(probs_V, descending=True)
-                keep = sorted_p.cumsum(0) - sorted_p < p  # always keeps the top token
-                probs_V = torch.zeros_like(probs_V).scatter(0, sorted_i[keep], sorted_p[keep])
-            out_B[b] = torch.multinomial(probs_V, 1, generator=row.generator)[0]
+        out_B[idx_S] = drawn_S
         return out_B
