@@ -23,6 +23,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from swarm.client._failures import FailureKind, classify_failure
 from swarm.client.workflow import LLM, Result
 from swarm.errors import ClientError
 from swarm.protocol import (
@@ -103,6 +104,13 @@ class _RetryStop:
         if state.seconds_since_start is not None and state.seconds_since_start >= self._policy.deadline_s:
             return True
         return state.attempt_number - self._busy >= self._policy.attempts
+
+
+def _is_infra(exc: BaseException, base_url: str) -> bool:
+    """Whether an exception that ends an ``episode()`` block is an infrastructure failure."""
+    if not isinstance(exc, Exception):  # cancellation, Ctrl-C: the client stopped, not the agent
+        return True
+    return classify_failure(exc, (base_url,)) is FailureKind.INFRA
 
 
 def _metrics_list(body: Any) -> list[dict[str, Any]]:
@@ -297,6 +305,9 @@ class SwarmClient(_BaseClient):
     def episode(self, task_id: str, **kwargs: Any) -> Iterator[Episode]:
         """Open an episode for the block; an exception inside aborts it (and is re-raised).
 
+        The abort is an infrastructure failure (``infra_failure=true``) when the exception is one (see
+        :func:`swarm.client.classify_failure`) or the block was cancelled/interrupted.
+
         Leaving the block without ``ep.finish(...)`` aborts the episode too: an episode never stays open.
         """
         ep = self.begin(task_id, **kwargs)
@@ -305,7 +316,7 @@ class SwarmClient(_BaseClient):
         except BaseException as exc:
             if not ep.ended:
                 with contextlib.suppress(ClientError, httpx.TransportError):
-                    ep.abort(f"{type(exc).__name__}: {exc}")
+                    ep.abort(f"{type(exc).__name__}: {exc}", infra_failure=_is_infra(exc, ep.base_url))
             raise
         if not ep.ended:
             ep.abort("the episode block ended without finish()")
@@ -428,7 +439,7 @@ class AsyncSwarmClient(_BaseClient):
         except BaseException as exc:
             if not ep.ended:
                 with contextlib.suppress(ClientError, httpx.TransportError):
-                    await ep.abort(f"{type(exc).__name__}: {exc}")
+                    await ep.abort(f"{type(exc).__name__}: {exc}", infra_failure=_is_infra(exc, ep.base_url))
             raise
         if not ep.ended:
             await ep.abort("the episode block ended without finish()")

@@ -311,3 +311,27 @@ def test_a_bad_generated_record_stops_the_run(client_server) -> None:
 
 async def _one(task: dict[str, Any], llm: LLM) -> float:
     return 1.0
+
+
+def test_episode_blocks_abort_infra_errors_as_infra_failures(client_server) -> None:
+    from swarm.client import SwarmClient
+
+    with SwarmClient(client_server.url, client_id="blocks") as client:
+        with pytest.raises(httpx.ReadTimeout), client.episode("timeout"):
+            raise httpx.ReadTimeout("the tool service timed out")
+        with pytest.raises(KeyError), client.episode("bug"):
+            raise KeyError("bug")
+
+    async def go() -> None:
+        async with AsyncSwarmClient(client_server.url, client_id="blocks") as client:
+            with pytest.raises(TimeoutError):
+                async with client.episode("async-timeout"):
+                    raise TimeoutError
+
+    asyncio.run(go())
+    got = [(e.task_id, e.status) for e in episodes_of(client_server, "blocks")]
+    assert got == [
+        ("timeout", EpisodeStatus.INFRA_FAILURE),
+        ("bug", EpisodeStatus.ABORTED),
+        ("async-timeout", EpisodeStatus.INFRA_FAILURE),
+    ]
