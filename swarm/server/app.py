@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -74,11 +76,16 @@ def create_app(config: ServerConfig, engine: HFEngine | None = None) -> FastAPI:
                     await task
             runtime.close()
 
+    extra: dict[str, Any] = {}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        # FastAPI >= 0.16x checks OpenTelemetry settings on every request; the control plane is hot.
+        extra["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(
         title="swarm server",
         version="0.1.0",
         summary="OpenAI-compatible serving with token-exact episode recording and RL training.",
         lifespan=lifespan,
+        **extra,
     )
     app.add_exception_handler(SwarmError, _swarm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -43,8 +43,10 @@ class EventLog:
         self._lock = threading.Lock()
         self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]] = set()
         self._seq = 0
+        self._file = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8")  # kept open: one write + flush per event
 
     def emit(self, kind: str, message: str, level: Level = "info", **data: Any) -> Event:
         """Record an event (callable from any thread). Never pass secrets in ``message`` or ``data``."""
@@ -52,9 +54,9 @@ class EventLog:
             self._seq += 1
             event = Event(seq=self._seq, time=time.time(), level=level, kind=kind, message=message, data=data)
             self._ring.append(event)
-            if self._path is not None:
-                with self._path.open("a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(event.model_dump()) + "\n")
+            if self._file is not None:
+                self._file.write(json.dumps(event.model_dump()) + "\n")
+                self._file.flush()
             subscribers = list(self._subscribers)
         for loop, q in subscribers:
             try:
@@ -62,6 +64,12 @@ class EventLog:
             except RuntimeError:  # the subscriber's loop is closed
                 continue
         return event
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
     def recent(self, since: int = 0) -> list[Event]:
         """Buffered events with ``seq > since``."""

@@ -123,6 +123,7 @@ class SwarmRuntime:
         if self._owns_engine:
             self.engine.close()
         self.pool.close()
+        self.events.close()
 
     # -- episodes --------------------------------------------------------------------------------------
     def begin(self, body: EpisodeCreate, base_url: str) -> EpisodeCreated:
@@ -211,7 +212,7 @@ class SwarmRuntime:
             self._by_key[episode.key_digest] = episode.id
             raise
         if self.training is not None:
-            self.training.released(req.family, req.kind, status)
+            self.training.released(stored)
         self.events.emit(
             f"episode.{status.value}",
             f"episode {episode.id} {status.value} (task {req.task_id}, {len(episode.calls)} calls)",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Literal
@@ -203,6 +204,12 @@ class TrainingLoop:
         self._pending_trainer: dict[str, Any] = {}
         self._wakeup: asyncio.Event | None = None
         self._restore()
+        # Ended, untrained train episodes in commit order: an in-memory index of the pool so that the
+        # batch check after every finish costs O(pending) in memory, not a database scan.
+        self._pending_lock = threading.Lock()
+        self._pending: dict[str, EpisodeSummary] = {
+            e.id: _summary(e) for e in runtime.pool.pending(EpisodeKind.TRAIN)
+        }
 
     # -- restore -----------------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -244,15 +251,22 @@ class TrainingLoop:
             raise Unavailable(decision.reason, retry_after_s=decision.retry_after_s, status_code=429)
         self.window[family or ""] += 1
 
-    def released(self, family: str | None, kind: EpisodeKind, status: EpisodeStatus) -> None:
-        """An episode ended: infra failures give their quota slot back; wake the loop."""
-        if (
-            kind is EpisodeKind.TRAIN
-            and status is EpisodeStatus.INFRA_FAILURE
-            and self.window[family or ""] > 0
-        ):
-            self.window[family or ""] -= 1
+    def released(self, episode: StoredEpisode) -> None:
+        """An episode ended (and is in the pool): index it, give infra failures' quota slots back, wake."""
+        if episode.kind is not EpisodeKind.TRAIN:
+            return
+        family = episode.family or ""
+        if episode.status is EpisodeStatus.INFRA_FAILURE and self.window[family] > 0:
+            self.window[family] -= 1
+        with self._pending_lock:
+            self._pending[episode.id] = _summary(episode)
         self.wake()
+
+    def _consumed(self, episode_ids: list[str], step: int) -> None:
+        self.runtime.pool.mark_trained(episode_ids, step)
+        with self._pending_lock:
+            for eid in episode_ids:
+                self._pending.pop(eid, None)
 
     def vote(self, client_id: str, ready: bool) -> None:
         self.votes.vote(client_id, ready)
@@ -332,7 +346,8 @@ class TrainingLoop:
         return self.config.max_steps is None or self.runtime.step < self.config.max_steps
 
     def _select(self) -> Batch | None:
-        pending = [_summary(e) for e in self.runtime.pool.pending(EpisodeKind.TRAIN)]
+        with self._pending_lock:
+            pending = list(self._pending.values())
         if not pending:
             return None
         return select_batch(self.config.batch, pending, self.votes)
@@ -343,6 +358,7 @@ class TrainingLoop:
         self._wakeup.set()
         while True:
             await self._wakeup.wait()
+            await asyncio.sleep(0.02)  # coalesce a burst of finishes into one batch check
             self._wakeup.clear()
             try:
                 await self._maybe_step()
@@ -418,7 +434,7 @@ class TrainingLoop:
         samples, advs, merge = self._samples(batch)
         consumed = list(batch.episode_ids) + list(batch.dropped)
         if not samples:
-            runtime.pool.mark_trained(consumed, runtime.step + 1)
+            self._consumed(consumed, runtime.step + 1)
             runtime.events.emit(
                 "train.skipped", "batch has no trainable tokens; consumed without an update", level="warning"
             )
@@ -430,13 +446,13 @@ class TrainingLoop:
             try:
                 base = self.trainer.step(samples, advs, rewards=list(batch.rewards.values()))
             except TrainerError as exc:
-                runtime.pool.mark_trained(consumed, runtime.step + 1)
+                self._consumed(consumed, runtime.step + 1)
                 runtime.events.emit("train.skipped", f"batch rejected by the trainer: {exc}", level="error")
                 return None
             step = self.trainer.step_count
             # Order matters for crash safety: consumed before the checkpoint (a crash in between rewinds
             # them at restart), and the new step made visible last.
-            runtime.pool.mark_trained(consumed, step)
+            self._consumed(consumed, step)
             self.window.clear()
             self.votes.reset()
             checkpoint_s = 0.0
