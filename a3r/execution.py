@@ -39,7 +39,15 @@ from a3r.analysis import (
 from a3r.errors import SwarmProcessError
 from a3r.graph.context import RunContext
 from a3r.graph.state import RunOutcome, RunSpec
-from a3r.processes import ManagedProcess, ServerHandle, ServerOptions, launch, start_server, swarm_command
+from a3r.processes import (
+    ManagedProcess,
+    ServerHandle,
+    ServerOptions,
+    end_stale,
+    launch,
+    start_server,
+    swarm_command,
+)
 
 __all__ = ["STARTUP_GRACE_S", "TRAINING_HANG_FACTOR", "Workspace", "execute_run"]
 
@@ -249,6 +257,7 @@ def _client(spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: i
         "10",
         "--no-progress",
     ]
+    end_stale(run_dir / "client.pid")  # a client a killed a3r left behind (where PDEATHSIG is unavailable)
     return launch("client", argv, log_path=run_dir / "client.log", cwd=ws.root)
 
 

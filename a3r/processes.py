@@ -33,6 +33,7 @@ from a3r.errors import SwarmProcessError
 
 __all__ = [
     "ManagedProcess",
+    "ServerHandle",
     "ServerOptions",
     "end_stale",
     "free_port",
