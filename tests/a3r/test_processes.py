@@ -1,0 +1,50 @@
+"""Subprocess bookkeeping: pid files, ending what a killed a3r left behind (only if it is still ours),
+and option rendering for ``swarm serve``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from a3r.processes import ServerOptions, end_stale, launch
+
+
+def test_end_stale_kills_only_the_recorded_command(tmp_path: Path) -> None:
+    sleeper = launch(
+        "sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "s.log"
+    )
+    pid_file = tmp_path / "s.pid"
+    assert json.loads(pid_file.read_text())["pid"] == sleeper.pid
+    other = launch(
+        "other", [sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "o.log"
+    )
+    record = json.loads((tmp_path / "o.pid").read_text())
+    (tmp_path / "o.pid").write_text(json.dumps({**record, "cmd": ["something", "else"]}))  # a reused pid
+    try:
+        assert end_stale(pid_file) is True
+        assert sleeper.popen.wait(timeout=10) == -signal.SIGKILL
+        assert not pid_file.exists()
+        assert end_stale(tmp_path / "o.pid") is False
+        time.sleep(0.2)
+        assert other.poll() is None  # not ours any more: left alone
+        assert end_stale(tmp_path / "missing.pid") is False
+    finally:
+        other.stop(sig=signal.SIGKILL)
+        sleeper.close()
+
+
+def test_log_and_stop(tmp_path: Path) -> None:
+    proc = launch(
+        "echo", [sys.executable, "-c", "print('hello from the child')"], log_path=tmp_path / "e.log"
+    )
+    assert proc.wait(30) == 0
+    assert "hello from the child" in proc.log_text()
+    assert not (tmp_path / "e.pid").exists()
+
+
+def test_server_options_render_flags() -> None:
+    options = ServerOptions({"train": False, "batch-size": 4, "lr": 1e-5, "max-steps": None})
+    assert options.argv() == ["--no-train", "--batch-size", "4", "--lr", "1e-05"]
