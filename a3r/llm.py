@@ -297,13 +297,12 @@ class OfflineProvider:
             seeds = max(stability.min_seeds if stability else 2, len(training.seeds))
             training = training.model_copy(update={"seeds": list(range(seeds))})
         else:
-            objective = f"train the policy on the {name} template for {training.steps} steps"
+            objective = f"train the policy on the {name} template"
             hypotheses = [
                 HypothesisDraft(
                     statement=f"GRPO training on {name} raises the mean training reward",
                     expected_outcome=(
-                        f"mean train reward over the last 2 steps exceeds the mean over the first 2 steps "
-                        f"after {training.steps} steps"
+                        "mean train reward over the last 2 steps exceeds the mean over the first 2 steps"
                     ),
                     decision_rule=(
                         "confirmed if last-2-steps mean reward - first-2-steps mean reward > 0 on every seed; "
