@@ -325,7 +325,7 @@ def throughput_table(rows: list[ThroughputRow]) -> Table:
             f"{row.tokens_per_s:.1f}",
             f"{ratio:.2f}×",
             f"{row.rows_per_batch:.1f}",
-            _verdict(ratio >= SPEEDUP_TARGET) if row is top else "",
+            _verdict(ratio >= SPEEDUP_TARGET) if row is top and len(rows) > 1 else "",
         )
     return table
 

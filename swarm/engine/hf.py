@@ -61,7 +61,9 @@ class HFEngine:
         regroup_fraction: after a batch ends, the next one waits (beyond ``batch_window_s``) for as
             many rows as the ended batch had plus those left queued, for at most this fraction of the
             ended batch's duration. Clients that send their next request when their answer arrives
-            then share one batch again instead of splitting into batches that take turns.
+            then share one batch again instead of splitting into batches that take turns. A lower
+            count replaces the expected one only when two batches in a row see it (a barrier where
+            some clients wait for the others does not split the next batch).
         regroup_max_s: cap in seconds on that extra wait.
     """
 
@@ -154,6 +156,7 @@ class HFEngine:
     # -- worker ---------------------------------------------------------------------------------------
     def _run(self) -> None:
         expected_rows = 0  # rows of the last batch + rows queued when it ended: likely back soon
+        lowered = False  # the last batch saw fewer rows than expected (the next such one lowers it)
         regroup_until = 0.0  # monotonic time until which the worker waits for them
         while True:
             first = self._queue.get()
@@ -187,7 +190,11 @@ class HFEngine:
                     results = self._generate_batch(jobs)
                     ended = time.monotonic()
                 with self._queued_lock:
-                    expected_rows = rows + self._queued_rows
+                    observed = rows + self._queued_rows
+                if observed >= expected_rows or lowered:
+                    expected_rows, lowered = observed, False
+                else:
+                    lowered = True
                 regroup_until = ended + min(self.regroup_max_s, self.regroup_fraction * (ended - started))
                 for job, completions in zip(jobs, results, strict=True):
                     job.future.set_result(completions)

@@ -61,3 +61,17 @@ def test_a_lone_client_is_not_delayed(make_engine: Any) -> None:
     started = time.monotonic()
     engine.submit(PROMPT, _params(1)).result()  # as many rows as the last batch: starts at once
     assert time.monotonic() - started < 5.0
+
+
+def test_one_short_batch_does_not_lower_the_expected_rows(make_engine: Any) -> None:
+    # 4 rows, then a batch where only 2 come back (e.g. the others wait at a barrier), then all 4
+    # come back in two parts: they share one batch, as the first short batch keeps 4 expected.
+    engine = make_engine(regroup_fraction=1e6, regroup_max_s=1.0)
+    engine.submit(PROMPT, _params(4)).result()
+    engine.submit(PROMPT, _params(2)).result()  # waits 1 s for the other 2, then runs alone
+    before = engine.batches
+    early = engine.submit(PROMPT, _params(2))
+    time.sleep(0.3)
+    late = engine.submit(PROMPT, _params(2))
+    assert early.result()[0].batch_size == 4 and late.result()[0].batch_size == 4
+    assert engine.batches - before == 1
