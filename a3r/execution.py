@@ -1,11 +1,12 @@
 """Executing one run: a swarm server (started or attached), ``swarm run`` clients and held-out
-evaluations as subprocesses, monitored only through the swarm HTTP API and the clients' files.
+evaluations as subprocesses, monitored only through the swarm HTTP API and the subprocesses' files.
 
 The monitor polls ``GET /api/v1/status`` (policy step, episode counts), ``GET /api/v1/metrics``
 (per-step trainer metrics, recorded as `memory` metric points), ``GET /api/v1/events`` (warnings and
-errors, recorded as store events) and the client's ``progress.jsonl``. It enforces the step target and
-the wall-time budget and tells a *hung* run (no step, no episode, no event, no client record for
-``hang_after_s``) from a *slow* one (episodes flow but no trainer step for a while: noted, not stopped).
+errors, recorded as store events), the client's ``progress.jsonl`` and, for a server it started, the
+model calls in the server's access log. It enforces the step target and the wall-time budget and tells
+a *hung* run (no step, no episode, no event, no client record, no model call for ``hang_after_s``) from
+a *slow* one (episodes or calls flow but no trainer step for a while: noted, not stopped).
 """
 
 from __future__ import annotations
@@ -158,6 +159,34 @@ class _Api:
 
     def close(self) -> None:
         self.http.close()
+
+
+@dataclass
+class _LogCounter:
+    """Counts a marker in a growing log file, reading only what was appended since the last call
+    (a started server's access log: ``POST /v1/chat/completions`` lines show model calls inside
+    long multi-turn episodes, which no event reports until the episode ends)."""
+
+    path: Path | None
+    marker: bytes = b'"POST /v1/chat/completions'
+    count: int = 0
+    _offset: int = 0
+    _tail: bytes = b""
+
+    def update(self) -> int:
+        if self.path is None:
+            return self.count
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return self.count
+        self._offset += len(chunk)
+        data = self._tail + chunk
+        self.count += data.count(self.marker)
+        self._tail = data[-(len(self.marker) - 1) :] if data else b""
+        return self.count
 
 
 def _numeric(row: dict[str, Any]) -> dict[str, float]:
@@ -433,6 +462,7 @@ def _monitor(
     )
     last_signature: tuple[Any, ...] | None = None
     alive_seen = False
+    calls = _LogCounter(handle.process.log_path if handle.process is not None else None)
     last_change = time.monotonic()
     last_step_change = time.monotonic()
     last_step = start_step
@@ -462,7 +492,15 @@ def _monitor(
         episodes = read_progress(progress_path)
         finished = int(counts.get("finished", 0))
         samples.append((now, step, finished))
-        signature = (step, finished, counts.get("aborted"), counts.get("open"), len(episodes), api.event_seq)
+        signature = (
+            step,
+            finished,
+            counts.get("aborted"),
+            counts.get("open"),
+            len(episodes),
+            api.event_seq,
+            calls.update(),
+        )
         if signature != last_signature:
             alive_seen = alive_seen or last_signature is not None
             last_signature, last_change = signature, now

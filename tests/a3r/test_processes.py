@@ -48,3 +48,19 @@ def test_log_and_stop(tmp_path: Path) -> None:
 def test_server_options_render_flags() -> None:
     options = ServerOptions({"train": False, "batch-size": 4, "lr": 1e-5, "max-steps": None})
     assert options.argv() == ["--no-train", "--batch-size", "4", "--lr", "1e-05"]
+
+
+def test_log_counter_reads_only_what_was_appended(tmp_path: Path) -> None:
+    from a3r.execution import _LogCounter
+
+    log = tmp_path / "server.log"
+    log.write_bytes(b'INFO: "POST /v1/chat/completions HTTP/1.1" 200\nINFO: "GET /api/v1/status HTTP/1.1"\n')
+    counter = _LogCounter(log)
+    assert counter.update() == 1
+    with log.open("ab") as f:
+        f.write(b'INFO: "POST /v1/chat/comp')  # a line cut in the middle of the marker
+    assert counter.update() == 1
+    with log.open("ab") as f:
+        f.write(b'letions HTTP/1.1" 200\n')
+    assert counter.update() == 2
+    assert _LogCounter(None).update() == 0
