@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from a3r.errors import ThreadNotFound
 from a3r.graph import Ledger, PatchReview, RunContext, build_graph, open_checkpointer
@@ -68,6 +68,18 @@ class SessionSettings(BaseModel):
     eval_samples: int = Field(default=2, ge=1)
     max_patches: int = Field(default=2, ge=0)
     server_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("root")
+    @classmethod
+    def _absolute_root(cls, root: Path) -> Path:
+        # Subprocesses (swarm serve / swarm run / evaluation) run with other working directories:
+        # every path handed to them must be absolute.
+        return root.expanduser().resolve()
+
+    @field_validator("store")
+    @classmethod
+    def _absolute_store(cls, store: str) -> str:
+        return store if "://" in store else str(Path(store).expanduser().resolve())
 
 
 class Step(BaseModel):
