@@ -98,6 +98,9 @@ def serve(
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16")] = "float32",
     device: Annotated[str, typer.Option(help="torch device, e.g. cpu or cuda")] = "cpu",
     max_batch_size: Annotated[int, typer.Option(help="Most sequences sampled together.")] = 32,
+    threads: Annotated[
+        int | None, typer.Option(help="torch CPU threads (default: one per core; 1 on a shared machine).")
+    ] = None,
     episode_timeout: Annotated[
         float, typer.Option(help="Reclaim open episodes idle this many seconds.")
     ] = 600.0,
@@ -146,6 +149,7 @@ def serve(
             dtype=dtype,  # type: ignore[arg-type]
             device=device,
             max_batch_size=max_batch_size,
+            torch_threads=threads,
             episode_timeout_s=episode_timeout,
             training=_training_config(
                 training_config,

@@ -102,6 +102,9 @@ class ServerConfig(BaseModel):
     device: str = "cpu"
     cache_dir: Path = DEFAULT_CACHE_DIR
     """Where GGUF models are converted to safetensors once."""
+    torch_threads: int | None = Field(default=None, ge=1)
+    """CPU threads for torch (``None``: torch's default, one per core). Use 1 when other busy processes
+    share the cores: oversubscribed OpenMP threads spin and slow every process down."""
     max_batch_size: int = Field(default=32, ge=1)
     batch_window_s: float = Field(default=0.005, ge=0.0)
     episode_timeout_s: float = Field(default=600.0, gt=0)

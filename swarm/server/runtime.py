@@ -92,6 +92,10 @@ class SwarmRuntime:
         run_dir = config.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(run_dir / "events.jsonl")
+        if config.torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(config.torch_threads)
         if engine is None:
             source = resolve_model(config.model, cache_dir=config.cache_dir)
             model, tokenizer = load_model(source, dtype=config.dtype, device=config.device)
