@@ -50,7 +50,14 @@ from a3r.processes import (
     swarm_command,
 )
 
-__all__ = ["STARTUP_GRACE_S", "TRAINING_HANG_FACTOR", "Workspace", "execute_run"]
+__all__ = [
+    "EVAL_BUDGET_SHARE",
+    "STARTUP_GRACE_S",
+    "TRAINING_HANG_FACTOR",
+    "Workspace",
+    "eval_tasks_within",
+    "execute_run",
+]
 
 TRAINING_HANG_FACTOR = 5.0
 """While the server is training or draining (a step is under way, no event until it ends), a run is
@@ -290,8 +297,29 @@ def _client(spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: i
     return launch("client", argv, log_path=run_dir / "client.log", cwd=ws.root)
 
 
+EVAL_BUDGET_SHARE = 0.15
+"""Share of a run's remaining wall-time budget a held-out evaluation may use (it is sized to fit)."""
+
+
+def eval_tasks_within(ctx: RunContext, budget_s: float, seconds_per_episode: float) -> int:
+    """Held-out tasks to evaluate: ``ctx.eval_tasks``, fewer when their expected time (at the measured
+    seconds per episode, ``eval_samples`` attempts each) would exceed `EVAL_BUDGET_SHARE` of the budget;
+    at least 2."""
+    if not math.isfinite(seconds_per_episode) or seconds_per_episode <= 0:
+        return ctx.eval_tasks
+    affordable = int(EVAL_BUDGET_SHARE * budget_s / (seconds_per_episode * ctx.eval_samples))
+    return max(2, min(ctx.eval_tasks, affordable))
+
+
 def _evaluate(
-    ctx: RunContext, ws: Workspace, url: str, run_dir: Path, timeout_s: float, *, samples: int | None = None
+    ctx: RunContext,
+    ws: Workspace,
+    url: str,
+    run_dir: Path,
+    timeout_s: float,
+    *,
+    samples: int | None = None,
+    max_tasks: int | None = None,
 ) -> tuple[RewardSummary | None, str, float]:
     """Held-out evaluation with the frozen evaluator; returns (summary, error text, seconds)."""
     out = run_dir / "eval.jsonl"
@@ -310,7 +338,7 @@ def _evaluate(
         "--samples",
         str(samples or ctx.eval_samples),
         "--max-tasks",
-        str(ctx.eval_tasks),
+        str(max_tasks or ctx.eval_tasks),
         "--episode-timeout",
         str(ctx.episode_timeout_s),
     ]
@@ -576,7 +604,9 @@ def _monitor(
     # after (train) training, so a train-reward gain can be checked against held-out reward.
     if spec.purpose in ("sweep", "smoke", "train") and outcome_status == "finished" and ctx.eval_tasks > 0:
         remaining = max(30.0, budget_s - (time.monotonic() - started))
-        eval_summary, error, _ = _evaluate(ctx, ws, handle.url, run_dir, remaining)
+        per_episode = (time.monotonic() - started) / max(1, len(episodes))
+        n_tasks = eval_tasks_within(ctx, remaining, per_episode)
+        eval_summary, error, _ = _evaluate(ctx, ws, handle.url, run_dir, remaining, max_tasks=n_tasks)
         if error:
             rec.note(f"run {spec.key}: {error}", "warning")
     train_groups = groups_of(episodes)

@@ -64,3 +64,18 @@ def test_log_counter_reads_only_what_was_appended(tmp_path: Path) -> None:
         f.write(b'letions HTTP/1.1" 200\n')
     assert counter.update() == 2
     assert _LogCounter(None).update() == 0
+
+
+def test_held_out_evaluation_is_sized_to_the_budget(tmp_path: Path) -> None:
+    from a3r.execution import eval_tasks_within
+    from a3r.graph import RunContext
+    from a3r.graph.context import Ledger
+    from a3r.llm import OfflineProvider
+
+    ctx = RunContext(
+        store=None, provider=OfflineProvider(), ledger=Ledger(tmp_path / "l.db"), thread_id="t", root=tmp_path
+    )  # type: ignore[arg-type]
+    assert eval_tasks_within(ctx, 3600, float("nan")) == 16  # nothing measured yet: as configured
+    assert eval_tasks_within(ctx, 3600, 1.0) == 16  # cheap episodes: as configured
+    assert eval_tasks_within(ctx, 1800, 60.0) == 2  # one-minute games: 15% of 30 min buys 2 tasks × 2
+    assert eval_tasks_within(ctx, 3600, 30.0) == 9
