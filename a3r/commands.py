@@ -35,6 +35,15 @@ __all__ = ["register"]
 _out = Console(highlight=False, soft_wrap=True)
 
 
+def _interrupt_on_sigterm() -> None:
+    """Let SIGTERM stop a thread like Ctrl-C does (servers stopped, thread resumable)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _fail(message: str) -> typer.Exit:
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"error: {message}", markup=False)
     return typer.Exit(code=1)
