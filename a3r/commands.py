@@ -15,6 +15,7 @@ exit code 1 and one line on stderr.
 from __future__ import annotations
 
 import importlib.util
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -132,6 +133,7 @@ def _launch(
     tui: bool = False,
     wait: bool = False,
 ) -> None:
+    _interrupt_on_sigterm()
     try:
         with open_session(settings, notify=_say) as session:
             _out.print(
@@ -305,6 +307,7 @@ def resume(
     decision = None
     if approve or reject:
         decision = {"action": "approve" if approve else "reject", "by": "cli", "note": note}
+    _interrupt_on_sigterm()
     try:
         with open_session(settings, thread_id=thread, notify=_say) as session:
             step = session.resume(decision)
