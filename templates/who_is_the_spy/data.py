@@ -69,7 +69,7 @@ def make_task(
     *,
     n_players: int = 4,
     n_spies: int = 1,
-    max_rounds: int = 3,
+    max_rounds: int = 2,
     train_roles: str = "both",
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def make_task(
 def build(
     n_players: int = 4,
     n_spies: int = 1,
-    max_rounds: int = 3,
+    max_rounds: int = 2,
     train_roles: str = "both",
     n_tasks: int = 0,
     seed: int = 0,

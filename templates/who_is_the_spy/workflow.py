@@ -27,7 +27,7 @@ _reward = import_sibling(__name__, __file__, "reward")
 
 # <params> (rendered by templates.render; edit values here or re-render)
 PARAMS: dict[str, Any] = {
-    "describe_max_tokens": 48,
+    "describe_max_tokens": 24,
     "invalid_vote_penalty": 0.25,
     "leak_penalty": 0.5,
     "opponent_api_key_env": None,
@@ -35,7 +35,7 @@ PARAMS: dict[str, Any] = {
     "opponent_model": None,
     "temperature": 1.0,
     "tell_roles": False,
-    "vote_max_tokens": 16,
+    "vote_max_tokens": 8,
 }
 # </params>
 
