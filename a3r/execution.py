@@ -4,9 +4,10 @@ evaluations as subprocesses, monitored only through the swarm HTTP API and the s
 The monitor polls ``GET /api/v1/status`` (policy step, episode counts), ``GET /api/v1/metrics``
 (per-step trainer metrics, recorded as `memory` metric points), ``GET /api/v1/events`` (warnings and
 errors, recorded as store events), the client's ``progress.jsonl`` and, for a server it started, the
-model calls in the server's access log. It enforces the step target and the wall-time budget and tells
-a *hung* run (no step, no episode, no event, no client record, no model call for ``hang_after_s``) from
-a *slow* one (episodes or calls flow but no trainer step for a while: noted, not stopped).
+model calls in the server's access log and its CPU use. It enforces the step target and the wall-time
+budget and tells a *hung* run (no step, no episode, no event, no client record, no model call, an idle
+server for ``hang_after_s``) from a *slow* one (episodes or calls flow, or the server computes, but no
+trainer step for a while: noted, not stopped).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -51,10 +53,12 @@ from a3r.processes import (
 )
 
 __all__ = [
+    "BUSY_CPU_SHARE",
     "EVAL_BUDGET_SHARE",
     "STARTUP_GRACE_S",
     "TRAINING_HANG_FACTOR",
     "Workspace",
+    "cpu_seconds",
     "eval_tasks_within",
     "execute_run",
 ]
@@ -194,6 +198,21 @@ class _LogCounter:
         self.count += data.count(self.marker)
         self._tail = data[-(len(self.marker) - 1) :] if data else b""
         return self.count
+
+
+BUSY_CPU_SHARE = 0.2
+"""A started server using more than this share of a core between two polls is computing (a long
+generation or training step), which counts as progress: a slow run, not a hung one."""
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, seconds) a process has used, from ``/proc/<pid>/stat``; ``None`` if
+    unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _numeric(row: dict[str, Any]) -> dict[str, float]:
@@ -491,6 +510,9 @@ def _monitor(
     last_signature: tuple[Any, ...] | None = None
     alive_seen = False
     calls = _LogCounter(handle.process.log_path if handle.process is not None else None)
+    server_pid = handle.process.pid if handle.process is not None else None
+    last_cpu = cpu_seconds(server_pid) if server_pid is not None else None
+    last_poll = time.monotonic()
     last_change = time.monotonic()
     last_step_change = time.monotonic()
     last_step = start_step
@@ -532,6 +554,16 @@ def _monitor(
         if signature != last_signature:
             alive_seen = alive_seen or last_signature is not None
             last_signature, last_change = signature, now
+        cpu = cpu_seconds(server_pid) if server_pid is not None else None
+        computing = (
+            cpu is not None
+            and last_cpu is not None
+            and now > last_poll
+            and (cpu - last_cpu) / (now - last_poll) > BUSY_CPU_SHARE
+        )
+        if computing:
+            last_change = now  # the server is computing: slow, not hung
+        last_cpu, last_poll = cpu, now
         if step != last_step:
             last_step, last_step_change, slow_noted = step, now, False
         if target is not None and step >= target:

@@ -79,3 +79,22 @@ def test_held_out_evaluation_is_sized_to_the_budget(tmp_path: Path) -> None:
     assert eval_tasks_within(ctx, 3600, 1.0) == 16  # cheap episodes: as configured
     assert eval_tasks_within(ctx, 1800, 60.0) == 2  # one-minute games: 15% of 30 min buys 2 tasks × 2
     assert eval_tasks_within(ctx, 3600, 30.0) == 9
+
+
+def test_cpu_seconds_of_a_busy_and_an_idle_process(tmp_path: Path) -> None:
+    from a3r.execution import cpu_seconds
+
+    busy = launch("busy", [sys.executable, "-c", "while True: pass"], log_path=tmp_path / "b.log")
+    idle = launch("idle", [sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "i.log")
+    try:
+        time.sleep(1.0)
+        b0, i0 = cpu_seconds(busy.pid), cpu_seconds(idle.pid)
+        time.sleep(2.0)
+        b1, i1 = cpu_seconds(busy.pid), cpu_seconds(idle.pid)
+        assert b0 is not None and b1 is not None and i0 is not None and i1 is not None
+        assert b1 - b0 > 0.2 * 2.0  # even on a loaded machine a spinning process gets its share
+        assert i1 - i0 < 0.1
+    finally:
+        busy.stop(sig=signal.SIGKILL)
+        idle.stop(sig=signal.SIGKILL)
+    assert cpu_seconds(2**22 + 12345) is None
