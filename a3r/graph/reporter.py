@@ -28,10 +28,11 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     hypothesis = first_hypothesis(state)
     run_ids = [o.run_id for o in outcomes]
     if len(curve) < 2:
-        episodes = sum(o.episodes for o in outcomes)
+        episodes = sum(o.episodes for o in state.get("outcomes", []))
+        shown = ", ".join(f"step {s}: reward {v:.3f}" for s, v in curve)
         return (
-            f"no trainer steps were recorded ({episodes} train episodes ran; last status "
-            f"{outcomes[-1].status if outcomes else 'none'}): the hypothesis stays untested"
+            f"{len(curve)} trainer step(s) recorded{f' ({shown})' if shown else ''} after {episodes} episodes; "
+            f"last status {outcomes[-1].status if outcomes else 'none'}: too few steps to judge the hypothesis"
         )
     k = min(2, len(curve) // 2)
     first = statistics.fmean(v for _, v in curve[:k])
