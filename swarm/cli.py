@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -52,7 +53,11 @@ def _training_config(
     from swarm.config import TrainingConfig
 
     if path is not None:
-        return TrainingConfig.model_validate_json(path.read_text())
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ValueError(f"--training-config {path}: {exc.strerror}") from None
+        return TrainingConfig.model_validate_json(text)
     shares: dict[str, float] = {}
     for item in quotas:
         family, sep, share = item.partition("=")
@@ -176,10 +181,41 @@ def serve(
     if model is not None and not Path(model).expanduser().exists():
         raise fail(f"--model {model}: no such file or directory")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Check what a user can get wrong before the slow model load, and load the model here rather than
+    # in the app's lifespan, so that every mistake ends with one line instead of a startup traceback.
+    if port:
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                raise fail(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
     try:
-        uvicorn.run(create_app(config), host=host, port=port, log_level=log_level.lower())
+        engine = _load_engine(config)
     except SwarmError as exc:
         raise fail(str(exc)) from None
+    uvicorn.run(create_app(config, engine=engine), host=host, port=port, log_level=log_level.lower())
+
+
+def _load_engine(config: Any) -> Any:
+    """Resolve, load and wrap the model (raises ModelLoadError / ConfigError on user mistakes)."""
+    import torch
+
+    from swarm.engine import HFEngine, load_model, resolve_model
+    from swarm.errors import ConfigError
+
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {config.device}: this torch build sees no CUDA device")
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
+    source = resolve_model(config.model, cache_dir=config.cache_dir)
+    model, tokenizer = load_model(source, dtype=config.dtype, device=config.device)
+    return HFEngine(
+        model,
+        tokenizer,
+        source.name,
+        max_batch_size=config.max_batch_size,
+        batch_window_s=config.batch_window_s,
+    )
 
 
 @app.command()

@@ -81,7 +81,10 @@ class EpisodeNotFound(SwarmError, LookupError):
     error_type = "not_found"
 
     def __init__(self, episode_id: str) -> None:
-        super().__init__(f"episode {episode_id!r} not found")
+        super().__init__(
+            f"episode {episode_id!r} not found (episodes still open when a server stops are not kept: "
+            "begin a new one)"
+        )
         self.episode_id = episode_id
 
 

@@ -42,8 +42,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         problems.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
-    first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
-    param = ".".join(str(p) for p in first if p != "body") or None
+    first = exc.errors()[0] if exc.errors() else {}
+    # a JSON syntax error's location is a character offset, not a field
+    first_loc = () if first.get("type") == "json_invalid" else first.get("loc", ())
+    param = ".".join(str(p) for p in first_loc if p != "body") or None
     return _error(422, "invalid_request_error", "; ".join(problems) or "invalid request", param)
 
 
