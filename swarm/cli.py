@@ -185,6 +185,7 @@ def serve(
     # in the app's lifespan, so that every mistake ends with one line instead of a startup traceback.
     if port:
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
             try:
                 probe.bind((host, port))
             except OSError as exc:
