@@ -210,7 +210,10 @@ def test_kill_9_while_rolling_and_while_training_loses_nothing(
         proc = _serve(model_dir, run_dir, port)
         with SwarmClient(url) as client:
             status = client.status()
-            assert status.step == 1 and status.episodes.finished == 4 and status.episodes.pending == 2
+            # resumed from checkpoint 1; the two episodes of the lost step 2 are pending again, and the
+            # server may already be retraining them (then the pool counts them before the step shows)
+            assert status.step in (1, 2) and status.episodes.finished == 4
+            assert status.episodes.pending + status.episodes.trained == 4 and status.episodes.trained >= 2
             wait_for(lambda: client.status().step == 2, 60, "step 2 after restart")
             trained = {eid: client.get_episode(eid).trained_step for eid in [*first, third, fourth]}
         assert trained == {first[0]: 1, first[1]: 1, third: 2, fourth: 2}  # each trained exactly once
