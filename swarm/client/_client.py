@@ -181,11 +181,10 @@ class _BaseClient:
         return EpisodeFinish(reward=float(result)).model_dump()
 
 
-class Episode:
-    """An open episode (sync). ``llm`` is what an OpenAI-compatible agent needs."""
+class _EpisodeBase:
+    """What an open episode knows: its id, endpoint, secret key and model (shared by both faces)."""
 
-    def __init__(self, client: SwarmClient, created: EpisodeCreated) -> None:
-        self._client = client
+    def __init__(self, created: EpisodeCreated) -> None:
         self.id = created.episode_id
         self.base_url = created.base_url
         self.api_key = created.api_key
@@ -193,8 +192,16 @@ class Episode:
         self.llm = LLM(base_url=self.base_url, api_key=self.api_key, model=self.model)
         self.ended = False
 
-    def __repr__(self) -> str:
-        return f"Episode(id={self.id!r}, base_url={self.base_url!r}, ended={self.ended})"
+    def __repr__(self) -> str:  # never shows the key
+        return f"{type(self).__name__}(id={self.id!r}, base_url={self.base_url!r}, ended={self.ended})"
+
+
+class Episode(_EpisodeBase):
+    """An open episode (sync). ``llm`` is what an OpenAI-compatible agent needs."""
+
+    def __init__(self, client: SwarmClient, created: EpisodeCreated) -> None:
+        super().__init__(created)
+        self._client = client
 
     def finish(self, reward: float | Result) -> None:
         """End with a reward (or a :class:`Result`); committed server-side when this returns."""
@@ -322,20 +329,12 @@ class SwarmClient(_BaseClient):
             ep.abort("the episode block ended without finish()")
 
 
-class AsyncEpisode:
+class AsyncEpisode(_EpisodeBase):
     """An open episode (async)."""
 
     def __init__(self, client: AsyncSwarmClient, created: EpisodeCreated) -> None:
+        super().__init__(created)
         self._client = client
-        self.id = created.episode_id
-        self.base_url = created.base_url
-        self.api_key = created.api_key
-        self.model = created.model
-        self.llm = LLM(base_url=self.base_url, api_key=self.api_key, model=self.model)
-        self.ended = False
-
-    def __repr__(self) -> str:
-        return f"AsyncEpisode(id={self.id!r}, base_url={self.base_url!r}, ended={self.ended})"
 
     async def finish(self, reward: float | Result) -> None:
         await self._client.finish(self.id, reward)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from swarm.errors import ClientError
 from tests.conftest import make_server
 
 QUESTION = [{"role": "user", "content": "hi"}]
+ADMIN_TOKEN = secrets.token_urlsafe(16)  # a fresh admin token per test run, never a literal
 
 
 def chat(base_url: str, key: str, body: Any) -> httpx.Response:
@@ -125,7 +127,7 @@ def test_nonfinite_reward_is_rejected_and_episode_stays_open(server: Any) -> Non
 def test_control_routes_need_admin_token_and_refuse_episode_keys(tmp_path: Path, tiny_engine: Any) -> None:
     from pydantic import SecretStr
 
-    live = make_server(tmp_path, tiny_engine, admin_token=SecretStr("admin-secret-for-tests"))
+    live = make_server(tmp_path, tiny_engine, admin_token=SecretStr(ADMIN_TOKEN))
     try:
         with SwarmClient(live.url) as client:
             ep = client.begin("auth")
@@ -136,17 +138,17 @@ def test_control_routes_need_admin_token_and_refuse_episode_keys(tmp_path: Path,
             assert_error(
                 httpx.get(f"{live.url}/api/v1/status", headers={"Authorization": "Bearer wrong"}), 401
             )
-            with SwarmClient(live.url, admin_token="admin-secret-for-tests") as admin:
+            with SwarmClient(live.url, admin_token=ADMIN_TOKEN) as admin:
                 assert admin.status().episodes.open == 1
             ep.finish(0.0)
         events = httpx.get(
             f"{live.url}/api/v1/events?follow=false",
-            headers={"Authorization": "Bearer admin-secret-for-tests"},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
         )
         assert events.status_code == 200 and "episode.finished" in events.text
         assert (
             "sk-swarm-" not in events.text
-            and "admin-secret" not in (tmp_path / "run" / "events.jsonl").read_text()
+            and ADMIN_TOKEN not in (tmp_path / "run" / "events.jsonl").read_text()
         )
     finally:
         live.stop()
