@@ -77,6 +77,18 @@ def _open_store(location: str) -> Iterator[Store]:
         raise _fail(str(exc)) from None
 
 
+def _no_store_yet(location: str) -> bool:
+    """Whether ``location`` is a SQLite file that does not exist yet (nothing recorded: an empty listing)."""
+    if "://" in location:
+        return False
+    if Path(location).expanduser().exists():
+        return False
+    Console(stderr=True, highlight=False).print(
+        f"nothing recorded yet: no store at {location} (a3r vibe / a3r research create it)", style="dim"
+    )
+    return True
+
+
 def _metrics_text(values: dict[str, float] | None) -> str:
     return "  ".join(f"{name}={value:.4g}" for name, value in (values or {}).items())
 
@@ -88,10 +100,12 @@ def runs(
     status: Annotated[RunStatus | None, typer.Option("--status", help="Only runs with this status.")] = None,
 ) -> None:
     """List runs with their status, seed and latest metric values."""
-    with _open_store(store) as opened:
-        rows = opened.study_runs(study) if study is not None else opened.runs()
-        if status is not None:
-            rows = [row for row in rows if row.status is status]
+    rows = []
+    if not _no_store_yet(store):
+        with _open_store(store) as opened:
+            rows = opened.study_runs(study) if study is not None else opened.runs()
+            if status is not None:
+                rows = [row for row in rows if row.status is status]
     table = Table(title=f"Runs{f' of study {study}' if study is not None else ''}")
     for column in ("run", "study", "experiment", "name", "seed", "status", "step", "latest metrics"):
         table.add_column(column, overflow="fold")
@@ -118,10 +132,14 @@ def findings(
     ] = None,
 ) -> None:
     """List findings with their status, confidence, seeds and evidence runs."""
-    with _open_store(store) as opened:
-        # get_study raises NotFound for an unknown study, reported as one line by _open_store.
-        study_ids = [opened.get_study(study).id] if study is not None else [s.id for s in opened.studies()]
-        rows = [row for study_id in study_ids for row in opened.findings(study_id, status=status)]
+    rows = []
+    if not _no_store_yet(store):
+        with _open_store(store) as opened:
+            # get_study raises NotFound for an unknown study, reported as one line by _open_store.
+            study_ids = (
+                [opened.get_study(study).id] if study is not None else [s.id for s in opened.studies()]
+            )
+            rows = [row for study_id in study_ids for row in opened.findings(study_id, status=status)]
     table = Table(title="Findings")
     for column in ("finding", "study", "status", "confidence", "statement", "seeds", "runs"):
         table.add_column(column, overflow="fold")

@@ -133,6 +133,10 @@ def _launch(
     tui: bool = False,
     wait: bool = False,
 ) -> None:
+    if not request.strip():
+        raise _fail(
+            f'the request is empty: say what to {"train" if mode == "vibe" else "study"}, e.g. "train who-is-the-spy"'
+        )
     _interrupt_on_sigterm()
     try:
         with open_session(settings, notify=_say) as session:

@@ -239,9 +239,14 @@ def _server_options(spec: RunSpec, ctx: RunContext) -> ServerOptions:
                 "batch-size": s.batch_size,
                 "group-size": s.group_size,
                 "lr": s.lr,
+                "lora-rank": s.lora_rank,
                 "max-steps": s.steps if spec.purpose in ("train", "sweep") else None,
             }
         )
+    # bf16 compute (and bf16 base weights under LoRA) where the device has fast bf16 kernels: 2-3×
+    # faster rollouts and updates on AMX CPUs and GPUs; float32 elsewhere. Explicit options win.
+    options.setdefault("dtype", "auto")
+    options.setdefault("mixed-precision", "auto")
     return options
 
 

@@ -402,7 +402,9 @@ class OfflineProvider:
             sweep = SweepSpec(variable="group_size", coarse=[2, 4, 8], goal="min_stable")
             what = "group size G (episodes per task)"
         elif re.search(r"\b(lr|learning rate)\b", text) and re.search(r"\b(best|optimal|good)\b", text):
-            sweep = SweepSpec(variable="lr", coarse=[1e-6, 1e-5, 1e-4], refine=False, goal="best")
+            # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
+            rates = [1e-5, 1e-4, 1e-3] if training.lora_rank else [1e-6, 1e-5, 1e-4]
+            sweep = SweepSpec(variable="lr", coarse=rates, refine=False, goal="best")
             hypotheses = [
                 HypothesisDraft(
                     statement="among the swept learning rates one gives the highest held-out mean reward",

@@ -36,7 +36,8 @@ class TrainingSettings(BaseModel):
         steps: Trainer steps (policy updates) to run; the runner stops at this step.
         batch_size: B, GRPO groups (tasks) per trainer step.
         group_size: G, episodes per task (one GRPO group).
-        lr: Learning rate of the policy optimizer.
+        lr: Learning rate of the policy optimizer (LoRA wants ~10× the full fine-tuning rate).
+        lora_rank: LoRA adapter rank; 0 trains all weights (full fine-tuning, float32).
         concurrency: Episodes the client runs at once.
         seeds: Seeds to replicate the run on.
         smoke_tasks: Tasks of the smoke run (one group each) before training; 0 skips it.
@@ -47,7 +48,8 @@ class TrainingSettings(BaseModel):
     steps: int = Field(default=4, ge=1, le=100_000)
     batch_size: int = Field(default=2, ge=1, le=4096)
     group_size: int = Field(default=4, ge=2, le=256)
-    lr: float = Field(default=1e-5, gt=0, le=1.0)
+    lr: float = Field(default=2e-4, gt=0, le=1.0)
+    lora_rank: int = Field(default=16, ge=0, le=1024)
     concurrency: int = Field(default=8, ge=1, le=1024)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=16)
     smoke_tasks: int = Field(default=1, ge=0, le=64)

@@ -1,6 +1,7 @@
 """Learning check: the embedded model learns a short-answer format task in the server within 15 steps.
 
     python bench/learning.py [--steps 15] [--lr 3e-5]
+    python bench/learning.py --lora-rank 16 --lr 2e-4 --mixed-precision bf16   # LoRA on bf16 weights
 
 Task: one-word-answer questions with the instruction "Answer in at most three words.". Reward
 (:func:`reward`): 0.5 when the reply contains the answer word, plus up to 0.5 for brevity (full at
@@ -29,7 +30,7 @@ from swarm.batch import BatchConfig, BatchPolicy
 from swarm.client import AsyncSwarmClient, Result
 from swarm.config import SamplingDefaults, ServerConfig, TrainingConfig
 from swarm.server.app import create_app
-from swarm.train import TrainerConfig
+from swarm.train import LoraSettings, TrainerConfig
 
 QUESTIONS = [
     ("What color is the sky on a clear day?", "blue"),
@@ -97,15 +98,20 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning (float32 weights)")
+    parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16", "auto"])
     args = parser.parse_args()
+    lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
     run_dir = Path(tempfile.mkdtemp(prefix="learning-"))
     config = ServerConfig(
         run_dir=run_dir,
         port=0,
+        dtype="bfloat16" if lora and args.mixed_precision != "no" else "float32",
+        mixed_precision=args.mixed_precision,
         sampling=SamplingDefaults(temperature=1.0),
         training=TrainingConfig(
             batch=BatchConfig(policy=BatchPolicy.TASKS, batch_size=args.tasks, group_size=args.group),
-            trainer=TrainerConfig(lr=args.lr, micro_batch_size=8),
+            trainer=TrainerConfig(lr=args.lr, micro_batch_size=8, lora=lora),
             checkpoint_every=1000,
         ),
     )
@@ -120,7 +126,11 @@ def main() -> None:
     history = server.config.app.state.runtime.training.history  # type: ignore[union-attr]
     server.should_exit = True
     thread.join()
-    table = Table(title=f"GRPO on a short-answer format task, embedded SmolLM2-135M, lr {args.lr}")
+    what = f"LoRA r={args.lora_rank}" if lora else "full fine-tuning"
+    table = Table(
+        title=f"GRPO on a short-answer format task, embedded SmolLM2-135M, {what}, lr {args.lr}, "
+        f"mixed precision {args.mixed_precision}"
+    )
     for col in ("step", "reward mean", "reward std", "correct", "words", "loss", "grad norm", "step s"):
         table.add_column(col, justify="right")
     for m, batch in zip(history, rounds, strict=False):

@@ -100,7 +100,16 @@ def serve(
         str | None,
         typer.Option(help="Bearer token for control routes (or env SWARM_ADMIN_TOKEN).", show_default=False),
     ] = None,
-    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16")] = "float32",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Weights: float32 | bfloat16 | float16 | auto (bf16 for LoRA where fast); full FT needs float32."
+        ),
+    ] = "float32",
+    mixed_precision: Annotated[
+        str,
+        typer.Option(help="Compute: no (float32-exact logprobs) | bf16 | fp16 | auto (bf16 where fast)."),
+    ] = "no",
     device: Annotated[str, typer.Option(help="torch device, e.g. cpu or cuda")] = "cpu",
     max_batch_size: Annotated[int, typer.Option(help="Most sequences sampled together.")] = 32,
     threads: Annotated[
@@ -152,6 +161,7 @@ def serve(
             run_dir=run_dir,
             admin_token=SecretStr(token) if token else None,
             dtype=dtype,  # type: ignore[arg-type]
+            mixed_precision=mixed_precision,  # type: ignore[arg-type]
             device=device,
             max_batch_size=max_batch_size,
             torch_threads=threads,
@@ -175,7 +185,8 @@ def serve(
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise fail(f"{where}: {err['msg']}") from None
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise fail(f"{where}: {message}" if where else message) from None
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     if model is not None and not Path(model).expanduser().exists():
@@ -201,22 +212,14 @@ def _load_engine(config: Any) -> Any:
     """Resolve, load and wrap the model (raises ModelLoadError / ConfigError on user mistakes)."""
     import torch
 
-    from swarm.engine import HFEngine, load_model, resolve_model
     from swarm.errors import ConfigError
+    from swarm.server.runtime import load_engine
 
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {config.device}: this torch build sees no CUDA device")
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
-    source = resolve_model(config.model, cache_dir=config.cache_dir)
-    model, tokenizer = load_model(source, dtype=config.dtype, device=config.device)
-    return HFEngine(
-        model,
-        tokenizer,
-        source.name,
-        max_batch_size=config.max_batch_size,
-        batch_window_s=config.batch_window_s,
-    )
+    return load_engine(config)
 
 
 @app.command()

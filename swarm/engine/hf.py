@@ -5,7 +5,8 @@ left-padded, position ids are computed from the attention mask so every row sees
 would see alone, and one decode loop with a shared KV cache samples every row with its own
 temperature, top-p, seed and stop conditions. Static batching beats continuous batching for a small
 model on a CPU (DESIGN.md §7), and it keeps logprobs exact: they are ``log_softmax`` of the fp32 raw
-logits (never HF ``scores``, which are after logits processors).
+logits (never HF ``scores``, which are after logits processors). With ``mixed_precision`` (bf16
+autocast, :mod:`swarm.precision`) the logits carry bf16 rounding; log-softmax is still float32.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from swarm.engine.base import Completion, SamplingParams
 from swarm.errors import ContextLengthError
+from swarm.precision import MixedPrecision, autocast
 from swarm.tracking.records import FinishReason
 
 
@@ -65,6 +67,8 @@ class HFEngine:
             count replaces the expected one only when two batches in a row see it (a barrier where
             some clients wait for the others does not split the next batch).
         regroup_max_s: cap in seconds on that extra wait.
+        mixed_precision: compute dtype of forward passes (:mod:`swarm.precision`); ``NO`` keeps logprobs
+            float32-exact. Must be resolved (not ``AUTO``).
     """
 
     def __init__(
@@ -77,8 +81,14 @@ class HFEngine:
         batch_window_s: float = 0.005,
         regroup_fraction: float = 0.2,
         regroup_max_s: float = 2.0,
+        mixed_precision: MixedPrecision = MixedPrecision.NO,
     ) -> None:
+        if mixed_precision is MixedPrecision.AUTO:
+            raise ValueError(
+                "resolve MixedPrecision.AUTO with resolve_mixed_precision() before building the engine"
+            )
         self.model = model
+        self.mixed_precision = mixed_precision
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_batch_size = max_batch_size
@@ -241,13 +251,14 @@ class HFEngine:
         prefill_kw: dict[str, Any] = {self._cache_kw: cache}
         if self._logits_kw:
             prefill_kw[self._logits_kw] = 1  # only the last position's logits are needed
-        out = self.model(
-            input_ids=input_ids_BL,
-            attention_mask=attention_BL,
-            position_ids=position_BL,
-            use_cache=True,
-            **prefill_kw,
-        )
+        with autocast(device, self.mixed_precision):
+            out = self.model(
+                input_ids=input_ids_BL,
+                attention_mask=attention_BL,
+                position_ids=position_BL,
+                use_cache=True,
+                **prefill_kw,
+            )
         logits_BV = out.logits[:, -1, :].float()
         next_pos_B = position_BL[:, -1:] + 1
         max_new = max(r.max_new for r in rows)
@@ -276,13 +287,14 @@ class HFEngine:
             attention_BL = torch.cat(
                 [attention_BL, torch.ones((B, 1), dtype=torch.long, device=device)], dim=1
             )
-            out = self.model(
-                input_ids=step_ids_B1,
-                attention_mask=attention_BL,
-                position_ids=next_pos_B,
-                use_cache=True,
-                **{self._cache_kw: cache},
-            )
+            with autocast(device, self.mixed_precision):
+                out = self.model(
+                    input_ids=step_ids_B1,
+                    attention_mask=attention_BL,
+                    position_ids=next_pos_B,
+                    use_cache=True,
+                    **{self._cache_kw: cache},
+                )
             logits_BV = out.logits[:, -1, :].float()
             next_pos_B = next_pos_B + 1
         elapsed = time.perf_counter() - started

@@ -23,6 +23,7 @@ from swarm.engine.hf import HFEngine
 from swarm.engine.model_loading import load_model, resolve_model
 from swarm.errors import AuthError, EpisodeNotFound, EpisodeStateError, RequestError, Unavailable
 from swarm.pool import Pool, StoredEpisode
+from swarm.precision import resolve_mixed_precision
 from swarm.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -77,6 +78,24 @@ class OpenEpisode:
         return agents is None or agent in agents
 
 
+def load_engine(config: ServerConfig) -> HFEngine:
+    """Resolve and load ``config.model`` and wrap it in the ``hf`` engine (``AUTO`` precision resolved).
+
+    Raises:
+        ModelLoadError: The model cannot be found or loaded.
+    """
+    source = resolve_model(config.model, cache_dir=config.cache_dir)
+    model, tokenizer = load_model(source, dtype=config.weights_dtype, device=config.device)
+    return HFEngine(
+        model,
+        tokenizer,
+        source.name,
+        max_batch_size=config.max_batch_size,
+        batch_window_s=config.batch_window_s,
+        mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
+    )
+
+
 class SwarmRuntime:
     """All state of one swarm server.
 
@@ -97,15 +116,7 @@ class SwarmRuntime:
 
             torch.set_num_threads(config.torch_threads)
         if engine is None:
-            source = resolve_model(config.model, cache_dir=config.cache_dir)
-            model, tokenizer = load_model(source, dtype=config.dtype, device=config.device)
-            engine = HFEngine(
-                model,
-                tokenizer,
-                source.name,
-                max_batch_size=config.max_batch_size,
-                batch_window_s=config.batch_window_s,
-            )
+            engine = load_engine(config)
             self._owns_engine = True
         else:
             self._owns_engine = False

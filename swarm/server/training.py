@@ -194,7 +194,10 @@ class TrainingLoop:
         self.config = config
         engine = runtime.engine
         pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
-        self.trainer = TorchTrainer(engine.model, config.trainer, pad_token_id=int(pad))
+        # The engine's compute dtype is the trainer's: its sampler logprobs are the behaviour policy.
+        self.trainer = TorchTrainer(
+            engine.model, config.trainer, pad_token_id=int(pad), mixed_precision=engine.mixed_precision
+        )
         engine.model = self.trainer.model  # with LoRA the engine now samples through the adapters
         self.votes = ClientVotes()
         self.window: Counter[str] = Counter()

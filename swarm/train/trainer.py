@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from swarm.errors import SwarmError
+from swarm.precision import MixedPrecision, autocast
 from swarm.tracking.records import Sample
 from swarm.train.config import LIVE_FIELDS, TrainerConfig
 from swarm.train.losses import (
@@ -111,12 +112,28 @@ class TorchTrainer:
         model: A ``transformers`` causal LM (e.g. Llama/SmolLM2), any dtype (fp32 on CPU).
         config: Hyper-parameters.
         pad_token_id: Id used to right-pad micro-batches (never scored).
+        mixed_precision: Compute dtype of the forward passes (:mod:`swarm.precision`; resolved, not
+            ``AUTO``): ``BF16`` autocasts them to bfloat16 while trainable parameters, gradients and AdamW
+            states stay in their dtype. It must match the engine's, whose logprobs are the behaviour policy.
 
     Raises:
         TrainerError: The model has no trainable parameters.
+        ValueError: ``mixed_precision`` is ``AUTO``.
     """
 
-    def __init__(self, model: nn.Module, config: TrainerConfig, pad_token_id: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainerConfig,
+        pad_token_id: int,
+        *,
+        mixed_precision: MixedPrecision = MixedPrecision.NO,
+    ) -> None:
+        if mixed_precision is MixedPrecision.AUTO:
+            raise ValueError(
+                "resolve MixedPrecision.AUTO with resolve_mixed_precision() before building the trainer"
+            )
+        self.mixed_precision = mixed_precision
         self.config = config
         self.pad_token_id = pad_token_id
         self._step = 0
@@ -300,13 +317,18 @@ class TorchTrainer:
         plain_head = all(
             getattr(cfg, name, None) in (None, 1.0) for name in ("final_logit_softcapping", "logit_scale")
         )
-        if plain_head:
-            # Backbone once, then the LM head on scored positions only (saves the prompt positions' (·, V)).
-            hidden = causal_lm.get_decoder()(input_ids=input_ids, attention_mask=attention, use_cache=False)
-            hidden_NH = hidden.last_hidden_state[score]  # (N, H)
-            logits_NV = causal_lm.get_output_embeddings()(hidden_NH)  # (N, V)
-        else:
-            logits_NV = model(input_ids=input_ids, attention_mask=attention, use_cache=False).logits[score]
+        with autocast(device, self.mixed_precision):
+            if plain_head:
+                # Backbone once, then the LM head on scored positions only (saves the prompt positions' (·, V)).
+                hidden = causal_lm.get_decoder()(
+                    input_ids=input_ids, attention_mask=attention, use_cache=False
+                )
+                hidden_NH = hidden.last_hidden_state[score]  # (N, H)
+                logits_NV = causal_lm.get_output_embeddings()(hidden_NH)  # (N, V)
+            else:
+                logits_NV = model(input_ids=input_ids, attention_mask=attention, use_cache=False).logits[
+                    score
+                ]
         logits_NV = logits_NV.float()
         if self.config.temperature != 1.0:
             logits_NV = logits_NV / self.config.temperature
