@@ -198,7 +198,7 @@ class TrainingLoop:
         self.trainer = TorchTrainer(
             engine.model, config.trainer, pad_token_id=int(pad), mixed_precision=engine.mixed_precision
         )
-        engine.model = self.trainer.model  # with LoRA the engine now samples through the adapters
+        engine.model = self.trainer.sampling_model  # with LoRA: the merged copy (or the adapters)
         self.votes = ClientVotes()
         self.window: Counter[str] = Counter()
         """Train episodes admitted per family since the last step (for quotas)."""
@@ -221,6 +221,7 @@ class TrainingLoop:
         if latest is not None:
             step, path = latest
             load_weights(path, self.trainer.model)
+            self.trainer.sync_sampling_model()
             self.trainer.load_state_dict(load_trainer_state(path))
             self.runtime.events.emit("checkpoint.loaded", f"resumed from checkpoint step {step}", step=step)
         rewound = self.runtime.pool.rewind(step)

@@ -24,6 +24,10 @@ class LoraSettings(BaseModel):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Names of the linear layers that get adapters (Llama naming)."""
+    merge_for_sampling: bool = True
+    """Sample from a separate copy of the model whose weights are base + adapter delta, merged once after
+    every update (:attr:`TorchTrainer.sampling_model`): no adapter work per generated token, at the cost of
+    one more copy of the weights in memory. ``False``: sample through the unmerged adapters."""
 
 
 class TrainerConfig(BaseModel):

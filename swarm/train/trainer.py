@@ -138,6 +138,7 @@ class TorchTrainer:
         self.pad_token_id = pad_token_id
         self._step = 0
         self._ref_model: nn.Module | None = None
+        self._sampler: nn.Module | None = None
         if config.lora is not None:
             from peft import LoraConfig, get_peft_model
 
@@ -149,6 +150,8 @@ class TorchTrainer:
                 target_modules=list(lora.target_modules),
                 task_type="CAUSAL_LM",
             )
+            # The sampling copy is taken before peft injects adapters into ``model`` in place.
+            self._sampler = copy.deepcopy(model).eval().requires_grad_(False) if lora.merge_for_sampling else None
             self._model: nn.Module = get_peft_model(model, peft_config)  # type: ignore[arg-type, unused-ignore]
         else:
             self._model = model
@@ -170,8 +173,35 @@ class TorchTrainer:
 
     @property
     def model(self) -> nn.Module:
-        """The (possibly peft-wrapped) model that the engine must generate with."""
+        """The (possibly peft-wrapped) model being trained; checkpoints save it."""
         return self._model
+
+    @property
+    def sampling_model(self) -> nn.Module:
+        """The model the engine must generate with: :attr:`model`, or with LoRA's ``merge_for_sampling`` a
+        plain copy holding base + adapter weights (see :meth:`sync_sampling_model`)."""
+        return self._model if self._sampler is None else self._sampler
+
+    @torch.no_grad()
+    def sync_sampling_model(self) -> None:
+        """Write base + adapter delta (W + (α/r)·B·A, Hu et al. 2021 eq. 3) into the sampling copy's linear
+        layers. Computed in float32 from the frozen base each time (no rounding drift), stored in the copy's
+        dtype. Called after every update; call it after loading adapter weights from a checkpoint."""
+        if self._sampler is None:
+            return
+        from peft.tuners.lora import LoraLayer
+
+        targets = dict(self._sampler.named_modules())
+        prefix = "base_model.model."
+        for name, module in self._model.named_modules():
+            if not isinstance(module, LoraLayer):
+                continue
+            target = targets[name.removeprefix(prefix)]
+            base = module.get_base_layer().weight
+            merged = base.float()
+            for adapter in module.active_adapters:
+                merged = merged + module.get_delta_weight(adapter).float()
+            target.weight.copy_(merged.to(target.weight.dtype))
 
     @property
     def step_count(self) -> int:
@@ -498,6 +528,7 @@ class TorchTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 timings.optim_s += time.perf_counter() - t0
         self._model.eval()
+        self.sync_sampling_model()
         self._step += 1
 
         updates = cfg.ppo_epochs * len(batches)

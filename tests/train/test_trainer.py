@@ -333,3 +333,25 @@ def test_split_episode_with_episode_weights_gives_the_merged_gradient(make_model
     g_split = _gradients(make_model, [first, second, other], [1.0, 1.0, -1.0])
     for name in g_merged:
         assert torch.allclose(g_merged[name], g_split[name], atol=1e-6), name
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_lora_sampling_model_matches_the_trained_adapters(
+    make_model: ModelFactory, samples: list[Sample], merge: bool
+) -> None:
+    lora = LoraSettings(r=4, alpha=8, merge_for_sampling=merge)
+    trainer = TorchTrainer(make_model(), TrainerConfig(lr=5e-2, lora=lora), pad_token_id=PAD)
+    sampler = trainer.sampling_model
+    assert (sampler is trainer.model) is not merge
+    ids = torch.tensor([samples[0].input_ids])
+    with torch.no_grad():
+        before = sampler(input_ids=ids).logits
+    for _ in range(3):  # lora_B starts at zero: the adapters change the outputs from the second update on
+        trainer.step(samples, ADVANTAGES)
+    with torch.no_grad():
+        trained = trainer.model(input_ids=ids).logits
+        served = trainer.sampling_model(input_ids=ids).logits
+    assert not torch.allclose(before, served, atol=1e-4)
+    torch.testing.assert_close(served, trained, atol=2e-5, rtol=1e-5)
+    if merge:
+        assert not any(p.requires_grad for p in sampler.parameters())
