@@ -353,5 +353,6 @@ def test_lora_sampling_model_matches_the_trained_adapters(
         served = trainer.sampling_model(input_ids=ids).logits
     assert not torch.allclose(before, served, atol=1e-4)
     torch.testing.assert_close(served, trained, atol=2e-5, rtol=1e-5)
-    if merge:
-        assert not any(p.requires_grad for p in sampler.parameters())
+    if merge:  # the copy is never optimised: its weights are written only by sync_sampling_model
+        sampler_params = {id(p) for p in sampler.parameters()}
+        assert not sampler_params & {id(p) for p in trainer.trainable_parameters}
