@@ -1,28 +1,29 @@
 """GPU check of the embedded path: serve, record and train on CUDA (bf16 or fp32).
 
-    python bench/gpu_check.py --model-dir DIR [--random] [--dtype bfloat16]
+    python bench/gpu_check.py --model-dir DIR [--random] [--mixed-precision bf16|no] [--lora-rank 16 --dtype bfloat16]
 
 Starts the real server app (uvicorn in a thread) over an ``hf`` engine on ``cuda``, then measures
 generated tokens/s at concurrency 1 and 16, checks recorded logprobs against a forward recompute,
 and runs two GRPO steps through the episode API. ``--random`` initialises the model from its config
 (useful where only the config and tokenizer can be carried). Prints a table.
 
-Measured 2026-11-30 on one H200 (torch 2.11 cu130, transformers 5.17), SmolLM2-135M shape, random
-weights, 128-token completions:
+Measured 2026-11-30 on one H200 (torch 2.11 cu130, transformers 5.17, peft 0.21), SmolLM2-135M shape, random
+weights, 128-token completions; columns: weights / compute dtype:
 
-=========================================  ===========  ===========
-measure                                    float32      bfloat16
-=========================================  ===========  ===========
-tokens/s, 1 stream / 16 concurrent         30 / 164     41 / 84
-max abs recorded − recomputed logprob      1.9e-06      1.7e-02
-GRPO step, 8 samples × 32 tokens           0.11 s       0.12 s
-engine − trainer logprob drift (mean)      5.4e-07      1.0e-03
-peak GPU memory                            2.7 GiB      1.5 GiB
-=========================================  ===========  ===========
+=========================================  ===============  ===============  ======================
+measure                                    fp32 / fp32      fp32 / bf16      bf16 / bf16, LoRA r16
+=========================================  ===============  ===============  ======================
+tokens/s, 1 stream / 16 concurrent         26 / 453         26 / 177         27 / 228
+max abs recorded − recomputed logprob      1.9e-06          1.2e-02          1.2e-02
+GRPO step 2, 8 samples × 32 tokens         0.11 s           0.11 s           0.20 s
+engine − trainer logprob drift (mean)      4.8e-07          7.1e-04          5.2e-03
+peak GPU memory                            2.70 GiB         2.60 GiB         1.35 GiB
+=========================================  ===============  ===============  ======================
 
-The serve → record → train path works on CUDA with exact fp32 logprobs; bf16 logprobs drift by
-~1e-3 (expected from bf16 rounding). Decoding is bound by the Python per-token loop of the ``hf``
-engine (the GPU is mostly idle): for GPU throughput use a dedicated inference engine.
+The serve → record → train path works on CUDA in all three precisions (LoRA samples from the merged copy);
+float32 logprobs are exact, bf16 ones drift by ~1e-3 (bf16 rounding, inside the PPO clip). Decoding a model
+this small is bound by the Python per-token loop of the ``hf`` engine (the GPU is mostly idle, and the
+16-stream numbers swing from run to run): for GPU throughput use a dedicated inference engine.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ from swarm.batch import BatchConfig, BatchPolicy
 from swarm.client import AsyncSwarmClient
 from swarm.config import ServerConfig, TrainingConfig
 from swarm.engine import HFEngine
+from swarm.precision import MixedPrecision
 from swarm.server.app import create_app
-from swarm.train import TrainerConfig
+from swarm.train import LoraSettings, TrainerConfig
 
 PROMPT = [{"role": "user", "content": "Write a short story about a robot learning to paint."}]
 
@@ -90,7 +92,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--random", action="store_true")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument(
+        "--dtype", default="float32", choices=["bfloat16", "float32"], help="weights (bf16: LoRA only)"
+    )
+    parser.add_argument("--mixed-precision", default="bf16", choices=["bf16", "no"], help="compute dtype")
+    parser.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--device", default="cuda", help="cuda (the point of this check) or cpu (a dry run)")
     args = parser.parse_args()
@@ -102,14 +108,17 @@ def main() -> None:
     else:
         model = AutoModelForCausalLM.from_pretrained(str(args.model_dir), dtype=dtype)
     model = model.to(args.device).eval()
-    engine = HFEngine(model, tokenizer, args.model_dir.name, max_batch_size=64)
+    precision = MixedPrecision(args.mixed_precision)
+    engine = HFEngine(model, tokenizer, args.model_dir.name, max_batch_size=64, mixed_precision=precision)
+    lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
     config = ServerConfig(
         run_dir=Path(tempfile.mkdtemp(prefix="gpu-check-")),
         device=args.device,
         dtype=args.dtype,
+        mixed_precision=precision,
         training=TrainingConfig(
             batch=BatchConfig(policy=BatchPolicy.TASKS, batch_size=2, group_size=4),
-            trainer=TrainerConfig(lr=1e-5, micro_batch_size=8),
+            trainer=TrainerConfig(lr=1e-5, micro_batch_size=8, lora=lora),
             checkpoint_every=1000,
         ),
     )
@@ -153,7 +162,8 @@ def main() -> None:
 
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     table = Table(
-        title=f"GPU check: {device_name} · {args.model_dir.name} ({'random' if args.random else 'real'} weights) · {args.dtype}"
+        title=f"GPU check: {device_name} · {args.model_dir.name} ({'random' if args.random else 'real'} weights) · weights {args.dtype} · compute {args.mixed_precision}"
+        f"{f' · LoRA r={args.lora_rank}' if lora else ''}"
     )
     table.add_column("measure")
     table.add_column("value", justify="right")

@@ -67,7 +67,7 @@ def make_task(
     index: int,
     pairs: list[tuple[str, str]],
     *,
-    n_players: int = 4,
+    n_players: int = 3,
     n_spies: int = 1,
     max_rounds: int = 2,
     train_roles: str = "both",
@@ -99,7 +99,7 @@ def make_task(
 
 
 def build(
-    n_players: int = 4,
+    n_players: int = 3,
     n_spies: int = 1,
     max_rounds: int = 2,
     train_roles: str = "both",

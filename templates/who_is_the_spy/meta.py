@@ -41,8 +41,9 @@ META = TemplateMeta(
     ),
     multi_agent=True,
     parameters=(
-        ParamSpec(name="n_players", type="int", default=4, minimum=3, maximum=8,
-                  description="Players per game.", target=ParamTarget.DATA),
+        ParamSpec(name="n_players", type="int", default=3, minimum=3, maximum=8,
+                  description="Players per game (3: sized for CPU runs; 4-6 for the classic game).",
+                  target=ParamTarget.DATA),
         ParamSpec(name="n_spies", type="int", default=1, minimum=1, maximum=3,
                   description="Spies per game (fewer than half the players).", target=ParamTarget.DATA),
         ParamSpec(name="max_rounds", type="int", default=2, minimum=1, maximum=10,
