@@ -93,10 +93,17 @@ def test_unknown_study_is_one_line_and_exit_code_1(
 
 def test_missing_store_and_bad_url_are_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "memory.db"
-    result = runner.invoke(app, ["runs", "--store", str(missing)])
+    result = runner.invoke(app, ["export", "1", "--store", str(missing)])
     assert result.exit_code == 1
     assert result.output.strip() == f"error: store {missing} not found"
     assert not missing.parent.exists()  # reading never creates a store
+
+    # Listing a store that does not exist yet (a fresh machine) is an empty listing, not an error.
+    for command in ("runs", "findings"):
+        listed = runner.invoke(app, [command, "--store", str(missing)])
+        assert listed.exit_code == 0, listed.output
+        assert "nothing recorded yet" in listed.output
+        assert not missing.parent.exists()
 
     bad = runner.invoke(app, ["export", "1", "--store", "nosuchdialect://user:pw@host/db"])
     assert bad.exit_code == 1
