@@ -127,7 +127,12 @@ def test_render_then_validate(tmp_path, name):
 def test_trainable_agents_of_multi_agent_templates(tmp_path):
     spy = get_template("who_is_the_spy")
     assert spy.trainable_agents({"train_roles": "spy", "n_players": 6, "n_spies": 2}) == ["spy_1", "spy_2"]
-    assert spy.trainable_agents({"train_roles": "civilian"}) == ["civilian_1", "civilian_2", "civilian_3"]
+    assert spy.trainable_agents({"train_roles": "civilian"}) == ["civilian_1", "civilian_2"]  # 3 players
+    assert spy.trainable_agents({"train_roles": "civilian", "n_players": 4}) == [
+        "civilian_1",
+        "civilian_2",
+        "civilian_3",
+    ]
     assert get_template("math").trainable_agents() is None
     rendered = render("who_is_the_spy", {"train_roles": "spy", "n_tasks": 5}, tmp_path / "s")
     assert json.loads(rendered.params.read_text())["trainable_agents"] == ["spy_1"]

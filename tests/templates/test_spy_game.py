@@ -138,7 +138,7 @@ def test_word_pairs_and_builder():
     assert 0.3 < swapped / len(tasks) < 0.7
     assert data.make_task(17, pairs, seed=1, n_players=5, n_spies=2, train_roles="spy") == tasks[17]
     both = data.build(n_tasks=3, train_roles="both")
-    assert all(len(t["trainable_agents"]) == 4 for t in both)
+    assert all(len(t["trainable_agents"]) == 3 for t in both)  # the default game has 3 players
     civ = data.build(n_tasks=3, train_roles="civilian")
     assert all(all(a.startswith("civilian_") for a in t["trainable_agents"]) for t in civ)
     with pytest.raises(ValueError):
