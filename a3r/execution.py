@@ -247,6 +247,10 @@ def _server_options(spec: RunSpec, ctx: RunContext) -> ServerOptions:
     # faster rollouts and updates on AMX CPUs and GPUs; float32 elsewhere. Explicit options win.
     options.setdefault("dtype", "auto")
     options.setdefault("mixed-precision", "auto")
+    if options.get("train", True):
+        # bf16 sampling makes the engine's logprobs differ from the trainer's: truncated importance
+        # sampling (C = 2, as Yao et al. 2025) corrects the gradient for it.
+        options.setdefault("tis-cap", 2.0)
     return options
 
 

@@ -43,6 +43,7 @@ def _training_config(
     lr: float,
     lora_rank: int,
     kl_coef: float,
+    tis_cap: float | None,
     micro_batch_size: int,
     checkpoint_every: int,
     max_steps: int | None,
@@ -67,7 +68,12 @@ def _training_config(
             shares[family] = float(share)
         except ValueError:
             raise ValueError(f"--quota {item!r}: {share!r} is not a number") from None
-    trainer: dict[str, Any] = {"lr": lr, "kl_coef": kl_coef, "micro_batch_size": micro_batch_size}
+    trainer: dict[str, Any] = {
+        "lr": lr,
+        "kl_coef": kl_coef,
+        "tis_cap": tis_cap,
+        "micro_batch_size": micro_batch_size,
+    }
     if lora_rank > 0:
         trainer["lora"] = {"r": lora_rank, "alpha": 2 * lora_rank}
     return TrainingConfig.model_validate(
@@ -131,6 +137,12 @@ def serve(
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
     lora_rank: Annotated[int, typer.Option(help="LoRA rank; 0 trains all weights.")] = 0,
     kl_coef: Annotated[float, typer.Option(help="β of the KL penalty to the reference policy.")] = 0.0,
+    tis_cap: Annotated[
+        float | None,
+        typer.Option(
+            help="C of truncated importance sampling min(π_old/μ, C) against sampler mismatch (off)."
+        ),
+    ] = None,
     micro_batch_size: Annotated[int, typer.Option(help="Sequences per forward/backward pass.")] = 4,
     checkpoint_every: Annotated[int, typer.Option(help="Save a checkpoint every N steps.")] = 5,
     max_steps: Annotated[int | None, typer.Option(help="Stop training after N steps (keep serving).")] = None,
@@ -175,6 +187,7 @@ def serve(
                 lr,
                 lora_rank,
                 kl_coef,
+                tis_cap,
                 micro_batch_size,
                 checkpoint_every,
                 max_steps,

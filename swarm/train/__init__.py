@@ -18,6 +18,7 @@ from swarm.train.losses import (
     loss_normalizer,
     ppo_clip_loss,
     selective_log_softmax,
+    truncated_importance_weights,
 )
 from swarm.train.metrics import MetricsLog, StepMetrics, StepTimings
 from swarm.train.trainer import TorchTrainer, TrainerError
@@ -40,4 +41,5 @@ __all__ = [
     "loss_normalizer",
     "ppo_clip_loss",
     "selective_log_softmax",
+    "truncated_importance_weights",
 ]

@@ -63,6 +63,10 @@ class TrainerConfig(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0.0)
     """β: weight of the k3 KL penalty to the reference policy; 0 disables it (live, but with full fine-tuning
     a reference copy exists only if the trainer was built with ``kl_coef > 0``)."""
+    tis_cap: float | None = Field(default=None, gt=0.0)
+    """C of truncated importance sampling: each token's policy loss is weighted by min(π_θ_old/μ, C), μ the
+    engine's recorded behaviour logprob (:func:`swarm.train.losses.truncated_importance_weights`). Corrects
+    the sampler/trainer mismatch of bf16 sampling or stale episodes; ``None`` disables (live)."""
     entropy_coef: float = Field(default=0.0, ge=0.0)
     """Weight of the entropy bonus (subtracted from the loss) (live)."""
     loss_agg: LossAggregation = LossAggregation.SEQ_MEAN_TOKEN_MEAN

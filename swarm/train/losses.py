@@ -30,6 +30,7 @@ __all__ = [
     "loss_normalizer",
     "ppo_clip_loss",
     "selective_log_softmax",
+    "truncated_importance_weights",
 ]
 
 
@@ -176,6 +177,29 @@ def ppo_clip_loss(
             (ratio < 1.0 - eps_low) & (advantages < 0)
         )
     return loss_tok, clipped_mask
+
+
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Per-token truncated importance weights ``min(π_θ_old / μ, C)`` (no gradient).
+
+    ``μ`` is the policy that actually sampled the tokens (the engine's recorded logprobs), ``π_θ_old`` the
+    trainer's policy at step start. They differ when the sampler computes differently from the trainer
+    (bf16 kernels, another engine) or when episodes are stale; weighting each token's PPO loss by the
+    ratio, truncated at ``C``, corrects that mismatch with bounded variance — truncated importance sampling
+    as in IMPALA (Espeholt et al. 2018, arXiv:1802.01561, eq. 1, ``ρ̄``) and TIS for RL of LLMs (Yao et al.
+    2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training").
+
+    Args:
+        old_logprobs: π_θ_old log-probs, any shape S.
+        behaviour_logprobs: μ log-probs, shape S.
+        cap: ``C > 0``.
+
+    Returns:
+        Weights, shape S, in ``(0, C]``, detached.
+    """
+    return torch.exp(old_logprobs.detach() - behaviour_logprobs.detach()).clamp(max=cap)
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

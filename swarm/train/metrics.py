@@ -69,6 +69,8 @@ class StepMetrics(BaseModel):
     """Mean |engine logprob − trainer π_θ_old logprob| on scored tokens (engine/trainer numerical mismatch)."""
     logprob_drift_max: float
     """Max of the same."""
+    tis_weight_mean: float | None = None
+    """Mean truncated importance weight min(π_θ_old/μ, C) on scored tokens (``None`` when ``tis_cap`` is off)."""
     lr: float
     """Learning rate used."""
     updates: int

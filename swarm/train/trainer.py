@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -43,6 +43,7 @@ from swarm.train.losses import (
     loss_normalizer,
     ppo_clip_loss,
     selective_log_softmax,
+    truncated_importance_weights,
 )
 from swarm.train.metrics import StepMetrics, StepTimings
 
@@ -191,6 +192,7 @@ class TorchTrainer:
         dtype. Called after every update; call it after loading adapter weights from a checkpoint."""
         if self._sampler is None:
             return
+        from peft.tuners.lora import Linear as LoraLinear
         from peft.tuners.lora import LoraLayer
 
         targets = dict(self._sampler.named_modules())
@@ -198,12 +200,18 @@ class TorchTrainer:
         for name, module in self._model.named_modules():
             if not isinstance(module, LoraLayer):
                 continue
+            if not isinstance(module, LoraLinear):
+                raise TrainerError(
+                    f"merge_for_sampling merges linear adapters only; {name} is a {type(module).__name__}"
+                )
             target = targets[name.removeprefix(prefix)]
-            base = module.get_base_layer().weight
+            base = cast(torch.Tensor, module.get_base_layer().weight)
             merged = base.float()
             for adapter in module.active_adapters:
-                merged = merged + module.get_delta_weight(adapter).float()
-            target.weight.copy_(merged.to(target.weight.dtype))
+                delta: torch.Tensor = module.get_delta_weight(adapter)
+                merged = merged + delta.float()
+            weight = cast(torch.Tensor, target.weight)
+            weight.copy_(merged.to(weight.dtype))
 
     @property
     def step_count(self) -> int:
@@ -485,7 +493,8 @@ class TorchTrainer:
             timings.ref_logprobs_s = time.perf_counter() - t0
 
         sums: dict[str, float] = dict.fromkeys(
-            ("loss", "policy_loss", "kl", "clip", "entropy", "ratio", "tokens", "drift", "grad_norm"), 0.0
+            ("loss", "policy_loss", "kl", "clip", "entropy", "ratio", "tokens", "drift", "grad_norm", "tis"),
+            0.0,
         )
         drift_max = 0.0
         if recompute:
@@ -558,6 +567,7 @@ class TorchTrainer:
             grad_norm_max=grad_norm_max,
             ratio_mean=sums["ratio"] / scored,
             logprob_drift_mean=sums["drift"] / total_tokens,
+            tis_weight_mean=sums["tis"] / scored if cfg.tis_cap is not None else None,
             logprob_drift_max=drift_max,
             lr=cfg.lr,
             updates=updates,
@@ -585,6 +595,10 @@ class TorchTrainer:
         old_N = old[id(mb)].to(device) if id(mb) in old else logprobs_N.detach()
         adv_N = mb.advantages_N.to(device)
         loss_N, clipped_N = ppo_clip_loss(logprobs_N, old_N, adv_N, cfg.clip_eps_low, cfg.clip_eps_high)
+        tis_N: torch.Tensor | None = None
+        if cfg.tis_cap is not None:
+            tis_N = truncated_importance_weights(old_N, mb.behaviour_logprobs.to(device), cfg.tis_cap)
+            loss_N = loss_N * tis_N
         policy_N = loss_N
         kl_N: torch.Tensor | None = None
         if cfg.kl_coef > 0:
@@ -622,6 +636,7 @@ class TorchTrainer:
                 "entropy": float(entropy_N.sum()),
                 "ratio": float(torch.exp(logprobs_N.detach() - old_N).sum()),
                 "tokens": float(score.sum()),
+                "tis": float(tis_N.sum()) if tis_N is not None else 0.0,
             }
             if measure_drift:
                 diff = (mb.behaviour_logprobs.to(device) - old_N).abs()

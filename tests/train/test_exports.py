@@ -23,6 +23,7 @@ def test_train_exports() -> None:
         "loss_normalizer",
         "ppo_clip_loss",
         "selective_log_softmax",
+        "truncated_importance_weights",
     ]
     assert all(hasattr(swarm.train, name) for name in swarm.train.__all__)
 

@@ -17,6 +17,7 @@ from swarm.train import (
     loss_normalizer,
     ppo_clip_loss,
     selective_log_softmax,
+    truncated_importance_weights,
 )
 
 
@@ -189,3 +190,12 @@ def test_aggregate_loss_empty_mask_is_zero_and_differentiable() -> None:
     (grad,) = torch.autograd.grad(out, loss)
     assert float(out.detach()) == 0.0
     assert torch.equal(grad, torch.zeros(2, 3))
+
+
+def test_truncated_importance_weights_are_the_capped_ratio() -> None:
+    old = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    behaviour = torch.tensor([-1.0, -1.0, -2.0, -3.5])
+    w = truncated_importance_weights(old, behaviour, cap=2.0)
+    expected = torch.tensor([1.0, math.exp(-1.0), 2.0, math.exp(0.5)])  # exp(1.5) ≈ 4.48 is capped at 2
+    torch.testing.assert_close(w, expected)
+    assert not w.requires_grad

@@ -356,3 +356,23 @@ def test_lora_sampling_model_matches_the_trained_adapters(
     if merge:  # the copy is never optimised: its weights are written only by sync_sampling_model
         sampler_params = {id(p) for p in sampler.parameters()}
         assert not sampler_params & {id(p) for p in trainer.trainable_parameters}
+
+
+def test_truncated_importance_sampling_reweights_the_policy_loss(
+    make_model: ModelFactory, samples: list[Sample]
+) -> None:
+    # The factory's behaviour logprobs (-4.5) are far from the tiny model's own: weights differ from 1.
+    plain = TorchTrainer(make_model(), TrainerConfig(lr=0.0), pad_token_id=PAD)
+    tis = TorchTrainer(make_model(), TrainerConfig(lr=0.0, tis_cap=2.0), pad_token_id=PAD)
+    m_plain = plain.step(samples, ADVANTAGES)
+    m_tis = tis.step(samples, ADVANTAGES)
+    assert m_plain.tis_weight_mean is None
+    assert m_tis.tis_weight_mean is not None and 0.0 < m_tis.tis_weight_mean <= 2.0
+    assert m_tis.tis_weight_mean != pytest.approx(1.0)
+    assert m_tis.policy_loss != pytest.approx(m_plain.policy_loss)
+    # With behaviour logprobs equal to the trainer's own, every weight is 1 and the loss is unchanged.
+    exact = [s.model_copy(update={"behaviour_logprobs": _true_logprobs(plain.model, s)}) for s in samples]
+    again = TorchTrainer(make_model(), TrainerConfig(lr=0.0, tis_cap=2.0), pad_token_id=PAD)
+    m_exact = again.step(exact, ADVANTAGES)
+    assert m_exact.tis_weight_mean == pytest.approx(1.0, abs=1e-4)
+    assert m_exact.policy_loss == pytest.approx(m_plain.policy_loss, abs=1e-5)
