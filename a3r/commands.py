@@ -123,6 +123,20 @@ def _run_with_tui(session: Session, request: str, mode: Literal["vibe", "researc
     return result.get("step") or session.step()
 
 
+def _check_server(url: str) -> None:
+    """Fail with one line, before any thread or study exists, when ``url`` is not a reachable swarm server."""
+    import httpx
+
+    if not url.startswith(("http://", "https://")):
+        raise _fail(f"--server {url}: expected an http(s):// URL, e.g. http://127.0.0.1:8000")
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise _fail(f"--server {url}: cannot reach it ({type(exc).__name__}: {exc})") from None
+    if response.status_code != 200:
+        raise _fail(f"--server {url}: GET /v1/models answered {response.status_code}; is it a swarm server?")
+
+
 def _launch(
     request: str,
     mode: Literal["vibe", "research"],
@@ -211,6 +225,8 @@ def vibe(
     hang_after: HangOption = 180.0,
 ) -> None:
     """Plan, code, smoke-test, train, monitor, patch (with approval) and report on one request."""
+    if server is not None:
+        _check_server(server)
     settings = SessionSettings(
         store=store,
         root=root,

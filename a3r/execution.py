@@ -510,6 +510,10 @@ def _monitor(
         # An attached server may have trained before this thread: count steps from where it stood.
         base = int(ctx.ledger.once(ctx.key("runner", f"attach-base:{handle.url}"), lambda: start_step))
         target = base + spec.settings.steps
+    if target is not None and handle.process is not None:
+        # A server of ours may have been started by an earlier run (the smoke run's): it must stop
+        # training at this run's target, not go on with the episodes pooled after it.
+        api.patch_config({"max_steps": target})
     client = _client(spec, ws, handle.url, run_dir, start_step)
     progress_path = run_dir / "client" / "progress.jsonl"
     rec.note(
@@ -574,6 +578,13 @@ def _monitor(
             last_change = now  # the server is computing: slow, not hung
         last_cpu, last_poll = cpu, now
         if step != last_step:
+            if target is not None:
+                reward = metric_series(rows, *REWARD_KEYS)
+                rec.note(
+                    f"run {spec.key}: step {step}/{target}"
+                    + (f" · train reward {reward[-1][1]:.3f}" if reward else "")
+                    + f" · {len(episodes)} episodes of this run"
+                )
             last_step, last_step_change, slow_noted = step, now, False
         if target is not None and step >= target:
             reason = f"reached step {step}"
@@ -606,10 +617,10 @@ def _monitor(
             outcome_status = "hung"
             reason = f"no progress (step {step}, {finished} episodes, no event) for {now - last_change:.0f} s"
             break
-        if target is not None and not slow_noted and now - last_step_change > ctx.hang_after_s / 2:
+        if target is not None and not slow_noted and now - last_step_change > ctx.hang_after_s:
             rec.note(
-                f"run {spec.key}: slow, not hung: no trainer step for {now - last_step_change:.0f} s while "
-                f"episodes keep coming ({finished} finished)",
+                f"run {spec.key}: no trainer step for {now - last_step_change:.0f} s, but the server keeps "
+                f"working ({len(episodes)} episodes of this run): slow, not hung",
                 "warning",
             )
             slow_noted = True
@@ -646,7 +657,13 @@ def _monitor(
     if spec.purpose in ("sweep", "smoke", "train") and outcome_status == "finished" and ctx.eval_tasks > 0:
         remaining = max(30.0, budget_s - (time.monotonic() - started))
         per_episode = (time.monotonic() - started) / max(1, len(episodes))
-        n_tasks = eval_tasks_within(ctx, remaining, per_episode)
+        # Every evaluation of a thread uses the held-out tasks of its first one (sized to the budget then),
+        # so that before/after numbers are comparable.
+        n_tasks = int(
+            ctx.ledger.once(
+                ctx.key("runner", "eval-tasks"), lambda: eval_tasks_within(ctx, remaining, per_episode)
+            )
+        )
         eval_summary, error, _ = _evaluate(ctx, ws, handle.url, run_dir, remaining, max_tasks=n_tasks)
         if error:
             rec.note(f"run {spec.key}: {error}", "warning")

@@ -255,7 +255,13 @@ def status(
     except httpx.TransportError as exc:
         raise fail(f"cannot reach {url}: {exc}") from None
     except SwarmError as exc:
-        raise fail(str(exc)) from None
+        hint = ""
+        if getattr(exc, "status_code", None) in (401, 403):
+            hint = (
+                " (pass --admin-token or set SWARM_ADMIN_TOKEN; servers started by a3r keep a generated "
+                "token in memory: watch those with `a3r tui`)"
+            )
+        raise fail(f"{exc}{hint}") from None
     table = Table(title=f"swarm server {url}", show_header=False)
     table.add_row("state", view.state.value)
     table.add_row("policy step", str(view.step))
@@ -411,8 +417,9 @@ def run(
         summary = asyncio.run(go())
     except (RunnerError, DatasetError) as exc:
         raise fail(str(exc)) from None
-    except KeyboardInterrupt:
-        raise fail("interrupted; run the same command again to resume") from None
+    except KeyboardInterrupt:  # Ctrl-C, or a supervisor (a3r) stopping the client: not an error
+        console.print("stopped: interrupted; run the same command again to resume", highlight=False)
+        raise typer.Exit(code=130) from None
     table = Table(title="swarm run", show_header=False)
     table.add_row("finished", str(summary.finished))
     table.add_row("agent failures", str(summary.agent_failures))

@@ -75,8 +75,8 @@ def test_a_run_where_nothing_moves_is_hung(tmp_path: Path, tokenizer: Any, tiny_
 
 
 def test_a_slow_run_is_not_hung(tmp_path: Path, trainable_server: Any) -> None:
-    # Each episode takes 3 s, longer than half the hang window (the "slow" note) yet episodes keep
-    # finishing within it, so the run is slow, not hung, and reaches its step.
+    # Each episode takes 3 s and a step needs several: longer than the hang window without a step (the
+    # "slow" note), yet episodes keep finishing within it, so the run is slow, not hung, and reaches its step.
     body = """
         client = llm.openai(max_retries=0)
         await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
