@@ -20,7 +20,8 @@ engine − trainer logprob drift (mean)      4.8e-07          7.1e-04          5
 peak GPU memory                            2.70 GiB         2.60 GiB         1.35 GiB
 =========================================  ===============  ===============  ======================
 
-The serve → record → train path works on CUDA in all three precisions (LoRA samples from the merged copy);
+The serve → record → train path works on CUDA in all three precisions (the LoRA column sampled from a merged bf16
+copy, which rounds early adapter updates away: bf16 bases now sample through the unmerged adapters);
 float32 logprobs are exact, bf16 ones drift by ~1e-3 (bf16 rounding, inside the PPO clip). Decoding a model
 this small is bound by the Python per-token loop of the ``hf`` engine (the GPU is mostly idle, and the
 16-stream numbers swing from run to run): for GPU throughput use a dedicated inference engine.
