@@ -146,7 +146,7 @@ def main() -> None:
             "—" if pure is None else f"{ref / pure:.2f}×",
             note,
         )
-    Console().print(table)
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":
