@@ -88,3 +88,4 @@ def test_a_slow_run_is_not_hung(tmp_path: Path, trainable_server: Any) -> None:
     assert outcome.reason.startswith("reached step")
     assert outcome.episodes >= 2
     assert any("slow, not hung" in e for e in events)
+    assert any(": step 1/" in e and "episodes of this run" in e for e in events)  # progress per trainer step

@@ -217,6 +217,14 @@ def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "unknown thread" in result.output
     result = runner.invoke(app, ["resume", "t-unknown", "--approve", "--reject", "--root", str(tmp_path)])
     assert result.exit_code == 1 and "exclude each other" in result.output
+    # Mistakes caught before a thread or a study exists: nothing is written.
+    fresh = tmp_path / "fresh"
+    untouched = ["--root", str(fresh / ".a3r"), "--store", str(fresh / "memory.db")]
+    dead = runner.invoke(app, ["vibe", "train arithmetic", "--server", "http://127.0.0.1:1", *untouched])
+    assert dead.exit_code == 1 and "cannot reach it" in dead.output
+    empty = runner.invoke(app, ["vibe", "   ", *untouched])
+    assert empty.exit_code == 1 and "the request is empty" in empty.output
+    assert not fresh.exists()
 
 
 def test_train_reward_up_while_held_out_down_is_flagged(tmp_path: Path, store: Store) -> None:
