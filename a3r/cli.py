@@ -89,8 +89,32 @@ def _no_store_yet(location: str) -> bool:
     return True
 
 
+KEY_METRICS = (
+    "reward_mean",
+    "eval/mean_reward",
+    "eval/pass_at_1",
+    "eval/pass_at_2",
+    "episodes/mean_reward",
+    "loss",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "clip_frac",
+    "tis_weight_mean",
+    "steps",
+    "wall_s",
+)
+"""The metrics a run listing shows first, in this order; then any other reward or eval metric (all of them
+are in ``a3r export``)."""
+
+
 def _metrics_text(values: dict[str, float] | None) -> str:
-    return "  ".join(f"{name}={value:.4g}" for name, value in (values or {}).items())
+    values = values or {}
+    shown = [name for name in KEY_METRICS if name in values]
+    shown += [n for n in values if n not in KEY_METRICS and ("reward" in n or n.startswith("eval"))]
+    text = "  ".join(f"{name}={values[name]:.4g}" for name in shown)
+    hidden = len(values) - len(shown)
+    return text + (f"  (+{hidden} in a3r export)" if hidden else "")
 
 
 @app.command()
@@ -107,7 +131,7 @@ def runs(
             if status is not None:
                 rows = [row for row in rows if row.status is status]
     table = Table(title=f"Runs{f' of study {study}' if study is not None else ''}")
-    for column in ("run", "study", "experiment", "name", "seed", "status", "step", "latest metrics"):
+    for column in ("run", "study", "experiment", "name", "seed", "status", "step", "metrics"):
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(
@@ -118,7 +142,7 @@ def runs(
             "" if row.seed is None else str(row.seed),
             row.status.value,
             "" if row.latest_step is None else str(row.latest_step),
-            _metrics_text(row.latest_metrics or row.final_metrics),
+            _metrics_text({**(row.latest_metrics or {}), **(row.final_metrics or {})}),
         )
     Console(soft_wrap=False, width=200).print(table)
 
