@@ -10,21 +10,20 @@ and runs two GRPO steps through the episode API. ``--random`` initialises the mo
 Measured 2026-11-30 on one H200 (torch 2.11 cu130, transformers 5.17, peft 0.21), SmolLM2-135M shape, random
 weights, 128-token completions; columns: weights / compute dtype:
 
-=========================================  ===============  ===============  ======================
-measure                                    fp32 / fp32      fp32 / bf16      bf16 / bf16, LoRA r16
-=========================================  ===============  ===============  ======================
-tokens/s, 1 stream / 16 concurrent         26 / 453         26 / 177         27 / 228
-max abs recorded − recomputed logprob      1.9e-06          1.2e-02          1.2e-02
-GRPO step 2, 8 samples × 32 tokens         0.11 s           0.11 s           0.20 s
-engine − trainer logprob drift (mean)      4.8e-07          7.1e-04          5.2e-03
-peak GPU memory                            2.70 GiB         2.60 GiB         1.35 GiB
-=========================================  ===============  ===============  ======================
+=========================================  ===========  ===========  =================  ==================
+measure                                    fp32 / fp32  fp32 / bf16  LoRA, fp32 merged  LoRA, bf16 adapters
+=========================================  ===========  ===========  =================  ==================
+tokens/s, 1 stream / 16 concurrent         26 / 453     26 / 177     38 / 480           14 / 133
+max abs recorded − recomputed logprob      1.9e-06      1.2e-02      1.9e-06            1.2e-02
+GRPO step 2, 8 samples × 32 tokens         0.11 s       0.11 s       0.19 s             0.27 s
+engine − trainer logprob drift (mean)      4.8e-07      7.1e-04      4.8e-07            9.1e-04
+peak GPU memory                            2.70 GiB     2.60 GiB     2.16 GiB           1.10 GiB
+=========================================  ===========  ===========  =================  ==================
 
-The serve → record → train path works on CUDA in all three precisions (the LoRA column sampled from a merged bf16
-copy, which rounds early adapter updates away: bf16 bases now sample through the unmerged adapters);
-float32 logprobs are exact, bf16 ones drift by ~1e-3 (bf16 rounding, inside the PPO clip). Decoding a model
-this small is bound by the Python per-token loop of the ``hf`` engine (the GPU is mostly idle, and the
-16-stream numbers swing from run to run): for GPU throughput use a dedicated inference engine.
+The serve → record → train path works on CUDA in every precision. LoRA over a float32 base samples from a
+copy with the adapters merged after each update (exact); over a bf16 base it samples through the adapters.
+Decoding a model this small is bound by the Python per-token loop of the ``hf`` engine (the GPU is mostly
+idle, and the 16-stream numbers swing from run to run): for GPU throughput use a dedicated inference engine.
 """
 
 from __future__ import annotations

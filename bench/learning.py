@@ -98,7 +98,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning (float32 weights)")
+    parser.add_argument(
+        "--lora-rank", type=int, default=0, help="0: full fine-tuning (float32 weights); >0 with bf16: bf16 base"
+    )
     parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16", "auto"])
     args = parser.parse_args()
     lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None

@@ -295,6 +295,8 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    if importlib.util.find_spec("trl") is None:
+        raise SystemExit('error: this benchmark compares against TRL: pip install -e ".[bench]" (trl) first')
     from rich.console import Console
     from rich.table import Table
 

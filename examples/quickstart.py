@@ -9,6 +9,7 @@ knows the episode's ``base_url`` and ``api_key``. The printed record is what tra
 from __future__ import annotations
 
 import argparse
+import shutil
 import socket
 import subprocess
 import sys
@@ -110,6 +111,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

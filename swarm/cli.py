@@ -135,7 +135,7 @@ def serve(
     ] = 8,
     group_size: Annotated[int, typer.Option(help="G: episodes per task (GRPO group).")] = 8,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
-    lora_rank: Annotated[int, typer.Option(help="LoRA rank; 0 trains all weights.")] = 0,
+    lora_rank: Annotated[int, typer.Option(min=0, help="LoRA rank; 0 trains all weights.")] = 0,
     kl_coef: Annotated[float, typer.Option(help="β of the KL penalty to the reference policy.")] = 0.0,
     tis_cap: Annotated[
         float | None,
@@ -198,6 +198,8 @@ def serve(
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
+        if len(err["loc"]) == 1:  # a top-level field is a command-line option
+            where = "--" + where.replace("_", "-")
         message = str(err["msg"]).removeprefix("Value error, ")
         raise fail(f"{where}: {message}" if where else message) from None
     except (ValueError, OSError) as exc:
@@ -218,7 +220,26 @@ def serve(
         engine = _load_engine(config)
     except SwarmError as exc:
         raise fail(str(exc)) from None
+    console.print(_startup_line(config, engine), highlight=False, soft_wrap=True)
     uvicorn.run(create_app(config, engine=engine), host=host, port=port, log_level=log_level.lower())
+
+
+def _startup_line(config: Any, engine: Any) -> str:
+    """One line saying what this server is: model, weights and compute dtype, device, training, run dir."""
+    weights = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+    line = (
+        f"serving {engine.model_name} ({weights} weights, compute {engine.mixed_precision.value}, "
+        f"{config.device}) · run dir {config.run_dir}"
+    )
+    t = config.training
+    if not t.enabled:
+        return line + " · training off"
+    lora = f"LoRA r={t.trainer.lora.r}" if t.trainer.lora else "full fine-tuning"
+    return (
+        f"{line} · trains {lora}, lr {t.trainer.lr:g}, every {t.batch.batch_size} {t.batch.policy.value} "
+        f"× G={t.batch.group_size} episodes · control routes "
+        + ("need the admin token" if config.admin_token else "open on loopback (no admin token)")
+    )
 
 
 def _load_engine(config: Any) -> Any:

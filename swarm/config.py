@@ -136,6 +136,7 @@ class ServerConfig(BaseModel):
         if self._full_finetuning and self.dtype not in ("float32", "auto"):
             raise ValueError(
                 f"full fine-tuning of {self.dtype} weights loses AdamW updates below {self.dtype}'s "
-                "resolution: keep dtype float32 (add mixed_precision bf16 for speed) or train LoRA adapters"
+                "resolution: keep float32 weights (--dtype float32; add --mixed-precision bf16 for speed) or train "
+                "LoRA adapters (--lora-rank)"
             )
         return self

@@ -1,0 +1,39 @@
+"""``swarm serve``: configuration mistakes end with one readable line naming the option, before any model load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from swarm.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtype", "bfloat16"], "full fine-tuning of bfloat16 weights loses AdamW updates"),
+        (["--mixed-precision", "foo"], "--mixed-precision: Input should be 'no', 'bf16', 'fp16' or 'auto'"),
+        (["--tis-cap", "0"], "trainer.tis_cap: Input should be greater than 0"),
+        (
+            ["--model", "/nonexistent/model.gguf"],
+            "--model /nonexistent/model.gguf: no such file or directory",
+        ),
+    ],
+)
+def test_serve_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["serve", "--port", "0", "--run-dir", str(tmp_path / "run"), *args])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("error: ") and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_negative_lora_rank_is_rejected_by_the_option(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["serve", "--port", "0", "--run-dir", str(tmp_path / "run"), "--lora-rank", "-1"]
+    )
+    assert result.exit_code == 2 and "--lora-rank" in result.output
