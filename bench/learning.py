@@ -99,7 +99,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument(
-        "--lora-rank", type=int, default=0, help="0: full fine-tuning (float32 weights); >0 with bf16: bf16 base"
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="0: full fine-tuning (float32 weights); >0 with bf16: bf16 base",
     )
     parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16", "auto"])
     args = parser.parse_args()
