@@ -22,7 +22,14 @@ from enum import StrEnum
 
 import torch
 
-__all__ = ["MixedPrecision", "autocast", "fast_bf16", "resolve_dtype", "resolve_mixed_precision"]
+__all__ = [
+    "MixedPrecision",
+    "autocast",
+    "fast_bf16",
+    "require_resolved",
+    "resolve_dtype",
+    "resolve_mixed_precision",
+]
 
 
 class MixedPrecision(StrEnum):
@@ -73,14 +80,20 @@ def resolve_dtype(dtype: str, device: str | torch.device, *, full_finetuning: bo
     return "bfloat16" if fast_bf16(device) and not full_finetuning else "float32"
 
 
+def require_resolved(precision: MixedPrecision) -> None:
+    """Raises:
+    ValueError: ``precision`` is ``AUTO`` (resolve it with :func:`resolve_mixed_precision` first)."""
+    if precision is MixedPrecision.AUTO:
+        raise ValueError("resolve MixedPrecision.AUTO with resolve_mixed_precision() before use")
+
+
 def autocast(device: str | torch.device, precision: MixedPrecision) -> AbstractContextManager[object]:
     """The autocast context for ``precision`` on ``device`` (a no-op context for ``NO``).
 
     Raises:
         ValueError: ``AUTO`` (resolve it first with :func:`resolve_mixed_precision`).
     """
-    if precision is MixedPrecision.AUTO:
-        raise ValueError("resolve MixedPrecision.AUTO with resolve_mixed_precision() before use")
+    require_resolved(precision)
     if precision is MixedPrecision.NO:
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision is MixedPrecision.BF16 else torch.float16

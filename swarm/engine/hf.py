@@ -24,7 +24,7 @@ import torch
 
 from swarm.engine.base import Completion, SamplingParams
 from swarm.errors import ContextLengthError
-from swarm.precision import MixedPrecision, autocast
+from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import FinishReason
 
 
@@ -83,10 +83,7 @@ class HFEngine:
         regroup_max_s: float = 2.0,
         mixed_precision: MixedPrecision = MixedPrecision.NO,
     ) -> None:
-        if mixed_precision is MixedPrecision.AUTO:
-            raise ValueError(
-                "resolve MixedPrecision.AUTO with resolve_mixed_precision() before building the engine"
-            )
+        require_resolved(mixed_precision)
         self.model = model
         self.mixed_precision = mixed_precision
         self.tokenizer = tokenizer
@@ -251,15 +248,7 @@ class HFEngine:
         prefill_kw: dict[str, Any] = {self._cache_kw: cache}
         if self._logits_kw:
             prefill_kw[self._logits_kw] = 1  # only the last position's logits are needed
-        with autocast(device, self.mixed_precision):
-            out = self.model(
-                input_ids=input_ids_BL,
-                attention_mask=attention_BL,
-                position_ids=position_BL,
-                use_cache=True,
-                **prefill_kw,
-            )
-        logits_BV = out.logits[:, -1, :].float()
+        logits_BV = self._last_logits(device, input_ids_BL, attention_BL, position_BL, **prefill_kw)
         next_pos_B = position_BL[:, -1:] + 1
         max_new = max(r.max_new for r in rows)
         for _ in range(max_new):
@@ -287,15 +276,9 @@ class HFEngine:
             attention_BL = torch.cat(
                 [attention_BL, torch.ones((B, 1), dtype=torch.long, device=device)], dim=1
             )
-            with autocast(device, self.mixed_precision):
-                out = self.model(
-                    input_ids=step_ids_B1,
-                    attention_mask=attention_BL,
-                    position_ids=next_pos_B,
-                    use_cache=True,
-                    **{self._cache_kw: cache},
-                )
-            logits_BV = out.logits[:, -1, :].float()
+            logits_BV = self._last_logits(
+                device, step_ids_B1, attention_BL, next_pos_B, **{self._cache_kw: cache}
+            )
             next_pos_B = next_pos_B + 1
         elapsed = time.perf_counter() - started
         self.batches += 1
@@ -317,6 +300,16 @@ class HFEngine:
                 )
             )
         return [results[id(job)] for job in jobs]
+
+    def _last_logits(
+        self, device: Any, input_ids: Any, attention: Any, positions: Any, **kw: Any
+    ) -> torch.Tensor:
+        """One forward (under the engine's autocast); float32 logits of the last position, shape (B, V)."""
+        with autocast(device, self.mixed_precision):
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, **kw
+            )
+        return out.logits[:, -1, :].float()
 
     def _visible_text(self, ids: list[int]) -> str:
         if ids and ids[-1] in self.stop_ids:

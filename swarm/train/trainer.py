@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from swarm.errors import SwarmError
-from swarm.precision import MixedPrecision, autocast
+from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import Sample
 from swarm.train.config import LIVE_FIELDS, TrainerConfig
 from swarm.train.losses import (
@@ -150,10 +150,7 @@ class TorchTrainer:
         *,
         mixed_precision: MixedPrecision = MixedPrecision.NO,
     ) -> None:
-        if mixed_precision is MixedPrecision.AUTO:
-            raise ValueError(
-                "resolve MixedPrecision.AUTO with resolve_mixed_precision() before building the trainer"
-            )
+        require_resolved(mixed_precision)
         self.mixed_precision = mixed_precision
         self.config = config
         self.pad_token_id = pad_token_id
