@@ -10,6 +10,7 @@ a read lock); `upgrade` brings the schema to the newest Alembic revision shipped
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from alembic.util import CommandError
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from memory._errors import (
     IntegrityViolation,
@@ -140,7 +142,7 @@ def _configure_sqlite(engine: Engine, busy_timeout_s: float) -> None:
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         if engine.url.database not in (None, "", ":memory:"):
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _enable_wal(cursor, busy_timeout_s)
             cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.close()
 
@@ -150,6 +152,26 @@ def _configure_sqlite(engine: Engine, busy_timeout_s: float) -> None:
         # writer committed in between (no busy wait possible); IMMEDIATE takes the lock first.
         immediate = connection.get_execution_options().get(_WRITE_OPTION, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def _enable_wal(cursor: Any, timeout_s: float) -> None:
+    """Switch the database file to WAL, retrying while another connection holds it.
+
+    Switching needs an exclusive lock, and SQLite answers SQLITE_BUSY at once, without calling the
+    busy handler, when another process is opening or converting the same fresh file (seen when two
+    processes open a new store together). The mode is persistent, so later opens find it set.
+    """
+    retrying = Retrying(
+        retry=retry_if_exception(
+            lambda exc: isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+        ),
+        wait=wait_exponential(multiplier=0.01, max=0.5),
+        stop=stop_after_delay(timeout_s),
+        reraise=True,
+    )
+    for attempt in retrying:
+        with attempt:
+            cursor.execute("PRAGMA journal_mode = WAL")
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:
