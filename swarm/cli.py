@@ -328,6 +328,14 @@ def _reachable(url: str) -> None:
     raise fail(f"cannot reach {url}: {type(error).__name__}: {error}")
 
 
+_RUN_OPTIONS = {
+    "heartbeat_s": "heartbeat",
+    "episode_timeout_s": "episode-timeout",
+    "trainable_agents": "trainable-agent",
+}
+"""`RunnerConfig` fields whose ``swarm run`` option has another name."""
+
+
 @app.command()
 def run(
     workflow: Annotated[
@@ -363,6 +371,10 @@ def run(
         bool, typer.Option("--rerun-aborted", help="Resume: run again the episodes the workflow failed.")
     ] = False,
     heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats of a running episode.")] = 30.0,
+    episode_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds a workflow may run; then its episode is aborted and re-run (infra)."),
+    ] = None,
     infra_retries: Annotated[int, typer.Option(help="Re-runs of an infra-failed episode.")] = 2,
     progress: Annotated[bool, typer.Option(help="Draw the live progress bar.")] = True,
 ) -> None:
@@ -409,13 +421,16 @@ def run(
             trainable_agents=trainable_agent or None,
             client_id=client_id or f"runner-{stem}",
             heartbeat_s=heartbeat,
+            episode_timeout_s=episode_timeout,
             infra_retries=infra_retries,
             state_dir=state,
             rerun_aborted=rerun_aborted,
         )
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+        field = str(err["loc"][0])
+        option = _RUN_OPTIONS.get(field, field.replace("_", "-"))
+        raise fail(f"--{option}: {err['msg']}") from None
 
     for url in servers.values():
         _reachable(url)

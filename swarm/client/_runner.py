@@ -18,7 +18,9 @@ Failures (see :mod:`swarm.client._failures`):
   (open episodes are aborted as infra failures; a restart resumes).
 
 While a workflow runs, a heartbeat goes to its episode(s) every ``heartbeat_s`` seconds; if the server
-has lost the episode the workflow is cancelled at once and the episode counts as an infra failure.
+has lost the episode the workflow is cancelled at once and the episode counts as an infra failure, and
+so does a workflow still running after ``episode_timeout_s``. The OpenAI clients a workflow made with
+``llm.openai()`` are closed when its episode ends.
 
 Resume: see :mod:`swarm.client._progress` (``state_dir``).
 """
@@ -70,6 +72,9 @@ class RunnerConfig(BaseModel):
     """Task family for cocktail quotas; a task's own ``family`` field wins."""
     trainable_agents: list[str] | None = None
     client_id: str = "runner"
+    episode_timeout_s: float | None = Field(default=None, gt=0)
+    """Cancel a workflow still running after this many seconds: its episode is aborted as an infra
+    failure (a timeout) and re-run like one. ``None``: no limit."""
     heartbeat_s: float = Field(default=30.0, gt=0)
     """Seconds between heartbeats of a running episode (keep below the server's episode timeout)."""
     infra_retries: int = Field(default=2, ge=0)
@@ -409,8 +414,15 @@ class Runner:
                     return
 
         beater = asyncio.create_task(beat())
+        limit = self.config.episode_timeout_s
+        deadline = asyncio.timeout(limit)
         try:
-            return await work
+            async with deadline:
+                return await work
+        except TimeoutError as exc:
+            if not deadline.expired():  # the workflow's own timeout: its error, unchanged
+                raise
+            raise TimeoutError(f"the workflow ran longer than the episode timeout ({limit:g} s)") from exc
         except asyncio.CancelledError:
             if lost and not _current_task_cancelling():
                 raise lost[0] from None
@@ -423,6 +435,9 @@ class Runner:
                 work.cancel()
                 with contextlib.suppress(BaseException):
                     await work
+            for one in llm.values() if isinstance(llm, dict) else (llm,):
+                with contextlib.suppress(Exception):
+                    await one.aclose()
 
 
 def _current_task_cancelling() -> bool:

@@ -7,6 +7,7 @@ trainable model is served for this episode. The workflow may use any OpenAI-comp
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,18 +25,38 @@ class LLM:
     """Episode API key (secret; never log it)."""
     model: str
     """Model name to pass as ``model``."""
+    _opened: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def openai(self, **kwargs: Any) -> Any:
-        """An ``openai.AsyncOpenAI`` client bound to this episode (kwargs go to the constructor)."""
+        """An ``openai.AsyncOpenAI`` client bound to this episode (kwargs go to the constructor).
+
+        The runner closes it when the episode ends (`aclose`); do not keep it for later episodes,
+        whose calls need their own key anyway.
+        """
         from openai import AsyncOpenAI
 
-        return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+        client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+        self._opened.append(client)
+        return client
 
     def openai_sync(self, **kwargs: Any) -> Any:
-        """An ``openai.OpenAI`` (blocking) client bound to this episode."""
+        """An ``openai.OpenAI`` (blocking) client bound to this episode (closed like `openai`'s)."""
         from openai import OpenAI
 
-        return OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+        client = OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+        self._opened.append(client)
+        return client
+
+    async def aclose(self) -> None:
+        """Close the clients `openai` and `openai_sync` made, on the event loop that used them.
+
+        Left to the garbage collector, an async client's connections are closed by a task scheduled
+        on whatever loop runs at that moment, possibly another ``asyncio.run``'s.
+        """
+        while self._opened:
+            closed = self._opened.pop().close()
+            if inspect.isawaitable(closed):
+                await closed
 
     def __repr__(self) -> str:  # keep the secret out of logs and tracebacks
         return f"LLM(base_url={self.base_url!r}, model={self.model!r}, api_key='***')"

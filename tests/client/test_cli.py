@@ -31,6 +31,8 @@ def _one_error_line(output: str, needle: str) -> None:
         ("bad-server", "--server ftp://x: expected URL or NAME=URL"),
         ("eval-without-dataset", "--eval-every needs --eval-dataset"),
         ("bad-group-size", "--group-size: Input should be greater than or equal to 1"),
+        ("bad-episode-timeout", "--episode-timeout: Input should be greater than 0"),
+        ("bad-heartbeat", "--heartbeat: Input should be greater than 0"),
     ],
 )
 def test_user_mistakes(tmp_path: Path, setup: str, needle: str) -> None:
@@ -49,6 +51,10 @@ def test_user_mistakes(tmp_path: Path, setup: str, needle: str) -> None:
         args += ["--eval-every", "2"]
     elif setup == "bad-group-size":
         args += ["--group-size", "0"]
+    elif setup == "bad-episode-timeout":
+        args += ["--episode-timeout", "0"]
+    elif setup == "bad-heartbeat":
+        args += ["--heartbeat", "-1"]
     result = cli.invoke(app, args)
     assert result.exit_code == 1
     _one_error_line(result.output, needle)

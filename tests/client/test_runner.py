@@ -191,6 +191,44 @@ def test_heartbeat_finds_a_lost_episode_and_cancels_the_workflow(client_server, 
     ]
 
 
+def test_a_workflow_past_the_episode_timeout_is_aborted_and_rerun(client_server, tmp_path: Path) -> None:
+    attempts: list[int] = []
+
+    async def run(task: dict[str, Any], llm: LLM) -> float:
+        attempts.append(1)
+        if len(attempts) == 1:  # first attempt hangs (a stuck tool, a lost connection)
+            await asyncio.sleep(30)
+        return 1.0
+
+    start = time.monotonic()
+    summary = _run(
+        run, client_server, _tasks(tmp_path, 1), client_id="timeout", group_size=1, episode_timeout_s=0.5
+    )
+    assert time.monotonic() - start < 10
+    assert (summary.finished, summary.infra_failures, summary.agent_failures) == (1, 1, 0)
+    episodes = episodes_of(client_server, "timeout")
+    assert [e.status for e in episodes] == [EpisodeStatus.INFRA_FAILURE, EpisodeStatus.FINISHED]
+    assert "longer than the episode timeout (0.5 s)" in (episodes[0].reason or "")
+
+
+def test_the_workflows_openai_clients_are_closed_when_the_episode_ends(client_server, tmp_path: Path) -> None:
+    workflow = load_workflow(
+        write_workflow(
+            tmp_path,
+            CHAT_WORKFLOW.replace(
+                "from swarm.client import Result", "from swarm.client import Result\n    MADE = []"
+            ).replace(
+                "client = llm.openai(max_retries=0)",
+                "client = llm.openai(max_retries=0); MADE.append(client)",
+            ),
+        )
+    )
+    summary = _run(workflow, client_server, _tasks(tmp_path, 2), client_id="closing", group_size=2)
+    made = workflow.__globals__["MADE"]
+    assert summary.finished == 4 and len(made) == 4
+    assert all(client.is_closed() for client in made)
+
+
 def test_eval_rounds_every_k_train_tasks(client_server, tmp_path: Path) -> None:
     workflow = load_workflow(
         write_workflow(tmp_path, "async def run(task, llm):\n    return task['value']\n")
