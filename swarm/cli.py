@@ -48,6 +48,7 @@ def _training_config(
     checkpoint_every: int,
     max_steps: int | None,
     drain_timeout: float,
+    max_staleness: int | None,
     quotas: list[str],
 ) -> Any:
     """Build the TrainingConfig from a JSON file or from the CLI options (ValueError on bad input)."""
@@ -85,6 +86,7 @@ def _training_config(
             "checkpoint_every": checkpoint_every,
             "max_steps": max_steps,
             "drain_timeout_s": drain_timeout,
+            "max_staleness": max_staleness,
         }
     )
 
@@ -149,6 +151,13 @@ def serve(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds open episodes may finish once a batch is ready.")
     ] = 120.0,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(
+            help="Asynchronous training: no drain, episodes admitted during steps, trained at most K "
+            "policy versions stale (pair with --tis-cap). Default: synchronous."
+        ),
+    ] = None,
     quota: Annotated[
         list[str] | None, typer.Option(help="Family share, repeatable: --quota math=0.4 --quota code=0.6")
     ] = None,
@@ -192,6 +201,7 @@ def serve(
                 checkpoint_every,
                 max_steps,
                 drain_timeout,
+                max_staleness,
                 quota or [],
             ),
         )

@@ -50,6 +50,8 @@ class Completion:
     """Wall seconds of the engine batch that produced this completion."""
     batch_size: int = 1
     """Rows in that batch."""
+    policy_version: int = 0
+    """The engine's `Engine.policy_version` when this completion was sampled (the weights' step)."""
 
 
 class Engine(Protocol):
@@ -59,6 +61,8 @@ class Engine(Protocol):
     max_context: int
     lock: threading.RLock
     """Held while generating; the trainer holds it to update weights (generation pauses)."""
+    policy_version: int
+    """Trainer step of the weights being sampled; whoever changes the weights sets it under `lock`."""
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """Sample ``params.n`` completions for one prompt (concurrent calls are batched)."""

@@ -97,6 +97,8 @@ class HFEngine:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.stop_ids = self._end_of_turn_ids(model, tokenizer)
         self.lock = threading.RLock()
+        self.policy_version = 0
+        """Trainer step of the weights being sampled (set under `lock` with the weights)."""
         forward_params = inspect.signature(model.forward).parameters
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; accept both.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
@@ -297,6 +299,7 @@ class HFEngine:
                     top_logprobs=row.top,
                     generate_s=elapsed,
                     batch_size=B,
+                    policy_version=self.policy_version,
                 )
             )
         return [results[id(job)] for job in jobs]

@@ -145,9 +145,13 @@ class SwarmRuntime:
         """Open an episode and mint its secret key.
 
         Raises:
-            Unavailable: the server is paused, draining or training (503 + Retry-After).
+            Unavailable: the server is paused, or draining or training in synchronous mode (503 +
+                Retry-After).
         """
-        if self.state in (EngineState.PAUSED, EngineState.DRAINING, EngineState.TRAINING):
+        closed: tuple[EngineState, ...] = (EngineState.PAUSED, EngineState.DRAINING, EngineState.TRAINING)
+        if self.training is not None and self.training.config.max_staleness is not None:
+            closed = (EngineState.PAUSED,)  # asynchronous: admitted while a step runs
+        if self.state in closed:
             raise Unavailable(f"the server is {self.state.value}; no new episodes now", retry_after_s=2.0)
         if self.training is not None:
             self.training.admit(body.family, body.kind)
@@ -227,7 +231,7 @@ class SwarmRuntime:
             self._by_key[episode.key_digest] = episode.id
             raise
         if self.training is not None:
-            self.training.released(stored)
+            self.training.released(stored, episode.calls)
         self.events.emit(
             f"episode.{status.value}",
             f"episode {episode.id} {status.value} (task {req.task_id}, {len(episode.calls)} calls)",
@@ -247,6 +251,15 @@ class SwarmRuntime:
         for episode in ended:
             self._end(episode, EpisodeStatus.INFRA_FAILURE, reason=reason)
         return [e.id for e in ended]
+
+    def abort_older_than(self, version: int, reason: str) -> list[str]:
+        """Abort, as infrastructure failures, open episodes with a call sampled before policy ``version``."""
+        stale = [
+            e for e in self._episodes.values() if e.calls and min(c.policy_version for c in e.calls) < version
+        ]
+        for episode in stale:
+            self._end(episode, EpisodeStatus.INFRA_FAILURE, reason=reason)
+        return [e.id for e in stale]
 
     def pause(self) -> None:
         self.state = EngineState.PAUSED
@@ -439,7 +452,7 @@ class SwarmRuntime:
             sampling=sampling,
             splices=rendered.splices,
             splice_mismatches=rendered.splice_mismatches,
-            policy_version=self.step,
+            policy_version=completion.policy_version,
             created_at=arrived,
             queue_s=max(0.0, time.time() - queued - completion.generate_s),
             generate_s=completion.generate_s,

@@ -7,6 +7,15 @@ State machine (DESIGN.md §2)::
                        └──────────────────────── step done (new weights) ◄──────────────────┘
     any state ──pause──► paused ──resume──► rolling
 
+Asynchronous mode (``max_staleness = K``): no ``draining``; ``rolling ──batch ready──► training``, and
+``begin`` is admitted during ``training`` too. The staleness of an episode trained by the step that
+updates policy version ``s`` to ``s + 1`` is ``s − v``, ``v`` the policy version of its oldest call; it
+is kept ≤ K: when a step starts, open episodes with ``v < s + 1 − K`` are aborted as infra failures
+(they could only be trained later, staler still) and finished ones with ``v < s − K`` are dropped
+untrained. The loss then corrects for the older sampler with the recorded logprobs (``tis_cap``), the
+decoupled PPO objective of AReaL (Fu et al. 2025, eq. 5: clip against the current policy, importance
+weight from the behaviour policy).
+
 What a client sees: in ``draining`` and ``training`` (and ``paused``) ``POST /api/v1/episodes`` answers
 ``503`` with ``Retry-After`` (``SwarmClient`` waits and retries); completions of episodes that are still
 open while draining are served normally; at the drain timeout they are aborted as infrastructure
@@ -48,7 +57,7 @@ from swarm.pool import StoredEpisode
 from swarm.protocol import EngineState, EpisodeKind, EpisodeStatus
 from swarm.server.checkpoints import latest_checkpoint, load_trainer_state, load_weights, save_checkpoint
 from swarm.tracking.merge import LossWeighting, MergeStats, aggregate_stats, build_samples
-from swarm.tracking.records import Sample
+from swarm.tracking.records import CallRecord, Sample
 from swarm.train import (
     LIVE_FIELDS,
     StepMetrics,
@@ -82,7 +91,12 @@ class ServerStepMetrics(StepMetrics):
     drain_s: float = 0.0
     """Seconds spent draining open episodes before the step."""
     drain_aborted: int = 0
-    """Open episodes aborted at the drain timeout."""
+    """Open episodes aborted at the drain timeout (or, asynchronous, as too stale)."""
+    episodes_stale: int = 0
+    """Finished episodes dropped untrained because they were staler than ``max_staleness``."""
+    staleness_mean: float = 0.0
+    """Mean over trained episodes of (policy version updated − version of the episode's oldest call)."""
+    staleness_max: int = 0
     checkpoint_s: float = 0.0
 
 
@@ -113,6 +127,8 @@ class ConfigPatch(BaseModel):
     """Family shares, e.g. ``{"math": 0.4, "code": 0.6}``; ``{}`` removes quotas."""
     training_enabled: bool | None = None
     drain_timeout_s: float | None = Field(default=None, ge=0.0)
+    max_staleness: int | None = Field(default=None, ge=0)
+    """Change K of asynchronous mode (a synchronous server stays synchronous)."""
     checkpoint_every: int | None = Field(default=None, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
 
@@ -213,6 +229,14 @@ class TrainingLoop:
         self._pending: dict[str, EpisodeSummary] = {
             e.id: _summary(e) for e in runtime.pool.pending(EpisodeKind.TRAIN)
         }
+        # Pending episode → policy version of its oldest call (asynchronous staleness bound).
+        self._oldest_version: dict[str, int] = {}
+        if config.max_staleness is not None:
+            self._oldest_version = {
+                eid: min(c.policy_version for c in calls)
+                for eid, calls in runtime.pool.calls(list(self._pending)).items()
+                if calls
+            }
 
     # -- restore -----------------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -233,6 +257,7 @@ class TrainingLoop:
                 episodes=rewound,
             )
         self.runtime.step = step
+        self.runtime.engine.policy_version = step
         kept = []
         if self.metrics_path.exists():
             for line in self.metrics_path.read_text().splitlines():
@@ -255,7 +280,7 @@ class TrainingLoop:
             raise Unavailable(decision.reason, retry_after_s=decision.retry_after_s, status_code=429)
         self.window[family or ""] += 1
 
-    def released(self, episode: StoredEpisode) -> None:
+    def released(self, episode: StoredEpisode, calls: list[CallRecord]) -> None:
         """An episode ended (and is in the pool): index it, give infra failures' quota slots back, wake."""
         if episode.kind is not EpisodeKind.TRAIN:
             return
@@ -264,6 +289,8 @@ class TrainingLoop:
             self.window[family] -= 1
         with self._pending_lock:
             self._pending[episode.id] = _summary(episode)
+            if calls:
+                self._oldest_version[episode.id] = min(c.policy_version for c in calls)
         self.wake()
 
     def _consumed(self, episode_ids: list[str], step: int) -> None:
@@ -271,6 +298,7 @@ class TrainingLoop:
         with self._pending_lock:
             for eid in episode_ids:
                 self._pending.pop(eid, None)
+                self._oldest_version.pop(eid, None)
 
     def vote(self, client_id: str, ready: bool) -> None:
         self.votes.vote(client_id, ready)
@@ -288,6 +316,12 @@ class TrainingLoop:
             RequestError: the combined configuration is invalid (422).
         """
         changes = patch.model_dump(exclude_none=True)
+        if "max_staleness" in changes and self.config.max_staleness is None:
+            raise RequestError(
+                "invalid config change: max_staleness: this server trains synchronously; "
+                "start it with --max-staleness K to run asynchronously",
+                status_code=422,
+            )
         trainer_changes = {k: v for k, v in changes.items() if k in TRAINER_FIELDS}
         try:
             if trainer_changes:
@@ -326,6 +360,7 @@ class TrainingLoop:
             ("normalize_std", "normalize_std"),
             ("training_enabled", "enabled"),
             ("drain_timeout_s", "drain_timeout_s"),
+            ("max_staleness", "max_staleness"),
             ("checkpoint_every", "checkpoint_every"),
             ("max_steps", "max_steps"),
         ):
@@ -349,9 +384,28 @@ class TrainingLoop:
             return False
         return self.config.max_steps is None or self.runtime.step < self.config.max_steps
 
-    def _select(self) -> Batch | None:
+    def _stale(self) -> set[str]:
+        """Finished episodes too stale for the next step (asynchronous mode; empty otherwise)."""
+        if self.config.max_staleness is None:
+            return set()
+        oldest_allowed = self.runtime.step - self.config.max_staleness
         with self._pending_lock:
-            pending = list(self._pending.values())
+            return {
+                eid
+                for eid, v in self._oldest_version.items()
+                if v < oldest_allowed
+                and eid in self._pending
+                and self._pending[eid].status is not BatchStatus.INFRA_FAILURE  # retired anyway
+            }
+
+    def _select(self) -> Batch | None:
+        """The next batch, or ``None``; too-stale episodes take part as infra failures (retired untrained)."""
+        stale = self._stale()
+        with self._pending_lock:
+            pending = [
+                p.model_copy(update={"status": BatchStatus.INFRA_FAILURE}) if p.episode_id in stale else p
+                for p in self._pending.values()
+            ]
         if not pending:
             return None
         return select_batch(self.config.batch, pending, self.votes)
@@ -377,6 +431,9 @@ class TrainingLoop:
         if not self._can_train() or self._select() is None:
             return
         runtime = self.runtime
+        if self.config.max_staleness is not None:
+            await self._step(0.0, self._abort_too_stale())
+            return
         runtime.state = EngineState.DRAINING
         drain_started = time.monotonic()
         deadline = drain_started + self.config.drain_timeout_s
@@ -385,7 +442,22 @@ class TrainingLoop:
         if runtime.state is not EngineState.DRAINING:  # paused while draining
             return
         aborted = runtime.abort_open("aborted at the drain timeout before a training step")
-        drain_s = time.monotonic() - drain_started
+        await self._step(time.monotonic() - drain_started, aborted)
+
+    def _abort_too_stale(self) -> list[str]:
+        """Asynchronous mode: abort open episodes that the staleness bound keeps out of every later step."""
+        assert self.config.max_staleness is not None
+        version = self.runtime.step + 1 - self.config.max_staleness
+        return self.runtime.abort_older_than(
+            version,
+            f"too stale: a call was sampled before policy version {version} and max_staleness is "
+            f"{self.config.max_staleness} (step {self.runtime.step + 1} is starting)",
+        )
+
+    async def _step(self, drain_s: float, aborted: list[str]) -> None:
+        """Train on the next batch (the state is ``rolling``/``draining``; it is ``rolling`` after)."""
+        runtime = self.runtime
+        stale = self._stale()
         batch = self._select()
         if batch is None:
             runtime.state = EngineState.ROLLING
@@ -397,7 +469,7 @@ class TrainingLoop:
             episodes=len(batch.episode_ids),
         )
         try:
-            metrics = await asyncio.to_thread(self._step_blocking, batch, drain_s, len(aborted))
+            metrics = await asyncio.to_thread(self._step_blocking, batch, drain_s, len(aborted), stale)
         finally:
             runtime.state = EngineState.ROLLING
         if metrics is not None:
@@ -433,9 +505,15 @@ class TrainingLoop:
                     advs.append(by_agent.get((eid, s.agent), advantages.get(eid, 0.0)))
         return samples, advs, aggregate_stats(stats)
 
-    def _step_blocking(self, batch: Batch, drain_s: float, drain_aborted: int) -> ServerStepMetrics | None:
+    def _step_blocking(
+        self, batch: Batch, drain_s: float, drain_aborted: int, stale: set[str]
+    ) -> ServerStepMetrics | None:
         runtime = self.runtime
         samples, advs, merge = self._samples(batch)
+        with self._pending_lock:
+            staleness = [
+                runtime.step - self._oldest_version.get(eid, runtime.step) for eid in batch.episode_ids
+            ]
         consumed = list(batch.episode_ids) + list(batch.dropped)
         if not samples:
             self._consumed(consumed, runtime.step + 1)
@@ -454,6 +532,7 @@ class TrainingLoop:
                 runtime.events.emit("train.skipped", f"batch rejected by the trainer: {exc}", level="error")
                 return None
             step = self.trainer.step_count
+            runtime.engine.policy_version = step  # calls waiting on the lock are sampled by step's weights
             # Order matters for crash safety: consumed before the checkpoint (a crash in between rewinds
             # them at restart), and the new step made visible last.
             self._consumed(consumed, step)
@@ -476,6 +555,9 @@ class TrainingLoop:
             tokens_saved=merge.tokens_saved,
             drain_s=drain_s,
             drain_aborted=drain_aborted,
+            episodes_stale=len(stale & set(batch.dropped)),
+            staleness_mean=sum(staleness) / len(staleness) if staleness else 0.0,
+            staleness_max=max(staleness, default=0),
             checkpoint_s=checkpoint_s,
         )
         with self.metrics_path.open("a", encoding="utf-8") as fh:

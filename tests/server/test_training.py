@@ -96,6 +96,70 @@ def test_a_step_updates_the_weights_generation_uses(tmp_path: Path, fresh_engine
         live.stop()
 
 
+def _call(episode: Any) -> None:
+    OpenAI(base_url=episode.base_url, api_key=episode.api_key).chat.completions.create(
+        model=episode.model, messages=QUESTION, max_tokens=3, temperature=1.0
+    )
+
+
+def test_asynchronous_mode_trains_without_draining_and_bounds_staleness(
+    tmp_path: Path, fresh_engine: Any
+) -> None:
+    """K = 1, one group of 2 per step: open episodes survive one step, not two; finished ones likewise."""
+    config = training_config(1e-3, max_staleness=1)
+    config.batch = BatchConfig(policy=BatchPolicy.TASKS, batch_size=1, group_size=2)
+    live = make_server(tmp_path, fresh_engine, training=config)
+    try:
+        with SwarmClient(live.url) as client:
+
+            def step(task_id: str, n: int) -> None:
+                rollout(client, task_id, 1.0)
+                rollout(client, task_id, 0.0)
+                wait_for(lambda: client.status().step == n, 60, f"step {n}")
+
+            straggler = client.begin("slow")
+            _call(straggler)  # sampled by policy 0, stays open
+            lone = rollout(client, "lone", 1.0)  # finished at policy 0; its group never completes
+            step("a", 1)
+            assert client.get_episode(straggler.id).status == "open"  # no drain: it kept running
+            step("b", 2)  # step 2 updates policy 1: a call of policy 0 would be 2 stale -> aborted
+            view = client.get_episode(straggler.id)
+            assert view.status == "infra_failure" and "too stale" in (view.reason or "")
+            step("c", 3)  # policy 2: the finished lone episode (policy 0) is dropped untrained
+            assert client.get_episode(lone).trained_step == 3
+
+            late = client.begin("d")
+            _call(late)  # policy 3
+            step("e", 4)
+            _call(late)  # policy 4: the episode spans two policy versions
+            late.finish(1.0)
+            rollout(client, "d", 0.0)
+            wait_for(lambda: client.status().step == 5, 60, "step 5")
+            assert [c.policy_version for c in client.get_episode(late.id).calls] == [3, 4]
+            admitted = client.begin("admitted-while-training-is-allowed")
+            admitted.abort()
+        metrics = httpx.get(f"{live.url}/api/v1/metrics").json()
+        assert [m["drain_s"] for m in metrics] == [0.0] * 5
+        assert [m["drain_aborted"] for m in metrics] == [0, 1, 0, 0, 0]
+        assert [m["episodes_stale"] for m in metrics] == [0, 0, 1, 0, 0]
+        assert [m["staleness_max"] for m in metrics] == [0, 0, 0, 0, 1]
+        assert metrics[4]["staleness_mean"] == 0.5
+        changed = httpx.patch(f"{live.url}/api/v1/config", json={"max_staleness": 0})
+        assert changed.status_code == 200 and changed.json()["changed"] == {"max_staleness": 0}
+    finally:
+        live.stop()
+
+
+def test_a_synchronous_server_cannot_be_made_asynchronous_live(tmp_path: Path, fresh_engine: Any) -> None:
+    live = make_server(tmp_path, fresh_engine, training=training_config(1e-3))
+    try:
+        answer = httpx.patch(f"{live.url}/api/v1/config", json={"max_staleness": 1})
+        assert answer.status_code == 422
+        assert "--max-staleness" in answer.json()["error"]["message"]
+    finally:
+        live.stop()
+
+
 def test_live_config_pause_resume_and_drain(tmp_path: Path, fresh_engine: Any) -> None:
     config = training_config(1e-3, drain_timeout_s=1.0)
     config.batch = BatchConfig(policy=BatchPolicy.EPISODES, batch_size=1, group_size=1)
