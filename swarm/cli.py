@@ -247,7 +247,13 @@ def _startup_line(config: Any, engine: Any) -> str:
     lora = f"LoRA r={t.trainer.lora.r}" if t.trainer.lora else "full fine-tuning"
     return (
         f"{line} · trains {lora}, lr {t.trainer.lr:g}, every {t.batch.batch_size} {t.batch.policy.value} "
-        f"× G={t.batch.group_size} episodes · control routes "
+        f"× G={t.batch.group_size} episodes"
+        + (
+            " (synchronous)"
+            if t.max_staleness is None
+            else f" (asynchronous, max staleness {t.max_staleness})"
+        )
+        + " · control routes "
         + ("need the admin token" if config.admin_token else "open on loopback (no admin token)")
     )
 

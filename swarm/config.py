@@ -56,10 +56,9 @@ class TrainingConfig(BaseModel):
     max_staleness: int | None = Field(default=None, ge=0)
     """``None``: synchronous (drain open episodes before every step). ``K``: asynchronous: a step starts
     as soon as its batch is ready, and episodes keep being admitted and served meanwhile (their calls wait
-    for the update). An episode is trained only if its oldest call was sampled at most ``K`` policy
-    versions before the one the step updates; open episodes that can no longer make it are aborted as
-    infra failures when a step starts, finished ones are dropped untrained (``episodes_stale``). Pair it
-    with ``trainer.tis_cap`` (the sampler's logprobs are then an older policy's)."""
+    for the update). When a step starts, open episodes with a call sampled more than ``K`` versions before
+    the policy it produces are aborted as infra failures (the runner re-runs them); finished episodes are
+    always trained. Pair it with ``trainer.tis_cap`` (the sampler's logprobs are an older policy's)."""
     checkpoint_every: int = Field(default=5, ge=1)
     """Save weights + optimizer + step every N steps (and on ``POST /api/v1/checkpoint``)."""
     keep_checkpoints: int = Field(default=2, ge=1)

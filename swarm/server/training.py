@@ -9,12 +9,13 @@ State machine (DESIGN.md §2)::
 
 Asynchronous mode (``max_staleness = K``): no ``draining``; ``rolling ──batch ready──► training``, and
 ``begin`` is admitted during ``training`` too. The staleness of an episode trained by the step that
-updates policy version ``s`` to ``s + 1`` is ``s − v``, ``v`` the policy version of its oldest call; it
-is kept ≤ K: when a step starts, open episodes with ``v < s + 1 − K`` are aborted as infra failures
-(they could only be trained later, staler still) and finished ones with ``v < s − K`` are dropped
-untrained. The loss then corrects for the older sampler with the recorded logprobs (``tis_cap``), the
-decoupled PPO objective of AReaL (Fu et al. 2025, eq. 5: clip against the current policy, importance
-weight from the behaviour policy).
+updates policy version ``s`` to ``s + 1`` is ``s − v``, ``v`` the policy version of its oldest call. No
+episode keeps sampling once it is K versions behind: when a step starts, open episodes with
+``v < s + 1 − K`` are aborted as infra failures (the runner re-runs them). Finished episodes are never
+dropped: like in synchronous mode, one that waits in the pool for the rest of its group is trained with
+the group (``staleness_max`` reports it). The loss corrects for the older sampler with the recorded
+logprobs (``tis_cap``), the decoupled PPO objective of AReaL (Fu et al. 2025: clip against the current
+policy, importance weight from the behaviour policy).
 
 What a client sees: in ``draining`` and ``training`` (and ``paused``) ``POST /api/v1/episodes`` answers
 ``503`` with ``Retry-After`` (``SwarmClient`` waits and retries); completions of episodes that are still
@@ -92,8 +93,6 @@ class ServerStepMetrics(StepMetrics):
     """Seconds spent draining open episodes before the step."""
     drain_aborted: int = 0
     """Open episodes aborted at the drain timeout (or, asynchronous, as too stale)."""
-    episodes_stale: int = 0
-    """Finished episodes dropped untrained because they were staler than ``max_staleness``."""
     staleness_mean: float = 0.0
     """Mean over trained episodes of (policy version updated − version of the episode's oldest call)."""
     staleness_max: int = 0
@@ -229,14 +228,12 @@ class TrainingLoop:
         self._pending: dict[str, EpisodeSummary] = {
             e.id: _summary(e) for e in runtime.pool.pending(EpisodeKind.TRAIN)
         }
-        # Pending episode → policy version of its oldest call (asynchronous staleness bound).
-        self._oldest_version: dict[str, int] = {}
-        if config.max_staleness is not None:
-            self._oldest_version = {
-                eid: min(c.policy_version for c in calls)
-                for eid, calls in runtime.pool.calls(list(self._pending)).items()
-                if calls
-            }
+        # Pending episode → policy version of its oldest call (staleness metrics).
+        self._oldest_version: dict[str, int] = {
+            eid: min(c.policy_version for c in calls)
+            for eid, calls in runtime.pool.calls(list(self._pending)).items()
+            if calls
+        }
 
     # -- restore -----------------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -384,28 +381,9 @@ class TrainingLoop:
             return False
         return self.config.max_steps is None or self.runtime.step < self.config.max_steps
 
-    def _stale(self) -> set[str]:
-        """Finished episodes too stale for the next step (asynchronous mode; empty otherwise)."""
-        if self.config.max_staleness is None:
-            return set()
-        oldest_allowed = self.runtime.step - self.config.max_staleness
-        with self._pending_lock:
-            return {
-                eid
-                for eid, v in self._oldest_version.items()
-                if v < oldest_allowed
-                and eid in self._pending
-                and self._pending[eid].status is not BatchStatus.INFRA_FAILURE  # retired anyway
-            }
-
     def _select(self) -> Batch | None:
-        """The next batch, or ``None``; too-stale episodes take part as infra failures (retired untrained)."""
-        stale = self._stale()
         with self._pending_lock:
-            pending = [
-                p.model_copy(update={"status": BatchStatus.INFRA_FAILURE}) if p.episode_id in stale else p
-                for p in self._pending.values()
-            ]
+            pending = list(self._pending.values())
         if not pending:
             return None
         return select_batch(self.config.batch, pending, self.votes)
@@ -457,7 +435,6 @@ class TrainingLoop:
     async def _step(self, drain_s: float, aborted: list[str]) -> None:
         """Train on the next batch (the state is ``rolling``/``draining``; it is ``rolling`` after)."""
         runtime = self.runtime
-        stale = self._stale()
         batch = self._select()
         if batch is None:
             runtime.state = EngineState.ROLLING
@@ -469,7 +446,7 @@ class TrainingLoop:
             episodes=len(batch.episode_ids),
         )
         try:
-            metrics = await asyncio.to_thread(self._step_blocking, batch, drain_s, len(aborted), stale)
+            metrics = await asyncio.to_thread(self._step_blocking, batch, drain_s, len(aborted))
         finally:
             runtime.state = EngineState.ROLLING
         if metrics is not None:
@@ -505,9 +482,7 @@ class TrainingLoop:
                     advs.append(by_agent.get((eid, s.agent), advantages.get(eid, 0.0)))
         return samples, advs, aggregate_stats(stats)
 
-    def _step_blocking(
-        self, batch: Batch, drain_s: float, drain_aborted: int, stale: set[str]
-    ) -> ServerStepMetrics | None:
+    def _step_blocking(self, batch: Batch, drain_s: float, drain_aborted: int) -> ServerStepMetrics | None:
         runtime = self.runtime
         samples, advs, merge = self._samples(batch)
         with self._pending_lock:
@@ -555,7 +530,6 @@ class TrainingLoop:
             tokens_saved=merge.tokens_saved,
             drain_s=drain_s,
             drain_aborted=drain_aborted,
-            episodes_stale=len(stale & set(batch.dropped)),
             staleness_mean=sum(staleness) / len(staleness) if staleness else 0.0,
             staleness_max=max(staleness, default=0),
             checkpoint_s=checkpoint_s,

@@ -105,7 +105,7 @@ def _call(episode: Any) -> None:
 def test_asynchronous_mode_trains_without_draining_and_bounds_staleness(
     tmp_path: Path, fresh_engine: Any
 ) -> None:
-    """K = 1, one group of 2 per step: open episodes survive one step, not two; finished ones likewise."""
+    """K = 1, one group of 2 per step: open episodes survive one step, not two; finished ones wait."""
     config = training_config(1e-3, max_staleness=1)
     config.batch = BatchConfig(policy=BatchPolicy.TASKS, batch_size=1, group_size=2)
     live = make_server(tmp_path, fresh_engine, training=config)
@@ -125,8 +125,9 @@ def test_asynchronous_mode_trains_without_draining_and_bounds_staleness(
             step("b", 2)  # step 2 updates policy 1: a call of policy 0 would be 2 stale -> aborted
             view = client.get_episode(straggler.id)
             assert view.status == "infra_failure" and "too stale" in (view.reason or "")
-            step("c", 3)  # policy 2: the finished lone episode (policy 0) is dropped untrained
-            assert client.get_episode(lone).trained_step == 3
+            rollout(client, "lone", 0.0)  # completes the group: a finished episode is never dropped
+            wait_for(lambda: client.status().step == 3, 60, "step 3")
+            assert client.get_episode(lone).trained_step == 3  # staleness 2: it waited for its group
 
             late = client.begin("d")
             _call(late)  # policy 3
@@ -141,9 +142,8 @@ def test_asynchronous_mode_trains_without_draining_and_bounds_staleness(
         metrics = httpx.get(f"{live.url}/api/v1/metrics").json()
         assert [m["drain_s"] for m in metrics] == [0.0] * 5
         assert [m["drain_aborted"] for m in metrics] == [0, 1, 0, 0, 0]
-        assert [m["episodes_stale"] for m in metrics] == [0, 0, 1, 0, 0]
-        assert [m["staleness_max"] for m in metrics] == [0, 0, 0, 0, 1]
-        assert metrics[4]["staleness_mean"] == 0.5
+        assert [m["staleness_max"] for m in metrics] == [0, 0, 2, 0, 1]
+        assert [m["staleness_mean"] for m in metrics] == [0.0, 0.0, 1.0, 0.0, 0.5]
         changed = httpx.patch(f"{live.url}/api/v1/config", json={"max_staleness": 0})
         assert changed.status_code == 200 and changed.json()["changed"] == {"max_staleness": 0}
     finally:
