@@ -91,6 +91,8 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     # continuation started at the step the server had reached.
     starts = [e for e in store.events(study_id=study_id) if "swarm serve started" in e.message]
     assert len(starts) == 1
+    (server_log,) = (ws / "servers").glob("*.server.log")
+    assert "(asynchronous, max staleness 1)" in server_log.read_text()  # a3r trains without drains
     outcomes = state["outcomes"]
     assert outcomes[-1].status == "finished" and outcomes[-1].steps >= 3
     # Held-out evaluation with the frozen evaluator before (smoke) and after training.
