@@ -101,6 +101,7 @@ KEY_METRICS = (
     "grad_norm",
     "clip_frac",
     "tis_weight_mean",
+    "staleness_mean",
     "steps",
     "wall_s",
 )
