@@ -200,6 +200,43 @@ WaitOption = Annotated[
 HangOption = Annotated[
     float, typer.Option("--hang-after", min=1, help="Seconds without progress before a run is hung.")
 ]
+ServeOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--serve-option",
+        help="Extra `swarm serve` option for every started server, repeatable: "
+        "--serve-option max-staleness=1 --serve-option threads=1 (true/false for flags).",
+    ),
+]
+
+
+_MANAGED_SERVE_OPTIONS = {
+    "model": "use --model",
+    "port": "a3r picks a free port for every server",
+    "host": "a3r's servers listen on loopback",
+    "run-dir": "a3r keeps each server's run dir in the study workspace",
+    "admin-token": "a3r gives its servers a fresh admin token (never recorded in the store)",
+}
+"""``swarm serve`` options a3r sets itself, with why they cannot be passed."""
+
+
+def _serve_options(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` items → ``swarm serve`` options (``true``/``false`` become flags).
+
+    Raises:
+        typer.Exit: an item is not ``KEY=VALUE`` (one line, exit code 1).
+    """
+    options: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().removeprefix("--")
+        if not sep or not key:
+            raise _fail(f"--serve-option {item!r}: expected KEY=VALUE, e.g. max-staleness=1")
+        if key in _MANAGED_SERVE_OPTIONS:
+            raise _fail(f"--serve-option {key}: {_MANAGED_SERVE_OPTIONS[key]}")
+        lowered = value.strip().lower()
+        options[key] = {"true": True, "false": False}.get(lowered, value.strip())
+    return options
 
 
 def vibe(
@@ -223,8 +260,10 @@ def vibe(
     provider_model: ProviderModelOption = None,
     base_url: BaseUrlOption = None,
     hang_after: HangOption = 180.0,
+    serve_option: ServeOption = None,
 ) -> None:
     """Plan, code, smoke-test, train, monitor, patch (with approval) and report on one request."""
+    server_options = _serve_options(serve_option)
     if server is not None:
         _check_server(server)
     settings = SessionSettings(
@@ -238,6 +277,7 @@ def vibe(
         auto_approve=auto_approve,
         budget_minutes=budget_minutes,
         hang_after_s=hang_after,
+        server_options=server_options,
     )
     overrides = {
         k: v
@@ -272,8 +312,10 @@ def research(
     provider_model: ProviderModelOption = None,
     base_url: BaseUrlOption = None,
     hang_after: HangOption = 180.0,
+    serve_option: ServeOption = None,
 ) -> None:
     """Answer a research question with a pre-registered, staged, multi-seed sweep."""
+    server_options = _serve_options(serve_option)
     settings = SessionSettings(
         store=store,
         root=root,
@@ -284,6 +326,7 @@ def research(
         budget_minutes=budget_minutes,
         eval_tasks=eval_tasks,
         hang_after_s=hang_after,
+        server_options=server_options,
     )
     overrides: dict[str, Any] = {}
     if steps is not None:

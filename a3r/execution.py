@@ -251,10 +251,9 @@ def _server_options(spec: RunSpec, ctx: RunContext) -> ServerOptions:
         # bf16 sampling makes the engine's logprobs differ from the trainer's: truncated importance
         # sampling (C = 2, as Yao et al. 2025) corrects the gradient for it.
         options.setdefault("tis-cap", 2.0)
-        # Train without draining: a step starts as soon as its batch is ready while the other episodes
-        # keep playing; one that falls 1 policy version behind is aborted and re-run (1.14× faster on
-        # bench/async_training.py's long-tail workload, where drains took a third of the time).
-        options.setdefault("max-staleness", 1)
+    # Synchronous training (on-policy): asynchronous mode (`--serve-option max-staleness=1`) ran the
+    # who-is-the-spy job no faster on 2 CPU cores (sampling and updates share them; 1228 s vs 1233 s
+    # for 10 steps), and gains only where episodes idle on slow tools (bench/async_training.py).
     return options
 
 

@@ -35,7 +35,7 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
         hang_after_s=120.0,
         poll_s=0.5,
         eval_tasks=4,
-        server_options={"max-batch-size": 8, "checkpoint-every": 100},
+        server_options={"max-batch-size": 8, "checkpoint-every": 100, "max-staleness": 1},
     )
     graph = build_graph(saver)
     config = {"configurable": {"thread_id": "t-e2e"}}
@@ -92,7 +92,7 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     starts = [e for e in store.events(study_id=study_id) if "swarm serve started" in e.message]
     assert len(starts) == 1
     (server_log,) = (ws / "servers").glob("*.server.log")
-    assert "(asynchronous, max staleness 1)" in server_log.read_text()  # a3r trains without drains
+    assert "(asynchronous, max staleness 1)" in server_log.read_text()  # server options reach the server
     outcomes = state["outcomes"]
     assert outcomes[-1].status == "finished" and outcomes[-1].steps >= 3
     # Held-out evaluation with the frozen evaluator before (smoke) and after training.

@@ -224,7 +224,25 @@ def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
     assert dead.exit_code == 1 and "cannot reach it" in dead.output
     empty = runner.invoke(app, ["vibe", "   ", *untouched])
     assert empty.exit_code == 1 and "the request is empty" in empty.output
+    bad = runner.invoke(app, ["vibe", "train arithmetic", "--serve-option", "max-staleness", *untouched])
+    assert bad.exit_code == 1 and "--serve-option 'max-staleness': expected KEY=VALUE" in bad.output
+    managed = runner.invoke(
+        app, ["research", "find min stable batch size", "--serve-option", "--admin-token=s3cret", *untouched]
+    )
+    assert managed.exit_code == 1 and "--serve-option admin-token: a3r gives its servers" in managed.output
+    assert "s3cret" not in managed.output
     assert not fresh.exists()
+
+
+def test_serve_options_parse_into_swarm_serve_flags() -> None:
+    from a3r.commands import _serve_options
+    from a3r.processes import ServerOptions
+
+    options = _serve_options(["max-staleness=1", "--threads=2", "train=false", "dtype=bfloat16"])
+    assert options == {"max-staleness": "1", "threads": "2", "train": False, "dtype": "bfloat16"}
+    assert ServerOptions(options).argv() == [
+        "--max-staleness", "1", "--threads", "2", "--no-train", "--dtype", "bfloat16",
+    ]  # fmt: skip
 
 
 def test_train_reward_up_while_held_out_down_is_flagged(tmp_path: Path, store: Store) -> None:
