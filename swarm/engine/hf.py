@@ -24,6 +24,7 @@ import torch
 
 from swarm.engine.base import Completion, SamplingParams
 from swarm.errors import ContextLengthError
+from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import FinishReason
 
@@ -111,6 +112,14 @@ class HFEngine:
         self._worker.start()
         self.batches = 0
         """Number of batches run (for tests and metrics)."""
+        self.trims = 0
+        """Times the heap was handed back (for tests)."""
+        self.idle_trim_s = 1.0
+        """After a CPU batch, once the queue has been empty this long the freed heap is handed back
+        to the OS (`swarm.heap`)."""
+
+    def _on_cpu(self) -> bool:
+        return bool(next(self.model.parameters()).device.type == "cpu")
 
     @staticmethod
     def _end_of_turn_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -167,8 +176,14 @@ class HFEngine:
         expected_rows = 0  # rows of the last batch + rows queued when it ended: likely back soon
         lowered = False  # the last batch saw fewer rows than expected (the next such one lowers it)
         regroup_until = 0.0  # monotonic time until which the worker waits for them
+        untrimmed = False  # a CPU batch ran since the heap was last handed back
         while True:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(timeout=self.idle_trim_s if untrimmed else None)
+            except queue.Empty:  # idle: give the batch's freed activations back to the OS
+                self.trims += return_freed_memory()
+                untrimmed = False
+                continue
             if first is None:
                 return
             jobs = [first]
@@ -198,6 +213,7 @@ class HFEngine:
                     started = time.monotonic()
                     results = self._generate_batch(jobs)
                     ended = time.monotonic()
+                untrimmed = self._on_cpu()
                 with self._queued_lock:
                     observed = rows + self._queued_rows
                 if observed >= expected_rows or lowered:
