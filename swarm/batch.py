@@ -153,6 +153,15 @@ class BatchConfig(BaseModel):
     aborted_reward: float | None = 0.0
     """Reward given to ``ABORTED`` episodes in group statistics; ``None`` excludes them like infra failures."""
 
+    @model_validator(mode="after")
+    def _groups_carry_signal(self) -> BatchConfig:
+        if self.group_size < 2 and self.policy in (BatchPolicy.TASKS, BatchPolicy.INFORMATIVE_TASKS):
+            raise ValueError(
+                f"group_size 1 with the {self.policy.value!r} policy: every GRPO group is one episode, "
+                "whose advantage is 0, so nothing would be learned; use group_size >= 2"
+            )
+        return self
+
 
 class Batch(BaseModel):
     """Episodes to train now, as chosen by :func:`select_batch`.

@@ -208,7 +208,9 @@ def serve(
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        if len(err["loc"]) == 1:  # a top-level field is a command-line option
+        if err["loc"] == ("batch",):  # BatchConfig's own checks span --batch-policy/-size, --group-size
+            where = "--batch-policy/--batch-size/--group-size"
+        elif len(err["loc"]) == 1:  # a top-level field is a command-line option
             where = "--" + where.replace("_", "-")
         message = str(err["msg"]).removeprefix("Value error, ")
         raise fail(f"{where}: {message}" if where else message) from None

@@ -18,6 +18,10 @@ runner = CliRunner()
         (["--dtype", "bfloat16"], "full fine-tuning of bfloat16 weights loses AdamW updates"),
         (["--mixed-precision", "foo"], "--mixed-precision: Input should be 'no', 'bf16', 'fp16' or 'auto'"),
         (["--tis-cap", "0"], "trainer.tis_cap: Input should be greater than 0"),
+        (
+            ["--group-size", "1"],
+            "--batch-policy/--batch-size/--group-size: group_size 1 with the 'tasks' policy",
+        ),
         (["--max-staleness", "-1"], "--max-staleness: Input should be greater than or equal to 0"),
         (
             ["--model", "/nonexistent/model.gguf"],
