@@ -27,7 +27,7 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 
 from a3r.errors import A3RError
-from a3r.llm import ProviderKind
+from a3r.llm import OfflineProvider, ProviderKind
 from a3r.session import Session, SessionSettings, Step, open_session, recorded_settings
 from memory import StoreError
 
@@ -151,6 +151,13 @@ def _launch(
         raise _fail(
             f'the request is empty: say what to {"train" if mode == "vibe" else "study"}, e.g. "train who-is-the-spy"'
         )
+    if settings.provider is ProviderKind.offline:
+        # The offline planner is deterministic and cheap: a request it cannot plan fails here, before
+        # a thread, a store or a checkpoint exists (an LLM provider plans inside the thread).
+        try:
+            OfflineProvider().plan(request, mode=mode)
+        except A3RError as exc:
+            raise _fail(str(exc)) from None
     _interrupt_on_sigterm()
     try:
         with open_session(settings, notify=_say) as session:

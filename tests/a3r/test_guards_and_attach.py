@@ -231,6 +231,9 @@ def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
     )
     assert managed.exit_code == 1 and "--serve-option admin-token: a3r gives its servers" in managed.output
     assert "s3cret" not in managed.output
+    unplannable = runner.invoke(app, ["vibe", "train a chess engine", *untouched])
+    assert unplannable.exit_code == 1 and "no task template covers" in unplannable.output
+    assert "thread" not in unplannable.output  # no thread id for a thread that never existed
     assert not fresh.exists()
 
 
