@@ -154,8 +154,9 @@ def serve(
     max_staleness: Annotated[
         int | None,
         typer.Option(
-            help="Asynchronous training: no drain, episodes admitted during steps, trained at most K "
-            "policy versions stale (pair with --tis-cap). Default: synchronous."
+            help="Asynchronous training: no drain; episodes admitted during steps while at most "
+            "(K+1)·B·G are ahead of the trainer; open episodes K versions behind are aborted "
+            "(pair with --tis-cap). Default: synchronous."
         ),
     ] = None,
     quota: Annotated[

@@ -218,8 +218,9 @@ class Pool:
                 self._db.execute("SELECT status, COUNT(*) FROM episodes GROUP BY status").fetchall()
             )
             pending, trained = self._db.execute(
-                "SELECT SUM(trained_step IS NULL), SUM(trained_step IS NOT NULL) FROM episodes WHERE kind = ?",
-                (EpisodeKind.TRAIN.value,),
+                "SELECT SUM(trained_step IS NULL), SUM(trained_step IS NOT NULL) FROM episodes "
+                "WHERE kind = ? AND status != ?",  # infra failures are retired, never trained
+                (EpisodeKind.TRAIN.value, EpisodeStatus.INFRA_FAILURE.value),
             ).fetchone()
         return EpisodeCounts(
             finished=by_status.get(EpisodeStatus.FINISHED.value, 0),

@@ -305,8 +305,9 @@ class EpisodeCounts(BaseModel):
     aborted: int = 0
     infra_failure: int = 0
     pending: int = 0
-    """Finished train episodes not yet trained on."""
+    """Ended train episodes (finished or aborted, not infra failures) waiting for a step."""
     trained: int = 0
+    """Ended train episodes (finished or aborted) consumed by a step (zero-signal groups included)."""
 
 
 class StatusView(BaseModel):

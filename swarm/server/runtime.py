@@ -154,7 +154,7 @@ class SwarmRuntime:
         if self.state in closed:
             raise Unavailable(f"the server is {self.state.value}; no new episodes now", retry_after_s=2.0)
         if self.training is not None:
-            self.training.admit(body.family, body.kind)
+            self.training.admit(body.family, body.kind, body.task_id)
             self.training.votes.touch(body.client_id)
         episode_id = "ep-" + uuid.uuid4().hex
         key = KEY_PREFIX + secrets.token_urlsafe(32)

@@ -11,8 +11,9 @@ Asynchronous mode (``max_staleness = K``): no ``draining``; ``rolling ──batc
 ``begin`` is admitted during ``training`` too. The staleness of an episode trained by the step that
 updates policy version ``s`` to ``s + 1`` is ``s − v``, ``v`` the policy version of its oldest call. No
 episode keeps sampling once it is K versions behind: when a step starts, open episodes with
-``v < s + 1 − K`` are aborted as infra failures (the runner re-runs them). Finished episodes are never
-dropped: like in synchronous mode, one that waits in the pool for the rest of its group is trained with
+``v < s + 1 − K`` are aborted as infra failures (the runner re-runs them), and admission holds at most
+``(K + 1)·B·G`` train episodes ahead of the trainer (AReaL's rule), so the pool cannot run away from
+it when rollouts are faster than updates. Finished episodes are never dropped: like in synchronous mode, one that waits in the pool for the rest of its group is trained with
 the group (``staleness_max`` reports it). The loss corrects for the older sampler with the recorded
 logprobs (``tis_cap``), the decoupled PPO objective of AReaL (Fu et al. 2025: clip against the current
 policy, importance weight from the behaviour policy).
@@ -92,7 +93,9 @@ class ServerStepMetrics(StepMetrics):
     drain_s: float = 0.0
     """Seconds spent draining open episodes before the step."""
     drain_aborted: int = 0
-    """Open episodes aborted at the drain timeout (or, asynchronous, as too stale)."""
+    """Open episodes aborted at the drain timeout (synchronous)."""
+    stale_aborted: int = 0
+    """Open episodes aborted as too stale when the step started (asynchronous)."""
     staleness_mean: float = 0.0
     """Mean over trained episodes of (policy version updated − version of the episode's oldest call)."""
     staleness_max: int = 0
@@ -141,6 +144,7 @@ class Vote(BaseModel):
 
 
 TRAINER_FIELDS = frozenset(LIVE_FIELDS) & frozenset(ConfigPatch.model_fields)
+_SIZED_POLICIES = frozenset({BatchPolicy.EPISODES, BatchPolicy.TASKS, BatchPolicy.INFORMATIVE_TASKS})
 
 
 def _summary(ep: StoredEpisode) -> EpisodeSummary:
@@ -228,6 +232,10 @@ class TrainingLoop:
         self._pending: dict[str, EpisodeSummary] = {
             e.id: _summary(e) for e in runtime.pool.pending(EpisodeKind.TRAIN)
         }
+        # Task → train episodes admitted and not yet consumed or retired (asynchronous admission).
+        self._ahead: Counter[str] = Counter(
+            p.task_id for p in self._pending.values() if p.status is not BatchStatus.INFRA_FAILURE
+        )
         # Pending episode → policy version of its oldest call (staleness metrics).
         self._oldest_version: dict[str, int] = {
             eid: min(c.policy_version for c in calls)
@@ -268,14 +276,39 @@ class TrainingLoop:
         self.history = kept
 
     # -- admission and votes -----------------------------------------------------------------------------
-    def admit(self, family: str | None, kind: EpisodeKind) -> None:
-        """Enforce family quotas for a new train episode (raises 429 Unavailable when over quota)."""
-        if kind is not EpisodeKind.TRAIN or self.config.quotas is None:
+    def admit(self, family: str | None, kind: EpisodeKind, task_id: str) -> None:
+        """Admit a new train episode: family quotas (429) and, asynchronous, the bound on episodes ahead
+        of the trainer (503), both with ``Retry-After``."""
+        if kind is not EpisodeKind.TRAIN:
             return
-        decision = admit(self.config.quotas, dict(self.window), family)
-        if not decision.allowed:
-            raise Unavailable(decision.reason, retry_after_s=decision.retry_after_s, status_code=429)
-        self.window[family or ""] += 1
+        self._admit_ahead(task_id)
+        if self.config.quotas is not None:
+            decision = admit(self.config.quotas, dict(self.window), family)
+            if not decision.allowed:
+                raise Unavailable(decision.reason, retry_after_s=decision.retry_after_s, status_code=429)
+            self.window[family or ""] += 1
+        with self._pending_lock:
+            self._ahead[task_id] += 1
+
+    def _admit_ahead(self, task_id: str) -> None:
+        """Asynchronous back-pressure (AReaL's admission rule): at most ``(K + 1)·B·G`` train episodes
+        admitted and not yet consumed by a step, so rollouts run at most K steps ahead of the trainer
+        (the `episodes`, `tasks` and `informative_tasks` policies; the voting ones have no batch size).
+        A group already begun may always complete, or a `tasks` batch could never form."""
+        k, batch = self.config.max_staleness, self.config.batch
+        if k is None or batch.policy not in _SIZED_POLICIES:
+            return
+        limit = (k + 1) * batch.batch_size * batch.group_size
+        with self._pending_lock:
+            ahead = sum(self._ahead.values())
+            group_open = 0 < self._ahead[task_id] < batch.group_size
+        if ahead < limit or (group_open and batch.policy is not BatchPolicy.EPISODES):
+            return
+        raise Unavailable(
+            f"asynchronous training: {ahead} train episodes are ahead of the trainer and max_staleness "
+            f"{k} allows (K+1)·B·G = {limit}; retry after the next step",
+            retry_after_s=1.0,
+        )
 
     def released(self, episode: StoredEpisode, calls: list[CallRecord]) -> None:
         """An episode ended (and is in the pool): index it, give infra failures' quota slots back, wake."""
@@ -288,14 +321,23 @@ class TrainingLoop:
             self._pending[episode.id] = _summary(episode)
             if calls:
                 self._oldest_version[episode.id] = min(c.policy_version for c in calls)
+            if episode.status is EpisodeStatus.INFRA_FAILURE:  # retired, never trained: no longer ahead
+                self._less_ahead(episode.task_id)
         self.wake()
+
+    def _less_ahead(self, task_id: str) -> None:
+        self._ahead[task_id] -= 1
+        if self._ahead[task_id] <= 0:
+            del self._ahead[task_id]
 
     def _consumed(self, episode_ids: list[str], step: int) -> None:
         self.runtime.pool.mark_trained(episode_ids, step)
         with self._pending_lock:
             for eid in episode_ids:
-                self._pending.pop(eid, None)
+                summary = self._pending.pop(eid, None)
                 self._oldest_version.pop(eid, None)
+                if summary is not None and summary.status is not BatchStatus.INFRA_FAILURE:
+                    self._less_ahead(summary.task_id)
 
     def vote(self, client_id: str, ready: bool) -> None:
         self.votes.vote(client_id, ready)
@@ -410,7 +452,7 @@ class TrainingLoop:
             return
         runtime = self.runtime
         if self.config.max_staleness is not None:
-            await self._step(0.0, self._abort_too_stale())
+            await self._step(0.0, [], self._abort_too_stale())
             return
         runtime.state = EngineState.DRAINING
         drain_started = time.monotonic()
@@ -420,7 +462,7 @@ class TrainingLoop:
         if runtime.state is not EngineState.DRAINING:  # paused while draining
             return
         aborted = runtime.abort_open("aborted at the drain timeout before a training step")
-        await self._step(time.monotonic() - drain_started, aborted)
+        await self._step(time.monotonic() - drain_started, aborted, [])
 
     def _abort_too_stale(self) -> list[str]:
         """Asynchronous mode: abort open episodes that the staleness bound keeps out of every later step."""
@@ -432,7 +474,7 @@ class TrainingLoop:
             f"{self.config.max_staleness} (step {self.runtime.step + 1} is starting)",
         )
 
-    async def _step(self, drain_s: float, aborted: list[str]) -> None:
+    async def _step(self, drain_s: float, aborted: list[str], stale: list[str]) -> None:
         """Train on the next batch (the state is ``rolling``/``draining``; it is ``rolling`` after)."""
         runtime = self.runtime
         batch = self._select()
@@ -446,7 +488,7 @@ class TrainingLoop:
             episodes=len(batch.episode_ids),
         )
         try:
-            metrics = await asyncio.to_thread(self._step_blocking, batch, drain_s, len(aborted))
+            metrics = await asyncio.to_thread(self._step_blocking, batch, drain_s, len(aborted), len(stale))
         finally:
             runtime.state = EngineState.ROLLING
         if metrics is not None:
@@ -482,7 +524,9 @@ class TrainingLoop:
                     advs.append(by_agent.get((eid, s.agent), advantages.get(eid, 0.0)))
         return samples, advs, aggregate_stats(stats)
 
-    def _step_blocking(self, batch: Batch, drain_s: float, drain_aborted: int) -> ServerStepMetrics | None:
+    def _step_blocking(
+        self, batch: Batch, drain_s: float, drain_aborted: int, stale_aborted: int
+    ) -> ServerStepMetrics | None:
         runtime = self.runtime
         samples, advs, merge = self._samples(batch)
         with self._pending_lock:
@@ -530,6 +574,7 @@ class TrainingLoop:
             tokens_saved=merge.tokens_saved,
             drain_s=drain_s,
             drain_aborted=drain_aborted,
+            stale_aborted=stale_aborted,
             staleness_mean=sum(staleness) / len(staleness) if staleness else 0.0,
             staleness_max=max(staleness, default=0),
             checkpoint_s=checkpoint_s,

@@ -141,11 +141,48 @@ def test_asynchronous_mode_trains_without_draining_and_bounds_staleness(
             admitted.abort()
         metrics = httpx.get(f"{live.url}/api/v1/metrics").json()
         assert [m["drain_s"] for m in metrics] == [0.0] * 5
-        assert [m["drain_aborted"] for m in metrics] == [0, 1, 0, 0, 0]
+        assert [m["stale_aborted"] for m in metrics] == [0, 1, 0, 0, 0]
+        assert [m["drain_aborted"] for m in metrics] == [0] * 5
         assert [m["staleness_max"] for m in metrics] == [0, 0, 2, 0, 1]
         assert [m["staleness_mean"] for m in metrics] == [0.0, 0.0, 1.0, 0.0, 0.5]
         changed = httpx.patch(f"{live.url}/api/v1/config", json={"max_staleness": 0})
         assert changed.status_code == 200 and changed.json()["changed"] == {"max_staleness": 0}
+    finally:
+        live.stop()
+
+
+def test_asynchronous_admission_keeps_rollouts_at_most_k_steps_ahead(
+    tmp_path: Path, fresh_engine: Any
+) -> None:
+    """K = 0, B = 1, G = 2: (K+1)·B·G = 2 train episodes ahead of the trainer, but a begun group completes."""
+    config = training_config(1e-3, max_staleness=0)
+    config.batch = BatchConfig(policy=BatchPolicy.TASKS, batch_size=1, group_size=2)
+    live = make_server(tmp_path, fresh_engine, training=config)
+    url = f"{live.url}/api/v1/episodes"
+    try:
+        with SwarmClient(live.url) as client:
+            x1, y1 = client.begin("x"), client.begin("y")
+            refused = httpx.post(url, json={"task_id": "z"})
+            assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+            assert "2 train episodes are ahead of the trainer" in refused.json()["error"]["message"]
+            evals = httpx.post(url, json={"task_id": "z", "kind": "eval"})  # eval episodes are never held
+            assert evals.status_code == 201
+            x2, y2 = client.begin("x"), client.begin("y")  # begun groups may complete
+            assert httpx.post(url, json={"task_id": "x"}).status_code == 503  # group x is full
+            for episode in (x1, x2):
+                _call(episode)
+                episode.finish(1.0 if episode is x1 else 0.0)
+            wait_for(lambda: client.status().step == 1, 60, "step 1")
+            assert httpx.post(url, json={"task_id": "z"}).status_code == 503  # y is still ahead
+            for episode in (y1, y2):
+                _call(episode)
+                episode.finish(0.5 if episode is y1 else 0.0)
+            wait_for(lambda: client.status().step == 2, 60, "step 2")
+            z = client.begin("z")
+            z.abort("done", infra_failure=True)
+            client.begin("w").abort("done")  # the infra failure gave its place back
+            counts = client.status().episodes
+            assert (counts.pending, counts.trained, counts.infra_failure) == (1, 4, 1)
     finally:
         live.stop()
 
