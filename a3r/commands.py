@@ -15,6 +15,7 @@ exit code 1 and one line on stderr.
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import sys
 import threading
@@ -223,6 +224,11 @@ _MANAGED_SERVE_OPTIONS = {
     "host": "a3r's servers listen on loopback",
     "run-dir": "a3r keeps each server's run dir in the study workspace",
     "admin-token": "a3r gives its servers a fresh admin token (never recorded in the store)",
+    "training-config": "a3r sets training from its plan; use --steps, --batch-size, --group-size",
+    **{
+        key: "set from the plan for every run; use --steps, --batch-size, --group-size"
+        for key in ("train", "batch-policy", "batch-size", "group-size", "lr", "lora-rank", "max-steps")
+    },
 }
 """``swarm serve`` options a3r sets itself, with why they cannot be passed."""
 
@@ -243,7 +249,34 @@ def _serve_options(items: list[str] | None) -> dict[str, Any]:
             raise _fail(f"--serve-option {key}: {_MANAGED_SERVE_OPTIONS[key]}")
         lowered = value.strip().lower()
         options[key] = {"true": True, "false": False}.get(lowered, value.strip())
+    _check_serve_options(options)
     return options
+
+
+def _check_serve_options(options: dict[str, Any]) -> None:
+    """Validate ``options`` with ``swarm serve --check`` (names, types, ranges) before any thread.
+
+    Raises:
+        typer.Exit: ``swarm serve`` refuses them (its first error line, exit code 1).
+    """
+    import subprocess
+
+    from a3r.processes import ServerOptions
+
+    if not options:
+        return
+    argv = [sys.executable, "-m", "swarm.cli", "serve", "--check", *ServerOptions(options).argv()]
+    result = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    if result.returncode == 0:
+        return
+    lines = [line.strip(" │╭╮╰╯─") for line in (result.stderr + result.stdout).splitlines()]
+    useful = [
+        line
+        for line in lines
+        if line and not line.startswith(("Usage:", "Try ", "Error")) and line != "error"
+    ]
+    reason = useful[0].removeprefix("error: ") if useful else f"exit code {result.returncode}"
+    raise _fail(f"--serve-option: swarm serve refuses it: {reason}")
 
 
 def vibe(

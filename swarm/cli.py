@@ -166,6 +166,9 @@ def serve(
         Path | None, typer.Option(help="JSON file with a full TrainingConfig (overrides the options above).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    check: Annotated[
+        bool, typer.Option("--check", help="Only validate the options (no model load, nothing written).")
+    ] = False,
 ) -> None:
     """Host a model: OpenAI-compatible completions, episodes, control API."""
     import uvicorn
@@ -219,6 +222,9 @@ def serve(
         raise fail(str(exc)) from None
     if model is not None and not Path(model).expanduser().exists():
         raise fail(f"--model {model}: no such file or directory")
+    if check:
+        console.print("options are valid", highlight=False)
+        return
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Check what a user can get wrong before the slow model load, and load the model here rather than
     # in the app's lifespan, so that every mistake ends with one line instead of a startup traceback.

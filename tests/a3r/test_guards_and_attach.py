@@ -231,6 +231,16 @@ def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
     )
     assert managed.exit_code == 1 and "--serve-option admin-token: a3r gives its servers" in managed.output
     assert "s3cret" not in managed.output
+    planned = runner.invoke(app, ["vibe", "train arithmetic", "--serve-option", "lr=1", *untouched])
+    assert planned.exit_code == 1 and "--serve-option lr: set from the plan" in planned.output
+    for option, reason in [
+        ("max-staleness=abc", "Invalid value for '--max-staleness'"),
+        ("max-staleness=-1", "--max-staleness: Input should be greater than or equal to 0"),
+        ("bogus=1", "No such option: --bogus"),
+    ]:
+        refused = runner.invoke(app, ["vibe", "train arithmetic", "--serve-option", option, *untouched])
+        assert refused.exit_code == 1 and f"swarm serve refuses it: {reason}" in refused.output, option
+        assert len(refused.output.strip().splitlines()) == 1
     unplannable = runner.invoke(app, ["vibe", "train a chess engine", *untouched])
     assert unplannable.exit_code == 1 and "no task template covers" in unplannable.output
     assert "thread" not in unplannable.output  # no thread id for a thread that never existed
@@ -241,10 +251,10 @@ def test_serve_options_parse_into_swarm_serve_flags() -> None:
     from a3r.commands import _serve_options
     from a3r.processes import ServerOptions
 
-    options = _serve_options(["max-staleness=1", "--threads=2", "train=false", "dtype=bfloat16"])
-    assert options == {"max-staleness": "1", "threads": "2", "train": False, "dtype": "bfloat16"}
-    assert ServerOptions(options).argv() == [
-        "--max-staleness", "1", "--threads", "2", "--no-train", "--dtype", "bfloat16",
+    options = _serve_options(["max-staleness=1", "--threads=2", "tis-cap=2", "dtype=auto"])
+    assert options == {"max-staleness": "1", "threads": "2", "tis-cap": "2", "dtype": "auto"}
+    assert ServerOptions({**options, "train": False}).argv() == [
+        "--max-staleness", "1", "--threads", "2", "--tis-cap", "2", "--dtype", "auto", "--no-train",
     ]  # fmt: skip
 
 

@@ -42,3 +42,12 @@ def test_negative_lora_rank_is_rejected_by_the_option(tmp_path: Path) -> None:
         app, ["serve", "--port", "0", "--run-dir", str(tmp_path / "run"), "--lora-rank", "-1"]
     )
     assert result.exit_code == 2 and "--lora-rank" in result.output
+
+
+def test_check_validates_without_loading_or_writing(tmp_path: Path) -> None:
+    args = ["serve", "--port", "0", "--run-dir", str(tmp_path / "run"), "--check"]
+    ok = runner.invoke(app, [*args, "--max-staleness", "1", "--tis-cap", "2"])
+    assert ok.exit_code == 0 and ok.output.strip() == "options are valid"
+    bad = runner.invoke(app, [*args, "--tis-cap", "0"])
+    assert bad.exit_code == 1 and bad.output.startswith("error: trainer.tis_cap")
+    assert not (tmp_path / "run").exists()
