@@ -489,11 +489,14 @@ def run(
         table.add_row("partial finishes", str(summary.partial_finishes))
     table.add_row("resumed (skipped)", str(summary.resumed))
     table.add_row("tasks done", str(summary.tasks_done))
-    table.add_row("train reward mean", f"{summary.train_reward_mean:.4f}")
+    table.add_row("train reward mean", f"{summary.train_reward_mean:.4f}" if summary.train_rewards else "-")
     for round_ in sorted(summary.eval_rewards):
         table.add_row(f"eval round {round_} reward", f"{summary.eval_reward_mean(round_):.4f}")
     table.add_row("state dir", str(state))
     Console().print(table)
+    failed = summary.agent_failures + summary.infra_failures + summary.partial_finishes
+    if summary.finished == 0 and failed:
+        raise fail(f"no episode finished ({failed} failed; the reasons are printed above)")
 
 
 @app.command()

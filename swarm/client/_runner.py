@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.traceback import Traceback
 
@@ -50,7 +51,7 @@ from swarm.client._multi import MultiEpisode
 from swarm.client._progress import ProgressLog, SlotKey
 from swarm.client.workflow import Result
 from swarm.errors import ClientError
-from swarm.protocol import EpisodeKind
+from swarm.protocol import EpisodeKind, EpisodeStatus
 
 
 class RunnerConfig(BaseModel):
@@ -370,7 +371,7 @@ class Runner:
             self.console.print(f"[yellow]task {slot.task.task_id}: {exc}[/]", highlight=False)
             return "partial_finish", None, first_id
         except (MultiEpisodeError, ValueError) as exc:
-            return self._count_infra(slot, exc), None, first_id
+            return self._count_infra(slot, exc, await self._server_reason(episode)), None, first_id
         reward = _reward_of(rewards[names[0]] if isinstance(rewards, dict) else rewards)
         self.summary.finished += 1
         self._infra_streak = 0
@@ -380,15 +381,26 @@ class Runner:
             self.summary.eval_rewards.setdefault(slot.round, []).append(reward)
         return "finished", reward, first_id
 
-    def _count_infra(self, slot: Slot, exc: BaseException) -> str:
+    def _count_infra(self, slot: Slot, exc: BaseException, why: str | None = None) -> str:
         self.summary.infra_failures += 1
         self._infra_streak += 1
+        what = why or f"{type(exc).__name__}: {exc}"
         self.console.print(
-            f"[yellow]infra failure[/] task {slot.task.task_id} member {slot.member}: "
-            f"{type(exc).__name__}: {exc}",
+            f"[yellow]infra failure[/] task {escape(slot.task.task_id)} member {slot.member}: {escape(what)}",
             highlight=False,
         )
         return "infra_failure"
+
+    async def _server_reason(self, episode: MultiEpisode) -> str | None:
+        """Why the server ended a member the client still held (a drain timeout, staleness, idling)."""
+        for name in episode.names:
+            try:
+                view = await self.clients[name].get_episode(episode[name].id)
+            except (ClientError, httpx.HTTPError):
+                continue
+            if view.status not in (EpisodeStatus.OPEN, EpisodeStatus.FINISHED) and view.reason:
+                return f"the server ended episode {view.episode_id} ({view.status}): {view.reason}"
+        return None
 
     def _show_traceback(self, slot: Slot, exc: BaseException) -> None:
         self.console.print(

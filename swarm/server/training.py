@@ -360,6 +360,7 @@ class TrainingLoop:
                 "invalid config change: max_staleness: this server trains synchronously; "
                 "start it with --max-staleness K to run asynchronously",
                 status_code=422,
+                param="max_staleness",
             )
         trainer_changes = {k: v for k, v in changes.items() if k in TRAINER_FIELDS}
         try:

@@ -117,3 +117,15 @@ def test_sparkline_scales_min_to_max() -> None:
     assert sparkline([0.0, float("nan"), 1.0]) == "▁ █"
     assert sparkline([]) == ""
     assert len(sparkline([float(i) for i in range(100)], width=60)) == 60
+
+
+def test_a_run_where_no_episode_finishes_exits_1(client_server, tmp_path: Path) -> None:
+    workflow = write_workflow(tmp_path, "async def run(task, llm):\n    raise KeyError('reward')\n")
+    data = write_jsonl(tmp_path / "data.jsonl", [{"id": "a"}])
+    args = ["run", str(workflow), "--server", client_server.url, "--dataset", str(data)]
+    result = cli.invoke(
+        app, [*args, "--group-size", "1", "--state-dir", str(tmp_path / "s"), "--no-progress"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "error: no episode finished (1 failed; the reasons are printed above)" in result.output
+    assert "train reward mean │ -" in result.output or "train reward mean  -" in result.output

@@ -211,6 +211,27 @@ def test_a_workflow_past_the_episode_timeout_is_aborted_and_rerun(client_server,
     assert "longer than the episode timeout (0.5 s)" in (episodes[0].reason or "")
 
 
+def test_a_finish_refused_because_the_server_ended_the_episode_says_why(
+    client_server, tmp_path: Path
+) -> None:
+    ended: list[str] = []
+
+    async def run(task: dict[str, Any], llm: LLM) -> float:
+        if not ended:  # the server ends the episode (as a staleness or drain abort would) mid-workflow
+            episode_id = client_server.runtime.episode_for_key(llm.api_key).id
+            ended.append(episode_id)
+            async with AsyncSwarmClient(client_server.url) as other:
+                await other.abort(episode_id, "too stale: a test says so", infra_failure=True)
+        return 1.0
+
+    out = io.StringIO()
+    summary = _run(
+        run, client_server, _tasks(tmp_path, 1), Console(file=out, width=300), client_id="ended", group_size=1
+    )
+    assert (summary.finished, summary.infra_failures) == (1, 1)
+    assert f"the server ended episode {ended[0]} (infra_failure): too stale: a test says so" in out.getvalue()
+
+
 def test_the_workflows_openai_clients_are_closed_when_the_episode_ends(client_server, tmp_path: Path) -> None:
     workflow = load_workflow(
         write_workflow(

@@ -193,6 +193,7 @@ def test_a_synchronous_server_cannot_be_made_asynchronous_live(tmp_path: Path, f
         answer = httpx.patch(f"{live.url}/api/v1/config", json={"max_staleness": 1})
         assert answer.status_code == 422
         assert "--max-staleness" in answer.json()["error"]["message"]
+        assert answer.json()["error"]["param"] == "max_staleness"
     finally:
         live.stop()
 
