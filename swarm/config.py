@@ -56,7 +56,7 @@ class TrainingConfig(BaseModel):
     max_staleness: int | None = Field(default=None, ge=0)
     """``None``: synchronous (drain open episodes before every step). ``K``: asynchronous: a step starts
     as soon as its batch is ready, and episodes keep being admitted and served meanwhile (their calls wait
-    for the update). Back-pressure: with the ``episodes``/``tasks``/``informative_tasks`` policies at most
+    for the update). Back-pressure: with the ``episodes`` and ``tasks`` policies at most
     ``(K+1)·B·G`` train episodes may be admitted and not yet consumed (503 + Retry-After beyond; a begun
     group may complete), so rollouts run at most about K steps ahead. When a step starts, open episodes
     with a call sampled more than ``K`` versions before the policy it produces are aborted as infra

@@ -144,7 +144,10 @@ class Vote(BaseModel):
 
 
 TRAINER_FIELDS = frozenset(LIVE_FIELDS) & frozenset(ConfigPatch.model_fields)
-_SIZED_POLICIES = frozenset({BatchPolicy.EPISODES, BatchPolicy.TASKS, BatchPolicy.INFORMATIVE_TASKS})
+# Policies whose batch is B·G episodes that always form once admitted episodes end. Not
+# `informative_tasks`: zero-signal groups are consumed only when an informative batch forms, so holding
+# admission on them could wait forever on a task the policy always fails.
+_SIZED_POLICIES = frozenset({BatchPolicy.EPISODES, BatchPolicy.TASKS})
 
 
 def _summary(ep: StoredEpisode) -> EpisodeSummary:
@@ -293,7 +296,7 @@ class TrainingLoop:
     def _admit_ahead(self, task_id: str) -> None:
         """Asynchronous back-pressure (AReaL's admission rule): at most ``(K + 1)·B·G`` train episodes
         admitted and not yet consumed by a step, so rollouts run at most K steps ahead of the trainer
-        (the `episodes`, `tasks` and `informative_tasks` policies; the voting ones have no batch size).
+        (the `episodes` and `tasks` policies; see `_SIZED_POLICIES`).
         A group already begun may always complete, or a `tasks` batch could never form."""
         k, batch = self.config.max_staleness, self.config.batch
         if k is None or batch.policy not in _SIZED_POLICIES:
