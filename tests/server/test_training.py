@@ -102,13 +102,18 @@ def _call(episode: Any) -> None:
     )
 
 
+def _asynchronous_server(tmp_path: Path, engine: Any, *, max_staleness: int) -> Any:
+    """A server training one GRPO group of 2 per step (`tasks`, B = 1, G = 2), asynchronously."""
+    config = training_config(1e-3, max_staleness=max_staleness)
+    config.batch = BatchConfig(policy=BatchPolicy.TASKS, batch_size=1, group_size=2)
+    return make_server(tmp_path, engine, training=config)
+
+
 def test_asynchronous_mode_trains_without_draining_and_bounds_staleness(
     tmp_path: Path, fresh_engine: Any
 ) -> None:
     """K = 1, one group of 2 per step: open episodes survive one step, not two; finished ones wait."""
-    config = training_config(1e-3, max_staleness=1)
-    config.batch = BatchConfig(policy=BatchPolicy.TASKS, batch_size=1, group_size=2)
-    live = make_server(tmp_path, fresh_engine, training=config)
+    live = _asynchronous_server(tmp_path, fresh_engine, max_staleness=1)
     try:
         with SwarmClient(live.url) as client:
 
@@ -155,9 +160,7 @@ def test_asynchronous_admission_keeps_rollouts_at_most_k_steps_ahead(
     tmp_path: Path, fresh_engine: Any
 ) -> None:
     """K = 0, B = 1, G = 2: (K+1)·B·G = 2 train episodes ahead of the trainer, but a begun group completes."""
-    config = training_config(1e-3, max_staleness=0)
-    config.batch = BatchConfig(policy=BatchPolicy.TASKS, batch_size=1, group_size=2)
-    live = make_server(tmp_path, fresh_engine, training=config)
+    live = _asynchronous_server(tmp_path, fresh_engine, max_staleness=0)
     url = f"{live.url}/api/v1/episodes"
     try:
         with SwarmClient(live.url) as client:
