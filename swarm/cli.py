@@ -506,7 +506,9 @@ def top(
         str | None, typer.Option(help="Admin token (or env SWARM_ADMIN_TOKEN).", show_default=False)
     ] = None,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
-    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    once: Annotated[
+        bool, typer.Option("--once", help="Print one frame and exit (the default when not on a terminal).")
+    ] = False,
 ) -> None:
     """Live view of a server: state, policy step, pool, clients and the reward curve."""
     import time
@@ -520,7 +522,7 @@ def top(
     out = Console()
     retry = RetryPolicy(attempts=1, deadline_s=5)
     with SwarmClient(url, admin_token=token, retry=retry, timeout_s=5.0) as client:
-        if once:
+        if once or not out.is_terminal:  # a live view redraws in place: nothing would reach a pipe or file
             snap = poll(client)
             if snap.status is None:
                 raise fail(snap.error or f"no answer from {url}")

@@ -95,6 +95,12 @@ def test_top_once_prints_one_frame(client_server) -> None:
         assert word in out, word
 
 
+def test_top_off_a_terminal_prints_one_frame(client_server) -> None:
+    result = cli.invoke(app, ["top", client_server.url])  # the runner's output is not a terminal
+    assert result.exit_code == 0, result.output
+    assert result.output.count(f"swarm top {client_server.url}") == 1
+
+
 def test_top_once_unreachable_server() -> None:
     result = cli.invoke(app, ["top", "http://127.0.0.1:9", "--once"])
     assert result.exit_code == 1
