@@ -28,6 +28,7 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 
 from a3r.errors import A3RError
+from a3r.execution import PLAN_SERVE_OPTIONS
 from a3r.llm import OfflineProvider, ProviderKind
 from a3r.session import Session, SessionSettings, Step, open_session, recorded_settings
 from memory import StoreError
@@ -227,7 +228,7 @@ _MANAGED_SERVE_OPTIONS = {
     "training-config": "a3r sets training from its plan; use --steps, --batch-size, --group-size",
     **{
         key: "set from the plan for every run; use --steps, --batch-size, --group-size"
-        for key in ("train", "batch-policy", "batch-size", "group-size", "lr", "lora-rank", "max-steps")
+        for key in PLAN_SERVE_OPTIONS
     },
 }
 """``swarm serve`` options a3r sets itself, with why they cannot be passed."""

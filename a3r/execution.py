@@ -226,6 +226,10 @@ def _numeric(row: dict[str, Any]) -> dict[str, float]:
     return values
 
 
+PLAN_SERVE_OPTIONS = ("train", "batch-policy", "batch-size", "group-size", "lr", "lora-rank", "max-steps")
+"""``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""
+
+
 def _server_options(spec: RunSpec, ctx: RunContext) -> ServerOptions:
     s = spec.settings
     options = ServerOptions(ctx.server_options)
