@@ -103,7 +103,10 @@ class ServerStepMetrics(StepMetrics):
 
 
 class ConfigPatch(BaseModel):
-    """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step."""
+    """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step.
+
+    A field left out keeps its value; an explicit ``null`` is refused (422) rather than ignored.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -130,7 +133,7 @@ class ConfigPatch(BaseModel):
     training_enabled: bool | None = None
     drain_timeout_s: float | None = Field(default=None, ge=0.0)
     max_staleness: int | None = Field(default=None, ge=0)
-    """Change K of asynchronous mode (a synchronous server stays synchronous)."""
+    """Change K of asynchronous mode (a synchronous server stays synchronous; ``null`` is refused)."""
     checkpoint_every: int | None = Field(default=None, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
 
@@ -357,6 +360,19 @@ class TrainingLoop:
         Raises:
             RequestError: the combined configuration is invalid (422).
         """
+        nulls = sorted(name for name in patch.model_fields_set if getattr(patch, name) is None)
+        if nulls:
+            hint = (
+                "; the synchronous/asynchronous mode is set at start (restart without --max-staleness "
+                "to train synchronously)"
+                if nulls[0] == "max_staleness"
+                else ""
+            )
+            raise RequestError(
+                f"invalid config change: {nulls[0]}: null is not a value (leave a field out to keep it){hint}",
+                status_code=422,
+                param=nulls[0],
+            )
         changes = patch.model_dump(exclude_none=True)
         if "max_staleness" in changes and self.config.max_staleness is None:
             raise RequestError(

@@ -152,6 +152,11 @@ def test_asynchronous_mode_trains_without_draining_and_bounds_staleness(
         assert [m["staleness_mean"] for m in metrics] == [0.0, 0.0, 1.0, 0.0, 0.5]
         changed = httpx.patch(f"{live.url}/api/v1/config", json={"max_staleness": 0})
         assert changed.status_code == 200 and changed.json()["changed"] == {"max_staleness": 0}
+        unset = httpx.patch(f"{live.url}/api/v1/config", json={"max_staleness": None, "lr": 0.5})
+        assert unset.status_code == 422 and unset.json()["error"]["param"] == "max_staleness"
+        assert "restart without --max-staleness" in unset.json()["error"]["message"]
+        config = httpx.get(f"{live.url}/api/v1/config").json()["training"]
+        assert config["max_staleness"] == 0 and config["trainer"]["lr"] == 1e-3  # nothing was applied
     finally:
         live.stop()
 
