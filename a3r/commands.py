@@ -33,9 +33,28 @@ from a3r.llm import OfflineProvider, ProviderKind
 from a3r.session import Session, SessionSettings, Step, open_session, recorded_settings
 from memory import StoreError
 
-__all__ = ["register"]
+__all__ = ["ReaderSafeConsole", "register"]
 
-_out = Console(highlight=False, soft_wrap=True)
+
+class ReaderSafeConsole(Console):
+    """A console that goes quiet instead of exiting once its reader has gone.
+
+    ``a3r vibe … | head`` closes the pipe early. Rich's default answer to the `BrokenPipeError` is
+    ``SystemExit(1)``, which would stop the thread in the middle of a run; here the output is pointed
+    at ``/dev/null`` (the Python docs' recipe for SIGPIPE) and the thread runs to its end, recording
+    everything in the store.
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.file.fileno())
+        finally:
+            os.close(devnull)
+
+
+_out = ReaderSafeConsole(highlight=False, soft_wrap=True)
 
 
 def _interrupt_on_sigterm() -> None:
