@@ -1,6 +1,6 @@
 """Inference engines behind one interface (:class:`Engine`): ``hf`` (embedded default) and optional vLLM."""
 
-from swarm.engine.base import Completion, Engine, SamplingParams
+from swarm.engine.base import Completion, Engine, SampledToken, SamplingParams, TokenCallback
 from swarm.engine.hf import HFEngine
 from swarm.engine.model_loading import ModelSource, embedded_gguf_path, load_model, resolve_model
 
@@ -9,7 +9,9 @@ __all__ = [
     "Engine",
     "HFEngine",
     "ModelSource",
+    "SampledToken",
     "SamplingParams",
+    "TokenCallback",
     "embedded_gguf_path",
     "load_model",
     "resolve_model",

@@ -7,6 +7,7 @@ samples completions for them. Stop strings are the one place an engine decodes t
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +55,25 @@ class Completion:
     """The engine's `Engine.policy_version` when this completion was sampled (the weights' step)."""
 
 
+@dataclass(frozen=True)
+class SampledToken:
+    """One token as it is sampled (for streaming); the `Completion` stays the record."""
+
+    choice: int
+    """Which of the request's ``n`` completions it belongs to."""
+    id: int
+    logprob: float
+    """log π(id | prefix), as in `Completion.logprobs`."""
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    """The ``top_logprobs`` most likely (id, logprob) pairs at this position."""
+    last: bool = False
+    """The completion ends with this token (end of turn, stop string or length)."""
+
+
+TokenCallback = Callable[[SampledToken], None]
+"""Called from the engine's worker thread for every sampled token; must be quick and not block."""
+
+
 class Engine(Protocol):
     """What the server needs from an inference engine."""
 
@@ -64,8 +84,13 @@ class Engine(Protocol):
     policy_version: int
     """Trainer step of the weights being sampled; whoever changes the weights sets it under `lock`."""
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
-        """Sample ``params.n`` completions for one prompt (concurrent calls are batched)."""
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, on_token: TokenCallback | None = None
+    ) -> list[Completion]:
+        """Sample ``params.n`` completions for one prompt (concurrent calls are batched).
+
+        ``on_token`` sees each token as soon as it is sampled (a streaming response forwards them).
+        """
         ...
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from swarm.engine.base import Completion, SamplingParams
+from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
 from swarm.errors import ContextLengthError
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
@@ -33,6 +33,7 @@ from swarm.tracking.records import FinishReason
 class _Job:
     prompt_ids: list[int]
     params: SamplingParams
+    on_token: TokenCallback | None = None
     future: concurrent.futures.Future[list[Completion]] = field(default_factory=concurrent.futures.Future)
 
 
@@ -146,21 +147,27 @@ class HFEngine:
             )
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, on_token: TokenCallback | None = None
     ) -> concurrent.futures.Future[list[Completion]]:
-        """Queue a request; the future resolves to ``params.n`` completions."""
+        """Queue a request; the future resolves to ``params.n`` completions.
+
+        ``on_token`` is called on the worker thread with every token as it is sampled; an exception it
+        raises stops the calls (the completion is still sampled and returned).
+        """
         self.check_prompt(prompt_ids)
         if self._closed:
             raise RuntimeError("engine is closed")
-        job = _Job(list(prompt_ids), params)
+        job = _Job(list(prompt_ids), params, on_token)
         with self._queued_lock:
             self._queued_rows += params.n
         self._queue.put(job)
         return job.future
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, on_token: TokenCallback | None = None
+    ) -> list[Completion]:
         """Sample ``params.n`` completions (awaitable; batched with concurrent requests)."""
-        return await asyncio.wrap_future(self.submit(prompt_ids, params))
+        return await asyncio.wrap_future(self.submit(prompt_ids, params, on_token))
 
     def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """Blocking variant of :meth:`generate`."""
@@ -288,6 +295,8 @@ class HFEngine:
                 if k > 0:
                     row.top.append(list(zip(top_ids[b][:k], top_vals[b][:k], strict=True)))
                 self._check_finish(row, tok)
+                if row.job.on_token is not None:
+                    self._announce(row)
             if all(r.finish is not None for r in rows):
                 break
             step_ids_B1 = tokens_B.view(B, 1)
@@ -319,6 +328,22 @@ class HFEngine:
                 )
             )
         return [results[id(job)] for job in jobs]
+
+    @staticmethod
+    def _announce(row: _Row) -> None:
+        job = row.job
+        assert job.on_token is not None
+        token = SampledToken(
+            choice=row.choice,
+            id=row.ids[-1],
+            logprob=row.logprobs[-1],
+            top_logprobs=tuple(row.top[-1]) if row.top else (),
+            last=row.finish is not None,
+        )
+        try:
+            job.on_token(token)
+        except Exception:  # a listener that fails (its loop closed) must not break the batch
+            job.on_token = None
 
     def _last_logits(
         self, device: Any, input_ids: Any, attention: Any, positions: Any, **kw: Any

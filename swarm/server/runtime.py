@@ -13,12 +13,12 @@ import secrets
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from swarm.config import ServerConfig
-from swarm.engine.base import Completion, SamplingParams
+from swarm.engine.base import Completion, SamplingParams, TokenCallback
 from swarm.engine.hf import HFEngine
 from swarm.engine.model_loading import load_model, resolve_model
 from swarm.errors import AuthError, EpisodeNotFound, EpisodeStateError, RequestError, Unavailable
@@ -50,7 +50,7 @@ from swarm.server.events import EventLog
 from swarm.server.training import TrainingLoop
 from swarm.tracking.merge import build_samples
 from swarm.tracking.records import CallRecord, FinishReason
-from swarm.tracking.render import PromptRenderer
+from swarm.tracking.render import PromptRenderer, RenderedPrompt
 from swarm.tracking.toolcalls import parse_tool_calls
 
 KEY_PREFIX = "sk-swarm-"
@@ -58,6 +58,9 @@ KEY_PREFIX = "sk-swarm-"
 
 def _key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -96,6 +99,17 @@ def load_engine(config: ServerConfig) -> HFEngine:
     )
 
 
+@dataclass(frozen=True)
+class PreparedCall:
+    """A checked, rendered chat request (`SwarmRuntime.prepare_chat`), ready to be sampled."""
+
+    arrived: float
+    """Unix time the request arrived."""
+    agent: str
+    params: SamplingParams
+    rendered: RenderedPrompt
+
+
 class SwarmRuntime:
     """All state of one swarm server.
 
@@ -125,6 +139,7 @@ class SwarmRuntime:
         self.model_name = engine.model_name
         self.renderer = PromptRenderer(self.tokenizer)
         self.pool = Pool(run_dir / "pool.db")
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.step = 0
         self.state = EngineState.IDLE
         self._episodes: dict[str, OpenEpisode] = {}
@@ -368,10 +383,8 @@ class SwarmRuntime:
             top_logprobs=top_k,
         )
 
-    async def chat(
-        self, episode: OpenEpisode, request: ChatCompletionRequest
-    ) -> tuple[ChatCompletion, list[CallRecord]]:
-        """Render, sample and record one chat request of an open episode.
+    def prepare_chat(self, episode: OpenEpisode, request: ChatCompletionRequest) -> PreparedCall:
+        """Check and render one chat request of an open episode (nothing sampled or recorded yet).
 
         Raises:
             RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
@@ -382,11 +395,40 @@ class SwarmRuntime:
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         rendered = self.renderer.render(messages, request.tools, history=episode.calls, agent=agent)
         self.engine.check_prompt(rendered.prompt_ids)
+        return PreparedCall(arrived=arrived, agent=agent, params=params, rendered=rendered)
+
+    async def chat(
+        self,
+        episode: OpenEpisode,
+        request: ChatCompletionRequest,
+        *,
+        prepared: PreparedCall | None = None,
+        on_token: TokenCallback | None = None,
+    ) -> tuple[ChatCompletion, list[CallRecord]]:
+        """Render, sample and record one chat request of an open episode.
+
+        Args:
+            prepared: `prepare_chat`'s result, when the caller checked the request before (a streaming
+                response must fail with an HTTP error before its first byte).
+            on_token: sees every token as it is sampled, on the engine's thread (`Engine.generate`).
+
+        Raises:
+            RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
+            EpisodeStateError: the episode ended while the call was sampled (nothing is recorded).
+        """
+        if prepared is None:
+            prepared = self.prepare_chat(episode, request)
+        arrived, agent, params, rendered = (
+            prepared.arrived,
+            prepared.agent,
+            prepared.params,
+            prepared.rendered,
+        )
         episode.busy += 1
         episode.last_seen = arrived
         try:
             queued = time.time()
-            completions = await self.engine.generate(rendered.prompt_ids, params)
+            completions = await self.engine.generate(rendered.prompt_ids, params, on_token)
         finally:
             episode.busy -= 1
             episode.last_seen = time.time()
@@ -516,29 +558,47 @@ class SwarmRuntime:
             pieces[-1] += content[emitted:]
         return pieces
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids, special tokens included."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
     def token_text(self, token_id: int) -> str:
-        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+        return self.decode([token_id])
+
+    def token_logprob(self, token_id: int, logprob: float, top: Sequence[tuple[int, float]]) -> TokenLogprob:
+        """OpenAI's view of one sampled token: its string, bytes, logprob and top alternatives."""
+        text = self.token_text(token_id)
+        return TokenLogprob(
+            token=text,
+            logprob=logprob,
+            bytes=list(text.encode()),
+            top_logprobs=[
+                TopLogprob(token=self.token_text(i), logprob=v, bytes=list(self.token_text(i).encode()))
+                for i, v in top
+            ],
+        )
 
     def logprobs_view(self, completion: Completion) -> ChoiceLogprobs:
         """OpenAI ``logprobs.content`` for a completion (token strings decoded one id at a time)."""
-        content = []
-        for t, (tok, lp) in enumerate(zip(completion.ids, completion.logprobs, strict=True)):
-            text = self.token_text(tok)
-            top = completion.top_logprobs[t] if t < len(completion.top_logprobs) else []
-            content.append(
-                TokenLogprob(
-                    token=text,
-                    logprob=lp,
-                    bytes=list(text.encode()),
-                    top_logprobs=[
-                        TopLogprob(
-                            token=self.token_text(i), logprob=v, bytes=list(self.token_text(i).encode())
-                        )
-                        for i, v in top
-                    ],
+        return ChoiceLogprobs(
+            content=[
+                self.token_logprob(
+                    tok, lp, completion.top_logprobs[t] if t < len(completion.top_logprobs) else []
                 )
-            )
-        return ChoiceLogprobs(content=content)
+                for t, (tok, lp) in enumerate(zip(completion.ids, completion.logprobs, strict=True))
+            ]
+        )
+
+    def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` as a task the runtime holds until it ends (e.g. a streamed call's recording,
+        which must finish even when its client has gone)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        # Its outcome may have no reader left (a client that went away): retrieve it, so asyncio does
+        # not report an exception nobody retrieved.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
 
     # -- status ----------------------------------------------------------------------------------------
     def status(self) -> StatusView:
