@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import queue
 import threading
@@ -152,7 +153,9 @@ class HFEngine:
         """Queue a request; the future resolves to ``params.n`` completions.
 
         ``on_token`` is called on the worker thread with every token as it is sampled; an exception it
-        raises stops the calls (the completion is still sampled and returned).
+        raises stops the calls (the completion is still sampled and returned). Cancelling the future
+        stops the request's rows at the next decode step (or before its batch starts); cancelling the
+        task awaiting :meth:`generate` does the same.
         """
         self.check_prompt(prompt_ids)
         if self._closed:
@@ -216,7 +219,10 @@ class HFEngine:
             with self._queued_lock:
                 self._queued_rows -= rows
             try:
-                with self.lock:
+                with self.lock:  # a training step may hold it for a while: look at cancellations after
+                    jobs = [job for job in jobs if not job.future.cancelled()]  # callers that stopped waiting
+                    if not jobs:
+                        continue
                     started = time.monotonic()
                     results = self._generate_batch(jobs)
                     ended = time.monotonic()
@@ -229,10 +235,11 @@ class HFEngine:
                     lowered = True
                 regroup_until = ended + min(self.regroup_max_s, self.regroup_fraction * (ended - started))
                 for job, completions in zip(jobs, results, strict=True):
-                    job.future.set_result(completions)
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+                        job.future.set_result(completions)
             except BaseException as exc:  # hand the failure to every waiting request
                 for job in jobs:
-                    if not job.future.done():
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
                         job.future.set_exception(exc)
 
     def _make_rows(self, jobs: list[_Job]) -> list[_Row]:
@@ -297,6 +304,9 @@ class HFEngine:
                 self._check_finish(row, tok)
                 if row.job.on_token is not None:
                     self._announce(row)
+            for row in rows:  # a cancelled request (its episode ended) stops sampling now
+                if row.finish is None and row.job.future.cancelled():
+                    row.finish = FinishReason.LENGTH
             if all(r.finish is not None for r in rows):
                 break
             step_ids_B1 = tokens_B.view(B, 1)

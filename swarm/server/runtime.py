@@ -75,6 +75,8 @@ class OpenEpisode:
     calls: list[CallRecord] = field(default_factory=list)
     busy: int = 0
     """Chat requests of this episode in flight (an episode is never reclaimed while one runs)."""
+    sampling: set[asyncio.Task[list[Completion]]] = field(default_factory=set)
+    """Engine requests in flight; cancelled when the episode ends (the engine stops their rows)."""
 
     def is_trainable(self, agent: str) -> bool:
         agents = self.request.trainable_agents
@@ -245,6 +247,8 @@ class SwarmRuntime:
             self._episodes[episode.id] = episode
             self._by_key[episode.key_digest] = episode.id
             raise
+        for generation in episode.sampling:  # its calls can no longer be recorded: stop sampling them
+            generation.cancel()
         if self.training is not None:
             self.training.released(stored, episode.calls)
         self.events.emit(
@@ -426,14 +430,23 @@ class SwarmRuntime:
         )
         episode.busy += 1
         episode.last_seen = arrived
+        ended = EpisodeStateError(episode.id, f"episode {episode.id} ended while this call was running")
+        queued = time.time()
+        generation = asyncio.ensure_future(self.engine.generate(rendered.prompt_ids, params, on_token))
+        episode.sampling.add(generation)
         try:
-            queued = time.time()
-            completions = await self.engine.generate(rendered.prompt_ids, params, on_token)
+            completions = await generation
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if episode.id not in self._episodes and not (current is not None and current.cancelling()):
+                raise ended from None  # `_end` cancelled the sampling, not our caller
+            raise
         finally:
+            episode.sampling.discard(generation)
             episode.busy -= 1
             episode.last_seen = time.time()
         if episode.id not in self._episodes:  # ended (or reclaimed) while we sampled: record nothing
-            raise EpisodeStateError(episode.id, f"episode {episode.id} ended while this call was running")
+            raise ended
         records = [
             self._record(
                 episode,

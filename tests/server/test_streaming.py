@@ -112,20 +112,34 @@ def test_a_bad_streaming_request_fails_before_the_stream(server: Any) -> None:
     assert response.status_code == 404 and response.json()["error"]["param"] == "model"
 
 
-def test_an_episode_aborted_mid_stream_ends_the_stream_with_an_error(server: Any) -> None:
+def test_an_episode_aborted_mid_stream_stops_sampling_and_ends_the_stream_with_an_error(
+    server: Any, tiny_engine: HFEngine
+) -> None:
     with SwarmClient(server.url) as client:
         ep = client.begin("aborted")
-        response = _stream(ep, max_tokens=1500, temperature=1.0, seed=2)
-        events = _events(response)
-        while not (event := next(events)) or not event["choices"][0]["delta"].get("content"):  # type: ignore[index]
-            pass
+        response = _stream(ep, max_tokens=4000, temperature=1.0, seed=2, logprobs=True)
+        stream = _events(response)
+        events = list(_take_until_first_text(stream))
         ep.abort("stopped by the test")
-        rest = list(events)
+        events += list(stream)
         response.close()
-        assert client.get_episode(ep.id).status == "aborted"
-    assert "[DONE]" not in rest
-    (error,) = [e for e in rest if isinstance(e, dict) and "error" in e]
+        assert client.get_episode(ep.id).status == "aborted" and client.get_episode(ep.id).calls == []
+    assert "[DONE]" not in events
+    (error,) = [e for e in events if isinstance(e, dict) and "error" in e]
     assert "ended while this call was running" in error["error"]["message"]
+    sampled = sum(
+        len(e["choices"][0].get("logprobs", {}).get("content", [])) for e in events if "choices" in e
+    )
+    assert 0 < sampled < 4000  # the engine stopped the row when the episode ended
+    assert tiny_engine.lock.acquire(timeout=5)  # and is free again
+    tiny_engine.lock.release()
+
+
+def _take_until_first_text(events: Iterator[dict[str, Any] | str]) -> Iterator[dict[str, Any] | str]:
+    for event in events:
+        yield event
+        if isinstance(event, dict) and event["choices"] and event["choices"][0]["delta"].get("content"):
+            return
 
 
 def test_a_client_that_leaves_mid_stream_does_not_lose_the_call(server: Any) -> None:
