@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memory import DEFAULT_PATH, FindingStatus, RunStatus, Store, StoreError, render_markdown
+from swarm.cli import run_console_script
 
 __all__ = ["app", "main"]
 
@@ -257,7 +258,7 @@ _register_research_commands(app)  # vibe, research, resume
 
 def main() -> None:
     """Entry point of the ``a3r`` console script."""
-    app()
+    run_console_script(app)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Commands: ``swarm serve`` (this process hosts the model), ``swarm run WORKFLOW.py`` (roll a workflow out
 over a dataset against servers), ``swarm status URL`` and ``swarm top URL`` (live view). User mistakes
-end with exit code 1 and one readable line, never a traceback.
+end with exit code 1 and one readable line, never a traceback (usage mistakes: exit code 2).
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from swarm.errors import SwarmError
 
@@ -537,8 +539,32 @@ def top(
             return
 
 
+def run_console_script(typer_app: typer.Typer) -> NoReturn:
+    """Run a Typer app as a console script; a usage mistake ends in one line on stderr.
+
+    Typer draws usage errors (an unknown option, ``--max-staleness abc``) as a multi-line box; here they
+    read ``error: <what is wrong> (see 'swarm serve --help')`` with click's exit code (2).
+    """
+    try:
+        code = typer_app(standalone_mode=False)
+    except typer.TyperException as exc:  # click's usage errors (Typer vendors click)
+        if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            console.print(
+                f"[bold red]error:[/] {escape(exc.format_message())}{escape(hint)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        console.print("[bold red]aborted[/]", highlight=False)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 def main() -> None:
-    app()
+    run_console_script(app)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,22 @@ def test_negative_lora_rank_is_rejected_by_the_option(tmp_path: Path) -> None:
         app, ["serve", "--port", "0", "--run-dir", str(tmp_path / "run"), "--lora-rank", "-1"]
     )
     assert result.exit_code == 2 and "--lora-rank" in result.output
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["swarm", "serve", "--lora-rank", "abc"], "error: Invalid value for '--lora-rank'"),
+        (["swarm", "serve", "--bogus"], "error: No such option: --bogus"),
+        (["swarm", "status"], "error: Missing argument 'url'. (see 'swarm status --help')"),
+        (["a3r", "vibe"], "error: Missing argument 'request'. (see 'a3r vibe --help')"),
+    ],
+)
+def test_usage_mistakes_of_the_console_scripts_are_one_line(argv: list[str], message: str) -> None:
+    script = Path(sys.executable).parent / argv[0]
+    result = subprocess.run([str(script), *argv[1:]], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_check_validates_without_loading_or_writing(tmp_path: Path) -> None:
