@@ -22,7 +22,7 @@ from swarm.train.losses import LossAggregation
 class SamplingDefaults(BaseModel):
     """Sampling used when a request leaves a parameter out."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -33,7 +33,7 @@ class SamplingDefaults(BaseModel):
 class TrainingConfig(BaseModel):
     """When and how the server trains on its pooled episodes (DESIGN.md §4, §5)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = True
     """Train when the batch policy is satisfied; ``False`` only serves and records (inference mode)."""
@@ -97,7 +97,7 @@ def check_weighting(weighting: LossWeighting, aggregation: LossAggregation) -> N
 class ServerConfig(BaseModel):
     """Everything ``swarm serve`` needs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str | None = None
     """``None`` for the embedded default, else a local HF directory or a ``.gguf`` file."""

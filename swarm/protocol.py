@@ -71,7 +71,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(BaseModel):
     """``POST /v1/chat/completions`` body (OpenAI format; unknown fields ignored)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)

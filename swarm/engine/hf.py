@@ -399,11 +399,17 @@ class HFEngine:
             Token ids, shape (B,), int64, on the logits' device.
         """
         greedy_B = logits_BV.argmax(dim=-1)
-        sampled = [b for b, r in enumerate(rows) if r.finish is None and r.job.params.temperature > 0.0]
+        # A temperature too small for float32 (1e-300) is 0 there: greedy, like 0.
+        positive = (temperature_B > 0).tolist()
+        sampled = [b for b, r in enumerate(rows) if r.finish is None and positive[b]]
         if not sampled:
             return greedy_B
         idx_S = torch.tensor(sampled, device=logits_BV.device)
-        probs_SV = torch.softmax(logits_BV[idx_S] / temperature_B[idx_S, None], dim=-1)
+        logits_SV = logits_BV[idx_S]
+        # Shift by the max before dividing: a tiny temperature then gives -inf (probability 0) for the
+        # other tokens instead of inf - inf = NaN.
+        shifted_SV = logits_SV - logits_SV.max(dim=-1, keepdim=True).values
+        probs_SV = torch.softmax(shifted_SV / temperature_B[idx_S, None], dim=-1)
         top_p_S = top_p_B[idx_S]
         if bool((top_p_S < 1.0).any()):
             sorted_p_SV, sorted_i_SV = torch.sort(probs_SV, dim=-1, descending=True)

@@ -40,7 +40,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from swarm.batch import (
     Batch,
@@ -105,37 +105,47 @@ class ServerStepMetrics(StepMetrics):
 class ConfigPatch(BaseModel):
     """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step.
 
-    A field left out keeps its value; an explicit ``null`` is refused (422) rather than ignored.
+    A field left out keeps its value; an explicit ``null`` is refused (422) rather than ignored, and so
+    are values of the wrong JSON type (``true`` or ``"4"`` for a number) and non-finite numbers.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    lr: float | None = Field(default=None, ge=0.0)
-    weight_decay: float | None = Field(default=None, ge=0.0)
-    max_grad_norm: float | None = Field(default=None, gt=0.0)
-    clip_eps_low: float | None = Field(default=None, ge=0.0, lt=1.0)
-    clip_eps_high: float | None = Field(default=None, ge=0.0)
-    kl_coef: float | None = Field(default=None, ge=0.0)
-    entropy_coef: float | None = Field(default=None, ge=0.0)
+    lr: StrictFloat | None = Field(default=None, ge=0.0)
+    weight_decay: StrictFloat | None = Field(default=None, ge=0.0)
+    max_grad_norm: StrictFloat | None = Field(default=None, gt=0.0)
+    clip_eps_low: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)
+    clip_eps_high: StrictFloat | None = Field(default=None, ge=0.0)
+    kl_coef: StrictFloat | None = Field(default=None, ge=0.0)
+    entropy_coef: StrictFloat | None = Field(default=None, ge=0.0)
     loss_agg: LossAggregation | None = None
-    ppo_epochs: int | None = Field(default=None, ge=1)
-    minibatches: int | None = Field(default=None, ge=1)
+    ppo_epochs: StrictInt | None = Field(default=None, ge=1)
+    minibatches: StrictInt | None = Field(default=None, ge=1)
     batch_policy: BatchPolicy | None = None
-    batch_size: int | None = Field(default=None, ge=1)
-    group_size: int | None = Field(default=None, ge=1)
-    normalize_std: bool | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    batch_size: StrictInt | None = Field(default=None, ge=1)
+    group_size: StrictInt | None = Field(default=None, ge=1)
+    normalize_std: StrictBool | None = None
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
     """Default sampling temperature (requests that set one keep theirs)."""
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    quotas: dict[str, float] | None = None
+    top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    quotas: dict[str, StrictFloat] | None = None
     """Family shares, e.g. ``{"math": 0.4, "code": 0.6}``; ``{}`` removes quotas."""
-    training_enabled: bool | None = None
-    drain_timeout_s: float | None = Field(default=None, ge=0.0)
-    max_staleness: int | None = Field(default=None, ge=0)
+    training_enabled: StrictBool | None = None
+    drain_timeout_s: StrictFloat | None = Field(default=None, ge=0.0)
+    max_staleness: StrictInt | None = Field(default=None, ge=0)
     """Change K of asynchronous mode (a synchronous server stays synchronous; ``null`` is refused)."""
-    checkpoint_every: int | None = Field(default=None, ge=1)
-    max_steps: int | None = Field(default=None, ge=1)
+    checkpoint_every: StrictInt | None = Field(default=None, ge=1)
+    max_steps: StrictInt | None = Field(default=None, ge=1)
+
+
+def _problem(err: Any) -> tuple[str, str | None]:
+    """(``"field: message"``, field) of one pydantic error of a staged config; the field is named as in
+    the PATCH body where it has a name there."""
+    loc = [str(p) for p in err.get("loc", ())]
+    field = {"policy": "batch_policy", "shares": "quotas"}.get(loc[0], loc[0]) if loc else None
+    message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return (f"{field}: {message}" if field else message), field
 
 
 class Vote(BaseModel):
@@ -146,7 +156,10 @@ class Vote(BaseModel):
     ready: bool = True
 
 
-TRAINER_FIELDS = frozenset(LIVE_FIELDS) & frozenset(ConfigPatch.model_fields)
+TRAINER_FIELDS = (frozenset(LIVE_FIELDS) & frozenset(ConfigPatch.model_fields)) - {"temperature"}
+"""Patch fields that go to the trainer. Not ``temperature``: the patch's is the *sampling* default, while
+the trainer's must stay at the temperature the engine records logprobs with (1.0), or every importance
+ratio of the next step would be off."""
 # Policies whose batch is B·G episodes that always form once admitted episodes end. Not
 # `informative_tasks`: zero-signal groups are consumed only when an informative batch forms, so holding
 # admission on them could wait forever on a task the policy always fails.
@@ -403,6 +416,13 @@ class TrainingLoop:
                 shares = changes["quotas"]
                 group = new_batch.group_size if new_batch else self.config.batch.group_size
                 quotas = FamilyQuotas(shares=shares, slack=group) if shares else None
+        except ValidationError as exc:  # one readable line: "field: what is wrong; …"
+            problems = [_problem(err) for err in exc.errors()]
+            raise RequestError(
+                f"invalid config change: {'; '.join(p for p, _ in problems)}",
+                status_code=422,
+                param=problems[0][1] if problems else None,
+            ) from None
         except ValueError as exc:
             raise RequestError(f"invalid config change: {exc}", status_code=422) from exc
         self._pending_trainer.update(trainer_changes)

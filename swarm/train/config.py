@@ -39,7 +39,7 @@ class TrainerConfig(BaseModel):
     Symbols: ε_low/ε_high = ``clip_eps_low``/``clip_eps_high``, β = ``kl_coef``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     lr: float = Field(default=1e-5, ge=0.0)
     """AdamW learning rate (live)."""

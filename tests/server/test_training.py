@@ -218,10 +218,31 @@ def test_live_config_pause_resume_and_drain(tmp_path: Path, fresh_engine: Any) -
         assert bad.status_code == 422 and "sum to 1" in bad.json()["error"]["message"]
         bad = httpx.patch(f"{url}/api/v1/config", json={"loss_agg": "token_mean"})
         assert bad.status_code == 422 and "loss_weighting" in bad.json()["error"]["message"]
+        before = httpx.get(f"{url}/api/v1/config").json()
+        for body, param in [
+            ('{"lr": 1e400}', "lr"),  # JSON's 1e400 is an infinite float
+            ('{"kl_coef": 1e400}', "kl_coef"),
+            ('{"max_grad_norm": NaN}', "max_grad_norm"),
+            ('{"lr": true}', "lr"),
+            ('{"batch_size": "4"}', "batch_size"),
+            ('{"quotas": {"math": 0.5}}', "quotas"),
+            ('{"temperature": 3}', "temperature"),
+        ]:
+            bad = httpx.patch(
+                f"{url}/api/v1/config", content=body, headers={"content-type": "application/json"}
+            )
+            error = bad.json()["error"]
+            assert bad.status_code == 422 and error["param"] == param, (body, error)
+            assert "\n" not in error["message"] and "pydantic.dev" not in error["message"], error
+        assert httpx.get(f"{url}/api/v1/config").json() == before  # nothing was applied
         ok = httpx.patch(f"{url}/api/v1/config", json={"lr": 5e-4, "temperature": 0.7, "clip_eps_high": 0.28})
         assert ok.status_code == 200, ok.text
         cfg = httpx.get(f"{url}/api/v1/config").json()
         assert cfg["training"]["trainer"]["lr"] == 5e-4 and cfg["sampling"]["temperature"] == 0.7
+        assert cfg["training"]["trainer"]["temperature"] == 1.0  # the recorded logprobs' temperature
+        greedy = httpx.patch(f"{url}/api/v1/config", json={"temperature": 0})
+        assert greedy.status_code == 200 and greedy.json()["config"]["sampling"]["temperature"] == 0
+        httpx.patch(f"{url}/api/v1/config", json={"temperature": 0.7})
         assert httpx.post(f"{url}/api/v1/pause").json()["state"] == "paused"
         refused = httpx.post(f"{url}/api/v1/episodes", json={"task_id": "x"})
         assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
