@@ -206,8 +206,19 @@ class SwarmRuntime:
         self._open(episode_id).last_seen = time.time()
 
     def finish(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
-        """End an episode with its reward; it is committed to the pool before this returns."""
+        """End an episode with its reward; it is committed to the pool before this returns.
+
+        Raises:
+            EpisodeStateError: a call of the episode is still being sampled (409; the episode stays
+                open: finish it once the answer has arrived, or abort it, which cancels the call).
+        """
         episode = self._open(episode_id)
+        if episode.busy:
+            raise EpisodeStateError(
+                episode_id,
+                f"episode {episode_id} has {episode.busy} call(s) still being sampled; finish it after "
+                "their answers arrive, or abort it (which cancels them)",
+            )
         return self._end(
             episode,
             EpisodeStatus.FINISHED,

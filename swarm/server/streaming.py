@@ -6,8 +6,9 @@ per choice, an optional usage chunk, then ``data: [DONE]``.
 - `live_chunks` forwards tokens *as the engine samples them* (time to first token is one decode step).
   Text is released only once it is certain to be part of the answer: an incomplete UTF-8 character, the
   end-of-turn token and the last ``len(stop) - 1`` characters (which could begin a stop string) are held
-  back until the next token or the end. The sampled call is recorded by a task of its own, so a client
-  that disconnects mid-stream loses its answer but the episode keeps the call.
+  back until the next token or the end. A client that disconnects mid-stream cancels its call: the
+  engine stops sampling it and nothing is recorded (the agent never saw that answer, so it is not part
+  of the trajectory).
 - `replay_chunks` sends a finished completion as chunks, one per token. Requests with ``tools`` use it:
   whether the text is a tool call is known only once the completion is complete.
 
@@ -110,7 +111,7 @@ def live_chunks(
 ) -> AsyncIterator[str]:
     """Start sampling ``request`` now and return its chunks as tokens arrive.
 
-    The sampling-and-recording task runs to its end whether or not the events are consumed.
+    Closing the returned iterator before its end (the client went away) cancels the call.
     """
     loop = asyncio.get_running_loop()
     tokens: asyncio.Queue[SampledToken | None] = asyncio.Queue()
@@ -139,6 +140,14 @@ def live_chunks(
         return delta
 
     async def events() -> AsyncIterator[str]:
+        try:
+            async for event in _events():
+                yield event
+        finally:
+            if not call.done():  # the client went away: stop sampling an answer nobody will read
+                call.cancel()
+
+    async def _events() -> AsyncIterator[str]:
         choices = [_ChoiceText() for _ in range(n)]
         for index in range(n):
             yield header.event(ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content="")))

@@ -142,13 +142,32 @@ def _take_until_first_text(events: Iterator[dict[str, Any] | str]) -> Iterator[d
             return
 
 
-def test_a_client_that_leaves_mid_stream_does_not_lose_the_call(server: Any) -> None:
+def test_a_client_that_leaves_mid_stream_cancels_its_call(server: Any, tiny_engine: HFEngine) -> None:
     with SwarmClient(server.url) as client:
         ep = client.begin("left")
-        response = _stream(ep, max_tokens=1500, temperature=1.0, seed=4)
-        next(_events(response))
-        response.close()  # the agent went away; the engine still samples the call
-        _wait_for(lambda: len(client.get_episode(ep.id).calls) == 1, 60, "the call to be recorded")
+        response = _stream(ep, max_tokens=4000, temperature=1.0, seed=4)
+        list(_take_until_first_text(_events(response)))
+        response.close()  # the agent went away: nobody will read this answer
+        # Finishing is refused while the call runs (409) and accepted once it is cancelled; the engine
+        # stops the row (it would sample 4000 tokens otherwise) and nothing is recorded.
+        finish = f"{server.url}/api/v1/episodes/{ep.id}/finish"
+        _wait_for(lambda: httpx.post(finish, json={"reward": 1.0}).status_code == 200, 20, "the call to end")
+        assert tiny_engine.lock.acquire(timeout=5)
+        tiny_engine.lock.release()
+        assert client.get_episode(ep.id).calls == []
+
+
+def test_finishing_an_episode_while_its_call_streams_is_refused_and_loses_nothing(server: Any) -> None:
+    with SwarmClient(server.url) as client:
+        ep = client.begin("early-finish")
+        response = _stream(ep, max_tokens=300, temperature=1.0, seed=6)
+        stream = _events(response)
+        list(_take_until_first_text(stream))
+        early = httpx.post(f"{server.url}/api/v1/episodes/{ep.id}/finish", json={"reward": 1.0})
+        assert early.status_code == 409 and "still being sampled" in early.json()["error"]["message"]
+        rest = list(stream)  # the answer completes and is recorded
+        response.close()
+        assert rest[-1] == "[DONE]"
         ep.finish(1.0)
-        (call,) = client.get_episode(ep.id).calls
-    assert len(call.completion_ids) > 0 and call.text
+        view = client.get_episode(ep.id)
+    assert view.status == "finished" and len(view.calls) == 1
