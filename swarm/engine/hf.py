@@ -224,7 +224,7 @@ class HFEngine:
                     if not jobs:
                         continue
                     started = time.monotonic()
-                    results = self._generate_batch(jobs)
+                    self._generate_batch(jobs)  # resolves each job's future as soon as its rows end
                     ended = time.monotonic()
                 untrimmed = self._on_cpu()
                 with self._queued_lock:
@@ -234,9 +234,6 @@ class HFEngine:
                 else:
                     lowered = True
                 regroup_until = ended + min(self.regroup_max_s, self.regroup_fraction * (ended - started))
-                for job, completions in zip(jobs, results, strict=True):
-                    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
-                        job.future.set_result(completions)
             except BaseException as exc:  # hand the failure to every waiting request
                 for job in jobs:
                     with contextlib.suppress(concurrent.futures.InvalidStateError):
@@ -251,9 +248,13 @@ class HFEngine:
         return rows
 
     @torch.no_grad()
-    def _generate_batch(self, jobs: list[_Job]) -> list[list[Completion]]:
+    def _generate_batch(self, jobs: list[_Job]) -> None:
+        """Sample every row of ``jobs`` in one static batch. A job's future is resolved as soon as all of
+        its rows have ended, not when the batch ends: a short answer batched with a long one returns at
+        once (its next request then waits for the batch, since rows never join a running batch)."""
         started = time.perf_counter()
         rows = self._make_rows(jobs)
+        pending = {id(job): job for job in jobs}
         device = next(self.model.parameters()).device
         B = len(rows)
         L = max(len(r.job.prompt_ids) for r in rows)
@@ -307,7 +308,8 @@ class HFEngine:
             for row in rows:  # a cancelled request (its episode ended) stops sampling now
                 if row.finish is None and row.job.future.cancelled():
                     row.finish = FinishReason.LENGTH
-            if all(r.finish is not None for r in rows):
+            self._resolve_ended(pending, rows, time.perf_counter() - started)
+            if not pending:
                 break
             step_ids_B1 = tokens_B.view(B, 1)
             attention_BL = torch.cat(
@@ -317,27 +319,36 @@ class HFEngine:
                 device, step_ids_B1, attention_BL, next_pos_B, **{self._cache_kw: cache}
             )
             next_pos_B = next_pos_B + 1
-        elapsed = time.perf_counter() - started
         self.batches += 1
-        results: dict[int, list[Completion]] = {id(job): [] for job in jobs}
-        for row in rows:
-            if row.finish is None:  # defensive: the loop above always sets it
+        for row in rows:  # defensive: the loop above always ends every row
+            if row.finish is None:
                 row.finish = FinishReason.LENGTH
-            if row.text is None:
-                row.text = self._visible_text(row.ids)
-            results[id(row.job)].append(
-                Completion(
-                    ids=row.ids,
-                    logprobs=row.logprobs,
-                    finish_reason=row.finish,
-                    text=row.text,
-                    top_logprobs=row.top,
-                    generate_s=elapsed,
-                    batch_size=B,
-                    policy_version=self.policy_version,
+        self._resolve_ended(pending, rows, time.perf_counter() - started)
+
+    def _resolve_ended(self, pending: dict[int, _Job], rows: list[_Row], elapsed: float) -> None:
+        """Resolve (and drop from ``pending``) every job whose rows have all ended."""
+        for key, job in list(pending.items()):
+            mine = [r for r in rows if r.job is job]
+            if any(r.finish is None for r in mine):
+                continue
+            del pending[key]
+            completions = []
+            for row in mine:
+                assert row.finish is not None
+                completions.append(
+                    Completion(
+                        ids=row.ids,
+                        logprobs=row.logprobs,
+                        finish_reason=row.finish,
+                        text=row.text if row.text is not None else self._visible_text(row.ids),
+                        top_logprobs=row.top,
+                        generate_s=elapsed,
+                        batch_size=len(rows),
+                        policy_version=self.policy_version,
+                    )
                 )
-            )
-        return [results[id(job)] for job in jobs]
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+                job.future.set_result(completions)
 
     @staticmethod
     def _announce(row: _Row) -> None:
