@@ -121,6 +121,8 @@ def _finish(step: Step) -> None:
             _out.print(f"conclusion: {step.conclusion}", markup=False)
         if step.report:
             _out.print(f"report: {step.report}", markup=False)
+        if step.stopped:  # scripts and CI must not read a failed thread as a success
+            raise _fail("the thread stopped before reaching its goal (see the conclusion above)")
 
 
 def _run_with_tui(session: Session, request: str, mode: Literal["vibe", "research"], **kwargs: Any) -> Step:
@@ -168,6 +170,10 @@ def _launch(
     tui: bool = False,
     wait: bool = False,
 ) -> None:
+    if settings.model is not None and not Path(settings.model).expanduser().exists():
+        raise _fail(
+            f"--model {settings.model}: no such file or directory (a local model folder or .gguf file)"
+        )
     if not request.strip():
         raise _fail(
             f'the request is empty: say what to {"train" if mode == "vibe" else "study"}, e.g. "train who-is-the-spy"'

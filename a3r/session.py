@@ -101,6 +101,12 @@ class Step(BaseModel):
     report: str | None = None
     study_id: int | None = None
 
+    @property
+    def stopped(self) -> bool:
+        """The thread ended without reaching its goal (a run failed to start or crashed, the code failed
+        validation, nothing fits the budget): the graph's conclusions then begin with ``stopped:``."""
+        return self.status == "done" and (self.conclusion or "").startswith("stopped:")
+
 
 class Session:
     """One thread of the research graph (see module docstring); use `open_session`."""

@@ -241,10 +241,26 @@ def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
         refused = runner.invoke(app, ["vibe", "train arithmetic", "--serve-option", option, *untouched])
         assert refused.exit_code == 1 and f"swarm serve refuses it: {reason}" in refused.output, option
         assert len(refused.output.strip().splitlines()) == 1
+    missing = runner.invoke(app, ["vibe", "train arithmetic", "--model", str(fresh / "no-model"), *untouched])
+    assert missing.exit_code == 1 and "no-model: no such file or directory" in missing.output
     unplannable = runner.invoke(app, ["vibe", "train a chess engine", *untouched])
     assert unplannable.exit_code == 1 and "no task template covers" in unplannable.output
     assert "thread" not in unplannable.output  # no thread id for a thread that never existed
     assert not fresh.exists()
+
+
+def test_a_thread_that_stopped_before_its_goal_exits_non_zero() -> None:
+    import typer
+
+    from a3r.commands import _finish
+    from a3r.session import Step
+
+    stopped = Step(thread_id="t", status="done", conclusion="stopped: the smoke run smoke ended crashed: …")
+    with pytest.raises(typer.Exit) as exit_:
+        _finish(stopped)
+    assert exit_.value.exit_code == 1
+    _finish(Step(thread_id="t", status="done", conclusion="reward rose from 0.1 to 0.4"))  # no exit
+    assert not Step(thread_id="t", status="waiting").stopped
 
 
 def test_serve_options_parse_into_swarm_serve_flags() -> None:
