@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import sys
 import threading
@@ -295,14 +296,10 @@ def _check_serve_options(options: dict[str, Any]) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     if result.returncode == 0:
         return
-    lines = [line.strip(" │╭╮╰╯─") for line in (result.stderr + result.stdout).splitlines()]
-    useful = [
-        line
-        for line in lines
-        if line and not line.startswith(("Usage:", "Try ", "Error")) and line != "error"
-    ]
-    reason = useful[0].removeprefix("error: ") if useful else f"exit code {result.returncode}"
-    raise _fail(f"--serve-option: swarm serve refuses it: {reason}")
+    errors = [line for line in (result.stderr + result.stdout).splitlines() if line.startswith("error: ")]
+    # One line (swarm.cli.run_console_script); its "--help" hint would name `python -m swarm.cli`.
+    reason = re.sub(r" \(see '.*--help'\)$", "", errors[0].removeprefix("error: ")) if errors else ""
+    raise _fail(f"--serve-option: swarm serve refuses it: {reason or f'exit code {result.returncode}'}")
 
 
 def vibe(

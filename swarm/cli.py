@@ -93,6 +93,29 @@ def _training_config(
     )
 
 
+_SERVE_OPTIONS: dict[tuple[str, ...], str] = {
+    ("torch_threads",): "--threads",
+    ("episode_timeout_s",): "--episode-timeout",
+    ("training", "batch"): "--batch-policy/--batch-size/--group-size",  # BatchConfig's cross-field checks
+    ("training", "batch", "policy"): "--batch-policy",
+    ("training", "batch", "batch_size"): "--batch-size",
+    ("training", "batch", "group_size"): "--group-size",
+    ("training", "trainer", "lr"): "--lr",
+    ("training", "trainer", "kl_coef"): "--kl-coef",
+    ("training", "trainer", "tis_cap"): "--tis-cap",
+    ("training", "trainer", "micro_batch_size"): "--micro-batch-size",
+    ("training", "trainer", "lora", "r"): "--lora-rank",
+    ("training", "trainer"): "--lr/--lora-rank/--kl-coef/--tis-cap/--micro-batch-size",
+    ("training", "checkpoint_every"): "--checkpoint-every",
+    ("training", "max_steps"): "--max-steps",
+    ("training", "drain_timeout_s"): "--drain-timeout",
+    ("training", "max_staleness"): "--max-staleness",
+    ("training", "quotas"): "--quota",
+    ("training", "quotas", "shares"): "--quota",
+}
+"""Where a `ServerConfig` validation error points, as the ``swarm serve`` option to fix."""
+
+
 @app.command()
 def serve(
     model: Annotated[
@@ -213,10 +236,15 @@ def serve(
         )
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        if err["loc"] == ("batch",):  # BatchConfig's own checks span --batch-policy/-size, --group-size
-            where = "--batch-policy/--batch-size/--group-size"
-        elif len(err["loc"]) == 1:  # a top-level field is a command-line option
+        loc = tuple(str(p) for p in err["loc"])
+        if exc.title == "TrainingConfig":  # validated on its own, before the ServerConfig around it
+            loc = ("training", *loc)
+        where = ".".join(loc)
+        if training_config is not None and loc[:1] == ("training",):
+            where = f"--training-config {training_config}: {'.'.join(loc[1:])}"
+        elif loc in _SERVE_OPTIONS:
+            where = _SERVE_OPTIONS[loc]
+        elif len(loc) == 1:  # a top-level field is a command-line option
             where = "--" + where.replace("_", "-")
         message = str(err["msg"]).removeprefix("Value error, ")
         raise fail(f"{where}: {message}" if where else message) from None
@@ -224,6 +252,10 @@ def serve(
         raise fail(str(exc)) from None
     if model is not None and not Path(model).expanduser().exists():
         raise fail(f"--model {model}: no such file or directory")
+    try:
+        _check_device(device)
+    except SwarmError as exc:
+        raise fail(str(exc)) from None
     if check:
         console.print("options are valid", highlight=False)
         return
@@ -269,15 +301,37 @@ def _startup_line(config: Any, engine: Any) -> str:
     )
 
 
+def _check_device(device: str) -> None:
+    """Raise ConfigError unless ``device`` names a torch device this process can use."""
+    import torch
+
+    from swarm.errors import ConfigError
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"--device {device}: not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"--device {device}: this torch build sees no CUDA device")
+        if parsed.index is not None and parsed.index >= count:
+            raise ConfigError(
+                f"--device {device}: only {count} CUDA device(s) visible (cuda:0…cuda:{count - 1})"
+            )
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {device}: MPS is not available here")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"--device {device}: the hf engine runs on cpu, cuda or mps")
+
+
 def _load_engine(config: Any) -> Any:
     """Resolve, load and wrap the model (raises ModelLoadError / ConfigError on user mistakes)."""
     import torch
 
-    from swarm.errors import ConfigError
     from swarm.server.runtime import load_engine
 
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {config.device}: this torch build sees no CUDA device")
+    _check_device(config.device)
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
     return load_engine(config)

@@ -19,7 +19,13 @@ runner = CliRunner()
     [
         (["--dtype", "bfloat16"], "full fine-tuning of bfloat16 weights loses AdamW updates"),
         (["--mixed-precision", "foo"], "--mixed-precision: Input should be 'no', 'bf16', 'fp16' or 'auto'"),
-        (["--tis-cap", "0"], "trainer.tis_cap: Input should be greater than 0"),
+        (["--tis-cap", "0"], "--tis-cap: Input should be greater than 0"),
+        (["--lr", "inf"], "--lr: Input should be a finite number"),
+        (["--threads", "0"], "--threads: Input should be greater than or equal to 1"),
+        (["--episode-timeout", "-5"], "--episode-timeout: Input should be greater than 0"),
+        (["--batch-policy", "nope"], "--batch-policy: Input should be 'episodes'"),
+        (["--quota", "a=0.5"], "--quota: family shares must sum to 1"),
+        (["--device", "banana"], "--device banana: not a torch device"),
         (
             ["--group-size", "1"],
             "--batch-policy/--batch-size/--group-size: group_size 1 with the 'tasks' policy",
@@ -67,5 +73,5 @@ def test_check_validates_without_loading_or_writing(tmp_path: Path) -> None:
     ok = runner.invoke(app, [*args, "--max-staleness", "1", "--tis-cap", "2"])
     assert ok.exit_code == 0 and ok.output.strip() == "options are valid"
     bad = runner.invoke(app, [*args, "--tis-cap", "0"])
-    assert bad.exit_code == 1 and bad.output.startswith("error: trainer.tis_cap")
+    assert bad.exit_code == 1 and bad.output.startswith("error: --tis-cap")
     assert not (tmp_path / "run").exists()
