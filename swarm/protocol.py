@@ -89,6 +89,48 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     user: str | None = None
+    presence_penalty: float | None = None
+    """Accepted only as 0 (the sampler applies no penalty); refused otherwise rather than ignored."""
+    frequency_penalty: float | None = None
+    """Accepted only as 0, like ``presence_penalty``."""
+    logit_bias: dict[str, float] | None = None
+    """Accepted only empty."""
+    response_format: dict[str, Any] | None = None
+    """Accepted only as ``{"type": "text"}`` (no constrained decoding)."""
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v: float | None) -> float | None:
+        if v:
+            raise ValueError("not supported: the sampler applies no penalties (send 0 or leave it out)")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v:
+            raise ValueError("not supported: the sampler applies no logit bias (leave it out)")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type") != "text":
+            raise ValueError(
+                f"not supported: {v.get('type')!r} needs constrained decoding; ask for the format in the "
+                "prompt and parse the text (or use tools)"
+            )
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _auto_or_none(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if v is not None and v not in ("auto", "none"):
+            raise ValueError(
+                "only 'auto' and 'none' are supported: the sampler cannot force a tool call "
+                "(say in the prompt which tool to call)"
+            )
+        return v
 
     @field_validator("stop")
     @classmethod

@@ -41,7 +41,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     problems = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        problems.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+        problems.append(f"{loc or 'body'}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}")
     first = exc.errors()[0] if exc.errors() else {}
     # a JSON syntax error's location is a character offset, not a field
     first_loc = () if first.get("type") == "json_invalid" else first.get("loc", ())

@@ -30,7 +30,7 @@ async def chat_completions(
     the same either way.
     """
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
-    if body.stream and not body.tools:
+    if body.stream and (not body.tools or body.tool_choice == "none"):
         prepared = runtime.prepare_chat(episode, body)  # bad requests fail before the first byte
         return EventSourceResponse(live_chunks(runtime, episode, body, prepared, include_usage))
     completion, records = await runtime.chat(episode, body)

@@ -492,7 +492,7 @@ class SwarmRuntime:
         text = completion.text
         tool_calls: list[dict[str, Any]] = []
         finish = completion.finish_reason
-        if request.tools:
+        if request.tools and request.tool_choice != "none":
             content, tool_calls = parse_tool_calls(text)
             if tool_calls:
                 text = content or ""

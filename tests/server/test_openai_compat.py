@@ -172,3 +172,33 @@ async def test_sixteen_concurrent_episodes_are_batched(server: Any) -> None:
         texts = await asyncio.gather(*(one(i, client) for i in range(16)))
     assert len(texts) == 16
     assert engine.batches - before < 16  # concurrent requests shared generate batches
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "accepted"),
+    [
+        ("presence_penalty", 0.5, False),
+        ("frequency_penalty", -1.0, False),
+        ("logit_bias", {"42": 5.0}, False),
+        ("response_format", {"type": "json_object"}, False),
+        ("presence_penalty", 0, True),
+        ("logit_bias", {}, True),
+        ("response_format", {"type": "text"}, True),
+    ],
+)
+def test_sampling_options_the_server_cannot_honour_are_refused_not_ignored(
+    server: Any, field: str, value: Any, accepted: bool
+) -> None:
+    with SwarmClient(server.url) as client, client.episode("unsupported") as ep:
+        answer = httpx.post(
+            f"{ep.base_url}/chat/completions",
+            json={"model": ep.model, "messages": QUESTION, "max_tokens": 2, field: value},
+            headers={"Authorization": f"Bearer {ep.api_key}"},
+        )
+        ep.finish(0.0)
+    if accepted:
+        assert answer.status_code == 200, answer.text
+    else:
+        error = answer.json()["error"]
+        assert answer.status_code == 422 and error["param"] == field and "not supported" in error["message"]
+        assert "Value error" not in error["message"]

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from openai import OpenAI
@@ -123,3 +124,30 @@ def test_malformed_tool_call_comes_back_as_text_and_the_episode_lives_on(tool_se
             assert again.choices[0].finish_reason == "tool_calls"
             ep.finish(0.0)
         assert client.get_episode(ep.id).status == "finished"
+
+
+def test_tool_choice_none_leaves_the_text_alone_and_forced_choices_are_refused(
+    tool_server: LiveServer,
+) -> None:
+    with SwarmClient(tool_server.url) as client, client.episode("tool-choice") as ep:
+        oa = OpenAI(base_url=ep.base_url, api_key=ep.api_key)
+        plain = oa.chat.completions.create(
+            model=ep.model,
+            messages=GOOD_PROMPT,
+            tools=TOOLS,
+            tool_choice="none",
+            temperature=0,
+            max_tokens=40,
+        )
+        assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason == "stop"
+        assert plain.choices[0].message.content == GOOD_REPLY.removesuffix("<|im_end|>")
+        for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+            refused = httpx.post(
+                f"{ep.base_url}/chat/completions",
+                json={"model": ep.model, "messages": GOOD_PROMPT, "tools": TOOLS, "tool_choice": choice},
+                headers={"Authorization": f"Bearer {ep.api_key}"},
+            )
+            error = refused.json()["error"]
+            assert refused.status_code == 422 and error["param"] == "tool_choice", error
+            assert "cannot force a tool call" in error["message"]
+        ep.finish(0.0)
