@@ -493,7 +493,7 @@ class SwarmRuntime:
         tool_calls: list[dict[str, Any]] = []
         finish = completion.finish_reason
         if request.tools and request.tool_choice != "none":
-            content, tool_calls = parse_tool_calls(text)
+            content, tool_calls = parse_tool_calls(text, salt=f"{episode.id}:{index}")
             if tool_calls:
                 text = content or ""
                 finish = FinishReason.TOOL_CALLS

@@ -24,17 +24,19 @@ TOOL_CALL_CLOSE = "</tool_call>"
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 
 
-def tool_call_id(text: str, position: int) -> str:
-    """Deterministic OpenAI tool-call id: the same completion text always yields the same ids.
+def tool_call_id(text: str, position: int, salt: str = "") -> str:
+    """Deterministic OpenAI tool-call id: the same completion text and salt always yield the same ids.
 
     Args:
         text: The full completion text the call was parsed from.
         position: 0-based position of the call within that completion.
+        salt: Where the completion was made (the server passes episode id and call index), so that the
+            same call made twice gets two ids an agent framework can tell apart.
 
     Returns:
-        ``"call_"`` followed by 24 hex characters of ``sha256(position, text)``.
+        ``"call_"`` followed by 24 hex characters of ``sha256(salt, position, text)``.
     """
-    digest = hashlib.sha256(f"{position}\x00{text}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{salt}\x00{position}\x00{text}".encode()).hexdigest()
     return f"call_{digest[:24]}"
 
 
@@ -61,11 +63,12 @@ def _parse_block(body: str) -> list[tuple[str, dict[str, Any]]] | None:
     return calls if calls else None
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, salt: str = "") -> tuple[str | None, list[dict[str, Any]]]:
     """Split model output into message content and OpenAI-format tool calls.
 
     Args:
         text: Decoded completion text (special tokens and stop strings removed).
+        salt: Makes the call ids unique to where the text was sampled (`tool_call_id`).
 
     Returns:
         ``(content, tool_calls)``. Without ``<tool_call>`` blocks: ``(text, [])``. With well-formed blocks:
@@ -88,7 +91,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         parsed.extend(calls)
     tool_calls = [
         {
-            "id": tool_call_id(text, position),
+            "id": tool_call_id(text, position, salt),
             "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
         }

@@ -64,8 +64,11 @@ def test_malformed_output_is_returned_as_content(text: str) -> None:
     assert parse_tool_calls(text) == (text, [])
 
 
-def test_ids_are_deterministic_and_depend_on_the_text() -> None:
+def test_ids_are_deterministic_and_depend_on_the_text_and_the_salt() -> None:
     text = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
     assert parse_tool_calls(text) == parse_tool_calls(text)
     other = 'x<tool_call>{"name": "f", "arguments": {}}</tool_call>'
     assert parse_tool_calls(text)[1][0]["id"] != parse_tool_calls(other)[1][0]["id"]
+    # The same call sampled at two places of an episode (the server salts with episode id and call index).
+    first, again = parse_tool_calls(text, salt="ep-1:0"), parse_tool_calls(text, salt="ep-1:2")
+    assert first[1][0]["id"] != again[1][0]["id"] and first == parse_tool_calls(text, salt="ep-1:0")
