@@ -38,12 +38,14 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     first = statistics.fmean(v for _, v in curve[:k])
     last = statistics.fmean(v for _, v in curve[-k:])
     gain = last - first
+    # The pre-registered rule compares 2-step windows; with fewer than 4 steps it cannot be applied as
+    # registered, so the change is reported but the hypothesis stays unconfirmed.
     status = (
-        FindingStatus.confirmed
+        FindingStatus.unconfirmed
+        if k < 2 or gain == 0
+        else FindingStatus.confirmed
         if gain > 0
         else FindingStatus.refuted
-        if gain < 0
-        else FindingStatus.unconfirmed
     )
     statement = (
         f"training on {state['plan'].template} for {curve[-1][0]} steps changed the mean train reward from "
@@ -60,6 +62,11 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         run_ids=run_ids,
         hypothesis_id=hypothesis,
     )
+    if k < 2:
+        return statement + (
+            f" — hypothesis unconfirmed: {len(curve)} steps are too few for its decision rule (last 2 vs "
+            "first 2 steps)"
+        )
     return (
         statement
         + f" — hypothesis {status.value} by its decision rule (1 seed; replicate before relying on it)"

@@ -326,3 +326,41 @@ def test_train_reward_up_while_held_out_down_is_flagged(tmp_path: Path, store: S
         and "-0.250" in finding.statement
     )
     assert finding.run_ids == [smoke_run.id, train_run.id]
+
+
+@pytest.mark.parametrize(
+    ("curve", "status"),
+    [
+        ([(1, 0.0), (2, 0.5)], "unconfirmed"),  # 1-step windows: the 2-step rule cannot be applied
+        ([(1, 0.0), (2, 0.1), (3, 0.4), (4, 0.5)], "confirmed"),
+        ([(1, 0.5), (2, 0.4), (3, 0.1), (4, 0.0)], "refuted"),
+    ],
+)
+def test_the_vibe_verdict_needs_the_steps_its_rule_compares(
+    tmp_path: Path, store: Store, curve: list[tuple[int, float]], status: str
+) -> None:
+    from a3r.graph.reporter import _vibe_conclusion
+
+    study = store.create_study("train arithmetic", kind="vibe")
+    run = store.start_run(store.create_experiment(study.id, "arithmetic-train").id, name="train-s0")
+    state = {
+        "mode": "vibe",
+        "study_id": study.id,
+        "plan": OfflineProvider().plan("train arithmetic", mode="vibe"),
+        "outcomes": [
+            RunOutcome(
+                key="train-s0", run_id=run.id, purpose="train", status="finished", reason="", curve=curve
+            )
+        ],
+        "hypothesis_ids": [],
+    }
+    ctx = RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "l.db"),
+        thread_id="t",
+        root=tmp_path,
+    )
+    conclusion = _vibe_conclusion(state, ctx)  # type: ignore[arg-type]
+    (finding,) = store.findings(study.id)
+    assert finding.status.value == status and f"hypothesis {status}" in conclusion
