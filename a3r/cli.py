@@ -84,7 +84,7 @@ def _no_store_yet(location: str) -> bool:
         return False
     if Path(location).expanduser().exists():
         return False
-    Console(stderr=True, highlight=False).print(
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
         f"nothing recorded yet: no store at {location} (a3r vibe / a3r research create it)", style="dim"
     )
     return True
