@@ -108,6 +108,9 @@ class HFEngine:
         self._logits_kw = "logits_to_keep" if "logits_to_keep" in forward_params else None
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._queued_rows = 0
+        self._submitted_rows = 0  # ever submitted (under `_queued_lock`)
+        self._first_answer_mark: int | None = None
+        """`_submitted_rows` when the running batch returned its first answer (see `_run`)."""
         self._queued_lock = threading.Lock()
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="hf-engine", daemon=True)
@@ -163,6 +166,7 @@ class HFEngine:
         job = _Job(list(prompt_ids), params, on_token)
         with self._queued_lock:
             self._queued_rows += params.n
+            self._submitted_rows += params.n
         self._queue.put(job)
         return job.future
 
@@ -224,11 +228,16 @@ class HFEngine:
                     if not jobs:
                         continue
                     started = time.monotonic()
+                    self._first_answer_mark = None
                     self._generate_batch(jobs)  # resolves each job's future as soon as its rows end
                     ended = time.monotonic()
                 untrimmed = self._on_cpu()
                 with self._queued_lock:
-                    observed = rows + self._queued_rows
+                    # Rows queued since this batch returned its first answer may be its own clients
+                    # coming back (already counted in `rows`): count at most that many once.
+                    mark = self._first_answer_mark
+                    returning = 0 if mark is None else min(rows, self._submitted_rows - mark)
+                    observed = rows + self._queued_rows - returning
                 if observed >= expected_rows or lowered:
                     expected_rows, lowered = observed, False
                 else:
@@ -332,6 +341,9 @@ class HFEngine:
             if any(r.finish is None for r in mine):
                 continue
             del pending[key]
+            if self._first_answer_mark is None:
+                with self._queued_lock:
+                    self._first_answer_mark = self._submitted_rows
             completions = []
             for row in mine:
                 assert row.finish is not None
