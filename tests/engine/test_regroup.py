@@ -58,9 +58,10 @@ def test_regroup_wait_is_capped(make_engine: Any) -> None:
 def test_a_lone_client_is_not_delayed(make_engine: Any) -> None:
     engine = make_engine(regroup_fraction=1e6, regroup_max_s=10.0)
     engine.submit(PROMPT, _params(1)).result()
-    started = time.monotonic()
-    engine.submit(PROMPT, _params(1)).result()  # as many rows as the last batch: starts at once
-    assert time.monotonic() - started < 5.0
+    for _ in range(10):  # its answer comes before its batch ends: its next request is not an extra row
+        started = time.monotonic()
+        engine.submit(PROMPT, _params(1)).result()  # as many rows as the last batch: starts at once
+        assert time.monotonic() - started < 5.0
 
 
 def test_one_short_batch_does_not_lower_the_expected_rows(make_engine: Any) -> None:
