@@ -33,6 +33,8 @@ from a3r.execution import PLAN_SERVE_OPTIONS
 from a3r.llm import OfflineProvider, ProviderKind
 from a3r.session import Session, SessionSettings, Step, open_session, recorded_settings
 from memory import StoreError
+from swarm.engine.model_loading import check_model_path
+from swarm.errors import ModelLoadError
 
 __all__ = ["ReaderSafeConsole", "register"]
 
@@ -171,10 +173,11 @@ def _launch(
     tui: bool = False,
     wait: bool = False,
 ) -> None:
-    if settings.model is not None and not Path(settings.model).expanduser().exists():
-        raise _fail(
-            f"--model {settings.model}: no such file or directory (a local model folder or .gguf file)"
-        )
+    if settings.model is not None:
+        try:
+            check_model_path(settings.model)
+        except ModelLoadError as exc:
+            raise _fail(f"--model {settings.model}: {exc}") from None
     if not request.strip():
         raise _fail(
             f'the request is empty: say what to {"train" if mode == "vibe" else "study"}, e.g. "train who-is-the-spy"'

@@ -7,6 +7,7 @@ end with exit code 1 and one readable line, never a traceback (usage mistakes: e
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import socket
@@ -67,6 +68,8 @@ def _training_config(
         family, sep, share = item.partition("=")
         if not sep or not family:
             raise ValueError(f"--quota {item!r}: expected FAMILY=SHARE, e.g. math=0.4")
+        if family in shares:
+            raise ValueError(f"--quota {item!r}: family {family!r} is given twice")
         try:
             shares[family] = float(share)
         except ValueError:
@@ -91,6 +94,15 @@ def _training_config(
             "max_staleness": max_staleness,
         }
     )
+
+
+class LogLevel(enum.StrEnum):
+    """``swarm serve --log-level``."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
 
 
 _SERVE_OPTIONS: dict[tuple[str, ...], str] = {
@@ -190,7 +202,7 @@ def serve(
     training_config: Annotated[
         Path | None, typer.Option(help="JSON file with a full TrainingConfig (overrides the options above).")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    log_level: Annotated[LogLevel, typer.Option(help="Server log level.")] = LogLevel.info,
     check: Annotated[
         bool, typer.Option("--check", help="Only validate the options (no model load, nothing written).")
     ] = False,
@@ -202,6 +214,8 @@ def serve(
     from swarm.config import ServerConfig
     from swarm.server.app import create_app
 
+    if admin_token is not None and not admin_token.strip():
+        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
     token = admin_token or os.environ.get("SWARM_ADMIN_TOKEN")
     try:
         config = ServerConfig(
@@ -250,16 +264,24 @@ def serve(
         raise fail(f"{where}: {message}" if where else message) from None
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
-    if model is not None and not Path(model).expanduser().exists():
-        raise fail(f"--model {model}: no such file or directory")
+    if model is not None:
+        from swarm.engine.model_loading import check_model_path
+
+        try:
+            check_model_path(model)
+        except SwarmError as exc:
+            raise fail(f"--model {exc}") from None
     try:
         _check_device(device)
     except SwarmError as exc:
         raise fail(str(exc)) from None
+    _check_run_dir(run_dir)
     if check:
         console.print("options are valid", highlight=False)
         return
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     # Check what a user can get wrong before the slow model load, and load the model here rather than
     # in the app's lifespan, so that every mistake ends with one line instead of a startup traceback.
     if port:
@@ -274,7 +296,7 @@ def serve(
     except SwarmError as exc:
         raise fail(str(exc)) from None
     console.print(_startup_line(config, engine), highlight=False, soft_wrap=True)
-    uvicorn.run(create_app(config, engine=engine), host=host, port=port, log_level=log_level.lower())
+    uvicorn.run(create_app(config, engine=engine), host=host, port=port, log_level=log_level.value)
 
 
 def _startup_line(config: Any, engine: Any) -> str:
@@ -299,6 +321,16 @@ def _startup_line(config: Any, engine: Any) -> str:
         + " · control routes "
         + ("need the admin token" if config.admin_token else "open on loopback (no admin token)")
     )
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """Fail in one line unless ``run_dir`` is a folder, or can become one, that this user can write."""
+    path = run_dir.expanduser()
+    if path.exists() and not path.is_dir():
+        raise fail(f"--run-dir {run_dir}: exists and is not a folder")
+    parent = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise fail(f"--run-dir {run_dir}: {parent} is not a folder this user can write to")
 
 
 def _check_device(device: str) -> None:
@@ -350,6 +382,8 @@ def status(
 
     from swarm.client import RetryPolicy, SwarmClient
 
+    if admin_token is not None and not admin_token.strip():
+        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
     token = admin_token or os.environ.get("SWARM_ADMIN_TOKEN")
     try:
         with SwarmClient(url, admin_token=token, retry=RetryPolicy(attempts=2, deadline_s=10)) as client:
@@ -574,6 +608,8 @@ def top(
     from swarm.client import RetryPolicy, SwarmClient
     from swarm.client._dashboard import poll, render
 
+    if admin_token is not None and not admin_token.strip():
+        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
     token = admin_token or os.environ.get("SWARM_ADMIN_TOKEN")
     out = Console()
     retry = RetryPolicy(attempts=1, deadline_s=5)
@@ -606,7 +642,7 @@ def run_console_script(typer_app: typer.Typer) -> NoReturn:
             ctx = getattr(exc, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             console.print(
-                f"[bold red]error:[/] {escape(exc.format_message())}{escape(hint)}",
+                f"[bold red]error:[/] {escape(exc.format_message().replace('Value error, ', ''))}{escape(hint)}",
                 highlight=False,
                 soft_wrap=True,
             )

@@ -12,7 +12,7 @@ import math
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
 
 from swarm.tracking.records import CallRecord, Sample
 
@@ -125,6 +125,8 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("tool_choice")
     @classmethod
     def _auto_or_none(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(v, str) and v not in ("auto", "none", "required"):
+            raise ValueError(f"{v!r} is not a tool choice: use 'auto' or 'none'")
         if v is not None and v not in ("auto", "none"):
             raise ValueError(
                 "only 'auto' and 'none' are supported: the sampler cannot force a tool call "
@@ -267,11 +269,17 @@ class EpisodeCreated(BaseModel):
     model: str
 
 
+MAX_REWARD = 1e9
+"""Largest reward magnitude accepted: group statistics square rewards, and 1e300 overflowed the standard
+deviation to inf, which zeroed every advantage of the group without a word."""
+
+
 class EpisodeFinish(_Strict):
     """``POST /api/v1/episodes/{id}/finish``."""
 
-    reward: float
-    agent_rewards: dict[str, float] = Field(default_factory=dict)
+    reward: StrictFloat = Field(ge=-MAX_REWARD, le=MAX_REWARD)
+    """A JSON number (not ``true`` or ``"1"``), finite, at most `MAX_REWARD` in magnitude."""
+    agent_rewards: dict[str, StrictFloat] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("reward")
@@ -279,6 +287,14 @@ class EpisodeFinish(_Strict):
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
             raise ValueError("reward must be a finite number")
+        return v
+
+    @field_validator("agent_rewards")
+    @classmethod
+    def _finite_agents(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {agent: r for agent, r in v.items() if not math.isfinite(r) or abs(r) > MAX_REWARD}
+        if bad:
+            raise ValueError(f"agent rewards must be finite numbers within ±{MAX_REWARD:g}, got {bad}")
         return v
 
 

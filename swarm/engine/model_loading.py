@@ -94,6 +94,25 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_model_path(model: str | Path) -> Path:
+    """The ``--model`` path if it can be a model (a Hugging Face directory or a ``.gguf`` file); cheap,
+    nothing is read or converted.
+
+    Raises:
+        ModelLoadError: the path does not exist or is neither a model directory nor a GGUF file.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return path
+    if not path.is_file():
+        raise ModelLoadError(f"model path {path} does not exist (give a local directory or .gguf file)")
+    if path.suffix != ".gguf":
+        raise ModelLoadError(f"{path} is neither a model directory nor a .gguf file")
+    return path
+
+
 def resolve_model(model: str | Path | None, cache_dir: Path = DEFAULT_CACHE_DIR) -> ModelSource:
     """Resolve ``--model`` to a local Hugging Face directory, converting GGUF files once.
 
@@ -107,15 +126,9 @@ def resolve_model(model: str | Path | None, cache_dir: Path = DEFAULT_CACHE_DIR)
     if model is None:
         gguf, name = embedded_gguf_path(), EMBEDDED_NAME
     else:
-        path = Path(model).expanduser()
+        path = check_model_path(model)
         if path.is_dir():
-            if not (path / "config.json").exists():
-                raise ModelLoadError(f"{path} is not a Hugging Face model directory (no config.json)")
             return ModelSource(name=path.name, directory=path)
-        if not path.is_file():
-            raise ModelLoadError(f"model path {path} does not exist (give a local directory or .gguf file)")
-        if path.suffix != ".gguf":
-            raise ModelLoadError(f"{path} is neither a model directory nor a .gguf file")
         gguf, name = path, path.stem
     target = cache_dir / f"{gguf.stem}-{_file_digest(gguf)}"
     if not (target / "config.json").exists():

@@ -40,6 +40,11 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     problems = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # its location is a character offset, not a field
+            problems.append(
+                f"the body is not valid JSON ({(err.get('ctx') or {}).get('error', 'decode error')})"
+            )
+            continue
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         problems.append(f"{loc or 'body'}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}")
     first = exc.errors()[0] if exc.errors() else {}

@@ -38,9 +38,12 @@ async def finish_episode(episode_id: str, body: EpisodeFinish, runtime: RuntimeD
 
 
 @router.post("/{episode_id}/abort")
-async def abort_episode(episode_id: str, body: EpisodeAbort, runtime: RuntimeDep) -> Ack:
-    """End the episode without a reward (``infra_failure=true`` keeps it out of group statistics)."""
-    stored = runtime.abort(episode_id, body)
+async def abort_episode(episode_id: str, runtime: RuntimeDep, body: EpisodeAbort | None = None) -> Ack:
+    """End the episode without a reward (``infra_failure=true`` keeps it out of group statistics).
+
+    The body is optional: no body aborts with reason "aborted by client", not as an infra failure.
+    """
+    stored = runtime.abort(episode_id, body or EpisodeAbort())
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 

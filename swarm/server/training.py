@@ -111,7 +111,7 @@ class ConfigPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    lr: StrictFloat | None = Field(default=None, ge=0.0)
+    lr: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
     weight_decay: StrictFloat | None = Field(default=None, ge=0.0)
     max_grad_norm: StrictFloat | None = Field(default=None, gt=0.0)
     clip_eps_low: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)

@@ -41,7 +41,7 @@ class TrainerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    lr: float = Field(default=1e-5, ge=0.0)
+    lr: float = Field(default=1e-5, ge=0.0, le=1.0)
     """AdamW learning rate (live)."""
     weight_decay: float = Field(default=0.0, ge=0.0)
     """AdamW decoupled weight decay (live)."""

@@ -242,7 +242,12 @@ def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
         assert refused.exit_code == 1 and f"swarm serve refuses it: {reason}" in refused.output, option
         assert len(refused.output.strip().splitlines()) == 1
     missing = runner.invoke(app, ["vibe", "train arithmetic", "--model", str(fresh / "no-model"), *untouched])
-    assert missing.exit_code == 1 and "no-model: no such file or directory" in missing.output
+    assert missing.exit_code == 1 and "no-model does not exist" in missing.output
+    (tmp_path / "notes.txt").write_text("not a model")
+    not_a_model = runner.invoke(
+        app, ["vibe", "train arithmetic", "--model", str(tmp_path / "notes.txt"), *untouched]
+    )
+    assert not_a_model.exit_code == 1 and "neither a model directory nor a .gguf file" in not_a_model.output
     unplannable = runner.invoke(app, ["vibe", "train a chess engine", *untouched])
     assert unplannable.exit_code == 1 and "no task template covers" in unplannable.output
     assert "thread" not in unplannable.output  # no thread id for a thread that never existed

@@ -202,3 +202,23 @@ def test_sampling_options_the_server_cannot_honour_are_refused_not_ignored(
         error = answer.json()["error"]
         assert answer.status_code == 422 and error["param"] == field and "not supported" in error["message"]
         assert "Value error" not in error["message"]
+
+
+def test_episode_bodies_are_checked_and_abort_needs_none(server: Any) -> None:
+    with SwarmClient(server.url) as client:
+        ep = client.begin("bodies")
+        finish = f"{server.url}/api/v1/episodes/{ep.id}/finish"
+        for body, param in [
+            ({"reward": "1"}, "reward"),
+            ({"reward": True}, "reward"),
+            ({"reward": 1e300}, "reward"),
+        ]:
+            refused = httpx.post(finish, json=body)
+            assert refused.status_code == 422 and refused.json()["error"]["param"] == param, body
+        garbage = httpx.post(finish, content=b"not json", headers={"content-type": "application/json"})
+        assert (
+            garbage.status_code == 422 and "the body is not valid JSON" in garbage.json()["error"]["message"]
+        )
+        aborted = httpx.post(f"{server.url}/api/v1/episodes/{ep.id}/abort")  # no body at all
+        assert aborted.status_code == 200 and aborted.json()["status"] == "aborted"
+        assert client.get_episode(ep.id).reason == "aborted by client"

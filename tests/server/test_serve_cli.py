@@ -33,12 +33,18 @@ runner = CliRunner()
         (["--max-staleness", "-1"], "--max-staleness: Input should be greater than or equal to 0"),
         (
             ["--model", "/nonexistent/model.gguf"],
-            "--model /nonexistent/model.gguf: no such file or directory",
+            "--model model path /nonexistent/model.gguf does not exist",
         ),
+        (["--model", "/tmp"], "--model /tmp is not a Hugging Face model directory (no config.json)"),
+        (["--lr", "2"], "--lr: Input should be less than or equal to 1"),
+        (["--quota", "a=1", "--quota", "a=0"], "--quota 'a=0': family 'a' is given twice"),
+        (["--admin-token", " "], "--admin-token: empty"),
+        (["--run-dir", "/etc/passwd"], "--run-dir /etc/passwd: exists and is not a folder"),
     ],
 )
 def test_serve_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
-    result = runner.invoke(app, ["serve", "--port", "0", "--run-dir", str(tmp_path / "run"), *args])
+    run_dir = ["--run-dir", str(tmp_path / "run")] if "--run-dir" not in args else []
+    result = runner.invoke(app, ["serve", "--port", "0", *run_dir, *args])
     assert result.exit_code == 1, result.output
     assert result.output.startswith("error: ") and message in result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
@@ -57,6 +63,10 @@ def test_negative_lora_rank_is_rejected_by_the_option(tmp_path: Path) -> None:
     [
         (["swarm", "serve", "--lora-rank", "abc"], "error: Invalid value for '--lora-rank'"),
         (["swarm", "serve", "--bogus"], "error: No such option: --bogus"),
+        (
+            ["swarm", "serve", "--log-level", "verbose"],
+            "error: Invalid value for '--log-level': 'verbose' is not",
+        ),
         (["swarm", "status"], "error: Missing argument 'url'. (see 'swarm status --help')"),
         (["a3r", "vibe"], "error: Missing argument 'request'. (see 'a3r vibe --help')"),
     ],
