@@ -418,10 +418,12 @@ class TrainingLoop:
                 quotas = FamilyQuotas(shares=shares, slack=group) if shares else None
         except ValidationError as exc:  # one readable line: "field: what is wrong; …"
             problems = [_problem(err) for err in exc.errors()]
+            # A check across fields (group_size 1 with the `tasks` policy) has no location: name the
+            # first field of the patch it concerns.
+            involved = [name for name in changes if name in ("batch_policy", "batch_size", "group_size")]
+            param = (problems[0][1] if problems else None) or (involved[0] if involved else None)
             raise RequestError(
-                f"invalid config change: {'; '.join(p for p, _ in problems)}",
-                status_code=422,
-                param=problems[0][1] if problems else None,
+                f"invalid config change: {'; '.join(p for p, _ in problems)}", status_code=422, param=param
             ) from None
         except ValueError as exc:
             raise RequestError(f"invalid config change: {exc}", status_code=422) from exc

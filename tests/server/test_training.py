@@ -227,6 +227,7 @@ def test_live_config_pause_resume_and_drain(tmp_path: Path, fresh_engine: Any) -
             ('{"batch_size": "4"}', "batch_size"),
             ('{"quotas": {"math": 0.5}}', "quotas"),
             ('{"temperature": 3}', "temperature"),
+            ('{"group_size": 1, "batch_policy": "tasks"}', "batch_policy"),
         ]:
             bad = httpx.patch(
                 f"{url}/api/v1/config", content=body, headers={"content-type": "application/json"}
