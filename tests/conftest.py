@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,16 @@ def embedded(embedded_source: ModelSource) -> Iterator[HFEngine]:
     engine = HFEngine(model, tok, embedded_source.name)
     yield engine
     engine.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:
+    """Poll ``predicate`` every 50 ms until it is true; AssertionError naming ``what`` after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def free_port() -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +11,7 @@ from openai import OpenAI
 
 from swarm.client import SwarmClient
 from swarm.engine import HFEngine
+from tests.conftest import wait_for
 
 QUESTION = [{"role": "user", "content": "Count to ten."}]
 
@@ -32,14 +32,6 @@ def _stream(ep: Any, **body: Any) -> httpx.Response:
         headers={"Authorization": f"Bearer {ep.api_key}"},
     )
     return httpx.Client(timeout=60).send(request, stream=True)
-
-
-def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_tokens_stream_while_the_engine_samples(server: Any, tiny_engine: HFEngine) -> None:
@@ -151,7 +143,7 @@ def test_a_client_that_leaves_mid_stream_cancels_its_call(server: Any, tiny_engi
         # Finishing is refused while the call runs (409) and accepted once it is cancelled; the engine
         # stops the row (it would sample 4000 tokens otherwise) and nothing is recorded.
         finish = f"{server.url}/api/v1/episodes/{ep.id}/finish"
-        _wait_for(lambda: httpx.post(finish, json={"reward": 1.0}).status_code == 200, 20, "the call to end")
+        wait_for(lambda: httpx.post(finish, json={"reward": 1.0}).status_code == 200, 20, "the call to end")
         assert tiny_engine.lock.acquire(timeout=5)
         tiny_engine.lock.release()
         assert client.get_episode(ep.id).calls == []

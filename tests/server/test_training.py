@@ -6,8 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +18,9 @@ from swarm.client import SwarmClient
 from swarm.config import TrainingConfig
 from swarm.engine import HFEngine
 from swarm.train import TrainerConfig
-from tests.conftest import build_tiny_model, free_port, make_server
+from tests.conftest import build_tiny_model, free_port, make_server, wait_for
 
 QUESTION = [{"role": "user", "content": "Say something."}]
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def probe(client: SwarmClient) -> tuple[str, float]:
