@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from swarm.engine.base import SampledToken
 from swarm.errors import SwarmError
@@ -61,6 +62,14 @@ class _ChunkHeader:
         )
         return f"data: {msg.model_dump_json(exclude_none=True)}\n\n"
 
+    def finish(self, index: int, reason: Literal["stop", "length", "tool_calls"]) -> str:
+        """The last chunk of choice ``index``: an empty delta with its finish reason."""
+        return self.event(ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=reason))
+
+    def ending(self, usage: Usage | None) -> list[str]:
+        """What follows the last choice: the usage chunk (when asked for) and ``[DONE]``."""
+        return ([self.event(None, usage=usage)] if usage is not None else []) + [DONE]
+
 
 def replay_chunks(
     completion: ChatCompletion, pieces: Sequence[Sequence[str]], include_usage: bool
@@ -83,12 +92,9 @@ def replay_chunks(
             if choice.message.tool_calls:
                 calls = [{"index": i, **tc.model_dump()} for i, tc in enumerate(choice.message.tool_calls)]
                 yield header.event(ChunkChoice(index=choice.index, delta=ChunkDelta(tool_calls=calls)))
-            yield header.event(
-                ChunkChoice(index=choice.index, delta=ChunkDelta(), finish_reason=choice.finish_reason)
-            )
-        if include_usage:
-            yield header.event(None, usage=completion.usage)
-        yield DONE
+            yield header.finish(choice.index, choice.finish_reason)
+        for event in header.ending(completion.usage if include_usage else None):
+            yield event
 
     return events()
 
@@ -180,11 +186,8 @@ def live_chunks(
             rest = content_delta(choices[choice.index], choice.message.content or "")
             if rest:
                 yield header.event(ChunkChoice(index=choice.index, delta=ChunkDelta(content=rest)))
-            yield header.event(
-                ChunkChoice(index=choice.index, delta=ChunkDelta(), finish_reason=choice.finish_reason)
-            )
-        if include_usage:
-            yield header.event(None, usage=completion.usage)
-        yield DONE
+            yield header.finish(choice.index, choice.finish_reason)
+        for event in header.ending(completion.usage if include_usage else None):
+            yield event
 
     return events()
