@@ -86,14 +86,19 @@ def _research_state(store: Store, mean: float) -> dict[str, Any]:
     }
 
 
-def test_research_stops_on_a_zero_baseline_unless_forced(tmp_path: Path, store: Store) -> None:
-    ctx = RunContext(
+def _offline_context(tmp_path: Path, store: Store) -> RunContext:
+    """A thread context planning offline, with its ledger under ``tmp_path``."""
+    return RunContext(
         store=store,
         provider=OfflineProvider(),
         ledger=Ledger(tmp_path / "l.db"),
         thread_id="t",
         root=tmp_path,
     )
+
+
+def test_research_stops_on_a_zero_baseline_unless_forced(tmp_path: Path, store: Store) -> None:
+    ctx = _offline_context(tmp_path, store)
     state = _research_state(store, 0.0)
     stop = planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
     assert stop.goto == "reporter"
@@ -182,13 +187,7 @@ def test_a_failed_smoke_run_ends_the_thread_with_its_evidence(tmp_path: Path, st
         "queue": [],
         "hypothesis_ids": [],
     }
-    ctx = RunContext(
-        store=store,
-        provider=OfflineProvider(),
-        ledger=Ledger(tmp_path / "l.db"),
-        thread_id="t",
-        root=tmp_path,
-    )
+    ctx = _offline_context(tmp_path, store)
     command = analyst(state, Runtime(context=ctx))  # type: ignore[arg-type]
     assert command.goto == "planner" and command.update["queue"] == []  # type: ignore[index]
     assert "KeyError: 'question'" in command.update["conclusion"]  # type: ignore[index]
@@ -316,13 +315,7 @@ def test_train_reward_up_while_held_out_down_is_flagged(tmp_path: Path, store: S
         "queue": [],
         "hypothesis_ids": [],
     }
-    ctx = RunContext(
-        store=store,
-        provider=OfflineProvider(),
-        ledger=Ledger(tmp_path / "l.db"),
-        thread_id="t",
-        root=tmp_path,
-    )
+    ctx = _offline_context(tmp_path, store)
     assert analyst(state, Runtime(context=ctx)).goto == "planner"  # type: ignore[arg-type]
     (finding,) = store.findings(study.id)
     assert (
@@ -359,13 +352,7 @@ def test_the_vibe_verdict_needs_the_steps_its_rule_compares(
         ],
         "hypothesis_ids": [],
     }
-    ctx = RunContext(
-        store=store,
-        provider=OfflineProvider(),
-        ledger=Ledger(tmp_path / "l.db"),
-        thread_id="t",
-        root=tmp_path,
-    )
+    ctx = _offline_context(tmp_path, store)
     conclusion = _vibe_conclusion(state, ctx)  # type: ignore[arg-type]
     (finding,) = store.findings(study.id)
     assert finding.status.value == status and f"hypothesis {status}" in conclusion
