@@ -39,7 +39,6 @@ from swarm.protocol import (
     EpisodeStatus,
     EpisodeView,
     FunctionCall,
-    MergeSummary,
     StatusView,
     TokenLogprob,
     ToolCall,
@@ -352,16 +351,7 @@ class SwarmRuntime:
                 "trained_step": stored.trained_step,
             }
         samples, stats = build_samples(episode_id, calls)
-        merge = MergeSummary(
-            calls=stats.calls,
-            samples=stats.samples,
-            merge_ratio=stats.merge_ratio,
-            prefix_breaks=dict(stats.prefix_breaks),
-            splices=stats.splices,
-            splice_mismatches=stats.splice_mismatches,
-            tokens_saved=stats.tokens_saved,
-        )
-        return EpisodeView(episode_id=episode_id, calls=calls, samples=samples, merge=merge, **base)
+        return EpisodeView(episode_id=episode_id, calls=calls, samples=samples, merge=stats, **base)
 
     # -- chat completions ------------------------------------------------------------------------------
     def agent_for(self, request: ChatCompletionRequest) -> str:
