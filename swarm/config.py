@@ -1,6 +1,7 @@
 """Typed configuration of the swarm server (one place for defaults).
 
-The CLI builds a :class:`ServerConfig`; tests build one directly. Nothing reads environment variables
+``swarm serve``'s flags (:class:`swarm.serve_options.ServeOptions`, flat) build a :class:`ServerConfig`;
+tests build one directly. Nothing reads environment variables
 except the CLI (``SWARM_ADMIN_TOKEN``), which passes the value in here.
 """
 
@@ -17,6 +18,8 @@ from swarm.precision import MixedPrecision, resolve_dtype
 from swarm.protocol import LossAggregation, SamplingDefaults
 from swarm.tracking.merge import LossWeighting
 from swarm.train.config import TrainerConfig
+
+__all__ = ["SamplingDefaults", "ServerConfig", "TrainingConfig", "check_weighting"]
 
 
 class TrainingConfig(BaseModel):

@@ -4,6 +4,8 @@
 - :class:`MultiEpisode`: one rollout over several servers, finished or aborted together.
 - :class:`Runner` (``swarm run``): a workflow file over a dataset, G episodes per task, N at a time,
   with resume, eval rounds and infrastructure-failure handling.
+- ``ServeOptions`` (re-exported from :mod:`swarm.serve_options`): ``swarm serve``'s options, validated
+  in process, for programs that start servers.
 """
 
 from swarm.client._client import AsyncEpisode, AsyncSwarmClient, Episode, RetryPolicy, SwarmClient
@@ -21,6 +23,10 @@ from swarm.client._multi import MultiEpisode
 from swarm.client._progress import ProgressLog
 from swarm.client._runner import Runner, RunnerConfig, RunSummary, run_workflow
 from swarm.client.workflow import LLM, Result
+
+# ``swarm serve``'s options, for programs that start servers (a3r): re-exported, not defined here.
+from swarm.serve_options import ServeOptions as ServeOptions
+from swarm.serve_options import ServeOptionsError as ServeOptionsError
 
 __all__ = [
     "LLM",
