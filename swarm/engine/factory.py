@@ -16,9 +16,12 @@ def load_engine(config: ServerConfig) -> Engine:
 
     ``hf``: a transformers model in ``config.weights_dtype`` on ``config.device``, sampled in static
     batches, forward passes under ``config.mixed_precision`` (``AUTO`` resolved for the device).
+    ``vllm``: vLLM serves ``config.weights_dtype`` on the GPU with ``config.gpu_memory_utilization`` of
+    its memory; the trainer's copy lives on ``config.device``.
 
     Raises:
-        ModelLoadError: The model cannot be found or loaded.
+        ModelLoadError: The model cannot be found or loaded (`swarm.engine.vllm.EngineUnavailable`
+            when ``vllm`` is asked for without vLLM or without a CUDA GPU).
     """
     if config.engine == "hf":
         source = resolve_model(config.model, cache_dir=config.cache_dir)
@@ -30,5 +33,15 @@ def load_engine(config: ServerConfig) -> Engine:
             max_batch_size=config.max_batch_size,
             batch_window_s=config.batch_window_s,
             mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
+        )
+    if config.engine == "vllm":
+        from swarm.engine.vllm import VLLMEngine  # vLLM is optional: imported only when asked for
+
+        source = resolve_model(config.model, cache_dir=config.cache_dir)
+        return VLLMEngine(
+            source,
+            dtype=config.weights_dtype,
+            device=config.device,
+            gpu_memory_utilization=config.gpu_memory_utilization,
         )
     assert_never(config.engine)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
-from swarm.errors import ContextLengthError
+from swarm.engine.limits import check_prompt_fits, end_of_turn_ids
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import FinishReason
@@ -103,7 +103,7 @@ class HFEngine:
         config = model.config
         self.max_context = int(getattr(config, "max_position_embeddings", 2048))
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        self.stop_ids = self._end_of_turn_ids(model, tokenizer)
+        self.stop_ids = end_of_turn_ids((getattr(model, "generation_config", None), model.config), tokenizer)
         self.lock = threading.RLock()
         self.policy_version = 0
         """Trainer step of the weights being sampled (set by :meth:`load_weights`, with the weights)."""
@@ -131,29 +131,10 @@ class HFEngine:
     def _on_cpu(self) -> bool:
         return bool(next(self.model.parameters()).device.type == "cpu")
 
-    @staticmethod
-    def _end_of_turn_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-        ids: set[int] = set()
-        for source in (getattr(model, "generation_config", None), model.config):
-            eos = getattr(source, "eos_token_id", None)
-            if isinstance(eos, int):
-                ids.add(eos)
-            elif isinstance(eos, list | tuple):
-                ids.update(int(i) for i in eos)
-        if tokenizer.eos_token_id is not None:
-            ids.add(int(tokenizer.eos_token_id))
-        return frozenset(ids)
-
     # -- public API -----------------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """Raise :class:`ContextLengthError` unless the prompt leaves room for one completion token."""
-        if not prompt_ids:
-            raise ContextLengthError("the rendered prompt is empty")
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthError(
-                f"the prompt is {len(prompt_ids)} tokens but the context window is {self.max_context} "
-                "tokens (prompt + at least one completion token must fit)"
-            )
+        check_prompt_fits(prompt_ids, self.max_context)
 
     # -- training hooks (`Engine`) --------------------------------------------------------------------
     def trainable_module(self) -> nn.Module:
