@@ -133,17 +133,16 @@ class VLLMEngine:
         # vLLM's engine core is a child process; torch has usually touched CUDA here already, and CUDA
         # cannot be re-initialised in a forked child.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ModelLoadError(f"gpu memory utilization must be in (0, 1], got {gpu_memory_utilization}")
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
         directory = str(source.directory)
+        config = AutoConfig.from_pretrained(directory)
+        _check_can_serve(config, gpu_memory_utilization)
         self.source = source
         self.model_name = source.name
         self.dtype = dtype
         self.device = device
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
-        config = AutoConfig.from_pretrained(directory)
         window: int = getattr(config, "max_position_embeddings", 2048)
         self.max_context = int(max_model_len if max_model_len is not None else window)
         generation: Any = None
@@ -413,6 +412,31 @@ def _announce(
     except Exception:
         return None
     return on_token
+
+
+def _check_can_serve(config: Any, memory: float) -> None:
+    """Refuse, in one line, what vLLM would fail on deep inside its engine-core process: a model
+    architecture it has no implementation for, and a memory fraction the GPU cannot give now.
+
+    Raises:
+        ModelLoadError: either problem, naming the option to change.
+    """
+    from vllm import ModelRegistry
+
+    architectures = list(getattr(config, "architectures", None) or [])
+    supported = ModelRegistry.get_supported_archs()
+    if not any(arch in supported for arch in architectures):
+        raise ModelLoadError(
+            f"vLLM cannot serve this model (architectures {architectures or 'unknown'}); use --engine hf"
+        )
+    if not 0 < memory <= 1:
+        raise ModelLoadError(f"--gpu-memory-utilization must be in (0, 1], got {memory}")
+    free, total = torch.cuda.mem_get_info()
+    if memory * total > free:
+        raise ModelLoadError(
+            f"--gpu-memory-utilization {memory} asks for {memory * total / 2**30:.1f} GiB of the GPU, "
+            f"but only {free / 2**30:.1f} GiB is free"
+        )
 
 
 def _first_line(exc: BaseException) -> str:
