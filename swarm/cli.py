@@ -142,7 +142,7 @@ def _load_engine(config: Any) -> Any:
     """Resolve, load and wrap the model (raises ModelLoadError / ConfigError on user mistakes)."""
     import torch
 
-    from swarm.server.runtime import load_engine
+    from swarm.engine.factory import load_engine
 
     check_device(config.device)
     if config.torch_threads is not None:
