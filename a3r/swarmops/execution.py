@@ -25,7 +25,8 @@ from typing import Any
 
 import httpx
 
-from a3r.analysis import (
+from a3r.errors import SwarmProcessError
+from a3r.study.analysis import (
     REWARD_KEYS,
     Diagnosis,
     EpisodeRecord,
@@ -39,10 +40,9 @@ from a3r.analysis import (
     read_progress,
     summarise_rewards,
 )
-from a3r.errors import SwarmProcessError
-from a3r.graph.context import RunContext
-from a3r.graph.state import RunOutcome, RunSpec
-from a3r.processes import (
+from a3r.study.runs import RunOutcome, RunSpec
+from a3r.swarmops.context import ExecutionContext
+from a3r.swarmops.processes import (
     ManagedProcess,
     ServerHandle,
     ServerOptions,
@@ -230,7 +230,7 @@ PLAN_SERVE_OPTIONS = ("train", "batch-policy", "batch-size", "group-size", "lr",
 """``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""
 
 
-def _server_options(spec: RunSpec, ctx: RunContext) -> ServerOptions:
+def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServerOptions:
     s = spec.settings
     options = ServerOptions(ctx.server_options)
     if spec.purpose == "preflight":
@@ -264,7 +264,7 @@ def _server_options(spec: RunSpec, ctx: RunContext) -> ServerOptions:
 class _Recorder:
     """Writes metric points and notable server events of one run into the store, once each."""
 
-    def __init__(self, ctx: RunContext, run_id: int) -> None:
+    def __init__(self, ctx: ExecutionContext, run_id: int) -> None:
         self.ctx = ctx
         self.run_id = run_id
         history = ctx.store.metric_history(run_id)
@@ -336,7 +336,7 @@ EVAL_BUDGET_SHARE = 0.15
 """Share of a run's remaining wall-time budget a held-out evaluation may use (it is sized to fit)."""
 
 
-def eval_tasks_within(ctx: RunContext, budget_s: float, seconds_per_episode: float) -> int:
+def eval_tasks_within(ctx: ExecutionContext, budget_s: float, seconds_per_episode: float) -> int:
     """Held-out tasks to evaluate: ``ctx.eval_tasks``, fewer when their expected time (at the measured
     seconds per episode, ``eval_samples`` attempts each) would exceed `EVAL_BUDGET_SHARE` of the budget;
     at least 2."""
@@ -347,7 +347,7 @@ def eval_tasks_within(ctx: RunContext, budget_s: float, seconds_per_episode: flo
 
 
 def _evaluate(
-    ctx: RunContext,
+    ctx: ExecutionContext,
     ws: Workspace,
     url: str,
     run_dir: Path,
@@ -362,7 +362,7 @@ def _evaluate(
     argv = [
         sys.executable,
         "-m",
-        "a3r.evaluate",
+        "a3r.swarmops.evaluate",
         str(ws.evaluator),
         "--server",
         url,
@@ -400,7 +400,7 @@ def _evaluate(
     return summarise_rewards(groups), note, elapsed
 
 
-def _server_for(spec: RunSpec, ctx: RunContext, ws: Workspace, rec: _Recorder) -> ServerHandle:
+def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recorder) -> ServerHandle:
     if ctx.server_url is not None and spec.purpose in ("smoke", "train"):
         return ServerHandle(url=ctx.server_url.rstrip("/"), admin_token=ctx.admin_token)
     key = spec.server_key or spec.key
@@ -423,7 +423,7 @@ def _ident(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def _release(spec: RunSpec, ctx: RunContext, outcome: RunOutcome | None) -> None:
+def _release(spec: RunSpec, ctx: ExecutionContext, outcome: RunOutcome | None) -> None:
     """Stop the run's server unless a later run continues on it (kept, or stopped for a patch)."""
     if spec.keep_server or (outcome is not None and outcome.status == "needs_attention"):
         return
@@ -432,7 +432,9 @@ def _release(spec: RunSpec, ctx: RunContext, outcome: RunOutcome | None) -> None
         handle.stop()
 
 
-def execute_run(spec: RunSpec, *, ctx: RunContext, ws: Workspace, run_id: int, budget_s: float) -> RunOutcome:
+def execute_run(
+    spec: RunSpec, *, ctx: ExecutionContext, ws: Workspace, run_id: int, budget_s: float
+) -> RunOutcome:
     """Run ``spec`` to its end and record it (metric points, events) under store run ``run_id``.
 
     Args:
@@ -499,7 +501,7 @@ def execute_run(spec: RunSpec, *, ctx: RunContext, ws: Workspace, run_id: int, b
 
 def _monitor(
     spec: RunSpec,
-    ctx: RunContext,
+    ctx: ExecutionContext,
     ws: Workspace,
     handle: ServerHandle,
     api: _Api,
