@@ -101,6 +101,9 @@ class ServerConfig(BaseModel):
 
     model: str | None = None
     """``None`` for the embedded default, else a local HF directory or a ``.gguf`` file."""
+    engine: Literal["hf"] = "hf"
+    """Inference engine (`swarm.engine.factory.load_engine`): ``hf`` samples with transformers in
+    process (static batches)."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     run_dir: Path = Path("runs/default")

@@ -37,7 +37,8 @@ from swarm.protocol import (
     ErrorDetail,
     Usage,
 )
-from swarm.server.runtime import OpenEpisode, PreparedCall, SwarmRuntime
+from swarm.server.episodes import OpenEpisode
+from swarm.server.runtime import PreparedCall, SwarmRuntime
 
 __all__ = ["live_chunks", "replay_chunks"]
 
