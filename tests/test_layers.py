@@ -41,6 +41,7 @@ SWARM_LAYERS: Layers = (
     ("swarm", "swarm.cli"),
     ("swarm.server",),
     ("swarm.client",),  # the HTTP client and runner: never imports the server
+    ("swarm.engine.factory",),  # builds the engine a ServerConfig names: above the config it reads
     ("swarm.config",),
     ("swarm.engine", "swarm.train", "swarm.pool", "swarm.batch"),
     ("swarm.protocol",),
@@ -78,15 +79,6 @@ TEMPORARY_A3R_TO_SWARM: frozenset[tuple[str, str]] = frozenset(
     }
 )
 """(importer, imported) pairs of a3r → swarm internals allowed for now."""
-
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # TEMPORARY (issue 14, deliverable 1): the server's state machine has two owners that import
-        # each other; the refactor composes TrainingLoop without the runtime. Do not add to this list.
-        frozenset({"swarm.server.runtime", "swarm.server.training"}),
-    }
-)
-"""Import cycles (as module sets) that exist today and are being removed."""
 
 
 @dataclass(frozen=True, order=True)
@@ -267,7 +259,7 @@ def test_every_module_is_read(tree: list[Edge]) -> None:
 
 
 def test_no_import_cycles(tree: list[Edge]) -> None:
-    found = [sorted(c) for c in cycles(tree) if c not in KNOWN_CYCLES]
+    found = [sorted(c) for c in cycles(tree)]
     assert not found, f"import cycles: {found}"
 
 
@@ -276,11 +268,10 @@ def test_no_import_runs_back_up_a_layer(tree: list[Edge]) -> None:
     assert not found, "\n".join(found)
 
 
-def test_the_allow_lists_hold_only_what_is_still_there(tree: list[Edge]) -> None:
+def test_the_allow_list_holds_only_what_is_still_there(tree: list[Edge]) -> None:
     pairs = {(e.importer, e.imported) for e in tree}
-    assert not TEMPORARY_A3R_TO_SWARM - pairs, "drop these from TEMPORARY_A3R_TO_SWARM"
-    stale = KNOWN_CYCLES - set(cycles(tree))
-    assert not stale, f"drop these from KNOWN_CYCLES: {[sorted(c) for c in stale]}"
+    stale = TEMPORARY_A3R_TO_SWARM - pairs
+    assert not stale, f"drop these from TEMPORARY_A3R_TO_SWARM: {sorted(stale)}"
 
 
 # ------------------------------------------------------------------------------------------ planted
