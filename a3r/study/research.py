@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from a3r.analysis import DiagnosisKind, RewardSummary
-from a3r.graph.state import RunOutcome, RunSpec
-from a3r.plans import PlanDraft, StabilityCriterion
+from a3r.study.analysis import DiagnosisKind, RewardSummary
+from a3r.study.plans import PlanDraft, StabilityCriterion
+from a3r.study.runs import RunOutcome, RunSpec
 
 __all__ = [
     "ConfigVerdict",

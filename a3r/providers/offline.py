@@ -1,41 +1,26 @@
-"""LLM providers of the research agent: Anthropic, OpenAI-compatible, and offline.
+"""The offline provider: needs no network.
 
-Every provider answers the same three questions through pydantic schemas (`a3r.plans`):
-
-- `ResearchProvider.plan`: a user's request → `PlanDraft` (template, parameters, settings,
-  pre-registered hypotheses, and for research questions the sweep and the definition of "stable");
-- `ResearchProvider.write_code`: task code for a request no template covers → `GeneratedCode`;
-- `ResearchProvider.propose_patch`: a diagnosis plus the workspace files → `PatchDraft` or ``None``.
-
-`ChatProvider` asks a LangChain chat model for these with ``with_structured_output``; `chat_model`
-builds ``ChatAnthropic`` or ``ChatOpenAI`` (any OpenAI-compatible endpoint: OpenAI, a local vLLM or
-Ollama via ``base_url``) from a typed `ProviderConfig`. API keys are `SecretStr`s read from the
-environment by `ProviderConfig.from_env`; they are never logged, stored or put in an error message.
-
-`OfflineProvider` needs no network: it matches the request against the template registry by keywords,
-reads parameters from the sentence, plans research questions it knows (minimal stable batch or group
-size, best learning rate) and proposes rule-based patches. It is honest about its limits: a request no
-template covers raises `OfflineUnsupported` naming what is needed (an LLM provider).
+`OfflineProvider` matches the request against the template registry by keywords, reads parameters from
+the sentence, plans research questions it knows (minimal stable batch or group size, best learning rate)
+and proposes rule-based patches. It is honest about its limits: a request no template covers raises
+`OfflineUnsupported` naming what is needed (an LLM provider).
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-from collections.abc import Mapping, Sequence
-from enum import StrEnum
-from typing import Any, Literal, Protocol, TypeVar, cast
+from collections.abc import Mapping
+from typing import Any, Literal, cast
 
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import HumanMessage, SystemMessage
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import ValidationError
 
 import templates
-from a3r.analysis import Diagnosis, DiagnosisKind
-from a3r.errors import OfflineUnsupported, PlanError, ProviderConfigError, ProviderError
-from a3r.plans import (
+from a3r.errors import OfflineUnsupported, PlanError
+from a3r.providers.protocol import Mode
+from a3r.study.analysis import Diagnosis, DiagnosisKind
+from a3r.study.plans import (
     GeneratedCode,
     HypothesisDraft,
     PatchDraft,
@@ -46,171 +31,12 @@ from a3r.plans import (
     check_plan,
 )
 
-__all__ = [
-    "ChatProvider",
-    "OfflineProvider",
-    "ProviderConfig",
-    "ProviderKind",
-    "ResearchProvider",
-    "chat_model",
-    "make_provider",
-    "read_params",
-]
-
-Mode = Literal["vibe", "research"]
-_S = TypeVar("_S", bound=BaseModel)
+__all__ = ["NEEDS_LLM", "OfflineProvider", "read_params"]
 
 NEEDS_LLM = (
     "an LLM provider: pass --provider anthropic (with ANTHROPIC_API_KEY set) or --provider openai "
     "(with OPENAI_API_KEY set; --base-url for a local vLLM or Ollama server)"
 )
-
-
-class ProviderKind(StrEnum):
-    """Which provider plans and writes code."""
-
-    offline = "offline"
-    """Deterministic planning from templates; no network."""
-    anthropic = "anthropic"
-    """Anthropic Messages API (``ANTHROPIC_API_KEY``)."""
-    openai = "openai"
-    """OpenAI-compatible chat completions (``OPENAI_API_KEY``, optional base URL)."""
-
-
-class ProviderConfig(BaseModel):
-    """Typed provider settings (build with `from_env` to read keys from the environment).
-
-    Attributes:
-        kind: Provider kind.
-        model: Model name (default per kind: ``claude-sonnet-4-6``, ``gpt-4o-mini``).
-        base_url: Endpoint root (OpenAI-compatible: ``http://host:8000/v1``; Anthropic: proxy root).
-        api_key: The secret (never printed: `SecretStr`).
-        temperature: Sampling temperature of planning calls (``None``: the model's default; some newer
-            models accept no other).
-        timeout_s: Per-request timeout in seconds.
-        max_retries: SDK retries of transient errors.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: ProviderKind = ProviderKind.offline
-    model: str | None = None
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    timeout_s: float = Field(default=120.0, gt=0)
-    max_retries: int = Field(default=2, ge=0)
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^\s/]+", value):
-            raise ValueError("base_url must start with http:// or https:// and name a host")
-        return value
-
-    @classmethod
-    def from_env(
-        cls,
-        kind: ProviderKind | str,
-        *,
-        model: str | None = None,
-        base_url: str | None = None,
-        environ: Mapping[str, str] | None = None,
-    ) -> ProviderConfig:
-        """Settings for ``kind`` with the API key (and OpenAI base URL) taken from the environment.
-
-        Reads ``ANTHROPIC_API_KEY`` (and ``ANTHROPIC_BASE_URL``) or ``OPENAI_API_KEY`` (and
-        ``OPENAI_BASE_URL``). A local OpenAI-compatible server given by ``base_url`` needs no key.
-
-        Raises:
-            ProviderConfigError: Unknown kind, a missing key, or a malformed base URL.
-        """
-        env = os.environ if environ is None else environ
-        try:
-            provider = ProviderKind(kind)
-        except ValueError:
-            raise ProviderConfigError(
-                f"unknown provider {kind!r}; choose one of {', '.join(k.value for k in ProviderKind)}"
-            ) from None
-        key: str | None = None
-        if provider is ProviderKind.anthropic:
-            key = env.get("ANTHROPIC_API_KEY")
-            base_url = base_url or env.get("ANTHROPIC_BASE_URL")
-            if not key:
-                raise ProviderConfigError("the anthropic provider needs ANTHROPIC_API_KEY in the environment")
-        elif provider is ProviderKind.openai:
-            key = env.get("OPENAI_API_KEY")
-            base_url = base_url or env.get("OPENAI_BASE_URL")
-            if not key and base_url is None:
-                raise ProviderConfigError(
-                    "the openai provider needs OPENAI_API_KEY in the environment (or --base-url of a local server)"
-                )
-        try:
-            return cls(
-                kind=provider,
-                model=model,
-                base_url=base_url,
-                api_key=SecretStr(key) if key else None,
-            )
-        except ValidationError as exc:
-            raise ProviderConfigError(
-                "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))
-            ) from None
-
-
-def chat_model(config: ProviderConfig) -> BaseChatModel:
-    """The LangChain chat model for an Anthropic or OpenAI-compatible config.
-
-    Raises:
-        ProviderConfigError: ``config.kind`` is ``offline`` (no chat model).
-    """
-    if config.kind is ProviderKind.anthropic:
-        from langchain_anthropic import ChatAnthropic
-
-        anthropic_kwargs: dict[str, Any] = {
-            "model": config.model or "claude-sonnet-4-6",
-            "timeout": config.timeout_s,
-            "max_retries": config.max_retries,
-            "max_tokens": 4096,
-            "api_key": config.api_key or SecretStr(""),
-        }
-        if config.base_url:
-            anthropic_kwargs["base_url"] = config.base_url
-        if config.temperature is not None:
-            anthropic_kwargs["temperature"] = config.temperature
-        return ChatAnthropic(**anthropic_kwargs)
-    if config.kind is ProviderKind.openai:
-        from langchain_openai import ChatOpenAI
-
-        return ChatOpenAI(
-            model=config.model or "gpt-4o-mini",
-            temperature=config.temperature,  # None: the server's default
-            timeout=config.timeout_s,
-            max_retries=config.max_retries,
-            base_url=config.base_url,
-            api_key=config.api_key or SecretStr("EMPTY"),
-        )
-    raise ProviderConfigError("the offline provider has no chat model")
-
-
-class ResearchProvider(Protocol):
-    """What the graph's nodes ask of a provider."""
-
-    name: str
-
-    def plan(self, request: str, *, mode: Mode) -> PlanDraft:
-        """A checked plan (`a3r.plans.check_plan`) for ``request``."""
-        ...
-
-    def write_code(self, request: str, plan: PlanDraft) -> GeneratedCode:
-        """Task code for a request no template covers."""
-        ...
-
-    def propose_patch(
-        self, diagnosis: Diagnosis, files: Mapping[str, str], *, template: str | None
-    ) -> PatchDraft | None:
-        """A fix for ``diagnosis`` as the new content of one patchable file, or ``None``."""
-        ...
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -245,17 +71,6 @@ def _find_number(text: str, *patterns: str) -> float | None:
         if match:
             return float(match.group(1))
     return None
-
-
-def _catalogue() -> str:
-    lines = []
-    for meta in templates.list_templates():
-        params = ", ".join(
-            f"{p.name}: {p.type} = {p.default!r}" + (f" in {list(p.choices)}" if p.choices else "")
-            for p in meta.parameters
-        )
-        lines.append(f"- {meta.name}: {meta.title}. {meta.description} Parameters: {params}.")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------ offline
@@ -506,105 +321,3 @@ class OfflineProvider:
                     ),
                 )
         return None
-
-
-# ------------------------------------------------------------------------------------------ chat
-PLAN_SYSTEM = """You are the planner of A3R, an agent that runs reinforcement-learning experiments on LLMs
-(GRPO on a swarm server). Given a user's request, choose a task template from the catalogue (or null if none
-fits), its parameters, training settings, and hypotheses registered BEFORE any run, each with an expected
-outcome and a decision rule fixed in advance. For research questions (mode "research") give a staged sweep
-(coarse values, powers of two for sizes) with at least 2 seeds, and for stability questions an operational
-definition of "stable" (StabilityCriterion). Keep budgets small: CPU training, a few steps.
-
-Template catalogue:
-{catalogue}"""
-
-CODE_SYSTEM = """Write the task code for an A3R training run. workflow.py must define
-`async def run(task, llm)` returning a float reward or `swarm.client.workflow.Result`, use only the OpenAI
-chat-completions API through `llm.openai()` and `llm.model`, and contain a `# <params>` ... `# </params>` block
-defining `PARAMS: dict[str, Any] = {{...}}`. reward.py must define pure reward functions and
-`self_check(tasks) -> list[str]` (gold answers earn full reward, garbage earns 0). Give at least 8 tasks, each
-with a unique "id"."""
-
-PATCH_SYSTEM = """You fix problems in A3R training runs. You may change exactly one of these workspace files:
-{allowed}. Never change evaluators, held-out data or limits. Return the complete new content of the file and a
-rationale that cites the evidence."""
-
-
-class ChatProvider:
-    """Provider backed by a LangChain chat model (structured outputs with pydantic schemas).
-
-    Args:
-        model: A chat model supporting ``with_structured_output`` (``ChatAnthropic``, ``ChatOpenAI``, or a
-            fake chat model in tests).
-        name: Shown in logs and stored as ``proposed_by`` of patches.
-    """
-
-    def __init__(self, model: BaseChatModel, name: str = "llm") -> None:
-        self.model = model
-        self.name = name
-
-    def _ask(self, schema: type[_S], system: str, user: str) -> _S:
-        try:
-            runnable = self.model.with_structured_output(schema)
-            answer = runnable.invoke([SystemMessage(content=system), HumanMessage(content=user)])
-        except Exception as exc:  # SDK errors vary by provider; the message never holds the key
-            raise ProviderError(f"{self.name}: {type(exc).__name__}: {str(exc)[:500]}") from exc
-        if isinstance(answer, schema):
-            return answer
-        try:
-            return schema.model_validate(answer)
-        except ValidationError as exc:
-            raise ProviderError(
-                f"{self.name}: answer does not fit {schema.__name__}: {exc.error_count()} errors"
-            ) from None
-
-    def plan(self, request: str, *, mode: Mode) -> PlanDraft:
-        """Ask the model for a `PlanDraft` and check it against the registry.
-
-        Raises:
-            ProviderError: The call failed or the answer does not fit the schema.
-            PlanError: The plan names an unknown template or invalid parameters.
-        """
-        draft = self._ask(
-            PlanDraft,
-            PLAN_SYSTEM.format(catalogue=_catalogue()),
-            f"Mode: {mode}. Request: {request}",
-        )
-        if mode == "research" and draft.kind != "research":
-            draft = draft.model_copy(update={"kind": "research"})
-        return check_plan(draft)
-
-    def write_code(self, request: str, plan: PlanDraft) -> GeneratedCode:
-        """Ask the model for new task code (validated later by the coder in a subprocess)."""
-        return self._ask(GeneratedCode, CODE_SYSTEM, f"Request: {request}\nObjective: {plan.objective}")
-
-    def propose_patch(
-        self, diagnosis: Diagnosis, files: Mapping[str, str], *, template: str | None
-    ) -> PatchDraft | None:
-        """Ask the model for a fix; its target is checked against the allow-list by the caller."""
-        from a3r.patches import PATCHABLE
-
-        shown = "\n\n".join(f"=== {name} ===\n{text[:6000]}" for name, text in sorted(files.items()))
-        user = (
-            f"Template: {template}\nDiagnosis ({diagnosis.kind.value}): {diagnosis.summary}\n"
-            f"Evidence: {json.dumps(diagnosis.evidence)}\n\nFiles:\n{shown}"
-        )
-        draft = self._ask(PatchDraft, PATCH_SYSTEM.format(allowed=", ".join(sorted(PATCHABLE))), user)
-        current = files.get(draft.file)
-        return None if current is not None and current == draft.new_content else draft
-
-
-def make_provider(config: ProviderConfig) -> ResearchProvider:
-    """The provider for ``config`` (offline, or a `ChatProvider` over `chat_model`)."""
-    if config.kind is ProviderKind.offline:
-        return OfflineProvider()
-    return ChatProvider(chat_model(config), name=f"{config.kind.value}:{config.model or 'default'}")
-
-
-def describe_templates(names: Sequence[str] | None = None) -> str:
-    """The template catalogue as text (the planner's prompt section), optionally of some templates."""
-    text = _catalogue()
-    if names is None:
-        return text
-    return "\n".join(line for line in text.splitlines() if any(line.startswith(f"- {n}:") for n in names))

@@ -13,11 +13,11 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from a3r.tui._context import TuiContext
-from a3r.tui._polling import on_stack
-from a3r.tui._swarm import RunMonitor
-from a3r.tui._token_view import TokenView, token_sequences
-from a3r.tui._tokens import Detokenizer
+from a3r.app.tui._context import TuiContext
+from a3r.app.tui._polling import on_stack
+from a3r.app.tui._swarm import RunMonitor
+from a3r.app.tui._token_view import TokenView, token_sequences
+from a3r.app.tui._tokens import Detokenizer
 from swarm.errors import SwarmError
 from swarm.protocol import EpisodeView
 

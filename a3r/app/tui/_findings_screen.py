@@ -10,9 +10,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Header, Static
 
-from a3r.tui._context import TuiContext
-from a3r.tui._polling import RELOAD_GROUP, PollingScreen, read_store
-from a3r.tui._tables import Cell, refill
+from a3r.app.tui._context import TuiContext
+from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
+from a3r.app.tui._tables import Cell, refill
 from memory import FindingPublic
 
 __all__ = ["FindingsScreen"]

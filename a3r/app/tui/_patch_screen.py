@@ -11,13 +11,13 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from a3r.tui._context import TuiContext
-from a3r.tui._decision import Decision
-from a3r.tui._decision_dialog import DecisionDialog
-from a3r.tui._episode_screen import EpisodeScreen
-from a3r.tui._evidence import gather_evidence
-from a3r.tui._patch_view import PatchView
-from a3r.tui._polling import on_stack, read_store
+from a3r.app.tui._context import TuiContext
+from a3r.app.tui._decision import Decision
+from a3r.app.tui._decision_dialog import DecisionDialog
+from a3r.app.tui._episode_screen import EpisodeScreen
+from a3r.app.tui._evidence import gather_evidence
+from a3r.app.tui._patch_view import PatchView
+from a3r.app.tui._polling import on_stack, read_store
 from memory import PatchPublic
 
 __all__ = ["PatchScreen"]

@@ -7,7 +7,8 @@ errors, recorded as store events), the client's ``progress.jsonl`` and, for a se
 model calls in the server's access log and its CPU use. It enforces the step target and the wall-time
 budget and tells a *hung* run (no step, no episode, no event, no client record, no model call, an idle
 server for ``hang_after_s``) from a *slow* one (episodes or calls flow, or the server computes, but no
-trainer step for a while: noted, not stopped).
+trainer step for a while: noted, not stopped). The rules are the pure `a3r.swarmops.monitoring.judge`;
+here is the poll loop that feeds it observations.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any
 
 import httpx
 
-from a3r.analysis import (
+from a3r.errors import SwarmProcessError
+from a3r.study.analysis import (
     REWARD_KEYS,
     Diagnosis,
     EpisodeRecord,
@@ -39,10 +41,10 @@ from a3r.analysis import (
     read_progress,
     summarise_rewards,
 )
-from a3r.errors import SwarmProcessError
-from a3r.graph.context import RunContext
-from a3r.graph.state import RunOutcome, RunSpec
-from a3r.processes import (
+from a3r.study.runs import RunOutcome, RunSpec
+from a3r.swarmops.context import ExecutionContext
+from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, judge
+from a3r.swarmops.processes import (
     ManagedProcess,
     ServerHandle,
     ServerOptions,
@@ -53,23 +55,12 @@ from a3r.processes import (
 )
 
 __all__ = [
-    "BUSY_CPU_SHARE",
     "EVAL_BUDGET_SHARE",
-    "STARTUP_GRACE_S",
-    "TRAINING_HANG_FACTOR",
     "Workspace",
     "cpu_seconds",
     "eval_tasks_within",
     "execute_run",
 ]
-
-TRAINING_HANG_FACTOR = 5.0
-"""While the server is training or draining (a step is under way, no event until it ends), a run is
-hung only after ``TRAINING_HANG_FACTOR × hang_after_s`` without progress."""
-
-STARTUP_GRACE_S = 60.0
-"""Until a new client shows a first sign of progress, a run is hung only after this many seconds (or
-``hang_after_s`` if longer): starting a client subprocess takes a while on a loaded machine."""
 
 
 @dataclass(frozen=True)
@@ -200,11 +191,6 @@ class _LogCounter:
         return self.count
 
 
-BUSY_CPU_SHARE = 0.2
-"""A started server using more than this share of a core between two polls is computing (a long
-generation or training step), which counts as progress: a slow run, not a hung one."""
-
-
 def cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system, seconds) a process has used, from ``/proc/<pid>/stat``; ``None`` if
     unavailable."""
@@ -230,7 +216,7 @@ PLAN_SERVE_OPTIONS = ("train", "batch-policy", "batch-size", "group-size", "lr",
 """``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""
 
 
-def _server_options(spec: RunSpec, ctx: RunContext) -> ServerOptions:
+def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServerOptions:
     s = spec.settings
     options = ServerOptions(ctx.server_options)
     if spec.purpose == "preflight":
@@ -264,7 +250,7 @@ def _server_options(spec: RunSpec, ctx: RunContext) -> ServerOptions:
 class _Recorder:
     """Writes metric points and notable server events of one run into the store, once each."""
 
-    def __init__(self, ctx: RunContext, run_id: int) -> None:
+    def __init__(self, ctx: ExecutionContext, run_id: int) -> None:
         self.ctx = ctx
         self.run_id = run_id
         history = ctx.store.metric_history(run_id)
@@ -336,7 +322,7 @@ EVAL_BUDGET_SHARE = 0.15
 """Share of a run's remaining wall-time budget a held-out evaluation may use (it is sized to fit)."""
 
 
-def eval_tasks_within(ctx: RunContext, budget_s: float, seconds_per_episode: float) -> int:
+def eval_tasks_within(ctx: ExecutionContext, budget_s: float, seconds_per_episode: float) -> int:
     """Held-out tasks to evaluate: ``ctx.eval_tasks``, fewer when their expected time (at the measured
     seconds per episode, ``eval_samples`` attempts each) would exceed `EVAL_BUDGET_SHARE` of the budget;
     at least 2."""
@@ -347,7 +333,7 @@ def eval_tasks_within(ctx: RunContext, budget_s: float, seconds_per_episode: flo
 
 
 def _evaluate(
-    ctx: RunContext,
+    ctx: ExecutionContext,
     ws: Workspace,
     url: str,
     run_dir: Path,
@@ -362,7 +348,7 @@ def _evaluate(
     argv = [
         sys.executable,
         "-m",
-        "a3r.evaluate",
+        "a3r.swarmops.evaluate",
         str(ws.evaluator),
         "--server",
         url,
@@ -400,7 +386,7 @@ def _evaluate(
     return summarise_rewards(groups), note, elapsed
 
 
-def _server_for(spec: RunSpec, ctx: RunContext, ws: Workspace, rec: _Recorder) -> ServerHandle:
+def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recorder) -> ServerHandle:
     if ctx.server_url is not None and spec.purpose in ("smoke", "train"):
         return ServerHandle(url=ctx.server_url.rstrip("/"), admin_token=ctx.admin_token)
     key = spec.server_key or spec.key
@@ -423,7 +409,7 @@ def _ident(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def _release(spec: RunSpec, ctx: RunContext, outcome: RunOutcome | None) -> None:
+def _release(spec: RunSpec, ctx: ExecutionContext, outcome: RunOutcome | None) -> None:
     """Stop the run's server unless a later run continues on it (kept, or stopped for a patch)."""
     if spec.keep_server or (outcome is not None and outcome.status == "needs_attention"):
         return
@@ -432,7 +418,9 @@ def _release(spec: RunSpec, ctx: RunContext, outcome: RunOutcome | None) -> None
         handle.stop()
 
 
-def execute_run(spec: RunSpec, *, ctx: RunContext, ws: Workspace, run_id: int, budget_s: float) -> RunOutcome:
+def execute_run(
+    spec: RunSpec, *, ctx: ExecutionContext, ws: Workspace, run_id: int, budget_s: float
+) -> RunOutcome:
     """Run ``spec`` to its end and record it (metric points, events) under store run ``run_id``.
 
     Args:
@@ -490,25 +478,91 @@ def execute_run(spec: RunSpec, *, ctx: RunContext, ws: Workspace, run_id: int, b
                 diagnoses=[] if summary else detect_crash(error, exit_code=1),
             )
         else:
-            outcome = _monitor(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s)
+            outcome = _monitor(_Run(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s))
         return outcome
     finally:
         api.close()
         _release(spec, ctx, outcome)
 
 
-def _monitor(
-    spec: RunSpec,
-    ctx: RunContext,
-    ws: Workspace,
-    handle: ServerHandle,
-    api: _Api,
-    rec: _Recorder,
-    run_dir: Path,
-    run_id: int,
-    started: float,
-    budget_s: float,
-) -> RunOutcome:
+@dataclass(frozen=True)
+class _Run:
+    """One training or smoke run under way: what it runs with, on and records to."""
+
+    spec: RunSpec
+    ctx: ExecutionContext
+    ws: Workspace
+    handle: ServerHandle
+    api: _Api
+    rec: _Recorder
+    run_dir: Path
+    run_id: int
+    started: float
+    budget_s: float
+
+
+@dataclass
+class _Sources:
+    """Where the poll loop reads a run: the client process, the server's status, metrics and events (the
+    metrics and events are recorded as they are read), its access log and CPU time, and the client's
+    episode records. Keeps the last metric rows and episode records read."""
+
+    run: _Run
+    client: ManagedProcess
+    calls: _LogCounter
+    server_pid: int | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+
+    @property
+    def progress_path(self) -> Path:
+        return self.run.run_dir / "client" / "progress.jsonl"
+
+    def cpu(self) -> float | None:
+        return cpu_seconds(self.server_pid) if self.server_pid is not None else None
+
+    def observe(self) -> Observation:
+        run = self.run
+        code = self.client.poll()
+        now = time.monotonic()
+        status = run.api.status()
+        process = run.handle.process
+        if status is None and process is not None and process.poll() is not None:
+            return Observation(now=now, client_exit=code, server_exit=process.poll())
+        counts = (status or {}).get("episodes", {})
+        new_rows = run.api.metrics()
+        if new_rows:
+            self.rows = new_rows
+            run.rec.metrics(new_rows)
+        run.rec.events(run.api.events())
+        self.episodes = read_progress(self.progress_path)
+        live: str | None = None
+        if run.spec.early_stop and code is None:
+            found = detect_zero_signal(
+                groups_of(self.episodes), group_size=run.spec.settings.group_size, min_groups=2
+            )
+            live = found[0].summary if found else None
+        step = (status or {}).get("step")
+        return Observation(
+            now=now,
+            client_exit=code,
+            step=None if step is None else int(step),
+            state=(status or {}).get("state"),
+            finished=int(counts.get("finished", 0)),
+            aborted=counts.get("aborted"),
+            open=counts.get("open"),
+            pending=int(counts.get("pending", 0)),
+            client_records=len(self.episodes),
+            event_seq=run.api.event_seq,
+            model_calls=self.calls.update(),
+            server_cpu_s=self.cpu(),
+            live_problem=live,
+        )
+
+
+def _monitor(run: _Run) -> RunOutcome:
+    """Start the client on the run's server, watch it to its end (`judge`), then conclude."""
+    spec, ctx, handle, api = run.spec, run.ctx, run.handle, run.api
     initial = api.status() or {}
     start_step = int(initial.get("step", 0))
     training = bool(initial.get("training_enabled", False))
@@ -521,130 +575,79 @@ def _monitor(
         # A server of ours may have been started by an earlier run (the smoke run's): it must stop
         # training at this run's target, not go on with the episodes pooled after it.
         api.patch_config({"max_steps": target})
-    client = _client(spec, ws, handle.url, run_dir, start_step)
-    progress_path = run_dir / "client" / "progress.jsonl"
-    rec.note(
+    client = _client(spec, run.ws, handle.url, run.run_dir, start_step)
+    run.rec.note(
         f"run {spec.key}: client started (G={spec.settings.group_size}, B={spec.settings.batch_size}, "
         f"step {start_step}" + (f" → {target})" if target else ")")
     )
-    last_signature: tuple[Any, ...] | None = None
-    alive_seen = False
-    calls = _LogCounter(handle.process.log_path if handle.process is not None else None)
-    server_pid = handle.process.pid if handle.process is not None else None
-    last_cpu = cpu_seconds(server_pid) if server_pid is not None else None
-    last_poll = time.monotonic()
-    last_change = time.monotonic()
-    last_step_change = time.monotonic()
-    last_step = start_step
-    slow_noted = False
+    sources = _Sources(
+        run,
+        client,
+        calls=_LogCounter(handle.process.log_path if handle.process is not None else None),
+        server_pid=handle.process.pid if handle.process is not None else None,
+    )
+    rules = WatchRules(
+        hang_after_s=ctx.hang_after_s, budget_s=run.budget_s, target=target, early_stop=spec.early_stop
+    )
+    watch = RunWatch.begin(started=run.started, now=time.monotonic(), step=start_step, cpu_s=sources.cpu())
     samples: list[tuple[float, int, int]] = []
-    rows: list[dict[str, Any]] = []
-    episodes: list[EpisodeRecord] = []
-    outcome_status = "finished"
-    reason = ""
-    diagnoses: list[Diagnosis] = []
     while True:
-        code = client.poll()
-        now = time.monotonic()
-        status = api.status()
-        if status is None and handle.process is not None and handle.process.poll() is not None:
-            outcome_status, reason = "crashed", f"swarm server exited with code {handle.process.poll()}"
-            diagnoses += detect_crash(handle.process.log_text(), exit_code=handle.process.poll())
-            break
-        step = int((status or {}).get("step", last_step))
-        counts = (status or {}).get("episodes", {})
-        new_rows = api.metrics()
-        if new_rows:
-            rows = new_rows
-            rec.metrics(rows)
-        events = api.events()
-        rec.events(events)
-        episodes = read_progress(progress_path)
-        finished = int(counts.get("finished", 0))
-        samples.append((now, step, finished))
-        signature = (
-            step,
-            finished,
-            counts.get("aborted"),
-            counts.get("open"),
-            len(episodes),
-            api.event_seq,
-            calls.update(),
-        )
-        if signature != last_signature:
-            alive_seen = alive_seen or last_signature is not None
-            last_signature, last_change = signature, now
-        cpu = cpu_seconds(server_pid) if server_pid is not None else None
-        computing = (
-            cpu is not None
-            and last_cpu is not None
-            and now > last_poll
-            and (cpu - last_cpu) / (now - last_poll) > BUSY_CPU_SHARE
-        )
-        if computing:
-            last_change = now  # the server is computing: slow, not hung
-        last_cpu, last_poll = cpu, now
-        if step != last_step:
-            if target is not None:
-                reward = metric_series(rows, *REWARD_KEYS)
-                rec.note(
-                    f"run {spec.key}: step {step}/{target}"
-                    + (f" · train reward {reward[-1][1]:.3f}" if reward else "")
-                    + f" · {len(episodes)} episodes of this run"
-                )
-            last_step, last_step_change, slow_noted = step, now, False
-        if target is not None and step >= target:
-            reason = f"reached step {step}"
-            break
-        if code is not None:
-            if code != 0:
-                outcome_status, reason = "crashed", f"swarm run exited with code {code}"
-                break
-            if target is None:
-                reason = "client finished its tasks"
-                break
-            # The client is done; the server may still drain and train on what it pooled.
-            pending = int(counts.get("pending", 0)) + int(counts.get("open", 0))
-            state = (status or {}).get("state")
-            waiting = state in ("training", "draining") or pending > 0
-            quiet_limit = ctx.hang_after_s * TRAINING_HANG_FACTOR if waiting else min(ctx.hang_after_s, 60.0)
-            if now - last_change > quiet_limit:
-                reason = f"tasks exhausted at step {step} (target {target})"
-                break
-        if spec.early_stop and code is None:
-            live = detect_zero_signal(groups_of(episodes), group_size=spec.settings.group_size, min_groups=2)
-            if live:
-                outcome_status, reason = "needs_attention", live[0].summary
-                break
-        busy = (status or {}).get("state") in ("training", "draining")
-        hang_limit = ctx.hang_after_s * (TRAINING_HANG_FACTOR if busy else 1.0)
-        if not alive_seen:  # the client has not shown a sign of life yet: allow for its start-up
-            hang_limit = max(hang_limit, STARTUP_GRACE_S)
-        if now - last_change > hang_limit:
-            outcome_status = "hung"
-            reason = f"no progress (step {step}, {finished} episodes, no event) for {now - last_change:.0f} s"
-            break
-        if target is not None and not slow_noted and now - last_step_change > ctx.hang_after_s:
-            rec.note(
-                f"run {spec.key}: no trainer step for {now - last_step_change:.0f} s, but the server keeps "
-                f"working ({len(episodes)} episodes of this run): slow, not hung",
-                "warning",
-            )
-            slow_noted = True
-        if now - started > budget_s:
-            outcome_status, reason = "budget", f"wall-time budget of {budget_s:.0f} s spent at step {step}"
-            break
+        obs = sources.observe()
+        verdict = judge(watch, obs, rules)
+        watch = verdict.watch
+        if obs.server_exit is None:
+            samples.append((obs.now, watch.last_step, obs.finished))
+            _report(run, sources, verdict, target)
+        if verdict.end is not None:
+            return _conclude(run, sources, verdict.end, watch, start_step, target, samples, obs.server_exit)
         time.sleep(ctx.poll_s)
+
+
+def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None) -> None:
+    """Note a new trainer step (with its train reward) and a run turning slow."""
+    key, episodes = run.spec.key, len(sources.episodes)
+    if verdict.stepped and target is not None:
+        reward = metric_series(sources.rows, *REWARD_KEYS)
+        run.rec.note(
+            f"run {key}: step {verdict.watch.last_step}/{target}"
+            + (f" · train reward {reward[-1][1]:.3f}" if reward else "")
+            + f" · {episodes} episodes of this run"
+        )
+    if verdict.slow_s is not None:
+        run.rec.note(
+            f"run {key}: no trainer step for {verdict.slow_s:.0f} s, but the server keeps "
+            f"working ({episodes} episodes of this run): slow, not hung",
+            "warning",
+        )
+
+
+def _conclude(
+    run: _Run,
+    sources: _Sources,
+    end: RunEnd,
+    watch: RunWatch,
+    start_step: int,
+    target: int | None,
+    samples: list[tuple[float, int, int]],
+    server_exit: int | None,
+) -> RunOutcome:
+    """Stop the client, read what the run left, diagnose it, evaluate it when it finished, and build its
+    outcome."""
+    spec, ctx, client, api, rec = run.spec, run.ctx, sources.client, run.api, run.rec
+    last_step = watch.last_step
+    diagnoses: list[Diagnosis] = []
+    if server_exit is not None and run.handle.process is not None:
+        diagnoses += detect_crash(run.handle.process.log_text(), exit_code=run.handle.process.poll())
     exit_code = client.poll()
     if exit_code is None:
         exit_code = client.stop()
-        exit_code = None if outcome_status != "crashed" else exit_code
+        exit_code = None if end.status != "crashed" else exit_code
     log_text = client.log_text()
-    episodes = read_progress(progress_path)
-    rows = api.metrics() or rows
+    episodes = read_progress(sources.progress_path)
+    rows = api.metrics() or sources.rows
     rec.metrics(rows)
     rec.events(api.events())
-    stopped_by_us = outcome_status in ("needs_attention", "hung", "budget") or reason.startswith(
+    stopped_by_us = end.status in ("needs_attention", "hung", "budget") or end.reason.startswith(
         "reached step"
     )
     diagnoses += detect_all(
@@ -661,9 +664,9 @@ def _monitor(
     eval_summary: RewardSummary | None = None
     # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
     # after (train) training, so a train-reward gain can be checked against held-out reward.
-    if spec.purpose in ("sweep", "smoke", "train") and outcome_status == "finished" and ctx.eval_tasks > 0:
-        remaining = max(30.0, budget_s - (time.monotonic() - started))
-        per_episode = (time.monotonic() - started) / max(1, len(episodes))
+    if spec.purpose in ("sweep", "smoke", "train") and end.status == "finished" and ctx.eval_tasks > 0:
+        remaining = max(30.0, run.budget_s - (time.monotonic() - run.started))
+        per_episode = (time.monotonic() - run.started) / max(1, len(episodes))
         # Every evaluation of a thread uses the held-out tasks of its first one (sized to the budget then),
         # so that before/after numbers are comparable.
         n_tasks = int(
@@ -671,20 +674,22 @@ def _monitor(
                 ctx.key("runner", "eval-tasks"), lambda: eval_tasks_within(ctx, remaining, per_episode)
             )
         )
-        eval_summary, error, _ = _evaluate(ctx, ws, handle.url, run_dir, remaining, max_tasks=n_tasks)
+        eval_summary, error, _ = _evaluate(
+            ctx, run.ws, run.handle.url, run.run_dir, remaining, max_tasks=n_tasks
+        )
         if error:
             rec.note(f"run {spec.key}: {error}", "warning")
     train_groups = groups_of(episodes)
     curve = [(s, v) for s, v in metric_series(rows, *REWARD_KEYS) if s > start_step or spec.start_step == 0]
-    wall = time.monotonic() - started
+    wall = time.monotonic() - run.started
     finished_eps = sum(len(v) for v in train_groups.values())
     step_times = [t for t, s, _ in samples]
     final = _numeric(rows[-1]) if rows else {}
     return RunOutcome(
         **_ident(spec),
-        run_id=run_id,
-        status=outcome_status,  # type: ignore[arg-type]
-        reason=reason,
+        run_id=run.run_id,
+        status=end.status,
+        reason=end.reason,
         steps=last_step,
         episodes=finished_eps,
         wall_s=wall,
@@ -694,7 +699,7 @@ def _monitor(
         train=summarise_rewards(train_groups) if train_groups else None,
         diagnoses=diagnoses,
         final_metrics=final,
-        run_dir=str(run_dir),
+        run_dir=str(run.run_dir),
         seconds_per_episode=wall / finished_eps if finished_eps else math.nan,
         seconds_per_step=(
             (step_times[-1] - step_times[0]) / (last_step - start_step)

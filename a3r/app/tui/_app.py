@@ -9,16 +9,16 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
 
-from a3r.tui._approvals_screen import ApprovalsScreen
-from a3r.tui._config import TuiConfig
-from a3r.tui._context import DecisionHookError, TuiContext
-from a3r.tui._decision import Decision, DecisionHook
-from a3r.tui._findings_screen import FindingsScreen
-from a3r.tui._patch_screen import PatchScreen
-from a3r.tui._polling import read_store
-from a3r.tui._studies_screen import StudiesScreen
-from a3r.tui._study_screen import StudyScreen
-from a3r.tui._tokens import Detokenizer
+from a3r.app.tui._approvals_screen import ApprovalsScreen
+from a3r.app.tui._config import TuiConfig
+from a3r.app.tui._context import DecisionHookError, TuiContext
+from a3r.app.tui._decision import Decision, DecisionHook
+from a3r.app.tui._findings_screen import FindingsScreen
+from a3r.app.tui._patch_screen import PatchScreen
+from a3r.app.tui._polling import read_store
+from a3r.app.tui._studies_screen import StudiesScreen
+from a3r.app.tui._study_screen import StudyScreen
+from a3r.app.tui._tokens import Detokenizer
 from memory import InvalidTransition, PatchPublic, Store, StoreError
 
 __all__ = ["A3RApp"]
@@ -43,7 +43,7 @@ class A3RApp(App[None]):
         store: The knowledge store (the app does not close it).
         config: Settings; defaults when ``None``.
         on_decision: Called as ``on_decision(patch_id, approved, note)`` after each decision was
-            written to the store (see `a3r.tui.DecisionHook`).
+            written to the store (see `a3r.app.tui.DecisionHook`).
         detokenize: Token ids to text for the episode view; ``None`` shows ids.
         study_id: Open this study first (``Escape`` goes to the list).
         approvals: Open the pending approvals first.

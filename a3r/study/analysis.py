@@ -87,7 +87,7 @@ class EpisodeRecord(BaseModel):
         status: ``finished``, ``aborted`` (agent failure), ``infra_failure`` or ``partial_finish``.
         reward: Episode reward (``None`` when aborted).
         time: Unix time the end was recorded, in seconds.
-        error: Why an evaluation attempt failed (``a3r.evaluate`` records only).
+        error: Why an evaluation attempt failed (``a3r.swarmops.evaluate`` records only).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)

@@ -10,10 +10,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Header, Static
 
-from a3r.tui._context import TuiContext
-from a3r.tui._patch_screen import PatchScreen
-from a3r.tui._polling import RELOAD_GROUP, PollingScreen, read_store
-from a3r.tui._tables import Cell, refill
+from a3r.app.tui._context import TuiContext
+from a3r.app.tui._patch_screen import PatchScreen
+from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
+from a3r.app.tui._tables import Cell, refill
 from memory import PatchPublic
 
 __all__ = ["ApprovalsScreen", "age_text"]

@@ -234,7 +234,7 @@ def tui(
     """Oversee studies and runs, and approve or reject patches, in the terminal (Textual TUI)."""
     from pydantic import ValidationError
 
-    from a3r.tui import HFDetokenizer, TuiConfig, run_tui
+    from a3r.app.tui import HFDetokenizer, TuiConfig, run_tui
 
     try:
         options = {"refresh_s": refresh, "admin_token": admin_token, "reviewer": reviewer}
@@ -251,7 +251,7 @@ def tui(
         )
 
 
-from a3r.commands import register as _register_research_commands  # noqa: E402
+from a3r.app.commands import register as _register_research_commands  # noqa: E402
 
 _register_research_commands(app)  # vibe, research, resume
 

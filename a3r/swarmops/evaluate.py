@@ -1,10 +1,10 @@
-"""Held-out evaluation client, run as a subprocess: ``python -m a3r.evaluate WORKFLOW --server URL ...``.
+"""Held-out evaluation client, run as a subprocess: ``python -m a3r.swarmops.evaluate WORKFLOW --server URL ...``.
 
 Each task of the dataset is attempted ``--samples`` times as ``kind=eval`` episodes (recorded by the
 server, never trained), at most ``--concurrency`` at once, each within ``--episode-timeout`` seconds.
 One JSON line per ended attempt goes to ``--out`` in the client runner's ``progress.jsonl`` format
 (``kind``, ``round``, ``task_id``, ``member``, ``status``, ``reward``, ``time``), so
-`a3r.analysis.read_progress` reads both. The workflow is the frozen evaluator copy of a study, not
+`a3r.study.analysis.read_progress` reads both. The workflow is the frozen evaluator copy of a study, not
 the patchable training workflow.
 """
 
@@ -73,7 +73,9 @@ async def _evaluate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see module docstring); returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m a3r.evaluate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m a3r.swarmops.evaluate", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("workflow")
     parser.add_argument("--server", required=True)
     parser.add_argument("--dataset", required=True)

@@ -13,12 +13,12 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedContent, TabPane
 
-from a3r.tui._context import TuiContext
-from a3r.tui._metric_names import reward_history
-from a3r.tui._polling import RELOAD_GROUP, PollingScreen, read_store
-from a3r.tui._reward_curve import RewardCurve
-from a3r.tui._run_screen import RunScreen
-from a3r.tui._tables import Cell, refill, selected_key
+from a3r.app.tui._context import TuiContext
+from a3r.app.tui._metric_names import reward_history
+from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
+from a3r.app.tui._reward_curve import RewardCurve
+from a3r.app.tui._run_screen import RunScreen
+from a3r.app.tui._tables import Cell, refill, selected_key
 from memory import (
     CodeArtifactPublic,
     EventPublic,
@@ -117,12 +117,12 @@ class StudyScreen(PollingScreen):
         self.query_one(focus[event.pane.id or "runs-tab"]).focus()
 
     def action_approvals(self) -> None:
-        from a3r.tui._approvals_screen import ApprovalsScreen
+        from a3r.app.tui._approvals_screen import ApprovalsScreen
 
         self.app.push_screen(ApprovalsScreen(self.ctx, study_id=self.study_id))
 
     def action_findings(self) -> None:
-        from a3r.tui._findings_screen import FindingsScreen
+        from a3r.app.tui._findings_screen import FindingsScreen
 
         self.app.push_screen(FindingsScreen(self.ctx, study_id=self.study_id))
 

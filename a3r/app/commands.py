@@ -28,10 +28,10 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.syntax import Syntax
 
+from a3r.app.session import Session, SessionSettings, Step, open_session, recorded_settings
 from a3r.errors import A3RError
-from a3r.execution import PLAN_SERVE_OPTIONS
-from a3r.llm import OfflineProvider, ProviderKind
-from a3r.session import Session, SessionSettings, Step, open_session, recorded_settings
+from a3r.providers import OfflineProvider, ProviderKind
+from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from memory import StoreError
 from swarm.engine.model_loading import check_model_path
 from swarm.errors import ModelLoadError
@@ -130,7 +130,7 @@ def _finish(step: Step) -> None:
 
 def _run_with_tui(session: Session, request: str, mode: Literal["vibe", "research"], **kwargs: Any) -> Step:
     """Run the thread in a background thread and the TUI in the foreground (decisions resume it)."""
-    from a3r.tui import run_tui
+    from a3r.app.tui import run_tui
 
     result: dict[str, Step] = {}
 
@@ -195,7 +195,7 @@ def _launch(
             _out.print(
                 f"thread {session.thread_id} (resume with `a3r resume {session.thread_id}`)", markup=False
             )
-            if tui and importlib.util.find_spec("a3r.tui") is not None:
+            if tui and importlib.util.find_spec("a3r.app.tui") is not None:
                 step = _run_with_tui(session, request, mode, force=force, overrides=overrides)
             else:
                 if tui:
@@ -291,7 +291,7 @@ def _check_serve_options(options: dict[str, Any]) -> None:
     """
     import subprocess
 
-    from a3r.processes import ServerOptions
+    from a3r.swarmops.processes import ServerOptions
 
     if not options:
         return

@@ -11,13 +11,13 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Footer, Header, Static
 
-from a3r.tui._context import TuiContext
-from a3r.tui._episode_screen import EpisodeScreen
-from a3r.tui._metric_names import reward_history, reward_metric
-from a3r.tui._polling import RELOAD_GROUP, PollingScreen, on_stack, read_store
-from a3r.tui._reward_curve import RewardCurve
-from a3r.tui._swarm import LiveRun, RunMonitor
-from a3r.tui._tables import Cell, refill
+from a3r.app.tui._context import TuiContext
+from a3r.app.tui._episode_screen import EpisodeScreen
+from a3r.app.tui._metric_names import reward_history, reward_metric
+from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, on_stack, read_store
+from a3r.app.tui._reward_curve import RewardCurve
+from a3r.app.tui._swarm import LiveRun, RunMonitor
+from a3r.app.tui._tables import Cell, refill
 from memory import RunPublic
 
 __all__ = ["RunScreen"]

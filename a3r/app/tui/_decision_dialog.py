@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
-from a3r.tui._decision import Decision
+from a3r.app.tui._decision import Decision
 from memory import PatchPublic
 
 __all__ = ["DecisionDialog"]

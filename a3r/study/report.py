@@ -13,10 +13,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from a3r.analysis import RewardSummary
-from a3r.graph.state import RunOutcome
-from a3r.plans import PlanDraft
-from a3r.research import ConfigVerdict
+from a3r.study.analysis import RewardSummary
+from a3r.study.plans import PlanDraft
+from a3r.study.research import ConfigVerdict
+from a3r.study.runs import RunOutcome
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["plot_rewards", "plot_sweep", "write_report"]

@@ -32,26 +32,26 @@ A decision is taken exactly once: the store's compare-and-set on ``pending`` mak
 Evidence: the rationale cites runs as ``run 12`` / ``runs 3, 4 and 5`` and episodes by id
 (``ep-<hex>``); the review shows those runs' latest metrics (only the metric names the rationale
 mentions, when it mentions any) and opens the cited episodes from the study's server (see
-`a3r.tui._evidence`).
+`a3r.app.tui._evidence`).
 
 Example:
     >>> from memory import Store
-    >>> from a3r.tui import A3RApp, TuiConfig
+    >>> from a3r.app.tui import A3RApp, TuiConfig
     >>> with Store(".a3r/memory.db") as store:  # doctest: +SKIP
     ...     A3RApp(store, config=TuiConfig(reviewer="ada"), on_decision=resume_thread).run()
 """
 
-from a3r.tui._app import A3RApp
-from a3r.tui._config import TuiConfig
-from a3r.tui._context import DecisionHookError, TuiContext
-from a3r.tui._decision import Decision, DecisionHook
-from a3r.tui._decision_dialog import DecisionDialog
-from a3r.tui._evidence import PatchEvidence, cited_episodes, cited_runs, gather_evidence
-from a3r.tui._patch_view import PatchView
-from a3r.tui._reward_curve import RewardCurve
-from a3r.tui._swarm import EpisodeSummary, LiveRun, RunMonitor
-from a3r.tui._token_view import TokenSequence, TokenView, token_sequences
-from a3r.tui._tokens import Detokenizer, HFDetokenizer
+from a3r.app.tui._app import A3RApp
+from a3r.app.tui._config import TuiConfig
+from a3r.app.tui._context import DecisionHookError, TuiContext
+from a3r.app.tui._decision import Decision, DecisionHook
+from a3r.app.tui._decision_dialog import DecisionDialog
+from a3r.app.tui._evidence import PatchEvidence, cited_episodes, cited_runs, gather_evidence
+from a3r.app.tui._patch_view import PatchView
+from a3r.app.tui._reward_curve import RewardCurve
+from a3r.app.tui._swarm import EpisodeSummary, LiveRun, RunMonitor
+from a3r.app.tui._token_view import TokenSequence, TokenView, token_sequences
+from a3r.app.tui._tokens import Detokenizer, HFDetokenizer
 from memory import Store
 
 __all__ = [

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from a3r.tui._config import TuiConfig
-from a3r.tui._decision import Decision, DecisionHook
-from a3r.tui._tokens import Detokenizer
+from a3r.app.tui._config import TuiConfig
+from a3r.app.tui._decision import Decision, DecisionHook
+from a3r.app.tui._tokens import Detokenizer
 from memory import PatchPublic, Store
 
 __all__ = ["DecisionHookError", "TuiContext"]
@@ -38,7 +38,7 @@ class TuiContext:
         store: The knowledge store.
         config: Settings.
         detokenize: Token ids to text pieces for the token view; ``None`` shows ids.
-        on_decision: Called after each decision was recorded (see `a3r.tui.DecisionHook`).
+        on_decision: Called after each decision was recorded (see `a3r.app.tui.DecisionHook`).
     """
 
     store: Store

@@ -17,7 +17,7 @@ def _login_name() -> str:
 
 
 class TuiConfig(BaseModel):
-    """Settings of `a3r.tui.A3RApp`.
+    """Settings of `a3r.app.tui.A3RApp`.
 
     Attributes:
         refresh_s: Seconds between two polls of the store and of a run's swarm server.

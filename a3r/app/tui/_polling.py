@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from textual.screen import Screen
 
-from a3r.tui._context import TuiContext
+from a3r.app.tui._context import TuiContext
 from memory import StoreError
 
 __all__ = ["RELOAD_GROUP", "PollingScreen", "on_stack", "read_store"]

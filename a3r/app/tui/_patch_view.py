@@ -18,7 +18,7 @@ from textual.widget import Widget
 from textual.widgets import Button, OptionList, Static
 from textual.widgets.option_list import Option
 
-from a3r.tui._evidence import PatchEvidence
+from a3r.app.tui._evidence import PatchEvidence
 from memory import PatchPublic, PatchStatus
 
 __all__ = ["PatchView"]

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from a3r.errors import ThreadNotFound
 from a3r.graph import Ledger, PatchReview, RunContext, build_graph, open_checkpointer
-from a3r.llm import ProviderConfig, ProviderKind, make_provider
+from a3r.providers import ProviderConfig, ProviderKind, make_provider
 from memory import PatchStatus, Store
 
 __all__ = ["Session", "SessionSettings", "Step", "open_session"]
