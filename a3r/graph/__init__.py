@@ -1,15 +1,16 @@
 """The research graph: planner (supervisor) → coder → runner → analyst → planner …, with patch
 approval by `interrupt`, a SQLite checkpointer, and the run context carrying store, provider and
-servers. `a3r.session` drives it for the CLI and the TUI.
+servers. `a3r.app.session` drives it for the CLI and the TUI.
 
-Names are imported lazily (PEP 562), so modules the nodes use (`a3r.execution`, `a3r.research`)
-can import `a3r.graph.state` and `a3r.graph.context` without loading the nodes first.
+The graph sits above `a3r.providers`, `a3r.swarmops` and `a3r.study`; nothing below imports it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from a3r.graph.builder import build_graph, open_checkpointer, serializer
+from a3r.graph.context import Ledger, RunContext
+from a3r.graph.state import PatchDecision, PatchReview, ResearchState
+from a3r.study.runs import RunOutcome, RunSpec
 
 __all__ = [
     "Ledger",
@@ -23,22 +24,3 @@ __all__ = [
     "open_checkpointer",
     "serializer",
 ]
-
-_HOME = {
-    "Ledger": "a3r.graph.context",
-    "RunContext": "a3r.graph.context",
-    "PatchDecision": "a3r.graph.state",
-    "PatchReview": "a3r.graph.state",
-    "ResearchState": "a3r.graph.state",
-    "RunOutcome": "a3r.graph.state",
-    "RunSpec": "a3r.graph.state",
-    "build_graph": "a3r.graph.builder",
-    "open_checkpointer": "a3r.graph.builder",
-    "serializer": "a3r.graph.builder",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(_HOME[name]), name)
-    raise AttributeError(f"module 'a3r.graph' has no attribute {name!r}")

@@ -15,13 +15,14 @@ from typing import Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from a3r.analysis import Diagnosis, detect_reward_hacking
 from a3r.errors import PatchNotAllowed
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
-from a3r.graph.state import PatchReview, ResearchState, RunOutcome, RunSpec, first_hypothesis
-from a3r.patches import PATCHABLE, check_allowed, unified_diff
-from a3r.plans import PatchDraft
+from a3r.graph.state import PatchReview, ResearchState, first_hypothesis
+from a3r.study.analysis import Diagnosis, detect_reward_hacking
+from a3r.study.patches import PATCHABLE, check_allowed, unified_diff
+from a3r.study.plans import PatchDraft
+from a3r.study.runs import RunOutcome, RunSpec
 
 __all__ = ["analyst", "continuation", "pending_patch_file"]
 

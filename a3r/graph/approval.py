@@ -20,7 +20,7 @@ from langgraph.types import Command, interrupt
 from a3r.graph.analyst import _spec_of, continuation, pending_patch_file
 from a3r.graph.context import RunContext
 from a3r.graph.state import PatchDecision, ResearchState
-from a3r.patches import apply_patch
+from a3r.study.patches import apply_patch
 from memory import PatchStatus
 
 __all__ = ["approve", "parse_decision"]

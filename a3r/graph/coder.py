@@ -20,7 +20,7 @@ from langgraph.types import Command
 import templates
 from a3r.graph.context import RunContext
 from a3r.graph.state import ResearchState
-from a3r.plans import GeneratedCode, PlanDraft
+from a3r.study.plans import GeneratedCode, PlanDraft
 from memory import ArtifactKind
 
 __all__ = ["coder", "write_generated"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from a3r.llm import ResearchProvider
-from a3r.processes import ServerHandle
+from a3r.providers import ResearchProvider
+from a3r.swarmops.processes import ServerHandle
 from memory import Store
 
 __all__ = ["Ledger", "RunContext"]

@@ -3,7 +3,7 @@
 First visit: the provider's plan (template, parameters, settings, hypotheses, sweep, stability
 definition) is written into the store (study and hypotheses, before any run) and the first runs are
 queued. Later visits: queued runs go to the runner; a research thread moves through its stages
-(preflight → coarse → refine, `a3r.research`); when nothing is left, the reporter concludes.
+(preflight → coarse → refine, `a3r.study.research`); when nothing is left, the reporter concludes.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from a3r.errors import PlanError
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_hypotheses, ensure_study
 from a3r.graph.state import ResearchState
-from a3r.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
-from a3r.research import fit_budget, initial_queue, refine_values, sweep_specs, verdicts
+from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
+from a3r.study.research import fit_budget, initial_queue, refine_values, sweep_specs, verdicts
 
 __all__ = ["planner"]
 

@@ -11,8 +11,8 @@ import json
 from collections.abc import Sequence
 
 from a3r.graph.context import RunContext
-from a3r.graph.state import RunSpec
-from a3r.plans import HypothesisDraft
+from a3r.study.plans import HypothesisDraft
+from a3r.study.runs import RunSpec
 from memory import FindingStatus, RunPublic, RunStatus
 
 __all__ = ["ensure_experiment", "ensure_finding", "ensure_hypotheses", "ensure_run", "ensure_study"]

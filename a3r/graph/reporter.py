@@ -12,10 +12,11 @@ from langgraph.runtime import Runtime
 
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
-from a3r.graph.state import ResearchState, RunOutcome, first_hypothesis
-from a3r.plans import StabilityCriterion
-from a3r.report import write_report
-from a3r.research import ConfigVerdict, min_stable_value, non_monotone, verdicts
+from a3r.graph.state import ResearchState, first_hypothesis
+from a3r.study.plans import StabilityCriterion
+from a3r.study.report import write_report
+from a3r.study.research import ConfigVerdict, min_stable_value, non_monotone, verdicts
+from a3r.study.runs import RunOutcome
 from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
 __all__ = ["reporter"]

@@ -1,4 +1,4 @@
-"""The runner: executes the head of the queue (`a3r.execution.execute_run`) and records the run.
+"""The runner: executes the head of the queue (`a3r.swarmops.execution.execute_run`) and records the run.
 
 Idempotent on re-run: the store run is got-or-created by the spec's key; a finished run's outcome is
 kept in the ledger and returned instead of running again; a run a killed a3r left ``running`` is
@@ -13,10 +13,11 @@ from pathlib import Path
 
 from langgraph.runtime import Runtime
 
-from a3r.execution import Workspace, execute_run
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_experiment, ensure_run
-from a3r.graph.state import ResearchState, RunOutcome, RunSpec, first_hypothesis
+from a3r.graph.state import ResearchState, first_hypothesis
+from a3r.study.runs import RunOutcome, RunSpec
+from a3r.swarmops.execution import Workspace, execute_run
 from memory import RunStatus
 
 __all__ = ["experiment_name", "runner"]

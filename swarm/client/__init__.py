@@ -4,8 +4,9 @@
 - :class:`MultiEpisode`: one rollout over several servers, finished or aborted together.
 - :class:`Runner` (``swarm run``): a workflow file over a dataset, G episodes per task, N at a time,
   with resume, eval rounds and infrastructure-failure handling.
-- ``ServeOptions`` (re-exported from :mod:`swarm.serve_options`): ``swarm serve``'s options, validated
-  in process, for programs that start servers.
+- Re-exported for programs that drive servers: ``ClientError``/``SwarmError``, the control answers
+  (``StatusView``, ``ServerStepMetrics``, ``Event``, ``EpisodeView``) and ``ServeOptions`` (``swarm
+  serve``'s options, validated in process).
 """
 
 from swarm.client._client import AsyncEpisode, AsyncSwarmClient, Episode, RetryPolicy, SwarmClient
@@ -24,7 +25,14 @@ from swarm.client._progress import ProgressLog
 from swarm.client._runner import Runner, RunnerConfig, RunSummary, run_workflow
 from swarm.client.workflow import LLM, Result
 
-# ``swarm serve``'s options, for programs that start servers (a3r): re-exported, not defined here.
+# Re-exported, not defined here (so not in __all__): what a program driving servers (a3r) needs besides the
+# client: its errors, the control answers it reads, and ``swarm serve``'s options.
+from swarm.errors import ClientError as ClientError
+from swarm.errors import SwarmError as SwarmError
+from swarm.protocol import EpisodeView as EpisodeView
+from swarm.protocol import Event as Event
+from swarm.protocol import ServerStepMetrics as ServerStepMetrics
+from swarm.protocol import StatusView as StatusView
 from swarm.serve_options import ServeOptions as ServeOptions
 from swarm.serve_options import ServeOptionsError as ServeOptionsError
 

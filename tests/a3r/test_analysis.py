@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from a3r.analysis import (
+from a3r.study.analysis import (
     DiagnosisKind,
     EpisodeRecord,
     detect_all,

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from a3r.execution import Workspace, execute_run
 from a3r.graph import RunContext, RunSpec
 from a3r.graph.context import Ledger
-from a3r.llm import OfflineProvider
-from a3r.plans import TrainingSettings
+from a3r.providers import OfflineProvider
+from a3r.study.plans import TrainingSettings
+from a3r.swarmops.execution import Workspace, execute_run
 from memory import Store
 
 pytestmark = pytest.mark.slow

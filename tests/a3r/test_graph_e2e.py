@@ -13,7 +13,7 @@ from langgraph.types import Command
 
 from a3r.graph import PatchReview, RunContext, build_graph, open_checkpointer
 from a3r.graph.context import Ledger
-from a3r.llm import OfflineProvider, read_params
+from a3r.providers import OfflineProvider, read_params
 from memory import ArtifactKind, PatchStatus, RunStatus, Store, StudyStatus
 
 pytestmark = pytest.mark.slow

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from langgraph.runtime import Runtime
 
-from a3r.analysis import Diagnosis, DiagnosisKind
 from a3r.graph import PatchReview, RunContext, RunOutcome, RunSpec, build_graph, open_checkpointer, serializer
 from a3r.graph.analyst import analyst
 from a3r.graph.context import Ledger
-from a3r.llm import ChatProvider
+from a3r.providers import ChatProvider
+from a3r.study.analysis import Diagnosis, DiagnosisKind
 from memory import ArtifactKind, PatchStatus, Store, StudyStatus
 from tests.a3r.fake_llm import ToolCallingFakeChatModel, tool_answers
 
@@ -164,7 +164,7 @@ def test_generated_code_failing_its_checks_is_not_run(tmp_path: Path, store: Sto
 
 
 def _analyst_state(tmp_path: Path, store: Store) -> dict[str, Any]:
-    from a3r.plans import PlanDraft
+    from a3r.study.plans import PlanDraft
 
     ws = tmp_path / "ws"
     ws.mkdir()

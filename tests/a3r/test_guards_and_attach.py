@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from langgraph.runtime import Runtime
 
-from a3r.analysis import RewardSummary
 from a3r.graph import RunContext, RunOutcome, build_graph, open_checkpointer
 from a3r.graph.context import Ledger
 from a3r.graph.planner import planner
-from a3r.llm import OfflineProvider, ProviderConfig, make_provider
+from a3r.providers import OfflineProvider, ProviderConfig, make_provider
+from a3r.study.analysis import RewardSummary
 from memory import RunStatus, Store
 from tests.a3r.fake_llm import FakeLLMServer
 from tests.a3r.test_providers import PLAN, SECRET
@@ -160,8 +160,8 @@ def test_vibe_attaches_to_a_running_server(tmp_path: Path, store: Store, trainab
 
 
 def test_a_failed_smoke_run_ends_the_thread_with_its_evidence(tmp_path: Path, store: Store) -> None:
-    from a3r.analysis import detect_crash
     from a3r.graph.analyst import analyst
+    from a3r.study.analysis import detect_crash
 
     plan = OfflineProvider().plan("train arithmetic", mode="vibe")
     study = store.create_study("train arithmetic", kind="vibe")
@@ -198,7 +198,7 @@ def test_a_failed_smoke_run_ends_the_thread_with_its_evidence(tmp_path: Path, st
 def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from a3r.cli import app
+    from a3r.app.cli import app
 
     runner = CliRunner()
     common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db")]
@@ -256,8 +256,8 @@ def test_cli_user_mistakes_end_with_one_line(tmp_path: Path) -> None:
 def test_a_thread_that_stopped_before_its_goal_exits_non_zero() -> None:
     import typer
 
-    from a3r.commands import _finish
-    from a3r.session import Step
+    from a3r.app.commands import _finish
+    from a3r.app.session import Step
 
     stopped = Step(thread_id="t", status="done", conclusion="stopped: the smoke run smoke ended crashed: …")
     with pytest.raises(typer.Exit) as exit_:
@@ -268,7 +268,7 @@ def test_a_thread_that_stopped_before_its_goal_exits_non_zero() -> None:
 
 
 def test_serve_options_parse_into_swarm_serve_flags() -> None:
-    from a3r.commands import _serve_options
+    from a3r.app.commands import _serve_options
     from swarm.client import ServeOptions
 
     options = _serve_options(["max-staleness=1", "--threads=2", "tis-cap=2", "dtype=auto"])

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from a3r.analysis import Diagnosis, DiagnosisKind, RewardSummary
 from a3r.errors import PatchConflict, PatchNotAllowed
-from a3r.graph.state import RunOutcome
-from a3r.llm import OfflineProvider
-from a3r.patches import apply_patch, check_allowed, unified_diff
-from a3r.plans import StabilityCriterion
-from a3r.report import plot_rewards, write_report
-from a3r.research import (
+from a3r.providers import OfflineProvider
+from a3r.study.analysis import Diagnosis, DiagnosisKind, RewardSummary
+from a3r.study.patches import apply_patch, check_allowed, unified_diff
+from a3r.study.plans import StabilityCriterion
+from a3r.study.report import plot_rewards, write_report
+from a3r.study.research import (
     fit_budget,
     initial_queue,
     judge_run,
@@ -24,6 +23,7 @@ from a3r.research import (
     sweep_specs,
     verdicts,
 )
+from a3r.study.runs import RunOutcome
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from a3r.processes import end_stale, launch
+from a3r.swarmops.processes import end_stale, launch
 from swarm.client import ServeOptions
 
 
@@ -52,7 +52,7 @@ def test_server_options_render_flags() -> None:
 
 
 def test_log_counter_reads_only_what_was_appended(tmp_path: Path) -> None:
-    from a3r.execution import _LogCounter
+    from a3r.swarmops.execution import _LogCounter
 
     log = tmp_path / "server.log"
     log.write_bytes(b'INFO: "POST /v1/chat/completions HTTP/1.1" 200\nINFO: "GET /api/v1/status HTTP/1.1"\n')
@@ -68,10 +68,10 @@ def test_log_counter_reads_only_what_was_appended(tmp_path: Path) -> None:
 
 
 def test_held_out_evaluation_is_sized_to_the_budget(tmp_path: Path) -> None:
-    from a3r.execution import eval_tasks_within
     from a3r.graph import RunContext
     from a3r.graph.context import Ledger
-    from a3r.llm import OfflineProvider
+    from a3r.providers import OfflineProvider
+    from a3r.swarmops.execution import eval_tasks_within
 
     ctx = RunContext(
         store=None, provider=OfflineProvider(), ledger=Ledger(tmp_path / "l.db"), thread_id="t", root=tmp_path
@@ -83,7 +83,7 @@ def test_held_out_evaluation_is_sized_to_the_budget(tmp_path: Path) -> None:
 
 
 def test_cpu_seconds_of_a_busy_and_an_idle_process(tmp_path: Path) -> None:
-    from a3r.execution import cpu_seconds
+    from a3r.swarmops.execution import cpu_seconds
 
     busy = launch("busy", [sys.executable, "-c", "while True: pass"], log_path=tmp_path / "b.log")
     idle = launch("idle", [sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "i.log")

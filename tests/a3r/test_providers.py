@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from a3r.analysis import Diagnosis, DiagnosisKind
 from a3r.errors import OfflineUnsupported, PlanError, ProviderConfigError, ProviderError
-from a3r.llm import (
+from a3r.providers import (
     ChatProvider,
     OfflineProvider,
     ProviderConfig,
@@ -19,7 +18,8 @@ from a3r.llm import (
     make_provider,
     read_params,
 )
-from a3r.plans import PlanDraft
+from a3r.study.analysis import Diagnosis, DiagnosisKind
+from a3r.study.plans import PlanDraft
 from tests.a3r.fake_llm import FakeLLMServer
 
 SECRET = "sk-test-DO-NOT-LEAK-4242424242424242"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from a3r.commands import ReaderSafeConsole
+from a3r.app.commands import ReaderSafeConsole
 
 
 def test_a_closed_pipe_silences_the_output_instead_of_raising() -> None:

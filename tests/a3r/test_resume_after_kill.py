@@ -17,7 +17,7 @@ from memory import RunStatus, Store, StudyStatus
 
 pytestmark = pytest.mark.slow
 
-A3R = [sys.executable, "-c", "from a3r.cli import main; main()"]
+A3R = [sys.executable, "-c", "from a3r.app.cli import main; main()"]
 
 
 def _wait_for(predicate: object, timeout_s: float, what: str) -> None:

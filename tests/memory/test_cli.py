@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from a3r.cli import app
+from a3r.app.cli import app
 from memory import Store
 
 

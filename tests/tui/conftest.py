@@ -17,7 +17,7 @@ from textual.app import App
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
-from a3r.tui import TuiConfig
+from a3r.app.tui import TuiConfig
 from memory import RunStatus, Store
 
 REWARD_PY = "def reward(answer, target):\n    return float(answer == target)\n"

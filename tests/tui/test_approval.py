@@ -9,9 +9,9 @@ import threading
 
 from textual.widgets import Button, Input, Label
 
-from a3r.tui import A3RApp, DecisionDialog, PatchView, TuiConfig
-from a3r.tui._approvals_screen import ApprovalsScreen
-from a3r.tui._patch_screen import PatchScreen
+from a3r.app.tui import A3RApp, DecisionDialog, PatchView, TuiConfig
+from a3r.app.tui._approvals_screen import ApprovalsScreen
+from a3r.app.tui._patch_screen import PatchScreen
 from memory import PatchStatus, Store
 from tests.tui.conftest import EPISODE_CITED, Seeded, cells, text_of, wait_for
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from a3r.cli import app
+from a3r.app.cli import app
 from memory import Store
 from tests.tui.conftest import Seeded
 
@@ -66,7 +66,7 @@ def test_runs_in_a_real_80x24_terminal(store: Store, seeded: Seeded) -> None:
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "80", "LINES": "24"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "a3r.cli", "tui", "--store", str(seeded.path), "--reviewer", "ada"],
+        [sys.executable, "-m", "a3r.app.cli", "tui", "--store", str(seeded.path), "--reviewer", "ada"],
         stdin=terminal,
         stdout=terminal,
         stderr=terminal,

@@ -12,9 +12,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
+from a3r.app.tui import A3RApp, TuiConfig
+from a3r.app.tui._approvals_screen import ApprovalsScreen
 from a3r.graph.approval import parse_decision
-from a3r.tui import A3RApp, TuiConfig
-from a3r.tui._approvals_screen import ApprovalsScreen
 from memory import PatchStatus, Store
 from tests.tui.conftest import REWARD_DIFF, Seeded, cells, wait_for
 

@@ -7,12 +7,12 @@ from textual.geometry import Region
 from textual.widget import Widget
 from textual.widgets import Button, DataTable, Footer, Input
 
-from a3r.tui import A3RApp, DecisionDialog, TuiConfig
-from a3r.tui._approvals_screen import ApprovalsScreen
-from a3r.tui._findings_screen import FindingsScreen
-from a3r.tui._patch_screen import PatchScreen
-from a3r.tui._run_screen import RunScreen
-from a3r.tui._study_screen import StudyScreen
+from a3r.app.tui import A3RApp, DecisionDialog, TuiConfig
+from a3r.app.tui._approvals_screen import ApprovalsScreen
+from a3r.app.tui._findings_screen import FindingsScreen
+from a3r.app.tui._patch_screen import PatchScreen
+from a3r.app.tui._run_screen import RunScreen
+from a3r.app.tui._study_screen import StudyScreen
 from memory import Store
 from tests.tui.conftest import Seeded, cells, wait_for
 

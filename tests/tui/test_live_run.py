@@ -14,11 +14,11 @@ import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from a3r.tui import A3RApp, HFDetokenizer, PatchView, RewardCurve, TokenView, TuiConfig
-from a3r.tui._episode_screen import EpisodeScreen
-from a3r.tui._patch_screen import PatchScreen
-from a3r.tui._run_screen import RunScreen
-from a3r.tui._token_view import TRAINED_STYLES, render_tokens
+from a3r.app.tui import A3RApp, HFDetokenizer, PatchView, RewardCurve, TokenView, TuiConfig
+from a3r.app.tui._episode_screen import EpisodeScreen
+from a3r.app.tui._patch_screen import PatchScreen
+from a3r.app.tui._run_screen import RunScreen
+from a3r.app.tui._token_view import TRAINED_STYLES, render_tokens
 from memory import Store
 from swarm.batch import BatchConfig, BatchPolicy
 from swarm.client import SwarmClient

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from textual.widgets import RichLog
 
-from a3r.tui import A3RApp, RewardCurve, TuiConfig
-from a3r.tui._findings_screen import FindingsScreen
-from a3r.tui._run_screen import RunScreen
-from a3r.tui._studies_screen import StudiesScreen
-from a3r.tui._study_screen import StudyScreen
+from a3r.app.tui import A3RApp, RewardCurve, TuiConfig
+from a3r.app.tui._findings_screen import FindingsScreen
+from a3r.app.tui._run_screen import RunScreen
+from a3r.app.tui._studies_screen import StudiesScreen
+from a3r.app.tui._study_screen import StudyScreen
 from memory import Store
 from tests.tui.conftest import Seeded, cells, text_of, wait_for
 

@@ -12,7 +12,7 @@ from pydantic import SecretStr, ValidationError
 from textual.app import App, ComposeResult
 from textual.widgets import Sparkline
 
-from a3r.tui import (
+from a3r.app.tui import (
     HFDetokenizer,
     PatchEvidence,
     RewardCurve,
@@ -22,11 +22,11 @@ from a3r.tui import (
     gather_evidence,
     token_sequences,
 )
-from a3r.tui._approvals_screen import age_text
-from a3r.tui._episode_screen import episode_pieces
-from a3r.tui._evidence import cited_metrics
-from a3r.tui._metric_names import reward_history, reward_metric
-from a3r.tui._swarm import LiveRun
+from a3r.app.tui._approvals_screen import age_text
+from a3r.app.tui._episode_screen import episode_pieces
+from a3r.app.tui._evidence import cited_metrics
+from a3r.app.tui._metric_names import reward_history, reward_metric
+from a3r.app.tui._swarm import LiveRun
 from memory import Store
 from swarm.client._sse import parse_sse
 from swarm.protocol import EpisodeKind, EpisodeStatus, EpisodeView

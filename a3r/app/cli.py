@@ -1,0 +1,265 @@
+"""The ``a3r`` command line.
+
+Commands are registered on the Typer ``app``; `main` is the console-script entry point. To add a
+command, decorate a function with ``@app.command()`` in this module (or in a module imported here).
+
+Store commands (read the knowledge store; ``--store`` takes a SQLite path or a SQLAlchemy URL):
+
+| command                 | what it prints                                          |
+|-------------------------|---------------------------------------------------------|
+| ``a3r runs``            | runs with status, seed and latest metrics (rich table)   |
+| ``a3r findings``        | findings with status, confidence and evidence runs       |
+| ``a3r export STUDY``    | a whole study as Markdown (default) or JSON              |
+| ``a3r tui``             | the terminal UI: studies, runs, episodes, approvals      |
+
+User mistakes (unknown study, missing store, malformed URL) end with exit code 1 and one line on
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from memory import DEFAULT_PATH, FindingStatus, RunStatus, Store, StoreError, render_markdown
+from swarm.cli import run_console_script
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="a3r",
+    help="A3R: agentic RL of LLMs, run by an autonomous research agent.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+StoreOption = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        "-s",
+        help="Knowledge store: path of a SQLite file or a SQLAlchemy URL.",
+        show_default=True,
+    ),
+]
+_DEFAULT_STORE = str(DEFAULT_PATH)
+
+
+class ExportFormat(enum.StrEnum):
+    """Output formats of ``a3r export``."""
+
+    md = "md"
+    """Markdown report."""
+    json = "json"
+    """Everything, as JSON (artifact contents included)."""
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"error: {message}", markup=False)
+    return typer.Exit(code=1)
+
+
+@contextlib.contextmanager
+def _open_store(location: str) -> Iterator[Store]:
+    """Open an existing store; store errors raised inside the block become one line and exit code 1."""
+    try:
+        with Store(location, create=False) as store:
+            yield store
+    except StoreError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _no_store_yet(location: str) -> bool:
+    """Whether ``location`` is a SQLite file that does not exist yet (nothing recorded: an empty listing)."""
+    if "://" in location:
+        return False
+    if Path(location).expanduser().exists():
+        return False
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"nothing recorded yet: no store at {location} (a3r vibe / a3r research create it)", style="dim"
+    )
+    return True
+
+
+KEY_METRICS = (
+    "reward_mean",
+    "eval/mean_reward",
+    "eval/pass_at_1",
+    "eval/pass_at_2",
+    "episodes/mean_reward",
+    "loss",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "clip_frac",
+    "tis_weight_mean",
+    "staleness_mean",
+    "steps",
+    "wall_s",
+)
+"""The metrics a run listing shows first, in this order; then any other reward or eval metric (all of them
+are in ``a3r export``)."""
+
+
+def _metrics_text(values: dict[str, float] | None) -> str:
+    values = values or {}
+    shown = [name for name in KEY_METRICS if name in values]
+    shown += [n for n in values if n not in KEY_METRICS and ("reward" in n or n.startswith("eval"))]
+    text = "  ".join(f"{name}={values[name]:.4g}" for name in shown)
+    hidden = len(values) - len(shown)
+    return text + (f"  (+{hidden} in a3r export)" if hidden else "")
+
+
+@app.command()
+def runs(
+    store: StoreOption = _DEFAULT_STORE,
+    study: Annotated[int | None, typer.Option("--study", help="Only runs of this study.")] = None,
+    status: Annotated[RunStatus | None, typer.Option("--status", help="Only runs with this status.")] = None,
+) -> None:
+    """List runs with their status, seed and latest metric values."""
+    rows = []
+    if not _no_store_yet(store):
+        with _open_store(store) as opened:
+            rows = opened.study_runs(study) if study is not None else opened.runs()
+            if status is not None:
+                rows = [row for row in rows if row.status is status]
+    table = Table(title=f"Runs{f' of study {study}' if study is not None else ''}")
+    for column in ("run", "study", "experiment", "name", "seed", "status", "step", "metrics"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row.id),
+            str(row.study_id),
+            str(row.experiment_id),
+            row.name,
+            "" if row.seed is None else str(row.seed),
+            row.status.value,
+            "" if row.latest_step is None else str(row.latest_step),
+            _metrics_text({**(row.latest_metrics or {}), **(row.final_metrics or {})}),
+        )
+    Console(soft_wrap=False, width=200).print(table)
+
+
+@app.command()
+def findings(
+    store: StoreOption = _DEFAULT_STORE,
+    study: Annotated[int | None, typer.Option("--study", help="Only findings of this study.")] = None,
+    status: Annotated[
+        FindingStatus | None, typer.Option("--status", help="Only findings with this status.")
+    ] = None,
+) -> None:
+    """List findings with their status, confidence, seeds and evidence runs."""
+    rows = []
+    if not _no_store_yet(store):
+        with _open_store(store) as opened:
+            # get_study raises NotFound for an unknown study, reported as one line by _open_store.
+            study_ids = (
+                [opened.get_study(study).id] if study is not None else [s.id for s in opened.studies()]
+            )
+            rows = [row for study_id in study_ids for row in opened.findings(study_id, status=status)]
+    table = Table(title="Findings")
+    for column in ("finding", "study", "status", "confidence", "statement", "seeds", "runs"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row.id),
+            str(row.study_id),
+            row.status.value,
+            f"{row.confidence:.2f}",
+            row.statement,
+            ",".join(map(str, row.seeds)),
+            ",".join(map(str, row.run_ids)),
+        )
+    Console(soft_wrap=False, width=200).print(table)
+
+
+@app.command()
+def export(
+    study: Annotated[int, typer.Argument(help="Id of the study to export.")],
+    store: StoreOption = _DEFAULT_STORE,
+    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="Output format.")] = ExportFormat.md,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """Export everything recorded about a study, as Markdown or JSON."""
+    with _open_store(store) as opened:
+        exported = opened.export_study(study)
+    if format is ExportFormat.json:
+        text = json.dumps(exported.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
+    else:
+        text = render_markdown(exported)
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _fail(f"cannot write {out}: {exc.strerror}") from None
+    typer.echo(f"wrote {out}", err=True)
+
+
+@app.command()
+def tui(
+    store: StoreOption = _DEFAULT_STORE,
+    study: Annotated[int | None, typer.Option("--study", help="Open this study first.")] = None,
+    approvals: Annotated[bool, typer.Option("--approvals", help="Open the pending approvals first.")] = False,
+    refresh: Annotated[float, typer.Option("--refresh", help="Seconds between two refreshes.")] = 2.0,
+    reviewer: Annotated[
+        str | None, typer.Option("--reviewer", help="Name recorded with decisions (default: login name).")
+    ] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(
+            "--admin-token",
+            envvar="SWARM_ADMIN_TOKEN",
+            help="Swarm servers' control token.",
+            show_default=False,
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option("--tokenizer", help="Model directory or .gguf for the token view (default: embedded)."),
+    ] = None,
+) -> None:
+    """Oversee studies and runs, and approve or reject patches, in the terminal (Textual TUI)."""
+    from pydantic import ValidationError
+
+    from a3r.app.tui import HFDetokenizer, TuiConfig, run_tui
+
+    try:
+        options = {"refresh_s": refresh, "admin_token": admin_token, "reviewer": reviewer}
+        settings = TuiConfig.model_validate({k: v for k, v in options.items() if v is not None})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        flag = {"refresh_s": "--refresh", "reviewer": "--reviewer"}.get(str(problem["loc"][0]), "option")
+        raise _fail(f"invalid {flag}: {problem['msg']}") from None
+    with _open_store(store) as opened:
+        if study is not None:
+            opened.get_study(study)  # NotFound becomes one line
+        run_tui(
+            opened, config=settings, detokenize=HFDetokenizer(tokenizer), study_id=study, approvals=approvals
+        )
+
+
+from a3r.app.commands import register as _register_research_commands  # noqa: E402
+
+_register_research_commands(app)  # vibe, research, resume
+
+
+def main() -> None:
+    """Entry point of the ``a3r`` console script."""
+    run_console_script(app)
+
+
+if __name__ == "__main__":
+    main()

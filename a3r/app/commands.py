@@ -1,0 +1,448 @@
+"""The research commands of the ``a3r`` CLI: ``vibe``, ``research`` and ``resume``.
+
+| command | what it does |
+|---|---|
+| ``a3r vibe "train who-is-the-spy"`` | plan → code → smoke episode → training → monitoring → (patch → approval → client hot-swap) → report |
+| ``a3r research "find min stable batch size on AIME"`` | plan with an operational definition → preflight baseline → staged sweep (≥ 2 seeds) → findings and report |
+| ``a3r resume THREAD`` | continue a thread after a crash, or decide its pending patch (``--approve``/``--reject``) |
+
+A pending patch is shown as a diff and decided at the prompt on a terminal; elsewhere the command prints
+how to resume and exits 0 (``--wait`` polls the store for a decision taken in ``a3r tui`` instead).
+User mistakes (unknown template for the offline provider, missing API key, unknown thread) end with
+exit code 1 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.syntax import Syntax
+
+from a3r.app.session import Session, SessionSettings, Step, open_session, recorded_settings
+from a3r.errors import A3RError
+from a3r.providers import OfflineProvider, ProviderKind
+from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
+from memory import StoreError
+from swarm.engine.model_loading import check_model_path
+from swarm.errors import ModelLoadError
+
+__all__ = ["ReaderSafeConsole", "register"]
+
+
+class ReaderSafeConsole(Console):
+    """A console that goes quiet instead of exiting once its reader has gone.
+
+    ``a3r vibe … | head`` closes the pipe early. Rich's default answer to the `BrokenPipeError` is
+    ``SystemExit(1)``, which would stop the thread in the middle of a run; here the output is pointed
+    at ``/dev/null`` (the Python docs' recipe for SIGPIPE) and the thread runs to its end, recording
+    everything in the store.
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.file.fileno())
+        finally:
+            os.close(devnull)
+
+
+_out = ReaderSafeConsole(highlight=False, soft_wrap=True)
+
+
+def _interrupt_on_sigterm() -> None:
+    """Let SIGTERM stop a thread like Ctrl-C does (servers stopped, thread resumable)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"error: {message}", markup=False)
+    return typer.Exit(code=1)
+
+
+def _say(line: str) -> None:
+    _out.print(f"· {line}", markup=False)
+
+
+def _show_review(step: Step) -> None:
+    review = step.review
+    assert review is not None
+    _out.print(
+        Panel(
+            Syntax(review.diff, "diff", word_wrap=True),
+            title=f"patch {review.patch_id} of {review.file} (proposed by {review.proposed_by})",
+            subtitle=review.diagnosis[:100],
+        )
+    )
+    _out.print(f"rationale: {review.rationale}", markup=False)
+
+
+def _drive(session: Session, step: Step, *, wait: bool) -> Step:
+    """Loop over pending patches: prompt on a terminal, poll the store with ``--wait``, else stop."""
+    while step.status == "waiting" and step.review is not None:
+        review = step.review
+        _show_review(step)
+        if sys.stdin.isatty():
+            approved = typer.confirm(f"approve patch {review.patch_id}?", default=False)
+            note = (
+                None
+                if approved
+                else (typer.prompt("reason (optional)", default="", show_default=False) or None)
+            )
+            step = session.resume({"action": "approve" if approved else "reject", "by": "cli", "note": note})
+        elif wait:
+            _out.print(f"waiting for a decision on patch {review.patch_id} (a3r tui, or another resume)…")
+            step = session.wait_for_store_decision(review)
+        else:
+            _out.print(
+                f"thread {session.thread_id} waits for a decision on patch {review.patch_id}: run "
+                f"`a3r resume {session.thread_id} --approve` or `--reject` (or decide it in `a3r tui`)",
+                markup=False,
+            )
+            return step
+    return step
+
+
+def _finish(step: Step) -> None:
+    if step.status == "done":
+        _out.print(f"thread {step.thread_id} done — study {step.study_id}", markup=False)
+        if step.conclusion:
+            _out.print(f"conclusion: {step.conclusion}", markup=False)
+        if step.report:
+            _out.print(f"report: {step.report}", markup=False)
+        if step.stopped:  # scripts and CI must not read a failed thread as a success
+            raise _fail("the thread stopped before reaching its goal (see the conclusion above)")
+
+
+def _run_with_tui(session: Session, request: str, mode: Literal["vibe", "research"], **kwargs: Any) -> Step:
+    """Run the thread in a background thread and the TUI in the foreground (decisions resume it)."""
+    from a3r.app.tui import run_tui
+
+    result: dict[str, Step] = {}
+
+    def work() -> None:
+        result["step"] = session.start(request, mode=mode, **kwargs)
+
+    def on_decision(patch_id: int, approved: bool, note: str | None) -> None:
+        worker.join()
+        step = session.resume({"patch_id": patch_id, "approved": approved, "note": note, "by": "tui"})
+        result["step"] = step
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    run_tui(session.store, on_decision=on_decision, approvals=True)
+    worker.join()
+    return result.get("step") or session.step()
+
+
+def _check_server(url: str) -> None:
+    """Fail with one line, before any thread or study exists, when ``url`` is not a reachable swarm server."""
+    import httpx
+
+    if not url.startswith(("http://", "https://")):
+        raise _fail(f"--server {url}: expected an http(s):// URL, e.g. http://127.0.0.1:8000")
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise _fail(f"--server {url}: cannot reach it ({type(exc).__name__}: {exc})") from None
+    if response.status_code != 200:
+        raise _fail(f"--server {url}: GET /v1/models answered {response.status_code}; is it a swarm server?")
+
+
+def _launch(
+    request: str,
+    mode: Literal["vibe", "research"],
+    settings: SessionSettings,
+    *,
+    overrides: dict[str, Any],
+    force: bool = False,
+    tui: bool = False,
+    wait: bool = False,
+) -> None:
+    if settings.model is not None:
+        try:
+            check_model_path(settings.model)
+        except ModelLoadError as exc:
+            raise _fail(f"--model {settings.model}: {exc}") from None
+    if not request.strip():
+        raise _fail(
+            f'the request is empty: say what to {"train" if mode == "vibe" else "study"}, e.g. "train who-is-the-spy"'
+        )
+    if settings.provider is ProviderKind.offline:
+        # The offline planner is deterministic and cheap: a request it cannot plan fails here, before
+        # a thread, a store or a checkpoint exists (an LLM provider plans inside the thread).
+        try:
+            OfflineProvider().plan(request, mode=mode)
+        except A3RError as exc:
+            raise _fail(str(exc)) from None
+    _interrupt_on_sigterm()
+    try:
+        with open_session(settings, notify=_say) as session:
+            _out.print(
+                f"thread {session.thread_id} (resume with `a3r resume {session.thread_id}`)", markup=False
+            )
+            if tui and importlib.util.find_spec("a3r.app.tui") is not None:
+                step = _run_with_tui(session, request, mode, force=force, overrides=overrides)
+            else:
+                if tui:
+                    _out.print("note: the TUI is not installed here; continuing without it")
+                step = session.start(request, mode=mode, force=force, overrides=overrides)
+            _finish(_drive(session, step, wait=wait))
+    except (A3RError, StoreError) as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise _fail(
+            "interrupted; continue with `a3r resume THREAD` (the thread id is printed above)"
+        ) from None
+
+
+StoreOption = Annotated[
+    str, typer.Option("--store", "-s", help="Knowledge store: SQLite path or SQLAlchemy URL.")
+]
+RootOption = Annotated[Path, typer.Option("--root", help="Folder of checkpoints and study workspaces.")]
+ProviderOption = Annotated[
+    ProviderKind, typer.Option("--provider", help="Who plans: offline (no network), anthropic, openai.")
+]
+ProviderModelOption = Annotated[
+    str | None, typer.Option("--provider-model", help="LLM name for the provider.")
+]
+BaseUrlOption = Annotated[
+    str | None,
+    typer.Option("--base-url", help="OpenAI-compatible endpoint (local vLLM/Ollama) or Anthropic proxy."),
+]
+ModelOption = Annotated[
+    str | None, typer.Option("--model", help="Policy model for swarm serve (default: embedded).")
+]
+StepsOption = Annotated[int | None, typer.Option("--steps", min=1, help="Trainer steps per run.")]
+BudgetOption = Annotated[
+    float, typer.Option("--budget-minutes", min=0.1, help="Wall-time budget of the thread.")
+]
+AutoOption = Annotated[bool, typer.Option("--auto-approve", help="Approve proposed patches without asking.")]
+WaitOption = Annotated[
+    bool, typer.Option("--wait", help="Off a terminal, wait for decisions taken in a3r tui.")
+]
+HangOption = Annotated[
+    float, typer.Option("--hang-after", min=1, help="Seconds without progress before a run is hung.")
+]
+ServeOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--serve-option",
+        help="Extra `swarm serve` option for every started server, repeatable: "
+        "--serve-option max-staleness=1 --serve-option threads=1 (true/false for flags).",
+    ),
+]
+
+
+_MANAGED_SERVE_OPTIONS = {
+    "model": "use --model",
+    "port": "a3r picks a free port for every server",
+    "host": "a3r's servers listen on loopback",
+    "run-dir": "a3r keeps each server's run dir in the study workspace",
+    "admin-token": "a3r gives its servers a fresh admin token (never recorded in the store)",
+    "training-config": "a3r sets training from its plan; use --steps, --batch-size, --group-size",
+    **{
+        key: "set from the plan for every run; use --steps, --batch-size, --group-size"
+        for key in PLAN_SERVE_OPTIONS
+    },
+}
+"""``swarm serve`` options a3r sets itself, with why they cannot be passed."""
+
+
+def _serve_options(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` items → ``swarm serve`` options (``true``/``false`` become flags).
+
+    Raises:
+        typer.Exit: an item is not ``KEY=VALUE`` (one line, exit code 1).
+    """
+    options: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().removeprefix("--").replace("_", "-")
+        if not sep or not key:
+            raise _fail(f"--serve-option {item!r}: expected KEY=VALUE, e.g. max-staleness=1")
+        if key in _MANAGED_SERVE_OPTIONS:
+            raise _fail(f"--serve-option {key}: {_MANAGED_SERVE_OPTIONS[key]}")
+        lowered = value.strip().lower()
+        options[key] = {"true": True, "false": False}.get(lowered, value.strip())
+    _check_serve_options(options)
+    return options
+
+
+def _check_serve_options(options: dict[str, Any]) -> None:
+    """Validate ``options`` as ``swarm serve`` would (names, types, ranges, device, model), in process,
+    before any thread.
+
+    Raises:
+        typer.Exit: ``swarm serve`` would refuse them (one line naming the option, exit code 1).
+    """
+    from swarm.client import ServeOptions, ServeOptionsError
+
+    if not options:
+        return
+    try:
+        ServeOptions.from_flags(options).check()
+    except ServeOptionsError as exc:
+        raise _fail(f"--serve-option: swarm serve refuses it: {exc}") from None
+
+
+def vibe(
+    request: Annotated[str, typer.Argument(help='What to train, e.g. "train who-is-the-spy".')],
+    model: ModelOption = None,
+    steps: StepsOption = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="B: groups per step.")] = None,
+    group_size: Annotated[
+        int | None, typer.Option("--group-size", min=2, help="G: episodes per task.")
+    ] = None,
+    budget_minutes: BudgetOption = 30.0,
+    auto_approve: AutoOption = False,
+    server: Annotated[
+        str | None, typer.Option("--server", help="Attach to this swarm server instead of starting one.")
+    ] = None,
+    tui: Annotated[bool, typer.Option("--tui", help="Oversee the run in the TUI (approvals there).")] = False,
+    wait: WaitOption = False,
+    store: StoreOption = ".a3r/memory.db",
+    root: RootOption = Path(".a3r"),
+    provider: ProviderOption = ProviderKind.offline,
+    provider_model: ProviderModelOption = None,
+    base_url: BaseUrlOption = None,
+    hang_after: HangOption = 180.0,
+    serve_option: ServeOption = None,
+) -> None:
+    """Plan, code, smoke-test, train, monitor, patch (with approval) and report on one request."""
+    server_options = _serve_options(serve_option)
+    if server is not None:
+        _check_server(server)
+    settings = SessionSettings(
+        store=store,
+        root=root,
+        provider=provider,
+        provider_model=provider_model,
+        base_url=base_url,
+        model=model,
+        server_url=server,
+        auto_approve=auto_approve,
+        budget_minutes=budget_minutes,
+        hang_after_s=hang_after,
+        server_options=server_options,
+    )
+    overrides = {
+        k: v
+        for k, v in {"steps": steps, "batch_size": batch_size, "group_size": group_size}.items()
+        if v is not None
+    }
+    _launch(request, "vibe", settings, overrides=overrides, tui=tui, wait=wait)
+
+
+def research(
+    question: Annotated[
+        str, typer.Argument(help='A research question, e.g. "find min stable batch size on AIME".')
+    ],
+    model: ModelOption = None,
+    steps: StepsOption = None,
+    seeds: Annotated[
+        int | None, typer.Option("--seeds", min=2, help="Seeds per configuration (>= 2).")
+    ] = None,
+    group_size: Annotated[
+        int | None, typer.Option("--group-size", min=2, help="G: episodes per task.")
+    ] = None,
+    budget_minutes: BudgetOption = 60.0,
+    force: Annotated[
+        bool, typer.Option("--force", help="Sweep even when the untrained model scores zero.")
+    ] = False,
+    eval_tasks: Annotated[
+        int, typer.Option("--eval-tasks", min=1, help="Held-out tasks per evaluation.")
+    ] = 16,
+    store: StoreOption = ".a3r/memory.db",
+    root: RootOption = Path(".a3r"),
+    provider: ProviderOption = ProviderKind.offline,
+    provider_model: ProviderModelOption = None,
+    base_url: BaseUrlOption = None,
+    hang_after: HangOption = 180.0,
+    serve_option: ServeOption = None,
+) -> None:
+    """Answer a research question with a pre-registered, staged, multi-seed sweep."""
+    server_options = _serve_options(serve_option)
+    settings = SessionSettings(
+        store=store,
+        root=root,
+        provider=provider,
+        provider_model=provider_model,
+        base_url=base_url,
+        model=model,
+        budget_minutes=budget_minutes,
+        eval_tasks=eval_tasks,
+        hang_after_s=hang_after,
+        server_options=server_options,
+    )
+    overrides: dict[str, Any] = {}
+    if steps is not None:
+        overrides["steps"] = steps
+    if seeds is not None:
+        overrides["seeds"] = list(range(seeds))
+    if group_size is not None:
+        overrides["group_size"] = group_size
+    _launch(question, "research", settings, overrides=overrides, force=force)
+
+
+def resume(
+    thread: Annotated[str, typer.Argument(help="Thread id printed by vibe/research.")],
+    approve: Annotated[bool, typer.Option("--approve", help="Approve the pending patch.")] = False,
+    reject: Annotated[bool, typer.Option("--reject", help="Reject the pending patch.")] = False,
+    note: Annotated[str | None, typer.Option("--note", help="Comment kept with the decision.")] = None,
+    auto_approve: Annotated[
+        bool | None, typer.Option("--auto-approve/--ask", help="Override the thread's approval mode.")
+    ] = None,
+    budget_minutes: Annotated[
+        float | None, typer.Option("--budget-minutes", min=0.1, help="New budget of the thread.")
+    ] = None,
+    wait: WaitOption = False,
+    root: RootOption = Path(".a3r"),
+    store: Annotated[str | None, typer.Option("--store", "-s", help="Store (default: the thread's).")] = None,
+) -> None:
+    """Continue a thread after a crash, or decide its pending patch."""
+    if approve and reject:
+        raise _fail("--approve and --reject exclude each other")
+    settings = recorded_settings(root, thread)
+    if settings is None:
+        raise _fail(f"unknown thread {thread!r} (no record under {root / 'checkpoints.db'})")
+    changes: dict[str, Any] = {"root": root}
+    if store is not None:
+        changes["store"] = store
+    if auto_approve is not None:
+        changes["auto_approve"] = auto_approve
+    if budget_minutes is not None:
+        changes["budget_minutes"] = budget_minutes
+    settings = settings.model_copy(update=changes)
+    decision = None
+    if approve or reject:
+        decision = {"action": "approve" if approve else "reject", "by": "cli", "note": note}
+    _interrupt_on_sigterm()
+    try:
+        with open_session(settings, thread_id=thread, notify=_say) as session:
+            step = session.resume(decision)
+            _finish(_drive(session, step, wait=wait))
+    except (A3RError, StoreError) as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise _fail(f"interrupted; continue with `a3r resume {thread}`") from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``vibe``, ``research`` and ``resume`` to the ``a3r`` app."""
+    app.command()(vibe)
+    app.command()(research)
+    app.command()(resume)

@@ -1,0 +1,117 @@
+"""`FindingsScreen`: findings (of one study, or all) with the detail of the highlighted one."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.widgets import DataTable, Footer, Header, Static
+
+from a3r.app.tui._context import TuiContext
+from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
+from a3r.app.tui._tables import Cell, refill
+from memory import FindingPublic
+
+__all__ = ["FindingsScreen"]
+
+_STATUS_STYLE = {"confirmed": "bold green", "refuted": "red", "unconfirmed": "yellow"}
+
+
+class FindingsScreen(PollingScreen):
+    """Findings with status and confidence; the highlighted one is shown in full below the table.
+
+    | key    | action |
+    |--------|--------|
+    | ↑ ↓    | choose |
+    | Escape | back   |
+
+    Args:
+        ctx: The session context.
+        study_id: Only findings of this study (``None``: of every study).
+    """
+
+    DEFAULT_CSS = """
+    FindingsScreen #findings {
+        height: 1fr;
+    }
+    FindingsScreen #finding {
+        height: auto;
+        max-height: 8;
+        border-top: solid $primary-darken-2;
+        padding: 0 1;
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, ctx: TuiContext, study_id: int | None = None) -> None:
+        super().__init__(ctx)
+        self.study_id = study_id
+        self.title = "Findings" + (f" of study {study_id}" if study_id is not None else "")
+        self._findings: dict[str, FindingPublic] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield DataTable(id="findings", cursor_type="row", zebra_stripes=True)
+        yield Static("no finding yet", id="finding")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table: DataTable[Cell] = self.query_one("#findings", DataTable)
+        table.add_columns("id", "study", "status", "conf", "statement")
+
+    def _read(self) -> list[FindingPublic]:
+        store = self.ctx.store
+        ids = [self.study_id] if self.study_id is not None else [s.id for s in store.studies()]
+        return [finding for study_id in ids for finding in store.findings(study_id)]
+
+    @work(exclusive=True, group=RELOAD_GROUP)
+    async def reload(self) -> None:
+        """Re-read the findings (a store read in a worker thread)."""
+        findings = await read_store(self, self._read)
+        if findings is None:
+            return
+        self._findings = {str(f.id): f for f in findings}
+        room = max(20, self.size.width - 36)  # the statement column; the full text shows below
+        table: DataTable[Cell] = self.query_one("#findings", DataTable)
+        refill(
+            table,
+            (
+                (
+                    str(f.id),
+                    (
+                        str(f.id),
+                        str(f.study_id),
+                        Text(f.status.value, style=_STATUS_STYLE.get(f.status.value, "")),
+                        f"{f.confidence:.2f}",
+                        f.statement if len(f.statement) <= room else f.statement[: room - 1] + "…",
+                    ),
+                )
+                for f in findings
+            ),
+        )
+        if table.row_count:
+            key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+            self._show(key.value)
+
+    @on(DataTable.RowHighlighted, "#findings")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show(event.row_key.value)
+
+    def _show(self, key: str | None) -> None:
+        finding = self._findings.get(key or "")
+        if finding is None:
+            return
+        seeds = ", ".join(map(str, finding.seeds)) or "none"
+        runs = ", ".join(map(str, finding.run_ids)) or "none"
+        self.query_one("#finding", Static).update(
+            Text.assemble(
+                (finding.statement, "bold"),
+                f"\n{finding.evidence}" if finding.evidence else "",
+                f"\nseeds {seeds} · evidence runs {runs}",
+                f" · hypothesis H{finding.hypothesis_id}" if finding.hypothesis_id is not None else "",
+            )
+        )

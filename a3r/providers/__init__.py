@@ -1,0 +1,45 @@
+"""LLM providers of the research agent: Anthropic, OpenAI-compatible, and offline.
+
+Every provider answers the same three questions through pydantic schemas (`a3r.study.plans`):
+
+- `ResearchProvider.plan`: a user's request → `PlanDraft` (template, parameters, settings,
+  pre-registered hypotheses, and for research questions the sweep and the definition of "stable");
+- `ResearchProvider.write_code`: task code for a request no template covers → `GeneratedCode`;
+- `ResearchProvider.propose_patch`: a diagnosis plus the workspace files → `PatchDraft` or ``None``.
+
+`ChatProvider` asks a LangChain chat model for these with ``with_structured_output``; `chat_model`
+builds ``ChatAnthropic`` or ``ChatOpenAI`` (any OpenAI-compatible endpoint: OpenAI, a local vLLM or
+Ollama via ``base_url``) from a typed `ProviderConfig`. API keys are `SecretStr`s read from the
+environment by `ProviderConfig.from_env`; they are never logged, stored or put in an error message.
+
+`OfflineProvider` needs no network: it matches the request against the template registry by keywords,
+reads parameters from the sentence, plans research questions it knows (minimal stable batch or group
+size, best learning rate) and proposes rule-based patches. It is honest about its limits: a request no
+template covers raises `OfflineUnsupported` naming what is needed (an LLM provider).
+"""
+
+from __future__ import annotations
+
+from a3r.providers.chat import ChatProvider, chat_model
+from a3r.providers.config import ProviderConfig, ProviderKind
+from a3r.providers.offline import OfflineProvider, read_params
+from a3r.providers.protocol import Mode, ResearchProvider
+
+__all__ = [
+    "ChatProvider",
+    "Mode",
+    "OfflineProvider",
+    "ProviderConfig",
+    "ProviderKind",
+    "ResearchProvider",
+    "chat_model",
+    "make_provider",
+    "read_params",
+]
+
+
+def make_provider(config: ProviderConfig) -> ResearchProvider:
+    """The provider for ``config`` (offline, or a `ChatProvider` over `chat_model`)."""
+    if config.kind is ProviderKind.offline:
+        return OfflineProvider()
+    return ChatProvider(chat_model(config), name=f"{config.kind.value}:{config.model or 'default'}")

@@ -1,0 +1,173 @@
+"""Providers backed by a chat model: Anthropic or any OpenAI-compatible endpoint.
+
+`ChatProvider` asks a LangChain chat model for plans, code and patches with ``with_structured_output``;
+`chat_model` builds ``ChatAnthropic`` or ``ChatOpenAI`` (OpenAI, a local vLLM or Ollama via
+``base_url``) from a typed `ProviderConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import HumanMessage, SystemMessage
+from pydantic import BaseModel, SecretStr, ValidationError
+
+import templates
+from a3r.errors import ProviderConfigError, ProviderError
+from a3r.providers.config import ProviderConfig, ProviderKind
+from a3r.providers.protocol import Mode
+from a3r.study.analysis import Diagnosis
+from a3r.study.plans import (
+    GeneratedCode,
+    PatchDraft,
+    PlanDraft,
+    check_plan,
+)
+
+__all__ = ["ChatProvider", "chat_model", "describe_templates"]
+
+_S = TypeVar("_S", bound=BaseModel)
+
+
+def chat_model(config: ProviderConfig) -> BaseChatModel:
+    """The LangChain chat model for an Anthropic or OpenAI-compatible config.
+
+    Raises:
+        ProviderConfigError: ``config.kind`` is ``offline`` (no chat model).
+    """
+    if config.kind is ProviderKind.anthropic:
+        from langchain_anthropic import ChatAnthropic
+
+        anthropic_kwargs: dict[str, Any] = {
+            "model": config.model or "claude-sonnet-4-6",
+            "timeout": config.timeout_s,
+            "max_retries": config.max_retries,
+            "max_tokens": 4096,
+            "api_key": config.api_key or SecretStr(""),
+        }
+        if config.base_url:
+            anthropic_kwargs["base_url"] = config.base_url
+        if config.temperature is not None:
+            anthropic_kwargs["temperature"] = config.temperature
+        return ChatAnthropic(**anthropic_kwargs)
+    if config.kind is ProviderKind.openai:
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(
+            model=config.model or "gpt-4o-mini",
+            temperature=config.temperature,  # None: the server's default
+            timeout=config.timeout_s,
+            max_retries=config.max_retries,
+            base_url=config.base_url,
+            api_key=config.api_key or SecretStr("EMPTY"),
+        )
+    raise ProviderConfigError("the offline provider has no chat model")
+
+
+def _catalogue() -> str:
+    lines = []
+    for meta in templates.list_templates():
+        params = ", ".join(
+            f"{p.name}: {p.type} = {p.default!r}" + (f" in {list(p.choices)}" if p.choices else "")
+            for p in meta.parameters
+        )
+        lines.append(f"- {meta.name}: {meta.title}. {meta.description} Parameters: {params}.")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ chat
+PLAN_SYSTEM = """You are the planner of A3R, an agent that runs reinforcement-learning experiments on LLMs
+(GRPO on a swarm server). Given a user's request, choose a task template from the catalogue (or null if none
+fits), its parameters, training settings, and hypotheses registered BEFORE any run, each with an expected
+outcome and a decision rule fixed in advance. For research questions (mode "research") give a staged sweep
+(coarse values, powers of two for sizes) with at least 2 seeds, and for stability questions an operational
+definition of "stable" (StabilityCriterion). Keep budgets small: CPU training, a few steps.
+
+Template catalogue:
+{catalogue}"""
+
+CODE_SYSTEM = """Write the task code for an A3R training run. workflow.py must define
+`async def run(task, llm)` returning a float reward or `swarm.client.workflow.Result`, use only the OpenAI
+chat-completions API through `llm.openai()` and `llm.model`, and contain a `# <params>` ... `# </params>` block
+defining `PARAMS: dict[str, Any] = {{...}}`. reward.py must define pure reward functions and
+`self_check(tasks) -> list[str]` (gold answers earn full reward, garbage earns 0). Give at least 8 tasks, each
+with a unique "id"."""
+
+PATCH_SYSTEM = """You fix problems in A3R training runs. You may change exactly one of these workspace files:
+{allowed}. Never change evaluators, held-out data or limits. Return the complete new content of the file and a
+rationale that cites the evidence."""
+
+
+class ChatProvider:
+    """Provider backed by a LangChain chat model (structured outputs with pydantic schemas).
+
+    Args:
+        model: A chat model supporting ``with_structured_output`` (``ChatAnthropic``, ``ChatOpenAI``, or a
+            fake chat model in tests).
+        name: Shown in logs and stored as ``proposed_by`` of patches.
+    """
+
+    def __init__(self, model: BaseChatModel, name: str = "llm") -> None:
+        self.model = model
+        self.name = name
+
+    def _ask(self, schema: type[_S], system: str, user: str) -> _S:
+        try:
+            runnable = self.model.with_structured_output(schema)
+            answer = runnable.invoke([SystemMessage(content=system), HumanMessage(content=user)])
+        except Exception as exc:  # SDK errors vary by provider; the message never holds the key
+            raise ProviderError(f"{self.name}: {type(exc).__name__}: {str(exc)[:500]}") from exc
+        if isinstance(answer, schema):
+            return answer
+        try:
+            return schema.model_validate(answer)
+        except ValidationError as exc:
+            raise ProviderError(
+                f"{self.name}: answer does not fit {schema.__name__}: {exc.error_count()} errors"
+            ) from None
+
+    def plan(self, request: str, *, mode: Mode) -> PlanDraft:
+        """Ask the model for a `PlanDraft` and check it against the registry.
+
+        Raises:
+            ProviderError: The call failed or the answer does not fit the schema.
+            PlanError: The plan names an unknown template or invalid parameters.
+        """
+        draft = self._ask(
+            PlanDraft,
+            PLAN_SYSTEM.format(catalogue=_catalogue()),
+            f"Mode: {mode}. Request: {request}",
+        )
+        if mode == "research" and draft.kind != "research":
+            draft = draft.model_copy(update={"kind": "research"})
+        return check_plan(draft)
+
+    def write_code(self, request: str, plan: PlanDraft) -> GeneratedCode:
+        """Ask the model for new task code (validated later by the coder in a subprocess)."""
+        return self._ask(GeneratedCode, CODE_SYSTEM, f"Request: {request}\nObjective: {plan.objective}")
+
+    def propose_patch(
+        self, diagnosis: Diagnosis, files: Mapping[str, str], *, template: str | None
+    ) -> PatchDraft | None:
+        """Ask the model for a fix; its target is checked against the allow-list by the caller."""
+        from a3r.study.patches import PATCHABLE
+
+        shown = "\n\n".join(f"=== {name} ===\n{text[:6000]}" for name, text in sorted(files.items()))
+        user = (
+            f"Template: {template}\nDiagnosis ({diagnosis.kind.value}): {diagnosis.summary}\n"
+            f"Evidence: {json.dumps(diagnosis.evidence)}\n\nFiles:\n{shown}"
+        )
+        draft = self._ask(PatchDraft, PATCH_SYSTEM.format(allowed=", ".join(sorted(PATCHABLE))), user)
+        current = files.get(draft.file)
+        return None if current is not None and current == draft.new_content else draft
+
+
+def describe_templates(names: Sequence[str] | None = None) -> str:
+    """The template catalogue as text (the planner's prompt section), optionally of some templates."""
+    text = _catalogue()
+    if names is None:
+        return text
+    return "\n".join(line for line in text.splitlines() if any(line.startswith(f"- {n}:") for n in names))

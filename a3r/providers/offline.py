@@ -1,0 +1,323 @@
+"""The offline provider: needs no network.
+
+`OfflineProvider` matches the request against the template registry by keywords, reads parameters from
+the sentence, plans research questions it knows (minimal stable batch or group size, best learning rate)
+and proposes rule-based patches. It is honest about its limits: a request no template covers raises
+`OfflineUnsupported` naming what is needed (an LLM provider).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal, cast
+
+from pydantic import ValidationError
+
+import templates
+from a3r.errors import OfflineUnsupported, PlanError
+from a3r.providers.protocol import Mode
+from a3r.study.analysis import Diagnosis, DiagnosisKind
+from a3r.study.plans import (
+    GeneratedCode,
+    HypothesisDraft,
+    PatchDraft,
+    PlanDraft,
+    StabilityCriterion,
+    SweepSpec,
+    TrainingSettings,
+    check_plan,
+)
+
+__all__ = ["NEEDS_LLM", "OfflineProvider", "read_params"]
+
+NEEDS_LLM = (
+    "an LLM provider: pass --provider anthropic (with ANTHROPIC_API_KEY set) or --provider openai "
+    "(with OPENAI_API_KEY set; --base-url for a local vLLM or Ollama server)"
+)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+_PARAMS_LITERAL = re.compile(r"# <params>[^\n]*\n(.*?)# </params>", re.DOTALL)
+
+
+def read_params(workflow_source: str) -> dict[str, Any]:
+    """The ``PARAMS`` dict of a rendered workflow (the ``# <params>`` block), read without importing.
+
+    Raises:
+        ValueError: No params block, or it is not a literal dict.
+    """
+    match = _PARAMS_LITERAL.search(workflow_source)
+    if match is None:
+        raise ValueError("workflow has no '# <params>' block")
+    tree = ast.parse(match.group(1))
+    for node in tree.body:
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if value is not None:
+            literal = ast.literal_eval(value)
+            if isinstance(literal, dict):
+                return cast(dict[str, Any], literal)
+    raise ValueError("the params block holds no literal dict")
+
+
+_NUMBER = r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)"
+
+
+def _find_number(text: str, *patterns: str) -> float | None:
+    for pattern in patterns:
+        match = re.search(pattern.replace("NUM", _NUMBER), text)
+        if match:
+            return float(match.group(1))
+    return None
+
+
+# ------------------------------------------------------------------------------------------ offline
+class OfflineProvider:
+    """Deterministic provider: keyword-matched templates, parsed parameters, rule-based patches.
+
+    Research questions understood: the minimal stable batch size or group size (a staged sweep of
+    powers of two with the `StabilityCriterion`) and the best learning rate.
+    """
+
+    name = "offline"
+
+    def plan(self, request: str, *, mode: Mode) -> PlanDraft:
+        """Plan ``request`` from the template registry.
+
+        Raises:
+            OfflineUnsupported: No template matches the request, or a research question the offline
+                planner does not know; the message names what is needed (an LLM provider).
+            PlanError: A parameter read from the request is out of the template's range.
+        """
+        text = request.lower()
+        matches = templates.match(request)
+        if not matches:
+            known = ", ".join(m.name for m in templates.list_templates())
+            raise OfflineUnsupported(
+                f"no task template covers {request!r} (templates: {known}); writing a new workflow, reward "
+                f"and data builder needs {NEEDS_LLM}"
+            )
+        name = matches[0][0]
+        template = templates.get_template(name)
+        params = self._template_params(template.meta, text)
+        training = self._training(text)
+        kind: Literal["train", "research"] = "research" if mode == "research" else "train"
+        hypotheses: list[HypothesisDraft]
+        sweep: SweepSpec | None = None
+        stability: StabilityCriterion | None = None
+        if kind == "research":
+            sweep, stability, hypotheses, objective = self._research_design(text, training)
+            seeds = max(stability.min_seeds if stability else 2, len(training.seeds))
+            training = training.model_copy(update={"seeds": list(range(seeds))})
+        else:
+            objective = f"train the policy on the {name} template"
+            hypotheses = [
+                HypothesisDraft(
+                    statement=f"GRPO training on {name} raises the mean training reward",
+                    expected_outcome=(
+                        "mean train reward over the last 2 steps exceeds the mean over the first 2 steps"
+                    ),
+                    decision_rule=(
+                        "confirmed if last-2-steps mean reward - first-2-steps mean reward > 0 on every seed; "
+                        "refuted if it is < 0 on every seed; otherwise unconfirmed"
+                    ),
+                )
+            ]
+        draft = PlanDraft(
+            kind=kind,
+            template=name,
+            params=params,
+            objective=objective,
+            training=training,
+            hypotheses=hypotheses,
+            sweep=sweep,
+            stability=stability,
+            rationale=(
+                f"template {name!r} matched the request by keywords (score {matches[0][1]:g}); parameters "
+                f"read from the request: {sorted(params) or 'none'}"
+            ),
+        )
+        return check_plan(draft)
+
+    @staticmethod
+    def _template_params(meta: templates.TemplateMeta, text: str) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        names = {p.name for p in meta.parameters}
+        if "level" in names:
+            level = _find_number(text, r"level\s*NUM", r"difficulty\s*NUM")
+            if level is not None:
+                params["level"] = int(level)
+        if "temperature" in names:
+            temperature = _find_number(text, r"temperature\s*(?:of|=|:)?\s*NUM")
+            if temperature is not None:
+                params["temperature"] = temperature
+        if "max_tokens" in names:
+            max_tokens = _find_number(text, r"max[ _-]?tokens\s*(?:of|=|:)?\s*NUM")
+            if max_tokens is not None:
+                params["max_tokens"] = int(max_tokens)
+        if "dataset" in names:
+            for pattern, value in (
+                (r"aime\s*(?:20)?24", "aime24"),
+                (r"aime\s*(?:20)?25", "aime25"),
+                (r"\baime\b", "aime"),
+                (r"\bgsm8?k?\b", "gsm8k"),
+            ):
+                if re.search(pattern, text):
+                    params["dataset"] = value
+                    break
+        if "n_tasks" in names:
+            n_tasks = _find_number(text, r"NUM\s*tasks")
+            if n_tasks is not None:
+                params["n_tasks"] = int(n_tasks)
+        for spec in meta.parameters:  # explicit "name=value" pairs win
+            match = re.search(rf"\b{re.escape(spec.name)}\s*=\s*([^\s,;]+)", text)
+            if match:
+                params[spec.name] = match.group(1)
+        try:
+            return dict(meta.resolve(params))
+        except templates.TemplateParamError as exc:
+            raise PlanError(str(exc)) from None
+
+    @staticmethod
+    def _training(text: str) -> TrainingSettings:
+        values: dict[str, Any] = {}
+        steps = _find_number(text, r"NUM\s*(?:training\s*)?steps", r"steps?\s*(?:=|:)?\s*NUM")
+        if steps is not None:
+            values["steps"] = int(steps)
+        batch = _find_number(text, r"batch[ _-]?size\s*(?:of|=|:)?\s*NUM")
+        if batch is not None:
+            values["batch_size"] = int(batch)
+        group = _find_number(text, r"group[ _-]?size\s*(?:of|=|:)?\s*NUM")
+        if group is not None:
+            values["group_size"] = int(group)
+        lr = _find_number(text, r"(?:\blr|learning rate)\s*(?:of|=|:)?\s*NUM")
+        if lr is not None:
+            values["lr"] = lr
+        seeds = _find_number(text, r"NUM\s*seeds", r"seeds\s*(?:=|:)\s*NUM")
+        if seeds is not None:
+            values["seeds"] = list(range(int(seeds)))
+        try:
+            return TrainingSettings(**values)
+        except ValidationError as exc:
+            raise PlanError(
+                "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))
+            ) from None
+
+    @staticmethod
+    def _research_design(
+        text: str, training: TrainingSettings
+    ) -> tuple[SweepSpec, StabilityCriterion | None, list[HypothesisDraft], str]:
+        stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
+        if re.search(r"batch[ _-]?size", text) and re.search(r"\b(min|minimum|smallest|lowest)\b", text):
+            sweep = SweepSpec(variable="batch_size", coarse=[1, 2, 4, 8], goal="min_stable")
+            what = "batch size B (GRPO groups per step)"
+        elif re.search(r"group[ _-]?size", text) and re.search(r"\b(min|minimum|smallest|lowest)\b", text):
+            sweep = SweepSpec(variable="group_size", coarse=[2, 4, 8], goal="min_stable")
+            what = "group size G (episodes per task)"
+        elif re.search(r"\b(lr|learning rate)\b", text) and re.search(r"\b(best|optimal|good)\b", text):
+            # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
+            rates = [1e-5, 1e-4, 1e-3] if training.lora_rank else [1e-6, 1e-5, 1e-4]
+            sweep = SweepSpec(variable="lr", coarse=rates, refine=False, goal="best")
+            hypotheses = [
+                HypothesisDraft(
+                    statement="among the swept learning rates one gives the highest held-out mean reward",
+                    expected_outcome="a learning rate whose mean reward over seeds exceeds the others",
+                    decision_rule=(
+                        "the best lr is the one with the highest mean held-out reward over >= 2 seeds; the claim "
+                        "is confirmed if its 95% interval does not overlap the runner-up's"
+                    ),
+                )
+            ]
+            return sweep, None, hypotheses, "find the best learning rate"
+        else:
+            raise OfflineUnsupported(
+                "the offline planner answers these research questions: the minimal stable batch size, the "
+                "minimal stable group size and the best learning rate; this question needs " + NEEDS_LLM
+            )
+        values = ", ".join(f"{v:g}" for v in sweep.coarse)
+        hypotheses = [
+            HypothesisDraft(
+                statement=f"there is a smallest stable {what} among {{{values}}}, and smaller values are unstable",
+                expected_outcome=(
+                    f"configurations at or above some value are stable on every seed, those below are not; "
+                    f"stability: {stability.describe()}"
+                ),
+                decision_rule=(
+                    f"B* = the smallest swept value whose every seed (>= {stability.min_seeds}) is stable while "
+                    "the next smaller swept value is not; confirmed when found after refinement, refuted when no "
+                    "swept value is stable"
+                ),
+            )
+        ]
+        return sweep, stability, hypotheses, f"find the minimal stable {what}"
+
+    def write_code(self, request: str, plan: PlanDraft) -> GeneratedCode:
+        """Always raises: the offline provider writes no new code.
+
+        Raises:
+            OfflineUnsupported: Naming what is needed.
+        """
+        raise OfflineUnsupported(
+            f"writing new task code for {request!r} needs {NEEDS_LLM}; the offline provider only renders templates"
+        )
+
+    def propose_patch(
+        self, diagnosis: Diagnosis, files: Mapping[str, str], *, template: str | None
+    ) -> PatchDraft | None:
+        """Rule-based fixes of the workflow's ``PARAMS`` (and arithmetic data) for zero-signal groups.
+
+        Rules, in order: identical completions within a group at a low sampling temperature → raise it
+        to 1.0; all attempts fail with the few-shot example off → turn it on; all attempts fail on
+        arithmetic above level 1 → rebuild ``tasks.jsonl`` one level easier; all attempts get the same
+        positive reward on arithmetic below level 5 → one level harder. Other diagnoses get ``None``
+        (code fixes need an LLM provider).
+        """
+        if diagnosis.kind is not DiagnosisKind.zero_signal or "workflow.py" not in files:
+            return None
+        workflow = files["workflow.py"]
+        try:
+            params = read_params(workflow)
+        except (ValueError, SyntaxError):
+            return None
+        evidence = diagnosis.evidence
+        all_zero = int(evidence.get("all_zero_groups", 0)) >= int(evidence.get("all_same_positive_groups", 0))
+        temperature = params.get("temperature")
+        if isinstance(temperature, int | float) and temperature < 0.7:
+            new = templates.substitute_params(workflow, {**params, "temperature": 1.0})
+            return PatchDraft(
+                file="workflow.py",
+                new_content=new,
+                rationale=(
+                    f"{diagnosis.summary}. Sampling temperature is {temperature:g}: the G attempts of a task are "
+                    "(nearly) identical, so their rewards are equal and GRPO advantages vanish. Raising the "
+                    "temperature to 1.0 makes attempts differ."
+                ),
+            )
+        if all_zero and params.get("fewshot") is False:
+            new = templates.substitute_params(workflow, {**params, "fewshot": True})
+            return PatchDraft(
+                file="workflow.py",
+                new_content=new,
+                rationale=f"{diagnosis.summary}. Every attempt fails; a solved example shows the answer format.",
+            )
+        if template == "arithmetic" and "tasks.jsonl" in files:
+            rows = [json.loads(line) for line in files["tasks.jsonl"].splitlines() if line.strip()]
+            level = int(rows[0].get("level", 1)) if rows else 1
+            target = level - 1 if all_zero else level + 1
+            if 1 <= target <= 5 and target != level:
+                tasks = templates.get_template("arithmetic").build_tasks(
+                    {"level": target, "n_tasks": len(rows), "seed": 0}
+                )
+                new = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tasks)
+                direction = "easier" if all_zero else "harder"
+                return PatchDraft(
+                    file="tasks.jsonl",
+                    new_content=new,
+                    rationale=(
+                        f"{diagnosis.summary}. Level {level} is too {'hard' if all_zero else 'easy'} for this "
+                        f"model; level {target} tasks ({direction}) give groups with mixed rewards."
+                    ),
+                )
+        return None

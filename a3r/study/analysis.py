@@ -1,0 +1,466 @@
+"""Statistics and failure detectors over what a training run leaves behind.
+
+Inputs are plain records read from the swarm HTTP API and the client runner's files: per-step trainer
+metrics (``GET /api/v1/metrics`` rows), ended episodes (the runner's ``progress.jsonl``: kind, round,
+task id, group member, status, reward) and the client log. Every detector returns `Diagnosis` objects
+whose ``evidence`` holds the numbers it saw, so a finding can cite them.
+
+Detectors (DESIGN.md §8): crashes (tracebacks in the client log), zero-signal groups (all rewards of a
+GRPO group equal: the group-normalised advantage is 0 for every member), collapse (reward drop,
+entropy collapse, KL blow-up), length collapse, reward hacking signs (train reward up while held-out
+reward down) and stalls (episodes flow, the policy step does not move).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Diagnosis",
+    "DiagnosisKind",
+    "EpisodeRecord",
+    "RewardSummary",
+    "detect_all",
+    "detect_collapse",
+    "detect_crash",
+    "detect_length_collapse",
+    "detect_reward_hacking",
+    "detect_stall",
+    "detect_zero_signal",
+    "groups_of",
+    "mean_ci",
+    "metric_series",
+    "pass_at_k",
+    "read_progress",
+    "summarise_rewards",
+]
+
+
+class DiagnosisKind(StrEnum):
+    """What went wrong (or is suspicious) in a run."""
+
+    crash = "crash"
+    zero_signal = "zero_signal"
+    collapse = "collapse"
+    length_collapse = "length_collapse"
+    reward_hacking = "reward_hacking"
+    stall = "stall"
+    hang = "hang"
+
+
+class Diagnosis(BaseModel):
+    """One detection with its evidence.
+
+    Attributes:
+        kind: What was detected.
+        summary: One readable sentence with the numbers.
+        evidence: The numbers (and short excerpts) behind it.
+        patchable: Whether a change of the workflow, reward or data files may fix it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: DiagnosisKind
+    summary: str
+    evidence: dict[str, float | int | str] = Field(default_factory=dict)
+    patchable: bool = False
+
+
+class EpisodeRecord(BaseModel):
+    """One ended episode as the client runner recorded it (a line of ``progress.jsonl``).
+
+    Attributes:
+        kind: ``train`` or ``eval``.
+        round: Epoch (train) or eval round.
+        task_id: Task id (the GRPO group key together with ``round``).
+        member: Index in its group, 0..G-1.
+        status: ``finished``, ``aborted`` (agent failure), ``infra_failure`` or ``partial_finish``.
+        reward: Episode reward (``None`` when aborted).
+        time: Unix time the end was recorded, in seconds.
+        error: Why an evaluation attempt failed (``a3r.swarmops.evaluate`` records only).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    kind: str
+    round: int
+    task_id: str
+    member: int
+    status: str
+    reward: float | None = None
+    time: float = 0.0
+    error: str | None = None
+
+
+def read_progress(path: Path) -> list[EpisodeRecord]:
+    """Episodes of a runner's ``progress.jsonl`` in file order; a torn last line is skipped.
+
+    Args:
+        path: The file (missing: no episodes).
+    """
+    if not path.is_file():
+        return []
+    records: list[EpisodeRecord] = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            records.append(EpisodeRecord.model_validate(json.loads(line)))
+        except (ValueError, TypeError):
+            continue
+    return records
+
+
+def groups_of(episodes: Iterable[EpisodeRecord], kind: str = "train") -> dict[tuple[int, str], list[float]]:
+    """Rewards of finished episodes grouped by (round, task id), in order of first appearance."""
+    groups: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for ep in episodes:
+        if ep.kind == kind and ep.status == "finished" and ep.reward is not None:
+            groups[(ep.round, ep.task_id)].append(ep.reward)
+    return dict(groups)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task: the chance that at least one of k samples drawn without
+    replacement from n attempts with c correct is correct.
+
+    ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, "Evaluating Large Language Models Trained on
+    Code", eq. 1).
+
+    Args:
+        n: Attempts (>= k).
+        c: Correct attempts, 0..n.
+        k: Samples drawn.
+
+    Raises:
+        ValueError: ``k > n``, or ``c`` outside 0..n.
+    """
+    if not 0 <= c <= n or k > n or k < 1:
+        raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def mean_ci(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """Mean and half-width of its normal-approximation confidence interval (``z`` · s / √n).
+
+    Returns:
+        ``(mean, half_width)``; the half width is ``nan`` for fewer than two values, and the mean is
+        ``nan`` for none.
+    """
+    if not values:
+        return math.nan, math.nan
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan
+    return mean, z * statistics.stdev(values) / math.sqrt(len(values))
+
+
+class RewardSummary(BaseModel):
+    """Rewards of a set of episodes per task and over tasks.
+
+    Attributes:
+        tasks: Tasks with at least one finished episode.
+        episodes: Finished episodes.
+        mean_reward: Mean episode reward.
+        pass_at_1: Mean over tasks of unbiased pass@1 (reward >= threshold counts as correct).
+        pass_at_2: Mean over tasks with >= 2 attempts of unbiased pass@2 (``nan`` if none).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    tasks: int
+    episodes: int
+    mean_reward: float
+    pass_at_1: float
+    pass_at_2: float
+
+
+def summarise_rewards(
+    groups: Mapping[Any, Sequence[float]], *, correct_threshold: float = 1.0
+) -> RewardSummary:
+    """Mean reward, pass@1 and pass@2 (`pass_at_k`) of grouped rewards.
+
+    Args:
+        groups: Rewards per task (e.g. `groups_of` of eval episodes with G >= 2).
+        correct_threshold: An attempt is correct when its reward is at least this.
+    """
+    rewards = [r for rs in groups.values() for r in rs]
+    p1: list[float] = []
+    p2: list[float] = []
+    for rs in groups.values():
+        if not rs:
+            continue
+        c = sum(1 for r in rs if r >= correct_threshold)
+        p1.append(pass_at_k(len(rs), c, 1))
+        if len(rs) >= 2:
+            p2.append(pass_at_k(len(rs), c, 2))
+    return RewardSummary(
+        tasks=len(p1),
+        episodes=len(rewards),
+        mean_reward=statistics.fmean(rewards) if rewards else math.nan,
+        pass_at_1=statistics.fmean(p1) if p1 else math.nan,
+        pass_at_2=statistics.fmean(p2) if p2 else math.nan,
+    )
+
+
+def metric_series(rows: Sequence[Mapping[str, Any]], name: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of metric ``name`` in each row that has it as a finite number.
+
+    Rows are the server's per-step metrics by their field names (``swarm.protocol.ServerStepMetrics``:
+    ``reward_mean``, ``entropy``, ``kl``; plus ``completion_tokens_mean``, see ``execution``); a row
+    without ``step`` counts as step ``index + 1``.
+    """
+    out: list[tuple[int, float]] = []
+    for index, row in enumerate(rows):
+        step = row.get("step", index + 1)
+        value = row.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            out.append((int(step), float(value)))
+    return out
+
+
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\):.*?(?:\n\S[^\n]*)", re.DOTALL)
+
+
+def detect_crash(log_text: str, *, exit_code: int | None, agent_failures: int = 0) -> list[Diagnosis]:
+    """A client crash: a non-zero exit code or agent failures, with the last traceback as evidence.
+
+    Args:
+        log_text: The client's combined stdout/stderr.
+        exit_code: The client's exit code (``None`` while running, or stopped by us).
+        agent_failures: Episodes aborted because the workflow raised.
+    """
+    tracebacks = _TRACEBACK.findall(log_text)
+    if exit_code in (None, 0) and agent_failures == 0 and not tracebacks:
+        return []
+    last = tracebacks[-1] if tracebacks else ""
+    tail = "\n".join(last.strip().splitlines()[-6:]) if last else log_text.strip()[-600:]
+    error_line = last.strip().splitlines()[-1] if last else ""
+    summary = (
+        f"client {'exited with code ' + str(exit_code) if exit_code not in (None, 0) else 'raised'}"
+        f"{': ' + error_line if error_line else ''}; {len(tracebacks)} traceback(s), "
+        f"{agent_failures} agent failure(s)"
+    )
+    return [
+        Diagnosis(
+            kind=DiagnosisKind.crash,
+            summary=summary,
+            evidence={
+                "exit_code": -1 if exit_code is None else exit_code,
+                "tracebacks": len(tracebacks),
+                "agent_failures": agent_failures,
+                "traceback_tail": tail[-1500:],
+            },
+            patchable=True,
+        )
+    ]
+
+
+def detect_zero_signal(
+    groups: Mapping[Any, Sequence[float]], *, group_size: int, threshold: float = 0.8, min_groups: int = 2
+) -> list[Diagnosis]:
+    """Zero-signal groups: full groups whose rewards are all equal (GRPO advantage 0 everywhere).
+
+    Args:
+        groups: Train rewards per (round, task).
+        group_size: G; only full groups count.
+        threshold: Fraction of zero-signal groups that triggers the diagnosis.
+        min_groups: Full groups needed before judging.
+    """
+    full = [list(rs) for rs in groups.values() if len(rs) >= group_size]
+    if len(full) < min_groups:
+        return []
+    flat = [rs for rs in full if max(rs) - min(rs) < 1e-9]
+    fraction = len(flat) / len(full)
+    if fraction < threshold:
+        return []
+    all_zero = sum(1 for rs in flat if rs[0] <= 0.0)
+    all_max = len(flat) - all_zero
+    cause = "every attempt fails" if all_zero >= all_max else "every attempt gets the same positive reward"
+    return [
+        Diagnosis(
+            kind=DiagnosisKind.zero_signal,
+            summary=(
+                f"{len(flat)}/{len(full)} groups ({fraction:.0%}) have identical rewards, mostly because "
+                f"{cause}: GRPO advantages are zero and the policy gets no gradient"
+            ),
+            evidence={
+                "groups": len(full),
+                "zero_signal_groups": len(flat),
+                "fraction": round(fraction, 4),
+                "all_zero_groups": all_zero,
+                "all_same_positive_groups": all_max,
+                "mean_reward": round(statistics.fmean(r for rs in full for r in rs), 4),
+            },
+            patchable=True,
+        )
+    ]
+
+
+def _halves(series: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    if len(series) < 4:
+        return None
+    mid = len(series) // 2
+    return statistics.fmean(v for _, v in series[:mid]), statistics.fmean(v for _, v in series[mid:])
+
+
+def detect_collapse(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    drop_max: float = 0.25,
+    entropy_min: float = 0.05,
+    kl_max: float = 1.0,
+) -> list[Diagnosis]:
+    """Collapse: the reward falls from the first to the second half of the run, the entropy falls
+    below ``entropy_min`` (nats/token) or the KL exceeds ``kl_max``.
+
+    Args:
+        rows: Per-step trainer metrics.
+    """
+    found: list[Diagnosis] = []
+    halves = _halves(metric_series(rows, "reward_mean"))
+    if halves is not None and halves[0] - halves[1] > drop_max:
+        found.append(
+            Diagnosis(
+                kind=DiagnosisKind.collapse,
+                summary=f"mean reward fell from {halves[0]:.3f} (first half) to {halves[1]:.3f} (second half)",
+                evidence={
+                    "reward_first_half": round(halves[0], 4),
+                    "reward_second_half": round(halves[1], 4),
+                },
+            )
+        )
+    entropy = metric_series(rows, "entropy")
+    low = [(s, v) for s, v in entropy if v < entropy_min]
+    if low:
+        found.append(
+            Diagnosis(
+                kind=DiagnosisKind.collapse,
+                summary=f"entropy collapsed to {low[-1][1]:.4f} nats/token at step {low[-1][0]} (< {entropy_min:g})",
+                evidence={"entropy": round(low[-1][1], 6), "step": low[-1][0], "entropy_min": entropy_min},
+            )
+        )
+    kl = metric_series(rows, "kl")
+    high = [(s, v) for s, v in kl if v > kl_max]
+    if high:
+        found.append(
+            Diagnosis(
+                kind=DiagnosisKind.collapse,
+                summary=f"KL reached {high[-1][1]:.3f} at step {high[-1][0]} (> {kl_max:g}): the policy diverges",
+                evidence={"kl": round(high[-1][1], 6), "step": high[-1][0], "kl_max": kl_max},
+            )
+        )
+    return found
+
+
+def detect_length_collapse(rows: Sequence[Mapping[str, Any]], *, ratio: float = 0.3) -> list[Diagnosis]:
+    """Length collapse: mean completion length in the last third below ``ratio`` × the first third."""
+    series = metric_series(rows, "completion_tokens_mean")
+    if len(series) < 6:
+        return []
+    third = len(series) // 3
+    first = statistics.fmean(v for _, v in series[:third])
+    last = statistics.fmean(v for _, v in series[-third:])
+    if first <= 0 or last >= ratio * first:
+        return []
+    return [
+        Diagnosis(
+            kind=DiagnosisKind.length_collapse,
+            summary=f"completion length fell from {first:.1f} to {last:.1f} tokens",
+            evidence={"length_first_third": round(first, 3), "length_last_third": round(last, 3)},
+            patchable=True,
+        )
+    ]
+
+
+def detect_reward_hacking(
+    train: Sequence[tuple[int, float]], held_out: Sequence[tuple[int, float]], *, delta: float = 0.05
+) -> list[Diagnosis]:
+    """Reward hacking signs: train reward rises by more than ``delta`` while held-out reward falls by
+    more than ``delta`` (first vs last point of each series).
+
+    Args:
+        train: ``(step or round, mean train reward)``, in order.
+        held_out: ``(step or round, mean held-out reward)``, in order (>= 2 points).
+    """
+    if len(train) < 2 or len(held_out) < 2:
+        return []
+    train_gain = train[-1][1] - train[0][1]
+    held_gain = held_out[-1][1] - held_out[0][1]
+    if train_gain > delta and held_gain < -delta:
+        return [
+            Diagnosis(
+                kind=DiagnosisKind.reward_hacking,
+                summary=(
+                    f"train reward rose by {train_gain:+.3f} while held-out reward changed by {held_gain:+.3f}: "
+                    "the policy may exploit the reward"
+                ),
+                evidence={"train_gain": round(train_gain, 4), "held_out_gain": round(held_gain, 4)},
+                patchable=True,
+            )
+        ]
+    return []
+
+
+def detect_stall(
+    steps: Sequence[tuple[float, int, int]], *, window_s: float = 120.0, min_new_episodes: int = 1
+) -> list[Diagnosis]:
+    """A stall: over the last ``window_s`` seconds episodes kept finishing but the policy step did not
+    move (training is enabled yet no update happens).
+
+    Args:
+        steps: ``(time in s, policy step, finished episodes)`` samples, oldest first.
+    """
+    if len(steps) < 2 or steps[-1][0] - steps[0][0] < window_s:
+        return []
+    recent = [s for s in steps if s[0] >= steps[-1][0] - window_s]
+    t0, step0, done0 = recent[0]
+    t1, step1, done1 = recent[-1]
+    if step1 == step0 and done1 - done0 >= min_new_episodes:
+        return [
+            Diagnosis(
+                kind=DiagnosisKind.stall,
+                summary=(
+                    f"{done1 - done0} episodes finished in {t1 - t0:.0f} s but the policy step stayed at {step1}"
+                ),
+                evidence={"window_s": round(t1 - t0, 1), "new_episodes": done1 - done0, "step": step1},
+            )
+        ]
+    return []
+
+
+def detect_all(
+    *,
+    rows: Sequence[Mapping[str, Any]],
+    episodes: Sequence[EpisodeRecord],
+    group_size: int,
+    log_text: str = "",
+    exit_code: int | None = None,
+    drop_max: float = 0.25,
+    entropy_min: float = 0.05,
+    kl_max: float = 1.0,
+) -> list[Diagnosis]:
+    """Every detector over one run's records (crash, zero signal, collapse, length, reward hacking)."""
+    agent_failures = sum(1 for ep in episodes if ep.status == "aborted")
+    found = detect_crash(log_text, exit_code=exit_code, agent_failures=agent_failures)
+    found += detect_zero_signal(groups_of(episodes), group_size=group_size)
+    found += detect_collapse(rows, drop_max=drop_max, entropy_min=entropy_min, kl_max=kl_max)
+    found += detect_length_collapse(rows)
+    train = metric_series(rows, "reward_mean")
+    eval_rounds = groups_of(episodes, kind="eval")
+    by_round: dict[int, list[float]] = defaultdict(list)
+    for (round_, _task), rewards in eval_rounds.items():
+        by_round[round_].extend(rewards)
+    held = [(r, statistics.fmean(v)) for r, v in sorted(by_round.items()) if v]
+    found += detect_reward_hacking(train, held)
+    return found

@@ -1,0 +1,195 @@
+"""The study report: Markdown with PNG plots (matplotlib, Agg backend). Every number comes from the
+recorded run outcomes (the swarm API and client records) and the store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from a3r.study.analysis import RewardSummary
+from a3r.study.plans import PlanDraft
+from a3r.study.research import ConfigVerdict
+from a3r.study.runs import RunOutcome
+from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
+
+__all__ = ["plot_rewards", "plot_sweep", "write_report"]
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
+    """Reward curves: mean train reward per trainer step (or per group when no step ran), one line per run.
+
+    Returns:
+        The PNG path, or ``None`` when no run has a curve.
+    """
+    drawable = [o for o in outcomes if o.curve or o.episode_curve]
+    if not drawable:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for o in drawable:
+        if o.curve:
+            ax.plot([s for s, _ in o.curve], [v for _, v in o.curve], marker="o", label=f"{o.key} (per step)")
+        else:
+            ax.plot(
+                range(1, len(o.episode_curve) + 1),
+                o.episode_curve,
+                marker=".",
+                linestyle="--",
+                label=f"{o.key} (per group)",
+            )
+    ax.set_xlabel("trainer step (or group index)")
+    ax.set_ylabel("mean train reward")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(
+    configs: Sequence[ConfigVerdict], variable: str, baseline: RewardSummary | None, path: Path
+) -> Path | None:
+    """Held-out p@1, p@2 and last-k train reward per swept value, stable values marked."""
+    if not configs:
+        return None
+    xs = [c.value for c in configs]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    ax.plot(xs, [c.last_k_reward for c in configs], marker="o", label="train reward, last k steps")
+    ax.plot(xs, [c.pass_at_1 for c in configs], marker="s", label="held-out p@1")
+    ax.plot(xs, [c.pass_at_2 for c in configs], marker="^", label="held-out p@2")
+    if baseline is not None and math.isfinite(baseline.mean_reward):
+        ax.axhline(baseline.mean_reward, color="grey", linestyle=":", label="untrained baseline")
+    for c in configs:
+        if c.stable:
+            ax.axvline(c.value, color="green", alpha=0.15)
+    if variable in ("batch_size", "group_size", "lr"):
+        ax.set_xscale("log", base=2 if variable != "lr" else 10)
+    ax.set_xlabel(variable + " (green: stable on every seed)")
+    ax.set_ylabel("reward / pass rate")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    folder: Path,
+    *,
+    study: StudyPublic,
+    plan: PlanDraft,
+    hypotheses: Sequence[HypothesisPublic],
+    outcomes: Sequence[RunOutcome],
+    baseline: RewardSummary | None,
+    configs: Sequence[ConfigVerdict],
+    findings: Sequence[FindingPublic],
+    patches: Sequence[PatchPublic],
+    conclusion: str,
+) -> Path:
+    """Write ``report.md`` (and ``reward_curves.png``, ``sweep.png``) into ``folder``.
+
+    Returns:
+        The Markdown path.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    curves = plot_rewards(outcomes, folder / "reward_curves.png")
+    sweep = plot_sweep(
+        configs, plan.sweep.variable if plan.sweep else "value", baseline, folder / "sweep.png"
+    )
+    lines = [
+        f"# Study {study.id}: {study.question}",
+        "",
+        f"**Conclusion.** {conclusion}",
+        "",
+        "## Plan",
+        f"- objective: {plan.objective}",
+        f"- template: `{plan.template}`; parameters: `{plan.params}`",
+        (
+            f"- training: {plan.training.steps} steps, batch size B={plan.training.batch_size} groups, group size "
+            f"G={plan.training.group_size}, lr={plan.training.lr:g}, seeds {plan.training.seeds}"
+        ),
+    ]
+    if plan.sweep is not None:
+        lines.append(
+            f"- sweep: `{plan.sweep.variable}` over {plan.sweep.coarse} (goal {plan.sweep.goal}, refine {plan.sweep.refine})"
+        )
+    if plan.stability is not None:
+        lines.append(f"- operational definition: {plan.stability.describe()}")
+    lines += ["", "## Pre-registered hypotheses", ""]
+    for h in hypotheses:
+        lines.append(
+            f"- ({h.registered_at:%Y-%m-%d %H:%M:%S} UTC) **{h.statement}** — expected: {h.expected_outcome}; decision rule: {h.decision_rule}"
+        )
+    if baseline is not None:
+        lines += [
+            "",
+            "## Preflight (untrained model, held-out tasks)",
+            "",
+            f"{baseline.tasks} tasks, {baseline.episodes} attempts: mean reward {_fmt(baseline.mean_reward)}, "
+            f"p@1 {_fmt(baseline.pass_at_1)}, p@2 {_fmt(baseline.pass_at_2)}.",
+        ]
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| run | status | steps | train episodes | wall s | last reward | held-out p@1 | held-out p@2 | held-out mean |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        last = o.curve[-1][1] if o.curve else (o.episode_curve[-1] if o.episode_curve else math.nan)
+        e = o.eval
+        lines.append(
+            f"| {o.key} | {o.status} | {o.steps} | {o.episodes} | {o.wall_s:.0f} | {_fmt(last)} | "
+            f"{_fmt(e.pass_at_1 if e else None)} | {_fmt(e.pass_at_2 if e else None)} | {_fmt(e.mean_reward if e else None)} |"
+        )
+    if configs:
+        lines += [
+            "",
+            "## Configurations",
+            "",
+            f"| {plan.sweep.variable if plan.sweep else 'value'} | seeds | stable seeds | stable | last-k train reward | p@1 | p@2 | mean reward | why unstable |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in configs:
+            verdict = {True: "yes", False: "no", None: "undecided"}[c.stable]
+            lines.append(
+                f"| {c.value:g} | {c.seeds} | {c.stable_seeds} | {verdict} | {_fmt(c.last_k_reward)} | {_fmt(c.pass_at_1)} | "
+                f"{_fmt(c.pass_at_2)} | {_fmt(c.eval_mean_reward)} | {'; '.join(c.reasons)[:300]} |"
+            )
+    if curves is not None:
+        lines += ["", "## Reward curves", "", f"![reward curves]({curves.name})"]
+    if sweep is not None:
+        lines += ["", "## Sweep", "", f"![sweep]({sweep.name})"]
+    if findings:
+        lines += ["", "## Findings", ""]
+        for f in findings:
+            lines.append(
+                f"- [{f.status.value}, confidence {f.confidence:.2f}, seeds {f.seeds}, runs {f.run_ids}] {f.statement}"
+            )
+    if patches:
+        lines += ["", "## Patches", ""]
+        for p in patches:
+            lines += [
+                f"### Patch {p.id} of `{p.artifact_name}` — {p.status.value} (by {p.decided_by or '–'})",
+                "",
+                p.rationale,
+                "",
+                "```diff",
+                p.diff.rstrip()[:4000],
+                "```",
+            ]
+    path = folder / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,286 @@
+"""Research scheduling and verdicts: the staged sweep, budget fitting, stability per run and per
+configuration, and the conclusion. Pure functions over plans and run outcomes (no I/O).
+
+Stages: ``preflight`` (held-out evaluation of the untrained model) → ``coarse`` (the plan's values,
+powers of two for sizes, every value on every seed) → ``refine`` (for a minimal-stable question: the
+integer midpoint between the smallest stable value and the unstable value below it) → ``done``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from a3r.study.analysis import DiagnosisKind, RewardSummary
+from a3r.study.plans import PlanDraft, StabilityCriterion
+from a3r.study.runs import RunOutcome, RunSpec
+
+__all__ = [
+    "ConfigVerdict",
+    "Verdict",
+    "estimate_run_s",
+    "fit_budget",
+    "initial_queue",
+    "judge_run",
+    "min_stable_value",
+    "non_monotone",
+    "refine_values",
+    "sweep_specs",
+    "verdicts",
+]
+
+SERVER_OVERHEAD_S = 20.0
+"""Seconds to start, checkpoint and stop a server, added to every sweep run's estimate."""
+
+
+class Verdict(BaseModel):
+    """Stability of one run under the criterion, with the reasons when unstable."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    stable: bool
+    reasons: list[str] = Field(default_factory=list)
+    last_k_reward: float = math.nan
+
+
+class ConfigVerdict(BaseModel):
+    """One swept configuration over its seeds.
+
+    Attributes:
+        value: The swept value.
+        runs: Run keys.
+        run_ids: Store run ids.
+        seeds: Seeds with a finished judgement.
+        stable_seeds: Seeds judged stable.
+        stable: ``True`` when >= ``min_seeds`` seeds ran and all are stable, ``False`` when any seed is
+            unstable, ``None`` when too few seeds ran.
+        last_k_reward: Mean over seeds of the last-k-steps train reward.
+        pass_at_1: Mean over seeds of held-out pass@1.
+        pass_at_2: Mean over seeds of held-out pass@2.
+        eval_mean_reward: Mean over seeds of held-out mean reward.
+        reasons: Why seeds were unstable.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    value: float
+    runs: list[str]
+    run_ids: list[int]
+    seeds: list[int]
+    stable_seeds: list[int]
+    stable: bool | None
+    last_k_reward: float
+    pass_at_1: float
+    pass_at_2: float
+    eval_mean_reward: float
+    reasons: list[str]
+
+
+def initial_queue(plan: PlanDraft) -> list[RunSpec]:
+    """First runs of a plan: research → the preflight; train → a smoke run, then training per seed."""
+    stability = plan.stability or StabilityCriterion()
+    if plan.kind == "research":
+        return [RunSpec(key="preflight", purpose="preflight", settings=plan.training, stability=stability)]
+    queue: list[RunSpec] = []
+    for index, seed in enumerate(plan.training.seeds):
+        server = f"main-s{seed}"
+        if index == 0 and plan.training.smoke_tasks > 0:
+            queue.append(
+                RunSpec(
+                    key="smoke",
+                    purpose="smoke",
+                    seed=seed,
+                    settings=plan.training,
+                    server_key=server,
+                    keep_server=True,
+                    stability=stability,
+                )
+            )
+        queue.append(
+            RunSpec(
+                key=f"train-s{seed}",
+                purpose="train",
+                seed=seed,
+                settings=plan.training,
+                server_key=server,
+                early_stop=True,
+                stability=stability,
+            )
+        )
+    return queue
+
+
+def _value_text(value: float) -> str:
+    return f"{value:g}"
+
+
+def sweep_specs(plan: PlanDraft, values: Sequence[float], stage: str) -> list[RunSpec]:
+    """Runs of a sweep stage: every value on every seed, seeds interleaved by ascending value."""
+    assert plan.sweep is not None
+    variable = plan.sweep.variable
+    specs: list[RunSpec] = []
+    for value in sorted(values):
+        cast_value: float | int = value if variable == "lr" else int(value)
+        settings = plan.training.model_copy(update={variable: cast_value, "smoke_tasks": 0})
+        for seed in plan.training.seeds:
+            specs.append(
+                RunSpec(
+                    key=f"{stage}-{variable}={_value_text(value)}-s{seed}",
+                    purpose="sweep",
+                    seed=seed,
+                    settings=settings,
+                    stage=stage,
+                    value=float(value),
+                    stability=plan.stability or StabilityCriterion(),
+                )
+            )
+    return specs
+
+
+def estimate_run_s(spec: RunSpec, *, seconds_per_episode: float, eval_episodes: int) -> float:
+    """Wall seconds a sweep run should take: episodes of its steps and its evaluation at the measured
+    seconds per episode, plus `SERVER_OVERHEAD_S`."""
+    s = spec.settings
+    per_episode = (
+        seconds_per_episode if math.isfinite(seconds_per_episode) and seconds_per_episode > 0 else 2.0
+    )
+    episodes = s.steps * s.batch_size * s.group_size + eval_episodes
+    return SERVER_OVERHEAD_S + per_episode * episodes
+
+
+def fit_budget(
+    specs: Sequence[RunSpec], *, budget_s: float, seconds_per_episode: float, eval_episodes: int, goal: str
+) -> tuple[list[RunSpec], list[float]]:
+    """Keep whole configurations (all seeds of a value) that fit the budget.
+
+    For ``min_stable`` the smallest values are kept first (the question is about them); for ``best``
+    the values in plan order. A configuration is never cut to fewer seeds.
+
+    Returns:
+        ``(kept specs, dropped values)``.
+    """
+    by_value: dict[float, list[RunSpec]] = defaultdict(list)
+    for spec in specs:
+        by_value[spec.value if spec.value is not None else math.nan].append(spec)
+    order = sorted(by_value) if goal == "min_stable" else list(by_value)
+    kept: list[RunSpec] = []
+    dropped: list[float] = []
+    spent = 0.0
+    for value in order:
+        cost = sum(
+            estimate_run_s(s, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
+            for s in by_value[value]
+        )
+        if spent + cost <= budget_s:
+            kept += by_value[value]
+            spent += cost
+        else:
+            dropped.append(value)
+    return kept, dropped
+
+
+def judge_run(outcome: RunOutcome, baseline: float, criterion: StabilityCriterion) -> Verdict:
+    """Apply the operational definition of stability (`StabilityCriterion`) to one run."""
+    reasons: list[str] = []
+    if outcome.status != "finished":
+        reasons.append(f"run ended {outcome.status}: {outcome.reason}")
+    tail = [v for _, v in outcome.curve[-criterion.last_k :]]
+    last_k = statistics.fmean(tail) if tail else math.nan
+    if not tail:
+        reasons.append("no trainer step recorded")
+    elif last_k < baseline - criterion.delta:
+        reasons.append(
+            f"last-{len(tail)}-steps reward {last_k:.3f} < baseline {baseline:.3f} - {criterion.delta:g}"
+        )
+    for diagnosis in outcome.diagnoses:
+        if diagnosis.kind in (DiagnosisKind.collapse, DiagnosisKind.crash, DiagnosisKind.hang):
+            reasons.append(diagnosis.summary)
+    return Verdict(key=outcome.key, stable=not reasons, reasons=reasons, last_k_reward=last_k)
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.nan
+
+
+def verdicts(
+    outcomes: Sequence[RunOutcome], *, baseline: RewardSummary, criterion: StabilityCriterion
+) -> list[ConfigVerdict]:
+    """Per swept value: the seeds' verdicts and held-out p@1/p@2/mean reward, ascending by value."""
+    grouped: dict[float, list[tuple[RunOutcome, RunOutcome, Verdict]]] = defaultdict(list)
+    for outcome in outcomes:
+        if outcome.purpose != "sweep" or outcome.value is None:
+            continue
+        grouped[outcome.value].append((outcome, outcome, judge_run(outcome, baseline.mean_reward, criterion)))
+    result: list[ConfigVerdict] = []
+    for value in sorted(grouped):
+        rows = grouped[value]
+        seeds = [spec.seed for spec, _, _ in rows]
+        stable_seeds = [spec.seed for spec, _, v in rows if v.stable]
+        if any(not v.stable for _, _, v in rows):
+            stable: bool | None = False
+        elif len(set(seeds)) >= criterion.min_seeds:
+            stable = True
+        else:
+            stable = None
+        evals = [o.eval for _, o, _ in rows if o.eval is not None]
+        result.append(
+            ConfigVerdict(
+                value=value,
+                runs=[o.key for _, o, _ in rows],
+                run_ids=[o.run_id for _, o, _ in rows],
+                seeds=seeds,
+                stable_seeds=stable_seeds,
+                stable=stable,
+                last_k_reward=_mean([v.last_k_reward for _, _, v in rows]),
+                pass_at_1=_mean([e.pass_at_1 for e in evals]),
+                pass_at_2=_mean([e.pass_at_2 for e in evals]),
+                eval_mean_reward=_mean([e.mean_reward for e in evals]),
+                reasons=[f"seed {spec.seed}: {r}" for spec, _, v in rows for r in v.reasons],
+            )
+        )
+    return result
+
+
+def min_stable_value(configs: Sequence[ConfigVerdict]) -> float | None:
+    """The smallest tested value from which every larger tested value is stable (undecided values
+    neither count for nor against), or ``None`` when the largest decided value is unstable.
+
+    Stability is taken as monotone in the swept size: a stable value with an unstable one above it
+    does not count (see `non_monotone`)."""
+    decided = sorted((c for c in configs if c.stable is not None), key=lambda c: c.value)
+    answer: float | None = None
+    for config in reversed(decided):
+        if not config.stable:
+            break
+        answer = config.value
+    return answer
+
+
+def non_monotone(configs: Sequence[ConfigVerdict]) -> list[float]:
+    """Stable values below the largest unstable value (evidence that the verdicts are noisy)."""
+    unstable = [c.value for c in configs if c.stable is False]
+    if not unstable:
+        return []
+    return [c.value for c in configs if c.stable and c.value < max(unstable)]
+
+
+def refine_values(configs: Sequence[ConfigVerdict], tested: Sequence[float]) -> list[float]:
+    """For a minimal-stable question: the integer midpoint between `min_stable_value` and the largest
+    unstable value below it, if one exists and was not tested yet."""
+    smallest = min_stable_value(configs)
+    if smallest is None:
+        return []
+    below = [c.value for c in configs if c.stable is False and c.value < smallest]
+    if not below:
+        return []
+    low = max(below)
+    middle = math.floor((low + smallest) / 2)
+    if low < middle < smallest and middle not in tested:
+        return [float(middle)]
+    return []

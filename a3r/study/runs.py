@@ -1,0 +1,105 @@
+"""The run types: what the runner should execute (`RunSpec`) and what a run produced (`RunOutcome`).
+
+Plain frozen pydantic data, shared by the research graph (its state holds them), the run executor
+(`a3r.swarmops.execution`), the sweep logic (`a3r.study.research`) and the report.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from a3r.study.analysis import Diagnosis, RewardSummary
+from a3r.study.plans import StabilityCriterion, TrainingSettings
+
+__all__ = ["RunOutcome", "RunPurpose", "RunSpec", "RunStatusName"]
+
+RunPurpose = Literal["preflight", "smoke", "train", "sweep"]
+RunStatusName = Literal["finished", "crashed", "hung", "budget", "failed_to_start", "needs_attention"]
+
+
+class RunSpec(BaseModel):
+    """One run the runner should execute.
+
+    Attributes:
+        key: Unique within the thread (``smoke``, ``train-s0``, ``coarse-batch_size=4-s1``): the
+            idempotency key of the run's store record and its run dir.
+        purpose: ``preflight`` (held-out eval of the untrained model, training off), ``smoke`` (a few
+            episodes through the workflow), ``train`` (training to ``settings.steps``) or ``sweep`` (a
+            training run of a sweep, then a held-out eval).
+        seed: Run seed (data order of the client, the server's sampling seed).
+        settings: Training settings.
+        stage: Sweep stage (``coarse``/``refine``) or ``""``.
+        value: The swept value of a sweep run.
+        server_key: Runs with the same server key share one live server (smoke then train; a hot-swapped
+            client continues on it).
+        keep_server: Leave the server running after this run (a later run continues on it).
+        start_step: For a continuation: the policy step the server had reached.
+        early_stop: Stop the client early when the live detectors see a patchable problem.
+        stability: Thresholds of the collapse detectors (the plan's stability criterion).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    purpose: RunPurpose
+    seed: int = 0
+    settings: TrainingSettings = Field(default_factory=TrainingSettings)
+    stage: str = ""
+    value: float | None = None
+    server_key: str = ""
+    keep_server: bool = False
+    start_step: int = 0
+    early_stop: bool = False
+    stability: StabilityCriterion = Field(default_factory=StabilityCriterion)
+
+
+class RunOutcome(BaseModel):
+    """What a run produced (every number comes from the server API or the client's files).
+
+    Attributes:
+        key: The spec's key.
+        run_id: Store id of the run.
+        purpose: The spec's purpose.
+        seed: The spec's seed.
+        stage: The spec's sweep stage.
+        value: The spec's swept value.
+        status: How it ended.
+        reason: One readable line.
+        steps: Policy step reached on the server.
+        episodes: Finished train episodes.
+        wall_s: Wall time in seconds.
+        curve: ``(step, mean train reward)`` per trainer step (``GET /api/v1/metrics``).
+        episode_curve: Mean reward of successive train groups (client records), for runs without steps.
+        eval: Held-out rewards (p@1, p@2, mean) when evaluated.
+        train: Train-episode rewards summary.
+        diagnoses: Detections (crash, zero signal, collapse...).
+        final_metrics: Last trainer-step metrics.
+        run_dir: Files of the run.
+        seconds_per_episode: Measured client throughput (for budget scheduling).
+        seconds_per_step: Measured trainer cadence (``nan`` without steps).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    run_id: int
+    purpose: RunPurpose = "train"
+    seed: int = 0
+    stage: str = ""
+    value: float | None = None
+    status: RunStatusName
+    reason: str
+    steps: int = 0
+    episodes: int = 0
+    wall_s: float = 0.0
+    curve: list[tuple[int, float]] = Field(default_factory=list)
+    episode_curve: list[float] = Field(default_factory=list)
+    eval: RewardSummary | None = None
+    train: RewardSummary | None = None
+    diagnoses: list[Diagnosis] = Field(default_factory=list)
+    final_metrics: dict[str, float] = Field(default_factory=dict)
+    run_dir: str = ""
+    seconds_per_episode: float = float("nan")
+    seconds_per_step: float = float("nan")

@@ -1,0 +1,704 @@
+"""Executing one run: a swarm server (started or attached), ``swarm run`` clients and held-out
+evaluations as subprocesses, monitored only through the swarm HTTP API and the subprocesses' files.
+
+The monitor polls ``GET /api/v1/status`` (policy step, episode counts), ``GET /api/v1/metrics``
+(per-step trainer metrics, recorded as `memory` metric points), ``GET /api/v1/events`` (warnings and
+errors, recorded as store events), the client's ``progress.jsonl`` and, for a server it started, the
+model calls in the server's access log and its CPU use. It enforces the step target and the wall-time
+budget and tells a *hung* run (no step, no episode, no event, no client record, no model call, an idle
+server for ``hang_after_s``) from a *slow* one (episodes or calls flow, or the server computes, but no
+trainer step for a while: noted, not stopped). The rules are the pure `a3r.swarmops.monitoring.judge`;
+here is the poll loop that feeds it observations.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from a3r.errors import SwarmProcessError
+from a3r.study.analysis import (
+    Diagnosis,
+    EpisodeRecord,
+    RewardSummary,
+    detect_all,
+    detect_crash,
+    detect_stall,
+    detect_zero_signal,
+    groups_of,
+    metric_series,
+    read_progress,
+    summarise_rewards,
+)
+from a3r.study.runs import RunOutcome, RunSpec
+from a3r.swarmops.context import ExecutionContext
+from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, judge
+from a3r.swarmops.processes import (
+    ManagedProcess,
+    ServerHandle,
+    end_stale,
+    launch,
+    start_server,
+    swarm_command,
+)
+from swarm.client import ClientError, Event, ServeOptions, ServeOptionsError, ServerStepMetrics, StatusView
+
+__all__ = [
+    "EVAL_BUDGET_SHARE",
+    "Workspace",
+    "cpu_seconds",
+    "eval_tasks_within",
+    "execute_run",
+]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Files of a study's workspace (written by the coder).
+
+    Attributes:
+        root: The workspace folder.
+    """
+
+    root: Path
+
+    @property
+    def workflow(self) -> Path:
+        return self.root / "workflow.py"
+
+    @property
+    def tasks(self) -> Path:
+        return self.root / "tasks.jsonl"
+
+    @property
+    def heldout(self) -> Path:
+        return self.root / "heldout.jsonl"
+
+    @property
+    def evaluator(self) -> Path:
+        """Frozen copy of the workflow and reward used for held-out evaluation (never patched)."""
+        return self.root / "evaluator" / "workflow.py"
+
+    def run_dir(self, key: str) -> Path:
+        return self.root / "runs" / key
+
+    def server_dir(self, server_key: str) -> Path:
+        return self.root / "servers" / server_key
+
+    def task_count(self) -> int:
+        with self.tasks.open(encoding="utf-8") as f:
+            return sum(1 for line in f if line.strip())
+
+
+class _Control:
+    """A run's server read through its control routes (``SwarmClient``; the admin token travels in a
+    header and is never logged), one poll at a time.
+
+    A poll the server does not answer (``httpx.TransportError``: down, restarting, or too busy to answer
+    in time) or answers with an error (``ClientError``) reads as *no news*: the monitor judges a silent
+    server by its process and by how long nothing moved. An answer that breaks the protocol raises.
+    """
+
+    def __init__(self, handle: ServerHandle) -> None:
+        self.client = handle.client()
+        self.event_seq = 0
+        """Sequence number of the last server event read."""
+
+    def status(self) -> StatusView | None:
+        """The server's status, or ``None`` when this poll got no answer."""
+        try:
+            return self.client.status()
+        except (ClientError, httpx.TransportError):
+            return None
+
+    def metrics(self) -> list[ServerStepMetrics] | None:
+        """Every per-step metrics row so far, or ``None`` when this poll got no answer."""
+        try:
+            return self.client.metrics()
+        except (ClientError, httpx.TransportError):
+            return None
+
+    def events(self) -> list[Event]:
+        """Server events since the last poll (none when this poll got no answer)."""
+        try:
+            events = self.client.events(since=self.event_seq)
+        except (ClientError, httpx.TransportError):
+            return []
+        if events:
+            self.event_seq = events[-1].seq
+        return events
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass
+class _LogCounter:
+    """Counts a marker in a growing log file, reading only what was appended since the last call
+    (a started server's access log: ``POST /v1/chat/completions`` lines show model calls inside
+    long multi-turn episodes, which no event reports until the episode ends)."""
+
+    path: Path | None
+    marker: bytes = b'"POST /v1/chat/completions'
+    count: int = 0
+    _offset: int = 0
+    _tail: bytes = b""
+
+    def update(self) -> int:
+        if self.path is None:
+            return self.count
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return self.count
+        self._offset += len(chunk)
+        data = self._tail + chunk
+        self.count += data.count(self.marker)
+        self._tail = data[-(len(self.marker) - 1) :] if data else b""
+        return self.count
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, seconds) a process has used, from ``/proc/<pid>/stat``; ``None`` if
+    unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _numeric(metrics: ServerStepMetrics) -> dict[str, float]:
+    """A step's top-level numbers by name (finite only; the step itself left out), with the mean
+    completion length ``completion_tokens_mean`` = trained tokens per sample."""
+    values = {
+        k: float(v)
+        for k, v in metrics.model_dump().items()
+        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+    if values.get("samples"):
+        values["completion_tokens_mean"] = values.get("tokens", 0.0) / values["samples"]
+    return values
+
+
+def _reward_curve(rows: list[ServerStepMetrics]) -> list[tuple[int, float]]:
+    """``(step, mean train reward)`` of the steps that report one."""
+    return metric_series([{"step": row.step, "reward_mean": row.reward_mean} for row in rows], "reward_mean")
+
+
+PLAN_SERVE_OPTIONS = ("train", "batch-policy", "batch-size", "group-size", "lr", "lora-rank", "max-steps")
+"""``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""
+
+
+def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServeOptions:
+    """The run's ``swarm serve`` options: the user's (validated when the thread began), the plan's, and
+    a3r's defaults for what neither set.
+
+    Raises:
+        ServeOptionsError: the user's options no longer validate (a resumed thread under a newer swarm).
+    """
+    s = spec.settings
+    options = dict(ctx.server_options)
+    if spec.purpose == "preflight":
+        options["train"] = False
+    else:
+        options.update(
+            {
+                "train": True,
+                "batch-policy": "tasks",
+                "batch-size": s.batch_size,
+                "group-size": s.group_size,
+                "lr": s.lr,
+                "lora-rank": s.lora_rank,
+                "max-steps": s.steps if spec.purpose in ("train", "sweep") else None,
+            }
+        )
+    # bf16 compute (and bf16 base weights under LoRA) where the device has fast bf16 kernels: 2-3×
+    # faster rollouts and updates on AMX CPUs and GPUs; float32 elsewhere. Explicit options win.
+    options.setdefault("dtype", "auto")
+    options.setdefault("mixed-precision", "auto")
+    if options.get("train", True):
+        # bf16 sampling makes the engine's logprobs differ from the trainer's: truncated importance
+        # sampling (C = 2, as Yao et al. 2025) corrects the gradient for it.
+        options.setdefault("tis-cap", 2.0)
+    # Synchronous training (on-policy): asynchronous mode (`--serve-option max-staleness=1`) ran the
+    # who-is-the-spy job no faster on 2 CPU cores (sampling and updates share them; 1228 s vs 1233 s
+    # for 10 steps), and gains only where episodes idle on slow tools (bench/async_training.py).
+    return ServeOptions.from_flags(options)
+
+
+class _Recorder:
+    """Writes metric points and notable server events of one run into the store, once each."""
+
+    def __init__(self, ctx: ExecutionContext, run_id: int) -> None:
+        self.ctx = ctx
+        self.run_id = run_id
+        history = ctx.store.metric_history(run_id)
+        self.last_step = max((p.step for p in history), default=-1)
+
+    def metrics(self, rows: list[ServerStepMetrics]) -> None:
+        for row in rows:
+            if row.step > self.last_step:
+                values = _numeric(row)
+                if values:
+                    self.ctx.store.log_metrics(self.run_id, row.step, values)
+                self.last_step = row.step
+
+    def events(self, events: list[Event]) -> None:
+        for event in events:
+            if event.level in ("warning", "error") or event.kind.startswith(
+                ("train.failed", "checkpoint.loaded")
+            ):
+                self.ctx.store.log_event(
+                    f"server {event.kind}: {event.message}"[:2000], run_id=self.run_id, level=event.level
+                )
+
+    def note(self, message: str, level: str = "info") -> None:
+        self.ctx.store.log_event(message, run_id=self.run_id, level=level)
+        self.ctx.say(message)
+
+
+def _client(spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: int) -> ManagedProcess:
+    s = spec.settings
+    # Training runs get three times the groups their steps need (batches the trainer skips, groups
+    # cut by a drain); the runner stops the client once the target step is reached.
+    remaining = max(1, s.steps - start_step)
+    purpose_tasks = s.smoke_tasks if spec.purpose == "smoke" else (3 * remaining + 1) * s.batch_size
+    tasks_needed = max(1, purpose_tasks)
+    available = max(1, ws.task_count())
+    epochs = max(1, math.ceil(tasks_needed / available))
+    argv = [
+        *swarm_command(),
+        "run",
+        str(ws.workflow),
+        "--server",
+        url,
+        "--dataset",
+        str(ws.tasks),
+        "--group-size",
+        str(s.group_size),
+        "--concurrency",
+        str(s.concurrency),
+        "--epochs",
+        str(epochs),
+        "--max-tasks",
+        str(min(tasks_needed, available)),
+        "--state-dir",
+        str(run_dir / "client"),
+        "--client-id",
+        f"a3r-{spec.key}"[:200],
+        "--heartbeat",
+        "10",
+        "--no-progress",
+    ]
+    end_stale(run_dir / "client.pid")  # a client a killed a3r left behind (where PDEATHSIG is unavailable)
+    return launch("client", argv, log_path=run_dir / "client.log", cwd=ws.root)
+
+
+EVAL_BUDGET_SHARE = 0.15
+"""Share of a run's remaining wall-time budget a held-out evaluation may use (it is sized to fit)."""
+
+
+def eval_tasks_within(ctx: ExecutionContext, budget_s: float, seconds_per_episode: float) -> int:
+    """Held-out tasks to evaluate: ``ctx.eval_tasks``, fewer when their expected time (at the measured
+    seconds per episode, ``eval_samples`` attempts each) would exceed `EVAL_BUDGET_SHARE` of the budget;
+    at least 2."""
+    if not math.isfinite(seconds_per_episode) or seconds_per_episode <= 0:
+        return ctx.eval_tasks
+    affordable = int(EVAL_BUDGET_SHARE * budget_s / (seconds_per_episode * ctx.eval_samples))
+    return max(2, min(ctx.eval_tasks, affordable))
+
+
+def _evaluate(
+    ctx: ExecutionContext,
+    ws: Workspace,
+    url: str,
+    run_dir: Path,
+    timeout_s: float,
+    *,
+    samples: int | None = None,
+    max_tasks: int | None = None,
+) -> tuple[RewardSummary | None, str, float]:
+    """Held-out evaluation with the frozen evaluator; returns (summary, error text, seconds)."""
+    out = run_dir / "eval.jsonl"
+    out.unlink(missing_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "a3r.swarmops.evaluate",
+        str(ws.evaluator),
+        "--server",
+        url,
+        "--dataset",
+        str(ws.heldout),
+        "--out",
+        str(out),
+        "--samples",
+        str(samples or ctx.eval_samples),
+        "--max-tasks",
+        str(max_tasks or ctx.eval_tasks),
+        "--episode-timeout",
+        str(ctx.episode_timeout_s),
+    ]
+    started = time.monotonic()
+    process = launch("eval", argv, log_path=run_dir / "eval.log", cwd=ws.root)
+    code = process.wait(timeout_s)
+    if code is None:
+        process.stop()
+        return None, f"held-out evaluation exceeded {timeout_s:.0f} s", time.monotonic() - started
+    elapsed = time.monotonic() - started
+    records = read_progress(out)
+    if code != 0 or not records:
+        return None, f"evaluation exited with code {code}: {process.log_text(1500).strip()[-600:]}", elapsed
+    # An attempt that failed (time limit, error) is an incorrect attempt: limits are part of the evaluation.
+    failed = [r for r in records if r.status != "finished" or r.reward is None]
+    groups: dict[tuple[int, str], list[float]] = {}
+    for record in records:
+        reward = record.reward if record.status == "finished" and record.reward is not None else 0.0
+        groups.setdefault((record.round, record.task_id), []).append(reward)
+    note = ""
+    if failed:
+        errors = sorted({(r.error or r.status)[:80] for r in failed})
+        note = f"{len(failed)} of {len(records)} held-out attempts failed and count as incorrect ({'; '.join(errors[:3])})"
+    return summarise_rewards(groups), note, elapsed
+
+
+def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recorder) -> ServerHandle:
+    if ctx.server_url is not None and spec.purpose in ("smoke", "train"):
+        return ServerHandle(url=ctx.server_url.rstrip("/"), admin_token=ctx.admin_token)
+    key = spec.server_key or spec.key
+    handle = ctx.servers.get(key)
+    if handle is not None and handle.process is not None and handle.process.poll() is None:
+        return handle
+    try:
+        options = _server_options(spec, ctx)
+    except ServeOptionsError as exc:
+        raise SwarmProcessError(f"swarm serve refuses the options: {exc}") from None
+    handle = start_server(ws.server_dir(key), model=ctx.model, options=options)
+    ctx.servers[key] = handle
+    rec.note(f"run {spec.key}: swarm serve started at {handle.url} (run dir {ws.server_dir(key)})")
+    return handle
+
+
+def _ident(spec: RunSpec) -> dict[str, Any]:
+    return {
+        "key": spec.key,
+        "purpose": spec.purpose,
+        "seed": spec.seed,
+        "stage": spec.stage,
+        "value": spec.value,
+    }
+
+
+def _release(spec: RunSpec, ctx: ExecutionContext, outcome: RunOutcome | None) -> None:
+    """Stop the run's server unless a later run continues on it (kept, or stopped for a patch)."""
+    if spec.keep_server or (outcome is not None and outcome.status == "needs_attention"):
+        return
+    handle = ctx.servers.pop(spec.server_key or spec.key, None)
+    if handle is not None:
+        handle.stop()
+
+
+def execute_run(
+    spec: RunSpec, *, ctx: ExecutionContext, ws: Workspace, run_id: int, budget_s: float
+) -> RunOutcome:
+    """Run ``spec`` to its end and record it (metric points, events) under store run ``run_id``.
+
+    Args:
+        spec: What to run.
+        ctx: Run context (store, servers, limits).
+        ws: The study workspace.
+        run_id: Store run (status ``running``); finished by the caller.
+        budget_s: Wall seconds this run may take at most.
+
+    Returns:
+        The outcome; failures to start come back as ``failed_to_start`` outcomes, not exceptions.
+    """
+    run_dir = ws.run_dir(spec.key)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rec = _Recorder(ctx, run_id)
+    started = time.monotonic()
+    try:
+        handle = _server_for(spec, ctx, ws, rec)
+    except SwarmProcessError as exc:
+        rec.note(f"run {spec.key}: {exc}", "error")
+        return RunOutcome(
+            **_ident(spec), run_id=run_id, status="failed_to_start", reason=str(exc), run_dir=str(run_dir)
+        )
+    api = _Control(handle)
+    outcome: RunOutcome | None = None
+    try:
+        if ctx.server_url is not None and handle.process is None and spec.purpose == "train":
+            s = spec.settings
+            try:
+                api.client.patch_config(batch_size=s.batch_size, group_size=s.group_size, lr=s.lr)
+                kept = ""
+            except ClientError as exc:  # 409: it does not train; 422: it refuses these settings
+                kept = f"server kept its own training config ({exc})"
+            rec.note(f"run {spec.key}: attached to {handle.url}; " + (kept or "live config applied"))
+        if spec.purpose == "preflight":
+            summary, error, elapsed = _evaluate(
+                ctx, ws, handle.url, run_dir, budget_s, samples=max(ctx.preflight_samples, ctx.eval_samples)
+            )
+            rec.events(api.events())
+            episodes = summary.episodes if summary else 0
+            outcome = RunOutcome(
+                **_ident(spec),
+                run_id=run_id,
+                status="finished" if summary else "crashed",
+                reason=(
+                    f"baseline held-out mean reward {summary.mean_reward:.3f}"
+                    + (f"; {error}" if error else "")
+                    if summary
+                    else error
+                ),
+                episodes=episodes,
+                wall_s=time.monotonic() - started,
+                eval=summary,
+                run_dir=str(run_dir),
+                seconds_per_episode=elapsed / episodes if episodes else math.nan,
+                diagnoses=[] if summary else detect_crash(error, exit_code=1),
+            )
+        else:
+            outcome = _monitor(_Run(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s))
+        return outcome
+    finally:
+        api.close()
+        _release(spec, ctx, outcome)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One training or smoke run under way: what it runs with, on and records to."""
+
+    spec: RunSpec
+    ctx: ExecutionContext
+    ws: Workspace
+    handle: ServerHandle
+    api: _Control
+    rec: _Recorder
+    run_dir: Path
+    run_id: int
+    started: float
+    budget_s: float
+
+
+@dataclass
+class _Sources:
+    """Where the poll loop reads a run: the client process, the server's status, metrics and events (the
+    metrics and events are recorded as they are read), its access log and CPU time, and the client's
+    episode records. Keeps the last metric rows and episode records read."""
+
+    run: _Run
+    client: ManagedProcess
+    calls: _LogCounter
+    server_pid: int | None
+    rows: list[ServerStepMetrics] = field(default_factory=list)
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+
+    @property
+    def progress_path(self) -> Path:
+        return self.run.run_dir / "client" / "progress.jsonl"
+
+    def cpu(self) -> float | None:
+        return cpu_seconds(self.server_pid) if self.server_pid is not None else None
+
+    def observe(self) -> Observation:
+        run = self.run
+        code = self.client.poll()
+        now = time.monotonic()
+        status = run.api.status()
+        process = run.handle.process
+        if status is None and process is not None and process.poll() is not None:
+            return Observation(now=now, client_exit=code, server_exit=process.poll())
+        new_rows = run.api.metrics()
+        if new_rows:
+            self.rows = new_rows
+            run.rec.metrics(new_rows)
+        run.rec.events(run.api.events())
+        self.episodes = read_progress(self.progress_path)
+        live: str | None = None
+        if run.spec.early_stop and code is None:
+            found = detect_zero_signal(
+                groups_of(self.episodes), group_size=run.spec.settings.group_size, min_groups=2
+            )
+            live = found[0].summary if found else None
+        counts = status.episodes if status else None
+        return Observation(
+            now=now,
+            client_exit=code,
+            step=status.step if status else None,
+            state=status.state.value if status else None,
+            finished=counts.finished if counts else 0,
+            aborted=counts.aborted if counts else None,
+            open=counts.open if counts else None,
+            pending=counts.pending if counts else 0,
+            client_records=len(self.episodes),
+            event_seq=run.api.event_seq,
+            model_calls=self.calls.update(),
+            server_cpu_s=self.cpu(),
+            live_problem=live,
+        )
+
+
+def _monitor(run: _Run) -> RunOutcome:
+    """Start the client on the run's server, watch it to its end (`judge`), then conclude."""
+    spec, ctx, handle, api = run.spec, run.ctx, run.handle, run.api
+    initial = api.status()
+    start_step = initial.step if initial else 0
+    training = initial.training_enabled if initial else False
+    target = spec.settings.steps if spec.purpose in ("train", "sweep") and training else None
+    if target is not None and handle.process is None:
+        # An attached server may have trained before this thread: count steps from where it stood.
+        base = int(ctx.ledger.once(ctx.key("runner", f"attach-base:{handle.url}"), lambda: start_step))
+        target = base + spec.settings.steps
+    if target is not None and handle.process is not None:
+        # A server of ours may have been started by an earlier run (the smoke run's): it must stop
+        # training at this run's target, not go on with the episodes pooled after it.
+        try:
+            api.client.patch_config(max_steps=target)
+        except ClientError as exc:
+            run.rec.note(f"run {spec.key}: the server refused max_steps {target}: {exc}", "warning")
+    client = _client(spec, run.ws, handle.url, run.run_dir, start_step)
+    run.rec.note(
+        f"run {spec.key}: client started (G={spec.settings.group_size}, B={spec.settings.batch_size}, "
+        f"step {start_step}" + (f" → {target})" if target else ")")
+    )
+    sources = _Sources(
+        run,
+        client,
+        calls=_LogCounter(handle.process.log_path if handle.process is not None else None),
+        server_pid=handle.process.pid if handle.process is not None else None,
+    )
+    rules = WatchRules(
+        hang_after_s=ctx.hang_after_s, budget_s=run.budget_s, target=target, early_stop=spec.early_stop
+    )
+    watch = RunWatch.begin(started=run.started, now=time.monotonic(), step=start_step, cpu_s=sources.cpu())
+    samples: list[tuple[float, int, int]] = []
+    while True:
+        obs = sources.observe()
+        verdict = judge(watch, obs, rules)
+        watch = verdict.watch
+        if obs.server_exit is None:
+            samples.append((obs.now, watch.last_step, obs.finished))
+            _report(run, sources, verdict, target)
+        if verdict.end is not None:
+            return _conclude(run, sources, verdict.end, watch, start_step, target, samples, obs.server_exit)
+        time.sleep(ctx.poll_s)
+
+
+def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None) -> None:
+    """Note a new trainer step (with its train reward) and a run turning slow."""
+    key, episodes = run.spec.key, len(sources.episodes)
+    if verdict.stepped and target is not None:
+        reward = _reward_curve(sources.rows)
+        run.rec.note(
+            f"run {key}: step {verdict.watch.last_step}/{target}"
+            + (f" · train reward {reward[-1][1]:.3f}" if reward else "")
+            + f" · {episodes} episodes of this run"
+        )
+    if verdict.slow_s is not None:
+        run.rec.note(
+            f"run {key}: no trainer step for {verdict.slow_s:.0f} s, but the server keeps "
+            f"working ({episodes} episodes of this run): slow, not hung",
+            "warning",
+        )
+
+
+def _conclude(
+    run: _Run,
+    sources: _Sources,
+    end: RunEnd,
+    watch: RunWatch,
+    start_step: int,
+    target: int | None,
+    samples: list[tuple[float, int, int]],
+    server_exit: int | None,
+) -> RunOutcome:
+    """Stop the client, read what the run left, diagnose it, evaluate it when it finished, and build its
+    outcome."""
+    spec, ctx, client, api, rec = run.spec, run.ctx, sources.client, run.api, run.rec
+    last_step = watch.last_step
+    diagnoses: list[Diagnosis] = []
+    if server_exit is not None and run.handle.process is not None:
+        diagnoses += detect_crash(run.handle.process.log_text(), exit_code=run.handle.process.poll())
+    exit_code = client.poll()
+    if exit_code is None:
+        exit_code = client.stop()
+        exit_code = None if end.status != "crashed" else exit_code
+    log_text = client.log_text()
+    episodes = read_progress(sources.progress_path)
+    rows = api.metrics() or sources.rows
+    rec.metrics(rows)
+    metric_rows = [{"step": row.step, **_numeric(row)} for row in rows]
+    rec.events(api.events())
+    stopped_by_us = end.status in ("needs_attention", "hung", "budget") or end.reason.startswith(
+        "reached step"
+    )
+    diagnoses += detect_all(
+        rows=metric_rows,
+        episodes=episodes,
+        group_size=spec.settings.group_size,
+        log_text=log_text,
+        exit_code=None if stopped_by_us else exit_code,
+        drop_max=spec.stability.drop_max,
+        entropy_min=spec.stability.entropy_min,
+        kl_max=spec.stability.kl_max,
+    )
+    diagnoses += detect_stall(samples, window_s=max(ctx.hang_after_s, 30.0)) if target is not None else []
+    eval_summary: RewardSummary | None = None
+    # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
+    # after (train) training, so a train-reward gain can be checked against held-out reward.
+    if spec.purpose in ("sweep", "smoke", "train") and end.status == "finished" and ctx.eval_tasks > 0:
+        remaining = max(30.0, run.budget_s - (time.monotonic() - run.started))
+        per_episode = (time.monotonic() - run.started) / max(1, len(episodes))
+        # Every evaluation of a thread uses the held-out tasks of its first one (sized to the budget then),
+        # so that before/after numbers are comparable.
+        n_tasks = int(
+            ctx.ledger.once(
+                ctx.key("runner", "eval-tasks"), lambda: eval_tasks_within(ctx, remaining, per_episode)
+            )
+        )
+        eval_summary, error, _ = _evaluate(
+            ctx, run.ws, run.handle.url, run.run_dir, remaining, max_tasks=n_tasks
+        )
+        if error:
+            rec.note(f"run {spec.key}: {error}", "warning")
+    train_groups = groups_of(episodes)
+    curve = [(s, v) for s, v in _reward_curve(rows) if s > start_step or spec.start_step == 0]
+    wall = time.monotonic() - run.started
+    finished_eps = sum(len(v) for v in train_groups.values())
+    step_times = [t for t, s, _ in samples]
+    final = _numeric(rows[-1]) if rows else {}
+    return RunOutcome(
+        **_ident(spec),
+        run_id=run.run_id,
+        status=end.status,
+        reason=end.reason,
+        steps=last_step,
+        episodes=finished_eps,
+        wall_s=wall,
+        curve=curve,
+        episode_curve=[statistics.fmean(v) for v in train_groups.values() if v],
+        eval=eval_summary,
+        train=summarise_rewards(train_groups) if train_groups else None,
+        diagnoses=diagnoses,
+        final_metrics=final,
+        run_dir=str(run.run_dir),
+        seconds_per_episode=wall / finished_eps if finished_eps else math.nan,
+        seconds_per_step=(
+            (step_times[-1] - step_times[0]) / (last_step - start_step)
+            if last_step > start_step
+            else math.nan
+        ),
+    )

@@ -1,0 +1,288 @@
+"""Swarm subprocesses driven by the runner: ``swarm serve``, ``swarm run`` and held-out evaluation.
+
+Generated code (workflows, rewards) runs only in these client subprocesses, never in the a3r process.
+Each subprocess writes its combined output to a log file, records its pid in a pid file next to it
+(so a resumed a3r can end what a killed one left), and on Linux receives SIGKILL when the a3r process
+dies (``PR_SET_PDEATHSIG``), so a ``kill -9`` of a3r leaves no orphan training server behind.
+
+The server's admin token is a fresh random secret per server, handed over in the environment (never on
+the command line, where ``ps`` shows it) and kept only in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from a3r.errors import SwarmProcessError
+from swarm.client import ClientError, RetryPolicy, ServeOptions, SwarmClient
+
+__all__ = [
+    "ManagedProcess",
+    "ServerHandle",
+    "end_stale",
+    "free_port",
+    "launch",
+    "start_server",
+    "swarm_command",
+]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def swarm_command() -> list[str]:
+    """How to invoke the ``swarm`` CLI: the console script next to this interpreter, else ``-c``."""
+    script = Path(sys.executable).with_name("swarm")
+    if script.is_file():
+        return [str(script)]
+    found = shutil.which("swarm")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "from swarm.cli import main; main()"]
+
+
+@dataclass
+class ManagedProcess:
+    """A subprocess with its log file and pid file.
+
+    Attributes:
+        name: Short label (``server``, ``client``, ``eval``).
+        popen: The process.
+        log_path: Combined stdout/stderr.
+        pid_path: JSON ``{"pid", "cmd"}`` written at start, removed when it ends.
+    """
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    pid_path: Path
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        """Exit code, or ``None`` while running."""
+        return self.popen.poll()
+
+    def log_text(self, limit: int = 200_000) -> str:
+        """The last ``limit`` characters of the log."""
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-limit:].decode("utf-8", errors="replace")
+
+    def stop(self, *, sig: int = signal.SIGINT, grace_s: float = 15.0) -> int | None:
+        """Send ``sig``, wait ``grace_s`` seconds, then SIGKILL; returns the exit code."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    self.popen.kill()
+                self.popen.wait(timeout=30)
+        self.close()
+        return self.popen.returncode
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """Wait for the end (``None`` on timeout)."""
+        try:
+            code = self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        self.close()
+        return code
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self.pid_path.unlink(missing_ok=True)
+
+
+def launch(
+    name: str,
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> ManagedProcess:
+    """Start ``argv`` with output appended to ``log_path`` and a pid file ``<log_path>.pid``.
+
+    Raises:
+        SwarmProcessError: The executable cannot be started.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    pid_path = log_path.with_suffix(".pid")
+    log = log_path.open("ab")
+    full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    try:
+        popen = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=full_env,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+    except OSError as exc:
+        log.close()
+        raise SwarmProcessError(f"cannot start {name}: {exc.strerror} ({argv[0]})") from None
+    pid_path.write_text(json.dumps({"pid": popen.pid, "cmd": list(argv)}), encoding="utf-8")
+    return ManagedProcess(name=name, popen=popen, log_path=log_path, pid_path=pid_path, _log=log)
+
+
+def end_stale(pid_path: Path) -> bool:
+    """End a process a killed a3r left behind, if its pid file says it is still ours.
+
+    The pid is signalled only when ``/proc/<pid>/cmdline`` still matches the recorded command (a
+    reused pid is left alone).
+
+    Returns:
+        ``True`` when a live process was ended.
+    """
+    try:
+        record = json.loads(pid_path.read_text(encoding="utf-8"))
+        pid, cmd = int(record["pid"]), list(record["cmd"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    ended = False
+    try:
+        live = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if [part.decode(errors="replace") for part in live if part] == cmd:
+            os.kill(pid, signal.SIGKILL)
+            ended = True
+    except (OSError, ProcessLookupError):
+        pass
+    pid_path.unlink(missing_ok=True)
+    return ended
+
+
+@dataclass
+class ServerHandle:
+    """A started (or attached) swarm server.
+
+    Attributes:
+        url: Root URL, e.g. ``http://127.0.0.1:8123``.
+        admin_token: Control-route token (in memory only; ``None`` for an open loopback server).
+        process: The subprocess, or ``None`` when attached to an existing server.
+    """
+
+    url: str
+    admin_token: str | None
+    process: ManagedProcess | None = None
+
+    def client(self, *, timeout_s: float = 10.0, deadline_s: float = 10.0) -> SwarmClient:
+        """A client of this server's control routes that tries once (a busy answer is waited out up to
+        ``deadline_s``); close it after use."""
+        retry = RetryPolicy(attempts=1, max_wait_s=deadline_s, deadline_s=deadline_s)
+        return SwarmClient(self.url, admin_token=self.admin_token, timeout_s=timeout_s, retry=retry)
+
+    def stop(self) -> None:
+        """Checkpoint and stop a server we started; an attached one is left running.
+
+        The checkpoint is skipped when the server cannot take one: it trains nothing (409), or it is
+        down or does not answer within two minutes.
+        """
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            with (
+                self.client(timeout_s=120.0) as control,
+                contextlib.suppress(ClientError, httpx.TransportError),
+            ):
+                control.checkpoint()
+        self.process.stop(sig=signal.SIGTERM, grace_s=30)
+
+
+def start_server(
+    run_dir: Path,
+    *,
+    model: str | None = None,
+    options: ServeOptions | None = None,
+    port: int | None = None,
+    ready_timeout_s: float = 300.0,
+) -> ServerHandle:
+    """Start ``swarm serve`` on loopback with its own run dir and a fresh admin token; wait until
+    ``GET /api/v1/status`` answers.
+
+    Args:
+        run_dir: Server run dir (pool, checkpoints, metrics); reusing it resumes.
+        model: ``--model`` (``None``: the embedded default).
+        options: Further ``swarm serve`` options (training settings).
+        port: TCP port (default: a free one).
+        ready_timeout_s: How long to wait for the server to answer.
+
+    Raises:
+        SwarmProcessError: The server exited or did not answer in time (the log tail is in the message).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    end_stale(run_dir.parent / f"{run_dir.name}.server.pid")
+    port = port or free_port()
+    token = secrets.token_urlsafe(24)
+    placed = {"port": port, "run_dir": run_dir, **({"model": model} if model else {})}
+    argv = [*swarm_command(), "serve", *(options or ServeOptions()).model_copy(update=placed).argv()]
+    process = launch(
+        "server",
+        argv,
+        log_path=run_dir.parent / f"{run_dir.name}.server.log",
+        env={"SWARM_ADMIN_TOKEN": token},
+    )
+    handle = ServerHandle(url=f"http://127.0.0.1:{port}", admin_token=token, process=process)
+    deadline = time.monotonic() + ready_timeout_s
+    with handle.client(timeout_s=5.0) as control:
+        while not _answers(control):
+            code = process.poll()
+            if code is not None:
+                process.close()
+                tail = process.log_text(4000).strip().splitlines()[-8:]
+                raise SwarmProcessError(f"swarm serve exited with code {code}: " + " | ".join(tail))
+            if time.monotonic() > deadline:
+                process.stop(sig=signal.SIGKILL)
+                raise SwarmProcessError(
+                    f"swarm serve did not answer within {ready_timeout_s:g} s (log: {process.log_path})"
+                )
+            time.sleep(0.25)
+    return handle
+
+
+def _answers(control: SwarmClient) -> bool:
+    """Whether the server answers ``GET /api/v1/status`` yet (not listening yet, or still starting: no)."""
+    try:
+        control.status()
+    except (ClientError, httpx.TransportError):
+        return False
+    return True
