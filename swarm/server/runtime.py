@@ -407,8 +407,7 @@ class SwarmRuntime:
         arrived = time.time()
         agent = self.agent_for(request)
         params = self.sampling_for(request)
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        rendered = self.renderer.render(messages, request.tools, history=episode.calls, agent=agent)
+        rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
         self.engine.check_prompt(rendered.prompt_ids)
         return PreparedCall(arrived=arrived, agent=agent, params=params, rendered=rendered)
 
