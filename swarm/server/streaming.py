@@ -144,7 +144,7 @@ def live_events(start: StartCall, stream: LiveStream) -> AsyncGenerator[ServerSe
     return events()
 
 
-def encode_events(events: AsyncGenerator[ServerSentEvent, None]) -> AsyncIterator[bytes]:
+def encode_events(events: AsyncGenerator[ServerSentEvent, None]) -> AsyncGenerator[bytes, None]:
     """``events`` in the SSE wire format (``data: …\\n\\n``), for an `EventSourceResponse` body.
 
     A route that answers either JSON or a stream cannot be a FastAPI generator route (which encodes
@@ -152,7 +152,7 @@ def encode_events(events: AsyncGenerator[ServerSentEvent, None]) -> AsyncIterato
     Closing the encoder closes ``events``.
     """
 
-    async def encoded() -> AsyncIterator[bytes]:
+    async def encoded() -> AsyncGenerator[bytes, None]:
         async with contextlib.aclosing(events):
             async for event in events:
                 data = event.raw_data
