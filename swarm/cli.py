@@ -361,7 +361,7 @@ def _load_engine(config: Any) -> Any:
     """Resolve, load and wrap the model (raises ModelLoadError / ConfigError on user mistakes)."""
     import torch
 
-    from swarm.server.runtime import load_engine
+    from swarm.engine.factory import load_engine
 
     _check_device(config.device)
     if config.torch_threads is not None:

@@ -101,6 +101,13 @@ class ServerConfig(BaseModel):
 
     model: str | None = None
     """``None`` for the embedded default, else a local HF directory or a ``.gguf`` file."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Inference engine (`swarm.engine.factory.load_engine`): ``hf`` samples with transformers in
+    process (static batches); ``vllm`` samples with vLLM's AsyncLLM on a CUDA GPU (continuous batching,
+    optional extra ``a3r[vllm]``) while the trainer updates its own copy of the weights."""
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    """``vllm`` only: fraction of the GPU's memory vLLM takes for weights and KV cache; the rest is the
+    trainer's (the KV cache is released during each step)."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     run_dir: Path = Path("runs/default")

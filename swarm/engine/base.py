@@ -6,12 +6,16 @@ samples completions for them. Stop strings are the one place an engine decodes t
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from swarm.tracking.records import FinishReason
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,8 @@ class Completion:
     ids: list[int]
     """Completion token ids, shape (C,), including a generated stop token."""
     logprobs: list[float]
-    """log π(ids[t] | prefix) from fp32 raw logits (temperature 1, before top-p), shape (C,)."""
+    """log π(ids[t] | prefix) from fp32 raw logits (temperature 1, before top-p), shape (C,); see
+    `Engine` for the convention every engine follows."""
     finish_reason: FinishReason
     text: str = ""
     """Decoded text, ending before any stop string and without the end-of-turn token."""
@@ -75,14 +80,58 @@ TokenCallback = Callable[[SampledToken], None]
 
 
 class Engine(Protocol):
-    """What the server needs from an inference engine."""
+    """Everything the server and the trainer use from an inference engine (``hf``, later ``vllm``).
 
-    model_name: str
-    max_context: int
-    lock: threading.RLock
-    """Held while generating; the trainer holds it to update weights (generation pauses)."""
-    policy_version: int
-    """Trainer step of the weights being sampled; whoever changes the weights sets it under `lock`."""
+    The server renders prompts with :attr:`tokenizer`, checks them with :meth:`check_prompt` and samples
+    them with :meth:`generate`; the colocated trainer updates :meth:`trainable_module` and hands the new
+    weights back with :meth:`load_weights`. One training step, as `swarm.server.training` runs it::
+
+        with engine.pause():                 # generation waits for the new weights
+            engine.release_memory()
+            try:
+                trainer.step(...)           # updates trainable_module() (or the trainer's copy of it)
+            finally:
+                engine.restore_memory()
+            engine.load_weights(trainer.sampling_model, step)
+
+    Logprob convention (every engine and the trainer): ``Completion.logprobs[t]`` is
+    ``log_softmax(logits)[id]`` of the sampled id, from float32 logits at temperature 1, before top-p
+    (whatever temperature and top-p the token was *sampled* with); the trainer recomputes it the same way.
+    """
+
+    @property
+    def model_name(self) -> str:
+        """Served model name (the OpenAI ``model`` field)."""
+        ...
+
+    @property
+    def max_context(self) -> int:
+        """Context window in tokens (prompt + completion)."""
+        ...
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer: the tracker renders prompts with it (engines never see messages)."""
+        ...
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """End-of-turn token ids (a completion ends after sampling one)."""
+        ...
+
+    @property
+    def policy_version(self) -> int:
+        """Trainer step of the weights being sampled; only :meth:`load_weights` changes it."""
+        ...
+
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        """Check that a prompt leaves room for at least one completion token.
+
+        Raises:
+            RequestError: the prompt is empty or does not fit the context window (400, a
+                `swarm.errors.ContextLengthError`).
+        """
+        ...
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, on_token: TokenCallback | None = None
@@ -90,6 +139,41 @@ class Engine(Protocol):
         """Sample ``params.n`` completions for one prompt (concurrent calls are batched).
 
         ``on_token`` sees each token as soon as it is sampled (a streaming response forwards them).
+        Cancelling the task that awaits this call aborts the request: the engine stops its rows.
+        """
+        ...
+
+    # -- training hooks (colocated trainer) ---------------------------------------------------------------
+    def trainable_module(self) -> nn.Module:
+        """The transformers module the trainer updates; call it once, before the first step.
+
+        ``hf``: the served module itself (the trainer and the sampler share its weights).
+        """
+        ...
+
+    def pause(self) -> AbstractContextManager[None]:
+        """Hold generation while the context is entered (a request waits; none is lost). Re-entrant."""
+        ...
+
+    def release_memory(self) -> None:
+        """Before a step, under :meth:`pause`: free what sampling holds that the step needs (``hf``:
+        nothing)."""
+        ...
+
+    def restore_memory(self) -> None:
+        """After a step (also a failed one), under :meth:`pause`: undo :meth:`release_memory`."""
+        ...
+
+    def load_weights(self, module: nn.Module, policy_version: int) -> None:
+        """Serve ``module``'s weights from now on, as policy version ``policy_version``.
+
+        Args:
+            module: the trainer's sampling module (`TorchTrainer.sampling_model`): a plain transformers
+                module, or a peft model when LoRA adapters are not merged for sampling.
+            policy_version: the trainer step those weights come from (0: the initial weights).
+
+        ``hf``: the weights are shared, so this swaps in ``module`` and sets the version (under
+        :meth:`pause`). Completions sampled afterwards carry the new version.
         """
         ...
 

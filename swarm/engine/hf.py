@@ -18,13 +18,15 @@ import inspect
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
-from swarm.errors import ContextLengthError
+from swarm.engine.limits import check_prompt_fits, end_of_turn_ids
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import FinishReason
@@ -57,8 +59,11 @@ class _Row:
 class HFEngine:
     """Batched sampler over a transformers model; thread-safe; generation pauses while ``lock`` is held.
 
+    Implements `swarm.engine.base.Engine`. Its logprobs follow that protocol's convention (float32
+    ``log_softmax`` of the raw logits: temperature 1, before top-p).
+
     Args:
-        model: a causal LM (``PreTrainedModel`` or a peft wrapper); may be replaced via :attr:`model`.
+        model: a causal LM (``PreTrainedModel`` or a peft wrapper); :meth:`load_weights` replaces it.
         tokenizer: its tokenizer (used for stop strings and end-of-turn ids only).
         model_name: served name.
         max_batch_size: most rows (requests × n) per batch.
@@ -98,10 +103,10 @@ class HFEngine:
         config = model.config
         self.max_context = int(getattr(config, "max_position_embeddings", 2048))
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        self.stop_ids = self._end_of_turn_ids(model, tokenizer)
+        self.stop_ids = end_of_turn_ids((getattr(model, "generation_config", None), model.config), tokenizer)
         self.lock = threading.RLock()
         self.policy_version = 0
-        """Trainer step of the weights being sampled (set under `lock` with the weights)."""
+        """Trainer step of the weights being sampled (set by :meth:`load_weights`, with the weights)."""
         forward_params = inspect.signature(model.forward).parameters
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; accept both.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
@@ -126,29 +131,35 @@ class HFEngine:
     def _on_cpu(self) -> bool:
         return bool(next(self.model.parameters()).device.type == "cpu")
 
-    @staticmethod
-    def _end_of_turn_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-        ids: set[int] = set()
-        for source in (getattr(model, "generation_config", None), model.config):
-            eos = getattr(source, "eos_token_id", None)
-            if isinstance(eos, int):
-                ids.add(eos)
-            elif isinstance(eos, list | tuple):
-                ids.update(int(i) for i in eos)
-        if tokenizer.eos_token_id is not None:
-            ids.add(int(tokenizer.eos_token_id))
-        return frozenset(ids)
-
     # -- public API -----------------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """Raise :class:`ContextLengthError` unless the prompt leaves room for one completion token."""
-        if not prompt_ids:
-            raise ContextLengthError("the rendered prompt is empty")
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthError(
-                f"the prompt is {len(prompt_ids)} tokens but the context window is {self.max_context} "
-                "tokens (prompt + at least one completion token must fit)"
-            )
+        check_prompt_fits(prompt_ids, self.max_context)
+
+    # -- training hooks (`Engine`) --------------------------------------------------------------------
+    def trainable_module(self) -> nn.Module:
+        """The served module itself: the trainer updates the weights this engine samples with."""
+        module: nn.Module = self.model
+        return module
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Hold :attr:`lock`: the running batch ends first, queued requests wait until the exit."""
+        with self.lock:
+            yield
+
+    def release_memory(self) -> None:
+        """Nothing to release: the trainer shares the served weights and a batch's cache is freed."""
+
+    def restore_memory(self) -> None:
+        """Nothing to restore (see :meth:`release_memory`)."""
+
+    def load_weights(self, module: nn.Module, policy_version: int) -> None:
+        """Sample with ``module`` (the trainer's sampling module, sharing or merging its weights) as
+        ``policy_version`` from the next batch on."""
+        with self.lock:
+            self.model = module
+            self.policy_version = policy_version
 
     def submit(
         self, prompt_ids: list[int], params: SamplingParams, on_token: TokenCallback | None = None

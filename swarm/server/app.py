@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swarm.config import ServerConfig
-from swarm.engine.hf import HFEngine
+from swarm.engine.base import Engine
 from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server import control_routes, episode_routes, openai_routes
@@ -63,7 +63,7 @@ async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     return _error(500, "server_error", f"internal error: {type(exc).__name__}")
 
 
-def create_app(config: ServerConfig, engine: HFEngine | None = None) -> FastAPI:
+def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
     """Build the swarm server app; the model loads in the lifespan (``engine`` injects a shared one)."""
 
     @contextlib.asynccontextmanager

@@ -9,7 +9,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from swarm.errors import AuthError
-from swarm.server.runtime import KEY_PREFIX, OpenEpisode, SwarmRuntime
+from swarm.server.episodes import KEY_PREFIX, OpenEpisode
+from swarm.server.runtime import SwarmRuntime
 
 _bearer = HTTPBearer(auto_error=False)
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]

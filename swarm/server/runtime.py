@@ -1,32 +1,26 @@
-"""The server runtime: engine, tracker, pool and open episodes behind one object.
+"""The server runtime: engine, tracker, pool, open episodes, state machine and training loop composed.
 
-Routers call this object; it owns every piece of mutable server state (no module globals), so a test
-can build several servers in one process. Everything that touches the event loop runs on it; blocking
-torch work runs in the engine's worker thread.
+Routers call this object. It builds the server's parts and holds them (no module globals, so a test can
+build several servers in one process); each part owns its own state: `OpenEpisodes` the open episodes,
+`Phase` the state machine, `TrainingLoop` the trainer and the policy step. Everything that touches the
+event loop runs on it; blocking torch work runs in the engine's worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import secrets
 import time
-import uuid
-from collections import Counter
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from swarm.config import ServerConfig
-from swarm.engine.base import Completion, TokenCallback
-from swarm.engine.hf import HFEngine
-from swarm.engine.model_loading import load_model, resolve_model
-from swarm.errors import AuthError, EpisodeNotFound, EpisodeStateError, Unavailable
+from swarm.engine.base import Engine, TokenCallback
+from swarm.engine.factory import load_engine
+from swarm.errors import EpisodeNotFound, EpisodeStateError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.precision import resolve_mixed_precision
 from swarm.protocol import (
     ChatCompletionRequest,
-    EngineState,
     EpisodeAbort,
     EpisodeCounts,
     EpisodeCreate,
@@ -39,58 +33,14 @@ from swarm.protocol import (
 )
 from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call, sampling_for
 from swarm.server.detokenizer import TokenizerDetokenizer
+from swarm.server.episodes import OpenEpisode, OpenEpisodes
 from swarm.server.events import EventLog
+from swarm.server.phase import Phase
 from swarm.server.training import TrainingLoop
 from swarm.tracking.merge import build_samples
-from swarm.tracking.records import CallRecord
 from swarm.tracking.render import PromptRenderer
 
-KEY_PREFIX = "sk-swarm-"
-
-
-def _key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
 T = TypeVar("T")
-
-
-@dataclass
-class OpenEpisode:
-    """An episode that has begun and not yet ended (kept in memory; written to the pool when it ends)."""
-
-    id: str
-    key_digest: str
-    request: EpisodeCreate
-    created_at: float
-    last_seen: float
-    calls: list[CallRecord] = field(default_factory=list)
-    busy: int = 0
-    """Chat requests of this episode in flight (an episode is never reclaimed while one runs)."""
-    sampling: set[asyncio.Task[list[Completion]]] = field(default_factory=set)
-    """Engine requests in flight; cancelled when the episode ends (the engine stops their rows)."""
-
-    def is_trainable(self, agent: str) -> bool:
-        agents = self.request.trainable_agents
-        return agents is None or agent in agents
-
-
-def load_engine(config: ServerConfig) -> HFEngine:
-    """Resolve and load ``config.model`` and wrap it in the ``hf`` engine (``AUTO`` precision resolved).
-
-    Raises:
-        ModelLoadError: The model cannot be found or loaded.
-    """
-    source = resolve_model(config.model, cache_dir=config.cache_dir)
-    model, tokenizer = load_model(source, dtype=config.weights_dtype, device=config.device)
-    return HFEngine(
-        model,
-        tokenizer,
-        source.name,
-        max_batch_size=config.max_batch_size,
-        batch_window_s=config.batch_window_s,
-        mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
-    )
 
 
 class SwarmRuntime:
@@ -98,11 +48,12 @@ class SwarmRuntime:
 
     Args:
         config: server configuration.
-        engine: an already built engine (tests inject one to share a model); ``None`` loads
-            ``config.model`` (the embedded default when that is ``None``).
+        engine: an already built engine (tests inject one to share a model), built with ``config``'s
+            ``mixed_precision`` (the trainer computes in it); ``None`` loads ``config.model`` (the
+            embedded default when that is ``None``) with `load_engine`.
     """
 
-    def __init__(self, config: ServerConfig, engine: HFEngine | None = None) -> None:
+    def __init__(self, config: ServerConfig, engine: Engine | None = None) -> None:
         self.config = config
         self.started = time.time()
         run_dir = config.run_dir
@@ -124,13 +75,22 @@ class SwarmRuntime:
         self.detokenizer = TokenizerDetokenizer(self.tokenizer)
         self.pool = Pool(run_dir / "pool.db")
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.step = 0
-        self.state = EngineState.IDLE
-        self._episodes: dict[str, OpenEpisode] = {}
-        self._by_key: dict[str, str] = {}
+        self.episodes = OpenEpisodes(self.pool, self.events, timeout_s=config.episode_timeout_s)
+        training = config.training
+        self.phase = Phase(asynchronous=training.enabled and training.max_staleness is not None)
         self.training: TrainingLoop | None = None
-        if config.training.enabled:
-            self.training = TrainingLoop(self, config.training)
+        if training.enabled:
+            self.training = TrainingLoop(
+                training,
+                engine=engine,
+                pool=self.pool,
+                episodes=self.episodes,
+                events=self.events,
+                phase=self.phase,
+                run_dir=run_dir,
+                sampling=config.sampling,
+                mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
+            )
         self.events.emit("server.started", f"serving {self.model_name}", model=self.model_name)
 
     def close(self) -> None:
@@ -139,170 +99,59 @@ class SwarmRuntime:
         self.pool.close()
         self.events.close()
 
+    @property
+    def step(self) -> int:
+        """The policy version being served: the training loop's last completed step (0 without one)."""
+        return 0 if self.training is None else self.training.step
+
     # -- episodes --------------------------------------------------------------------------------------
     def begin(self, body: EpisodeCreate, base_url: str) -> EpisodeCreated:
         """Open an episode and mint its secret key.
 
         Raises:
             Unavailable: the server is paused, or draining or training in synchronous mode (503 +
-                Retry-After).
+                Retry-After); a family quota is full (429) or, asynchronous, the trainer is too far
+                behind (503).
         """
-        closed: tuple[EngineState, ...] = (EngineState.PAUSED, EngineState.DRAINING, EngineState.TRAINING)
-        if self.training is not None and self.training.config.max_staleness is not None:
-            closed = (EngineState.PAUSED,)  # asynchronous: admitted while a step runs
-        if self.state in closed:
-            raise Unavailable(f"the server is {self.state.value}; no new episodes now", retry_after_s=2.0)
+        if not self.phase.admits():
+            raise Unavailable(
+                f"the server is {self.phase.state.value}; no new episodes now", retry_after_s=2.0
+            )
         if self.training is not None:
             self.training.admit(body.family, body.kind, body.task_id)
             self.training.votes.touch(body.client_id)
-        episode_id = "ep-" + uuid.uuid4().hex
-        key = KEY_PREFIX + secrets.token_urlsafe(32)
-        now = time.time()
-        episode = OpenEpisode(episode_id, _key_digest(key), body, now, now)
-        self._episodes[episode_id] = episode
-        self._by_key[episode.key_digest] = episode_id
-        if self.state is EngineState.IDLE:
-            self.state = EngineState.ROLLING
-        return EpisodeCreated(episode_id=episode_id, base_url=base_url, api_key=key, model=self.model_name)
+        episode, key = self.episodes.begin(body)
+        self.phase.episode_begun()
+        return EpisodeCreated(episode_id=episode.id, base_url=base_url, api_key=key, model=self.model_name)
 
     def episode_for_key(self, key: str) -> OpenEpisode:
-        """The open episode a key belongs to.
-
-        Raises:
-            AuthError: unknown key, or the episode has ended (401).
-        """
-        episode_id = self._by_key.get(_key_digest(key))
-        if episode_id is None:
-            raise AuthError("invalid or expired episode API key (the episode may have ended)")
-        return self._episodes[episode_id]
-
-    def _open(self, episode_id: str) -> OpenEpisode:
-        episode = self._episodes.get(episode_id)
-        if episode is not None:
-            return episode
-        if self.pool.get(episode_id) is not None:
-            raise EpisodeStateError(episode_id, f"episode {episode_id} has already ended")
-        raise EpisodeNotFound(episode_id)
+        """The open episode a key belongs to (`OpenEpisodes.for_key`; 401 otherwise)."""
+        return self.episodes.for_key(key)
 
     def heartbeat(self, episode_id: str) -> None:
-        self._open(episode_id).last_seen = time.time()
+        self.episodes.heartbeat(episode_id)
 
     def finish(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
-        """End an episode with its reward; it is committed to the pool before this returns.
-
-        Raises:
-            EpisodeStateError: a call of the episode is still being sampled (409; the episode stays
-                open: finish it once the answer has arrived, or abort it, which cancels the call).
-        """
-        episode = self._open(episode_id)
-        if episode.busy:
-            raise EpisodeStateError(
-                episode_id,
-                f"episode {episode_id} has {episode.busy} call(s) still being sampled; finish it after "
-                "their answers arrive, or abort it (which cancels them)",
-            )
-        return self._end(
-            episode,
-            EpisodeStatus.FINISHED,
-            reward=body.reward,
-            agent_rewards=body.agent_rewards,
-            metrics=body.metrics,
-        )
+        """End an episode with its reward (`OpenEpisodes.finish`)."""
+        return self.episodes.finish(episode_id, body)
 
     def abort(self, episode_id: str, body: EpisodeAbort) -> StoredEpisode:
-        """End an episode without a reward (``infra_failure`` keeps it out of group statistics)."""
-        episode = self._open(episode_id)
-        status = EpisodeStatus.INFRA_FAILURE if body.infra_failure else EpisodeStatus.ABORTED
-        return self._end(episode, status, reason=body.reason)
-
-    def _end(self, episode: OpenEpisode, status: EpisodeStatus, **fields: Any) -> StoredEpisode:
-        # Remove the key first: from here on no call can be added to this episode.
-        self._by_key.pop(episode.key_digest, None)
-        self._episodes.pop(episode.id, None)
-        req = episode.request
-        stored = StoredEpisode(
-            id=episode.id,
-            task_id=req.task_id,
-            client_id=req.client_id,
-            family=req.family,
-            kind=req.kind,
-            status=status,
-            created_at=episode.created_at,
-            finished_at=time.time(),
-            metadata=req.metadata,
-            trainable_agents=req.trainable_agents,
-            **fields,
-        )
-        try:
-            self.pool.add(stored, episode.calls)
-        except BaseException:
-            # Nothing is lost: the episode stays open and the client may retry finish.
-            self._episodes[episode.id] = episode
-            self._by_key[episode.key_digest] = episode.id
-            raise
-        for generation in episode.sampling:  # its calls can no longer be recorded: stop sampling them
-            generation.cancel()
-        if self.training is not None:
-            self.training.released(stored, episode.calls)
-        self.events.emit(
-            f"episode.{status.value}",
-            f"episode {episode.id} {status.value} (task {req.task_id}, {len(episode.calls)} calls)",
-            episode_id=episode.id,
-            task_id=req.task_id,
-            client_id=req.client_id,
-            reward=stored.reward,
-        )
-        return stored
-
-    def open_count(self) -> int:
-        return len(self._episodes)
-
-    def abort_open(self, reason: str) -> list[str]:
-        """Abort every open episode as an infrastructure failure (drain timeout); returns their ids."""
-        ended = list(self._episodes.values())
-        for episode in ended:
-            self._end(episode, EpisodeStatus.INFRA_FAILURE, reason=reason)
-        return [e.id for e in ended]
-
-    def abort_older_than(self, version: int, reason: str) -> list[str]:
-        """Abort, as infrastructure failures, open episodes with a call sampled before policy ``version``."""
-        stale = [
-            e for e in self._episodes.values() if e.calls and min(c.policy_version for c in e.calls) < version
-        ]
-        for episode in stale:
-            self._end(episode, EpisodeStatus.INFRA_FAILURE, reason=reason)
-        return [e.id for e in stale]
+        """End an episode without a reward (`OpenEpisodes.abort`)."""
+        return self.episodes.abort(episode_id, body)
 
     def pause(self) -> None:
-        self.state = EngineState.PAUSED
+        self.phase.pause()
         self.events.emit("server.paused", "paused: no new episodes, no training")
 
     def resume(self) -> None:
-        if self.state is EngineState.PAUSED:
-            self.state = EngineState.ROLLING
+        if self.phase.resume():
             self.events.emit("server.resumed", "resumed")
         if self.training is not None:
             self.training.wake()
 
-    def reclaim_idle(self, now: float | None = None) -> list[str]:
-        """Abort, as infrastructure failures, open episodes idle longer than ``episode_timeout_s``."""
-        now = time.time() if now is None else now
-        stale = [
-            e
-            for e in self._episodes.values()
-            if e.busy == 0 and now - e.last_seen > self.config.episode_timeout_s
-        ]
-        for episode in stale:
-            self._end(
-                episode,
-                EpisodeStatus.INFRA_FAILURE,
-                reason=f"reclaimed: no call or heartbeat for {self.config.episode_timeout_s:g} s",
-            )
-        return [e.id for e in stale]
-
     def view(self, episode_id: str) -> EpisodeView:
         """The token-level record of an open or ended episode, with its merged samples."""
-        open_episode = self._episodes.get(episode_id)
+        open_episode = self.episodes.get(episode_id)
         if open_episode is not None:
             req = open_episode.request
             calls = list(open_episode.calls)
@@ -397,14 +246,14 @@ class SwarmRuntime:
             completions = await generation
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if episode.id not in self._episodes and not (current is not None and current.cancelling()):
+            if episode.id not in self.episodes and not (current is not None and current.cancelling()):
                 raise ended from None  # `_end` cancelled the sampling, not our caller
             raise
         finally:
             episode.sampling.discard(generation)
             episode.busy -= 1
             episode.last_seen = time.time()
-        if episode.id not in self._episodes:  # ended (or reclaimed) while we sampled: record nothing
+        if episode.id not in self.episodes:  # ended (or reclaimed) while we sampled: record nothing
             raise ended
         first = len(episode.calls)
         records = [
@@ -442,14 +291,13 @@ class SwarmRuntime:
     # -- status ----------------------------------------------------------------------------------------
     def status(self) -> StatusView:
         stored = self.pool.counts()
-        counts = EpisodeCounts(**{**stored.model_dump(), "open": len(self._episodes)})
-        clients = Counter(e.request.client_id for e in self._episodes.values())
+        counts = EpisodeCounts(**{**stored.model_dump(), "open": len(self.episodes)})
         return StatusView(
-            state=self.state,
+            state=self.phase.state,
             step=self.step,
             model=self.model_name,
             episodes=counts,
-            clients=dict(clients),
+            clients=dict(self.episodes.clients()),
             uptime_s=time.time() - self.started,
             run_dir=str(self.config.run_dir),
             training_enabled=self.training is not None and self.training.config.enabled,
@@ -459,4 +307,4 @@ class SwarmRuntime:
         """Background task: reclaim idle episodes every ``config.reclaim_period_s`` seconds."""
         while True:
             await asyncio.sleep(self.config.reclaim_period_s)
-            self.reclaim_idle()
+            self.episodes.reclaim_idle()

@@ -1,11 +1,7 @@
 """The server's training loop: batch selection, drain, GRPO/PPO step, live weight update, checkpoints.
 
-State machine (DESIGN.md §2)::
-
-    idle ──begin──► rolling ──batch ready──► draining ──open episodes ended / timeout──► training
-                       ▲                                                                    │
-                       └──────────────────────── step done (new weights) ◄──────────────────┘
-    any state ──pause──► paused ──resume──► rolling
+It moves the server's state machine (`swarm.server.phase`, DESIGN.md §2) through ``draining`` and
+``training``: a ready batch drains the open episodes, then one step trains on it.
 
 Asynchronous mode (``max_staleness = K``): no ``draining``; ``rolling ──batch ready──► training``, and
 ``begin`` is admitted during ``training`` too. The staleness of an episode trained by the step that
@@ -21,8 +17,8 @@ policy, importance weight from the behaviour policy).
 What a client sees: in ``draining`` and ``training`` (and ``paused``) ``POST /api/v1/episodes`` answers
 ``503`` with ``Retry-After`` (``SwarmClient`` waits and retries); completions of episodes that are still
 open while draining are served normally; at the drain timeout they are aborted as infrastructure
-failures (excluded from groups, never trained). During ``training`` the engine lock is held, so any
-completion request waits and is then sampled by the new weights.
+failures (excluded from groups, never trained). During ``training`` generation is paused
+(`Engine.pause`), so any completion request waits and is then sampled by the new weights.
 
 Crash safety: an episode is marked consumed (``trained_step``) only after the step's update. On restart
 the newest checkpoint is loaded and :meth:`Pool.rewind` un-marks episodes consumed by later steps
@@ -38,7 +34,9 @@ import json
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
@@ -53,11 +51,16 @@ from swarm.batch import (
     select_batch,
 )
 from swarm.batch import EpisodeStatus as BatchStatus
-from swarm.config import TrainingConfig, check_weighting
+from swarm.config import SamplingDefaults, TrainingConfig, check_weighting
+from swarm.engine.base import Engine
 from swarm.errors import RequestError, Unavailable
-from swarm.pool import StoredEpisode
+from swarm.pool import Pool, StoredEpisode
+from swarm.precision import MixedPrecision
 from swarm.protocol import EngineState, EpisodeKind, EpisodeStatus
 from swarm.server.checkpoints import latest_checkpoint, load_trainer_state, load_weights, save_checkpoint
+from swarm.server.episodes import OpenEpisodes
+from swarm.server.events import EventLog
+from swarm.server.phase import Phase
 from swarm.tracking.merge import LossWeighting, MergeStats, aggregate_stats, build_samples
 from swarm.tracking.records import CallRecord, Sample
 from swarm.train import (
@@ -69,9 +72,6 @@ from swarm.train import (
     episode_advantages,
 )
 from swarm.train.losses import LossAggregation
-
-if TYPE_CHECKING:
-    from swarm.server.runtime import SwarmRuntime
 
 
 class ServerStepMetrics(StepMetrics):
@@ -224,23 +224,71 @@ def agent_advantages(
     return out
 
 
-class TrainingLoop:
-    """Owns the trainer, votes, quotas window, metrics history and checkpoints of one server."""
+@dataclass(frozen=True)
+class _Drain:
+    """What happened to open episodes before a step (reported in its metrics)."""
 
-    def __init__(self, runtime: SwarmRuntime, config: TrainingConfig) -> None:
-        self.runtime = runtime
+    seconds: float = 0.0
+    """Spent draining (synchronous)."""
+    aborted: int = 0
+    """Aborted at the drain timeout (synchronous)."""
+    stale_aborted: int = 0
+    """Aborted as too stale when the step started (asynchronous)."""
+
+
+class TrainingLoop:
+    """Owns the trainer, the policy step counter, votes, quotas window, metrics history and checkpoints.
+
+    Built from the server's parts, never the server itself: it reads ended episodes from ``pool``
+    (indexed as ``episodes`` ends them: it subscribes to their on-end callback), moves ``phase`` through
+    draining and training, updates ``engine``'s weights through the `Engine` protocol and logs to
+    ``events``.
+
+    Args:
+        config: training configuration (live patches change it in place).
+        engine: the engine being sampled; the trainer updates its `Engine.trainable_module`.
+        pool: the episode pool.
+        episodes: the open episodes (drained or aborted before a step).
+        events: the server's event log.
+        phase: the server's state machine.
+        run_dir: holds ``metrics.jsonl`` and ``checkpoints/``.
+        sampling: the server's sampling defaults (live patches of temperature, top_p and max_tokens
+            change them in place).
+        mixed_precision: compute dtype of the trainer's forward passes; the engine's, whose logprobs
+            are the behaviour policy (resolved, not ``AUTO``).
+    """
+
+    def __init__(
+        self,
+        config: TrainingConfig,
+        *,
+        engine: Engine,
+        pool: Pool,
+        episodes: OpenEpisodes,
+        events: EventLog,
+        phase: Phase,
+        run_dir: Path,
+        sampling: SamplingDefaults,
+        mixed_precision: MixedPrecision,
+    ) -> None:
         self.config = config
-        engine = runtime.engine
+        self.engine = engine
+        self.pool = pool
+        self.episodes = episodes
+        self.events = events
+        self.phase = phase
+        self.run_dir = run_dir
+        self.sampling = sampling
         pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
-        # The engine's compute dtype is the trainer's: its sampler logprobs are the behaviour policy.
         self.trainer = TorchTrainer(
-            engine.model, config.trainer, pad_token_id=int(pad), mixed_precision=engine.mixed_precision
+            engine.trainable_module(), config.trainer, pad_token_id=int(pad), mixed_precision=mixed_precision
         )
-        engine.model = self.trainer.sampling_model  # with LoRA: the merged copy (or the adapters)
+        self.step = 0
+        """The last completed step: the policy version being sampled once its update is visible."""
         self.votes = ClientVotes()
         self.window: Counter[str] = Counter()
         """Train episodes admitted per family since the last step (for quotas)."""
-        self.metrics_path = runtime.config.run_dir / "metrics.jsonl"
+        self.metrics_path = run_dir / "metrics.jsonl"
         self.history: list[ServerStepMetrics] = []
         self._pending_trainer: dict[str, Any] = {}
         self._wakeup: asyncio.Event | None = None
@@ -249,7 +297,7 @@ class TrainingLoop:
         # batch check after every finish costs O(pending) in memory, not a database scan.
         self._pending_lock = threading.Lock()
         self._pending: dict[str, EpisodeSummary] = {
-            e.id: _summary(e) for e in runtime.pool.pending(EpisodeKind.TRAIN)
+            e.id: _summary(e) for e in pool.pending(EpisodeKind.TRAIN)
         }
         # Task → train episodes admitted and not yet consumed or retired (asynchronous admission).
         self._ahead: Counter[str] = Counter(
@@ -258,30 +306,32 @@ class TrainingLoop:
         # Pending episode → policy version of its oldest call (staleness metrics).
         self._oldest_version: dict[str, int] = {
             eid: min(c.policy_version for c in calls)
-            for eid, calls in runtime.pool.calls(list(self._pending)).items()
+            for eid, calls in pool.calls(list(self._pending)).items()
             if calls
         }
+        episodes.on_end(self.released)
 
     # -- restore -----------------------------------------------------------------------------------------
     def _restore(self) -> None:
-        latest = latest_checkpoint(self.runtime.config.run_dir)
+        latest = latest_checkpoint(self.run_dir)
         step = 0
         if latest is not None:
             step, path = latest
             load_weights(path, self.trainer.model)
             self.trainer.sync_sampling_model()
             self.trainer.load_state_dict(load_trainer_state(path))
-            self.runtime.events.emit("checkpoint.loaded", f"resumed from checkpoint step {step}", step=step)
-        rewound = self.runtime.pool.rewind(step)
+            self.events.emit("checkpoint.loaded", f"resumed from checkpoint step {step}", step=step)
+        rewound = self.pool.rewind(step)
         if rewound:
-            self.runtime.events.emit(
+            self.events.emit(
                 "pool.rewound",
                 f"{rewound} episodes consumed after step {step} will be trained again (their update was lost)",
                 level="warning",
                 episodes=rewound,
             )
-        self.runtime.step = step
-        self.runtime.engine.policy_version = step
+        self.step = step
+        with self.engine.pause():  # with LoRA the engine samples the merged copy (or the adapters)
+            self.engine.load_weights(self.trainer.sampling_model, step)
         kept = []
         if self.metrics_path.exists():
             for line in self.metrics_path.read_text().splitlines():
@@ -350,7 +400,7 @@ class TrainingLoop:
             del self._ahead[task_id]
 
     def _consumed(self, episode_ids: list[str], step: int) -> None:
-        self.runtime.pool.mark_trained(episode_ids, step)
+        self.pool.mark_trained(episode_ids, step)
         with self._pending_lock:
             for eid in episode_ids:
                 summary = self._pending.pop(eid, None)
@@ -433,10 +483,9 @@ class TrainingLoop:
         if quotas is not False:
             self.config.quotas = quotas
             self.window.clear()
-        sampling = self.runtime.config.sampling
         for name in ("temperature", "top_p", "max_tokens"):
             if name in changes:
-                setattr(sampling, name, changes[name])
+                setattr(self.sampling, name, changes[name])
         for name, attr in (
             ("normalize_std", "normalize_std"),
             ("training_enabled", "enabled"),
@@ -447,7 +496,7 @@ class TrainingLoop:
         ):
             if name in changes:
                 setattr(self.config, attr, changes[name])
-        self.runtime.events.emit("config.changed", f"config changed: {sorted(changes)}", changes=changes)
+        self.events.emit("config.changed", f"config changed: {sorted(changes)}", changes=changes)
         self.wake()
         return changes
 
@@ -456,14 +505,14 @@ class TrainingLoop:
         trainer = {**self.trainer.config.model_dump(mode="json"), **self._pending_trainer}
         return {
             "training": {**self.config.model_dump(mode="json", exclude={"trainer"}), "trainer": trainer},
-            "sampling": self.runtime.config.sampling.model_dump(),
+            "sampling": self.sampling.model_dump(),
         }
 
     # -- the loop ----------------------------------------------------------------------------------------
     def _can_train(self) -> bool:
-        if not self.config.enabled or self.runtime.state is EngineState.PAUSED:
+        if not self.config.enabled or self.phase.state is EngineState.PAUSED:
             return False
-        return self.config.max_steps is None or self.runtime.step < self.config.max_steps
+        return self.config.max_steps is None or self.step < self.config.max_steps
 
     def _select(self) -> Batch | None:
         with self._pending_lock:
@@ -483,8 +532,8 @@ class TrainingLoop:
             try:
                 await self._maybe_step()
             except Exception as exc:  # a failed step must not kill the server: report it and keep serving
-                self.runtime.state = EngineState.ROLLING
-                self.runtime.events.emit(
+                self.phase.end_step()
+                self.events.emit(
                     "train.failed", f"training step failed: {type(exc).__name__}: {exc}", level="error"
                 )
                 await asyncio.sleep(1.0)
@@ -492,49 +541,45 @@ class TrainingLoop:
     async def _maybe_step(self) -> None:
         if not self._can_train() or self._select() is None:
             return
-        runtime = self.runtime
         if self.config.max_staleness is not None:
-            await self._step(0.0, [], self._abort_too_stale())
+            await self._step(_Drain(stale_aborted=len(self._abort_too_stale())))
             return
-        runtime.state = EngineState.DRAINING
+        self.phase.drain()
         drain_started = time.monotonic()
         deadline = drain_started + self.config.drain_timeout_s
-        while runtime.open_count() and time.monotonic() < deadline and runtime.state is EngineState.DRAINING:
+        while len(self.episodes) and time.monotonic() < deadline and self.phase.state is EngineState.DRAINING:
             await asyncio.sleep(0.05)
-        if runtime.state is not EngineState.DRAINING:  # paused while draining
+        if self.phase.state is not EngineState.DRAINING:  # paused while draining
             return
-        aborted = runtime.abort_open("aborted at the drain timeout before a training step")
-        await self._step(time.monotonic() - drain_started, aborted, [])
+        aborted = self.episodes.abort_open("aborted at the drain timeout before a training step")
+        await self._step(_Drain(seconds=time.monotonic() - drain_started, aborted=len(aborted)))
 
     def _abort_too_stale(self) -> list[str]:
         """Asynchronous mode: abort open episodes that the staleness bound keeps out of every later step."""
         assert self.config.max_staleness is not None
-        version = self.runtime.step + 1 - self.config.max_staleness
-        return self.runtime.abort_older_than(
+        version = self.step + 1 - self.config.max_staleness
+        return self.episodes.abort_older_than(
             version,
             f"too stale: a call was sampled before policy version {version} and max_staleness is "
-            f"{self.config.max_staleness} (step {self.runtime.step + 1} is starting)",
+            f"{self.config.max_staleness} (step {self.step + 1} is starting)",
         )
 
-    async def _step(self, drain_s: float, aborted: list[str], stale: list[str]) -> None:
-        """Train on the next batch (the state is ``rolling``/``draining``; it is ``rolling`` after)."""
-        runtime = self.runtime
+    async def _step(self, drain: _Drain) -> None:
+        """Train on the next batch (the phase is ``idle``/``rolling``/``draining``; ``rolling`` after)."""
         batch = self._select()
         if batch is None:
-            runtime.state = EngineState.ROLLING
+            self.phase.end_step()
             return
-        runtime.state = EngineState.TRAINING
-        runtime.events.emit(
-            "train.started",
-            f"training step {runtime.step + 1}: {batch.reason}",
-            episodes=len(batch.episode_ids),
+        self.phase.train()
+        self.events.emit(
+            "train.started", f"training step {self.step + 1}: {batch.reason}", episodes=len(batch.episode_ids)
         )
         try:
-            metrics = await asyncio.to_thread(self._step_blocking, batch, drain_s, len(aborted), len(stale))
+            metrics = await asyncio.to_thread(self._step_blocking, batch, drain)
         finally:
-            runtime.state = EngineState.ROLLING
+            self.phase.end_step()
         if metrics is not None:
-            runtime.events.emit(
+            self.events.emit(
                 "train.step",
                 f"step {metrics.step}: reward {metrics.reward_mean}, loss {metrics.loss:.4f}, {metrics.tokens} tokens",
                 **json.loads(
@@ -545,9 +590,45 @@ class TrainingLoop:
             )
         self.wake()  # another batch may already be waiting
 
+    def _step_blocking(self, batch: Batch, drain: _Drain) -> ServerStepMetrics | None:
+        """One training step: samples and advantages → trainer.step → new weights served → episodes
+        marked consumed → checkpoint → metrics logged."""
+        samples, advantages, merge = self._samples(batch)
+        staleness = self._staleness(batch)
+        consumed = [*batch.episode_ids, *batch.dropped]
+        if not samples:
+            self._skip(consumed, "batch has no trainable tokens; consumed without an update", "warning")
+            return None
+        with self.engine.pause():  # generation waits; afterwards it samples the new weights
+            self._apply_staged_trainer_config()
+            self.engine.release_memory()
+            try:
+                base = self.trainer.step(samples, advantages, rewards=list(batch.rewards.values()))
+            except TrainerError as exc:
+                self._skip(consumed, f"batch rejected by the trainer: {exc}", "error")
+                return None
+            finally:
+                self.engine.restore_memory()
+            step = self.trainer.step_count
+            self.engine.load_weights(self.trainer.sampling_model, step)  # waiting calls sample `step`
+            # Order matters for crash safety: consumed before the checkpoint (a crash in between rewinds
+            # them at restart), and the new step made visible last.
+            self._consumed(consumed, step)
+            self.window.clear()
+            self.votes.reset()
+            checkpoint_s = self._checkpoint_locked() if self._checkpoint_due(step) else 0.0
+        metrics = self._metrics(base, batch, merge, drain, staleness, checkpoint_s)
+        with self.metrics_path.open("a", encoding="utf-8") as fh:
+            fh.write(metrics.model_dump_json() + "\n")
+        self.history.append(metrics)
+        self.step = step
+        return metrics
+
+    # -- the step's parts --------------------------------------------------------------------------------
     def _samples(self, batch: Batch) -> tuple[list[Sample], list[float], MergeStats]:
-        calls = self.runtime.pool.calls(batch.episode_ids)
-        stored = self.runtime.pool.episodes(batch.episode_ids)
+        """The batch's training samples (those with trained tokens), their advantages and merge stats."""
+        calls = self.pool.calls(batch.episode_ids)
+        stored = self.pool.episodes(batch.episode_ids)
         agent_rewards = {eid: ep.agent_rewards for eid, ep in stored.items() if ep.agent_rewards}
         advantages = episode_advantages(batch.groups, batch.rewards, normalize_std=self.config.normalize_std)
         by_agent = agent_advantages(
@@ -566,45 +647,35 @@ class TrainingLoop:
                     advs.append(by_agent.get((eid, s.agent), advantages.get(eid, 0.0)))
         return samples, advs, aggregate_stats(stats)
 
-    def _step_blocking(
-        self, batch: Batch, drain_s: float, drain_aborted: int, stale_aborted: int
-    ) -> ServerStepMetrics | None:
-        runtime = self.runtime
-        samples, advs, merge = self._samples(batch)
+    def _staleness(self, batch: Batch) -> list[int]:
+        """Per trained episode: policy version being updated − version of its oldest call."""
         with self._pending_lock:
-            staleness = [
-                runtime.step - self._oldest_version.get(eid, runtime.step) for eid in batch.episode_ids
-            ]
-        consumed = list(batch.episode_ids) + list(batch.dropped)
-        if not samples:
-            self._consumed(consumed, runtime.step + 1)
-            runtime.events.emit(
-                "train.skipped", "batch has no trainable tokens; consumed without an update", level="warning"
-            )
-            return None
-        with runtime.engine.lock:  # generation pauses; afterwards it samples the new weights
-            if self._pending_trainer:
-                self.trainer.update_config(**self._pending_trainer)
-                self._pending_trainer.clear()
-            try:
-                base = self.trainer.step(samples, advs, rewards=list(batch.rewards.values()))
-            except TrainerError as exc:
-                self._consumed(consumed, runtime.step + 1)
-                runtime.events.emit("train.skipped", f"batch rejected by the trainer: {exc}", level="error")
-                return None
-            step = self.trainer.step_count
-            runtime.engine.policy_version = step  # calls waiting on the lock are sampled by step's weights
-            # Order matters for crash safety: consumed before the checkpoint (a crash in between rewinds
-            # them at restart), and the new step made visible last.
-            self._consumed(consumed, step)
-            self.window.clear()
-            self.votes.reset()
-            checkpoint_s = 0.0
-            if step % self.config.checkpoint_every == 0 or (
-                self.config.max_steps is not None and step >= self.config.max_steps
-            ):
-                checkpoint_s = self._checkpoint_locked()
-        metrics = ServerStepMetrics(
+            return [self.step - self._oldest_version.get(eid, self.step) for eid in batch.episode_ids]
+
+    def _skip(self, consumed: list[str], message: str, level: Literal["warning", "error"]) -> None:
+        """Consume a batch without an update (it would fail again) and say why."""
+        self._consumed(consumed, self.step + 1)
+        self.events.emit("train.skipped", message, level=level)
+
+    def _apply_staged_trainer_config(self) -> None:
+        if self._pending_trainer:
+            self.trainer.update_config(**self._pending_trainer)
+            self._pending_trainer.clear()
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every, last = self.config.checkpoint_every, self.config.max_steps
+        return step % every == 0 or (last is not None and step >= last)
+
+    def _metrics(
+        self,
+        base: StepMetrics,
+        batch: Batch,
+        merge: MergeStats,
+        drain: _Drain,
+        staleness: list[int],
+        checkpoint_s: float,
+    ) -> ServerStepMetrics:
+        return ServerStepMetrics(
             **base.model_dump(),
             batch_policy=self.config.batch.policy.value,
             groups=len(batch.groups),
@@ -614,31 +685,26 @@ class TrainingLoop:
             prefix_breaks=dict(merge.prefix_breaks),
             splices=merge.splices,
             tokens_saved=merge.tokens_saved,
-            drain_s=drain_s,
-            drain_aborted=drain_aborted,
-            stale_aborted=stale_aborted,
+            drain_s=drain.seconds,
+            drain_aborted=drain.aborted,
+            stale_aborted=drain.stale_aborted,
             staleness_mean=sum(staleness) / len(staleness) if staleness else 0.0,
             staleness_max=max(staleness, default=0),
             checkpoint_s=checkpoint_s,
         )
-        with self.metrics_path.open("a", encoding="utf-8") as fh:
-            fh.write(metrics.model_dump_json() + "\n")
-        self.history.append(metrics)
-        runtime.step = step
-        return metrics
 
     def _checkpoint_locked(self) -> float:
         started = time.perf_counter()
         save_checkpoint(
-            self.runtime.config.run_dir,
+            self.run_dir,
             self.trainer.step_count,
             self.trainer.model,
-            self.runtime.tokenizer,
+            self.engine.tokenizer,
             self.trainer.state_dict(),
             keep=self.config.keep_checkpoints,
         )
         elapsed = time.perf_counter() - started
-        self.runtime.events.emit(
+        self.events.emit(
             "checkpoint.saved",
             f"checkpoint step {self.trainer.step_count} ({elapsed:.1f} s)",
             step=self.trainer.step_count,
@@ -647,7 +713,7 @@ class TrainingLoop:
 
     def checkpoint(self) -> int:
         """Save a checkpoint now (blocking; generation pauses meanwhile); returns the step saved."""
-        with self.runtime.engine.lock:
+        with self.engine.pause():
             self._checkpoint_locked()
             return self.trainer.step_count
 

@@ -1,0 +1,38 @@
+"""Where a completion must end, shared by every engine: the end-of-turn ids and the context window."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from swarm.errors import ContextLengthError
+
+
+def end_of_turn_ids(configs: Iterable[Any], tokenizer: Any) -> frozenset[int]:
+    """The token ids that end a turn: every ``eos_token_id`` (an int or a list) of ``configs`` (a model
+    config, a generation config; ``None`` entries are skipped) and of the tokenizer."""
+    ids: set[int] = set()
+    for source in configs:
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(i) for i in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def check_prompt_fits(prompt_ids: list[int], max_context: int) -> None:
+    """Check that a prompt leaves room for at least one completion token.
+
+    Raises:
+        ContextLengthError: the prompt is empty, or ``len(prompt_ids) >= max_context`` (HTTP 400).
+    """
+    if not prompt_ids:
+        raise ContextLengthError("the rendered prompt is empty")
+    if len(prompt_ids) >= max_context:
+        raise ContextLengthError(
+            f"the prompt is {len(prompt_ids)} tokens but the context window is {max_context} "
+            "tokens (prompt + at least one completion token must fit)"
+        )

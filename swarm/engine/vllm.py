@@ -1,0 +1,447 @@
+"""The ``vllm`` engine: continuous batching on a GPU with vLLM's ``AsyncLLM``, token ids in and out.
+
+The server renders and splices prompts itself and hands vLLM the prompt ids (``TokensPrompt``), so the
+tracker's ids stay the record; vLLM never sees messages. vLLM runs its scheduler in an engine-core
+process; this object drives it from a private event loop in a background thread (so the server's
+loop, the trainer's thread and tests can all call it) and bridges each request to the caller's loop.
+
+Recording convention (shared with the ``hf`` engine and the trainer): ``Completion.logprobs[t]`` is
+``log_softmax(logits)[id_t]`` of the raw fp32 logits, i.e. temperature 1 and no top-p/top-k
+truncation, whatever the request's sampling parameters (vLLM ``logprobs_mode="raw_logprobs"``).
+
+A request with ``n`` choices is sent as ``n`` vLLM requests of one choice each, choice ``i`` seeded
+with ``seed + i`` like the ``hf`` engine; vLLM's prefix cache shares their prompt.
+
+Training on the same GPU (colocated): the trainer updates its own Hugging Face copy of the weights
+(`trainable_module`); around a step the engine pauses new requests (`pause`), puts vLLM to sleep to
+free its KV cache (`release_memory`), and afterwards pushes the new weights into the running engine
+through CUDA IPC handles (`load_weights`, see `swarm.engine._vllm_worker`) and resets the prefix
+cache, so the next call is sampled, and recorded, with the new ``policy_version``.
+
+vLLM is an optional dependency (``pip install 'a3r[vllm]'``, vLLM 0.25.1 for torch 2.11 + CUDA 13); it
+is imported when the engine is built, never at module import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import itertools
+import os
+import pickle
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import torch
+
+from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
+from swarm.engine.limits import check_prompt_fits, end_of_turn_ids
+from swarm.engine.model_loading import ModelSource, load_model
+from swarm.errors import ModelLoadError
+from swarm.tracking.records import FinishReason
+
+T = TypeVar("T")
+
+WORKER_EXTENSION = "swarm.engine._vllm_worker.WeightReceiver"
+MAX_TOP_LOGPROBS = 20
+
+
+class EngineUnavailable(ModelLoadError):
+    """The ``vllm`` engine cannot run here (vLLM not installed, or no CUDA GPU)."""
+
+
+def check_vllm_available() -> None:
+    """Raise `EngineUnavailable` with one readable line unless vLLM is installed and a GPU is visible.
+
+    Cheap: looks vLLM up without importing it (``swarm serve --check`` calls this).
+    """
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineUnavailable(
+            "--engine vllm needs vLLM, which is not installed: pip install 'a3r[vllm]' "
+            "(vLLM 0.25.1 for torch 2.11 + CUDA 13)"
+        )
+    if not torch.cuda.is_available():
+        raise EngineUnavailable("--engine vllm needs a CUDA GPU, and torch sees none here")
+
+
+def served_weights(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights to serve, named as the Hugging Face checkpoint names them.
+
+    A peft LoRA model yields its merged weights ``W + (α/r)·B·A`` (Hu et al. 2021, eq. 3), computed in
+    float32 from the frozen base and cast back to the base dtype; adapter tensors themselves are not
+    yielded. A plain model yields its ``state_dict``.
+
+    Yields:
+        ``(name, tensor)`` pairs; tensors are contiguous and on the module's device.
+    """
+    base_prefix = "base_model.model."
+    from peft.tuners.lora import LoraLayer
+
+    lora_layers: dict[str, Any] = {}
+    for name, sub in module.named_modules():
+        if isinstance(sub, LoraLayer):
+            lora_layers[name.removeprefix(base_prefix)] = sub
+    with torch.no_grad():
+        for name, tensor in module.state_dict().items():
+            name = name.removeprefix(base_prefix)
+            if ".lora_" in name:
+                continue
+            if ".base_layer." in name:
+                layer_name, _, leaf = name.partition(".base_layer.")
+                name = f"{layer_name}.{leaf}"
+                layer = lora_layers.get(layer_name)
+                if layer is not None and leaf == "weight":
+                    merged = tensor.float()
+                    for adapter in layer.active_adapters:
+                        merged = merged + layer.get_delta_weight(adapter).float()
+                    tensor = merged.to(tensor.dtype)
+            yield name, tensor.contiguous()
+
+
+class VLLMEngine:
+    """Continuous-batching sampler over vLLM's ``AsyncLLM`` (implements `swarm.engine.base.Engine`).
+
+    Args:
+        source: the model directory (Hugging Face format) and its served name.
+        dtype: weights dtype vLLM serves in (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        device: the trainer's device for `trainable_module` (vLLM itself uses the visible GPU).
+        gpu_memory_utilization: fraction of the GPU vLLM may take for weights + KV cache (0, 1].
+        max_model_len: context window in tokens; ``None`` takes the model config's.
+        seed: vLLM's global seed (requests without a seed draw from it).
+        enforce_eager: skip CUDA graph capture (faster start, slower decode).
+
+    Raises:
+        EngineUnavailable: vLLM is not installed or no CUDA GPU is visible.
+        ModelLoadError: vLLM cannot load the model or cannot get the memory asked for.
+    """
+
+    def __init__(
+        self,
+        source: ModelSource,
+        *,
+        dtype: str = "float32",
+        device: str = "cuda",
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        enforce_eager: bool = False,
+    ) -> None:
+        check_vllm_available()
+        # vLLM's engine core is a child process; torch has usually touched CUDA here already, and CUDA
+        # cannot be re-initialised in a forked child.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        directory = str(source.directory)
+        config = AutoConfig.from_pretrained(directory)
+        _check_can_serve(config, gpu_memory_utilization)
+        self.source = source
+        self.model_name = source.name
+        self.dtype = dtype
+        self.device = device
+        self.tokenizer = AutoTokenizer.from_pretrained(directory)
+        window: int = getattr(config, "max_position_embeddings", 2048)
+        self.max_context = int(max_model_len if max_model_len is not None else window)
+        generation: Any = None
+        with contextlib.suppress(OSError):  # a model directory without generation_config.json
+            generation = GenerationConfig.from_pretrained(directory)
+        self.stop_ids = end_of_turn_ids((generation, config), self.tokenizer)
+        self.policy_version = 0
+        self._pause_lock = threading.RLock()
+        self._pause_depth = 0
+        self._ids = itertools.count()
+        self._inflight = 0
+        self._sleeping = False
+        self._closed = False
+        self._trainable: torch.nn.Module | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
+        self._thread.start()
+        self._open: asyncio.Event = self._call(self._make_event())
+        self._idle: asyncio.Condition = self._call(self._make_condition())
+        try:
+            self._llm = self._call(self._start(directory, gpu_memory_utilization, seed, enforce_eager))
+        except Exception as exc:
+            self._stop_loop()
+            raise ModelLoadError(f"vLLM could not start {source.name}: {_first_line(exc)}") from exc
+
+    # -- construction on the engine loop ---------------------------------------------------------------
+    @staticmethod
+    async def _make_event() -> asyncio.Event:
+        event = asyncio.Event()
+        event.set()
+        return event
+
+    @staticmethod
+    async def _make_condition() -> asyncio.Condition:
+        return asyncio.Condition()
+
+    async def _start(self, directory: str, memory: float, seed: int, enforce_eager: bool) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=directory,
+            tokenizer=directory,
+            served_model_name=self.model_name,
+            dtype=self.dtype,
+            seed=seed,
+            max_model_len=self.max_context,
+            gpu_memory_utilization=memory,
+            enable_sleep_mode=True,
+            enable_prefix_caching=True,
+            enforce_eager=enforce_eager,
+            logprobs_mode="raw_logprobs",
+            max_logprobs=MAX_TOP_LOGPROBS,
+            generation_config="vllm",
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    def _call(self, work: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``work`` on the engine loop from another thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout)
+
+    # -- the engine protocol ---------------------------------------------------------------------------
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        """Raise :class:`ContextLengthError` unless the prompt leaves room for one completion token."""
+        check_prompt_fits(prompt_ids, self.max_context)
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, on_token: TokenCallback | None = None
+    ) -> list[Completion]:
+        """Sample ``params.n`` completions for one prompt (continuously batched with other requests).
+
+        ``on_token`` is called from the engine's thread with each token as vLLM returns it. Cancelling
+        the awaiting task aborts the request in vLLM (its rows stop at the next scheduler step).
+
+        Raises:
+            ContextLengthError: the prompt leaves no room for a completion token.
+            RuntimeError: the engine is closed.
+        """
+        self.check_prompt(prompt_ids)
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        work = self._generate(list(prompt_ids), params, on_token)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+
+    def trainable_module(self) -> torch.nn.Module:
+        """A Hugging Face copy of the served weights on the trainer's device (loaded on first use)."""
+        if self._trainable is None:
+            module, _ = load_model(self.source, dtype=self.dtype, device=self.device)
+            self._trainable = module
+        return self._trainable
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Hold new requests back and wait for those in flight to end (re-entrant; the trainer holds it
+        during a step). Requests that arrive meanwhile wait and are sampled once it exits."""
+        with self._pause_lock:
+            self._pause_depth += 1
+            try:
+                if self._pause_depth == 1:
+                    self._call(self._close_gate())
+                yield
+            finally:
+                self._pause_depth -= 1
+                if self._pause_depth == 0:
+                    self._call(self._open_gate())
+
+    def release_memory(self) -> None:
+        """Put vLLM to sleep (level 1: KV cache discarded, weights moved to CPU memory)."""
+        if not self._sleeping:
+            self._call(self._llm.sleep(level=1))
+            self._sleeping = True
+
+    def restore_memory(self) -> None:
+        """Wake vLLM up (weights back on the GPU, KV cache re-allocated)."""
+        if self._sleeping:
+            self._call(self._llm.wake_up())
+            self._sleeping = False
+
+    def load_weights(self, module: torch.nn.Module, policy_version: int) -> None:
+        """Serve ``module``'s weights from now on (LoRA merged) and record ``policy_version``.
+
+        The tensors are shared with vLLM's worker through CUDA IPC handles (no copy through the host),
+        then the prefix cache is reset: cached prompts were computed with the old weights.
+        """
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        if self._sleeping:  # level-1 sleep restores its CPU copy on wake: wake the weights first
+            self._call(self._llm.wake_up(tags=["weights"]))
+        keep = [(name, t if t.is_cuda else t.cuda()) for name, t in served_weights(module)]
+        payload = pickle.dumps([(name, reduce_tensor(t)[1]) for name, t in keep])
+        torch.cuda.synchronize()
+        self._call(self._llm.collective_rpc("swarm_load_ipc_weights", args=(payload,)))
+        del keep
+        self._call(self._llm.reset_prefix_cache())
+        if self._sleeping:
+            self._call(self._llm.wake_up(tags=["kv_cache"]))
+            self._sleeping = False
+        self.policy_version = policy_version
+
+    def close(self) -> None:
+        """Shut vLLM's engine-core process down and stop the engine thread."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._llm.shutdown()
+        self._stop_loop()
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    async def _close_gate(self) -> None:
+        self._open.clear()
+        async with self._idle:
+            await self._idle.wait_for(lambda: self._inflight == 0)
+
+    async def _open_gate(self) -> None:
+        self._open.set()
+
+    async def _generate(
+        self, prompt_ids: list[int], params: SamplingParams, on_token: TokenCallback | None
+    ) -> list[Completion]:
+        await self._open.wait()
+        self._inflight += 1
+        try:
+            started = time.perf_counter()
+            version = self.policy_version
+            max_new = max(1, min(params.max_tokens, self.max_context - len(prompt_ids)))
+            rows = [self._sample(prompt_ids, params, choice, max_new, on_token) for choice in range(params.n)]
+            completions = list(await asyncio.gather(*rows))
+            elapsed = time.perf_counter() - started
+            for completion in completions:
+                completion.generate_s = elapsed
+                completion.policy_version = version
+            return completions
+        finally:
+            self._inflight -= 1
+            async with self._idle:
+                self._idle.notify_all()
+
+    async def _sample(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        choice: int,
+        max_new: int,
+        on_token: TokenCallback | None,
+    ) -> Completion:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        k = min(params.top_logprobs, MAX_TOP_LOGPROBS)
+        sampling = VllmSamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=max_new,
+            seed=None if params.seed is None else params.seed + choice,
+            stop=list(params.stop) or None,
+            stop_token_ids=sorted(self.stop_ids),
+            logprobs=k,
+            skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        ids: list[int] = []
+        logprobs: list[float] = []
+        top: list[list[tuple[int, float]]] = []
+        finish: str | None = None
+        request_id = f"swarm-{next(self._ids)}"
+        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), sampling, request_id)
+        async for output in stream:
+            piece = output.outputs[0]
+            new_ids = list(piece.token_ids)
+            per_token = piece.logprobs or []
+            for position, token in enumerate(new_ids):
+                entry = per_token[position]
+                ids.append(token)
+                logprobs.append(float(entry[token].logprob))
+                if k > 0:
+                    ranked = sorted(
+                        ((int(t), lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k),
+                        key=lambda item: item[1].rank or 0,
+                    )
+                    top.append([(t, float(lp.logprob)) for t, lp in ranked][:k])
+                if on_token is not None:
+                    last = piece.finish_reason is not None and position == len(new_ids) - 1
+                    on_token = _announce(on_token, choice, ids, logprobs, top, last)
+            finish = piece.finish_reason or finish
+        reason = FinishReason.STOP if finish == "stop" else FinishReason.LENGTH
+        return Completion(
+            ids=ids,
+            logprobs=logprobs,
+            finish_reason=reason,
+            text=self._visible_text(ids, params.stop),
+            top_logprobs=top,
+            batch_size=1,
+        )
+
+    def _visible_text(self, ids: list[int], stops: tuple[str, ...]) -> str:
+        """Decoded text without a final end-of-turn token, cut before the first stop string (as hf)."""
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        text = str(self.tokenizer.decode(ids, skip_special_tokens=False))
+        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+        return text[:cut] if cut >= 0 else text
+
+
+def _announce(
+    on_token: TokenCallback,
+    choice: int,
+    ids: list[int],
+    logprobs: list[float],
+    top: list[list[tuple[int, float]]],
+    last: bool,
+) -> TokenCallback | None:
+    """Hand the newest token to a listener; a listener that fails (its loop closed) is dropped."""
+    token = SampledToken(
+        choice=choice, id=ids[-1], logprob=logprobs[-1], top_logprobs=tuple(top[-1]) if top else (), last=last
+    )
+    try:
+        on_token(token)
+    except Exception:
+        return None
+    return on_token
+
+
+def _check_can_serve(config: Any, memory: float) -> None:
+    """Refuse, in one line, what vLLM would fail on deep inside its engine-core process: a model
+    architecture it has no implementation for, and a memory fraction the GPU cannot give now.
+
+    Raises:
+        ModelLoadError: either problem, naming the option to change.
+    """
+    from vllm import ModelRegistry
+
+    architectures = list(getattr(config, "architectures", None) or [])
+    supported = ModelRegistry.get_supported_archs()
+    if not any(arch in supported for arch in architectures):
+        raise ModelLoadError(
+            f"vLLM cannot serve this model (architectures {architectures or 'unknown'}); use --engine hf"
+        )
+    if not 0 < memory <= 1:
+        raise ModelLoadError(f"--gpu-memory-utilization must be in (0, 1], got {memory}")
+    free, total = torch.cuda.mem_get_info()
+    if memory * total > free:
+        raise ModelLoadError(
+            f"--gpu-memory-utilization {memory} asks for {memory * total / 2**30:.1f} GiB of the GPU, "
+            f"but only {free / 2**30:.1f} GiB is free"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+__all__ = ["EngineUnavailable", "VLLMEngine", "check_vllm_available", "served_weights"]

@@ -1,0 +1,248 @@
+"""The open episodes of one server: their secret keys, begin/end, idle reclaim and bulk aborts.
+
+`OpenEpisodes` is the one owner of the open-episode table and of the key table (SHA-256 digests of the
+episode keys; a key itself is never stored). Ending an episode commits it to the pool, cancels its
+calls still being sampled, tells every on-end listener (the training loop indexes it) and logs an
+``episode.<status>`` event. Everything here runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm.engine.base import Completion
+from swarm.errors import AuthError, EpisodeNotFound, EpisodeStateError
+from swarm.pool import Pool, StoredEpisode
+from swarm.protocol import EpisodeAbort, EpisodeCreate, EpisodeFinish, EpisodeStatus
+from swarm.server.events import EventLog
+from swarm.tracking.records import CallRecord
+
+KEY_PREFIX = "sk-swarm-"
+"""Prefix of every episode key (control routes refuse bearer tokens that carry it)."""
+
+EndListener = Callable[[StoredEpisode, list[CallRecord]], None]
+"""Called with an ended episode (already in the pool) and its calls."""
+
+
+def _key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class OpenEpisode:
+    """An episode that has begun and not yet ended (kept in memory; written to the pool when it ends)."""
+
+    id: str
+    key_digest: str
+    request: EpisodeCreate
+    created_at: float
+    last_seen: float
+    calls: list[CallRecord] = field(default_factory=list)
+    busy: int = 0
+    """Chat requests of this episode in flight (an episode is never reclaimed while one runs)."""
+    sampling: set[asyncio.Task[list[Completion]]] = field(default_factory=set)
+    """Engine requests in flight; cancelled when the episode ends (the engine stops their rows)."""
+
+    def is_trainable(self, agent: str) -> bool:
+        agents = self.request.trainable_agents
+        return agents is None or agent in agents
+
+
+class OpenEpisodes:
+    """The open-episode table of one server.
+
+    Args:
+        pool: where ended episodes are committed.
+        events: the server's event log (``episode.finished``/``aborted``/``infra_failure``).
+        timeout_s: an episode with no call in flight and no call or heartbeat for this long is
+            reclaimed by :meth:`reclaim_idle` (seconds).
+    """
+
+    def __init__(self, pool: Pool, events: EventLog, *, timeout_s: float) -> None:
+        self.pool = pool
+        self.events = events
+        self.timeout_s = timeout_s
+        self._open: dict[str, OpenEpisode] = {}
+        self._by_key: dict[str, str] = {}
+        self._listeners: list[EndListener] = []
+
+    def on_end(self, listener: EndListener) -> None:
+        """Call ``listener`` after every episode ends (once it is in the pool), in subscription order."""
+        self._listeners.append(listener)
+
+    # -- lookup ------------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __contains__(self, episode_id: object) -> bool:
+        return episode_id in self._open
+
+    def __iter__(self) -> Iterator[OpenEpisode]:
+        return iter(list(self._open.values()))
+
+    def get(self, episode_id: str) -> OpenEpisode | None:
+        """The open episode ``episode_id``, or ``None`` when it is not open."""
+        return self._open.get(episode_id)
+
+    def for_key(self, key: str) -> OpenEpisode:
+        """The open episode a key belongs to.
+
+        Raises:
+            AuthError: unknown key, or the episode has ended (401).
+        """
+        episode_id = self._by_key.get(_key_digest(key))
+        if episode_id is None:
+            raise AuthError("invalid or expired episode API key (the episode may have ended)")
+        return self._open[episode_id]
+
+    def require(self, episode_id: str) -> OpenEpisode:
+        """The open episode ``episode_id``.
+
+        Raises:
+            EpisodeStateError: it has already ended (409).
+            EpisodeNotFound: no such episode (404).
+        """
+        episode = self._open.get(episode_id)
+        if episode is not None:
+            return episode
+        if self.pool.get(episode_id) is not None:
+            raise EpisodeStateError(episode_id, f"episode {episode_id} has already ended")
+        raise EpisodeNotFound(episode_id)
+
+    def clients(self) -> Counter[str]:
+        """Open episodes per client id."""
+        return Counter(e.request.client_id for e in self._open.values())
+
+    # -- begin and end -----------------------------------------------------------------------------------
+    def begin(self, request: EpisodeCreate) -> tuple[OpenEpisode, str]:
+        """Open an episode (admission is the caller's) and mint its secret key.
+
+        Returns:
+            The episode and its key (``sk-swarm-…``; only its digest is kept).
+        """
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        now = time.time()
+        episode = OpenEpisode("ep-" + uuid.uuid4().hex, _key_digest(key), request, now, now)
+        self._open[episode.id] = episode
+        self._by_key[episode.key_digest] = episode.id
+        return episode, key
+
+    def heartbeat(self, episode_id: str) -> None:
+        """Keep an episode from being reclaimed as idle (raises like :meth:`require`)."""
+        self.require(episode_id).last_seen = time.time()
+
+    def finish(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
+        """End an episode with its reward; it is committed to the pool before this returns.
+
+        Raises:
+            EpisodeStateError: it has ended, or a call of it is still being sampled (409; the episode
+                stays open: finish it once the answer has arrived, or abort it, which cancels the call).
+            EpisodeNotFound: no such episode (404).
+        """
+        episode = self.require(episode_id)
+        if episode.busy:
+            raise EpisodeStateError(
+                episode_id,
+                f"episode {episode_id} has {episode.busy} call(s) still being sampled; finish it after "
+                "their answers arrive, or abort it (which cancels them)",
+            )
+        return self.end(
+            episode,
+            EpisodeStatus.FINISHED,
+            reward=body.reward,
+            agent_rewards=body.agent_rewards,
+            metrics=body.metrics,
+        )
+
+    def abort(self, episode_id: str, body: EpisodeAbort) -> StoredEpisode:
+        """End an episode without a reward (``infra_failure`` keeps it out of group statistics).
+
+        Raises:
+            EpisodeStateError: it has already ended (409).
+            EpisodeNotFound: no such episode (404).
+        """
+        episode = self.require(episode_id)
+        status = EpisodeStatus.INFRA_FAILURE if body.infra_failure else EpisodeStatus.ABORTED
+        return self.end(episode, status, reason=body.reason)
+
+    def end(self, episode: OpenEpisode, status: EpisodeStatus, **fields: Any) -> StoredEpisode:
+        """Close ``episode``: commit it to the pool with ``status`` and ``fields`` (reward, reason…),
+        cancel its calls in flight, notify the on-end listeners and log the event.
+
+        Raises:
+            Exception: whatever the pool raises; the episode then stays open (a finish may be retried).
+        """
+        # Remove the key first: from here on no call can be added to this episode.
+        self._by_key.pop(episode.key_digest, None)
+        self._open.pop(episode.id, None)
+        req = episode.request
+        stored = StoredEpisode(
+            id=episode.id,
+            task_id=req.task_id,
+            client_id=req.client_id,
+            family=req.family,
+            kind=req.kind,
+            status=status,
+            created_at=episode.created_at,
+            finished_at=time.time(),
+            metadata=req.metadata,
+            trainable_agents=req.trainable_agents,
+            **fields,
+        )
+        try:
+            self.pool.add(stored, episode.calls)
+        except BaseException:
+            # Nothing is lost: the episode stays open and the client may retry finish.
+            self._open[episode.id] = episode
+            self._by_key[episode.key_digest] = episode.id
+            raise
+        for generation in episode.sampling:  # its calls can no longer be recorded: stop sampling them
+            generation.cancel()
+        for listener in self._listeners:
+            listener(stored, episode.calls)
+        self.events.emit(
+            f"episode.{status.value}",
+            f"episode {episode.id} {status.value} (task {req.task_id}, {len(episode.calls)} calls)",
+            episode_id=episode.id,
+            task_id=req.task_id,
+            client_id=req.client_id,
+            reward=stored.reward,
+        )
+        return stored
+
+    # -- bulk aborts -------------------------------------------------------------------------------------
+    def _abort_all(self, episodes: list[OpenEpisode], reason: str) -> list[str]:
+        for episode in episodes:
+            self.end(episode, EpisodeStatus.INFRA_FAILURE, reason=reason)
+        return [e.id for e in episodes]
+
+    def abort_open(self, reason: str) -> list[str]:
+        """Abort every open episode as an infrastructure failure (drain timeout); returns their ids."""
+        return self._abort_all(list(self._open.values()), reason)
+
+    def abort_older_than(self, version: int, reason: str) -> list[str]:
+        """Abort, as infrastructure failures, open episodes with a call sampled before policy ``version``;
+        returns their ids."""
+        stale = [
+            e for e in self._open.values() if e.calls and min(c.policy_version for c in e.calls) < version
+        ]
+        return self._abort_all(stale, reason)
+
+    def reclaim_idle(self, now: float | None = None) -> list[str]:
+        """Abort, as infrastructure failures, episodes with no call in flight and no call or heartbeat
+        for longer than ``timeout_s``; returns their ids.
+
+        Args:
+            now: Unix time to measure idleness against (default: the current time).
+        """
+        now = time.time() if now is None else now
+        idle = [e for e in self._open.values() if e.busy == 0 and now - e.last_seen > self.timeout_s]
+        return self._abort_all(idle, f"reclaimed: no call or heartbeat for {self.timeout_s:g} s")
