@@ -12,18 +12,13 @@ import math
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from swarm.tracking.merge import MergeStats
+from swarm.tracking.messages import ChatMessage as ChatMessage
+from swarm.tracking.messages import FunctionCall as FunctionCall
+from swarm.tracking.messages import TextPart as TextPart
+from swarm.tracking.messages import ToolCall as ToolCall
 from swarm.tracking.records import CallRecord, Sample
 
 
@@ -48,36 +43,8 @@ class ErrorBody(BaseModel):
 
 
 # --- OpenAI chat completions -----------------------------------------------------------------------------
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str = "{}"
-    """JSON-encoded arguments, as produced by the model."""
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(BaseModel):
-    """One message of the conversation (request side)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-    @model_validator(mode="after")
-    def _content_or_tool_calls(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(f"a {self.role} message needs content")
-        return self
-
-
+# The request's messages (`ChatMessage`, `ToolCall`, `FunctionCall`, `TextPart`) are defined next to the
+# prompt renderer that consumes them (swarm.tracking.messages) and re-exported here.
 class ChatCompletionRequest(BaseModel):
     """``POST /v1/chat/completions`` body (OpenAI format; unknown fields ignored)."""
 

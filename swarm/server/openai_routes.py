@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from fastapi import APIRouter
 from fastapi.sse import EventSourceResponse
 
+from swarm.engine.base import TokenCallback
 from swarm.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
+from swarm.server.chat import ChatResult
 from swarm.server.deps import EpisodeDep, RuntimeDep
-from swarm.server.streaming import live_chunks, replay_chunks
+from swarm.server.openai_format import ResponseHeader, chat_completion
+from swarm.server.streaming import LiveStream, encode_events, live_events, replay_events
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -32,12 +38,24 @@ async def chat_completions(
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
     if body.stream and (not body.tools or body.tool_choice == "none"):
         prepared = runtime.prepare_chat(episode, body)  # bad requests fail before the first byte
-        return EventSourceResponse(live_chunks(runtime, episode, body, prepared, include_usage))
-    completion, records = await runtime.chat(episode, body)
+
+        def start(on_token: TokenCallback) -> asyncio.Future[ChatResult]:
+            return runtime.spawn(runtime.chat(episode, body, prepared=prepared, on_token=on_token))
+
+        stream = LiveStream(
+            header=ResponseHeader.new(body.model, runtime.step, time.time()),
+            n=prepared.params.n,
+            stop=prepared.params.stop,
+            stop_ids=runtime.engine.stop_ids,
+            detokenizer=runtime.detokenizer,
+            logprobs=body.logprobs,
+            include_usage=include_usage,
+        )
+        return EventSourceResponse(encode_events(live_events(start, stream)))
+    result = await runtime.chat(episode, body)
+    header = ResponseHeader.new(body.model, result.policy_version, result.created_at)
+    completion = chat_completion(result, header, logprobs=body.logprobs, detokenizer=runtime.detokenizer)
     if not body.stream:
         return completion
-    pieces = [
-        runtime.text_pieces(r.completion_ids, c.message.content or "")
-        for r, c in zip(records, completion.choices, strict=True)
-    ]
-    return EventSourceResponse(replay_chunks(completion, pieces, include_usage))
+    events = replay_events(completion, result.records, runtime.detokenizer, include_usage=include_usage)
+    return EventSourceResponse(encode_events(events))

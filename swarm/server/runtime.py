@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from swarm.config import ServerConfig
-from swarm.engine.base import Completion, Engine, SamplingParams, TokenCallback
+from swarm.engine.base import Engine, TokenCallback
 from swarm.engine.factory import load_engine
-from swarm.errors import EpisodeNotFound, EpisodeStateError, RequestError, Unavailable
+from swarm.errors import EpisodeNotFound, EpisodeStateError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.precision import resolve_mixed_precision
 from swarm.protocol import (
-    AssistantMessage,
-    ChatCompletion,
     ChatCompletionRequest,
-    Choice,
-    ChoiceLogprobs,
     EpisodeAbort,
     EpisodeCounts,
     EpisodeCreate,
@@ -34,34 +28,18 @@ from swarm.protocol import (
     EpisodeFinish,
     EpisodeStatus,
     EpisodeView,
-    FunctionCall,
     StatusView,
-    TokenLogprob,
-    ToolCall,
-    TopLogprob,
-    Usage,
 )
+from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call, sampling_for
+from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisode, OpenEpisodes
 from swarm.server.events import EventLog
 from swarm.server.phase import Phase
 from swarm.server.training import TrainingLoop
 from swarm.tracking.merge import build_samples
-from swarm.tracking.records import CallRecord, FinishReason
-from swarm.tracking.render import PromptRenderer, RenderedPrompt
-from swarm.tracking.toolcalls import parse_tool_calls
+from swarm.tracking.render import PromptRenderer
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class PreparedCall:
-    """A checked, rendered chat request (`SwarmRuntime.prepare_chat`), ready to be sampled."""
-
-    arrived: float
-    """Unix time the request arrived."""
-    agent: str
-    params: SamplingParams
-    rendered: RenderedPrompt
 
 
 class SwarmRuntime:
@@ -93,6 +71,7 @@ class SwarmRuntime:
         self.tokenizer = engine.tokenizer
         self.model_name = engine.model_name
         self.renderer = PromptRenderer(self.tokenizer)
+        self.detokenizer = TokenizerDetokenizer(self.tokenizer)
         self.pool = Pool(run_dir / "pool.db")
         self._tasks: set[asyncio.Task[Any]] = set()
         self.episodes = OpenEpisodes(self.pool, self.events, timeout_s=config.episode_timeout_s)
@@ -206,40 +185,6 @@ class SwarmRuntime:
         return EpisodeView(episode_id=episode_id, calls=calls, samples=samples, merge=stats, **base)
 
     # -- chat completions ------------------------------------------------------------------------------
-    def agent_for(self, request: ChatCompletionRequest) -> str:
-        """The agent name of a request: ``model="<served>:<agent>"`` or the ``user`` field.
-
-        Raises:
-            RequestError: the model name is not served here (404 ``model_not_found``).
-        """
-        model = request.model
-        if model == self.model_name:
-            return request.user or "default"
-        prefix = self.model_name + ":"
-        if model.startswith(prefix) and len(model) > len(prefix):
-            return model[len(prefix) :]
-        raise RequestError(
-            f"model {model!r} is not served here; use {self.model_name!r} (or '{prefix}<agent>')",
-            status_code=404,
-            param="model",
-        )
-
-    def sampling_for(self, request: ChatCompletionRequest) -> SamplingParams:
-        defaults = self.config.sampling
-        max_tokens = request.max_completion_tokens or request.max_tokens or defaults.max_tokens
-        top_k = request.top_logprobs or 0
-        if top_k and not request.logprobs:
-            raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-        return SamplingParams(
-            temperature=defaults.temperature if request.temperature is None else request.temperature,
-            top_p=defaults.top_p if request.top_p is None else request.top_p,
-            max_tokens=max_tokens,
-            stop=tuple(request.stop or ()),  # the validator turned a string into a list
-            seed=request.seed,
-            n=request.n,
-            top_logprobs=top_k,
-        )
-
     def prepare_chat(self, episode: OpenEpisode, request: ChatCompletionRequest) -> PreparedCall:
         """Check and render one chat request of an open episode (nothing sampled or recorded yet).
 
@@ -247,12 +192,14 @@ class SwarmRuntime:
             RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
         """
         arrived = time.time()
-        agent = self.agent_for(request)
-        params = self.sampling_for(request)
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        rendered = self.renderer.render(messages, request.tools, history=episode.calls, agent=agent)
+        agent = agent_for(request, self.model_name)
+        params = sampling_for(request, self.config.sampling)
+        rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
         self.engine.check_prompt(rendered.prompt_ids)
-        return PreparedCall(arrived=arrived, agent=agent, params=params, rendered=rendered)
+        parse_tools = bool(request.tools) and request.tool_choice != "none"
+        return PreparedCall(
+            arrived=arrived, agent=agent, params=params, rendered=rendered, parse_tools=parse_tools
+        )
 
     async def chat(
         self,
@@ -261,7 +208,7 @@ class SwarmRuntime:
         *,
         prepared: PreparedCall | None = None,
         on_token: TokenCallback | None = None,
-    ) -> tuple[ChatCompletion, list[CallRecord]]:
+    ) -> ChatResult:
         """Render, sample and record one chat request of an open episode.
 
         Args:
@@ -269,23 +216,21 @@ class SwarmRuntime:
                 response must fail with an HTTP error before its first byte).
             on_token: sees every token as it is sampled, on the engine's thread (`Engine.generate`).
 
+        Returns:
+            The call records (one per choice, appended to the episode) and the engine's completions.
+
         Raises:
             RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
             EpisodeStateError: the episode ended while the call was sampled (nothing is recorded).
         """
         if prepared is None:
             prepared = self.prepare_chat(episode, request)
-        arrived, agent, params, rendered = (
-            prepared.arrived,
-            prepared.agent,
-            prepared.params,
-            prepared.rendered,
-        )
+        prompt_ids = prepared.rendered.prompt_ids
         episode.busy += 1
-        episode.last_seen = arrived
+        episode.last_seen = prepared.arrived
         ended = EpisodeStateError(episode.id, f"episode {episode.id} ended while this call was running")
         queued = time.time()
-        generation = asyncio.ensure_future(self.engine.generate(rendered.prompt_ids, params, on_token))
+        generation = asyncio.ensure_future(self.engine.generate(prompt_ids, prepared.params, on_token))
         episode.sampling.add(generation)
         try:
             completions = await generation
@@ -300,159 +245,26 @@ class SwarmRuntime:
             episode.last_seen = time.time()
         if episode.id not in self.episodes:  # ended (or reclaimed) while we sampled: record nothing
             raise ended
+        first = len(episode.calls)
         records = [
-            self._record(
-                episode,
-                len(episode.calls) + i,
-                agent,
-                rendered.prompt_ids,
-                c,
-                params,
-                request,
-                arrived,
-                queued,
-                rendered,
+            record_call(
+                prepared,
+                completion,
+                index=first + i,
+                trainable=episode.is_trainable(prepared.agent),
+                salt=f"{episode.id}:{first + i}",
+                queued=queued,
             )
-            for i, c in enumerate(completions)
+            for i, completion in enumerate(completions)
         ]
         episode.calls.extend(records)
-        return self._completion_response(request, records, completions, len(rendered.prompt_ids)), records
-
-    def _record(
-        self,
-        episode: OpenEpisode,
-        index: int,
-        agent: str,
-        prompt_ids: list[int],
-        completion: Completion,
-        params: SamplingParams,
-        request: ChatCompletionRequest,
-        arrived: float,
-        queued: float,
-        rendered: Any,
-    ) -> CallRecord:
-        text = completion.text
-        tool_calls: list[dict[str, Any]] = []
-        finish = completion.finish_reason
-        if request.tools and request.tool_choice != "none":
-            content, tool_calls = parse_tool_calls(text, salt=f"{episode.id}:{index}")
-            if tool_calls:
-                text = content or ""
-                finish = FinishReason.TOOL_CALLS
-        sampling = {
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "max_tokens": params.max_tokens,
-            "stop": list(params.stop),
-            "seed": params.seed,
-            "n": params.n,
-        }
-        return CallRecord(
-            index=index,
-            agent=agent,
-            trainable=episode.is_trainable(agent),
-            prompt_ids=prompt_ids,
-            completion_ids=completion.ids,
-            logprobs=completion.logprobs,
-            finish_reason=finish,
-            text=text,
-            tool_calls=tool_calls,
-            sampling=sampling,
-            splices=rendered.splices,
-            splice_mismatches=rendered.splice_mismatches,
-            policy_version=completion.policy_version,
-            created_at=arrived,
-            queue_s=max(0.0, time.time() - queued - completion.generate_s),
-            generate_s=completion.generate_s,
-        )
-
-    def _completion_response(
-        self,
-        request: ChatCompletionRequest,
-        records: Sequence[CallRecord],
-        completions: Sequence[Completion],
-        prompt_len: int,
-    ) -> ChatCompletion:
-        choices = []
-        for i, (record, completion) in enumerate(zip(records, completions, strict=True)):
-            tool_calls = [
-                ToolCall(id=tc["id"], function=FunctionCall(**tc["function"])) for tc in record.tool_calls
-            ] or None
-            message = AssistantMessage(
-                content=record.text if record.text or not tool_calls else None, tool_calls=tool_calls
-            )
-            choices.append(
-                Choice(
-                    index=i,
-                    message=message,
-                    finish_reason=record.finish_reason.value,
-                    logprobs=self.logprobs_view(completion) if request.logprobs else None,
-                )
-            )
-        completion_tokens = sum(len(r.completion_ids) for r in records)
-        return ChatCompletion(
-            id="chatcmpl-" + uuid.uuid4().hex,
-            created=int(time.time()),
-            model=request.model,
-            choices=choices,
-            usage=Usage(
-                prompt_tokens=prompt_len,
-                completion_tokens=completion_tokens,
-                total_tokens=prompt_len + completion_tokens,
-            ),
-            system_fingerprint=f"policy-{self.step}",
-        )
-
-    def text_pieces(self, ids: Sequence[int], content: str) -> list[str]:
-        """Split ``content`` into one piece per token of ``ids`` (for streaming).
-
-        Pieces come from incremental decoding, so they concatenate to exactly ``content`` (a token that
-        ends inside a multi-byte character yields ``""`` and the next token carries the character;
-        tokens past the visible text, such as a stop string or end-of-turn token, yield ``""``).
-        """
-        pieces: list[str] = []
-        emitted = 0
-        for t in range(len(ids)):
-            decoded = str(self.tokenizer.decode(list(ids[: t + 1]), skip_special_tokens=False))
-            if decoded.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for the next token
-                pieces.append("")
-                continue
-            upto = min(len(decoded), len(content))
-            pieces.append(content[emitted:upto] if upto > emitted else "")
-            emitted = max(emitted, upto)
-        if emitted < len(content) and pieces:
-            pieces[-1] += content[emitted:]
-        return pieces
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of token ids, special tokens included."""
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
-
-    def token_text(self, token_id: int) -> str:
-        return self.decode([token_id])
-
-    def token_logprob(self, token_id: int, logprob: float, top: Sequence[tuple[int, float]]) -> TokenLogprob:
-        """OpenAI's view of one sampled token: its string, bytes, logprob and top alternatives."""
-        text = self.token_text(token_id)
-        return TokenLogprob(
-            token=text,
-            logprob=logprob,
-            bytes=list(text.encode()),
-            top_logprobs=[
-                TopLogprob(token=self.token_text(i), logprob=v, bytes=list(self.token_text(i).encode()))
-                for i, v in top
-            ],
-        )
-
-    def logprobs_view(self, completion: Completion) -> ChoiceLogprobs:
-        """OpenAI ``logprobs.content`` for a completion (token strings decoded one id at a time)."""
-        return ChoiceLogprobs(
-            content=[
-                self.token_logprob(
-                    tok, lp, completion.top_logprobs[t] if t < len(completion.top_logprobs) else []
-                )
-                for t, (tok, lp) in enumerate(zip(completion.ids, completion.logprobs, strict=True))
-            ]
+        return ChatResult(
+            records=records,
+            completions=completions,
+            prompt_tokens=len(prompt_ids),
+            agent=prepared.agent,
+            policy_version=self.step,
+            created_at=time.time(),
         )
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

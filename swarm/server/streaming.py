@@ -1,124 +1,98 @@
 """Server-sent ``chat.completion.chunk`` events for ``stream=true`` chat requests.
 
-Two ways to stream, one wire format (OpenAI's): a role chunk per choice, content chunks, a finish chunk
-per choice, an optional usage chunk, then ``data: [DONE]``.
+Two ways to stream, one wire format (OpenAI's, built by `swarm.server.openai_format`): a role chunk per
+choice, content chunks, a finish chunk per choice, an optional usage chunk, then ``data: [DONE]``.
 
-- `live_chunks` forwards tokens *as the engine samples them* (time to first token is one decode step).
-  Text is released only once it is certain to be part of the answer: an incomplete UTF-8 character, the
-  end-of-turn token and the last ``len(stop) - 1`` characters (which could begin a stop string) are held
-  back until the next token or the end. A client that disconnects mid-stream cancels its call: the
-  engine stops sampling it and nothing is recorded (the agent never saw that answer, so it is not part
-  of the trajectory).
-- `replay_chunks` sends a finished completion as chunks, one per token. Requests with ``tools`` use it:
+- `live_events` forwards tokens *as the engine samples them* (time to first token is one decode step).
+  Text is released only once it is certain to be part of the answer (`openai_format.ChoiceText`). A
+  client that disconnects mid-stream cancels its call: the engine stops sampling it and nothing is
+  recorded (the agent never saw that answer, so it is not part of the trajectory).
+- `replay_events` sends a finished completion as chunks, one per token. Requests with ``tools`` use it:
   whether the text is a tool call is known only once the completion is complete.
 
-The record is the same either way: the token ids, logprobs and text of `CallRecord`.
+The record is the same either way: the token ids, logprobs and text of `CallRecord`. Events are FastAPI
+`ServerSentEvent` objects; `encode_events` writes them in the SSE wire format.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 
-from swarm.engine.base import SampledToken
-from swarm.errors import SwarmError
-from swarm.protocol import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChoiceLogprobs,
-    ChunkChoice,
-    ChunkDelta,
-    ErrorBody,
-    ErrorDetail,
-    Usage,
+from fastapi.encoders import jsonable_encoder
+from fastapi.sse import ServerSentEvent, format_sse_event
+from pydantic import BaseModel
+
+from swarm.engine.base import SampledToken, TokenCallback
+from swarm.protocol import ChatCompletion, ChoiceLogprobs
+from swarm.server.chat import ChatResult
+from swarm.server.detokenizer import Detokenizer
+from swarm.server.openai_format import (
+    ChoiceText,
+    ResponseHeader,
+    assistant_message,
+    error_body,
+    replay_chunks,
+    token_logprob,
+    usage,
 )
-from swarm.server.episodes import OpenEpisode
-from swarm.server.runtime import PreparedCall, SwarmRuntime
+from swarm.tracking.records import CallRecord
 
-__all__ = ["live_chunks", "replay_chunks"]
+__all__ = ["DONE", "LiveStream", "StartCall", "encode_events", "live_events", "replay_events"]
 
-DONE = "data: [DONE]\n\n"
+DONE = ServerSentEvent(raw_data="[DONE]")
+"""The last event of every stream."""
 
-
-@dataclass(frozen=True)
-class _ChunkHeader:
-    id: str
-    created: int
-    model: str
-    system_fingerprint: str | None
-
-    def event(self, choice: ChunkChoice | None, usage: Usage | None = None) -> str:
-        msg = ChatCompletionChunk(
-            id=self.id,
-            created=self.created,
-            model=self.model,
-            choices=[choice] if choice is not None else [],
-            usage=usage,
-            system_fingerprint=self.system_fingerprint,
-        )
-        return f"data: {msg.model_dump_json(exclude_none=True)}\n\n"
-
-    def finish(self, index: int, reason: Literal["stop", "length", "tool_calls"]) -> str:
-        """The last chunk of choice ``index``: an empty delta with its finish reason."""
-        return self.event(ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=reason))
-
-    def ending(self, usage: Usage | None) -> list[str]:
-        """What follows the last choice: the usage chunk (when asked for) and ``[DONE]``."""
-        return ([self.event(None, usage=usage)] if usage is not None else []) + [DONE]
+StartCall = Callable[[TokenCallback], "asyncio.Future[ChatResult]"]
+"""Starts sampling and recording the call with a per-token listener; returns the running call."""
 
 
-def replay_chunks(
-    completion: ChatCompletion, pieces: Sequence[Sequence[str]], include_usage: bool
-) -> AsyncIterator[str]:
-    """Chunks of a finished completion; ``pieces[i]`` is choice i's text split per token
-    (`SwarmRuntime.text_pieces`)."""
-    header = _ChunkHeader(completion.id, completion.created, completion.model, completion.system_fingerprint)
+def _event(payload: BaseModel) -> ServerSentEvent:
+    return ServerSentEvent(raw_data=payload.model_dump_json(exclude_none=True))
 
-    async def events() -> AsyncIterator[str]:
-        for choice, choice_pieces in zip(completion.choices, pieces, strict=True):
-            yield header.event(
-                ChunkChoice(index=choice.index, delta=ChunkDelta(role="assistant", content=""))
-            )
-            tokens = choice.logprobs.content if choice.logprobs and choice.logprobs.content else []
-            for t, piece in enumerate(choice_pieces):
-                logprobs = ChoiceLogprobs(content=[tokens[t]]) if t < len(tokens) else None
-                if piece or logprobs is not None:
-                    delta = ChunkDelta(content=piece)
-                    yield header.event(ChunkChoice(index=choice.index, delta=delta, logprobs=logprobs))
-            if choice.message.tool_calls:
-                calls = [{"index": i, **tc.model_dump()} for i, tc in enumerate(choice.message.tool_calls)]
-                yield header.event(ChunkChoice(index=choice.index, delta=ChunkDelta(tool_calls=calls)))
-            yield header.finish(choice.index, choice.finish_reason)
-        for event in header.ending(completion.usage if include_usage else None):
-            yield event
+
+def replay_events(
+    completion: ChatCompletion,
+    records: Sequence[CallRecord],
+    detokenizer: Detokenizer,
+    *,
+    include_usage: bool,
+) -> AsyncGenerator[ServerSentEvent, None]:
+    """Events of a finished completion (`openai_format.replay_chunks`), then ``[DONE]``."""
+
+    async def events() -> AsyncGenerator[ServerSentEvent, None]:
+        for chunk in replay_chunks(completion, records, detokenizer, include_usage=include_usage):
+            yield _event(chunk)
+        yield DONE
 
     return events()
 
 
-@dataclass
-class _ChoiceText:
-    """What one choice has sampled and sent so far."""
+@dataclass(frozen=True)
+class LiveStream:
+    """Everything a live stream needs besides its tokens (streaming never calls back into the runtime)."""
 
-    ids: list[int] = field(default_factory=list)
-    sent: str = ""
-    ended: bool = False
+    header: ResponseHeader
+    n: int
+    """Choices sampled for the request."""
+    stop: tuple[str, ...]
+    """The request's stop strings (text that could begin one is held back)."""
+    stop_ids: frozenset[int]
+    """The engine's end-of-turn token ids (held back: they never reach the text)."""
+    detokenizer: Detokenizer
+    logprobs: bool
+    """Send each token's logprob (and top alternatives) with it."""
+    include_usage: bool
 
 
-def live_chunks(
-    runtime: SwarmRuntime,
-    episode: OpenEpisode,
-    request: ChatCompletionRequest,
-    prepared: PreparedCall,
-    include_usage: bool,
-) -> AsyncIterator[str]:
-    """Start sampling ``request`` now and return its chunks as tokens arrive.
+def live_events(start: StartCall, stream: LiveStream) -> AsyncGenerator[ServerSentEvent, None]:
+    """Start the call now and return its events as tokens arrive.
 
-    Closing the returned iterator before its end (the client went away) cancels the call.
+    Closing the returned iterator before its end (the client went away) cancels the call. A failure
+    after the response has begun becomes an error event (OpenAI's form), with no ``[DONE]`` after it.
     """
     loop = asyncio.get_running_loop()
     tokens: asyncio.Queue[SampledToken | None] = asyncio.Queue()
@@ -126,27 +100,11 @@ def live_chunks(
     def on_token(token: SampledToken) -> None:  # engine thread
         loop.call_soon_threadsafe(tokens.put_nowait, token)
 
-    call = runtime.spawn(runtime.chat(episode, request, prepared=prepared, on_token=on_token))
+    call = start(on_token)
     call.add_done_callback(lambda _: tokens.put_nowait(None))
-    header = _ChunkHeader(
-        "chatcmpl-" + uuid.uuid4().hex, int(time.time()), request.model, f"policy-{runtime.step}"
-    )
-    n, params = prepared.params.n, prepared.params
-    holdback = max((len(s) for s in params.stop), default=1) - 1
-    end_of_turn = runtime.engine.stop_ids
+    header, detokenizer = stream.header, stream.detokenizer
 
-    def releasable(state: _ChoiceText) -> str:
-        ids = state.ids[:-1] if state.ids and state.ids[-1] in end_of_turn else state.ids
-        text = runtime.decode(ids).rstrip("\ufffd")  # U+FFFD: a character still incomplete
-        return text[: max(0, len(text) - holdback)]
-
-    def content_delta(state: _ChoiceText, text: str) -> str:
-        if len(text) <= len(state.sent) or not text.startswith(state.sent):
-            return ""
-        delta, state.sent = text[len(state.sent) :], text
-        return delta
-
-    async def events() -> AsyncIterator[str]:
+    async def events() -> AsyncGenerator[ServerSentEvent, None]:
         try:
             async for event in _events():
                 yield event
@@ -154,41 +112,59 @@ def live_chunks(
             if not call.done():  # the client went away: stop sampling an answer nobody will read
                 call.cancel()
 
-    async def _events() -> AsyncIterator[str]:
-        choices = [_ChoiceText() for _ in range(n)]
-        for index in range(n):
-            yield header.event(ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content="")))
+    async def _events() -> AsyncIterator[ServerSentEvent]:
+        choices = [ChoiceText(detokenizer, stream.stop_ids, stream.stop) for _ in range(stream.n)]
+        for index in range(stream.n):
+            yield _event(header.role_chunk(index))
         while (token := await tokens.get()) is not None:
-            state = choices[token.choice]
-            state.ids.append(token.id)
-            state.ended = token.last
-            # The last token's text (cut at a stop string, end of turn) comes with the record below.
-            piece = "" if token.last else content_delta(state, releasable(state))
+            piece = choices[token.choice].push(token.id, last=token.last)
             logprobs = (
-                ChoiceLogprobs(content=[runtime.token_logprob(token.id, token.logprob, token.top_logprobs)])
-                if request.logprobs
+                ChoiceLogprobs(
+                    content=[token_logprob(detokenizer, token.id, token.logprob, token.top_logprobs)]
+                )
+                if stream.logprobs
                 else None
             )
             if piece or logprobs is not None:
-                delta = ChunkDelta(content=piece)
-                yield header.event(ChunkChoice(index=token.choice, delta=delta, logprobs=logprobs))
+                yield _event(header.content_chunk(token.choice, piece, logprobs))
         try:
-            completion, _ = await call
-        except Exception as exc:  # the response has begun: the error becomes an event (OpenAI's form)
-            detail = (
-                ErrorDetail(type=exc.error_type, message=str(exc))
-                if isinstance(exc, SwarmError)
-                else ErrorDetail(type="server_error", message=f"internal error: {type(exc).__name__}")
-            )
-            body = ErrorBody(error=detail)
-            yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+            result = await call
+        except Exception as exc:  # the response has begun: the error becomes an event
+            yield _event(error_body(exc))
             return
-        for choice in completion.choices:
-            rest = content_delta(choices[choice.index], choice.message.content or "")
+        for index, record in enumerate(result.records):
+            rest = choices[index].finish(assistant_message(record).content or "")
             if rest:
-                yield header.event(ChunkChoice(index=choice.index, delta=ChunkDelta(content=rest)))
-            yield header.finish(choice.index, choice.finish_reason)
-        for event in header.ending(completion.usage if include_usage else None):
-            yield event
+                yield _event(header.content_chunk(index, rest))
+            yield _event(header.finish_chunk(index, record.finish_reason.value))
+        for chunk in header.ending(usage(result) if stream.include_usage else None):
+            yield _event(chunk)
+        yield DONE
 
     return events()
+
+
+def encode_events(events: AsyncGenerator[ServerSentEvent, None]) -> AsyncGenerator[bytes, None]:
+    """``events`` in the SSE wire format (``data: …\\n\\n``), for an `EventSourceResponse` body.
+
+    A route that answers either JSON or a stream cannot be a FastAPI generator route (which encodes
+    `ServerSentEvent` itself), so this does the same encoding with FastAPI's `format_sse_event`.
+    Closing the encoder closes ``events``.
+    """
+
+    async def encoded() -> AsyncGenerator[bytes, None]:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                data = event.raw_data
+                if data is None and event.data is not None:
+                    payload = event.data
+                    data = (
+                        payload.model_dump_json()
+                        if isinstance(payload, BaseModel)
+                        else json.dumps(jsonable_encoder(payload))
+                    )
+                yield format_sse_event(
+                    data_str=data, event=event.event, id=event.id, retry=event.retry, comment=event.comment
+                )
+
+    return encoded()

@@ -2,6 +2,7 @@
 
 Public front::
 
+    parse_messages(messages) -> list[ChatMessage]                                  # messages.py
     PromptRenderer(tokenizer).render(messages, tools, history) -> RenderedPrompt   # render.py
     parse_tool_calls(text) -> (content, tool_calls)                                # toolcalls.py
     build_samples(episode_id, calls, weighting) -> (samples, MergeStats)           # merge.py
@@ -18,6 +19,7 @@ from swarm.tracking.merge import (
     call_sequences,
     token_loss_weights,
 )
+from swarm.tracking.messages import ChatMessage, parse_messages
 from swarm.tracking.records import CallRecord, FinishReason, Sample
 from swarm.tracking.render import PromptRenderer, RenderedPrompt, to_template_messages
 from swarm.tracking.toolcalls import parse_tool_calls
@@ -25,6 +27,7 @@ from swarm.tracking.toolcalls import parse_tool_calls
 __all__ = [
     "CHATML_TOOLS_TEMPLATE",
     "CallRecord",
+    "ChatMessage",
     "FinishReason",
     "LossWeighting",
     "MergeError",
@@ -37,6 +40,7 @@ __all__ = [
     "aggregate_stats",
     "build_samples",
     "call_sequences",
+    "parse_messages",
     "parse_tool_calls",
     "resolve_chat_template",
     "to_template_messages",

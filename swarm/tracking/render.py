@@ -31,7 +31,7 @@ recent call of the same agent, then the most recent call.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, Field
@@ -39,12 +39,12 @@ from pydantic import BaseModel, Field
 from swarm.errors import ConfigError
 from swarm.tracking.chat_templates import resolve_chat_template, supports_tools
 from swarm.tracking.errors import PromptError
+from swarm.tracking.messages import ChatMessage, parse_messages
 from swarm.tracking.records import CallRecord
 
 if TYPE_CHECKING:  # transformers is heavy to import; only its type is needed here
     from transformers import PreTrainedTokenizerBase
 
-_ROLES = {"system", "developer", "user", "assistant", "tool"}
 _PASSTHROUGH_KEYS = ("name", "tool_call_id", "reasoning_content")
 
 
@@ -76,90 +76,42 @@ def _tool_call_key(tool_call: Any) -> tuple[str, str]:
     return str(name), json.dumps(arguments, sort_keys=True, ensure_ascii=False)
 
 
-def _content_text(content: Any, position: int) -> str:
-    """OpenAI message content (``str``, list of text parts or ``None``) as one string."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts: list[str] = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise PromptError(
-                    f"messages[{position}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported",
-                    param="messages",
-                )
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise PromptError(
-        f"messages[{position}].content must be a string, a list of text parts or null", param="messages"
-    )
-
-
-def _template_tool_calls(tool_calls: Any, position: int) -> list[dict[str, Any]]:
-    """OpenAI ``tool_calls`` with JSON-string arguments → the dict-argument form HF templates expect."""
-    if not isinstance(tool_calls, list):
-        raise PromptError(f"messages[{position}].tool_calls must be a list", param="messages")
-    converted: list[dict[str, Any]] = []
-    for k, tool_call in enumerate(tool_calls):
-        function = tool_call.get("function") if isinstance(tool_call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise PromptError(f"messages[{position}].tool_calls[{k}] needs function.name", param="messages")
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as exc:
-                raise PromptError(
-                    f"messages[{position}].tool_calls[{k}].function.arguments is not valid JSON: {exc.msg}",
-                    param="messages",
-                ) from exc
-        converted.append(
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    """One validated message in the form HF chat templates expect."""
+    entry: dict[str, Any] = {
+        "role": "system" if message.role == "developer" else message.role,
+        "content": message.text(),
+    }
+    if message.role == "assistant" and message.tool_calls:
+        entry["tool_calls"] = [
             {
-                "id": tool_call.get("id", f"call_{k}"),
+                "id": tool_call.id,
                 "type": "function",
-                "function": {"name": function["name"], "arguments": arguments},
+                "function": {
+                    "name": tool_call.function.name,
+                    "arguments": tool_call.function.parsed_arguments(),
+                },
             }
-        )
-    return converted
+            for tool_call in message.tool_calls
+        ]
+    for key in _PASSTHROUGH_KEYS:
+        value = getattr(message, key)
+        if value is not None:
+            entry[key] = value
+    return entry
 
 
-def to_template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+def to_template_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Convert OpenAI chat messages into the dicts Hugging Face chat templates expect.
 
     Text parts are joined with ``"\\n"``, ``None`` content becomes ``""``, tool-call arguments are parsed
-    from JSON strings into dicts and ``developer`` becomes ``system``.
+    from JSON strings into dicts and ``developer`` becomes ``system``. Validated `ChatMessage` models are
+    taken as they are; plain dicts are validated first (`parse_messages`).
 
     Raises:
         PromptError: not a non-empty list of messages, an unknown role, non-text content or bad arguments.
     """
-    if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
-        raise PromptError("messages must be a non-empty list", param="messages")
-    converted: list[dict[str, Any]] = []
-    for position, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise PromptError(f"messages[{position}] must be an object", param="messages")
-        role = message.get("role")
-        if role not in _ROLES:
-            raise PromptError(
-                f"messages[{position}].role must be one of {sorted(_ROLES)}, got {role!r}", param="messages"
-            )
-        entry: dict[str, Any] = {
-            "role": "system" if role == "developer" else role,
-            "content": _content_text(message.get("content"), position),
-        }
-        if role == "assistant" and message.get("tool_calls"):
-            entry["tool_calls"] = _template_tool_calls(message["tool_calls"], position)
-        for key in _PASSTHROUGH_KEYS:
-            if message.get(key) is not None:
-                entry[key] = message[key]
-        converted.append(entry)
-    return converted
+    return [_template_message(message) for message in parse_messages(messages)]
 
 
 class PromptRenderer:
@@ -215,7 +167,7 @@ class PromptRenderer:
 
     def render(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[ChatMessage | Mapping[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         history: Sequence[CallRecord] = (),
         agent: str | None = None,
@@ -223,8 +175,9 @@ class PromptRenderer:
         """Render a chat request to prompt ids (``add_generation_prompt=True``), splicing earlier completions.
 
         Args:
-            messages: OpenAI chat messages (role, content as ``str`` / list of text parts / ``None``,
-                ``tool_calls`` with JSON-string arguments, ``tool_call_id``, ``name``).
+            messages: Chat messages, validated `ChatMessage` models (the server's) or plain OpenAI dicts
+                (role, content as ``str`` / list of text parts / ``None``, ``tool_calls`` with
+                JSON-string arguments, ``tool_call_id``, ``name``), which are validated first.
             tools: OpenAI tool definitions (``[{"type": "function", "function": {...}}]``), or ``None``.
             history: The episode's earlier calls (any agent). A call matches an assistant message when
                 ``CallRecord.text`` equals the message content (``None`` as ``""``) and its

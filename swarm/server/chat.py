@@ -1,0 +1,147 @@
+"""One chat request of an episode as the server records it, apart from any wire format.
+
+A request is checked and rendered into a `PreparedCall`; the engine samples it; each sampled choice
+becomes one `CallRecord` of the episode. The runtime answers with a `ChatResult` (the records, the
+engine's completions and what a response needs); `swarm.server.openai_format` turns that into the
+OpenAI wire format.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from swarm.config import SamplingDefaults
+from swarm.engine.base import Completion, SamplingParams
+from swarm.errors import RequestError
+from swarm.protocol import ChatCompletionRequest
+from swarm.tracking.records import CallRecord, FinishReason
+from swarm.tracking.render import RenderedPrompt
+from swarm.tracking.toolcalls import parse_tool_calls
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """A checked, rendered chat request (`SwarmRuntime.prepare_chat`), ready to be sampled."""
+
+    arrived: float
+    """Unix time (s) the request arrived."""
+    agent: str
+    params: SamplingParams
+    rendered: RenderedPrompt
+    parse_tools: bool
+    """Whether the completion text is parsed for tool calls (the request has tools and allows them)."""
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """One answered chat request: what was recorded and what a response is built from."""
+
+    records: list[CallRecord]
+    """One call record per choice, in choice order (already appended to the episode)."""
+    completions: list[Completion]
+    """The engine's completions, aligned with ``records`` (they carry the top logprobs)."""
+    prompt_tokens: int
+    """Length of the prompt every choice was sampled from."""
+    agent: str
+    policy_version: int
+    """The server's policy version (completed trainer steps) when the answer was complete."""
+    created_at: float
+    """Unix time (s) the answer was complete."""
+
+
+def agent_for(request: ChatCompletionRequest, model_name: str) -> str:
+    """The agent name of a request: ``model="<served>:<agent>"`` or the ``user`` field.
+
+    Raises:
+        RequestError: the model name is not served here (404 ``model_not_found``).
+    """
+    model = request.model
+    if model == model_name:
+        return request.user or "default"
+    prefix = model_name + ":"
+    if model.startswith(prefix) and len(model) > len(prefix):
+        return model[len(prefix) :]
+    raise RequestError(
+        f"model {model!r} is not served here; use {model_name!r} (or '{prefix}<agent>')",
+        status_code=404,
+        param="model",
+    )
+
+
+def sampling_for(request: ChatCompletionRequest, defaults: SamplingDefaults) -> SamplingParams:
+    """The request's sampling parameters, the server's defaults where it leaves them out.
+
+    Raises:
+        RequestError: ``top_logprobs`` without ``logprobs=true`` (400).
+    """
+    max_tokens = request.max_completion_tokens or request.max_tokens or defaults.max_tokens
+    top_k = request.top_logprobs or 0
+    if top_k and not request.logprobs:
+        raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+    return SamplingParams(
+        temperature=defaults.temperature if request.temperature is None else request.temperature,
+        top_p=defaults.top_p if request.top_p is None else request.top_p,
+        max_tokens=max_tokens,
+        stop=tuple(request.stop or ()),  # the validator turned a string into a list
+        seed=request.seed,
+        n=request.n,
+        top_logprobs=top_k,
+    )
+
+
+def record_call(
+    prepared: PreparedCall,
+    completion: Completion,
+    *,
+    index: int,
+    trainable: bool,
+    salt: str,
+    queued: float,
+) -> CallRecord:
+    """The record of one sampled choice.
+
+    Args:
+        prepared: the request the choice answers.
+        completion: the engine's completion of that choice.
+        index: position of the call in its episode.
+        trainable: whether the agent's calls are trained in this episode.
+        salt: makes the ids of parsed tool calls unique (the server passes ``"<episode id>:<index>"``).
+        queued: Unix time (s) the request was handed to the engine.
+    """
+    text = completion.text
+    tool_calls: list[dict[str, Any]] = []
+    finish = completion.finish_reason
+    if prepared.parse_tools:
+        content, tool_calls = parse_tool_calls(text, salt=salt)
+        if tool_calls:
+            text = content or ""
+            finish = FinishReason.TOOL_CALLS
+    params = prepared.params
+    sampling = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+        "stop": list(params.stop),
+        "seed": params.seed,
+        "n": params.n,
+    }
+    return CallRecord(
+        index=index,
+        agent=prepared.agent,
+        trainable=trainable,
+        prompt_ids=prepared.rendered.prompt_ids,
+        completion_ids=completion.ids,
+        logprobs=completion.logprobs,
+        finish_reason=finish,
+        text=text,
+        tool_calls=tool_calls,
+        sampling=sampling,
+        splices=prepared.rendered.splices,
+        splice_mismatches=prepared.rendered.splice_mismatches,
+        policy_version=completion.policy_version,
+        created_at=prepared.arrived,
+        queue_s=max(0.0, time.time() - queued - completion.generate_s),
+        generate_s=completion.generate_s,
+    )
