@@ -125,9 +125,7 @@ def _startup_line(config: Any, engine: Any) -> str:
     else:
         compute = resolve_mixed_precision(config.mixed_precision, config.device).value
         where = f"hf, compute {compute}, {config.device}"
-    line = (
-        f"serving {engine.model_name} ({config.weights_dtype} weights, {where}) · run dir {config.run_dir}"
-    )
+    line = f"serving {engine.model_name} ({config.weights_dtype} weights, {where}) · run dir {config.run_dir}"
     t = config.training
     if not t.enabled:
         return line + " · training off"
