@@ -31,7 +31,10 @@ class SamplingDefaults(BaseModel):
 
 
 class TrainingConfig(BaseModel):
-    """When and how the server trains on its pooled episodes (DESIGN.md §4, §5)."""
+    """When and how the server trains on its pooled episodes.
+
+    See docs/ARCHITECTURE.md §Batch policies and quotas, §The training step.
+    """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
