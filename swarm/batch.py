@@ -45,12 +45,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from swarm.errors import ConfigError, RequestError
+from swarm.protocol import BatchPolicy, EpisodeStatus
 
 __all__ = [
     "Admission",
@@ -92,17 +92,6 @@ class UnknownFamilyError(RequestError):
         )
 
 
-class EpisodeStatus(StrEnum):
-    """How an episode ended."""
-
-    FINISHED = "finished"
-    """The client called ``finish`` with a reward."""
-    ABORTED = "aborted"
-    """The client aborted for a policy-side reason (the workflow gave up); counts with ``aborted_reward``."""
-    INFRA_FAILURE = "infra_failure"
-    """Aborted because infrastructure failed (server, network, sandbox); never enters group statistics."""
-
-
 class EpisodeSummary(BaseModel):
     """What a batch policy needs to know about one ended episode (no tokens)."""
 
@@ -122,26 +111,13 @@ class EpisodeSummary(BaseModel):
 
     @model_validator(mode="after")
     def _finished_has_reward(self) -> EpisodeSummary:
+        if self.status is EpisodeStatus.OPEN:
+            raise ValueError(f"episode {self.episode_id!r} is still open: only ended episodes enter batches")
         if self.status is EpisodeStatus.FINISHED and (self.reward is None or not math.isfinite(self.reward)):
             raise ValueError(
                 f"finished episode {self.episode_id!r} needs a finite reward, got {self.reward!r}"
             )
         return self
-
-
-class BatchPolicy(StrEnum):
-    """When the server stops rolling and trains (see the module docstring for the exact rules)."""
-
-    EPISODES = "episodes"
-    """≥ B·G eligible episodes, oldest first; groups may be partial."""
-    TASKS = "tasks"
-    """≥ B tasks with a full group of G episodes."""
-    INFORMATIVE_TASKS = "informative_tasks"
-    """≥ B full groups whose rewards are not all equal (zero-signal groups are dropped)."""
-    ALL_CLIENTS_READY = "all_clients_ready"
-    """Every active client voted ready."""
-    ANY_CLIENT_READY = "any_client_ready"
-    """At least one active client voted ready."""
 
 
 class BatchConfig(BaseModel):

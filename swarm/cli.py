@@ -7,7 +7,7 @@ end with exit code 1 and one readable line, never a traceback (usage mistakes: e
 
 from __future__ import annotations
 
-import enum
+import inspect
 import logging
 import os
 import socket
@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from swarm.errors import SwarmError
+from swarm.serve_options import ServeOptions, check_device
 
 app = typer.Typer(
     name="swarm",
@@ -37,253 +38,63 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=1)
 
 
-def _training_config(
-    path: Path | None,
-    enabled: bool,
-    policy: str,
-    batch_size: int,
-    group_size: int,
-    lr: float,
-    lora_rank: int,
-    kl_coef: float,
-    tis_cap: float | None,
-    micro_batch_size: int,
-    checkpoint_every: int,
-    max_steps: int | None,
-    drain_timeout: float,
-    max_staleness: int | None,
-    quotas: list[str],
-) -> Any:
-    """Build the TrainingConfig from a JSON file or from the CLI options (ValueError on bad input)."""
-    from swarm.config import TrainingConfig
-
-    if path is not None:
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ValueError(f"--training-config {path}: {exc.strerror}") from None
-        return TrainingConfig.model_validate_json(text)
-    shares: dict[str, float] = {}
-    for item in quotas:
-        family, sep, share = item.partition("=")
-        if not sep or not family:
-            raise ValueError(f"--quota {item!r}: expected FAMILY=SHARE, e.g. math=0.4")
-        if family in shares:
-            raise ValueError(f"--quota {item!r}: family {family!r} is given twice")
-        try:
-            shares[family] = float(share)
-        except ValueError:
-            raise ValueError(f"--quota {item!r}: {share!r} is not a number") from None
-    trainer: dict[str, Any] = {
-        "lr": lr,
-        "kl_coef": kl_coef,
-        "tis_cap": tis_cap,
-        "micro_batch_size": micro_batch_size,
-    }
-    if lora_rank > 0:
-        trainer["lora"] = {"r": lora_rank, "alpha": 2 * lora_rank}
-    return TrainingConfig.model_validate(
-        {
-            "enabled": enabled,
-            "batch": {"policy": policy, "batch_size": batch_size, "group_size": group_size},
-            "trainer": trainer,
-            "quotas": {"shares": shares, "slack": group_size} if shares else None,
-            "checkpoint_every": checkpoint_every,
-            "max_steps": max_steps,
-            "drain_timeout_s": drain_timeout,
-            "max_staleness": max_staleness,
-        }
+def _serve_parameters() -> list[inspect.Parameter]:
+    """``swarm serve``'s Typer parameters, one per :class:`ServeOptions` field (name, default and help
+    come from the model), then ``--check``."""
+    params = []
+    for name, info in ServeOptions.model_fields.items():
+        kind: Any = info.annotation
+        default = info.default
+        extra: dict[str, Any] = {}
+        if name == "admin_token":  # a secret: typed as text here, never shown as a default
+            kind, extra["show_default"] = str | None, False
+        elif name == "quota":
+            kind, default = list[str] | None, None
+        elif name == "lora_rank":
+            extra["min"] = 0
+        decls = ("--train/--no-train",) if name == "train" else ()
+        option = typer.Option(*decls, help=info.description, **extra)
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option]
+            )
+        )
+    check = typer.Option("--check", help="Only validate the options (no model load, nothing written).")
+    params.append(
+        inspect.Parameter(
+            "check", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, check]
+        )
     )
+    return params
 
 
-class LogLevel(enum.StrEnum):
-    """``swarm serve --log-level``."""
-
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
-
-
-_SERVE_OPTIONS: dict[tuple[str, ...], str] = {
-    ("torch_threads",): "--threads",
-    ("episode_timeout_s",): "--episode-timeout",
-    ("training", "batch"): "--batch-policy/--batch-size/--group-size",  # BatchConfig's cross-field checks
-    ("training", "batch", "policy"): "--batch-policy",
-    ("training", "batch", "batch_size"): "--batch-size",
-    ("training", "batch", "group_size"): "--group-size",
-    ("training", "trainer", "lr"): "--lr",
-    ("training", "trainer", "kl_coef"): "--kl-coef",
-    ("training", "trainer", "tis_cap"): "--tis-cap",
-    ("training", "trainer", "micro_batch_size"): "--micro-batch-size",
-    ("training", "trainer", "lora", "r"): "--lora-rank",
-    ("training", "trainer"): "--lr/--lora-rank/--kl-coef/--tis-cap/--micro-batch-size",
-    ("training", "checkpoint_every"): "--checkpoint-every",
-    ("training", "max_steps"): "--max-steps",
-    ("training", "drain_timeout_s"): "--drain-timeout",
-    ("training", "max_staleness"): "--max-staleness",
-    ("training", "quotas"): "--quota",
-    ("training", "quotas", "shares"): "--quota",
-}
-"""Where a `ServerConfig` validation error points, as the ``swarm serve`` option to fix."""
-
-
-@app.command()
-def serve(
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="Local HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)."
-        ),
-    ] = None,
-    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8000,
-    run_dir: Annotated[
-        Path, typer.Option(help="Pool database, checkpoints, metrics and logs; reuse it to resume.")
-    ] = Path("runs/default"),
-    admin_token: Annotated[
-        str | None,
-        typer.Option(help="Bearer token for control routes (or env SWARM_ADMIN_TOKEN).", show_default=False),
-    ] = None,
-    dtype: Annotated[
-        str,
-        typer.Option(
-            help="Weights: float32 | bfloat16 | float16 | auto (bf16 for LoRA where fast); full FT needs float32."
-        ),
-    ] = "float32",
-    mixed_precision: Annotated[
-        str,
-        typer.Option(help="Compute: no (float32-exact logprobs) | bf16 | fp16 | auto (bf16 where fast)."),
-    ] = "no",
-    device: Annotated[str, typer.Option(help="torch device, e.g. cpu or cuda")] = "cpu",
-    max_batch_size: Annotated[int, typer.Option(help="Most sequences sampled together.")] = 32,
-    threads: Annotated[
-        int | None, typer.Option(help="torch CPU threads (default: one per core; 1 on a shared machine).")
-    ] = None,
-    episode_timeout: Annotated[
-        float, typer.Option(help="Reclaim open episodes idle this many seconds.")
-    ] = 600.0,
-    train: Annotated[
-        bool, typer.Option("--train/--no-train", help="Train on pooled episodes (or only serve and record).")
-    ] = True,
-    batch_policy: Annotated[
-        str, typer.Option(help="episodes | tasks | informative_tasks | all_clients_ready | any_client_ready")
-    ] = "tasks",
-    batch_size: Annotated[
-        int, typer.Option(help="B: groups (tasks) per step, or episodes/G for the episodes policy.")
-    ] = 8,
-    group_size: Annotated[int, typer.Option(help="G: episodes per task (GRPO group).")] = 8,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-5,
-    lora_rank: Annotated[int, typer.Option(min=0, help="LoRA rank; 0 trains all weights.")] = 0,
-    kl_coef: Annotated[float, typer.Option(help="β of the KL penalty to the reference policy.")] = 0.0,
-    tis_cap: Annotated[
-        float | None,
-        typer.Option(
-            help="C of truncated importance sampling min(π_old/μ, C) against sampler mismatch (off)."
-        ),
-    ] = None,
-    micro_batch_size: Annotated[int, typer.Option(help="Sequences per forward/backward pass.")] = 4,
-    checkpoint_every: Annotated[int, typer.Option(help="Save a checkpoint every N steps.")] = 5,
-    max_steps: Annotated[int | None, typer.Option(help="Stop training after N steps (keep serving).")] = None,
-    drain_timeout: Annotated[
-        float, typer.Option(help="Seconds open episodes may finish once a batch is ready.")
-    ] = 120.0,
-    max_staleness: Annotated[
-        int | None,
-        typer.Option(
-            help="Asynchronous training: no drain; episodes admitted during steps while at most "
-            "(K+1)·B·G are ahead of the trainer; open episodes K versions behind are aborted "
-            "(pair with --tis-cap). Default: synchronous."
-        ),
-    ] = None,
-    quota: Annotated[
-        list[str] | None, typer.Option(help="Family share, repeatable: --quota math=0.4 --quota code=0.6")
-    ] = None,
-    training_config: Annotated[
-        Path | None, typer.Option(help="JSON file with a full TrainingConfig (overrides the options above).")
-    ] = None,
-    log_level: Annotated[LogLevel, typer.Option(help="Server log level.")] = LogLevel.info,
-    check: Annotated[
-        bool, typer.Option("--check", help="Only validate the options (no model load, nothing written).")
-    ] = False,
-) -> None:
+def serve(**values: Any) -> None:
     """Host a model: OpenAI-compatible completions, episodes, control API."""
     import uvicorn
-    from pydantic import SecretStr, ValidationError
 
-    from swarm.config import ServerConfig
     from swarm.server.app import create_app
 
-    if admin_token is not None and not admin_token.strip():
+    check = values.pop("check")
+    token = values.pop("admin_token")
+    if token is not None and not token.strip():
         raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
-    token = admin_token or os.environ.get("SWARM_ADMIN_TOKEN")
+    token = token or os.environ.get("SWARM_ADMIN_TOKEN")
+    options = ServeOptions.model_validate(
+        {**{k: v for k, v in values.items() if v is not None}, "admin_token": token}
+    )
     try:
-        config = ServerConfig(
-            model=model,
-            host=host,
-            port=port,
-            run_dir=run_dir,
-            admin_token=SecretStr(token) if token else None,
-            dtype=dtype,  # type: ignore[arg-type]
-            mixed_precision=mixed_precision,  # type: ignore[arg-type]
-            device=device,
-            max_batch_size=max_batch_size,
-            torch_threads=threads,
-            episode_timeout_s=episode_timeout,
-            training=_training_config(
-                training_config,
-                train,
-                batch_policy,
-                batch_size,
-                group_size,
-                lr,
-                lora_rank,
-                kl_coef,
-                tis_cap,
-                micro_batch_size,
-                checkpoint_every,
-                max_steps,
-                drain_timeout,
-                max_staleness,
-                quota or [],
-            ),
-        )
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(str(p) for p in err["loc"])
-        if exc.title == "TrainingConfig":  # validated on its own, before the ServerConfig around it
-            loc = ("training", *loc)
-        where = ".".join(loc)
-        if training_config is not None and loc[:1] == ("training",):
-            where = f"--training-config {training_config}: {'.'.join(loc[1:])}"
-        elif loc in _SERVE_OPTIONS:
-            where = _SERVE_OPTIONS[loc]
-        elif len(loc) == 1:  # a top-level field is a command-line option
-            where = "--" + where.replace("_", "-")
-        message = str(err["msg"]).removeprefix("Value error, ")
-        raise fail(f"{where}: {message}" if where else message) from None
-    except (ValueError, OSError) as exc:
-        raise fail(str(exc)) from None
-    if model is not None:
-        from swarm.engine.model_loading import check_model_path
-
-        try:
-            check_model_path(model)
-        except SwarmError as exc:
-            raise fail(f"--model {exc}") from None
-    try:
-        _check_device(device)
+        config = options.check()
     except SwarmError as exc:
         raise fail(str(exc)) from None
-    _check_run_dir(run_dir)
     if check:
         console.print("options are valid", highlight=False)
         return
     logging.basicConfig(
-        level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=options.log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # Check what a user can get wrong before the slow model load, and load the model here rather than
     # in the app's lifespan, so that every mistake ends with one line instead of a startup traceback.
+    host, port = config.host, config.port
     if port:
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
@@ -296,7 +107,11 @@ def serve(
     except SwarmError as exc:
         raise fail(str(exc)) from None
     console.print(_startup_line(config, engine), highlight=False, soft_wrap=True)
-    uvicorn.run(create_app(config, engine=engine), host=host, port=port, log_level=log_level.value)
+    uvicorn.run(create_app(config, engine=engine), host=host, port=port, log_level=options.log_level.value)
+
+
+serve.__signature__ = inspect.Signature(_serve_parameters())  # type: ignore[attr-defined]
+app.command()(serve)
 
 
 def _startup_line(config: Any, engine: Any) -> str:
@@ -323,47 +138,13 @@ def _startup_line(config: Any, engine: Any) -> str:
     )
 
 
-def _check_run_dir(run_dir: Path) -> None:
-    """Fail in one line unless ``run_dir`` is a folder, or can become one, that this user can write."""
-    path = run_dir.expanduser()
-    if path.exists() and not path.is_dir():
-        raise fail(f"--run-dir {run_dir}: exists and is not a folder")
-    parent = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise fail(f"--run-dir {run_dir}: {parent} is not a folder this user can write to")
-
-
-def _check_device(device: str) -> None:
-    """Raise ConfigError unless ``device`` names a torch device this process can use."""
-    import torch
-
-    from swarm.errors import ConfigError
-
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"--device {device}: not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigError(f"--device {device}: this torch build sees no CUDA device")
-        if parsed.index is not None and parsed.index >= count:
-            raise ConfigError(
-                f"--device {device}: only {count} CUDA device(s) visible (cuda:0…cuda:{count - 1})"
-            )
-    elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"--device {device}: MPS is not available here")
-    elif parsed.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError(f"--device {device}: the hf engine runs on cpu, cuda or mps")
-
-
 def _load_engine(config: Any) -> Any:
     """Resolve, load and wrap the model (raises ModelLoadError / ConfigError on user mistakes)."""
     import torch
 
     from swarm.engine.factory import load_engine
 
-    _check_device(config.device)
+    check_device(config.device)
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
     return load_engine(config)

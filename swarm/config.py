@@ -1,6 +1,7 @@
 """Typed configuration of the swarm server (one place for defaults).
 
-The CLI builds a :class:`ServerConfig`; tests build one directly. Nothing reads environment variables
+``swarm serve``'s flags (:class:`swarm.serve_options.ServeOptions`, flat) build a :class:`ServerConfig`;
+tests build one directly. Nothing reads environment variables
 except the CLI (``SWARM_ADMIN_TOKEN``), which passes the value in here.
 """
 
@@ -14,20 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.precision import MixedPrecision, resolve_dtype
+from swarm.protocol import LossAggregation, SamplingDefaults
 from swarm.tracking.merge import LossWeighting
 from swarm.train.config import TrainerConfig
-from swarm.train.losses import LossAggregation
 
-
-class SamplingDefaults(BaseModel):
-    """Sampling used when a request leaves a parameter out."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(default=256, ge=1)
-    """Completion cap when the request gives none."""
+__all__ = ["SamplingDefaults", "ServerConfig", "TrainingConfig", "check_weighting"]
 
 
 class TrainingConfig(BaseModel):

@@ -12,8 +12,9 @@ import math
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
+from swarm.tracking.merge import MergeStats
 from swarm.tracking.messages import ChatMessage as ChatMessage
 from swarm.tracking.messages import FunctionCall as FunctionCall
 from swarm.tracking.messages import TextPart as TextPart
@@ -212,14 +213,19 @@ class EpisodeKind(StrEnum):
 
 
 class EpisodeStatus(StrEnum):
+    """Where an episode stands: open, or how it ended (the one enum of the server, the pool, the batch
+    policies and the client)."""
+
     OPEN = "open"
     """Begun; calls are being recorded."""
     FINISHED = "finished"
-    """Finished with a reward; committed to the pool."""
+    """Finished with a reward (the client called ``finish``); committed to the pool."""
     ABORTED = "aborted"
-    """Aborted by the client (the agent failed); counts in group statistics as a failed rollout."""
+    """Aborted by the client for a policy-side reason (the workflow gave up): counts in group statistics
+    as a failed rollout, with ``BatchConfig.aborted_reward``."""
     INFRA_FAILURE = "infra_failure"
-    """Aborted for infrastructure reasons (timeouts, outside services, reclaimed); excluded from groups."""
+    """Aborted because infrastructure failed (server, network, sandbox, timeouts, reclaimed): never enters
+    group statistics."""
 
 
 class EpisodeCreate(_Strict):
@@ -282,16 +288,6 @@ class EpisodeAbort(_Strict):
     """True when the failure was not the agent's (timeouts, outside services): excluded from groups."""
 
 
-class MergeSummary(BaseModel):
-    calls: int = 0
-    samples: int = 0
-    merge_ratio: float = 0.0
-    prefix_breaks: dict[str, int] = Field(default_factory=dict)
-    splices: int = 0
-    splice_mismatches: int = 0
-    tokens_saved: int = 0
-
-
 class EpisodeView(BaseModel):
     """``GET /api/v1/episodes/{id}``: the token-level record."""
 
@@ -310,13 +306,51 @@ class EpisodeView(BaseModel):
     trained_step: int | None = None
     calls: list[CallRecord]
     samples: list[Sample] = Field(default_factory=list)
-    merge: MergeSummary = Field(default_factory=MergeSummary)
+    merge: MergeStats = Field(default_factory=MergeStats)
+    """How the episode's calls merged into samples (:func:`swarm.tracking.build_samples`)."""
 
 
 class Ack(BaseModel):
     ok: bool = True
     episode_id: str | None = None
     status: str | None = None
+
+
+# --- training vocabulary (values of control fields) -------------------------------------------------------
+class BatchPolicy(StrEnum):
+    """When the server stops rolling and trains (see :mod:`swarm.batch` for the exact rules)."""
+
+    EPISODES = "episodes"
+    """≥ B·G eligible episodes, oldest first; groups may be partial."""
+    TASKS = "tasks"
+    """≥ B tasks with a full group of G episodes."""
+    INFORMATIVE_TASKS = "informative_tasks"
+    """≥ B full groups whose rewards are not all equal (zero-signal groups are dropped)."""
+    ALL_CLIENTS_READY = "all_clients_ready"
+    """Every active client voted ready."""
+    ANY_CLIENT_READY = "any_client_ready"
+    """At least one active client voted ready."""
+
+
+class LossAggregation(StrEnum):
+    """How per-token losses of a batch reduce to one scalar (with per-sequence weights ``w_i``).
+
+    With sample weights summing to 1 per episode (``swarm.tracking.merge.LossWeighting.EPISODE``), an
+    episode split into k samples counts as one sequence whose loss is the weight-average of its samples in
+    every mode; with ``EPISODE`` weights (``n_s / N_e``) and ``SEQ_MEAN_TOKEN_MEAN`` that is exactly the
+    episode's token mean, whatever the split. For ``TOKEN_MEAN`` use weights 1 (``LossWeighting.SAMPLE``):
+    each trained token then counts once, and no token is ever trained by two samples.
+    """
+
+    TOKEN_MEAN = "token_mean"
+    """``Σ_i w_i Σ_t l_it / Σ_i w_i |o_i|``: every token counts equally (DAPO, Yu et al. 2025, eq. 12 "token-level
+    policy gradient loss"; TRL ``loss_type="dapo"``)."""
+    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
+    """``Σ_i w_i (1/|o_i|) Σ_t l_it / Σ_i w_i``: mean over tokens, then over sequences (original GRPO,
+    Shao et al. 2024 eq. 3; TRL ``loss_type="grpo"``). Biased towards short sequences."""
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq_mean_token_sum_norm"
+    """``Σ_i w_i Σ_t l_it / (L · Σ_i w_i)`` with a constant L (the generation budget): Dr. GRPO (Liu et al. 2025,
+    §3.1), removing the length bias; TRL ``loss_type="dr_grpo"`` (which uses ``max_completion_length``)."""
 
 
 # --- control --------------------------------------------------------------------------------------------
@@ -357,3 +391,205 @@ class StatusView(BaseModel):
     uptime_s: float
     run_dir: str
     training_enabled: bool
+
+
+class SamplingDefaults(BaseModel):
+    """Sampling used when a request leaves a parameter out."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(default=256, ge=1)
+    """Completion cap when the request gives none."""
+
+
+class ConfigView(BaseModel):
+    """``GET /api/v1/config``: the configuration the next step will use (staged changes included)."""
+
+    training: dict[str, Any]
+    """:class:`swarm.config.TrainingConfig` as JSON, with the trainer changes staged for the next step."""
+    sampling: SamplingDefaults
+
+
+class ConfigPatch(BaseModel):
+    """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step.
+
+    A field left out keeps its value; an explicit ``null`` is refused (422) rather than ignored, and so
+    are values of the wrong JSON type (``true`` or ``"4"`` for a number) and non-finite numbers.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    lr: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
+    weight_decay: StrictFloat | None = Field(default=None, ge=0.0)
+    max_grad_norm: StrictFloat | None = Field(default=None, gt=0.0)
+    clip_eps_low: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)
+    clip_eps_high: StrictFloat | None = Field(default=None, ge=0.0)
+    kl_coef: StrictFloat | None = Field(default=None, ge=0.0)
+    entropy_coef: StrictFloat | None = Field(default=None, ge=0.0)
+    loss_agg: LossAggregation | None = None
+    ppo_epochs: StrictInt | None = Field(default=None, ge=1)
+    minibatches: StrictInt | None = Field(default=None, ge=1)
+    batch_policy: BatchPolicy | None = None
+    batch_size: StrictInt | None = Field(default=None, ge=1)
+    group_size: StrictInt | None = Field(default=None, ge=1)
+    normalize_std: StrictBool | None = None
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
+    """Default sampling temperature (requests that set one keep theirs)."""
+    top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    quotas: dict[str, StrictFloat] | None = None
+    """Family shares, e.g. ``{"math": 0.4, "code": 0.6}``; ``{}`` removes quotas."""
+    training_enabled: StrictBool | None = None
+    drain_timeout_s: StrictFloat | None = Field(default=None, ge=0.0)
+    max_staleness: StrictInt | None = Field(default=None, ge=0)
+    """Change K of asynchronous mode (a synchronous server stays synchronous; ``null`` is refused)."""
+    checkpoint_every: StrictInt | None = Field(default=None, ge=1)
+    max_steps: StrictInt | None = Field(default=None, ge=1)
+
+
+class ConfigChanged(BaseModel):
+    """Answer of ``PATCH /api/v1/config``: the fields changed and the configuration now staged."""
+
+    changed: dict[str, Any]
+    """The patch's fields with their new values (fields left out are not listed)."""
+    config: ConfigView
+
+
+class CheckpointSaved(BaseModel):
+    """Answer of ``POST /api/v1/checkpoint``."""
+
+    step: int
+    """Policy version saved."""
+    path: str
+    """Checkpoint folder on the server (``<run dir>/checkpoints/step-NNNNNN``)."""
+
+
+class Vote(BaseModel):
+    """``POST /api/v1/clients/{client_id}/ready``: a client's readiness vote."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ready: bool = True
+
+
+class VoteCast(BaseModel):
+    """Answer of ``POST /api/v1/clients/{client_id}/ready``."""
+
+    client_id: str
+    ready: bool
+
+
+class StepTimings(BaseModel):
+    """Wall-clock seconds spent in each phase of a step."""
+
+    old_logprobs_s: float = 0.0
+    """No-grad forward recomputing π_θ_old (0 when reused from the training forward)."""
+    ref_logprobs_s: float = 0.0
+    """No-grad forward of the reference policy (0 without KL)."""
+    fwd_bwd_s: float = 0.0
+    """Training forwards and backwards over all micro-batches."""
+    optim_s: float = 0.0
+    """Gradient clipping and optimizer steps."""
+    total_s: float = 0.0
+    """Whole step, including batching."""
+
+
+class StepMetrics(BaseModel):
+    """Metrics of one trainer step (all means are over scored tokens unless stated)."""
+
+    step: int
+    """Policy version after this step (1 after the first update)."""
+    samples: int
+    """Training sequences in the batch."""
+    episodes: int
+    """Distinct episodes in the batch."""
+    tokens: int
+    """Scored (loss-mask) tokens trained, per pass."""
+    reward_mean: float | None = None
+    """Mean episode reward (``None`` when rewards were not passed)."""
+    reward_std: float | None = None
+    """Population std of episode rewards."""
+    adv_mean: float
+    """Mean advantage over samples."""
+    adv_std: float
+    adv_min: float
+    adv_max: float
+    loss: float
+    """Aggregated loss (policy + β·KL − entropy bonus), mean over optimizer updates."""
+    policy_loss: float
+    """Clipped surrogate alone (same aggregation), mean over updates."""
+    kl: float | None = None
+    """Mean k3 KL to the reference on scored tokens (``None`` when ``kl_coef == 0``)."""
+    clip_frac: float
+    """Fraction of scored tokens whose ratio was clipped (no gradient)."""
+    entropy: float
+    """Mean policy entropy (nats) on scored tokens."""
+    grad_norm: float
+    """Global gradient L2 norm before clipping (mean over updates)."""
+    grad_norm_max: float
+    """Largest pre-clip gradient norm of the step's updates."""
+    ratio_mean: float
+    """Mean π_θ/π_θ_old on scored tokens (1.0 on the first pass)."""
+    logprob_drift_mean: float
+    """Mean |engine logprob − trainer π_θ_old logprob| on scored tokens (engine/trainer numerical mismatch)."""
+    logprob_drift_max: float
+    """Max of the same."""
+    tis_weight_mean: float | None = None
+    """Mean truncated importance weight min(π_θ_old/μ, C) on scored tokens (``None`` when ``tis_cap`` is off)."""
+    lr: float
+    """Learning rate used."""
+    updates: int
+    """Optimizer updates made (``ppo_epochs · minibatches``)."""
+    micro_batches: int
+    """Forward/backward passes made."""
+    time_s: StepTimings = Field(default_factory=StepTimings)
+    created_at: float = 0.0
+    """Unix time (s) when the step finished."""
+
+
+class ServerStepMetrics(StepMetrics):
+    """A trainer step's metrics plus what the server knows about the batch: one row of
+    ``GET /api/v1/metrics`` and one line of ``metrics.jsonl``."""
+
+    batch_policy: str = ""
+    groups: int = 0
+    """GRPO groups (tasks) in the batch."""
+    episodes_dropped: int = 0
+    """Episodes consumed without training (zero-signal groups, infra failures)."""
+    calls: int = 0
+    """Call records merged into the batch's samples."""
+    merge_ratio: float = 0.0
+    """Calls per training sample."""
+    prefix_breaks: dict[str, int] = Field(default_factory=dict)
+    splices: int = 0
+    tokens_saved: int = 0
+    """Prompt tokens not recomputed thanks to prefix merging."""
+    drain_s: float = 0.0
+    """Seconds spent draining open episodes before the step."""
+    drain_aborted: int = 0
+    """Open episodes aborted at the drain timeout (synchronous)."""
+    stale_aborted: int = 0
+    """Open episodes aborted as too stale when the step started (asynchronous)."""
+    staleness_mean: float = 0.0
+    """Mean over trained episodes of (policy version updated − version of the episode's oldest call)."""
+    staleness_max: int = 0
+    checkpoint_s: float = 0.0
+
+
+EventLevel = Literal["debug", "info", "warning", "error"]
+
+
+class Event(BaseModel):
+    """One server log event (``GET /api/v1/events`` streams these as server-sent events)."""
+
+    seq: int
+    """Monotonic number within this server process (SSE ``id``)."""
+    time: float
+    """Unix time in seconds."""
+    level: EventLevel = "info"
+    kind: str
+    """Short machine-readable kind, e.g. ``episode.finished``, ``train.step``, ``config.changed``."""
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)

@@ -41,6 +41,7 @@ SWARM_LAYERS: Layers = (
     ("swarm", "swarm.cli"),
     ("swarm.server",),
     ("swarm.client",),  # the HTTP client and runner: never imports the server
+    ("swarm.serve_options",),  # swarm serve's flags; builds the ServerConfig (imports it when called)
     ("swarm.engine.factory",),  # builds the engine a ServerConfig names: above the config it reads
     ("swarm.config",),
     ("swarm.engine", "swarm.train", "swarm.pool", "swarm.batch"),
@@ -70,11 +71,6 @@ TEMPORARY_A3R_TO_SWARM: frozenset[tuple[str, str]] = frozenset(
         ("a3r.app.cli", "swarm.cli"),
         ("a3r.app.commands", "swarm.engine.model_loading"),
         ("a3r.app.commands", "swarm.errors"),
-        ("a3r.app.tui._episode_screen", "swarm.errors"),
-        ("a3r.app.tui._episode_screen", "swarm.protocol"),
-        ("a3r.app.tui._swarm", "swarm.errors"),
-        ("a3r.app.tui._swarm", "swarm.protocol"),
-        ("a3r.app.tui._token_view", "swarm.protocol"),
         ("a3r.app.tui._tokens", "swarm.engine.model_loading"),
     }
 )

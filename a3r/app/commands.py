@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import signal
 import sys
 import threading
@@ -272,7 +271,7 @@ def _serve_options(items: list[str] | None) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
-        key = key.strip().removeprefix("--")
+        key = key.strip().removeprefix("--").replace("_", "-")
         if not sep or not key:
             raise _fail(f"--serve-option {item!r}: expected KEY=VALUE, e.g. max-staleness=1")
         if key in _MANAGED_SERVE_OPTIONS:
@@ -284,25 +283,20 @@ def _serve_options(items: list[str] | None) -> dict[str, Any]:
 
 
 def _check_serve_options(options: dict[str, Any]) -> None:
-    """Validate ``options`` with ``swarm serve --check`` (names, types, ranges) before any thread.
+    """Validate ``options`` as ``swarm serve`` would (names, types, ranges, device, model), in process,
+    before any thread.
 
     Raises:
-        typer.Exit: ``swarm serve`` refuses them (its first error line, exit code 1).
+        typer.Exit: ``swarm serve`` would refuse them (one line naming the option, exit code 1).
     """
-    import subprocess
-
-    from a3r.swarmops.processes import ServerOptions
+    from swarm.client import ServeOptions, ServeOptionsError
 
     if not options:
         return
-    argv = [sys.executable, "-m", "swarm.cli", "serve", "--check", *ServerOptions(options).argv()]
-    result = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
-    if result.returncode == 0:
-        return
-    errors = [line for line in (result.stderr + result.stdout).splitlines() if line.startswith("error: ")]
-    # One line (swarm.cli.run_console_script); its "--help" hint would name `python -m swarm.cli`.
-    reason = re.sub(r" \(see '.*--help'\)$", "", errors[0].removeprefix("error: ")) if errors else ""
-    raise _fail(f"--serve-option: swarm serve refuses it: {reason or f'exit code {result.returncode}'}")
+    try:
+        ServeOptions.from_flags(options).check()
+    except ServeOptionsError as exc:
+        raise _fail(f"--serve-option: swarm serve refuses it: {exc}") from None
 
 
 def vibe(

@@ -213,26 +213,21 @@ def summarise_rewards(
     )
 
 
-def metric_series(rows: Sequence[Mapping[str, Any]], *names: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of the first of ``names`` each metrics row has (finite numbers only).
+def metric_series(rows: Sequence[Mapping[str, Any]], name: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of metric ``name`` in each row that has it as a finite number.
 
-    Servers name the same metric differently (``reward_mean``, ``reward/mean``); pass the aliases.
+    Rows are the server's per-step metrics by their field names (``swarm.protocol.ServerStepMetrics``:
+    ``reward_mean``, ``entropy``, ``kl``; plus ``completion_tokens_mean``, see ``execution``); a row
+    without ``step`` counts as step ``index + 1``.
     """
     out: list[tuple[int, float]] = []
     for index, row in enumerate(rows):
         step = row.get("step", index + 1)
-        for name in names:
-            value = row.get(name)
-            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                out.append((int(step), float(value)))
-                break
+        value = row.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            out.append((int(step), float(value)))
     return out
 
-
-REWARD_KEYS = ("reward_mean", "reward/mean", "reward")
-ENTROPY_KEYS = ("entropy", "policy/entropy", "entropy_mean")
-KL_KEYS = ("kl", "kl_mean", "policy/kl")
-LENGTH_KEYS = ("completion_tokens_mean", "response_length", "completion_len_mean", "tokens_per_sample")
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):.*?(?:\n\S[^\n]*)", re.DOTALL)
 
@@ -333,7 +328,7 @@ def detect_collapse(
         rows: Per-step trainer metrics.
     """
     found: list[Diagnosis] = []
-    halves = _halves(metric_series(rows, *REWARD_KEYS))
+    halves = _halves(metric_series(rows, "reward_mean"))
     if halves is not None and halves[0] - halves[1] > drop_max:
         found.append(
             Diagnosis(
@@ -345,7 +340,7 @@ def detect_collapse(
                 },
             )
         )
-    entropy = metric_series(rows, *ENTROPY_KEYS)
+    entropy = metric_series(rows, "entropy")
     low = [(s, v) for s, v in entropy if v < entropy_min]
     if low:
         found.append(
@@ -355,7 +350,7 @@ def detect_collapse(
                 evidence={"entropy": round(low[-1][1], 6), "step": low[-1][0], "entropy_min": entropy_min},
             )
         )
-    kl = metric_series(rows, *KL_KEYS)
+    kl = metric_series(rows, "kl")
     high = [(s, v) for s, v in kl if v > kl_max]
     if high:
         found.append(
@@ -370,7 +365,7 @@ def detect_collapse(
 
 def detect_length_collapse(rows: Sequence[Mapping[str, Any]], *, ratio: float = 0.3) -> list[Diagnosis]:
     """Length collapse: mean completion length in the last third below ``ratio`` × the first third."""
-    series = metric_series(rows, *LENGTH_KEYS)
+    series = metric_series(rows, "completion_tokens_mean")
     if len(series) < 6:
         return []
     third = len(series) // 3
@@ -461,7 +456,7 @@ def detect_all(
     found += detect_zero_signal(groups_of(episodes), group_size=group_size)
     found += detect_collapse(rows, drop_max=drop_max, entropy_min=entropy_min, kl_max=kl_max)
     found += detect_length_collapse(rows)
-    train = metric_series(rows, *REWARD_KEYS)
+    train = metric_series(rows, "reward_mean")
     eval_rounds = groups_of(episodes, kind="eval")
     by_round: dict[int, list[float]] = defaultdict(list)
     for (round_, _task), rewards in eval_rounds.items():

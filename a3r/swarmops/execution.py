@@ -13,8 +13,6 @@ here is the poll loop that feeds it observations.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import statistics
@@ -28,7 +26,6 @@ import httpx
 
 from a3r.errors import SwarmProcessError
 from a3r.study.analysis import (
-    REWARD_KEYS,
     Diagnosis,
     EpisodeRecord,
     RewardSummary,
@@ -47,12 +44,12 @@ from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, Watc
 from a3r.swarmops.processes import (
     ManagedProcess,
     ServerHandle,
-    ServerOptions,
     end_stale,
     launch,
     start_server,
     swarm_command,
 )
+from swarm.client import ClientError, Event, ServeOptions, ServeOptionsError, ServerStepMetrics, StatusView
 
 __all__ = [
     "EVAL_BUDGET_SHARE",
@@ -101,66 +98,46 @@ class Workspace:
             return sum(1 for line in f if line.strip())
 
 
-@dataclass
-class _Api:
-    """Thin reader of a server's control routes (admin token in a header, never logged)."""
+class _Control:
+    """A run's server read through its control routes (``SwarmClient``; the admin token travels in a
+    header and is never logged), one poll at a time.
 
-    handle: ServerHandle
-    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10.0))
-    event_seq: int = 0
+    A poll the server does not answer (``httpx.TransportError``: down, restarting, or too busy to answer
+    in time) or answers with an error (``ClientError``) reads as *no news*: the monitor judges a silent
+    server by its process and by how long nothing moved. An answer that breaks the protocol raises.
+    """
 
-    def status(self) -> dict[str, Any] | None:
+    def __init__(self, handle: ServerHandle) -> None:
+        self.client = handle.client()
+        self.event_seq = 0
+        """Sequence number of the last server event read."""
+
+    def status(self) -> StatusView | None:
+        """The server's status, or ``None`` when this poll got no answer."""
         try:
-            response = self.http.get(f"{self.handle.url}/api/v1/status", headers=self.handle.headers())
-        except httpx.HTTPError:
+            return self.client.status()
+        except (ClientError, httpx.TransportError):
             return None
-        return response.json() if response.status_code == 200 else None
 
-    def metrics(self) -> list[dict[str, Any]]:
+    def metrics(self) -> list[ServerStepMetrics] | None:
+        """Every per-step metrics row so far, or ``None`` when this poll got no answer."""
         try:
-            response = self.http.get(f"{self.handle.url}/api/v1/metrics", headers=self.handle.headers())
-        except httpx.HTTPError:
-            return []
-        if response.status_code != 200:
-            return []
-        body = response.json()
-        if isinstance(body, dict):
-            body = body.get("steps", body.get("metrics", []))
-        return [row for row in body if isinstance(row, dict)] if isinstance(body, list) else []
-
-    def events(self) -> list[dict[str, Any]]:
-        """Events after the last one seen (``follow=false``: the buffered ones, then the stream ends)."""
-        try:
-            response = self.http.get(
-                f"{self.handle.url}/api/v1/events",
-                params={"since": self.event_seq, "follow": "false"},
-                headers=self.handle.headers(),
-            )
-        except httpx.HTTPError:
-            return []
-        if response.status_code != 200:
-            return []
-        found: list[dict[str, Any]] = []
-        for line in response.text.splitlines():
-            if line.startswith("data:"):
-                with contextlib.suppress(ValueError):
-                    event = json.loads(line[5:].strip())
-                    if isinstance(event, dict):
-                        found.append(event)
-                        self.event_seq = max(self.event_seq, int(event.get("seq", 0)))
-        return found
-
-    def patch_config(self, changes: dict[str, Any]) -> dict[str, Any] | None:
-        try:
-            response = self.http.patch(
-                f"{self.handle.url}/api/v1/config", json=changes, headers=self.handle.headers()
-            )
-        except httpx.HTTPError:
+            return self.client.metrics()
+        except (ClientError, httpx.TransportError):
             return None
-        return response.json() if response.status_code == 200 else None
+
+    def events(self) -> list[Event]:
+        """Server events since the last poll (none when this poll got no answer)."""
+        try:
+            events = self.client.events(since=self.event_seq)
+        except (ClientError, httpx.TransportError):
+            return []
+        if events:
+            self.event_seq = events[-1].seq
+        return events
 
     def close(self) -> None:
-        self.http.close()
+        self.client.close()
 
 
 @dataclass
@@ -201,10 +178,12 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def _numeric(row: dict[str, Any]) -> dict[str, float]:
+def _numeric(metrics: ServerStepMetrics) -> dict[str, float]:
+    """A step's top-level numbers by name (finite only; the step itself left out), with the mean
+    completion length ``completion_tokens_mean`` = trained tokens per sample."""
     values = {
         k: float(v)
-        for k, v in row.items()
+        for k, v in metrics.model_dump().items()
         if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     }
     if values.get("samples"):
@@ -212,13 +191,24 @@ def _numeric(row: dict[str, Any]) -> dict[str, float]:
     return values
 
 
+def _reward_curve(rows: list[ServerStepMetrics]) -> list[tuple[int, float]]:
+    """``(step, mean train reward)`` of the steps that report one."""
+    return metric_series([{"step": row.step, "reward_mean": row.reward_mean} for row in rows], "reward_mean")
+
+
 PLAN_SERVE_OPTIONS = ("train", "batch-policy", "batch-size", "group-size", "lr", "lora-rank", "max-steps")
 """``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""
 
 
-def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServerOptions:
+def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServeOptions:
+    """The run's ``swarm serve`` options: the user's (validated when the thread began), the plan's, and
+    a3r's defaults for what neither set.
+
+    Raises:
+        ServeOptionsError: the user's options no longer validate (a resumed thread under a newer swarm).
+    """
     s = spec.settings
-    options = ServerOptions(ctx.server_options)
+    options = dict(ctx.server_options)
     if spec.purpose == "preflight":
         options["train"] = False
     else:
@@ -244,7 +234,7 @@ def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServerOptions:
     # Synchronous training (on-policy): asynchronous mode (`--serve-option max-staleness=1`) ran the
     # who-is-the-spy job no faster on 2 CPU cores (sampling and updates share them; 1228 s vs 1233 s
     # for 10 steps), and gains only where episodes idle on slow tools (bench/async_training.py).
-    return options
+    return ServeOptions.from_flags(options)
 
 
 class _Recorder:
@@ -256,24 +246,21 @@ class _Recorder:
         history = ctx.store.metric_history(run_id)
         self.last_step = max((p.step for p in history), default=-1)
 
-    def metrics(self, rows: list[dict[str, Any]]) -> None:
+    def metrics(self, rows: list[ServerStepMetrics]) -> None:
         for row in rows:
-            step = int(row.get("step", 0))
-            if step > self.last_step:
+            if row.step > self.last_step:
                 values = _numeric(row)
                 if values:
-                    self.ctx.store.log_metrics(self.run_id, step, values)
-                self.last_step = step
+                    self.ctx.store.log_metrics(self.run_id, row.step, values)
+                self.last_step = row.step
 
-    def events(self, events: list[dict[str, Any]]) -> None:
+    def events(self, events: list[Event]) -> None:
         for event in events:
-            level = str(event.get("level", "info"))
-            kind = str(event.get("kind", ""))
-            if level in ("warning", "error") or kind.startswith(("train.failed", "checkpoint.loaded")):
+            if event.level in ("warning", "error") or event.kind.startswith(
+                ("train.failed", "checkpoint.loaded")
+            ):
                 self.ctx.store.log_event(
-                    f"server {kind}: {event.get('message', '')}"[:2000],
-                    run_id=self.run_id,
-                    level=level if level in ("debug", "info", "warning", "error") else "info",
+                    f"server {event.kind}: {event.message}"[:2000], run_id=self.run_id, level=event.level
                 )
 
     def note(self, message: str, level: str = "info") -> None:
@@ -393,7 +380,11 @@ def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recor
     handle = ctx.servers.get(key)
     if handle is not None and handle.process is not None and handle.process.poll() is None:
         return handle
-    handle = start_server(ws.server_dir(key), model=ctx.model, options=_server_options(spec, ctx))
+    try:
+        options = _server_options(spec, ctx)
+    except ServeOptionsError as exc:
+        raise SwarmProcessError(f"swarm serve refuses the options: {exc}") from None
+    handle = start_server(ws.server_dir(key), model=ctx.model, options=options)
     ctx.servers[key] = handle
     rec.note(f"run {spec.key}: swarm serve started at {handle.url} (run dir {ws.server_dir(key)})")
     return handle
@@ -444,16 +435,17 @@ def execute_run(
         return RunOutcome(
             **_ident(spec), run_id=run_id, status="failed_to_start", reason=str(exc), run_dir=str(run_dir)
         )
-    api = _Api(handle)
+    api = _Control(handle)
     outcome: RunOutcome | None = None
     try:
         if ctx.server_url is not None and handle.process is None and spec.purpose == "train":
             s = spec.settings
-            applied = api.patch_config({"batch_size": s.batch_size, "group_size": s.group_size, "lr": s.lr})
-            rec.note(
-                f"run {spec.key}: attached to {handle.url}; "
-                + ("live config applied" if applied is not None else "server kept its own training config")
-            )
+            try:
+                api.client.patch_config(batch_size=s.batch_size, group_size=s.group_size, lr=s.lr)
+                kept = ""
+            except ClientError as exc:  # 409: it does not train; 422: it refuses these settings
+                kept = f"server kept its own training config ({exc})"
+            rec.note(f"run {spec.key}: attached to {handle.url}; " + (kept or "live config applied"))
         if spec.purpose == "preflight":
             summary, error, elapsed = _evaluate(
                 ctx, ws, handle.url, run_dir, budget_s, samples=max(ctx.preflight_samples, ctx.eval_samples)
@@ -493,7 +485,7 @@ class _Run:
     ctx: ExecutionContext
     ws: Workspace
     handle: ServerHandle
-    api: _Api
+    api: _Control
     rec: _Recorder
     run_dir: Path
     run_id: int
@@ -511,7 +503,7 @@ class _Sources:
     client: ManagedProcess
     calls: _LogCounter
     server_pid: int | None
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[ServerStepMetrics] = field(default_factory=list)
     episodes: list[EpisodeRecord] = field(default_factory=list)
 
     @property
@@ -529,7 +521,6 @@ class _Sources:
         process = run.handle.process
         if status is None and process is not None and process.poll() is not None:
             return Observation(now=now, client_exit=code, server_exit=process.poll())
-        counts = (status or {}).get("episodes", {})
         new_rows = run.api.metrics()
         if new_rows:
             self.rows = new_rows
@@ -542,16 +533,16 @@ class _Sources:
                 groups_of(self.episodes), group_size=run.spec.settings.group_size, min_groups=2
             )
             live = found[0].summary if found else None
-        step = (status or {}).get("step")
+        counts = status.episodes if status else None
         return Observation(
             now=now,
             client_exit=code,
-            step=None if step is None else int(step),
-            state=(status or {}).get("state"),
-            finished=int(counts.get("finished", 0)),
-            aborted=counts.get("aborted"),
-            open=counts.get("open"),
-            pending=int(counts.get("pending", 0)),
+            step=status.step if status else None,
+            state=status.state.value if status else None,
+            finished=counts.finished if counts else 0,
+            aborted=counts.aborted if counts else None,
+            open=counts.open if counts else None,
+            pending=counts.pending if counts else 0,
             client_records=len(self.episodes),
             event_seq=run.api.event_seq,
             model_calls=self.calls.update(),
@@ -563,9 +554,9 @@ class _Sources:
 def _monitor(run: _Run) -> RunOutcome:
     """Start the client on the run's server, watch it to its end (`judge`), then conclude."""
     spec, ctx, handle, api = run.spec, run.ctx, run.handle, run.api
-    initial = api.status() or {}
-    start_step = int(initial.get("step", 0))
-    training = bool(initial.get("training_enabled", False))
+    initial = api.status()
+    start_step = initial.step if initial else 0
+    training = initial.training_enabled if initial else False
     target = spec.settings.steps if spec.purpose in ("train", "sweep") and training else None
     if target is not None and handle.process is None:
         # An attached server may have trained before this thread: count steps from where it stood.
@@ -574,7 +565,10 @@ def _monitor(run: _Run) -> RunOutcome:
     if target is not None and handle.process is not None:
         # A server of ours may have been started by an earlier run (the smoke run's): it must stop
         # training at this run's target, not go on with the episodes pooled after it.
-        api.patch_config({"max_steps": target})
+        try:
+            api.client.patch_config(max_steps=target)
+        except ClientError as exc:
+            run.rec.note(f"run {spec.key}: the server refused max_steps {target}: {exc}", "warning")
     client = _client(spec, run.ws, handle.url, run.run_dir, start_step)
     run.rec.note(
         f"run {spec.key}: client started (G={spec.settings.group_size}, B={spec.settings.batch_size}, "
@@ -607,7 +601,7 @@ def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None) 
     """Note a new trainer step (with its train reward) and a run turning slow."""
     key, episodes = run.spec.key, len(sources.episodes)
     if verdict.stepped and target is not None:
-        reward = metric_series(sources.rows, *REWARD_KEYS)
+        reward = _reward_curve(sources.rows)
         run.rec.note(
             f"run {key}: step {verdict.watch.last_step}/{target}"
             + (f" · train reward {reward[-1][1]:.3f}" if reward else "")
@@ -646,12 +640,13 @@ def _conclude(
     episodes = read_progress(sources.progress_path)
     rows = api.metrics() or sources.rows
     rec.metrics(rows)
+    metric_rows = [{"step": row.step, **_numeric(row)} for row in rows]
     rec.events(api.events())
     stopped_by_us = end.status in ("needs_attention", "hung", "budget") or end.reason.startswith(
         "reached step"
     )
     diagnoses += detect_all(
-        rows=rows,
+        rows=metric_rows,
         episodes=episodes,
         group_size=spec.settings.group_size,
         log_text=log_text,
@@ -680,7 +675,7 @@ def _conclude(
         if error:
             rec.note(f"run {spec.key}: {error}", "warning")
     train_groups = groups_of(episodes)
-    curve = [(s, v) for s, v in metric_series(rows, *REWARD_KEYS) if s > start_step or spec.start_step == 0]
+    curve = [(s, v) for s, v in _reward_curve(rows) if s > start_step or spec.start_step == 0]
     wall = time.monotonic() - run.started
     finished_eps = sum(len(v) for v in train_groups.values())
     step_times = [t for t, s, _ in samples]

@@ -25,16 +25,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import httpx
 
 from a3r.errors import SwarmProcessError
+from swarm.client import ClientError, RetryPolicy, ServeOptions, SwarmClient
 
 __all__ = [
     "ManagedProcess",
     "ServerHandle",
-    "ServerOptions",
     "end_stale",
     "free_port",
     "launch",
@@ -191,24 +191,6 @@ def end_stale(pid_path: Path) -> bool:
     return ended
 
 
-class ServerOptions(dict[str, Any]):
-    """Extra ``swarm serve`` options as ``{"batch-size": 2, "train": True, ...}``.
-
-    Booleans become ``--name`` / ``--no-name``; ``None`` values are left out.
-    """
-
-    def argv(self) -> list[str]:
-        out: list[str] = []
-        for key, value in self.items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                out.append(f"--{key}" if value else f"--no-{key}")
-            else:
-                out += [f"--{key}", str(value)]
-        return out
-
-
 @dataclass
 class ServerHandle:
     """A started (or attached) swarm server.
@@ -223,16 +205,26 @@ class ServerHandle:
     admin_token: str | None
     process: ManagedProcess | None = None
 
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+    def client(self, *, timeout_s: float = 10.0, deadline_s: float = 10.0) -> SwarmClient:
+        """A client of this server's control routes that tries once (a busy answer is waited out up to
+        ``deadline_s``); close it after use."""
+        retry = RetryPolicy(attempts=1, max_wait_s=deadline_s, deadline_s=deadline_s)
+        return SwarmClient(self.url, admin_token=self.admin_token, timeout_s=timeout_s, retry=retry)
 
     def stop(self) -> None:
-        """Checkpoint (best effort) and stop a server we started; an attached one is left running."""
+        """Checkpoint and stop a server we started; an attached one is left running.
+
+        The checkpoint is skipped when the server cannot take one: it trains nothing (409), or it is
+        down or does not answer within two minutes.
+        """
         if self.process is None:
             return
         if self.process.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.post(f"{self.url}/api/v1/checkpoint", headers=self.headers(), timeout=120)
+            with (
+                self.client(timeout_s=120.0) as control,
+                contextlib.suppress(ClientError, httpx.TransportError),
+            ):
+                control.checkpoint()
         self.process.stop(sig=signal.SIGTERM, grace_s=30)
 
 
@@ -240,7 +232,7 @@ def start_server(
     run_dir: Path,
     *,
     model: str | None = None,
-    options: ServerOptions | None = None,
+    options: ServeOptions | None = None,
     port: int | None = None,
     ready_timeout_s: float = 300.0,
 ) -> ServerHandle:
@@ -261,10 +253,8 @@ def start_server(
     end_stale(run_dir.parent / f"{run_dir.name}.server.pid")
     port = port or free_port()
     token = secrets.token_urlsafe(24)
-    argv = [*swarm_command(), "serve", "--port", str(port), "--run-dir", str(run_dir)]
-    if model:
-        argv += ["--model", model]
-    argv += (options or ServerOptions()).argv()
+    placed = {"port": port, "run_dir": run_dir, **({"model": model} if model else {})}
+    argv = [*swarm_command(), "serve", *(options or ServeOptions()).model_copy(update=placed).argv()]
     process = launch(
         "server",
         argv,
@@ -273,21 +263,26 @@ def start_server(
     )
     handle = ServerHandle(url=f"http://127.0.0.1:{port}", admin_token=token, process=process)
     deadline = time.monotonic() + ready_timeout_s
-    while True:
-        code = process.poll()
-        if code is not None:
-            process.close()
-            tail = process.log_text(4000).strip().splitlines()[-8:]
-            raise SwarmProcessError(f"swarm serve exited with code {code}: " + " | ".join(tail))
-        try:
-            response = httpx.get(f"{handle.url}/api/v1/status", headers=handle.headers(), timeout=5)
-            if response.status_code == 200:
-                return handle
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            process.stop(sig=signal.SIGKILL)
-            raise SwarmProcessError(
-                f"swarm serve did not answer within {ready_timeout_s:g} s (log: {process.log_path})"
-            )
-        time.sleep(0.25)
+    with handle.client(timeout_s=5.0) as control:
+        while not _answers(control):
+            code = process.poll()
+            if code is not None:
+                process.close()
+                tail = process.log_text(4000).strip().splitlines()[-8:]
+                raise SwarmProcessError(f"swarm serve exited with code {code}: " + " | ".join(tail))
+            if time.monotonic() > deadline:
+                process.stop(sig=signal.SIGKILL)
+                raise SwarmProcessError(
+                    f"swarm serve did not answer within {ready_timeout_s:g} s (log: {process.log_path})"
+                )
+            time.sleep(0.25)
+    return handle
+
+
+def _answers(control: SwarmClient) -> bool:
+    """Whether the server answers ``GET /api/v1/status`` yet (not listening yet, or still starting: no)."""
+    try:
+        control.status()
+    except (ClientError, httpx.TransportError):
+        return False
+    return True

@@ -4,6 +4,9 @@
 - :class:`MultiEpisode`: one rollout over several servers, finished or aborted together.
 - :class:`Runner` (``swarm run``): a workflow file over a dataset, G episodes per task, N at a time,
   with resume, eval rounds and infrastructure-failure handling.
+- Re-exported for programs that drive servers: ``ClientError``/``SwarmError``, the control answers
+  (``StatusView``, ``ServerStepMetrics``, ``Event``, ``EpisodeView``) and ``ServeOptions`` (``swarm
+  serve``'s options, validated in process).
 """
 
 from swarm.client._client import AsyncEpisode, AsyncSwarmClient, Episode, RetryPolicy, SwarmClient
@@ -21,6 +24,17 @@ from swarm.client._multi import MultiEpisode
 from swarm.client._progress import ProgressLog
 from swarm.client._runner import Runner, RunnerConfig, RunSummary, run_workflow
 from swarm.client.workflow import LLM, Result
+
+# Re-exported, not defined here (so not in __all__): what a program driving servers (a3r) needs besides the
+# client: its errors, the control answers it reads, and ``swarm serve``'s options.
+from swarm.errors import ClientError as ClientError
+from swarm.errors import SwarmError as SwarmError
+from swarm.protocol import EpisodeView as EpisodeView
+from swarm.protocol import Event as Event
+from swarm.protocol import ServerStepMetrics as ServerStepMetrics
+from swarm.protocol import StatusView as StatusView
+from swarm.serve_options import ServeOptions as ServeOptions
+from swarm.serve_options import ServeOptionsError as ServeOptionsError
 
 __all__ = [
     "LLM",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import TypeAdapter
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -24,19 +25,26 @@ from tenacity import (
 )
 
 from swarm.client._failures import FailureKind, classify_failure
+from swarm.client._sse import parse_sse
 from swarm.client.workflow import LLM, Result
 from swarm.errors import ClientError
 from swarm.protocol import (
+    CheckpointSaved,
+    ConfigChanged,
+    ConfigView,
     EpisodeAbort,
     EpisodeCreate,
     EpisodeCreated,
     EpisodeFinish,
     EpisodeKind,
     EpisodeView,
+    Event,
+    ServerStepMetrics,
     StatusView,
 )
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
+_METRICS = TypeAdapter(list[ServerStepMetrics])
 
 
 @dataclass(frozen=True)
@@ -113,13 +121,6 @@ def _is_infra(exc: BaseException, base_url: str) -> bool:
     return classify_failure(exc, (base_url,)) is FailureKind.INFRA
 
 
-def _metrics_list(body: Any) -> list[dict[str, Any]]:
-    """Accept ``[{...}, ...]`` or ``{"steps": [...]}`` / ``{"metrics": [...]}`` (one dict per step)."""
-    if isinstance(body, dict):
-        body = body.get("steps", body.get("metrics", []))
-    return [row for row in body if isinstance(row, dict)] if isinstance(body, list) else []
-
-
 class _BaseClient:
     def __init__(self, url: str, admin_token: str | None, retry: RetryPolicy) -> None:
         self.url = url.rstrip("/")
@@ -131,8 +132,18 @@ class _BaseClient:
 
     @staticmethod
     def _check(response: httpx.Response) -> Any:
+        """The JSON body of a success answer.
+
+        Raises:
+            ClientError: the server answered an error (its ``{"error": ...}`` message, status and type).
+        """
+        _BaseClient._check_status(response)
+        return response.json()
+
+    @staticmethod
+    def _check_status(response: httpx.Response) -> None:
         if response.is_success:
-            return response.json()
+            return
         try:
             error = response.json().get("error", {})
             message, kind = error.get("message", response.text), error.get("type", "")
@@ -171,6 +182,11 @@ class _BaseClient:
             metadata=metadata or {},
             trainable_agents=trainable_agents,
         ).model_dump(mode="json")
+
+    @staticmethod
+    def _events(response: httpx.Response) -> list[Event]:
+        _BaseClient._check_status(response)
+        return [Event.model_validate(data) for data in parse_sse(response.text)]
 
     @staticmethod
     def _finish_body(result: float | Result) -> dict[str, Any]:
@@ -249,11 +265,20 @@ class SwarmClient(_BaseClient):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, json: Any = None, admin: bool = False) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        admin: bool = False,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
         headers = self._headers if admin else {}
         for attempt in Retrying(**self._retry_kwargs()):
             with attempt:
-                return self._check(self._http.request(method, path, json=json, headers=headers))
+                return self._check(
+                    self._http.request(method, path, json=json, params=params, headers=headers)
+                )
         raise AssertionError("unreachable")  # pragma: no cover - tenacity reraises
 
     def begin(
@@ -286,27 +311,61 @@ class SwarmClient(_BaseClient):
     def status(self) -> StatusView:
         return StatusView.model_validate(self._request("GET", "/api/v1/status", admin=True))
 
-    def metrics(self) -> list[dict[str, Any]]:
-        """Per-step training metrics (``GET /api/v1/metrics``), oldest first.
+    def metrics(self, since_step: int = 0) -> list[ServerStepMetrics]:
+        """Per-step training metrics after policy version ``since_step`` (``GET /api/v1/metrics``),
+        oldest first; empty while no step has run or when the server only serves.
 
         Raises:
-            ClientError: the server answered an error (404 when it serves no metrics route).
+            ClientError: the server answered an error (401/403 without the admin token).
+            httpx.TransportError: the server could not be reached (after the retries).
         """
-        return _metrics_list(self._request("GET", "/api/v1/metrics", admin=True))
+        body = self._request("GET", "/api/v1/metrics", params={"since_step": since_step}, admin=True)
+        return _METRICS.validate_python(body)
 
-    def config(self) -> dict[str, Any]:
-        """The server's live configuration (``GET /api/v1/config``)."""
-        body: dict[str, Any] = self._request("GET", "/api/v1/config", admin=True)
-        return body
-
-    def patch_config(self, **changes: Any) -> dict[str, Any]:
-        """Change live settings (``PATCH /api/v1/config``), e.g. ``quotas={"math": 0.5, "code": 0.5}``.
+    def events(self, since: int = 0) -> list[Event]:
+        """The server's buffered events after sequence number ``since`` (``GET /api/v1/events`` without
+        following), oldest first. Pass the last ``seq`` seen to read only new ones; a restarted server
+        numbers from 1 again.
 
         Raises:
-            ClientError: 422 for an unknown field or a bad value.
+            ClientError: the server answered an error (401/403 without the admin token).
+            httpx.TransportError: the server could not be reached (after the retries).
         """
-        body: dict[str, Any] = self._request("PATCH", "/api/v1/config", changes, admin=True)
-        return body
+        params: dict[str, int | str] = {"since": since, "follow": "false"}
+        for attempt in Retrying(**self._retry_kwargs()):
+            with attempt:
+                return self._events(self._http.get("/api/v1/events", params=params, headers=self._headers))
+        raise AssertionError("unreachable")  # pragma: no cover - tenacity reraises
+
+    def config(self) -> ConfigView:
+        """The configuration the server's next step will use (``GET /api/v1/config``).
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        return ConfigView.model_validate(self._request("GET", "/api/v1/config", admin=True))
+
+    def patch_config(self, **changes: Any) -> ConfigChanged:
+        """Change live settings (``PATCH /api/v1/config``), e.g. ``quotas={"math": 0.5, "code": 0.5}``;
+        they take effect from the next step.
+
+        Args:
+            changes: fields of :class:`~swarm.protocol.ConfigPatch`.
+
+        Raises:
+            ClientError: 422 for an unknown field, a bad value or an invalid combination; 409 when the
+                server does not train.
+        """
+        body = self._request("PATCH", "/api/v1/config", changes, admin=True)
+        return ConfigChanged.model_validate(body)
+
+    def checkpoint(self) -> CheckpointSaved:
+        """Save a checkpoint now (``POST /api/v1/checkpoint``; waits for a running step to end).
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        return CheckpointSaved.model_validate(self._request("POST", "/api/v1/checkpoint", admin=True))
 
     @contextlib.contextmanager
     def episode(self, task_id: str, **kwargs: Any) -> Iterator[Episode]:
@@ -377,11 +436,19 @@ class AsyncSwarmClient(_BaseClient):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _request(self, method: str, path: str, json: Any = None, admin: bool = False) -> Any:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        admin: bool = False,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
         headers = self._headers if admin else {}
         async for attempt in AsyncRetrying(**self._retry_kwargs()):
             with attempt:
-                return self._check(await self._http.request(method, path, json=json, headers=headers))
+                response = await self._http.request(method, path, json=json, params=params, headers=headers)
+                return self._check(response)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def begin(
@@ -415,19 +482,32 @@ class AsyncSwarmClient(_BaseClient):
     async def status(self) -> StatusView:
         return StatusView.model_validate(await self._request("GET", "/api/v1/status", admin=True))
 
-    async def metrics(self) -> list[dict[str, Any]]:
+    async def metrics(self, since_step: int = 0) -> list[ServerStepMetrics]:
         """Async :meth:`SwarmClient.metrics`."""
-        return _metrics_list(await self._request("GET", "/api/v1/metrics", admin=True))
+        body = await self._request("GET", "/api/v1/metrics", params={"since_step": since_step}, admin=True)
+        return _METRICS.validate_python(body)
 
-    async def config(self) -> dict[str, Any]:
+    async def events(self, since: int = 0) -> list[Event]:
+        """Async :meth:`SwarmClient.events`."""
+        params: dict[str, int | str] = {"since": since, "follow": "false"}
+        async for attempt in AsyncRetrying(**self._retry_kwargs()):
+            with attempt:
+                response = await self._http.get("/api/v1/events", params=params, headers=self._headers)
+                return self._events(response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def config(self) -> ConfigView:
         """Async :meth:`SwarmClient.config`."""
-        body: dict[str, Any] = await self._request("GET", "/api/v1/config", admin=True)
-        return body
+        return ConfigView.model_validate(await self._request("GET", "/api/v1/config", admin=True))
 
-    async def patch_config(self, **changes: Any) -> dict[str, Any]:
+    async def patch_config(self, **changes: Any) -> ConfigChanged:
         """Async :meth:`SwarmClient.patch_config`."""
-        body: dict[str, Any] = await self._request("PATCH", "/api/v1/config", changes, admin=True)
-        return body
+        body = await self._request("PATCH", "/api/v1/config", changes, admin=True)
+        return ConfigChanged.model_validate(body)
+
+    async def checkpoint(self) -> CheckpointSaved:
+        """Async :meth:`SwarmClient.checkpoint`."""
+        return CheckpointSaved.model_validate(await self._request("POST", "/api/v1/checkpoint", admin=True))
 
     @contextlib.asynccontextmanager
     async def episode(self, task_id: str, **kwargs: Any) -> AsyncIterator[AsyncEpisode]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 from rich.console import Group, RenderableType
@@ -15,7 +14,7 @@ from rich.text import Text
 
 from swarm.client._client import SwarmClient
 from swarm.errors import ClientError, SwarmError
-from swarm.protocol import StatusView
+from swarm.protocol import ServerStepMetrics, StatusView
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
@@ -43,7 +42,7 @@ class Snapshot:
     """One poll of a server: status, per-step metrics (``None`` when the server serves none), error."""
 
     status: StatusView | None = None
-    metrics: list[dict[str, Any]] | None = None
+    metrics: list[ServerStepMetrics] | None = None
     error: str | None = None
     metrics_note: str = ""
     rewards: list[float] = field(default_factory=list)
@@ -66,10 +65,7 @@ def poll(client: SwarmClient) -> Snapshot:
         snap.metrics_note = "no metrics route on this server" if exc.status_code == 404 else str(exc)
     except httpx.TransportError as exc:
         snap.metrics_note = f"metrics unavailable: {type(exc).__name__}"
-    for row in snap.metrics or []:
-        value = row.get("reward_mean")
-        if isinstance(value, int | float):
-            snap.rewards.append(float(value))
+    snap.rewards = [m.reward_mean for m in snap.metrics or [] if m.reward_mean is not None]
     return snap
 
 

@@ -1,6 +1,8 @@
 """Control routes (admin token): status, metrics, live config, pause/resume, checkpoint, events.
 
-Client readiness votes (``/api/v1/clients/{id}/ready``) need no admin token: clients cast them.
+The admin check is declared once, on ``router``; every answer is a :mod:`swarm.protocol` model, so the
+OpenAPI schema is the contract the client reads. Client readiness votes (``/api/v1/clients/{id}/ready``)
+need no admin token: clients cast them.
 """
 
 from __future__ import annotations
@@ -9,35 +11,61 @@ import asyncio
 from collections.abc import AsyncIterable
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from swarm.errors import RequestError
-from swarm.protocol import StatusView
-from swarm.server.deps import AdminDep, RuntimeDep
-from swarm.server.training import ConfigPatch, ServerStepMetrics, TrainingLoop, Vote
+from swarm.protocol import (
+    CheckpointSaved,
+    ConfigChanged,
+    ConfigPatch,
+    ConfigView,
+    ErrorBody,
+    Event,
+    ServerStepMetrics,
+    StatusView,
+    Vote,
+    VoteCast,
+)
+from swarm.server.deps import RuntimeDep, require_admin
+from swarm.server.training import TrainingLoop
 
-router = APIRouter(prefix="/api/v1", tags=["control"])
+router = APIRouter(
+    prefix="/api/v1",
+    tags=["control"],
+    dependencies=[Depends(require_admin)],
+    responses={
+        401: {"model": ErrorBody, "description": "Missing or wrong admin token."},
+        403: {"model": ErrorBody, "description": "An episode key, or no admin token from another host."},
+    },
+)
 votes_router = APIRouter(prefix="/api/v1/clients", tags=["episodes"])
+
+_NO_TRAINING: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorBody, "description": "Training is disabled on this server."}
+}
+
+
+def _sse(event: Event) -> ServerSentEvent:
+    return ServerSentEvent(data=event.model_dump(), event=event.kind, id=str(event.seq))
 
 
 @router.get("/status")
-def status(runtime: RuntimeDep, _: AdminDep) -> StatusView:
+def status(runtime: RuntimeDep) -> StatusView:
     """Engine state, policy version, model and episode counts."""
     return runtime.status()
 
 
 @router.get("/events", response_class=EventSourceResponse)
-async def events(
-    runtime: RuntimeDep, _: AdminDep, since: int = 0, follow: bool = True
-) -> AsyncIterable[ServerSentEvent]:
-    """Server-sent events: buffered events after ``since``, then live ones while ``follow`` is true."""
+async def events(runtime: RuntimeDep, since: int = 0, follow: bool = True) -> AsyncIterable[ServerSentEvent]:
+    """Server-sent events, each an :class:`~swarm.protocol.Event` as JSON ``data`` (``event`` = its kind,
+    ``id`` = its seq): buffered events after ``since``, then live ones while ``follow`` is true."""
     handle = runtime.events.subscribe() if follow else None
     try:
         last = since
         for event in runtime.events.recent(since):
             last = event.seq
-            yield ServerSentEvent(data=event.model_dump(), event=event.kind, id=str(event.seq))
+            yield _sse(event)
         if handle is None:
             return
         queue = handle[1]
@@ -50,7 +78,7 @@ async def events(
             if event.seq <= last:
                 continue
             last = event.seq
-            yield ServerSentEvent(data=event.model_dump(), event=event.kind, id=str(event.seq))
+            yield _sse(event)
     finally:
         if handle is not None:
             runtime.events.unsubscribe(handle)
@@ -63,52 +91,55 @@ def _training(runtime: RuntimeDep) -> TrainingLoop:
 
 
 @router.get("/metrics")
-def metrics(runtime: RuntimeDep, _: AdminDep, since_step: int = 0) -> list[ServerStepMetrics]:
-    """Per-step training metrics (the same objects as ``metrics.jsonl`` in the run dir)."""
+def metrics(runtime: RuntimeDep, since_step: int = 0) -> list[ServerStepMetrics]:
+    """Per-step training metrics after ``since_step``, oldest first (the rows of ``metrics.jsonl``;
+    empty on a server in inference mode)."""
     if runtime.training is None:
         return []
     return [m for m in runtime.training.history if m.step > since_step]
 
 
-@router.get("/config")
-def get_config(runtime: RuntimeDep, _: AdminDep) -> dict[str, Any]:
+@router.get("/config", responses=_NO_TRAINING)
+def get_config(runtime: RuntimeDep) -> ConfigView:
     """The configuration the next step will use."""
-    return _training(runtime).effective_config()
+    return ConfigView.model_validate(_training(runtime).effective_config())
 
 
-@router.patch("/config")
-def patch_config(body: ConfigPatch, runtime: RuntimeDep, _: AdminDep) -> dict[str, Any]:
+@router.patch("/config", responses=_NO_TRAINING)
+def patch_config(body: ConfigPatch, runtime: RuntimeDep) -> ConfigChanged:
     """Change lr, batch policy/size, group size, temperature, clip range, KL coefficient… live.
 
     Validated at once (422 on an invalid combination), effective from the next step, logged as a
     ``config.changed`` event.
     """
     changed = _training(runtime).apply(body)
-    return {"changed": changed, "config": _training(runtime).effective_config()}
+    return ConfigChanged(
+        changed=changed, config=ConfigView.model_validate(_training(runtime).effective_config())
+    )
 
 
 @router.post("/pause")
-def pause(runtime: RuntimeDep, _: AdminDep) -> StatusView:
+def pause(runtime: RuntimeDep) -> StatusView:
     """No new episodes and no training until resumed; open episodes keep being served."""
     runtime.pause()
     return runtime.status()
 
 
 @router.post("/resume")
-def resume(runtime: RuntimeDep, _: AdminDep) -> StatusView:
+def resume(runtime: RuntimeDep) -> StatusView:
     runtime.resume()
     return runtime.status()
 
 
-@router.post("/checkpoint")
-async def checkpoint(runtime: RuntimeDep, _: AdminDep) -> dict[str, Any]:
+@router.post("/checkpoint", responses=_NO_TRAINING)
+async def checkpoint(runtime: RuntimeDep) -> CheckpointSaved:
     """Save weights, optimizer state and step now (waits for a running step to end)."""
     step = await asyncio.to_thread(_training(runtime).checkpoint)
-    return {"step": step, "path": str(runtime.config.run_dir / "checkpoints" / f"step-{step:06d}")}
+    return CheckpointSaved(step=step, path=str(runtime.config.run_dir / "checkpoints" / f"step-{step:06d}"))
 
 
-@votes_router.post("/{client_id}/ready")
-async def vote(client_id: str, body: Vote, runtime: RuntimeDep) -> dict[str, Any]:
+@votes_router.post("/{client_id}/ready", responses=_NO_TRAINING)
+async def vote(client_id: str, body: Vote, runtime: RuntimeDep) -> VoteCast:
     """A client's readiness vote for the ``all_clients_ready`` / ``any_client_ready`` batch policies."""
     _training(runtime).vote(client_id, body.ready)
-    return {"client_id": client_id, "ready": body.ready}
+    return VoteCast(client_id=client_id, ready=body.ready)

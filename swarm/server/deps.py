@@ -1,4 +1,5 @@
-"""Shared FastAPI dependencies as ``Annotated`` aliases: the runtime, episode keys and the admin token."""
+"""Shared FastAPI dependencies: the runtime and episode keys as ``Annotated`` aliases, and the admin-token
+check that the control router declares once for all its routes."""
 
 from __future__ import annotations
 
@@ -56,6 +57,3 @@ async def require_admin(runtime: RuntimeDep, credentials: BearerDep, request: Re
         return
     if given is None or not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
         raise AuthError("missing or wrong admin token for a control route")
-
-
-AdminDep = Annotated[None, Depends(require_admin)]

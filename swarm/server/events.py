@@ -8,25 +8,9 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
-
-Level = Literal["debug", "info", "warning", "error"]
-
-
-class Event(BaseModel):
-    """One log event (``GET /api/v1/events`` streams these)."""
-
-    seq: int
-    """Monotonic number within this server process (SSE ``id``)."""
-    time: float
-    """Unix time in seconds."""
-    level: Level = "info"
-    kind: str
-    """Short machine-readable kind, e.g. ``episode.finished``, ``train.step``, ``config.changed``."""
-    message: str
-    data: dict[str, Any] = Field(default_factory=dict)
+from swarm.protocol import Event, EventLevel
 
 
 class EventLog:
@@ -48,7 +32,7 @@ class EventLog:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", encoding="utf-8")  # kept open: one write + flush per event
 
-    def emit(self, kind: str, message: str, level: Level = "info", **data: Any) -> Event:
+    def emit(self, kind: str, message: str, level: EventLevel = "info", **data: Any) -> Event:
         """Record an event (callable from any thread). Never pass secrets in ``message`` or ``data``."""
         with self._lock:
             self._seq += 1

@@ -28,7 +28,6 @@ from swarm.protocol import (
     EpisodeFinish,
     EpisodeStatus,
     EpisodeView,
-    MergeSummary,
     StatusView,
 )
 from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call, sampling_for
@@ -183,16 +182,7 @@ class SwarmRuntime:
                 "trained_step": stored.trained_step,
             }
         samples, stats = build_samples(episode_id, calls)
-        merge = MergeSummary(
-            calls=stats.calls,
-            samples=stats.samples,
-            merge_ratio=stats.merge_ratio,
-            prefix_breaks=dict(stats.prefix_breaks),
-            splices=stats.splices,
-            splice_mismatches=stats.splice_mismatches,
-            tokens_saved=stats.tokens_saved,
-        )
-        return EpisodeView(episode_id=episode_id, calls=calls, samples=samples, merge=merge, **base)
+        return EpisodeView(episode_id=episode_id, calls=calls, samples=samples, merge=stats, **base)
 
     # -- chat completions ------------------------------------------------------------------------------
     def prepare_chat(self, episode: OpenEpisode, request: ChatCompletionRequest) -> PreparedCall:

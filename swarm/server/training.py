@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
+from pydantic import ValidationError
 
 from swarm.batch import (
     Batch,
@@ -51,13 +51,20 @@ from swarm.batch import (
     admit,
     select_batch,
 )
-from swarm.batch import EpisodeStatus as BatchStatus
-from swarm.config import SamplingDefaults, TrainingConfig, check_weighting
+from swarm.config import TrainingConfig, check_weighting
 from swarm.engine.base import Engine
 from swarm.errors import RequestError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.precision import MixedPrecision
-from swarm.protocol import EngineState, EpisodeKind, EpisodeStatus
+from swarm.protocol import (
+    ConfigPatch,
+    EngineState,
+    EpisodeKind,
+    EpisodeStatus,
+    SamplingDefaults,
+    ServerStepMetrics,
+    StepMetrics,
+)
 from swarm.server.checkpoints import latest_checkpoint, load_trainer_state, load_weights, save_checkpoint
 from swarm.server.episodes import OpenEpisodes
 from swarm.server.events import EventLog
@@ -66,78 +73,11 @@ from swarm.tracking.merge import LossWeighting, MergeStats, aggregate_stats, bui
 from swarm.tracking.records import CallRecord, Sample
 from swarm.train import (
     LIVE_FIELDS,
-    StepMetrics,
     TorchTrainer,
     TrainerConfig,
     TrainerError,
     episode_advantages,
 )
-from swarm.train.losses import LossAggregation
-
-
-class ServerStepMetrics(StepMetrics):
-    """A trainer step's metrics plus what the server knows about the batch (one line of metrics.jsonl)."""
-
-    batch_policy: str = ""
-    groups: int = 0
-    """GRPO groups (tasks) in the batch."""
-    episodes_dropped: int = 0
-    """Episodes consumed without training (zero-signal groups, infra failures)."""
-    calls: int = 0
-    """Call records merged into the batch's samples."""
-    merge_ratio: float = 0.0
-    """Calls per training sample."""
-    prefix_breaks: dict[str, int] = Field(default_factory=dict)
-    splices: int = 0
-    tokens_saved: int = 0
-    """Prompt tokens not recomputed thanks to prefix merging."""
-    drain_s: float = 0.0
-    """Seconds spent draining open episodes before the step."""
-    drain_aborted: int = 0
-    """Open episodes aborted at the drain timeout (synchronous)."""
-    stale_aborted: int = 0
-    """Open episodes aborted as too stale when the step started (asynchronous)."""
-    staleness_mean: float = 0.0
-    """Mean over trained episodes of (policy version updated − version of the episode's oldest call)."""
-    staleness_max: int = 0
-    checkpoint_s: float = 0.0
-
-
-class ConfigPatch(BaseModel):
-    """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step.
-
-    A field left out keeps its value; an explicit ``null`` is refused (422) rather than ignored, and so
-    are values of the wrong JSON type (``true`` or ``"4"`` for a number) and non-finite numbers.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    lr: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
-    weight_decay: StrictFloat | None = Field(default=None, ge=0.0)
-    max_grad_norm: StrictFloat | None = Field(default=None, gt=0.0)
-    clip_eps_low: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)
-    clip_eps_high: StrictFloat | None = Field(default=None, ge=0.0)
-    kl_coef: StrictFloat | None = Field(default=None, ge=0.0)
-    entropy_coef: StrictFloat | None = Field(default=None, ge=0.0)
-    loss_agg: LossAggregation | None = None
-    ppo_epochs: StrictInt | None = Field(default=None, ge=1)
-    minibatches: StrictInt | None = Field(default=None, ge=1)
-    batch_policy: BatchPolicy | None = None
-    batch_size: StrictInt | None = Field(default=None, ge=1)
-    group_size: StrictInt | None = Field(default=None, ge=1)
-    normalize_std: StrictBool | None = None
-    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
-    """Default sampling temperature (requests that set one keep theirs)."""
-    top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
-    quotas: dict[str, StrictFloat] | None = None
-    """Family shares, e.g. ``{"math": 0.4, "code": 0.6}``; ``{}`` removes quotas."""
-    training_enabled: StrictBool | None = None
-    drain_timeout_s: StrictFloat | None = Field(default=None, ge=0.0)
-    max_staleness: StrictInt | None = Field(default=None, ge=0)
-    """Change K of asynchronous mode (a synchronous server stays synchronous; ``null`` is refused)."""
-    checkpoint_every: StrictInt | None = Field(default=None, ge=1)
-    max_steps: StrictInt | None = Field(default=None, ge=1)
 
 
 def _problem(err: Any) -> tuple[str, str | None]:
@@ -147,14 +87,6 @@ def _problem(err: Any) -> tuple[str, str | None]:
     field = {"policy": "batch_policy", "shares": "quotas"}.get(loc[0], loc[0]) if loc else None
     message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     return (f"{field}: {message}" if field else message), field
-
-
-class Vote(BaseModel):
-    """``POST /api/v1/clients/{client_id}/ready``: a client's readiness vote."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    ready: bool = True
 
 
 TRAINER_FIELDS = (frozenset(LIVE_FIELDS) & frozenset(ConfigPatch.model_fields)) - {"temperature"}
@@ -168,11 +100,6 @@ _SIZED_POLICIES = frozenset({BatchPolicy.EPISODES, BatchPolicy.TASKS})
 
 
 def _summary(ep: StoredEpisode) -> EpisodeSummary:
-    status = {
-        EpisodeStatus.FINISHED: BatchStatus.FINISHED,
-        EpisodeStatus.ABORTED: BatchStatus.ABORTED,
-        EpisodeStatus.INFRA_FAILURE: BatchStatus.INFRA_FAILURE,
-    }[ep.status]
     kind: Literal["train", "eval"] = "train" if ep.kind is EpisodeKind.TRAIN else "eval"
     return EpisodeSummary(
         episode_id=ep.id,
@@ -180,7 +107,7 @@ def _summary(ep: StoredEpisode) -> EpisodeSummary:
         client_id=ep.client_id,
         family=ep.family,
         kind=kind,
-        status=status,
+        status=ep.status,
         reward=ep.reward,
         finished_at=ep.finished_at,
     )
@@ -302,7 +229,7 @@ class TrainingLoop:
         }
         # Task → train episodes admitted and not yet consumed or retired (asynchronous admission).
         self._ahead: Counter[str] = Counter(
-            p.task_id for p in self._pending.values() if p.status is not BatchStatus.INFRA_FAILURE
+            p.task_id for p in self._pending.values() if p.status is not EpisodeStatus.INFRA_FAILURE
         )
         # Pending episode → policy version of its oldest call (staleness metrics).
         self._oldest_version: dict[str, int] = {
@@ -406,7 +333,7 @@ class TrainingLoop:
             for eid in episode_ids:
                 summary = self._pending.pop(eid, None)
                 self._oldest_version.pop(eid, None)
-                if summary is not None and summary.status is not BatchStatus.INFRA_FAILURE:
+                if summary is not None and summary.status is not EpisodeStatus.INFRA_FAILURE:
                     self._less_ahead(summary.task_id)
 
     def vote(self, client_id: str, ready: bool) -> None:
@@ -719,4 +646,4 @@ class TrainingLoop:
             return self.trainer.step_count
 
 
-__all__ = ["ConfigPatch", "ServerStepMetrics", "TrainingLoop", "Vote"]
+__all__ = ["TrainingLoop", "agent_advantages"]

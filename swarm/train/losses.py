@@ -16,9 +16,10 @@ which this module splits into :func:`grpo_advantages` (Â), :func:`ppo_clip_loss
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from enum import StrEnum
 
 import torch
+
+from swarm.protocol import LossAggregation
 
 __all__ = [
     "LossAggregation",
@@ -238,27 +239,6 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 1024) -> torch.T
     ]
     out = torch.cat(parts) if parts else flat.new_zeros(0)
     return out.reshape(logits.shape[:-1])
-
-
-class LossAggregation(StrEnum):
-    """How per-token losses of a batch reduce to one scalar (with per-sequence weights ``w_i``).
-
-    With sample weights summing to 1 per episode (``swarm.tracking.merge.LossWeighting.EPISODE``), an
-    episode split into k samples counts as one sequence whose loss is the weight-average of its samples in
-    every mode; with ``EPISODE`` weights (``n_s / N_e``) and ``SEQ_MEAN_TOKEN_MEAN`` that is exactly the
-    episode's token mean, whatever the split. For ``TOKEN_MEAN`` use weights 1 (``LossWeighting.SAMPLE``):
-    each trained token then counts once, and no token is ever trained by two samples.
-    """
-
-    TOKEN_MEAN = "token_mean"
-    """``Σ_i w_i Σ_t l_it / Σ_i w_i |o_i|``: every token counts equally (DAPO, Yu et al. 2025, eq. 12 "token-level
-    policy gradient loss"; TRL ``loss_type="dapo"``)."""
-    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
-    """``Σ_i w_i (1/|o_i|) Σ_t l_it / Σ_i w_i``: mean over tokens, then over sequences (original GRPO,
-    Shao et al. 2024 eq. 3; TRL ``loss_type="grpo"``). Biased towards short sequences."""
-    SEQ_MEAN_TOKEN_SUM_NORM = "seq_mean_token_sum_norm"
-    """``Σ_i w_i Σ_t l_it / (L · Σ_i w_i)`` with a constant L (the generation budget): Dr. GRPO (Liu et al. 2025,
-    §3.1), removing the length bias; TRL ``loss_type="dr_grpo"`` (which uses ``max_completion_length``)."""
 
 
 def aggregate_loss(

@@ -269,12 +269,12 @@ def test_a_thread_that_stopped_before_its_goal_exits_non_zero() -> None:
 
 def test_serve_options_parse_into_swarm_serve_flags() -> None:
     from a3r.app.commands import _serve_options
-    from a3r.swarmops.processes import ServerOptions
+    from swarm.client import ServeOptions
 
     options = _serve_options(["max-staleness=1", "--threads=2", "tis-cap=2", "dtype=auto"])
     assert options == {"max-staleness": "1", "threads": "2", "tis-cap": "2", "dtype": "auto"}
-    assert ServerOptions({**options, "train": False}).argv() == [
-        "--max-staleness", "1", "--threads", "2", "--tis-cap", "2", "--dtype", "auto", "--no-train",
+    assert ServeOptions.from_flags({**options, "train": False}).argv() == [
+        "--dtype", "auto", "--threads", "2", "--no-train", "--tis-cap", "2", "--max-staleness", "1",
     ]  # fmt: skip
 
 

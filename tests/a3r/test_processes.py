@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from a3r.swarmops.processes import ServerOptions, end_stale, launch
+from a3r.swarmops.processes import end_stale, launch
+from swarm.client import ServeOptions
 
 
 def test_end_stale_kills_only_the_recorded_command(tmp_path: Path) -> None:
@@ -46,7 +47,7 @@ def test_log_and_stop(tmp_path: Path) -> None:
 
 
 def test_server_options_render_flags() -> None:
-    options = ServerOptions({"train": False, "batch-size": 4, "lr": 1e-5, "max-steps": None})
+    options = ServeOptions.from_flags({"train": False, "batch-size": 4, "lr": 1e-5, "max-steps": None})
     assert options.argv() == ["--no-train", "--batch-size", "4", "--lr", "1e-05"]
 
 

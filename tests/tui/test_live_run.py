@@ -24,7 +24,7 @@ from swarm.batch import BatchConfig, BatchPolicy
 from swarm.client import SwarmClient
 from swarm.config import TrainingConfig
 from swarm.engine import HFEngine
-from swarm.protocol import EngineState, EpisodeCounts, StatusView
+from swarm.protocol import EngineState, EpisodeCounts, ServerStepMetrics, StatusView
 from swarm.train import TrainerConfig
 from tests.conftest import LiveServer, build_tiny_model, free_port, make_server
 from tests.tui.conftest import cells, text_of, wait_for
@@ -36,7 +36,7 @@ QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Count
 @pytest.fixture(scope="module")
 def trained_server(
     tmp_path_factory: pytest.TempPathFactory, embedded_source: Any, tokenizer: Any
-) -> Iterator[tuple[LiveServer, list[dict[str, Any]]]]:
+) -> Iterator[tuple[LiveServer, list[ServerStepMetrics]]]:
     """A server that trained two steps on groups of 2 episodes (rewards 1 and 0, then 0.75 and 0.25),
     with its per-step metrics as served by ``GET /api/v1/metrics``."""
     engine = HFEngine(build_tiny_model(embedded_source, seed=3), tokenizer, "tiny-tui")
@@ -84,10 +84,10 @@ def _study_with_run(store: Store, server_url: str) -> tuple[int, int]:
 
 
 async def test_live_run_and_episode_tokens(
-    store: Store, trained_server: tuple[LiveServer, list[dict[str, Any]]], tokenizer: Any
+    store: Store, trained_server: tuple[LiveServer, list[ServerStepMetrics]], tokenizer: Any
 ) -> None:
     live, metrics = trained_server
-    assert [m["reward_mean"] for m in metrics] == [0.5, 0.5]
+    assert [m.reward_mean for m in metrics] == [0.5, 0.5]
     study_id, run_id = _study_with_run(store, live.url)
     config = TuiConfig(refresh_s=0.5, reviewer="ada")
     app = A3RApp(store, config=config, study_id=study_id, detokenize=HFDetokenizer.from_tokenizer(tokenizer))
@@ -101,7 +101,7 @@ async def test_live_run_and_episode_tokens(
         )
         status = text_of(app, "#live-status")
         assert "policy step 2" in status and "tiny-tui" in status and "trained 4" in status
-        assert f"loss={metrics[-1]['loss']:.4g}" in status
+        assert f"loss={metrics[-1].loss:.4g}" in status
         curve = screen.query_one("#live-curve", RewardCurve)
         assert curve.metric == "live reward_mean" and curve.values == (0.5, 0.5)
         rows = cells(app, "#episodes")
@@ -155,7 +155,7 @@ async def test_unreachable_server_is_reported(store: Store) -> None:
 
 
 async def test_cited_episode_opens_from_the_patch_review(
-    store: Store, trained_server: tuple[LiveServer, list[dict[str, Any]]], tokenizer: Any
+    store: Store, trained_server: tuple[LiveServer, list[ServerStepMetrics]], tokenizer: Any
 ) -> None:
     live, _ = trained_server
     study_id, run_id = _study_with_run(store, live.url)

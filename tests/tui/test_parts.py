@@ -26,8 +26,9 @@ from a3r.app.tui._approvals_screen import age_text
 from a3r.app.tui._episode_screen import episode_pieces
 from a3r.app.tui._evidence import cited_metrics
 from a3r.app.tui._metric_names import reward_history, reward_metric
-from a3r.app.tui._swarm import LiveRun, parse_sse
+from a3r.app.tui._swarm import LiveRun
 from memory import Store
+from swarm.client._sse import parse_sse
 from swarm.protocol import EpisodeKind, EpisodeStatus, EpisodeView
 from swarm.tracking.records import CallRecord, FinishReason
 from tests.tui.conftest import EPISODE_CITED, Seeded

@@ -18,8 +18,7 @@ from a3r.app.tui._polling import on_stack
 from a3r.app.tui._swarm import RunMonitor
 from a3r.app.tui._token_view import TokenView, token_sequences
 from a3r.app.tui._tokens import Detokenizer
-from swarm.errors import SwarmError
-from swarm.protocol import EpisodeView
+from swarm.client import EpisodeView, SwarmError
 
 __all__ = ["EpisodeScreen", "episode_pieces"]
 

@@ -7,7 +7,6 @@ error yields a snapshot with ``error`` set rather than an exception, so the scre
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,11 +14,9 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from swarm.client import AsyncSwarmClient, RetryPolicy
-from swarm.errors import ClientError, SwarmError
-from swarm.protocol import EpisodeView, StatusView
+from swarm.client import AsyncSwarmClient, ClientError, EpisodeView, RetryPolicy, StatusView, SwarmError
 
-__all__ = ["EpisodeSummary", "LiveRun", "RunMonitor", "parse_sse"]
+__all__ = ["EpisodeSummary", "LiveRun", "RunMonitor"]
 
 _ENDED_KINDS = ("episode.finished", "episode.aborted", "episode.infra_failure")
 _NO_RETRY = RetryPolicy(attempts=1, max_wait_s=0.0, deadline_s=0.0)
@@ -41,8 +38,9 @@ class LiveRun:
 
     Attributes:
         status: ``GET /api/v1/status``, or ``None`` when the server could not be read.
-        metrics: Per-step training metrics (``GET /api/v1/metrics``), oldest first; ``None`` when the
-            server serves no metrics route (404) or they could not be read.
+        metrics: Per-step training metrics (``GET /api/v1/metrics``, ``ServerStepMetrics`` rows by field
+            name, for drawing any of them), oldest first; ``None`` when the server serves no metrics
+            route (404) or they could not be read.
         episodes: Recently ended episodes, newest first.
         error: Why the server could not be read, in one line.
     """
@@ -61,29 +59,6 @@ class LiveRun:
         ]
 
 
-def parse_sse(text: str) -> list[dict[str, Any]]:
-    """JSON ``data`` payloads of a server-sent-events body (WHATWG HTML §9.2 event stream format).
-
-    Multi-line ``data`` fields are joined with newlines; comments and events whose data is not a JSON
-    object are skipped.
-    """
-    payloads: list[dict[str, Any]] = []
-    data: list[str] = []
-    for line in [*text.splitlines(), ""]:
-        if line == "":
-            if data:
-                try:
-                    value = json.loads("\n".join(data))
-                except ValueError:
-                    value = None
-                if isinstance(value, dict):
-                    payloads.append(value)
-            data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-    return payloads
-
-
 class RunMonitor:
     """Polls one swarm server for the run screen.
 
@@ -99,8 +74,6 @@ class RunMonitor:
         self._client = AsyncSwarmClient(
             self.url, admin_token=admin_token, client_id="a3r-tui", timeout_s=timeout_s, retry=_NO_RETRY
         )
-        self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
         self._keep = keep
         self._since = 0
         self._uptime_s = -1.0
@@ -109,7 +82,6 @@ class RunMonitor:
     async def aclose(self) -> None:
         """Close the HTTP connections."""
         await self._client.aclose()
-        await self._http.aclose()
 
     async def poll(self) -> LiveRun:
         """Read status, metrics and new episode events; never raises for server or network errors."""
@@ -124,7 +96,7 @@ class RunMonitor:
             self._since = 0
         self._uptime_s = live.status.uptime_s
         try:
-            live.metrics = await self._client.metrics()
+            live.metrics = [row.model_dump() for row in await self._client.metrics()]
         except ClientError as exc:
             if exc.status_code != 404:
                 live.error = _one_line(self.url, exc)
@@ -132,7 +104,7 @@ class RunMonitor:
             live.error = _one_line(self.url, exc)
         try:
             await self._read_events()
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, SwarmError, ValidationError) as exc:
             live.error = _one_line(self.url, exc)
         live.episodes = self._newest_first()
         return live
@@ -147,26 +119,17 @@ class RunMonitor:
         return await self._client.get_episode(episode_id)
 
     async def _read_events(self) -> None:
-        response = await self._http.get(
-            "/api/v1/events", params={"since": self._since, "follow": "false"}, headers=self._headers
-        )
-        response.raise_for_status()
-        for event in parse_sse(response.text):
-            seq = event.get("seq")
-            if isinstance(seq, int):
-                self._since = max(self._since, seq)
-            data = event.get("data")
-            if event.get("kind") not in _ENDED_KINDS or not isinstance(data, dict):
+        for event in await self._client.events(since=self._since):
+            self._since = max(self._since, event.seq)
+            if event.kind not in _ENDED_KINDS:
                 continue
-            try:
-                summary = EpisodeSummary(
-                    episode_id=data["episode_id"],
-                    task_id=str(data.get("task_id", "")),
-                    status=str(event["kind"]).removeprefix("episode."),
-                    reward=data.get("reward"),
-                )
-            except (KeyError, ValidationError):
-                continue
+            data = event.data  # episode.* events carry episode_id, task_id and, when finished, reward
+            summary = EpisodeSummary(
+                episode_id=data["episode_id"],
+                task_id=str(data.get("task_id", "")),
+                status=event.kind.removeprefix("episode."),
+                reward=data.get("reward"),
+            )
             self._episodes.pop(summary.episode_id, None)
             self._episodes[summary.episode_id] = summary
             while len(self._episodes) > self._keep:

@@ -14,7 +14,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from swarm.protocol import EpisodeView
+from swarm.client import EpisodeView
 
 __all__ = ["TokenSequence", "TokenView", "token_sequences"]
 

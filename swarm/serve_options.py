@@ -1,0 +1,351 @@
+"""``swarm serve``'s options: one flat model whose fields are the command's flags (names, defaults, help).
+
+:class:`ServeOptions` is the small command-line config that builds the full :class:`swarm.config.ServerConfig`
+(as tinker-cookbook's recipes build ``train.Config`` from a ``CLIConfig``): ``swarm serve``'s Typer
+signature is generated from its fields, and a3r validates its ``--serve-option`` items with it in process
+and starts servers with :meth:`ServeOptions.argv`. Every mistake is one line naming the flag.
+
+This module imports no torch (``swarm`` starts in a third of a second; :mod:`swarm.config` takes seconds):
+building or checking the server configuration imports it when called.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from swarm.errors import ConfigError, SwarmError
+
+if TYPE_CHECKING:
+    from swarm.config import ServerConfig, TrainingConfig
+
+__all__ = ["LogLevel", "ServeOptions", "ServeOptionsError", "check_device"]
+
+
+class LogLevel(StrEnum):
+    """``swarm serve --log-level``."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class ServeOptionsError(ConfigError):
+    """``swarm serve`` options that cannot run a server; the message names the option (``--lr: …``)."""
+
+
+def _option(default: Any, help: str, *, to: str | None = None, **constraints: Any) -> Any:
+    """A :class:`ServeOptions` field: its default, its ``--help`` text and the dotted path of the
+    :class:`ServerConfig` field it sets (``to``), from which validation errors are traced back to it."""
+    return Field(default, description=help, json_schema_extra={"to": to} if to else None, **constraints)
+
+
+class ServeOptions(BaseModel):
+    """``swarm serve``'s options, one field per flag (``max_staleness`` is ``--max-staleness``): the one
+    place their names, defaults and help live. The CLI's signature is generated from these fields, and
+    a3r builds one to validate its ``--serve-option`` items in process and to start servers (:meth:`argv`).
+
+    Types are the command line's (strings, numbers); :meth:`to_server_config` builds the typed
+    :class:`ServerConfig` and reports what is wrong in one line naming the flag.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = _option(
+        None, "Local HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct).", to="model"
+    )
+    host: str = _option("127.0.0.1", "Interface to bind.", to="host")
+    port: int = _option(8000, "TCP port (0 picks a free one).", to="port")
+    run_dir: Path = _option(
+        Path("runs/default"),
+        "Pool database, checkpoints, metrics and logs; reuse it to resume.",
+        to="run_dir",
+    )
+    admin_token: SecretStr | None = _option(
+        None, "Bearer token for control routes (or env SWARM_ADMIN_TOKEN).", to="admin_token"
+    )
+    dtype: str = _option(
+        "float32",
+        "Weights: float32 | bfloat16 | float16 | auto (bf16 for LoRA where fast); full FT needs float32.",
+        to="dtype",
+    )
+    mixed_precision: str = _option(
+        "no",
+        "Compute: no (float32-exact logprobs) | bf16 | fp16 | auto (bf16 where fast).",
+        to="mixed_precision",
+    )
+    device: str = _option("cpu", "torch device, e.g. cpu or cuda", to="device")
+    max_batch_size: int = _option(32, "Most sequences sampled together.", to="max_batch_size")
+    threads: int | None = _option(
+        None, "torch CPU threads (default: one per core; 1 on a shared machine).", to="torch_threads"
+    )
+    episode_timeout: float = _option(
+        600.0, "Reclaim open episodes idle this many seconds.", to="episode_timeout_s"
+    )
+    train: bool = _option(True, "Train on pooled episodes (or only serve and record).", to="training.enabled")
+    batch_policy: str = _option(
+        "tasks",
+        "episodes | tasks | informative_tasks | all_clients_ready | any_client_ready",
+        to="training.batch.policy",
+    )
+    batch_size: int = _option(
+        8,
+        "B: groups (tasks) per step, or episodes/G for the episodes policy.",
+        to="training.batch.batch_size",
+    )
+    group_size: int = _option(8, "G: episodes per task (GRPO group).", to="training.batch.group_size")
+    lr: float = _option(1e-5, "AdamW learning rate.", to="training.trainer.lr")
+    lora_rank: int = _option(0, "LoRA rank; 0 trains all weights.", to="training.trainer.lora.r", ge=0)
+    kl_coef: float = _option(
+        0.0, "β of the KL penalty to the reference policy.", to="training.trainer.kl_coef"
+    )
+    tis_cap: float | None = _option(
+        None,
+        "C of truncated importance sampling min(π_old/μ, C) against sampler mismatch (off).",
+        to="training.trainer.tis_cap",
+    )
+    micro_batch_size: int = _option(
+        4, "Sequences per forward/backward pass.", to="training.trainer.micro_batch_size"
+    )
+    checkpoint_every: int = _option(5, "Save a checkpoint every N steps.", to="training.checkpoint_every")
+    max_steps: int | None = _option(
+        None, "Stop training after N steps (keep serving).", to="training.max_steps"
+    )
+    drain_timeout: float = _option(
+        120.0, "Seconds open episodes may finish once a batch is ready.", to="training.drain_timeout_s"
+    )
+    max_staleness: int | None = _option(
+        None,
+        "Asynchronous training: no drain; episodes admitted during steps while at most (K+1)·B·G are ahead "
+        "of the trainer; open episodes K versions behind are aborted (pair with --tis-cap). Default: "
+        "synchronous.",
+        to="training.max_staleness",
+    )
+    quota: list[str] = _option(
+        [], "Family share, repeatable: --quota math=0.4 --quota code=0.6", to="training.quotas"
+    )
+    training_config: Path | None = _option(
+        None, "JSON file with a full TrainingConfig (overrides the options above)."
+    )
+    log_level: LogLevel = _option(LogLevel.info, "Server log level.")
+
+    @staticmethod
+    def flag(name: str) -> str:
+        """The command-line flag of field ``name`` (``max_staleness`` → ``--max-staleness``)."""
+        return "--" + name.replace("_", "-")
+
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, Any]) -> ServeOptions:
+        """Options from ``{flag name: value}`` as a user writes them (``{"max-staleness": "1"}``; a
+        leading ``--`` is allowed; ``None`` leaves an option at its default).
+
+        Raises:
+            ServeOptionsError: an unknown option (``No such option: --bogus``) or a value of the wrong
+                type (``Invalid value for '--max-staleness': …``).
+        """
+        values: dict[str, Any] = {}
+        for key, value in flags.items():
+            name = key.removeprefix("--").replace("-", "_")
+            if name not in cls.model_fields:
+                raise ServeOptionsError(f"No such option: {cls.flag(name)}")
+            if value is not None:
+                values[name] = [value] if name == "quota" and isinstance(value, str) else value
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = str(err["loc"][0])
+            raise ServeOptionsError(
+                f"Invalid value for '{cls.flag(name)}': {values.get(name)!r}: {err['msg']}"
+            ) from None
+
+    def argv(self) -> list[str]:
+        """The ``swarm serve`` flags of the options set here (booleans as ``--train``/``--no-train``,
+        ``None`` left out), in field order. The admin token is never on the command line (``ps`` shows
+        it): pass it in the environment as ``SWARM_ADMIN_TOKEN``."""
+        out: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name not in self.model_fields_set or value is None or name == "admin_token":
+                continue
+            flag = self.flag(name)
+            if isinstance(value, bool):
+                out.append(flag if value else f"--no-{flag.removeprefix('--')}")
+            elif isinstance(value, list):
+                for item in value:
+                    out += [flag, str(item)]
+            elif isinstance(value, float):
+                out += [flag, str(int(value)) if value.is_integer() else repr(value)]
+            else:
+                out += [flag, str(value.value if isinstance(value, StrEnum) else value)]
+        return out
+
+    def to_server_config(self) -> ServerConfig:
+        """The :class:`ServerConfig` these options describe (nothing is loaded or written).
+
+        Raises:
+            ServeOptionsError: an option is invalid, in one line naming it (``--lr: Input should be less
+                than or equal to 1``; a ``--training-config`` file's errors name the file and field).
+        """
+        from swarm.config import ServerConfig
+
+        values: dict[str, Any] = {
+            "model": self.model,
+            "host": self.host,
+            "port": self.port,
+            "run_dir": self.run_dir,
+            "admin_token": self.admin_token,
+            "dtype": self.dtype,
+            "mixed_precision": self.mixed_precision,
+            "device": self.device,
+            "max_batch_size": self.max_batch_size,
+            "torch_threads": self.threads,
+            "episode_timeout_s": self.episode_timeout,
+        }
+        try:
+            values["training"] = self._training()
+            return ServerConfig.model_validate(values)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = tuple(str(p) for p in err["loc"])
+            if exc.title == "TrainingConfig":  # a --training-config file, validated on its own
+                where = f"--training-config {self.training_config}: {'.'.join(loc)}"
+            else:
+                where = _flags_at(loc)
+            message = str(err["msg"]).removeprefix("Value error, ")
+            raise ServeOptionsError(f"{where}: {message}" if where else message) from None
+
+    def _training(self) -> TrainingConfig | dict[str, Any]:
+        """The training section: the ``--training-config`` file, else the options (plain values)."""
+        from swarm.config import TrainingConfig
+
+        if self.training_config is not None:
+            try:
+                text = self.training_config.read_text()
+            except OSError as exc:
+                raise ServeOptionsError(f"--training-config {self.training_config}: {exc.strerror}") from None
+            return TrainingConfig.model_validate_json(text)
+        trainer: dict[str, Any] = {
+            "lr": self.lr,
+            "kl_coef": self.kl_coef,
+            "tis_cap": self.tis_cap,
+            "micro_batch_size": self.micro_batch_size,
+        }
+        if self.lora_rank > 0:
+            trainer["lora"] = {"r": self.lora_rank, "alpha": 2 * self.lora_rank}
+        shares = self._shares()
+        return {
+            "enabled": self.train,
+            "batch": {
+                "policy": self.batch_policy,
+                "batch_size": self.batch_size,
+                "group_size": self.group_size,
+            },
+            "trainer": trainer,
+            "quotas": {"shares": shares, "slack": self.group_size} if shares else None,
+            "checkpoint_every": self.checkpoint_every,
+            "max_steps": self.max_steps,
+            "drain_timeout_s": self.drain_timeout,
+            "max_staleness": self.max_staleness,
+        }
+
+    def _shares(self) -> dict[str, float]:
+        shares: dict[str, float] = {}
+        for item in self.quota:
+            family, sep, share = item.partition("=")
+            if not sep or not family:
+                raise ServeOptionsError(f"--quota {item!r}: expected FAMILY=SHARE, e.g. math=0.4")
+            if family in shares:
+                raise ServeOptionsError(f"--quota {item!r}: family {family!r} is given twice")
+            try:
+                shares[family] = float(share)
+            except ValueError:
+                raise ServeOptionsError(f"--quota {item!r}: {share!r} is not a number") from None
+        return shares
+
+    def check(self) -> ServerConfig:
+        """Everything ``swarm serve --check`` checks before loading a model: :meth:`to_server_config`,
+        then that the model path can be a model, the device is usable and the run dir writable.
+
+        Raises:
+            ServeOptionsError: the first problem, in one line naming the option.
+        """
+        from swarm.engine.model_loading import check_model_path
+
+        config = self.to_server_config()
+        if self.model is not None:
+            try:
+                check_model_path(self.model)
+            except SwarmError as exc:
+                raise ServeOptionsError(f"--model {exc}") from None
+        check_device(self.device)
+        _check_run_dir(self.run_dir)
+        return config
+
+
+def _targets() -> list[tuple[str, tuple[str, ...]]]:
+    """(field name, path in ServerConfig) of every ServeOptions field that sets one, in field order."""
+    out = []
+    for name, info in ServeOptions.model_fields.items():
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and isinstance(extra.get("to"), str):
+            out.append((name, tuple(str(extra["to"]).split("."))))
+    return out
+
+
+def _flags_at(loc: tuple[str, ...]) -> str:
+    """The flag(s) to fix for a ServerConfig error at ``loc``: the options that set a field inside
+    ``loc`` (``--batch-policy/--batch-size/--group-size`` for a cross-field batch check), else the
+    option whose field contains it; ``""`` for a check of the whole configuration."""
+    if not loc:
+        return ""
+    targets = _targets()
+    inside = [name for name, path in targets if path[: len(loc)] == loc]
+    if not inside:
+        around = [(len(path), name) for name, path in targets if loc[: len(path)] == path]
+        inside = [max(around)[1]] if around else []
+    return "/".join(ServeOptions.flag(name) for name in inside) or ".".join(loc)
+
+
+def check_device(device: str) -> None:
+    """Raise unless ``device`` names a torch device this process can use (imports torch).
+
+    Raises:
+        ServeOptionsError: ``--device …: why`` in one line.
+    """
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ServeOptionsError(
+            f"--device {device}: not a torch device (e.g. cpu, cuda, cuda:1, mps)"
+        ) from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ServeOptionsError(f"--device {device}: this torch build sees no CUDA device")
+        if parsed.index is not None and parsed.index >= count:
+            raise ServeOptionsError(
+                f"--device {device}: only {count} CUDA device(s) visible (cuda:0…cuda:{count - 1})"
+            )
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ServeOptionsError(f"--device {device}: MPS is not available here")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise ServeOptionsError(f"--device {device}: the hf engine runs on cpu, cuda or mps")
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """Raise unless ``run_dir`` is a folder, or can become one, that this user can write."""
+    path = run_dir.expanduser()
+    if path.exists() and not path.is_dir():
+        raise ServeOptionsError(f"--run-dir {run_dir}: exists and is not a folder")
+    parent = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ServeOptionsError(f"--run-dir {run_dir}: {parent} is not a folder this user can write to")

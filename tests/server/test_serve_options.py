@@ -1,0 +1,78 @@
+"""``ServeOptions``: the one model behind ``swarm serve``'s flags, a3r's ``--serve-option`` items and the
+server configuration they build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+
+from swarm.batch import BatchPolicy
+from swarm.cli import app
+from swarm.client import ServeOptions, ServeOptionsError
+from swarm.protocol import LossAggregation
+
+
+def test_the_cli_is_generated_from_the_model() -> None:
+    command = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    options = {p.name: p for p in command.params}
+    assert list(options) == [*ServeOptions.model_fields, "check"]
+    for name, info in ServeOptions.model_fields.items():
+        assert options[name].help == info.description, name
+    assert options["lr"].default == ServeOptions().lr and options["group_size"].default == 8
+
+
+def test_flags_build_the_server_config(tmp_path: Path) -> None:
+    options = ServeOptions.from_flags(
+        {"--lora-rank": "4", "group-size": "2", "quota": "math=1", "max-staleness": "1", "run-dir": tmp_path}
+    )
+    config = options.to_server_config()
+    assert config.run_dir == tmp_path and config.training.max_staleness == 1
+    assert config.training.batch.group_size == 2 and config.training.batch.policy is BatchPolicy.TASKS
+    assert config.training.trainer.lora is not None and config.training.trainer.lora.r == 4
+    assert config.training.trainer.loss_agg is LossAggregation.SEQ_MEAN_TOKEN_MEAN
+    assert config.training.quotas is not None and config.training.quotas.shares == {"math": 1.0}
+
+
+def test_argv_renders_the_options_set_in_field_order() -> None:
+    options = ServeOptions.from_flags({"max-steps": None, "lr": 2e-5, "train": False, "tis-cap": "2"})
+    assert options.argv() == ["--no-train", "--lr", "2e-05", "--tis-cap", "2"]
+    assert ServeOptions.from_flags({"admin-token": "s3cret", "quota": ["a=1"]}).argv() == ["--quota", "a=1"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"bogus": "1"}, "No such option: --bogus"),
+        (
+            {"max-staleness": "abc"},
+            "Invalid value for '--max-staleness': 'abc': Input should be a valid integer",
+        ),
+        ({"max-staleness": "-1"}, "--max-staleness: Input should be greater than or equal to 0"),
+        (
+            {"group-size": "1"},
+            "--batch-policy/--batch-size/--group-size: group_size 1 with the 'tasks' policy",
+        ),
+        ({"lora-rank": "2", "lr": "3"}, "--lr: Input should be less than or equal to 1"),
+        ({"quota": "math"}, "--quota 'math': expected FAMILY=SHARE"),
+        ({"dtype": "float16"}, "full fine-tuning of float16 weights loses AdamW updates"),
+    ],
+)
+def test_mistakes_name_the_flag(flags: dict[str, str], message: str) -> None:
+    with pytest.raises(ServeOptionsError) as refused:
+        ServeOptions.from_flags(flags).to_server_config()
+    assert str(refused.value).startswith(message)
+
+
+def test_check_adds_the_device_model_and_run_dir(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    for flags, message in [
+        ({"device": "banana"}, "--device banana: not a torch device"),
+        ({"run-dir": tmp_path / "file"}, f"--run-dir {tmp_path / 'file'}: exists and is not a folder"),
+        ({"model": str(tmp_path / "none")}, "--model model path"),
+    ]:
+        with pytest.raises(ServeOptionsError, match="^" + message.replace("(", r"\(")):
+            ServeOptions.from_flags({"run-dir": tmp_path / "run", **flags}).check()
+    assert ServeOptions.from_flags({"run-dir": tmp_path / "run"}).check().port == 8000
+    assert not (tmp_path / "run").exists()
