@@ -33,8 +33,9 @@ console = Console(stderr=True)
 
 
 def fail(message: str) -> typer.Exit:
-    """Print one readable error line and return the exit to raise."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print one readable error line and return the exit to raise (the message is shown verbatim: a
+    ``[extra]`` in it is text, not rich markup)."""
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code=1)
 
 
@@ -115,11 +116,17 @@ app.command()(serve)
 
 
 def _startup_line(config: Any, engine: Any) -> str:
-    """One line saying what this server is: model, weights and compute dtype, device, training, run dir."""
-    weights = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+    """One line saying what this server is: model, engine, weights and compute dtype, device, training,
+    run dir (from the configuration and the `Engine` protocol only)."""
+    from swarm.precision import resolve_mixed_precision
+
+    if config.engine == "vllm":
+        where = f"vllm, {config.gpu_memory_utilization:g} of the GPU, trainer on {config.device}"
+    else:
+        compute = resolve_mixed_precision(config.mixed_precision, config.device).value
+        where = f"hf, compute {compute}, {config.device}"
     line = (
-        f"serving {engine.model_name} ({weights} weights, compute {engine.mixed_precision.value}, "
-        f"{config.device}) · run dir {config.run_dir}"
+        f"serving {engine.model_name} ({config.weights_dtype} weights, {where}) · run dir {config.run_dir}"
     )
     t = config.training
     if not t.enabled:

@@ -81,6 +81,18 @@ class ServeOptions(BaseModel):
         to="mixed_precision",
     )
     device: str = _option("cpu", "torch device, e.g. cpu or cuda", to="device")
+    engine: str = _option(
+        "hf",
+        "Inference engine: hf (transformers; static batches) | vllm (vLLM on a CUDA GPU, continuous "
+        "batching; pip install 'a3r[vllm]'; needs --device cuda for the trainer beside it).",
+        to="engine",
+    )
+    gpu_memory_utilization: float = _option(
+        0.3,
+        "vllm: fraction of the GPU's memory vLLM takes for weights and KV cache (the trainer uses the "
+        "rest; the KV cache is released during each step).",
+        to="gpu_memory_utilization",
+    )
     max_batch_size: int = _option(32, "Most sequences sampled together.", to="max_batch_size")
     threads: int | None = _option(
         None, "torch CPU threads (default: one per core; 1 on a shared machine).", to="torch_threads"
@@ -204,6 +216,8 @@ class ServeOptions(BaseModel):
             "dtype": self.dtype,
             "mixed_precision": self.mixed_precision,
             "device": self.device,
+            "engine": self.engine,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_batch_size": self.max_batch_size,
             "torch_threads": self.threads,
             "episode_timeout_s": self.episode_timeout,
@@ -285,6 +299,8 @@ class ServeOptions(BaseModel):
             except SwarmError as exc:
                 raise ServeOptionsError(f"--model {exc}") from None
         check_device(self.device)
+        if config.engine == "vllm":
+            _check_vllm(config.device)
         _check_run_dir(self.run_dir)
         return config
 
@@ -339,6 +355,25 @@ def check_device(device: str) -> None:
         raise ServeOptionsError(f"--device {device}: MPS is not available here")
     elif parsed.type not in ("cpu", "cuda", "mps"):
         raise ServeOptionsError(f"--device {device}: the hf engine runs on cpu, cuda or mps")
+
+
+def _check_vllm(device: str) -> None:
+    """Raise unless the ``vllm`` engine can run here: vLLM installed, a CUDA GPU, the trainer on it.
+
+    Raises:
+        ServeOptionsError: ``--engine vllm: why`` in one line.
+    """
+    from swarm.engine.vllm import check_vllm_available
+
+    try:
+        check_vllm_available()
+    except SwarmError as exc:
+        raise ServeOptionsError(str(exc)) from None
+    if not device.startswith("cuda"):
+        raise ServeOptionsError(
+            f"--engine vllm: the trainer updates its copy of the weights beside vLLM on the GPU; "
+            f"use --device cuda (not {device})"
+        )
 
 
 def _check_run_dir(run_dir: Path) -> None:

@@ -60,11 +60,11 @@ def check_vllm_available() -> None:
     """
     if importlib.util.find_spec("vllm") is None:
         raise EngineUnavailable(
-            "--engine vllm needs vLLM, which is not installed: pip install 'a3r[vllm]' "
+            "--engine vllm: vLLM is not installed here: pip install 'a3r[vllm]' "
             "(vLLM 0.25.1 for torch 2.11 + CUDA 13)"
         )
     if not torch.cuda.is_available():
-        raise EngineUnavailable("--engine vllm needs a CUDA GPU, and torch sees none here")
+        raise EngineUnavailable("--engine vllm: needs a CUDA GPU, and torch sees none here")
 
 
 def served_weights(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ runner = CliRunner()
         (["--quota", "a=1", "--quota", "a=0"], "--quota 'a=0': family 'a' is given twice"),
         (["--admin-token", " "], "--admin-token: empty"),
         (["--run-dir", "/etc/passwd"], "--run-dir /etc/passwd: exists and is not a folder"),
+        (["--engine", "vllm"], "--engine vllm: "),
+        (["--engine", "sglang"], "--engine: Input should be 'hf' or 'vllm'"),
     ],
 )
 def test_serve_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -85,3 +88,10 @@ def test_check_validates_without_loading_or_writing(tmp_path: Path) -> None:
     bad = runner.invoke(app, [*args, "--tis-cap", "0"])
     assert bad.exit_code == 1 and bad.output.startswith("error: --tis-cap")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_serve_without_vllm_names_the_extra_verbatim(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["serve", "--engine", "vllm", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 1
+    assert "pip install 'a3r[vllm]'" in result.output  # the [vllm] is text, not rich markup

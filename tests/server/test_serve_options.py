@@ -76,3 +76,42 @@ def test_check_adds_the_device_model_and_run_dir(tmp_path: Path) -> None:
             ServeOptions.from_flags({"run-dir": tmp_path / "run", **flags}).check()
     assert ServeOptions.from_flags({"run-dir": tmp_path / "run"}).check().port == 8000
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"engine": "banana"}, "--engine: Input should be 'hf' or 'vllm'"),
+        (
+            {"engine": "vllm", "gpu-memory-utilization": "0"},
+            "--gpu-memory-utilization: Input should be greater",
+        ),
+        (
+            {"gpu-memory-utilization": "1.5"},
+            "--gpu-memory-utilization: Input should be less than or equal to 1",
+        ),
+    ],
+)
+def test_engine_options_are_refused_in_one_line(flags: dict[str, str], message: str) -> None:
+    with pytest.raises(ServeOptionsError) as caught:
+        ServeOptions.from_flags(flags).to_server_config()
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_vllm_engine_is_checked_before_anything_loads(tmp_path: Path) -> None:
+    import importlib.util
+
+    import torch
+
+    options = ServeOptions.from_flags({"engine": "vllm", "run-dir": tmp_path / "run"})
+    assert options.to_server_config().engine == "vllm"
+    with pytest.raises(ServeOptionsError) as caught:
+        options.check()
+    message = str(caught.value)
+    assert message.startswith("--engine vllm: ") and "\n" not in message
+    if importlib.util.find_spec("vllm") is None:
+        assert "pip install 'a3r[vllm]'" in message
+    elif not torch.cuda.is_available():
+        assert "CUDA GPU" in message
+    else:  # vLLM and a GPU, but the trainer left on the CPU
+        assert "use --device cuda" in message
