@@ -90,7 +90,9 @@ def serve(engine: Engine, run_dir: Path, config: ServerConfig | None = None) -> 
 
     ``config`` defaults to a training server in ``run_dir`` (``config.run_dir`` wins when given)."""
     app = create_app(config or ServerConfig(run_dir=run_dir, port=0), engine=engine)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_keep_alive=300)
+    )
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 300

@@ -350,7 +350,9 @@ class VLLMEngine:
             stop_token_ids=sorted(self.stop_ids),
             logprobs=k,
             skip_special_tokens=False,
-            output_kind=RequestOutputKind.DELTA,
+            # Token by token only for a listener: a final-only request costs this process one message
+            # instead of one per token (the server's loop shares the GIL with this thread).
+            output_kind=RequestOutputKind.DELTA if on_token is not None else RequestOutputKind.FINAL_ONLY,
         )
         ids: list[int] = []
         logprobs: list[float] = []
