@@ -1,4 +1,6 @@
-"""Bench: prefix-merged against unmerged training on linear multi-turn episodes (DESIGN.md §3).
+"""Bench: prefix-merged against unmerged training on linear multi-turn episodes.
+
+The merge rule is docs/ARCHITECTURE.md §Sample.
 
 Builds ``--episodes`` synthetic episodes of ``--calls`` calls with the shape of real agent traffic (a
 1–2k-token system + tools prefix, 100–300 tokens per turn, some tool-call turns, some completions with

@@ -1,4 +1,6 @@
-"""Batch policies and task-family quotas (DESIGN.md §4): when to train, on which episodes, in what mix.
+"""Batch policies and task-family quotas: when to train, on which episodes, in what mix.
+
+See docs/ARCHITECTURE.md §Batch policies and quotas.
 
 Everything here is pure and server side: no model, no database, no clock unless passed in. The server keeps
 the pool of finished-but-untrained episodes (in finish order) and asks :func:`select_batch` after every

@@ -23,7 +23,10 @@ __all__ = ["SamplingDefaults", "ServerConfig", "TrainingConfig", "check_weightin
 
 
 class TrainingConfig(BaseModel):
-    """When and how the server trains on its pooled episodes (DESIGN.md §4, §5)."""
+    """When and how the server trains on its pooled episodes.
+
+    See docs/ARCHITECTURE.md §Batch policies and quotas, §The training step.
+    """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

@@ -5,10 +5,10 @@ metrics (``GET /api/v1/metrics`` rows), ended episodes (the runner's ``progress.
 task id, group member, status, reward) and the client log. Every detector returns `Diagnosis` objects
 whose ``evidence`` holds the numbers it saw, so a finding can cite them.
 
-Detectors (DESIGN.md §8): crashes (tracebacks in the client log), zero-signal groups (all rewards of a
-GRPO group equal: the group-normalised advantage is 0 for every member), collapse (reward drop,
-entropy collapse, KL blow-up), length collapse, reward hacking signs (train reward up while held-out
-reward down) and stalls (episodes flow, the policy step does not move).
+Detectors (docs/ARCHITECTURE.md §Inside a3r): crashes (tracebacks in the client log), zero-signal
+groups (all rewards of a GRPO group equal: the group-normalised advantage is 0 for every member),
+collapse (reward drop, entropy collapse, KL blow-up), length collapse, reward hacking signs (train
+reward up while held-out reward down) and stalls (episodes flow, the policy step does not move).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ TokenCallback = Callable[[SampledToken], None]
 
 
 class Engine(Protocol):
-    """Everything the server and the trainer use from an inference engine (``hf``, later ``vllm``).
+    """Everything the server and the trainer use from an inference engine (``hf``, ``vllm``).
 
     The server renders prompts with :attr:`tokenizer`, checks them with :meth:`check_prompt` and samples
     them with :meth:`generate`; the colocated trainer updates :meth:`trainable_module` and hands the new
@@ -97,6 +97,7 @@ class Engine(Protocol):
     Logprob convention (every engine and the trainer): ``Completion.logprobs[t]`` is
     ``log_softmax(logits)[id]`` of the sampled id, from float32 logits at temperature 1, before top-p
     (whatever temperature and top-p the token was *sampled* with); the trainer recomputes it the same way.
+    Why raw and not tempered: docs/ARCHITECTURE.md §Recorded-logprob convention.
     """
 
     @property

@@ -4,9 +4,10 @@ Concurrent requests are queued and a worker thread runs them together as one sta
 left-padded, position ids are computed from the attention mask so every row sees the positions it
 would see alone, and one decode loop with a shared KV cache samples every row with its own
 temperature, top-p, seed and stop conditions. Static batching beats continuous batching for a small
-model on a CPU (DESIGN.md §7), and it keeps logprobs exact: they are ``log_softmax`` of the fp32 raw
-logits (never HF ``scores``, which are after logits processors). With ``mixed_precision`` (bf16
-autocast, :mod:`swarm.precision`) the logits carry bf16 rounding; log-softmax is still float32.
+model on a CPU (docs/ARCHITECTURE.md §The hf engine), and it keeps logprobs exact: they are
+``log_softmax`` of the fp32 raw logits (never HF ``scores``, which are after logits processors). With
+``mixed_precision`` (bf16 autocast, :mod:`swarm.precision`) the logits carry bf16 rounding;
+log-softmax is still float32.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     except Exception as exc:  # transformers raises many types for unreadable files
         raise ModelLoadError(f"cannot load GGUF file {gguf}: {exc}") from exc
     # The de-quantized weights are plain fp32 tensors; drop the GGUF quantizer so that
-    # save_pretrained writes an ordinary checkpoint (DESIGN.md §7).
+    # save_pretrained writes an ordinary checkpoint (docs/ARCHITECTURE.md §Models and checkpoints).
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

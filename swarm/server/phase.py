@@ -1,6 +1,6 @@
 """The server's state machine: the one owner of idle/rolling/draining/training/paused.
 
-State machine (DESIGN.md §2; docs/ARCHITECTURE.md §State machine)::
+State machine (docs/ARCHITECTURE.md §State machine)::
 
     idle ──begin──► rolling ──batch ready──► draining ──open episodes ended / timeout──► training
                        ▲                                                                    │

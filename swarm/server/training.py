@@ -1,7 +1,8 @@
 """The server's training loop: batch selection, drain, GRPO/PPO step, live weight update, checkpoints.
 
-It moves the server's state machine (`swarm.server.phase`, DESIGN.md §2) through ``draining`` and
-``training``: a ready batch drains the open episodes, then one step trains on it.
+It moves the server's state machine (`swarm.server.phase`, docs/ARCHITECTURE.md §State machine)
+through ``draining`` and ``training``: a ready batch drains the open episodes, then one step trains on
+it (docs/ARCHITECTURE.md §The training step).
 
 Asynchronous mode (``max_staleness = K``): no ``draining``; ``rolling ──batch ready──► training``, and
 ``begin`` is admitted during ``training`` too. The staleness of an episode trained by the step that

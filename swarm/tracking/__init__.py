@@ -1,4 +1,6 @@
-"""Token-exact tracking: call records, prompt rendering with token splicing, prefix merging (DESIGN.md §3).
+"""Token-exact tracking: call records, prompt rendering with token splicing, prefix merging.
+
+See docs/ARCHITECTURE.md §Call record, §Sample, §One request's path (token splicing).
 
 Public front::
 

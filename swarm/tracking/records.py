@@ -2,7 +2,8 @@
 
 A :class:`CallRecord` is one chat-completion choice made inside an episode: the exact prompt ids the
 engine consumed, the completion ids it sampled and the sampler's logprobs for them. Records are the
-source of truth for training; nothing used for training is re-tokenized from text (DESIGN.md §3).
+source of truth for training; nothing used for training is re-tokenized from text
+(docs/ARCHITECTURE.md §Call record).
 
 A :class:`Sample` is what the trainer consumes: one maximal prefix chain of calls merged into a single
 token sequence with a loss mask (built by :mod:`swarm.tracking.merge`).

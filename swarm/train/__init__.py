@@ -1,4 +1,6 @@
-"""Training: GRPO/PPO losses and the embedded torch trainer backend (DESIGN.md §5).
+"""Training: GRPO/PPO losses and the embedded torch trainer backend.
+
+Where a step sits in the server: docs/ARCHITECTURE.md §The training step.
 
 Typical use by the server, after :func:`swarm.batch.select_batch` returned a batch::
 

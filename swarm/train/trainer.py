@@ -1,6 +1,7 @@
 """The embedded torch trainer backend: one GRPO/PPO policy update per :meth:`TorchTrainer.step`.
 
-A step (DESIGN.md §5), for samples ``i`` (token sequences with a loss mask) and their advantages ``Â_i``:
+A step (around it, the server's side: docs/ARCHITECTURE.md §The training step), for samples ``i``
+(token sequences with a loss mask) and their advantages ``Â_i``:
 
 1. Bucket samples by length into micro-batches (right-padded, attention mask); split the batch into
    ``minibatches`` (one optimizer update each) and repeat for ``ppo_epochs``.

@@ -2,7 +2,8 @@
 
 The count client runs 4x the concurrency of the math client, so without quotas count would fill most
 of the batch; with quotas math 0.75 / count 0.25 (slack = G) the first trained batch must hold
-0.75 * B * G math episodes within one group (DESIGN.md section 4, issue 5 item 4).
+0.75 * B * G math episodes within one group (issue 5 item 4;
+docs/ARCHITECTURE.md §Batch policies and quotas).
 """
 
 from __future__ import annotations
