@@ -62,7 +62,7 @@ from rich.table import Table
 from swarm.client import AsyncSwarmClient, SwarmClient
 from swarm.config import ServerConfig
 from swarm.engine import HFEngine, load_model, resolve_model
-from swarm.engine.base import SamplingParams
+from swarm.engine.base import Engine, SamplingParams
 from swarm.server.app import create_app
 
 OVERHEAD_TARGET = 0.05
@@ -85,14 +85,15 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 
 
 @contextlib.contextmanager
-def serve(engine: HFEngine, run_dir: Path) -> Iterator[str]:
-    """Run the swarm app over ``engine`` with uvicorn on a free loopback port; yields the root URL."""
-    config = ServerConfig(run_dir=run_dir, port=0)
-    app = create_app(config, engine=engine)
+def serve(engine: Engine, run_dir: Path, config: ServerConfig | None = None) -> Iterator[str]:
+    """Run the swarm app over ``engine`` with uvicorn on a free loopback port; yields the root URL.
+
+    ``config`` defaults to a training server in ``run_dir`` (``config.run_dir`` wins when given)."""
+    app = create_app(config or ServerConfig(run_dir=run_dir, port=0), engine=engine)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the bench server failed to start")

@@ -1,0 +1,341 @@
+"""Bench: the ``vllm`` engine against the ``hf`` engine on one GPU, through the real swarm server (issue 15).
+
+Everything runs in one process and one run, engine after engine (each loaded, measured, closed), with the
+real embedded weights (SmolLM2-135M-Instruct, fp32) and the real app (`swarm.server.app.create_app`
+under uvicorn on loopback, in a thread, as in ``bench/serve.py``).
+
+**Throughput through the server.** ``c`` workers (``--concurrency``) each run episodes of one call
+(begin, ``chat.completions`` over the async OpenAI SDK with temperature 1, a distinct seed and
+``max_tokens=--tokens``, finish) for ``--rounds`` rounds after one untimed warm-up round. Tokens/s =
+completion tokens the server reports (``usage``) / wall seconds of the timed rounds. Completions end at
+end-of-turn or at ``--tokens``; the prompt asks for a long story so most run to the limit.
+
+**Server overhead (vllm).** The same workload at the highest concurrency twice, interleaved: through
+the server, and as ``VLLMEngine.generate`` calls on the prompt ids the server rendered (vLLM's AsyncLLM
+plus the engine's thin bridge). Overhead = 1 − server tokens/s ÷ direct tokens/s.
+
+**One GRPO cycle (vllm).** A training server (full fine-tuning, fp32 AdamW on the GPU, ``episodes``
+batch policy, ``--cycle-episodes`` per step in groups of 4 per task): wall seconds of the rollout (first
+begin → last finish), of the step (last finish → the server's step counter moves), and the step's parts
+(the trainer's own timings; the weight push and the memory vLLM frees are timed around the engine
+calls). Memory freed = free GPU memory after ``release_memory`` − before it.
+
+**Logprob drift.** For ``--drift-steps`` steps with lr 0 and as many with lr ``--lr``: the trainer's
+``logprob_drift_mean``/``max`` (|recorded − recomputed| logprob per token, recorded by vLLM, recomputed
+by the trainer's transformers forward at temperature 1). With lr 0 the weights never change, so the
+drift must stay flat: it is the kernel difference, not staleness.
+
+Usage (on a GPU machine with vLLM)::
+
+    python bench/gpu_engine.py                       # ~6 minutes on an H200
+    python bench/gpu_engine.py --engines vllm --concurrency 1,64 --json out.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from openai import AsyncOpenAI
+from rich.console import Console
+from rich.table import Table
+from serve import serve
+
+from swarm.client import AsyncSwarmClient, SwarmClient
+from swarm.config import ServerConfig, TrainingConfig
+from swarm.engine import HFEngine, ModelSource, load_model, resolve_model
+from swarm.engine.base import Engine, SamplingParams
+
+STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+console = Console(width=None if sys.stdout.isatty() else 140)
+
+
+def build_engine(kind: str, source: ModelSource, memory: float, device: str) -> Engine:
+    if kind == "hf":
+        model, tokenizer = load_model(source, dtype="float32", device=device)
+        return HFEngine(model, tokenizer, source.name, max_batch_size=256)
+    from swarm.engine.vllm import VLLMEngine
+
+    return VLLMEngine(source, dtype="float32", device=device, gpu_memory_utilization=memory)
+
+
+# -- throughput ----------------------------------------------------------------------------------------
+async def _story(sdk: AsyncOpenAI, episode: Any, tokens: int, seed: int | None = None) -> int:
+    """One story call in ``episode`` (temperature 1); the completion tokens the server reports."""
+    client = sdk.with_options(base_url=episode.base_url, api_key=episode.api_key)
+    reply = await client.chat.completions.create(
+        model=episode.model,
+        messages=STORY,  # type: ignore[arg-type]
+        temperature=1.0,
+        max_tokens=tokens,
+        seed=seed,
+    )
+    return reply.usage.completion_tokens if reply.usage else 0
+
+
+async def _episode(swarm: AsyncSwarmClient, sdk: AsyncOpenAI, task: str, seed: int, tokens: int) -> int:
+    episode = await swarm.begin(task, kind="eval")
+    used = await _story(sdk, episode, tokens, seed)
+    await episode.finish(0.0)
+    return used
+
+
+async def server_throughput(url: str, concurrency: int, rounds: int, tokens: int) -> float:
+    """Completion tokens/s through the server with ``concurrency`` episodes in flight."""
+    sdk = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    async with sdk, AsyncSwarmClient(url, client_id=f"bench-{concurrency}") as swarm:
+        seeds = iter(range(10**6))
+
+        async def round_() -> int:
+            jobs = [_episode(swarm, sdk, f"t{i}", next(seeds), tokens) for i in range(concurrency)]
+            return sum(await asyncio.gather(*jobs))
+
+        await round_()  # warm-up
+        started = time.perf_counter()
+        produced = sum([await round_() for _ in range(rounds)])
+        return produced / (time.perf_counter() - started)
+
+
+async def direct_throughput(engine: Engine, prompt_ids: list[int], concurrency: int, tokens: int) -> float:
+    """Completion tokens/s of ``engine.generate`` alone, same prompt, ``concurrency`` requests at once."""
+
+    async def one(seed: int) -> int:
+        (completion,) = await engine.generate(prompt_ids, SamplingParams(max_tokens=tokens, seed=seed))
+        return len(completion.ids)
+
+    await one(0)  # warm-up (the server side has its warm-up round too)
+    started = time.perf_counter()
+    produced = sum(await asyncio.gather(*(one(10**6 + s) for s in range(concurrency))))
+    return produced / (time.perf_counter() - started)
+
+
+def rendered_prompt(url: str) -> list[int]:
+    with SwarmClient(url, client_id="bench-prompt") as swarm, swarm.episode("prompt", kind="eval") as ep:
+        from openai import OpenAI
+
+        OpenAI(base_url=ep.base_url, api_key=ep.api_key).chat.completions.create(
+            model=ep.model,
+            messages=STORY,  # type: ignore[arg-type]
+            max_tokens=1,
+        )
+        ep.finish(0.0)
+        return list(swarm.get_episode(ep.id).calls[0].prompt_ids)
+
+
+# -- training ------------------------------------------------------------------------------------------
+@dataclass
+class StepProbe:
+    """Times the engine's step hooks (wrapped on the instance) and the memory they free."""
+
+    push_s: list[float] = field(default_factory=list)
+    freed_gib: list[float] = field(default_factory=list)
+
+    def attach(self, engine: Any) -> None:
+        release: Callable[[], None] = engine.release_memory
+        load: Callable[..., None] = engine.load_weights
+
+        def timed_release() -> None:
+            before = _free_gpu_bytes()
+            release()
+            self.freed_gib.append((_free_gpu_bytes() - before) / 2**30)
+
+        def timed_load(module: Any, policy_version: int) -> None:
+            started = time.perf_counter()
+            load(module, policy_version)
+            self.push_s.append(time.perf_counter() - started)
+
+        engine.release_memory = timed_release
+        engine.load_weights = timed_load
+
+
+async def rollout(url: str, episodes: int, tokens: int, tag: str) -> float:
+    """``episodes`` episodes in groups of 4 (rewarded by length, so groups have signal); wall seconds."""
+    sdk = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    async with sdk, AsyncSwarmClient(url, client_id=f"bench-train-{tag}") as swarm:
+
+        async def one(i: int) -> None:
+            async with swarm.episode(f"{tag}-task{i // 4}") as episode:
+                await episode.finish(await _story(sdk, episode, tokens) / tokens)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(episodes)))
+        return time.perf_counter() - started
+
+
+def wait_for_step(url: str, step: int, timeout_s: float = 600) -> float:
+    started = time.perf_counter()
+    with SwarmClient(url, client_id="bench-wait") as swarm:
+        while swarm.status().step < step:
+            if time.perf_counter() - started > timeout_s:
+                raise RuntimeError(f"step {step} did not finish in {timeout_s} s")
+            time.sleep(0.02)
+    return time.perf_counter() - started
+
+
+def _free_gpu_bytes() -> int:
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+
+
+def training_config(run_dir: Path, episodes: int, lr: float, device: str) -> ServerConfig:
+    training = TrainingConfig.model_validate(
+        {
+            "batch": {"policy": "episodes", "batch_size": episodes // 4, "group_size": 4},
+            "trainer": {"lr": lr, "micro_batch_size": 16},
+            "checkpoint_every": 1000,
+        }
+    )
+    return ServerConfig(run_dir=run_dir, port=0, device=device, training=training)
+
+
+# -- main ----------------------------------------------------------------------------------------------
+def main(
+    engines: Annotated[str, typer.Option(help="comma-separated: hf, vllm")] = "hf,vllm",
+    concurrency: Annotated[str, typer.Option(help="comma-separated episode concurrencies")] = "1,16,64,256",
+    rounds: Annotated[int, typer.Option(min=1)] = 2,
+    tokens: Annotated[int, typer.Option(min=1, help="max_tokens per call")] = 128,
+    cycle_episodes: Annotated[int, typer.Option(min=4)] = 64,
+    drift_steps: Annotated[int, typer.Option(min=0)] = 5,
+    drift_episodes: Annotated[int, typer.Option(min=4)] = 16,
+    lr: Annotated[float, typer.Option(help="lr of the drift run with lr > 0")] = 1e-5,
+    memory: Annotated[float, typer.Option(help="vLLM gpu_memory_utilization")] = 0.3,
+    device: Annotated[
+        str, typer.Option(help="engines' and trainer's device (cpu: a quick smoke run)")
+    ] = "cuda",
+    train_engine: Annotated[str, typer.Option(help="engine of the GRPO-cycle and drift runs")] = "vllm",
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise typer.BadParameter("no CUDA GPU here (--device cpu runs a quick smoke run of the hf engine)")
+    source = resolve_model(None)
+    levels = [int(c) for c in concurrency.split(",")]
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else device
+    results: dict[str, Any] = {"gpu": gpu, "tokens": tokens, "throughput": {}}
+    for kind in engines.split(","):
+        engine = build_engine(kind, source, memory, device)
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                config = ServerConfig(run_dir=Path(tmp), port=0, training=TrainingConfig(enabled=False))
+                with serve(engine, config.run_dir, config) as url:
+                    rows = {}
+                    for c in levels:
+                        rows[c] = asyncio.run(server_throughput(url, c, rounds, tokens))
+                        console.print(f"{kind} through the server, {c} concurrent: {rows[c]:,.0f} tok/s")
+                    results["throughput"][kind] = rows
+                    if kind == train_engine:
+                        prompt = rendered_prompt(url)
+                        top = max(levels)
+                        http, direct = [], []
+                        for r in range(3):
+                            for side in ("direct", "http") if r % 2 == 0 else ("http", "direct"):
+                                if side == "direct":
+                                    direct.append(asyncio.run(direct_throughput(engine, prompt, top, tokens)))
+                                else:
+                                    http.append(asyncio.run(server_throughput(url, top, 1, tokens)))
+                        results["overhead"] = {
+                            "concurrency": top,
+                            "server_tok_s": statistics.median(http),
+                            "direct_tok_s": statistics.median(direct),
+                            "overhead": 1 - statistics.median(http) / statistics.median(direct),
+                        }
+                        console.print(results["overhead"])
+            if kind == train_engine:
+                results["cycle"], results["drift"] = train_runs(
+                    engine, cycle_episodes, drift_steps, drift_episodes, lr, tokens, device
+                )
+        finally:
+            engine.close()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    report(results)
+    if json_out is not None:
+        json_out.write_text(json.dumps(results, indent=2, default=str))
+
+
+def train_runs(
+    engine: Engine,
+    cycle_episodes: int,
+    drift_steps: int,
+    drift_episodes: int,
+    lr: float,
+    tokens: int,
+    device: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    probe = StepProbe()
+    probe.attach(engine)
+    cycle: dict[str, Any] = {}
+    drift: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        with serve(
+            engine, Path(tmp), training_config(Path(tmp) / "cycle", cycle_episodes, 1e-5, device)
+        ) as url:
+            roll_s = asyncio.run(rollout(url, cycle_episodes, tokens, "cycle"))
+            step_s = wait_for_step(url, 1)
+            with SwarmClient(url, client_id="bench-metrics") as swarm:
+                row = swarm.metrics()[-1]
+            cycle = {
+                "episodes": cycle_episodes,
+                "rollout_s": roll_s,
+                "step_s": step_s,
+                "trainer_s": row.time_s.model_dump(),
+                "push_s": probe.push_s[-1],
+                "freed_gib": probe.freed_gib[-1],
+            }
+            console.print(cycle)
+        for name, rate in (("lr0", 0.0), (f"lr{lr:g}", lr)):
+            with serve(
+                engine, Path(tmp), training_config(Path(tmp) / name, drift_episodes, rate, device)
+            ) as url:
+                for step in range(1, drift_steps + 1):
+                    asyncio.run(rollout(url, drift_episodes, tokens, f"{name}-{step}"))
+                    wait_for_step(url, step)
+                with SwarmClient(url, client_id="bench-metrics") as swarm:
+                    rows = swarm.metrics()
+                drift[name] = {
+                    "mean": [r.logprob_drift_mean for r in rows],
+                    "max": [r.logprob_drift_max for r in rows],
+                }
+                console.print(name, drift[name])
+    cycle["push_s_all"] = probe.push_s
+    return cycle, drift
+
+
+def report(results: dict[str, Any]) -> None:
+    table = Table(title=f"GPU engines on {results['gpu']} (max_tokens {results['tokens']})")
+    table.add_column("measurement")
+    table.add_column("value", justify="right")
+    through = results["throughput"]
+    for kind, rows in through.items():
+        for c, tok_s in rows.items():
+            table.add_row(f"{kind} through the server, {c} concurrent (tok/s)", f"{tok_s:,.0f}")
+    if "hf" in through and "vllm" in through:
+        for c in through["vllm"]:
+            if c in through["hf"]:
+                table.add_row(f"vllm / hf at {c} concurrent", f"{through['vllm'][c] / through['hf'][c]:.1f}×")
+    if "overhead" in results:
+        o = results["overhead"]
+        table.add_row(
+            f"server overhead vs engine.generate at {o['concurrency']}", f"{100 * o['overhead']:+.1f} %"
+        )
+    if "cycle" in results:
+        c = results["cycle"]
+        table.add_row(f"GRPO cycle, {c['episodes']} episodes: rollout (s)", f"{c['rollout_s']:.2f}")
+        table.add_row("… step incl. push (s)", f"{c['step_s']:.2f}")
+        table.add_row("… weight push (s)", f"{c['push_s']:.3f}")
+        table.add_row("… KV cache memory freed during the step (GiB)", f"{c['freed_gib']:.1f}")
+    for name, d in results.get("drift", {}).items():
+        table.add_row(f"logprob drift mean per step, {name}", " ".join(f"{v:.2e}" for v in d["mean"]))
+    console.print(table)
+
+
+if __name__ == "__main__":
+    typer.run(main)
