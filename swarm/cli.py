@@ -11,9 +11,8 @@ import inspect
 import logging
 import os
 import socket
-import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -415,31 +414,10 @@ def top(
             return
 
 
-def run_console_script(typer_app: typer.Typer) -> NoReturn:
-    """Run a Typer app as a console script; a usage mistake ends in one line on stderr.
-
-    Typer draws usage errors (an unknown option, ``--max-staleness abc``) as a multi-line box; here they
-    read ``error: <what is wrong> (see 'swarm serve --help')`` with click's exit code (2).
-    """
-    try:
-        code = typer_app(standalone_mode=False)
-    except typer.TyperException as exc:  # click's usage errors (Typer vendors click)
-        if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
-            ctx = getattr(exc, "ctx", None)
-            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-            console.print(
-                f"[bold red]error:[/] {escape(exc.format_message().replace('Value error, ', ''))}{escape(hint)}",
-                highlight=False,
-                soft_wrap=True,
-            )
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        console.print("[bold red]aborted[/]", highlight=False)
-        sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
-
-
 def main() -> None:
+    """Entry point of the ``swarm`` console script."""
+    from swarm.client.console_script import run_console_script  # as in the commands: the client loads late
+
     run_console_script(app)
 
 

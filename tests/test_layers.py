@@ -63,19 +63,6 @@ OUTSIDE: Mapping[str, tuple[str, ...]] = {
 """What each package may import from the other three (module prefixes). Below ``swarm.client`` only its
 public modules (no ``_`` in the path) count."""
 
-TEMPORARY_A3R_TO_SWARM: frozenset[tuple[str, str]] = frozenset(
-    {
-        # TEMPORARY (issue 14, deliverable 4): a3r still reaches into swarm past swarm.client. Each pair
-        # goes once swarm.client re-exports the name (errors, wire types, model resolution, the console
-        # helper) and a3r imports it from there. Do not add to this list.
-        ("a3r.app.cli", "swarm.cli"),
-        ("a3r.app.commands", "swarm.engine.model_loading"),
-        ("a3r.app.commands", "swarm.errors"),
-        ("a3r.app.tui._tokens", "swarm.engine.model_loading"),
-    }
-)
-"""(importer, imported) pairs of a3r → swarm internals allowed for now."""
-
 
 @dataclass(frozen=True, order=True)
 class Edge:
@@ -209,7 +196,6 @@ def violations(
     *,
     layers: Mapping[str, Layers] = LAYERS,
     outside: Mapping[str, tuple[str, ...]] = OUTSIDE,
-    allowed: frozenset[tuple[str, str]] = TEMPORARY_A3R_TO_SWARM,
 ) -> list[str]:
     """Every import that runs back up a layer, crosses to a peer, or leaves its package other than
     through `OUTSIDE`, as one line each (``file:line importer -> imported: rule``)."""
@@ -218,8 +204,6 @@ def violations(
         src_pkg, dst_pkg = e.importer.split(".")[0], e.imported.split(".")[0]
         where = f"{e.importer}:{e.line} {e.importer} -> {e.imported}"
         if src_pkg != dst_pkg:
-            if (e.importer, e.imported) in allowed:
-                continue
             ok = any(_public_below(e.imported, p) for p in outside.get(src_pkg, ()))
             if not ok:
                 found.append(f"{where}: {src_pkg} may import only {outside.get(src_pkg, ())} from outside")
@@ -264,12 +248,6 @@ def test_no_import_runs_back_up_a_layer(tree: list[Edge]) -> None:
     assert not found, "\n".join(found)
 
 
-def test_the_allow_list_holds_only_what_is_still_there(tree: list[Edge]) -> None:
-    pairs = {(e.importer, e.imported) for e in tree}
-    stale = TEMPORARY_A3R_TO_SWARM - pairs
-    assert not stale, f"drop these from TEMPORARY_A3R_TO_SWARM: {sorted(stale)}"
-
-
 # ------------------------------------------------------------------------------------------ planted
 
 
@@ -298,6 +276,10 @@ def test_a_planted_peer_import_is_reported() -> None:
         ("swarm.client._client -> memory", True),
         ("a3r.study.plans -> swarm.server.app", True),
         ("a3r.swarmops.evaluate -> swarm.client._runner", True),  # private below swarm.client
+        ("a3r.app.cli -> swarm.cli", True),  # the old exceptions: no a3r module may import these
+        ("a3r.app.commands -> swarm.engine.model_loading", True),
+        ("a3r.app.commands -> swarm.errors", True),
+        ("a3r.app.cli -> swarm.client.console_script", False),  # public below swarm.client
         ("memory._store -> templates", True),
         ("templates.math.workflow -> swarm.client.workflow", False),
         ("a3r.swarmops.evaluate -> swarm.client", False),
@@ -305,7 +287,7 @@ def test_a_planted_peer_import_is_reported() -> None:
     ],
 )
 def test_imports_across_packages(pair: str, reported: bool) -> None:
-    assert bool(violations(_edges(pair), allowed=frozenset())) is reported
+    assert bool(violations(_edges(pair))) is reported
 
 
 def test_swarm_rules() -> None:

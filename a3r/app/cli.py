@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memory import DEFAULT_PATH, FindingStatus, RunStatus, Store, StoreError, render_markdown
-from swarm.cli import run_console_script
+from swarm.client.console_script import run_console_script
 
 __all__ = ["app", "main"]
 

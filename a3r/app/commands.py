@@ -32,8 +32,7 @@ from a3r.errors import A3RError
 from a3r.providers import OfflineProvider, ProviderKind
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from memory import StoreError
-from swarm.engine.model_loading import check_model_path
-from swarm.errors import ModelLoadError
+from swarm.client import ModelLoadError, check_model_path
 
 __all__ = ["ReaderSafeConsole", "register"]
 

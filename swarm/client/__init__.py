@@ -4,9 +4,13 @@
 - :class:`MultiEpisode`: one rollout over several servers, finished or aborted together.
 - :class:`Runner` (``swarm run``): a workflow file over a dataset, G episodes per task, N at a time,
   with resume, eval rounds and infrastructure-failure handling.
-- Re-exported for programs that drive servers: ``ClientError``/``SwarmError``, the control answers
-  (``StatusView``, ``ServerStepMetrics``, ``Event``, ``EpisodeView``) and ``ServeOptions`` (``swarm
-  serve``'s options, validated in process).
+- :func:`check_model_path` / :func:`load_tokenizer`: check a ``--model`` before serving it, and load a
+  model's tokenizer to read recorded token ids (each imports torch only when called).
+- Re-exported for programs that drive servers: ``ClientError``/``SwarmError``/``ModelLoadError``, the
+  control answers (``StatusView``, ``ServerStepMetrics``, ``Event``, ``EpisodeView``) and ``ServeOptions``
+  (``swarm serve``'s options, validated in process).
+- :mod:`swarm.client.console_script` (not imported here): ``run_console_script``, a Typer app run as a
+  console script whose usage mistakes read as one ``error:`` line.
 """
 
 from swarm.client._client import AsyncEpisode, AsyncSwarmClient, Episode, RetryPolicy, SwarmClient
@@ -20,6 +24,7 @@ from swarm.client._errors import (
 )
 from swarm.client._failures import EpisodeLost, FailureKind, classify_failure
 from swarm.client._loader import load_workflow
+from swarm.client._models import check_model_path, load_tokenizer
 from swarm.client._multi import MultiEpisode
 from swarm.client._progress import ProgressLog
 from swarm.client._runner import Runner, RunnerConfig, RunSummary, run_workflow
@@ -28,6 +33,7 @@ from swarm.client.workflow import LLM, Result
 # Re-exported, not defined here (so not in __all__): what a program driving servers (a3r) needs besides the
 # client: its errors, the control answers it reads, and ``swarm serve``'s options.
 from swarm.errors import ClientError as ClientError
+from swarm.errors import ModelLoadError as ModelLoadError
 from swarm.errors import SwarmError as SwarmError
 from swarm.protocol import EpisodeView as EpisodeView
 from swarm.protocol import Event as Event
@@ -58,7 +64,9 @@ __all__ = [
     "Task",
     "TaskSet",
     "WorkflowLoadError",
+    "check_model_path",
     "classify_failure",
+    "load_tokenizer",
     "load_workflow",
     "run_workflow",
 ]

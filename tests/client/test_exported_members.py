@@ -28,7 +28,9 @@ def test_exported_members() -> None:
         "Task",
         "TaskSet",
         "WorkflowLoadError",
+        "check_model_path",
         "classify_failure",
+        "load_tokenizer",
         "load_workflow",
         "run_workflow",
     }

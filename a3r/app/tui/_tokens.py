@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from swarm.client import load_tokenizer
+
 __all__ = ["Detokenizer", "HFDetokenizer"]
 
 
@@ -23,12 +25,12 @@ class HFDetokenizer:
     character split across tokens shows as U+FFFD on each part).
 
     Args:
-        model: What `swarm.engine.model_loading.resolve_model` accepts: ``None`` for the embedded
+        model: What `swarm.client.load_tokenizer` accepts: ``None`` for the embedded
             SmolLM2-135M-Instruct, a model directory or a ``.gguf`` file; or an already loaded
             tokenizer via `from_tokenizer`.
 
     Raises:
-        swarm.errors.ModelLoadError: On first call, when the tokenizer cannot be loaded.
+        swarm.client.ModelLoadError: On first call, when the tokenizer cannot be loaded.
     """
 
     def __init__(self, model: str | Path | None = None) -> None:
@@ -46,12 +48,7 @@ class HFDetokenizer:
     def _load(self) -> Any:
         with self._lock:
             if self._tokenizer is None:
-                from transformers import AutoTokenizer
-
-                from swarm.engine.model_loading import resolve_model
-
-                source = resolve_model(self._model)
-                self._tokenizer = AutoTokenizer.from_pretrained(str(source.directory), local_files_only=True)
+                self._tokenizer = load_tokenizer(self._model)
             return self._tokenizer
 
     def __call__(self, ids: Sequence[int]) -> list[str]:
