@@ -8,9 +8,9 @@ What every engine promises:
 - ``n`` completions per prompt, each with one logprob per id, at most ``max_tokens`` ids;
 - the recorded logprob of each sampled id is ``log_softmax(raw logits)[id]`` of the served weights
   (temperature 1, no top-p truncation), whatever the request's temperature/top-p;
-- a seed reproduces its completion; choice ``i`` of a request is seeded with ``seed + i`` (hf reproduces
-  it whatever shares the batch; vLLM's kernels are not batch-invariant, so a choice sampled alone can
-  drift from the same seed sampled beside another after a few tokens);
+- choice ``i`` of a request is seeded with ``seed + i``; hf reproduces a seeded completion whatever
+  shares the batch; vLLM's kernels are not batch-invariant, so its seeded completions can drift after a
+  few tokens when the batch or the prefix cache differs;
 - stop strings cut the text (the ids keep the tokens that made the stop string), end-of-turn ends a
   completion with finish reason ``stop`` and is not in the text;
 - the token listener sees exactly the completion's ids and logprobs, the last one flagged;
@@ -140,11 +140,13 @@ def test_a_seed_reproduces_and_choice_i_uses_seed_plus_i(engine: Any) -> None:
     two = _generate(engine, prompt, SamplingParams(temperature=1.0, max_tokens=10, n=2, seed=11))
     again = _generate(engine, prompt, SamplingParams(temperature=1.0, max_tokens=10, n=2, seed=11))
     (second,) = _generate(engine, prompt, SamplingParams(temperature=1.0, max_tokens=10, seed=12))
-    assert [c.ids for c in two] == [c.ids for c in again]
-    if _kind(engine) == "hf":  # vLLM's kernels are not batch-invariant: alone, the logits differ slightly
+    assert two[0].ids != two[1].ids  # the choices were seeded differently
+    if _kind(engine) == "hf":
+        assert [c.ids for c in two] == [c.ids for c in again]
         assert two[1].ids == second.ids
-    else:
-        assert two[0].ids != two[1].ids  # the choices were seeded differently
+    # vLLM is not batch-invariant: the batch a row shares and prefix-cache hits change its logits by
+    # ~1e-3, enough to flip a near-tie. On the H200 the same seeded request reproduced in one run and
+    # diverged at token 3 in another, so exact reproduction is not part of its contract.
 
 
 def test_end_of_turn_stops_and_is_not_in_the_text(engine: Any) -> None:
