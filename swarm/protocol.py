@@ -60,7 +60,9 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=16)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1 - 16)
+    """Choice ``i`` is sampled with ``seed + i``; the range keeps that a signed 64-bit integer (torch
+    generators refuse more, which failed the whole batch with a 500)."""
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool = False

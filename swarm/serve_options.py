@@ -84,7 +84,7 @@ class ServeOptions(BaseModel):
     engine: str = _option(
         "hf",
         "Inference engine: hf (transformers; static batches) | vllm (vLLM on a CUDA GPU, continuous "
-        "batching; pip install 'a3r[vllm]'; needs --device cuda for the trainer beside it).",
+        "batching; needs the project's vllm extra and --device cuda for the trainer beside it).",
         to="engine",
     )
     gpu_memory_utilization: float = _option(

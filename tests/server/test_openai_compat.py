@@ -222,3 +222,14 @@ def test_episode_bodies_are_checked_and_abort_needs_none(server: Any) -> None:
         aborted = httpx.post(f"{server.url}/api/v1/episodes/{ep.id}/abort")  # no body at all
         assert aborted.status_code == 200 and aborted.json()["status"] == "aborted"
         assert client.get_episode(ep.id).reason == "aborted by client"
+
+
+def test_a_seed_beyond_64_bits_is_refused_and_does_not_fail_other_calls(server: Any) -> None:
+    with SwarmClient(server.url) as client, client.episode("seeds") as ep:
+        url, headers = f"{ep.base_url}/chat/completions", {"Authorization": f"Bearer {ep.api_key}"}
+        body = {"model": ep.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        refused = httpx.post(url, json={**body, "seed": 2**64}, headers=headers)
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "seed"
+        largest = httpx.post(url, json={**body, "seed": 2**63 - 1 - 16, "n": 16}, headers=headers)
+        assert largest.status_code == 200 and len(largest.json()["choices"]) == 16
+        ep.finish(0.0)
