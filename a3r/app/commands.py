@@ -276,6 +276,9 @@ def _serve_options(items: list[str] | None) -> dict[str, Any]:
         if key in _MANAGED_SERVE_OPTIONS:
             raise _fail(f"--serve-option {key}: {_MANAGED_SERVE_OPTIONS[key]}")
         lowered = value.strip().lower()
+        if key == "quota":  # repeatable, like swarm serve --quota
+            options.setdefault(key, []).append(value.strip())
+            continue
         options[key] = {"true": True, "false": False}.get(lowered, value.strip())
     _check_serve_options(options)
     return options

@@ -278,6 +278,15 @@ def test_serve_options_parse_into_swarm_serve_flags() -> None:
     ]  # fmt: skip
 
 
+def test_a_repeated_quota_serve_option_keeps_every_family() -> None:
+    from a3r.app.commands import _serve_options
+    from swarm.client import ServeOptions
+
+    options = _serve_options(["quota=math=0.5", "quota=code=0.5"])
+    assert options == {"quota": ["math=0.5", "code=0.5"]}
+    assert ServeOptions.from_flags(options).argv() == ["--quota", "math=0.5", "--quota", "code=0.5"]
+
+
 def test_train_reward_up_while_held_out_down_is_flagged(tmp_path: Path, store: Store) -> None:
     from a3r.graph.analyst import analyst
 
