@@ -17,15 +17,28 @@ from swarm.config import ServerConfig
 from swarm.engine.base import Engine
 from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
-from swarm.server import control_routes, episode_routes, openai_routes
+from swarm.server import anthropic_format, anthropic_routes, control_routes, episode_routes, openai_routes
 from swarm.server.runtime import SwarmRuntime
+
+ANTHROPIC_PATH = "/v1/messages"
+"""Errors of routes under this path have Anthropic's shape (``{"type": "error", "error": {...}}``)."""
 
 
 def _error(
-    status: int, type_: str, message: str, param: str | None = None, headers: dict[str, str] | None = None
+    request: Request,
+    status: int,
+    type_: str,
+    message: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    body = ErrorBody(error=ErrorDetail(type=type_, message=message, param=param))
-    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
+    if request.url.path.startswith(ANTHROPIC_PATH):  # Anthropic's shape; a bad body is a 400 there
+        status = 400 if status == 422 else status
+        where = f"{param}: " if param and not message.startswith(param) else ""
+        body = anthropic_format.error_body(status, where + message)
+        return JSONResponse(body, status_code=status, headers=headers)
+    detail = ErrorBody(error=ErrorDetail(type=type_, message=message, param=param))
+    return JSONResponse(detail.model_dump(exclude_none=True), status_code=status, headers=headers)
 
 
 async def _swarm_error(request: Request, exc: Exception) -> JSONResponse:
@@ -33,7 +46,7 @@ async def _swarm_error(request: Request, exc: Exception) -> JSONResponse:
     headers = None
     if isinstance(exc, Unavailable):
         headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-    return _error(exc.status_code, exc.error_type, str(exc), getattr(exc, "param", None), headers)
+    return _error(request, exc.status_code, exc.error_type, str(exc), getattr(exc, "param", None), headers)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -46,21 +59,26 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             )
             continue
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        problems.append(f"{loc or 'body'}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}")
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            msg = "not a supported field (refused rather than ignored)"
+        problems.append(f"{loc or 'body'}: {msg}")
     first = exc.errors()[0] if exc.errors() else {}
     # a JSON syntax error's location is a character offset, not a field
     first_loc = () if first.get("type") == "json_invalid" else first.get("loc", ())
     param = ".".join(str(p) for p in first_loc if p != "body") or None
-    return _error(422, "invalid_request_error", "; ".join(problems) or "invalid request", param)
+    return _error(request, 422, "invalid_request_error", "; ".join(problems) or "invalid request", param)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return _error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail))
+    return _error(
+        request, exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail)
+    )
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-    return _error(500, "server_error", f"internal error: {type(exc).__name__}")
+    return _error(request, 500, "server_error", f"internal error: {type(exc).__name__}")
 
 
 def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
@@ -99,6 +117,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unhandled)
     app.include_router(openai_routes.router)
+    app.include_router(anthropic_routes.router)
     app.include_router(episode_routes.router)
     app.include_router(control_routes.router)
     app.include_router(control_routes.votes_router)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from swarm.errors import AuthError
@@ -37,6 +37,15 @@ async def get_episode(runtime: RuntimeDep, credentials: BearerDep) -> OpenEpisod
 
 
 EpisodeDep = Annotated[OpenEpisode, Depends(get_episode)]
+
+
+async def get_messages_episode(
+    runtime: RuntimeDep, credentials: BearerDep, x_api_key: Annotated[str | None, Header()] = None
+) -> OpenEpisode:
+    """Anthropic clients: the episode key as ``x-api-key`` (the SDK's ``api_key``) or a bearer token."""
+    if credentials is None and x_api_key:
+        credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=x_api_key)
+    return await get_episode(runtime, credentials)
 
 
 async def require_admin(runtime: RuntimeDep, credentials: BearerDep, request: Request) -> None:

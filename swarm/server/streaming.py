@@ -41,7 +41,16 @@ from swarm.server.openai_format import (
 )
 from swarm.tracking.records import CallRecord
 
-__all__ = ["DONE", "LiveStream", "StartCall", "encode_events", "live_events", "replay_events"]
+__all__ = [
+    "DONE",
+    "Consume",
+    "LiveStream",
+    "StartCall",
+    "encode_events",
+    "live_call",
+    "live_events",
+    "replay_events",
+]
 
 DONE = ServerSentEvent(raw_data="[DONE]")
 """The last event of every stream."""
@@ -88,11 +97,18 @@ class LiveStream:
     include_usage: bool
 
 
-def live_events(start: StartCall, stream: LiveStream) -> AsyncGenerator[ServerSentEvent, None]:
-    """Start the call now and return its events as tokens arrive.
+Consume = Callable[
+    ["asyncio.Queue[SampledToken | None]", "asyncio.Future[ChatResult]"], AsyncIterator[ServerSentEvent]
+]
+"""Turns a live call's tokens (``None`` after the last) and the call itself into events (a wire format)."""
 
-    Closing the returned iterator before its end (the client went away) cancels the call. A failure
-    after the response has begun becomes an error event (OpenAI's form), with no ``[DONE]`` after it.
+
+def live_call(start: StartCall, consume: Consume) -> AsyncGenerator[ServerSentEvent, None]:
+    """Start the call now and return the events ``consume`` makes of its tokens as they arrive.
+
+    The wire-format-free half of a live stream (OpenAI's `live_events`, Anthropic's in
+    `swarm.server.anthropic_routes`): closing the returned iterator before its end (the client went
+    away) cancels the call.
     """
     loop = asyncio.get_running_loop()
     tokens: asyncio.Queue[SampledToken | None] = asyncio.Queue()
@@ -102,17 +118,29 @@ def live_events(start: StartCall, stream: LiveStream) -> AsyncGenerator[ServerSe
 
     call = start(on_token)
     call.add_done_callback(lambda _: tokens.put_nowait(None))
-    header, detokenizer = stream.header, stream.detokenizer
 
     async def events() -> AsyncGenerator[ServerSentEvent, None]:
         try:
-            async for event in _events():
+            async for event in consume(tokens, call):
                 yield event
         finally:
             if not call.done():  # the client went away: stop sampling an answer nobody will read
                 call.cancel()
 
-    async def _events() -> AsyncIterator[ServerSentEvent]:
+    return events()
+
+
+def live_events(start: StartCall, stream: LiveStream) -> AsyncGenerator[ServerSentEvent, None]:
+    """Start the call now and return its events as tokens arrive (`live_call`).
+
+    Closing the returned iterator before its end (the client went away) cancels the call. A failure
+    after the response has begun becomes an error event (OpenAI's form), with no ``[DONE]`` after it.
+    """
+    header, detokenizer = stream.header, stream.detokenizer
+
+    async def _events(
+        tokens: asyncio.Queue[SampledToken | None], call: asyncio.Future[ChatResult]
+    ) -> AsyncIterator[ServerSentEvent]:
         choices = [ChoiceText(detokenizer, stream.stop_ids, stream.stop) for _ in range(stream.n)]
         for index in range(stream.n):
             yield _event(header.role_chunk(index))
@@ -141,7 +169,7 @@ def live_events(start: StartCall, stream: LiveStream) -> AsyncGenerator[ServerSe
             yield _event(chunk)
         yield DONE
 
-    return events()
+    return live_call(start, _events)
 
 
 def encode_events(events: AsyncGenerator[ServerSentEvent, None]) -> AsyncGenerator[bytes, None]:

@@ -1,0 +1,104 @@
+"""Anthropic-compatible route: ``POST /v1/messages`` (the Messages API, streaming included).
+
+A Messages request is mapped onto the internal chat request (`anthropic_format.to_chat_request`) and
+sampled and recorded by `SwarmRuntime.chat`, exactly like a chat completion: same renderer, same
+splicing, same call records, same merged samples. Errors on this route have Anthropic's shape
+(``{"type": "error", "error": {...}}``, set in `swarm.server.app`). The episode key is accepted as
+``x-api-key`` (the SDK's ``api_key``) or as a bearer token (its ``auth_token``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from swarm.engine.base import SampledToken, TokenCallback
+from swarm.errors import SwarmError
+from swarm.server import anthropic_format as fmt
+from swarm.server.chat import ChatResult
+from swarm.server.deps import RuntimeDep, get_messages_episode
+from swarm.server.episodes import OpenEpisode
+from swarm.server.openai_format import ChoiceText
+from swarm.server.streaming import encode_events, live_call
+
+router = APIRouter(prefix="/v1", tags=["anthropic"])
+
+MessagesEpisodeDep = Annotated[OpenEpisode, Depends(get_messages_episode)]
+
+
+def _sse(event: fmt.Event) -> ServerSentEvent:
+    name, payload = event
+    return ServerSentEvent(event=name, raw_data=json.dumps(payload, ensure_ascii=False))
+
+
+def _error_event(exc: BaseException) -> ServerSentEvent:
+    if isinstance(exc, SwarmError):
+        return _sse(("error", fmt.error_body(exc.status_code, str(exc))))
+    return _sse(("error", fmt.error_body(500, f"internal error: {type(exc).__name__}")))
+
+
+async def _replayed(events: Iterable[fmt.Event]) -> AsyncGenerator[ServerSentEvent, None]:
+    for event in events:
+        yield _sse(event)
+
+
+@router.post("/messages", response_model=fmt.Message)
+async def create_message(
+    body: fmt.MessagesRequest, runtime: RuntimeDep, episode: MessagesEpisodeDep
+) -> fmt.Message | EventSourceResponse:
+    """Sample a message inside the episode that owns the key, recording it token-exactly.
+
+    With ``stream: true`` the answer is sent as Anthropic's server-sent events as the tokens are
+    sampled. A request with ``tools`` is streamed once it is complete (only then is it known whether
+    the text is a tool call). The record is the same either way.
+    """
+    request = fmt.to_chat_request(body)
+    message_id = fmt.new_message_id()
+    stop = tuple(body.stop_sequences or ())
+    stop_ids = runtime.engine.stop_ids
+    detokenizer = runtime.detokenizer
+    if body.stream and (not request.tools or request.tool_choice == "none"):
+        prepared = runtime.prepare_chat(episode, request)  # bad requests fail before the first byte
+
+        def start(on_token: TokenCallback) -> asyncio.Future[ChatResult]:
+            return runtime.spawn(runtime.chat(episode, request, prepared=prepared, on_token=on_token))
+
+        async def consume(
+            tokens: asyncio.Queue[SampledToken | None], call: asyncio.Future[ChatResult]
+        ) -> AsyncIterator[ServerSentEvent]:
+            yield _sse(fmt.message_start(message_id, body.model, len(prepared.rendered.prompt_ids)))
+            yield _sse(fmt.block_start(0, fmt.TextBlock(text="")))
+            yield _sse(fmt.PING)
+            text = ChoiceText(detokenizer, stop_ids, stop)
+            while (token := await tokens.get()) is not None:
+                piece = text.push(token.id, last=token.last)
+                if piece:
+                    yield _sse(fmt.text_delta(0, piece))
+            try:
+                result = await call
+            except Exception as exc:  # the response has begun: the error becomes an event
+                yield _error_event(exc)
+                return
+            (record,) = result.records
+            rest = text.finish(record.text)
+            if rest:
+                yield _sse(fmt.text_delta(0, rest))
+            yield _sse(fmt.block_stop(0))
+            reason, sequence = fmt.stop_reason(record, detokenizer, stop, stop_ids)
+            for event in fmt.message_end(reason, sequence, len(record.completion_ids)):
+                yield _sse(event)
+
+        return EventSourceResponse(encode_events(live_call(start, consume)))
+    result = await runtime.chat(episode, request)
+    answer = fmt.message(
+        result, message_id=message_id, model=body.model, detokenizer=detokenizer, stop=stop, stop_ids=stop_ids
+    )
+    if not body.stream:
+        return answer
+    events = fmt.replay_events(answer, result.records[0], detokenizer)
+    return EventSourceResponse(encode_events(_replayed(events)))
