@@ -2,7 +2,7 @@
 
 A workflow is a Python file defining ``async def run(task, llm) -> float | Result`` (or a class with
 such an ``async def run`` method). ``task`` is one dataset record (a ``dict``); ``llm`` says where the
-trainable model is served for this episode. The workflow may use any OpenAI-compatible client.
+trainable model is served for this episode. The workflow may use any OpenAI- or Anthropic-compatible client.
 """
 
 from __future__ import annotations
@@ -47,8 +47,17 @@ class LLM:
         self._opened.append(client)
         return client
 
+    def anthropic(self, **kwargs: Any) -> Any:
+        """An ``anthropic.AsyncAnthropic`` client bound to this episode (the server's ``/v1/messages``;
+        kwargs go to the constructor; closed like `openai`'s)."""
+        from anthropic import AsyncAnthropic
+
+        client = AsyncAnthropic(base_url=self.base_url.removesuffix("/v1"), api_key=self.api_key, **kwargs)
+        self._opened.append(client)
+        return client
+
     async def aclose(self) -> None:
-        """Close the clients `openai` and `openai_sync` made, on the event loop that used them.
+        """Close the clients `openai`, `openai_sync` and `anthropic` made, on the event loop that used them.
 
         Left to the garbage collector, an async client's connections are closed by a task scheduled
         on whatever loop runs at that moment, possibly another ``asyncio.run``'s.

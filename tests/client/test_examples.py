@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from swarm.batch import FamilyQuotas
+from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.client import load_workflow, run_workflow
 from swarm.config import TrainingConfig
 from swarm.engine import HFEngine
 from swarm.protocol import EpisodeStatus
 from tests.client.conftest import episodes_of
-from tests.conftest import make_server
+from tests.conftest import make_server, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -126,3 +126,55 @@ def test_cocktail_example(tmp_path: Path, tiny_model: Any, tokenizer: Any) -> No
         live.stop()
         engine.close()
     assert families == {"math": 4, "count": 4}
+
+
+def test_anthropic_tool_loop_example_is_trained_by_swarm_run(
+    tmp_path: Path, tiny_model: Any, tokenizer: Any, short_completions: None
+) -> None:
+    """``swarm run`` rolls the Anthropic-SDK example out against a training server: its /v1/messages calls
+    are recorded, merged and trained (one GRPO step of 2 tasks x 2 episodes)."""
+    from math_anthropic import calculate
+
+    assert (calculate("(2 + 3) * 4"), calculate("7 / 2"), calculate("__import__('os')")[:6]) == (
+        "20",
+        "3.5",
+        "error:",
+    )
+    engine = HFEngine(copy.deepcopy(tiny_model), tokenizer, "tiny-anthropic-example")
+    batch = BatchConfig(batch_size=2, group_size=2)
+    live = make_server(tmp_path, engine, training=TrainingConfig(batch=batch))
+    try:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "swarm.cli",
+                "run",
+                str(EXAMPLES / "math_anthropic.py"),
+                "--server",
+                live.url,
+                "--dataset",
+                str(EXAMPLES / "data" / "math.jsonl"),
+                "--max-tasks",
+                "2",
+                "--group-size",
+                "2",
+                "--client-id",
+                "example-anthropic",
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        wait_for(lambda: live.runtime.step >= 1, 120, "a training step")
+        episodes = episodes_of(live, "example-anthropic")
+        calls = [call for e in episodes for call in live.runtime.pool.get(e.id)[1]]
+    finally:
+        live.stop()
+        engine.close()
+    assert len(episodes) == 4 and all(e.trained_step is not None for e in episodes)
+    assert all("tool_calls" in e.metrics for e in episodes)
+    assert calls and all(c.prompt_ids and c.completion_ids for c in calls)
