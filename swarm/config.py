@@ -16,7 +16,7 @@ from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.precision import MixedPrecision, resolve_dtype
 from swarm.protocol import LossAggregation, SamplingDefaults
-from swarm.tracking.merge import LossWeighting
+from swarm.tracking.merge import LossWeighting, MergeMode
 from swarm.train.config import TrainerConfig
 
 __all__ = ["SamplingDefaults", "ServerConfig", "TrainingConfig", "check_weighting"]
@@ -43,6 +43,9 @@ class TrainingConfig(BaseModel):
     """Divide group-centred rewards by the group std (GRPO); ``False`` gives Dr. GRPO advantages."""
     loss_weighting: LossWeighting = LossWeighting.EPISODE
     """How an episode split into several samples is weighted (default: it counts once)."""
+    merge: MergeMode = MergeMode.TOKEN
+    """How calls join samples: token-exact prefixes only, or text-level too (think-stripping templates;
+    `swarm.tracking.merge`)."""
     quotas: FamilyQuotas | None = None
     """Task-family mix enforced at episode admission (429 + Retry-After), e.g. math 0.4 / code 0.6."""
     drain_timeout_s: float = Field(default=120.0, ge=0.0)

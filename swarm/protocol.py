@@ -565,6 +565,10 @@ class ServerStepMetrics(StepMetrics):
     merge_ratio: float = 0.0
     """Calls per training sample."""
     prefix_breaks: dict[str, int] = Field(default_factory=dict)
+    token_breaks: int = 0
+    """Calls that extend no call of their agent token-exactly (Σ ``prefix_breaks``)."""
+    text_merges: int = 0
+    """Calls joined to a chain by text only (``--merge text``)."""
     splices: int = 0
     tokens_saved: int = 0
     """Prompt tokens not recomputed thanks to prefix merging."""

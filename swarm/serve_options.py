@@ -132,6 +132,12 @@ class ServeOptions(BaseModel):
     drain_timeout: float = _option(
         120.0, "Seconds open episodes may finish once a batch is ready.", to="training.drain_timeout_s"
     )
+    merge: str = _option(
+        "token",
+        "token | text: join calls into samples by exact token prefix, or also when the rendered text "
+        "continues (templates that strip <think> from earlier turns).",
+        to="training.merge",
+    )
     max_staleness: int | None = _option(
         None,
         "Asynchronous training: no drain; episodes admitted during steps while at most (K+1)·B·G are ahead "
@@ -267,6 +273,7 @@ class ServeOptions(BaseModel):
             "max_steps": self.max_steps,
             "drain_timeout_s": self.drain_timeout,
             "max_staleness": self.max_staleness,
+            "merge": self.merge,
         }
 
     def _shares(self) -> dict[str, float]:

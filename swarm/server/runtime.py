@@ -181,7 +181,9 @@ class SwarmRuntime:
                 "finished_at": stored.finished_at,
                 "trained_step": stored.trained_step,
             }
-        samples, stats = build_samples(episode_id, calls)
+        samples, stats = build_samples(
+            episode_id, calls, merge=self.config.training.merge, decode=self.detokenizer.decode
+        )
         return EpisodeView(episode_id=episode_id, calls=calls, samples=samples, merge=stats, **base)
 
     # -- chat completions ------------------------------------------------------------------------------

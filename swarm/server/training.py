@@ -66,6 +66,7 @@ from swarm.protocol import (
     StepMetrics,
 )
 from swarm.server.checkpoints import latest_checkpoint, load_trainer_state, load_weights, save_checkpoint
+from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisodes
 from swarm.server.events import EventLog
 from swarm.server.phase import Phase
@@ -201,6 +202,7 @@ class TrainingLoop:
     ) -> None:
         self.config = config
         self.engine = engine
+        self._detokenizer = TokenizerDetokenizer(engine.tokenizer)  # text-level merging decodes calls
         self.pool = pool
         self.episodes = episodes
         self.events = events
@@ -567,7 +569,9 @@ class TrainingLoop:
         advs: list[float] = []
         stats = []
         for eid in batch.episode_ids:
-            built, st = build_samples(eid, calls[eid], weighting)
+            built, st = build_samples(
+                eid, calls[eid], weighting, merge=self.config.merge, decode=self._detokenizer.decode
+            )
             stats.append(st)
             for s in built:
                 if any(s.loss_mask):
@@ -611,6 +615,8 @@ class TrainingLoop:
             calls=merge.calls,
             merge_ratio=merge.merge_ratio,
             prefix_breaks=dict(merge.prefix_breaks),
+            token_breaks=merge.token_breaks,
+            text_merges=merge.text_merges,
             splices=merge.splices,
             tokens_saved=merge.tokens_saved,
             drain_s=drain.seconds,

@@ -7,13 +7,14 @@ Public front::
     parse_messages(messages) -> list[ChatMessage]                                  # messages.py
     PromptRenderer(tokenizer).render(messages, tools, history) -> RenderedPrompt   # render.py
     parse_tool_calls(text) -> (content, tool_calls)                                # toolcalls.py
-    build_samples(episode_id, calls, weighting) -> (samples, MergeStats)           # merge.py
+    build_samples(episode_id, calls, weighting, merge=, decode=) -> (samples, MergeStats)  # merge.py
 """
 
 from swarm.tracking.chat_templates import CHATML_TOOLS_TEMPLATE, resolve_chat_template
 from swarm.tracking.errors import MergeError, PromptError
 from swarm.tracking.merge import (
     LossWeighting,
+    MergeMode,
     MergeStats,
     PrefixBreak,
     aggregate_stats,
@@ -33,6 +34,7 @@ __all__ = [
     "FinishReason",
     "LossWeighting",
     "MergeError",
+    "MergeMode",
     "MergeStats",
     "PrefixBreak",
     "PromptError",

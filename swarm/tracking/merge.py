@@ -27,6 +27,30 @@ merges only consecutive observations greedily). ``S`` = system + tools, ``U``/``
     prefix breaks: {"completion_rewritten": 1}   (call 4 against call 3, the latest call of agent a;
                                                   they diverge inside X0, the completion of call 0)
 
+**Text-level merging** (``merge=MergeMode.TEXT``, after the paper's Fig. 5). Templates that rewrite
+earlier turns (Qwen3 strips ``<think>`` from assistant turns before the last user message) break every
+token chain, so each turn would be its own sample. In text mode a call ``B`` that extends no call by
+tokens *text-extends* ``A`` iff ``decode(B.prompt_ids)`` starts with ``decode(A.prompt_ids) + answer``,
+where ``answer`` is ``decode(A.completion_ids)`` or its visible part (:func:`visible_answer`: the text
+after the last ``</think>``, leading newlines removed, as Qwen3 templates re-render it), and that text
+ends at a token boundary ``k`` of ``B.prompt_ids``. ``B`` then joins ``A``'s chain. The sample of a chain
+is the *trajectory as sampled*: the first call's prompt, then per call its completion ids exactly as the
+engine sampled them (``<think>`` included) and the next call's new prompt tokens ``B.prompt_ids[k:]``
+(user/tool turns), so every trained token is a token the engine produced::
+
+    call 0: prompt S U1             completion T0 X0        (T = <think>…</think>, X = the answer)
+    call 1: prompt S U1 X0 U2       completion T1 X1        (T0 stripped by the template)
+    token mode: samples [S U1 T0 X0], [S U1 X0 U2 T1 X1]
+    text mode:  sample  [S U1 T0 X0 U2 T1 X1], loss mask on T0 X0 and T1 X1, calls [0, 1]
+
+Trained tokens and old logprobs in text mode: the loss mask is 1 on every trainable completion token of
+the chain, as in token mode; ``behaviour_logprobs`` are the sampler's logprobs of those tokens, taken
+under the prompt the call really had (for ``T1 X1``: without ``T0``). The trainer's π_θ_old is computed on
+the merged sequence (with ``T0``), so for later turns of a text chain the context of π_θ_old and of the
+sampler differ; the step's ``drift`` metric measures it and ``--tis-cap`` weights by π_θ_old/μ. Token mode
+never has this mismatch. Every call on a text chain is not a prefix of the sample, so
+:func:`call_sequences` applies to token chains only.
+
 **Prefix breaks** are counted per call ``B`` that does not extend ``A``, the latest earlier call of the
 same agent (nor another choice of ``A``'s request: a call of that agent with ``A``'s prompt), with the
 cause read from the longest common prefix ``l`` of ``B.prompt_ids`` and ``A.prompt_ids +
@@ -38,7 +62,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
@@ -80,6 +104,29 @@ class LossWeighting(StrEnum):
     TOKEN = "token"
     """``weight_s = n_s``: every trained token in the batch counts equally (token-level mean, as in DAPO /
     Dr. GRPO ``loss_type="token"``), however tokens are distributed over samples and episodes."""
+
+
+class MergeMode(StrEnum):
+    """How calls join chains (``swarm serve --merge``)."""
+
+    TOKEN = "token"
+    """Default. ``B`` joins ``A``'s chain only when ``B.prompt_ids`` starts with ``A``'s ids exactly."""
+    TEXT = "text"
+    """Also when ``B``'s prompt text continues ``A``'s prompt text and answer (module docstring)."""
+
+
+Decode = Callable[[Sequence[int]], str]
+"""Token ids → text with special tokens kept (the tokenizer's ``decode(ids, skip_special_tokens=False)``)."""
+
+THINK_CLOSE = "</think>"
+
+
+def visible_answer(completion_text: str) -> str:
+    """A completion as a think-stripping template re-renders it in later turns: the text after the last
+    ``</think>`` with leading newlines removed (Qwen3's rule); unchanged without a ``</think>``."""
+    if THINK_CLOSE not in completion_text:
+        return completion_text
+    return completion_text.split(THINK_CLOSE)[-1].lstrip("\n")
 
 
 class PrefixBreak(StrEnum):
@@ -129,6 +176,10 @@ class MergeStats(BaseModel):
     """Σ of the loss masks (= trainable completion tokens)."""
     untrained_chains: int = 0
     """Chains dropped because none of their tokens was left to train."""
+    token_breaks: int = 0
+    """Σ ``prefix_breaks``: calls that extend no call of their agent token-exactly (either mode)."""
+    text_merges: int = 0
+    """Calls that joined a chain by text only (``MergeMode.TEXT``; always 0 in token mode)."""
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -200,6 +251,60 @@ def find_parents(calls: Sequence[CallRecord]) -> dict[int, int | None]:
     return parents
 
 
+def _boundary(ids: Sequence[int], target: str, decode: Decode, start: int) -> int | None:
+    """The ``k >= start`` with ``decode(ids[:k]) == target``, or ``None`` (not at a token boundary)."""
+    base = decode(ids[:start])
+    if not target.startswith(base):  # the shared ids end inside a character: search from the start
+        start, base = 0, ""
+    rest = target[len(base) :]
+    for k in range(start, len(ids) + 1):
+        piece = decode(ids[start:k])
+        if piece == rest:
+            return k if decode(ids[:k]) == target else None
+        if len(piece) > len(rest) and not piece.endswith("\ufffd"):
+            return None
+    return None
+
+
+def find_text_links(
+    calls: Sequence[CallRecord], token_parents: dict[int, int | None], decode: Decode
+) -> dict[int, tuple[int, int]]:
+    """Text parents of the calls that have no token parent (see the module docstring).
+
+    Args:
+        calls: One episode's calls, sorted by index.
+        token_parents: `find_parents`' result.
+        decode: ids → text, special tokens kept.
+
+    Returns:
+        ``{call index: (parent call index, k)}``: the call's new tokens start at ``prompt_ids[k]``. Among
+        several text parents the one with the longest prompt + answer text wins (ties: the latest).
+    """
+    prompts = [decode(c.prompt_ids) for c in calls]
+    answers = [decode(c.completion_ids) for c in calls]
+    links: dict[int, tuple[int, int]] = {}
+    for j, call in enumerate(calls):
+        if token_parents[call.index] is not None:
+            continue
+        best: tuple[int, int, int] | None = None  # (text length, position, k)
+        for i in range(j):
+            parent = calls[i]
+            if not parent.completion_ids:
+                continue
+            for answer in dict.fromkeys((answers[i], visible_answer(answers[i]))):
+                target = prompts[i] + answer
+                if not answer or not prompts[j].startswith(target) or (best and len(target) < best[0]):
+                    continue
+                start = _common_prefix(call.prompt_ids, parent.prompt_ids)
+                k = _boundary(call.prompt_ids, target, decode, start)
+                if k is not None:
+                    best = (len(target), i, k)
+                    break
+        if best is not None:
+            links[call.index] = (calls[best[1]].index, best[2])
+    return links
+
+
 def _chains(calls: Sequence[CallRecord], parents: dict[int, int | None]) -> list[list[int]]:
     """Root-to-leaf paths of the prefix forest (call indices), in depth-first order by index."""
     children: dict[int | None, list[int]] = {}
@@ -220,13 +325,18 @@ def build_samples(
     episode_id: str,
     calls: Sequence[CallRecord],
     weighting: LossWeighting = LossWeighting.EPISODE,
+    *,
+    merge: MergeMode = MergeMode.TOKEN,
+    decode: Decode | None = None,
 ) -> tuple[list[Sample], MergeStats]:
-    """Merge an episode's calls into training samples by exact token prefix (see the module docstring).
+    """Merge an episode's calls into training samples (see the module docstring).
 
     Args:
         episode_id: The episode the calls belong to.
         calls: Its call records, any order (sorted by ``index`` here).
         weighting: How sample weights are set (:class:`LossWeighting`).
+        merge: Token-exact chains only (default), or text-level links too (:class:`MergeMode`).
+        decode: ids → text with special tokens kept; required with ``MergeMode.TEXT``.
 
     Returns:
         ``(samples, stats)``: samples in chain order (depth-first over the prefix forest, children by
@@ -235,30 +345,45 @@ def build_samples(
 
     Raises:
         MergeError: duplicate call indices or ``len(logprobs) != len(completion_ids)`` (a recording bug).
+        ValueError: ``MergeMode.TEXT`` without ``decode``.
     """
     ordered = _validate(episode_id, calls)
     by_index = {c.index: c for c in ordered}
-    parents = find_parents(ordered)
+    token_parents = find_parents(ordered)
+    parents = dict(token_parents)
+    starts: dict[int, int] = {}  # call index -> first prompt position its chain has not covered yet
+    for call in ordered:
+        parent = token_parents[call.index]
+        if parent is not None:
+            starts[call.index] = len(by_index[parent].prompt_ids) + len(by_index[parent].completion_ids)
+    text_links: dict[int, tuple[int, int]] = {}
+    if MergeMode(merge) is MergeMode.TEXT:
+        if decode is None:
+            raise ValueError("text-level merging needs decode (the tokenizer's ids -> text)")
+        text_links = find_text_links(ordered, token_parents, decode)
+        for index, (parent, k) in text_links.items():
+            parents[index], starts[index] = parent, k
     trained: set[int] = set()  # calls whose completion is already trained by an earlier sample
     samples: list[Sample] = []
     untrained_chains = 0
     for path in _chains(ordered, parents):
-        leaf = by_index[path[-1]]
-        input_ids_T = leaf.prompt_ids + leaf.completion_ids
-        loss_mask_T = [0] * len(input_ids_T)
-        logprobs_T = [0.0] * len(input_ids_T)
-        call_ids_T = [0] * len(input_ids_T)
-        start = 0  # first position not yet attributed to a call
+        input_ids_T: list[int] = []
+        loss_mask_T: list[int] = []
+        logprobs_T: list[float] = []
+        call_ids_T: list[int] = []
         for index in path:
             call = by_index[index]
-            completion_start = len(call.prompt_ids)
-            end = completion_start + len(call.completion_ids)
-            call_ids_T[start:end] = [index] * (end - start)
+            new_prompt = call.prompt_ids[starts.get(index, 0) :]
+            n = len(new_prompt) + len(call.completion_ids)
+            input_ids_T += new_prompt + call.completion_ids
+            call_ids_T += [index] * n
             if call.trainable and index not in trained:
                 trained.add(index)
-                loss_mask_T[completion_start:end] = [1] * (end - completion_start)
-                logprobs_T[completion_start:end] = call.logprobs
-            start = end
+                loss_mask_T += [0] * len(new_prompt) + [1] * len(call.completion_ids)
+                logprobs_T += [0.0] * len(new_prompt) + list(call.logprobs)
+            else:
+                loss_mask_T += [0] * n
+                logprobs_T += [0.0] * n
         if not any(loss_mask_T):
             untrained_chains += 1
             continue
@@ -271,11 +396,13 @@ def build_samples(
                 behaviour_logprobs=logprobs_T,
                 call_ids=call_ids_T,
                 calls=path,
-                agent=leaf.agent,
+                agent=by_index[path[-1]].agent,
             )
         )
     _set_weights(samples, weighting)
-    return samples, _episode_stats(ordered, parents, samples, untrained_chains)
+    stats = _episode_stats(ordered, token_parents, samples, untrained_chains)
+    stats.text_merges = len(text_links)
+    return samples, stats
 
 
 def _set_weights(samples: list[Sample], weighting: LossWeighting) -> None:
@@ -325,6 +452,7 @@ def _episode_stats(
         tokens_saved=tokens_unmerged - tokens_merged,
         trained_tokens=sum(sum(s.loss_mask) for s in samples),
         untrained_chains=untrained_chains,
+        token_breaks=sum(breaks.values()),
     )
 
 
@@ -348,6 +476,8 @@ def aggregate_stats(stats: Iterable[MergeStats]) -> MergeStats:
             "tokens_saved",
             "trained_tokens",
             "untrained_chains",
+            "token_breaks",
+            "text_merges",
         ):
             setattr(total, name, getattr(total, name) + getattr(s, name))
     total.prefix_breaks = dict(breaks)

@@ -115,3 +115,12 @@ def test_the_vllm_engine_is_checked_before_anything_loads(tmp_path: Path) -> Non
         assert "CUDA GPU" in message
     else:  # vLLM and a GPU, but the trainer left on the CPU
         assert "use --device cuda" in message
+
+
+def test_merge_option_sets_text_level_merging_and_names_a_bad_value() -> None:
+    from swarm.tracking.merge import MergeMode
+
+    assert ServeOptions().to_server_config().training.merge is MergeMode.TOKEN
+    assert ServeOptions(merge="text").to_server_config().training.merge is MergeMode.TEXT
+    with pytest.raises(ServeOptionsError, match="--merge"):
+        ServeOptions(merge="bytes").to_server_config()
