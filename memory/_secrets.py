@@ -43,8 +43,8 @@ _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s]+:)(?P<
 _SECRET_KEY = re.compile(
     r"(?i)(api[_\-]?key|token|secret|password|passwd|authorization|credential|private[_\-]?key)"
 )
-# Keys that merely count tokens are not secrets ("max_tokens", "token_ids", "num_tokens").
-_NOT_SECRET_KEY = re.compile(r"(?i)(tokens\b|tokens_|token_ids|token_count|tokenizer)")
+# Keys that merely count tokens are not secrets ("max_tokens", "token_ids", "num_tokens", "token_breaks").
+_NOT_SECRET_KEY = re.compile(r"(?i)(tokens\b|tokens_|token_ids|token_count|token_breaks|tokenizer)")
 
 
 def scrub_text(text: str) -> str:

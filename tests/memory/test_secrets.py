@@ -53,6 +53,7 @@ def test_scrub_mapping_by_key_name_recursively() -> None:
         "server": {"url": "http://h:8000", "auth_token": "t", "password": None},
         "max_tokens": 256,
         "tokenizer": "smollm2",
+        "train/token_breaks": 2,
         "client_secret": 42,
         "note": f"uses {OPENAI_KEY}",
     }
@@ -63,6 +64,7 @@ def test_scrub_mapping_by_key_name_recursively() -> None:
         "server": {"url": "http://h:8000", "auth_token": REDACTED, "password": None},
         "max_tokens": 256,
         "tokenizer": "smollm2",
+        "train/token_breaks": 2,
         "client_secret": REDACTED,
         "note": f"uses {REDACTED}",
     }
