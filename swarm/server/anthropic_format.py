@@ -180,6 +180,18 @@ class MessagesRequest(_Strict):
         return v
 
 
+class CountTokensRequest(MessagesRequest):
+    """``POST /v1/messages/count_tokens`` body: a Messages request without ``max_tokens``."""
+
+    max_tokens: int = Field(default=1, ge=1)
+    """Not part of a count request; accepted for convenience (the count does not depend on it)."""
+
+
+class TokenCount(BaseModel):
+    input_tokens: int
+    """Prompt tokens the request would be sampled from (after splicing against the episode)."""
+
+
 def _system_text(system: str | list[TextBlockParam]) -> str:
     return system if isinstance(system, str) else "\n".join(block.text for block in system)
 

@@ -1,4 +1,5 @@
-"""Anthropic-compatible route: ``POST /v1/messages`` (the Messages API, streaming included).
+"""Anthropic-compatible routes: ``POST /v1/messages`` (the Messages API, streaming included) and
+``POST /v1/messages/count_tokens``.
 
 A Messages request is mapped onto the internal chat request (`anthropic_format.to_chat_request`) and
 sampled and recorded by `SwarmRuntime.chat`, exactly like a chat completion: same renderer, same
@@ -20,7 +21,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from swarm.engine.base import SampledToken, TokenCallback
 from swarm.errors import SwarmError
 from swarm.server import anthropic_format as fmt
-from swarm.server.chat import ChatResult
+from swarm.server.chat import ChatResult, agent_for
 from swarm.server.deps import RuntimeDep, get_messages_episode
 from swarm.server.episodes import OpenEpisode
 from swarm.server.openai_format import ChoiceText
@@ -102,3 +103,15 @@ async def create_message(
         return answer
     events = fmt.replay_events(answer, result.records[0], detokenizer)
     return EventSourceResponse(encode_events(_replayed(events)))
+
+
+@router.post("/messages/count_tokens", response_model=fmt.TokenCount)
+async def count_tokens(
+    body: fmt.CountTokensRequest, runtime: RuntimeDep, episode: MessagesEpisodeDep
+) -> fmt.TokenCount:
+    """The prompt length a Messages request would have in this episode (rendered and spliced exactly as
+    `create_message` would; nothing is sampled or recorded)."""
+    request = fmt.to_chat_request(body)
+    agent = agent_for(request, runtime.model_name)
+    rendered = runtime.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
+    return fmt.TokenCount(input_tokens=len(rendered.prompt_ids))

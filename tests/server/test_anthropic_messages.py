@@ -265,3 +265,14 @@ def test_streamed_tool_use_arrives_as_input_json_delta(tool_server: LiveServer) 
     assert [d["type"] for d in deltas] == ["input_json_delta"]
     assert json.loads(deltas[0]["partial_json"]) == {"a": 2, "b": 3}
     assert payloads[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_count_tokens_is_the_prompt_length_the_message_then_has(server: LiveServer) -> None:
+    with SwarmClient(server.url) as client:
+        with client.episode("anthropic-count") as ep:
+            sdk = anthropic.Anthropic(base_url=_root(ep.base_url), api_key=ep.api_key, max_retries=0)
+            counted = sdk.messages.count_tokens(model=ep.model, system="Be brief.", messages=QUESTION)
+            reply = sdk.messages.create(model=ep.model, system="Be brief.", messages=QUESTION, max_tokens=2)
+            ep.finish(0.0)
+        (call,) = client.get_episode(ep.id).calls  # counting records nothing
+    assert counted.input_tokens == reply.usage.input_tokens == len(call.prompt_ids)
