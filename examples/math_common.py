@@ -1,6 +1,6 @@
 """Shared by the math examples: the prompt, the reward and the script entry point.
 
-The three math examples (OpenAI SDK, LangChain, raw HTTP) are the same agent: one user message, one
+The math examples (OpenAI SDK, LangChain, AgentScope, raw HTTP) are the same agent: one user message, one
 completion, reward 1.0 when the last integer in the reply equals the answer. Each file is a workflow
 for ``swarm run`` and also a script::
 

@@ -49,18 +49,23 @@ def _script(name: str, *args: str) -> str:
     return proc.stdout
 
 
-@pytest.mark.parametrize("name", ["math_openai", "math_langchain", "math_http"])
-def test_math_example_as_workflow(name: str, embedded_client_server, short_completions: None) -> None:
-    client_server = embedded_client_server
-    summary = run_workflow(
+def _one_task(server: Any, name: str, client_id: str) -> Any:
+    """Run example ``name`` as a workflow on the first math task, one episode; its run summary."""
+    return run_workflow(
         load_workflow(EXAMPLES / f"{name}.py"),
-        client_server.url,
+        server.url,
         EXAMPLES / "data" / "math.jsonl",
         max_tasks=1,
         group_size=1,
-        client_id=f"example-{name}",
+        client_id=client_id,
         show_progress=False,
     )
+
+
+@pytest.mark.parametrize("name", ["math_openai", "math_langchain", "math_http", "math_agentscope"])
+def test_math_example_as_workflow(name: str, embedded_client_server, short_completions: None) -> None:
+    client_server = embedded_client_server
+    summary = _one_task(client_server, name, f"example-{name}")
     assert (summary.finished, summary.agent_failures, summary.infra_failures) == (1, 0, 0)
     episodes = episodes_of(client_server, f"example-{name}")
     assert [e.task_id for e in episodes] == ["math-000"]
@@ -69,7 +74,9 @@ def test_math_example_as_workflow(name: str, embedded_client_server, short_compl
     assert len(calls) == 1 and len(calls[0].completion_ids) <= SHORT
 
 
-@pytest.mark.parametrize("name", ["math_openai.py", "math_langchain.py", "math_http.py"])
+@pytest.mark.parametrize(
+    "name", ["math_openai.py", "math_langchain.py", "math_http.py", "math_agentscope.py"]
+)
 def test_math_example_as_script(name: str, embedded_client_server) -> None:
     client_server = embedded_client_server
     out = _script(
@@ -178,3 +185,15 @@ def test_anthropic_tool_loop_example_is_trained_by_swarm_run(
     assert len(episodes) == 4 and all(e.trained_step is not None for e in episodes)
     assert all("tool_calls" in e.metrics for e in episodes)
     assert calls and all(c.prompt_ids and c.completion_ids for c in calls)
+
+
+def test_the_same_prompt_examples_send_identical_prompts(client_server, short_completions: None) -> None:
+    """The OpenAI SDK, LangChain, AgentScope and raw-HTTP agents differ only in the client stack: the
+    server records the same prompt ids for the same task (what bench/frameworks.py compares)."""
+    prompts = {}
+    for name in ("math_openai", "math_langchain", "math_agentscope", "math_http"):
+        assert _one_task(client_server, name, f"same-prompt-{name}").finished == 1
+        (episode,) = episodes_of(client_server, f"same-prompt-{name}")
+        (call,) = client_server.runtime.pool.get(episode.id)[1]
+        prompts[name] = call.prompt_ids
+    assert len({tuple(p) for p in prompts.values()}) == 1, prompts
