@@ -168,6 +168,8 @@ def test_anthropic_tool_loop_example_is_trained_by_swarm_run(
                 "2",
                 "--client-id",
                 "example-anthropic",
+                "--state-dir",
+                str(tmp_path / "state"),  # not the default .swarm/runs/ of the checkout: no resume
                 "--no-progress",
             ],
             capture_output=True,
