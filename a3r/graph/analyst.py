@@ -20,9 +20,11 @@ from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
 from a3r.graph.state import PatchReview, ResearchState, first_hypothesis
 from a3r.study.analysis import Diagnosis, detect_reward_hacking
+from a3r.study.effects import LEVEL, EffectVerdict, step_effect, two_sample_effect
 from a3r.study.patches import PATCHABLE, check_allowed, unified_diff
 from a3r.study.plans import PatchDraft
 from a3r.study.runs import RunOutcome, RunSpec
+from memory import FindingStatus
 
 __all__ = ["analyst", "continuation", "pending_patch_file"]
 
@@ -56,9 +58,13 @@ def _spec_of(state: ResearchState, outcome: RunOutcome) -> RunSpec:
     )
 
 
-def _held_out_check(state: ResearchState, outcome: RunOutcome) -> list[Diagnosis]:
+def _held_out_check(state: ResearchState, outcome: RunOutcome) -> list[tuple[Diagnosis, FindingStatus]]:
     """Reward-hacking signs of a finished training run: its train reward rose while the held-out reward
-    (frozen evaluator) fell from the smoke run's baseline to the end of training."""
+    (frozen evaluator) fell from the smoke run's baseline to the end of training.
+
+    Each sign comes with its status from `a3r.study.effects`: confirmed only when the train rise (its
+    trend over steps, autocorrelation handled) and the held-out fall (over episodes) both clear the
+    noise; otherwise the sign is recorded as unconfirmed with the intervals."""
     if outcome.purpose != "train" or outcome.eval is None:
         return []
     runs = [o for o in state["outcomes"] if o.seed == outcome.seed]
@@ -66,9 +72,23 @@ def _held_out_check(state: ResearchState, outcome: RunOutcome) -> list[Diagnosis
     curve = [point for o in runs if o.purpose == "train" for point in o.curve]
     if base is None or len(curve) < 2:
         return []
-    return detect_reward_hacking(
+    signs = detect_reward_hacking(
         [curve[0], curve[-1]], [(0, base.mean_reward), (1, outcome.eval.mean_reward)]
     )
+    if not signs:
+        return []
+    rise = step_effect([v for _, v in curve])
+    fall = two_sample_effect(base.rewards, outcome.eval.rewards)
+    both = rise.verdict is EffectVerdict.confirmed and fall.verdict is EffectVerdict.confirmed
+    status = FindingStatus.confirmed if both else FindingStatus.unconfirmed
+    found = []
+    for sign in signs:
+        summary = (
+            f"{status.value}: {sign.summary} (train rise {rise.describe()}; held-out fall before − after "
+            f"{fall.describe()})"
+        )
+        found.append((sign.model_copy(update={"summary": summary}), status))
+    return found
 
 
 def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal["approve", "planner"]]:
@@ -88,13 +108,14 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
             run_ids=[outcome.run_id],
             hypothesis_id=hypothesis if outcome.purpose == "train" else None,
         )
-    for diagnosis in _held_out_check(state, outcome):
+    for diagnosis, status in _held_out_check(state, outcome):
         ensure_finding(
             ctx,
             study_id,
             statement=f"{outcome.key}: {diagnosis.kind.value}: {diagnosis.summary}",
             evidence={"run": outcome.key, **diagnosis.evidence},
-            confidence=0.6,
+            confidence=LEVEL if status is FindingStatus.confirmed else 0.3,
+            status=status,
             seeds=[outcome.seed],
             run_ids=[o.run_id for o in state["outcomes"] if o.seed == outcome.seed],
             hypothesis_id=hypothesis,

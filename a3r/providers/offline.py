@@ -116,12 +116,13 @@ class OfflineProvider:
             hypotheses = [
                 HypothesisDraft(
                     statement=f"GRPO training on {name} raises the mean training reward",
-                    expected_outcome=(
-                        "mean train reward over the last 2 steps exceeds the mean over the first 2 steps"
-                    ),
+                    expected_outcome="the mean train reward rises over training by more than its noise",
                     decision_rule=(
-                        "confirmed if last-2-steps mean reward - first-2-steps mean reward > 0 on every seed; "
-                        "refuted if it is < 0 on every seed; otherwise unconfirmed"
+                        "effect = the change of the per-step mean train reward along its least-squares trend "
+                        "(a3r.study.effects): confirmed if its 95% CI (over seeds with >= 2 seeds, else over "
+                        "steps with the AR(1) effective sample size) lies above 0.5 σ of the per-step noise; "
+                        "refuted if it lies below; otherwise unconfirmed, with the seeds or steps that would "
+                        "settle it; never confirmed for a run that cannot learn"
                     ),
                 )
             ]

@@ -174,6 +174,8 @@ class RewardSummary(BaseModel):
         mean_reward: Mean episode reward.
         pass_at_1: Mean over tasks of unbiased pass@1 (reward >= threshold counts as correct).
         pass_at_2: Mean over tasks with >= 2 attempts of unbiased pass@2 (``nan`` if none).
+        rewards: Every episode's reward, for intervals (`a3r.study.effects.two_sample_effect`); empty
+            in summaries recorded before it was kept.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -183,6 +185,7 @@ class RewardSummary(BaseModel):
     mean_reward: float
     pass_at_1: float
     pass_at_2: float
+    rewards: list[float] = Field(default_factory=list)
 
 
 def summarise_rewards(
@@ -210,6 +213,7 @@ def summarise_rewards(
         mean_reward=statistics.fmean(rewards) if rewards else math.nan,
         pass_at_1=statistics.fmean(p1) if p1 else math.nan,
         pass_at_2=statistics.fmean(p2) if p2 else math.nan,
+        rewards=rewards,
     )
 
 

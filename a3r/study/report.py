@@ -111,7 +111,13 @@ def write_report(
     lines = [
         f"# Study {study.id}: {study.question}",
         "",
-        f"**Conclusion.** {conclusion}",
+        f"**Verdict.** {conclusion}",
+        "",
+        (
+            "_Verdicts come from `a3r.study.effects`: confirmed only when the effect's 95% confidence interval "
+            "(over seeds, or over steps with their autocorrelation handled) clears the minimum effect "
+            "(0.5 σ of the observed noise); otherwise unconfirmed, with what would settle it._"
+        ),
         "",
         "## Plan",
         f"- objective: {plan.objective}",
@@ -137,7 +143,7 @@ def write_report(
             "",
             "## Preflight (untrained model, held-out tasks)",
             "",
-            f"{baseline.tasks} tasks, {baseline.episodes} attempts: mean reward {_fmt(baseline.mean_reward)}, "
+            f"n = {baseline.tasks} tasks, {baseline.episodes} attempts: mean reward {_fmt(baseline.mean_reward)}, "
             f"p@1 {_fmt(baseline.pass_at_1)}, p@2 {_fmt(baseline.pass_at_2)}.",
         ]
     lines += [

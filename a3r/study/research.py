@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3r.study.analysis import DiagnosisKind, RewardSummary
+from a3r.study.effects import Effect, level_effect, seed_effect
 from a3r.study.plans import PlanDraft, StabilityCriterion
 from a3r.study.runs import RunOutcome, RunSpec
 
@@ -29,6 +30,7 @@ __all__ = [
     "min_stable_value",
     "non_monotone",
     "refine_values",
+    "stability_margin",
     "sweep_specs",
     "verdicts",
 ]
@@ -38,7 +40,16 @@ SERVER_OVERHEAD_S = 20.0
 
 
 class Verdict(BaseModel):
-    """Stability of one run under the criterion, with the reasons when unstable."""
+    """Stability of one run under the criterion, with the reasons when unstable.
+
+    Attributes:
+        key: The run's key.
+        stable: Whether every rule of the criterion held.
+        reasons: Why not.
+        last_k_reward: Mean train reward over the last k steps.
+        hard: Unstable for a reason noise cannot explain (the run did not finish, crashed, hung or
+            collapsed), not only a last-k reward below the threshold.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -46,6 +57,7 @@ class Verdict(BaseModel):
     stable: bool
     reasons: list[str] = Field(default_factory=list)
     last_k_reward: float = math.nan
+    hard: bool = False
 
 
 class ConfigVerdict(BaseModel):
@@ -64,6 +76,10 @@ class ConfigVerdict(BaseModel):
         pass_at_2: Mean over seeds of held-out pass@2.
         eval_mean_reward: Mean over seeds of held-out mean reward.
         reasons: Why seeds were unstable.
+        margin: Last-k train reward minus the stability threshold (baseline − δ), with its interval over
+            seeds (over the last k steps for one seed): a non-inferiority margin, so its minimum effect
+            is 0 (δ is the pre-registered tolerance). ``None`` when no seed recorded a step.
+        hard_failure: Some seed was unstable for a reason noise cannot explain (`Verdict.hard`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -79,6 +95,18 @@ class ConfigVerdict(BaseModel):
     pass_at_2: float
     eval_mean_reward: float
     reasons: list[str]
+    margin: Effect | None = None
+    hard_failure: bool = False
+
+    @property
+    def settled(self) -> bool:
+        """Whether the stability verdict clears the noise: stable with a confirmed margin, or unstable
+        by a hard failure or a refuted margin."""
+        if self.stable is True:
+            return self.margin is not None and self.margin.verdict.value == "confirmed"
+        if self.stable is False:
+            return self.hard_failure or (self.margin is not None and self.margin.verdict.value == "refuted")
+        return False
 
 
 def initial_queue(plan: PlanDraft) -> list[RunSpec]:
@@ -187,8 +215,10 @@ def fit_budget(
 def judge_run(outcome: RunOutcome, baseline: float, criterion: StabilityCriterion) -> Verdict:
     """Apply the operational definition of stability (`StabilityCriterion`) to one run."""
     reasons: list[str] = []
+    hard = False
     if outcome.status != "finished":
         reasons.append(f"run ended {outcome.status}: {outcome.reason}")
+        hard = True
     tail = [v for _, v in outcome.curve[-criterion.last_k :]]
     last_k = statistics.fmean(tail) if tail else math.nan
     if not tail:
@@ -200,7 +230,29 @@ def judge_run(outcome: RunOutcome, baseline: float, criterion: StabilityCriterio
     for diagnosis in outcome.diagnoses:
         if diagnosis.kind in (DiagnosisKind.collapse, DiagnosisKind.crash, DiagnosisKind.hang):
             reasons.append(diagnosis.summary)
-    return Verdict(key=outcome.key, stable=not reasons, reasons=reasons, last_k_reward=last_k)
+            hard = True
+    return Verdict(key=outcome.key, stable=not reasons, reasons=reasons, last_k_reward=last_k, hard=hard)
+
+
+def stability_margin(
+    outcomes: Sequence[RunOutcome], *, threshold: float, criterion: StabilityCriterion
+) -> Effect | None:
+    """Last-k train reward minus ``threshold`` (baseline − δ) of one configuration's runs, through
+    `a3r.study.effects`: over seeds (`seed_effect`, σ = the runs' pooled per-step noise) with two or
+    more seeds, else over the last k steps of the one run (`level_effect`). The minimum effect is 0:
+    this is a non-inferiority margin whose tolerance δ was pre-registered.
+
+    Returns:
+        The margin, or ``None`` when no run recorded a step.
+    """
+    tails = [[v for _, v in o.curve[-criterion.last_k :]] for o in outcomes if o.curve]
+    if not tails:
+        return None
+    if len(tails) == 1:
+        return level_effect(tails[0], threshold, min_effect=0.0)
+    spreads = [statistics.variance([v for _, v in o.curve]) for o in outcomes if len(o.curve) >= 2]
+    noise = math.sqrt(statistics.fmean(spreads)) if spreads else None
+    return seed_effect([statistics.fmean(t) - threshold for t in tails], noise_sd=noise, min_effect=0.0)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -242,6 +294,12 @@ def verdicts(
                 pass_at_2=_mean([e.pass_at_2 for e in evals]),
                 eval_mean_reward=_mean([e.mean_reward for e in evals]),
                 reasons=[f"seed {spec.seed}: {r}" for spec, _, v in rows for r in v.reasons],
+                margin=stability_margin(
+                    [o for _, o, _ in rows],
+                    threshold=baseline.mean_reward - criterion.delta,
+                    criterion=criterion,
+                ),
+                hard_failure=any(v.hard for _, _, v in rows),
             )
         )
     return result

@@ -135,6 +135,37 @@ def test_non_monotone_verdicts_are_flagged() -> None:
     assert refine_values(configs, [1, 2, 4, 8]) == [6.0]
 
 
+def test_research_conclusions_are_confirmed_only_when_they_clear_the_noise() -> None:
+    from a3r.graph.reporter import _min_stable_conclusion
+
+    # The sweep: 1 unstable, 2 stable, 4 unstable, 6 and 8 stable on 2 seeds: not a finding.
+    noisy = verdicts(
+        [
+            _outcome(f"b{v}s{seed}", v, seed, [0.3, r + 0.02 * seed])
+            for v, r in ((1, 0.1), (2, 0.3), (4, 0.1), (6, 0.3), (8, 0.3))
+            for seed in (0, 1)
+        ],
+        baseline=BASELINE,
+        criterion=StabilityCriterion(last_k=1, delta=0.05, min_seeds=2),
+    )
+    text, status = _min_stable_conclusion(noisy, "batch_size")
+    assert status.value == "unconfirmed" and text.startswith("unconfirmed: minimal stable batch_size = 6")
+    assert "more seeds would settle it" in text and "Caution: 2 also passed" in text
+    # A crash below and a margin far above the threshold on 4 seeds: confirmed.
+    clear = verdicts(
+        [_outcome(f"b1s{seed}", 1, seed, [0.3], status="crashed") for seed in range(4)]
+        + [
+            _outcome(f"b2s{seed}", 2, seed, [0.3, 0.5 + 0.01 * seed, 0.52 - 0.01 * seed]) for seed in range(4)
+        ],
+        baseline=BASELINE,
+        criterion=StabilityCriterion(last_k=2, delta=0.05, min_seeds=2),
+    )
+    assert [c.settled for c in clear] == [True, True]
+    assert clear[1].margin is not None and clear[1].margin.low > 0
+    text, status = _min_stable_conclusion(clear, "batch_size")
+    assert status.value == "confirmed" and text.startswith("confirmed: minimal stable batch_size = 2")
+
+
 def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
     from datetime import datetime
 
