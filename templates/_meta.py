@@ -131,6 +131,9 @@ class TemplateMeta(BaseModel):
     """Parameters with defaults and ranges."""
     multi_agent: bool = False
     """Whether episodes have several named agents (the OpenAI ``user`` field names the agent)."""
+    reward_parts: tuple[str, ...] = ()
+    """Names of the episode metrics (``Result.metrics``) the reward is made of, e.g. ``format_ok`` and
+    ``correct``; a3r's report draws a curve of each."""
 
     def param(self, name: str) -> ParamSpec:
         """The spec of parameter ``name``.

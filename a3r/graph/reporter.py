@@ -10,6 +10,7 @@ from pathlib import Path
 
 from langgraph.runtime import Runtime
 
+import templates
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
 from a3r.graph.state import ResearchState, first_hypothesis
@@ -241,6 +242,16 @@ def _min_stable_conclusion(configs: list[ConfigVerdict], variable: str) -> tuple
     return f"{status.value}: {statement}", status
 
 
+def _reward_parts(template: str | None) -> tuple[str, ...]:
+    """The template's declared reward parts (none for a generated workflow: every recorded part)."""
+    if template is None:
+        return ()
+    try:
+        return templates.get_template(template).meta.reward_parts
+    except templates.TemplateError:
+        return ()
+
+
 def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, object]:
     """Conclude the study and write its report (idempotent: findings by statement, report by content)."""
     ctx = runtime.context
@@ -287,6 +298,7 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         findings=ctx.store.findings(study_id),
         patches=ctx.store.patches(study_id),
         conclusion=conclusion,
+        reward_parts=_reward_parts(plan.template),
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))
     line = f"report: {path} — {conclusion}"

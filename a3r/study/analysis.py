@@ -40,6 +40,7 @@ __all__ = [
     "groups_of",
     "mean_ci",
     "metric_series",
+    "part_curves",
     "pass_at_k",
     "read_progress",
     "summarise_rewards",
@@ -88,6 +89,8 @@ class EpisodeRecord(BaseModel):
         reward: Episode reward (``None`` when aborted).
         time: Unix time the end was recorded, in seconds.
         error: Why an evaluation attempt failed (``a3r.swarmops.evaluate`` records only).
+        metrics: The workflow's episode metrics (``Result.metrics``: the reward's parts, e.g.
+            ``format_ok``, ``correct``, ``win_rate``), empty when it reported none.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -100,6 +103,7 @@ class EpisodeRecord(BaseModel):
     reward: float | None = None
     time: float = 0.0
     error: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 def read_progress(path: Path) -> list[EpisodeRecord]:
@@ -126,6 +130,33 @@ def groups_of(episodes: Iterable[EpisodeRecord], kind: str = "train") -> dict[tu
         if ep.kind == kind and ep.status == "finished" and ep.reward is not None:
             groups[(ep.round, ep.task_id)].append(ep.reward)
     return dict(groups)
+
+
+def part_curves(
+    episodes: Iterable[EpisodeRecord], names: Sequence[str], *, per_point: int
+) -> dict[str, list[float]]:
+    """Curves of the reward's parts: the mean of each named episode metric over successive chunks of
+    ``per_point`` finished train episodes (in record order; ``per_point`` = B·G makes one point about
+    one trainer step's batch). A last, partial chunk counts when it holds at least half a chunk.
+
+    Args:
+        episodes: Client records (``progress.jsonl``).
+        names: Metric names (a template's ``reward_parts``); names no episode reported are left out.
+        per_point: Episodes per point (>= 1).
+
+    Returns:
+        Name → means, shape (points,).
+    """
+    size = max(1, per_point)
+    rows = [ep.metrics for ep in episodes if ep.kind == "train" and ep.status == "finished" and ep.metrics]
+    curves: dict[str, list[float]] = {}
+    for name in names:
+        values = [row[name] for row in rows if name in row and math.isfinite(row[name])]
+        chunks = [values[i : i + size] for i in range(0, len(values), size)]
+        points = [statistics.fmean(c) for c in chunks if len(c) * 2 >= size]
+        if points:
+            curves[name] = points
+    return curves
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -79,6 +79,8 @@ class RunOutcome(BaseModel):
         run_dir: Files of the run.
         seconds_per_episode: Measured client throughput (for budget scheduling).
         seconds_per_step: Measured trainer cadence (``nan`` without steps).
+        parts: Curves of the reward's parts (`a3r.study.analysis.part_curves`: one point per B·G
+            train episodes), by metric name.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -103,3 +105,4 @@ class RunOutcome(BaseModel):
     run_dir: str = ""
     seconds_per_episode: float = float("nan")
     seconds_per_step: float = float("nan")
+    parts: dict[str, list[float]] = Field(default_factory=dict)

@@ -35,6 +35,7 @@ from a3r.study.analysis import (
     detect_zero_signal,
     groups_of,
     metric_series,
+    part_curves,
     read_progress,
     summarise_rewards,
 )
@@ -680,6 +681,8 @@ def _conclude(
     finished_eps = sum(len(v) for v in train_groups.values())
     step_times = [t for t, s, _ in samples]
     final = _numeric(rows[-1]) if rows else {}
+    metric_names = sorted({name for ep in episodes for name in ep.metrics})
+    per_point = spec.settings.batch_size * spec.settings.group_size
     return RunOutcome(
         **_ident(spec),
         run_id=run.run_id,
@@ -701,4 +704,5 @@ def _conclude(
             if last_step > start_step
             else math.nan
         ),
+        parts=part_curves(episodes, metric_names, per_point=per_point),
     )

@@ -23,6 +23,7 @@ META = TemplateMeta(
         "tinyzero",
         "equation",
     ),
+    reward_parts=("format_ok", "correct"),
     capabilities=(
         "single-turn chat",
         "write an arithmetic expression inside <answer></answer>",

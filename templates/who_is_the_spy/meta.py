@@ -34,6 +34,7 @@ META = TemplateMeta(
         "deception",
         "voting",
     ),
+    reward_parts=("win_rate", "leak_rate", "invalid_vote_rate"),
     capabilities=(
         "multi-turn chat with a system prompt",
         "follow game rules (describe without saying a word, vote with a player number)",

@@ -172,7 +172,16 @@ def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
     from memory import StudyPublic, StudyStatus
 
     plan = OfflineProvider().plan("find min stable batch size on arithmetic", mode="research")
-    outcomes = [_outcome("b4s0", 4, 0, [0.3, 0.42]), _outcome("b4s1", 4, 1, [0.3, 0.36])]
+    outcomes = [
+        _outcome(
+            "b4s0",
+            4,
+            0,
+            [0.3, 0.42],
+            parts={"format_ok": [0.2, 0.3, 0.35, 0.5, 0.55, 0.7, 0.72, 0.9], "chars": [9.0]},
+        ),
+        _outcome("b4s1", 4, 1, [0.3, 0.36]),
+    ]
     configs = verdicts(outcomes, baseline=BASELINE, criterion=StabilityCriterion(last_k=1))
     now = datetime.now(UTC)
     study = StudyPublic(
@@ -195,8 +204,13 @@ def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
         findings=[],
         patches=[],
         conclusion="B* ≤ 4",
+        reward_parts=("format_ok", "correct"),
     )
     text = path.read_text()
+    assert text.index("**Verdict.** B* ≤ 4") < text.index("## Plan")
+    assert "## Reward parts" in text and "![reward parts](reward_parts.png)" in text
+    assert "| format_ok | 0 | 8 | 0.200 → 0.900 |" in text and "| rose |" in text and "chars" not in text
+    assert (tmp_path / "reward_parts.png").read_bytes()[:4] == b"\x89PNG"
     assert "0.420" in text and "0.360" in text and "| 4 |" in text and "![sweep](sweep.png)" in text
     assert (tmp_path / "reward_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "sweep.png").stat().st_size > 1000
