@@ -299,6 +299,7 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         patches=ctx.store.patches(study_id),
         conclusion=conclusion,
         reward_parts=_reward_parts(plan.template),
+        notes=[note for note in (state.get("sizing"),) if note],
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))
     line = f"report: {path} — {conclusion}"

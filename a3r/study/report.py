@@ -17,7 +17,7 @@ from a3r.study.analysis import RewardSummary
 from a3r.study.effects import Effect, step_effect
 from a3r.study.plans import PlanDraft
 from a3r.study.research import ConfigVerdict
-from a3r.study.runs import RunOutcome
+from a3r.study.runs import RunOutcome, status_text
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_report"]
@@ -160,12 +160,14 @@ def write_report(
     patches: Sequence[PatchPublic],
     conclusion: str,
     reward_parts: Sequence[str] = (),
+    notes: Sequence[str] = (),
 ) -> Path:
     """Write ``report.md`` (and ``reward_curves.png``, ``reward_parts.png``, ``sweep.png``) into ``folder``.
 
     Args:
         reward_parts: The template's reward parts (episode metric names) to draw; every recorded
             part when empty.
+        notes: Lines on how the runs were fitted to the budget (`a3r.study.research.size_training`).
 
     Returns:
         The Markdown path.
@@ -200,6 +202,7 @@ def write_report(
         )
     if plan.stability is not None:
         lines.append(f"- operational definition: {plan.stability.describe()}")
+    lines += [f"- {note}" for note in notes]
     lines += ["", "## Pre-registered hypotheses", ""]
     for h in hypotheses:
         lines.append(
@@ -217,14 +220,15 @@ def write_report(
         "",
         "## Runs",
         "",
-        "| run | status | steps | train episodes | wall s | last reward | held-out p@1 | held-out p@2 | held-out mean |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | status | steps | train episodes | wall s | last reward | held-out n (tasks × attempts) | held-out p@1 | held-out p@2 | held-out mean |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         last = o.curve[-1][1] if o.curve else (o.episode_curve[-1] if o.episode_curve else math.nan)
         e = o.eval
         lines.append(
-            f"| {o.key} | {o.status} | {o.steps} | {o.episodes} | {o.wall_s:.0f} | {_fmt(last)} | "
+            f"| {o.key} | {status_text(o.status)} | {o.steps} | {o.episodes} | {o.wall_s:.0f} | {_fmt(last)} | "
+            f"{f'{e.tasks} / {e.episodes}' if e else '–'} | "
             f"{_fmt(e.pass_at_1 if e else None)} | {_fmt(e.pass_at_2 if e else None)} | {_fmt(e.mean_reward if e else None)} |"
         )
     if configs:

@@ -17,19 +17,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from a3r.study.analysis import DiagnosisKind, RewardSummary
 from a3r.study.effects import Effect, level_effect, seed_effect
-from a3r.study.plans import PlanDraft, StabilityCriterion
+from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings
 from a3r.study.runs import RunOutcome, RunSpec
 
 __all__ = [
+    "EVAL_BUDGET_SHARE",
+    "UPDATE_SHARE",
     "ConfigVerdict",
+    "Sizing",
     "Verdict",
     "estimate_run_s",
+    "eval_reserve_s",
     "fit_budget",
     "initial_queue",
     "judge_run",
     "min_stable_value",
     "non_monotone",
     "refine_values",
+    "size_training",
     "stability_margin",
     "sweep_specs",
     "verdicts",
@@ -37,6 +42,95 @@ __all__ = [
 
 SERVER_OVERHEAD_S = 20.0
 """Seconds to start, checkpoint and stop a server, added to every sweep run's estimate."""
+
+EVAL_BUDGET_SHARE = 0.15
+"""Share of a run's remaining wall-time budget a held-out evaluation may use (it is sized to fit), and
+the reserve for it before any evaluation was measured."""
+
+EVAL_RESERVE_MARGIN = 1.25
+"""The reserve for a held-out evaluation: this many times the longest one measured, plus 15 s."""
+
+UPDATE_SHARE = 0.3
+"""Seconds of a trainer update as a share of the step's rollout seconds, measured on 2 CPU cores with
+LoRA on bf16 weights (who-is-the-spy: 23–28 s of update per ≈ 98 s of rollouts, a3r/README.md
+§Measured); used until a run has measured its own steps."""
+
+
+def eval_reserve_s(spec: RunSpec, outcomes: Sequence[RunOutcome], *, budget_s: float) -> float:
+    """Seconds of a training run's budget kept for its held-out evaluation: `EVAL_RESERVE_MARGIN` × the
+    longest evaluation measured so far + 15 s, or `EVAL_BUDGET_SHARE` of the budget before any was
+    measured; never more than half the budget. Smoke and preflight runs reserve nothing (their
+    evaluation is sized to what is left).
+
+    Args:
+        spec: The run about to start.
+        outcomes: Runs so far (their ``eval_s``).
+        budget_s: The run's budget in seconds.
+    """
+    if spec.purpose not in ("train", "sweep") or budget_s <= 0:
+        return 0.0
+    measured = [o.eval_s for o in outcomes if math.isfinite(o.eval_s)]
+    reserve = EVAL_RESERVE_MARGIN * max(measured) + 15.0 if measured else EVAL_BUDGET_SHARE * budget_s
+    return min(reserve, budget_s / 2)
+
+
+class Sizing(BaseModel):
+    """How many steps of a training run fit its budget, from the smoke run's measured speed.
+
+    Attributes:
+        steps: Steps to run (the plan's, or fewer when they do not fit; at least 1).
+        planned: The plan's steps.
+        seconds_per_step: Estimated wall seconds per step: B·G episodes at the measured seconds per
+            episode, plus `UPDATE_SHARE` of that for the update.
+        available_s: Seconds for training: budget − evaluation reserve − `SERVER_OVERHEAD_S`.
+        note: One line saying what was measured and decided.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    steps: int
+    planned: int
+    seconds_per_step: float
+    available_s: float
+    note: str
+
+
+def size_training(
+    settings: TrainingSettings, *, seconds_per_episode: float, budget_s: float, reserve_s: float
+) -> Sizing:
+    """Fit a training run's steps to its budget from the measured seconds per episode.
+
+    Args:
+        settings: The plan's training settings (steps, B, G).
+        seconds_per_episode: Client wall seconds per finished episode in the smoke run.
+        budget_s: Seconds left for the run, its evaluation included.
+        reserve_s: Seconds kept for the held-out evaluation (`eval_reserve_s`).
+    """
+    planned = settings.steps
+    available = budget_s - reserve_s - SERVER_OVERHEAD_S
+    if not math.isfinite(seconds_per_episode) or seconds_per_episode <= 0:
+        return Sizing(
+            steps=planned,
+            planned=planned,
+            seconds_per_step=math.nan,
+            available_s=available,
+            note=f"budget: no speed measured in the smoke run; training keeps its {planned} steps",
+        )
+    per_step = settings.batch_size * settings.group_size * seconds_per_episode * (1 + UPDATE_SHARE)
+    fits = max(1, math.floor(available / per_step)) if available > 0 else 1
+    steps = min(planned, fits)
+    head = (
+        f"budget: the smoke run measured {seconds_per_episode:.1f} s per episode → ≈ {per_step:.0f} s per step "
+        f"(B·G = {settings.batch_size * settings.group_size} episodes + update); {available:.0f} s left for "
+        f"training after {reserve_s:.0f} s kept for the held-out evaluation"
+    )
+    if steps < planned:
+        note = (
+            f"{head}: {planned} steps would need ≈ {planned * per_step:.0f} s, so training runs {steps} steps"
+        )
+    else:
+        note = f"{head}: the {planned} steps fit (≈ {planned * per_step:.0f} s)"
+    return Sizing(steps=steps, planned=planned, seconds_per_step=per_step, available_s=available, note=note)
 
 
 class Verdict(BaseModel):

@@ -166,6 +166,28 @@ def test_research_conclusions_are_confirmed_only_when_they_clear_the_noise() -> 
     assert status.value == "confirmed" and text.startswith("confirmed: minimal stable batch_size = 2")
 
 
+def test_training_is_sized_to_the_budget_with_time_kept_for_evaluation() -> None:
+    from a3r.study.plans import TrainingSettings
+    from a3r.study.research import SERVER_OVERHEAD_S, UPDATE_SHARE, eval_reserve_s, size_training
+    from a3r.study.runs import RunSpec
+
+    settings = TrainingSettings(steps=10, batch_size=2, group_size=4)
+    per_step = 8 * 10.0 * (1 + UPDATE_SHARE)  # B·G episodes at 10 s each, plus the update
+    fits = size_training(settings, seconds_per_episode=10.0, budget_s=1800, reserve_s=200)
+    assert fits.steps == 10 and fits.seconds_per_step == pytest.approx(per_step) and "fit" in fits.note
+    tight = size_training(settings, seconds_per_episode=10.0, budget_s=1000, reserve_s=200)
+    assert tight.steps == int((1000 - 200 - SERVER_OVERHEAD_S) // per_step) == 7
+    assert "training runs 7 steps" in tight.note and "200 s kept for the held-out evaluation" in tight.note
+    assert size_training(settings, seconds_per_episode=float("nan"), budget_s=10, reserve_s=0).steps == 10
+    assert size_training(settings, seconds_per_episode=100.0, budget_s=100, reserve_s=50).steps == 1
+    train = RunSpec(key="train-s0", purpose="train")
+    smoke = _outcome("smoke", 0, 0, [], eval_s=60.0)
+    assert eval_reserve_s(train, [], budget_s=1000) == pytest.approx(150.0)  # 15% before any measurement
+    assert eval_reserve_s(train, [smoke], budget_s=1000) == pytest.approx(1.25 * 60 + 15)
+    assert eval_reserve_s(train, [smoke], budget_s=100) == 50  # never more than half the budget
+    assert eval_reserve_s(RunSpec(key="smoke", purpose="smoke"), [smoke], budget_s=1000) == 0.0
+
+
 def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
     from datetime import datetime
 
@@ -205,9 +227,11 @@ def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
         patches=[],
         conclusion="B* ≤ 4",
         reward_parts=("format_ok", "correct"),
+        notes=["budget: the 10 steps fit"],
     )
     text = path.read_text()
     assert text.index("**Verdict.** B* ≤ 4") < text.index("## Plan")
+    assert "- budget: the 10 steps fit" in text and "| cancelled (budget) |" not in text
     assert "## Reward parts" in text and "![reward parts](reward_parts.png)" in text
     assert "| format_ok | 0 | 8 | 0.200 → 0.900 |" in text and "| rose |" in text and "chars" not in text
     assert (tmp_path / "reward_parts.png").read_bytes()[:4] == b"\x89PNG"
