@@ -10,11 +10,10 @@ from pathlib import Path
 
 from langgraph.runtime import Runtime
 
-import templates
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
 from a3r.graph.state import ResearchState, first_hypothesis
-from a3r.study.analysis import DiagnosisKind
+from a3r.study.analysis import DiagnosisKind, part_roles
 from a3r.study.effects import LEVEL, Effect, EffectVerdict, curve_effect, two_sample_effect
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
@@ -242,16 +241,6 @@ def _min_stable_conclusion(configs: list[ConfigVerdict], variable: str) -> tuple
     return f"{status.value}: {statement}", status
 
 
-def _reward_parts(template: str | None) -> tuple[str, ...]:
-    """The template's declared reward parts (none for a generated workflow: every recorded part)."""
-    if template is None:
-        return ()
-    try:
-        return templates.get_template(template).meta.reward_parts
-    except templates.TemplateError:
-        return ()
-
-
 def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, object]:
     """Conclude the study and write its report (idempotent: findings by statement, report by content)."""
     ctx = runtime.context
@@ -298,7 +287,7 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         findings=ctx.store.findings(study_id),
         patches=ctx.store.patches(study_id),
         conclusion=conclusion,
-        reward_parts=_reward_parts(plan.template),
+        reward_parts=tuple(part_roles(plan.template)),
         notes=[note for note in (state.get("sizing"),) if note],
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))

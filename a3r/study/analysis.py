@@ -25,6 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import templates
+from a3r.study.effects import EffectVerdict, step_effect
+
 __all__ = [
     "Diagnosis",
     "DiagnosisKind",
@@ -34,6 +37,7 @@ __all__ = [
     "detect_collapse",
     "detect_crash",
     "detect_length_collapse",
+    "detect_part_exploits",
     "detect_reward_hacking",
     "detect_stall",
     "detect_zero_signal",
@@ -41,6 +45,7 @@ __all__ = [
     "mean_ci",
     "metric_series",
     "part_curves",
+    "part_roles",
     "pass_at_k",
     "read_progress",
     "summarise_rewards",
@@ -157,6 +162,66 @@ def part_curves(
         if points:
             curves[name] = points
     return curves
+
+
+def part_roles(template: str | None) -> dict[str, str]:
+    """A template's reward parts and their roles (`templates.TemplateMeta.reward_parts`); none for a
+    generated workflow or an unknown template."""
+    if template is None:
+        return {}
+    try:
+        return dict(templates.get_template(template).meta.reward_parts)
+    except templates.TemplateError:
+        return {}
+
+
+def detect_part_exploits(parts: Mapping[str, Sequence[float]], roles: Mapping[str, str]) -> list[Diagnosis]:
+    """One part of the reward exploited: over a run's per-batch part curves (`part_curves`), a
+    ``violation`` rate that rises, or a ``shaping`` bonus that rises while no ``goal`` part does. A
+    rise counts only when its trend's interval clears the noise (`a3r.study.effects.step_effect`
+    confirmed), so noise never triggers a reward patch.
+
+    Args:
+        parts: Metric name → means per B·G train episodes, in order.
+        roles: Metric name → role (`part_roles`).
+
+    Returns:
+        Patchable ``reward_hacking`` diagnoses whose evidence names the ``part`` and its ``role``.
+    """
+    rises = {name: step_effect(points) for name, points in parts.items() if name in roles}
+    goal_rises = any(
+        effect.verdict is EffectVerdict.confirmed for name, effect in rises.items() if roles[name] == "goal"
+    )
+    found: list[Diagnosis] = []
+    for name, effect in rises.items():
+        role = roles[name]
+        if effect.verdict is not EffectVerdict.confirmed or role not in ("violation", "shaping"):
+            continue
+        if role == "shaping" and goal_rises:
+            continue
+        points = parts[name]
+        why = (
+            "a rule the reward penalises is broken more and more: the penalty is too weak for what breaking it wins"
+            if role == "violation"
+            else "the policy collects the shaping bonus without reaching the goal"
+        )
+        found.append(
+            Diagnosis(
+                kind=DiagnosisKind.reward_hacking,
+                summary=f"{name} ({role}) rose from {points[0]:.3f} to {points[-1]:.3f} ({effect.describe()}): {why}",
+                evidence={
+                    "part": name,
+                    "role": role,
+                    "first": round(points[0], 4),
+                    "last": round(points[-1], 4),
+                    "change": round(effect.estimate, 4),
+                    "low": round(effect.low, 4),
+                    "high": round(effect.high, 4),
+                },
+                patchable=True,
+            )
+        )
+    return found
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

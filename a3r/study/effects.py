@@ -157,13 +157,15 @@ def lag1_autocorrelation(residuals: Sequence[float]) -> float:
 
 
 def unbiased_rho(r1: float, n: int) -> float:
-    """A deliberately cautious lag-1 autocorrelation from a short series' estimate r₁.
+    """A cautious lag-1 autocorrelation from a short series' estimate r₁.
 
     r₁ is biased low by about (1 + 4ρ)/n (Marriott & Pope 1954, "Bias in the estimation of
-    autocorrelations", Biometrika 41:390), corrected as ρ̃ = (n r₁ + 1) / (n − 4); one standard error of
-    r₁, √((1 − ρ̃²)/n) (Bartlett 1946), is then added, since n_eff is very sensitive to ρ on short
-    series. Uncorrected, ten steps of AR(1) noise with ρ = 0.6 confirmed a trend in 6% of trials; with
-    this, in under 3% (tests/a3r/test_effects.py).
+    autocorrelations", Biometrika 41:390), corrected as ρ̃ = (n r₁ + 1) / (n − 4); half a standard error
+    of r₁, √((1 − ρ̃²)/n) / 2 (Bartlett 1946), is then added, since n_eff is very sensitive to ρ on
+    short series. Measured on 10 steps over 1,500 trials (tests/a3r/test_effects.py has the harness):
+    AR(1) noise with ρ = 0.6 confirmed a trend in 6% of trials uncorrected and 4.1% with this; white
+    noise in 0.5%; a trend of 2 σ per step was confirmed in 87% of trials (94% with the bias correction
+    alone, at 5.4% false confirmations).
 
     Returns:
         The ρ to use (``nan`` for ``nan`` input); for n <= 4, `MAX_RHO` (too few steps to tell).
@@ -173,7 +175,7 @@ def unbiased_rho(r1: float, n: int) -> float:
     if n <= 4:
         return MAX_RHO
     corrected = min(max((n * r1 + 1.0) / (n - 4), -1.0), MAX_RHO)
-    return corrected + math.sqrt(max(0.0, 1.0 - corrected * corrected) / n)
+    return corrected + 0.5 * math.sqrt(max(0.0, 1.0 - corrected * corrected) / n)
 
 
 def effective_size(n: int, rho: float) -> float:

@@ -42,7 +42,7 @@ def test_the_reported_spy_run_is_not_confirmed() -> None:
 def test_noise_only_series_are_almost_never_confirmed(rho: float, at_most: float) -> None:
     # The interval is 95% two-sided and must also clear the minimum effect: about 2.5% false
     # confirmations for independent steps; autocorrelated steps mimic trends on 10 points (measured
-    # 2.8% at rho 0.6 over 2000 trials; without the autocorrelation handling 6%).
+    # 4.1% at rho 0.6 over 1500 trials; without the autocorrelation handling 6%).
     rng = random.Random(17)
     trials = 400
     confirmed = sum(
