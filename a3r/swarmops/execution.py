@@ -680,7 +680,9 @@ def _conclude(
     # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
     # after (train) training, so a train-reward gain can be checked against held-out reward. A run the
     # budget stopped is evaluated too: its budget kept `eval_reserve_s` for it.
-    evaluable = end.status == "finished" or (end.status == "budget" and server_exit is None)
+    evaluable = end.status == "finished" or (
+        end.status == "budget" and server_exit is None and run.eval_reserve_s > 0
+    )
     if spec.purpose in ("sweep", "smoke", "train") and evaluable and ctx.eval_tasks > 0:
         remaining = max(30.0, run.eval_reserve_s, run.budget_s - (time.monotonic() - run.started))
         per_episode = client_s / max(1, len(episodes))

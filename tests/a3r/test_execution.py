@@ -135,7 +135,10 @@ def test_a_budget_stop_keeps_time_for_the_held_out_evaluation(tmp_path: Path) ->
     assert outcome.eval is not None and outcome.eval.episodes == 4 and outcome.eval_s > 0
     assert outcome.wall_s < 75 + 30  # the evaluation fitted in its reserve (plus the server's stop)
     server_dir = ws.server_dir("b")
-    trained = [json.loads(line)["step"] for line in (server_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = server_dir / "metrics.jsonl"  # absent when no step ran (a heavily loaded machine)
+    trained = (
+        [json.loads(line)["step"] for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    )
     assert max(trained, default=0) == outcome.steps  # no step after the budget stop went unrecorded
     checkpoints = sorted(p.name for p in (server_dir / "checkpoints").glob("step-*"))
     assert checkpoints[-1:] == [f"step-{outcome.steps:06d}"] or outcome.steps == 0
