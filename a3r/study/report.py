@@ -220,7 +220,7 @@ def write_report(
         "",
         "## Runs",
         "",
-        "| run | status | steps | train episodes | wall s | last reward | held-out n (tasks × attempts) | held-out p@1 | held-out p@2 | held-out mean |",
+        "| run | status | steps | train episodes | wall s | last reward | held-out n (tasks / attempts) | held-out p@1 | held-out p@2 | held-out mean |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
