@@ -57,6 +57,10 @@ class TrainingConfig(BaseModel):
     with a call sampled more than ``K`` versions before the policy it produces are aborted as infra
     failures (the runner re-runs them); finished episodes are always trained. Pair it with
     ``trainer.tis_cap`` (the sampler's logprobs are an older policy's)."""
+    client_timeout_s: float | None = Field(default=120.0, gt=0.0)
+    """Liveness for the ``*_client_ready`` policies: a client not seen (episode begun or ended, episode or
+    client heartbeat, vote) for this many seconds stops counting as active, so a dead client stops
+    blocking ``all_clients_ready``. ``None``: clients stay active until they leave."""
     checkpoint_every: int = Field(default=5, ge=1)
     """Save weights + optimizer + step every N steps (and on ``POST /api/v1/checkpoint``)."""
     keep_checkpoints: int = Field(default=2, ge=1)

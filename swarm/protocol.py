@@ -393,6 +393,10 @@ class StatusView(BaseModel):
     uptime_s: float
     run_dir: str
     training_enabled: bool
+    active_clients: list[str] = Field(default_factory=list)
+    """Clients seen within the client timeout (those the voting policies wait for), sorted."""
+    ready_clients: list[str] = Field(default_factory=list)
+    """Active clients whose readiness vote stands, sorted."""
 
 
 class SamplingDefaults(BaseModel):
@@ -481,6 +485,16 @@ class VoteCast(BaseModel):
 
     client_id: str
     ready: bool
+
+
+class ClientState(BaseModel):
+    """Answer of ``POST /api/v1/clients/{client_id}/heartbeat`` and ``DELETE /api/v1/clients/{client_id}``."""
+
+    client_id: str
+    active: bool
+    """Whether the client counts as active for the voting policies now (``False`` after it left)."""
+    ready: bool
+    """Whether its readiness vote stands."""
 
 
 class StepTimings(BaseModel):

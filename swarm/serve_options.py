@@ -139,6 +139,12 @@ class ServeOptions(BaseModel):
         "synchronous.",
         to="training.max_staleness",
     )
+    client_timeout: float = _option(
+        120.0,
+        "Voting policies: a client silent this many seconds (no episode, heartbeat or vote) stops counting "
+        "as active, so a dead client stops blocking all_clients_ready.",
+        to="training.client_timeout_s",
+    )
     quota: list[str] = _option(
         [], "Family share, repeatable: --quota math=0.4 --quota code=0.6", to="training.quotas"
     )
@@ -267,6 +273,7 @@ class ServeOptions(BaseModel):
             "max_steps": self.max_steps,
             "drain_timeout_s": self.drain_timeout,
             "max_staleness": self.max_staleness,
+            "client_timeout_s": self.client_timeout,
         }
 
     def _shares(self) -> dict[str, float]:

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import TypeAdapter
@@ -30,6 +31,7 @@ from swarm.client.workflow import LLM, Result
 from swarm.errors import ClientError
 from swarm.protocol import (
     CheckpointSaved,
+    ClientState,
     ConfigChanged,
     ConfigView,
     EpisodeAbort,
@@ -41,6 +43,8 @@ from swarm.protocol import (
     Event,
     ServerStepMetrics,
     StatusView,
+    Vote,
+    VoteCast,
 )
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
@@ -122,6 +126,8 @@ def _is_infra(exc: BaseException, base_url: str) -> bool:
 
 
 class _BaseClient:
+    client_id: str
+
     def __init__(self, url: str, admin_token: str | None, retry: RetryPolicy) -> None:
         self.url = url.rstrip("/")
         self.retry = retry
@@ -156,6 +162,11 @@ class _BaseClient:
             url=str(response.request.url),
             retry_after_s=_parse_retry_after(response.headers.get("retry-after")),
         )
+
+    def _client_path(self, action: str = "") -> str:
+        """``/api/v1/clients/{client_id}[/action]`` with the id percent-encoded."""
+        path = "/api/v1/clients/" + quote(self.client_id, safe="")
+        return f"{path}/{action}" if action else path
 
     def _retry_kwargs(self) -> dict[str, Any]:
         return {
@@ -367,6 +378,35 @@ class SwarmClient(_BaseClient):
         """
         return CheckpointSaved.model_validate(self._request("POST", "/api/v1/checkpoint", admin=True))
 
+    def vote_ready(self, ready: bool = True) -> VoteCast:
+        """Vote that this client's round is done (``POST /api/v1/clients/{client_id}/ready``), for the
+        ``all_clients_ready`` / ``any_client_ready`` batch policies; ``ready=False`` withdraws the vote.
+        Votes are cleared by the step they produce. No admin token needed.
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        body = self._request("POST", self._client_path("ready"), Vote(ready=ready).model_dump())
+        return VoteCast.model_validate(body)
+
+    def client_heartbeat(self) -> ClientState:
+        """Keep this client active for the voting policies while it has no episode open
+        (``POST /api/v1/clients/{client_id}/heartbeat``).
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        return ClientState.model_validate(self._request("POST", self._client_path("heartbeat")))
+
+    def leave(self) -> ClientState:
+        """Say goodbye (``DELETE /api/v1/clients/{client_id}``): this client and its vote stop counting for
+        the voting policies; its finished episodes are still trained.
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        return ClientState.model_validate(self._request("DELETE", self._client_path()))
+
     @contextlib.contextmanager
     def episode(self, task_id: str, **kwargs: Any) -> Iterator[Episode]:
         """Open an episode for the block; an exception inside aborts it (and is re-raised).
@@ -508,6 +548,20 @@ class AsyncSwarmClient(_BaseClient):
     async def checkpoint(self) -> CheckpointSaved:
         """Async :meth:`SwarmClient.checkpoint`."""
         return CheckpointSaved.model_validate(await self._request("POST", "/api/v1/checkpoint", admin=True))
+
+    async def vote_ready(self, ready: bool = True) -> VoteCast:
+        """Async :meth:`SwarmClient.vote_ready`."""
+        path = self._client_path("ready")
+        return VoteCast.model_validate(await self._request("POST", path, Vote(ready=ready).model_dump()))
+
+    async def client_heartbeat(self) -> ClientState:
+        """Async :meth:`SwarmClient.client_heartbeat`."""
+        path = self._client_path("heartbeat")
+        return ClientState.model_validate(await self._request("POST", path))
+
+    async def leave(self) -> ClientState:
+        """Async :meth:`SwarmClient.leave`."""
+        return ClientState.model_validate(await self._request("DELETE", self._client_path()))
 
     @contextlib.asynccontextmanager
     async def episode(self, task_id: str, **kwargs: Any) -> AsyncIterator[AsyncEpisode]:

@@ -118,7 +118,7 @@ class SwarmRuntime:
             )
         if self.training is not None:
             self.training.admit(body.family, body.kind, body.task_id)
-            self.training.votes.touch(body.client_id)
+            self.training.touch(body.client_id)
         episode, key = self.episodes.begin(body)
         self.phase.episode_begun()
         return EpisodeCreated(episode_id=episode.id, base_url=base_url, api_key=key, model=self.model_name)
@@ -128,15 +128,26 @@ class SwarmRuntime:
         return self.episodes.for_key(key)
 
     def heartbeat(self, episode_id: str) -> None:
+        """Keep an episode from being reclaimed; its client counts as alive for the voting policies."""
         self.episodes.heartbeat(episode_id)
+        self.touch_client(self.episodes.require(episode_id).request.client_id)
 
     def finish(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
         """End an episode with its reward (`OpenEpisodes.finish`)."""
-        return self.episodes.finish(episode_id, body)
+        stored = self.episodes.finish(episode_id, body)
+        self.touch_client(stored.client_id)
+        return stored
 
     def abort(self, episode_id: str, body: EpisodeAbort) -> StoredEpisode:
         """End an episode without a reward (`OpenEpisodes.abort`)."""
-        return self.episodes.abort(episode_id, body)
+        stored = self.episodes.abort(episode_id, body)
+        self.touch_client(stored.client_id)
+        return stored
+
+    def touch_client(self, client_id: str) -> None:
+        """A sign of life from a client (liveness of the voting policies; nothing without training)."""
+        if self.training is not None:
+            self.training.touch(client_id)
 
     def pause(self) -> None:
         self.phase.pause()
@@ -291,6 +302,8 @@ class SwarmRuntime:
             uptime_s=time.time() - self.started,
             run_dir=str(self.config.run_dir),
             training_enabled=self.training is not None and self.training.config.enabled,
+            active_clients=[] if self.training is None else self.training.votes.active(),
+            ready_clients=[] if self.training is None else self.training.votes.ready(),
         )
 
     async def reclaim_loop(self) -> None:
