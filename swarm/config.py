@@ -136,7 +136,10 @@ class ServerConfig(BaseModel):
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     reclaim_period_s: float = Field(default=5.0, gt=0)
-    """How often open episodes are checked for the idle timeout."""
+    """How often open episodes are checked for the idle timeout (and prepared ones for theirs)."""
+    prepare_timeout_s: float = Field(default=60.0, gt=0)
+    """A member of a multi-server finish still ``prepared`` this long after it was stored is resolved by
+    the server (`swarm.server.transactions`): the primary aborts, a secondary follows its primary."""
 
     @property
     def _full_finetuning(self) -> bool:

@@ -100,6 +100,12 @@ class ServeOptions(BaseModel):
     episode_timeout: float = _option(
         600.0, "Reclaim open episodes idle this many seconds.", to="episode_timeout_s"
     )
+    prepare_timeout: float = _option(
+        60.0,
+        "Multi-server finish: resolve a member still prepared this many seconds after it was stored (the "
+        "primary aborts, a secondary follows its primary).",
+        to="prepare_timeout_s",
+    )
     train: bool = _option(True, "Train on pooled episodes (or only serve and record).", to="training.enabled")
     batch_policy: str = _option(
         "tasks",
@@ -227,6 +233,7 @@ class ServeOptions(BaseModel):
             "max_batch_size": self.max_batch_size,
             "torch_threads": self.threads,
             "episode_timeout_s": self.episode_timeout,
+            "prepare_timeout_s": self.prepare_timeout,
         }
         try:
             values["training"] = self._training()

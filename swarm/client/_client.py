@@ -35,10 +35,12 @@ from swarm.protocol import (
     ConfigChanged,
     ConfigView,
     EpisodeAbort,
+    EpisodeCommit,
     EpisodeCreate,
     EpisodeCreated,
     EpisodeFinish,
     EpisodeKind,
+    EpisodePrepare,
     EpisodeView,
     Event,
     ServerStepMetrics,
@@ -515,6 +517,39 @@ class AsyncSwarmClient(_BaseClient):
 
     async def heartbeat(self, episode_id: str) -> None:
         await self._request("POST", f"/api/v1/episodes/{episode_id}/heartbeat")
+
+    async def prepare(
+        self,
+        episode_id: str,
+        reward: float | Result,
+        *,
+        txn_id: str,
+        primary_url: str | None = None,
+        primary_episode_id: str | None = None,
+    ) -> None:
+        """Phase one of a multi-server finish (``POST …/prepare``; see :class:`~swarm.client.MultiEpisode`):
+        the episode is stored with its reward, not trainable until :meth:`commit`. ``primary_url`` and
+        ``primary_episode_id`` name the primary member (leave them out on the primary itself).
+
+        Raises:
+            ClientError: 409 when the episode has ended otherwise, 404 when the server does not know it.
+        """
+        body = EpisodePrepare(
+            **self._finish_body(reward),
+            txn_id=txn_id,
+            primary_url=primary_url,
+            primary_episode_id=primary_episode_id,
+        ).model_dump()
+        await self._request("POST", f"/api/v1/episodes/{episode_id}/prepare", body)
+
+    async def commit(self, episode_id: str, txn_id: str) -> None:
+        """Phase two (``POST …/commit``): the prepared episode becomes finished; idempotent.
+
+        Raises:
+            ClientError: 409 when the transaction was aborted on that server.
+        """
+        body = EpisodeCommit(txn_id=txn_id).model_dump()
+        await self._request("POST", f"/api/v1/episodes/{episode_id}/commit", body)
 
     async def get_episode(self, episode_id: str) -> EpisodeView:
         return EpisodeView.model_validate(await self._request("GET", f"/api/v1/episodes/{episode_id}"))

@@ -13,6 +13,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import httpx
+
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine, TokenCallback
 from swarm.engine.factory import load_engine
@@ -22,10 +24,12 @@ from swarm.precision import resolve_mixed_precision
 from swarm.protocol import (
     ChatCompletionRequest,
     EpisodeAbort,
+    EpisodeCommit,
     EpisodeCounts,
     EpisodeCreate,
     EpisodeCreated,
     EpisodeFinish,
+    EpisodePrepare,
     EpisodeStatus,
     EpisodeView,
     StatusView,
@@ -36,6 +40,7 @@ from swarm.server.episodes import OpenEpisode, OpenEpisodes
 from swarm.server.events import EventLog
 from swarm.server.phase import Phase
 from swarm.server.training import TrainingLoop
+from swarm.server.transactions import resolve_stale
 from swarm.tracking.merge import build_samples
 from swarm.tracking.render import PromptRenderer
 
@@ -141,6 +146,18 @@ class SwarmRuntime:
     def abort(self, episode_id: str, body: EpisodeAbort) -> StoredEpisode:
         """End an episode without a reward (`OpenEpisodes.abort`)."""
         stored = self.episodes.abort(episode_id, body)
+        self.touch_client(stored.client_id)
+        return stored
+
+    def prepare(self, episode_id: str, body: EpisodePrepare) -> StoredEpisode:
+        """Phase one of a multi-server finish (`OpenEpisodes.prepare`)."""
+        stored = self.episodes.prepare(episode_id, body)
+        self.touch_client(stored.client_id)
+        return stored
+
+    def commit(self, episode_id: str, body: EpisodeCommit) -> StoredEpisode:
+        """Phase two of a multi-server finish (`OpenEpisodes.commit`)."""
+        stored = self.episodes.commit(episode_id, body.txn_id)
         self.touch_client(stored.client_id)
         return stored
 
@@ -307,7 +324,10 @@ class SwarmRuntime:
         )
 
     async def reclaim_loop(self) -> None:
-        """Background task: reclaim idle episodes every ``config.reclaim_period_s`` seconds."""
-        while True:
-            await asyncio.sleep(self.config.reclaim_period_s)
-            self.episodes.reclaim_idle()
+        """Background task: every ``config.reclaim_period_s`` seconds reclaim idle episodes and resolve
+        prepared ones left undecided (`swarm.server.transactions.resolve_stale`)."""
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            while True:
+                await asyncio.sleep(self.config.reclaim_period_s)
+                self.episodes.reclaim_idle()
+                await resolve_stale(self.episodes, self.pool, http, timeout_s=self.config.prepare_timeout_s)

@@ -310,8 +310,8 @@ class TrainingLoop:
 
     def released(self, episode: StoredEpisode, calls: list[CallRecord]) -> None:
         """An episode ended (and is in the pool): index it, give infra failures' quota slots back, wake."""
-        if episode.kind is not EpisodeKind.TRAIN:
-            return
+        if episode.kind is not EpisodeKind.TRAIN or episode.status is EpisodeStatus.PREPARED:
+            return  # a prepared member is indexed when its transaction commits (or aborts)
         family = episode.family or ""
         if episode.status is EpisodeStatus.INFRA_FAILURE and self.window[family] > 0:
             self.window[family] -= 1
