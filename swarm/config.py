@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.precision import MixedPrecision, resolve_dtype
-from swarm.protocol import LossAggregation, SamplingDefaults
+from swarm.protocol import Limits, LossAggregation, SamplingDefaults
 from swarm.tracking.merge import LossWeighting
 from swarm.train.config import TrainerConfig
 
@@ -109,6 +109,12 @@ class ServerConfig(BaseModel):
     """Holds the pool database, checkpoints, metrics JSONL and logs; reusing it resumes the run."""
     admin_token: SecretStr | None = None
     """Bearer token for control routes; ``None`` makes control routes loopback-only and open."""
+    client_tokens: dict[str, SecretStr] = Field(default_factory=dict)
+    """Client tokens by name: with any, beginning an episode needs one and an episode is finished,
+    aborted, heartbeated and read only with its episode key, the token that began it or the admin token
+    (docs/ARCHITECTURE.md §Credentials and limits). Empty: episodes need no credential (trusted network)."""
+    limits: Limits = Field(default_factory=Limits)
+    """Per-token, per-request and per-server limits (live-patchable)."""
     public_url: str | None = None
     """Base URL handed to clients in ``EpisodeCreated.base_url``; defaults to the request's own URL."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
@@ -133,6 +139,22 @@ class ServerConfig(BaseModel):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     reclaim_period_s: float = Field(default=5.0, gt=0)
     """How often open episodes are checked for the idle timeout."""
+
+    @model_validator(mode="after")
+    def _check_client_tokens(self) -> ServerConfig:
+        seen: set[str] = set()
+        for name, token in self.client_tokens.items():
+            secret = token.get_secret_value()
+            if not name or len(secret) < 8:
+                raise ValueError(f"client token {name!r}: a token needs a name and at least 8 characters")
+            if secret in seen or (
+                self.admin_token is not None and secret == self.admin_token.get_secret_value()
+            ):
+                raise ValueError(
+                    f"client token {name!r}: the same secret is given twice (or is the admin token)"
+                )
+            seen.add(secret)
+        return self
 
     @property
     def _full_finetuning(self) -> bool:

@@ -40,7 +40,9 @@ CREATE TABLE IF NOT EXISTS episodes (
     created_at REAL NOT NULL,
     finished_at REAL NOT NULL,
     seq INTEGER NOT NULL,
-    trained_step INTEGER
+    trained_step INTEGER,
+    owner TEXT,
+    key_digest TEXT
 );
 CREATE INDEX IF NOT EXISTS episodes_pending ON episodes (kind, trained_step, seq);
 CREATE TABLE IF NOT EXISTS calls (
@@ -73,6 +75,14 @@ class StoredEpisode:
     seq: int = 0
     """Commit order (1, 2, …): batch policies take the oldest first."""
     trained_step: int | None = None
+    owner: str | None = None
+    """Name of the client token that began it (``None``: begun without one); never the token itself."""
+    key_digest: str | None = None
+    """SHA-256 hex digest of its episode key (the key itself is never stored)."""
+
+
+_ADDED_COLUMNS = {"owner": "TEXT", "key_digest": "TEXT"}
+"""Columns newer than the first schema, added to an older pool when it is opened."""
 
 
 class Pool:
@@ -92,6 +102,10 @@ class Pool:
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(_SCHEMA)
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(episodes)")}
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in have:  # a pool written before credentials existed
+                    self._db.execute(f"ALTER TABLE episodes ADD COLUMN {name} {kind}")
             row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM episodes").fetchone()
         self._seq = int(row[0])
 
@@ -113,8 +127,8 @@ class Pool:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
                     "INSERT INTO episodes (id, task_id, client_id, family, kind, status, reward, agent_rewards,"
-                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step,"
+                    " owner, key_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         episode.id,
                         episode.task_id,
@@ -132,6 +146,8 @@ class Pool:
                         episode.finished_at,
                         episode.seq,
                         episode.trained_step,
+                        episode.owner,
+                        episode.key_digest,
                     ),
                 )
                 self._db.executemany(
@@ -257,4 +273,6 @@ class Pool:
             finished_at=row["finished_at"],
             seq=row["seq"],
             trained_step=row["trained_step"],
+            owner=row["owner"],
+            key_digest=row["key_digest"],
         )

@@ -12,12 +12,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine
 from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server import control_routes, episode_routes, openai_routes
+from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
 
 
@@ -56,11 +58,18 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return _error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail))
+    kinds = {404: "not_found", 413: "request_too_large"}
+    return _error(exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     return _error(500, "server_error", f"internal error: {type(exc).__name__}")
+
+
+def _body_limit(scope: Scope) -> int | None:
+    """The runtime's current body-size limit (``None`` before the lifespan has built the runtime)."""
+    runtime: SwarmRuntime | None = getattr(scope["app"].state, "runtime", None)
+    return None if runtime is None else runtime.limits.max_body_bytes
 
 
 def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
@@ -94,12 +103,14 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         lifespan=lifespan,
         **extra,
     )
+    app.add_middleware(BodySizeLimit, limit=_body_limit)
     app.add_exception_handler(SwarmError, _swarm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unhandled)
     app.include_router(openai_routes.router)
     app.include_router(episode_routes.router)
+    app.include_router(episode_routes.episode_router)
     app.include_router(control_routes.router)
     app.include_router(control_routes.votes_router)
     return app

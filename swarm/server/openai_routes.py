@@ -10,8 +10,9 @@ from fastapi.sse import EventSourceResponse
 
 from swarm.engine.base import TokenCallback
 from swarm.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
+from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
-from swarm.server.deps import EpisodeDep, RuntimeDep
+from swarm.server.deps import RuntimeDep
 from swarm.server.openai_format import ResponseHeader, chat_completion
 from swarm.server.streaming import LiveStream, encode_events, live_events, replay_events
 
