@@ -56,8 +56,27 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(422, "invalid_request_error", "; ".join(problems) or "invalid request", param)
 
 
+_UNPARSABLE = "There was an error parsing the body"
+"""FastAPI's 400 detail for a body it cannot even decode (e.g. not UTF-8)."""
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    }
+    for status, description in (
+        (413, "The request body is larger than the server's limit."),
+        (422, "Invalid input: the message names the field (`param`)."),
+    )
+}
+"""Error answers any route may give, declared on every router with the JSON :class:`ErrorBody` (FastAPI
+would declare its own ``HTTPValidationError`` for 422, which is not what the server sends)."""
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == _UNPARSABLE:  # as a JSON syntax error: 422
+        return _error(422, "invalid_request_error", "the body is not valid JSON (it cannot be decoded)")
     kinds = {404: "not_found", 413: "request_too_large"}
     return _error(exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
 
@@ -108,9 +127,12 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unhandled)
-    app.include_router(openai_routes.router)
-    app.include_router(episode_routes.router)
-    app.include_router(episode_routes.episode_router)
-    app.include_router(control_routes.router)
-    app.include_router(control_routes.votes_router)
+    for router in (
+        openai_routes.router,
+        episode_routes.router,
+        episode_routes.episode_router,
+        control_routes.router,
+        control_routes.votes_router,
+    ):
+        app.include_router(router, responses=ERROR_RESPONSES)
     return app

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.sse import EventSourceResponse
 
 from swarm.engine.base import TokenCallback
-from swarm.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
+from swarm.protocol import ChatCompletion, ChatCompletionRequest, ErrorBody, ModelCard, ModelList
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
 from swarm.server.deps import RuntimeDep
@@ -25,7 +26,24 @@ def list_models(runtime: RuntimeDep) -> ModelList:
     return ModelList(data=[ModelCard(id=runtime.model_name)])
 
 
-@router.post("/chat/completions", response_model=ChatCompletion)
+_CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "A `ChatCompletion`, or with `stream=true` server-sent `chat.completion.chunk` events "
+        "ending with `data: [DONE]`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+    400: {
+        "model": ErrorBody,
+        "description": "Messages the chat template cannot render, or a prompt too long.",
+    },
+    401: {"model": ErrorBody, "description": "No episode key, or the key of an episode that has ended."},
+    404: {"model": ErrorBody, "description": "A model this server does not serve."},
+    409: {"model": ErrorBody, "description": "The episode ended while the call was sampled."},
+    429: {"model": ErrorBody, "description": "The client token's request rate is spent; see Retry-After."},
+}
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=_CHAT_ERRORS)
 async def chat_completions(
     body: ChatCompletionRequest, runtime: RuntimeDep, episode: EpisodeDep
 ) -> ChatCompletion | EventSourceResponse:
