@@ -19,6 +19,7 @@ from swarm.engine.base import Engine
 from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server import control_routes, episode_routes, openai_routes
+from swarm.server.deps import json_errors
 from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
 
@@ -59,16 +60,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 _UNPARSABLE = "There was an error parsing the body"
 """FastAPI's 400 detail for a body it cannot even decode (e.g. not UTF-8)."""
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
-    }
-    for status, description in (
-        (413, "The request body is larger than the server's limit."),
-        (422, "Invalid input: the message names the field (`param`)."),
-    )
-}
+ERROR_RESPONSES = json_errors(
+    (413, "The request body is larger than the server's limit."),
+    (422, "Invalid input: the message names the field (`param`)."),
+)
 """Error answers any route may give, declared on every router with the JSON :class:`ErrorBody` (FastAPI
 would declare its own ``HTTPValidationError`` for 422, which is not what the server sends)."""
 

@@ -32,7 +32,7 @@ from swarm.protocol import (
     VoteCast,
 )
 from swarm.server.auth import require_admin
-from swarm.server.deps import RuntimeDep
+from swarm.server.deps import RuntimeDep, json_errors
 from swarm.server.training import TrainingLoop
 
 router = APIRouter(
@@ -77,17 +77,11 @@ async def _subscriber_slot(runtime: RuntimeDep, follow: bool = True) -> None:
     "/events",
     response_class=EventSourceResponse,
     dependencies=[Depends(_subscriber_slot)],
-    responses={  # JSON errors: with `model`, FastAPI would declare them as event streams like the 200
-        status: {
-            "description": description,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
-        }
-        for status, description in (
-            (401, "Missing admin token."),
-            (403, "A wrong admin token, an episode key or a client token, or a caller from another host."),
-            (503, "Too many followers; see Retry-After."),
-        )
-    },
+    responses=json_errors(
+        (401, "Missing admin token."),
+        (403, "A wrong admin token, an episode key or a client token, or a caller from another host."),
+        (503, "Too many followers; see Retry-After."),
+    ),
 )
 async def events(runtime: RuntimeDep, since: int = 0, follow: bool = True) -> AsyncIterable[ServerSentEvent]:
     """Server-sent events, each an :class:`~swarm.protocol.Event` as JSON ``data`` (``event`` = its kind,
