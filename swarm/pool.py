@@ -171,6 +171,15 @@ class Pool:
             )
             self._db.execute("COMMIT")
 
+    def trained_steps_after(self, step: int) -> list[int]:
+        """Distinct steps after ``step`` that consumed episodes, ascending."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT trained_step FROM episodes WHERE trained_step > ? ORDER BY trained_step",
+                (step,),
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
     def rewind(self, checkpoint_step: int) -> int:
         """Forget consumption by steps after ``checkpoint_step`` (their weights were lost); returns count."""
         with self._lock:

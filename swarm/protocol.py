@@ -671,6 +671,9 @@ class ServerStepMetrics(StepMetrics):
     """Mean over trained episodes of (policy version updated − version of the episode's oldest call)."""
     staleness_max: int = 0
     checkpoint_s: float = 0.0
+    rewound_steps: list[int] = Field(default_factory=list)
+    """On the first row after a restart: the steps whose update was lost with the previous process (the
+    run resumed from the last checkpoint, so this row's step number was used before). Empty otherwise."""
 
 
 EventLevel = Literal["debug", "info", "warning", "error"]

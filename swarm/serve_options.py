@@ -156,7 +156,11 @@ class ServeOptions(BaseModel):
     micro_batch_size: int = _option(
         4, "Sequences per forward/backward pass.", to="training.trainer.micro_batch_size"
     )
-    checkpoint_every: int = _option(5, "Save a checkpoint every N steps.", to="training.checkpoint_every")
+    checkpoint_every: int | None = _option(
+        None,
+        "Save a checkpoint every N steps (default: 1 with LoRA, 5 for full fine-tuning).",
+        to="training.checkpoint_every",
+    )
     max_steps: int | None = _option(
         None, "Stop training after N steps (keep serving).", to="training.max_steps"
     )
@@ -305,7 +309,7 @@ class ServeOptions(BaseModel):
             },
             "trainer": trainer,
             "quotas": {"shares": shares, "slack": self.group_size} if shares else None,
-            "checkpoint_every": self.checkpoint_every,
+            **({} if self.checkpoint_every is None else {"checkpoint_every": self.checkpoint_every}),
             "max_steps": self.max_steps,
             "drain_timeout_s": self.drain_timeout,
             "max_staleness": self.max_staleness,

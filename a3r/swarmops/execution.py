@@ -245,9 +245,21 @@ class _Recorder:
         self.run_id = run_id
         history = ctx.store.metric_history(run_id)
         self.last_step = max((p.step for p in history), default=-1)
+        self._rewinds: set[tuple[int, float]] = set()
 
     def metrics(self, rows: list[ServerStepMetrics]) -> None:
         for row in rows:
+            rewind = (row.step, row.created_at)
+            if row.rewound_steps and row.step <= self.last_step and rewind not in self._rewinds:
+                # the server restarted from a checkpoint: this step number is used a second time
+                self._rewinds.add(rewind)
+                self.ctx.store.log_event(
+                    f"server train.rewound: steps {row.rewound_steps} were lost in a server restart and are "
+                    "redone; their earlier metric points are from the lost updates",
+                    run_id=self.run_id,
+                    level="warning",
+                )
+                self.last_step = row.step - 1
             if row.step > self.last_step:
                 values = _numeric(row)
                 if values:
