@@ -28,6 +28,7 @@ import os
 import random
 import secrets
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -180,6 +181,7 @@ def main() -> int:
     parser.add_argument("--rss-growth", type=float, default=0.25, help="allowed RSS growth after warm-up")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped soak stops its server (finally)
     console = Console()
     tmp = Path(tempfile.mkdtemp(prefix="swarm-soak-"))
     port = _free_port()

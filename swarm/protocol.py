@@ -499,7 +499,8 @@ class ConfigView(BaseModel):
     """``GET /api/v1/config``: the configuration the next step will use (staged changes included)."""
 
     training: dict[str, Any]
-    """:class:`swarm.config.TrainingConfig` as JSON, with the trainer changes staged for the next step."""
+    """:class:`swarm.config.TrainingConfig` as JSON, with the trainer changes staged for the next step
+    (empty in the answer to a limits-only patch of a server in inference mode)."""
     sampling: SamplingDefaults
     limits: Limits = Field(default_factory=Limits)
     """What one client may take (:class:`Limits`)."""

@@ -126,12 +126,15 @@ def metrics(runtime: RuntimeDep, since_step: int = 0) -> list[ServerStepMetrics]
 
 
 def _config_view(runtime: RuntimeDep) -> ConfigView:
-    return ConfigView.model_validate({**_training(runtime).effective_config(), "limits": runtime.limits})
+    if runtime.training is None:  # inference mode: no training section, the limits still apply
+        return ConfigView(training={}, sampling=runtime.config.sampling, limits=runtime.limits)
+    return ConfigView.model_validate({**runtime.training.effective_config(), "limits": runtime.limits})
 
 
 @router.get("/config", responses=_NO_TRAINING)
 def get_config(runtime: RuntimeDep) -> ConfigView:
     """The configuration the next step will use, and the limits in force."""
+    _training(runtime)
     return _config_view(runtime)
 
 
@@ -140,13 +143,14 @@ def patch_config(body: ConfigPatch, runtime: RuntimeDep) -> ConfigChanged:
     """Change lr, batch policy/size, group size, temperature, clip range, KL coefficient… live.
 
     Validated at once (422 on an invalid combination), effective from the next step, logged as a
-    ``config.changed`` event. ``limits`` changes (:class:`~swarm.protocol.LimitsPatch`) apply at once.
+    ``config.changed`` event. ``limits`` changes (:class:`~swarm.protocol.LimitsPatch`) apply at once,
+    on a server in inference mode too (409 there for any other field).
     """
-    training = _training(runtime)
     rest = ConfigPatch.model_validate(body.model_dump(exclude_unset=True, exclude={"limits"}))
+    training = _training(runtime) if rest.model_fields_set or body.limits is None else None
     if body.limits is not None:
         runtime.checked_limits(body.limits)  # a bad limit fails the whole patch before anything changes
-    changed = training.apply(rest) if rest.model_fields_set else {}
+    changed = training.apply(rest) if training is not None and rest.model_fields_set else {}
     if body.limits is not None:
         changed["limits"] = runtime.set_limits(body.limits)
     return ConfigChanged(changed=changed, config=_config_view(runtime))

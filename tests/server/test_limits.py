@@ -204,3 +204,14 @@ def test_limits_patch_is_validated_and_shown(limited: LiveServer) -> None:
         ops.patch_config(limits={"max_tokens": None})  # null lifts a limit that can be off
         assert ops.config().limits.max_tokens is None
     assert LimitsPatch(max_n=3).applied_to(Limits()).max_n == 3
+
+
+def test_an_inference_server_takes_limit_patches_only(server: LiveServer) -> None:
+    answer = httpx.patch(f"{server.url}/api/v1/config", json={"limits": {"max_messages": 100}})
+    assert answer.status_code == 200, answer.text
+    assert (
+        answer.json()["config"]["limits"]["max_messages"] == 100 and answer.json()["config"]["training"] == {}
+    )
+    assert httpx.patch(f"{server.url}/api/v1/config", json={"lr": 1e-5}).status_code == 409
+    assert httpx.get(f"{server.url}/api/v1/config").status_code == 409
+    httpx.patch(f"{server.url}/api/v1/config", json={"limits": {"max_messages": Limits().max_messages}})
