@@ -21,6 +21,9 @@ from rich.markup import escape
 from swarm.errors import SwarmError
 from swarm.serve_options import ServeOptions, check_device
 
+KEEP_ALIVE_S = 75
+"""Seconds an idle HTTP connection stays open (nginx's default; above httpx's 5 s pool expiry)."""
+
 app = typer.Typer(
     name="swarm",
     help="Serve an LLM behind an OpenAI-compatible API, record episodes token-exactly and train it with RL.",
@@ -120,7 +123,16 @@ def serve(**values: Any) -> None:
     except SwarmError as exc:
         raise fail(str(exc)) from None
     console.print(_startup_line(config, engine), highlight=False, soft_wrap=True)
-    uvicorn.run(create_app(config, engine=engine), host=host, port=port, log_level=options.log_level.value)
+    # Idle keep-alive connections outlive the clients' (httpx drops its idle ones after 5 s): with
+    # uvicorn's default of 5 s both sides close at once, and a client reusing a connection as the server
+    # closes it gets a ReadError.
+    uvicorn.run(
+        create_app(config, engine=engine),
+        host=host,
+        port=port,
+        log_level=options.log_level.value,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
 
 
 serve.__signature__ = inspect.Signature(_serve_parameters())  # type: ignore[attr-defined]

@@ -350,6 +350,9 @@ class VLLMEngine:
             stop_token_ids=sorted(self.stop_ids),
             logprobs=k,
             skip_special_tokens=False,
+            # vLLM's frontend decodes every sampled token (and every logprob's token) in this process
+            # unless told not to; the server detokenizes itself, so only stop strings need it.
+            detokenize=bool(params.stop),
             # Token by token only for a listener: a final-only request costs this process one message
             # instead of one per token (the server's loop shares the GIL with this thread).
             output_kind=RequestOutputKind.DELTA if on_token is not None else RequestOutputKind.FINAL_ONLY,
