@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     seq INTEGER NOT NULL,
     trained_step INTEGER,
     owner TEXT,
-    key_digest TEXT
+    key_digest TEXT,
+    txn TEXT
 );
 CREATE INDEX IF NOT EXISTS episodes_pending ON episodes (kind, trained_step, seq);
 CREATE TABLE IF NOT EXISTS calls (
@@ -75,13 +76,15 @@ class StoredEpisode:
     seq: int = 0
     """Commit order (1, 2, …): batch policies take the oldest first."""
     trained_step: int | None = None
+    txn: dict[str, Any] | None = None
+    """Multi-server finish: ``txn_id``, ``primary_url``, ``primary_episode_id`` (``None`` outside one)."""
     owner: str | None = None
     """Name of the client token that began it (``None``: begun without one); never the token itself."""
     key_digest: str | None = None
     """SHA-256 hex digest of its episode key (the key itself is never stored)."""
 
 
-_ADDED_COLUMNS = {"owner": "TEXT", "key_digest": "TEXT"}
+_ADDED_COLUMNS = {"txn": "TEXT", "owner": "TEXT", "key_digest": "TEXT"}
 """Columns newer than the first schema, added to an older pool when it is opened."""
 
 
@@ -104,7 +107,7 @@ class Pool:
             self._db.executescript(_SCHEMA)
             have = {row[1] for row in self._db.execute("PRAGMA table_info(episodes)")}
             for name, kind in _ADDED_COLUMNS.items():
-                if name not in have:  # a pool written before credentials existed
+                if name not in have:  # a pool written before multi-server finishes or credentials
                     self._db.execute(f"ALTER TABLE episodes ADD COLUMN {name} {kind}")
             row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM episodes").fetchone()
         self._seq = int(row[0])
@@ -127,8 +130,8 @@ class Pool:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
                     "INSERT INTO episodes (id, task_id, client_id, family, kind, status, reward, agent_rewards,"
-                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step,"
-                    " owner, key_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step, txn,"
+                    " owner, key_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         episode.id,
                         episode.task_id,
@@ -146,6 +149,7 @@ class Pool:
                         episode.finished_at,
                         episode.seq,
                         episode.trained_step,
+                        None if episode.txn is None else json.dumps(episode.txn),
                         episode.owner,
                         episode.key_digest,
                     ),
@@ -160,6 +164,34 @@ class Pool:
                 self._seq -= 1
                 raise
         return episode
+
+    def resolve_prepared(
+        self, episode_id: str, txn_id: str, status: EpisodeStatus, reason: str | None = None
+    ) -> StoredEpisode | None:
+        """Move a ``prepared`` episode of transaction ``txn_id`` to ``status`` (compare-and-set, one
+        SQLite transaction); returns the episode as stored afterwards, or ``None`` when it is unknown.
+
+        When it is no longer prepared (already resolved) or belongs to another transaction nothing
+        changes: the caller compares the returned status and ``txn`` with what it asked for.
+        """
+        with self._lock:
+            self._db.execute(
+                "UPDATE episodes SET status = ?, reason = COALESCE(?, reason) "
+                "WHERE id = ? AND status = ? AND json_extract(txn, '$.txn_id') = ?",
+                (status.value, reason, episode_id, EpisodeStatus.PREPARED.value, txn_id),
+            )
+        found = self.get(episode_id)
+        return None if found is None else found[0]
+
+    def prepared(self) -> list[StoredEpisode]:
+        """Episodes still ``prepared`` (multi-server finishes not yet resolved), oldest first."""
+        with self._lock:
+            cur = self._db.execute(
+                "SELECT * FROM episodes WHERE status = ? ORDER BY seq", (EpisodeStatus.PREPARED.value,)
+            )
+            cols = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        return [self._episode(dict(zip(cols, r, strict=True))) for r in rows]
 
     def mark_trained(self, episode_ids: Iterable[str], step: int) -> None:
         """Record that the update producing policy version ``step`` consumed these episodes."""
@@ -204,10 +236,12 @@ class Pool:
         ]
 
     def pending(self, kind: EpisodeKind = EpisodeKind.TRAIN) -> list[StoredEpisode]:
-        """Ended, untrained episodes of ``kind`` in commit order (oldest first)."""
+        """Ended, untrained episodes of ``kind`` in commit order (oldest first); ``prepared`` ones are
+        not ended yet for training (their transaction may still abort)."""
         with self._lock:
             cur = self._db.execute(
-                "SELECT * FROM episodes WHERE kind = ? AND trained_step IS NULL ORDER BY seq", (kind.value,)
+                "SELECT * FROM episodes WHERE kind = ? AND trained_step IS NULL AND status != ? ORDER BY seq",
+                (kind.value, EpisodeStatus.PREPARED.value),
             )
             cols = [d[0] for d in cur.description]
             rows = cur.fetchall()
@@ -244,13 +278,14 @@ class Pool:
             )
             pending, trained = self._db.execute(
                 "SELECT SUM(trained_step IS NULL), SUM(trained_step IS NOT NULL) FROM episodes "
-                "WHERE kind = ? AND status != ?",  # infra failures are retired, never trained
-                (EpisodeKind.TRAIN.value, EpisodeStatus.INFRA_FAILURE.value),
+                "WHERE kind = ? AND status NOT IN (?, ?)",  # infra failures are retired, never trained
+                (EpisodeKind.TRAIN.value, EpisodeStatus.INFRA_FAILURE.value, EpisodeStatus.PREPARED.value),
             ).fetchone()
         return EpisodeCounts(
             finished=by_status.get(EpisodeStatus.FINISHED.value, 0),
             aborted=by_status.get(EpisodeStatus.ABORTED.value, 0),
             infra_failure=by_status.get(EpisodeStatus.INFRA_FAILURE.value, 0),
+            prepared=by_status.get(EpisodeStatus.PREPARED.value, 0),
             pending=int(pending or 0),
             trained=int(trained or 0),
         )
@@ -282,6 +317,7 @@ class Pool:
             finished_at=row["finished_at"],
             seq=row["seq"],
             trained_step=row["trained_step"],
+            txn=None if row.get("txn") is None else json.loads(row["txn"]),
             owner=row["owner"],
             key_digest=row["key_digest"],
         )

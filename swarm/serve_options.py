@@ -11,8 +11,9 @@ building or checking the server configuration imports it when called.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import os
+import tempfile
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -131,6 +132,12 @@ class ServeOptions(BaseModel):
     episode_timeout: float = _option(
         600.0, "Reclaim open episodes idle this many seconds.", to="episode_timeout_s"
     )
+    prepare_timeout: float = _option(
+        60.0,
+        "Multi-server finish: resolve a member still prepared this many seconds after it was stored (the "
+        "primary aborts, a secondary follows its primary).",
+        to="prepare_timeout_s",
+    )
     train: bool = _option(True, "Train on pooled episodes (or only serve and record).", to="training.enabled")
     batch_policy: str = _option(
         "tasks",
@@ -173,6 +180,12 @@ class ServeOptions(BaseModel):
         "of the trainer; open episodes K versions behind are aborted (pair with --tis-cap). Default: "
         "synchronous.",
         to="training.max_staleness",
+    )
+    client_timeout: float = _option(
+        120.0,
+        "Voting policies: a client silent this many seconds (no episode, heartbeat or vote) stops counting "
+        "as active, so a dead client stops blocking all_clients_ready.",
+        to="training.client_timeout_s",
     )
     quota: list[str] = _option(
         [], "Family share, repeatable: --quota math=0.4 --quota code=0.6", to="training.quotas"
@@ -267,6 +280,7 @@ class ServeOptions(BaseModel):
             "max_batch_size": self.max_batch_size,
             "torch_threads": self.threads,
             "episode_timeout_s": self.episode_timeout,
+            "prepare_timeout_s": self.prepare_timeout,
         }
         try:
             values["training"] = self._training()
@@ -313,6 +327,7 @@ class ServeOptions(BaseModel):
             "max_steps": self.max_steps,
             "drain_timeout_s": self.drain_timeout,
             "max_staleness": self.max_staleness,
+            "client_timeout_s": self.client_timeout,
         }
 
     def _client_tokens(self) -> dict[str, str]:
@@ -458,10 +473,25 @@ def _check_vllm(device: str) -> None:
 
 
 def _check_run_dir(run_dir: Path) -> None:
-    """Raise unless ``run_dir`` is a folder, or can become one, that this user can write."""
+    """Raise unless ``run_dir`` is a folder, or can become one, that this user can write.
+
+    Tried, not guessed from permission bits (root passes ``os.access`` on ``/proc``, where ``mkdir``
+    fails): the missing folders are created and removed again, or a file is created in an existing
+    folder and removed, so a check leaves nothing behind.
+    """
     path = run_dir.expanduser()
     if path.exists() and not path.is_dir():
         raise ServeOptionsError(f"--run-dir {run_dir}: exists and is not a folder")
-    parent = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ServeOptionsError(f"--run-dir {run_dir}: {parent} is not a folder this user can write to")
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        if missing:
+            path.mkdir(parents=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ServeOptionsError(f"--run-dir {run_dir}: cannot write there ({reason})") from None
+    finally:
+        for folder in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()

@@ -167,6 +167,10 @@ class OfflineProvider:
                 if re.search(pattern, text):
                     params["dataset"] = value
                     break
+        if "n_players" in names:
+            n_players = _find_number(text, r"NUM\s*players")
+            if n_players is not None:
+                params["n_players"] = int(n_players)
         if "n_tasks" in names:
             n_tasks = _find_number(text, r"NUM\s*tasks")
             if n_tasks is not None:

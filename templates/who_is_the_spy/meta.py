@@ -22,8 +22,6 @@ META = TemplateMeta(
         "undercover",
         "who is the undercover",
         "social deduction",
-        "werewolf",
-        "mafia",
         "word game",
         "party game",
         "multi-agent",
