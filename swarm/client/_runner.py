@@ -162,6 +162,14 @@ def _normalise(output: WorkflowOutput, names: list[str]) -> float | Result | dic
     return float(output)
 
 
+def _metrics_of(rewards: float | Result | dict[str, float | Result]) -> dict[str, float]:
+    """The workflow's ``Result.metrics`` (the first server's, with several), finite numbers only."""
+    first = next(iter(rewards.values())) if isinstance(rewards, dict) else rewards
+    if not isinstance(first, Result):
+        return {}
+    return {k: float(v) for k, v in first.metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+
+
 class Runner:
     """Run a workflow over a dataset against one or several swarm servers.
 
@@ -356,12 +364,12 @@ class Runner:
         try:
             backoff = self.config.retry_backoff_s
             for attempt in range(self.config.infra_retries + 1):
-                status, reward, episode_id = await self._attempt(slot)
+                status, reward, episode_id, metrics = await self._attempt(slot)
                 if status != "infra_failure" or attempt == self.config.infra_retries:
                     break
                 await asyncio.sleep(backoff)
                 backoff *= 2
-            self._progress_log.record(slot.key, status, reward, episode_id)
+            self._progress_log.record(slot.key, status, reward, episode_id, metrics)
             self._advance(slot.key)
             every = self.config.vote_every
             if every and self.summary.tasks_done >= self._voted_at + every:
@@ -378,8 +386,9 @@ class Runner:
         family = task.data.get("family")
         return str(family) if isinstance(family, str) and family else self.config.family
 
-    async def _attempt(self, slot: Slot) -> tuple[str, float | None, str | None]:
-        """One episode of a slot → (status, reward, episode id of the first member)."""
+    async def _attempt(self, slot: Slot) -> tuple[str, float | None, str | None, dict[str, float]]:
+        """One episode of a slot → (status, reward, episode id of the first member, the workflow's
+        ``Result.metrics`` of a finished episode)."""
         names = list(self.clients)
         episode = MultiEpisode(
             self.clients,
@@ -394,9 +403,9 @@ class Runner:
         except ClientError as exc:
             if exc.status_code < 500 and exc.status_code != 429:
                 raise RunnerError(f"the server refused a new episode: {exc}") from None
-            return self._count_infra(slot, exc), None, None
+            return self._count_infra(slot, exc), None, None, {}
         except httpx.TransportError as exc:
-            return self._count_infra(slot, exc), None, None
+            return self._count_infra(slot, exc), None, None, {}
         except ValidationError as exc:  # checked here before sending: a bad task id or family
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
@@ -410,10 +419,10 @@ class Runner:
             infra = classify_failure(exc, episode.base_urls) is FailureKind.INFRA
             await episode.abort(f"{type(exc).__name__}: {exc}"[:4000], infra_failure=infra)
             if infra:
-                return self._count_infra(slot, exc), None, first_id
+                return self._count_infra(slot, exc), None, first_id, {}
             self.summary.agent_failures += 1
             self._show_traceback(slot, exc)
-            return "aborted", None, first_id
+            return "aborted", None, first_id, {}
         except BaseException:
             await episode.abort("the runner stopped", infra_failure=True)
             raise
@@ -422,9 +431,9 @@ class Runner:
         except PartialFinishError as exc:
             self.summary.partial_finishes += 1
             self.console.print(f"[yellow]task {slot.task.task_id}: {exc}[/]", highlight=False)
-            return "partial_finish", None, first_id
+            return "partial_finish", None, first_id, {}
         except (MultiEpisodeError, ValueError) as exc:
-            return self._count_infra(slot, exc, await self._server_reason(episode)), None, first_id
+            return self._count_infra(slot, exc, await self._server_reason(episode)), None, first_id, {}
         reward = _reward_of(rewards[names[0]] if isinstance(rewards, dict) else rewards)
         self.summary.finished += 1
         self._infra_streak = 0
@@ -432,7 +441,7 @@ class Runner:
             self.summary.train_rewards.append(reward)
         else:
             self.summary.eval_rewards.setdefault(slot.round, []).append(reward)
-        return "finished", reward, first_id
+        return "finished", reward, first_id, _metrics_of(rewards)
 
     def _count_infra(self, slot: Slot, exc: BaseException, why: str | None = None) -> str:
         self.summary.infra_failures += 1

@@ -681,9 +681,14 @@ class TrainingLoop:
         return elapsed
 
     def checkpoint(self) -> int:
-        """Save a checkpoint now (blocking; generation pauses meanwhile); returns the step saved."""
+        """Save a checkpoint now (blocking; generation pauses meanwhile); returns the step saved.
+
+        A step already checkpointed (the last step of ``max_steps``, or a repeated request) is not
+        written or logged again: no update happened since, so the checkpoint on disk is this state."""
         with self.engine.pause():
-            self._checkpoint_locked()
+            latest = latest_checkpoint(self.run_dir)
+            if latest is None or latest[0] != self.trainer.step_count:
+                self._checkpoint_locked()
             return self.trainer.step_count
 
 

@@ -73,7 +73,9 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
 
     Returns:
         ``Result`` whose ``reward`` is the mean reward of the trainable agents, ``agent_rewards`` has
-        every agent, and metrics ``spy_won``, ``rounds``, ``leaks``, ``invalid_votes``.
+        every agent, and metrics ``spy_won``, ``rounds``, ``leaks``, ``invalid_votes`` (whole game)
+        and the reward's parts for the trainable agents (`reward.reward_parts`): ``win_rate``,
+        ``leak_rate``, ``invalid_vote_rate``.
     """
     setup = _game.GameSetup.from_task(task)
     trainable = set(trainable_agents(task))
@@ -101,5 +103,6 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
             "rounds": float(record.rounds),
             "leaks": float(sum(s.leaks for s in record.stats.values())),
             "invalid_votes": float(sum(s.invalid_votes for s in record.stats.values())),
+            **_reward.reward_parts(record, trainable),
         },
     )
