@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 
 import math_common
@@ -29,13 +30,17 @@ from swarm.client import AsyncSwarmClient, Runner, RunnerConfig, RunSummary, Swa
 DATA = Path(__file__).parent / "data"
 
 
-async def cocktail(url: str, tasks: int, group_size: int) -> dict[str, RunSummary]:
+async def cocktail(
+    url: str, tasks: int, group_size: int, client_token: str | None = None
+) -> dict[str, RunSummary]:
     """Run the math client (concurrency 2) and the count client (concurrency 8) together."""
     plans = {"math": ("math.jsonl", 2), "count": ("count.jsonl", 8)}
     runners = []
     clients = []
     for family, (data, concurrency) in plans.items():
-        client = AsyncSwarmClient(url, client_id=f"cocktail-{family}", retry=Runner.default_retry())
+        client = AsyncSwarmClient(
+            url, client_id=f"cocktail-{family}", client_token=client_token, retry=Runner.default_retry()
+        )
         clients.append(client)
         config = RunnerConfig(
             group_size=group_size,
@@ -59,13 +64,16 @@ def main() -> None:
     parser.add_argument("--math-share", type=float, default=0.75)
     parser.add_argument("--tasks", type=int, default=8, help="tasks per client")
     parser.add_argument("--group-size", type=int, default=2)
-    parser.add_argument("--admin-token", default=None)
+    parser.add_argument("--admin-token", default=os.environ.get("SWARM_ADMIN_TOKEN"))
+    parser.add_argument("--client-token", default=os.environ.get("SWARM_CLIENT_TOKEN"))
     parser.add_argument("--max-tokens", type=int, default=math_common.MAX_TOKENS)
     args = parser.parse_args()
     math_common.MAX_TOKENS = args.max_tokens
     with SwarmClient(args.server, admin_token=args.admin_token) as admin:
         admin.patch_config(quotas={"math": args.math_share, "count": round(1 - args.math_share, 6)})
-    for family, summary in asyncio.run(cocktail(args.server, args.tasks, args.group_size)).items():
+    for family, summary in asyncio.run(
+        cocktail(args.server, args.tasks, args.group_size, args.client_token)
+    ).items():
         print(f"{family}: finished={summary.finished} reward_mean={summary.train_reward_mean:.3f}")
 
 

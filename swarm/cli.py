@@ -53,6 +53,8 @@ def _serve_parameters() -> list[inspect.Parameter]:
             kind, extra["show_default"] = str | None, False
         elif name == "quota":
             kind, default = list[str] | None, None
+        elif name == "client_token":  # secrets: never shown as a default
+            kind, default, extra["show_default"] = list[str] | None, None, False
         elif name == "lora_rank":
             extra["min"] = 0
         decls = ("--train/--no-train",) if name == "train" else ()
@@ -82,8 +84,19 @@ def serve(**values: Any) -> None:
     if token is not None and not token.strip():
         raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
     token = token or os.environ.get("SWARM_ADMIN_TOKEN")
+    client_tokens = values.pop("client_token") or []
+    if (
+        not client_tokens
+        and values.get("client_tokens_file") is None
+        and os.environ.get("SWARM_CLIENT_TOKEN")
+    ):
+        client_tokens = [os.environ["SWARM_CLIENT_TOKEN"]]
     options = ServeOptions.model_validate(
-        {**{k: v for k, v in values.items() if v is not None}, "admin_token": token}
+        {
+            **{k: v for k, v in values.items() if v is not None},
+            "admin_token": token,
+            "client_token": client_tokens,
+        }
     )
     try:
         config = options.check()
@@ -139,7 +152,7 @@ def _startup_line(config: Any, engine: Any) -> str:
     line = f"serving {engine.model_name} ({config.weights_dtype} weights, {where}) · run dir {config.run_dir}"
     t = config.training
     if not t.enabled:
-        return line + " · training off"
+        return line + " · training off" + _credentials_clause(config)
     lora = f"LoRA r={t.trainer.lora.r}" if t.trainer.lora else "full fine-tuning"
     return (
         f"{line} · trains {lora}, lr {t.trainer.lr:g}, every {t.batch.batch_size} {t.batch.policy.value} "
@@ -149,9 +162,16 @@ def _startup_line(config: Any, engine: Any) -> str:
             if t.max_staleness is None
             else f" (asynchronous, max staleness {t.max_staleness})"
         )
-        + " · control routes "
-        + ("need the admin token" if config.admin_token else "open on loopback (no admin token)")
+        + _credentials_clause(config)
     )
+
+
+def _credentials_clause(config: Any) -> str:
+    """`` · control routes … · episodes …``: which credentials this server asks for (never their values)."""
+    control = "need the admin token" if config.admin_token else "open on loopback (no admin token)"
+    tokens = len(config.client_tokens)
+    episodes = f"need one of {tokens} client token(s)" if tokens else "need no client token"
+    return f" · control routes {control} · episodes {episodes}"
 
 
 def _load_engine(config: Any) -> Any:
@@ -296,6 +316,15 @@ def run(
         ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Draw the live progress bar.")] = True,
+    client_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SWARM_CLIENT_TOKEN",
+            show_envvar=True,
+            show_default=False,
+            help="Client token of servers started with --client-token.",
+        ),
+    ] = None,
 ) -> None:
     """Roll a workflow out over a dataset: G episodes per task, N at a time; resumable (--state-dir)."""
     import asyncio
@@ -357,7 +386,12 @@ def run(
 
     async def go() -> Any:
         clients = {
-            name: AsyncSwarmClient(url, client_id=config.client_id, retry=Runner.default_retry())
+            name: AsyncSwarmClient(
+                url,
+                client_id=config.client_id,
+                client_token=client_token or None,
+                retry=Runner.default_retry(),
+            )
             for name, url in servers.items()
         }
         try:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.precision import MixedPrecision, resolve_dtype
-from swarm.protocol import LossAggregation, SamplingDefaults
+from swarm.protocol import Limits, LossAggregation, SamplingDefaults
 from swarm.tracking.merge import LossWeighting, MergeMode
 from swarm.train.config import TrainerConfig
 
@@ -65,11 +65,19 @@ class TrainingConfig(BaseModel):
     client heartbeat, vote) for this many seconds stops counting as active, so a dead client stops
     blocking ``all_clients_ready``. ``None``: clients stay active until they leave."""
     checkpoint_every: int = Field(default=5, ge=1)
-    """Save weights + optimizer + step every N steps (and on ``POST /api/v1/checkpoint``)."""
+    """Save weights + optimizer + step every N steps (and on ``POST /api/v1/checkpoint``). Left unset, 1
+    with LoRA (an adapter and its optimizer state are small: ``bench/checkpoint.py``) and 5 for full
+    fine-tuning; a crash redoes the steps since the last checkpoint (``train.rewound``)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """How many recent checkpoints to keep on disk."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop training (keep serving) after this many policy versions."""
+
+    @model_validator(mode="after")
+    def _lora_checkpoints_every_step(self) -> TrainingConfig:
+        if "checkpoint_every" not in self.model_fields_set and self.trainer.lora is not None:
+            self.checkpoint_every = 1
+        return self
 
     @model_validator(mode="after")
     def _weighting_matches_aggregation(self) -> TrainingConfig:
@@ -116,6 +124,12 @@ class ServerConfig(BaseModel):
     """Holds the pool database, checkpoints, metrics JSONL and logs; reusing it resumes the run."""
     admin_token: SecretStr | None = None
     """Bearer token for control routes; ``None`` makes control routes loopback-only and open."""
+    client_tokens: dict[str, SecretStr] = Field(default_factory=dict)
+    """Client tokens by name: with any, beginning an episode needs one and an episode is finished,
+    aborted, heartbeated and read only with its episode key, the token that began it or the admin token
+    (docs/ARCHITECTURE.md §Credentials and limits). Empty: episodes need no credential (trusted network)."""
+    limits: Limits = Field(default_factory=Limits)
+    """Per-token, per-request and per-server limits (live-patchable)."""
     public_url: str | None = None
     """Base URL handed to clients in ``EpisodeCreated.base_url``; defaults to the request's own URL."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
@@ -143,6 +157,22 @@ class ServerConfig(BaseModel):
     prepare_timeout_s: float = Field(default=60.0, gt=0)
     """A member of a multi-server finish still ``prepared`` this long after it was stored is resolved by
     the server (`swarm.server.transactions`): the primary aborts, a secondary follows its primary."""
+
+    @model_validator(mode="after")
+    def _check_client_tokens(self) -> ServerConfig:
+        seen: set[str] = set()
+        for name, token in self.client_tokens.items():
+            secret = token.get_secret_value()
+            if not name or len(secret) < 8:
+                raise ValueError(f"client token {name!r}: a token needs a name and at least 8 characters")
+            if secret in seen or (
+                self.admin_token is not None and secret == self.admin_token.get_secret_value()
+            ):
+                raise ValueError(
+                    f"client token {name!r}: the same secret is given twice (or is the admin token)"
+                )
+            seen.add(secret)
+        return self
 
     @property
     def _full_finetuning(self) -> bool:

@@ -41,6 +41,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     finished_at REAL NOT NULL,
     seq INTEGER NOT NULL,
     trained_step INTEGER,
+    owner TEXT,
+    key_digest TEXT,
     txn TEXT
 );
 CREATE INDEX IF NOT EXISTS episodes_pending ON episodes (kind, trained_step, seq);
@@ -76,6 +78,14 @@ class StoredEpisode:
     trained_step: int | None = None
     txn: dict[str, Any] | None = None
     """Multi-server finish: ``txn_id``, ``primary_url``, ``primary_episode_id`` (``None`` outside one)."""
+    owner: str | None = None
+    """Name of the client token that began it (``None``: begun without one); never the token itself."""
+    key_digest: str | None = None
+    """SHA-256 hex digest of its episode key (the key itself is never stored)."""
+
+
+_ADDED_COLUMNS = {"txn": "TEXT", "owner": "TEXT", "key_digest": "TEXT"}
+"""Columns newer than the first schema, added to an older pool when it is opened."""
 
 
 class Pool:
@@ -95,9 +105,10 @@ class Pool:
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(_SCHEMA)
-            columns = {r[1] for r in self._db.execute("PRAGMA table_info(episodes)")}
-            if "txn" not in columns:  # a pool written before multi-server finishes
-                self._db.execute("ALTER TABLE episodes ADD COLUMN txn TEXT")
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(episodes)")}
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in have:  # a pool written before multi-server finishes or credentials
+                    self._db.execute(f"ALTER TABLE episodes ADD COLUMN {name} {kind}")
             row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM episodes").fetchone()
         self._seq = int(row[0])
 
@@ -119,8 +130,8 @@ class Pool:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
                     "INSERT INTO episodes (id, task_id, client_id, family, kind, status, reward, agent_rewards,"
-                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step, txn)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step, txn,"
+                    " owner, key_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         episode.id,
                         episode.task_id,
@@ -139,6 +150,8 @@ class Pool:
                         episode.seq,
                         episode.trained_step,
                         None if episode.txn is None else json.dumps(episode.txn),
+                        episode.owner,
+                        episode.key_digest,
                     ),
                 )
                 self._db.executemany(
@@ -189,6 +202,15 @@ class Pool:
                 [(step, eid) for eid in episode_ids],
             )
             self._db.execute("COMMIT")
+
+    def trained_steps_after(self, step: int) -> list[int]:
+        """Distinct steps after ``step`` that consumed episodes, ascending."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT trained_step FROM episodes WHERE trained_step > ? ORDER BY trained_step",
+                (step,),
+            ).fetchall()
+        return [int(r[0]) for r in rows]
 
     def rewind(self, checkpoint_step: int) -> int:
         """Forget consumption by steps after ``checkpoint_step`` (their weights were lost); returns count."""
@@ -296,4 +318,6 @@ class Pool:
             seq=row["seq"],
             trained_step=row["trained_step"],
             txn=None if row.get("txn") is None else json.loads(row["txn"]),
+            owner=row["owner"],
+            key_digest=row["key_digest"],
         )

@@ -445,12 +445,104 @@ class SamplingDefaults(BaseModel):
     """Completion cap when the request gives none."""
 
 
+class Limits(BaseModel):
+    """What one client may take from a server (docs/ARCHITECTURE.md §Credentials and limits).
+
+    Per client token (the name of the token that began the episode; episodes begun without a token are
+    not limited per token): open episodes and requests per second (429 + Retry-After beyond). Per request:
+    the body size (413) and the ``max_tokens``, ``n`` and message-count caps of a chat request (422). Per
+    server: live ``GET /api/v1/events?follow=true`` subscribers (503 + Retry-After beyond).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    open_episodes_per_token: int | None = Field(default=None, ge=1)
+    """Most episodes one client token may hold open at once (``None``: no limit)."""
+    requests_per_s_per_token: float | None = Field(default=None, gt=0.0)
+    """Sustained begins + chat completions per second per client token, with bursts of up to one second's
+    worth (a token bucket; ``None``: no limit)."""
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest request body, in bytes."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Largest ``max_tokens`` / ``max_completion_tokens`` a chat request may ask for (``None``: the
+    context window is the only cap)."""
+    max_n: int = Field(default=16, ge=1, le=16)
+    """Largest ``n`` (choices per chat request)."""
+    max_messages: int = Field(default=2048, ge=1)
+    """Most messages in one chat request."""
+    max_event_subscribers: int = Field(default=64, ge=1)
+    """Most clients following ``GET /api/v1/events`` at once."""
+
+
+class LimitsPatch(BaseModel):
+    """The ``limits`` of a ``PATCH /api/v1/config``: a field left out keeps its value; ``null`` lifts a
+    limit that can be off (``open_episodes_per_token``, ``requests_per_s_per_token``, ``max_tokens``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    open_episodes_per_token: StrictInt | None = Field(default=None, ge=1)
+    requests_per_s_per_token: StrictFloat | StrictInt | None = Field(default=None, gt=0.0)
+    max_body_bytes: StrictInt | None = Field(default=None, ge=1024)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_n: StrictInt | None = Field(default=None, ge=1, le=16)
+    max_messages: StrictInt | None = Field(default=None, ge=1)
+    max_event_subscribers: StrictInt | None = Field(default=None, ge=1)
+
+    def applied_to(self, limits: Limits) -> Limits:
+        """``limits`` with this patch's fields set.
+
+        Raises:
+            ValueError: a limit that cannot be off is set to ``null`` (the message names it).
+        """
+        changes = self.model_dump(exclude_unset=True)
+        for name, value in changes.items():
+            if value is None and Limits.model_fields[name].default is not None:
+                raise ValueError(f"limits.{name}: null is not a value (this limit cannot be lifted)")
+        return Limits.model_validate({**limits.model_dump(), **changes})
+
+
+class ClientTokenCreate(_Strict):
+    """``POST /api/v1/client-tokens``: add a client token live (admin)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """A label for the token (the pool and the events name episodes' owners by it; never the token)."""
+    token: str | None = Field(default=None, min_length=16, max_length=512)
+    """The secret itself (at least 16 characters); ``None`` lets the server mint a random one."""
+
+
+class ClientTokenCreated(BaseModel):
+    """Answer of ``POST /api/v1/client-tokens``: the only answer that ever shows the token."""
+
+    name: str
+    token: str
+
+
+class ClientTokenView(BaseModel):
+    """One configured client token, by name (``GET /api/v1/client-tokens``; the secret is never shown)."""
+
+    name: str
+    open_episodes: int = 0
+    """Episodes this token has open now."""
+
+
+class ClientTokenRevoked(BaseModel):
+    """Answer of ``DELETE /api/v1/client-tokens/{name}``: the token no longer begins, finishes or reads
+    anything; its open episodes keep running under their episode keys until they end."""
+
+    name: str
+    open_episodes: int
+    """Episodes it had open (their episode keys still finish them)."""
+
+
 class ConfigView(BaseModel):
     """``GET /api/v1/config``: the configuration the next step will use (staged changes included)."""
 
     training: dict[str, Any]
-    """:class:`swarm.config.TrainingConfig` as JSON, with the trainer changes staged for the next step."""
+    """:class:`swarm.config.TrainingConfig` as JSON, with the trainer changes staged for the next step
+    (empty in the answer to a limits-only patch of a server in inference mode)."""
     sampling: SamplingDefaults
+    limits: Limits = Field(default_factory=Limits)
+    """What one client may take (:class:`Limits`)."""
 
 
 class ConfigPatch(BaseModel):
@@ -488,6 +580,8 @@ class ConfigPatch(BaseModel):
     """Change K of asynchronous mode (a synchronous server stays synchronous; ``null`` is refused)."""
     checkpoint_every: StrictInt | None = Field(default=None, ge=1)
     max_steps: StrictInt | None = Field(default=None, ge=1)
+    limits: LimitsPatch | None = None
+    """Live changes to the server's :class:`Limits` (take effect at once, not at the next step)."""
 
 
 class ConfigChanged(BaseModel):
@@ -631,6 +725,9 @@ class ServerStepMetrics(StepMetrics):
     """Mean over trained episodes of (policy version updated − version of the episode's oldest call)."""
     staleness_max: int = 0
     checkpoint_s: float = 0.0
+    rewound_steps: list[int] = Field(default_factory=list)
+    """On the first row after a restart: the steps whose update was lost with the previous process (the
+    run resumed from the last checkpoint, so this row's step number was used before). Empty otherwise."""
 
 
 EventLevel = Literal["debug", "info", "warning", "error"]

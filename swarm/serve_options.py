@@ -12,6 +12,7 @@ building or checking the server configuration imports it when called.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import tempfile
 from collections.abc import Mapping
 from enum import StrEnum
@@ -70,6 +71,36 @@ class ServeOptions(BaseModel):
     )
     admin_token: SecretStr | None = _option(
         None, "Bearer token for control routes (or env SWARM_ADMIN_TOKEN).", to="admin_token"
+    )
+    client_token: list[str] = _option(
+        [],
+        "Client token, repeatable: NAME=TOKEN or TOKEN (or env SWARM_CLIENT_TOKEN). With any, beginning an "
+        "episode needs one, and an episode is finished or read only with its key or the token that began it.",
+        to="client_tokens",
+    )
+    client_tokens_file: Path | None = _option(
+        None, "File of client tokens, one NAME=TOKEN or TOKEN a line ('#' starts a comment)."
+    )
+    max_open_episodes: int | None = _option(
+        None,
+        "Most episodes one client token may hold open (429 beyond).",
+        to="limits.open_episodes_per_token",
+    )
+    max_requests_per_s: float | None = _option(
+        None,
+        "Begins + chat completions per second per client token (429 + Retry-After beyond).",
+        to="limits.requests_per_s_per_token",
+    )
+    max_body_bytes: int = _option(
+        8 * 1024 * 1024, "Largest request body in bytes (413).", to="limits.max_body_bytes"
+    )
+    max_request_tokens: int | None = _option(
+        None, "Largest max_tokens a chat request may ask for (422).", to="limits.max_tokens"
+    )
+    max_n: int = _option(16, "Largest n (choices) of a chat request (422).", to="limits.max_n")
+    max_messages: int = _option(2048, "Most messages in a chat request (422).", to="limits.max_messages")
+    max_event_subscribers: int = _option(
+        64, "Most clients following the event stream at once (503).", to="limits.max_event_subscribers"
     )
     dtype: str = _option(
         "float32",
@@ -132,7 +163,11 @@ class ServeOptions(BaseModel):
     micro_batch_size: int = _option(
         4, "Sequences per forward/backward pass.", to="training.trainer.micro_batch_size"
     )
-    checkpoint_every: int = _option(5, "Save a checkpoint every N steps.", to="training.checkpoint_every")
+    checkpoint_every: int | None = _option(
+        None,
+        "Save a checkpoint every N steps (default: 1 with LoRA, 5 for full fine-tuning).",
+        to="training.checkpoint_every",
+    )
     max_steps: int | None = _option(
         None, "Stop training after N steps (keep serving).", to="training.max_steps"
     )
@@ -186,7 +221,7 @@ class ServeOptions(BaseModel):
             if name not in cls.model_fields:
                 raise ServeOptionsError(f"No such option: {cls.flag(name)}")
             if value is not None:
-                values[name] = [value] if name == "quota" and isinstance(value, str) else value
+                values[name] = [value] if name in _LISTS and isinstance(value, str) else value
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
@@ -198,12 +233,13 @@ class ServeOptions(BaseModel):
 
     def argv(self) -> list[str]:
         """The ``swarm serve`` flags of the options set here (booleans as ``--train``/``--no-train``,
-        ``None`` left out), in field order. The admin token is never on the command line (``ps`` shows
-        it): pass it in the environment as ``SWARM_ADMIN_TOKEN``."""
+        ``None`` left out), in field order. Tokens are never on the command line (``ps`` shows it): pass
+        them in the environment as ``SWARM_ADMIN_TOKEN`` and ``SWARM_CLIENT_TOKEN``, or in a
+        ``--client-tokens-file``."""
         out: list[str] = []
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if name not in self.model_fields_set or value is None or name == "admin_token":
+            if name not in self.model_fields_set or value is None or name in _SECRETS:
                 continue
             flag = self.flag(name)
             if isinstance(value, bool):
@@ -232,6 +268,16 @@ class ServeOptions(BaseModel):
             "port": self.port,
             "run_dir": self.run_dir,
             "admin_token": self.admin_token,
+            "client_tokens": self._client_tokens(),
+            "limits": {
+                "open_episodes_per_token": self.max_open_episodes,
+                "requests_per_s_per_token": self.max_requests_per_s,
+                "max_body_bytes": self.max_body_bytes,
+                "max_tokens": self.max_request_tokens,
+                "max_n": self.max_n,
+                "max_messages": self.max_messages,
+                "max_event_subscribers": self.max_event_subscribers,
+            },
             "dtype": self.dtype,
             "mixed_precision": self.mixed_precision,
             "device": self.device,
@@ -283,13 +329,42 @@ class ServeOptions(BaseModel):
             },
             "trainer": trainer,
             "quotas": {"shares": shares, "slack": self.group_size} if shares else None,
-            "checkpoint_every": self.checkpoint_every,
+            **({} if self.checkpoint_every is None else {"checkpoint_every": self.checkpoint_every}),
             "max_steps": self.max_steps,
             "drain_timeout_s": self.drain_timeout,
             "max_staleness": self.max_staleness,
             "merge": self.merge,
             "client_timeout_s": self.client_timeout,
         }
+
+    def _client_tokens(self) -> dict[str, str]:
+        """Client tokens by name, from ``--client-token`` and ``--client-tokens-file`` (a bare TOKEN is
+        named ``client-`` + the first 8 hex digits of its SHA-256, stable across restarts)."""
+        items = [(self.flag("client_token"), item) for item in self.client_token]
+        if self.client_tokens_file is not None:
+            where = f"--client-tokens-file {self.client_tokens_file}"
+            try:
+                lines = self.client_tokens_file.read_text().splitlines()
+            except OSError as exc:
+                raise ServeOptionsError(f"{where}: {exc.strerror}") from None
+            for number, line in enumerate(lines, 1):
+                text = line.split("#", 1)[0].strip()
+                if text:
+                    items.append((f"{where} line {number}", text))
+        tokens: dict[str, str] = {}
+        for where, item in items:
+            name, sep, token = item.partition("=")
+            if not sep:
+                name, token = "client-" + hashlib.sha256(item.encode()).hexdigest()[:8], item
+            name, token = name.strip(), token.strip()
+            if not name or len(token) < 8:  # never echo the token: the message names where it came from
+                raise ServeOptionsError(
+                    f"{where}: expected NAME=TOKEN or TOKEN, the token at least 8 characters"
+                )
+            if name in tokens:
+                raise ServeOptionsError(f"{where}: the name {name!r} is given twice")
+            tokens[name] = token
+        return tokens
 
     def _shares(self) -> dict[str, float]:
         shares: dict[str, float] = {}
@@ -325,6 +400,12 @@ class ServeOptions(BaseModel):
             _check_vllm(config.device)
         _check_run_dir(self.run_dir)
         return config
+
+
+_SECRETS = frozenset({"admin_token", "client_token"})
+"""Options never written into :meth:`ServeOptions.argv` (they travel in the environment)."""
+_LISTS = frozenset({"quota", "client_token"})
+"""Repeatable options."""
 
 
 def _targets() -> list[tuple[str, tuple[str, ...]]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ async def _evaluate(args: argparse.Namespace) -> int:
     limiter = asyncio.Semaphore(args.concurrency)
     failures = 0
 
-    async with AsyncSwarmClient(args.server, client_id=args.client_id) as client:
+    token = os.environ.get("SWARM_CLIENT_TOKEN") or None  # a3r passes it in the environment
+    async with AsyncSwarmClient(args.server, client_id=args.client_id, client_token=token) as client:
         with out.open("a", encoding="utf-8") as sink:
 
             async def attempt(task: Any, member: int) -> None:

@@ -247,9 +247,21 @@ class _Recorder:
         self.run_id = run_id
         history = ctx.store.metric_history(run_id)
         self.last_step = max((p.step for p in history), default=-1)
+        self._rewinds: set[tuple[int, float]] = set()
 
     def metrics(self, rows: list[ServerStepMetrics]) -> None:
         for row in rows:
+            rewind = (row.step, row.created_at)
+            if row.rewound_steps and row.step <= self.last_step and rewind not in self._rewinds:
+                # the server restarted from a checkpoint: this step number is used a second time
+                self._rewinds.add(rewind)
+                self.ctx.store.log_event(
+                    f"server train.rewound: steps {row.rewound_steps} were lost in a server restart and are "
+                    "redone; their earlier metric points are from the lost updates",
+                    run_id=self.run_id,
+                    level="warning",
+                )
+                self.last_step = row.step - 1
             if row.step > self.last_step:
                 values = _numeric(row)
                 if values:
@@ -270,7 +282,9 @@ class _Recorder:
         self.ctx.say(message)
 
 
-def _client(spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: int) -> ManagedProcess:
+def _client(
+    spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: int, env: dict[str, str]
+) -> ManagedProcess:
     s = spec.settings
     # Training runs get three times the groups their steps need (batches the trainer skips, groups
     # cut by a drain); the runner stops the client once the target step is reached.
@@ -304,7 +318,7 @@ def _client(spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: i
         "--no-progress",
     ]
     end_stale(run_dir / "client.pid")  # a client a killed a3r left behind (where PDEATHSIG is unavailable)
-    return launch("client", argv, log_path=run_dir / "client.log", cwd=ws.root)
+    return launch("client", argv, log_path=run_dir / "client.log", cwd=ws.root, env=env)
 
 
 def eval_tasks_within(ctx: ExecutionContext, budget_s: float, seconds_per_episode: float) -> int:
@@ -326,6 +340,7 @@ def _evaluate(
     *,
     samples: int | None = None,
     max_tasks: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[RewardSummary | None, str, float]:
     """Held-out evaluation with the frozen evaluator; returns (summary, error text, seconds)."""
     out = run_dir / "eval.jsonl"
@@ -349,7 +364,7 @@ def _evaluate(
         str(ctx.episode_timeout_s),
     ]
     started = time.monotonic()
-    process = launch("eval", argv, log_path=run_dir / "eval.log", cwd=ws.root)
+    process = launch("eval", argv, log_path=run_dir / "eval.log", cwd=ws.root, env=env)
     code = process.wait(timeout_s)
     if code is None:
         process.stop()
@@ -455,7 +470,13 @@ def execute_run(
             rec.note(f"run {spec.key}: attached to {handle.url}; " + (kept or "live config applied"))
         if spec.purpose == "preflight":
             summary, error, elapsed = _evaluate(
-                ctx, ws, handle.url, run_dir, budget_s, samples=max(ctx.preflight_samples, ctx.eval_samples)
+                ctx,
+                ws,
+                handle.url,
+                run_dir,
+                budget_s,
+                samples=max(ctx.preflight_samples, ctx.eval_samples),
+                env=handle.client_env(),
             )
             rec.events(api.events())
             episodes = summary.episodes if summary else 0
@@ -582,7 +603,7 @@ def _monitor(run: _Run) -> RunOutcome:
             api.client.patch_config(max_steps=target)
         except ClientError as exc:
             run.rec.note(f"run {spec.key}: the server refused max_steps {target}: {exc}", "warning")
-    client = _client(spec, run.ws, handle.url, run.run_dir, start_step)
+    client = _client(spec, run.ws, handle.url, run.run_dir, start_step, handle.client_env())
     run.rec.note(
         f"run {spec.key}: client started (G={spec.settings.group_size}, B={spec.settings.batch_size}, "
         f"step {start_step}" + (f" → {target})" if target else ")")
@@ -699,7 +720,13 @@ def _conclude(
             f"{ctx.eval_samples} attempts"
         )
         eval_summary, error, eval_s = _evaluate(
-            ctx, run.ws, run.handle.url, run.run_dir, remaining, max_tasks=n_tasks
+            ctx,
+            run.ws,
+            run.handle.url,
+            run.run_dir,
+            remaining,
+            max_tasks=n_tasks,
+            env=run.handle.client_env(),
         )
         if error:
             rec.note(f"run {spec.key}: {error}", "warning")

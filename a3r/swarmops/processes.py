@@ -199,11 +199,18 @@ class ServerHandle:
         url: Root URL, e.g. ``http://127.0.0.1:8123``.
         admin_token: Control-route token (in memory only; ``None`` for an open loopback server).
         process: The subprocess, or ``None`` when attached to an existing server.
+        client_token: The client token its ``swarm run`` clients and evaluations send (in memory only;
+            ``None``: the environment's ``SWARM_CLIENT_TOKEN``, if any, is inherited).
     """
 
     url: str
     admin_token: str | None
     process: ManagedProcess | None = None
+    client_token: str | None = None
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for a client process of this server (the client token, never on a command line)."""
+        return {"SWARM_CLIENT_TOKEN": self.client_token} if self.client_token else {}
 
     def client(self, *, timeout_s: float = 10.0, deadline_s: float = 10.0) -> SwarmClient:
         """A client of this server's control routes that tries once (a busy answer is waited out up to
@@ -236,7 +243,8 @@ def start_server(
     port: int | None = None,
     ready_timeout_s: float = 300.0,
 ) -> ServerHandle:
-    """Start ``swarm serve`` on loopback with its own run dir and a fresh admin token; wait until
+    """Start ``swarm serve`` on loopback with its own run dir, a fresh admin token and a fresh client
+    token (so that other users of the machine can neither steer it nor open episodes on it); wait until
     ``GET /api/v1/status`` answers.
 
     Args:
@@ -253,15 +261,18 @@ def start_server(
     end_stale(run_dir.parent / f"{run_dir.name}.server.pid")
     port = port or free_port()
     token = secrets.token_urlsafe(24)
+    client_token = secrets.token_urlsafe(24)
     placed = {"port": port, "run_dir": run_dir, **({"model": model} if model else {})}
     argv = [*swarm_command(), "serve", *(options or ServeOptions()).model_copy(update=placed).argv()]
     process = launch(
         "server",
         argv,
         log_path=run_dir.parent / f"{run_dir.name}.server.log",
-        env={"SWARM_ADMIN_TOKEN": token},
+        env={"SWARM_ADMIN_TOKEN": token, "SWARM_CLIENT_TOKEN": client_token},
     )
-    handle = ServerHandle(url=f"http://127.0.0.1:{port}", admin_token=token, process=process)
+    handle = ServerHandle(
+        url=f"http://127.0.0.1:{port}", admin_token=token, process=process, client_token=client_token
+    )
     deadline = time.monotonic() + ready_timeout_s
     with handle.client(timeout_s=5.0) as control:
         while not _answers(control):

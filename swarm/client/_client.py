@@ -32,6 +32,10 @@ from swarm.errors import ClientError
 from swarm.protocol import (
     CheckpointSaved,
     ClientState,
+    ClientTokenCreate,
+    ClientTokenCreated,
+    ClientTokenRevoked,
+    ClientTokenView,
     ConfigChanged,
     ConfigView,
     EpisodeAbort,
@@ -51,6 +55,7 @@ from swarm.protocol import (
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 _METRICS = TypeAdapter(list[ServerStepMetrics])
+_TOKENS = TypeAdapter(list[ClientTokenView])
 
 
 @dataclass(frozen=True)
@@ -127,13 +132,35 @@ def _is_infra(exc: BaseException, base_url: str) -> bool:
     return classify_failure(exc, (base_url,)) is FailureKind.INFRA
 
 
+def _bearer(secret: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+
 class _BaseClient:
+    """Credentials (docs/ARCHITECTURE.md §Credentials and limits): the admin token goes to control
+    routes; begin sends the client token (else the admin token); an episode's routes send its episode key
+    while this client knows it (from its own begin), else the client token, else the admin token."""
+
     client_id: str
 
-    def __init__(self, url: str, admin_token: str | None, retry: RetryPolicy) -> None:
+    def __init__(
+        self, url: str, admin_token: str | None, retry: RetryPolicy, client_token: str | None
+    ) -> None:
         self.url = url.rstrip("/")
         self.retry = retry
-        self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._headers = _bearer(admin_token)
+        self._begin_headers = _bearer(client_token or admin_token)
+        self._keys: dict[str, str] = {}
+        """Episode keys of the episodes this client began and has not ended, by episode id."""
+
+    def _episode_headers(self, episode_id: str) -> dict[str, str]:
+        key = self._keys.get(episode_id)
+        return _bearer(key) if key is not None else self._begin_headers
+
+    def _began(self, body: Any) -> EpisodeCreated:
+        created = EpisodeCreated.model_validate(body)
+        self._keys[created.episode_id] = created.api_key
+        return created
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r})"
@@ -250,7 +277,9 @@ class SwarmClient(_BaseClient):
 
     Args:
         url: server root, e.g. ``http://127.0.0.1:8000``.
-        admin_token: for control routes (status, config); not needed for episodes.
+        admin_token: for control routes (status, config, client tokens); also acts as a client token.
+        client_token: begins episodes on a server with client tokens (and finishes or reads the
+            episodes it began).
         client_id: reported with every episode (for ``all_clients_ready`` votes and ``swarm top``).
         timeout_s: per-request timeout in seconds.
     """
@@ -260,12 +289,13 @@ class SwarmClient(_BaseClient):
         url: str,
         *,
         admin_token: str | None = None,
+        client_token: str | None = None,
         client_id: str = "anonymous",
         timeout_s: float = 60.0,
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        super().__init__(url, admin_token, retry or RetryPolicy())
+        super().__init__(url, admin_token, retry or RetryPolicy(), client_token)
         self.client_id = client_id
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
 
@@ -285,8 +315,9 @@ class SwarmClient(_BaseClient):
         json: Any = None,
         admin: bool = False,
         params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
-        headers = self._headers if admin else {}
+        headers = self._headers if admin else (headers or {})
         for attempt in Retrying(**self._retry_kwargs()):
             with attempt:
                 return self._check(
@@ -304,22 +335,31 @@ class SwarmClient(_BaseClient):
         trainable_agents: list[str] | None = None,
     ) -> Episode:
         body = self._begin_body(task_id, self.client_id, kind, family, metadata, trainable_agents)
-        return Episode(self, EpisodeCreated.model_validate(self._request("POST", "/api/v1/episodes", body)))
+        answer = self._request("POST", "/api/v1/episodes", body, headers=self._begin_headers)
+        return Episode(self, self._began(answer))
 
     def finish(self, episode_id: str, reward: float | Result) -> None:
-        self._request("POST", f"/api/v1/episodes/{episode_id}/finish", self._finish_body(reward))
+        path = f"/api/v1/episodes/{episode_id}/finish"
+        self._request("POST", path, self._finish_body(reward), headers=self._episode_headers(episode_id))
+        self._keys.pop(episode_id, None)
 
     def abort(
         self, episode_id: str, reason: str = "aborted by client", *, infra_failure: bool = False
     ) -> None:
         body = EpisodeAbort(reason=reason[:4000], infra_failure=infra_failure).model_dump()
-        self._request("POST", f"/api/v1/episodes/{episode_id}/abort", body)
+        path = f"/api/v1/episodes/{episode_id}/abort"
+        self._request("POST", path, body, headers=self._episode_headers(episode_id))
+        self._keys.pop(episode_id, None)
 
     def heartbeat(self, episode_id: str) -> None:
-        self._request("POST", f"/api/v1/episodes/{episode_id}/heartbeat")
+        path = f"/api/v1/episodes/{episode_id}/heartbeat"
+        self._request("POST", path, headers=self._episode_headers(episode_id))
 
     def get_episode(self, episode_id: str) -> EpisodeView:
-        return EpisodeView.model_validate(self._request("GET", f"/api/v1/episodes/{episode_id}"))
+        headers = self._episode_headers(episode_id) or self._headers
+        return EpisodeView.model_validate(
+            self._request("GET", f"/api/v1/episodes/{episode_id}", headers=headers)
+        )
 
     def status(self) -> StatusView:
         return StatusView.model_validate(self._request("GET", "/api/v1/status", admin=True))
@@ -379,6 +419,30 @@ class SwarmClient(_BaseClient):
             ClientError: 409 when the server does not train (inference mode).
         """
         return CheckpointSaved.model_validate(self._request("POST", "/api/v1/checkpoint", admin=True))
+
+    def client_tokens(self) -> list[ClientTokenView]:
+        """The server's client tokens by name, with their open episodes (admin; never the secrets)."""
+        return _TOKENS.validate_python(self._request("GET", "/api/v1/client-tokens", admin=True))
+
+    def add_client_token(self, name: str, token: str | None = None) -> ClientTokenCreated:
+        """Add a client token live (admin); ``token=None`` lets the server mint one (the answer has it).
+
+        Raises:
+            ClientError: 409 when the name or the secret is taken.
+        """
+        body = ClientTokenCreate(name=name, token=token).model_dump(exclude_none=True)
+        return ClientTokenCreated.model_validate(
+            self._request("POST", "/api/v1/client-tokens", body, admin=True)
+        )
+
+    def revoke_client_token(self, name: str) -> ClientTokenRevoked:
+        """Revoke a client token live (admin).
+
+        Raises:
+            ClientError: 404 when no token has this name.
+        """
+        answer = self._request("DELETE", f"/api/v1/client-tokens/{name}", admin=True)
+        return ClientTokenRevoked.model_validate(answer)
 
     def vote_ready(self, ready: bool = True) -> VoteCast:
         """Vote that this client's round is done (``POST /api/v1/clients/{client_id}/ready``), for the
@@ -457,12 +521,13 @@ class AsyncSwarmClient(_BaseClient):
         url: str,
         *,
         admin_token: str | None = None,
+        client_token: str | None = None,
         client_id: str = "anonymous",
         timeout_s: float = 600.0,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(url, admin_token, retry or RetryPolicy())
+        super().__init__(url, admin_token, retry or RetryPolicy(), client_token)
         self.client_id = client_id
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
         self._http = httpx.AsyncClient(
@@ -485,8 +550,9 @@ class AsyncSwarmClient(_BaseClient):
         json: Any = None,
         admin: bool = False,
         params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
-        headers = self._headers if admin else {}
+        headers = self._headers if admin else (headers or {})
         async for attempt in AsyncRetrying(**self._retry_kwargs()):
             with attempt:
                 response = await self._http.request(method, path, json=json, params=params, headers=headers)
@@ -503,20 +569,27 @@ class AsyncSwarmClient(_BaseClient):
         trainable_agents: list[str] | None = None,
     ) -> AsyncEpisode:
         body = self._begin_body(task_id, self.client_id, kind, family, metadata, trainable_agents)
-        created = EpisodeCreated.model_validate(await self._request("POST", "/api/v1/episodes", body))
-        return AsyncEpisode(self, created)
+        answer = await self._request("POST", "/api/v1/episodes", body, headers=self._begin_headers)
+        return AsyncEpisode(self, self._began(answer))
 
     async def finish(self, episode_id: str, reward: float | Result) -> None:
-        await self._request("POST", f"/api/v1/episodes/{episode_id}/finish", self._finish_body(reward))
+        path = f"/api/v1/episodes/{episode_id}/finish"
+        await self._request(
+            "POST", path, self._finish_body(reward), headers=self._episode_headers(episode_id)
+        )
+        self._keys.pop(episode_id, None)
 
     async def abort(
         self, episode_id: str, reason: str = "aborted by client", *, infra_failure: bool = False
     ) -> None:
         body = EpisodeAbort(reason=reason[:4000], infra_failure=infra_failure).model_dump()
-        await self._request("POST", f"/api/v1/episodes/{episode_id}/abort", body)
+        path = f"/api/v1/episodes/{episode_id}/abort"
+        await self._request("POST", path, body, headers=self._episode_headers(episode_id))
+        self._keys.pop(episode_id, None)
 
     async def heartbeat(self, episode_id: str) -> None:
-        await self._request("POST", f"/api/v1/episodes/{episode_id}/heartbeat")
+        path = f"/api/v1/episodes/{episode_id}/heartbeat"
+        await self._request("POST", path, headers=self._episode_headers(episode_id))
 
     async def prepare(
         self,
@@ -540,7 +613,8 @@ class AsyncSwarmClient(_BaseClient):
             primary_url=primary_url,
             primary_episode_id=primary_episode_id,
         ).model_dump()
-        await self._request("POST", f"/api/v1/episodes/{episode_id}/prepare", body)
+        path = f"/api/v1/episodes/{episode_id}/prepare"
+        await self._request("POST", path, body, headers=self._episode_headers(episode_id))
 
     async def commit(self, episode_id: str, txn_id: str) -> None:
         """Phase two (``POST …/commit``): the prepared episode becomes finished; idempotent.
@@ -549,10 +623,14 @@ class AsyncSwarmClient(_BaseClient):
             ClientError: 409 when the transaction was aborted on that server.
         """
         body = EpisodeCommit(txn_id=txn_id).model_dump()
-        await self._request("POST", f"/api/v1/episodes/{episode_id}/commit", body)
+        path = f"/api/v1/episodes/{episode_id}/commit"
+        await self._request("POST", path, body, headers=self._episode_headers(episode_id))
+        self._keys.pop(episode_id, None)
 
     async def get_episode(self, episode_id: str) -> EpisodeView:
-        return EpisodeView.model_validate(await self._request("GET", f"/api/v1/episodes/{episode_id}"))
+        headers = self._episode_headers(episode_id) or self._headers
+        answer = await self._request("GET", f"/api/v1/episodes/{episode_id}", headers=headers)
+        return EpisodeView.model_validate(answer)
 
     async def status(self) -> StatusView:
         return StatusView.model_validate(await self._request("GET", "/api/v1/status", admin=True))
@@ -583,6 +661,21 @@ class AsyncSwarmClient(_BaseClient):
     async def checkpoint(self) -> CheckpointSaved:
         """Async :meth:`SwarmClient.checkpoint`."""
         return CheckpointSaved.model_validate(await self._request("POST", "/api/v1/checkpoint", admin=True))
+
+    async def client_tokens(self) -> list[ClientTokenView]:
+        """Async :meth:`SwarmClient.client_tokens`."""
+        return _TOKENS.validate_python(await self._request("GET", "/api/v1/client-tokens", admin=True))
+
+    async def add_client_token(self, name: str, token: str | None = None) -> ClientTokenCreated:
+        """Async :meth:`SwarmClient.add_client_token`."""
+        body = ClientTokenCreate(name=name, token=token).model_dump(exclude_none=True)
+        answer = await self._request("POST", "/api/v1/client-tokens", body, admin=True)
+        return ClientTokenCreated.model_validate(answer)
+
+    async def revoke_client_token(self, name: str) -> ClientTokenRevoked:
+        """Async :meth:`SwarmClient.revoke_client_token`."""
+        answer = await self._request("DELETE", f"/api/v1/client-tokens/{name}", admin=True)
+        return ClientTokenRevoked.model_validate(answer)
 
     async def vote_ready(self, ready: bool = True) -> VoteCast:
         """Async :meth:`SwarmClient.vote_ready`."""

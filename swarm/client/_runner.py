@@ -526,6 +526,7 @@ def run_workflow(
     *,
     eval_dataset: TaskSet | str | Path | None = None,
     show_progress: bool = True,
+    client_token: str | None = None,
     **config: Any,
 ) -> RunSummary:
     """Run ``workflow`` over ``dataset`` from a script (blocking; one event loop for the whole run).
@@ -536,6 +537,7 @@ def run_workflow(
         dataset: a :class:`TaskSet` or anything it accepts.
         eval_dataset: eval tasks (with ``eval_every=K``).
         show_progress: draw the progress bar.
+        client_token: for servers started with client tokens (``swarm serve --client-token``).
         **config: :class:`RunnerConfig` fields (``group_size``, ``concurrency``, ``max_tasks``…).
 
     Returns:
@@ -548,7 +550,9 @@ def run_workflow(
 
     async def go() -> RunSummary:
         clients = {
-            name: AsyncSwarmClient(url, client_id=cfg.client_id, retry=Runner.default_retry())
+            name: AsyncSwarmClient(
+                url, client_id=cfg.client_id, client_token=client_token, retry=Runner.default_retry()
+            )
             for name, url in urls.items()
         }
         try:

@@ -411,6 +411,20 @@ def error_type(status_code: int) -> str:
     return _ERROR_TYPES.get(status_code, "api_error" if status_code >= 500 else "invalid_request_error")
 
 
+class ErrorDetail(BaseModel):
+    """The ``error`` member of an Anthropic error answer."""
+
+    type: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """Anthropic's error answer: ``{"type": "error", "error": {"type", "message"}}``."""
+
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+
+
 def error_body(status_code: int, message: str) -> dict[str, Any]:
     """``{"type": "error", "error": {"type", "message"}}``, Anthropic's error answer and stream event."""
     return {"type": "error", "error": {"type": error_type(status_code), "message": message}}

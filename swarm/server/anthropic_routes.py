@@ -13,23 +13,42 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
-from typing import Annotated
+from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from swarm.engine.base import SampledToken, TokenCallback
 from swarm.errors import SwarmError
 from swarm.server import anthropic_format as fmt
+from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult, agent_for
-from swarm.server.deps import RuntimeDep, get_messages_episode
-from swarm.server.episodes import OpenEpisode
+from swarm.server.deps import RuntimeDep
 from swarm.server.openai_format import ChoiceText
 from swarm.server.streaming import encode_events, live_call
 
-router = APIRouter(prefix="/v1", tags=["anthropic"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": fmt.ErrorResponse, "description": description}
+    for status, description in (
+        (
+            400,
+            "Invalid request (a bad body is 400 here, as in Anthropic's API); the message names the field.",
+        ),
+        (401, "Missing episode key (x-api-key or bearer)."),
+        (403, "Wrong key for this episode."),
+        (404, "Unknown model or episode."),
+        (409, "The episode ended while the call ran."),
+        (413, "The request body is larger than the server's limit."),
+        (429, "A limit of the client's token was reached (Retry-After)."),
+        (503, "The server takes no calls now (Retry-After)."),
+    )
+}
+"""Error answers of the Anthropic routes, declared in Anthropic's shape (what the server sends there)."""
 
-MessagesEpisodeDep = Annotated[OpenEpisode, Depends(get_messages_episode)]
+router = APIRouter(prefix="/v1", tags=["anthropic"], responses=ERRORS)
+
+MessagesEpisodeDep = EpisodeDep
+"""The episode key as ``x-api-key`` (the Anthropic SDK's ``api_key``) or a bearer token (`swarm.server.auth`)."""
 
 
 def _sse(event: fmt.Event) -> ServerSentEvent:

@@ -12,12 +12,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine
 from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server import anthropic_format, anthropic_routes, control_routes, episode_routes, openai_routes
+from swarm.server.deps import json_errors
+from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
 
 ANTHROPIC_PATH = "/v1/messages"
@@ -70,15 +73,35 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(request, 422, "invalid_request_error", "; ".join(problems) or "invalid request", param)
 
 
+_UNPARSABLE = "There was an error parsing the body"
+"""FastAPI's 400 detail for a body it cannot even decode (e.g. not UTF-8)."""
+
+ERROR_RESPONSES = json_errors(
+    (413, "The request body is larger than the server's limit."),
+    (422, "Invalid input: the message names the field (`param`)."),
+)
+"""Error answers any route may give, declared on every router with the JSON :class:`ErrorBody` (FastAPI
+would declare its own ``HTTPValidationError`` for 422, which is not what the server sends)."""
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return _error(
-        request, exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail)
-    )
+    if exc.status_code == 400 and exc.detail == _UNPARSABLE:  # as a JSON syntax error: 422
+        return _error(
+            request, 422, "invalid_request_error", "the body is not valid JSON (it cannot be decoded)"
+        )
+    kinds = {404: "not_found", 413: "request_too_large"}
+    return _error(request, exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     return _error(request, 500, "server_error", f"internal error: {type(exc).__name__}")
+
+
+def _body_limit(scope: Scope) -> int | None:
+    """The runtime's current body-size limit (``None`` before the lifespan has built the runtime)."""
+    runtime: SwarmRuntime | None = getattr(scope["app"].state, "runtime", None)
+    return None if runtime is None else runtime.limits.max_body_bytes
 
 
 def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
@@ -112,13 +135,18 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         lifespan=lifespan,
         **extra,
     )
+    app.add_middleware(BodySizeLimit, limit=_body_limit)
     app.add_exception_handler(SwarmError, _swarm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unhandled)
-    app.include_router(openai_routes.router)
-    app.include_router(anthropic_routes.router)
-    app.include_router(episode_routes.router)
-    app.include_router(control_routes.router)
-    app.include_router(control_routes.votes_router)
+    for router in (
+        openai_routes.router,
+        episode_routes.router,
+        episode_routes.episode_router,
+        control_routes.router,
+        control_routes.votes_router,
+    ):
+        app.include_router(router, responses=ERROR_RESPONSES)
+    app.include_router(anthropic_routes.router)  # declares its own errors, in Anthropic's shape
     return app

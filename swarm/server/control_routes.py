@@ -14,10 +14,14 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from swarm.errors import RequestError
+from swarm.errors import RequestError, Unavailable
 from swarm.protocol import (
     CheckpointSaved,
     ClientState,
+    ClientTokenCreate,
+    ClientTokenCreated,
+    ClientTokenRevoked,
+    ClientTokenView,
     ConfigChanged,
     ConfigPatch,
     ConfigView,
@@ -28,7 +32,8 @@ from swarm.protocol import (
     Vote,
     VoteCast,
 )
-from swarm.server.deps import RuntimeDep, require_admin
+from swarm.server.auth import require_admin
+from swarm.server.deps import RuntimeDep, json_errors
 from swarm.server.training import TrainingLoop
 
 router = APIRouter(
@@ -37,7 +42,11 @@ router = APIRouter(
     dependencies=[Depends(require_admin)],
     responses={
         401: {"model": ErrorBody, "description": "Missing or wrong admin token."},
-        403: {"model": ErrorBody, "description": "An episode key, or no admin token from another host."},
+        403: {
+            "model": ErrorBody,
+            "description": "A wrong admin token, an episode key or a client token, or no admin token "
+            "configured and a caller from another host.",
+        },
     },
 )
 votes_router = APIRouter(prefix="/api/v1/clients", tags=["episodes"])
@@ -57,7 +66,24 @@ def status(runtime: RuntimeDep) -> StatusView:
     return runtime.status()
 
 
-@router.get("/events", response_class=EventSourceResponse)
+async def _subscriber_slot(runtime: RuntimeDep, follow: bool = True) -> None:
+    """Refuse a live follower beyond ``limits.max_event_subscribers`` (503 + Retry-After) before the
+    stream starts."""
+    cap = runtime.limits.max_event_subscribers
+    if follow and runtime.events.subscribers() >= cap:
+        raise Unavailable(f"{cap} clients already follow the events, this server's limit", retry_after_s=5.0)
+
+
+@router.get(
+    "/events",
+    response_class=EventSourceResponse,
+    dependencies=[Depends(_subscriber_slot)],
+    responses=json_errors(
+        (401, "Missing admin token."),
+        (403, "A wrong admin token, an episode key or a client token, or a caller from another host."),
+        (503, "Too many followers; see Retry-After."),
+    ),
+)
 async def events(runtime: RuntimeDep, since: int = 0, follow: bool = True) -> AsyncIterable[ServerSentEvent]:
     """Server-sent events, each an :class:`~swarm.protocol.Event` as JSON ``data`` (``event`` = its kind,
     ``id`` = its seq): buffered events after ``since``, then live ones while ``follow`` is true."""
@@ -100,10 +126,17 @@ def metrics(runtime: RuntimeDep, since_step: int = 0) -> list[ServerStepMetrics]
     return [m for m in runtime.training.history if m.step > since_step]
 
 
+def _config_view(runtime: RuntimeDep) -> ConfigView:
+    if runtime.training is None:  # inference mode: no training section, the limits still apply
+        return ConfigView(training={}, sampling=runtime.config.sampling, limits=runtime.limits)
+    return ConfigView.model_validate({**runtime.training.effective_config(), "limits": runtime.limits})
+
+
 @router.get("/config", responses=_NO_TRAINING)
 def get_config(runtime: RuntimeDep) -> ConfigView:
-    """The configuration the next step will use."""
-    return ConfigView.model_validate(_training(runtime).effective_config())
+    """The configuration the next step will use, and the limits in force."""
+    _training(runtime)
+    return _config_view(runtime)
 
 
 @router.patch("/config", responses=_NO_TRAINING)
@@ -111,12 +144,47 @@ def patch_config(body: ConfigPatch, runtime: RuntimeDep) -> ConfigChanged:
     """Change lr, batch policy/size, group size, temperature, clip range, KL coefficient… live.
 
     Validated at once (422 on an invalid combination), effective from the next step, logged as a
-    ``config.changed`` event.
+    ``config.changed`` event. ``limits`` changes (:class:`~swarm.protocol.LimitsPatch`) apply at once,
+    on a server in inference mode too (409 there for any other field).
     """
-    changed = _training(runtime).apply(body)
-    return ConfigChanged(
-        changed=changed, config=ConfigView.model_validate(_training(runtime).effective_config())
-    )
+    rest = ConfigPatch.model_validate(body.model_dump(exclude_unset=True, exclude={"limits"}))
+    training = _training(runtime) if rest.model_fields_set or body.limits is None else None
+    if body.limits is not None:
+        runtime.checked_limits(body.limits)  # a bad limit fails the whole patch before anything changes
+    changed = training.apply(rest) if training is not None and rest.model_fields_set else {}
+    if body.limits is not None:
+        changed["limits"] = runtime.set_limits(body.limits)
+    return ConfigChanged(changed=changed, config=_config_view(runtime))
+
+
+@router.get("/client-tokens")
+def client_tokens(runtime: RuntimeDep) -> list[ClientTokenView]:
+    """The client tokens that work now, by name, with their open episodes (never the secrets)."""
+    return [
+        ClientTokenView(name=name, open_episodes=runtime.episodes.open_by(name))
+        for name in runtime.credentials.names()
+    ]
+
+
+@router.post(
+    "/client-tokens",
+    status_code=201,
+    responses={409: {"model": ErrorBody, "description": "The name or the secret is already in use."}},
+)
+def add_client_token(body: ClientTokenCreate, runtime: RuntimeDep) -> ClientTokenCreated:
+    """Add a client token at once (the server mints one when ``token`` is left out); from now on every
+    begin needs a client token. The answer is the only place the server ever shows it."""
+    return ClientTokenCreated(name=body.name, token=runtime.add_client_token(body.name, body.token))
+
+
+@router.delete(
+    "/client-tokens/{name}",
+    responses={404: {"model": ErrorBody, "description": "No client token has this name."}},
+)
+def revoke_client_token(name: str, runtime: RuntimeDep) -> ClientTokenRevoked:
+    """Revoke a client token at once: it no longer begins, finishes or reads anything (its open episodes
+    keep their episode keys until they end)."""
+    return ClientTokenRevoked(name=name, open_episodes=runtime.revoke_client_token(name))
 
 
 @router.post("/pause")

@@ -1,25 +1,18 @@
-"""Shared FastAPI dependencies: the runtime and episode keys as ``Annotated`` aliases, and the admin-token
-check that the control router declares once for all its routes."""
+"""Shared FastAPI pieces: the dependency on the server runtime (an ``Annotated`` alias) and the OpenAPI
+declaration of JSON error answers (credentials are `swarm.server.auth`)."""
 
 from __future__ import annotations
 
-import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Header, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Depends, Request
 
-from swarm.errors import AuthError
-from swarm.server.episodes import KEY_PREFIX, OpenEpisode
 from swarm.server.runtime import SwarmRuntime
-
-_bearer = HTTPBearer(auto_error=False)
-BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 async def get_runtime(request: Request) -> SwarmRuntime:
-    # async on purpose (all three dependencies here): FastAPI runs a sync dependency in its thread
-    # pool, a thread hop per request that cost ~30 % of the server CPU of begin + finish.
+    # async on purpose (every dependency of the hot routes): FastAPI runs a sync dependency in its
+    # thread pool, a thread hop per request that cost ~30 % of the server CPU of begin + finish.
     runtime: SwarmRuntime = request.app.state.runtime
     return runtime
 
@@ -27,42 +20,12 @@ async def get_runtime(request: Request) -> SwarmRuntime:
 RuntimeDep = Annotated[SwarmRuntime, Depends(get_runtime)]
 
 
-async def get_episode(runtime: RuntimeDep, credentials: BearerDep) -> OpenEpisode:
-    """The open episode named by ``Authorization: Bearer <episode key>`` (401 otherwise)."""
-    if credentials is None:
-        raise AuthError(
-            "missing episode API key: send 'Authorization: Bearer <api_key from POST /api/v1/episodes>'"
-        )
-    return runtime.episode_for_key(credentials.credentials)
-
-
-EpisodeDep = Annotated[OpenEpisode, Depends(get_episode)]
-
-
-async def get_messages_episode(
-    runtime: RuntimeDep, credentials: BearerDep, x_api_key: Annotated[str | None, Header()] = None
-) -> OpenEpisode:
-    """Anthropic clients: the episode key as ``x-api-key`` (the SDK's ``api_key``) or a bearer token."""
-    if credentials is None and x_api_key:
-        credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=x_api_key)
-    return await get_episode(runtime, credentials)
-
-
-async def require_admin(runtime: RuntimeDep, credentials: BearerDep, request: Request) -> None:
-    """Control routes: the admin token when one is configured; episode keys are always refused (403).
-
-    Without a configured token, control routes are open to loopback clients only.
-    """
-    token = runtime.config.admin_token
-    given = credentials.credentials if credentials is not None else None
-    if given is not None and given.startswith(KEY_PREFIX):
-        raise AuthError("episode API keys cannot call control routes; use the admin token", status_code=403)
-    if token is None:
-        host = request.client.host if request.client else ""
-        if host not in ("127.0.0.1", "::1", "localhost", "testclient"):
-            raise AuthError(
-                "control routes need an admin token when called from another host", status_code=403
-            )
-        return
-    if given is None or not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
-        raise AuthError("missing or wrong admin token for a control route")
+def json_errors(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` declaring each ``(status, description)`` as a JSON
+    :class:`~swarm.protocol.ErrorBody`, whatever the route's own media type (FastAPI declares a ``model``
+    response in the route's media type, an event stream for an SSE route)."""
+    schema = {"$ref": "#/components/schemas/ErrorBody"}
+    return {
+        status: {"description": description, "content": {"application/json": {"schema": schema}}}
+        for status, description in answers
+    }

@@ -1,8 +1,9 @@
 """Episode routes: begin, finish, abort, heartbeat and the token-level record.
 
-Beginning an episode needs no credential (clients are trusted to report rewards; put the server
-behind a network boundary or an admin token for control). Finishing, aborting and heartbeats are
-addressed by episode id; the id is not a secret, but the episode key is needed for completions.
+Credentials (`swarm.server.auth`): on a server with client tokens, beginning needs one, and an episode is
+finished, aborted, heartbeated and read only with its episode key, the client token that began it or the
+admin token (401 without a credential, 403 with a wrong one). A server without client tokens trusts its
+network: these routes then need no credential, but a credential that is sent must be the right one.
 
 Routes are ``async def``: they run on the event loop like the completion route, so the runtime's
 episode table is only ever touched from one thread (pool commits take about a millisecond).
@@ -10,7 +11,9 @@ episode table is only ever touched from one thread (pool commits take about a mi
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
 
 from swarm.protocol import (
     Ack,
@@ -21,10 +24,33 @@ from swarm.protocol import (
     EpisodeFinish,
     EpisodePrepare,
     EpisodeView,
+    ErrorBody,
 )
+from swarm.server.auth import OwnerDep, check_episode_access
 from swarm.server.deps import RuntimeDep
 
+_AUTH: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "No credential, on a server with client tokens."},
+    403: {"model": ErrorBody, "description": "A wrong credential: unknown, revoked, or another episode's."},
+}
+_EPISODE: dict[int | str, dict[str, Any]] = {
+    **_AUTH,
+    404: {"model": ErrorBody, "description": "No such episode."},
+}
+_ENDED: dict[int | str, dict[str, Any]] = {
+    **_EPISODE,
+    409: {"model": ErrorBody, "description": "The episode has ended, or (finish) a call of it is running."},
+}
+_BUSY: dict[int | str, dict[str, Any]] = {
+    **_AUTH,
+    429: {"model": ErrorBody, "description": "A quota or a client token's limit is full; see Retry-After."},
+    503: {"model": ErrorBody, "description": "Paused, draining or training; see Retry-After."},
+}
+
 router = APIRouter(prefix="/api/v1/episodes", tags=["episodes"])
+episode_router = APIRouter(
+    prefix="/api/v1/episodes", tags=["episodes"], dependencies=[Depends(check_episode_access)]
+)
 
 
 def _base_url(runtime: RuntimeDep, request: Request) -> str:
@@ -33,20 +59,23 @@ def _base_url(runtime: RuntimeDep, request: Request) -> str:
     return str(request.base_url).rstrip("/") + "/v1"
 
 
-@router.post("", status_code=201)
-async def begin_episode(body: EpisodeCreate, runtime: RuntimeDep, request: Request) -> EpisodeCreated:
-    """Open an episode; the answer's ``api_key`` records every completion made with it."""
-    return runtime.begin(body, _base_url(runtime, request))
+@router.post("", status_code=201, responses=_BUSY)
+async def begin_episode(
+    body: EpisodeCreate, runtime: RuntimeDep, owner: OwnerDep, request: Request
+) -> EpisodeCreated:
+    """Open an episode (with a client token where the server has any); the answer's ``api_key`` records
+    every completion made with it and finishes, aborts or reads this episode only."""
+    return runtime.begin(body, _base_url(runtime, request), owner)
 
 
-@router.post("/{episode_id}/finish")
+@episode_router.post("/{episode_id}/finish", responses=_ENDED)
 async def finish_episode(episode_id: str, body: EpisodeFinish, runtime: RuntimeDep) -> Ack:
     """End the episode with its reward; committed to the pool before the answer is sent."""
     stored = runtime.finish(episode_id, body)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
-@router.post("/{episode_id}/prepare")
+@episode_router.post("/{episode_id}/prepare", responses=_ENDED)
 async def prepare_episode(episode_id: str, body: EpisodePrepare, runtime: RuntimeDep) -> Ack:
     """Phase one of a multi-server finish: store the episode ``prepared`` with its reward (committed to the
     pool, not trainable until ``commit``); repeating it with the same ``txn_id`` answers again."""
@@ -54,7 +83,7 @@ async def prepare_episode(episode_id: str, body: EpisodePrepare, runtime: Runtim
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
-@router.post("/{episode_id}/commit")
+@episode_router.post("/{episode_id}/commit", responses=_ENDED)
 async def commit_episode(episode_id: str, body: EpisodeCommit, runtime: RuntimeDep) -> Ack:
     """Phase two: the prepared episode becomes ``finished`` (idempotent); 409 when its transaction was
     aborted here."""
@@ -62,7 +91,7 @@ async def commit_episode(episode_id: str, body: EpisodeCommit, runtime: RuntimeD
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
-@router.post("/{episode_id}/abort")
+@episode_router.post("/{episode_id}/abort", responses=_ENDED)
 async def abort_episode(episode_id: str, runtime: RuntimeDep, body: EpisodeAbort | None = None) -> Ack:
     """End the episode without a reward (``infra_failure=true`` keeps it out of group statistics).
 
@@ -72,14 +101,14 @@ async def abort_episode(episode_id: str, runtime: RuntimeDep, body: EpisodeAbort
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
-@router.post("/{episode_id}/heartbeat")
+@episode_router.post("/{episode_id}/heartbeat", responses=_ENDED)
 async def heartbeat(episode_id: str, runtime: RuntimeDep) -> Ack:
     """Keep a slow episode from being reclaimed as idle."""
     runtime.heartbeat(episode_id)
     return Ack(episode_id=episode_id, status="open")
 
 
-@router.get("/{episode_id}")
+@episode_router.get("/{episode_id}", responses=_EPISODE)
 async def get_episode(episode_id: str, runtime: RuntimeDep) -> EpisodeView:
     """Token-level record: every call (prompt ids, completion ids, logprobs, …) and the merged samples."""
     return runtime.view(episode_id)

@@ -43,6 +43,8 @@ class OpenEpisode:
     id: str
     key_digest: str
     request: EpisodeCreate
+    owner: str | None
+    """Name of the client token that began it (``None``: none was needed); never the token."""
     created_at: float
     last_seen: float
     calls: list[CallRecord] = field(default_factory=list)
@@ -72,6 +74,7 @@ class OpenEpisodes:
         self.timeout_s = timeout_s
         self._open: dict[str, OpenEpisode] = {}
         self._by_key: dict[str, str] = {}
+        self._by_owner: Counter[str] = Counter()
         self._listeners: list[EndListener] = []
 
     def on_end(self, listener: EndListener) -> None:
@@ -117,22 +120,32 @@ class OpenEpisodes:
             raise EpisodeStateError(episode_id, f"episode {episode_id} has already ended")
         raise EpisodeNotFound(episode_id)
 
+    def open_by(self, owner: str) -> int:
+        """Episodes the client token named ``owner`` has open."""
+        return self._by_owner[owner]
+
     def clients(self) -> Counter[str]:
         """Open episodes per client id."""
         return Counter(e.request.client_id for e in self._open.values())
 
     # -- begin and end -----------------------------------------------------------------------------------
-    def begin(self, request: EpisodeCreate) -> tuple[OpenEpisode, str]:
+    def begin(self, request: EpisodeCreate, owner: str | None = None) -> tuple[OpenEpisode, str]:
         """Open an episode (admission is the caller's) and mint its secret key.
+
+        Args:
+            request: what the client asked for.
+            owner: name of the client token that began it (``None``: none).
 
         Returns:
             The episode and its key (``sk-swarm-…``; only its digest is kept).
         """
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         now = time.time()
-        episode = OpenEpisode("ep-" + uuid.uuid4().hex, _key_digest(key), request, now, now)
+        episode = OpenEpisode("ep-" + uuid.uuid4().hex, _key_digest(key), request, owner, now, now)
         self._open[episode.id] = episode
         self._by_key[episode.key_digest] = episode.id
+        if owner is not None:
+            self._by_owner[owner] += 1
         return episode, key
 
     def heartbeat(self, episode_id: str) -> None:
@@ -256,6 +269,7 @@ class OpenEpisodes:
         # Remove the key first: from here on no call can be added to this episode.
         self._by_key.pop(episode.key_digest, None)
         self._open.pop(episode.id, None)
+        self._owned(episode, -1)
         req = episode.request
         stored = StoredEpisode(
             id=episode.id,
@@ -268,6 +282,8 @@ class OpenEpisodes:
             finished_at=time.time(),
             metadata=req.metadata,
             trainable_agents=req.trainable_agents,
+            owner=episode.owner,
+            key_digest=episode.key_digest,
             **fields,
         )
         try:
@@ -276,6 +292,7 @@ class OpenEpisodes:
             # Nothing is lost: the episode stays open and the client may retry finish.
             self._open[episode.id] = episode
             self._by_key[episode.key_digest] = episode.id
+            self._owned(episode, +1)
             raise
         for generation in episode.sampling:  # its calls can no longer be recorded: stop sampling them
             generation.cancel()
@@ -294,6 +311,12 @@ class OpenEpisodes:
             client_id=stored.client_id,
             reward=stored.reward,
         )
+
+    def _owned(self, episode: OpenEpisode, delta: int) -> None:
+        if episode.owner is not None:
+            self._by_owner[episode.owner] += delta
+            if self._by_owner[episode.owner] <= 0:
+                del self._by_owner[episode.owner]
 
     # -- bulk aborts -------------------------------------------------------------------------------------
     def _abort_all(self, episodes: list[OpenEpisode], reason: str) -> list[str]:

@@ -67,6 +67,11 @@ class EventLog:
             self._subscribers.add(handle)
         return handle
 
+    def subscribers(self) -> int:
+        """How many live subscribers there are now."""
+        with self._lock:
+            return len(self._subscribers)
+
     def unsubscribe(self, handle: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]) -> None:
         with self._lock:
             self._subscribers.discard(handle)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.sse import EventSourceResponse
 
 from swarm.engine.base import TokenCallback
-from swarm.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
+from swarm.protocol import ChatCompletion, ChatCompletionRequest, ErrorBody, ModelCard, ModelList
+from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
-from swarm.server.deps import EpisodeDep, RuntimeDep
+from swarm.server.deps import RuntimeDep
 from swarm.server.openai_format import ResponseHeader, chat_completion
 from swarm.server.streaming import LiveStream, encode_events, live_events, replay_events
 
@@ -24,7 +26,24 @@ def list_models(runtime: RuntimeDep) -> ModelList:
     return ModelList(data=[ModelCard(id=runtime.model_name)])
 
 
-@router.post("/chat/completions", response_model=ChatCompletion)
+_CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "A `ChatCompletion`, or with `stream=true` server-sent `chat.completion.chunk` events "
+        "ending with `data: [DONE]`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+    400: {
+        "model": ErrorBody,
+        "description": "Messages the chat template cannot render, or a prompt too long.",
+    },
+    401: {"model": ErrorBody, "description": "No episode key, or the key of an episode that has ended."},
+    404: {"model": ErrorBody, "description": "A model this server does not serve."},
+    409: {"model": ErrorBody, "description": "The episode ended while the call was sampled."},
+    429: {"model": ErrorBody, "description": "The client token's request rate is spent; see Retry-After."},
+}
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=_CHAT_ERRORS)
 async def chat_completions(
     body: ChatCompletionRequest, runtime: RuntimeDep, episode: EpisodeDep
 ) -> ChatCompletion | EventSourceResponse:

@@ -9,16 +9,18 @@ event loop runs on it; blocking torch work runs in the engine's worker thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import ValidationError
 
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine, TokenCallback
 from swarm.engine.factory import load_engine
-from swarm.errors import EpisodeNotFound, EpisodeStateError, Unavailable
+from swarm.errors import EpisodeNotFound, EpisodeStateError, RequestError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.precision import resolve_mixed_precision
 from swarm.protocol import (
@@ -32,12 +34,16 @@ from swarm.protocol import (
     EpisodePrepare,
     EpisodeStatus,
     EpisodeView,
+    Limits,
+    LimitsPatch,
     StatusView,
 )
+from swarm.server.auth import Credentials, Owner, is_loopback
 from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call, sampling_for
 from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisode, OpenEpisodes
 from swarm.server.events import EventLog
+from swarm.server.limits import RequestRates, check_chat_request
 from swarm.server.phase import Phase
 from swarm.server.training import TrainingLoop
 from swarm.server.transactions import resolve_stale
@@ -45,6 +51,8 @@ from swarm.tracking.merge import build_samples
 from swarm.tracking.render import PromptRenderer
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class SwarmRuntime:
@@ -95,7 +103,33 @@ class SwarmRuntime:
                 sampling=config.sampling,
                 mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
             )
+        self.credentials = Credentials(config.admin_token, config.client_tokens)
+        self.limits: Limits = config.limits
+        """The limits in force (replaced whole by :meth:`set_limits`)."""
+        self.rates = RequestRates()
         self.events.emit("server.started", f"serving {self.model_name}", model=self.model_name)
+        for warning in self.exposure_warnings():
+            log.warning(warning)
+            self.events.emit("server.exposed", warning, level="warning")
+
+    def exposure_warnings(self) -> list[str]:
+        """What anyone who can reach this server may do without a credential, when it listens beyond
+        loopback (empty on loopback, or with both kinds of token configured)."""
+        if is_loopback(self.config.host):
+            return []
+        out = []
+        if not self.credentials.required:
+            out.append(
+                f"listening on {self.config.host} without client tokens: anyone who reaches this server may "
+                "begin episodes and finish, abort or read them by id (start it with --client-token or "
+                "--client-tokens-file)"
+            )
+        if self.config.admin_token is None:
+            out.append(
+                f"listening on {self.config.host} without an admin token: control routes answer loopback "
+                "peers only (set --admin-token or SWARM_ADMIN_TOKEN to reach them from elsewhere)"
+            )
+        return out
 
     def close(self) -> None:
         if self._owns_engine:
@@ -109,14 +143,25 @@ class SwarmRuntime:
         return 0 if self.training is None else self.training.step
 
     # -- episodes --------------------------------------------------------------------------------------
-    def begin(self, body: EpisodeCreate, base_url: str) -> EpisodeCreated:
+    def begin(self, body: EpisodeCreate, base_url: str, owner: Owner | None = None) -> EpisodeCreated:
         """Open an episode and mint its secret key.
 
+        Args:
+            body: what the client asked for.
+            base_url: the OpenAI base URL handed back to the agent.
+            owner: who is beginning it (`swarm.server.auth.Credentials.begin`; ``None``: nobody known).
+
         Raises:
+            Unavailable: 429 + Retry-After when the owner's client token is over its open-episode or
+                request-rate limit.
             Unavailable: the server is paused, or draining or training in synchronous mode (503 +
                 Retry-After); a family quota is full (429) or, asynchronous, the trainer is too far
                 behind (503).
         """
+        name = owner.name if owner is not None and owner.name != "admin" else None
+        if name is not None:
+            self._check_open(name)
+            self.rates.take(name, self.limits.requests_per_s_per_token)
         if not self.phase.admits():
             raise Unavailable(
                 f"the server is {self.phase.state.value}; no new episodes now", retry_after_s=2.0
@@ -124,9 +169,77 @@ class SwarmRuntime:
         if self.training is not None:
             self.training.admit(body.family, body.kind, body.task_id)
             self.training.touch(body.client_id)
-        episode, key = self.episodes.begin(body)
+        episode, key = self.episodes.begin(body, None if owner is None else owner.name)
         self.phase.episode_begun()
         return EpisodeCreated(episode_id=episode.id, base_url=base_url, api_key=key, model=self.model_name)
+
+    def _check_open(self, name: str) -> None:
+        cap = self.limits.open_episodes_per_token
+        if cap is not None and self.episodes.open_by(name) >= cap:
+            raise Unavailable(
+                f"client token {name!r} has {cap} episodes open, its limit; finish or abort one first",
+                retry_after_s=1.0,
+                status_code=429,
+            )
+
+    def episode_credentials(self, episode_id: str) -> tuple[str | None, str | None]:
+        """(SHA-256 digest of its episode key, name of the client token that began it) of an open or
+        ended episode.
+
+        Raises:
+            EpisodeNotFound: no such episode (404).
+        """
+        episode = self.episodes.get(episode_id)
+        if episode is not None:
+            return episode.key_digest, episode.owner
+        found = self.pool.episodes([episode_id]).get(episode_id)
+        if found is None:
+            raise EpisodeNotFound(episode_id)
+        return found.key_digest, found.owner
+
+    def set_limits(self, patch: LimitsPatch) -> dict[str, object]:
+        """Apply a live change of the limits at once; returns the fields changed.
+
+        Raises:
+            RequestError: a value is invalid (422 naming it).
+        """
+        self.limits = self.checked_limits(patch)
+        changed = patch.model_dump(exclude_unset=True)
+        self.events.emit("limits.changed", f"limits changed: {changed}", changed=changed)
+        return changed
+
+    def checked_limits(self, patch: LimitsPatch) -> Limits:
+        """The limits ``patch`` would set (nothing changes).
+
+        Raises:
+            RequestError: a value is invalid (422 naming it).
+        """
+        try:
+            return patch.applied_to(self.limits)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise RequestError(
+                f"invalid config change: limits.{where}: {first['msg']}", status_code=422, param="limits"
+            ) from None
+        except ValueError as exc:
+            raise RequestError(f"invalid config change: {exc}", status_code=422, param="limits") from None
+
+    def add_client_token(self, name: str, token: str | None) -> str:
+        """Add a client token live (`Credentials.add`); returns the secret (minted when ``token`` is None)."""
+        secret = self.credentials.add(name, token)
+        self.events.emit("client_token.added", f"client token {name!r} added", name=name)
+        return secret
+
+    def revoke_client_token(self, name: str) -> int:
+        """Revoke a client token live (`Credentials.revoke`); returns how many episodes it has open."""
+        self.credentials.revoke(name)
+        self.rates.forget(name)
+        still_open = self.episodes.open_by(name)
+        self.events.emit(
+            "client_token.revoked", f"client token {name!r} revoked", name=name, open_episodes=still_open
+        )
+        return still_open
 
     def episode_for_key(self, key: str) -> OpenEpisode:
         """The open episode a key belongs to (`OpenEpisodes.for_key`; 401 otherwise)."""
@@ -222,6 +335,9 @@ class SwarmRuntime:
             RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
         """
         arrived = time.time()
+        check_chat_request(self.limits, request)
+        if episode.owner is not None and episode.owner != "admin":
+            self.rates.take(episode.owner, self.limits.requests_per_s_per_token)
         agent = agent_for(request, self.model_name)
         params = sampling_for(request, self.config.sampling)
         rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)

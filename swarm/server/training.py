@@ -252,6 +252,7 @@ class TrainingLoop:
             self.trainer.sync_sampling_model()
             self.trainer.load_state_dict(load_trainer_state(path))
             self.events.emit("checkpoint.loaded", f"resumed from checkpoint step {step}", step=step)
+        lost = set(self.pool.trained_steps_after(step))
         rewound = self.pool.rewind(step)
         if rewound:
             self.events.emit(
@@ -272,8 +273,22 @@ class TrainingLoop:
                     continue  # a torn last line from a crash
                 if m.step <= step:
                     kept.append(m)
+                else:
+                    lost.add(m.step)
             self.metrics_path.write_text("".join(m.model_dump_json() + "\n" for m in kept))
         self.history = kept
+        self.rewound_steps = sorted(lost)
+        """Steps whose update died with the previous process (redone from ``step + 1``); the next
+        metrics row carries them as ``rewound_steps``."""
+        if lost:
+            self.events.emit(
+                "train.rewound",
+                f"steps {_span(self.rewound_steps)} were lost with the previous process (last checkpoint: "
+                f"step {step}); the next update is step {step + 1} again",
+                level="warning",
+                rewound_steps=self.rewound_steps,
+                resumed_from=step,
+            )
 
     # -- admission and votes -----------------------------------------------------------------------------
     def admit(self, family: str | None, kind: EpisodeKind, task_id: str) -> None:
@@ -645,7 +660,13 @@ class TrainingLoop:
             staleness_mean=sum(staleness) / len(staleness) if staleness else 0.0,
             staleness_max=max(staleness, default=0),
             checkpoint_s=checkpoint_s,
+            rewound_steps=self._take_rewound(),
         )
+
+    def _take_rewound(self) -> list[int]:
+        """The rewound steps, once: only the first row after a restart carries them."""
+        rewound, self.rewound_steps = self.rewound_steps, []
+        return rewound
 
     def _checkpoint_locked(self) -> float:
         started = time.perf_counter()
@@ -678,3 +699,10 @@ class TrainingLoop:
 
 
 __all__ = ["TrainingLoop", "agent_advantages"]
+
+
+def _span(steps: list[int]) -> str:
+    """``6-8`` for consecutive steps, else ``6, 8``."""
+    if steps == list(range(steps[0], steps[-1] + 1)) and len(steps) > 1:
+        return f"{steps[0]}-{steps[-1]}"
+    return ", ".join(str(s) for s in steps)

@@ -139,7 +139,7 @@ def test_control_routes_need_admin_token_and_refuse_episode_keys(tmp_path: Path,
                 httpx.get(f"{live.url}/api/v1/status", headers={"Authorization": f"Bearer {ep.api_key}"}), 403
             )
             assert_error(
-                httpx.get(f"{live.url}/api/v1/status", headers={"Authorization": "Bearer wrong"}), 401
+                httpx.get(f"{live.url}/api/v1/status", headers={"Authorization": "Bearer wrong"}), 403
             )
             with SwarmClient(live.url, admin_token=ADMIN_TOKEN) as admin:
                 assert admin.status().episodes.open == 1

@@ -40,6 +40,16 @@ runner = CliRunner()
         (["--lr", "2"], "--lr: Input should be less than or equal to 1"),
         (["--quota", "a=1", "--quota", "a=0"], "--quota 'a=0': family 'a' is given twice"),
         (["--admin-token", " "], "--admin-token: empty"),
+        (["--client-token", "short"], "--client-token: expected NAME=TOKEN or TOKEN, the token at least 8"),
+        (
+            ["--client-token", "a=tok-12345", "--client-token", "a=tok-67890"],
+            "--client-token: the name 'a' is given twice",
+        ),
+        (
+            ["--client-tokens-file", "/nonexistent/tokens"],
+            "--client-tokens-file /nonexistent/tokens: No such file",
+        ),
+        (["--max-n", "17"], "--max-n: Input should be less than or equal to 16"),
         (["--run-dir", "/etc/passwd"], "--run-dir /etc/passwd: exists and is not a folder"),
         (["--engine", "vllm"], "--engine vllm: "),
         (["--engine", "sglang"], "--engine: Input should be 'hf' or 'vllm'"),

@@ -39,6 +39,22 @@ def test_argv_renders_the_options_set_in_field_order() -> None:
     options = ServeOptions.from_flags({"max-steps": None, "lr": 2e-5, "train": False, "tis-cap": "2"})
     assert options.argv() == ["--no-train", "--lr", "2e-05", "--tis-cap", "2"]
     assert ServeOptions.from_flags({"admin-token": "s3cret", "quota": ["a=1"]}).argv() == ["--quota", "a=1"]
+    secret = ServeOptions.from_flags({"client-token": "c=s3cret-token", "max-n": 4})
+    assert secret.argv() == ["--max-n", "4"]  # tokens travel in the environment, never on a command line
+
+
+def test_client_tokens_come_from_flags_and_a_file(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# team tokens\nalice=alice-token-1  # the first\n\nbare-token-2\n")
+    config = ServeOptions(client_token=["bob=bob-token-3"], client_tokens_file=tokens).to_server_config()
+    names = {name: secret.get_secret_value() for name, secret in config.client_tokens.items()}
+    assert names["alice"] == "alice-token-1" and names["bob"] == "bob-token-3"
+    (bare,) = [n for n in names if n.startswith("client-")]
+    assert names[bare] == "bare-token-2" and len(bare) == len("client-") + 8
+    with pytest.raises(ServeOptionsError, match="line 2: expected NAME=TOKEN") as refused:
+        tokens.write_text("ok=long-enough-token\nx=tiny\n")
+        ServeOptions(client_tokens_file=tokens).to_server_config()
+    assert "tiny" not in str(refused.value)  # a token is never echoed
 
 
 @pytest.mark.parametrize(

@@ -46,8 +46,7 @@ def training_config(lr: float, **kw: Any) -> TrainingConfig:
     return TrainingConfig(
         batch=BatchConfig(policy=BatchPolicy.EPISODES, batch_size=1, group_size=2),
         trainer=TrainerConfig(lr=lr),
-        checkpoint_every=1,
-        **kw,
+        **{"checkpoint_every": 1, **kw},
     )
 
 
@@ -306,3 +305,36 @@ def test_kill_9_while_rolling_and_while_training_loses_nothing(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_rewind_is_an_event_and_a_metrics_row(tmp_path: Path, fresh_engine: Any) -> None:
+    """A server that stops between checkpoints redoes the lost steps: it says so in an event and in the
+    first metrics row after the restart, so no step number is reused silently."""
+    live = make_server(tmp_path, fresh_engine, training=training_config(1e-3, checkpoint_every=3))
+    try:
+        with SwarmClient(live.url) as client:
+            for task in ("a", "b"):
+                rollout(client, task, 1.0)
+                rollout(client, task, 0.0)
+            wait_for(lambda: client.status().step == 2, what="step 2")
+        live.restart()  # no checkpoint yet: steps 1 and 2 die with the process
+        with SwarmClient(live.url) as client:
+            events = [e for e in client.events() if e.kind == "train.rewound"]
+            assert len(events) == 1 and events[0].data == {"rewound_steps": [1, 2], "resumed_from": 0}
+            assert "steps 1-2 were lost" in events[0].message and events[0].level == "warning"
+            wait_for(lambda: client.status().step == 2, what="steps 1 and 2 redone")
+            rows = client.metrics()
+        assert [(m.step, m.rewound_steps) for m in rows] == [(1, [1, 2]), (2, [])]
+    finally:
+        live.stop()
+
+
+def test_lora_checkpoints_every_step_unless_told_otherwise() -> None:
+    from swarm.serve_options import ServeOptions
+
+    assert TrainingConfig(trainer=TrainerConfig(lora={"r": 4})).checkpoint_every == 1
+    assert TrainingConfig().checkpoint_every == 5
+    assert TrainingConfig(trainer=TrainerConfig(lora={"r": 4}), checkpoint_every=4).checkpoint_every == 4
+    assert ServeOptions(lora_rank=8).to_server_config().training.checkpoint_every == 1
+    assert ServeOptions().to_server_config().training.checkpoint_every == 5
+    assert ServeOptions(lora_rank=8, checkpoint_every=3).to_server_config().training.checkpoint_every == 3

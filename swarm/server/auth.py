@@ -1,0 +1,280 @@
+"""Who may do what on a swarm server: the admin token, client tokens and episode keys.
+
+Three roles (docs/ARCHITECTURE.md §Credentials and limits):
+
+- the **admin token** guards the control routes (and may also act on any episode);
+- a **client token** begins episodes; with any configured, beginning needs one;
+- an **episode key** (``sk-swarm-…``, minted by begin) samples completions of its episode; it, the client
+  token that began the episode, or the admin token finishes, aborts, heartbeats and reads that episode.
+
+Every credential arrives as ``Authorization: Bearer <secret>`` (an episode key may also come as
+``x-api-key``, the Anthropic SDK's header). A missing credential is a 401, a wrong one a 403, and each
+message says which credential the route wants. Secrets are compared in constant time
+(:func:`hmac.compare_digest`) and only their SHA-256 digests are kept; no message, log line, event,
+metric or pool row ever carries one: episodes' owners are named by the client token's *name*.
+
+:class:`Credentials` is the logic (no FastAPI); the ``*Dep`` aliases and :func:`require_admin` are the
+FastAPI dependencies routes declare.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Protocol
+
+from fastapi import Depends, Header, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
+
+from swarm.errors import AuthError, RequestError
+from swarm.server.episodes import KEY_PREFIX, OpenEpisode
+
+MINTED_PREFIX = "swc-"
+"""Prefix of the client tokens the server mints (``POST /api/v1/client-tokens`` without a token)."""
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
+"""Peers that count as this machine (``testclient`` is Starlette's in-process test peer)."""
+
+_EPISODE_CREDENTIAL = "the episode's api_key, the client token that began it, or the admin token"
+
+
+def digest(secret: str) -> str:
+    """SHA-256 hex digest of a secret (what the server keeps instead of the secret)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def same_digest(a: str, b: str) -> bool:
+    """Constant-time equality of two digests."""
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to listen on or a peer's address) is this machine only."""
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who began an episode: the client token's name (``None``: begun without a client token, on a server
+    that asks for none; ``admin``: with the admin token)."""
+
+    name: str | None
+
+
+class Credentials:
+    """The admin token and the live client-token table of one server.
+
+    Args:
+        admin_token: the control routes' token (``None``: control routes are open to loopback peers).
+        client_tokens: client tokens by name. Once the server has had one (at start or added live), every
+            begin needs a client token, even after all are revoked.
+    """
+
+    def __init__(self, admin_token: SecretStr | None, client_tokens: Mapping[str, SecretStr]) -> None:
+        self._admin = digest(admin_token.get_secret_value()) if admin_token is not None else None
+        self._by_digest: dict[str, str] = {}
+        self._by_name: dict[str, str] = {}
+        self.required = False
+        """Whether beginning an episode needs a client token."""
+        for name, token in client_tokens.items():
+            self.add(name, token.get_secret_value())
+
+    # -- the client-token table ----------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """Names of the client tokens that work now, in the order they were added."""
+        return list(self._by_name)
+
+    def add(self, name: str, token: str | None = None) -> str:
+        """Add a client token (``None`` mints a random one) and return it; from now on begins need one.
+
+        Raises:
+            RequestError: the name is taken, or the secret is already a client or the admin token (409).
+        """
+        if name in self._by_name:
+            raise RequestError(f"a client token named {name!r} exists; revoke it first", status_code=409)
+        secret = token if token is not None else MINTED_PREFIX + secrets.token_urlsafe(32)
+        hashed = digest(secret)
+        if hashed in self._by_digest or (self._admin is not None and same_digest(hashed, self._admin)):
+            raise RequestError(
+                "this secret is already in use by another token; choose another", status_code=409
+            )
+        if secret.startswith(KEY_PREFIX):
+            raise RequestError(
+                f"a client token may not start with {KEY_PREFIX!r} (episode keys do)", status_code=422
+            )
+        self._by_digest[hashed] = name
+        self._by_name[name] = hashed
+        self.required = True
+        return secret
+
+    def revoke(self, name: str) -> None:
+        """Revoke client token ``name`` at once (its open episodes keep their episode keys).
+
+        Raises:
+            RequestError: no client token has this name (404).
+        """
+        hashed = self._by_name.pop(name, None)
+        if hashed is None:
+            raise RequestError(f"no client token named {name!r}", status_code=404, param="name")
+        del self._by_digest[hashed]
+
+    # -- checks --------------------------------------------------------------------------------------------
+    def is_admin(self, secret: str) -> bool:
+        """Whether ``secret`` is the admin token (constant time)."""
+        return self._admin is not None and same_digest(digest(secret), self._admin)
+
+    def client_name(self, secret: str) -> str | None:
+        """The name of the client token ``secret``, or ``None`` when it is none (revoked included)."""
+        hashed = digest(secret)
+        name = self._by_digest.get(hashed)
+        # the dict lookup is by digest; compare once more in constant time, as for the admin token
+        return name if name is not None and same_digest(self._by_name.get(name, ""), hashed) else None
+
+    def admin(self, secret: str | None, peer: str) -> None:
+        """Allow a control route.
+
+        Raises:
+            AuthError: 401 without a credential where the admin token is configured; 403 for an episode
+                key, a client token, a wrong token, or a non-loopback peer of a server without one.
+        """
+        if secret is not None and secret.startswith(KEY_PREFIX):
+            raise AuthError(
+                "episode API keys cannot call control routes; use the admin token", status_code=403
+            )
+        if self._admin is None:
+            if not is_loopback(peer):
+                raise AuthError(
+                    "control routes need an admin token when called from another host (start the server "
+                    "with --admin-token or SWARM_ADMIN_TOKEN)",
+                    status_code=403,
+                )
+            return
+        if secret is None:
+            raise AuthError("missing admin token: control routes need 'Authorization: Bearer <admin token>'")
+        if self.is_admin(secret):
+            return
+        if self.client_name(secret) is not None:
+            raise AuthError("client tokens cannot call control routes; use the admin token", status_code=403)
+        raise AuthError("wrong admin token for a control route", status_code=403)
+
+    def begin(self, secret: str | None) -> Owner:
+        """Who is beginning an episode.
+
+        Raises:
+            AuthError: 401 without a credential where client tokens are required; 403 for an episode key
+                or a wrong (unknown or revoked) client token.
+        """
+        if secret is not None and secret.startswith(KEY_PREFIX):
+            raise AuthError("an episode API key cannot begin episodes; use a client token", status_code=403)
+        if secret is not None and self.is_admin(secret):
+            return Owner("admin")
+        if not self.required:
+            return Owner(None)  # a trusted network: whatever a client sends is not checked
+        if secret is None:
+            raise AuthError(
+                "missing client token: beginning an episode needs 'Authorization: Bearer <client token>' "
+                "(swarm run --client-token, or SWARM_CLIENT_TOKEN)"
+            )
+        name = self.client_name(secret)
+        if name is None:
+            raise AuthError("wrong client token (unknown or revoked)", status_code=403)
+        return Owner(name)
+
+    def episode(self, secret: str | None, episode_id: str, key_digest: str | None, owner: str | None) -> None:
+        """Allow finishing, aborting, heartbeating or reading episode ``episode_id``, whose key has
+        ``key_digest`` and which ``owner`` began.
+
+        Raises:
+            AuthError: 401 without a credential where client tokens are required; 403 for another
+                episode's key, a client token that did not begin this episode, or a wrong token.
+        """
+        if secret is None:
+            if self.required:
+                raise AuthError(f"missing credential for episode {episode_id}: send {_EPISODE_CREDENTIAL}")
+            return
+        if secret.startswith(KEY_PREFIX):
+            if key_digest is not None and same_digest(digest(secret), key_digest):
+                return
+            raise AuthError(f"this episode API key does not belong to episode {episode_id}", status_code=403)
+        if self.is_admin(secret):
+            return
+        name = self.client_name(secret)
+        if name is not None:
+            if owner == name:
+                return
+            raise AuthError(f"client token {name!r} did not begin episode {episode_id}", status_code=403)
+        if self.required:
+            raise AuthError(
+                f"wrong credential for episode {episode_id}: send {_EPISODE_CREDENTIAL}", status_code=403
+            )
+
+
+# -- FastAPI dependencies ------------------------------------------------------------------------------------
+class Guarded(Protocol):
+    """What the dependencies below need of the server runtime (`SwarmRuntime`, which imports this
+    module, so it is named structurally here)."""
+
+    credentials: Credentials
+
+    def episode_credentials(self, episode_id: str) -> tuple[str | None, str | None]: ...
+
+    def episode_for_key(self, key: str) -> OpenEpisode: ...
+
+
+_bearer = HTTPBearer(auto_error=False)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+async def _guarded(request: Request) -> Guarded:
+    runtime: Guarded = request.app.state.runtime
+    return runtime
+
+
+GuardedDep = Annotated[Guarded, Depends(_guarded)]
+
+
+def _secret(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return credentials.credentials if credentials is not None else None
+
+
+async def require_admin(runtime: GuardedDep, credentials: BearerDep, request: Request) -> None:
+    """Control routes: the admin token when one is configured, loopback peers only when none is."""
+    runtime.credentials.admin(_secret(credentials), request.client.host if request.client else "")
+
+
+async def get_owner(runtime: GuardedDep, credentials: BearerDep) -> Owner:
+    """Begin: the client token's owner (:meth:`Credentials.begin`)."""
+    return runtime.credentials.begin(_secret(credentials))
+
+
+OwnerDep = Annotated[Owner, Depends(get_owner)]
+
+
+async def check_episode_access(episode_id: str, runtime: GuardedDep, credentials: BearerDep) -> None:
+    """Episode routes: :meth:`Credentials.episode` for the episode in the path (404 when there is none;
+    the credential is checked first, so an unknown id tells a caller without one nothing)."""
+    secret = _secret(credentials)
+    if secret is None and runtime.credentials.required:
+        runtime.credentials.episode(None, episode_id, None, None)
+    key_digest, owner = runtime.episode_credentials(episode_id)
+    runtime.credentials.episode(secret, episode_id, key_digest, owner)
+
+
+async def get_episode(
+    runtime: GuardedDep, credentials: BearerDep, x_api_key: Annotated[str | None, Header()] = None
+) -> OpenEpisode:
+    """The open episode named by its key: ``Authorization: Bearer <episode key>`` (OpenAI SDKs) or
+    ``x-api-key: <episode key>`` (Anthropic SDKs); 401 otherwise."""
+    key = _secret(credentials) or x_api_key
+    if key is None:
+        raise AuthError(
+            "missing episode API key: send 'Authorization: Bearer <api_key from POST /api/v1/episodes>'"
+        )
+    return runtime.episode_for_key(key)
+
+
+EpisodeDep = Annotated[OpenEpisode, Depends(get_episode)]

@@ -1,0 +1,148 @@
+"""Enforcing :class:`swarm.protocol.Limits`: per-token request rates, the request body size and the caps
+of a chat request (docs/ARCHITECTURE.md §Credentials and limits).
+
+The limits object is the runtime's and may be replaced live (``PATCH /api/v1/config``); everything here
+reads it when it checks, so a change applies to the next request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from swarm.errors import RequestError, Unavailable
+from swarm.protocol import ChatCompletionRequest, ErrorBody, ErrorDetail, Limits
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RequestRates:
+    """Token buckets, one per client token name: ``rate`` requests per second sustained, bursts of up to
+    ``max(1, rate)`` (one second's worth).
+
+    Args:
+        clock: monotonic seconds (tests pass a fake clock).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+
+    def take(self, owner: str, rate: float | None) -> None:
+        """Count one request of ``owner``.
+
+        Raises:
+            Unavailable: 429 with ``Retry-After`` = seconds until the bucket holds a request again.
+        """
+        if rate is None:
+            self._buckets.pop(owner, None)
+            return
+        burst = max(1.0, rate)
+        now = self._clock()
+        bucket = self._buckets.get(owner)
+        if bucket is None:
+            bucket = self._buckets[owner] = _Bucket(burst, now)
+        bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
+        bucket.updated = now
+        if bucket.tokens < 1.0:
+            wait = (1.0 - bucket.tokens) / rate
+            raise Unavailable(
+                f"client token {owner!r} is over its {rate:g} requests/s; retry after {wait:.2f} s",
+                retry_after_s=max(1.0, math.ceil(wait)),
+                status_code=429,
+            )
+        bucket.tokens -= 1.0
+
+    def forget(self, owner: str) -> None:
+        """Drop ``owner``'s bucket (a revoked token)."""
+        self._buckets.pop(owner, None)
+
+
+def check_chat_request(limits: Limits, request: ChatCompletionRequest) -> None:
+    """The per-request caps of a chat completion request.
+
+    Raises:
+        RequestError: 422 naming the field over its cap.
+    """
+    if len(request.messages) > limits.max_messages:
+        raise RequestError(
+            f"messages: {len(request.messages)} messages; this server takes at most {limits.max_messages}",
+            status_code=422,
+            param="messages",
+        )
+    if request.n > limits.max_n:
+        raise RequestError(
+            f"n: {request.n} is above this server's cap of {limits.max_n}", status_code=422, param="n"
+        )
+    if limits.max_tokens is not None:
+        for field in ("max_tokens", "max_completion_tokens"):
+            asked = getattr(request, field)
+            if asked is not None and asked > limits.max_tokens:
+                raise RequestError(
+                    f"{field}: {asked} is above this server's cap of {limits.max_tokens}",
+                    status_code=422,
+                    param=field,
+                )
+
+
+class BodySizeLimit:
+    """ASGI middleware answering 413 (JSON :class:`~swarm.protocol.ErrorBody`) to a request whose body
+    exceeds ``limit()`` bytes: at once from ``Content-Length``, else once the streamed body passes it
+    (an ``HTTPException(413)`` raised while the route reads the body, answered by the app's handler).
+    Starlette's ``RequestBodyLimitMiddleware`` does the same with a fixed limit and a text answer.
+
+    Args:
+        app: the wrapped application.
+        limit: the current limit in bytes (read per request, so a live change applies at once).
+    """
+
+    def __init__(self, app: ASGIApp, limit: Callable[[Scope], int | None]) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit(scope)
+        if limit is None:
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _too_large(send, limit)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise HTTPException(413, _too_large_message(limit))
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _too_large_message(limit: int) -> str:
+    return f"the request body is larger than this server's limit of {limit} bytes"
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = ErrorBody(error=ErrorDetail(type="request_too_large", message=_too_large_message(limit)))
+    payload = json.dumps(body.model_dump(exclude_none=True)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,217 @@
+"""Limits on a real server: per-token open episodes and request rate (429 + Retry-After), body size (413),
+chat caps (422), event followers (503), all changed live through ``PATCH /api/v1/config``."""
+
+from __future__ import annotations
+
+import copy
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from swarm.batch import BatchConfig, BatchPolicy
+from swarm.client import SwarmClient
+from swarm.config import TrainingConfig
+from swarm.engine import HFEngine
+from swarm.errors import Unavailable
+from swarm.protocol import Limits, LimitsPatch
+from swarm.server.limits import RequestRates
+from tests.conftest import LiveServer, make_server
+
+ADMIN = secrets.token_urlsafe(16)
+CLIENT = secrets.token_urlsafe(16)
+QUESTION = [{"role": "user", "content": "hi"}]
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+@pytest.fixture(scope="module")
+def limited(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Any, tokenizer: Any
+) -> Iterator[LiveServer]:
+    """A training server (that never forms a batch) with an admin and a client token."""
+    engine = HFEngine(copy.deepcopy(tiny_model), tokenizer, "tiny-limits")
+    training = TrainingConfig(batch=BatchConfig(policy=BatchPolicy.EPISODES, batch_size=64, group_size=2))
+    live = make_server(
+        tmp_path_factory.mktemp("limits"),
+        engine,
+        training=training,
+        admin_token=SecretStr(ADMIN),
+        client_tokens={"c": SecretStr(CLIENT)},
+    )
+    yield live
+    live.stop()
+
+
+def patch(url: str, **limits: Any) -> httpx.Response:
+    return httpx.patch(f"{url}/api/v1/config", json={"limits": limits}, headers=bearer(ADMIN))
+
+
+def reset(url: str) -> None:
+    defaults = Limits().model_dump()
+    assert patch(url, **defaults).status_code == 200
+
+
+def begin(url: str) -> httpx.Response:
+    return httpx.post(f"{url}/api/v1/episodes", json={"task_id": "lim"}, headers=bearer(CLIENT))
+
+
+def test_request_rates_are_token_buckets() -> None:
+    now = [100.0]
+    rates = RequestRates(clock=lambda: now[0])
+    rates.take("a", 2.0)
+    rates.take("a", 2.0)
+    with pytest.raises(Unavailable) as over:
+        rates.take("a", 2.0)
+    assert over.value.status_code == 429 and over.value.retry_after_s == 1.0
+    rates.take("b", 2.0)  # buckets are per token
+    now[0] += 0.5  # one request's worth refilled at 2/s
+    rates.take("a", 2.0)
+    with pytest.raises(Unavailable):
+        rates.take("a", 2.0)
+    rates.take("a", None)  # no limit
+
+
+def test_open_episodes_per_token(limited: LiveServer) -> None:
+    url = limited.url
+    assert patch(url, open_episodes_per_token=2).json()["changed"] == {
+        "limits": {"open_episodes_per_token": 2}
+    }
+    try:
+        held = [begin(url).json() for _ in range(2)]
+        over = begin(url)
+        assert over.status_code == 429 and over.headers["retry-after"] == "1", over.text
+        assert "2 episodes open" in over.json()["error"]["message"]
+        admin = httpx.post(f"{url}/api/v1/episodes", json={"task_id": "lim"}, headers=bearer(ADMIN))
+        assert admin.status_code == 201  # the admin is not limited per token
+        first = held[0]
+        ended = httpx.post(
+            f"{url}/api/v1/episodes/{first['episode_id']}/abort", headers=bearer(first["api_key"])
+        )
+        assert ended.status_code == 200
+        assert begin(url).status_code == 201
+    finally:
+        reset(url)
+        with SwarmClient(url, admin_token=ADMIN) as ops:
+            assert ops.client_tokens()[0].open_episodes == 2
+
+
+def test_requests_per_second_per_token(limited: LiveServer) -> None:
+    url = limited.url
+    patch(url, requests_per_s_per_token=1)
+    try:
+        answers = [begin(url) for _ in range(3)]
+        statuses = [a.status_code for a in answers]
+        assert statuses[0] == 201 and 429 in statuses, statuses
+        refused = next(a for a in answers if a.status_code == 429)
+        assert int(refused.headers["retry-after"]) >= 1 and "requests/s" in refused.json()["error"]["message"]
+    finally:
+        reset(url)
+
+
+def test_body_size_is_413(limited: LiveServer) -> None:
+    url = limited.url
+    patch(url, max_body_bytes=1024)
+    try:
+        big = {"task_id": "x", "metadata": {"pad": "y" * 2000}}
+        declared = httpx.post(f"{url}/api/v1/episodes", json=big, headers=bearer(CLIENT))
+        assert declared.status_code == 413 and declared.json()["error"]["type"] == "request_too_large"
+        payload = httpx.Request("POST", "/", json=big).content
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the streamed body is counted
+            yield payload[:700]
+            yield payload[700:]
+
+        streamed = httpx.post(
+            f"{url}/api/v1/episodes",
+            content=chunks(),
+            headers={**bearer(CLIENT), "Content-Type": "application/json"},
+        )
+        assert streamed.status_code == 413, streamed.text
+        assert streamed.json()["error"]["type"] == "request_too_large"
+        assert begin(url).status_code == 201  # small bodies pass
+    finally:
+        reset(url)
+
+
+def test_chat_caps_are_422_naming_the_field(limited: LiveServer) -> None:
+    url = limited.url
+    patch(url, max_tokens=4, max_n=2, max_messages=2)
+    try:
+        ep = begin(url).json()
+
+        def chat(**body: Any) -> httpx.Response:
+            return httpx.post(
+                f"{ep['base_url']}/chat/completions",
+                json={"model": ep["model"], "messages": QUESTION, **body},
+                headers=bearer(ep["api_key"]),
+                timeout=60,
+            )
+
+        for body, param in (
+            ({"max_tokens": 5}, "max_tokens"),
+            ({"max_completion_tokens": 9}, "max_completion_tokens"),
+            ({"n": 3, "max_tokens": 1}, "n"),
+            ({"messages": QUESTION * 3, "max_tokens": 1}, "messages"),
+        ):
+            r = chat(**body)
+            assert r.status_code == 422 and r.json()["error"]["param"] == param, r.text
+        assert chat(max_tokens=4, n=2).status_code == 200
+    finally:
+        reset(url)
+
+
+def test_event_followers_are_bounded(limited: LiveServer) -> None:
+    url = limited.url
+    patch(url, max_event_subscribers=1)
+    try:
+        with (
+            httpx.Client(timeout=10) as first,
+            first.stream("GET", f"{url}/api/v1/events", headers=bearer(ADMIN)) as held,
+        ):
+            assert held.status_code == 200
+            lines = held.iter_lines()  # kept: a dropped iterator closes the stream
+            assert next(lines).startswith("event: ")  # the stream is open and subscribed
+            second = httpx.get(f"{url}/api/v1/events", headers=bearer(ADMIN))
+            assert second.status_code == 503 and second.headers["retry-after"] == "5"
+            unfollowed = httpx.get(f"{url}/api/v1/events?follow=false", headers=bearer(ADMIN))
+            assert unfollowed.status_code == 200  # reading the buffer is not following
+    finally:
+        reset(url)
+
+
+def test_limits_patch_is_validated_and_shown(limited: LiveServer) -> None:
+    url = limited.url
+    bad = patch(url, max_n=99)
+    assert bad.status_code == 422 and "max_n" in bad.json()["error"]["message"]
+    lifted_wrongly = patch(url, max_body_bytes=None)
+    assert (
+        lifted_wrongly.status_code == 422 and "cannot be lifted" in lifted_wrongly.json()["error"]["message"]
+    )
+    mixed = httpx.patch(
+        f"{url}/api/v1/config", json={"lr": 2e-5, "limits": {"max_n": 0}}, headers=bearer(ADMIN)
+    )
+    assert mixed.status_code == 422
+    with SwarmClient(url, admin_token=ADMIN) as ops:
+        assert ops.config().training["trainer"]["lr"] != 2e-5  # a bad limit fails the whole patch
+        ops.patch_config(limits={"max_tokens": 7})
+        assert ops.config().limits.max_tokens == 7
+        ops.patch_config(limits={"max_tokens": None})  # null lifts a limit that can be off
+        assert ops.config().limits.max_tokens is None
+    assert LimitsPatch(max_n=3).applied_to(Limits()).max_n == 3
+
+
+def test_an_inference_server_takes_limit_patches_only(server: LiveServer) -> None:
+    answer = httpx.patch(f"{server.url}/api/v1/config", json={"limits": {"max_messages": 100}})
+    assert answer.status_code == 200, answer.text
+    assert (
+        answer.json()["config"]["limits"]["max_messages"] == 100 and answer.json()["config"]["training"] == {}
+    )
+    assert httpx.patch(f"{server.url}/api/v1/config", json={"lr": 1e-5}).status_code == 409
+    assert httpx.get(f"{server.url}/api/v1/config").status_code == 409
+    httpx.patch(f"{server.url}/api/v1/config", json={"limits": {"max_messages": Limits().max_messages}})
