@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine, TokenCallback
 from swarm.engine.factory import load_engine
+from swarm.engine.model_loading import resolve_model
 from swarm.errors import EpisodeNotFound, EpisodeStateError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.precision import resolve_mixed_precision
@@ -89,6 +90,11 @@ class SwarmRuntime:
                 run_dir=run_dir,
                 sampling=config.sampling,
                 mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
+                model_dir=(
+                    resolve_model(config.model, cache_dir=config.cache_dir).directory
+                    if training.backend == "verl"
+                    else None
+                ),
             )
         self.events.emit("server.started", f"serving {self.model_name}", model=self.model_name)
 
