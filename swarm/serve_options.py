@@ -325,7 +325,7 @@ class ServeOptions(BaseModel):
         if config.engine == "vllm":
             _check_vllm(config.device)
         if config.training.enabled and config.training.backend == "verl":
-            _check_verl()
+            _check_verl(config.training.verl.ray_address)
         _check_run_dir(self.run_dir)
         return config
 
@@ -401,18 +401,26 @@ def _check_vllm(device: str) -> None:
         )
 
 
-def _check_verl() -> None:
-    """Raise unless the ``verl`` trainer backend can be imported (verl 0.9.1 and what it imports).
+def _check_verl(ray_address: str | None) -> None:
+    """Raise unless the ``verl`` trainer backend can run: verl 0.9.1 and what it imports, and CUDA GPUs
+    here unless the actor runs on a Ray cluster (``--ray-address``).
 
     Raises:
-        ServeOptionsError: ``--trainer verl: why; install it with …`` in one line.
+        ServeOptionsError: ``--trainer verl: why …`` in one line.
     """
+    import torch
+
     from swarm.train.verl_backend import check_verl_available
 
     try:
         check_verl_available()
     except SwarmError as exc:
         raise ServeOptionsError(str(exc)) from None
+    if ray_address is None and not torch.cuda.is_available():
+        raise ServeOptionsError(
+            "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
+            "(or give --ray-address of a Ray cluster that has them)"
+        )
 
 
 def _check_run_dir(run_dir: Path) -> None:

@@ -464,6 +464,8 @@ class VerlTrainer:
         pad_token_id: Fills padding.
         settings: Worker layout (GPUs, nodes, FSDP strategy, Ray address).
         compute_dtype: Compute dtype of the actor's forward passes (``float32`` or ``bfloat16``).
+        start: Start Ray and the worker group now (``None``: when CUDA is visible or a Ray address is
+            set; otherwise on the first step).
 
     Raises:
         VerlUnavailable: verl is not installed.
@@ -479,6 +481,7 @@ class VerlTrainer:
         *,
         settings: VerlSettings | None = None,
         compute_dtype: str = "float32",
+        start: bool | None = None,
     ) -> None:
         check_verl_available()
         if config.lora is not None:
@@ -491,6 +494,12 @@ class VerlTrainer:
         self.compute_dtype = compute_dtype
         self._step = 0
         self._wg: Any = None
+        if (
+            start is None
+        ):  # start now wherever GPUs can be had: the caller's (main) thread, errors at start-up
+            start = self.settings.ray_address is not None or torch.cuda.is_available()
+        if start:
+            self._workers()
 
     # -- worker group ------------------------------------------------------------------------------------
     def _workers(self) -> Any:
@@ -602,7 +611,7 @@ class VerlTrainer:
         mask = data.batch["response_mask"].bool()
 
         t0 = time.perf_counter()
-        td = worker_input(data, calculate_entropy=True, compute_loss=False)
+        td = worker_input(data, calculate_entropy=True, compute_loss=False, temperature=cfg.temperature)
         out = wg.compute_log_prob(td)
         old = response_values(out, "log_probs", td)
         entropy = response_values(out, "entropy", td)
@@ -610,7 +619,7 @@ class VerlTrainer:
         timings.old_logprobs_s = time.perf_counter() - t0
         if cfg.kl_coef > 0:
             t0 = time.perf_counter()
-            td = worker_input(data, calculate_entropy=False, compute_loss=False)
+            td = worker_input(data, calculate_entropy=False, compute_loss=False, temperature=cfg.temperature)
             data.batch["ref_log_prob"] = response_values(wg.compute_ref_log_prob(td), "log_probs", td)
             timings.ref_logprobs_s = time.perf_counter() - t0
         behaviour = data.batch["rollout_log_probs"]

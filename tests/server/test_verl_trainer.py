@@ -80,10 +80,21 @@ needs_verl = pytest.mark.skipif(
 
 
 @needs_verl
-def test_serve_check_passes_with_verl(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["serve", "--trainer", "verl", "--check", "--run-dir", str(tmp_path / "r")])
-    assert result.exit_code == 0, result.output
-    assert "options are valid" in result.output
+def test_serve_check_with_verl_needs_gpus_or_a_ray_cluster(tmp_path: Path) -> None:
+    import torch
+
+    argv = ["serve", "--trainer", "verl", "--check", "--run-dir", str(tmp_path / "r")]
+    result = runner.invoke(app, argv)
+    if torch.cuda.is_available():
+        assert result.exit_code == 0 and "options are valid" in result.output, result.output
+    else:
+        assert result.exit_code != 0
+        assert result.output.strip() == (
+            "error: --trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
+            "(or give --ray-address of a Ray cluster that has them)"
+        )
+    result = runner.invoke(app, [*argv, "--ray-address", "auto"])
+    assert result.exit_code == 0 and "options are valid" in result.output, result.output
 
 
 @needs_verl
