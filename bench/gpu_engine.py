@@ -6,13 +6,20 @@ under uvicorn on loopback, in a thread, as in ``bench/serve.py``).
 
 **Throughput through the server.** ``c`` workers (``--concurrency``) each run episodes of one call
 (begin, ``chat.completions`` over the async OpenAI SDK with temperature 1, a distinct seed and
-``max_tokens=--tokens``, finish) for ``--rounds`` rounds after one untimed warm-up round. Tokens/s =
+``max_tokens=--tokens``, finish) for ``--rounds`` rounds after one untimed warm-up round. The workers
+run in ``--client-processes`` processes apart from the server's (as clients on other machines would),
+so the clients' own CPU (the SDK, httpx) never competes with the server for its GIL. Tokens/s =
 completion tokens the server reports (``usage``) / wall seconds of the timed rounds. Completions end at
 end-of-turn or at ``--tokens``; the prompt asks for a long story so most run to the limit.
 
-**Server overhead (vllm).** The same workload at the highest concurrency twice, interleaved: through
-the server, and as ``VLLMEngine.generate`` calls on the prompt ids the server rendered (vLLM's AsyncLLM
-plus the engine's thin bridge). Overhead = 1 − server tokens/s ÷ direct tokens/s.
+**Server overhead (vllm).** The same workload at the highest concurrency, in steady state, three times
+each way, interleaved: through the server (``c`` workers in the client processes run episodes back to
+back), and as ``VLLMEngine.generate`` calls back to back on the prompt ids the server rendered (vLLM's
+AsyncLLM plus the engine's thin bridge), in the bench process while the server idles. Each counts the
+completion tokens of the calls that finish inside a ``--window``-second window after a 5 s warm-up.
+Overhead = 1 − median server tokens/s ÷ median direct tokens/s. (A single synchronous burst would
+charge the server's per-request work at the burst's start and end, when nothing else overlaps it, to
+the server; RL rollouts run episodes back to back, as here.)
 
 **One GRPO cycle (vllm).** A training server (full fine-tuning, fp32 AdamW on the GPU, ``episodes``
 batch policy, ``--cycle-episodes`` per step in groups of 4 per task): wall seconds of the rollout (first
@@ -35,11 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -90,33 +99,127 @@ async def _episode(swarm: AsyncSwarmClient, sdk: AsyncOpenAI, task: str, seed: i
     return used
 
 
-async def server_throughput(url: str, concurrency: int, rounds: int, tokens: int) -> float:
-    """Completion tokens/s through the server with ``concurrency`` episodes in flight."""
+async def _client_rounds(
+    url: str, concurrency: int, rounds: int, tokens: int, first_seed: int, barrier: Any
+) -> tuple[int, float, float]:
+    """One client process's share: a warm-up round, the barrier, then ``rounds`` timed rounds."""
     sdk = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
-    async with sdk, AsyncSwarmClient(url, client_id=f"bench-{concurrency}") as swarm:
-        seeds = iter(range(10**6))
+    async with sdk, AsyncSwarmClient(url, client_id=f"bench-{first_seed}") as swarm:
+        seeds = iter(range(first_seed, first_seed + 10**5))
 
         async def round_() -> int:
             jobs = [_episode(swarm, sdk, f"t{i}", next(seeds), tokens) for i in range(concurrency)]
             return sum(await asyncio.gather(*jobs))
 
         await round_()  # warm-up
-        started = time.perf_counter()
+        barrier.wait()  # every process starts its timed rounds together
+        started = time.time()
         produced = sum([await round_() for _ in range(rounds)])
-        return produced / (time.perf_counter() - started)
+        return produced, started, time.time()
 
 
-async def direct_throughput(engine: Engine, prompt_ids: list[int], concurrency: int, tokens: int) -> float:
-    """Completion tokens/s of ``engine.generate`` alone, same prompt, ``concurrency`` requests at once."""
+async def _client_window(
+    url: str, concurrency: int, tokens: int, first_seed: int, barrier: Any, warmup_s: float, window_s: float
+) -> int:
+    """One client process's share in steady state: ``concurrency`` workers run episodes back to back;
+    the completion tokens of the calls that finish inside the window (after ``warmup_s``) are counted."""
+    sdk = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    async with sdk, AsyncSwarmClient(url, client_id=f"bench-{first_seed}") as swarm:
+        seeds = iter(range(first_seed, first_seed + 10**6))
+        barrier.wait()
+        opens = time.time() + warmup_s
+        closes = opens + window_s
+        counted = 0
 
-    async def one(seed: int) -> int:
-        (completion,) = await engine.generate(prompt_ids, SamplingParams(max_tokens=tokens, seed=seed))
-        return len(completion.ids)
+        async def worker(i: int) -> None:
+            nonlocal counted
+            while time.time() < closes:
+                used = await _episode(swarm, sdk, f"t{i}", next(seeds), tokens)
+                if opens <= time.time() <= closes:
+                    counted += used
 
-    await one(0)  # warm-up (the server side has its warm-up round too)
-    started = time.perf_counter()
-    produced = sum(await asyncio.gather(*(one(10**6 + s) for s in range(concurrency))))
-    return produced / (time.perf_counter() - started)
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        return counted
+
+
+def _client_window_process(
+    url: str, concurrency: int, tokens: int, first_seed: int, barrier: Any, warmup_s: float, window_s: float
+) -> int:
+    return asyncio.run(_client_window(url, concurrency, tokens, first_seed, barrier, warmup_s, window_s))
+
+
+def _client_process(
+    url: str, concurrency: int, rounds: int, tokens: int, first_seed: int, barrier: Any
+) -> tuple[int, float, float]:
+    return asyncio.run(_client_rounds(url, concurrency, rounds, tokens, first_seed, barrier))
+
+
+@dataclass
+class ClientProcesses:
+    """Client processes apart from the server's, so clients' CPU (the OpenAI SDK parsing, httpx) never
+    shares the server process's GIL: the measurement is the server's, as with clients on other machines."""
+
+    processes: int
+    pool: ProcessPoolExecutor = field(init=False)
+    manager: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.pool = ProcessPoolExecutor(self.processes, mp_context=context)
+        self.manager = context.Manager()
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.manager.shutdown()
+
+    def throughput(self, url: str, concurrency: int, rounds: int, tokens: int) -> float:
+        """Completion tokens/s through the server with ``concurrency`` episodes in flight, spread over
+        up to ``processes`` client processes (total tokens / (last end - first start))."""
+        k = min(self.processes, concurrency)
+        shares = [concurrency // k + (1 if i < concurrency % k else 0) for i in range(k)]
+        barrier = self.manager.Barrier(k)
+        jobs = [
+            self.pool.submit(_client_process, url, share, rounds, tokens, (i + 1) * 10**5, barrier)
+            for i, share in enumerate(shares)
+        ]
+        results = [job.result() for job in jobs]
+        return sum(r[0] for r in results) / (max(r[2] for r in results) - min(r[1] for r in results))
+
+    def steady(self, url: str, concurrency: int, tokens: int, warmup_s: float, window_s: float) -> float:
+        """Completion tokens/s through the server in steady state (`_client_window`)."""
+        k = min(self.processes, concurrency)
+        shares = [concurrency // k + (1 if i < concurrency % k else 0) for i in range(k)]
+        barrier = self.manager.Barrier(k)
+        jobs = [
+            self.pool.submit(
+                _client_window_process, url, share, tokens, (i + 1) * 10**6, barrier, warmup_s, window_s
+            )
+            for i, share in enumerate(shares)
+        ]
+        return sum(job.result() for job in jobs) / window_s
+
+
+async def direct_steady(
+    engine: Engine, prompt_ids: list[int], concurrency: int, tokens: int, warmup_s: float, window_s: float
+) -> float:
+    """Completion tokens/s of ``engine.generate`` alone in steady state: ``concurrency`` workers call it
+    back to back on the same prompt; the tokens of calls that finish inside the window are counted."""
+    opens = time.time() + warmup_s
+    closes = opens + window_s
+    counted = 0
+    seeds = iter(range(10**7, 2 * 10**7))
+
+    async def worker() -> None:
+        nonlocal counted
+        while time.time() < closes:
+            (completion,) = await engine.generate(
+                prompt_ids, SamplingParams(max_tokens=tokens, seed=next(seeds))
+            )
+            if opens <= time.time() <= closes:
+                counted += len(completion.ids)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return counted / window_s
 
 
 def rendered_prompt(url: str) -> list[int]:
@@ -212,6 +315,12 @@ def main(
         str, typer.Option(help="engines' and trainer's device (cpu: a quick smoke run)")
     ] = "cuda",
     train_engine: Annotated[str, typer.Option(help="engine of the GRPO-cycle and drift runs")] = "vllm",
+    window: Annotated[
+        float, typer.Option(min=1.0, help="seconds of each steady-state overhead window (after 5 s warm-up)")
+    ] = 20.0,
+    client_processes: Annotated[
+        int, typer.Option(min=1, help="processes the concurrent clients are spread over")
+    ] = 8,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -219,43 +328,57 @@ def main(
     source = resolve_model(None)
     levels = [int(c) for c in concurrency.split(",")]
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else device
-    results: dict[str, Any] = {"gpu": gpu, "tokens": tokens, "throughput": {}}
-    for kind in engines.split(","):
-        engine = build_engine(kind, source, memory, device)
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                config = ServerConfig(run_dir=Path(tmp), port=0, training=TrainingConfig(enabled=False))
-                with serve(engine, config.run_dir, config) as url:
-                    rows = {}
-                    for c in levels:
-                        rows[c] = asyncio.run(server_throughput(url, c, rounds, tokens))
-                        console.print(f"{kind} through the server, {c} concurrent: {rows[c]:,.0f} tok/s")
-                    results["throughput"][kind] = rows
-                    if kind == train_engine:
-                        prompt = rendered_prompt(url)
-                        top = max(levels)
-                        http, direct = [], []
-                        for r in range(3):
-                            for side in ("direct", "http") if r % 2 == 0 else ("http", "direct"):
-                                if side == "direct":
-                                    direct.append(asyncio.run(direct_throughput(engine, prompt, top, tokens)))
-                                else:
-                                    http.append(asyncio.run(server_throughput(url, top, 1, tokens)))
-                        results["overhead"] = {
-                            "concurrency": top,
-                            "server_tok_s": statistics.median(http),
-                            "direct_tok_s": statistics.median(direct),
-                            "overhead": 1 - statistics.median(http) / statistics.median(direct),
-                        }
-                        console.print(results["overhead"])
-            if kind == train_engine:
-                results["cycle"], results["drift"] = train_runs(
-                    engine, cycle_episodes, drift_steps, drift_episodes, lr, tokens, device
-                )
-        finally:
-            engine.close()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+    results: dict[str, Any] = {"gpu": gpu, "tokens": tokens, "client_processes": client_processes}
+    results["throughput"] = {}
+    clients = ClientProcesses(client_processes)
+    try:
+        for kind in engines.split(","):
+            engine = build_engine(kind, source, memory, device)
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    config = ServerConfig(run_dir=Path(tmp), port=0, training=TrainingConfig(enabled=False))
+                    with serve(engine, config.run_dir, config) as url:
+                        rows = {}
+                        for c in levels:
+                            rows[c] = clients.throughput(url, c, rounds, tokens)
+                            console.print(f"{kind} through the server, {c} concurrent: {rows[c]:,.0f} tok/s")
+                        results["throughput"][kind] = rows
+                        if kind == train_engine:
+                            prompt = rendered_prompt(url)
+                            top = max(levels)
+                            http, direct = [], []
+                            for r in range(3):
+                                for side in ("direct", "http") if r % 2 == 0 else ("http", "direct"):
+                                    if side == "direct":
+                                        direct.append(
+                                            asyncio.run(
+                                                direct_steady(engine, prompt, top, tokens, 5.0, window)
+                                            )
+                                        )
+                                    else:
+                                        http.append(clients.steady(url, top, tokens, 5.0, window))
+                            results["overhead"] = {
+                                "concurrency": top,
+                                "server_tok_s": statistics.median(http),
+                                "direct_tok_s": statistics.median(direct),
+                                "overhead": (1 - statistics.median(http) / statistics.median(direct))
+                                if statistics.median(direct) > 0
+                                else float("nan"),
+                                "server_runs": http,
+                                "direct_runs": direct,
+                                "window_s": window,
+                            }
+                            console.print(results["overhead"])
+                if kind == train_engine:
+                    results["cycle"], results["drift"] = train_runs(
+                        engine, cycle_episodes, drift_steps, drift_episodes, lr, tokens, device
+                    )
+            finally:
+                engine.close()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+    finally:
+        clients.close()
     report(results)
     if json_out is not None:
         json_out.write_text(json.dumps(results, indent=2, default=str))
@@ -324,7 +447,8 @@ def report(results: dict[str, Any]) -> None:
     if "overhead" in results:
         o = results["overhead"]
         table.add_row(
-            f"server overhead vs engine.generate at {o['concurrency']}", f"{100 * o['overhead']:+.1f} %"
+            f"server overhead vs engine.generate at {o['concurrency']}, steady state",
+            f"{100 * o['overhead']:+.1f} %",
         )
     if "cycle" in results:
         c = results["cycle"]

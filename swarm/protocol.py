@@ -261,17 +261,10 @@ deviation to inf, which zeroed every advantage of the group without a word."""
 class EpisodeFinish(_Strict):
     """``POST /api/v1/episodes/{id}/finish``."""
 
-    reward: StrictFloat = Field(ge=-MAX_REWARD, le=MAX_REWARD)
+    reward: StrictFloat = Field(ge=-MAX_REWARD, le=MAX_REWARD, allow_inf_nan=False)
     """A JSON number (not ``true`` or ``"1"``), finite, at most `MAX_REWARD` in magnitude."""
     agent_rewards: dict[str, StrictFloat] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
-
-    @field_validator("reward")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("reward must be a finite number")
-        return v
 
     @field_validator("agent_rewards")
     @classmethod

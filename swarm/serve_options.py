@@ -11,7 +11,8 @@ building or checking the server configuration imports it when called.
 
 from __future__ import annotations
 
-import os
+import contextlib
+import tempfile
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -424,10 +425,25 @@ def _check_verl(ray_address: str | None) -> None:
 
 
 def _check_run_dir(run_dir: Path) -> None:
-    """Raise unless ``run_dir`` is a folder, or can become one, that this user can write."""
+    """Raise unless ``run_dir`` is a folder, or can become one, that this user can write.
+
+    Tried, not guessed from permission bits (root passes ``os.access`` on ``/proc``, where ``mkdir``
+    fails): the missing folders are created and removed again, or a file is created in an existing
+    folder and removed, so a check leaves nothing behind.
+    """
     path = run_dir.expanduser()
     if path.exists() and not path.is_dir():
         raise ServeOptionsError(f"--run-dir {run_dir}: exists and is not a folder")
-    parent = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ServeOptionsError(f"--run-dir {run_dir}: {parent} is not a folder this user can write to")
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        if missing:
+            path.mkdir(parents=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ServeOptionsError(f"--run-dir {run_dir}: cannot write there ({reason})") from None
+    finally:
+        for folder in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()

@@ -114,12 +114,15 @@ def test_abort_kinds_heartbeat_and_unknown_episode(server: Any) -> None:
 def test_nonfinite_reward_is_rejected_and_episode_stays_open(server: Any) -> None:
     with SwarmClient(server.url) as client:
         ep = client.begin("nan")
-        r = httpx.post(
-            f"{server.url}/api/v1/episodes/{ep.id}/finish",
-            content=b'{"reward": NaN}',
-            headers={"Content-Type": "application/json"},
-        )
-        assert r.status_code == 422
+        for body in (b'{"reward": NaN}', b'{"reward": Infinity}', b'{"reward": 1e400}'):
+            r = httpx.post(
+                f"{server.url}/api/v1/episodes/{ep.id}/finish",
+                content=body,
+                headers={"Content-Type": "application/json"},
+            )
+            assert r.status_code == 422
+            # says what is wrong (it said "less than or equal to 1000000000" for NaN)
+            assert r.json()["error"]["message"] == "reward: Input should be a finite number"
         ep.finish(1.0)  # nothing was lost: the episode is still open and finishes normally
         assert client.get_episode(ep.id).status == "finished"
 

@@ -78,6 +78,17 @@ def test_check_adds_the_device_model_and_run_dir(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_check_tries_the_run_dir_instead_of_trusting_permission_bits(tmp_path: Path) -> None:
+    """Root passes ``os.access`` on /proc, where mkdir fails: the check must try (and clean up)."""
+    with pytest.raises(ServeOptionsError, match=r"^--run-dir /proc/swarm-run/x: cannot write there \("):
+        ServeOptions.from_flags({"run-dir": "/proc/swarm-run/x"}).check()
+    nested = tmp_path / "a" / "b" / "c"
+    ServeOptions.from_flags({"run-dir": nested}).check()
+    assert not (tmp_path / "a").exists()  # what the check created, it removed
+    ServeOptions.from_flags({"run-dir": tmp_path}).check()
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
