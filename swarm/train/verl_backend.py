@@ -164,9 +164,9 @@ def to_verl_batch(
         samples: Training samples (``Sample.input_ids``/``loss_mask``/``behaviour_logprobs`` of equal
             length T ≥ 2, first token unscored; ``weight`` ≥ 0).
         advantages: One advantage per sample (our GRPO advantages, written in as they are).
-        pad_token_id: Fills padding positions and padding rows (never attended to... except the one
-            token each padding row keeps on both sides so that verl's no-padding layout has no empty
-            sequence; those rows have a zero response mask).
+        pad_token_id: Fills padding positions and padding rows. Each padding row attends to one prompt
+            and one response token (verl's no-padding layout has no empty sequence) and has a zero
+            response mask, so it is never trained.
         loss_agg: Our aggregation, mapped by :func:`verl_loss_agg_mode`.
         norm_tokens: L of ``seq_mean_token_sum_norm``.
         multiple: Rows are padded to a multiple of this (data-parallel size × mini-batches).
@@ -460,7 +460,7 @@ class VerlTrainer:
     Args:
         module: The server's Hugging Face model (receives the actor's weights after each step).
         model_path: Hugging Face directory verl's actor loads (the same weights as ``module``).
-        config: Trainer hyper-parameters (LoRA: verl's peft path, merged into ``module``).
+        config: Trainer hyper-parameters (full fine-tuning; ``lora`` is refused).
         pad_token_id: Fills padding.
         settings: Worker layout (GPUs, nodes, FSDP strategy, Ray address).
         compute_dtype: Compute dtype of the actor's forward passes (``float32`` or ``bfloat16``).
@@ -648,7 +648,7 @@ class VerlTrainer:
         t0 = time.perf_counter()
         state = wg.full_state_dict()[0]
         load_full_state_dict(self._module, state)
-        timings.optim_s = time.perf_counter() - t0
+        timings.weight_sync_s = time.perf_counter() - t0
         self._step += 1
 
         drift = (behaviour - old).abs()[mask]
@@ -680,14 +680,12 @@ class VerlTrainer:
             ),
             lr=cfg.lr,
             updates=updates,
-            micro_batches=updates * -(-rows // (cfg.minibatches * cfg.micro_batch_size)),
+            # per rank: each of the world_size ranks runs this many micro-batches
+            micro_batches=updates
+            * -(-rows // (cfg.minibatches * self.settings.world_size * cfg.micro_batch_size)),
             time_s=timings,
             created_at=time.time(),
         )
-
-    def close(self) -> None:
-        """Stop the worker group (its Ray actors)."""
-        self._wg = None
 
 
 def _values(metrics: Mapping[str, Any], *keys: str) -> list[float]:
