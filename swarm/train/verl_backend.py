@@ -655,6 +655,7 @@ class VerlTrainer:
         tokens = int(mask.sum())
         pg = _mean(metrics, "actor/pg_loss", "pg_loss") or 0.0
         kl = _mean(metrics, "kl_loss", "actor/kl_loss")
+        total = _mean(metrics, "loss")
         updates = cfg.ppo_epochs * cfg.minibatches
         timings.total_s = time.perf_counter() - t_start
         return StepMetrics(
@@ -663,7 +664,7 @@ class VerlTrainer:
             episodes=len({s.episode_id for s in samples}),
             tokens=tokens,
             **batch_statistics(advantages, rewards),
-            loss=pg + cfg.kl_coef * (kl or 0.0),
+            loss=total if total is not None else pg + cfg.kl_coef * (kl or 0.0),
             policy_loss=pg,
             kl=kl if cfg.kl_coef > 0 else None,
             clip_frac=_mean(metrics, "actor/pg_clipfrac", "pg_clipfrac") or 0.0,
@@ -695,7 +696,7 @@ def _values(metrics: Mapping[str, Any], *keys: str) -> list[float]:
             items = value if isinstance(value, list | tuple) else [value]
             out: list[float] = []
             for item in items:
-                v: Any = getattr(item, "value", item)  # verl's Metric wraps the number
+                v: Any = item.aggregate() if hasattr(item, "aggregate") else item  # verl's Metric
                 out.append(float(v.item() if isinstance(v, torch.Tensor) else v))
             return out
     return []

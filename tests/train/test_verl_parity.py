@@ -8,6 +8,7 @@ Only the model forward is replaced by fixed logprobs, which is what makes the co
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -70,6 +71,7 @@ def batch_samples() -> list[Sample]:
 ADV = [1.0, -1.0, 0.5, -0.5, 0.8, -0.3]
 
 
+@functools.cache  # composing verl's Hydra config takes about a second
 def actor_config(mode: LossAggregation, norm_tokens: int, *, kl_coef: float = 0.0) -> ActorConfig:
     """verl's ActorConfig as our backend composes it (no model needed for the loss)."""
     trainer = TrainerConfig(
@@ -368,3 +370,24 @@ def test_sdpa_actor_pads_instead_of_packing() -> None:
         "/m", trainer, VerlSettings(attn_implementation="flash_attention_2"), mini_batch_rows=8
     )
     assert fa2.model.use_remove_padding
+
+
+def test_update_metrics_are_read_from_verls_metric_objects_and_lists() -> None:
+    """update_actor returns, per key, a list over mini-batches of floats (or verl ``Metric`` objects)."""
+    from verl.utils.metric import AggregationType, Metric
+
+    from swarm.train.verl_backend import _max, _mean
+
+    kl = Metric(AggregationType.SUM, 0.1)  # summed over micro-batches
+    kl.append(0.2)
+    metrics = {
+        "actor/pg_loss": [0.5, -0.25],
+        "grad_norm": [Metric(AggregationType.MEAN, 2.0), Metric(AggregationType.MEAN, 4.0)],
+        "kl_loss": kl,
+        "lr": 1e-5,
+    }
+    assert _mean(metrics, "actor/pg_loss") == 0.125
+    assert _mean(metrics, "grad_norm") == 3.0 and _max(metrics, "grad_norm") == 4.0
+    assert _mean(metrics, "kl_loss") == pytest.approx(0.3)
+    assert _mean(metrics, "lr") == 1e-5
+    assert _mean(metrics, "missing", "actor/pg_loss") == 0.125 and _mean(metrics, "missing") is None
