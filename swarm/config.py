@@ -17,7 +17,7 @@ from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.precision import MixedPrecision, resolve_dtype
 from swarm.protocol import Limits, LossAggregation, SamplingDefaults
 from swarm.tracking.merge import LossWeighting, MergeMode
-from swarm.train.config import TrainerConfig
+from swarm.train.config import TrainerConfig, VerlSettings
 
 __all__ = ["SamplingDefaults", "ServerConfig", "TrainingConfig", "check_weighting"]
 
@@ -39,6 +39,12 @@ class TrainingConfig(BaseModel):
     )
     """Optimizer, PPO clip, KL, LoRA, micro-batching. The default aggregation is GRPO's original
     sequence-mean of token-means, where with ``loss_weighting="episode"`` the "sequence" is the episode."""
+    backend: Literal["torch", "verl"] = "torch"
+    """Trainer backend: ``torch`` (:class:`swarm.train.TorchTrainer`, in the server's process on its
+    device) or ``verl`` (verl's FSDP actor in a Ray worker group, ``swarm serve --trainer verl``; optional
+    extra, full fine-tuning only)."""
+    verl: VerlSettings = Field(default_factory=VerlSettings)
+    """Worker layout of the ``verl`` backend (GPUs, nodes, Ray address)."""
     normalize_std: bool = True
     """Divide group-centred rewards by the group std (GRPO); ``False`` gives Dr. GRPO advantages."""
     loss_weighting: LossWeighting = LossWeighting.EPISODE
@@ -84,6 +90,8 @@ class TrainingConfig(BaseModel):
         if "loss_agg" not in self.trainer.model_fields_set:  # not chosen: take the server's default
             self.trainer = self.trainer.model_copy(update={"loss_agg": LossAggregation.SEQ_MEAN_TOKEN_MEAN})
         check_weighting(self.loss_weighting, self.trainer.loss_agg)
+        if self.backend == "verl" and self.trainer.lora is not None:
+            raise ValueError("the verl trainer trains all weights for now: leave LoRA (--lora-rank) out")
         return self
 
 

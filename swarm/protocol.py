@@ -636,7 +636,11 @@ class StepTimings(BaseModel):
     fwd_bwd_s: float = 0.0
     """Training forwards and backwards over all micro-batches."""
     optim_s: float = 0.0
-    """Gradient clipping and optimizer steps."""
+    """Gradient clipping and optimizer steps (the verl trainer counts them in ``fwd_bwd_s``: its
+    ``update_actor`` call does both)."""
+    weight_sync_s: float = 0.0
+    """Bringing the trained weights to the served model: the verl trainer's FSDP gather to rank 0 and
+    copy into the server's module (0 for the torch trainer, which trains that module itself)."""
     total_s: float = 0.0
     """Whole step, including batching."""
 

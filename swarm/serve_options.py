@@ -125,6 +125,23 @@ class ServeOptions(BaseModel):
         "rest; the KV cache is released during each step).",
         to="gpu_memory_utilization",
     )
+    trainer: str = _option(
+        "torch",
+        "Trainer backend: torch (in this process, on --device) | verl (verl's FSDP actor in a Ray worker "
+        "group; needs the project's verl extra and CUDA GPUs; full fine-tuning).",
+        to="training.backend",
+    )
+    trainer_gpus: int = _option(
+        1, "verl: GPUs per node for the FSDP actor.", to="training.verl.n_gpus_per_node"
+    )
+    trainer_nodes: int = _option(
+        1, "verl: nodes of the Ray cluster the actor spans.", to="training.verl.nnodes"
+    )
+    ray_address: str | None = _option(
+        None,
+        "verl: Ray cluster to join ('auto' on a cluster node; default: start a local Ray).",
+        to="training.verl.ray_address",
+    )
     max_batch_size: int = _option(32, "Most sequences sampled together.", to="max_batch_size")
     threads: int | None = _option(
         None, "torch CPU threads (default: one per core; 1 on a shared machine).", to="torch_threads"
@@ -322,6 +339,12 @@ class ServeOptions(BaseModel):
         shares = self._shares()
         return {
             "enabled": self.train,
+            "backend": self.trainer,
+            "verl": {
+                "n_gpus_per_node": self.trainer_gpus,
+                "nnodes": self.trainer_nodes,
+                "ray_address": self.ray_address,
+            },
             "batch": {
                 "policy": self.batch_policy,
                 "batch_size": self.batch_size,
@@ -398,6 +421,8 @@ class ServeOptions(BaseModel):
         check_device(self.device)
         if config.engine == "vllm":
             _check_vllm(config.device)
+        if config.training.enabled and config.training.backend == "verl":
+            _check_verl(config.training.verl.ray_address)
         _check_run_dir(self.run_dir)
         return config
 
@@ -476,6 +501,28 @@ def _check_vllm(device: str) -> None:
         raise ServeOptionsError(
             f"--engine vllm: the trainer updates its copy of the weights beside vLLM on the GPU; "
             f"use --device cuda (not {device})"
+        )
+
+
+def _check_verl(ray_address: str | None) -> None:
+    """Raise unless the ``verl`` trainer backend can run: verl 0.9.1 and what it imports, and CUDA GPUs
+    here unless the actor runs on a Ray cluster (``--ray-address``).
+
+    Raises:
+        ServeOptionsError: ``--trainer verl: why …`` in one line.
+    """
+    import torch
+
+    from swarm.train.verl_backend import check_verl_available
+
+    try:
+        check_verl_available()
+    except SwarmError as exc:
+        raise ServeOptionsError(str(exc)) from None
+    if ray_address is None and not torch.cuda.is_available():
+        raise ServeOptionsError(
+            "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
+            "(or give --ray-address of a Ray cluster that has them)"
         )
 
 

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine, TokenCallback
 from swarm.engine.factory import load_engine
+from swarm.engine.model_loading import resolve_model
 from swarm.errors import EpisodeNotFound, EpisodeStateError, RequestError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.precision import resolve_mixed_precision
@@ -102,6 +103,11 @@ class SwarmRuntime:
                 run_dir=run_dir,
                 sampling=config.sampling,
                 mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
+                model_dir=(
+                    resolve_model(config.model, cache_dir=config.cache_dir).directory
+                    if training.backend == "verl"
+                    else None
+                ),
             )
         self.credentials = Credentials(config.admin_token, config.client_tokens)
         self.limits: Limits = config.limits

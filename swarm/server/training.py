@@ -54,7 +54,7 @@ from swarm.batch import (
 )
 from swarm.config import TrainingConfig, check_weighting
 from swarm.engine.base import Engine
-from swarm.errors import RequestError, Unavailable
+from swarm.errors import ConfigError, RequestError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.precision import MixedPrecision
 from swarm.protocol import (
@@ -76,6 +76,7 @@ from swarm.tracking.records import CallRecord, Sample
 from swarm.train import (
     LIVE_FIELDS,
     TorchTrainer,
+    TrainerBackend,
     TrainerConfig,
     TrainerError,
     episode_advantages,
@@ -154,6 +155,37 @@ def agent_advantages(
     return out
 
 
+def make_trainer(
+    config: TrainingConfig,
+    engine: Engine,
+    *,
+    run_dir: Path,
+    model_dir: Path | None,
+    mixed_precision: MixedPrecision,
+) -> TrainerBackend:
+    """The trainer backend ``config.backend`` names, updating ``engine.trainable_module()``.
+
+    ``verl``: the actor loads the newest full checkpoint of ``run_dir`` when there is one (its weights
+    are the run's; the loop restores the step and the server's copy from it as for ``torch``), else
+    ``model_dir``; verl's optimizer state is not checkpointed yet, so AdamW restarts after a resume.
+
+    Raises:
+        ConfigError: ``verl`` without verl installed, or without ``model_dir``.
+    """
+    pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
+    if config.backend == "torch":
+        return TorchTrainer(
+            engine.trainable_module(), config.trainer, pad_token_id=int(pad), mixed_precision=mixed_precision
+        )
+    from swarm.train.verl_backend import VerlTrainer
+
+    latest = latest_checkpoint(run_dir)
+    source = latest[1] if latest is not None else model_dir
+    if source is None:
+        raise ConfigError("--trainer verl needs the model's Hugging Face directory")
+    return VerlTrainer(engine.trainable_module(), source, config.trainer, int(pad), settings=config.verl)
+
+
 @dataclass(frozen=True)
 class _Drain:
     """What happened to open episodes before a step (reported in its metrics)."""
@@ -186,6 +218,7 @@ class TrainingLoop:
             change them in place).
         mixed_precision: compute dtype of the trainer's forward passes; the engine's, whose logprobs
             are the behaviour policy (resolved, not ``AUTO``).
+        model_dir: the served model's Hugging Face directory (the ``verl`` backend's actor loads it).
     """
 
     def __init__(
@@ -200,6 +233,7 @@ class TrainingLoop:
         run_dir: Path,
         sampling: SamplingDefaults,
         mixed_precision: MixedPrecision,
+        model_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -210,9 +244,8 @@ class TrainingLoop:
         self.phase = phase
         self.run_dir = run_dir
         self.sampling = sampling
-        pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
-        self.trainer = TorchTrainer(
-            engine.trainable_module(), config.trainer, pad_token_id=int(pad), mixed_precision=mixed_precision
+        self.trainer = make_trainer(
+            config, engine, run_dir=run_dir, model_dir=model_dir, mixed_precision=mixed_precision
         )
         self.step = 0
         """The last completed step: the policy version being sampled once its update is visible."""
@@ -409,6 +442,14 @@ class TrainingLoop:
                 param="max_staleness",
             )
         trainer_changes = {k: v for k, v in changes.items() if k in TRAINER_FIELDS}
+        fixed = sorted(set(trainer_changes) - self.trainer.live_fields)
+        if fixed:
+            raise RequestError(
+                f"invalid config change: {fixed[0]}: the {self.config.backend} trainer fixes it at start "
+                f"(live: {', '.join(sorted(self.trainer.live_fields & TRAINER_FIELDS))})",
+                status_code=422,
+                param=fixed[0],
+            )
         try:
             if trainer_changes:
                 merged = {**self.trainer.config.model_dump(), **self._pending_trainer, **trainer_changes}

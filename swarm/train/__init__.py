@@ -9,7 +9,8 @@ Typical use by the server, after :func:`swarm.batch.select_batch` returned a bat
     MetricsLog(run_dir / "metrics.jsonl").append(metrics)
 """
 
-from swarm.train.config import LIVE_FIELDS, LoraSettings, TrainerConfig
+from swarm.train.backend import TrainerBackend
+from swarm.train.config import LIVE_FIELDS, LoraSettings, TrainerConfig, VerlSettings
 from swarm.train.losses import (
     LossAggregation,
     aggregate_loss,
@@ -33,8 +34,10 @@ __all__ = [
     "StepMetrics",
     "StepTimings",
     "TorchTrainer",
+    "TrainerBackend",
     "TrainerConfig",
     "TrainerError",
+    "VerlSettings",
     "aggregate_loss",
     "entropy_from_logits",
     "episode_advantages",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm.train.losses import LossAggregation
 
-__all__ = ["LIVE_FIELDS", "LoraSettings", "TrainerConfig"]
+__all__ = ["LIVE_FIELDS", "LoraSettings", "TrainerConfig", "VerlSettings"]
 
 
 class LoraSettings(BaseModel):
@@ -105,3 +107,38 @@ class TrainerConfig(BaseModel):
 
 LIVE_FIELDS: frozenset[str] = frozenset(TrainerConfig.model_fields) - {"lora", "adam_eps"}
 """Fields :meth:`TorchTrainer.update_config` may change between steps."""
+
+
+class VerlSettings(BaseModel):
+    """Layout of verl's worker group for ``--trainer verl`` (:class:`swarm.train.verl_backend.VerlTrainer`).
+
+    The hyper-parameters come from :class:`TrainerConfig`; these say where the FSDP actor runs.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_gpus_per_node: int = Field(default=1, ge=1)
+    """GPUs per node of the actor's worker group (one FSDP rank each)."""
+    nnodes: int = Field(default=1, ge=1)
+    """Nodes of the Ray cluster the worker group spans."""
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+    """verl's actor strategy: FSDP1 or FSDP2 (``fully_shard``)."""
+    param_offload: bool = False
+    """Keep the actor's parameters on CPU between its passes (verl ``fsdp_config.param_offload``)."""
+    optimizer_offload: bool = False
+    """Keep AdamW states on CPU between steps (verl ``fsdp_config.optimizer_offload``)."""
+    attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
+    """Attention kernels of the actor. ``flash_attention_2`` (needs the ``flash-attn`` package) lets verl
+    pack sequences without padding; ``sdpa`` runs everywhere and pads each micro-batch."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory for long sequences)."""
+    ray_address: str | None = None
+    """``None``: start a local Ray instance; ``"auto"`` or ``"ray://HOST:10001"``: join that cluster."""
+    overrides: tuple[str, ...] = ()
+    """Further Hydra overrides of verl's ``ppo_trainer`` config, e.g.
+    ``actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384``."""
+
+    @property
+    def world_size(self) -> int:
+        """FSDP ranks: ``n_gpus_per_node · nnodes`` (the data-parallel size)."""
+        return self.n_gpus_per_node * self.nnodes

@@ -43,8 +43,9 @@ def grpo_advantages(
     ``Â_i = (R_i - mean(R)) / (std(R) + eps)`` (Shao et al. 2024, DeepSeekMath, §4.1.2 "outcome supervision"),
     or, with ``normalize_std=False``, ``Â_i = R_i - mean(R)`` as recommended by Dr. GRPO (Liu et al. 2025,
     "Understanding R1-Zero-Like Training", arXiv:2503.20783, §3.1: the std division up-weights groups that are
-    nearly all right or all wrong). ``std`` is the population standard deviation (``unbiased=False``), as in
-    TRL and verl.
+    nearly all right or all wrong). ``std`` is the population standard deviation (``unbiased=False``);
+    verl 0.9's ``compute_grpo_outcome_advantage`` divides by the Bessel-corrected one, √(G/(G−1)) larger
+    (checked in tests/train/test_verl_parity.py), and gives a group of one its raw reward.
 
     Edge cases: a group of one episode, or a group whose rewards are all equal (zero variance), has no
     learning signal and gets all-zero advantages (never NaN).

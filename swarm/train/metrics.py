@@ -7,11 +7,35 @@ the run dir keeps them in ``metrics.jsonl`` (one JSON object per line, appended 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from swarm.protocol import StepMetrics, StepTimings
 
-__all__ = ["MetricsLog", "StepMetrics", "StepTimings"]
+__all__ = ["MetricsLog", "StepMetrics", "StepTimings", "batch_statistics"]
+
+
+def batch_statistics(advantages: Sequence[float], rewards: Sequence[float] | None) -> dict[str, Any]:
+    """The :class:`StepMetrics` fields that describe a batch rather than the update: reward mean and
+    population std (``None`` without rewards) and advantage mean, population std, min and max.
+
+    Args:
+        advantages: One per sample (non-empty).
+        rewards: One per episode, or ``None``.
+    """
+    adv_t = torch.tensor(list(advantages), dtype=torch.float64)
+    rew_t = torch.tensor(list(rewards), dtype=torch.float64) if rewards else None
+    return {
+        "reward_mean": None if rew_t is None else float(rew_t.mean()),
+        "reward_std": None if rew_t is None else float(rew_t.std(unbiased=False)),
+        "adv_mean": float(adv_t.mean()),
+        "adv_std": float(adv_t.std(unbiased=False)),
+        "adv_min": float(adv_t.min()),
+        "adv_max": float(adv_t.max()),
+    }
 
 
 class MetricsLog:

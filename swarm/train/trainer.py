@@ -47,7 +47,7 @@ from swarm.train.losses import (
     selective_log_softmax,
     truncated_importance_weights,
 )
-from swarm.train.metrics import StepMetrics, StepTimings
+from swarm.train.metrics import StepMetrics, StepTimings, batch_statistics
 
 __all__ = ["TorchTrainer", "TrainerError"]
 
@@ -214,6 +214,11 @@ class TorchTrainer:
                 merged = merged + delta.float()
             weight = cast(torch.Tensor, target.weight)
             weight.copy_(merged.to(weight.dtype))
+
+    @property
+    def live_fields(self) -> frozenset[str]:
+        """Every field of ``LIVE_FIELDS``: the next step reads them all."""
+        return LIVE_FIELDS
 
     @property
     def step_count(self) -> int:
@@ -548,20 +553,13 @@ class TorchTrainer:
 
         updates = cfg.ppo_epochs * len(batches)
         scored = max(sums["tokens"], 1.0)
-        adv_t = torch.tensor(list(advantages), dtype=torch.float64)
-        rew_t = torch.tensor(list(rewards), dtype=torch.float64) if rewards else None
         timings.total_s = time.perf_counter() - t_start
         return StepMetrics(
             step=self._step,
             samples=len(samples),
             episodes=len({s.episode_id for s in samples}),
             tokens=int(total_tokens),
-            reward_mean=None if rew_t is None else float(rew_t.mean()),
-            reward_std=None if rew_t is None else float(rew_t.std(unbiased=False)),
-            adv_mean=float(adv_t.mean()),
-            adv_std=float(adv_t.std(unbiased=False)),
-            adv_min=float(adv_t.min()),
-            adv_max=float(adv_t.max()),
+            **batch_statistics(advantages, rewards),
             loss=sums["loss"] / updates,
             policy_loss=sums["policy_loss"] / updates,
             kl=sums["kl"] / scored if cfg.kl_coef > 0 else None,

@@ -1,0 +1,121 @@
+"""``swarm serve --trainer verl`` on the CPU: options, the one-line refusal without verl, and the live
+config a server with verl's backend accepts (its Ray worker group only starts with the first step, which
+needs GPUs: bench/verl_step.py runs that on the H200)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from swarm.batch import BatchConfig, BatchPolicy
+from swarm.cli import app
+from swarm.client import ServeOptions, ServeOptionsError
+from swarm.config import TrainingConfig
+from swarm.engine import HFEngine
+from tests.conftest import build_tiny_model, make_server
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"trainer": "banana"}, "--trainer: Input should be 'torch' or 'verl'"),
+        ({"trainer": "verl", "lora-rank": "8"}, "the verl trainer trains all weights"),
+        (
+            {"trainer": "verl", "trainer-gpus": "0"},
+            "--trainer-gpus: Input should be greater than or equal to 1",
+        ),
+    ],
+)
+def test_trainer_options_are_refused_in_one_line(flags: dict[str, str], message: str) -> None:
+    with pytest.raises(ServeOptionsError) as caught:
+        ServeOptions.from_flags(flags).to_server_config()
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_trainer_flags_build_the_verl_settings(tmp_path: Path) -> None:
+    options = ServeOptions.from_flags(
+        {"trainer": "verl", "trainer-gpus": "8", "trainer-nodes": "2", "ray-address": "auto"}
+    )
+    training = options.to_server_config().training
+    assert training.backend == "verl"
+    assert (training.verl.n_gpus_per_node, training.verl.nnodes, training.verl.world_size) == (8, 2, 16)
+    assert training.verl.ray_address == "auto"
+    assert options.argv() == [
+        "--trainer",
+        "verl",
+        "--trainer-gpus",
+        "8",
+        "--trainer-nodes",
+        "2",
+        "--ray-address",
+        "auto",
+    ]
+
+
+def test_serve_without_verl_ends_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "verl" or m.startswith("verl.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "verl", None)  # import verl raises ImportError, as when absent
+    result = runner.invoke(app, ["serve", "--trainer", "verl", "--check", "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert (
+        len(lines) == 1 and "--trainer verl:" in lines[0] and "pip install --no-deps verl==0.9.1" in lines[0]
+    )
+    assert "Traceback" not in result.output
+
+
+needs_verl = pytest.mark.skipif(
+    os.environ.get("A3R_REQUIRE_VERL") != "1" and not __import__("importlib").util.find_spec("verl"),
+    reason="verl is an optional extra",
+)
+
+
+@needs_verl
+def test_serve_check_with_verl_needs_gpus_or_a_ray_cluster(tmp_path: Path) -> None:
+    import torch
+
+    argv = ["serve", "--trainer", "verl", "--check", "--run-dir", str(tmp_path / "r")]
+    result = runner.invoke(app, argv)
+    if torch.cuda.is_available():
+        assert result.exit_code == 0 and "options are valid" in result.output, result.output
+    else:
+        assert result.exit_code != 0
+        assert result.output.strip() == (
+            "error: --trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
+            "(or give --ray-address of a Ray cluster that has them)"
+        )
+    result = runner.invoke(app, [*argv, "--ray-address", "auto"])
+    assert result.exit_code == 0 and "options are valid" in result.output, result.output
+
+
+@needs_verl
+def test_a_verl_server_takes_only_the_live_fields_verl_can(
+    tmp_path: Path, embedded_source: Any, tokenizer: Any
+) -> None:
+    engine = HFEngine(build_tiny_model(embedded_source, seed=2), tokenizer, "tiny-verl")
+    training = TrainingConfig(
+        backend="verl", batch=BatchConfig(policy=BatchPolicy.EPISODES, batch_size=1, group_size=2)
+    )
+    live = make_server(tmp_path, engine, training=training)
+    try:
+        refused = httpx.patch(f"{live.url}/api/v1/config", json={"lr": 1e-4})
+        assert refused.status_code == 422
+        error = refused.json()["error"]
+        assert error["param"] == "lr" and "verl trainer fixes it at start" in error["message"]
+        taken = httpx.patch(f"{live.url}/api/v1/config", json={"ppo_epochs": 2, "temperature": 0.7})
+        assert taken.status_code == 200, taken.text
+        config = httpx.get(f"{live.url}/api/v1/config").json()
+        assert config["training"]["trainer"]["ppo_epochs"] == 2
+        assert config["training"]["backend"] == "verl"
+    finally:
+        live.stop()
+        engine.close()
