@@ -108,6 +108,14 @@ async def heartbeat(episode_id: str, runtime: RuntimeDep) -> Ack:
     return Ack(episode_id=episode_id, status="open")
 
 
+@router.get("/{episode_id}/transactions/{txn_id}", responses=_EPISODE)
+async def transaction_status(episode_id: str, txn_id: str, runtime: RuntimeDep) -> Ack:
+    """A member's status in a multi-server finish, for the other members' servers resolving a stale
+    prepare (docs/ARCHITECTURE.md §Multi-server finish). The transaction id is the credential: only an
+    episode prepared with it answers, and only its status (404 otherwise)."""
+    return Ack(episode_id=episode_id, status=runtime.transaction_status(episode_id, txn_id))
+
+
 @episode_router.get("/{episode_id}", responses=_EPISODE)
 async def get_episode(episode_id: str, runtime: RuntimeDep) -> EpisodeView:
     """Token-level record: every call (prompt ids, completion ids, logprobs, …) and the merged samples."""

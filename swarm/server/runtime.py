@@ -9,6 +9,7 @@ event loop runs on it; blocking torch work runs in the engine's worker thread.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from collections.abc import Coroutine
@@ -294,6 +295,25 @@ class SwarmRuntime:
             self.events.emit("server.resumed", "resumed")
         if self.training is not None:
             self.training.wake()
+
+    def transaction_status(self, episode_id: str, txn_id: str) -> EpisodeStatus:
+        """How a member of multi-server transaction ``txn_id`` stands, for the other members' servers.
+
+        The transaction id (random, known only to the client and the members' servers) is the
+        credential: a stored episode answers only when it was prepared with that id (compared in
+        constant time), and only its status. An episode still open answers ``open`` (not prepared yet).
+
+        Raises:
+            EpisodeNotFound: no such episode, or not one prepared in ``txn_id`` (404).
+        """
+        if episode_id in self.episodes:
+            return EpisodeStatus.OPEN
+        found = self.pool.get(episode_id)
+        stored = None if found is None else found[0]
+        ours = str((stored.txn or {}).get("txn_id", "")) if stored is not None else ""
+        if stored is None or not ours or not hmac.compare_digest(ours.encode(), txn_id.encode()):
+            raise EpisodeNotFound(episode_id)
+        return stored.status
 
     def view(self, episode_id: str) -> EpisodeView:
         """The token-level record of an open or ended episode, with its merged samples."""

@@ -34,7 +34,9 @@ async def primary_status(http: httpx.AsyncClient, txn: dict[str, str | None]) ->
     Raises:
         httpx.HTTPError: the primary's server could not be reached or answered an error other than 404.
     """
-    url = f"{str(txn['primary_url']).rstrip('/')}/api/v1/episodes/{txn['primary_episode_id']}"
+    root = str(txn["primary_url"]).rstrip("/")
+    # the transaction id is the credential (a server holds no token of another server's clients)
+    url = f"{root}/api/v1/episodes/{txn['primary_episode_id']}/transactions/{txn['txn_id']}"
     response = await http.get(url)
     if response.status_code == 404:
         return None

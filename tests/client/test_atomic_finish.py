@@ -2,7 +2,9 @@
 
 Two real ``swarm serve`` processes, one killed with SIGKILL in the middle of a multi-server finish
 (between the prepare and its commit). Whichever one dies, the episode ends finished on both servers or
-on neither, once the killed one is back."""
+on neither, once the killed one is back. Both servers guard their episodes with a client token, so a
+server resolving a stale member holds no credential of the other's clients: it reads the primary's fate
+with the transaction id alone (the route for that, and nothing else, takes it as the credential)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from swarm.protocol import EpisodeStatus
 from tests.conftest import build_tiny_model, free_port, serve_process, wait_for
 
 FAST = RetryPolicy(attempts=2, max_wait_s=0.05, deadline_s=3)
+TOKEN = "swc-atomic-test-token"
 
 
 class Server:
@@ -33,7 +36,7 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Server:
-        flags = ("--no-train", "--prepare-timeout", "1")
+        flags = ("--no-train", "--prepare-timeout", "1", "--client-token", f"atomic={TOKEN}")
         self.proc = serve_process(self.model_dir, self.run_dir, self.port, *flags)
         return self
 
@@ -43,7 +46,7 @@ class Server:
         self.proc.wait(timeout=30)
 
     def status_of(self, episode_id: str) -> EpisodeStatus:
-        with SwarmClient(self.url) as client:
+        with SwarmClient(self.url, client_token=TOKEN) as client:
             return client.get_episode(episode_id).status
 
 
@@ -85,7 +88,11 @@ async def _play_and_finish(
     """One multi-server episode (a chat call on each member), finished while ``killed`` dies at its commit."""
     clients = {
         name: AsyncSwarmClient(
-            s.url, client_id="atomic", retry=FAST, transport=KillAtCommit(s) if name == killed else None
+            s.url,
+            client_id="atomic",
+            client_token=TOKEN,
+            retry=FAST,
+            transport=KillAtCommit(s) if name == killed else None,
         )
         for name, s in servers.items()
     }
@@ -122,9 +129,13 @@ def test_a_server_killed_mid_finish_leaves_no_half_finished_episode(servers: dic
     wait_for(
         lambda: secondary.status_of(ids["secondary"]) is EpisodeStatus.FINISHED, 30, "the secondary's commit"
     )
-    with SwarmClient(secondary.url) as client:
+    with SwarmClient(secondary.url, client_token=TOKEN) as client:
         view = client.get_episode(ids["secondary"])
     assert view.reward == 0.75 and len(view.calls) == 1  # its reward and its call survived the kill
+    # without a credential the episode stays unreadable, and a wrong transaction id learns nothing
+    assert httpx.get(f"{primary.url}/api/v1/episodes/{ids['primary']}").status_code == 401
+    wrong = httpx.get(f"{primary.url}/api/v1/episodes/{ids['primary']}/transactions/txn-guess")
+    assert wrong.status_code == 404 and "finished" not in wrong.text
 
     # 2. the primary dies at its commit: the client cannot know the outcome and aborts nothing; the
     #    secondary waits (prepared, never trained as such) until the restarted primary expires its
@@ -141,5 +152,5 @@ def test_a_server_killed_mid_finish_leaves_no_half_finished_episode(servers: dic
         30,
         "the secondary's abort",
     )
-    with SwarmClient(secondary.url) as client:
+    with SwarmClient(secondary.url, client_token=TOKEN) as client:
         assert client.status().episodes.prepared == 0
