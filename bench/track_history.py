@@ -8,7 +8,7 @@ holding the provenance (dirty flag, machine, package versions), the backend, the
 
 Regression rule (:func:`judge`): the candidate is the median of the new runs' values of a benchmark's
 primary metric; the baseline is the mean ``μ`` and sample standard deviation ``σ`` of that metric over
-the runs of *earlier* commits (same mode and machine, at least ``min_history`` runs). The candidate
+the runs of *earlier* commits (same mode, benchmark sizes and machine, at least ``min_history`` runs). The candidate
 regresses when it lies beyond ``μ ∓ k·σ`` in the bad direction *and* differs from ``μ`` by at least
 ``min_relative·|μ|`` (so a deterministic metric with ``σ = 0`` does not flag float noise, and a noisy
 timing needs a real effect). An improvement is the same test in the good direction.
@@ -17,6 +17,7 @@ timing needs a real effect). An improvement is the same test in the good directi
 from __future__ import annotations
 
 import enum
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -229,6 +230,11 @@ class TrackRun:
         return str(self.run.config.get("mode", ""))
 
     @property
+    def settings(self) -> str:
+        """The benchmark sizes the run used, as canonical JSON (runs compare only with equal sizes)."""
+        return json.dumps(self.run.config.get("settings", {}), sort_keys=True)
+
+    @property
     def machine(self) -> str:
         machine = self.run.config.get("provenance", {}).get("machine", {})
         return f"{machine.get('cpu', '?')} ×{machine.get('cores', '?')}"
@@ -271,7 +277,8 @@ class History:
         min_relative: float,
         min_history: int = 3,
     ) -> Verdict:
-        """The rule for the runs ``new_run_ids`` against earlier commits' runs of the same mode and machine.
+        """The rule for the runs ``new_run_ids`` against earlier commits' runs of the same mode, sizes
+        (``config["settings"]``) and machine.
 
         Raises:
             ValueError: None of ``new_run_ids`` is a finished run of ``benchmark`` with ``metric``.
@@ -281,11 +288,14 @@ class History:
         if not new_runs:
             raise ValueError(f"no finished run of {benchmark} with {metric} among {list(new_run_ids)}")
         first = min(r.run.started_at for r in new_runs)
-        commit, mode, machine = new_runs[0].commit, new_runs[0].mode, new_runs[0].machine
+        like = new_runs[0]
         earlier = [
             r
-            for r in self.select(benchmark, mode=mode, machine=machine)
-            if r.commit != commit and r.run.started_at < first and r.value(metric) is not None
+            for r in self.select(benchmark, mode=like.mode, machine=like.machine)
+            if r.commit != like.commit
+            and r.settings == like.settings
+            and r.run.started_at < first
+            and r.value(metric) is not None
         ]
         return judge(
             benchmark,

@@ -43,8 +43,8 @@ def _history_page(tmp_path: Path) -> Path:
                     ),
                     "update": record_run(
                         store, benchmark="update", description="update", seed=seed, git_commit=commit,
-                        config=config, steps=[{"step_s": slow * (1 + s / 10)} for s in range(3)],
-                        final={"step_s": slow * (1 + seed / 50)},
+                        config=config, steps=[{"cpu_s": slow * (1 + s / 10)} for s in range(3)],
+                        final={"cpu_s": slow * (1 + seed / 50)},
                     ),
                 }  # fmt: skip
                 if index == 2:
@@ -65,7 +65,7 @@ def test_the_page_has_a_plot_per_benchmark_the_versions_and_the_flagged_regressi
     assert "id='bench-merge'" in page and "id='bench-update'" in page and "bench-learning" not in page
     versions = page[page.index("id='versions'") : page.index("</table>", page.index("id='versions'"))]
     assert versions.count("<tr>") == 1 + len(COMMITS) and "2.13.0" in versions and "hf/torch/cpu" in versions
-    assert "Regressions: update (step_s +" in page
+    assert "Regressions: update (cpu_s +" in page
     assert "<script" not in page and " src=" not in page and 'href="http' not in page  # nothing to fetch
 
 
