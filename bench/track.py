@@ -29,8 +29,10 @@ rule compares this commit's runs with the earlier commits' runs of the same mode
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -341,6 +343,7 @@ def _use_code(checkout: Path) -> Path:
     if not (checkout / "swarm" / "__init__.py").is_file():
         raise typer.BadParameter(f"{checkout} has no swarm/ package", param_hint="--code")
     shim = Path(tempfile.mkdtemp(prefix="track-code-"))
+    atexit.register(shutil.rmtree, shim, ignore_errors=True)
     (shim / "swarm").symlink_to((checkout / "swarm").resolve(), target_is_directory=True)
     sys.path.insert(0, str(shim))
     return checkout
