@@ -473,7 +473,12 @@ def verdict_table(rows: list[Verdict], k: float) -> Table:
 
 
 # -- CLI -------------------------------------------------------------------------------------------------
-def _settings(base: SuiteSettings, assignments: list[str]) -> SuiteSettings:
+def settings_from(base: SuiteSettings, assignments: list[str]) -> SuiteSettings:
+    """``base`` with ``NAME=VALUE`` assignments applied (values parsed as JSON, else taken as text).
+
+    Raises:
+        typer.BadParameter: An unknown name, a missing ``=`` or a value the settings refuse.
+    """
     values = base.model_dump()
     for item in assignments:
         name, sep, raw = item.partition("=")
@@ -546,7 +551,7 @@ def main(
             f"unknown benchmark {unknown[0]!r}; known: {', '.join(BY_NAME)}", param_hint="--only"
         )
     benchmarks = [BY_NAME[n] for n in names]
-    settings = _settings(QUICK if quick else FULL, set_ or [])
+    settings = settings_from(QUICK if quick else FULL, set_ or [])
     seed_list = _seeds(seeds or ("0" if quick else "0,1,2"))
     if code is not None:
         _use_code(code)

@@ -92,6 +92,7 @@ def _versions_table(history: History) -> str:
         backend = config.get("backend", {})
         modes = sorted({r.mode for r in runs})
         seeds = sorted({r.run.seed for r in runs if r.run.seed is not None})
+        loads = [float(r.run.config["load_avg_1m"]) for r in runs if "load_avg_1m" in r.run.config]
         cells = [
             f"<code>{html.escape(_short(commit))}</code>",
             html.escape(first.run.started_at.strftime("%Y-%m-%d %H:%M")),
@@ -104,11 +105,12 @@ def _versions_table(history: History) -> str:
             html.escape(str(versions.get("a3r", "?"))),
             html.escape("/".join(str(backend.get(k, "?")) for k in ("engine", "trainer", "device"))),
             html.escape(first.machine),
+            f"{statistics.fmean(loads):.1f}" if loads else "?",
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     head = (
         "commit", "first run (UTC)", "dirty", "mode", "seeds", "runs", "torch", "transformers", "a3r",
-        "engine/trainer/device", "machine",
+        "engine/trainer/device", "machine", "load avg (1 min)",
     )  # fmt: skip
     return _table("versions", head, rows)
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import track
 from track_history import Status, load_history, record_run
 
 from a3r.study.provenance import collect_provenance
@@ -43,7 +44,11 @@ def test_quick_records_each_benchmark_and_fails_on_a_regression(tmp_path: Path) 
                 description="injected",
                 seed=seed,
                 git_commit=old,
-                config={"mode": "quick", "provenance": {"machine": collect_provenance().machine}},
+                config={
+                    "mode": "quick",
+                    "settings": track.settings_from(track.QUICK, TINY[1::2]).model_dump(mode="json"),
+                    "provenance": {"machine": collect_provenance().machine},
+                },
                 steps=[{"tokens_ratio": 50.0}],
                 final={"tokens_ratio": 50.0},
             )
