@@ -14,10 +14,17 @@ Policies (``B`` = ``batch_size``, ``G`` = ``group_size``; a *group* is the episo
                        (one group per task per batch; a task's extra episodes wait for the next batch).
 ``informative_tasks``  ≥ ``B`` full groups whose rewards are not all equal; full groups with equal rewards
                        (zero GRPO signal) met on the way are consumed untrained and listed in ``dropped``.
-``all_clients_ready``  every active client voted ready: all eligible episodes of all clients are trained.
+``all_clients_ready``  every active client voted ready: all eligible episodes of all clients are trained
+                       (those of clients no longer active included). Once every client seen has gone
+                       silent or left, the rule holds vacuously and their episodes are trained.
 ``any_client_ready``   at least one active client voted ready: the eligible episodes of the clients that
-                       voted ready are trained (others keep rolling).
+                       voted ready, and of clients no longer active, are trained (others keep rolling).
+                       Once every client seen has gone silent or left, their episodes are trained.
 =====================  ==================================================================================
+
+Liveness: a client is *active* while it was seen (episode begun or ended, heartbeat, vote) within
+``ClientVotes.active_timeout_s``; a dead client therefore stops blocking ``all_clients_ready`` after that
+timeout, and its finished episodes are not stranded.
 
 Eligibility: only ``kind == "train"`` episodes count. ``INFRA_FAILURE`` episodes (the server or the client's
 infrastructure failed, not the policy) never enter a group and never count towards ``G``; they are listed in
@@ -179,10 +186,14 @@ class ClientVotes:
         self.active_timeout_s = active_timeout_s
         self._last_seen: dict[str, float] = {}
         self._ready: dict[str, bool] = {}
+        self.seen_any = False
+        """Whether any client was seen since this object was made (the vacuous ``all_clients_ready``
+        needs one: a restarted server waits for its clients before it trains what they left)."""
 
     def touch(self, client_id: str, now: float | None = None) -> None:
         """Record that ``client_id`` is alive (episode opened, heartbeat)."""
         self._last_seen[client_id] = time.time() if now is None else now
+        self.seen_any = True
 
     def vote(self, client_id: str, ready: bool, now: float | None = None) -> None:
         """Record ``client_id``'s vote (``ready=False`` withdraws an earlier vote); voting also touches."""
@@ -326,22 +337,31 @@ def select_batch(
 
     if votes is None:
         raise BatchConfigError(f"batch policy {policy.value!r} needs client votes")
-    active = votes.active(now)
+    active = set(votes.active(now))
     ready = votes.ready(now)
+    all_gone = not active and votes.seen_any  # nobody is left to vote: train what they left
     if policy is BatchPolicy.ALL_CLIENTS_READY:
-        if not active or len(ready) != len(active):
+        if len(ready) != len(active) or not (active or all_gone):
             return None
-        clients = set(active)
         reason = f"all {len(active)} active clients voted ready"
     else:
-        if not ready:
+        if not (ready or all_gone):
             return None
-        clients = set(ready)
         reason = f"clients {', '.join(ready)} voted ready"
-    chosen = [ep for ep in usable if ep.client_id in clients]
+    if all_gone:
+        reason = "every client seen has gone silent or left"
+
+    def takes(client_id: str) -> bool:
+        # all_clients_ready: everyone's episodes; any_client_ready: the ready clients' episodes and
+        # those of clients no longer active (nobody will vote for them).
+        if policy is BatchPolicy.ALL_CLIENTS_READY:
+            return True
+        return client_id in ready or client_id not in active
+
+    chosen = [ep for ep in usable if takes(ep.client_id)]
     if not chosen:
         return None
-    dropped = [ep.episode_id for ep in unusable if ep.client_id in clients]
+    dropped = [ep.episode_id for ep in unusable if takes(ep.client_id)]
     return _make_batch(chosen, rewards, dropped, reason)
 
 

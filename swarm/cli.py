@@ -288,6 +288,13 @@ def run(
         typer.Option(help="Seconds a workflow may run; then its episode is aborted and re-run (infra)."),
     ] = None,
     infra_retries: Annotated[int, typer.Option(help="Re-runs of an infra-failed episode.")] = 2,
+    vote_every: Annotated[
+        int | None,
+        typer.Option(
+            help="Voting batch policies: vote ready after every K train tasks (a round), heartbeat the "
+            "client, and leave at the end."
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Draw the live progress bar.")] = True,
 ) -> None:
     """Roll a workflow out over a dataset: G episodes per task, N at a time; resumable (--state-dir)."""
@@ -335,6 +342,7 @@ def run(
             heartbeat_s=heartbeat,
             episode_timeout_s=episode_timeout,
             infra_retries=infra_retries,
+            vote_every=vote_every,
             state_dir=state,
             rerun_aborted=rerun_aborted,
         )
@@ -374,6 +382,8 @@ def run(
     table.add_row("infra failures", str(summary.infra_failures))
     if summary.partial_finishes:
         table.add_row("partial finishes", str(summary.partial_finishes))
+    if summary.votes:
+        table.add_row("readiness votes", str(summary.votes))
     table.add_row("resumed (skipped)", str(summary.resumed))
     table.add_row("tasks done", str(summary.tasks_done))
     table.add_row("train reward mean", f"{summary.train_reward_mean:.4f}" if summary.train_rewards else "-")

@@ -57,6 +57,10 @@ class TrainingConfig(BaseModel):
     with a call sampled more than ``K`` versions before the policy it produces are aborted as infra
     failures (the runner re-runs them); finished episodes are always trained. Pair it with
     ``trainer.tis_cap`` (the sampler's logprobs are an older policy's)."""
+    client_timeout_s: float | None = Field(default=120.0, gt=0.0)
+    """Liveness for the ``*_client_ready`` policies: a client not seen (episode begun or ended, episode or
+    client heartbeat, vote) for this many seconds stops counting as active, so a dead client stops
+    blocking ``all_clients_ready``. ``None``: clients stay active until they leave."""
     checkpoint_every: int = Field(default=5, ge=1)
     """Save weights + optimizer + step every N steps (and on ``POST /api/v1/checkpoint``)."""
     keep_checkpoints: int = Field(default=2, ge=1)
@@ -132,7 +136,10 @@ class ServerConfig(BaseModel):
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     reclaim_period_s: float = Field(default=5.0, gt=0)
-    """How often open episodes are checked for the idle timeout."""
+    """How often open episodes are checked for the idle timeout (and prepared ones for theirs)."""
+    prepare_timeout_s: float = Field(default=60.0, gt=0)
+    """A member of a multi-server finish still ``prepared`` this long after it was stored is resolved by
+    the server (`swarm.server.transactions`): the primary aborts, a secondary follows its primary."""
 
     @property
     def _full_finetuning(self) -> bool:

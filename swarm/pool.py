@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     created_at REAL NOT NULL,
     finished_at REAL NOT NULL,
     seq INTEGER NOT NULL,
-    trained_step INTEGER
+    trained_step INTEGER,
+    txn TEXT
 );
 CREATE INDEX IF NOT EXISTS episodes_pending ON episodes (kind, trained_step, seq);
 CREATE TABLE IF NOT EXISTS calls (
@@ -73,6 +74,8 @@ class StoredEpisode:
     seq: int = 0
     """Commit order (1, 2, …): batch policies take the oldest first."""
     trained_step: int | None = None
+    txn: dict[str, Any] | None = None
+    """Multi-server finish: ``txn_id``, ``primary_url``, ``primary_episode_id`` (``None`` outside one)."""
 
 
 class Pool:
@@ -92,6 +95,9 @@ class Pool:
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(_SCHEMA)
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(episodes)")}
+            if "txn" not in columns:  # a pool written before multi-server finishes
+                self._db.execute("ALTER TABLE episodes ADD COLUMN txn TEXT")
             row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM episodes").fetchone()
         self._seq = int(row[0])
 
@@ -113,8 +119,8 @@ class Pool:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
                     "INSERT INTO episodes (id, task_id, client_id, family, kind, status, reward, agent_rewards,"
-                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step, txn)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         episode.id,
                         episode.task_id,
@@ -132,6 +138,7 @@ class Pool:
                         episode.finished_at,
                         episode.seq,
                         episode.trained_step,
+                        None if episode.txn is None else json.dumps(episode.txn),
                     ),
                 )
                 self._db.executemany(
@@ -144,6 +151,34 @@ class Pool:
                 self._seq -= 1
                 raise
         return episode
+
+    def resolve_prepared(
+        self, episode_id: str, txn_id: str, status: EpisodeStatus, reason: str | None = None
+    ) -> StoredEpisode | None:
+        """Move a ``prepared`` episode of transaction ``txn_id`` to ``status`` (compare-and-set, one
+        SQLite transaction); returns the episode as stored afterwards, or ``None`` when it is unknown.
+
+        When it is no longer prepared (already resolved) or belongs to another transaction nothing
+        changes: the caller compares the returned status and ``txn`` with what it asked for.
+        """
+        with self._lock:
+            self._db.execute(
+                "UPDATE episodes SET status = ?, reason = COALESCE(?, reason) "
+                "WHERE id = ? AND status = ? AND json_extract(txn, '$.txn_id') = ?",
+                (status.value, reason, episode_id, EpisodeStatus.PREPARED.value, txn_id),
+            )
+        found = self.get(episode_id)
+        return None if found is None else found[0]
+
+    def prepared(self) -> list[StoredEpisode]:
+        """Episodes still ``prepared`` (multi-server finishes not yet resolved), oldest first."""
+        with self._lock:
+            cur = self._db.execute(
+                "SELECT * FROM episodes WHERE status = ? ORDER BY seq", (EpisodeStatus.PREPARED.value,)
+            )
+            cols = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        return [self._episode(dict(zip(cols, r, strict=True))) for r in rows]
 
     def mark_trained(self, episode_ids: Iterable[str], step: int) -> None:
         """Record that the update producing policy version ``step`` consumed these episodes."""
@@ -179,10 +214,12 @@ class Pool:
         ]
 
     def pending(self, kind: EpisodeKind = EpisodeKind.TRAIN) -> list[StoredEpisode]:
-        """Ended, untrained episodes of ``kind`` in commit order (oldest first)."""
+        """Ended, untrained episodes of ``kind`` in commit order (oldest first); ``prepared`` ones are
+        not ended yet for training (their transaction may still abort)."""
         with self._lock:
             cur = self._db.execute(
-                "SELECT * FROM episodes WHERE kind = ? AND trained_step IS NULL ORDER BY seq", (kind.value,)
+                "SELECT * FROM episodes WHERE kind = ? AND trained_step IS NULL AND status != ? ORDER BY seq",
+                (kind.value, EpisodeStatus.PREPARED.value),
             )
             cols = [d[0] for d in cur.description]
             rows = cur.fetchall()
@@ -219,13 +256,14 @@ class Pool:
             )
             pending, trained = self._db.execute(
                 "SELECT SUM(trained_step IS NULL), SUM(trained_step IS NOT NULL) FROM episodes "
-                "WHERE kind = ? AND status != ?",  # infra failures are retired, never trained
-                (EpisodeKind.TRAIN.value, EpisodeStatus.INFRA_FAILURE.value),
+                "WHERE kind = ? AND status NOT IN (?, ?)",  # infra failures are retired, never trained
+                (EpisodeKind.TRAIN.value, EpisodeStatus.INFRA_FAILURE.value, EpisodeStatus.PREPARED.value),
             ).fetchone()
         return EpisodeCounts(
             finished=by_status.get(EpisodeStatus.FINISHED.value, 0),
             aborted=by_status.get(EpisodeStatus.ABORTED.value, 0),
             infra_failure=by_status.get(EpisodeStatus.INFRA_FAILURE.value, 0),
+            prepared=by_status.get(EpisodeStatus.PREPARED.value, 0),
             pending=int(pending or 0),
             trained=int(trained or 0),
         )
@@ -257,4 +295,5 @@ class Pool:
             finished_at=row["finished_at"],
             seq=row["seq"],
             trained_step=row["trained_step"],
+            txn=None if row.get("txn") is None else json.loads(row["txn"]),
         )

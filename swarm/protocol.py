@@ -12,7 +12,16 @@ import math
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from swarm.tracking.merge import MergeStats
 from swarm.tracking.messages import ChatMessage as ChatMessage
@@ -228,6 +237,10 @@ class EpisodeStatus(StrEnum):
     INFRA_FAILURE = "infra_failure"
     """Aborted because infrastructure failed (server, network, sandbox, timeouts, reclaimed): never enters
     group statistics."""
+    PREPARED = "prepared"
+    """Member of a multi-server finish, stored with its reward but not yet committed: never trained until
+    its transaction commits (then ``finished``) or ends up aborted (then ``infra_failure``)
+    (docs/ARCHITECTURE.md §Multi-server finish)."""
 
 
 class EpisodeCreate(_Strict):
@@ -273,6 +286,33 @@ class EpisodeFinish(_Strict):
         if bad:
             raise ValueError(f"agent rewards must be finite numbers within ±{MAX_REWARD:g}, got {bad}")
         return v
+
+
+class EpisodePrepare(EpisodeFinish):
+    """``POST /api/v1/episodes/{id}/prepare``: phase one of a multi-server finish (docs/ARCHITECTURE.md
+    §Multi-server finish). The episode is stored ``prepared`` with its reward, not yet trainable."""
+
+    txn_id: str = Field(min_length=1, max_length=128)
+    """The transaction shared by every member of the multi-server episode."""
+    primary_url: str | None = Field(default=None, max_length=2048)
+    """Server root of the primary member, whose commit decides the transaction; ``None`` when this
+    episode is the primary."""
+    primary_episode_id: str | None = Field(default=None, max_length=128)
+    """Episode id of the primary member (with ``primary_url``)."""
+
+    @model_validator(mode="after")
+    def _primary_named_whole(self) -> EpisodePrepare:
+        if (self.primary_url is None) != (self.primary_episode_id is None):
+            raise ValueError(
+                "primary_url and primary_episode_id go together (both, or neither for the primary)"
+            )
+        return self
+
+
+class EpisodeCommit(_Strict):
+    """``POST /api/v1/episodes/{id}/commit``: phase two; ``txn_id`` must match the prepare."""
+
+    txn_id: str = Field(min_length=1, max_length=128)
 
 
 class EpisodeAbort(_Strict):
@@ -367,6 +407,8 @@ class EpisodeCounts(BaseModel):
     finished: int = 0
     aborted: int = 0
     infra_failure: int = 0
+    prepared: int = 0
+    """Members of multi-server finishes stored but not committed yet (never trained as they are)."""
     pending: int = 0
     """Ended train episodes (finished or aborted, not infra failures) waiting for a step."""
     trained: int = 0
@@ -386,6 +428,10 @@ class StatusView(BaseModel):
     uptime_s: float
     run_dir: str
     training_enabled: bool
+    active_clients: list[str] = Field(default_factory=list)
+    """Clients seen within the client timeout (those the voting policies wait for), sorted."""
+    ready_clients: list[str] = Field(default_factory=list)
+    """Active clients whose readiness vote stands, sorted."""
 
 
 class SamplingDefaults(BaseModel):
@@ -474,6 +520,16 @@ class VoteCast(BaseModel):
 
     client_id: str
     ready: bool
+
+
+class ClientState(BaseModel):
+    """Answer of ``POST /api/v1/clients/{client_id}/heartbeat`` and ``DELETE /api/v1/clients/{client_id}``."""
+
+    client_id: str
+    active: bool
+    """Whether the client counts as active for the voting policies now (``False`` after it left)."""
+    ready: bool
+    """Whether its readiness vote stands."""
 
 
 class StepTimings(BaseModel):

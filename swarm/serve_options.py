@@ -101,6 +101,12 @@ class ServeOptions(BaseModel):
     episode_timeout: float = _option(
         600.0, "Reclaim open episodes idle this many seconds.", to="episode_timeout_s"
     )
+    prepare_timeout: float = _option(
+        60.0,
+        "Multi-server finish: resolve a member still prepared this many seconds after it was stored (the "
+        "primary aborts, a secondary follows its primary).",
+        to="prepare_timeout_s",
+    )
     train: bool = _option(True, "Train on pooled episodes (or only serve and record).", to="training.enabled")
     batch_policy: str = _option(
         "tasks",
@@ -139,6 +145,12 @@ class ServeOptions(BaseModel):
         "of the trainer; open episodes K versions behind are aborted (pair with --tis-cap). Default: "
         "synchronous.",
         to="training.max_staleness",
+    )
+    client_timeout: float = _option(
+        120.0,
+        "Voting policies: a client silent this many seconds (no episode, heartbeat or vote) stops counting "
+        "as active, so a dead client stops blocking all_clients_ready.",
+        to="training.client_timeout_s",
     )
     quota: list[str] = _option(
         [], "Family share, repeatable: --quota math=0.4 --quota code=0.6", to="training.quotas"
@@ -222,6 +234,7 @@ class ServeOptions(BaseModel):
             "max_batch_size": self.max_batch_size,
             "torch_threads": self.threads,
             "episode_timeout_s": self.episode_timeout,
+            "prepare_timeout_s": self.prepare_timeout,
         }
         try:
             values["training"] = self._training()
@@ -268,6 +281,7 @@ class ServeOptions(BaseModel):
             "max_steps": self.max_steps,
             "drain_timeout_s": self.drain_timeout,
             "max_staleness": self.max_staleness,
+            "client_timeout_s": self.client_timeout,
         }
 
     def _shares(self) -> dict[str, float]:

@@ -22,6 +22,12 @@ class ParamTarget(StrEnum):
     """Passed to the data builder that writes ``tasks.jsonl`` (dataset choice, size, seed, level...)."""
 
 
+PartRole = Literal["goal", "shaping", "violation", "format"]
+"""What a reward part is: ``goal`` (what the task wants, e.g. a win or a correct answer), ``shaping`` (a
+bonus paid on its own, e.g. countdown's format reward), ``violation`` (a rate the reward penalises,
+e.g. leaking one's word) or ``format`` (a precondition of the goal, not paid on its own)."""
+
+
 class ParamSpec(BaseModel):
     """One template parameter with its type, default and allowed range."""
 
@@ -131,6 +137,10 @@ class TemplateMeta(BaseModel):
     """Parameters with defaults and ranges."""
     multi_agent: bool = False
     """Whether episodes have several named agents (the OpenAI ``user`` field names the agent)."""
+    reward_parts: dict[str, PartRole] = Field(default_factory=dict)
+    """The episode metrics (``Result.metrics``) the reward is made of, with their role: a3r's report
+    draws a curve of each, and its analyst reads a ``violation`` that rises, or a ``shaping`` bonus
+    that rises while the ``goal`` does not, as the reward being exploited."""
 
     def param(self, name: str) -> ParamSpec:
         """The spec of parameter ``name``.

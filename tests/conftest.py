@@ -8,6 +8,8 @@ tokenizer, chat template and engine quickly; tests that need real behaviour use 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 import uvicorn
@@ -130,6 +133,23 @@ class LiveServer:
         """Stop and start again with the same run dir (resume)."""
         self.stop()
         return self.start()
+
+
+def serve_process(model_dir: Path, run_dir: Path, port: int, *flags: str) -> subprocess.Popen[bytes]:
+    """``swarm serve`` as a real child process (so a test can kill -9 it); returns once it answers."""
+    cmd = [sys.executable, "-m", "swarm.cli", "serve", "--model", str(model_dir), "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--run-dir", str(run_dir), "--log-level", "warning", *flags])
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, "swarm serve exited"
+        try:
+            return httpx.get(f"{url}/api/v1/status", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(up, 120, "swarm serve")
+    return proc
 
 
 def make_server(tmp: Path, engine: HFEngine | None, **overrides: Any) -> LiveServer:

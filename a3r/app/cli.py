@@ -119,6 +119,14 @@ def _metrics_text(values: dict[str, float] | None) -> str:
     return text + (f"  (+{hidden} in a3r export)" if hidden else "")
 
 
+def _status_text(status: str, error: str | None) -> str:
+    """The store's status with how a3r says the run ended (``cancelled (budget)``), as the report does."""
+    from a3r.study.runs import STORE_STATUS  # here: the store commands start without a3r's research layer
+
+    ended = (error or "").split(":", 1)[0]
+    return f"{status} ({ended})" if ended in STORE_STATUS and ended != status else status
+
+
 @app.command()
 def runs(
     store: StoreOption = _DEFAULT_STORE,
@@ -142,7 +150,7 @@ def runs(
             str(row.experiment_id),
             row.name,
             "" if row.seed is None else str(row.seed),
-            row.status.value,
+            _status_text(row.status.value, row.error),
             "" if row.latest_step is None else str(row.latest_step),
             _metrics_text({**(row.latest_metrics or {}), **(row.final_metrics or {})}),
         )

@@ -323,6 +323,10 @@ def vibe(
     base_url: BaseUrlOption = None,
     hang_after: HangOption = 180.0,
     serve_option: ServeOption = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the plan and stop: nothing is started, written or stored."),
+    ] = False,
 ) -> None:
     """Plan, code, smoke-test, train, monitor, patch (with approval) and report on one request."""
     server_options = _serve_options(serve_option)
@@ -346,7 +350,41 @@ def vibe(
         for k, v in {"steps": steps, "batch_size": batch_size, "group_size": group_size}.items()
         if v is not None
     }
+    if dry_run:
+        _print_plan(request, settings, overrides)
+        return
     _launch(request, "vibe", settings, overrides=overrides, tui=tui, wait=wait)
+
+
+def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
+    """``a3r vibe --dry-run``: the planner's plan (template, parameters, trainable agents, training)."""
+    import templates
+    from a3r.providers import ProviderConfig, make_provider
+
+    if not request.strip():
+        raise _fail('the request is empty: say what to train, e.g. "train who-is-the-spy"')
+    config = ProviderConfig.from_env(
+        settings.provider, model=settings.provider_model, base_url=settings.base_url
+    )
+    try:
+        draft = make_provider(config).plan(request, mode="vibe")
+        training = draft.training.model_validate({**draft.training.model_dump(), **overrides})
+    except A3RError as exc:
+        raise _fail(str(exc)) from None
+    except ValueError as exc:
+        raise _fail(f"the plan's training settings: {exc}") from None
+    agents = templates.get_template(draft.template).trainable_agents(draft.params) if draft.template else None
+    _out.print(f"plan (dry run, provider {config.kind.value}): {draft.objective}", markup=False)
+    _out.print(f"  template: {draft.template or '(new code)'}", markup=False)
+    for name, value in sorted(draft.params.items()):
+        _out.print(f"    {name} = {value!r}", markup=False)
+    if agents is not None:
+        _out.print(f"  trainable agents: {', '.join(agents) or '(none)'}", markup=False)
+    fields = ", ".join(f"{k}={v}" for k, v in training.model_dump().items())
+    _out.print(f"  training: {fields}", markup=False)
+    for hypothesis in draft.hypotheses:
+        _out.print(f"  hypothesis: {hypothesis.statement}", markup=False)
+    _out.print(f"  why: {draft.rationale}", markup=False)
 
 
 def research(

@@ -19,10 +19,12 @@ from a3r.errors import PatchNotAllowed
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
 from a3r.graph.state import PatchReview, ResearchState, first_hypothesis
-from a3r.study.analysis import Diagnosis, detect_reward_hacking
+from a3r.study.analysis import Diagnosis, detect_part_exploits, detect_reward_hacking, part_roles
+from a3r.study.effects import LEVEL, EffectVerdict, step_effect, two_sample_effect
 from a3r.study.patches import PATCHABLE, check_allowed, unified_diff
 from a3r.study.plans import PatchDraft
 from a3r.study.runs import RunOutcome, RunSpec
+from memory import FindingStatus
 
 __all__ = ["analyst", "continuation", "pending_patch_file"]
 
@@ -35,10 +37,18 @@ def pending_patch_file(workspace: Path, patch_id: int) -> Path:
 
 
 def continuation(outcome: RunOutcome, spec_settings: RunSpec, *, suffix: str, early_stop: bool) -> RunSpec:
-    """A run that continues training on the same server after ``outcome`` (hot-swapped client)."""
-    return spec_settings.model_copy(
-        update={"key": f"{outcome.key}-{suffix}", "start_step": outcome.steps, "early_stop": early_stop}
-    )
+    """A run that continues training on the same server after ``outcome`` (hot-swapped client). After
+    a run that finished its steps (a reward patch of a finished run), the continuation trains as many
+    steps again, so the patched reward is trained on (the budget still bounds it)."""
+    update: dict[str, object] = {
+        "key": f"{outcome.key}-{suffix}",
+        "start_step": outcome.steps,
+        "early_stop": early_stop,
+    }
+    if outcome.status == "finished" and outcome.purpose == "train":
+        settings = spec_settings.settings
+        update["settings"] = settings.model_copy(update={"steps": outcome.steps + settings.steps})
+    return spec_settings.model_copy(update=update)
 
 
 def _spec_of(state: ResearchState, outcome: RunOutcome) -> RunSpec:
@@ -56,9 +66,13 @@ def _spec_of(state: ResearchState, outcome: RunOutcome) -> RunSpec:
     )
 
 
-def _held_out_check(state: ResearchState, outcome: RunOutcome) -> list[Diagnosis]:
+def _held_out_check(state: ResearchState, outcome: RunOutcome) -> list[tuple[Diagnosis, FindingStatus]]:
     """Reward-hacking signs of a finished training run: its train reward rose while the held-out reward
-    (frozen evaluator) fell from the smoke run's baseline to the end of training."""
+    (frozen evaluator) fell from the smoke run's baseline to the end of training.
+
+    Each sign comes with its status from `a3r.study.effects`: confirmed only when the train rise (its
+    trend over steps, autocorrelation handled) and the held-out fall (over episodes) both clear the
+    noise; otherwise the sign is recorded as unconfirmed with the intervals."""
     if outcome.purpose != "train" or outcome.eval is None:
         return []
     runs = [o for o in state["outcomes"] if o.seed == outcome.seed]
@@ -66,9 +80,32 @@ def _held_out_check(state: ResearchState, outcome: RunOutcome) -> list[Diagnosis
     curve = [point for o in runs if o.purpose == "train" for point in o.curve]
     if base is None or len(curve) < 2:
         return []
-    return detect_reward_hacking(
+    signs = detect_reward_hacking(
         [curve[0], curve[-1]], [(0, base.mean_reward), (1, outcome.eval.mean_reward)]
     )
+    if not signs:
+        return []
+    rise = step_effect([v for _, v in curve])
+    fall = two_sample_effect(base.rewards, outcome.eval.rewards)
+    both = rise.verdict is EffectVerdict.confirmed and fall.verdict is EffectVerdict.confirmed
+    status = FindingStatus.confirmed if both else FindingStatus.unconfirmed
+    found = []
+    for sign in signs:
+        summary = (
+            f"{status.value}: {sign.summary} (train rise {rise.describe()}; held-out fall before − after "
+            f"{fall.describe()})"
+        )
+        found.append((sign.model_copy(update={"summary": summary}), status))
+    return found
+
+
+def _part_exploits(state: ResearchState, outcome: RunOutcome) -> list[Diagnosis]:
+    """One part of the reward exploited in a finished training run (`detect_part_exploits` over this
+    run's own part curves, so a patched continuation is judged on its patched reward only), for the
+    template's part roles."""
+    if outcome.purpose != "train" or outcome.status != "finished":
+        return []
+    return detect_part_exploits(outcome.parts, part_roles(state["plan"].template))
 
 
 def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal["approve", "planner"]]:
@@ -88,21 +125,41 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
             run_ids=[outcome.run_id],
             hypothesis_id=hypothesis if outcome.purpose == "train" else None,
         )
-    for diagnosis in _held_out_check(state, outcome):
+    held_out = _held_out_check(state, outcome)
+    for diagnosis, status in held_out:
         ensure_finding(
             ctx,
             study_id,
             statement=f"{outcome.key}: {diagnosis.kind.value}: {diagnosis.summary}",
             evidence={"run": outcome.key, **diagnosis.evidence},
-            confidence=0.6,
+            confidence=LEVEL if status is FindingStatus.confirmed else 0.3,
+            status=status,
             seeds=[outcome.seed],
             run_ids=[o.run_id for o in state["outcomes"] if o.seed == outcome.seed],
+            hypothesis_id=hypothesis,
+        )
+    exploits = _part_exploits(state, outcome)
+    for diagnosis in exploits:
+        ensure_finding(
+            ctx,
+            study_id,
+            statement=f"{outcome.key}: {diagnosis.kind.value}: {diagnosis.summary}",
+            evidence={"run": outcome.key, **diagnosis.evidence},
+            confidence=LEVEL,
+            status=FindingStatus.confirmed,
+            seeds=[outcome.seed],
+            run_ids=[outcome.run_id],
             hypothesis_id=hypothesis,
         )
     queue = list(state.get("queue") or [])
     patches_done = len(state.get("decisions", []))
     patchable = [d for d in outcome.diagnoses if d.patchable]
     worth_patching = outcome.status != "finished" or outcome.purpose == "smoke"
+    # A finished training run whose reward was exploited (a part or held-out reward past the noise)
+    # gets a reward patch, and training continues on the patched reward.
+    hacked = [*exploits, *(d for d, status in held_out if status is FindingStatus.confirmed)]
+    if outcome.purpose == "train" and outcome.status == "finished" and hacked:
+        patchable, worth_patching = hacked, True
     if (
         state["mode"] == "vibe"
         and outcome.purpose in ("smoke", "train")
@@ -110,9 +167,10 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
         and patchable
         and patches_done < ctx.max_patches
     ):
-        review = _propose(state, ctx, outcome, patchable[0])
-        if review is not None:
-            return Command(goto="approve", update={"pending_patch": review})
+        for diagnosis in patchable:
+            review = _propose(state, ctx, outcome, diagnosis)
+            if review is not None:
+                return Command(goto="approve", update={"pending_patch": review})
     if outcome.status == "failed_to_start" or (outcome.purpose == "smoke" and outcome.status != "finished"):
         detail = "; ".join(d.summary for d in outcome.diagnoses) or outcome.reason
         text = f"stopped: the {outcome.purpose} run {outcome.key} ended {outcome.status}: {detail}"

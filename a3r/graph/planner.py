@@ -19,7 +19,15 @@ from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_hypotheses, ensure_study
 from a3r.graph.state import ResearchState
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
-from a3r.study.research import fit_budget, initial_queue, refine_values, sweep_specs, verdicts
+from a3r.study.research import (
+    eval_reserve_s,
+    fit_budget,
+    initial_queue,
+    refine_values,
+    size_training,
+    sweep_specs,
+    verdicts,
+)
 
 __all__ = ["planner"]
 
@@ -32,10 +40,42 @@ def planner(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Route
     if state.get("plan") is None:
         return _first_plan(state, ctx)
     if state.get("queue"):
-        return Command(goto="runner")
+        return _size_to_budget(state, ctx) or Command(goto="runner")
     if state["mode"] == "vibe" or state.get("conclusion"):
         return Command(goto="reporter")
     return _research_step(state, ctx)
+
+
+def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | None:
+    """Once, after the smoke run: fit the training run's steps to the budget left at the speed the
+    smoke run measured, keeping time for the held-out evaluation (`size_training`). ``None`` when
+    there is nothing to size."""
+    outcomes = state.get("outcomes", [])
+    queue = list(state.get("queue") or [])
+    if (
+        state.get("sizing")
+        or state["mode"] != "vibe"
+        or not outcomes
+        or outcomes[-1].purpose != "smoke"
+        or outcomes[-1].status != "finished"
+        or queue[0].purpose != "train"
+        or queue[0].start_step != 0
+    ):
+        return None
+    head = queue[0]
+    budget_left = ctx.budget_s - _spent(state)
+    sizing = size_training(
+        head.settings,
+        seconds_per_episode=outcomes[-1].seconds_per_episode,
+        budget_s=budget_left,
+        reserve_s=eval_reserve_s(head, outcomes, budget_s=budget_left),
+    )
+    if sizing.steps != head.settings.steps:
+        settings = head.settings.model_copy(update={"steps": sizing.steps})
+        queue[0] = head.model_copy(update={"settings": settings})
+    ctx.store.log_event(sizing.note, study_id=state["study_id"])
+    ctx.say(sizing.note)
+    return Command(goto="runner", update={"queue": queue, "sizing": sizing.note, "log": [sizing.note]})
 
 
 def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:

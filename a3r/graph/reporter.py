@@ -13,13 +13,56 @@ from langgraph.runtime import Runtime
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
 from a3r.graph.state import ResearchState, first_hypothesis
+from a3r.study.analysis import DiagnosisKind, part_roles
+from a3r.study.effects import LEVEL, Effect, EffectVerdict, curve_effect, two_sample_effect
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
 from a3r.study.research import ConfigVerdict, min_stable_value, non_monotone, verdicts
 from a3r.study.runs import RunOutcome
 from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
-__all__ = ["reporter"]
+__all__ = ["held_out_effect", "reporter", "train_effect"]
+
+
+def _cannot_learn(outcomes: list[RunOutcome]) -> str:
+    """Why the training runs could not learn ("" when they could): no update ran, or the last run saw
+    only zero-signal groups (no GRPO gradient)."""
+    if not any(o.steps > 0 for o in outcomes):
+        return "no trainer step ran"
+    last = outcomes[-1]
+    zero = [d for d in last.diagnoses if d.kind is DiagnosisKind.zero_signal]
+    if zero:
+        return f"{last.key}: {zero[0].summary}"
+    return ""
+
+
+def train_effect(outcomes: list[RunOutcome]) -> Effect:
+    """The hypothesis' effect: the change of the mean train reward over training, per seed (a patched
+    run's continuations joined to its seed's curve), through `a3r.study.effects.curve_effect`."""
+    by_seed: dict[int, list[tuple[int, float]]] = {}
+    for o in outcomes:
+        by_seed.setdefault(o.seed, []).extend(o.curve)
+    curves = [[v for _, v in sorted(points)] for points in by_seed.values()]
+    why = _cannot_learn(outcomes) if outcomes else "no training run"
+    return curve_effect(curves, can_learn=not why, why_not=why)
+
+
+def held_out_effect(state: ResearchState) -> Effect | None:
+    """Held-out mean reward after training minus before (the smoke run's evaluation), over episodes
+    (`a3r.study.effects.two_sample_effect`); ``None`` without both evaluations."""
+    outcomes = state.get("outcomes", [])
+    before = next((o.eval for o in outcomes if o.purpose == "smoke" and o.eval is not None), None)
+    after = next((o.eval for o in reversed(outcomes) if o.purpose == "train" and o.eval is not None), None)
+    if before is None or after is None:
+        return None
+    return two_sample_effect(after.rewards, before.rewards)
+
+
+_CONFIDENCE_OF = {
+    EffectVerdict.confirmed: LEVEL,
+    EffectVerdict.refuted: LEVEL,
+    EffectVerdict.unconfirmed: 0.3,
+}
 
 
 def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
@@ -27,50 +70,75 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     curve = [point for o in outcomes for point in o.curve]
     study_id = state["study_id"]
     hypothesis = first_hypothesis(state)
-    run_ids = [o.run_id for o in outcomes]
-    if len(curve) < 2:
-        episodes = sum(o.episodes for o in state.get("outcomes", []))
-        shown = ", ".join(f"step {s}: reward {v:.3f}" for s, v in curve)
-        return (
-            f"{len(curve)} trainer step(s) recorded{f' ({shown})' if shown else ''} after {episodes} episodes; "
-            f"last status {outcomes[-1].status if outcomes else 'none'}: too few steps to judge the hypothesis"
-        )
+    effect = train_effect(outcomes)
+    held = held_out_effect(state)
+    seeds = sorted({o.seed for o in outcomes})
     k = min(2, len(curve) // 2)
-    first = statistics.fmean(v for _, v in curve[:k])
-    last = statistics.fmean(v for _, v in curve[-k:])
-    gain = last - first
-    # The pre-registered rule compares 2-step windows; with fewer than 4 steps it cannot be applied as
-    # registered, so the change is reported but the hypothesis stays unconfirmed.
-    status = (
-        FindingStatus.unconfirmed
-        if k < 2 or gain == 0
-        else FindingStatus.confirmed
-        if gain > 0
-        else FindingStatus.refuted
-    )
+    change = ""
+    if k:
+        first = statistics.fmean(v for _, v in curve[:k])
+        last = statistics.fmean(v for _, v in curve[-k:])
+        change = f"; mean train reward {first:.3f} (first {k} steps) → {last:.3f} (last {k} steps)"
     statement = (
-        f"training on {state['plan'].template} for {curve[-1][0]} steps changed the mean train reward from "
-        f"{first:.3f} (first {k} steps) to {last:.3f} (last {k} steps): {gain:+.3f}"
+        f"hypothesis {effect.verdict.value}: change of the mean train reward over {curve[-1][0] if curve else 0} "
+        f"steps of {state['plan'].template} on {len(seeds)} seed(s): {effect.describe(verdict=False)}{change}"
     )
+    if held is not None:
+        statement += f". Held-out mean reward after − before training: {held.describe()}"
     ensure_finding(
         ctx,
         study_id,
         statement=statement,
-        evidence={"curve": curve, "first_k_mean": first, "last_k_mean": last},
-        confidence=0.6 if status is not FindingStatus.unconfirmed else 0.3,
-        status=status,
-        seeds=sorted({o.seed for o in outcomes}),
-        run_ids=run_ids,
+        evidence={
+            "curve": curve,
+            "effect": effect.model_dump(),
+            "held_out_effect": held.model_dump() if held else None,
+        },
+        confidence=_CONFIDENCE_OF[effect.verdict],
+        status=FindingStatus(effect.verdict.value),
+        seeds=seeds,
+        run_ids=[o.run_id for o in outcomes],
         hypothesis_id=hypothesis,
     )
-    if k < 2:
-        return statement + (
-            f" — hypothesis unconfirmed: {len(curve)} steps are too few for its decision rule (last 2 vs "
-            "first 2 steps)"
+    return statement
+
+
+def _config_status(c: ConfigVerdict) -> FindingStatus:
+    return FindingStatus.confirmed if c.settled else FindingStatus.unconfirmed
+
+
+def _more_seeds(configs: list[ConfigVerdict]) -> str:
+    needed = [
+        c.margin.more_needed
+        for c in configs
+        if not c.settled and c.margin is not None and c.margin.more_needed is not None
+    ]
+    return f"≈ {max(needed)} more seeds would settle it" if needed else "more seeds or steps are needed"
+
+
+def _best_conclusion(
+    state: ResearchState, configs: list[ConfigVerdict], variable: str
+) -> tuple[str, FindingStatus]:
+    scored = [c for c in configs if math.isfinite(c.eval_mean_reward)]
+    if not scored:
+        return (
+            "unconfirmed: no configuration was evaluated on held-out tasks; no conclusion",
+            FindingStatus.unconfirmed,
         )
+    ranked = sorted(scored, key=lambda c: c.eval_mean_reward, reverse=True)
+    best = ranked[0]
+    text = f"best {variable} = {best.value:g} (held-out mean reward {best.eval_mean_reward:.3f} over seeds {best.seeds})"
+    if len(ranked) < 2:
+        return f"unconfirmed: {text}; only one configuration was evaluated", FindingStatus.unconfirmed
+    rewards: dict[float, list[float]] = {}
+    for o in state.get("outcomes", []):
+        if o.purpose == "sweep" and o.value is not None and o.eval is not None:
+            rewards.setdefault(o.value, []).extend(o.eval.rewards)
+    lead = two_sample_effect(rewards.get(best.value, []), rewards.get(ranked[1].value, []))
+    status = FindingStatus.confirmed if lead.verdict is EffectVerdict.confirmed else FindingStatus.unconfirmed
     return (
-        statement
-        + f" — hypothesis {status.value} by its decision rule (1 seed; replicate before relying on it)"
+        f"{status.value}: {text}; lead over {variable} = {ranked[1].value:g}: {lead.describe()}",
+        status,
     )
 
 
@@ -82,12 +150,14 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     hypothesis = first_hypothesis(state)
     for c in configs:
         verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
+        status = _config_status(c)
         ensure_finding(
             ctx,
             study_id,
             statement=(
-                f"{variable}={c.value:g} is {verdict} ({len(c.stable_seeds)}/{len(c.seeds)} seeds stable; last-k train "
-                f"reward {c.last_k_reward:.3f}, held-out p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f})"
+                f"{status.value}: {variable}={c.value:g} is {verdict} ({len(c.stable_seeds)}/{len(c.seeds)} seeds stable; "
+                f"last-k train reward {c.last_k_reward:.3f}, held-out p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}); "
+                f"margin over the threshold: {c.margin.describe() if c.margin else 'no step recorded'}"
             ),
             evidence={
                 "reasons": c.reasons,
@@ -96,58 +166,79 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
                 "pass_at_1": c.pass_at_1,
                 "pass_at_2": c.pass_at_2,
                 "mean_reward": c.eval_mean_reward,
+                "margin": c.margin.model_dump() if c.margin else None,
             },
-            confidence=0.8 if c.stable is not None else 0.3,
-            status=FindingStatus.confirmed if c.stable is not None else FindingStatus.unconfirmed,
+            confidence=LEVEL if status is FindingStatus.confirmed else 0.3,
+            status=status,
             seeds=c.seeds,
             run_ids=c.run_ids,
             hypothesis_id=hypothesis,
         )
     if not configs:
-        return "no sweep run finished; no conclusion"
-    if plan.sweep.goal == "best":
-        scored = [c for c in configs if math.isfinite(c.eval_mean_reward)]
-        if not scored:
-            return "no configuration was evaluated on held-out tasks; no conclusion"
-        best = max(scored, key=lambda c: c.eval_mean_reward)
-        return f"best {variable} = {best.value:g} (held-out mean reward {best.eval_mean_reward:.3f} over seeds {best.seeds})"
-    tested = ", ".join(f"{c.value:g}" for c in configs)
+        return "unconfirmed: no sweep run finished; no conclusion"
     all_ids = [i for c in configs for i in c.run_ids]
     seeds = sorted({s for c in configs for s in c.seeds})
-    smallest = min_stable_value(configs)
-    noisy = non_monotone(configs)
-    if smallest is None:
-        statement = f"no tested {variable} ({tested}) was stable on every seed (with every larger value stable) under the pre-registered definition"
-        status = FindingStatus.refuted
+    if plan.sweep.goal == "best":
+        statement, status = _best_conclusion(state, configs, variable)
     else:
-        chosen = next(c for c in configs if c.value == smallest)
-        below = [c for c in configs if c.value < smallest and c.stable is False]
-        statement = f"minimal stable {variable} = {smallest:g} (stable on seeds {chosen.stable_seeds}, and every larger tested value stable)"
-        if below:
-            statement += "; " + "; ".join(
-                f"{c.value:g} unstable ({c.reasons[0] if c.reasons else 'see runs'})" for c in below[-2:]
-            )
-        elif smallest == min(c.value for c in configs):
-            statement = f"minimal stable {variable} ≤ {smallest:g}: the smallest tested value was already stable on seeds {chosen.stable_seeds}"
-        status = FindingStatus.confirmed
-        if noisy:
-            statement += (
-                f". Caution: {', '.join(f'{v:g}' for v in noisy)} also passed while a larger value failed — the verdicts "
-                "are noisy at this budget (more seeds or steps needed)"
-            )
-            status = FindingStatus.unconfirmed
+        statement, status = _min_stable_conclusion(configs, variable)
     ensure_finding(
         ctx,
         study_id,
         statement=statement,
         evidence={"configs": [c.model_dump() for c in configs]},
-        confidence=0.75 if status is FindingStatus.confirmed else 0.5,
+        confidence=LEVEL if status is not FindingStatus.unconfirmed else 0.3,
         status=status,
         seeds=seeds,
         run_ids=all_ids,
         hypothesis_id=hypothesis,
     )
     return statement
+
+
+def _min_stable_conclusion(configs: list[ConfigVerdict], variable: str) -> tuple[str, FindingStatus]:
+    """The minimal-stable answer, confirmed only when every verdict it rests on clears the noise: the
+    chosen value's margin, the failure of the value below it, and no stable value below a failing one."""
+    tested = ", ".join(f"{c.value:g}" for c in configs)
+    smallest = min_stable_value(configs)
+    noisy = non_monotone(configs)
+    if smallest is None:
+        decided = [c for c in configs if c.stable is False]
+        top = max(decided, key=lambda c: c.value) if decided else None
+        settled = top is not None and top.settled
+        status = FindingStatus.refuted if settled else FindingStatus.unconfirmed
+        statement = (
+            f"{status.value}: no tested {variable} ({tested}) was stable on every seed (with every larger value "
+            "stable) under the pre-registered definition"
+        )
+        if not settled:
+            statement += f"; the largest failing value's verdict is within noise: {_more_seeds(configs)}"
+        return statement, status
+    chosen = next(c for c in configs if c.value == smallest)
+    below = [c for c in configs if c.value < smallest and c.stable is False]
+    if below:
+        statement = f"minimal stable {variable} = {smallest:g} (stable on seeds {chosen.stable_seeds}, and every larger tested value stable)"
+        statement += "; " + "; ".join(
+            f"{c.value:g} unstable ({c.reasons[0] if c.reasons else 'see runs'})" for c in below[-2:]
+        )
+    else:
+        statement = f"minimal stable {variable} ≤ {smallest:g}: the smallest tested value was already stable on seeds {chosen.stable_seeds}"
+    resting = [chosen, *below[-1:]]
+    unsettled = [c for c in resting if not c.settled]
+    status = FindingStatus.unconfirmed if noisy or unsettled else FindingStatus.confirmed
+    if chosen.margin is not None:
+        statement += f". Margin of {variable} = {smallest:g} over the threshold: {chosen.margin.describe()}"
+    if unsettled:
+        statement += (
+            f". Within noise: the verdict of {', '.join(f'{variable} = {c.value:g}' for c in unsettled)} "
+            f"({_more_seeds(unsettled)})"
+        )
+    if noisy:
+        statement += (
+            f". Caution: {', '.join(f'{v:g}' for v in noisy)} also passed while a larger value failed — the verdicts "
+            "are noisy at this budget (more seeds or steps needed)"
+        )
+    return f"{status.value}: {statement}", status
 
 
 def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, object]:
@@ -196,6 +287,8 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         findings=ctx.store.findings(study_id),
         patches=ctx.store.patches(study_id),
         conclusion=conclusion,
+        reward_parts=tuple(part_roles(plan.template)),
+        notes=[note for note in (state.get("sizing"),) if note],
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))
     line = f"report: {path} — {conclusion}"

@@ -16,20 +16,12 @@ from langgraph.runtime import Runtime
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_experiment, ensure_run
 from a3r.graph.state import ResearchState, first_hypothesis
-from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.research import eval_reserve_s
+from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec
 from a3r.swarmops.execution import Workspace, execute_run
 from memory import RunStatus
 
 __all__ = ["experiment_name", "runner"]
-
-_STORE_STATUS = {
-    "finished": RunStatus.finished,
-    "needs_attention": RunStatus.cancelled,
-    "budget": RunStatus.cancelled,
-    "crashed": RunStatus.failed,
-    "hung": RunStatus.failed,
-    "failed_to_start": RunStatus.failed,
-}
 
 
 def experiment_name(state: ResearchState, spec: RunSpec) -> tuple[str, int | None]:
@@ -90,13 +82,16 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
         )
     else:
         ctx.say(f"runner: {spec.key} ({spec.purpose}) — budget left {budget_left:.0f} s")
-        outcome = execute_run(spec, ctx=ctx, ws=ws, run_id=run.id, budget_s=budget_left)
+        reserve = eval_reserve_s(spec, state.get("outcomes", []), budget_s=budget_left)
+        outcome = execute_run(
+            spec, ctx=ctx, ws=ws, run_id=run.id, budget_s=budget_left, eval_reserve_s=reserve
+        )
     if ctx.store.get_run(run.id).status is RunStatus.running:
         ctx.store.finish_run(
             run.id,
-            status=_STORE_STATUS[outcome.status],
+            status=STORE_STATUS[outcome.status],
             final_metrics=_final_metrics(outcome),
-            error=None if outcome.status == "finished" else outcome.reason[:2000],
+            error=None if outcome.status == "finished" else f"{outcome.status}: {outcome.reason}"[:2000],
         )
     line = f"runner: {spec.key} {outcome.status}: {outcome.reason} (steps {outcome.steps}, {outcome.episodes} episodes, {outcome.wall_s:.0f} s)"
     ctx.store.log_event(line, run_id=run.id, level="info" if outcome.status == "finished" else "warning")

@@ -77,7 +77,8 @@ class ResearchState(TypedDict, total=False):
     zero), ``overrides`` (`TrainingSettings` fields the user fixed on the command line), ``study_id``, ``hypothesis_ids``, ``plan``, ``workspace`` (folder of the rendered code),
     ``artifacts`` (file → store artifact id), ``queue`` (runs to do, head first), ``outcomes`` (one
     per executed run), ``pending_patch`` (the patch awaiting a decision), ``decisions``, ``stage``,
-    ``baseline`` (preflight held-out rewards), ``conclusion``, ``report`` (path), ``log``.
+    ``baseline`` (preflight held-out rewards), ``sizing`` (how the training run was fitted to the
+    budget, `a3r.study.research.size_training`), ``conclusion``, ``report`` (path), ``log``.
     """
 
     request: str
@@ -95,6 +96,7 @@ class ResearchState(TypedDict, total=False):
     decisions: Annotated[list[PatchDecision], operator.add]
     stage: str
     baseline: RewardSummary | None
+    sizing: str | None
     conclusion: str | None
     report: str | None
     log: Annotated[list[str], operator.add]

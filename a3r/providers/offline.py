@@ -116,12 +116,13 @@ class OfflineProvider:
             hypotheses = [
                 HypothesisDraft(
                     statement=f"GRPO training on {name} raises the mean training reward",
-                    expected_outcome=(
-                        "mean train reward over the last 2 steps exceeds the mean over the first 2 steps"
-                    ),
+                    expected_outcome="the mean train reward rises over training by more than its noise",
                     decision_rule=(
-                        "confirmed if last-2-steps mean reward - first-2-steps mean reward > 0 on every seed; "
-                        "refuted if it is < 0 on every seed; otherwise unconfirmed"
+                        "effect = the change of the per-step mean train reward along its least-squares trend "
+                        "(a3r.study.effects): confirmed if its 95% CI (over seeds with >= 2 seeds, else over "
+                        "steps with the AR(1) effective sample size) lies above 0.5 σ of the per-step noise; "
+                        "refuted if it lies below; otherwise unconfirmed, with the seeds or steps that would "
+                        "settle it; never confirmed for a run that cannot learn"
                     ),
                 )
             ]
@@ -167,6 +168,10 @@ class OfflineProvider:
                 if re.search(pattern, text):
                     params["dataset"] = value
                     break
+        if "n_players" in names:
+            n_players = _find_number(text, r"NUM\s*players")
+            if n_players is not None:
+                params["n_players"] = int(n_players)
         if "n_tasks" in names:
             n_tasks = _find_number(text, r"NUM\s*tasks")
             if n_tasks is not None:
@@ -263,10 +268,63 @@ class OfflineProvider:
             f"writing new task code for {request!r} needs {NEEDS_LLM}; the offline provider only renders templates"
         )
 
+    @staticmethod
+    def _reward_patch(diagnosis: Diagnosis, workflow: str, *, template: str | None) -> PatchDraft | None:
+        """Offline rules for the known ways the templates' rewards get exploited (the reward's weights
+        are the workflow's ``PARAMS``; the frozen evaluator keeps the original ones):
+
+        * who-is-the-spy, a violation rate rises (``leak_rate`` / ``invalid_vote_rate``): double its
+          penalty (at least the template default, 0.5 / 0.25; at most 1), so breaking the rule costs
+          more than a win pays; train reward up while held-out reward falls: the same for both;
+        * countdown, the format bonus rises while correctness does not, or train reward up while
+          held-out falls: ``format_reward`` 0 (only a correct expression pays);
+        * math and arithmetic pay only a verified correct answer (format is not paid on its own), so a
+          held-out fall is not a reward exploit: no patch (the finding is recorded).
+        """
+        try:
+            params = read_params(workflow)
+        except (ValueError, SyntaxError):
+            return None
+        part = str(diagnosis.evidence.get("part", ""))
+        changes: dict[str, float] = {}
+        why = ""
+        if template == "who_is_the_spy":
+            penalties = {
+                "leak_rate": ("leak_penalty", 0.5),
+                "invalid_vote_rate": ("invalid_vote_penalty", 0.25),
+            }
+            chosen = [penalties[part]] if part in penalties else list(penalties.values())
+            for name, default in chosen:
+                current = params.get(name)
+                if isinstance(current, int | float) and current < 1.0:
+                    changes[name] = round(min(1.0, max(2 * float(current), default)), 4)
+            why = (
+                "Raising the penalty makes breaking the rule cost more than a win pays, so the policy can no "
+                "longer buy reward with it (the held-out evaluator keeps the original weights)."
+            )
+        elif template == "countdown" and part in ("format_ok", ""):
+            current = params.get("format_reward")
+            if isinstance(current, int | float) and current > 0:
+                changes["format_reward"] = 0.0
+            why = (
+                "Setting format_reward to 0 pays only a correct expression, so a well-formed wrong answer "
+                "earns nothing."
+            )
+        if not changes:
+            return None
+        new = templates.substitute_params(workflow, {**params, **changes})
+        shown = ", ".join(f"{k} {params.get(k)} → {v:g}" for k, v in changes.items())
+        return PatchDraft(
+            file="workflow.py",
+            new_content=new,
+            rationale=f"{diagnosis.summary}. Reward patch: {shown}. {why}",
+        )
+
     def propose_patch(
         self, diagnosis: Diagnosis, files: Mapping[str, str], *, template: str | None
     ) -> PatchDraft | None:
-        """Rule-based fixes of the workflow's ``PARAMS`` (and arithmetic data) for zero-signal groups.
+        """Rule-based fixes of the workflow's ``PARAMS`` (and arithmetic data) for zero-signal groups,
+        and of the reward's weights for reward hacking (`_reward_patch`).
 
         Rules, in order: identical completions within a group at a low sampling temperature → raise it
         to 1.0; all attempts fail with the few-shot example off → turn it on; all attempts fail on
@@ -274,6 +332,8 @@ class OfflineProvider:
         positive reward on arithmetic below level 5 → one level harder. Other diagnoses get ``None``
         (code fixes need an LLM provider).
         """
+        if diagnosis.kind is DiagnosisKind.reward_hacking and "workflow.py" in files:
+            return self._reward_patch(diagnosis, files["workflow.py"], template=template)
         if diagnosis.kind is not DiagnosisKind.zero_signal or "workflow.py" not in files:
             return None
         workflow = files["workflow.py"]

@@ -25,6 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import templates
+from a3r.study.effects import EffectVerdict, step_effect
+
 __all__ = [
     "Diagnosis",
     "DiagnosisKind",
@@ -34,12 +37,15 @@ __all__ = [
     "detect_collapse",
     "detect_crash",
     "detect_length_collapse",
+    "detect_part_exploits",
     "detect_reward_hacking",
     "detect_stall",
     "detect_zero_signal",
     "groups_of",
     "mean_ci",
     "metric_series",
+    "part_curves",
+    "part_roles",
     "pass_at_k",
     "read_progress",
     "summarise_rewards",
@@ -88,6 +94,8 @@ class EpisodeRecord(BaseModel):
         reward: Episode reward (``None`` when aborted).
         time: Unix time the end was recorded, in seconds.
         error: Why an evaluation attempt failed (``a3r.swarmops.evaluate`` records only).
+        metrics: The workflow's episode metrics (``Result.metrics``: the reward's parts, e.g.
+            ``format_ok``, ``correct``, ``win_rate``), empty when it reported none.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -100,6 +108,7 @@ class EpisodeRecord(BaseModel):
     reward: float | None = None
     time: float = 0.0
     error: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 def read_progress(path: Path) -> list[EpisodeRecord]:
@@ -126,6 +135,93 @@ def groups_of(episodes: Iterable[EpisodeRecord], kind: str = "train") -> dict[tu
         if ep.kind == kind and ep.status == "finished" and ep.reward is not None:
             groups[(ep.round, ep.task_id)].append(ep.reward)
     return dict(groups)
+
+
+def part_curves(
+    episodes: Iterable[EpisodeRecord], names: Sequence[str], *, per_point: int
+) -> dict[str, list[float]]:
+    """Curves of the reward's parts: the mean of each named episode metric over successive chunks of
+    ``per_point`` finished train episodes (in record order; ``per_point`` = B·G makes one point about
+    one trainer step's batch). A last, partial chunk counts when it holds at least half a chunk.
+
+    Args:
+        episodes: Client records (``progress.jsonl``).
+        names: Metric names (a template's ``reward_parts``); names no episode reported are left out.
+        per_point: Episodes per point (>= 1).
+
+    Returns:
+        Name → means, shape (points,).
+    """
+    size = max(1, per_point)
+    rows = [ep.metrics for ep in episodes if ep.kind == "train" and ep.status == "finished" and ep.metrics]
+    curves: dict[str, list[float]] = {}
+    for name in names:
+        values = [row[name] for row in rows if name in row and math.isfinite(row[name])]
+        chunks = [values[i : i + size] for i in range(0, len(values), size)]
+        points = [statistics.fmean(c) for c in chunks if len(c) * 2 >= size]
+        if points:
+            curves[name] = points
+    return curves
+
+
+def part_roles(template: str | None) -> dict[str, str]:
+    """A template's reward parts and their roles (`templates.TemplateMeta.reward_parts`); none for a
+    generated workflow or an unknown template."""
+    if template is None:
+        return {}
+    try:
+        return dict(templates.get_template(template).meta.reward_parts)
+    except templates.TemplateError:
+        return {}
+
+
+def detect_part_exploits(parts: Mapping[str, Sequence[float]], roles: Mapping[str, str]) -> list[Diagnosis]:
+    """One part of the reward exploited: over a run's per-batch part curves (`part_curves`), a
+    ``violation`` rate that rises, or a ``shaping`` bonus that rises while no ``goal`` part does. A
+    rise counts only when its trend's interval clears the noise (`a3r.study.effects.step_effect`
+    confirmed), so noise never triggers a reward patch.
+
+    Args:
+        parts: Metric name → means per B·G train episodes, in order.
+        roles: Metric name → role (`part_roles`).
+
+    Returns:
+        Patchable ``reward_hacking`` diagnoses whose evidence names the ``part`` and its ``role``.
+    """
+    rises = {name: step_effect(points) for name, points in parts.items() if name in roles}
+    goal_rises = any(
+        effect.verdict is EffectVerdict.confirmed for name, effect in rises.items() if roles[name] == "goal"
+    )
+    found: list[Diagnosis] = []
+    for name, effect in rises.items():
+        role = roles[name]
+        if effect.verdict is not EffectVerdict.confirmed or role not in ("violation", "shaping"):
+            continue
+        if role == "shaping" and goal_rises:
+            continue
+        points = parts[name]
+        why = (
+            "a rule the reward penalises is broken more and more: the penalty is too weak for what breaking it wins"
+            if role == "violation"
+            else "the policy collects the shaping bonus without reaching the goal"
+        )
+        found.append(
+            Diagnosis(
+                kind=DiagnosisKind.reward_hacking,
+                summary=f"{name} ({role}) rose from {points[0]:.3f} to {points[-1]:.3f} ({effect.describe()}): {why}",
+                evidence={
+                    "part": name,
+                    "role": role,
+                    "first": round(points[0], 4),
+                    "last": round(points[-1], 4),
+                    "change": round(effect.estimate, 4),
+                    "low": round(effect.low, 4),
+                    "high": round(effect.high, 4),
+                },
+                patchable=True,
+            )
+        )
+    return found
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -174,6 +270,8 @@ class RewardSummary(BaseModel):
         mean_reward: Mean episode reward.
         pass_at_1: Mean over tasks of unbiased pass@1 (reward >= threshold counts as correct).
         pass_at_2: Mean over tasks with >= 2 attempts of unbiased pass@2 (``nan`` if none).
+        rewards: Every episode's reward, for intervals (`a3r.study.effects.two_sample_effect`); empty
+            in summaries recorded before it was kept.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -183,6 +281,7 @@ class RewardSummary(BaseModel):
     mean_reward: float
     pass_at_1: float
     pass_at_2: float
+    rewards: list[float] = Field(default_factory=list)
 
 
 def summarise_rewards(
@@ -210,6 +309,7 @@ def summarise_rewards(
         mean_reward=statistics.fmean(rewards) if rewards else math.nan,
         pass_at_1=statistics.fmean(p1) if p1 else math.nan,
         pass_at_2=statistics.fmean(p2) if p2 else math.nan,
+        rewards=rewards,
     )
 
 

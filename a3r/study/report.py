@@ -14,12 +14,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from a3r.study.analysis import RewardSummary
+from a3r.study.effects import Effect, step_effect
 from a3r.study.plans import PlanDraft
 from a3r.study.research import ConfigVerdict
-from a3r.study.runs import RunOutcome
+from a3r.study.runs import RunOutcome, status_text
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
-__all__ = ["plot_rewards", "plot_sweep", "write_report"]
+__all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_report"]
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -55,6 +56,67 @@ def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def joined_parts(outcomes: Sequence[RunOutcome], names: Sequence[str]) -> dict[int, dict[str, list[float]]]:
+    """Reward-part curves of the training runs per seed (a patched run's continuation joined to its
+    seed's curve), keeping the parts in ``names`` (every recorded part when empty)."""
+    joined: dict[int, dict[str, list[float]]] = {}
+    for o in outcomes:
+        if o.purpose not in ("train", "sweep"):
+            continue
+        for name, points in o.parts.items():
+            if not names or name in names:
+                joined.setdefault(o.seed, {}).setdefault(name, []).extend(points)
+    return joined
+
+
+def plot_parts(parts: dict[int, dict[str, list[float]]], path: Path) -> Path | None:
+    """One panel per reward part, one line per seed: its mean per B·G train episodes (≈ one step).
+
+    Returns:
+        The PNG path, or ``None`` when no part was recorded.
+    """
+    names = sorted({name for curves in parts.values() for name in curves})
+    if not names:
+        return None
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), dpi=110, squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        for seed, curves in sorted(parts.items()):
+            if name in curves:
+                ax.plot(range(1, len(curves[name]) + 1), curves[name], marker="o", label=f"seed {seed}")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("batch of B·G train episodes (≈ step)", fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _reading(effect: Effect) -> str:
+    """Which way a part moved, by its trend's interval: beyond ± the minimum effect, or neither."""
+    if effect.low > effect.min_effect:
+        return "rose"
+    if effect.high < -effect.min_effect:
+        return "fell"
+    return "no clear change" if effect.estimate == effect.estimate else "too few points"
+
+
+def _parts_table(parts: dict[int, dict[str, list[float]]]) -> list[str]:
+    lines = [
+        "| part | seed | points | first → last | change along its trend (95% CI) | reading |",
+        "|---|---|---|---|---|---|",
+    ]
+    for seed, curves in sorted(parts.items()):
+        for name, points in sorted(curves.items()):
+            effect = step_effect(points)
+            lines.append(
+                f"| {name} | {seed} | {len(points)} | {_fmt(points[0])} → {_fmt(points[-1])} | "
+                f"{effect.describe(verdict=False)} | {_reading(effect)} |"
+            )
+    return lines
 
 
 def plot_sweep(
@@ -97,8 +159,15 @@ def write_report(
     findings: Sequence[FindingPublic],
     patches: Sequence[PatchPublic],
     conclusion: str,
+    reward_parts: Sequence[str] = (),
+    notes: Sequence[str] = (),
 ) -> Path:
-    """Write ``report.md`` (and ``reward_curves.png``, ``sweep.png``) into ``folder``.
+    """Write ``report.md`` (and ``reward_curves.png``, ``reward_parts.png``, ``sweep.png``) into ``folder``.
+
+    Args:
+        reward_parts: The template's reward parts (episode metric names) to draw; every recorded
+            part when empty.
+        notes: Lines on how the runs were fitted to the budget (`a3r.study.research.size_training`).
 
     Returns:
         The Markdown path.
@@ -111,7 +180,13 @@ def write_report(
     lines = [
         f"# Study {study.id}: {study.question}",
         "",
-        f"**Conclusion.** {conclusion}",
+        f"**Verdict.** {conclusion}",
+        "",
+        (
+            "_Verdicts come from `a3r.study.effects`: confirmed only when the effect's 95% confidence interval "
+            "(over seeds, or over steps with their autocorrelation handled) clears the minimum effect "
+            "(0.5 σ of the observed noise); otherwise unconfirmed, with what would settle it._"
+        ),
         "",
         "## Plan",
         f"- objective: {plan.objective}",
@@ -127,6 +202,7 @@ def write_report(
         )
     if plan.stability is not None:
         lines.append(f"- operational definition: {plan.stability.describe()}")
+    lines += [f"- {note}" for note in notes]
     lines += ["", "## Pre-registered hypotheses", ""]
     for h in hypotheses:
         lines.append(
@@ -137,21 +213,22 @@ def write_report(
             "",
             "## Preflight (untrained model, held-out tasks)",
             "",
-            f"{baseline.tasks} tasks, {baseline.episodes} attempts: mean reward {_fmt(baseline.mean_reward)}, "
+            f"n = {baseline.tasks} tasks, {baseline.episodes} attempts: mean reward {_fmt(baseline.mean_reward)}, "
             f"p@1 {_fmt(baseline.pass_at_1)}, p@2 {_fmt(baseline.pass_at_2)}.",
         ]
     lines += [
         "",
         "## Runs",
         "",
-        "| run | status | steps | train episodes | wall s | last reward | held-out p@1 | held-out p@2 | held-out mean |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | status | steps | train episodes | wall s | last reward | held-out n (tasks / attempts) | held-out p@1 | held-out p@2 | held-out mean |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         last = o.curve[-1][1] if o.curve else (o.episode_curve[-1] if o.episode_curve else math.nan)
         e = o.eval
         lines.append(
-            f"| {o.key} | {o.status} | {o.steps} | {o.episodes} | {o.wall_s:.0f} | {_fmt(last)} | "
+            f"| {o.key} | {status_text(o.status)} | {o.steps} | {o.episodes} | {o.wall_s:.0f} | {_fmt(last)} | "
+            f"{f'{e.tasks} / {e.episodes}' if e else '–'} | "
             f"{_fmt(e.pass_at_1 if e else None)} | {_fmt(e.pass_at_2 if e else None)} | {_fmt(e.mean_reward if e else None)} |"
         )
     if configs:
@@ -170,6 +247,20 @@ def write_report(
             )
     if curves is not None:
         lines += ["", "## Reward curves", "", f"![reward curves]({curves.name})"]
+    parts = joined_parts(outcomes, reward_parts)
+    parts_png = plot_parts(parts, folder / "reward_parts.png")
+    if parts_png is not None:
+        lines += [
+            "",
+            "## Reward parts",
+            "",
+            "The reward split into its parts (the workflow's episode metrics), the mean of each per B·G "
+            "train episodes:",
+            "",
+            f"![reward parts]({parts_png.name})",
+            "",
+            *_parts_table(parts),
+        ]
     if sweep is not None:
         lines += ["", "## Sweep", "", f"![sweep]({sweep.name})"]
     if findings:

@@ -16,19 +16,26 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3r.study.analysis import DiagnosisKind, RewardSummary
-from a3r.study.plans import PlanDraft, StabilityCriterion
+from a3r.study.effects import Effect, level_effect, seed_effect
+from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings
 from a3r.study.runs import RunOutcome, RunSpec
 
 __all__ = [
+    "EVAL_BUDGET_SHARE",
+    "UPDATE_SHARE",
     "ConfigVerdict",
+    "Sizing",
     "Verdict",
     "estimate_run_s",
+    "eval_reserve_s",
     "fit_budget",
     "initial_queue",
     "judge_run",
     "min_stable_value",
     "non_monotone",
     "refine_values",
+    "size_training",
+    "stability_margin",
     "sweep_specs",
     "verdicts",
 ]
@@ -36,9 +43,107 @@ __all__ = [
 SERVER_OVERHEAD_S = 20.0
 """Seconds to start, checkpoint and stop a server, added to every sweep run's estimate."""
 
+EVAL_BUDGET_SHARE = 0.15
+"""Share of a run's remaining wall-time budget a held-out evaluation may use (it is sized to fit), and
+the reserve for it before any evaluation was measured."""
+
+EVAL_RESERVE_MARGIN = 1.25
+"""The reserve for a held-out evaluation: this many times the longest one measured, plus 15 s."""
+
+UPDATE_SHARE = 0.3
+"""Seconds of a trainer update as a share of the step's rollout seconds, measured on 2 CPU cores with
+LoRA on bf16 weights (who-is-the-spy: 23–28 s of update per ≈ 98 s of rollouts, a3r/README.md
+§Measured); used until a run has measured its own steps."""
+
+
+def eval_reserve_s(spec: RunSpec, outcomes: Sequence[RunOutcome], *, budget_s: float) -> float:
+    """Seconds of a training run's budget kept for its held-out evaluation: `EVAL_RESERVE_MARGIN` × the
+    longest evaluation measured so far + 15 s, or `EVAL_BUDGET_SHARE` of the budget before any was
+    measured; never more than half the budget. Smoke and preflight runs reserve nothing (their
+    evaluation is sized to what is left).
+
+    Args:
+        spec: The run about to start.
+        outcomes: Runs so far (their ``eval_s``).
+        budget_s: The run's budget in seconds.
+    """
+    if spec.purpose not in ("train", "sweep") or budget_s <= 0:
+        return 0.0
+    measured = [o.eval_s for o in outcomes if math.isfinite(o.eval_s)]
+    reserve = EVAL_RESERVE_MARGIN * max(measured) + 15.0 if measured else EVAL_BUDGET_SHARE * budget_s
+    return min(reserve, budget_s / 2)
+
+
+class Sizing(BaseModel):
+    """How many steps of a training run fit its budget, from the smoke run's measured speed.
+
+    Attributes:
+        steps: Steps to run (the plan's, or fewer when they do not fit; at least 1).
+        planned: The plan's steps.
+        seconds_per_step: Estimated wall seconds per step: B·G episodes at the measured seconds per
+            episode, plus `UPDATE_SHARE` of that for the update.
+        available_s: Seconds for training: budget − evaluation reserve − `SERVER_OVERHEAD_S`.
+        note: One line saying what was measured and decided.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    steps: int
+    planned: int
+    seconds_per_step: float
+    available_s: float
+    note: str
+
+
+def size_training(
+    settings: TrainingSettings, *, seconds_per_episode: float, budget_s: float, reserve_s: float
+) -> Sizing:
+    """Fit a training run's steps to its budget from the measured seconds per episode.
+
+    Args:
+        settings: The plan's training settings (steps, B, G).
+        seconds_per_episode: Client wall seconds per finished episode in the smoke run.
+        budget_s: Seconds left for the run, its evaluation included.
+        reserve_s: Seconds kept for the held-out evaluation (`eval_reserve_s`).
+    """
+    planned = settings.steps
+    available = budget_s - reserve_s - SERVER_OVERHEAD_S
+    if not math.isfinite(seconds_per_episode) or seconds_per_episode <= 0:
+        return Sizing(
+            steps=planned,
+            planned=planned,
+            seconds_per_step=math.nan,
+            available_s=available,
+            note=f"budget: no speed measured in the smoke run; training keeps its {planned} steps",
+        )
+    per_step = settings.batch_size * settings.group_size * seconds_per_episode * (1 + UPDATE_SHARE)
+    fits = max(1, math.floor(available / per_step)) if available > 0 else 1
+    steps = min(planned, fits)
+    head = (
+        f"budget: the smoke run measured {seconds_per_episode:.1f} s per episode → ≈ {per_step:.0f} s per step "
+        f"(B·G = {settings.batch_size * settings.group_size} episodes + update); {available:.0f} s left for "
+        f"training after {reserve_s:.0f} s kept for the held-out evaluation"
+    )
+    if steps < planned:
+        note = (
+            f"{head}: {planned} steps would need ≈ {planned * per_step:.0f} s, so training runs {steps} steps"
+        )
+    else:
+        note = f"{head}: the {planned} steps fit (≈ {planned * per_step:.0f} s)"
+    return Sizing(steps=steps, planned=planned, seconds_per_step=per_step, available_s=available, note=note)
+
 
 class Verdict(BaseModel):
-    """Stability of one run under the criterion, with the reasons when unstable."""
+    """Stability of one run under the criterion, with the reasons when unstable.
+
+    Attributes:
+        key: The run's key.
+        stable: Whether every rule of the criterion held.
+        reasons: Why not.
+        last_k_reward: Mean train reward over the last k steps.
+        hard: Unstable for a reason noise cannot explain (the run did not finish, crashed, hung or
+            collapsed), not only a last-k reward below the threshold.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -46,6 +151,7 @@ class Verdict(BaseModel):
     stable: bool
     reasons: list[str] = Field(default_factory=list)
     last_k_reward: float = math.nan
+    hard: bool = False
 
 
 class ConfigVerdict(BaseModel):
@@ -64,6 +170,10 @@ class ConfigVerdict(BaseModel):
         pass_at_2: Mean over seeds of held-out pass@2.
         eval_mean_reward: Mean over seeds of held-out mean reward.
         reasons: Why seeds were unstable.
+        margin: Last-k train reward minus the stability threshold (baseline − δ), with its interval over
+            seeds (over the last k steps for one seed): a non-inferiority margin, so its minimum effect
+            is 0 (δ is the pre-registered tolerance). ``None`` when no seed recorded a step.
+        hard_failure: Some seed was unstable for a reason noise cannot explain (`Verdict.hard`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -79,6 +189,18 @@ class ConfigVerdict(BaseModel):
     pass_at_2: float
     eval_mean_reward: float
     reasons: list[str]
+    margin: Effect | None = None
+    hard_failure: bool = False
+
+    @property
+    def settled(self) -> bool:
+        """Whether the stability verdict clears the noise: stable with a confirmed margin, or unstable
+        by a hard failure or a refuted margin."""
+        if self.stable is True:
+            return self.margin is not None and self.margin.verdict.value == "confirmed"
+        if self.stable is False:
+            return self.hard_failure or (self.margin is not None and self.margin.verdict.value == "refuted")
+        return False
 
 
 def initial_queue(plan: PlanDraft) -> list[RunSpec]:
@@ -187,8 +309,10 @@ def fit_budget(
 def judge_run(outcome: RunOutcome, baseline: float, criterion: StabilityCriterion) -> Verdict:
     """Apply the operational definition of stability (`StabilityCriterion`) to one run."""
     reasons: list[str] = []
+    hard = False
     if outcome.status != "finished":
         reasons.append(f"run ended {outcome.status}: {outcome.reason}")
+        hard = True
     tail = [v for _, v in outcome.curve[-criterion.last_k :]]
     last_k = statistics.fmean(tail) if tail else math.nan
     if not tail:
@@ -200,7 +324,29 @@ def judge_run(outcome: RunOutcome, baseline: float, criterion: StabilityCriterio
     for diagnosis in outcome.diagnoses:
         if diagnosis.kind in (DiagnosisKind.collapse, DiagnosisKind.crash, DiagnosisKind.hang):
             reasons.append(diagnosis.summary)
-    return Verdict(key=outcome.key, stable=not reasons, reasons=reasons, last_k_reward=last_k)
+            hard = True
+    return Verdict(key=outcome.key, stable=not reasons, reasons=reasons, last_k_reward=last_k, hard=hard)
+
+
+def stability_margin(
+    outcomes: Sequence[RunOutcome], *, threshold: float, criterion: StabilityCriterion
+) -> Effect | None:
+    """Last-k train reward minus ``threshold`` (baseline − δ) of one configuration's runs, through
+    `a3r.study.effects`: over seeds (`seed_effect`, σ = the runs' pooled per-step noise) with two or
+    more seeds, else over the last k steps of the one run (`level_effect`). The minimum effect is 0:
+    this is a non-inferiority margin whose tolerance δ was pre-registered.
+
+    Returns:
+        The margin, or ``None`` when no run recorded a step.
+    """
+    tails = [[v for _, v in o.curve[-criterion.last_k :]] for o in outcomes if o.curve]
+    if not tails:
+        return None
+    if len(tails) == 1:
+        return level_effect(tails[0], threshold, min_effect=0.0)
+    spreads = [statistics.variance([v for _, v in o.curve]) for o in outcomes if len(o.curve) >= 2]
+    noise = math.sqrt(statistics.fmean(spreads)) if spreads else None
+    return seed_effect([statistics.fmean(t) - threshold for t in tails], noise_sd=noise, min_effect=0.0)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -242,6 +388,12 @@ def verdicts(
                 pass_at_2=_mean([e.pass_at_2 for e in evals]),
                 eval_mean_reward=_mean([e.mean_reward for e in evals]),
                 reasons=[f"seed {spec.seed}: {r}" for spec, _, v in rows for r in v.reasons],
+                margin=stability_margin(
+                    [o for _, o, _ in rows],
+                    threshold=baseline.mean_reward - criterion.delta,
+                    criterion=criterion,
+                ),
+                hard_failure=any(v.hard for _, _, v in rows),
             )
         )
     return result

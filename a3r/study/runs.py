@@ -12,11 +12,29 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from a3r.study.analysis import Diagnosis, RewardSummary
 from a3r.study.plans import StabilityCriterion, TrainingSettings
+from memory import RunStatus
 
-__all__ = ["RunOutcome", "RunPurpose", "RunSpec", "RunStatusName"]
+__all__ = ["STORE_STATUS", "RunOutcome", "RunPurpose", "RunSpec", "RunStatusName", "status_text"]
 
 RunPurpose = Literal["preflight", "smoke", "train", "sweep"]
 RunStatusName = Literal["finished", "crashed", "hung", "budget", "failed_to_start", "needs_attention"]
+
+STORE_STATUS: dict[str, RunStatus] = {
+    "finished": RunStatus.finished,
+    "needs_attention": RunStatus.cancelled,
+    "budget": RunStatus.cancelled,
+    "crashed": RunStatus.failed,
+    "hung": RunStatus.failed,
+    "failed_to_start": RunStatus.failed,
+}
+"""The store's status of a run by how it ended (the store knows only finished, failed, cancelled)."""
+
+
+def status_text(name: RunStatusName) -> str:
+    """How a run ended as the store and a3r both say it, e.g. ``cancelled (budget)``, so the report
+    and ``a3r runs`` agree."""
+    store = STORE_STATUS[name].value
+    return store if store == name else f"{store} ({name})"
 
 
 class RunSpec(BaseModel):
@@ -77,8 +95,12 @@ class RunOutcome(BaseModel):
         diagnoses: Detections (crash, zero signal, collapse...).
         final_metrics: Last trainer-step metrics.
         run_dir: Files of the run.
-        seconds_per_episode: Measured client throughput (for budget scheduling).
+        seconds_per_episode: Measured client throughput: the client's wall seconds per finished train
+            episode (server start and evaluation left out; for budget scheduling).
         seconds_per_step: Measured trainer cadence (``nan`` without steps).
+        eval_s: Seconds its held-out evaluation took (``nan`` when none ran).
+        parts: Curves of the reward's parts (`a3r.study.analysis.part_curves`: one point per B·G
+            train episodes), by metric name.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -103,3 +125,5 @@ class RunOutcome(BaseModel):
     run_dir: str = ""
     seconds_per_episode: float = float("nan")
     seconds_per_step: float = float("nan")
+    parts: dict[str, list[float]] = Field(default_factory=dict)
+    eval_s: float = float("nan")

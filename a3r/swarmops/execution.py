@@ -35,9 +35,11 @@ from a3r.study.analysis import (
     detect_zero_signal,
     groups_of,
     metric_series,
+    part_curves,
     read_progress,
     summarise_rewards,
 )
+from a3r.study.research import EVAL_BUDGET_SHARE
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, judge
@@ -305,10 +307,6 @@ def _client(spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: i
     return launch("client", argv, log_path=run_dir / "client.log", cwd=ws.root)
 
 
-EVAL_BUDGET_SHARE = 0.15
-"""Share of a run's remaining wall-time budget a held-out evaluation may use (it is sized to fit)."""
-
-
 def eval_tasks_within(ctx: ExecutionContext, budget_s: float, seconds_per_episode: float) -> int:
     """Held-out tasks to evaluate: ``ctx.eval_tasks``, fewer when their expected time (at the measured
     seconds per episode, ``eval_samples`` attempts each) would exceed `EVAL_BUDGET_SHARE` of the budget;
@@ -410,7 +408,13 @@ def _release(spec: RunSpec, ctx: ExecutionContext, outcome: RunOutcome | None) -
 
 
 def execute_run(
-    spec: RunSpec, *, ctx: ExecutionContext, ws: Workspace, run_id: int, budget_s: float
+    spec: RunSpec,
+    *,
+    ctx: ExecutionContext,
+    ws: Workspace,
+    run_id: int,
+    budget_s: float,
+    eval_reserve_s: float = 0.0,
 ) -> RunOutcome:
     """Run ``spec`` to its end and record it (metric points, events) under store run ``run_id``.
 
@@ -419,7 +423,10 @@ def execute_run(
         ctx: Run context (store, servers, limits).
         ws: The study workspace.
         run_id: Store run (status ``running``); finished by the caller.
-        budget_s: Wall seconds this run may take at most.
+        budget_s: Wall seconds this run may take at most, its held-out evaluation included.
+        eval_reserve_s: Seconds of ``budget_s`` kept for the held-out evaluation after training: the
+            watch stops training ``eval_reserve_s`` before the budget ends, and the evaluation runs
+            also after such a budget stop.
 
     Returns:
         The outcome; failures to start come back as ``failed_to_start`` outcomes, not exceptions.
@@ -468,9 +475,12 @@ def execute_run(
                 run_dir=str(run_dir),
                 seconds_per_episode=elapsed / episodes if episodes else math.nan,
                 diagnoses=[] if summary else detect_crash(error, exit_code=1),
+                eval_s=elapsed,
             )
         else:
-            outcome = _monitor(_Run(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s))
+            outcome = _monitor(
+                _Run(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s, eval_reserve_s)
+            )
         return outcome
     finally:
         api.close()
@@ -491,6 +501,7 @@ class _Run:
     run_id: int
     started: float
     budget_s: float
+    eval_reserve_s: float = 0.0
 
 
 @dataclass
@@ -505,6 +516,8 @@ class _Sources:
     server_pid: int | None
     rows: list[ServerStepMetrics] = field(default_factory=list)
     episodes: list[EpisodeRecord] = field(default_factory=list)
+    client_started: float = field(default_factory=time.monotonic)
+    """When the client started (its episodes' throughput is measured from here)."""
 
     @property
     def progress_path(self) -> Path:
@@ -581,7 +594,10 @@ def _monitor(run: _Run) -> RunOutcome:
         server_pid=handle.process.pid if handle.process is not None else None,
     )
     rules = WatchRules(
-        hang_after_s=ctx.hang_after_s, budget_s=run.budget_s, target=target, early_stop=spec.early_stop
+        hang_after_s=ctx.hang_after_s,
+        budget_s=max(0.0, run.budget_s - run.eval_reserve_s),
+        target=target,
+        early_stop=spec.early_stop,
     )
     watch = RunWatch.begin(started=run.started, now=time.monotonic(), step=start_step, cpu_s=sources.cpu())
     samples: list[tuple[float, int, int]] = []
@@ -632,10 +648,13 @@ def _conclude(
     diagnoses: list[Diagnosis] = []
     if server_exit is not None and run.handle.process is not None:
         diagnoses += detect_crash(run.handle.process.log_text(), exit_code=run.handle.process.poll())
+    if end.status == "budget" and run.handle.process is not None and server_exit is None:
+        _freeze_training(run, last_step)
     exit_code = client.poll()
     if exit_code is None:
         exit_code = client.stop()
         exit_code = None if end.status != "crashed" else exit_code
+    client_s = time.monotonic() - sources.client_started
     log_text = client.log_text()
     episodes = read_progress(sources.progress_path)
     rows = api.metrics() or sources.rows
@@ -657,11 +676,16 @@ def _conclude(
     )
     diagnoses += detect_stall(samples, window_s=max(ctx.hang_after_s, 30.0)) if target is not None else []
     eval_summary: RewardSummary | None = None
+    eval_s = math.nan
     # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
-    # after (train) training, so a train-reward gain can be checked against held-out reward.
-    if spec.purpose in ("sweep", "smoke", "train") and end.status == "finished" and ctx.eval_tasks > 0:
-        remaining = max(30.0, run.budget_s - (time.monotonic() - run.started))
-        per_episode = (time.monotonic() - run.started) / max(1, len(episodes))
+    # after (train) training, so a train-reward gain can be checked against held-out reward. A run the
+    # budget stopped is evaluated too: its budget kept `eval_reserve_s` for it.
+    evaluable = end.status == "finished" or (
+        end.status == "budget" and server_exit is None and run.eval_reserve_s > 0
+    )
+    if spec.purpose in ("sweep", "smoke", "train") and evaluable and ctx.eval_tasks > 0:
+        remaining = max(30.0, run.eval_reserve_s, run.budget_s - (time.monotonic() - run.started))
+        per_episode = client_s / max(1, len(episodes))
         # Every evaluation of a thread uses the held-out tasks of its first one (sized to the budget then),
         # so that before/after numbers are comparable.
         n_tasks = int(
@@ -669,22 +693,36 @@ def _conclude(
                 ctx.key("runner", "eval-tasks"), lambda: eval_tasks_within(ctx, remaining, per_episode)
             )
         )
-        eval_summary, error, _ = _evaluate(
+        available = _count_lines(run.ws.heldout)
+        rec.note(
+            f"run {spec.key}: held-out evaluation on {min(n_tasks, available)} of {available} held-out tasks × "
+            f"{ctx.eval_samples} attempts"
+        )
+        eval_summary, error, eval_s = _evaluate(
             ctx, run.ws, run.handle.url, run.run_dir, remaining, max_tasks=n_tasks
         )
         if error:
             rec.note(f"run {spec.key}: {error}", "warning")
+        rows = api.metrics() or rows  # a step that was under way when training stopped has ended now
+        rec.metrics(rows)
+        metric_rows = [{"step": row.step, **_numeric(row)} for row in rows]
+        last_step = max([last_step, *(row.step for row in rows)])
+    reason = end.reason
+    if last_step > watch.last_step:
+        reason += f"; the step under way then ended: step {last_step}"
     train_groups = groups_of(episodes)
     curve = [(s, v) for s, v in _reward_curve(rows) if s > start_step or spec.start_step == 0]
     wall = time.monotonic() - run.started
     finished_eps = sum(len(v) for v in train_groups.values())
     step_times = [t for t, s, _ in samples]
     final = _numeric(rows[-1]) if rows else {}
+    metric_names = sorted({name for ep in episodes for name in ep.metrics})
+    per_point = spec.settings.batch_size * spec.settings.group_size
     return RunOutcome(
         **_ident(spec),
         run_id=run.run_id,
         status=end.status,
-        reason=end.reason,
+        reason=reason,
         steps=last_step,
         episodes=finished_eps,
         wall_s=wall,
@@ -695,10 +733,33 @@ def _conclude(
         diagnoses=diagnoses,
         final_metrics=final,
         run_dir=str(run.run_dir),
-        seconds_per_episode=wall / finished_eps if finished_eps else math.nan,
+        seconds_per_episode=client_s / finished_eps if finished_eps else math.nan,
         seconds_per_step=(
             (step_times[-1] - step_times[0]) / (last_step - start_step)
             if last_step > start_step
             else math.nan
         ),
+        parts=part_curves(episodes, metric_names, per_point=per_point),
+        eval_s=eval_s,
     )
+
+
+def _count_lines(path: Path) -> int:
+    """Non-empty lines of a JSONL file (0 when it is missing)."""
+    if not path.is_file():
+        return 0
+    with path.open(encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _freeze_training(run: _Run, step: int) -> None:
+    """Stop a server of ours from training past ``step`` once a3r's budget ended the run: episodes
+    already pooled would otherwise form one more batch (a step and its checkpoint a3r would not
+    record). A step already under way still ends (and is read after the evaluation)."""
+    try:
+        if step >= 1:
+            run.api.client.patch_config(max_steps=step)
+        else:
+            run.api.client.patch_config(training_enabled=False)
+    except (ClientError, httpx.TransportError) as exc:
+        run.rec.note(f"run {run.spec.key}: could not stop training at step {step}: {exc}", "warning")

@@ -20,6 +20,7 @@ from swarm.client._errors import (
     MultiEpisodeError,
     PartialFinishError,
     RunnerError,
+    UndecidedFinishError,
     WorkflowLoadError,
 )
 from swarm.client._failures import EpisodeLost, FailureKind, classify_failure
@@ -63,6 +64,7 @@ __all__ = [
     "SwarmClient",
     "Task",
     "TaskSet",
+    "UndecidedFinishError",
     "WorkflowLoadError",
     "check_model_path",
     "classify_failure",

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import TypeAdapter
@@ -30,17 +31,22 @@ from swarm.client.workflow import LLM, Result
 from swarm.errors import ClientError
 from swarm.protocol import (
     CheckpointSaved,
+    ClientState,
     ConfigChanged,
     ConfigView,
     EpisodeAbort,
+    EpisodeCommit,
     EpisodeCreate,
     EpisodeCreated,
     EpisodeFinish,
     EpisodeKind,
+    EpisodePrepare,
     EpisodeView,
     Event,
     ServerStepMetrics,
     StatusView,
+    Vote,
+    VoteCast,
 )
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
@@ -122,6 +128,8 @@ def _is_infra(exc: BaseException, base_url: str) -> bool:
 
 
 class _BaseClient:
+    client_id: str
+
     def __init__(self, url: str, admin_token: str | None, retry: RetryPolicy) -> None:
         self.url = url.rstrip("/")
         self.retry = retry
@@ -156,6 +164,11 @@ class _BaseClient:
             url=str(response.request.url),
             retry_after_s=_parse_retry_after(response.headers.get("retry-after")),
         )
+
+    def _client_path(self, action: str = "") -> str:
+        """``/api/v1/clients/{client_id}[/action]`` with the id percent-encoded."""
+        path = "/api/v1/clients/" + quote(self.client_id, safe="")
+        return f"{path}/{action}" if action else path
 
     def _retry_kwargs(self) -> dict[str, Any]:
         return {
@@ -367,6 +380,35 @@ class SwarmClient(_BaseClient):
         """
         return CheckpointSaved.model_validate(self._request("POST", "/api/v1/checkpoint", admin=True))
 
+    def vote_ready(self, ready: bool = True) -> VoteCast:
+        """Vote that this client's round is done (``POST /api/v1/clients/{client_id}/ready``), for the
+        ``all_clients_ready`` / ``any_client_ready`` batch policies; ``ready=False`` withdraws the vote.
+        Votes are cleared by the step they produce. No admin token needed.
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        body = self._request("POST", self._client_path("ready"), Vote(ready=ready).model_dump())
+        return VoteCast.model_validate(body)
+
+    def client_heartbeat(self) -> ClientState:
+        """Keep this client active for the voting policies while it has no episode open
+        (``POST /api/v1/clients/{client_id}/heartbeat``).
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        return ClientState.model_validate(self._request("POST", self._client_path("heartbeat")))
+
+    def leave(self) -> ClientState:
+        """Say goodbye (``DELETE /api/v1/clients/{client_id}``): this client and its vote stop counting for
+        the voting policies; its finished episodes are still trained.
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        return ClientState.model_validate(self._request("DELETE", self._client_path()))
+
     @contextlib.contextmanager
     def episode(self, task_id: str, **kwargs: Any) -> Iterator[Episode]:
         """Open an episode for the block; an exception inside aborts it (and is re-raised).
@@ -476,6 +518,39 @@ class AsyncSwarmClient(_BaseClient):
     async def heartbeat(self, episode_id: str) -> None:
         await self._request("POST", f"/api/v1/episodes/{episode_id}/heartbeat")
 
+    async def prepare(
+        self,
+        episode_id: str,
+        reward: float | Result,
+        *,
+        txn_id: str,
+        primary_url: str | None = None,
+        primary_episode_id: str | None = None,
+    ) -> None:
+        """Phase one of a multi-server finish (``POST …/prepare``; see :class:`~swarm.client.MultiEpisode`):
+        the episode is stored with its reward, not trainable until :meth:`commit`. ``primary_url`` and
+        ``primary_episode_id`` name the primary member (leave them out on the primary itself).
+
+        Raises:
+            ClientError: 409 when the episode has ended otherwise, 404 when the server does not know it.
+        """
+        body = EpisodePrepare(
+            **self._finish_body(reward),
+            txn_id=txn_id,
+            primary_url=primary_url,
+            primary_episode_id=primary_episode_id,
+        ).model_dump()
+        await self._request("POST", f"/api/v1/episodes/{episode_id}/prepare", body)
+
+    async def commit(self, episode_id: str, txn_id: str) -> None:
+        """Phase two (``POST …/commit``): the prepared episode becomes finished; idempotent.
+
+        Raises:
+            ClientError: 409 when the transaction was aborted on that server.
+        """
+        body = EpisodeCommit(txn_id=txn_id).model_dump()
+        await self._request("POST", f"/api/v1/episodes/{episode_id}/commit", body)
+
     async def get_episode(self, episode_id: str) -> EpisodeView:
         return EpisodeView.model_validate(await self._request("GET", f"/api/v1/episodes/{episode_id}"))
 
@@ -508,6 +583,20 @@ class AsyncSwarmClient(_BaseClient):
     async def checkpoint(self) -> CheckpointSaved:
         """Async :meth:`SwarmClient.checkpoint`."""
         return CheckpointSaved.model_validate(await self._request("POST", "/api/v1/checkpoint", admin=True))
+
+    async def vote_ready(self, ready: bool = True) -> VoteCast:
+        """Async :meth:`SwarmClient.vote_ready`."""
+        path = self._client_path("ready")
+        return VoteCast.model_validate(await self._request("POST", path, Vote(ready=ready).model_dump()))
+
+    async def client_heartbeat(self) -> ClientState:
+        """Async :meth:`SwarmClient.client_heartbeat`."""
+        path = self._client_path("heartbeat")
+        return ClientState.model_validate(await self._request("POST", path))
+
+    async def leave(self) -> ClientState:
+        """Async :meth:`SwarmClient.leave`."""
+        return ClientState.model_validate(await self._request("DELETE", self._client_path()))
 
     @contextlib.asynccontextmanager
     async def episode(self, task_id: str, **kwargs: Any) -> AsyncIterator[AsyncEpisode]:

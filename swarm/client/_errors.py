@@ -8,7 +8,8 @@
     ├── RunnerError                      the run cannot go on (e.g. the server rejects our episodes: 4xx)
     ├── EpisodeLost                      the server no longer knows an open episode (see _failures.py)
     └── MultiEpisodeError                a multi-model episode could not begin or finish on every server
-        └── PartialFinishError           finished on some servers, aborted on the others
+        ├── UndecidedFinishError         the primary's commit got no answer: the servers settle it
+        └── PartialFinishError           (no longer raised: the multi-server finish is atomic)
 
 Messages never contain episode keys.
 """
@@ -62,11 +63,33 @@ class MultiEpisodeError(SwarmError):
         self.failed = failed
 
 
+class UndecidedFinishError(MultiEpisodeError):
+    """A multi-server finish whose primary commit got no answer (its server died mid-commit).
+
+    Nothing was aborted: the servers settle the transaction (every member finished, or none; see
+    docs/ARCHITECTURE.md §Multi-server finish).
+
+    Attributes:
+        txn_id: the transaction.
+        primary: the primary member's name.
+    """
+
+    def __init__(self, txn_id: str, primary: str, cause: BaseException) -> None:
+        super().__init__(
+            f"transaction {txn_id}: the commit of primary member {primary!r} got no answer ({cause}); "
+            "the servers settle it (all members finished, or none)",
+            aborted=[],
+            failed={primary: cause},
+        )
+        self.txn_id = txn_id
+        self.primary = primary
+
+
 class PartialFinishError(MultiEpisodeError):
     """Finishing failed on a member after another member had already finished.
 
-    The finished members cannot be undone (their episodes are committed to those servers' pools);
-    the others were aborted as infrastructure failures. ``finished`` names the committed ones.
+    No longer raised by :class:`~swarm.client.MultiEpisode`, whose finish is atomic across servers since
+    the two-phase finish; kept so that callers catching it keep working.
     """
 
     def __init__(

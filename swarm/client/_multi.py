@@ -11,31 +11,40 @@ All members begin together (if one cannot begin, the ones that did are aborted).
 the block, or leaving it without ``finish``, aborts every member (as an infrastructure failure when the
 exception is one, see :mod:`swarm.client._failures`).
 
-**Finish is all-or-abort as far as HTTP allows.** Servers have no two-phase commit, so ``finish``:
+**Finish is atomic across servers** (docs/ARCHITECTURE.md §Multi-server finish). With one member it
+is a plain finish. With several, ``finish`` runs a two-phase commit with a shared transaction id and a
+*primary* member (the first in the mapping), Percolator's rule (Peng & Dabek, OSDI 2010):
 
-1. checks that every member is still open (a heartbeat to each; one that fails means the member is lost
-   — its server restarted or reclaimed it — and then *every* member is aborted, none finished);
-2. finishes the members one after another, in the mapping's order; if the first finish fails, the rest
-   are aborted, so nothing is committed.
+1. *prepare* every member (concurrently): each server stores its member ``prepared`` with its reward,
+   naming the transaction and the primary; a prepared episode is never trained as it is. If any prepare
+   fails, every member is aborted (the primary was never committed, so nothing can commit) and
+   :class:`MultiEpisodeError` is raised.
+2. *commit the primary*: the commit point, one compare-and-set on one server. If its server answers that
+   the transaction aborted (409: it expired), the others are aborted; if no answer comes (the server died
+   mid-commit), the outcome is unknown here and :class:`UndecidedFinishError` is raised without aborting
+   anything: the servers settle it.
+3. *commit the others*; one that cannot be reached is left to its server, which reads the primary's fate
+   once back (`swarm.server.transactions`); ``unconfirmed`` names those members.
 
-Only a failure *after* a member has committed (a server crashing between step 1 and its own finish)
-leaves the others committed: :class:`PartialFinishError` names the finished members; the unfinished
-ones are aborted as infrastructure failures. Heartbeats and finishes are retried on transient errors
-first, so this needs a server to stay down past the client's retry deadline within that window.
+A prepared member left undecided (the client died between the phases) is resolved by the servers after
+their ``prepare_timeout_s``: the primary aborts itself, a secondary follows its primary. So every member
+ends ``finished`` or none does, whichever process dies when. Prepares and commits are retried on
+transient errors and are idempotent (a retried request whose first try landed answers the same).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
 from swarm.client._client import AsyncEpisode, AsyncSwarmClient
-from swarm.client._errors import MultiEpisodeError, PartialFinishError
+from swarm.client._errors import MultiEpisodeError, UndecidedFinishError
 from swarm.client._failures import EpisodeLost, FailureKind, classify_failure
 from swarm.client.workflow import LLM, Result
 from swarm.errors import ClientError
@@ -76,6 +85,9 @@ class MultiEpisode:
         self._trainable = trainable_agents
         self.episodes: dict[str, AsyncEpisode] = {}
         self.ended = False
+        self.unconfirmed: list[str] = []
+        """After ``finish``: members whose commit got no answer (their servers finish them from the
+        primary once back)."""
 
     def __repr__(self) -> str:
         return f"MultiEpisode(task_id={self.task_id!r}, members={list(self._clients)}, ended={self.ended})"
@@ -141,21 +153,8 @@ class MultiEpisode:
             if isinstance(result, BaseException):
                 raise EpisodeLost(self.episodes[name].id, f"{name}: {result}") from result
 
-    async def _finish_one(self, name: str, reward: Reward) -> None:
-        ep = self.episodes[name]
-        try:
-            await ep.finish(reward)
-        except ClientError as exc:
-            # A retried finish whose first try was committed answers 409: check before blaming.
-            if exc.status_code != 409:
-                raise
-            view = await ep._client.get_episode(ep.id)
-            if view.status is not EpisodeStatus.FINISHED:
-                raise
-            ep.ended = True
-
     async def finish(self, rewards: Reward | Mapping[str, Reward]) -> None:
-        """Finish every member with its reward (see the module docstring for the protocol).
+        """Finish every member with its reward, atomically across servers (see the module docstring).
 
         Args:
             rewards: one reward (or :class:`Result`) for all members, or member name → reward.
@@ -163,7 +162,8 @@ class MultiEpisode:
         Raises:
             ValueError: the mapping's names differ from the members' (nothing is ended).
             MultiEpisodeError: a member was lost or could not finish; every member was aborted.
-            PartialFinishError: a member failed after another had committed (see the docstring).
+            UndecidedFinishError: the primary's commit got no answer; the servers settle the outcome (all
+                members finished, or none).
         """
         if self.ended:
             raise MultiEpisodeError("this multi-model episode has already ended", aborted=[], failed={})
@@ -175,30 +175,84 @@ class MultiEpisode:
             per_member = dict(rewards)
         else:
             per_member = dict.fromkeys(self.episodes, rewards)
-        try:
-            await self.heartbeat()
-        except EpisodeLost as exc:
-            aborted = await self._abort_open(f"multi-model episode not finished: {exc}", True)
-            self.ended = True
-            raise MultiEpisodeError(str(exc), aborted=aborted, failed={"heartbeat": exc}) from exc
-        finished: list[str] = []
-        for name in self.names:  # the mapping's order, not the order the begins answered in
-            try:
-                await self._finish_one(name, per_member[name])
-            except (ClientError, httpx.TransportError) as exc:
-                reason = f"multi-model episode: finishing member {name!r} failed ({exc})"
-                aborted = await self._abort_open(reason, True)
-                self.ended = True
-                if finished:
-                    raise PartialFinishError(
-                        f"finished {finished} but {reason}; aborted {aborted}",
-                        finished=finished,
-                        aborted=aborted,
-                        failed={name: exc},
-                    ) from exc
-                raise MultiEpisodeError(reason, aborted=aborted, failed={name: exc}) from exc
-            finished.append(name)
+        if len(self.episodes) == 1:
+            await self._finish_single(per_member)
+        else:
+            await self._finish_atomic(per_member)
         self.ended = True
+
+    async def _finish_single(self, per_member: dict[str, Reward]) -> None:
+        ((name, ep),) = self.episodes.items()
+        try:
+            await ep.finish(per_member[name])
+        except ClientError as exc:
+            # A retried finish whose first try was committed answers 409: check before blaming.
+            if exc.status_code == 409 and await self._status(name) is EpisodeStatus.FINISHED:
+                ep.ended = True
+                return
+            await self._fail(f"finishing member {name!r} failed ({exc})", {name: exc})
+        except httpx.TransportError as exc:
+            await self._fail(f"finishing member {name!r} failed ({exc})", {name: exc})
+
+    async def _finish_atomic(self, per_member: dict[str, Reward]) -> None:
+        txn_id = "txn-" + uuid.uuid4().hex
+        primary = self.names[0]
+        primary_ep = self.episodes[primary]
+        primary_url = self._clients[primary].url
+
+        async def prepare(name: str) -> None:
+            ep = self.episodes[name]
+            if name == primary:
+                await self._clients[name].prepare(ep.id, per_member[name], txn_id=txn_id)
+            else:
+                await self._clients[name].prepare(
+                    ep.id,
+                    per_member[name],
+                    txn_id=txn_id,
+                    primary_url=primary_url,
+                    primary_episode_id=primary_ep.id,
+                )
+
+        results = await asyncio.gather(*(prepare(n) for n in self.names), return_exceptions=True)
+        failed = {n: r for n, r in zip(self.names, results, strict=True) if isinstance(r, BaseException)}
+        if failed:  # nothing committed, and only this client commits a primary: abort them all
+            name, exc = next(iter(failed.items()))
+            await self._fail(f"preparing member {name!r} failed ({exc})", failed)
+        try:
+            await self._clients[primary].commit(primary_ep.id, txn_id)
+        except ClientError as exc:
+            if exc.status_code in (404, 409):  # aborted there (it expired): the transaction is aborted
+                await self._fail(f"the primary member {primary!r} did not commit ({exc})", {primary: exc})
+            self._settled_by_servers()
+            raise UndecidedFinishError(txn_id, primary, exc) from exc
+        except httpx.TransportError as exc:
+            self._settled_by_servers()
+            raise UndecidedFinishError(txn_id, primary, exc) from exc
+        for ep in self.episodes.values():
+            ep.ended = True
+        secondaries = self.names[1:]
+        done = await asyncio.gather(
+            *(self._clients[n].commit(self.episodes[n].id, txn_id) for n in secondaries),
+            return_exceptions=True,
+        )
+        self.unconfirmed = [n for n, r in zip(secondaries, done, strict=True) if isinstance(r, BaseException)]
+
+    def _settled_by_servers(self) -> None:
+        """From here on the servers decide: leaving the block must abort nothing."""
+        self.ended = True
+        for ep in self.episodes.values():
+            ep.ended = True
+
+    async def _status(self, name: str) -> EpisodeStatus | None:
+        with contextlib.suppress(ClientError, httpx.TransportError):
+            return (await self._clients[name].get_episode(self.episodes[name].id)).status
+        return None
+
+    async def _fail(self, reason: str, failed: Mapping[str, BaseException]) -> NoReturn:
+        aborted = await self._abort_open(f"multi-model episode not finished: {reason}", True)
+        self.ended = True
+        cause = next(iter(failed.values()))
+        raise MultiEpisodeError(reason, aborted=aborted, failed=dict(failed)) from cause
 
     async def abort(self, reason: str = "aborted by client", *, infra_failure: bool = False) -> list[str]:
         """Abort every member still open; returns the names aborted (errors of lost members ignored)."""

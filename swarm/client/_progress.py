@@ -94,8 +94,16 @@ class ProgressLog:
     def get(self, key: SlotKey) -> SlotRecord | None:
         return self._slots.get(key)
 
-    def record(self, key: SlotKey, status: str, reward: float | None, episode_id: str | None) -> None:
-        """Write the end of one slot (flushed to the OS at once, so a killed process keeps it)."""
+    def record(
+        self,
+        key: SlotKey,
+        status: str,
+        reward: float | None,
+        episode_id: str | None,
+        metrics: dict[str, float] | None = None,
+    ) -> None:
+        """Write the end of one slot (flushed to the OS at once, so a killed process keeps it), with the
+        workflow's episode metrics (``Result.metrics``: the parts of its reward) when it reported any."""
         self._slots[key] = SlotRecord(status, reward, episode_id)
         if self._fh is None:
             return
@@ -110,6 +118,8 @@ class ProgressLog:
             "episode_id": episode_id,
             "time": time.time(),
         }
+        if metrics:
+            row["metrics"] = metrics
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
 

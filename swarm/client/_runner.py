@@ -22,6 +22,11 @@ has lost the episode the workflow is cancelled at once and the episode counts as
 so does a workflow still running after ``episode_timeout_s``. The OpenAI clients a workflow made with
 ``llm.openai()`` are closed when its episode ends.
 
+Votes (``vote_every=K``, for the ``all_clients_ready`` / ``any_client_ready`` batch policies): after every
+K train tasks whose G episodes have all ended the runner votes ready on every server, it heartbeats its
+client every ``heartbeat_s`` (also between episodes), and at the end it votes for the last partial round
+and leaves (docs/ARCHITECTURE.md §Batch policies and quotas).
+
 Resume: see :mod:`swarm.client._progress` (``state_dir``).
 """
 
@@ -85,6 +90,11 @@ class RunnerConfig(BaseModel):
     max_consecutive_infra: int = Field(default=25, ge=1)
     """Stop the run (:class:`RunnerError`) after this many infra failures in a row: the server or an
     outside service is down, and a restarted runner resumes once it is back."""
+    vote_every: int | None = Field(default=None, ge=1)
+    """For the ``all_clients_ready`` / ``any_client_ready`` batch policies: vote ready on every server after
+    every K train tasks have all their G episodes ended (a *round*), heartbeat the client every
+    ``heartbeat_s`` so the servers count it as alive, and at the end of the run vote for the last partial
+    round and leave (the servers still train its episodes). ``None``: never vote."""
     state_dir: Path | None = None
     """Holds ``progress.jsonl`` (resume); ``None`` keeps no state."""
     rerun_aborted: bool = False
@@ -114,6 +124,8 @@ class RunSummary:
     infra_failures: int = 0
     """Episodes aborted as infra failures (including the ones re-run successfully afterwards)."""
     partial_finishes: int = 0
+    votes: int = 0
+    """Readiness votes cast (one per round, on every server)."""
     tasks_done: int = 0
     """Train (epoch, task) pairs whose G slots have all ended (resumed ones included)."""
     resumed: int = 0
@@ -148,6 +160,14 @@ def _normalise(output: WorkflowOutput, names: list[str]) -> float | Result | dic
             f"run must return a float, a Result or {{server: reward}}, not {type(output).__name__}"
         )
     return float(output)
+
+
+def _metrics_of(rewards: float | Result | dict[str, float | Result]) -> dict[str, float]:
+    """The workflow's ``Result.metrics`` (the first server's, with several), finite numbers only."""
+    first = next(iter(rewards.values())) if isinstance(rewards, dict) else rewards
+    if not isinstance(first, Result):
+        return {}
+    return {k: float(v) for k, v in first.metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
 
 
 class Runner:
@@ -193,6 +213,8 @@ class Runner:
         self._eval_rounds: list[int] = []
         self._members_done: dict[tuple[int, str], int] = {}
         self._infra_streak = 0
+        self._voted_at = 0
+        """``tasks_done`` when the last vote was cast."""
 
     @staticmethod
     def default_retry() -> RetryPolicy:
@@ -242,6 +264,7 @@ class Runner:
             DatasetError: a generator source yielded a bad record.
         """
         semaphore = asyncio.Semaphore(self.config.concurrency)
+        beater = asyncio.create_task(self._client_heartbeats()) if self.config.vote_every else None
         with self._progress_context():
             try:
                 async with asyncio.TaskGroup() as group:
@@ -259,7 +282,42 @@ class Runner:
                 raise
             finally:
                 self._progress_log.close()
+                if beater is not None:
+                    beater.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await beater
+        if self.config.vote_every:
+            if self.summary.tasks_done > self._voted_at:
+                await self._vote()
+            await self._leave()
         return self.summary
+
+    # -- readiness votes (all_clients_ready / any_client_ready) -------------------------------------------
+    async def _vote(self) -> None:
+        """Vote ready on every server (the round is done); a server that cannot take it is reported."""
+        self._voted_at = self.summary.tasks_done
+        for name, client in self.clients.items():
+            try:
+                await client.vote_ready()
+            except (ClientError, httpx.TransportError) as exc:
+                self.console.print(
+                    f"[yellow]vote on {escape(name)} failed:[/] {escape(str(exc))}", highlight=False
+                )
+            else:
+                self.summary.votes += 1
+
+    async def _leave(self) -> None:
+        for client in self.clients.values():
+            with contextlib.suppress(ClientError, httpx.TransportError):
+                await client.leave()
+
+    async def _client_heartbeats(self) -> None:
+        """Keep this client active on every server while the run lasts (also between episodes)."""
+        while True:
+            for client in self.clients.values():
+                with contextlib.suppress(ClientError, httpx.TransportError):
+                    await client.client_heartbeat()
+            await asyncio.sleep(self.config.heartbeat_s)
 
     @contextlib.contextmanager
     def _progress_context(self) -> Any:
@@ -306,13 +364,16 @@ class Runner:
         try:
             backoff = self.config.retry_backoff_s
             for attempt in range(self.config.infra_retries + 1):
-                status, reward, episode_id = await self._attempt(slot)
+                status, reward, episode_id, metrics = await self._attempt(slot)
                 if status != "infra_failure" or attempt == self.config.infra_retries:
                     break
                 await asyncio.sleep(backoff)
                 backoff *= 2
-            self._progress_log.record(slot.key, status, reward, episode_id)
+            self._progress_log.record(slot.key, status, reward, episode_id, metrics)
             self._advance(slot.key)
+            every = self.config.vote_every
+            if every and self.summary.tasks_done >= self._voted_at + every:
+                await self._vote()
             if self._infra_streak >= self.config.max_consecutive_infra:
                 raise RunnerError(
                     f"{self._infra_streak} infrastructure failures in a row (last: task {slot.task.task_id}); "
@@ -325,8 +386,9 @@ class Runner:
         family = task.data.get("family")
         return str(family) if isinstance(family, str) and family else self.config.family
 
-    async def _attempt(self, slot: Slot) -> tuple[str, float | None, str | None]:
-        """One episode of a slot → (status, reward, episode id of the first member)."""
+    async def _attempt(self, slot: Slot) -> tuple[str, float | None, str | None, dict[str, float]]:
+        """One episode of a slot → (status, reward, episode id of the first member, the workflow's
+        ``Result.metrics`` of a finished episode)."""
         names = list(self.clients)
         episode = MultiEpisode(
             self.clients,
@@ -341,9 +403,9 @@ class Runner:
         except ClientError as exc:
             if exc.status_code < 500 and exc.status_code != 429:
                 raise RunnerError(f"the server refused a new episode: {exc}") from None
-            return self._count_infra(slot, exc), None, None
+            return self._count_infra(slot, exc), None, None, {}
         except httpx.TransportError as exc:
-            return self._count_infra(slot, exc), None, None
+            return self._count_infra(slot, exc), None, None, {}
         except ValidationError as exc:  # checked here before sending: a bad task id or family
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
@@ -357,10 +419,10 @@ class Runner:
             infra = classify_failure(exc, episode.base_urls) is FailureKind.INFRA
             await episode.abort(f"{type(exc).__name__}: {exc}"[:4000], infra_failure=infra)
             if infra:
-                return self._count_infra(slot, exc), None, first_id
+                return self._count_infra(slot, exc), None, first_id, {}
             self.summary.agent_failures += 1
             self._show_traceback(slot, exc)
-            return "aborted", None, first_id
+            return "aborted", None, first_id, {}
         except BaseException:
             await episode.abort("the runner stopped", infra_failure=True)
             raise
@@ -369,9 +431,9 @@ class Runner:
         except PartialFinishError as exc:
             self.summary.partial_finishes += 1
             self.console.print(f"[yellow]task {slot.task.task_id}: {exc}[/]", highlight=False)
-            return "partial_finish", None, first_id
+            return "partial_finish", None, first_id, {}
         except (MultiEpisodeError, ValueError) as exc:
-            return self._count_infra(slot, exc, await self._server_reason(episode)), None, first_id
+            return self._count_infra(slot, exc, await self._server_reason(episode)), None, first_id, {}
         reward = _reward_of(rewards[names[0]] if isinstance(rewards, dict) else rewards)
         self.summary.finished += 1
         self._infra_streak = 0
@@ -379,7 +441,7 @@ class Runner:
             self.summary.train_rewards.append(reward)
         else:
             self.summary.eval_rewards.setdefault(slot.round, []).append(reward)
-        return "finished", reward, first_id
+        return "finished", reward, first_id, _metrics_of(rewards)
 
     def _count_infra(self, slot: Slot, exc: BaseException, why: str | None = None) -> str:
         self.summary.infra_failures += 1

@@ -17,6 +17,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from swarm.errors import RequestError
 from swarm.protocol import (
     CheckpointSaved,
+    ClientState,
     ConfigChanged,
     ConfigPatch,
     ConfigView,
@@ -143,3 +144,28 @@ async def vote(client_id: str, body: Vote, runtime: RuntimeDep) -> VoteCast:
     """A client's readiness vote for the ``all_clients_ready`` / ``any_client_ready`` batch policies."""
     _training(runtime).vote(client_id, body.ready)
     return VoteCast(client_id=client_id, ready=body.ready)
+
+
+def _client_state(training: TrainingLoop, client_id: str) -> ClientState:
+    return ClientState(
+        client_id=client_id,
+        active=client_id in training.votes.active(),
+        ready=client_id in training.votes.ready(),
+    )
+
+
+@votes_router.post("/{client_id}/heartbeat", responses=_NO_TRAINING)
+async def client_heartbeat(client_id: str, runtime: RuntimeDep) -> ClientState:
+    """A client's sign of life between episodes: it stays active for the voting policies (a client silent
+    for the server's client timeout stops counting, so a dead one cannot block ``all_clients_ready``)."""
+    training = _training(runtime)
+    training.touch(client_id)
+    return _client_state(training, client_id)
+
+
+@votes_router.delete("/{client_id}", responses=_NO_TRAINING)
+async def client_leave(client_id: str, runtime: RuntimeDep) -> ClientState:
+    """A client says goodbye: it and its vote no longer count (its finished episodes are still trained)."""
+    training = _training(runtime)
+    training.leave(client_id)
+    return _client_state(training, client_id)

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from swarm.protocol import Ack, EpisodeAbort, EpisodeCreate, EpisodeCreated, EpisodeFinish, EpisodeView
+from swarm.protocol import (
+    Ack,
+    EpisodeAbort,
+    EpisodeCommit,
+    EpisodeCreate,
+    EpisodeCreated,
+    EpisodeFinish,
+    EpisodePrepare,
+    EpisodeView,
+)
 from swarm.server.deps import RuntimeDep
 
 router = APIRouter(prefix="/api/v1/episodes", tags=["episodes"])
@@ -34,6 +43,22 @@ async def begin_episode(body: EpisodeCreate, runtime: RuntimeDep, request: Reque
 async def finish_episode(episode_id: str, body: EpisodeFinish, runtime: RuntimeDep) -> Ack:
     """End the episode with its reward; committed to the pool before the answer is sent."""
     stored = runtime.finish(episode_id, body)
+    return Ack(episode_id=stored.id, status=stored.status.value)
+
+
+@router.post("/{episode_id}/prepare")
+async def prepare_episode(episode_id: str, body: EpisodePrepare, runtime: RuntimeDep) -> Ack:
+    """Phase one of a multi-server finish: store the episode ``prepared`` with its reward (committed to the
+    pool, not trainable until ``commit``); repeating it with the same ``txn_id`` answers again."""
+    stored = runtime.prepare(episode_id, body)
+    return Ack(episode_id=stored.id, status=stored.status.value)
+
+
+@router.post("/{episode_id}/commit")
+async def commit_episode(episode_id: str, body: EpisodeCommit, runtime: RuntimeDep) -> Ack:
+    """Phase two: the prepared episode becomes ``finished`` (idempotent); 409 when its transaction was
+    aborted here."""
+    stored = runtime.commit(episode_id, body)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from swarm.engine.base import Completion
 from swarm.errors import AuthError, EpisodeNotFound, EpisodeStateError
 from swarm.pool import Pool, StoredEpisode
-from swarm.protocol import EpisodeAbort, EpisodeCreate, EpisodeFinish, EpisodeStatus
+from swarm.protocol import EpisodeAbort, EpisodeCreate, EpisodeFinish, EpisodePrepare, EpisodeStatus
 from swarm.server.events import EventLog
 from swarm.tracking.records import CallRecord
 
@@ -148,12 +148,7 @@ class OpenEpisodes:
             EpisodeNotFound: no such episode (404).
         """
         episode = self.require(episode_id)
-        if episode.busy:
-            raise EpisodeStateError(
-                episode_id,
-                f"episode {episode_id} has {episode.busy} call(s) still being sampled; finish it after "
-                "their answers arrive, or abort it (which cancels them)",
-            )
+        self._check_idle(episode)
         return self.end(
             episode,
             EpisodeStatus.FINISHED,
@@ -162,16 +157,94 @@ class OpenEpisodes:
             metrics=body.metrics,
         )
 
+    def prepare(self, episode_id: str, body: EpisodePrepare) -> StoredEpisode:
+        """Phase one of a multi-server finish: end the episode as ``prepared`` with its reward and
+        transaction (committed to the pool; not trainable until `commit`). Preparing again with the same
+        transaction is answered with the stored episode (a retried request).
+
+        Raises:
+            EpisodeStateError: ended otherwise, or a call of it is still being sampled (409).
+            EpisodeNotFound: no such episode (404).
+        """
+        if episode_id not in self._open:
+            found = self.pool.get(episode_id)
+            if found is not None and (found[0].txn or {}).get("txn_id") == body.txn_id:
+                return found[0]
+        episode = self.require(episode_id)
+        self._check_idle(episode)
+        txn = {
+            "txn_id": body.txn_id,
+            "primary_url": body.primary_url,
+            "primary_episode_id": body.primary_episode_id,
+        }
+        return self.end(
+            episode,
+            EpisodeStatus.PREPARED,
+            reward=body.reward,
+            agent_rewards=body.agent_rewards,
+            metrics=body.metrics,
+            txn=txn,
+        )
+
+    def commit(self, episode_id: str, txn_id: str) -> StoredEpisode:
+        """Phase two: a ``prepared`` episode of ``txn_id`` becomes ``finished`` (idempotent: committing a
+        finished one of the same transaction answers it again).
+
+        Raises:
+            EpisodeStateError: not prepared in this transaction, or the transaction was aborted here (409).
+            EpisodeNotFound: no such episode (404).
+        """
+        return self._resolve(episode_id, txn_id, EpisodeStatus.FINISHED, None)
+
     def abort(self, episode_id: str, body: EpisodeAbort) -> StoredEpisode:
-        """End an episode without a reward (``infra_failure`` keeps it out of group statistics).
+        """End an episode without a reward (``infra_failure`` keeps it out of group statistics). A
+        ``prepared`` episode is aborted too (its transaction then never commits here).
 
         Raises:
             EpisodeStateError: it has already ended (409).
             EpisodeNotFound: no such episode (404).
         """
-        episode = self.require(episode_id)
         status = EpisodeStatus.INFRA_FAILURE if body.infra_failure else EpisodeStatus.ABORTED
+        if episode_id not in self._open:
+            found = self.pool.get(episode_id)
+            if found is not None and found[0].status is EpisodeStatus.PREPARED and found[0].txn:
+                return self._resolve(episode_id, found[0].txn["txn_id"], status, body.reason)
+        episode = self.require(episode_id)
         return self.end(episode, status, reason=body.reason)
+
+    def _resolve(
+        self, episode_id: str, txn_id: str, status: EpisodeStatus, reason: str | None
+    ) -> StoredEpisode:
+        """Move a prepared episode to ``status`` (compare-and-set in the pool), then tell the listeners."""
+        if episode_id in self._open:
+            raise EpisodeStateError(episode_id, f"episode {episode_id} is open, not prepared")
+        found = self.pool.get(episode_id)
+        if found is None:
+            raise EpisodeNotFound(episode_id)
+        stored, calls = found
+        if (stored.txn or {}).get("txn_id") != txn_id:
+            raise EpisodeStateError(episode_id, f"episode {episode_id} is not part of transaction {txn_id}")
+        if stored.status is EpisodeStatus.PREPARED:
+            stored = self.pool.resolve_prepared(episode_id, txn_id, status, reason) or stored
+            if stored.status is status:
+                self._announce(stored, calls)
+                return stored
+        if stored.status is not status:
+            raise EpisodeStateError(
+                episode_id,
+                f"episode {episode_id} is {stored.status.value} in transaction {txn_id}"
+                + (f" ({stored.reason})" if stored.reason else ""),
+            )
+        return stored  # already resolved this way: a retried request
+
+    @staticmethod
+    def _check_idle(episode: OpenEpisode) -> None:
+        if episode.busy:
+            raise EpisodeStateError(
+                episode.id,
+                f"episode {episode.id} has {episode.busy} call(s) still being sampled; finish it after "
+                "their answers arrive, or abort it (which cancels them)",
+            )
 
     def end(self, episode: OpenEpisode, status: EpisodeStatus, **fields: Any) -> StoredEpisode:
         """Close ``episode``: commit it to the pool with ``status`` and ``fields`` (reward, reason…),
@@ -206,17 +279,21 @@ class OpenEpisodes:
             raise
         for generation in episode.sampling:  # its calls can no longer be recorded: stop sampling them
             generation.cancel()
+        self._announce(stored, episode.calls)
+        return stored
+
+    def _announce(self, stored: StoredEpisode, calls: list[CallRecord]) -> None:
+        """Tell the on-end listeners and log ``episode.<status>``."""
         for listener in self._listeners:
-            listener(stored, episode.calls)
+            listener(stored, calls)
         self.events.emit(
-            f"episode.{status.value}",
-            f"episode {episode.id} {status.value} (task {req.task_id}, {len(episode.calls)} calls)",
-            episode_id=episode.id,
-            task_id=req.task_id,
-            client_id=req.client_id,
+            f"episode.{stored.status.value}",
+            f"episode {stored.id} {stored.status.value} (task {stored.task_id}, {len(calls)} calls)",
+            episode_id=stored.id,
+            task_id=stored.task_id,
+            client_id=stored.client_id,
             reward=stored.reward,
         )
-        return stored
 
     # -- bulk aborts -------------------------------------------------------------------------------------
     def _abort_all(self, episodes: list[OpenEpisode], reason: str) -> list[str]:

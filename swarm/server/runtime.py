@@ -13,6 +13,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import httpx
+
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine, TokenCallback
 from swarm.engine.factory import load_engine
@@ -22,10 +24,12 @@ from swarm.precision import resolve_mixed_precision
 from swarm.protocol import (
     ChatCompletionRequest,
     EpisodeAbort,
+    EpisodeCommit,
     EpisodeCounts,
     EpisodeCreate,
     EpisodeCreated,
     EpisodeFinish,
+    EpisodePrepare,
     EpisodeStatus,
     EpisodeView,
     StatusView,
@@ -36,6 +40,7 @@ from swarm.server.episodes import OpenEpisode, OpenEpisodes
 from swarm.server.events import EventLog
 from swarm.server.phase import Phase
 from swarm.server.training import TrainingLoop
+from swarm.server.transactions import resolve_stale
 from swarm.tracking.merge import build_samples
 from swarm.tracking.render import PromptRenderer
 
@@ -118,7 +123,7 @@ class SwarmRuntime:
             )
         if self.training is not None:
             self.training.admit(body.family, body.kind, body.task_id)
-            self.training.votes.touch(body.client_id)
+            self.training.touch(body.client_id)
         episode, key = self.episodes.begin(body)
         self.phase.episode_begun()
         return EpisodeCreated(episode_id=episode.id, base_url=base_url, api_key=key, model=self.model_name)
@@ -128,15 +133,38 @@ class SwarmRuntime:
         return self.episodes.for_key(key)
 
     def heartbeat(self, episode_id: str) -> None:
+        """Keep an episode from being reclaimed; its client counts as alive for the voting policies."""
         self.episodes.heartbeat(episode_id)
+        self.touch_client(self.episodes.require(episode_id).request.client_id)
 
     def finish(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
         """End an episode with its reward (`OpenEpisodes.finish`)."""
-        return self.episodes.finish(episode_id, body)
+        stored = self.episodes.finish(episode_id, body)
+        self.touch_client(stored.client_id)
+        return stored
 
     def abort(self, episode_id: str, body: EpisodeAbort) -> StoredEpisode:
         """End an episode without a reward (`OpenEpisodes.abort`)."""
-        return self.episodes.abort(episode_id, body)
+        stored = self.episodes.abort(episode_id, body)
+        self.touch_client(stored.client_id)
+        return stored
+
+    def prepare(self, episode_id: str, body: EpisodePrepare) -> StoredEpisode:
+        """Phase one of a multi-server finish (`OpenEpisodes.prepare`)."""
+        stored = self.episodes.prepare(episode_id, body)
+        self.touch_client(stored.client_id)
+        return stored
+
+    def commit(self, episode_id: str, body: EpisodeCommit) -> StoredEpisode:
+        """Phase two of a multi-server finish (`OpenEpisodes.commit`)."""
+        stored = self.episodes.commit(episode_id, body.txn_id)
+        self.touch_client(stored.client_id)
+        return stored
+
+    def touch_client(self, client_id: str) -> None:
+        """A sign of life from a client (liveness of the voting policies; nothing without training)."""
+        if self.training is not None:
+            self.training.touch(client_id)
 
     def pause(self) -> None:
         self.phase.pause()
@@ -291,10 +319,15 @@ class SwarmRuntime:
             uptime_s=time.time() - self.started,
             run_dir=str(self.config.run_dir),
             training_enabled=self.training is not None and self.training.config.enabled,
+            active_clients=[] if self.training is None else self.training.votes.active(),
+            ready_clients=[] if self.training is None else self.training.votes.ready(),
         )
 
     async def reclaim_loop(self) -> None:
-        """Background task: reclaim idle episodes every ``config.reclaim_period_s`` seconds."""
-        while True:
-            await asyncio.sleep(self.config.reclaim_period_s)
-            self.episodes.reclaim_idle()
+        """Background task: every ``config.reclaim_period_s`` seconds reclaim idle episodes and resolve
+        prepared ones left undecided (`swarm.server.transactions.resolve_stale`)."""
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            while True:
+                await asyncio.sleep(self.config.reclaim_period_s)
+                self.episodes.reclaim_idle()
+                await resolve_stale(self.episodes, self.pool, http, timeout_s=self.config.prepare_timeout_s)

@@ -31,6 +31,7 @@ last completed step).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -213,7 +214,7 @@ class TrainingLoop:
         )
         self.step = 0
         """The last completed step: the policy version being sampled once its update is visible."""
-        self.votes = ClientVotes()
+        self.votes = ClientVotes(config.client_timeout_s)
         self.window: Counter[str] = Counter()
         """Train episodes admitted per family since the last step (for quotas)."""
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -309,8 +310,8 @@ class TrainingLoop:
 
     def released(self, episode: StoredEpisode, calls: list[CallRecord]) -> None:
         """An episode ended (and is in the pool): index it, give infra failures' quota slots back, wake."""
-        if episode.kind is not EpisodeKind.TRAIN:
-            return
+        if episode.kind is not EpisodeKind.TRAIN or episode.status is EpisodeStatus.PREPARED:
+            return  # a prepared member is indexed when its transaction commits (or aborts)
         family = episode.family or ""
         if episode.status is EpisodeStatus.INFRA_FAILURE and self.window[family] > 0:
             self.window[family] -= 1
@@ -339,6 +340,24 @@ class TrainingLoop:
     def vote(self, client_id: str, ready: bool) -> None:
         self.votes.vote(client_id, ready)
         self.wake()
+
+    def touch(self, client_id: str) -> None:
+        """A sign of life from ``client_id`` (it stays active for the voting policies)."""
+        self.votes.touch(client_id)
+
+    def leave(self, client_id: str) -> None:
+        """``client_id`` said goodbye: it no longer counts as active (nor its vote); the policy is rechecked."""
+        self.votes.forget(client_id)
+        self.wake()
+
+    def _recheck_s(self) -> float | None:
+        """Seconds between batch checks with no wake-up: the voting policies' liveness makes a batch
+        ready by the clock alone (a silent client times out), so they are rechecked every second or
+        quarter timeout; the other policies only change on a finish, a vote or a patch."""
+        timeout = self.votes.active_timeout_s
+        if timeout is None or self.config.batch.policy in _SIZED_POLICIES | {BatchPolicy.INFORMATIVE_TASKS}:
+            return None
+        return min(1.0, timeout / 4)
 
     def wake(self) -> None:
         if self._wakeup is not None:
@@ -454,7 +473,8 @@ class TrainingLoop:
         self._wakeup = asyncio.Event()
         self._wakeup.set()
         while True:
-            await self._wakeup.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=self._recheck_s())
             await asyncio.sleep(0.02)  # coalesce a burst of finishes into one batch check
             self._wakeup.clear()
             try:
@@ -640,9 +660,14 @@ class TrainingLoop:
         return elapsed
 
     def checkpoint(self) -> int:
-        """Save a checkpoint now (blocking; generation pauses meanwhile); returns the step saved."""
+        """Save a checkpoint now (blocking; generation pauses meanwhile); returns the step saved.
+
+        A step already checkpointed (the last step of ``max_steps``, or a repeated request) is not
+        written or logged again: no update happened since, so the checkpoint on disk is this state."""
         with self.engine.pause():
-            self._checkpoint_locked()
+            latest = latest_checkpoint(self.run_dir)
+            if latest is None or latest[0] != self.trainer.step_count:
+                self._checkpoint_locked()
             return self.trainer.step_count
 
 

@@ -26,6 +26,7 @@ META = TemplateMeta(
         "difficulty",
         "curriculum",
     ),
+    reward_parts={"format_ok": "format", "correct": "goal"},
     capabilities=("single-turn chat", "answer with a bare number"),
     parameters=(
         ParamSpec(

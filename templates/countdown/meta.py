@@ -23,6 +23,7 @@ META = TemplateMeta(
         "tinyzero",
         "equation",
     ),
+    reward_parts={"format_ok": "shaping", "correct": "goal"},
     capabilities=(
         "single-turn chat",
         "write an arithmetic expression inside <answer></answer>",

@@ -27,6 +27,7 @@ META = TemplateMeta(
         "math-verify",
         "pass@k",
     ),
+    reward_parts={"format_ok": "format", "correct": "goal"},
     capabilities=(
         "single-turn chat",
         "write a final answer inside \\boxed{}",

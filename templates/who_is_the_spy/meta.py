@@ -22,8 +22,6 @@ META = TemplateMeta(
         "undercover",
         "who is the undercover",
         "social deduction",
-        "werewolf",
-        "mafia",
         "word game",
         "party game",
         "multi-agent",
@@ -34,6 +32,7 @@ META = TemplateMeta(
         "deception",
         "voting",
     ),
+    reward_parts={"win_rate": "goal", "leak_rate": "violation", "invalid_vote_rate": "violation"},
     capabilities=(
         "multi-turn chat with a system prompt",
         "follow game rules (describe without saying a word, vote with a player number)",

@@ -78,6 +78,24 @@ def episode_reward(rewards: dict[str, float], trainable: Iterable[str]) -> float
     return sum(rewards[a] for a in names) / len(names)
 
 
+def reward_parts(record: GameRecord, trainable: Iterable[str]) -> dict[str, float]:
+    """The parts of the reward of the trainable agents (of all agents when none is), as rates:
+
+    * ``win_rate``: fraction of them whose team won;
+    * ``leak_rate``: their leaks per description given (0 when none was given);
+    * ``invalid_vote_rate``: their invalid votes per vote cast (0 when none was cast).
+    """
+    names = set(trainable)
+    seats = [seat for seat in record.stats if record.setup.agent(seat) in names] or list(record.stats)
+    descriptions = sum(record.stats[s].descriptions for s in seats)
+    votes = sum(record.stats[s].votes for s in seats)
+    return {
+        "win_rate": sum(record.won(s) for s in seats) / len(seats),
+        "leak_rate": sum(record.stats[s].leaks for s in seats) / descriptions if descriptions else 0.0,
+        "invalid_vote_rate": sum(record.stats[s].invalid_votes for s in seats) / votes if votes else 0.0,
+    }
+
+
 def self_check(tasks: list[dict[str, Any]]) -> list[str]:
     """Winners who follow the rules earn 1; losers and rule breakers earn at most 0.
 

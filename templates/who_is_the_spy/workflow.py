@@ -16,11 +16,11 @@ chat-completions API is used. Multi-agent conventions:
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 from swarm.client.workflow import LLM, Result
 from templates._loader import import_sibling
+from templates.opponent import opponent_client
 
 _game = import_sibling(__name__, __file__, "game")
 _reward = import_sibling(__name__, __file__, "reward")
@@ -43,14 +43,6 @@ PARAMS: dict[str, Any] = {
 def trainable_agents(task: dict[str, Any]) -> list[str]:
     """Agent names whose calls the server trains for ``task`` (its ``trainable_agents`` field)."""
     return list(task["trainable_agents"])
-
-
-def _opponent_client() -> Any:
-    from openai import AsyncOpenAI
-
-    env = PARAMS["opponent_api_key_env"]
-    key = os.environ.get(env, "") if env else ""
-    return AsyncOpenAI(base_url=PARAMS["opponent_base_url"], api_key=key or "EMPTY")
 
 
 def _player(client: Any, model: str, agent: str) -> Any:
@@ -81,14 +73,16 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
 
     Returns:
         ``Result`` whose ``reward`` is the mean reward of the trainable agents, ``agent_rewards`` has
-        every agent, and metrics ``spy_won``, ``rounds``, ``leaks``, ``invalid_votes``.
+        every agent, and metrics ``spy_won``, ``rounds``, ``leaks``, ``invalid_votes`` (whole game)
+        and the reward's parts for the trainable agents (`reward.reward_parts`): ``win_rate``,
+        ``leak_rate``, ``invalid_vote_rate``.
     """
     setup = _game.GameSetup.from_task(task)
     trainable = set(trainable_agents(task))
     async with contextlib.AsyncExitStack() as stack:
         own = await stack.enter_async_context(llm.openai())
         opponent = (
-            await stack.enter_async_context(_opponent_client()) if PARAMS["opponent_base_url"] else None
+            await stack.enter_async_context(opponent_client(PARAMS)) if PARAMS["opponent_base_url"] else None
         )
         players = {}
         for seat in setup.seats:
@@ -109,5 +103,6 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
             "rounds": float(record.rounds),
             "leaks": float(sum(s.leaks for s in record.stats.values())),
             "invalid_votes": float(sum(s.invalid_votes for s in record.stats.values())),
+            **_reward.reward_parts(record, trainable),
         },
     )

@@ -21,6 +21,7 @@ from a3r.study.analysis import (
     detect_zero_signal,
     groups_of,
     mean_ci,
+    part_curves,
     pass_at_k,
     read_progress,
     summarise_rewards,
@@ -118,3 +119,21 @@ def test_crash_cites_the_traceback() -> None:
     assert detect_crash("all good", exit_code=0) == []
     episodes = [EpisodeRecord(kind="train", round=0, task_id="t", member=0, status="aborted")]
     assert detect_all(rows=[], episodes=episodes, group_size=2)[0].evidence["agent_failures"] == 1
+
+
+def test_reward_part_curves_average_each_metric_per_batch(tmp_path: Path) -> None:
+    rows = [
+        {"kind": "train", "round": 0, "task_id": f"t{i // 2}", "member": i % 2, "status": "finished",
+         "reward": 0.0, "metrics": {"format_ok": float(i >= 2), "correct": float(i >= 4), "chars": 10.0}}
+        for i in range(6)
+    ]  # fmt: skip
+    rows.insert(1, {"kind": "train", "round": 0, "task_id": "x", "member": 0, "status": "aborted"})
+    rows.append({"kind": "eval", "round": 0, "task_id": "e", "member": 0, "status": "finished",
+                 "reward": 1.0, "metrics": {"format_ok": 1.0}})  # fmt: skip
+    path = tmp_path / "progress.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    episodes = read_progress(path)
+    assert episodes[0].metrics["format_ok"] == 0.0 and episodes[1].metrics == {}
+    curves = part_curves(episodes, ["format_ok", "correct", "missing"], per_point=2)
+    assert curves == {"format_ok": [0.0, 1.0, 1.0], "correct": [0.0, 0.0, 1.0]}
+    assert part_curves(episodes, ["format_ok"], per_point=4) == {"format_ok": [0.5, 1.0]}  # 2 of 4 count

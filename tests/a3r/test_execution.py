@@ -91,3 +91,57 @@ def test_a_slow_run_is_not_hung(tmp_path: Path, trainable_server: Any) -> None:
     assert any("slow, not hung" in e for e in events)
     # Progress per trainer step (the shared server may have trained before: "step k/target").
     assert any(re.search(r": step \d+/\d+ .*episodes of this run", e) for e in events)
+
+
+def test_a_budget_stop_keeps_time_for_the_held_out_evaluation(tmp_path: Path) -> None:
+    # A server a3r starts (the embedded model), a step target the budget cannot reach: training stops
+    # `eval_reserve_s` before the budget ends, the server trains no further step, and the held-out
+    # evaluation still runs.
+    body = """
+        client = llm.openai(max_retries=0)
+        await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        return float(task["value"])
+    """
+    ws = _workspace(tmp_path, body)
+    (ws.root / "evaluator").mkdir()
+    (ws.root / "evaluator" / "workflow.py").write_text(ws.workflow.read_text())
+    (ws.root / "heldout.jsonl").write_text(
+        "".join(json.dumps({"id": f"h{i}", "value": i % 2}) + "\n" for i in range(4))
+    )
+    store = Store(tmp_path / "memory.db")
+    run = store.start_run(store.create_experiment(store.create_study("budget").id, "e").id, name="b")
+    ctx = RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "ledger.db"),
+        thread_id="budget",
+        root=tmp_path,
+        hang_after_s=120.0,
+        poll_s=0.5,
+        eval_tasks=2,
+        eval_samples=2,
+    )
+    spec = RunSpec(
+        key="b",
+        purpose="train",
+        server_key="b",
+        settings=TrainingSettings(steps=1000, batch_size=1, group_size=2, concurrency=2),
+    )
+    try:
+        outcome = execute_run(spec, ctx=ctx, ws=ws, run_id=run.id, budget_s=75, eval_reserve_s=45)
+    finally:
+        ctx.close_servers()
+    assert outcome.status == "budget", outcome.reason
+    assert outcome.eval is not None and outcome.eval.episodes == 4 and outcome.eval_s > 0
+    assert outcome.wall_s < 75 + 30  # the evaluation fitted in its reserve (plus the server's stop)
+    server_dir = ws.server_dir("b")
+    metrics = server_dir / "metrics.jsonl"  # absent when no step ran (a heavily loaded machine)
+    trained = (
+        [json.loads(line)["step"] for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    )
+    assert max(trained, default=0) == outcome.steps  # no step after the budget stop went unrecorded
+    checkpoints = sorted(p.name for p in (server_dir / "checkpoints").glob("step-*"))
+    assert checkpoints[-1:] == [f"step-{outcome.steps:06d}"] or outcome.steps == 0
+    notes = [e.message for e in store.events(run_id=run.id)]
+    assert any("held-out evaluation on 2 of 4 held-out tasks × 2 attempts" in n for n in notes)
+    store.close()

@@ -102,7 +102,14 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     assert any("zero_signal" in f.statement for f in store.findings(study_id))
     assert store.get_study(study_id).status is StudyStatus.concluded
     report = Path(state["report"])
-    assert report.exists() and "temperature" in report.read_text()
+    text = report.read_text()
+    assert report.exists() and "temperature" in text
+    # The training run was sized to the budget from the smoke run's speed, and the report says so; it
+    # leads with the verdict and splits the reward into its parts (arithmetic: format_ok, correct).
+    assert state["sizing"].startswith("budget: the smoke run measured") and state["sizing"] in text
+    assert text.index("**Verdict.** hypothesis ") < text.index("## Plan")
+    assert "## Reward parts" in text and "| format_ok | 0 |" in text and "| correct | 0 |" in text
+    assert (report.parent / "reward_parts.png").exists()
     assert (report.parent / "reward_curves.png").exists()
     assert any(a.kind is ArtifactKind.report for a in store.artifacts(study_id))
     store.close()

@@ -15,7 +15,7 @@ from a3r.graph import RunContext, RunOutcome, build_graph, open_checkpointer
 from a3r.graph.context import Ledger
 from a3r.graph.planner import planner
 from a3r.providers import OfflineProvider, ProviderConfig, make_provider
-from a3r.study.analysis import RewardSummary
+from a3r.study.analysis import Diagnosis, DiagnosisKind, RewardSummary
 from memory import RunStatus, Store
 from tests.a3r.fake_llm import FakeLLMServer
 from tests.a3r.test_providers import PLAN, SECRET
@@ -335,16 +335,23 @@ def test_train_reward_up_while_held_out_down_is_flagged(tmp_path: Path, store: S
     assert finding.run_ids == [smoke_run.id, train_run.id]
 
 
+_RISING = [0.0, 0.08, 0.1, 0.22, 0.28, 0.35, 0.38, 0.5, 0.55, 0.62]
+_ZIGZAG = [-0.18, 0.10, -0.12, 0.16, -0.05, 0.08, -0.15, 0.12, -0.02, 0.07]  # the spy run
+_ZERO_SIGNAL = Diagnosis(kind=DiagnosisKind.zero_signal, summary="9/10 groups have identical rewards")
+
+
 @pytest.mark.parametrize(
-    ("curve", "status"),
+    ("curve", "status", "diagnoses"),
     [
-        ([(1, 0.0), (2, 0.5)], "unconfirmed"),  # 1-step windows: the 2-step rule cannot be applied
-        ([(1, 0.0), (2, 0.1), (3, 0.4), (4, 0.5)], "confirmed"),
-        ([(1, 0.5), (2, 0.4), (3, 0.1), (4, 0.0)], "refuted"),
+        ([0.0, 0.5], "unconfirmed", []),  # too few steps for an interval
+        (_RISING, "confirmed", []),
+        ([-v for v in _RISING], "refuted", []),
+        (_ZIGZAG, "unconfirmed", []),  # +0.036 on one noisy seed: not a confirmation
+        (_RISING, "unconfirmed", [_ZERO_SIGNAL]),  # a run that cannot learn is never confirmed
     ],
 )
-def test_the_vibe_verdict_needs_the_steps_its_rule_compares(
-    tmp_path: Path, store: Store, curve: list[tuple[int, float]], status: str
+def test_the_vibe_verdict_clears_the_noise(
+    tmp_path: Path, store: Store, curve: list[float], status: str, diagnoses: list[Diagnosis]
 ) -> None:
     from a3r.graph.reporter import _vibe_conclusion
 
@@ -356,7 +363,14 @@ def test_the_vibe_verdict_needs_the_steps_its_rule_compares(
         "plan": OfflineProvider().plan("train arithmetic", mode="vibe"),
         "outcomes": [
             RunOutcome(
-                key="train-s0", run_id=run.id, purpose="train", status="finished", reason="", curve=curve
+                key="train-s0",
+                run_id=run.id,
+                purpose="train",
+                status="finished",
+                reason="",
+                steps=len(curve),
+                curve=[(i + 1, v) for i, v in enumerate(curve)],
+                diagnoses=diagnoses,
             )
         ],
         "hypothesis_ids": [],
@@ -364,4 +378,9 @@ def test_the_vibe_verdict_needs_the_steps_its_rule_compares(
     ctx = _offline_context(tmp_path, store)
     conclusion = _vibe_conclusion(state, ctx)  # type: ignore[arg-type]
     (finding,) = store.findings(study.id)
-    assert finding.status.value == status and f"hypothesis {status}" in conclusion
+    assert finding.status.value == status and conclusion.startswith(f"hypothesis {status}")
+    assert "95% CI" in conclusion or "step(s)" in conclusion
+    if status == "unconfirmed" and not diagnoses:
+        assert "would settle it" in conclusion
+    if diagnoses:
+        assert "identical rewards" in conclusion

@@ -135,13 +135,75 @@ def test_non_monotone_verdicts_are_flagged() -> None:
     assert refine_values(configs, [1, 2, 4, 8]) == [6.0]
 
 
+def test_research_conclusions_are_confirmed_only_when_they_clear_the_noise() -> None:
+    from a3r.graph.reporter import _min_stable_conclusion
+
+    # The sweep: 1 unstable, 2 stable, 4 unstable, 6 and 8 stable on 2 seeds: not a finding.
+    noisy = verdicts(
+        [
+            _outcome(f"b{v}s{seed}", v, seed, [0.3, r + 0.02 * seed])
+            for v, r in ((1, 0.1), (2, 0.3), (4, 0.1), (6, 0.3), (8, 0.3))
+            for seed in (0, 1)
+        ],
+        baseline=BASELINE,
+        criterion=StabilityCriterion(last_k=1, delta=0.05, min_seeds=2),
+    )
+    text, status = _min_stable_conclusion(noisy, "batch_size")
+    assert status.value == "unconfirmed" and text.startswith("unconfirmed: minimal stable batch_size = 6")
+    assert "more seeds would settle it" in text and "Caution: 2 also passed" in text
+    # A crash below and a margin far above the threshold on 4 seeds: confirmed.
+    clear = verdicts(
+        [_outcome(f"b1s{seed}", 1, seed, [0.3], status="crashed") for seed in range(4)]
+        + [
+            _outcome(f"b2s{seed}", 2, seed, [0.3, 0.5 + 0.01 * seed, 0.52 - 0.01 * seed]) for seed in range(4)
+        ],
+        baseline=BASELINE,
+        criterion=StabilityCriterion(last_k=2, delta=0.05, min_seeds=2),
+    )
+    assert [c.settled for c in clear] == [True, True]
+    assert clear[1].margin is not None and clear[1].margin.low > 0
+    text, status = _min_stable_conclusion(clear, "batch_size")
+    assert status.value == "confirmed" and text.startswith("confirmed: minimal stable batch_size = 2")
+
+
+def test_training_is_sized_to_the_budget_with_time_kept_for_evaluation() -> None:
+    from a3r.study.plans import TrainingSettings
+    from a3r.study.research import SERVER_OVERHEAD_S, UPDATE_SHARE, eval_reserve_s, size_training
+    from a3r.study.runs import RunSpec
+
+    settings = TrainingSettings(steps=10, batch_size=2, group_size=4)
+    per_step = 8 * 10.0 * (1 + UPDATE_SHARE)  # B·G episodes at 10 s each, plus the update
+    fits = size_training(settings, seconds_per_episode=10.0, budget_s=1800, reserve_s=200)
+    assert fits.steps == 10 and fits.seconds_per_step == pytest.approx(per_step) and "fit" in fits.note
+    tight = size_training(settings, seconds_per_episode=10.0, budget_s=1000, reserve_s=200)
+    assert tight.steps == int((1000 - 200 - SERVER_OVERHEAD_S) // per_step) == 7
+    assert "training runs 7 steps" in tight.note and "200 s kept for the held-out evaluation" in tight.note
+    assert size_training(settings, seconds_per_episode=float("nan"), budget_s=10, reserve_s=0).steps == 10
+    assert size_training(settings, seconds_per_episode=100.0, budget_s=100, reserve_s=50).steps == 1
+    train = RunSpec(key="train-s0", purpose="train")
+    smoke = _outcome("smoke", 0, 0, [], eval_s=60.0)
+    assert eval_reserve_s(train, [], budget_s=1000) == pytest.approx(150.0)  # 15% before any measurement
+    assert eval_reserve_s(train, [smoke], budget_s=1000) == pytest.approx(1.25 * 60 + 15)
+    assert eval_reserve_s(train, [smoke], budget_s=100) == 50  # never more than half the budget
+    assert eval_reserve_s(RunSpec(key="smoke", purpose="smoke"), [smoke], budget_s=1000) == 0.0
+
+
 def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
     from datetime import datetime
 
     from memory import StudyPublic, StudyStatus
 
     plan = OfflineProvider().plan("find min stable batch size on arithmetic", mode="research")
-    outcomes = [_outcome("b4s0", 4, 0, [0.3, 0.42]), _outcome("b4s1", 4, 1, [0.3, 0.36])]
+    outcomes = [
+        _outcome(
+            "b4s0",
+            4,
+            0,
+            [0.3, 0.42],
+            parts={"format_ok": [0.2, 0.3, 0.35, 0.5, 0.55, 0.7, 0.72, 0.9], "chars": [9.0]},
+        ),
+        _outcome("b4s1", 4, 1, [0.3, 0.36]),
+    ]
     configs = verdicts(outcomes, baseline=BASELINE, criterion=StabilityCriterion(last_k=1))
     now = datetime.now(UTC)
     study = StudyPublic(
@@ -164,8 +226,15 @@ def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
         findings=[],
         patches=[],
         conclusion="B* ≤ 4",
+        reward_parts=("format_ok", "correct"),
+        notes=["budget: the 10 steps fit"],
     )
     text = path.read_text()
+    assert text.index("**Verdict.** B* ≤ 4") < text.index("## Plan")
+    assert "- budget: the 10 steps fit" in text and "| cancelled (budget) |" not in text
+    assert "## Reward parts" in text and "![reward parts](reward_parts.png)" in text
+    assert "| format_ok | 0 | 8 | 0.200 → 0.900 |" in text and "| rose |" in text and "chars" not in text
+    assert (tmp_path / "reward_parts.png").read_bytes()[:4] == b"\x89PNG"
     assert "0.420" in text and "0.360" in text and "| 4 |" in text and "![sweep](sweep.png)" in text
     assert (tmp_path / "reward_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "sweep.png").stat().st_size > 1000

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +28,17 @@ def client_server(tmp_path_factory: pytest.TempPathFactory, tiny_engine: HFEngin
     live = make_server(tmp_path_factory.mktemp("client-server"), tiny_engine, training=NO_TRAINING)
     yield live
     live.stop()
+
+
+def swarm_run(args: list[str]) -> subprocess.Popen[str]:
+    """``swarm run ARGS`` as a real child process (stdout and stderr together, text)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarm.cli", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def write_workflow(folder: Path, code: str, name: str = "workflow.py") -> Path:

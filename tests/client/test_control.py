@@ -103,6 +103,10 @@ def test_config_patch_and_checkpoint_answers_are_typed(trained: LiveServer) -> N
         assert bad.value.status_code == 422 and "lr" in str(bad.value)
         saved = client.checkpoint()
         assert isinstance(saved, CheckpointSaved) and saved.step == 1 and saved.path.endswith("step-000001")
+        # No update since: a second request neither writes nor logs the same step again.
+        assert client.checkpoint().path == saved.path
+        logged = [e for e in client.events() if e.kind == "checkpoint.saved" and e.data.get("step") == 1]
+        assert len(logged) == 1
 
 
 async def test_async_client_mirrors_the_typed_answers(trained: LiveServer) -> None:

@@ -27,6 +27,7 @@ def test_exported_members() -> None:
         "SwarmClient",
         "Task",
         "TaskSet",
+        "UndecidedFinishError",
         "WorkflowLoadError",
         "check_model_path",
         "classify_failure",

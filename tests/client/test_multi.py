@@ -15,6 +15,7 @@ from swarm.client import (
     MultiEpisodeError,
     PartialFinishError,
     RetryPolicy,
+    UndecidedFinishError,
     load_workflow,
     run_workflow,
 )
@@ -123,42 +124,56 @@ def test_a_member_that_cannot_begin_aborts_the_ones_that_did(client_server) -> N
     assert [e.status for e in episodes_of(client_server, "multi-begin")] == [EpisodeStatus.INFRA_FAILURE]
 
 
-def _failing_finish_transport() -> httpx.MockTransport:
-    """A server that begins and heartbeats fine but fails every finish with 500 (a crash mid-finish)."""
+def _failing_transport(fails: str) -> httpx.MockTransport:
+    """A server that begins and heartbeats fine but answers every ``fails`` request (``/prepare`` or
+    ``/commit``) with 500 (a crash in the middle of a finish)."""
 
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/api/v1/episodes":
             created = {"episode_id": "ep-fake", "base_url": "http://fake/v1", "api_key": "k", "model": "m"}
             return httpx.Response(201, json=created)
-        if path.endswith("/finish"):
+        if path.endswith(fails):
             return httpx.Response(500, json={"error": {"type": "server_error", "message": "disk on fire"}})
         return httpx.Response(200, json={"ok": True})
 
     return httpx.MockTransport(handler)
 
 
-def test_finish_order_keeps_failures_all_or_nothing_when_it_can(client_server) -> None:
-    async def go() -> tuple[MultiEpisodeError, PartialFinishError]:
-        real = AsyncSwarmClient(client_server.url, client_id="multi-order", retry=FAST)
-        fake = AsyncSwarmClient("http://fake", retry=FAST, transport=_failing_finish_transport())
-        # failing member first: nothing was committed yet, so the real member is aborted
-        with pytest.raises(MultiEpisodeError) as first:
-            async with MultiEpisode({"fake": fake, "real": real}, task_id="fail-first") as eps:
-                await eps.finish(1.0)
-        # failing member last: the real member had committed; the error says so
-        with pytest.raises(PartialFinishError) as second:
-            async with MultiEpisode({"real": real, "fake": fake}, task_id="fail-last") as eps:
-                await eps.finish(1.0)
-        await real.aclose()
-        await fake.aclose()
-        return first.value, second.value
+def test_a_finish_failing_on_any_server_leaves_no_half_finished_episode(client_server) -> None:
+    """Two-phase finish: a failed prepare aborts everyone; a failed secondary commit is the servers' to
+    settle (the transaction committed); a primary commit without an answer aborts nothing."""
 
-    first, second = asyncio.run(go())
-    assert not isinstance(first, PartialFinishError) and "real" in first.aborted
-    assert second.finished == ["real"] and "fake" in second.failed
+    async def go() -> tuple[MultiEpisodeError, list[str], UndecidedFinishError]:
+        real = AsyncSwarmClient(client_server.url, client_id="multi-order", retry=FAST)
+        no_prepare = AsyncSwarmClient("http://fake", retry=FAST, transport=_failing_transport("/prepare"))
+        no_commit = AsyncSwarmClient("http://fake", retry=FAST, transport=_failing_transport("/commit"))
+        for order, task in ((("fake", "real"), "prepare-first"), (("real", "fake"), "prepare-last")):
+            with pytest.raises(MultiEpisodeError) as failed:
+                clients = {"fake": no_prepare, "real": real}
+                async with MultiEpisode({n: clients[n] for n in order}, task_id=task) as eps:
+                    await eps.finish(1.0)
+            assert not isinstance(failed.value, PartialFinishError | UndecidedFinishError)
+        async with MultiEpisode({"real": real, "fake": no_commit}, task_id="commit-secondary") as eps:
+            await eps.finish(1.0)  # the primary committed: the transaction did
+        unconfirmed = eps.unconfirmed
+        with pytest.raises(UndecidedFinishError) as undecided:
+            async with MultiEpisode({"fake": no_commit, "real": real}, task_id="commit-primary") as eps:
+                await eps.finish(1.0)
+        for client in (real, no_prepare, no_commit):
+            await client.aclose()
+        return failed.value, unconfirmed, undecided.value
+
+    failed, unconfirmed, undecided = asyncio.run(go())
+    assert "real" in failed.aborted and unconfirmed == ["fake"]
+    assert undecided.aborted == [] and undecided.primary == "fake"
     got = [(e.task_id, e.status) for e in episodes_of(client_server, "multi-order")]
-    assert got == [("fail-first", EpisodeStatus.INFRA_FAILURE), ("fail-last", EpisodeStatus.FINISHED)]
+    assert got == [
+        ("prepare-first", EpisodeStatus.INFRA_FAILURE),
+        ("prepare-last", EpisodeStatus.INFRA_FAILURE),
+        ("commit-secondary", EpisodeStatus.FINISHED),
+        ("commit-primary", EpisodeStatus.PREPARED),  # waits for its primary's fate; never trained as is
+    ]
 
 
 def test_rewards_must_name_the_members(client_server, second_server) -> None:

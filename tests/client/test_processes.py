@@ -4,10 +4,7 @@ under a running runner. The server runs in this process (real uvicorn on loopbac
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -16,7 +13,7 @@ from typing import Any
 
 from swarm.client import load_workflow, run_workflow
 from swarm.protocol import EpisodeStatus
-from tests.client.conftest import NO_TRAINING, episodes_of, write_jsonl, write_workflow
+from tests.client.conftest import NO_TRAINING, episodes_of, swarm_run, write_jsonl, write_workflow
 from tests.conftest import make_server
 
 BLOCKING_WORKFLOW = """
@@ -45,16 +42,6 @@ def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def _swarm_run(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "swarm.cli", "run", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-
-
 def test_kill_9_mid_episode_then_resume_with_an_edited_reward(tmp_path: Path, tiny_engine) -> None:
     live = make_server(
         tmp_path / "server", tiny_engine, episode_timeout_s=1.5, reclaim_period_s=0.5, training=NO_TRAINING
@@ -68,7 +55,7 @@ def test_kill_9_mid_episode_then_resume_with_an_edited_reward(tmp_path: Path, ti
         args = [str(workflow), "--server", live.url, "--dataset", str(data), "--group-size", "2"]
         args += ["--concurrency", "2", "--client-id", "killed", "--state-dir", str(tmp_path / "state")]
         args += ["--heartbeat", "0.3"]  # a live runner keeps its episodes from being reclaimed
-        runner = _swarm_run([*args, "--no-progress"])
+        runner = swarm_run([*args, "--no-progress"])
         try:
             _wait_for(lambda: len(list(marks.iterdir())) == 2, 60, "both t1 episodes to block")
             finished_before = [e for e in episodes_of(live, "killed") if e.status is EpisodeStatus.FINISHED]
@@ -87,7 +74,7 @@ def test_kill_9_mid_episode_then_resume_with_an_edited_reward(tmp_path: Path, ti
         # edit the reward, restart the runner: it resumes (t0 is not run again) and finishes the rest
         workflow.write_text(workflow.read_text().replace("return 1.0", "return 0.5"))
         data.write_text(data.read_text().replace(', "block": true', ""))
-        again = _swarm_run([*args, "--no-progress"])
+        again = swarm_run([*args, "--no-progress"])
         out, _ = again.communicate(timeout=120)
         assert again.returncode == 0, out
         finished = [e for e in episodes_of(live, "killed") if e.status is EpisodeStatus.FINISHED]

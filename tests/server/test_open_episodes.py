@@ -9,7 +9,7 @@ import pytest
 
 from swarm.errors import AuthError, EpisodeNotFound, EpisodeStateError
 from swarm.pool import Pool, StoredEpisode
-from swarm.protocol import EpisodeAbort, EpisodeCreate, EpisodeFinish, EpisodeStatus
+from swarm.protocol import EpisodeAbort, EpisodeCreate, EpisodeFinish, EpisodePrepare, EpisodeStatus
 from swarm.server.episodes import KEY_PREFIX, OpenEpisodes
 from swarm.server.events import EventLog
 from swarm.tracking.records import CallRecord, FinishReason
@@ -108,3 +108,63 @@ def test_listeners_run_in_subscription_order(episodes: OpenEpisodes) -> None:
     episode, _ = episodes.begin(EpisodeCreate(task_id="t"))
     episodes.abort(episode.id, EpisodeAbort())
     assert seen == ["first", "second"]
+
+
+def test_prepare_then_commit_or_abort_is_a_compare_and_set(episodes: OpenEpisodes) -> None:
+    """The two phases of a multi-server finish: prepared is stored but out of training until resolved,
+    each resolution happens once, retries answer the same, and another transaction cannot touch it."""
+    ended: list[EpisodeStatus] = []
+    episodes.on_end(lambda stored, calls: ended.append(stored.status))
+    first, _ = episodes.begin(EpisodeCreate(task_id="t"))
+    second, _ = episodes.begin(EpisodeCreate(task_id="t"))
+    first.calls.append(call(0))
+    body = EpisodePrepare(reward=0.5, txn_id="txn-1")
+    assert episodes.prepare(first.id, body).status is EpisodeStatus.PREPARED
+    assert episodes.prepare(first.id, body).status is EpisodeStatus.PREPARED  # a retried prepare
+    assert episodes.pool.pending() == [] and episodes.pool.counts().prepared == 1
+    with pytest.raises(EpisodeStateError, match="not part of transaction"):
+        episodes.commit(first.id, "txn-other")
+    committed = episodes.commit(first.id, "txn-1")
+    assert (committed.status, committed.reward) == (EpisodeStatus.FINISHED, 0.5)
+    assert episodes.commit(first.id, "txn-1").status is EpisodeStatus.FINISHED  # a retried commit
+    assert [e.id for e in episodes.pool.pending()] == [first.id]
+    with pytest.raises(EpisodeStateError, match="already ended"):  # too late to abort it
+        episodes.abort(first.id, EpisodeAbort(infra_failure=True))
+
+    episodes.prepare(
+        second.id,
+        EpisodePrepare(reward=1.0, txn_id="txn-2", primary_url="http://a", primary_episode_id="ep-a"),
+    )
+    assert episodes.abort(second.id, EpisodeAbort(infra_failure=True)).status is EpisodeStatus.INFRA_FAILURE
+    with pytest.raises(EpisodeStateError, match="infra_failure in transaction"):  # a late commit loses
+        episodes.commit(second.id, "txn-2")
+    assert ended == [
+        EpisodeStatus.PREPARED,
+        EpisodeStatus.FINISHED,
+        EpisodeStatus.PREPARED,
+        EpisodeStatus.INFRA_FAILURE,
+    ]
+
+
+def test_a_pool_written_before_transactions_gains_the_column(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE episodes (id TEXT PRIMARY KEY, task_id TEXT NOT NULL, client_id TEXT NOT NULL, family TEXT,"
+        " kind TEXT NOT NULL, status TEXT NOT NULL, reward REAL, agent_rewards TEXT NOT NULL DEFAULT '{}',"
+        " metrics TEXT NOT NULL DEFAULT '{}', metadata TEXT NOT NULL DEFAULT '{}', trainable_agents TEXT,"
+        " reason TEXT, created_at REAL NOT NULL, finished_at REAL NOT NULL, seq INTEGER NOT NULL,"
+        " trained_step INTEGER);"
+        "INSERT INTO episodes VALUES ('ep-old', 't', 'c', NULL, 'train', 'finished', 1.0, '{}', '{}', '{}',"
+        " NULL, NULL, 0, 0, 1, NULL);"
+    )
+    old.commit()
+    old.close()
+    pool = Pool(path)
+    try:
+        (stored,) = pool.pending()
+        assert stored.id == "ep-old" and stored.txn is None
+    finally:
+        pool.close()

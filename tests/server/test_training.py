@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from swarm.client import SwarmClient
 from swarm.config import TrainingConfig
 from swarm.engine import HFEngine
 from swarm.train import TrainerConfig
-from tests.conftest import build_tiny_model, free_port, make_server, wait_for
+from tests.conftest import build_tiny_model, free_port, make_server, serve_process, wait_for
 
 QUESTION = [{"role": "user", "content": "Say something."}]
 
@@ -262,44 +261,8 @@ def test_live_config_pause_resume_and_drain(tmp_path: Path, fresh_engine: Any) -
 
 
 def _serve(model_dir: Path, run_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "swarm.cli",
-        "serve",
-        "--model",
-        str(model_dir),
-        "--port",
-        str(port),
-        "--run-dir",
-        str(run_dir),
-        "--batch-policy",
-        "episodes",
-        "--batch-size",
-        "1",
-        "--group-size",
-        "2",
-        "--lr",
-        "1e-3",
-        "--checkpoint-every",
-        "1",
-        "--drain-timeout",
-        "5",
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, "swarm serve exited"
-        try:
-            return httpx.get(f"{url}/api/v1/status", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_for(up, 120, "swarm serve")
-    return proc
+    flags = ["--batch-policy", "episodes", "--batch-size", "1", "--group-size", "2", "--lr", "1e-3"]
+    return serve_process(model_dir, run_dir, port, *flags, "--checkpoint-every", "1", "--drain-timeout", "5")
 
 
 def test_kill_9_while_rolling_and_while_training_loses_nothing(

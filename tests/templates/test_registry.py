@@ -23,7 +23,7 @@ from templates import (
     validate,
 )
 
-NAMES = ["arithmetic", "countdown", "math", "who_is_the_spy"]
+NAMES = ["arithmetic", "countdown", "math", "werewolves", "who_is_the_spy"]
 
 
 def test_exported_names():

@@ -6,7 +6,13 @@ import pytest
 
 from templates.who_is_the_spy import data
 from templates.who_is_the_spy.game import GameSetup, Phase, Role, play
-from templates.who_is_the_spy.reward import agent_rewards, episode_reward, role_reward, self_check
+from templates.who_is_the_spy.reward import (
+    agent_rewards,
+    episode_reward,
+    reward_parts,
+    role_reward,
+    self_check,
+)
 
 
 class Scripted:
@@ -72,6 +78,11 @@ def test_leaks_and_invalid_votes_are_counted_hidden_and_penalised():
     assert record.winner == Role.CIVILIAN
     assert rewards["civilian_3"] == pytest.approx(1.0 - 0.5 - 0.25)
     assert rewards["spy_1"] == pytest.approx(-0.75)
+    # The reward's parts, as rates over the trainable agents' descriptions and votes (all agents when none).
+    civilians = reward_parts(record, ["civilian_1", "civilian_2", "civilian_3"])
+    assert civilians == pytest.approx({"win_rate": 1.0, "leak_rate": 1 / 3, "invalid_vote_rate": 1 / 3})
+    assert reward_parts(record, ["spy_1"]) == {"win_rate": 0.0, "leak_rate": 1.0, "invalid_vote_rate": 1.0}
+    assert reward_parts(record, []) == {"win_rate": 0.75, "leak_rate": 0.5, "invalid_vote_rate": 0.5}
 
 
 def test_each_history_is_append_only_and_private():

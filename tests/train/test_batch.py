@@ -194,6 +194,42 @@ def test_any_client_ready_trains_only_the_ready_clients_episodes() -> None:
     assert batch is not None and batch.episode_ids == ["ep1"] and "c2" in batch.reason
 
 
+def test_a_dead_clients_episodes_are_not_stranded() -> None:
+    """all_clients_ready trains the episodes of clients no longer active with the others'; any_client_ready
+    adds them to the next ready client's batch; once every client is gone their episodes are trained."""
+    votes = ClientVotes(active_timeout_s=10)
+    sim = Sim()
+    votes.touch("dead", now=0)
+    votes.touch("alive", now=0)
+    sim.end("a", client="dead")
+    sim.end("b", client="alive")
+    sim.end("c", client="alive", status=EpisodeStatus.INFRA_FAILURE)
+    votes.vote("alive", True, now=11)
+    for policy in (BatchPolicy.ALL_CLIENTS_READY, BatchPolicy.ANY_CLIENT_READY):
+        cfg = BatchConfig(policy=policy)
+        batch = select_batch(cfg, sim.episodes, votes, now=11)
+        assert batch is not None and batch.episode_ids == ["ep0", "ep1"] and batch.dropped == ["ep2"]
+    # "dead" still active at t=5: all_clients_ready waits for it, any_client_ready leaves its episode out
+    any_batch = select_batch(BatchConfig(policy=BatchPolicy.ANY_CLIENT_READY), sim.episodes, votes, now=5)
+    assert any_batch is not None and any_batch.episode_ids == ["ep1"]
+    assert select_batch(BatchConfig(policy=BatchPolicy.ALL_CLIENTS_READY), sim.episodes, votes, now=5) is None
+    # everyone gone (silent or left): nobody can vote any more, so what they left is trained
+    votes.reset()
+    votes.forget("alive")
+    for policy in (BatchPolicy.ALL_CLIENTS_READY, BatchPolicy.ANY_CLIENT_READY):
+        batch = select_batch(BatchConfig(policy=policy), sim.episodes, votes, now=30)
+        assert batch is not None and batch.episode_ids == ["ep0", "ep1"]
+        assert batch.reason == "every client seen has gone silent or left"
+
+
+def test_a_fresh_server_waits_for_a_client_before_training_what_was_left() -> None:
+    """A restarted server has pending episodes but has seen no client yet: no vacuous batch."""
+    sim = Sim()
+    sim.end("a", client="gone")
+    for policy in (BatchPolicy.ALL_CLIENTS_READY, BatchPolicy.ANY_CLIENT_READY):
+        assert select_batch(BatchConfig(policy=policy), sim.episodes, ClientVotes(10), now=0) is None
+
+
 def test_vote_policy_without_votes_or_episodes() -> None:
     cfg = BatchConfig(policy=BatchPolicy.ANY_CLIENT_READY)
     with pytest.raises(BatchConfigError, match="votes"):

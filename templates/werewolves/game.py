@@ -1,0 +1,481 @@
+"""The werewolves game: setup, rules and an orchestrator that plays it with any players.
+
+Rules (the classic "Werewolves of Millers Hollow" with the seer, the witch and the hunter):
+
+* ``n_players`` seats (numbered from 1), each with a secret role: ``werewolf`` (the werewolf team) or
+  ``villager``, ``seer``, ``witch``, ``hunter`` (the village team). Werewolves know each other.
+* **Night.** The werewolves choose a victim among the living non-werewolves (each werewolf names one;
+  the most named wins, ties go to the lowest seat). The seer inspects one living player and privately
+  learns whether it is a werewolf. The witch is told the victim and may use, once per game each, a
+  potion that saves the victim and a poison that kills any other living player. Deaths are announced at
+  dawn (roles are not revealed).
+* **Day.** Every living player gives one public statement in seat order, then every living player
+  votes for another living player; the single most-voted player is eliminated (a tie eliminates nobody).
+* **The hunter**, when it dies (night or day), shoots one living player, who dies too.
+* **Win.** The village wins as soon as every werewolf is dead; the werewolves win as soon as they are at
+  least as many as the other living players, or when a werewolf is still alive after ``max_days`` days.
+
+Rule breaking is recorded per seat (``PlayerStats``): *invalid actions* (a target that cannot be read or
+is not allowed, a witch reply that uses a spent potion or cannot be read) and, for werewolves, *reveals*
+(a public statement saying that one is a werewolf). An invalid action does nothing (a werewolf night
+with no valid target kills nobody; an invalid vote is not counted).
+
+Each player keeps its own chat history (system prompt, then one user message per turn carrying only
+what it saw since its last turn, and its own replies verbatim), so histories are append-only and the
+server merges a player's calls by token prefix. Players are any async callables (LLM-backed in the
+workflow, scripted in tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from .parsing import Target, clean_speech, parse_target, parse_witch, reveals_werewolf
+
+
+class Role(StrEnum):
+    """A player's secret role."""
+
+    WEREWOLF = "werewolf"
+    VILLAGER = "villager"
+    SEER = "seer"
+    WITCH = "witch"
+    HUNTER = "hunter"
+
+
+class Team(StrEnum):
+    """Who wins together."""
+
+    WEREWOLVES = "werewolves"
+    VILLAGE = "village"
+
+
+def team_of(role: Role) -> Team:
+    """The team of ``role``."""
+    return Team.WEREWOLVES if role is Role.WEREWOLF else Team.VILLAGE
+
+
+SPECIAL_ROLES = (Role.SEER, Role.WITCH, Role.HUNTER)
+"""The village's roles with a power (at most one of each per game)."""
+
+
+class Phase(StrEnum):
+    """What a player is asked to do (the workflow sizes the reply's token limit by phase)."""
+
+    NIGHT = "night"
+    """A night action: choose a player (werewolf, seer) or use potions (witch)."""
+    SPEAK = "speak"
+    """A public statement."""
+    VOTE = "vote"
+    """Name the player to eliminate."""
+    SHOOT = "shoot"
+    """The dying hunter names who it takes down."""
+
+
+Message = dict[str, str]
+
+
+class Player(Protocol):
+    """Anything that answers a chat history (``messages`` ends with a user turn) with text."""
+
+    async def __call__(self, messages: list[Message], phase: Phase) -> str:
+        """Return the reply text for ``messages``."""
+        ...
+
+
+def agent_name(role: Role, rank: int) -> str:
+    """The agent name ``"<role>_<rank>"`` sent as the OpenAI ``user`` (``werewolf_1``, ``seer_1``).
+
+    ``rank`` counts players of that role in seat order from 1, so the names depend only on the game's
+    role counts, never on the (random) seating: a run names its trainable agents once for every task.
+    """
+    return f"{role.value}_{rank}"
+
+
+@dataclass(frozen=True)
+class GameSetup:
+    """One game's fixed facts (a data-builder task row describes exactly this)."""
+
+    roles: tuple[Role, ...]
+    """Role of seat ``i + 1``."""
+    max_days: int = 2
+    """Days before surviving werewolves win."""
+
+    def __post_init__(self) -> None:
+        n_wolves = sum(r is Role.WEREWOLF for r in self.roles)
+        if len(self.roles) < 4:
+            raise ValueError(f"need at least 4 players, got {len(self.roles)}")
+        if n_wolves < 1 or 2 * n_wolves >= len(self.roles):
+            raise ValueError(
+                f"need 1 <= werewolves < half of the players, got {n_wolves} of {len(self.roles)}"
+            )
+        for role in SPECIAL_ROLES:
+            if self.roles.count(role) > 1:
+                raise ValueError(f"at most one {role.value} per game")
+        if self.max_days < 1:
+            raise ValueError(f"max_days must be >= 1, got {self.max_days}")
+
+    @classmethod
+    def from_task(cls, task: Mapping[str, Any]) -> GameSetup:
+        """Build from a task row (``roles``: the role of each seat, ``max_days``)."""
+        return cls(roles=tuple(Role(r) for r in task["roles"]), max_days=int(task.get("max_days", 2)))
+
+    @property
+    def seats(self) -> list[int]:
+        """All seats in order."""
+        return list(range(1, len(self.roles) + 1))
+
+    def role(self, seat: int) -> Role:
+        """The role of ``seat``."""
+        return self.roles[seat - 1]
+
+    def seat_of(self, role: Role) -> int | None:
+        """The seat of a special role, or ``None`` when the game has none."""
+        return next((s for s in self.seats if self.role(s) is role), None)
+
+    def wolves(self) -> list[int]:
+        """Seats of the werewolves."""
+        return [s for s in self.seats if self.role(s) is Role.WEREWOLF]
+
+    def agent(self, seat: int) -> str:
+        """The agent name of ``seat`` (see :func:`agent_name`)."""
+        role = self.role(seat)
+        return agent_name(role, sum(1 for s in range(1, seat + 1) if self.role(s) is role))
+
+
+@dataclass
+class PlayerStats:
+    """Rule compliance of one player over a game."""
+
+    actions: int = 0
+    """Night actions, votes and shots taken."""
+    invalid_actions: int = 0
+    """Actions that could not be read or broke the rules (they did nothing)."""
+    reveals: int = 0
+    """Public statements in which a werewolf said it is one."""
+
+
+@dataclass
+class GameRecord:
+    """The outcome of one game."""
+
+    setup: GameSetup
+    winner: Team
+    days: int
+    deaths: list[tuple[int, str]] = field(default_factory=list)
+    """``(seat, cause)`` in order; cause ``werewolves``, ``poison``, ``vote`` or ``hunter``."""
+    stats: dict[int, PlayerStats] = field(default_factory=dict)
+    transcript: list[str] = field(default_factory=list)
+    """Public events in order."""
+    histories: dict[int, list[Message]] = field(default_factory=dict)
+
+    def won(self, seat: int) -> bool:
+        """Whether ``seat``'s team won (dead players share their team's result)."""
+        return team_of(self.setup.role(seat)) is self.winner
+
+
+class Game:
+    """Rules state of one game (no I/O): apply moves, resolve night and votes, decide the winner."""
+
+    def __init__(self, setup: GameSetup) -> None:
+        self.setup = setup
+        self.alive: list[int] = setup.seats
+        self.day = 0
+        self.stats = {seat: PlayerStats() for seat in setup.seats}
+        self.transcript: list[str] = []
+        self.deaths: list[tuple[int, str]] = []
+        self.save_left = True
+        self.poison_left = True
+        self.private: dict[int, list[str]] = {seat: [] for seat in setup.seats}
+        """What each seat alone learns (its night results), delivered in its next prompt."""
+
+    # -- moves -------------------------------------------------------------------------------------------
+    def _act(self, seat: int, target: Target) -> int | None:
+        self.stats[seat].actions += 1
+        if not target.valid:
+            self.stats[seat].invalid_actions += 1
+            return None
+        return target.seat
+
+    def wolf_choice(self, seat: int, reply: str) -> int | None:
+        """A werewolf's victim (a living non-werewolf), or ``None`` when invalid."""
+        allowed = [s for s in self.alive if self.setup.role(s) is not Role.WEREWOLF]
+        return self._act(seat, parse_target(reply, allowed, self.setup.seats))
+
+    def seer_check(self, seat: int, reply: str) -> int | None:
+        """The seer's inspection (another living player); its result goes to the seer's private notes."""
+        allowed = [s for s in self.alive if s != seat]
+        checked = self._act(seat, parse_target(reply, allowed, self.setup.seats))
+        if checked is not None:
+            is_wolf = self.setup.role(checked) is Role.WEREWOLF
+            self.private[seat].append(
+                f"Your vision: Player {checked} is {'' if is_wolf else 'NOT '}a werewolf."
+            )
+        return checked
+
+    def witch_move(self, seat: int, reply: str, victim: int | None) -> tuple[bool, int | None]:
+        """The witch's potions → (victim saved, poisoned seat)."""
+        allowed = [s for s in self.alive if s != seat]
+        move = parse_witch(
+            reply,
+            can_save=self.save_left and victim is not None,
+            can_poison=self.poison_left,
+            allowed=allowed,
+            seats=self.setup.seats,
+        )
+        self.stats[seat].actions += 1
+        if not move.valid:
+            self.stats[seat].invalid_actions += 1
+            return False, None
+        if move.save:
+            self.save_left = False
+        poisoned = None
+        if move.poison is not None:
+            self.poison_left = False
+            poisoned = move.poison.seat
+        return move.save, poisoned
+
+    def speak(self, seat: int, reply: str) -> str:
+        """Record a public statement (a werewolf saying it is one counts as a reveal)."""
+        if self.setup.role(seat) is Role.WEREWOLF and reveals_werewolf(reply):
+            self.stats[seat].reveals += 1
+        text = clean_speech(reply) or "(says nothing)"
+        self.transcript.append(f"Player {seat}: {text}")
+        return text
+
+    def vote(self, seat: int, reply: str) -> int | None:
+        """A day vote (another living player), or ``None`` when invalid."""
+        allowed = [s for s in self.alive if s != seat]
+        return self._act(seat, parse_target(reply, allowed, self.setup.seats))
+
+    def shot(self, seat: int, reply: str) -> int | None:
+        """The dying hunter's shot (another living player), or ``None`` when invalid."""
+        allowed = [s for s in self.alive if s != seat]
+        return self._act(seat, parse_target(reply, allowed, self.setup.seats))
+
+    # -- resolution --------------------------------------------------------------------------------------
+    def kill(self, seat: int, cause: str) -> None:
+        """Remove ``seat`` from the living and announce it."""
+        if seat in self.alive:
+            self.alive.remove(seat)
+            self.deaths.append((seat, cause))
+
+    def majority(self, choices: Sequence[int | None], *, ties_to_lowest: bool) -> int | None:
+        """The most chosen seat; on a tie the lowest seat (werewolves) or nobody (votes)."""
+        ranked = Counter(c for c in choices if c is not None).most_common()
+        if not ranked:
+            return None
+        top = [seat for seat, n in ranked if n == ranked[0][1]]
+        if len(top) == 1 or ties_to_lowest:
+            return min(top)
+        return None
+
+    def winner(self) -> Team | None:
+        """The winning team if the game is over (see the module rules), else ``None``."""
+        wolves = sum(1 for s in self.alive if self.setup.role(s) is Role.WEREWOLF)
+        if wolves == 0:
+            return Team.VILLAGE
+        if wolves >= len(self.alive) - wolves or self.day >= self.setup.max_days:
+            return Team.WEREWOLVES
+        return None
+
+
+RULES = (
+    "You are playing the party game Werewolves with {n} players (Players {seats}). Secret roles: "
+    "{census}. Each night the werewolves kill one player, the seer learns whether one player is a "
+    "werewolf, and the witch may save the victim once and poison one player once. When the hunter dies "
+    "it shoots one player. Each day everyone speaks once, then votes to eliminate one player. The "
+    "village wins when all werewolves are dead; the werewolves win when they equal the others or survive "
+    "{days} day(s). Never reveal that you are a werewolf.\n"
+    "You are Player {seat}. Your role: {role}.{extra}"
+)
+WOLF_PROMPT = "Night {day}. Choose a player to kill among: {candidates}. Reply with the player number only."
+SEER_PROMPT = (
+    "Night {day}. Choose a player to inspect among: {candidates}. Reply with the player number only."
+)
+WITCH_PROMPT = (
+    "Night {day}. {victim_line} Potions left: {potions}. Reply 'save' to save the victim, 'poison N' "
+    "to poison player N ({candidates}), both, or 'pass'."
+)
+SPEAK_PROMPT = "Day {day}. Your turn: say one or two short sentences to the others."
+VOTE_PROMPT = (
+    "Day {day} vote. Who should be eliminated? Choose among: {candidates}. Reply with the player number only."
+)
+SHOOT_PROMPT = (
+    "You die. As the hunter, choose a player to shoot among: {candidates}. Reply with the player number only."
+)
+
+
+class _Seat:
+    """One player's append-only history plus how much of the public transcript it has seen."""
+
+    def __init__(self, setup: GameSetup, seat: int) -> None:
+        census = Counter(r.value for r in setup.roles)
+        role = setup.role(seat)
+        extra = ""
+        if role is Role.WEREWOLF:
+            others = [str(s) for s in setup.wolves() if s != seat]
+            extra = f" Your fellow werewolves: Players {', '.join(others)}." if others else ""
+        system = RULES.format(
+            n=len(setup.roles),
+            seats=", ".join(map(str, setup.seats)),
+            census=", ".join(f"{n} {r}" for r, n in sorted(census.items())),
+            days=setup.max_days,
+            seat=seat,
+            role=role.value,
+            extra=extra,
+        )
+        self.messages: list[Message] = [{"role": "system", "content": system}]
+        self.seen = 0
+
+    def prompt(self, transcript: list[str], private: list[str], instruction: str) -> list[Message]:
+        news = transcript[self.seen :] + private
+        self.seen = len(transcript)
+        private.clear()
+        content = ("\n".join(news) + "\n\n" if news else "") + instruction
+        self.messages.append({"role": "user", "content": content})
+        return list(self.messages)
+
+    def reply(self, text: str) -> None:
+        # Verbatim: the server merges this player's calls by exact token prefix.
+        self.messages.append({"role": "assistant", "content": text})
+
+
+class _Table:
+    """A game plus its players and their histories: asks a seat and records its reply."""
+
+    def __init__(self, setup: GameSetup, players: Mapping[int, Player]) -> None:
+        self.game = Game(setup)
+        self.players = players
+        self.seats = {seat: _Seat(setup, seat) for seat in setup.seats}
+
+    async def ask(self, seat: int, instruction: str, phase: Phase) -> str:
+        messages = self.seats[seat].prompt(self.game.transcript, self.game.private[seat], instruction)
+        reply = await self.players[seat](messages, phase)
+        self.seats[seat].reply(reply)
+        return reply
+
+    def candidates(self, exclude: Sequence[int] = ()) -> str:
+        return ", ".join(str(s) for s in self.game.alive if s not in exclude)
+
+    async def die(self, seat: int, cause: str) -> None:
+        """Kill ``seat``; a dying hunter shoots."""
+        game = self.game
+        game.kill(seat, cause)
+        game.transcript.append(f"Player {seat} died ({'voted out' if cause == 'vote' else 'killed'}).")
+        if game.setup.role(seat) is Role.HUNTER and game.alive:
+            reply = await self.ask(seat, SHOOT_PROMPT.format(candidates=self.candidates()), Phase.SHOOT)
+            target = game.shot(seat, reply)
+            if target is not None:
+                game.kill(target, "hunter")
+                game.transcript.append(f"The hunter, Player {seat}, shot Player {target}, who died.")
+
+    async def night(self) -> None:
+        game, setup = self.game, self.game.setup
+        wolves = [s for s in game.alive if setup.role(s) is Role.WEREWOLF]
+        prey = self.candidates(exclude=setup.wolves())
+        replies = await asyncio.gather(
+            *(self.ask(w, WOLF_PROMPT.format(day=game.day, candidates=prey), Phase.NIGHT) for w in wolves)
+        )
+        victim = game.majority(
+            [game.wolf_choice(w, r) for w, r in zip(wolves, replies, strict=True)], ties_to_lowest=True
+        )
+        seer = setup.seat_of(Role.SEER)
+        if seer in game.alive:
+            assert seer is not None
+            reply = await self.ask(
+                seer, SEER_PROMPT.format(day=game.day, candidates=self.candidates([seer])), Phase.NIGHT
+            )
+            game.seer_check(seer, reply)
+        witch = setup.seat_of(Role.WITCH)
+        saved, poisoned = False, None
+        if witch in game.alive:
+            assert witch is not None
+            victim_line = (
+                "Nobody was attacked tonight."
+                if victim is None
+                else f"The werewolves attacked Player {victim}."
+            )
+            potions = (
+                ", ".join(p for p, left in (("save", game.save_left), ("poison", game.poison_left)) if left)
+                or "none"
+            )
+            instruction = WITCH_PROMPT.format(
+                day=game.day, victim_line=victim_line, potions=potions, candidates=self.candidates([witch])
+            )
+            saved, poisoned = game.witch_move(witch, await self.ask(witch, instruction, Phase.NIGHT), victim)
+        game.transcript.append(f"Dawn of day {game.day}.")
+        if victim is not None and not saved:
+            await self.die(victim, "werewolves")
+        if poisoned is not None and poisoned in game.alive:
+            await self.die(poisoned, "poison")
+        if (victim is None or saved) and poisoned is None:
+            game.transcript.append("Nobody died during the night.")
+
+    async def daytime(self) -> None:
+        game = self.game
+        for seat in list(game.alive):
+            game.speak(seat, await self.ask(seat, SPEAK_PROMPT.format(day=game.day), Phase.SPEAK))
+
+        async def ask_vote(seat: int) -> tuple[int, str]:
+            prompt = VOTE_PROMPT.format(day=game.day, candidates=self.candidates([seat]))
+            return seat, await self.ask(seat, prompt, Phase.VOTE)
+
+        replies = await asyncio.gather(*(ask_vote(seat) for seat in game.alive))
+        votes = {seat: game.vote(seat, reply) for seat, reply in replies}
+        shown = ", ".join(
+            f"Player {v} -> {t if t is not None else 'invalid'}" for v, t in sorted(votes.items())
+        )
+        out = game.majority(list(votes.values()), ties_to_lowest=False)
+        game.transcript.append(
+            f"Votes: {shown}." + ("" if out is not None else " Tie: nobody is eliminated.")
+        )
+        if out is not None:
+            await self.die(out, "vote")
+
+
+async def play(setup: GameSetup, players: Mapping[int, Player]) -> GameRecord:
+    """Play one full game.
+
+    Args:
+        setup: Roles by seat and the day limit.
+        players: One player per seat (``1..n_players``).
+
+    Returns:
+        The game record (winner, deaths, compliance stats, transcript, histories).
+
+    Raises:
+        ValueError: ``players`` does not cover exactly the seats.
+    """
+    if sorted(players) != setup.seats:
+        raise ValueError(f"players must be given for seats {setup.seats}, got {sorted(players)}")
+    table = _Table(setup, players)
+    game = table.game
+    winner = None
+    while winner is None:
+        game.day += 1
+        await table.night()
+        winner = game.winner() if not game.alive or _decided(game) else None
+        if winner is None:
+            await table.daytime()
+            winner = game.winner()
+    return GameRecord(
+        setup=setup,
+        winner=winner,
+        days=game.day,
+        deaths=game.deaths,
+        stats=game.stats,
+        transcript=game.transcript,
+        histories={seat: s.messages for seat, s in table.seats.items()},
+    )
+
+
+def _decided(game: Game) -> bool:
+    """After a night: the game ends only on a team's elimination or parity, not on the day limit."""
+    wolves = sum(1 for s in game.alive if game.setup.role(s) is Role.WEREWOLF)
+    return wolves == 0 or wolves >= len(game.alive) - wolves
