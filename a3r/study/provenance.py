@@ -73,12 +73,16 @@ def _usable_cpus() -> int:
 
 
 def collect_provenance(root: Path | None = None) -> Provenance:
-    """The provenance of code in the checkout at ``root`` (default: the tree holding this package).
+    """The provenance of code in the checkout rooted at ``root`` (default: the tree holding this package).
 
-    Never raises for a missing git or a non-checkout: those fields are ``None``.
+    Never raises for a missing git, a folder that is not a checkout's root, or a tree outside git:
+    then ``git_commit`` and ``dirty`` are ``None``.
     """
-    where = root or _SOURCE
-    commit = _git(where, "rev-parse", "HEAD")
+    where = (root or _SOURCE).resolve()
+    top = _git(where, "rev-parse", "--show-toplevel")
+    # Only the checkout rooted here: an installed package inside another project's repository (a venv
+    # in its tree) would otherwise report that project's commit.
+    commit = _git(where, "rev-parse", "HEAD") if top is not None and Path(top).resolve() == where else None
     status = None if commit is None else _git(where, "status", "--porcelain", "--untracked-files=no")
     versions: dict[str, str] = {}
     for name in PACKAGES:

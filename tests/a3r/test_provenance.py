@@ -40,6 +40,8 @@ def test_a_checkout_gives_its_commit_and_dirty_flag(tmp_path: Path) -> None:
     assert collect_provenance(repo).dirty is True
     assert clean.versions["torch"] and clean.versions["a3r"]
     assert int(clean.machine["cores"]) >= 1 and clean.machine["cpu"]
+    (repo / "site-packages").mkdir()  # a package installed inside another project's tree is not that project
+    assert collect_provenance(repo / "site-packages").git_commit is None
 
 
 def test_outside_git_the_commit_is_unknown_but_versions_are_kept(tmp_path: Path) -> None:
