@@ -73,12 +73,14 @@ async def episode(client: AsyncSwarmClient, task: int, seed: int) -> tuple[float
 
 
 async def drive(
-    url: str, steps: int, tasks_per_step: int, group: int
+    url: str, steps: int, tasks_per_step: int, group: int, first_seed: int = 0
 ) -> list[list[tuple[float, float, int]]]:
-    """Roll out one batch per step and wait for the update; returns each round's (reward, correct, words)."""
+    """Roll out one batch per step and wait for the update; returns each round's (reward, correct, words).
+
+    Request seeds count up from ``first_seed + 1``."""
     rounds = []
     async with AsyncSwarmClient(url) as client:
-        seed = 0
+        seed = first_seed
         for step in range(steps):
             coros = []
             for t in range(tasks_per_step):

@@ -85,10 +85,11 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 
 
 @contextlib.contextmanager
-def serve(engine: Engine, run_dir: Path, config: ServerConfig | None = None) -> Iterator[str]:
+def serve(engine: Engine | None, run_dir: Path, config: ServerConfig | None = None) -> Iterator[str]:
     """Run the swarm app over ``engine`` with uvicorn on a free loopback port; yields the root URL.
 
-    ``config`` defaults to a training server in ``run_dir`` (``config.run_dir`` wins when given)."""
+    ``config`` defaults to a training server in ``run_dir`` (``config.run_dir`` wins when given);
+    ``engine=None`` lets the server load the configured model itself (its trainer then shares it)."""
     app = create_app(config or ServerConfig(run_dir=run_dir, port=0), engine=engine)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_keep_alive=300)

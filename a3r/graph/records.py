@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from a3r.graph.context import RunContext
 from a3r.study.plans import HypothesisDraft
+from a3r.study.provenance import collect_provenance
 from a3r.study.runs import RunSpec
 from memory import FindingStatus, RunPublic, RunStatus
 
@@ -70,9 +71,21 @@ def ensure_run(
     for run in ctx.store.runs():
         if run.experiment_id == experiment_id and run.name == spec.key:
             return ctx.store.get_run(run.id)
-    config = {"purpose": spec.purpose, "stage": spec.stage, "value": spec.value, **spec.settings.model_dump()}
+    provenance = collect_provenance()
+    config = {
+        "purpose": spec.purpose,
+        "stage": spec.stage,
+        "value": spec.value,
+        **spec.settings.model_dump(),
+        "provenance": provenance.model_dump(exclude={"git_commit"}),
+    }
     return ctx.store.start_run(
-        experiment_id, name=spec.key, config=config, seed=spec.seed, server_url=server_url
+        experiment_id,
+        name=spec.key,
+        config=config,
+        seed=spec.seed,
+        server_url=server_url,
+        git_commit=provenance.git_commit,
     )
 
 

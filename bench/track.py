@@ -1,0 +1,589 @@
+"""Per-commit tracking: a fixed suite of short seeded benchmarks, recorded in the knowledge store and judged
+against the history of earlier commits.
+
+    .venv/bin/python bench/track.py --quick                    # ≈ 3 min on 2 idle cores, seed 0
+    .venv/bin/python bench/track.py                            # full suite, seeds 0,1,2 (≤ 15 min target)
+    .venv/bin/python bench/track.py --quick --fail-on-regression --html track-html
+    .venv/bin/python bench/track.py --report-only --html DIR   # verdicts + dashboard from the store alone
+    .venv/bin/python bench/track.py --quick --code /tmp/track-abc123   # measure that checkout's swarm/
+
+The suite (each benchmark returns per-step metrics and final numbers with a declared direction):
+
+- ``learning``: GRPO on ``bench/learning.py``'s short-answer task in a real in-process server (what
+  ``a3r`` starts: LoRA r16, mixed precision ``auto``, lr 2e-4), fewer steps; primary
+  ``reward_last`` (mean reward of the last two steps), higher is better.
+- ``merge``: ``bench/merge.py``'s realistic 12-call episodes; tokens through the trainer unmerged /
+  merged (``tokens_ratio``), higher is better; deterministic per seed.
+- ``throughput``: generated tokens/s of concurrent episodes through a real in-process server
+  (``bench/serve.py``'s ``measure_throughput``); primary ``tokens_per_s`` at the top concurrency.
+- ``update``: one GRPO update of ``TorchTrainer`` on the SmolLM2-135M shape (``bench/train_step.py``'s
+  ``run_ours``) on one thread; primary ``cpu_s`` (median process CPU seconds per step, which other
+  jobs on a shared machine disturb far less than wall time; ``step_s`` is recorded too), lower is
+  better.
+
+Every run goes to the store given by ``--store`` (default the a3r store ``.a3r/memory.db``; any
+SQLAlchemy URL, e.g. a team's PostgreSQL) as described in ``bench/track_history.py``, with the commit
+of the measured ``swarm`` package, its dirty flag, the machine and the package versions. The regression
+rule compares this commit's runs with the earlier commits' runs of the same mode and machine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel, ConfigDict, ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from track_history import (
+    VERDICT_COLUMNS,
+    History,
+    Status,
+    Verdict,
+    load_history,
+    record_run,
+    verdict_cells,
+)
+
+console = Console(width=None if sys.stdout.isatty() else 140)
+
+
+class SuiteSettings(BaseModel):
+    """Sizes of the suite's benchmarks (``--set NAME=VALUE`` overrides one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threads: int = 2
+    """torch intra-op threads of the process (sampling and the learning server's updates)."""
+    learning_steps: int = 3
+    learning_tasks: int = 2
+    """Tasks (GRPO groups) per step."""
+    learning_group: int = 4
+    """Episodes per task."""
+    learning_lora_rank: int = 16
+    """0: full fine-tuning in float32."""
+    learning_lr: float = 2e-4
+    learning_mixed_precision: str = "auto"
+    merge_episodes: int = 2
+    merge_calls: int = 12
+    throughput_concurrency: tuple[int, ...] = (1, 4)
+    throughput_rounds: int = 1
+    throughput_tokens: int = 8
+    update_threads: int = 1
+    """torch threads of the update benchmark: one, so its CPU seconds ≈ the time on one idle core."""
+    update_seqs: int = 2
+    update_prompt: int = 32
+    update_completion: int = 64
+    update_repeats: int = 2
+    update_small: bool = False
+    """A 2-layer toy model instead of the SmolLM2-135M shape (tests)."""
+    update_lora: bool = False
+
+
+QUICK = SuiteSettings()
+FULL = SuiteSettings(
+    learning_steps=8,
+    learning_tasks=4,
+    merge_episodes=4,
+    throughput_concurrency=(1, 4, 16),
+    throughput_rounds=2,
+    throughput_tokens=32,
+    update_seqs=8,
+    update_prompt=64,
+    update_completion=192,
+    update_repeats=3,
+)
+BACKEND = {"engine": "hf", "trainer": "torch", "device": "cpu"}
+
+
+@dataclass
+class Measurement:
+    """What one benchmark run produced: metrics per step (step 1, 2, …) and the final numbers."""
+
+    steps: list[dict[str, float]] = field(default_factory=list)
+    final: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One tracked benchmark.
+
+    Attributes:
+        name: Experiment name in the store.
+        description: What it measures.
+        metric: Primary final metric (judged by the regression rule).
+        higher_is_better: Direction of ``metric``.
+        min_relative: Smallest relative change of ``metric`` that can count as a regression.
+        curve: Per-step metric drawn on the dashboard.
+        measure: ``(settings, seed) -> Measurement``.
+    """
+
+    name: str
+    description: str
+    metric: str
+    higher_is_better: bool
+    min_relative: float
+    curve: str
+    measure: Callable[[SuiteSettings, int], Measurement]
+
+
+# -- the benchmarks --------------------------------------------------------------------------------------
+def measure_learning(s: SuiteSettings, seed: int) -> Measurement:
+    """GRPO on learning.py's task through a real server; per step the server's step metrics."""
+    import asyncio
+
+    import learning
+    import torch
+    from serve import serve
+
+    from swarm.batch import BatchConfig, BatchPolicy
+    from swarm.client import AsyncSwarmClient
+    from swarm.config import SamplingDefaults, ServerConfig, TrainingConfig
+    from swarm.train import LoraSettings, TrainerConfig
+
+    torch.manual_seed(seed)
+    lora = (
+        LoraSettings(r=s.learning_lora_rank, alpha=2 * s.learning_lora_rank) if s.learning_lora_rank else None
+    )
+    with tempfile.TemporaryDirectory(prefix="track-learning-") as tmp:
+        config = ServerConfig(
+            run_dir=Path(tmp) / "run",
+            port=0,
+            dtype="bfloat16" if lora and s.learning_mixed_precision != "no" else "float32",
+            mixed_precision=s.learning_mixed_precision,
+            sampling=SamplingDefaults(temperature=1.0),
+            training=TrainingConfig(
+                batch=BatchConfig(
+                    policy=BatchPolicy.TASKS, batch_size=s.learning_tasks, group_size=s.learning_group
+                ),
+                trainer=TrainerConfig(lr=s.learning_lr, micro_batch_size=8, lora=lora),
+                checkpoint_every=1000,
+            ),
+        )
+        with serve(None, config.run_dir, config) as url:
+            started = time.perf_counter()
+            rounds = asyncio.run(
+                learning.drive(
+                    url, s.learning_steps, s.learning_tasks, s.learning_group, first_seed=seed * 100_000
+                )
+            )
+            wall = time.perf_counter() - started
+
+            async def metrics() -> list[Any]:
+                async with AsyncSwarmClient(url) as client:
+                    return await client.metrics()
+
+            history = asyncio.run(metrics())
+    steps = [
+        {
+            "reward_mean": m.reward_mean or 0.0,
+            "correct": sum(b[1] for b in batch) / len(batch),
+            "words": sum(b[2] for b in batch) / len(batch),
+            "loss": m.loss,
+            "grad_norm": m.grad_norm,
+            "step_s": m.time_s.total_s,
+        }
+        for m, batch in zip(history, rounds, strict=True)
+    ]
+    tail = steps[-min(2, len(steps)) :]
+    return Measurement(
+        steps,
+        {
+            "reward_last": statistics.fmean(x["reward_mean"] for x in tail),
+            "reward_first": steps[0]["reward_mean"],
+            "reward_rise": statistics.fmean(x["reward_mean"] for x in tail) - steps[0]["reward_mean"],
+            "correct_last": statistics.fmean(x["correct"] for x in tail),
+            "wall_s": wall,
+        },
+    )
+
+
+def measure_merge(s: SuiteSettings, seed: int) -> Measurement:
+    """merge.py's episodes: tokens unmerged / merged and calls per sample, per episode and in total."""
+    import random
+
+    import merge
+    from transformers import AutoTokenizer
+
+    from swarm.engine.model_loading import resolve_model
+    from swarm.tracking.merge import build_samples
+    from swarm.tracking.render import PromptRenderer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None).directory), local_files_only=True)
+    renderer = PromptRenderer(tokenizer)
+    rng = random.Random(seed)
+    steps, unmerged_total, merged_total, calls_total, samples_total = [], 0, 0, 0, 0
+    for k in range(s.merge_episodes):
+        calls = merge.build_episode(renderer, rng, s.merge_calls)
+        samples, stats = build_samples(f"ep{k}", calls)
+        unmerged = sum(len(q.ids_T) for q in merge.unmerged_sequences([calls]))
+        merged = sum(len(q.ids_T) for q in merge.merged_sequences(samples))
+        unmerged_total, merged_total = unmerged_total + unmerged, merged_total + merged
+        calls_total, samples_total = calls_total + len(calls), samples_total + len(samples)
+        steps.append(
+            {
+                "tokens_ratio": unmerged / merged,
+                "merge_ratio": stats.merge_ratio,
+                "splice_mismatches": float(stats.splice_mismatches),
+            }
+        )
+    return Measurement(
+        steps,
+        {
+            "tokens_ratio": unmerged_total / merged_total,
+            "merge_ratio": calls_total / samples_total,
+            "tokens_unmerged": float(unmerged_total),
+            "tokens_merged": float(merged_total),
+        },
+    )
+
+
+def measure_throughput(s: SuiteSettings, seed: int) -> Measurement:
+    """serve.py's throughput rows through a real server, one step per concurrency level."""
+    import serve
+
+    from swarm.engine import HFEngine, load_model, resolve_model
+
+    source = resolve_model(None)
+    model, tokenizer = load_model(source)
+    engine = HFEngine(model, tokenizer, source.name)
+    steps = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="track-serve-") as tmp, serve.serve(engine, Path(tmp)) as url:
+            for c in sorted(s.throughput_concurrency):
+                row = serve.measure_throughput(engine, url, c, s.throughput_rounds, s.throughput_tokens)
+                steps.append(
+                    {
+                        "concurrency": float(c),
+                        "tokens_per_s": row.tokens_per_s,
+                        "episodes_per_s": row.calls / row.wall_s,
+                        "rows_per_batch": row.rows_per_batch,
+                    }
+                )
+    finally:
+        engine.close()
+    final = {"tokens_per_s": steps[-1]["tokens_per_s"], "episodes_per_s": steps[-1]["episodes_per_s"]}
+    if len(steps) > 1:
+        final["speedup"] = steps[-1]["tokens_per_s"] / steps[0]["tokens_per_s"]
+    return Measurement(steps, final)
+
+
+def measure_update(s: SuiteSettings, seed: int) -> Measurement:
+    """train_step.py's ``run_ours``: one step per timed repeat."""
+    import argparse
+
+    import torch
+    import train_step
+
+    args = argparse.Namespace(
+        small=s.update_small,
+        seqs=s.update_seqs,
+        prompt=s.update_prompt,
+        completion=s.update_completion,
+        lora=s.update_lora,
+        recompute=False,
+        repeats=s.update_repeats,
+        threads=s.update_threads,
+    )
+    result = train_step.run_ours(args)
+    torch.set_num_threads(s.threads)  # run_ours set the update's own count
+    steps = [{"step_s": t, "cpu_s": c} for t, c in zip(result["times"], result["cpu_s"], strict=True)]
+    return Measurement(
+        steps, {"step_s": result["median_s"], "cpu_s": result["median_cpu_s"], "peak_mb": result["peak_mb"]}
+    )
+
+
+SUITE: tuple[Benchmark, ...] = (
+    Benchmark(
+        "learning",
+        "GRPO on bench/learning.py's short-answer task, in-process server, a3r's LoRA settings",
+        "reward_last", True, 0.10, "reward_mean", measure_learning,
+    ),
+    Benchmark(
+        "merge",
+        "bench/merge.py's 12-call episodes: tokens through the trainer, unmerged / merged",
+        "tokens_ratio", True, 0.01, "tokens_ratio", measure_merge,
+    ),
+    Benchmark(
+        "throughput",
+        "generated tokens/s of concurrent episodes through a real in-process server (hf engine)",
+        "tokens_per_s", True, 0.15, "tokens_per_s", measure_throughput,
+    ),
+    Benchmark(
+        "update",
+        "one GRPO update of TorchTrainer, SmolLM2-135M shape, fp32, 1 thread (bench/train_step.py); "
+        "judged on process CPU seconds per step, steadier than wall time on a shared machine",
+        "cpu_s", False, 0.15, "cpu_s", measure_update,
+    ),
+)  # fmt: skip
+BY_NAME = {b.name: b for b in SUITE}
+
+
+# -- running and recording -------------------------------------------------------------------------------
+def _use_code(checkout: Path) -> Path:
+    """Import ``swarm`` from ``checkout`` (a ``git worktree`` of an older commit) instead of this tree.
+
+    Only ``swarm/`` is taken from there (through a symlink in a temporary folder put first on
+    ``sys.path``): the bench scripts, the store (``memory``) and provenance stay this tree's, so an old
+    commit's engine, trainer and server are measured and recorded into today's store schema."""
+    if "swarm" in sys.modules:
+        raise RuntimeError("swarm was imported before --code could take effect")
+    if not (checkout / "swarm" / "__init__.py").is_file():
+        raise typer.BadParameter(f"{checkout} has no swarm/ package", param_hint="--code")
+    shim = Path(tempfile.mkdtemp(prefix="track-code-"))
+    atexit.register(shutil.rmtree, shim, ignore_errors=True)
+    (shim / "swarm").symlink_to((checkout / "swarm").resolve(), target_is_directory=True)
+    sys.path.insert(0, str(shim))
+    return checkout
+
+
+def _swarm_root() -> Path:
+    import swarm
+
+    return Path(swarm.__file__).resolve().parents[1]
+
+
+def _run_config(provenance: Any, mode: str, settings: SuiteSettings) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "dirty": provenance.dirty,
+        "provenance": provenance.model_dump(exclude={"git_commit"}),
+        "backend": BACKEND,
+        "settings": settings.model_dump(mode="json"),
+        "load_avg_1m": os.getloadavg()[0],
+    }
+
+
+def run_suite(
+    store: Any,
+    benchmarks: list[Benchmark],
+    seeds: list[int],
+    settings: SuiteSettings,
+    mode: str,
+) -> dict[str, list[int]]:
+    """Run every benchmark for every seed and record each run; returns the new run ids by benchmark.
+
+    A benchmark that raises is recorded as a failed run (its error message) and the suite goes on."""
+    import torch
+
+    from a3r.study.provenance import collect_provenance
+
+    torch.set_num_threads(settings.threads)
+    provenance = collect_provenance(_swarm_root())
+    console.print(
+        f"commit [bold]{(provenance.git_commit or 'unknown')[:12]}[/]{' (dirty)' if provenance.dirty else ''} · "
+        f"{mode} · seeds {seeds} · torch {provenance.versions.get('torch')} · "
+        f"{provenance.machine['cpu']} ×{provenance.machine['cores']} · store {store.url}"
+    )
+    new: dict[str, list[int]] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+    with Progress(*columns, TimeElapsedColumn(), console=console, transient=False) as progress:
+        task = progress.add_task("suite", total=len(benchmarks) * len(seeds))
+        for bench in benchmarks:
+            for seed in seeds:
+                progress.update(task, description=f"{bench.name} seed {seed}")
+                started = time.perf_counter()
+                try:
+                    measured: Measurement | None = bench.measure(settings, seed)
+                    error = None
+                except Exception as exc:  # recorded as a failed run; the other benchmarks still run
+                    measured, error = None, f"{type(exc).__name__}: {exc}"
+                    console.print(f"[red]{bench.name} seed {seed} failed:[/] {error}")
+                run_id = record_run(
+                    store,
+                    benchmark=bench.name,
+                    description=bench.description,
+                    seed=seed,
+                    git_commit=provenance.git_commit,
+                    config=_run_config(provenance, mode, settings),
+                    steps=measured.steps if measured else [],
+                    final=measured.final if measured else None,
+                    error=error,
+                )
+                if measured is not None:
+                    new.setdefault(bench.name, []).append(run_id)
+                    console.print(
+                        f"{bench.name} seed {seed}: {bench.metric} {measured.final[bench.metric]:.4g} "
+                        f"({time.perf_counter() - started:.0f} s)"
+                    )
+                progress.advance(task)
+    return new
+
+
+def verdicts(
+    history: History,
+    benchmarks: list[Benchmark],
+    new: dict[str, list[int]],
+    *,
+    k: float,
+    min_history: int,
+) -> list[Verdict]:
+    """The rule for each benchmark: its new runs, or else its latest commit's runs against those before."""
+    out = []
+    for bench in benchmarks:
+        ids = new.get(bench.name)
+        if not ids:  # report-only: the latest commit of this benchmark is the candidate
+            runs = [r for r in history.runs.get(bench.name, []) if r.value(bench.metric) is not None]
+            if not runs:
+                continue
+            last = runs[-1]
+            ids = [r.run.id for r in runs if r.commit == last.commit and r.mode == last.mode]
+        out.append(
+            history.verdict(
+                bench.name,
+                bench.metric,
+                ids,
+                higher_is_better=bench.higher_is_better,
+                k=k,
+                min_relative=bench.min_relative,
+                min_history=min_history,
+            )
+        )
+    return out
+
+
+STATUS_STYLE = {
+    Status.ok: "green",
+    Status.improvement: "cyan",
+    Status.regression: "bold red",
+    Status.no_history: "yellow",
+}
+
+
+def verdict_table(rows: list[Verdict], k: float) -> Table:
+    table = Table(title=f"Regression verdicts (band: earlier commits' mean ± {k:g}σ and a minimum change)")
+    for col in VERDICT_COLUMNS:
+        table.add_column(col, justify="left" if col in ("benchmark", "metric", "verdict") else "right")
+    for v in rows:
+        *cells, status = verdict_cells(v)
+        table.add_row(*cells, f"[{STATUS_STYLE[v.status]}]{status}[/]")
+    return table
+
+
+# -- CLI -------------------------------------------------------------------------------------------------
+def settings_from(base: SuiteSettings, assignments: list[str]) -> SuiteSettings:
+    """``base`` with ``NAME=VALUE`` assignments applied (values parsed as JSON, else taken as text).
+
+    Raises:
+        typer.BadParameter: An unknown name, a missing ``=`` or a value the settings refuse.
+    """
+    values = base.model_dump()
+    for item in assignments:
+        name, sep, raw = item.partition("=")
+        if not sep or name not in SuiteSettings.model_fields:
+            known = ", ".join(SuiteSettings.model_fields)
+            raise typer.BadParameter(
+                f"{item!r}: expected NAME=VALUE with NAME one of {known}", param_hint="--set"
+            )
+        try:
+            values[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[name] = raw
+    try:
+        return SuiteSettings.model_validate(values)
+    except ValidationError as exc:
+        problem = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise typer.BadParameter(problem, param_hint="--set") from None
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is not a comma-separated list of integers", param_hint="--seeds"
+        ) from None
+    if not seeds or min(seeds) < 0:
+        raise typer.BadParameter("give at least one seed, each >= 0", param_hint="--seeds")
+    return seeds
+
+
+def main(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="the short settings (≈ 3 min on 2 idle cores)")
+    ] = False,
+    seeds: Annotated[
+        str | None, typer.Option(help="comma-separated seeds (default: 0 with --quick, else 0,1,2)")
+    ] = None,
+    only: Annotated[
+        list[str] | None, typer.Option(help=f"run only these benchmarks (repeatable): {', '.join(BY_NAME)}")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="override a setting, NAME=VALUE (JSON value; repeatable)"),
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(help="knowledge store: SQLite path or SQLAlchemy URL (default .a3r/memory.db)"),
+    ] = None,
+    code: Annotated[
+        Path | None, typer.Option(help="measure the swarm/ package of this checkout (e.g. a git worktree)")
+    ] = None,
+    k: Annotated[float, typer.Option(min=0, help="band width in standard deviations")] = 3.0,
+    min_history: Annotated[int, typer.Option(min=1, help="fewest earlier runs that make a band")] = 3,
+    fail_on_regression: Annotated[
+        bool, typer.Option("--fail-on-regression", help="exit 1 when a benchmark regressed")
+    ] = False,
+    html: Annotated[Path | None, typer.Option(help="write the static dashboard (index.html) here")] = None,
+    report_only: Annotated[
+        bool, typer.Option("--report-only", help="run nothing: verdicts and dashboard from the store")
+    ] = False,
+) -> None:
+    """Run the tracked benchmark suite, record it per commit and judge it against earlier commits."""
+    from memory import Store, StoreError
+
+    names = only or list(BY_NAME)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown benchmark {unknown[0]!r}; known: {', '.join(BY_NAME)}", param_hint="--only"
+        )
+    benchmarks = [BY_NAME[n] for n in names]
+    settings = settings_from(QUICK if quick else FULL, set_ or [])
+    seed_list = _seeds(seeds or ("0" if quick else "0,1,2"))
+    if code is not None:
+        _use_code(code)
+    try:
+        with Store(store) as db:
+            new = (
+                {}
+                if report_only
+                else run_suite(db, benchmarks, seed_list, settings, "quick" if quick else "full")
+            )
+            history = load_history(db)
+            rows = verdicts(history, benchmarks, new, k=k, min_history=min_history)
+            console.print(verdict_table(rows, k))
+            if html is not None:
+                from track_html import write_dashboard
+
+                page = write_dashboard(html, history, SUITE, rows, db)
+                console.print(f"dashboard: {page}")
+    except StoreError as exc:
+        console.print(f"[red]store error:[/] {exc}")
+        raise typer.Exit(2) from None
+    regressed = [v for v in rows if v.status is Status.regression]
+    if fail_on_regression and regressed:
+        typer.echo(
+            "regression: "
+            + ", ".join(
+                f"{v.benchmark} {v.metric} {v.relative_change:+.1%} vs earlier commits" for v in regressed
+            ),
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    typer.run(main)

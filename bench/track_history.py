@@ -1,0 +1,322 @@
+"""The tracked benchmarks' history in the knowledge store, and the regression rule over it.
+
+Layout in the store (``memory``): one study of kind ``"track"``; one experiment per benchmark (named
+after it); one run per (commit, seed, invocation) with ``git_commit`` set, ``seed`` set and ``config``
+holding the provenance (dirty flag, machine, package versions), the backend, the mode (``quick`` /
+``full``) and the benchmark's settings; per-step metrics via ``log_metrics`` and the final numbers via
+``finish_run``. A team's PostgreSQL store (any SQLAlchemy URL) holds everyone's history the same way.
+
+Regression rule (:func:`judge`): the candidate is the median of the new runs' values of a benchmark's
+primary metric; the baseline is the mean ``μ`` and sample standard deviation ``σ`` of that metric over
+the runs of *earlier* commits (same mode, benchmark sizes and machine, at least ``min_history`` runs). The candidate
+regresses when it lies beyond ``μ ∓ k·σ`` in the bad direction *and* differs from ``μ`` by at least
+``min_relative·|μ|`` (so a deterministic metric with ``σ = 0`` does not flag float noise, and a noisy
+timing needs a real effect). An improvement is the same test in the good direction.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memory import RunStatus, RunWithMetrics, Store
+
+__all__ = [
+    "STUDY_KIND",
+    "STUDY_QUESTION",
+    "VERDICT_COLUMNS",
+    "History",
+    "Status",
+    "TrackRun",
+    "Verdict",
+    "judge",
+    "load_history",
+    "record_run",
+    "track_study",
+    "verdict_cells",
+]
+
+STUDY_KIND = "track"
+STUDY_QUESTION = "Do the tracked benchmarks (bench/track.py) hold from one git commit to the next?"
+
+
+class Status(enum.StrEnum):
+    """Outcome of the regression rule for one benchmark."""
+
+    ok = "ok"
+    regression = "regression"
+    improvement = "improvement"
+    no_history = "no history"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The regression rule's result for one benchmark.
+
+    Attributes:
+        benchmark: Benchmark name.
+        metric: Primary metric judged.
+        higher_is_better: Direction of the metric.
+        candidate: Median of the new runs' values.
+        new: The new runs' values.
+        baseline_mean: Mean over the earlier commits' runs (``nan`` without history).
+        baseline_std: Sample standard deviation of the same (0 for one run).
+        history_runs: Number of earlier runs in the band.
+        history_commits: Distinct earlier commits in the band.
+        relative_change: ``(candidate − mean) / |mean|`` (signed; ``nan`` without history).
+        status: The outcome.
+    """
+
+    benchmark: str
+    metric: str
+    higher_is_better: bool
+    candidate: float
+    new: tuple[float, ...]
+    baseline_mean: float
+    baseline_std: float
+    history_runs: int
+    history_commits: int
+    relative_change: float
+    status: Status
+
+
+VERDICT_COLUMNS = (
+    "benchmark", "metric", "better", "new (median)", "seeds", "earlier μ ± σ", "runs / commits", "change", "verdict",
+)  # fmt: skip
+"""Column names of a verdict row (:func:`verdict_cells`), in the terminal and on the dashboard."""
+
+
+def verdict_cells(v: Verdict) -> tuple[str, ...]:
+    """The verdict as the text of the `VERDICT_COLUMNS` cells."""
+    judged = v.status is not Status.no_history
+    return (
+        v.benchmark,
+        v.metric,
+        "higher" if v.higher_is_better else "lower",
+        f"{v.candidate:.4g}",
+        str(len(v.new)),
+        f"{v.baseline_mean:.4g} ± {v.baseline_std:.2g}" if judged else "—",
+        f"{v.history_runs} / {v.history_commits}",
+        f"{v.relative_change:+.1%}" if judged else "—",
+        v.status.value,
+    )
+
+
+def judge(
+    benchmark: str,
+    metric: str,
+    new: Sequence[float],
+    history: Sequence[float],
+    *,
+    higher_is_better: bool,
+    k: float = 3.0,
+    min_relative: float = 0.05,
+    min_history: int = 3,
+    history_commits: int = 0,
+) -> Verdict:
+    """Apply the regression rule (module docstring) to one benchmark's primary metric.
+
+    Args:
+        benchmark: Benchmark name (reported back).
+        metric: Metric name (reported back).
+        new: Values of the new runs (one per seed), at least one.
+        history: Values of the earlier commits' runs.
+        higher_is_better: Direction of the metric.
+        k: Width of the band in standard deviations.
+        min_relative: Smallest relative change from the baseline mean that counts, e.g. 0.05 = 5 %.
+        min_history: Fewest earlier runs that make a band; fewer gives `Status.no_history`.
+        history_commits: Distinct commits behind ``history`` (reported back).
+
+    Raises:
+        ValueError: ``new`` is empty, or ``k``, ``min_relative`` or ``min_history`` is negative.
+    """
+    if not new:
+        raise ValueError("judge needs at least one new value")
+    if k < 0 or min_relative < 0 or min_history < 1:
+        raise ValueError("k and min_relative must be >= 0 and min_history >= 1")
+    candidate = statistics.median(new)
+    if len(history) < min_history:
+        return Verdict(
+            benchmark, metric, higher_is_better, candidate, tuple(new), float("nan"), float("nan"),
+            len(history), history_commits, float("nan"), Status.no_history,
+        )  # fmt: skip
+    mean = statistics.fmean(history)
+    std = statistics.stdev(history) if len(history) > 1 else 0.0
+    delta = candidate - mean
+    relative = delta / abs(mean) if mean else (0.0 if delta == 0 else float("inf") * (1 if delta > 0 else -1))
+    beyond_band = abs(delta) > k * std and abs(delta) >= min_relative * abs(mean) and delta != 0
+    good = (delta > 0) == higher_is_better
+    status = Status.ok if not beyond_band else (Status.improvement if good else Status.regression)
+    return Verdict(
+        benchmark, metric, higher_is_better, candidate, tuple(new), mean, std, len(history),
+        history_commits, relative, status,
+    )  # fmt: skip
+
+
+def track_study(store: Store) -> int:
+    """Id of the store's tracking study (kind ``"track"``), created on first use."""
+    for study in store.studies():
+        if study.kind == STUDY_KIND:
+            return study.id
+    return store.create_study(STUDY_QUESTION, kind=STUDY_KIND).id
+
+
+def _experiment(store: Store, study_id: int, benchmark: str, description: str) -> int:
+    for experiment in store.experiments(study_id):
+        if experiment.name == benchmark:
+            return experiment.id
+    return store.create_experiment(study_id, benchmark, description=description).id
+
+
+def record_run(
+    store: Store,
+    *,
+    benchmark: str,
+    description: str,
+    seed: int,
+    git_commit: str | None,
+    config: Mapping[str, Any],
+    steps: Sequence[Mapping[str, float]],
+    final: Mapping[str, float] | None,
+    error: str | None = None,
+) -> int:
+    """Record one benchmark run: started, its per-step metrics (step 1, 2, …), then finished or failed.
+
+    Args:
+        store: The knowledge store.
+        benchmark: Benchmark name (its experiment).
+        description: What the benchmark measures (the experiment's description when created).
+        seed: The run's seed.
+        git_commit: Commit of the measured code.
+        config: Provenance, mode, backend and settings (JSON-serialisable).
+        steps: Metrics of each step, in order.
+        final: Final numbers; ``None`` with ``error`` records a failed run.
+        error: Why the benchmark failed.
+
+    Returns:
+        The run id.
+    """
+    experiment = _experiment(store, track_study(store), benchmark, description)
+    short = (git_commit or "unknown")[:12]
+    run = store.start_run(
+        experiment, name=f"{short}-s{seed}", config=dict(config), seed=seed, git_commit=git_commit
+    )
+    for number, metrics in enumerate(steps, start=1):
+        store.log_metrics(run.id, number, metrics)
+    if error is not None or final is None:
+        store.finish_run(run.id, status=RunStatus.failed, error=error or "no final metrics")
+    else:
+        store.finish_run(run.id, final_metrics=final)
+    return run.id
+
+
+@dataclass(frozen=True)
+class TrackRun:
+    """One finished tracked run as read back from the store."""
+
+    run: RunWithMetrics
+    benchmark: str
+
+    @property
+    def commit(self) -> str:
+        return self.run.git_commit or "unknown"
+
+    @property
+    def mode(self) -> str:
+        return str(self.run.config.get("mode", ""))
+
+    @property
+    def settings(self) -> str:
+        """The benchmark sizes the run used, as canonical JSON (runs compare only with equal sizes)."""
+        return json.dumps(self.run.config.get("settings", {}), sort_keys=True)
+
+    @property
+    def machine(self) -> str:
+        machine = self.run.config.get("provenance", {}).get("machine", {})
+        return f"{machine.get('cpu', '?')} ×{machine.get('cores', '?')}"
+
+    def value(self, metric: str) -> float | None:
+        return (self.run.final_metrics or {}).get(metric)
+
+
+@dataclass
+class History:
+    """Finished runs of the tracking study, by benchmark, oldest first."""
+
+    runs: dict[str, list[TrackRun]] = field(default_factory=dict)
+
+    def select(
+        self, benchmark: str, *, mode: str | None = None, machine: str | None = None
+    ) -> list[TrackRun]:
+        """Runs of ``benchmark``, optionally only of one mode and machine."""
+        return [
+            r
+            for r in self.runs.get(benchmark, [])
+            if (mode is None or r.mode == mode) and (machine is None or r.machine == machine)
+        ]
+
+    def commits(self) -> list[str]:
+        """Commits in the order of their first run."""
+        seen: dict[str, None] = {}
+        for run in sorted((r for runs in self.runs.values() for r in runs), key=lambda r: r.run.started_at):
+            seen.setdefault(run.commit, None)
+        return list(seen)
+
+    def verdict(
+        self,
+        benchmark: str,
+        metric: str,
+        new_run_ids: Sequence[int],
+        *,
+        higher_is_better: bool,
+        k: float,
+        min_relative: float,
+        min_history: int = 3,
+    ) -> Verdict:
+        """The rule for the runs ``new_run_ids`` against earlier commits' runs of the same mode, sizes
+        (``config["settings"]``) and machine.
+
+        Raises:
+            ValueError: None of ``new_run_ids`` is a finished run of ``benchmark`` with ``metric``.
+        """
+        everything = self.runs.get(benchmark, [])
+        new_runs = [r for r in everything if r.run.id in set(new_run_ids) and r.value(metric) is not None]
+        if not new_runs:
+            raise ValueError(f"no finished run of {benchmark} with {metric} among {list(new_run_ids)}")
+        first = min(r.run.started_at for r in new_runs)
+        like = new_runs[0]
+        earlier = [
+            r
+            for r in self.select(benchmark, mode=like.mode, machine=like.machine)
+            if r.commit != like.commit
+            and r.settings == like.settings
+            and r.run.started_at < first
+            and r.value(metric) is not None
+        ]
+        return judge(
+            benchmark,
+            metric,
+            [v for r in new_runs if (v := r.value(metric)) is not None],
+            [v for r in earlier if (v := r.value(metric)) is not None],
+            higher_is_better=higher_is_better,
+            k=k,
+            min_relative=min_relative,
+            min_history=min_history,
+            history_commits=len({r.commit for r in earlier}),
+        )
+
+
+def load_history(store: Store) -> History:
+    """Every finished run of the tracking study (empty when the store has none)."""
+    history = History()
+    study = next((s.id for s in store.studies() if s.kind == STUDY_KIND), None)
+    if study is None:
+        return history
+    names = {e.id: e.name for e in store.experiments(study)}
+    for run in store.runs(study, status=RunStatus.finished):
+        history.runs.setdefault(names[run.experiment_id], []).append(TrackRun(run, names[run.experiment_id]))
+    return history

@@ -1,0 +1,189 @@
+"""The tracking dashboard: one static HTML page (no JavaScript, no network) with, per benchmark, its
+per-step curve for each commit and its primary metric per commit (inline SVG drawn by matplotlib), the
+table of versions (commit, dirty flag, mode, machine, package versions, backend) and the verdicts with
+the regressions flagged.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from track_history import VERDICT_COLUMNS, History, Status, TrackRun, Verdict, verdict_cells
+
+__all__ = ["render_dashboard", "write_dashboard"]
+
+MAX_COMMITS = 8
+"""Commits drawn per plot (the latest ones)."""
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
+th { background: #f2f2f2; }
+.regression { background: #fdd; font-weight: bold; }
+.improvement { background: #dfd; }
+.bench { margin: 2em 0; }
+.plot svg { max-width: 100%; height: auto; }
+code { font-size: 0.95em; }
+"""
+
+
+def _short(commit: str) -> str:
+    return commit[:10]
+
+
+def _plot(bench: Any, runs: list[TrackRun], history: History, metric_history: dict[int, list[float]]) -> str:
+    """SVG of two panels: the per-step curve (mean over seeds) per commit, and the metric per commit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    order = [c for c in history.commits() if any(r.commit == c for r in runs)][-MAX_COMMITS:]
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "track", "font.size": 9}):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
+        for index, commit in enumerate(order):
+            curves = [
+                metric_history[r.run.id] for r in runs if r.commit == commit and metric_history.get(r.run.id)
+            ]
+            if not curves:
+                continue
+            length = min(len(c) for c in curves)
+            mean = [statistics.fmean(c[i] for c in curves) for i in range(length)]
+            left.plot(
+                range(1, length + 1), mean, marker="o", ms=3, color=f"C{index % 10}", label=_short(commit)
+            )
+        left.xaxis.set_major_locator(MaxNLocator(integer=True))
+        left.set_xlabel("step")
+        left.set_ylabel(bench.curve)
+        left.set_title(f"{bench.name}: {bench.curve} per step (mean over seeds)")
+        if order:
+            left.legend(fontsize=7, loc="best")
+        for index, commit in enumerate(order):
+            values = [v for r in runs if r.commit == commit and (v := r.value(bench.metric)) is not None]
+            right.scatter([index] * len(values), values, color=f"C{index % 10}", s=18)
+            if values:
+                right.plot([index - 0.3, index + 0.3], [statistics.median(values)] * 2, color="black", lw=1)
+        right.set_xticks(range(len(order)), [_short(c) for c in order], rotation=30, fontsize=7)
+        better = "higher" if bench.higher_is_better else "lower"
+        right.set_title(f"{bench.metric} per commit ({better} is better; bar = median)")
+        fig.tight_layout()
+        buffer = io.StringIO()
+        fig.savefig(buffer, format="svg", metadata=dict.fromkeys(("Creator", "Date", "Format", "Type")))
+        plt.close(fig)
+    svg = buffer.getvalue()
+    return svg[svg.index("<svg") :]
+
+
+def _versions_table(history: History) -> str:
+    rows = []
+    for commit in history.commits():
+        runs = [r for rs in history.runs.values() for r in rs if r.commit == commit]
+        first = min(runs, key=lambda r: r.run.started_at)
+        config = first.run.config
+        prov = config.get("provenance", {})
+        versions = prov.get("versions", {})
+        backend = config.get("backend", {})
+        modes = sorted({r.mode for r in runs})
+        seeds = sorted({r.run.seed for r in runs if r.run.seed is not None})
+        loads = [float(r.run.config["load_avg_1m"]) for r in runs if "load_avg_1m" in r.run.config]
+        cells = [
+            f"<code>{html.escape(_short(commit))}</code>",
+            html.escape(first.run.started_at.strftime("%Y-%m-%d %H:%M")),
+            "yes" if any(r.run.config.get("dirty") for r in runs) else "no",
+            html.escape(", ".join(modes)),
+            html.escape(", ".join(map(str, seeds))),
+            str(len(runs)),
+            html.escape(str(versions.get("torch", "?"))),
+            html.escape(str(versions.get("transformers", "?"))),
+            html.escape(str(versions.get("a3r", "?"))),
+            html.escape("/".join(str(backend.get(k, "?")) for k in ("engine", "trainer", "device"))),
+            html.escape(first.machine),
+            f"{statistics.fmean(loads):.1f}" if loads else "?",
+        ]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = (
+        "commit", "first run (UTC)", "dirty", "mode", "seeds", "runs", "torch", "transformers", "a3r",
+        "engine/trainer/device", "machine", "load avg (1 min)",
+    )  # fmt: skip
+    return _table("versions", head, rows)
+
+
+def _table(name: str, head: Sequence[str], rows: Sequence[str]) -> str:
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    return f"<table id='{name}'><tr>{header}</tr>{''.join(rows)}</table>"
+
+
+def _verdicts_table(verdicts: Sequence[Verdict]) -> str:
+    rows = [
+        f"<tr class='{v.status.value.replace(' ', '-')}'>"
+        + "".join(f"<td>{html.escape(c)}</td>" for c in verdict_cells(v))
+        + "</tr>"
+        for v in verdicts
+    ]
+    return _table("verdicts", VERDICT_COLUMNS, rows)
+
+
+def render_dashboard(
+    history: History,
+    suite: Sequence[Any],
+    verdicts: Sequence[Verdict],
+    metric_history: dict[int, list[float]],
+) -> str:
+    """The page as a string.
+
+    Args:
+        history: Finished tracked runs.
+        suite: The benchmarks (``name``, ``description``, ``metric``, ``curve``, ``higher_is_better``).
+        verdicts: The regression rule's results to show.
+        metric_history: Per run id, the per-step values of its benchmark's curve metric.
+    """
+    flagged = [v for v in verdicts if v.status is Status.regression]
+    summary = (
+        "<p class='regression' id='flagged'>Regressions: "
+        + html.escape(", ".join(f"{v.benchmark} ({v.metric} {v.relative_change:+.1%})" for v in flagged))
+        + "</p>"
+        if flagged
+        else "<p id='flagged'>No regression flagged.</p>"
+    )
+    sections = []
+    for bench in suite:
+        runs = history.runs.get(bench.name, [])
+        if not runs:
+            continue
+        sections.append(
+            f"<div class='bench' id='bench-{html.escape(bench.name)}'><h2>{html.escape(bench.name)}</h2>"
+            f"<p>{html.escape(bench.description)}</p>"
+            f"<div class='plot'>{_plot(bench, runs, history, metric_history)}</div></div>"
+        )
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>A3R benchmark tracking</title>"
+        f"<style>{STYLE}</style></head><body><h1>A3R benchmark tracking</h1>"
+        "<p>Generated by <code>bench/track.py --html</code> from the knowledge store. Verdict band: the "
+        "earlier commits' mean ± k·σ of the same mode and machine, with a minimum relative change.</p>"
+        f"{summary}<h2>Verdicts</h2>{_verdicts_table(verdicts)}"
+        f"<h2>Versions</h2>{_versions_table(history)}{''.join(sections)}</body></html>"
+    )
+
+
+def write_dashboard(
+    folder: Path, history: History, suite: Sequence[Any], verdicts: Sequence[Verdict], store: Any
+) -> Path:
+    """Render the page into ``folder/index.html`` (folder created); returns the page's path.
+
+    ``store`` (a `memory.Store`) supplies each run's per-step curve."""
+    curves = {
+        r.run.id: [p.value for p in store.metric_history(r.run.id, bench.curve)]
+        for bench in suite
+        for r in history.runs.get(bench.name, [])
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    page = folder / "index.html"
+    page.write_text(render_dashboard(history, suite, verdicts, curves), encoding="utf-8")
+    return page

@@ -1,0 +1,86 @@
+"""``bench/track.py`` end to end with tiny settings: the real CLI in a subprocess, the real store, the real
+tokenizer and trainer; a regression against an injected history fails the run with one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import track
+from track_history import Status, load_history, record_run
+
+from a3r.study.provenance import collect_provenance
+from memory import RunStatus, Store
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACK = ROOT / "bench" / "track.py"
+TINY = [
+    "--set", "merge_episodes=1", "--set", "merge_calls=3",
+    "--set", "update_small=true", "--set", "update_repeats=1", "--set", "update_seqs=2",
+    "--set", "update_prompt=4", "--set", "update_completion=8", "--set", "threads=1",
+]  # fmt: skip
+
+
+def _track(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(TRACK), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def test_quick_records_each_benchmark_and_fails_on_a_regression(tmp_path: Path) -> None:
+    db = tmp_path / "track.db"
+    old = "0" * 40
+    with Store(db) as store:  # an earlier commit whose merge ratio was far higher: the new one regresses
+        for seed in range(3):
+            record_run(
+                store,
+                benchmark="merge",
+                description="injected",
+                seed=seed,
+                git_commit=old,
+                config={
+                    "mode": "quick",
+                    "settings": track.settings_from(track.QUICK, TINY[1::2]).model_dump(mode="json"),
+                    "provenance": {"machine": collect_provenance().machine},
+                },
+                steps=[{"tokens_ratio": 50.0}],
+                final={"tokens_ratio": 50.0},
+            )
+    done = _track(
+        "--quick", "--only", "merge", "--only", "update", *TINY,
+        "--store", str(db), "--html", str(tmp_path / "html"), "--fail-on-regression",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("regression: merge tokens_ratio -")
+    assert "Traceback" not in done.stderr
+    with Store(db) as store:
+        history = load_history(store)
+        head = collect_provenance().git_commit
+        new = [r for r in history.runs["merge"] if r.commit == head]
+        assert len(new) == 1 and new[0].run.status is RunStatus.finished
+        assert new[0].run.config["mode"] == "quick" and "torch" in new[0].run.config["provenance"]["versions"]
+        assert new[0].run.config["settings"]["merge_calls"] == 3
+        assert 1.0 < new[0].value("tokens_ratio") < 50.0  # type: ignore[operator]
+        update = history.runs["update"][0]
+        assert update.commit == head and update.value("cpu_s") > 0  # type: ignore[operator]
+        assert update.value("step_s") > 0  # type: ignore[operator]
+        assert len(store.metric_history(update.run.id, "cpu_s")) == 1
+    page = (tmp_path / "html" / "index.html").read_text()
+    assert page.count("<svg") == 2 and "class='regression'" in page
+
+    again = _track("--report-only", "--only", "merge", "--store", str(db))
+    assert again.returncode == 0 and Status.regression.value in again.stdout
+
+
+def test_a_bad_setting_is_one_readable_line(tmp_path: Path) -> None:
+    done = _track("--quick", "--set", "nope=1", "--store", str(tmp_path / "x.db"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "expected NAME=VALUE" in done.stderr
+    done = _track("--quick", "--only", "spy", "--store", str(tmp_path / "x.db"))
+    assert done.returncode == 2 and "unknown benchmark 'spy'" in done.stderr

@@ -1,0 +1,97 @@
+"""The tracking dashboard: the page built from a real store's history, and that page in a real headless
+Chromium (Debian's ``chromium`` package; the browser test is skipped where it is not installed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import track
+from PIL import Image
+from track_history import Status, load_history, record_run
+
+from memory import Store
+
+COMMITS = ["1" * 40, "2" * 40, "3" * 40]
+MACHINE = {"cpu": "Test CPU", "cores": 2}
+
+
+def _history_page(tmp_path: Path) -> Path:
+    """Three commits × 3 seeds of ``merge`` and ``update``; the last commit's update step is 2× slower."""
+    with Store(tmp_path / "track.db") as store:
+        new: dict[str, list[int]] = {}
+        for index, commit in enumerate(COMMITS):
+            for seed in range(3):
+                config = {
+                    "mode": "quick",
+                    "dirty": index == 2,
+                    "provenance": {
+                        "versions": {"torch": "2.13.0", "transformers": "5.24"},
+                        "machine": MACHINE,
+                    },
+                    "backend": track.BACKEND,
+                }
+                slow = 2.0 if index == 2 else 1.0
+                ids = {
+                    "merge": record_run(
+                        store, benchmark="merge", description="merge", seed=seed, git_commit=commit,
+                        config=config, steps=[{"tokens_ratio": 9.0 + s} for s in range(3)],
+                        final={"tokens_ratio": 9.3 + seed / 1000},
+                    ),
+                    "update": record_run(
+                        store, benchmark="update", description="update", seed=seed, git_commit=commit,
+                        config=config, steps=[{"cpu_s": slow * (1 + s / 10)} for s in range(3)],
+                        final={"cpu_s": slow * (1 + seed / 50)},
+                    ),
+                }  # fmt: skip
+                if index == 2:
+                    for name, run_id in ids.items():
+                        new.setdefault(name, []).append(run_id)
+        history = load_history(store)
+        benchmarks = [track.BY_NAME["merge"], track.BY_NAME["update"]]
+        verdicts = track.verdicts(history, benchmarks, new, k=3.0, min_history=3)
+        assert [v.status for v in verdicts] == [Status.ok, Status.regression]
+        from track_html import write_dashboard
+
+        return write_dashboard(tmp_path / "html", history, track.SUITE, verdicts, store)
+
+
+def test_the_page_has_a_plot_per_benchmark_the_versions_and_the_flagged_regression(tmp_path: Path) -> None:
+    page = _history_page(tmp_path).read_text()
+    assert page.count("<svg") == 2
+    assert "id='bench-merge'" in page and "id='bench-update'" in page and "bench-learning" not in page
+    versions = page[page.index("id='versions'") : page.index("</table>", page.index("id='versions'"))]
+    assert versions.count("<tr>") == 1 + len(COMMITS) and "2.13.0" in versions and "hf/torch/cpu" in versions
+    assert "Regressions: update (cpu_s +" in page
+    assert "<script" not in page and " src=" not in page and 'href="http' not in page  # nothing to fetch
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"
+)
+def test_the_page_renders_in_headless_chromium(tmp_path: Path) -> None:
+    page = _history_page(tmp_path)
+    shot = tmp_path / "shot.png"
+    base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"]
+    done = subprocess.run(
+        [*base, f"--screenshot={shot}", "--window-size=1200,1600", "--hide-scrollbars", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+    assert console == []
+    dom = subprocess.run(
+        [*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, check=False
+    ).stdout
+    assert dom.count("<svg") == 2 and "Regressions: update" in dom
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1200, 1600)
+    rgb = np.asarray(image).astype(int)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    blue = int(((b > 150) & (r < 80) & (g > 90) & (g < 150)).sum())  # matplotlib's C0 #1f77b4
+    red_row = int(((r > 245) & (g > 215) & (g < 230) & (b > 215) & (b < 230)).sum())  # #fdd background
+    assert blue > 200, "no plotted curve in the screenshot"
+    assert red_row > 1000, "the regression row is not highlighted"
