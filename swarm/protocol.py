@@ -54,10 +54,42 @@ class ErrorBody(BaseModel):
 # --- OpenAI chat completions -----------------------------------------------------------------------------
 # The request's messages (`ChatMessage`, `ToolCall`, `FunctionCall`, `TextPart`) are defined next to the
 # prompt renderer that consumes them (swarm.tracking.messages) and re-exported here.
+def check_unicode(value: Any, where: str = "body") -> None:
+    """Raise unless every string in a JSON value is valid Unicode text.
+
+    JSON's ``\\ud800`` escapes decode to lone UTF-16 surrogates, which Python strings hold but no UTF-8
+    text can: the tokenizer and the pool would fail on them deep inside (a 500, and an episode that could
+    not be stored). Checked at the edge instead.
+
+    Raises:
+        ValueError: ``<path>: contains a lone UTF-16 surrogate …``, naming the first bad string's path.
+    """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{where}: contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(key, where)
+            check_unicode(item, f"{where}.{key}" if where != "body" else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_unicode(item, f"{where}.{i}")
+
+
 class ChatCompletionRequest(BaseModel):
     """``POST /v1/chat/completions`` body (OpenAI format; unknown fields ignored)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        check_unicode(data)
+        return data
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)

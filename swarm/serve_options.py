@@ -324,9 +324,11 @@ class ServeOptions(BaseModel):
 
         if self.training_config is not None:
             try:
-                text = self.training_config.read_text()
+                text = self.training_config.read_text(encoding="utf-8")
             except OSError as exc:
                 raise ServeOptionsError(f"--training-config {self.training_config}: {exc.strerror}") from None
+            except UnicodeDecodeError:
+                raise ServeOptionsError(f"--training-config {self.training_config}: not UTF-8 text") from None
             return TrainingConfig.model_validate_json(text)
         trainer: dict[str, Any] = {
             "lr": self.lr,
@@ -367,9 +369,11 @@ class ServeOptions(BaseModel):
         if self.client_tokens_file is not None:
             where = f"--client-tokens-file {self.client_tokens_file}"
             try:
-                lines = self.client_tokens_file.read_text().splitlines()
+                lines = self.client_tokens_file.read_text(encoding="utf-8").splitlines()
             except OSError as exc:
                 raise ServeOptionsError(f"{where}: {exc.strerror}") from None
+            except UnicodeDecodeError:
+                raise ServeOptionsError(f"{where}: not UTF-8 text") from None
             for number, line in enumerate(lines, 1):
                 text = line.split("#", 1)[0].strip()
                 if text:

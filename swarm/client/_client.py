@@ -452,7 +452,9 @@ class SwarmClient(_BaseClient):
         Raises:
             ClientError: 409 when the server does not train (inference mode).
         """
-        body = self._request("POST", self._client_path("ready"), Vote(ready=ready).model_dump())
+        body = self._request(
+            "POST", self._client_path("ready"), Vote(ready=ready).model_dump(), headers=self._begin_headers
+        )
         return VoteCast.model_validate(body)
 
     def client_heartbeat(self) -> ClientState:
@@ -462,7 +464,9 @@ class SwarmClient(_BaseClient):
         Raises:
             ClientError: 409 when the server does not train (inference mode).
         """
-        return ClientState.model_validate(self._request("POST", self._client_path("heartbeat")))
+        return ClientState.model_validate(
+            self._request("POST", self._client_path("heartbeat"), headers=self._begin_headers)
+        )
 
     def leave(self) -> ClientState:
         """Say goodbye (``DELETE /api/v1/clients/{client_id}``): this client and its vote stop counting for
@@ -471,7 +475,9 @@ class SwarmClient(_BaseClient):
         Raises:
             ClientError: 409 when the server does not train (inference mode).
         """
-        return ClientState.model_validate(self._request("DELETE", self._client_path()))
+        return ClientState.model_validate(
+            self._request("DELETE", self._client_path(), headers=self._begin_headers)
+        )
 
     @contextlib.contextmanager
     def episode(self, task_id: str, **kwargs: Any) -> Iterator[Episode]:
@@ -680,16 +686,20 @@ class AsyncSwarmClient(_BaseClient):
     async def vote_ready(self, ready: bool = True) -> VoteCast:
         """Async :meth:`SwarmClient.vote_ready`."""
         path = self._client_path("ready")
-        return VoteCast.model_validate(await self._request("POST", path, Vote(ready=ready).model_dump()))
+        return VoteCast.model_validate(
+            await self._request("POST", path, Vote(ready=ready).model_dump(), headers=self._begin_headers)
+        )
 
     async def client_heartbeat(self) -> ClientState:
         """Async :meth:`SwarmClient.client_heartbeat`."""
         path = self._client_path("heartbeat")
-        return ClientState.model_validate(await self._request("POST", path))
+        return ClientState.model_validate(await self._request("POST", path, headers=self._begin_headers))
 
     async def leave(self) -> ClientState:
         """Async :meth:`SwarmClient.leave`."""
-        return ClientState.model_validate(await self._request("DELETE", self._client_path()))
+        return ClientState.model_validate(
+            await self._request("DELETE", self._client_path(), headers=self._begin_headers)
+        )
 
     @contextlib.asynccontextmanager
     async def episode(self, task_id: str, **kwargs: Any) -> AsyncIterator[AsyncEpisode]:

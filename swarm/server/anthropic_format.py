@@ -26,10 +26,10 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarm.errors import RequestError
-from swarm.protocol import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall
+from swarm.protocol import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall, check_unicode
 from swarm.server.chat import ChatResult
 from swarm.server.detokenizer import Detokenizer
 from swarm.server.openai_format import text_pieces
@@ -133,6 +133,12 @@ class MetadataParam(_Strict):
 
 class MessagesRequest(_Strict):
     """``POST /v1/messages`` body (Anthropic Messages API; unknown fields refused, naming the field)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        check_unicode(data)
+        return data
 
     model: str
     max_tokens: int = Field(ge=1)

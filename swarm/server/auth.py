@@ -161,22 +161,25 @@ class Credentials:
             raise AuthError("client tokens cannot call control routes; use the admin token", status_code=403)
         raise AuthError("wrong admin token for a control route", status_code=403)
 
-    def begin(self, secret: str | None) -> Owner:
-        """Who is beginning an episode.
+    def begin(self, secret: str | None, action: str = "beginning an episode") -> Owner:
+        """Who is beginning an episode (or, with ``action``, doing another client's act: voting,
+        heartbeating or leaving, which a stranger could otherwise fake).
 
         Raises:
             AuthError: 401 without a credential where client tokens are required; 403 for an episode key
                 or a wrong (unknown or revoked) client token.
         """
         if secret is not None and secret.startswith(KEY_PREFIX):
-            raise AuthError("an episode API key cannot begin episodes; use a client token", status_code=403)
+            raise AuthError(
+                f"an episode API key cannot be used for {action}; use a client token", status_code=403
+            )
         if secret is not None and self.is_admin(secret):
             return Owner("admin")
         if not self.required:
             return Owner(None)  # a trusted network: whatever a client sends is not checked
         if secret is None:
             raise AuthError(
-                "missing client token: beginning an episode needs 'Authorization: Bearer <client token>' "
+                f"missing client token: {action} needs 'Authorization: Bearer <client token>' "
                 "(swarm run --client-token, or SWARM_CLIENT_TOKEN)"
             )
         name = self.client_name(secret)
@@ -254,6 +257,12 @@ async def get_owner(runtime: GuardedDep, credentials: BearerDep) -> Owner:
 OwnerDep = Annotated[Owner, Depends(get_owner)]
 
 
+async def require_client(runtime: GuardedDep, credentials: BearerDep) -> None:
+    """Client routes (votes, client heartbeats, leaving): a client token or the admin token where client
+    tokens are required, as for begin (:meth:`Credentials.begin`)."""
+    runtime.credentials.begin(_secret(credentials), "a client's vote, heartbeat or leave")
+
+
 async def check_episode_access(episode_id: str, runtime: GuardedDep, credentials: BearerDep) -> None:
     """Episode routes: :meth:`Credentials.episode` for the episode in the path (404 when there is none;
     the credential is checked first, so an unknown id tells a caller without one nothing)."""
@@ -272,7 +281,8 @@ async def get_episode(
     key = _secret(credentials) or x_api_key
     if key is None:
         raise AuthError(
-            "missing episode API key: send 'Authorization: Bearer <api_key from POST /api/v1/episodes>'"
+            "missing episode API key: send 'Authorization: Bearer <api_key from POST /api/v1/episodes>' "
+            "(or 'x-api-key: <api_key>' from an Anthropic SDK)"
         )
     return runtime.episode_for_key(key)
 

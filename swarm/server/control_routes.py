@@ -32,7 +32,7 @@ from swarm.protocol import (
     Vote,
     VoteCast,
 )
-from swarm.server.auth import require_admin
+from swarm.server.auth import require_admin, require_client
 from swarm.server.deps import RuntimeDep, json_errors
 from swarm.server.training import TrainingLoop
 
@@ -49,7 +49,7 @@ router = APIRouter(
         },
     },
 )
-votes_router = APIRouter(prefix="/api/v1/clients", tags=["episodes"])
+votes_router = APIRouter(prefix="/api/v1/clients", tags=["episodes"], dependencies=[Depends(require_client)])
 
 _NO_TRAINING: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "Training is disabled on this server."}

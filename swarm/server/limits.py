@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from swarm.errors import RequestError, Unavailable
 from swarm.protocol import ChatCompletionRequest, ErrorBody, ErrorDetail, Limits
+from swarm.server import anthropic_format
 
 
 @dataclass
@@ -120,7 +121,7 @@ class BodySizeLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _too_large(send, limit)
+            await _too_large(scope, send, limit)
             return
         seen = 0
 
@@ -140,9 +141,15 @@ def _too_large_message(limit: int) -> str:
     return f"the request body is larger than this server's limit of {limit} bytes"
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    body = ErrorBody(error=ErrorDetail(type="request_too_large", message=_too_large_message(limit)))
-    payload = json.dumps(body.model_dump(exclude_none=True)).encode()
+async def _too_large(scope: Scope, send: Send, limit: int) -> None:
+    message = _too_large_message(limit)
+    if str(scope.get("path", "")).startswith("/v1/messages"):  # Anthropic's routes answer in its shape
+        content: dict[str, object] = anthropic_format.error_body(413, message)
+    else:
+        content = ErrorBody(error=ErrorDetail(type="request_too_large", message=message)).model_dump(
+            exclude_none=True
+        )
+    payload = json.dumps(content).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": payload})

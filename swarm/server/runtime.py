@@ -365,7 +365,10 @@ class SwarmRuntime:
         if episode.owner is not None and episode.owner != "admin":
             self.rates.take(episode.owner, self.limits.requests_per_s_per_token)
         agent = agent_for(request, self.model_name)
-        params = sampling_for(request, self.config.sampling)
+        defaults, cap = self.config.sampling, self.limits.max_tokens
+        if cap is not None and defaults.max_tokens > cap:  # a request that leaves max_tokens out gets the cap
+            defaults = defaults.model_copy(update={"max_tokens": cap})
+        params = sampling_for(request, defaults)
         rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
         self.engine.check_prompt(rendered.prompt_ids)
         parse_tools = bool(request.tools) and request.tool_choice != "none"

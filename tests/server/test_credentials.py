@@ -64,7 +64,7 @@ def test_begin_needs_a_client_token(guarded: LiveServer) -> None:
     created = begin(url, bearer(ALICE))
     assert created.status_code == 201
     key = created.json()["api_key"]
-    error(begin(url, bearer(key)), 403, "episode API key cannot begin")
+    error(begin(url, bearer(key)), 403, "episode API key cannot be used for beginning")
     assert begin(url, bearer(ADMIN)).status_code == 201  # the admin may act as a client
 
 
@@ -274,3 +274,21 @@ def test_a_pool_from_before_credentials_gains_the_owner_columns(tmp_path: Path) 
         assert found is not None and found[0].owner is None and found[0].key_digest is None
     finally:
         pool.close()
+
+
+def test_client_routes_need_a_client_token_too(guarded: LiveServer) -> None:
+    """Votes, client heartbeats and leaving: a stranger could fake a ready vote (training under
+    any_client_ready), a phantom client (blocking all_clients_ready) or delete a real client's vote."""
+    url = guarded.url
+    for method, path in (("POST", "ready"), ("POST", "heartbeat"), ("DELETE", "")):
+        target = f"{url}/api/v1/clients/victim/{path}".rstrip("/")
+        body = {"json": {"ready": True}} if path == "ready" else {}
+        error(httpx.request(method, target, **body), 401, "missing client token", "vote, heartbeat or leave")
+        error(httpx.request(method, target, headers=bearer("guess-" + secrets.token_hex(8)), **body), 403)
+        key = begin(url, bearer(ALICE)).json()["api_key"]
+        error(httpx.request(method, target, headers=bearer(key), **body), 403, "episode API key")
+        # past the credential check; this server does not train, hence 409
+        error(httpx.request(method, target, headers=bearer(ALICE), **body), 409)
+    with SwarmClient(url, client_token=ALICE) as client, pytest.raises(ClientError) as info:
+        client.vote_ready()  # the client library sends its token
+    assert info.value.status_code == 409

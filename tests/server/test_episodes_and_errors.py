@@ -167,3 +167,32 @@ def test_openapi_document_lists_routes(server: Any) -> None:
         "/api/v1/status",
     ):
         assert path in doc["paths"]
+
+
+def test_lone_surrogates_are_refused_and_the_episode_still_ends(server: Any) -> None:
+    """JSON's ``\\ud800`` decodes to a lone surrogate: the tokenizer failed on it (500) and, in ``user``,
+    the episode could then be neither stored nor ended (500 on finish). Refused at the edge now."""
+    with SwarmClient(server.url) as client:
+        ep = client.begin("surrogate")
+        headers = {"Authorization": f"Bearer {ep.api_key}", "Content-Type": "application/json"}
+        hi = '{"role": "user", "content": "hi"}'
+        for path, body, field in (
+            (
+                "/v1/chat/completions",
+                '{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}',
+                "messages.0.content",
+            ),
+            ("/v1/chat/completions", '{"model": "%s", "user": "\\udfff", "messages": [' + hi + "]}", "user"),
+            (
+                "/v1/messages",
+                '{"model": "%s", "max_tokens": 4, "metadata": {"user_id": "\\ud800"}, "messages": ['
+                + hi
+                + "]}",
+                "metadata.user_id",
+            ),
+        ):
+            r = httpx.post(server.url + path, content=body % ep.model, headers=headers)
+            assert r.status_code in (400, 422), r.text  # 400 on the Anthropic route, as Anthropic answers
+            assert field in r.text and "surrogate" in r.text
+        ep.finish(0.5)  # nothing was recorded, and the episode ends normally
+        assert client.get_episode(ep.id).status == "finished"

@@ -135,6 +135,10 @@ def test_body_size_is_413(limited: LiveServer) -> None:
         assert streamed.status_code == 413, streamed.text
         assert streamed.json()["error"]["type"] == "request_too_large"
         assert begin(url).status_code == 201  # small bodies pass
+        # the Anthropic route answers in Anthropic's shape, before and after the body is read
+        anthropic = httpx.post(f"{url}/v1/messages", json=big)
+        assert anthropic.status_code == 413 and anthropic.json()["type"] == "error", anthropic.text
+        assert anthropic.json()["error"]["type"] == "request_too_large"
     finally:
         reset(url)
 
@@ -162,6 +166,9 @@ def test_chat_caps_are_422_naming_the_field(limited: LiveServer) -> None:
             r = chat(**body)
             assert r.status_code == 422 and r.json()["error"]["param"] == param, r.text
         assert chat(max_tokens=4, n=2).status_code == 200
+        # leaving max_tokens out gets the cap, not the server's larger default (which bypassed it)
+        left_out = chat(temperature=1.0, seed=7)
+        assert left_out.status_code == 200 and left_out.json()["usage"]["completion_tokens"] <= 4
     finally:
         reset(url)
 

@@ -151,3 +151,11 @@ def test_merge_option_sets_text_level_merging_and_names_a_bad_value() -> None:
     assert ServeOptions(merge="text").to_server_config().training.merge is MergeMode.TEXT
     with pytest.raises(ServeOptionsError, match="--merge"):
         ServeOptions(merge="bytes").to_server_config()
+
+
+def test_option_files_that_are_not_text_end_in_one_line(tmp_path: Path) -> None:
+    binary = tmp_path / "tokens.bin"
+    binary.write_bytes(b"\xff\xfe\x00alice=secret-token")
+    for flag in ("client-tokens-file", "training-config"):
+        with pytest.raises(ServeOptionsError, match=f"^--{flag} {binary}: not UTF-8 text$"):
+            ServeOptions.from_flags({flag: binary, "run-dir": tmp_path / "run"}).check()
