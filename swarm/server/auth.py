@@ -284,6 +284,14 @@ async def get_episode(
             "missing episode API key: send 'Authorization: Bearer <api_key from POST /api/v1/episodes>' "
             "(or 'x-api-key: <api_key>' from an Anthropic SDK)"
         )
+    if not key.startswith(KEY_PREFIX) and (
+        runtime.credentials.is_admin(key) or runtime.credentials.client_name(key) is not None
+    ):
+        raise AuthError(
+            "client and admin tokens cannot sample completions; use the api_key of the episode "
+            "(from POST /api/v1/episodes)",
+            status_code=403,
+        )
     return runtime.episode_for_key(key)
 
 
