@@ -49,7 +49,22 @@ router = APIRouter(
         },
     },
 )
-votes_router = APIRouter(prefix="/api/v1/clients", tags=["episodes"], dependencies=[Depends(require_client)])
+votes_router = APIRouter(
+    prefix="/api/v1/clients",
+    tags=["episodes"],
+    dependencies=[Depends(require_client)],
+    responses={
+        401: {"model": ErrorBody, "description": "No client token, on a server with client tokens."},
+        403: {
+            "model": ErrorBody,
+            "description": "A wrong client token (unknown or revoked) or an episode key.",
+        },
+        429: {
+            "model": ErrorBody,
+            "description": "The client token's request rate is reached; see Retry-After.",
+        },
+    },
+)
 
 _NO_TRAINING: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "Training is disabled on this server."}
