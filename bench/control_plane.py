@@ -25,7 +25,7 @@ The server runs with training off (this measures the episode routes and the pool
 leaves it on, so its batch-policy check runs after every finish as in a training run.
 
 Run: ``.venv/bin/python bench/control_plane.py`` (≈ 30 s); ``--access-log`` serves with uvicorn's
-per-request access log on (what ``swarm serve --log-level info`` does); ``--profile out.svg`` records
+per-request access log on (what ``swarm serve --access-log`` does); ``--profile out.svg`` records
 the server with py-spy (``pip install py-spy``; ``out.txt`` writes collapsed stacks instead).
 """
 

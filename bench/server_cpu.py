@@ -279,7 +279,7 @@ def main() -> None:
     if len(labels) != len(codes) or len(set(labels)) != len(labels):
         raise SystemExit("--label: one distinct name per --code")
 
-    console = Console()
+    console = Console(width=130)
     tmp = Path(tempfile.mkdtemp(prefix="swarm-server-cpu-"))
     servers: list[Server] = []
     spies: list[subprocess.Popen[bytes]] = []

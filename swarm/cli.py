@@ -131,6 +131,7 @@ def serve(**values: Any) -> None:
         host=host,
         port=port,
         log_level=options.log_level.value,
+        access_log=options.access_log,
         timeout_keep_alive=KEEP_ALIVE_S,
     )
 

@@ -235,6 +235,13 @@ class ServerHandle:
         self.process.stop(sig=signal.SIGTERM, grace_s=30)
 
 
+def serve_argv(run_dir: Path, port: int, *, model: str | None, options: ServeOptions | None) -> list[str]:
+    """The ``swarm serve`` command line of a started server: ``options`` with its port, run dir and
+    model, and the access log on (the run monitor counts model calls in it: `execution._LogCounter`)."""
+    placed = {"port": port, "run_dir": run_dir, "access_log": True, **({"model": model} if model else {})}
+    return [*swarm_command(), "serve", *(options or ServeOptions()).model_copy(update=placed).argv()]
+
+
 def start_server(
     run_dir: Path,
     *,
@@ -262,8 +269,7 @@ def start_server(
     port = port or free_port()
     token = secrets.token_urlsafe(24)
     client_token = secrets.token_urlsafe(24)
-    placed = {"port": port, "run_dir": run_dir, **({"model": model} if model else {})}
-    argv = [*swarm_command(), "serve", *(options or ServeOptions()).model_copy(update=placed).argv()]
+    argv = serve_argv(run_dir, port, model=model, options=options)
     process = launch(
         "server",
         argv,

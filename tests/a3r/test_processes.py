@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from a3r.swarmops.processes import end_stale, launch
+from a3r.swarmops.processes import end_stale, launch, serve_argv
 from swarm.client import ServeOptions
 
 
@@ -49,6 +49,17 @@ def test_log_and_stop(tmp_path: Path) -> None:
 def test_server_options_render_flags() -> None:
     options = ServeOptions.from_flags({"train": False, "batch-size": 4, "lr": 1e-5, "max-steps": None})
     assert options.argv() == ["--no-train", "--batch-size", "4", "--lr", "1e-05"]
+
+
+def test_started_servers_keep_the_access_log_the_monitor_counts_calls_in(tmp_path: Path) -> None:
+    """`swarm serve` has no access log by default; a3r's servers turn it on (`_LogCounter` reads it),
+    whatever the user's options say."""
+    assert "--access-log" not in ServeOptions().argv()
+    user = ServeOptions.from_flags({"train": False, "access-log": False})
+    argv = serve_argv(tmp_path / "run", 8123, model=None, options=user)
+    assert argv[argv.index("serve") + 1 :] == [
+        "--port", "8123", "--run-dir", str(tmp_path / "run"), "--no-train", "--access-log"
+    ]  # fmt: skip
 
 
 def test_log_counter_reads_only_what_was_appended(tmp_path: Path) -> None:

@@ -6,11 +6,16 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from swarm.cli import app
+from swarm.client import ServeOptions
+from swarm.engine import ModelSource
+from tests.conftest import build_tiny_model, free_port, wait_for
 
 runner = CliRunner()
 
@@ -105,3 +110,32 @@ def test_serve_without_vllm_names_the_extra_verbatim(tmp_path: Path) -> None:
     result = runner.invoke(app, ["serve", "--engine", "vllm", "--run-dir", str(tmp_path / "run")])
     assert result.exit_code == 1
     assert "pip install 'a3r[vllm]'" in result.output  # the [vllm] is text, not rich markup
+
+
+def test_the_access_log_is_opt_in(tmp_path: Path, embedded_source: ModelSource, tokenizer: Any) -> None:
+    """No line per request by default (it costs the hot path ~7 % of its CPU); ``--access-log`` logs each
+    request on stdout, where a3r's run monitor counts model calls (`a3r.swarmops.processes.serve_argv`)."""
+    assert ServeOptions().access_log is False
+    model_dir = tmp_path / "tiny"
+    build_tiny_model(embedded_source).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    port, log = free_port(), tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "swarm.cli", "serve", "--model", str(model_dir), "--port", str(port)]
+    cmd += ["--run-dir", str(tmp_path / "run"), "--no-train", "--access-log"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+    def up() -> bool:
+        assert proc.poll() is None, "swarm serve exited"
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/api/v1/status", timeout=1).is_success
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(up, 120, "swarm serve")
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).is_success
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert '"GET /v1/models HTTP/1.1" 200' in log.read_text()
