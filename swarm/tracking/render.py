@@ -31,6 +31,8 @@ recent call of the same agent, then the most recent call.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -117,11 +119,19 @@ def to_template_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) ->
 class PromptRenderer:
     """Render chat requests to prompt ids with a chat template, splicing earlier completion ids.
 
+    Text segments are tokenized through a least-recently-used cache of their ids (the tokenizer is a pure
+    function of the text, so a hit gives the very ids a fresh encode would). Each call of an episode
+    re-renders the whole history, and the segment before its first splice is the previous call's
+    prompt text, the one between two splices the previous call's last segment: with the cache, a call
+    tokenizes only what is new since the previous one (and the first calls of a GRPO group, which share
+    their prompt, tokenize it once).
+
     Args:
         tokenizer: The model's tokenizer.
         chat_template: Jinja template overriding the tokenizer's (see
             :func:`swarm.tracking.chat_templates.resolve_chat_template` for the default choice).
         template_kwargs: Extra variables passed to the template (e.g. ``{"enable_thinking": False}``).
+        encode_cache_chars: Characters of text whose ids the cache keeps at most (0: no cache).
 
     Raises:
         ConfigError: neither ``chat_template`` nor the tokenizer provides a template.
@@ -132,12 +142,17 @@ class PromptRenderer:
         tokenizer: PreTrainedTokenizerBase,
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        encode_cache_chars: int = 1 << 24,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = resolve_chat_template(tokenizer, chat_template)
         if self.chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise ConfigError("the tokenizer has no chat template; pass chat_template=")
         self.template_kwargs = dict(template_kwargs or {})
+        self.encode_cache_chars = encode_cache_chars
+        self._encoded: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._encoded_chars = 0
+        self._encoded_lock = threading.Lock()
 
     def _render_text(self, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         try:
@@ -158,7 +173,22 @@ class PromptRenderer:
         return text
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+        if not text:
+            return []
+        with self._encoded_lock:
+            cached = self._encoded.get(text)
+            if cached is not None:
+                self._encoded.move_to_end(text)
+                return list(cached)
+        ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        if len(text) <= self.encode_cache_chars:
+            with self._encoded_lock:
+                if text not in self._encoded:
+                    self._encoded[text] = ids
+                    self._encoded_chars += len(text)
+                while self._encoded_chars > self.encode_cache_chars:
+                    self._encoded_chars -= len(self._encoded.popitem(last=False)[0])
+        return list(ids)
 
     def _decode(self, ids: Sequence[int]) -> str:
         return str(

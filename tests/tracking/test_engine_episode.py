@@ -49,3 +49,55 @@ async def test_sampled_multi_turn_episode_merges_token_exactly(
         assert ids == calls[index].prompt_ids + calls[index].completion_ids
     masked = [lp for lp, m in zip(sample.behaviour_logprobs, sample.loss_mask, strict=True) if m]
     assert masked == [lp for c in calls for lp in c.logprobs]
+
+
+async def test_the_encode_cache_gives_the_same_ids_and_encodes_only_the_new_text(
+    tiny_engine: HFEngine, smol_tokenizer: Any, monkeypatch: Any
+) -> None:
+    """Each call re-renders the episode; with the cache it tokenizes only what came since the previous
+    call, and every prompt is id for id the uncached renderer's."""
+    encoded: list[str] = []
+    encode = smol_tokenizer.encode
+
+    def counting(text: str, **kwargs: Any) -> Any:
+        encoded.append(text)
+        return encode(text, **kwargs)
+
+    monkeypatch.setattr(smol_tokenizer, "encode", counting)
+    cached, plain = PromptRenderer(smol_tokenizer), PromptRenderer(smol_tokenizer, encode_cache_chars=0)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    calls: list[CallRecord] = []
+    previous = ""
+    for turn in range(4):
+        messages.append({"role": "user", "content": f"Turn {turn}: say something."})
+        encoded.clear()
+        rendered = cached.render(messages, history=calls)
+        new = "".join(encoded)
+        assert rendered == plain.render(messages, history=calls)
+        if turn:  # the previous prompt and completion came from the cache and the record
+            assert rendered.splices == turn and 0 < len(new) <= len(rendered.text) - len(previous)
+        previous = rendered.text
+        (completion,) = await tiny_engine.generate(
+            rendered.prompt_ids, SamplingParams(max_tokens=8, seed=turn)
+        )
+        calls.append(
+            CallRecord(
+                index=turn,
+                prompt_ids=rendered.prompt_ids,
+                completion_ids=completion.ids,
+                logprobs=completion.logprobs,
+                finish_reason=completion.finish_reason,
+                text=completion.text,
+            )
+        )
+        messages.append({"role": "assistant", "content": completion.text})
+    encoded.clear()  # the next episode of the group: its first prompt is tokenized already
+    first = cached.render(messages[:2])
+    assert encoded == [] and first == plain.render(messages[:2])
+
+    small = PromptRenderer(smol_tokenizer, encode_cache_chars=120)  # bounded: the oldest texts go first
+    for turn in range(4):
+        assert small.render(messages[: 2 * turn + 2], history=calls) == plain.render(
+            messages[: 2 * turn + 2], history=calls
+        )
+        assert 0 < small._encoded_chars <= 120
