@@ -232,40 +232,42 @@ _bearer = HTTPBearer(auto_error=False)
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-async def _guarded(request: Request) -> Guarded:
+def _guarded(request: Request) -> Guarded:
+    """The server runtime of a request. Read here rather than declared as a dependency of its own: each
+    dependency is one more ``solve_dependencies`` pass per request, and these run on every request of
+    the hot path (begin, completion, finish)."""
     runtime: Guarded = request.app.state.runtime
     return runtime
-
-
-GuardedDep = Annotated[Guarded, Depends(_guarded)]
 
 
 def _secret(credentials: HTTPAuthorizationCredentials | None) -> str | None:
     return credentials.credentials if credentials is not None else None
 
 
-async def require_admin(runtime: GuardedDep, credentials: BearerDep, request: Request) -> None:
+async def require_admin(request: Request, credentials: BearerDep) -> None:
     """Control routes: the admin token when one is configured, loopback peers only when none is."""
-    runtime.credentials.admin(_secret(credentials), request.client.host if request.client else "")
+    host = request.client.host if request.client else ""
+    _guarded(request).credentials.admin(_secret(credentials), host)
 
 
-async def get_owner(runtime: GuardedDep, credentials: BearerDep) -> Owner:
+async def get_owner(request: Request, credentials: BearerDep) -> Owner:
     """Begin: the client token's owner (:meth:`Credentials.begin`)."""
-    return runtime.credentials.begin(_secret(credentials))
+    return _guarded(request).credentials.begin(_secret(credentials))
 
 
 OwnerDep = Annotated[Owner, Depends(get_owner)]
 
 
-async def require_client(runtime: GuardedDep, credentials: BearerDep) -> None:
+async def require_client(request: Request, credentials: BearerDep) -> None:
     """Client routes (votes, client heartbeats, leaving): a client token or the admin token where client
     tokens are required, as for begin (:meth:`Credentials.begin`)."""
-    runtime.credentials.begin(_secret(credentials), "a client's vote, heartbeat or leave")
+    _guarded(request).credentials.begin(_secret(credentials), "a client's vote, heartbeat or leave")
 
 
-async def check_episode_access(episode_id: str, runtime: GuardedDep, credentials: BearerDep) -> None:
+async def check_episode_access(episode_id: str, request: Request, credentials: BearerDep) -> None:
     """Episode routes: :meth:`Credentials.episode` for the episode in the path (404 when there is none;
     the credential is checked first, so an unknown id tells a caller without one nothing)."""
+    runtime = _guarded(request)
     secret = _secret(credentials)
     if secret is None and runtime.credentials.required:
         runtime.credentials.episode(None, episode_id, None, None)
@@ -274,10 +276,11 @@ async def check_episode_access(episode_id: str, runtime: GuardedDep, credentials
 
 
 async def get_episode(
-    runtime: GuardedDep, credentials: BearerDep, x_api_key: Annotated[str | None, Header()] = None
+    request: Request, credentials: BearerDep, x_api_key: Annotated[str | None, Header()] = None
 ) -> OpenEpisode:
     """The open episode named by its key: ``Authorization: Bearer <episode key>`` (OpenAI SDKs) or
     ``x-api-key: <episode key>`` (Anthropic SDKs); 401 otherwise."""
+    runtime = _guarded(request)
     key = _secret(credentials) or x_api_key
     if key is None:
         raise AuthError(
