@@ -342,16 +342,21 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
     table = Table(title=f"swarm server CPU per episode (begin → chat, max_tokens {args.max_tokens} → finish)")
-    for name in ("server", "loop thread ms/ep", "× first", "process ms/ep", "episodes/s", "client ms/ep"):
+    columns = ("server", "loop thread ms/ep", "× first", "paired × first", "process ms/ep", "episodes/s")
+    for name in (*columns, "client ms/ep"):
         table.add_column(name, justify="left" if name == "server" else "right")
-    first = statistics.median(r["loop_ms"] for r in servers[0].rounds)
+    first_rounds = [r["loop_ms"] for r in servers[0].rounds]
+    first = statistics.median(first_rounds)
     for s in servers:
         loop = [r["loop_ms"] for r in s.rounds]
         med = statistics.median(loop)
+        # each round's ratio to the first server's round next to it in time (ABBA), then their median
+        paired = [a / b for a, b in zip(loop, first_rounds, strict=True)]
         table.add_row(
             s.label,
             f"{med:.3f} ({min(loop):.3f}–{max(loop):.3f})",
             f"{med / first:.3f}",
+            f"{statistics.median(paired):.3f} ({min(paired):.2f}–{max(paired):.2f})",
             f"{statistics.median(r['process_ms'] for r in s.rounds):.3f}",
             f"{statistics.median(r['episodes_s'] for r in s.rounds):.0f}",
             f"{statistics.median(r['client_ms'] for r in s.rounds):.2f}",

@@ -34,7 +34,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel, Field
 
@@ -46,6 +46,8 @@ from swarm.tracking.records import CallRecord
 
 if TYPE_CHECKING:  # transformers is heavy to import; only its type is needed here
     from transformers import PreTrainedTokenizerBase
+
+V = TypeVar("V")
 
 _PASSTHROUGH_KEYS = ("name", "tool_call_id", "reasoning_content")
 
@@ -116,22 +118,56 @@ def to_template_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) ->
     return [_template_message(message) for message in parse_messages(messages)]
 
 
+class _BoundedCache(Generic[V]):
+    """A thread-safe least-recently-used map from text to ``V`` holding at most ``max_chars`` characters
+    (each entry's size is given when it is put; an entry larger than the bound is not kept)."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self.chars = 0
+        self._entries: OrderedDict[str, tuple[V, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> V | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: str, value: V, chars: int) -> None:
+        if chars > self.max_chars:
+            return
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = (value, chars)
+            self.chars += chars
+            while self.chars > self.max_chars:
+                self.chars -= self._entries.popitem(last=False)[1][1]
+
+
 class PromptRenderer:
     """Render chat requests to prompt ids with a chat template, splicing earlier completion ids.
 
-    Text segments are tokenized through a least-recently-used cache of their ids (the tokenizer is a pure
-    function of the text, so a hit gives the very ids a fresh encode would). Each call of an episode
-    re-renders the whole history, and the segment before its first splice is the previous call's
-    prompt text, the one between two splices the previous call's last segment: with the cache, a call
-    tokenizes only what is new since the previous one (and the first calls of a GRPO group, which share
-    their prompt, tokenize it once).
+    Two least-recently-used caches, each bounded by characters, keep the hot path from doing the same
+    work twice; a hit gives exactly what a fresh computation would:
+
+    - *segment ids*: the tokenizer is a pure function of the text. Each call of an episode re-renders
+      the whole history, and the segment before its first splice is the previous call's prompt text, the
+      one between two splices the previous call's last segment: a call tokenizes only what is new since
+      the previous one, and the calls of a GRPO group that share their prompt tokenize it once;
+    - *rendered text* per (messages, tools), keyed by their JSON: the prefix renders of the splicing
+      rule are the previous calls' prompts. Off for templates that call ``strftime_now`` (the text
+      depends on the date) and for messages that are not plain JSON.
 
     Args:
         tokenizer: The model's tokenizer.
         chat_template: Jinja template overriding the tokenizer's (see
             :func:`swarm.tracking.chat_templates.resolve_chat_template` for the default choice).
         template_kwargs: Extra variables passed to the template (e.g. ``{"enable_thinking": False}``).
-        encode_cache_chars: Characters of text whose ids the cache keeps at most (0: no cache).
+        cache_chars: Characters each cache keeps at most (0: no caching).
 
     Raises:
         ConfigError: neither ``chat_template`` nor the tokenizer provides a template.
@@ -142,19 +178,34 @@ class PromptRenderer:
         tokenizer: PreTrainedTokenizerBase,
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
-        encode_cache_chars: int = 1 << 24,
+        cache_chars: int = 1 << 24,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = resolve_chat_template(tokenizer, chat_template)
         if self.chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise ConfigError("the tokenizer has no chat template; pass chat_template=")
         self.template_kwargs = dict(template_kwargs or {})
-        self.encode_cache_chars = encode_cache_chars
-        self._encoded: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._encoded_chars = 0
-        self._encoded_lock = threading.Lock()
+        self._encoded: _BoundedCache[tuple[int, ...]] = _BoundedCache(cache_chars)
+        self._rendered: _BoundedCache[str] = _BoundedCache(cache_chars)
+        template = self.chat_template or getattr(tokenizer, "chat_template", None)
+        self._render_cached = "strftime_now" not in str(template)
 
     def _render_text(self, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        key = None
+        if self._render_cached:
+            try:
+                key = json.dumps([conversation, tools], ensure_ascii=False, separators=(",", ":"))
+            except (TypeError, ValueError):  # not plain JSON: render without the cache
+                key = None
+            cached = None if key is None else self._rendered.get(key)
+            if cached is not None:
+                return cached
+        text = self._render_uncached(conversation, tools)
+        if key is not None:
+            self._rendered.put(key, text, len(key) + len(text))
+        return text
+
+    def _render_uncached(self, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         try:
             text = self.tokenizer.apply_chat_template(
                 conversation,
@@ -175,19 +226,10 @@ class PromptRenderer:
     def _encode(self, text: str) -> list[int]:
         if not text:
             return []
-        with self._encoded_lock:
-            cached = self._encoded.get(text)
-            if cached is not None:
-                self._encoded.move_to_end(text)
-                return list(cached)
-        ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
-        if len(text) <= self.encode_cache_chars:
-            with self._encoded_lock:
-                if text not in self._encoded:
-                    self._encoded[text] = ids
-                    self._encoded_chars += len(text)
-                while self._encoded_chars > self.encode_cache_chars:
-                    self._encoded_chars -= len(self._encoded.popitem(last=False)[0])
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            self._encoded.put(text, ids, len(text))
         return list(ids)
 
     def _decode(self, ids: Sequence[int]) -> str:

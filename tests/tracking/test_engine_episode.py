@@ -64,15 +64,25 @@ async def test_the_encode_cache_gives_the_same_ids_and_encodes_only_the_new_text
         return encode(text, **kwargs)
 
     monkeypatch.setattr(smol_tokenizer, "encode", counting)
-    cached, plain = PromptRenderer(smol_tokenizer), PromptRenderer(smol_tokenizer, encode_cache_chars=0)
+    rendered_texts: list[str] = []
+    apply = smol_tokenizer.apply_chat_template
+
+    def counting_renders(*args: Any, **kwargs: Any) -> Any:
+        rendered_texts.append(text := apply(*args, **kwargs))
+        return text
+
+    monkeypatch.setattr(smol_tokenizer, "apply_chat_template", counting_renders)
+    cached, plain = PromptRenderer(smol_tokenizer), PromptRenderer(smol_tokenizer, cache_chars=0)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
     calls: list[CallRecord] = []
     previous = ""
     for turn in range(4):
         messages.append({"role": "user", "content": f"Turn {turn}: say something."})
         encoded.clear()
+        rendered_texts.clear()
         rendered = cached.render(messages, history=calls)
         new = "".join(encoded)
+        assert rendered_texts == [rendered.text]  # the prefixes are earlier calls' prompts: cached
         assert rendered == plain.render(messages, history=calls)
         if turn:  # the previous prompt and completion came from the cache and the record
             assert rendered.splices == turn and 0 < len(new) <= len(rendered.text) - len(previous)
@@ -91,13 +101,17 @@ async def test_the_encode_cache_gives_the_same_ids_and_encodes_only_the_new_text
             )
         )
         messages.append({"role": "assistant", "content": completion.text})
-    encoded.clear()  # the next episode of the group: its first prompt is tokenized already
+    encoded.clear()  # the next episode of the group: its first prompt is rendered and tokenized already
+    rendered_texts.clear()
     first = cached.render(messages[:2])
-    assert encoded == [] and first == plain.render(messages[:2])
+    assert encoded == rendered_texts == [] and first == plain.render(messages[:2])
+    dated = PromptRenderer(smol_tokenizer, "{{ strftime_now('%d %b %Y') }}{{ messages[0].content }}")
+    rendered_texts.clear()  # a template that reads the date is rendered every time
+    assert dated.render(messages[:1]) == dated.render(messages[:1]) and len(rendered_texts) == 2
 
-    small = PromptRenderer(smol_tokenizer, encode_cache_chars=120)  # bounded: the oldest texts go first
+    small = PromptRenderer(smol_tokenizer, cache_chars=120)  # bounded: the oldest texts go first
     for turn in range(4):
         assert small.render(messages[: 2 * turn + 2], history=calls) == plain.render(
             messages[: 2 * turn + 2], history=calls
         )
-        assert 0 < small._encoded_chars <= 120
+        assert 0 < small._encoded.chars <= 120
