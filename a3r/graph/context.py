@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from a3r.providers import ResearchProvider
+from a3r.study.sequential import SignalRule
 from a3r.swarmops.processes import ServerHandle
 from memory import Store
 
@@ -90,6 +91,11 @@ class RunContext:
         preflight_samples: Attempts per held-out task in the preflight (more attempts make a zero
             baseline meaningful: 0 of n correct bounds the success rate by about 3/n at 95%).
         episode_timeout_s: Per-episode time limit of evaluation clients.
+        signal: When the preflight stops for lack of signal: the confidence and the share of informative
+            GRPO groups of its sequential futility test (`a3r.study.sequential`).
+        code_attempts: Attempts of an LLM provider at task code that passes its checks: after a failed
+            check the provider sees the failure (traceback, failing self-check) and repairs its code;
+            the thread stops after this many failures.
         server_options: Extra ``swarm serve`` options for every started server (e.g. ``max-batch-size``).
         notify: Progress callback (one line each), e.g. the CLI printer.
         servers: Live servers by server key.
@@ -112,6 +118,8 @@ class RunContext:
     eval_samples: int = 2
     preflight_samples: int = 4
     episode_timeout_s: float = 300.0
+    signal: SignalRule = field(default_factory=SignalRule)
+    code_attempts: int = 3
     server_options: dict[str, Any] = field(default_factory=dict)
     notify: Callable[[str], None] | None = None
     servers: dict[str, ServerHandle] = field(default_factory=dict)

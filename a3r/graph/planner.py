@@ -18,6 +18,7 @@ from a3r.errors import PlanError
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_hypotheses, ensure_study
 from a3r.graph.state import ResearchState
+from a3r.study.analysis import RewardSummary
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
 from a3r.study.research import (
     eval_reserve_s,
@@ -28,6 +29,7 @@ from a3r.study.research import (
     sweep_specs,
     verdicts,
 )
+from a3r.study.sequential import SignalCheck
 
 __all__ = ["planner"]
 
@@ -137,13 +139,25 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             f"{baseline.mean_reward:.3f}, p@1 {baseline.pass_at_1:.3f}, p@2 {baseline.pass_at_2:.3f}"
         )
         ctx.say(line)
-        if baseline.mean_reward <= 0.0 and not state.get("force", False):
+        signal = pre.signal or _signal_of(baseline, plan.training.group_size, ctx)
+        if (baseline.mean_reward <= 0.0 or (signal is not None and signal.stopped)) and not state.get(
+            "force", False
+        ):
+            what = (
+                f"scores zero on {plan.template}"
+                if baseline.mean_reward <= 0.0
+                else f"gets too little signal on {plan.template} for GRPO"
+            )
+            failed = next((part for part in pre.reason.split("; ") if "attempts failed" in part), "")
             return _conclude(
-                f"stopped before the sweep: the untrained model scores zero on {plan.template} "
-                f"(0 of {baseline.episodes} held-out attempts; 95% upper bound on its success rate ≈ "
-                f"{min(1.0, 3 / max(baseline.episodes, 1)):.2f}); GRPO would see only zero-signal groups. "
-                f"Recommendations: {_recommendations(plan)}, or --force to sweep anyway."
-                + (f" Note: {pre.reason.split('; ', 1)[1]}." if "attempts failed" in pre.reason else ""),
+                f"stopped before the sweep: the untrained model {what}"
+                + (
+                    f" ({signal.describe()})"
+                    if signal is not None
+                    else f" (0 of {baseline.episodes} attempts)"
+                )
+                + f". Recommendations: {_recommendations(plan)}, or --force to sweep anyway."
+                + (f" Note: {failed}." if failed else ""),
                 update={"baseline": baseline, "log": [line]},
             )
         specs = sweep_specs(plan, plan.sweep.coarse, "coarse")
@@ -191,6 +205,20 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
                 ctx.say(line)
                 return Command(goto="runner", update={"stage": "refine", "queue": kept, "log": [line]})
     return Command(goto="reporter", update={"stage": "done"})
+
+
+def _signal_of(baseline: RewardSummary, group_size: int, ctx: RunContext) -> SignalCheck | None:
+    """The futility test over a preflight's attempts when the evaluator recorded none (all ended
+    attempts, since their start order is unknown): successes are rewards above 0."""
+    if baseline.rewards:
+        successes, attempts = sum(1 for r in baseline.rewards if r > 0), len(baseline.rewards)
+    elif baseline.mean_reward <= 0.0:
+        successes, attempts = 0, baseline.episodes
+    else:
+        return None
+    if attempts < 1:
+        return None
+    return ctx.signal.test(max(2, group_size), attempts).check(successes, attempts)
 
 
 def _recommendations(plan: PlanDraft) -> str:

@@ -24,6 +24,7 @@ from a3r.study.plans import (
     TrainingSettings,
 )
 from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.sequential import SignalCheck
 
 __all__ = [
     "STATE_TYPES",
@@ -121,5 +122,6 @@ STATE_TYPES: tuple[type, ...] = (
     RewardSummary,
     Diagnosis,
     DiagnosisKind,
+    SignalCheck,
 )
 """Every non-builtin type stored in the state: the checkpointer's deserialisation allow-list."""

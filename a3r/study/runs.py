@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from a3r.study.analysis import Diagnosis, RewardSummary
 from a3r.study.plans import StabilityCriterion, TrainingSettings
+from a3r.study.sequential import SignalCheck
 from memory import RunStatus
 
 __all__ = ["STORE_STATUS", "RunOutcome", "RunPurpose", "RunSpec", "RunStatusName", "status_text"]
@@ -101,6 +102,7 @@ class RunOutcome(BaseModel):
         eval_s: Seconds its held-out evaluation took (``nan`` when none ran).
         parts: Curves of the reward's parts (`a3r.study.analysis.part_curves`: one point per B·G
             train episodes), by metric name.
+        signal: A preflight's sequential futility test after its last look (`a3r.study.sequential`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -127,3 +129,4 @@ class RunOutcome(BaseModel):
     seconds_per_step: float = float("nan")
     parts: dict[str, list[float]] = Field(default_factory=dict)
     eval_s: float = float("nan")
+    signal: SignalCheck | None = None
