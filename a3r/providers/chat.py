@@ -18,7 +18,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 import templates
 from a3r.errors import ProviderConfigError, ProviderError
 from a3r.providers.config import ProviderConfig, ProviderKind
-from a3r.providers.protocol import Mode
+from a3r.providers.protocol import CodeFailure, Mode
 from a3r.study.analysis import Diagnosis
 from a3r.study.plans import (
     GeneratedCode,
@@ -27,7 +27,7 @@ from a3r.study.plans import (
     check_plan,
 )
 
-__all__ = ["ChatProvider", "chat_model", "describe_templates"]
+__all__ = ["ChatProvider", "chat_model", "describe_templates", "repair_prompt"]
 
 _S = TypeVar("_S", bound=BaseModel)
 
@@ -145,9 +145,16 @@ class ChatProvider:
             draft = draft.model_copy(update={"kind": "research"})
         return check_plan(draft)
 
-    def write_code(self, request: str, plan: PlanDraft) -> GeneratedCode:
-        """Ask the model for new task code (validated later by the coder in a subprocess)."""
-        return self._ask(GeneratedCode, CODE_SYSTEM, f"Request: {request}\nObjective: {plan.objective}")
+    def write_code(
+        self, request: str, plan: PlanDraft, *, failure: CodeFailure | None = None
+    ) -> GeneratedCode:
+        """Ask the model for new task code (validated later by the coder in a subprocess); with
+        ``failure``, show it its failed code and the failed check (`repair_prompt`) and ask for the
+        whole corrected code."""
+        user = f"Request: {request}\nObjective: {plan.objective}"
+        if failure is not None:
+            user += "\n\n" + repair_prompt(failure)
+        return self._ask(GeneratedCode, CODE_SYSTEM, user)
 
     def propose_patch(
         self, diagnosis: Diagnosis, files: Mapping[str, str], *, template: str | None
@@ -163,6 +170,24 @@ class ChatProvider:
         draft = self._ask(PatchDraft, PATCH_SYSTEM.format(allowed=", ".join(sorted(PATCHABLE))), user)
         current = files.get(draft.file)
         return None if current is not None and current == draft.new_content else draft
+
+
+REPAIR_TASKS_SHOWN = 5
+"""Tasks of the failed code shown in a repair prompt (all of them travel back in the answer)."""
+
+
+def repair_prompt(failure: CodeFailure) -> str:
+    """What the model sees to repair its code: the failed check (step and its full output: the
+    traceback or the failing self-checks), then the failed files and the first tasks."""
+    code = failure.code
+    tasks = "\n".join(json.dumps(t, ensure_ascii=False) for t in code.tasks[:REPAIR_TASKS_SHOWN])
+    return (
+        f"Your code (attempt {failure.attempt}) failed its check at step '{failure.step}':\n"
+        f"{failure.detail.strip()[-4000:]}\n\n"
+        f"=== workflow.py ===\n{code.workflow}\n=== reward.py ===\n{code.reward}\n"
+        f"=== tasks ({len(code.tasks)}; the first {min(len(code.tasks), REPAIR_TASKS_SHOWN)}) ===\n{tasks}\n\n"
+        "Fix the cause of this failure and return the complete corrected workflow, reward and tasks."
+    )
 
 
 def describe_templates(names: Sequence[str] | None = None) -> str:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 import templates
 from a3r.errors import OfflineUnsupported, PlanError
-from a3r.providers.protocol import Mode
+from a3r.providers.protocol import CodeFailure, Mode
 from a3r.study.analysis import Diagnosis, DiagnosisKind
 from a3r.study.plans import (
     GeneratedCode,
@@ -258,7 +258,9 @@ class OfflineProvider:
         ]
         return sweep, stability, hypotheses, f"find the minimal stable {what}"
 
-    def write_code(self, request: str, plan: PlanDraft) -> GeneratedCode:
+    def write_code(
+        self, request: str, plan: PlanDraft, *, failure: CodeFailure | None = None
+    ) -> GeneratedCode:
         """Always raises: the offline provider writes no new code.
 
         Raises:

@@ -142,7 +142,11 @@ def _preflight_state(store: Store, rewards: list[float], *, with_check: bool) ->
 
 def _context(tmp_path: Path, store: Store) -> RunContext:
     return RunContext(
-        store=store, provider=OfflineProvider(), ledger=Ledger(tmp_path / "l.db"), thread_id="t", root=tmp_path
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "l.db"),
+        thread_id="t",
+        root=tmp_path,
     )
 
 
