@@ -8,6 +8,7 @@ queued. Later visits: queued runs go to the runner; a research thread moves thro
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from langgraph.runtime import Runtime
@@ -34,6 +35,9 @@ from a3r.study.sequential import SignalCheck
 __all__ = ["planner"]
 
 Route = Literal["coder", "runner", "reporter"]
+
+_FAILED = re.compile(r"\d+ of \d+ held-out attempts failed.*$")
+"""The evaluation's note on failed attempts (`a3r.swarmops.execution`), the last part of a run's reason."""
 
 
 def planner(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Route]:
@@ -143,21 +147,23 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
         if (baseline.mean_reward <= 0.0 or (signal is not None and signal.stopped)) and not state.get(
             "force", False
         ):
-            what = (
-                f"scores zero on {plan.template}"
-                if baseline.mean_reward <= 0.0
-                else f"gets too little signal on {plan.template} for GRPO"
-            )
-            failed = next((part for part in pre.reason.split("; ") if "attempts failed" in part), "")
-            return _conclude(
-                f"stopped before the sweep: the untrained model {what}"
-                + (
-                    f" ({signal.describe()})"
-                    if signal is not None
-                    else f" (0 of {baseline.episodes} attempts)"
+            if signal is not None and signal.stopped:
+                what = "scores zero" if baseline.mean_reward <= 0.0 else "gets too little signal for GRPO"
+                head = f"the untrained model {what} on {plan.template} ({signal.describe()})"
+            else:
+                head = (
+                    f"the untrained model scores zero on {plan.template}: no held-out attempt earned a reward, "
+                    "so GRPO would see only zero-signal groups"
+                    + (
+                        f" ({signal.describe()})"
+                        if signal is not None
+                        else f" (0 of {baseline.episodes} attempts)"
+                    )
                 )
-                + f". Recommendations: {_recommendations(plan)}, or --force to sweep anyway."
-                + (f" Note: {failed}." if failed else ""),
+            failed = _FAILED.search(pre.reason)
+            return _conclude(
+                f"stopped before the sweep: {head}. Recommendations: {_recommendations(plan)}, or --force to "
+                "sweep anyway." + (f" Note: {failed.group(0)}." if failed else ""),
                 update={"baseline": baseline, "log": [line]},
             )
         specs = sweep_specs(plan, plan.sweep.coarse, "coarse")

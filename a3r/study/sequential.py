@@ -235,7 +235,7 @@ class SignalCheck(BaseModel):
             if self.first_stop is not None
             else f"{self.planned} attempts are too few for it to ever stop"
         )
-        return f"{head}; {need}, so the evidence does not rule out enough signal ({later})"
+        return f"{head}; {need}; these attempts do not rule that rate out ({later})"
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ def test_a_rare_success_is_too_little_signal_and_a_common_one_goes_on(tmp_path: 
     stop = planner(_preflight_state(store, rare, with_check=False), Runtime(context=ctx))  # type: ignore[arg-type]
     assert stop.goto == "reporter"
     text = stop.update["conclusion"]  # type: ignore[index]
-    assert "gets too little signal on arithmetic for GRPO" in text and "1 of 60 held-out attempts" in text
-    common = [1.0, 0.0, 0.0, 0.0] * 15  # 15 of 60: the evidence does not rule out enough signal
+    assert "gets too little signal for GRPO on arithmetic" in text and "1 of 60 held-out attempts" in text
+    common = [1.0, 0.0, 0.0, 0.0] * 15  # 15 of 60: these attempts do not rule out enough signal
     go = planner(_preflight_state(store, common, with_check=False), Runtime(context=ctx))  # type: ignore[arg-type]
     assert go.goto == "runner" and go.update["stage"] == "coarse"  # type: ignore[index]
