@@ -254,7 +254,7 @@ _MANAGED_SERVE_OPTIONS = {
     "admin-token": "a3r gives its servers a fresh admin token (never recorded in the store)",
     "training-config": "a3r sets training from its plan; use --steps, --batch-size, --group-size",
     **{
-        key: "set from the plan for every run; use --steps, --batch-size, --group-size"
+        key: "set from the plan for every run; use --steps, --batch-size, --group-size, or ask a research question about it"
         for key in PLAN_SERVE_OPTIONS
     },
 }
