@@ -176,7 +176,7 @@ class OfflineProvider:
                     if found
                     else ""
                 )
-                why = f" ({kind}loosely matched: {', '.join(loose)})"
+                why = f" ({kind_of}loosely matched: {', '.join(loose)})"
             raise OfflineUnsupported(
                 f"no task template covers {request!r}{why}; name one (templates: {known}), or writing a new "
                 f"workflow, reward and data builder needs {NEEDS_LLM}"
