@@ -171,7 +171,7 @@ class OfflineProvider:
             found = _generic_found(request)
             why = ""
             if loose:
-                kind = (
+                kind_of = (
                     f"{' and '.join(found)} name{'s' if len(found) == 1 else ''} a kind of task, not a task; "
                     if found
                     else ""
