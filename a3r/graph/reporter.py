@@ -165,10 +165,13 @@ def _comparison_conclusion(
             )
         return f"unconfirmed: {head}; effect {effect.describe(verdict=False)}", FindingStatus.unconfirmed
     status = FindingStatus(effect.verdict.value)
-    if goal == "effect_of" and status is FindingStatus.refuted:
-        # "no effect that matters" needs the interval inside (−m, m): refuted in both directions
-        if two_sample_effect(arm_a, arm_b).verdict is not EffectVerdict.refuted:
-            status = FindingStatus.unconfirmed
+    # effect-of: "no effect that matters" needs the interval inside (−m, m), refuted in both directions
+    if (
+        goal == "effect_of"
+        and status is FindingStatus.refuted
+        and two_sample_effect(arm_a, arm_b).verdict is not EffectVerdict.refuted
+    ):
+        status = FindingStatus.unconfirmed
     what = (
         f"{variable} = {b:g} beats {a:g}"
         if goal == "a_vs_b"
