@@ -240,7 +240,6 @@ def _after_stage(
     sweep = plan.sweep
     extra_update = dict(update or {})
     logged = list(log or [])
-    stage = state.get("stage", "coarse")
     outcomes = state.get("outcomes", [])
     baseline = state.get("baseline")
     assert baseline is not None
@@ -275,7 +274,7 @@ def _after_stage(
             update={**extra_update, "stage": name, "queue": kept, "log": [*logged, line], **more},
         )
 
-    if stage in ("coarse", "refine") and sweep.refine:
+    if sweep.refine:  # also after a replicate stage that moved the answer
         extra: list[float] = []
         if sweep.goal == "min_stable" and rounds < MIN_STABLE_REFINE_ROUNDS:
             extra = refine_values(configs, tested)
@@ -295,7 +294,7 @@ def _after_stage(
             )
             if command is not None:
                 return command
-    if stage != "replicate" and sweep.replicate:
+    if sweep.replicate:  # bounded: arms stop at the power rule's n ≤ max_seeds
         additions, line = replicate_additions(plan, configs, outcomes, baseline=baseline, criterion=criterion)
         if additions:
             specs = [

@@ -194,6 +194,7 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     hypothesis = first_hypothesis(state)
     identity = config_identity(plan, ctx.model)
     outcomes = state.get("outcomes", [])
+    own = {o.run_id for o in outcomes if o.stage != "prior"}  # reused runs stay linked to their own study
     for c in configs:
         verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
         status = _config_status(c)
@@ -208,6 +209,7 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
             evidence={
                 "identity": identity,
                 "value": c.value,
+                "reused_from": [p.finding_id for p in state.get("priors") or [] if p.value == c.value],
                 "outcomes": [o.model_dump() for o in outcomes if o.purpose == "sweep" and o.value == c.value],
                 "reasons": c.reasons,
                 "runs": c.runs,
@@ -220,12 +222,12 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
             confidence=LEVEL if status is FindingStatus.confirmed else 0.3,
             status=status,
             seeds=c.seeds,
-            run_ids=c.run_ids,
+            run_ids=[i for i in c.run_ids if i in own],
             hypothesis_id=hypothesis,
         )
     if not configs:
         return "unconfirmed: no sweep run finished; no conclusion"
-    all_ids = [i for c in configs for i in c.run_ids]
+    all_ids = [i for c in configs for i in c.run_ids if i in own]
     seeds = sorted({s for c in configs for s in c.seeds})
     if plan.sweep.goal == "best":
         statement, status = _best_conclusion(state, configs, variable)

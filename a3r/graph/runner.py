@@ -23,7 +23,7 @@ from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.providers.offline import read_params
 from a3r.study.research import eval_reserve_s
 from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec
-from a3r.swarmops.execution import Workspace, execute_run
+from a3r.swarmops.execution import Workspace
 from memory import RunStatus
 
 __all__ = ["experiment_name", "runner", "variant_workspace"]
@@ -123,7 +123,7 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
         reserve = eval_reserve_s(spec, state.get("outcomes", []), budget_s=budget_left)
         if spec.params:
             ws = variant_workspace(ws, spec.params)
-        outcome = execute_run(
+        outcome = ctx.execute(
             spec, ctx=ctx, ws=ws, run_id=run.id, budget_s=budget_left, eval_reserve_s=reserve
         )
     if ctx.store.get_run(run.id).status is RunStatus.running:

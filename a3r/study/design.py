@@ -36,6 +36,7 @@ from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.settings import Setting, resolve_setting
 
 __all__ = [
+    "ASSUMED_SECONDS_PER_EPISODE",
     "ASSUMED_SEED_SD",
     "BEST_REFINE_ROUNDS",
     "DEFAULT_EFFECT",
@@ -66,6 +67,11 @@ DEFAULT_EFFECT = 0.1
 ASSUMED_SEED_SD = 0.05
 """Seed-to-seed SD of a configuration's outcome assumed for the dry run's plan before any is measured
 (reward units; the replicate stage uses the SD the coarse stage observed)."""
+
+ASSUMED_SECONDS_PER_EPISODE = 1.0
+"""Wall seconds per episode the dry run assumes when no prior run measured one: arithmetic sweep runs
+on the embedded model took 37–152 s for 48–160 episodes on 2 CPU cores (≈ 0.4–0.8 s each after the
+server's start, a3r/README.md §Measured); multi-turn games take several times longer."""
 
 BEST_REFINE_ROUNDS = 1
 """Refine rounds of a ``best`` question (each tests the midpoints around the current best)."""
@@ -188,21 +194,21 @@ def ranked_by_held_out(configs: Sequence[ConfigVerdict]) -> list[ConfigVerdict]:
 
 
 def best_refine_values(configs: Sequence[ConfigVerdict], setting: Setting) -> list[float]:
-    """For a ``best`` question: the midpoints (`Setting.midpoint`) between the best value and its
-    tested neighbours that were not tested yet."""
+    """For a ``best`` question: the values to test between the best value and its tested neighbours
+    (`Setting.midpoint`), not tested yet. When the runner-up is a neighbour of the best, the optimum
+    of a unimodal landscape most likely lies between the two, so only that midpoint is tested;
+    otherwise the midpoints on both sides."""
     ranked = ranked_by_held_out(configs)
     if len(ranked) < 2:
         return []
     tested = sorted(c.value for c in configs)
-    best = ranked[0].value
+    best, runner_up = ranked[0].value, ranked[1].value
     index = tested.index(best)
+    neighbours = [tested[i] for i in (index - 1, index + 1) if 0 <= i < len(tested)]
+    if runner_up in neighbours:
+        neighbours = [runner_up]
     extra: list[float] = []
-    for neighbour in (
-        tested[index - 1] if index > 0 else None,
-        tested[index + 1] if index + 1 < len(tested) else None,
-    ):
-        if neighbour is None:
-            continue
+    for neighbour in neighbours:
         middle = setting.midpoint(best, neighbour)
         if middle is not None and middle not in tested:
             extra.append(middle)
@@ -460,7 +466,10 @@ def design_study(
             how = "bisect between the smallest stable value and the unstable one below it"
         else:
             rounds, per_round = BEST_REFINE_ROUNDS, 2
-            how = f"the {setting.scale} midpoints between the best value and its neighbours"
+            how = (
+                f"the {setting.scale} midpoint between the best value and the runner-up when they are "
+                "neighbours, else both midpoints around the best"
+            )
         runs = rounds * per_round * floor
         stages.append(
             StageSketch(

@@ -146,3 +146,30 @@ def test_template_knob_runs_in_a_variant_workspace(tmp_path: Path) -> None:
     assert variant.evaluator.resolve() == (ws / "evaluator" / "workflow.py").resolve()
     assert variant.tasks.read_text() == (ws / "tasks.jsonl").read_text()
     assert variant_workspace(Workspace(ws), {"max_tokens": 64}).root == variant.root
+
+
+def test_research_dry_run_prints_a_staged_plan_and_writes_nothing(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db")]
+    result = CliRunner().invoke(
+        app, ["research", "find the best KL coefficient on arithmetic", "--dry-run", *common]
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output
+    for line in (
+        "varied: KL coefficient β (kl_coef, training setting)",
+        "coarse: kl_coef ∈ {0, 0.01, 0.1, 1}; 2 seeds per configuration; 8 run(s)",
+        "replicate: 6 seeds per configuration",
+        "decision rule: staged",
+        "prior findings: no knowledge store",
+        "estimated time: ≈",
+    ):
+        assert line in out, line
+    assert not any(tmp_path.iterdir())  # nothing started, written or stored
+    refused = CliRunner().invoke(
+        app, ["research", "find the best weight decay on arithmetic", "--dry-run", *common]
+    )
+    assert refused.exit_code == 1 and refused.output.count("\n") == 1 and "weight decay" in refused.output
