@@ -6,8 +6,10 @@ landscapes with a known answer.
 Each landscape is a family of learning curves per configuration with realistic noise: a run's
 held-out mean reward is its configuration's true level plus a seed-to-seed effect (σ_seed) and the
 binomial noise of its held-out attempts; its training curve rises from the baseline to that level with
-per-step noise. An unstable configuration's runs collapse (the reward falls below the baseline) with a
-per-run probability, so a short sweep can call it stable by luck. The simulator (`SimulatedRuns`) sits
+per-step noise. An unstable configuration's runs collapse with a per-run probability (after a random
+step the reward and the policy entropy fall to near zero; the real detectors,
+`a3r.study.analysis.detect_collapse`, read the simulated trainer metrics), so a short sweep can call
+it stable by luck. The simulator (`SimulatedRuns`) sits
 behind the research graph's run seam (`a3r.graph.context.RunExecutor`), in place of
 `a3r.swarmops.execution.execute_run`: planner, coder, runner, analyst and reporter are the real nodes,
 on a real SQLite store and checkpointer, so what is measured is the code ``a3r research`` runs.
@@ -36,7 +38,7 @@ from rich.table import Table
 from a3r.graph.builder import build_graph, open_checkpointer
 from a3r.graph.context import Ledger, RunContext
 from a3r.providers import OfflineProvider
-from a3r.study.analysis import RewardSummary
+from a3r.study.analysis import RewardSummary, detect_collapse
 from a3r.study.design import ranked_by_held_out
 from a3r.study.plans import PlanDraft, StabilityCriterion
 from a3r.study.research import min_stable_value, verdicts
@@ -197,11 +199,28 @@ def simulate(
     rng = random.Random(f"{sim_seed}:{spec.value!r}:{spec.seed}")
     steps = spec.settings.steps
     collapsed = rng.random() < landscape.collapse(spec.value)
-    final = (BASELINE * 0.2 if collapsed else landscape.level(spec.value)) + rng.gauss(0.0, landscape.seed_sd)
+    final = landscape.level(spec.value) + rng.gauss(0.0, landscape.seed_sd)
     curve = [BASELINE + (final - BASELINE) * (i + 1) / steps + rng.gauss(0.0, 0.04) for i in range(steps)]
+    entropy = [0.8 + rng.gauss(0.0, 0.05) for _ in range(steps)]
+    if collapsed:  # the policy collapses after a random step: reward and entropy fall to near zero
+        at = rng.randrange(1, steps)
+        final = abs(rng.gauss(0.02, 0.02))
+        curve = curve[:at] + [abs(rng.gauss(0.02, 0.02)) for _ in range(steps - at)]
+        entropy = entropy[:at] + [abs(rng.gauss(0.01, 0.005)) for _ in range(steps - at)]
     rewards = _attempts(rng, final, episodes)
+    rows = [
+        {"step": i + 1, "reward_mean": r, "entropy": e}
+        for i, (r, e) in enumerate(zip(curve, entropy, strict=True))
+    ]
+    diagnoses = detect_collapse(  # the real detectors on the simulated trainer metrics
+        rows,
+        drop_max=spec.stability.drop_max,
+        entropy_min=spec.stability.entropy_min,
+        kl_max=spec.stability.kl_max,
+    )
     per_step = spec.settings.batch_size * spec.settings.group_size * SECONDS_PER_EPISODE * 1.3
-    return _outcome(spec, run_id, curve, rewards, eval_tasks, wall_s=20.0 + steps * per_step + episodes)
+    outcome = _outcome(spec, run_id, curve, rewards, eval_tasks, wall_s=20.0 + steps * per_step + episodes)
+    return outcome.model_copy(update={"diagnoses": diagnoses})
 
 
 def _answer(plan: PlanDraft, outcomes: Sequence[RunOutcome], baseline: RewardSummary) -> float | None:

@@ -14,7 +14,7 @@ from a3r.graph.context import RunContext
 from a3r.graph.records import config_identity, ensure_finding
 from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.study.analysis import DiagnosisKind, part_roles
-from a3r.study.design import ranked_by_held_out, seed_means
+from a3r.study.design import STABLE_CONFIRM_SEEDS, ranked_by_held_out, seed_means
 from a3r.study.effects import LEVEL, Effect, EffectVerdict, curve_effect, two_sample_effect
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
@@ -278,7 +278,14 @@ def _min_stable_conclusion(configs: list[ConfigVerdict], variable: str) -> tuple
         statement = f"minimal stable {variable} ≤ {smallest:g}: the smallest tested value was already stable on seeds {chosen.stable_seeds}"
     resting = [chosen, *below[-1:]]
     unsettled = [c for c in resting if not c.settled]
-    status = FindingStatus.unconfirmed if noisy or unsettled else FindingStatus.confirmed
+    few = len(set(chosen.stable_seeds)) < STABLE_CONFIRM_SEEDS
+    status = FindingStatus.unconfirmed if noisy or unsettled or few else FindingStatus.confirmed
+    if few:
+        bound = 1 - 0.05 ** (1 / max(len(set(chosen.stable_seeds)), 1))
+        statement += (
+            f". {len(set(chosen.stable_seeds))} stable seed(s) bound the per-run failure rate of {variable} = "
+            f"{smallest:g} only below {bound:.0%} (95%); >= {STABLE_CONFIRM_SEEDS} are needed to confirm it"
+        )
     if chosen.margin is not None:
         statement += f". Margin of {variable} = {smallest:g} over the threshold: {chosen.margin.describe()}"
     if unsettled:

@@ -21,15 +21,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 import templates
 from a3r.errors import PlanError
-
-if TYPE_CHECKING:
-    from a3r.study.plans import TrainingSettings
 
 __all__ = [
     "SETTINGS",
@@ -401,10 +398,10 @@ def resolve_setting(name: str, template: str | None) -> Setting:
     return _template_knob(meta, name, base)
 
 
-def serve_flags(settings: TrainingSettings) -> dict[str, Any]:
+def serve_flags(settings: BaseModel) -> dict[str, Any]:
     """The ``swarm serve`` options a run's `TrainingSettings` set: every training setting's flag.
 
     Args:
-        settings: A `a3r.study.plans.TrainingSettings`.
+        settings: A `a3r.study.plans.TrainingSettings` (typed as its base: plans imports this module).
     """
     return {s.flag: getattr(settings, s.name) for s in SETTINGS.values() if s.flag is not None}
