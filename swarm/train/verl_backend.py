@@ -469,7 +469,9 @@ class VerlTrainer:
 
     Raises:
         VerlUnavailable: verl is not installed.
-        TrainerError: LoRA (the merged gather is not wired yet).
+        TrainerError: LoRA (the merged gather is not wired yet); when the workers start, no CUDA GPU and no
+            Ray address, or a Ray cluster with fewer GPUs than ``settings.world_size`` (Ray would otherwise
+            wait forever for the placement group).
     """
 
     def __init__(
@@ -509,8 +511,20 @@ class VerlTrainer:
         import ray
         from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
+        if self.settings.ray_address is None and not torch.cuda.is_available():
+            raise TrainerError(
+                "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
+                "(give a Ray cluster with GPUs through the verl settings' ray_address, or use --trainer torch)"
+            )
         if not ray.is_initialized():
             ray.init(address=self.settings.ray_address, ignore_reinit_error=True)
+        gpus = ray.cluster_resources().get("GPU", 0.0)
+        if gpus < self.settings.world_size:
+            # Ray would wait forever for a placement group the cluster cannot fill.
+            raise TrainerError(
+                f"--trainer verl: the Ray cluster has {gpus:g} GPU(s) and the actor needs "
+                f"{self.settings.world_size} ({self.settings.nnodes} node(s) × {self.settings.n_gpus_per_node})"
+            )
         node = verl_actor_config(
             self.model_path,
             self.config,

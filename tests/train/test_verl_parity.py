@@ -391,3 +391,15 @@ def test_update_metrics_are_read_from_verls_metric_objects_and_lists() -> None:
     assert _mean(metrics, "kl_loss") == pytest.approx(0.3)
     assert _mean(metrics, "lr") == 1e-5
     assert _mean(metrics, "missing", "actor/pg_loss") == 0.125 and _mean(metrics, "missing") is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_workers_without_a_gpu_fail_in_one_line_instead_of_waiting_for_one(
+    make_model: Callable[[], Any], tmp_path: Any
+) -> None:
+    """Without CUDA and without a Ray address the worker group is refused before Ray starts: Ray itself
+    would wait forever for a GPU placement group (the CPU smoke run of bench/verl_step.py did)."""
+    from swarm.train.verl_backend import VerlTrainer
+
+    with pytest.raises(TrainerError, match="needs CUDA GPUs and this machine has none"):
+        VerlTrainer(make_model(), tmp_path, TrainerConfig(), PAD, start=True)
