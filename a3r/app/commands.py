@@ -405,7 +405,26 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
     _out.print(f"  training: {fields}", markup=False)
     for hypothesis in draft.hypotheses:
         _out.print(f"  hypothesis: {hypothesis.statement}", markup=False)
+        _out.print(f"    decision rule: {hypothesis.decision_rule}", markup=False)
     _out.print(f"  why: {draft.rationale}", markup=False)
+    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE
+    from a3r.study.research import SERVER_OVERHEAD_S, UPDATE_SHARE
+
+    per_step = training.batch_size * training.group_size * ASSUMED_SECONDS_PER_EPISODE * (1 + UPDATE_SHARE)
+    evaluation = 2 * settings.eval_tasks * settings.eval_samples * ASSUMED_SECONDS_PER_EPISODE
+    smoke = training.smoke_tasks * training.group_size * ASSUMED_SECONDS_PER_EPISODE
+    total = smoke + len(training.seeds) * (SERVER_OVERHEAD_S + training.steps * per_step) + evaluation
+    _out.print(
+        f"  stages: smoke ({training.smoke_tasks} task(s)) and held-out baseline → {training.steps} steps on seed(s) "
+        f"{training.seeds} (fitted to the budget after the smoke run) → held-out evaluation → report",
+        markup=False,
+    )
+    _out.print(
+        f"  estimated time: ≈ {total / 60:.0f} min at an assumed {ASSUMED_SECONDS_PER_EPISODE:g} s per episode "
+        f"(the smoke run measures it; multi-turn games take several times longer); budget "
+        f"{settings.budget_minutes:g} min",
+        markup=False,
+    )
 
 
 def research(
