@@ -278,7 +278,7 @@ def _serve_options(items: list[str] | None) -> dict[str, Any]:
         key = key.strip().removeprefix("--").replace("_", "-")
         if not sep or not key:
             raise _fail(f"--serve-option {item!r}: expected KEY=VALUE, e.g. max-staleness=1")
-        if key in _MANAGED_SERVE_OPTIONS:
+        if key in _MANAGED_SERVE_OPTIONS and key not in TRAINER_SERVE_OPTIONS:
             raise _fail(f"--serve-option {key}: {_MANAGED_SERVE_OPTIONS[key]}")
         lowered = value.strip().lower()
         if key == "quota":  # repeatable, like swarm serve --quota
@@ -287,6 +287,23 @@ def _serve_options(items: list[str] | None) -> dict[str, Any]:
         options[key] = {"true": True, "false": False}.get(lowered, value.strip())
     _check_serve_options(options)
     return options
+
+
+TRAINER_SERVE_OPTIONS = {
+    "kl-coef": "kl_coef",
+    "clip-eps": "clip_eps",
+    "ppo-epochs": "ppo_epochs",
+    "minibatches": "minibatches",
+}
+"""``swarm serve`` options a user may still pass with ``--serve-option``: they become the plan's
+training settings (`TrainingSettings`), which every run sends to its server."""
+
+
+def _trainer_overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """Move `TRAINER_SERVE_OPTIONS` out of ``options`` into training-setting overrides."""
+    return {
+        TRAINER_SERVE_OPTIONS[key]: options.pop(key) for key in list(options) if key in TRAINER_SERVE_OPTIONS
+    }
 
 
 def _check_serve_options(options: dict[str, Any]) -> None:
@@ -335,6 +352,7 @@ def vibe(
 ) -> None:
     """Plan, code, smoke-test, train, monitor, patch (with approval) and report on one request."""
     server_options = _serve_options(serve_option)
+    trainer = _trainer_overrides(server_options)
     if server is not None:
         _check_server(server)
     settings = SessionSettings(
@@ -350,7 +368,7 @@ def vibe(
         hang_after_s=hang_after,
         server_options=server_options,
     )
-    overrides = {
+    overrides = trainer | {
         k: v
         for k, v in {"steps": steps, "batch_size": batch_size, "group_size": group_size}.items()
         if v is not None
@@ -464,6 +482,7 @@ def research(
 ) -> None:
     """Answer a research question with a pre-registered, staged, multi-seed sweep."""
     server_options = _serve_options(serve_option)
+    trainer = _trainer_overrides(server_options)
     settings = SessionSettings(
         store=store,
         root=root,
@@ -476,7 +495,7 @@ def research(
         hang_after_s=hang_after,
         server_options=server_options,
     )
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = dict(trainer)
     if steps is not None:
         overrides["steps"] = steps
     if seeds is not None:

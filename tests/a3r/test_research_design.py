@@ -173,3 +173,27 @@ def test_research_dry_run_prints_a_staged_plan_and_writes_nothing(tmp_path: Path
         app, ["research", "find the best weight decay on arithmetic", "--dry-run", *common]
     )
     assert refused.exit_code == 1 and refused.output.count("\n") == 1 and "weight decay" in refused.output
+
+
+def test_trainer_serve_options_become_training_settings(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    result = CliRunner().invoke(
+        app,
+        [
+            "vibe",
+            "train arithmetic",
+            "--serve-option",
+            "kl-coef=0.05",
+            "--serve-option",
+            "ppo-epochs=2",
+            *common,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "kl_coef=0.05" in result.output and "ppo_epochs=2" in result.output
+    bad = CliRunner().invoke(app, ["vibe", "train arithmetic", "--serve-option", "clip-eps=1.5", *common])
+    assert bad.exit_code == 1 and "--clip-eps" in bad.output
