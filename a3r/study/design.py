@@ -314,9 +314,10 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
                 ),
                 decision_rule=(
                     f"{stages}. The answer is the smallest value whose every seed (>= {stability.min_seeds}) is stable "
-                    "with every larger tested value stable; confirmed only when its margin over the threshold "
-                    "(95% CI over seeds) excludes 0 and the value below failed by a hard failure or a refuted "
-                    "margin, with no stable value below a failing one; refuted when no value is stable; else unconfirmed"
+                    "with every larger tested value stable; confirmed only when it was stable on >= "
+                    f"{STABLE_CONFIRM_SEEDS} seeds, its margin over the threshold (95% CI over seeds) excludes 0 and "
+                    "the value below failed by a hard failure or a refuted margin, with no stable value below a "
+                    "failing one; refuted when no value is stable; else unconfirmed"
                 ),
             )
         ]
