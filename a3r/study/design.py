@@ -108,8 +108,9 @@ def seeds_per_arm(
     a comparison, `a3r.study.effects.MIN_EFFECT_SD`; 0 for a stability margin). This is the normal-
     approximation sample size n = k (z_{1−α/2} + z_{1−β})² σ² / (δ − m)² for a superiority test with
     margin m (S.-C. Chow, J. Shao, H. Wang, *Sample Size Calculations in Clinical Research*, 2nd ed.,
-    2008, §3.2: two-sample parallel design, test for superiority with a margin), with Student's t quantile in place of z_{1−α/2} and solved by search, which
-    matters at the few seeds RL studies afford.
+    2008, §3.2: two-sample parallel design, test for superiority with a margin), with Student's t
+    quantile in place of z_{1−α/2} and solved by search, which matters at the few seeds RL studies
+    afford.
 
     Args:
         sd: Observed seed-to-seed standard deviation of the outcome (reward units); ``nan`` or ≤ 0 gives
