@@ -604,11 +604,9 @@ def main(
                     typer.echo("error: --export: the store holds no tracking study yet", err=True)
                     raise typer.Exit(2)
                 exported = study_id if study_id is not None else tracking[0]
-                others = len(tracking) - 1
+                others = ", ".join(str(i) for i in tracking if i != exported)
                 if others:
-                    console.print(
-                        f"[yellow]export: {others} other tracking studies of the store are left out[/]"
-                    )
+                    console.print(f"[yellow]export: tracking studies {others} of the store are left out[/]")
                 console.print(f"history written: {export_history(db, exported, export)}")
     except HistoryFileError as exc:
         typer.echo(f"error: --history {exc}", err=True)
