@@ -26,6 +26,7 @@ from a3r.study.plans import (
     PlanDraft,
     check_plan,
 )
+from a3r.study.settings import SETTINGS
 
 __all__ = ["ChatProvider", "chat_model", "describe_templates"]
 
@@ -79,15 +80,22 @@ def _catalogue() -> str:
 
 
 # ------------------------------------------------------------------------------------------ chat
-PLAN_SYSTEM = """You are the planner of A3R, an agent that runs reinforcement-learning experiments on LLMs
+PLAN_SYSTEM = (
+    """You are the planner of A3R, an agent that runs reinforcement-learning experiments on LLMs
 (GRPO on a swarm server). Given a user's request, choose a task template from the catalogue (or null if none
 fits), its parameters, training settings, and hypotheses registered BEFORE any run, each with an expected
 outcome and a decision rule fixed in advance. For research questions (mode "research") give a staged sweep
-(coarse values, powers of two for sizes) with at least 2 seeds, and for stability questions an operational
-definition of "stable" (StabilityCriterion). Keep budgets small: CPU training, a few steps.
+over ONE setting (variable: one of """
+    + ", ".join(SETTINGS)
+    + """, or a numeric or boolean workflow
+parameter of the template) with a goal: min_stable, best, a_vs_b (coarse = [A, B]) or effect_of (coarse =
+[reference, changed]); coarse values (powers of two for sizes), at least 2 seeds, and for stability
+questions an operational definition of "stable" (StabilityCriterion). Keep budgets small: CPU training,
+a few steps.
 
 Template catalogue:
 {catalogue}"""
+)
 
 CODE_SYSTEM = """Write the task code for an A3R training run. workflow.py must define
 `async def run(task, llm)` returning a float reward or `swarm.client.workflow.Result`, use only the OpenAI

@@ -56,6 +56,9 @@ class RunSpec(BaseModel):
         start_step: For a continuation: the policy step the server had reached.
         early_stop: Stop the client early when the live detectors see a patchable problem.
         stability: Thresholds of the collapse detectors (the plan's stability criterion).
+        params: Template parameters this run overrides (a study varying a template knob): the run
+            trains with a copy of the workflow with these values; held-out evaluation keeps the frozen
+            original.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -71,6 +74,7 @@ class RunSpec(BaseModel):
     start_step: int = 0
     early_stop: bool = False
     stability: StabilityCriterion = Field(default_factory=StabilityCriterion)
+    params: dict[str, bool | int | float | str | None] = Field(default_factory=dict)
 
 
 class RunOutcome(BaseModel):

@@ -41,6 +41,7 @@ from a3r.study.analysis import (
 )
 from a3r.study.research import EVAL_BUDGET_SHARE
 from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.settings import SETTINGS, serve_flags
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, judge
 from a3r.swarmops.processes import (
@@ -198,7 +199,12 @@ def _reward_curve(rows: list[ServerStepMetrics]) -> list[tuple[int, float]]:
     return metric_series([{"step": row.step, "reward_mean": row.reward_mean} for row in rows], "reward_mean")
 
 
-PLAN_SERVE_OPTIONS = ("train", "batch-policy", "batch-size", "group-size", "lr", "lora-rank", "max-steps")
+PLAN_SERVE_OPTIONS = (
+    "train",
+    "batch-policy",
+    *(s.flag for s in SETTINGS.values() if s.flag is not None),
+    "max-steps",
+)
 """``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""
 
 
@@ -218,10 +224,7 @@ def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServeOptions:
             {
                 "train": True,
                 "batch-policy": "tasks",
-                "batch-size": s.batch_size,
-                "group-size": s.group_size,
-                "lr": s.lr,
-                "lora-rank": s.lora_rank,
+                **serve_flags(s),
                 "max-steps": s.steps if spec.purpose in ("train", "sweep") else None,
             }
         )
