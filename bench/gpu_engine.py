@@ -321,6 +321,12 @@ def main(
     client_processes: Annotated[
         int, typer.Option(min=1, help="processes the concurrent clients are spread over")
     ] = 8,
+    train: Annotated[
+        bool,
+        typer.Option(
+            help="run the GRPO-cycle and drift runs after the overhead (--no-train: throughput and overhead only)"
+        ),
+    ] = True,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -369,7 +375,7 @@ def main(
                                 "window_s": window,
                             }
                             console.print(results["overhead"])
-                if kind == train_engine:
+                if kind == train_engine and train:
                     results["cycle"], results["drift"] = train_runs(
                         engine, cycle_episodes, drift_steps, drift_episodes, lr, tokens, device
                     )

@@ -6,6 +6,8 @@ against the history of earlier commits.
     .venv/bin/python bench/track.py --quick --fail-on-regression --html track-html
     .venv/bin/python bench/track.py --report-only --html DIR   # verdicts + dashboard from the store alone
     .venv/bin/python bench/track.py --quick --code /tmp/track-abc123   # measure that checkout's swarm/
+    .venv/bin/python bench/track.py --report-only --history bench/history/track.json --html DIR
+    .venv/bin/python bench/track.py --quick --history bench/history/track.json --export bench/history/track.json
 
 The suite (each benchmark returns per-step metrics and final numbers with a declared direction):
 
@@ -25,6 +27,10 @@ Every run goes to the store given by ``--store`` (default the a3r store ``.a3r/m
 SQLAlchemy URL, e.g. a team's PostgreSQL) as described in ``bench/track_history.py``, with the commit
 of the measured ``swarm`` package, its dirty flag, the machine and the package versions. The regression
 rule compares this commit's runs with the earlier commits' runs of the same mode and machine.
+
+``--history FILE`` first loads a history exported earlier (the committed ``bench/history/track.json``)
+into the store (idempotent); the runs of this invocation then go to that history's study, and
+``--export FILE`` writes that study (else the store's first tracking study) back as JSON.
 """
 
 from __future__ import annotations
@@ -48,10 +54,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from track_history import (
+    STUDY_KIND,
     VERDICT_COLUMNS,
     History,
+    HistoryFileError,
     Status,
     Verdict,
+    export_history,
+    import_history,
     load_history,
     record_run,
     verdict_cells,
@@ -372,8 +382,10 @@ def run_suite(
     seeds: list[int],
     settings: SuiteSettings,
     mode: str,
+    study_id: int | None = None,
 ) -> dict[str, list[int]]:
-    """Run every benchmark for every seed and record each run; returns the new run ids by benchmark.
+    """Run every benchmark for every seed and record each run (into the tracking study ``study_id``, by
+    default the store's first); returns the new run ids by benchmark.
 
     A benchmark that raises is recorded as a failed run (its error message) and the suite goes on."""
     import torch
@@ -411,6 +423,7 @@ def run_suite(
                     steps=measured.steps if measured else [],
                     final=measured.final if measured else None,
                     error=error,
+                    study_id=study_id,
                 )
                 if measured is not None:
                     new.setdefault(bench.name, []).append(run_id)
@@ -540,6 +553,17 @@ def main(
     report_only: Annotated[
         bool, typer.Option("--report-only", help="run nothing: verdicts and dashboard from the store")
     ] = False,
+    history_files: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--history",
+            help="first load this exported history into the store (repeatable; idempotent), "
+            "e.g. bench/history/track.json; new runs go to its study",
+        ),
+    ] = None,
+    export: Annotated[
+        Path | None, typer.Option(help="write the tracking study as JSON here at the end (see --history)")
+    ] = None,
 ) -> None:
     """Run the tracked benchmark suite, record it per commit and judge it against earlier commits."""
     from memory import Store, StoreError
@@ -557,10 +581,14 @@ def main(
         _use_code(code)
     try:
         with Store(store) as db:
+            study_id = None
+            for path in history_files or []:
+                study_id = import_history(db, path)
+                console.print(f"history: {path} → tracking study {study_id} of {db.url}")
             new = (
                 {}
                 if report_only
-                else run_suite(db, benchmarks, seed_list, settings, "quick" if quick else "full")
+                else run_suite(db, benchmarks, seed_list, settings, "quick" if quick else "full", study_id)
             )
             history = load_history(db)
             rows = verdicts(history, benchmarks, new, k=k, min_history=min_history)
@@ -570,6 +598,22 @@ def main(
 
                 page = write_dashboard(html, history, SUITE, rows, db)
                 console.print(f"dashboard: {page}")
+            if export is not None:
+                tracking = [s.id for s in db.studies() if s.kind == STUDY_KIND]
+                if not tracking:
+                    typer.echo("error: --export: the store holds no tracking study yet", err=True)
+                    raise typer.Exit(2)
+                exported = study_id if study_id is not None else tracking[0]
+                others = ", ".join(str(i) for i in tracking if i != exported)
+                if others:
+                    console.print(f"[yellow]export: tracking studies {others} of the store are left out[/]")
+                console.print(f"history written: {export_history(db, exported, export)}")
+    except HistoryFileError as exc:
+        typer.echo(f"error: --history {exc}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     except StoreError as exc:
         console.print(f"[red]store error:[/] {exc}")
         raise typer.Exit(2) from None

@@ -6,6 +6,11 @@ holding the provenance (dirty flag, machine, package versions), the backend, the
 ``full``) and the benchmark's settings; per-step metrics via ``log_metrics`` and the final numbers via
 ``finish_run``. A team's PostgreSQL store (any SQLAlchemy URL) holds everyone's history the same way.
 
+A history travels as the study's JSON export (`export_history`, ``memory.Store.export_study``) and is
+loaded with `import_history` (``memory.Store.import_study``: idempotent, a newer export of the same
+study adds its new runs). ``bench/history/track.json`` is the committed one. A store may then hold
+several tracking studies (one imported, one recorded locally); `load_history` reads them all.
+
 Regression rule (:func:`judge`): the candidate is the median of the new runs' values of a benchmark's
 primary metric; the baseline is the mean ``μ`` and sample standard deviation ``σ`` of that metric over
 the runs of *earlier* commits (same mode, benchmark sizes and machine, at least ``min_history`` runs). The candidate
@@ -21,18 +26,24 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from memory import RunStatus, RunWithMetrics, Store
+from pydantic import ValidationError
+
+from memory import InvalidInput, RunStatus, RunWithMetrics, Store, StudyExport
 
 __all__ = [
     "STUDY_KIND",
     "STUDY_QUESTION",
     "VERDICT_COLUMNS",
     "History",
+    "HistoryFileError",
     "Status",
     "TrackRun",
     "Verdict",
+    "export_history",
+    "import_history",
     "judge",
     "load_history",
     "record_run",
@@ -165,6 +176,45 @@ def track_study(store: Store) -> int:
     return store.create_study(STUDY_QUESTION, kind=STUDY_KIND).id
 
 
+class HistoryFileError(Exception):
+    """A history file that cannot be read, is not a study export, or not a tracking study's."""
+
+
+def import_history(store: Store, path: Path) -> int:
+    """Load a tracking history exported by `export_history` into ``store`` (idempotent).
+
+    Returns:
+        The id of the tracking study holding it in ``store``.
+
+    Raises:
+        HistoryFileError: Unreadable file, not a study export, or a study of another kind.
+    """
+    try:
+        export = StudyExport.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise HistoryFileError(f"{path}: {exc.strerror or exc}") from None
+    except ValidationError as exc:
+        raise HistoryFileError(f"{path}: not a study export ({exc.error_count()} problems)") from None
+    if export.study.kind != STUDY_KIND:
+        raise HistoryFileError(f"{path}: a study of kind {export.study.kind!r}, not a tracking history")
+    try:
+        return store.import_study(export)
+    except InvalidInput as exc:
+        raise HistoryFileError(f"{path}: {exc}") from None
+
+
+def export_history(store: Store, study_id: int, path: Path) -> Path:
+    """Write the tracking study ``study_id`` as JSON (keys sorted, one-space indent) to ``path``.
+
+    The file holds the runs' provenance as recorded (commit, dirty flag, CPU model and core count,
+    package versions, the 1-minute load average), never a path of the machine.
+    """
+    data = store.export_study(study_id).model_dump(mode="json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
 def _experiment(store: Store, study_id: int, benchmark: str, description: str) -> int:
     for experiment in store.experiments(study_id):
         if experiment.name == benchmark:
@@ -183,6 +233,7 @@ def record_run(
     steps: Sequence[Mapping[str, float]],
     final: Mapping[str, float] | None,
     error: str | None = None,
+    study_id: int | None = None,
 ) -> int:
     """Record one benchmark run: started, its per-step metrics (step 1, 2, …), then finished or failed.
 
@@ -196,11 +247,13 @@ def record_run(
         steps: Metrics of each step, in order.
         final: Final numbers; ``None`` with ``error`` records a failed run.
         error: Why the benchmark failed.
+        study_id: The tracking study to record into (default `track_study`).
 
     Returns:
         The run id.
     """
-    experiment = _experiment(store, track_study(store), benchmark, description)
+    study = track_study(store) if study_id is None else study_id
+    experiment = _experiment(store, study, benchmark, description)
     short = (git_commit or "unknown")[:12]
     run = store.start_run(
         experiment, name=f"{short}-s{seed}", config=dict(config), seed=seed, git_commit=git_commit
@@ -311,12 +364,16 @@ class History:
 
 
 def load_history(store: Store) -> History:
-    """Every finished run of the tracking study (empty when the store has none)."""
+    """Every finished run of the store's tracking studies, oldest first (empty when there is none)."""
+    runs: list[TrackRun] = []
+    for study in store.studies():
+        if study.kind != STUDY_KIND:
+            continue
+        names = {e.id: e.name for e in store.experiments(study.id)}
+        runs += [
+            TrackRun(run, names[run.experiment_id]) for run in store.runs(study.id, status=RunStatus.finished)
+        ]
     history = History()
-    study = next((s.id for s in store.studies() if s.kind == STUDY_KIND), None)
-    if study is None:
-        return history
-    names = {e.id: e.name for e in store.experiments(study)}
-    for run in store.runs(study, status=RunStatus.finished):
-        history.runs.setdefault(names[run.experiment_id], []).append(TrackRun(run, names[run.experiment_id]))
+    for run in sorted(runs, key=lambda r: r.run.started_at):
+        history.runs.setdefault(run.benchmark, []).append(run)
     return history

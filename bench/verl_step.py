@@ -121,6 +121,23 @@ def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     )
 
 
+def update_agreement(a: torch.nn.Module, b: torch.nn.Module, start: torch.nn.Module) -> tuple[float, float]:
+    """How alike two trained copies' updates from ``start`` are, over all parameters flattened:
+    ``(cosine(Δa, Δb), ‖a − b‖ / ‖Δa‖)`` with ``Δx = x − start``. The largest single-weight difference
+    says little under Adam: its first step moves every weight by ≈ ±lr whatever the gradient's size, so a
+    weight whose gradient is float noise moves by lr one way in one copy and the other way in the other."""
+    dot = na = nb = nd = 0.0
+    for x, y, z in zip(a.parameters(), b.parameters(), start.parameters(), strict=True):
+        x0 = z.detach().float().to(x.device)
+        da = x.detach().float() - x0
+        db = y.detach().float().to(x.device) - x0
+        dot += float((da * db).sum())
+        na += float((da * da).sum())
+        nb += float((db * db).sum())
+        nd += float(((da - db) ** 2).sum())
+    return dot / max((na * nb) ** 0.5, 1e-30), (nd / max(na, 1e-30)) ** 0.5
+
+
 def part_batch(args: dict[str, Any]) -> dict[str, Any]:
     source = resolve_model(args["model"])
     device = args["device"]
@@ -161,7 +178,11 @@ def part_batch(args: dict[str, Any]) -> dict[str, Any]:
             row[f"{name}_policy_loss"] = m.policy_loss
             row[f"{name}_grad_norm"] = m.grad_norm
             row[f"{name}_drift"] = m.logprob_drift_mean
+            row[f"{name}_drift_max"] = m.logprob_drift_max
         if len(trainers) == 2:
+            row["update_cos"], row["rel_diff"] = update_agreement(
+                trainers["torch"].model, trainers["verl"].model, start
+            )
             row["max_weight_diff"] = max_diff(trainers["torch"].model, trainers["verl"].model)
         if "torch" in trainers:
             row["max_update"] = max_diff(trainers["torch"].model, start)

@@ -33,7 +33,7 @@ from memory._errors import (
     StoreError,
     StoreUnavailable,
 )
-from memory._export import ExperimentExport, StudyExport, render_markdown
+from memory._export import ExperimentExport, MetricPointExport, RunExport, StudyExport, render_markdown
 from memory._models import (
     ArtifactKind,
     CodeArtifactPublic,
@@ -74,11 +74,13 @@ __all__ = [
     "IntegrityViolation",
     "InvalidInput",
     "InvalidTransition",
+    "MetricPointExport",
     "MetricPointPublic",
     "NotFound",
     "PatchPublic",
     "PatchStatus",
     "PreregistrationError",
+    "RunExport",
     "RunPublic",
     "RunStatus",
     "RunUpdate",

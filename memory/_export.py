@@ -18,17 +18,39 @@ from memory._models import (
     StudyPublic,
 )
 
-__all__ = ["ExperimentExport", "StudyExport", "render_markdown"]
+__all__ = ["ExperimentExport", "MetricPointExport", "RunExport", "StudyExport", "render_markdown"]
+
+
+class MetricPointExport(BaseModel):
+    """One metric point of an exported run (its run is the enclosing `RunExport`)."""
+
+    step: int
+    name: str
+    value: float
+    recorded_at: datetime
+
+
+class RunExport(RunWithMetrics):
+    """A run with every metric point it logged, ordered by step then insertion.
+
+    ``metric_points`` is what `Store.import_study` restores the per-step curves from; an export written
+    before it existed reads with an empty list.
+    """
+
+    metric_points: list[MetricPointExport] = Field(default_factory=list)
 
 
 class ExperimentExport(ExperimentPublic):
     """An experiment with its runs."""
 
-    runs: list[RunWithMetrics] = Field(default_factory=list)
+    runs: list[RunExport] = Field(default_factory=list)
 
 
 class StudyExport(BaseModel):
-    """Everything recorded about one study; ``model_dump(mode="json")`` is the JSON export."""
+    """Everything recorded about one study; ``model_dump(mode="json")`` is the JSON export.
+
+    `Store.import_study` is its inverse (ids are assigned anew; see there for what a re-import merges).
+    """
 
     schema_revision: str | None
     """Store schema revision the export was read from."""

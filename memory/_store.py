@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +24,7 @@ from sqlmodel import Session, col, select
 
 from memory._db import Engines, current_revision, make_engines, resolve_url, translate_errors, upgrade
 from memory._errors import InvalidInput, InvalidTransition, NotFound, PreregistrationError
-from memory._export import ExperimentExport, StudyExport
+from memory._export import ExperimentExport, MetricPointExport, RunExport, StudyExport
 from memory._models import (
     ArtifactKind,
     CodeArtifact,
@@ -1038,7 +1039,11 @@ class Store:
             NotFound: No such study.
         """
         study = self.get_study(study_id)
-        runs = self.runs(study_id)
+        points = self._study_points(study_id)
+        runs = [
+            RunExport.model_validate(run.model_dump(), update={"metric_points": points.get(run.id, [])})
+            for run in self.runs(study_id)
+        ]
         experiments = [
             ExperimentExport.model_validate(
                 experiment.model_dump(),
@@ -1057,6 +1062,280 @@ class Store:
             findings=self.findings(study_id),
             events=self.events(study_id=study_id),
         )
+
+    def _study_points(self, study_id: int) -> dict[int, list[MetricPointExport]]:
+        """Every metric point of a study's runs, by run id, ordered by step then insertion."""
+        with self._read() as session:
+            rows = session.exec(
+                select(MetricPoint)
+                .join(Run, col(MetricPoint.run_id) == Run.id)
+                .join(Experiment, col(Run.experiment_id) == Experiment.id)
+                .where(Experiment.study_id == study_id)
+                .order_by(col(MetricPoint.run_id), col(MetricPoint.step), col(MetricPoint.id))
+            ).all()
+            points: dict[int, list[MetricPointExport]] = {}
+            for row in rows:
+                points.setdefault(row.run_id, []).append(
+                    MetricPointExport(
+                        step=row.step, name=row.name, value=row.value, recorded_at=row.recorded_at
+                    )
+                )
+            return points
+
+    # --------------------------------------------------------------------------------- import
+    def import_study(self, export: StudyExport) -> int:
+        """Recreate an exported study (the inverse of `export_study`) in one transaction.
+
+        Everything the export holds is restored with its timestamps and statuses: the study, its
+        hypotheses, experiments, runs (config, seed, commit, status, final metrics, error) with every
+        metric point, artifact versions, patches (with their decisions), findings with their evidence
+        runs, and events. Ids are assigned anew and every reference is mapped to the new ids.
+
+        The import is idempotent, keyed on the study's ``(kind, question, created_at)`` (its creation
+        time to the microsecond is kept by the export, so a store that exported it and a store that
+        imported it share the key). When a study with that key exists, nothing is duplicated: the
+        experiments (matched by name and creation time), hypotheses (statement and registration time)
+        and runs (experiment, name and start time) it lacks are added, with the new runs' metric points
+        and events; the existing records, and the study's artifacts, patches, findings and study-level
+        events, are left as they are. So importing a newer export of the same study adds its new runs.
+
+        Args:
+            export: A study export (e.g. ``StudyExport.model_validate_json(text)``).
+
+        Returns:
+            The id of the study in this store (new, or the existing one with the same key).
+
+        Raises:
+            InvalidInput: The export references a record it does not hold (e.g. a run of a finding).
+        """
+        source = export.study
+        created = _aware(source.created_at)
+        with self._write() as session:
+            study = session.exec(
+                select(Study).where(
+                    Study.kind == source.kind, Study.question == source.question, Study.created_at == created
+                )
+            ).first()
+            merging = study is not None
+            if study is None:
+                study = Study(
+                    question=source.question,
+                    kind=source.kind,
+                    status=source.status,
+                    conclusion=source.conclusion,
+                    created_at=created,
+                    updated_at=_aware(source.updated_at),
+                )
+                session.add(study)
+                session.flush()
+            assert study.id is not None
+            study_id = study.id
+
+            hypotheses: dict[int, int] = {}
+            for hypothesis in export.hypotheses:
+                registered = _aware(hypothesis.registered_at)
+                found = (
+                    session.exec(
+                        select(Hypothesis.id).where(
+                            Hypothesis.study_id == study_id,
+                            Hypothesis.statement == hypothesis.statement,
+                            Hypothesis.registered_at == registered,
+                        )
+                    ).first()
+                    if merging
+                    else None
+                )
+                if found is None:
+                    row = Hypothesis(
+                        study_id=study_id,
+                        statement=hypothesis.statement,
+                        expected_outcome=hypothesis.expected_outcome,
+                        decision_rule=hypothesis.decision_rule,
+                        registered_at=registered,
+                    )
+                    session.add(row)
+                    session.flush()
+                    found = row.id
+                assert found is not None
+                hypotheses[hypothesis.id] = found
+
+            runs: dict[int, int] = {}
+            new_runs: set[int] = set()
+            for experiment in export.experiments:
+                experiment_id = self._import_experiment(session, study_id, experiment, hypotheses, merging)
+                for run in experiment.runs:
+                    started = _aware(run.started_at)
+                    found = (
+                        session.exec(
+                            select(Run.id).where(
+                                Run.experiment_id == experiment_id,
+                                Run.name == run.name,
+                                Run.started_at == started,
+                            )
+                        ).first()
+                        if merging
+                        else None
+                    )
+                    if found is None:
+                        found = self._import_run(session, experiment_id, run)
+                        new_runs.add(run.id)
+                    runs[run.id] = found
+
+            if not merging:
+                self._import_artifacts(session, study_id, export)
+                for finding in export.findings:
+                    finding_row = Finding(
+                        study_id=study_id,
+                        statement=finding.statement,
+                        evidence=finding.evidence,
+                        confidence=finding.confidence,
+                        status=finding.status,
+                        seeds=list(finding.seeds),
+                        hypothesis_id=None
+                        if finding.hypothesis_id is None
+                        else _mapped(hypotheses, finding.hypothesis_id, "hypothesis"),
+                        created_at=_aware(finding.created_at),
+                        updated_at=_aware(finding.updated_at),
+                    )
+                    session.add(finding_row)
+                    session.flush()
+                    assert finding_row.id is not None
+                    for evidence in finding.run_ids:
+                        session.add(
+                            FindingEvidence(finding_id=finding_row.id, run_id=_mapped(runs, evidence, "run"))
+                        )
+            for event in export.events:
+                event_run = None if event.run_id is None else _mapped(runs, event.run_id, "run")
+                if (event.run_id is None and merging) or (
+                    event.run_id is not None and event.run_id not in new_runs
+                ):
+                    continue  # already in the store (merged import)
+                session.add(
+                    Event(
+                        study_id=study_id,
+                        run_id=event_run,
+                        created_at=_aware(event.created_at),
+                        level=event.level,
+                        message=event.message,
+                    )
+                )
+            session.commit()
+            return study_id
+
+    @staticmethod
+    def _import_experiment(
+        session: Session,
+        study_id: int,
+        experiment: ExperimentExport,
+        hypotheses: dict[int, int],
+        merging: bool,
+    ) -> int:
+        created = _aware(experiment.created_at)
+        if merging:
+            found = session.exec(
+                select(Experiment.id).where(
+                    Experiment.study_id == study_id,
+                    Experiment.name == experiment.name,
+                    Experiment.created_at == created,
+                )
+            ).first()
+            if found is not None:
+                return found
+        row = Experiment(
+            study_id=study_id,
+            name=experiment.name,
+            description=experiment.description,
+            template=experiment.template,
+            hypothesis_id=None
+            if experiment.hypothesis_id is None
+            else _mapped(hypotheses, experiment.hypothesis_id, "hypothesis"),
+            created_at=created,
+        )
+        session.add(row)
+        session.flush()
+        assert row.id is not None
+        return row.id
+
+    @staticmethod
+    def _import_run(session: Session, experiment_id: int, run: RunExport) -> int:
+        row = Run(
+            experiment_id=experiment_id,
+            name=run.name,
+            config=dict(run.config),
+            seed=run.seed,
+            server_url=run.server_url,
+            run_dir=run.run_dir,
+            git_commit=run.git_commit,
+            status=run.status,
+            final_metrics=None if run.final_metrics is None else _finite_metrics(run.final_metrics),
+            error=run.error,
+            started_at=_aware(run.started_at),
+            finished_at=None if run.finished_at is None else _aware(run.finished_at),
+        )
+        session.add(row)
+        session.flush()
+        assert row.id is not None
+        session.add_all(
+            MetricPoint(
+                run_id=row.id,
+                step=point.step,
+                name=point.name,
+                value=_finite_metrics({point.name: point.value})[point.name],
+                recorded_at=_aware(point.recorded_at),
+            )
+            for point in run.metric_points
+        )
+        return row.id
+
+    @staticmethod
+    def _import_artifacts(session: Session, study_id: int, export: StudyExport) -> None:
+        artifacts: dict[int, int] = {}
+        for artifact in sorted(export.artifacts, key=lambda a: a.id):
+            row = CodeArtifact(
+                study_id=study_id,
+                kind=artifact.kind,
+                name=artifact.name,
+                version=artifact.version,
+                content=artifact.content,
+                sha256=artifact.sha256,
+                created_at=_aware(artifact.created_at),
+            )
+            session.add(row)
+            session.flush()
+            assert row.id is not None
+            artifacts[artifact.id] = row.id
+        for patch in export.patches:
+            session.add(
+                Patch(
+                    artifact_id=_mapped(artifacts, patch.artifact_id, "artifact"),
+                    base_version=patch.base_version,
+                    diff=patch.diff,
+                    rationale=patch.rationale,
+                    proposed_by=patch.proposed_by,
+                    status=patch.status,
+                    decided_by=patch.decided_by,
+                    decided_at=None if patch.decided_at is None else _aware(patch.decided_at),
+                    note=patch.note,
+                    applied_at=None if patch.applied_at is None else _aware(patch.applied_at),
+                    result_artifact_id=None
+                    if patch.result_artifact_id is None
+                    else _mapped(artifacts, patch.result_artifact_id, "artifact"),
+                    created_at=_aware(patch.created_at),
+                )
+            )
+
+
+def _aware(moment: datetime) -> datetime:
+    """An exported timestamp as the store writes them: aware UTC (a naive one, from SQLite, is UTC)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _mapped(ids: Mapping[int, int], old: int, record: str) -> int:
+    """The new id of an exported record's ``old`` id; `InvalidInput` when the export lacks it."""
+    try:
+        return ids[old]
+    except KeyError:
+        raise InvalidInput(f"the export references {record} {old}, which it does not hold") from None
 
 
 def _finite_metrics(metrics: Mapping[str, float]) -> dict[str, float]:

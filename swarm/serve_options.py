@@ -172,6 +172,20 @@ class ServeOptions(BaseModel):
     kl_coef: float = _option(
         0.0, "β of the KL penalty to the reference policy.", to="training.trainer.kl_coef"
     )
+    clip_eps: float = _option(
+        0.2,
+        "ε of the PPO clip ratio range [1 − ε, 1 + ε] (sets ε_low and ε_high).",
+        to="training.trainer.clip_eps_low",
+        ge=0.0,
+        lt=1.0,
+    )
+    ppo_epochs: int = _option(1, "Passes over each batch per step.", to="training.trainer.ppo_epochs", ge=1)
+    minibatches: int = _option(
+        1,
+        "Optimizer updates per pass (the batch is split into this many).",
+        to="training.trainer.minibatches",
+        ge=1,
+    )
     tis_cap: float | None = _option(
         None,
         "C of truncated importance sampling min(π_old/μ, C) against sampler mismatch (off).",
@@ -338,6 +352,10 @@ class ServeOptions(BaseModel):
         trainer: dict[str, Any] = {
             "lr": self.lr,
             "kl_coef": self.kl_coef,
+            "clip_eps_low": self.clip_eps,
+            "clip_eps_high": self.clip_eps,
+            "ppo_epochs": self.ppo_epochs,
+            "minibatches": self.minibatches,
             "tis_cap": self.tis_cap,
             "micro_batch_size": self.micro_batch_size,
         }

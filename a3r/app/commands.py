@@ -14,13 +14,15 @@ exit code 1 and one line on stderr.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import signal
 import sys
 import threading
+from contextlib import closing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -31,8 +33,11 @@ from a3r.app.session import Session, SessionSettings, Step, open_session, record
 from a3r.errors import A3RError
 from a3r.providers import OfflineProvider, ProviderKind
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
-from memory import StoreError
+from memory import Store, StoreError
 from swarm.client import ModelLoadError, check_model_path
+
+if TYPE_CHECKING:
+    from a3r.study.plans import PlanDraft
 
 __all__ = ["ReaderSafeConsole", "register"]
 
@@ -254,7 +259,7 @@ _MANAGED_SERVE_OPTIONS = {
     "admin-token": "a3r gives its servers a fresh admin token (never recorded in the store)",
     "training-config": "a3r sets training from its plan; use --steps, --batch-size, --group-size",
     **{
-        key: "set from the plan for every run; use --steps, --batch-size, --group-size"
+        key: "set from the plan for every run; use --steps, --batch-size, --group-size, or ask a research question about it"
         for key in PLAN_SERVE_OPTIONS
     },
 }
@@ -273,7 +278,7 @@ def _serve_options(items: list[str] | None) -> dict[str, Any]:
         key = key.strip().removeprefix("--").replace("_", "-")
         if not sep or not key:
             raise _fail(f"--serve-option {item!r}: expected KEY=VALUE, e.g. max-staleness=1")
-        if key in _MANAGED_SERVE_OPTIONS:
+        if key in _MANAGED_SERVE_OPTIONS and key not in TRAINER_SERVE_OPTIONS:
             raise _fail(f"--serve-option {key}: {_MANAGED_SERVE_OPTIONS[key]}")
         lowered = value.strip().lower()
         if key == "quota":  # repeatable, like swarm serve --quota
@@ -282,6 +287,23 @@ def _serve_options(items: list[str] | None) -> dict[str, Any]:
         options[key] = {"true": True, "false": False}.get(lowered, value.strip())
     _check_serve_options(options)
     return options
+
+
+TRAINER_SERVE_OPTIONS = {
+    "kl-coef": "kl_coef",
+    "clip-eps": "clip_eps",
+    "ppo-epochs": "ppo_epochs",
+    "minibatches": "minibatches",
+}
+"""``swarm serve`` options a user may still pass with ``--serve-option``: they become the plan's
+training settings (`TrainingSettings`), which every run sends to its server."""
+
+
+def _trainer_overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """Move `TRAINER_SERVE_OPTIONS` out of ``options`` into training-setting overrides."""
+    return {
+        TRAINER_SERVE_OPTIONS[key]: options.pop(key) for key in list(options) if key in TRAINER_SERVE_OPTIONS
+    }
 
 
 def _check_serve_options(options: dict[str, Any]) -> None:
@@ -330,6 +352,7 @@ def vibe(
 ) -> None:
     """Plan, code, smoke-test, train, monitor, patch (with approval) and report on one request."""
     server_options = _serve_options(serve_option)
+    trainer = _trainer_overrides(server_options)
     if server is not None:
         _check_server(server)
     settings = SessionSettings(
@@ -345,7 +368,7 @@ def vibe(
         hang_after_s=hang_after,
         server_options=server_options,
     )
-    overrides = {
+    overrides = trainer | {
         k: v
         for k, v in {"steps": steps, "batch_size": batch_size, "group_size": group_size}.items()
         if v is not None
@@ -356,25 +379,41 @@ def vibe(
     _launch(request, "vibe", settings, overrides=overrides, tui=tui, wait=wait)
 
 
-def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
-    """``a3r vibe --dry-run``: the planner's plan (template, parameters, trainable agents, training)."""
-    import templates
-    from a3r.providers import ProviderConfig, make_provider
+def _dry_plan(
+    request: str, settings: SessionSettings, overrides: dict[str, Any], *, mode: Literal["vibe", "research"]
+) -> tuple[PlanDraft, str]:
+    """The provider's plan with the command line's training overrides, checked, for a dry run; and
+    the provider's name.
 
-    if not request.strip():
-        raise _fail('the request is empty: say what to train, e.g. "train who-is-the-spy"')
+    Raises:
+        typer.Exit: the provider or the plan refuses (one line, exit code 1).
+    """
+    from a3r.providers import ProviderConfig, make_provider
+    from a3r.study.plans import TrainingSettings, check_plan
+
     config = ProviderConfig.from_env(
         settings.provider, model=settings.provider_model, base_url=settings.base_url
     )
     try:
-        draft = make_provider(config).plan(request, mode="vibe")
-        training = draft.training.model_validate({**draft.training.model_dump(), **overrides})
+        draft = make_provider(config).plan(request, mode=mode)
+        training = TrainingSettings.model_validate({**draft.training.model_dump(), **overrides})
+        return check_plan(draft.model_copy(update={"training": training})), config.kind.value
     except A3RError as exc:
         raise _fail(str(exc)) from None
     except ValueError as exc:
         raise _fail(f"the plan's training settings: {exc}") from None
+
+
+def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
+    """``a3r vibe --dry-run``: the planner's plan (template, parameters, trainable agents, training)."""
+    import templates
+
+    if not request.strip():
+        raise _fail('the request is empty: say what to train, e.g. "train who-is-the-spy"')
+    draft, provider = _dry_plan(request, settings, overrides, mode="vibe")
+    training = draft.training
     agents = templates.get_template(draft.template).trainable_agents(draft.params) if draft.template else None
-    _out.print(f"plan (dry run, provider {config.kind.value}): {draft.objective}", markup=False)
+    _out.print(f"plan (dry run, provider {provider}): {draft.objective}", markup=False)
     _out.print(f"  template: {draft.template or '(new code)'}", markup=False)
     for name, value in sorted(draft.params.items()):
         _out.print(f"    {name} = {value!r}", markup=False)
@@ -384,7 +423,26 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
     _out.print(f"  training: {fields}", markup=False)
     for hypothesis in draft.hypotheses:
         _out.print(f"  hypothesis: {hypothesis.statement}", markup=False)
+        _out.print(f"    decision rule: {hypothesis.decision_rule}", markup=False)
     _out.print(f"  why: {draft.rationale}", markup=False)
+    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE
+    from a3r.study.research import SERVER_OVERHEAD_S, UPDATE_SHARE
+
+    per_step = training.batch_size * training.group_size * ASSUMED_SECONDS_PER_EPISODE * (1 + UPDATE_SHARE)
+    evaluation = 2 * settings.eval_tasks * settings.eval_samples * ASSUMED_SECONDS_PER_EPISODE
+    smoke = training.smoke_tasks * training.group_size * ASSUMED_SECONDS_PER_EPISODE
+    total = smoke + len(training.seeds) * (SERVER_OVERHEAD_S + training.steps * per_step) + evaluation
+    _out.print(
+        f"  stages: smoke ({training.smoke_tasks} task(s)) and held-out baseline → {training.steps} steps on seed(s) "
+        f"{training.seeds} (fitted to the budget after the smoke run) → held-out evaluation → report",
+        markup=False,
+    )
+    _out.print(
+        f"  estimated time: ≈ {total / 60:.0f} min at an assumed {ASSUMED_SECONDS_PER_EPISODE:g} s per episode "
+        f"(the smoke run measures it; multi-turn games take several times longer); budget "
+        f"{settings.budget_minutes:g} min",
+        markup=False,
+    )
 
 
 def research(
@@ -413,9 +471,18 @@ def research(
     base_url: BaseUrlOption = None,
     hang_after: HangOption = 180.0,
     serve_option: ServeOption = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the staged plan (stages, configurations, seeds, hypotheses, prior findings, "
+            "estimated time) and stop: nothing is started, written or stored.",
+        ),
+    ] = False,
 ) -> None:
     """Answer a research question with a pre-registered, staged, multi-seed sweep."""
     server_options = _serve_options(serve_option)
+    trainer = _trainer_overrides(server_options)
     settings = SessionSettings(
         store=store,
         root=root,
@@ -428,14 +495,87 @@ def research(
         hang_after_s=hang_after,
         server_options=server_options,
     )
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = dict(trainer)
     if steps is not None:
         overrides["steps"] = steps
     if seeds is not None:
         overrides["seeds"] = list(range(seeds))
     if group_size is not None:
         overrides["group_size"] = group_size
+    if dry_run:
+        _print_research_plan(question, settings, overrides)
+        return
     _launch(question, "research", settings, overrides=overrides, force=force)
+
+
+def _print_research_plan(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
+    """``a3r research --dry-run``: the staged design (`a3r.study.design.design_study`) of the plan,
+    with prior findings read from the store when it exists (never created or written)."""
+    from a3r.graph.context import RunContext
+    from a3r.graph.records import prior_findings
+    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE, design_study
+
+    if not question.strip():
+        raise _fail('the question is empty: ask one, e.g. "find the best KL coefficient on arithmetic"')
+    plan, provider = _dry_plan(question, settings, overrides, mode="research")
+    assert plan.sweep is not None
+    priors = []
+    store_note = f"no knowledge store at {settings.store}: no prior findings"
+    if "://" not in settings.store and Path(settings.store).is_file():
+        with closing(Store(settings.store)) as store:
+            priors = prior_findings(store, plan, model=settings.model)
+        store_note = (
+            f"knowledge store {settings.store}: {len(priors)} prior finding(s) of the same configurations"
+        )
+    measured = [o.seconds_per_episode for p in priors for o in p.outcomes if o.seconds_per_episode > 0]
+    speed, source = (
+        (sorted(measured)[len(measured) // 2], "the median of the prior runs")
+        if measured
+        else (ASSUMED_SECONDS_PER_EPISODE, "assumed (a3r.study.design.ASSUMED_SECONDS_PER_EPISODE)")
+    )
+    design = design_study(
+        plan,
+        priors=priors,
+        seconds_per_episode=speed,
+        speed_source=source,
+        eval_episodes=settings.eval_tasks * settings.eval_samples,
+        preflight_episodes=settings.eval_tasks * RunContext.preflight_samples,
+    )
+    sweep, setting = plan.sweep, design.setting
+    say = functools.partial(_out.print, markup=False)
+    say(f"plan (dry run, provider {provider}): {plan.objective}")
+    say(
+        f"  template: {plan.template or '(new code)'}; varied: {setting.label} ({sweep.variable}, {setting.target} setting)"
+    )
+    say(
+        f"  goal: {sweep.goal.replace('_', '-')}; fixed: "
+        + ", ".join(
+            f"{k}={v}"
+            for k, v in plan.training.model_dump().items()
+            if k not in (sweep.variable, "seeds", "concurrency", "smoke_tasks")
+        )
+    )
+    say("  stages:")
+    for stage in design.stages:
+        parts = (
+            [f"{sweep.variable} ∈ {{{', '.join(f'{v:g}' for v in stage.values)}}}"] if stage.values else []
+        )
+        parts += [f"{stage.seeds} seeds per configuration"] if stage.seeds else []
+        most = "up to " if stage.name in ("refine", "replicate") else ""
+        parts.append(f"{most}{stage.runs} run(s), ≈ {stage.seconds / 60:.1f} min")
+        say(f"    {stage.name}: {'; '.join(parts)} — {stage.note}")
+    for hypothesis in plan.hypotheses:
+        say(f"  hypothesis: {hypothesis.statement}")
+        say(f"    decision rule: {hypothesis.decision_rule}")
+    if plan.stability is not None:
+        say(f"  stability: {plan.stability.describe()}")
+    say(f"  prior findings: {store_note}")
+    for prior in priors:
+        say(f"    reused: {prior.cite()}")
+    say(
+        f"  estimated time: ≈ {design.estimated_s / 60:.0f} min for up to {design.runs} runs at {speed:.2f} s per episode "
+        f"({source}); budget {settings.budget_minutes:g} min"
+    )
 
 
 def resume(

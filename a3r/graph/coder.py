@@ -2,6 +2,11 @@
 study's workspace, splits off held-out data, freezes an evaluator copy, validates the code in a
 subprocess with a timeout, and stores the files as versioned code artifacts.
 
+Code an LLM wrote gets repaired: when its check fails (a compile error, an import traceback, failing
+reward self-checks, a timeout), the provider is shown the failure and its code (`CodeFailure`) and
+writes the code again, up to ``RunContext.code_attempts`` attempts; then the thread stops with one
+line naming the last failure (the full output is in the store's events).
+
 Workspace layout (``<root>/studies/<study id>/``): the rendered template (``workflow.py``,
 ``reward.py``, ``data.py``, ``tasks.jsonl``...), ``heldout.jsonl`` (never trained on, never patched),
 ``evaluator/`` (frozen copy of the code used for held-out evaluation), ``runs/`` and ``servers/``.
@@ -9,7 +14,9 @@ Workspace layout (``<root>/studies/<study id>/``): the rendered template (``work
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +27,7 @@ from langgraph.types import Command
 import templates
 from a3r.graph.context import RunContext
 from a3r.graph.state import ResearchState
+from a3r.providers import CodeFailure
 from a3r.study.plans import GeneratedCode, PlanDraft
 from memory import ArtifactKind
 
@@ -32,6 +40,10 @@ _ARTIFACTS = (
     ("tasks.jsonl", ArtifactKind.data),
 )
 _NOT_EVALUATOR = {"runs", "servers", "evaluator", "tasks.jsonl", "heldout.jsonl", "test_template.py"}
+_WORKSPACE_CODE = {"workflow.py", "reward.py", "data.py"}
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+VALIDATION_TIMEOUT_S = 120.0
+"""Seconds the validation subprocess of the study's code may take."""
 HELDOUT_SEED_OFFSET = 1_000_003
 """Held-out tasks of seeded generators use ``seed + HELDOUT_SEED_OFFSET`` (disjoint from training)."""
 
@@ -92,25 +104,80 @@ def _freeze_evaluator(ws: Path) -> None:
             shutil.copy2(item, folder / item.name)
 
 
+def _one_line(step: str, detail: str) -> str:
+    """A failed check in one line: a traceback's exception line and the workspace file and line it
+    was raised in, else the first line of the output (≤ 300 characters)."""
+    lines = [line.strip() for line in detail.strip().splitlines() if line.strip()]
+    if not lines:
+        return f"step {step}"
+    text = lines[0]
+    if any(line.startswith("Traceback") for line in lines):
+        text = lines[-1]
+        where = [m for m in _FRAME.finditer(detail) if Path(m.group(1)).name in _WORKSPACE_CODE]
+        if where:
+            text += f" ({Path(where[-1].group(1)).name} line {where[-1].group(2)})"
+    return f"step {step}: {text}"[:300]
+
+
+def _ask(ctx: RunContext, request: str, plan: PlanDraft, failure: CodeFailure | None) -> dict[str, Any]:
+    return ctx.provider.write_code(request, plan, failure=failure).model_dump()
+
+
+def _write_until_valid(
+    ws: Path, state: ResearchState, ctx: RunContext
+) -> tuple[templates.ValidationReport, int]:
+    """Ask the provider for task code and check it; after a failed check show the provider the failure
+    (`CodeFailure`: the check's step and full output, and the failed code) and check its repair, up to
+    ``ctx.code_attempts`` attempts. Every answer is kept in the ledger, so a re-run replays them.
+
+    Returns:
+        The last check's report and the attempts made.
+    """
+    plan = state["plan"]
+    attempts = max(1, ctx.code_attempts)
+    failure: CodeFailure | None = None
+    report = templates.ValidationReport(False, "import", "no attempt")
+    for attempt in range(1, attempts + 1):
+        generated = ctx.ledger.once(
+            ctx.key("coder", "generated" if attempt == 1 else f"generated-{attempt}"),
+            functools.partial(_ask, ctx, state["request"], plan, failure),
+        )
+        code = GeneratedCode.model_validate(generated)
+        if ws.exists():
+            shutil.rmtree(ws)  # an earlier attempt, or a write cut short by a crash: no run used it
+        write_generated(ws, code)
+        _heldout(ws, plan, max(ctx.eval_tasks, 1))
+        _freeze_evaluator(ws)
+        report = templates.validate(ws, timeout_s=VALIDATION_TIMEOUT_S)
+        if report.ok:
+            return report, attempt
+        failure = CodeFailure(attempt=attempt, step=report.step, detail=report.detail, code=code)
+        line = f"coder: attempt {attempt} of {attempts} failed its check at {_one_line(report.step, report.detail)}"
+        ctx.store.log_event(f"{line}\n{report.detail[-4000:]}", study_id=state["study_id"], level="warning")
+        ctx.say(line + (f"; asking {ctx.provider.name} for a repair" if attempt < attempts else ""))
+    return report, attempts
+
+
 def coder(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal["runner", "reporter"]]:
-    """Render, split, freeze, validate and store the study's code (idempotent on re-run)."""
+    """Render or write, split, freeze, validate and store the study's code (idempotent on re-run).
+
+    A rendered template is checked once; code an LLM provider wrote is repaired after a failed check,
+    up to ``code_attempts`` attempts (`_write_until_valid`).
+    """
     ctx = runtime.context
     plan, study_id = state["plan"], state["study_id"]
     ws = ctx.root / "studies" / str(study_id)
-    if not (ws / "workflow.py").exists() or not (ws / "tasks.jsonl").exists():
-        if ws.exists():
-            shutil.rmtree(ws)  # a render cut short by a crash; the workspace has no runs yet
-        if plan.template is not None:
+    attempts = 1
+    if plan.template is not None:
+        if not (ws / "workflow.py").exists() or not (ws / "tasks.jsonl").exists():
+            if ws.exists():
+                shutil.rmtree(ws)  # a render cut short by a crash; the workspace has no runs yet
             templates.render(plan.template, plan.params, ws)
-        else:
-            generated = ctx.ledger.once(
-                ctx.key("coder", "generated"),
-                lambda: ctx.provider.write_code(state["request"], plan).model_dump(),
-            )
-            write_generated(ws, GeneratedCode.model_validate(generated))
-    _heldout(ws, plan, max(ctx.eval_tasks, 1))
-    _freeze_evaluator(ws)
-    report = templates.validate(ws, timeout_s=120.0)
+        _heldout(ws, plan, max(ctx.eval_tasks, 1))
+        _freeze_evaluator(ws)
+        report = templates.validate(ws, timeout_s=VALIDATION_TIMEOUT_S)
+    else:
+        report, attempts = _write_until_valid(ws, state, ctx)
     artifacts: dict[str, int] = {}
     for name, kind in _ARTIFACTS:
         path = ws / name
@@ -119,8 +186,14 @@ def coder(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal
                 study_id, kind, name, path.read_text(encoding="utf-8")
             ).id
     if not report.ok:
-        text = f"stopped: the {'rendered' if plan.template else 'generated'} code failed validation at step {report.step}: {report.detail[:800]}"
-        ctx.store.log_event(text, study_id=study_id, level="error")
+        if plan.template is not None:
+            text = f"stopped: the rendered code failed validation at {_one_line(report.step, report.detail)}"
+        else:
+            text = (
+                f"stopped: the generated code failed its check {attempts} "
+                f"{'time' if attempts == 1 else 'times'}; the last failure, at {_one_line(report.step, report.detail)}"
+            )
+        ctx.store.log_event(f"{text}\n{report.detail[-4000:]}", study_id=study_id, level="error")
         ctx.say(text)
         return Command(
             goto="reporter",
@@ -132,7 +205,8 @@ def coder(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal
                 "stage": "done",
             },
         )
-    line = f"coder: workspace {ws} validated ({report.tasks} tasks; held-out {sum(1 for _ in (ws / 'heldout.jsonl').open())})"
+    repaired = f" after {attempts - 1} {'repair' if attempts == 2 else 'repairs'}" if attempts > 1 else ""
+    line = f"coder: workspace {ws} validated{repaired} ({report.tasks} tasks; held-out {sum(1 for _ in (ws / 'heldout.jsonl').open())})"
     ctx.store.log_event(line, study_id=study_id)
     ctx.say(line)
     return Command(goto="runner", update={"workspace": str(ws), "artifacts": artifacts, "log": [line]})

@@ -15,13 +15,37 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from a3r.providers import ResearchProvider
+from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.sequential import SignalRule
+from a3r.swarmops.context import ExecutionContext
+from a3r.swarmops.execution import Workspace, execute_run
 from a3r.swarmops.processes import ServerHandle
 from memory import Store
 
-__all__ = ["Ledger", "RunContext"]
+__all__ = ["Ledger", "RunContext", "RunExecutor"]
+
+
+class RunExecutor(Protocol):
+    """What the runner node calls to execute one run: the seam between the research graph and the
+    runs. `a3r.swarmops.execution.execute_run` starts swarm servers and clients; ``bench/research.py``
+    answers from a simulated landscape of learning curves behind the same call."""
+
+    def __call__(
+        self,
+        spec: RunSpec,
+        *,
+        ctx: ExecutionContext,
+        ws: Workspace,
+        run_id: int,
+        budget_s: float,
+        eval_reserve_s: float,
+    ) -> RunOutcome:
+        """Execute ``spec`` within ``budget_s`` seconds, keeping ``eval_reserve_s`` for its held-out
+        evaluation, and return what it produced."""
+        ...
 
 
 class Ledger:
@@ -90,9 +114,15 @@ class RunContext:
         preflight_samples: Attempts per held-out task in the preflight (more attempts make a zero
             baseline meaningful: 0 of n correct bounds the success rate by about 3/n at 95%).
         episode_timeout_s: Per-episode time limit of evaluation clients.
+        signal: When the preflight stops for lack of signal: the confidence and the share of informative
+            GRPO groups of its sequential futility test (`a3r.study.sequential`).
+        code_attempts: Attempts of an LLM provider at task code that passes its checks: after a failed
+            check the provider sees the failure (traceback, failing self-check) and repairs its code;
+            the thread stops after this many failures.
         server_options: Extra ``swarm serve`` options for every started server (e.g. ``max-batch-size``).
         notify: Progress callback (one line each), e.g. the CLI printer.
         servers: Live servers by server key.
+        execute: Executes one run (`RunExecutor`; default: real swarm servers and clients).
     """
 
     store: Store
@@ -112,9 +142,12 @@ class RunContext:
     eval_samples: int = 2
     preflight_samples: int = 4
     episode_timeout_s: float = 300.0
+    signal: SignalRule = field(default_factory=SignalRule)
+    code_attempts: int = 3
     server_options: dict[str, Any] = field(default_factory=dict)
     notify: Callable[[str], None] | None = None
     servers: dict[str, ServerHandle] = field(default_factory=dict)
+    execute: RunExecutor = execute_run
 
     def say(self, line: str) -> None:
         """Report progress (to ``notify``)."""

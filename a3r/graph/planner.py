@@ -8,6 +8,8 @@ queued. Later visits: queued runs go to the runner; a research thread moves thro
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Literal
 
 from langgraph.runtime import Runtime
@@ -16,8 +18,18 @@ from pydantic import ValidationError
 
 from a3r.errors import PlanError
 from a3r.graph.context import RunContext
-from a3r.graph.records import ensure_hypotheses, ensure_study
+from a3r.graph.records import ensure_hypotheses, ensure_study, prior_findings
 from a3r.graph.state import ResearchState
+from a3r.study.analysis import RewardSummary
+from a3r.study.design import (
+    BEST_REFINE_ROUNDS,
+    MIN_STABLE_REFINE_ROUNDS,
+    PriorFinding,
+    best_refine_values,
+    coarse_values,
+    design_study,
+    replicate_additions,
+)
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
 from a3r.study.research import (
     eval_reserve_s,
@@ -28,10 +40,16 @@ from a3r.study.research import (
     sweep_specs,
     verdicts,
 )
+from a3r.study.runs import RunSpec
+from a3r.study.sequential import SignalCheck
+from a3r.study.settings import resolve_setting
 
 __all__ = ["planner"]
 
 Route = Literal["coder", "runner", "reporter"]
+
+_FAILED = re.compile(r"\d+ of \d+ held-out attempts failed.*$")
+"""The evaluation's note on failed attempts (`a3r.swarmops.execution`), the last part of a run's reason."""
 
 
 def planner(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Route]:
@@ -101,6 +119,14 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
         line += f"; stability: {plan.stability.describe()}"
     ctx.store.log_event(line, study_id=study_id)
     ctx.say(line)
+    lines = [line]
+    priors = prior_findings(ctx.store, plan, model=ctx.model, study_id=study_id)
+    if plan.kind == "research" and plan.sweep is not None:
+        lines += [f"design: {stage}" for stage in _design_lines(plan, priors)]
+        lines += [f"prior: reusing the runs of {p.cite()}" for p in priors]
+        for text in lines[1:]:
+            ctx.store.log_event(text, study_id=study_id)
+            ctx.say(text)
     return Command(
         goto="coder",
         update={
@@ -109,9 +135,32 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
             "hypothesis_ids": hypothesis_ids,
             "queue": initial_queue(plan),
             "stage": "preflight" if plan.kind == "research" else "train",
-            "log": [line],
+            "priors": priors,
+            "log": lines,
         },
     )
+
+
+def _design_lines(plan: PlanDraft, priors: list[PriorFinding]) -> list[str]:
+    """The staged design as the log shows it (one line per stage)."""
+    assert plan.sweep is not None
+    design = design_study(
+        plan,
+        priors=priors,
+        seconds_per_episode=math.nan,
+        speed_source="measured by the preflight",
+        eval_episodes=0,
+        preflight_episodes=0,
+    )
+    out = []
+    for stage in design.stages[1:]:
+        values = (
+            f" {plan.sweep.variable} ∈ {{{', '.join(f'{v:g}' for v in stage.values)}}}"
+            if stage.values
+            else ""
+        )
+        out.append(f"{stage.name}{values}, {stage.seeds} seeds per configuration: {stage.note}")
+    return out
 
 
 def _spent(state: ResearchState) -> float:
@@ -123,7 +172,6 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
     assert plan.sweep is not None
     stage = state.get("stage", "preflight")
     outcomes = state.get("outcomes", [])
-    criterion = plan.stability or StabilityCriterion()
     budget_left = ctx.budget_s - _spent(state)
     eval_episodes = ctx.eval_tasks * ctx.eval_samples
     if stage == "preflight":
@@ -137,16 +185,32 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             f"{baseline.mean_reward:.3f}, p@1 {baseline.pass_at_1:.3f}, p@2 {baseline.pass_at_2:.3f}"
         )
         ctx.say(line)
-        if baseline.mean_reward <= 0.0 and not state.get("force", False):
+        signal = pre.signal or _signal_of(baseline, plan.training.group_size, ctx)
+        if (baseline.mean_reward <= 0.0 or (signal is not None and signal.stopped)) and not state.get(
+            "force", False
+        ):
+            if signal is not None and signal.stopped:
+                what = "scores zero" if baseline.mean_reward <= 0.0 else "gets too little signal for GRPO"
+                head = f"the untrained model {what} on {plan.template} ({signal.describe()})"
+            else:
+                head = (
+                    f"the untrained model scores zero on {plan.template}: no held-out attempt earned a reward, "
+                    "so GRPO would see only zero-signal groups"
+                    + (
+                        f" ({signal.describe()})"
+                        if signal is not None
+                        else f" (0 of {baseline.episodes} attempts)"
+                    )
+                )
+            failed = _FAILED.search(pre.reason)
             return _conclude(
-                f"stopped before the sweep: the untrained model scores zero on {plan.template} "
-                f"(0 of {baseline.episodes} held-out attempts; 95% upper bound on its success rate ≈ "
-                f"{min(1.0, 3 / max(baseline.episodes, 1)):.2f}); GRPO would see only zero-signal groups. "
-                f"Recommendations: {_recommendations(plan)}, or --force to sweep anyway."
-                + (f" Note: {pre.reason.split('; ', 1)[1]}." if "attempts failed" in pre.reason else ""),
+                f"stopped before the sweep: {head}. Recommendations: {_recommendations(plan)}, or --force to "
+                "sweep anyway." + (f" Note: {failed.group(0)}." if failed else ""),
                 update={"baseline": baseline, "log": [line]},
             )
-        specs = sweep_specs(plan, plan.sweep.coarse, "coarse")
+        priors = state.get("priors") or []
+        reused = [o for p in priors for o in p.outcomes]
+        specs = sweep_specs(plan, coarse_values(plan, priors), "coarse")
         kept, dropped = fit_budget(
             specs,
             budget_s=budget_left,
@@ -159,6 +223,13 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             lines.append(
                 f"budget: dropped {plan.sweep.variable} values {dropped} (would not fit {budget_left:.0f} s)"
             )
+        if not kept and reused and not dropped:  # every coarse value was measured before
+            return _after_stage(
+                {**state, "outcomes": [*outcomes, *reused], "baseline": baseline, "stage": "coarse"},
+                ctx,
+                update={"baseline": baseline, "outcomes": reused},
+                log=lines,
+            )
         if not kept:
             return _conclude(
                 f"stopped: no configuration with {len(plan.training.seeds)} seeds fits the remaining budget of "
@@ -168,29 +239,110 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
         for text in lines[1:]:
             ctx.say(text)
         return Command(
-            goto="runner", update={"baseline": baseline, "stage": "coarse", "queue": kept, "log": lines}
+            goto="runner",
+            update={"baseline": baseline, "stage": "coarse", "queue": kept, "outcomes": reused, "log": lines},
         )
-    measured_baseline = state.get("baseline")
-    assert measured_baseline is not None
-    if stage == "coarse" and plan.sweep.goal == "min_stable" and plan.sweep.refine:
-        configs = verdicts(outcomes, baseline=measured_baseline, criterion=criterion)
-        tested = [c.value for c in configs]
-        extra = refine_values(configs, tested)
+    return _after_stage(state, ctx)
+
+
+def _after_stage(
+    state: ResearchState,
+    ctx: RunContext,
+    update: dict[str, object] | None = None,
+    log: list[str] | None = None,
+) -> Command[Route]:
+    """After the coarse or a refine stage: refine again while the answer's interval can narrow
+    (``min_stable``: bisection; ``best``: midpoints around the best, `BEST_REFINE_ROUNDS`), then
+    replicate the configurations the answer rests on with the power rule's seeds, then report.
+    ``update`` and ``log`` carry the caller's state changes (reused prior runs) into the command."""
+    plan = state["plan"]
+    assert plan.sweep is not None
+    sweep = plan.sweep
+    extra_update = dict(update or {})
+    logged = list(log or [])
+    outcomes = state.get("outcomes", [])
+    baseline = state.get("baseline")
+    assert baseline is not None
+    criterion = plan.stability or StabilityCriterion()
+    budget_left = ctx.budget_s - _spent(state)
+    eval_episodes = ctx.eval_tasks * ctx.eval_samples
+    measured = [o.seconds_per_episode for o in outcomes if o.purpose == "sweep"]
+    per_episode = min((m for m in measured if m == m), default=float("nan"))
+    configs = verdicts(outcomes, baseline=baseline, criterion=criterion)
+    tested = [c.value for c in configs]
+    rounds = state.get("refine_rounds", 0)
+
+    def go(specs: list[RunSpec], name: str, line: str, goal: str, **more: object) -> Command[Route] | None:
+        kept, dropped = fit_budget(
+            specs,
+            budget_s=budget_left,
+            seconds_per_episode=per_episode,
+            eval_episodes=eval_episodes,
+            goal=goal,
+        )
+        if not kept:
+            note = f"{name}: skipped, {len(specs)} runs would not fit the {budget_left:.0f} s left"
+            ctx.say(note)
+            logged.append(note)
+            return None
+        if dropped:
+            line += f" (budget: dropped {', '.join(f'{v:g}' for v in dropped)})"
+        ctx.store.log_event(line, study_id=state["study_id"])
+        ctx.say(line)
+        return Command(
+            goto="runner",
+            update={**extra_update, "stage": name, "queue": kept, "log": [*logged, line], **more},
+        )
+
+    if sweep.refine:  # also after a replicate stage that moved the answer
+        extra: list[float] = []
+        if sweep.goal == "min_stable" and rounds < MIN_STABLE_REFINE_ROUNDS:
+            extra = refine_values(configs, tested)
+            why = "between the smallest stable value and the unstable one below"
+        elif sweep.goal == "best" and rounds < BEST_REFINE_ROUNDS:
+            extra = best_refine_values(configs, resolve_setting(sweep.variable, plan.template))
+            why = "between the best value and its neighbours"
         if extra:
-            measured = [o.seconds_per_episode for o in outcomes if o.purpose == "sweep"]
-            per_episode = min((m for m in measured if m == m), default=float("nan"))
-            kept, _ = fit_budget(
-                sweep_specs(plan, extra, "refine"),
-                budget_s=budget_left,
-                seconds_per_episode=per_episode,
-                eval_episodes=eval_episodes,
-                goal="min_stable",
+            specs = sweep_specs(plan, extra, f"refine{rounds + 1}")
+            values = ", ".join(f"{v:g}" for v in extra)
+            command = go(
+                specs,
+                "refine",
+                f"refine: testing {sweep.variable} ∈ {{{values}}} {why}",
+                "min_stable" if sweep.goal == "min_stable" else "best",
+                refine_rounds=rounds + 1,
             )
-            if kept:
-                line = f"refine: testing {plan.sweep.variable}={extra} between the smallest stable value and the one below"
-                ctx.say(line)
-                return Command(goto="runner", update={"stage": "refine", "queue": kept, "log": [line]})
-    return Command(goto="reporter", update={"stage": "done"})
+            if command is not None:
+                return command
+    if sweep.replicate:  # bounded: arms stop at the power rule's n ≤ max_seeds
+        additions, line = replicate_additions(plan, configs, outcomes, baseline=baseline, criterion=criterion)
+        if additions:
+            specs = [
+                s
+                for value, seeds in additions.items()
+                for s in sweep_specs(plan, [value], "replicate", seeds=seeds)
+            ]
+            command = go(specs, "replicate", line, "best")
+            if command is not None:
+                return command
+        else:
+            ctx.say(line)
+            logged.append(line)
+    return Command(goto="reporter", update={**extra_update, "stage": "done", "log": logged})
+
+
+def _signal_of(baseline: RewardSummary, group_size: int, ctx: RunContext) -> SignalCheck | None:
+    """The futility test over a preflight's attempts when the evaluator recorded none (all ended
+    attempts, since their start order is unknown): successes are rewards above 0."""
+    if baseline.rewards:
+        successes, attempts = sum(1 for r in baseline.rewards if r > 0), len(baseline.rewards)
+    elif baseline.mean_reward <= 0.0:
+        successes, attempts = 0, baseline.episodes
+    else:
+        return None
+    if attempts < 1:
+        return None
+    return ctx.signal.test(max(2, group_size), attempts).check(successes, attempts)
 
 
 def _recommendations(plan: PlanDraft) -> str:

@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from a3r.graph.context import RunContext
-from a3r.study.plans import HypothesisDraft
+from a3r.study.design import PriorFinding
+from a3r.study.plans import HypothesisDraft, PlanDraft
 from a3r.study.provenance import collect_provenance
-from a3r.study.runs import RunSpec
-from memory import FindingStatus, RunPublic, RunStatus
+from a3r.study.runs import RunOutcome, RunSpec
+from memory import FindingStatus, RunPublic, RunStatus, Store
 
-__all__ = ["ensure_experiment", "ensure_finding", "ensure_hypotheses", "ensure_run", "ensure_study"]
+__all__ = [
+    "config_identity",
+    "ensure_experiment",
+    "ensure_finding",
+    "ensure_hypotheses",
+    "ensure_run",
+    "ensure_study",
+    "prior_findings",
+]
 
 
 def ensure_study(ctx: RunContext, question: str, kind: str) -> int:
@@ -121,3 +131,64 @@ def ensure_finding(
 def is_open(run: RunPublic) -> bool:
     """Whether the run still needs a terminal status."""
     return run.status is RunStatus.running
+
+
+def config_identity(plan: PlanDraft, model: str | None) -> dict[str, Any]:
+    """What makes two studies' configurations the same experiment (seeds aside): the policy model,
+    template, template parameters, the varied setting and every other training setting. Recorded in
+    the evidence of each configuration's finding (``identity``) and matched by `prior_findings`."""
+    assert plan.sweep is not None
+    identity = {
+        "model": model or "embedded",
+        "template": plan.template,
+        "params": plan.params,
+        "variable": plan.sweep.variable,
+        "training": plan.training.model_dump(
+            exclude={"seeds", "smoke_tasks", "concurrency", plan.sweep.variable}
+        ),
+    }
+    normalised: dict[str, Any] = json.loads(json.dumps(identity, default=str, sort_keys=True))
+    return normalised
+
+
+def prior_findings(
+    store: Store, plan: PlanDraft, *, model: str | None, study_id: int | None = None
+) -> list[PriorFinding]:
+    """Findings of earlier research studies in the store that measured a configuration of this plan
+    under the same `config_identity`, newest per value, with their runs (`PriorFinding.outcomes`,
+    wall time 0: reusing them costs nothing)."""
+    if plan.kind != "research" or plan.sweep is None:
+        return []
+    identity = config_identity(plan, model)
+    wanted = set(plan.sweep.coarse)
+    found: dict[float, PriorFinding] = {}
+    for study in store.studies():
+        if study.id == study_id or study.kind != "research":
+            continue
+        for finding in store.findings(study.id):
+            try:
+                evidence = json.loads(finding.evidence)
+            except ValueError:
+                continue
+            if not isinstance(evidence, dict) or evidence.get("identity") != identity:
+                continue
+            value = evidence.get("value")
+            if not isinstance(value, int | float) or float(value) not in wanted:
+                continue
+            try:
+                outcomes = [
+                    RunOutcome.model_validate(o).model_copy(update={"wall_s": 0.0, "stage": "prior"})
+                    for o in evidence.get("outcomes", [])
+                ]
+            except ValueError:
+                continue
+            if outcomes:
+                found[float(value)] = PriorFinding(
+                    finding_id=finding.id,
+                    study_id=study.id,
+                    statement=finding.statement,
+                    value=float(value),
+                    status=finding.status.value,
+                    outcomes=outcomes,
+                )
+    return [found[v] for v in sorted(found)]

@@ -11,9 +11,10 @@ from pathlib import Path
 from langgraph.runtime import Runtime
 
 from a3r.graph.context import RunContext
-from a3r.graph.records import ensure_finding
+from a3r.graph.records import config_identity, ensure_finding
 from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.study.analysis import DiagnosisKind, part_roles
+from a3r.study.design import STABLE_CONFIRM_SEEDS, ranked_by_held_out, seed_means
 from a3r.study.effects import LEVEL, Effect, EffectVerdict, curve_effect, two_sample_effect
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
@@ -119,27 +120,70 @@ def _more_seeds(configs: list[ConfigVerdict]) -> str:
 def _best_conclusion(
     state: ResearchState, configs: list[ConfigVerdict], variable: str
 ) -> tuple[str, FindingStatus]:
-    scored = [c for c in configs if math.isfinite(c.eval_mean_reward)]
-    if not scored:
+    """The best value by mean held-out reward over seeds; confirmed only when its lead over the
+    runner-up clears the noise over seeds (Welch's interval, one observation per seed: seeds, not
+    episodes, are the replicates of a training run)."""
+    ranked = ranked_by_held_out(configs)
+    if not ranked:
         return (
             "unconfirmed: no configuration was evaluated on held-out tasks; no conclusion",
             FindingStatus.unconfirmed,
         )
-    ranked = sorted(scored, key=lambda c: c.eval_mean_reward, reverse=True)
     best = ranked[0]
     text = f"best {variable} = {best.value:g} (held-out mean reward {best.eval_mean_reward:.3f} over seeds {best.seeds})"
     if len(ranked) < 2:
         return f"unconfirmed: {text}; only one configuration was evaluated", FindingStatus.unconfirmed
-    rewards: dict[float, list[float]] = {}
-    for o in state.get("outcomes", []):
-        if o.purpose == "sweep" and o.value is not None and o.eval is not None:
-            rewards.setdefault(o.value, []).extend(o.eval.rewards)
-    lead = two_sample_effect(rewards.get(best.value, []), rewards.get(ranked[1].value, []))
+    outcomes = state.get("outcomes", [])
+    lead = two_sample_effect(seed_means(outcomes, best.value), seed_means(outcomes, ranked[1].value))
     status = FindingStatus.confirmed if lead.verdict is EffectVerdict.confirmed else FindingStatus.unconfirmed
     return (
-        f"{status.value}: {text}; lead over {variable} = {ranked[1].value:g}: {lead.describe()}",
+        f"{status.value}: {text}; lead over {variable} = {ranked[1].value:g}: {lead.describe(verdict=False)}",
         status,
     )
+
+
+def _comparison_conclusion(
+    state: ResearchState, configs: list[ConfigVerdict], variable: str, goal: str
+) -> tuple[str, FindingStatus]:
+    """A-vs-B and effect-of: mean held-out reward of B − A over seeds (Welch, one observation per
+    seed). A-vs-B: confirmed above the minimum effect, refuted below it. Effect-of: the same, with a
+    change that lowers the reward confirmed as a decrease (the sign flipped)."""
+    plan = state["plan"]
+    assert plan.sweep is not None
+    a, b = plan.sweep.coarse[0], plan.sweep.coarse[1]
+    outcomes = state.get("outcomes", [])
+    arm_a, arm_b = seed_means(outcomes, a), seed_means(outcomes, b)
+    effect = two_sample_effect(arm_b, arm_a)
+    head = f"{variable} {b:g} vs {a:g}: held-out mean reward {_mean_text(arm_b)} vs {_mean_text(arm_a)}"
+    if goal == "effect_of" and math.isfinite(effect.estimate) and effect.estimate < 0:
+        drop = two_sample_effect(arm_a, arm_b)
+        if drop.verdict is EffectVerdict.confirmed:
+            return (
+                f"confirmed: changing {variable} from {a:g} to {b:g} lowers the held-out mean reward; {head}; "
+                f"decrease {drop.describe(verdict=False)}",
+                FindingStatus.confirmed,
+            )
+        return f"unconfirmed: {head}; effect {effect.describe(verdict=False)}", FindingStatus.unconfirmed
+    status = FindingStatus(effect.verdict.value)
+    # effect-of: "no effect that matters" needs the interval inside (−m, m), refuted in both directions
+    if (
+        goal == "effect_of"
+        and status is FindingStatus.refuted
+        and two_sample_effect(arm_a, arm_b).verdict is not EffectVerdict.refuted
+    ):
+        status = FindingStatus.unconfirmed
+    what = (
+        f"{variable} = {b:g} beats {a:g}"
+        if goal == "a_vs_b"
+        else f"changing {variable} from {a:g} to {b:g} raises the reward"
+    )
+    return f"{status.value}: {what}? {head}; effect {effect.describe(verdict=False)}", status
+
+
+def _mean_text(values: list[float]) -> str:
+    if not values:
+        return "n/a (0 seeds)"
+    return f"{statistics.fmean(values):.3f} ({len(values)} seeds)"
 
 
 def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> str:
@@ -148,6 +192,9 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     variable = plan.sweep.variable
     study_id = state["study_id"]
     hypothesis = first_hypothesis(state)
+    identity = config_identity(plan, ctx.model)
+    outcomes = state.get("outcomes", [])
+    own = {o.run_id for o in outcomes if o.stage != "prior"}  # reused runs stay linked to their own study
     for c in configs:
         verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
         status = _config_status(c)
@@ -160,6 +207,10 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
                 f"margin over the threshold: {c.margin.describe() if c.margin else 'no step recorded'}"
             ),
             evidence={
+                "identity": identity,
+                "value": c.value,
+                "reused_from": [p.finding_id for p in state.get("priors") or [] if p.value == c.value],
+                "outcomes": [o.model_dump() for o in outcomes if o.purpose == "sweep" and o.value == c.value],
                 "reasons": c.reasons,
                 "runs": c.runs,
                 "last_k_reward": c.last_k_reward,
@@ -171,15 +222,17 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
             confidence=LEVEL if status is FindingStatus.confirmed else 0.3,
             status=status,
             seeds=c.seeds,
-            run_ids=c.run_ids,
+            run_ids=[i for i in c.run_ids if i in own],
             hypothesis_id=hypothesis,
         )
     if not configs:
         return "unconfirmed: no sweep run finished; no conclusion"
-    all_ids = [i for c in configs for i in c.run_ids]
+    all_ids = [i for c in configs for i in c.run_ids if i in own]
     seeds = sorted({s for c in configs for s in c.seeds})
     if plan.sweep.goal == "best":
         statement, status = _best_conclusion(state, configs, variable)
+    elif plan.sweep.goal in ("a_vs_b", "effect_of"):
+        statement, status = _comparison_conclusion(state, configs, variable, plan.sweep.goal)
     else:
         statement, status = _min_stable_conclusion(configs, variable)
     ensure_finding(
@@ -225,7 +278,14 @@ def _min_stable_conclusion(configs: list[ConfigVerdict], variable: str) -> tuple
         statement = f"minimal stable {variable} ≤ {smallest:g}: the smallest tested value was already stable on seeds {chosen.stable_seeds}"
     resting = [chosen, *below[-1:]]
     unsettled = [c for c in resting if not c.settled]
-    status = FindingStatus.unconfirmed if noisy or unsettled else FindingStatus.confirmed
+    few = len(set(chosen.stable_seeds)) < STABLE_CONFIRM_SEEDS
+    status = FindingStatus.unconfirmed if noisy or unsettled or few else FindingStatus.confirmed
+    if few:
+        bound = 1 - 0.05 ** (1 / max(len(set(chosen.stable_seeds)), 1))
+        statement += (
+            f". {len(set(chosen.stable_seeds))} stable seed(s) bound the per-run failure rate of {variable} = "
+            f"{smallest:g} only below {bound:.0%} (95%); >= {STABLE_CONFIRM_SEEDS} are needed to confirm it"
+        )
     if chosen.margin is not None:
         statement += f". Margin of {variable} = {smallest:g} over the threshold: {chosen.margin.describe()}"
     if unsettled:
@@ -288,7 +348,8 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         patches=ctx.store.patches(study_id),
         conclusion=conclusion,
         reward_parts=tuple(part_roles(plan.template)),
-        notes=[note for note in (state.get("sizing"),) if note],
+        notes=[note for note in (state.get("sizing"),) if note]
+        + [f"reused the runs of prior {p.cite()}" for p in state.get("priors") or []],
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))
     line = f"report: {path} — {conclusion}"

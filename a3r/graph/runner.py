@@ -9,19 +9,24 @@ the client skips the episodes it already ended).
 from __future__ import annotations
 
 import math
+import re
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from langgraph.runtime import Runtime
 
+import templates
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_experiment, ensure_run
 from a3r.graph.state import ResearchState, first_hypothesis
+from a3r.providers.offline import read_params
 from a3r.study.research import eval_reserve_s
 from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec
-from a3r.swarmops.execution import Workspace, execute_run
+from a3r.swarmops.execution import Workspace
 from memory import RunStatus
 
-__all__ = ["experiment_name", "runner"]
+__all__ = ["experiment_name", "runner", "variant_workspace"]
 
 
 def experiment_name(state: ResearchState, spec: RunSpec) -> tuple[str, int | None]:
@@ -32,6 +37,39 @@ def experiment_name(state: ResearchState, spec: RunSpec) -> tuple[str, int | Non
     if spec.purpose == "sweep" and plan.sweep is not None and spec.value is not None:
         return f"{plan.sweep.variable}={spec.value:g}", first_hypothesis(state)
     return f"{plan.template or 'generated'}-train", first_hypothesis(state)
+
+
+def variant_workspace(ws: Workspace, params: Mapping[str, object]) -> Workspace:
+    """The workspace a run with template-parameter overrides trains in (a study varying a template
+    knob): ``<workspace>/variants/<name=value,...>/``, a copy of the study's files whose
+    ``workflow.py`` has ``params`` substituted into its ``PARAMS``; ``evaluator/`` links to the frozen
+    original, so held-out evaluation is the same for every configuration. Made once (``workflow.py``
+    is written last, so a copy cut short by a crash is redone).
+
+    Raises:
+        ValueError: The study's workflow has no ``# <params>`` block.
+    """
+    name = ",".join(f"{k}={v}" for k, v in sorted(params.items()))
+    root = ws.root / "variants" / re.sub(r"[^A-Za-z0-9_.=,+-]", "_", name)[:120]
+    if (root / "workflow.py").exists():
+        return Workspace(root)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    for item in ws.root.iterdir():
+        if item.name in _NOT_COPIED or item.name.startswith((".", "__")):
+            continue
+        if item.is_dir():
+            shutil.copytree(item, root / item.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(item, root / item.name)
+    (root / "evaluator").symlink_to(ws.root / "evaluator", target_is_directory=True)
+    source = ws.workflow.read_text(encoding="utf-8")
+    new = templates.substitute_params(source, {**read_params(source), **params})
+    (root / "workflow.py").write_text(new, encoding="utf-8")
+    return Workspace(root)
+
+
+_NOT_COPIED = {"runs", "servers", "variants", "evaluator", "workflow.py"}
 
 
 def _final_metrics(outcome: RunOutcome) -> dict[str, float]:
@@ -83,7 +121,9 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
     else:
         ctx.say(f"runner: {spec.key} ({spec.purpose}) — budget left {budget_left:.0f} s")
         reserve = eval_reserve_s(spec, state.get("outcomes", []), budget_s=budget_left)
-        outcome = execute_run(
+        if spec.params:
+            ws = variant_workspace(ws, spec.params)
+        outcome = ctx.execute(
             spec, ctx=ctx, ws=ws, run_id=run.id, budget_s=budget_left, eval_reserve_s=reserve
         )
     if ctx.store.get_run(run.id).status is RunStatus.running:

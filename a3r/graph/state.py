@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict
 
 from a3r.study.analysis import Diagnosis, DiagnosisKind, RewardSummary
+from a3r.study.design import PriorFinding
 from a3r.study.plans import (
     HypothesisDraft,
     PlanDraft,
@@ -24,6 +25,7 @@ from a3r.study.plans import (
     TrainingSettings,
 )
 from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.sequential import SignalCheck
 
 __all__ = [
     "STATE_TYPES",
@@ -77,7 +79,8 @@ class ResearchState(TypedDict, total=False):
     zero), ``overrides`` (`TrainingSettings` fields the user fixed on the command line), ``study_id``, ``hypothesis_ids``, ``plan``, ``workspace`` (folder of the rendered code),
     ``artifacts`` (file → store artifact id), ``queue`` (runs to do, head first), ``outcomes`` (one
     per executed run), ``pending_patch`` (the patch awaiting a decision), ``decisions``, ``stage``,
-    ``baseline`` (preflight held-out rewards), ``sizing`` (how the training run was fitted to the
+    ``baseline`` (preflight held-out rewards), ``priors`` (findings of earlier studies whose runs
+    this one reuses, `a3r.study.design.PriorFinding`), ``refine_rounds`` (refine stages run), ``sizing`` (how the training run was fitted to the
     budget, `a3r.study.research.size_training`), ``conclusion``, ``report`` (path), ``log``.
     """
 
@@ -96,6 +99,8 @@ class ResearchState(TypedDict, total=False):
     decisions: Annotated[list[PatchDecision], operator.add]
     stage: str
     baseline: RewardSummary | None
+    priors: list[PriorFinding]
+    refine_rounds: int
     sizing: str | None
     conclusion: str | None
     report: str | None
@@ -121,5 +126,7 @@ STATE_TYPES: tuple[type, ...] = (
     RewardSummary,
     Diagnosis,
     DiagnosisKind,
+    SignalCheck,
+    PriorFinding,
 )
 """Every non-builtin type stored in the state: the checkpointer's deserialisation allow-list."""

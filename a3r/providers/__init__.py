@@ -4,7 +4,8 @@ Every provider answers the same three questions through pydantic schemas (`a3r.s
 
 - `ResearchProvider.plan`: a user's request → `PlanDraft` (template, parameters, settings,
   pre-registered hypotheses, and for research questions the sweep and the definition of "stable");
-- `ResearchProvider.write_code`: task code for a request no template covers → `GeneratedCode`;
+- `ResearchProvider.write_code`: task code for a request no template covers → `GeneratedCode` (again,
+  repaired, after a `CodeFailure`: the coder shows the provider its failed check);
 - `ResearchProvider.propose_patch`: a diagnosis plus the workspace files → `PatchDraft` or ``None``.
 
 `ChatProvider` asks a LangChain chat model for these with ``with_structured_output``; `chat_model`
@@ -23,10 +24,11 @@ from __future__ import annotations
 from a3r.providers.chat import ChatProvider, chat_model
 from a3r.providers.config import ProviderConfig, ProviderKind
 from a3r.providers.offline import OfflineProvider, read_params
-from a3r.providers.protocol import Mode, ResearchProvider
+from a3r.providers.protocol import CodeFailure, Mode, ResearchProvider
 
 __all__ = [
     "ChatProvider",
+    "CodeFailure",
     "Mode",
     "OfflineProvider",
     "ProviderConfig",

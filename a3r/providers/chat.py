@@ -18,7 +18,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 import templates
 from a3r.errors import ProviderConfigError, ProviderError
 from a3r.providers.config import ProviderConfig, ProviderKind
-from a3r.providers.protocol import Mode
+from a3r.providers.protocol import CodeFailure, Mode
 from a3r.study.analysis import Diagnosis
 from a3r.study.plans import (
     GeneratedCode,
@@ -26,8 +26,9 @@ from a3r.study.plans import (
     PlanDraft,
     check_plan,
 )
+from a3r.study.settings import SETTINGS
 
-__all__ = ["ChatProvider", "chat_model", "describe_templates"]
+__all__ = ["ChatProvider", "chat_model", "describe_templates", "repair_prompt"]
 
 _S = TypeVar("_S", bound=BaseModel)
 
@@ -79,15 +80,22 @@ def _catalogue() -> str:
 
 
 # ------------------------------------------------------------------------------------------ chat
-PLAN_SYSTEM = """You are the planner of A3R, an agent that runs reinforcement-learning experiments on LLMs
+PLAN_SYSTEM = (
+    """You are the planner of A3R, an agent that runs reinforcement-learning experiments on LLMs
 (GRPO on a swarm server). Given a user's request, choose a task template from the catalogue (or null if none
 fits), its parameters, training settings, and hypotheses registered BEFORE any run, each with an expected
 outcome and a decision rule fixed in advance. For research questions (mode "research") give a staged sweep
-(coarse values, powers of two for sizes) with at least 2 seeds, and for stability questions an operational
-definition of "stable" (StabilityCriterion). Keep budgets small: CPU training, a few steps.
+over ONE setting (variable: one of """
+    + ", ".join(SETTINGS)
+    + """, or a numeric or boolean workflow
+parameter of the template) with a goal: min_stable, best, a_vs_b (coarse = [A, B]) or effect_of (coarse =
+[reference, changed]); coarse values (powers of two for sizes), at least 2 seeds, and for stability
+questions an operational definition of "stable" (StabilityCriterion). Keep budgets small: CPU training,
+a few steps.
 
 Template catalogue:
 {catalogue}"""
+)
 
 CODE_SYSTEM = """Write the task code for an A3R training run. workflow.py must define
 `async def run(task, llm)` returning a float reward or `swarm.client.workflow.Result`, use only the OpenAI
@@ -145,9 +153,16 @@ class ChatProvider:
             draft = draft.model_copy(update={"kind": "research"})
         return check_plan(draft)
 
-    def write_code(self, request: str, plan: PlanDraft) -> GeneratedCode:
-        """Ask the model for new task code (validated later by the coder in a subprocess)."""
-        return self._ask(GeneratedCode, CODE_SYSTEM, f"Request: {request}\nObjective: {plan.objective}")
+    def write_code(
+        self, request: str, plan: PlanDraft, *, failure: CodeFailure | None = None
+    ) -> GeneratedCode:
+        """Ask the model for new task code (validated later by the coder in a subprocess); with
+        ``failure``, show it its failed code and the failed check (`repair_prompt`) and ask for the
+        whole corrected code."""
+        user = f"Request: {request}\nObjective: {plan.objective}"
+        if failure is not None:
+            user += "\n\n" + repair_prompt(failure)
+        return self._ask(GeneratedCode, CODE_SYSTEM, user)
 
     def propose_patch(
         self, diagnosis: Diagnosis, files: Mapping[str, str], *, template: str | None
@@ -163,6 +178,24 @@ class ChatProvider:
         draft = self._ask(PatchDraft, PATCH_SYSTEM.format(allowed=", ".join(sorted(PATCHABLE))), user)
         current = files.get(draft.file)
         return None if current is not None and current == draft.new_content else draft
+
+
+REPAIR_TASKS_SHOWN = 5
+"""Tasks of the failed code shown in a repair prompt (all of them travel back in the answer)."""
+
+
+def repair_prompt(failure: CodeFailure) -> str:
+    """What the model sees to repair its code: the failed check (step and its full output: the
+    traceback or the failing self-checks), then the failed files and the first tasks."""
+    code = failure.code
+    tasks = "\n".join(json.dumps(t, ensure_ascii=False) for t in code.tasks[:REPAIR_TASKS_SHOWN])
+    return (
+        f"Your code (attempt {failure.attempt}) failed its check at step '{failure.step}':\n"
+        f"{failure.detail.strip()[-4000:]}\n\n"
+        f"=== workflow.py ===\n{code.workflow}\n=== reward.py ===\n{code.reward}\n"
+        f"=== tasks ({len(code.tasks)}; the first {min(len(code.tasks), REPAIR_TASKS_SHOWN)}) ===\n{tasks}\n\n"
+        "Fix the cause of this failure and return the complete corrected workflow, reward and tasks."
+    )
 
 
 def describe_templates(names: Sequence[str] | None = None) -> str:

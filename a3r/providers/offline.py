@@ -18,8 +18,9 @@ from pydantic import ValidationError
 
 import templates
 from a3r.errors import OfflineUnsupported, PlanError
-from a3r.providers.protocol import Mode
+from a3r.providers.protocol import CodeFailure, Mode
 from a3r.study.analysis import Diagnosis, DiagnosisKind
+from a3r.study.design import SEED_FLOOR, hypotheses_for
 from a3r.study.plans import (
     GeneratedCode,
     HypothesisDraft,
@@ -30,6 +31,7 @@ from a3r.study.plans import (
     TrainingSettings,
     check_plan,
 )
+from a3r.study.settings import SETTINGS, Setting, find_setting_in, refusal_for, resolve_setting
 
 __all__ = ["NEEDS_LLM", "OfflineProvider", "read_params"]
 
@@ -65,12 +67,82 @@ def read_params(workflow_source: str) -> dict[str, Any]:
 _NUMBER = r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)"
 
 
+def _values_after(text: str, setting: Setting) -> list[float]:
+    """Numbers written after the setting's first mention, within its range (``"kl 0.01, 0.1 and 1"``)."""
+    start = min((m.end() for a in setting.aliases if (m := re.search(a, text))), default=0)
+    found: list[float] = []
+    for match in re.finditer(_NUMBER, text[start:]):
+        try:
+            value = float(match.group(1))
+            setting.check(value)
+        except (ValueError, PlanError):
+            continue
+        found.append(value)
+    return found
+
+
 def _find_number(text: str, *patterns: str) -> float | None:
     for pattern in patterns:
         match = re.search(pattern.replace("NUM", _NUMBER), text)
         if match:
             return float(match.group(1))
     return None
+
+
+GENERIC_KEYWORDS = frozenset(
+    {
+        "game",
+        "multi agent",
+        "multiagent",
+        "self play",
+        "social deduction",
+        "party game",
+        "word game",
+        "deception",
+        "puzzle",
+        "search",
+        "reasoning",
+        "difficulty",
+        "curriculum",
+        "equation",
+        "word problems",
+    }
+)
+"""Template keywords that name a kind of task, not a task: alone they never choose a template."""
+
+
+def _phrase(text: str) -> tuple[str, ...]:
+    return tuple(re.sub(r"[^a-z0-9@]+", " ", text.lower()).split())
+
+
+def _has(tokens: tuple[str, ...], phrase: tuple[str, ...]) -> bool:
+    n = len(phrase)
+    return n > 0 and any(tokens[i : i + n] == phrase for i in range(len(tokens) - n + 1))
+
+
+def _generic_found(request: str) -> list[str]:
+    tokens = _phrase(request)
+    return [repr(k) for k in sorted(GENERIC_KEYWORDS) if _has(tokens, _phrase(k))]
+
+
+def _specific_matches(request: str) -> list[tuple[str, float]]:
+    """`templates.match`, kept to templates the request names by a *specific* phrase: the template's
+    name or a keyword that no other template shares and that is not a kind of task
+    (`GENERIC_KEYWORDS`). "train a game" or "multi-agent training" alone choose no template."""
+    tokens = _phrase(request)
+    metas = templates.list_templates()
+    counts: dict[tuple[str, ...], int] = {}
+    for meta in metas:
+        for keyword in {_phrase(k) for k in meta.keywords}:
+            counts[keyword] = counts.get(keyword, 0) + 1
+    generic = {_phrase(k) for k in GENERIC_KEYWORDS}
+    specific: set[str] = set()
+    for meta in metas:
+        phrases = {_phrase(k) for k in meta.keywords if counts[_phrase(k)] == 1} - generic
+        phrases.add(_phrase(meta.name.replace("_", " ")))
+        if any(_has(tokens, p) for p in phrases):
+            specific.add(meta.name)
+    return [(name, score) for name, score in templates.match(request) if name in specific]
 
 
 # ------------------------------------------------------------------------------------------ offline
@@ -92,12 +164,26 @@ class OfflineProvider:
             PlanError: A parameter read from the request is out of the template's range.
         """
         text = request.lower()
-        matches = templates.match(request)
+        matches = _specific_matches(request)
         if not matches:
             known = ", ".join(m.name for m in templates.list_templates())
+            loose = [name for name, _ in templates.match(request)]
+            found = _generic_found(request)
+            why = ""
+            if loose:
+                kind_of = (
+                    f"{' and '.join(found)} name{'s' if len(found) == 1 else ''} a kind of task, not a task; "
+                    if found
+                    else ""
+                )
+                why = f" ({kind_of}loosely matched: {', '.join(loose)})"
             raise OfflineUnsupported(
-                f"no task template covers {request!r} (templates: {known}); writing a new workflow, reward "
-                f"and data builder needs {NEEDS_LLM}"
+                f"no task template covers {request!r}{why}; name one (templates: {known}), or writing a new "
+                f"workflow, reward and data builder needs {NEEDS_LLM}"
+            )
+        if len(matches) > 1 and matches[0][1] == matches[1][1]:
+            raise OfflineUnsupported(
+                f"{request!r} names two templates equally ({matches[0][0]}, {matches[1][0]}); name one"
             )
         name = matches[0][0]
         template = templates.get_template(name)
@@ -108,9 +194,22 @@ class OfflineProvider:
         sweep: SweepSpec | None = None
         stability: StabilityCriterion | None = None
         if kind == "research":
-            sweep, stability, hypotheses, objective = self._research_design(text, training)
-            seeds = max(stability.min_seeds if stability else 2, len(training.seeds))
+            sweep, stability, objective = self._research_design(text, training, name)
+            seeds = max(stability.min_seeds if stability else SEED_FLOOR, len(training.seeds))
             training = training.model_copy(update={"seeds": list(range(seeds))})
+            knob = next((p for p in template.meta.parameters if p.name == sweep.variable), None)
+            if knob is not None:  # the workflow keeps the template's default; each run overrides it
+                params[sweep.variable] = knob.default
+            hypotheses = hypotheses_for(
+                PlanDraft(
+                    kind=kind,
+                    template=name,
+                    objective=objective,
+                    training=training,
+                    sweep=sweep,
+                    stability=stability,
+                )
+            )
         else:
             objective = f"train the policy on the {name} template"
             hypotheses = [
@@ -212,53 +311,73 @@ class OfflineProvider:
 
     @staticmethod
     def _research_design(
-        text: str, training: TrainingSettings
-    ) -> tuple[SweepSpec, StabilityCriterion | None, list[HypothesisDraft], str]:
-        stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
-        if re.search(r"batch[ _-]?size", text) and re.search(r"\b(min|minimum|smallest|lowest)\b", text):
-            sweep = SweepSpec(variable="batch_size", coarse=[1, 2, 4, 8], goal="min_stable")
-            what = "batch size B (GRPO groups per step)"
-        elif re.search(r"group[ _-]?size", text) and re.search(r"\b(min|minimum|smallest|lowest)\b", text):
-            sweep = SweepSpec(variable="group_size", coarse=[2, 4, 8], goal="min_stable")
-            what = "group size G (episodes per task)"
-        elif re.search(r"\b(lr|learning rate)\b", text) and re.search(r"\b(best|optimal|good)\b", text):
-            # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
-            rates = [1e-5, 1e-4, 1e-3] if training.lora_rank else [1e-6, 1e-5, 1e-4]
-            sweep = SweepSpec(variable="lr", coarse=rates, refine=False, goal="best")
-            hypotheses = [
-                HypothesisDraft(
-                    statement="among the swept learning rates one gives the highest held-out mean reward",
-                    expected_outcome="a learning rate whose mean reward over seeds exceeds the others",
-                    decision_rule=(
-                        "the best lr is the one with the highest mean held-out reward over >= 2 seeds; the claim "
-                        "is confirmed if its 95% interval does not overlap the runner-up's"
-                    ),
-                )
-            ]
-            return sweep, None, hypotheses, "find the best learning rate"
-        else:
-            raise OfflineUnsupported(
-                "the offline planner answers these research questions: the minimal stable batch size, the "
-                "minimal stable group size and the best learning rate; this question needs " + NEEDS_LLM
-            )
-        values = ", ".join(f"{v:g}" for v in sweep.coarse)
-        hypotheses = [
-            HypothesisDraft(
-                statement=f"there is a smallest stable {what} among {{{values}}}, and smaller values are unstable",
-                expected_outcome=(
-                    f"configurations at or above some value are stable on every seed, those below are not; "
-                    f"stability: {stability.describe()}"
-                ),
-                decision_rule=(
-                    f"B* = the smallest swept value whose every seed (>= {stability.min_seeds}) is stable while "
-                    "the next smaller swept value is not; confirmed when found after refinement, refuted when no "
-                    "swept value is stable"
-                ),
-            )
-        ]
-        return sweep, stability, hypotheses, f"find the minimal stable {what}"
+        text: str, training: TrainingSettings, template: str
+    ) -> tuple[SweepSpec, StabilityCriterion | None, str]:
+        """The sweep of a research question: the setting it names (`a3r.study.settings`), the goal
+        (min-stable, best, A-vs-B, effect-of) and the values.
 
-    def write_code(self, request: str, plan: PlanDraft) -> GeneratedCode:
+        Raises:
+            OfflineUnsupported: A setting the engine cannot change, no setting named, or no goal
+                understood; one line naming what is needed.
+            PlanError: A value out of the setting's range.
+        """
+        refusal = refusal_for(text)
+        if refusal is not None:
+            raise OfflineUnsupported(refusal)
+        meta = templates.get_template(template).meta
+        variable = find_setting_in(text, meta)
+        if variable is None:
+            raise OfflineUnsupported(
+                f"the question names no setting to vary; the offline planner studies one of {', '.join(SETTINGS)} "
+                f"or a knob of the {template} template ({', '.join(p.name for p in meta.parameters)}); "
+                f"open questions need {NEEDS_LLM}"
+            )
+        setting = resolve_setting(variable, template)
+        values = _values_after(text, setting)
+        if re.search(r"\b(min|minimum|minimal|smallest|lowest)\b", text):
+            if setting.scale != "pow2":
+                raise OfflineUnsupported(
+                    f"a minimal stable {setting.label} is not a question the offline planner asks (stability "
+                    "rises with sizes: batch size, group size, LoRA rank, epochs, max tokens); ask for the best "
+                    f"{setting.label}, or use {NEEDS_LLM}"
+                )
+            coarse = setting.grid(values or list(setting.coarse))
+            stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
+            sweep = SweepSpec(variable=variable, coarse=coarse, goal="min_stable")
+            return sweep, stability, f"find the minimal stable {setting.label}"
+        pair = re.search(rf"{_NUMBER}\s*(?:vs\.?|versus|against|or|and|to)\s*{_NUMBER}", text)
+        if pair and re.search(r"\b(vs\.?|versus|against|compare|or)\b", text):
+            a, b = float(pair.group(1)), float(pair.group(2))
+            sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
+            return sweep, None, f"compare {setting.label} {a:g} (A) with {b:g} (B)"
+        if re.search(r"\b(effect|impact|does|influence|matter)\b", text):
+            reference = (
+                float(getattr(training, variable)) if setting.target == "training" else setting.default
+            )
+            changed = next((v for v in values if v != reference), None)
+            if changed is None:
+                raise OfflineUnsupported(
+                    f"an effect-of question needs the value to change {setting.label} to (the reference is "
+                    f"{reference:g}), e.g. 'effect of {variable} {setting.coarse[-1]:g}'"
+                )
+            sweep = SweepSpec(variable=variable, coarse=[reference, changed], refine=False, goal="effect_of")
+            return sweep, None, f"the effect of {setting.label} {reference:g} → {changed:g}"
+        if re.search(r"\b(best|optimal|optimum|good|tune|tuning)\b", text):
+            grid = list(setting.coarse)
+            if variable == "lr" and training.lora_rank == 0:
+                # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
+                grid = [1e-6, 1e-5, 1e-4]
+            sweep = SweepSpec(variable=variable, coarse=setting.grid(values or grid), goal="best")
+            return sweep, None, f"find the best {setting.label}"
+        raise OfflineUnsupported(
+            f"which question about {setting.label}? The offline planner answers: the minimal stable value, the "
+            f"best value, A vs B ('{variable} 1 vs 2') and the effect of a change ('effect of {variable} 2'); "
+            f"other questions need {NEEDS_LLM}"
+        )
+
+    def write_code(
+        self, request: str, plan: PlanDraft, *, failure: CodeFailure | None = None
+    ) -> GeneratedCode:
         """Always raises: the offline provider writes no new code.
 
         Raises:

@@ -3,7 +3,8 @@ schemas of `a3r.study.plans`:
 
 - `ResearchProvider.plan`: a user's request → `PlanDraft` (template, parameters, settings,
   pre-registered hypotheses, and for research questions the sweep and the definition of "stable");
-- `ResearchProvider.write_code`: task code for a request no template covers → `GeneratedCode`;
+- `ResearchProvider.write_code`: task code for a request no template covers → `GeneratedCode`; given a
+  `CodeFailure` (the previous code and how its check failed), a repaired version of it;
 - `ResearchProvider.propose_patch`: a diagnosis plus the workspace files → `PatchDraft` or ``None``.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from a3r.study.analysis import Diagnosis
 from a3r.study.plans import (
     GeneratedCode,
@@ -19,9 +22,28 @@ from a3r.study.plans import (
     PlanDraft,
 )
 
-__all__ = ["Mode", "ResearchProvider"]
+__all__ = ["CodeFailure", "Mode", "ResearchProvider"]
 
 Mode = Literal["vibe", "research"]
+
+
+class CodeFailure(BaseModel):
+    """Generated task code that failed its check, as the provider is shown it for a repair.
+
+    Attributes:
+        attempt: Which attempt wrote the code (1 = the first).
+        step: The check that failed (`templates.ValidationReport.step`: ``compile``, ``import``,
+            ``data``, ``checks`` or ``timeout``).
+        detail: What failed: the compiler message, the traceback, or the failing self-checks.
+        code: The code that failed.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attempt: int = Field(ge=1)
+    step: str
+    detail: str
+    code: GeneratedCode
 
 
 class ResearchProvider(Protocol):
@@ -33,8 +55,10 @@ class ResearchProvider(Protocol):
         """A checked plan (`a3r.study.plans.check_plan`) for ``request``."""
         ...
 
-    def write_code(self, request: str, plan: PlanDraft) -> GeneratedCode:
-        """Task code for a request no template covers."""
+    def write_code(
+        self, request: str, plan: PlanDraft, *, failure: CodeFailure | None = None
+    ) -> GeneratedCode:
+        """Task code for a request no template covers; with ``failure``, the failed code repaired."""
         ...
 
     def propose_patch(

@@ -14,9 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import templates
 from a3r.errors import PlanError
+from a3r.study.settings import resolve_setting
 
 __all__ = [
     "GeneratedCode",
+    "Goal",
     "HypothesisDraft",
     "PatchDraft",
     "PlanDraft",
@@ -38,6 +40,10 @@ class TrainingSettings(BaseModel):
         group_size: G, episodes per task (one GRPO group).
         lr: Learning rate of the policy optimizer (LoRA wants ~10× the full fine-tuning rate).
         lora_rank: LoRA adapter rank; 0 trains all weights (full fine-tuning, float32).
+        kl_coef: β of the KL penalty to the reference policy (``swarm serve --kl-coef``); 0 disables it.
+        clip_eps: ε of the PPO clip ratio range [1 − ε, 1 + ε] (``--clip-eps``).
+        ppo_epochs: Passes over each batch per trainer step (``--ppo-epochs``).
+        minibatches: Optimizer updates per pass (``--minibatches``).
         concurrency: Episodes the client runs at once.
         seeds: Seeds to replicate the run on.
         smoke_tasks: Tasks of the smoke run (one group each) before training; 0 skips it.
@@ -50,6 +56,10 @@ class TrainingSettings(BaseModel):
     group_size: int = Field(default=4, ge=2, le=256)
     lr: float = Field(default=2e-4, gt=0, le=1.0)
     lora_rank: int = Field(default=16, ge=0, le=1024)
+    kl_coef: float = Field(default=0.0, ge=0.0, le=10.0)
+    clip_eps: float = Field(default=0.2, gt=0.0, lt=1.0)
+    ppo_epochs: int = Field(default=1, ge=1, le=16)
+    minibatches: int = Field(default=1, ge=1, le=64)
     concurrency: int = Field(default=8, ge=1, le=1024)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=16)
     smoke_tasks: int = Field(default=1, ge=0, le=64)
@@ -111,22 +121,38 @@ class StabilityCriterion(BaseModel):
         )
 
 
+Goal = Literal["min_stable", "best", "a_vs_b", "effect_of"]
+
+
 class SweepSpec(BaseModel):
-    """A staged sweep over one training setting.
+    """A staged study over one setting (`a3r.study.settings`): preflight → coarse → refine → replicate.
 
     Attributes:
-        variable: The setting swept (a `TrainingSettings` field).
-        coarse: Values of the first stage (powers of two for sizes).
-        refine: Whether a second stage bisects between the smallest stable value and its neighbour.
-        goal: ``min_stable``: the smallest stable value; ``best``: the value with the highest reward.
+        variable: The setting varied: a `a3r.study.settings.SETTINGS` name (``lr``, ``batch_size``,
+            ``kl_coef``, ``max_tokens``...) or a knob of the template's workflow.
+        coarse: Values of the coarse stage (for ``a_vs_b``/``effect_of``: the two arms, A first; for
+            ``effect_of`` A is the reference value).
+        refine: Whether a refine stage tests between the coarse values around the answer (the
+            minimal stable value and the unstable one below it; the best value and its neighbours).
+        goal: ``min_stable``: the smallest stable value; ``best``: the value with the highest held-out
+            reward; ``a_vs_b``: whether B beats A; ``effect_of``: the effect of changing the setting
+            from the reference value A to B.
+        replicate: Whether a replicate stage adds seeds to the configurations the answer rests on,
+            as many as the power rule asks (`a3r.study.design.seeds_per_arm`).
+        effect_size: The smallest difference in reward units worth detecting (the power rule's δ);
+            ``None``: `a3r.study.design.DEFAULT_EFFECT`.
+        max_seeds: Cap on seeds per configuration (the power rule's budget cap).
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    variable: Literal["batch_size", "group_size", "lr"] = "batch_size"
+    variable: str = "batch_size"
     coarse: list[float] = Field(min_length=1, max_length=32)
     refine: bool = True
-    goal: Literal["min_stable", "best"] = "min_stable"
+    goal: Goal = "min_stable"
+    replicate: bool = True
+    effect_size: float | None = Field(default=None, gt=0.0)
+    max_seeds: int = Field(default=6, ge=2, le=16)
 
 
 class PlanDraft(BaseModel):
@@ -204,8 +230,9 @@ def check_plan(draft: PlanDraft) -> PlanDraft:
         The plan with ``params`` completed by the template's defaults and converted to their types.
 
     Raises:
-        PlanError: Unknown template, invalid parameters, a research plan without a sweep, or a sweep
-            with fewer seeds than the stability criterion demands.
+        PlanError: Unknown template, invalid parameters, a research plan without a sweep, a sweep over
+            a setting the engine cannot change or with values out of its range, an A-vs-B question
+            without two values, or a sweep with fewer seeds than the stability criterion demands.
     """
     params = dict(draft.params)
     if draft.template is not None:
@@ -217,6 +244,14 @@ def check_plan(draft: PlanDraft) -> PlanDraft:
     if draft.kind == "research":
         if draft.sweep is None:
             raise PlanError("a research plan needs a sweep (variable and coarse values)")
+        setting = resolve_setting(draft.sweep.variable, draft.template)
+        for value in draft.sweep.coarse:
+            setting.check(value)
+        if draft.sweep.goal in ("a_vs_b", "effect_of") and len(set(draft.sweep.coarse)) != 2:
+            raise PlanError(
+                f"a {draft.sweep.goal.replace('_', '-')} question compares two values of {setting.label}, "
+                f"the plan has {len(set(draft.sweep.coarse))}"
+            )
         if draft.stability is not None and len(draft.training.seeds) < draft.stability.min_seeds:
             raise PlanError(
                 f"the stability criterion needs >= {draft.stability.min_seeds} seeds per configuration, "

@@ -19,6 +19,7 @@ from a3r.study.analysis import DiagnosisKind, RewardSummary
 from a3r.study.effects import Effect, level_effect, seed_effect
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings
 from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.settings import resolve_setting
 
 __all__ = [
     "EVAL_BUDGET_SHARE",
@@ -241,15 +242,25 @@ def _value_text(value: float) -> str:
     return f"{value:g}"
 
 
-def sweep_specs(plan: PlanDraft, values: Sequence[float], stage: str) -> list[RunSpec]:
-    """Runs of a sweep stage: every value on every seed, seeds interleaved by ascending value."""
+def sweep_specs(
+    plan: PlanDraft, values: Sequence[float], stage: str, *, seeds: Sequence[int] | None = None
+) -> list[RunSpec]:
+    """Runs of a sweep stage: every value on every seed (the plan's seeds unless ``seeds`` is given),
+    seeds interleaved by ascending value. A training setting changes the runs' `TrainingSettings`; a
+    template knob sets `RunSpec.params` (`a3r.study.settings.resolve_setting`)."""
     assert plan.sweep is not None
     variable = plan.sweep.variable
+    setting = resolve_setting(variable, plan.template)
     specs: list[RunSpec] = []
     for value in sorted(values):
-        cast_value: float | int = value if variable == "lr" else int(value)
-        settings = plan.training.model_copy(update={variable: cast_value, "smoke_tasks": 0})
-        for seed in plan.training.seeds:
+        cast_value = setting.cast(value)
+        params: dict[str, bool | int | float | str | None] = {}
+        if setting.target == "training":
+            settings = plan.training.model_copy(update={variable: cast_value, "smoke_tasks": 0})
+        else:
+            settings = plan.training.model_copy(update={"smoke_tasks": 0})
+            params = {variable: cast_value}
+        for seed in plan.training.seeds if seeds is None else seeds:
             specs.append(
                 RunSpec(
                     key=f"{stage}-{variable}={_value_text(value)}-s{seed}",
@@ -259,6 +270,7 @@ def sweep_specs(plan: PlanDraft, values: Sequence[float], stage: str) -> list[Ru
                     stage=stage,
                     value=float(value),
                     stability=plan.stability or StabilityCriterion(),
+                    params=params,
                 )
             )
     return specs

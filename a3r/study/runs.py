@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from a3r.study.analysis import Diagnosis, RewardSummary
 from a3r.study.plans import StabilityCriterion, TrainingSettings
+from a3r.study.sequential import SignalCheck
 from memory import RunStatus
 
 __all__ = ["STORE_STATUS", "RunOutcome", "RunPurpose", "RunSpec", "RunStatusName", "status_text"]
@@ -56,6 +57,9 @@ class RunSpec(BaseModel):
         start_step: For a continuation: the policy step the server had reached.
         early_stop: Stop the client early when the live detectors see a patchable problem.
         stability: Thresholds of the collapse detectors (the plan's stability criterion).
+        params: Template parameters this run overrides (a study varying a template knob): the run
+            trains with a copy of the workflow with these values; held-out evaluation keeps the frozen
+            original.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -71,6 +75,7 @@ class RunSpec(BaseModel):
     start_step: int = 0
     early_stop: bool = False
     stability: StabilityCriterion = Field(default_factory=StabilityCriterion)
+    params: dict[str, bool | int | float | str | None] = Field(default_factory=dict)
 
 
 class RunOutcome(BaseModel):
@@ -101,6 +106,7 @@ class RunOutcome(BaseModel):
         eval_s: Seconds its held-out evaluation took (``nan`` when none ran).
         parts: Curves of the reward's parts (`a3r.study.analysis.part_curves`: one point per B·G
             train episodes), by metric name.
+        signal: A preflight's sequential futility test after its last look (`a3r.study.sequential`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -127,3 +133,4 @@ class RunOutcome(BaseModel):
     seconds_per_step: float = float("nan")
     parts: dict[str, list[float]] = Field(default_factory=dict)
     eval_s: float = float("nan")
+    signal: SignalCheck | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from a3r.study.sequential import SignalRule
 from a3r.swarmops.processes import ServerHandle
 from memory import Store
 
@@ -40,6 +41,7 @@ class ExecutionContext(Protocol):
         eval_samples: Attempts per held-out task.
         preflight_samples: Attempts per held-out task in the preflight.
         episode_timeout_s: Per-episode time limit of evaluation clients.
+        signal: When a preflight stops for lack of signal (`a3r.study.sequential`).
         server_options: Extra ``swarm serve`` options for every started server.
         servers: Live servers by server key (the executor adds and removes entries).
     """
@@ -66,6 +68,8 @@ class ExecutionContext(Protocol):
     def preflight_samples(self) -> int: ...
     @property
     def episode_timeout_s(self) -> float: ...
+    @property
+    def signal(self) -> SignalRule: ...
     @property
     def server_options(self) -> dict[str, Any]: ...
     @property

@@ -2,10 +2,20 @@
 
 Each task of the dataset is attempted ``--samples`` times as ``kind=eval`` episodes (recorded by the
 server, never trained), at most ``--concurrency`` at once, each within ``--episode-timeout`` seconds.
-One JSON line per ended attempt goes to ``--out`` in the client runner's ``progress.jsonl`` format
-(``kind``, ``round``, ``task_id``, ``member``, ``status``, ``reward``, ``time``), so
-`a3r.study.analysis.read_progress` reads both. The workflow is the frozen evaluator copy of a study, not
-the patchable training workflow.
+Attempts start round-robin over the tasks (every task once, then every task a second time...), so any
+prefix of them spreads over the tasks. One JSON line per ended attempt goes to ``--out`` in the client
+runner's ``progress.jsonl`` format (``kind``, ``round``, ``task_id``, ``member``, ``status``,
+``reward``, ``time``, plus ``order``, its place in the start order, and ``seconds``, how long it took),
+so `a3r.study.analysis.read_progress` reads both. A failed attempt says what failed and after how long
+(a time limit: which task and attempt, and the limit it ran past). The workflow is the frozen evaluator
+copy of a study, not the patchable training workflow.
+
+With ``--stop-group-size G`` the evaluation is a preflight with a sequential futility test
+(`a3r.study.sequential`): after every ended attempt the test looks at the longest prefix of attempts,
+in start order, that have all ended, and once their successes (reward > 0) show the success rate is
+below what GRPO groups of G need, the attempts under way are cancelled (their episodes aborted, not
+recorded) and the evaluation ends. ``--summary`` receives one JSON object: attempts planned and ended,
+failures, and the test's last `SignalCheck`.
 """
 
 from __future__ import annotations
@@ -22,7 +32,19 @@ from typing import Any
 __all__ = ["main"]
 
 
+def _failure(exc: BaseException, *, task_id: str, member: int, seconds: float, limit_s: float) -> str:
+    """What failed in one attempt and after how long, in one line (≤ 500 characters)."""
+    if isinstance(exc, TimeoutError) and seconds >= limit_s * 0.99:
+        return (
+            f"TimeoutError: task {task_id} attempt {member} did not end within the {limit_s:g} s episode "
+            f"limit (--episode-timeout)"
+        )
+    text = str(exc).strip() or "(no message)"
+    return f"{type(exc).__name__}: {text} (task {task_id} attempt {member}, after {seconds:.0f} s)"[:500]
+
+
 async def _evaluate(args: argparse.Namespace) -> int:
+    from a3r.study.sequential import SignalCheck, SignalRule
     from swarm.client import AsyncSwarmClient, TaskSet, load_workflow
     from swarm.client.workflow import Result
 
@@ -31,23 +53,63 @@ async def _evaluate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     limiter = asyncio.Semaphore(args.concurrency)
+    order = [(task, member) for member in range(args.samples) for task in tasks]  # round-robin over tasks
+    succeeded: list[bool | None] = [None] * len(order)
     failures = 0
+    test = (
+        SignalRule(confidence=args.stop_confidence, min_informative=args.stop_informative).test(
+            args.stop_group_size, len(order)
+        )
+        if args.stop_group_size and order
+        else None
+    )
+    check: SignalCheck | None = None
+    inside: set[asyncio.Task[None]] = set()  # attempts inside their episode block
+
+    def stopped() -> bool:
+        return check is not None and check.stopped
 
     token = os.environ.get("SWARM_CLIENT_TOKEN") or None  # a3r passes it in the environment
     async with AsyncSwarmClient(args.server, client_id=args.client_id, client_token=token) as client:
         with out.open("a", encoding="utf-8") as sink:
 
-            async def attempt(task: Any, member: int) -> None:
+            def look() -> None:
+                nonlocal check
+                if test is None or stopped():
+                    return
+                ended = next((i for i, s in enumerate(succeeded) if s is None), len(succeeded))
+                if ended == 0:
+                    return
+                check = test.check(sum(1 for s in succeeded[:ended] if s), ended)
+                if check.stopped:
+                    # Attempts not yet begun never begin; those inside their episode block are cancelled
+                    # (the block aborts the episode on the server). One still beginning its episode
+                    # is left to begin it, so that no episode stays open unknown to us.
+                    me = asyncio.current_task()
+                    for job in list(inside):
+                        if job is not me:
+                            job.cancel()
+
+            async def attempt(index: int, task: Any, member: int) -> None:
                 nonlocal failures
                 record: dict[str, Any] = {
                     "kind": "eval",
                     "round": args.round,
                     "task_id": task.task_id,
                     "member": member,
+                    "order": index,
                 }
                 async with limiter:
+                    if stopped():
+                        return
+                    started = time.monotonic()
+                    job = asyncio.current_task()
+                    assert job is not None
                     try:
                         async with client.episode(task.task_id, kind="eval") as ep:
+                            inside.add(job)
+                            if stopped():
+                                raise asyncio.CancelledError  # the block aborts the episode
                             output = await asyncio.wait_for(run(task.data, ep.llm), args.episode_timeout)
                             if isinstance(output, Result):
                                 reward = output.reward
@@ -57,19 +119,42 @@ async def _evaluate(args: argparse.Namespace) -> int:
                                 raise TypeError("evaluation needs a single-server workflow (one reward)")
                             await ep.finish(reward)
                         record |= {"status": "finished", "reward": reward}
+                        succeeded[index] = reward > 0
                     except Exception as exc:
                         failures += 1
+                        seconds = time.monotonic() - started
                         record |= {
                             "status": "aborted",
                             "reward": None,
-                            "error": f"{type(exc).__name__}: {exc}"[:500],
+                            "error": _failure(
+                                exc,
+                                task_id=task.task_id,
+                                member=member,
+                                seconds=seconds,
+                                limit_s=args.episode_timeout,
+                            ),
                         }
+                        succeeded[index] = False  # limits are part of the evaluation
+                    finally:
+                        inside.discard(job)
+                    record["seconds"] = round(time.monotonic() - started, 3)
                 record["time"] = time.time()
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
+                look()
 
-            await asyncio.gather(*(attempt(task, m) for task in tasks for m in range(args.samples)))
-    print(json.dumps({"attempts": len(tasks) * args.samples, "failures": failures}))
+            running = [asyncio.create_task(attempt(i, task, m)) for i, (task, m) in enumerate(order)]
+            await asyncio.gather(*running, return_exceptions=True)
+    ended = sum(1 for s in succeeded if s is not None)
+    summary = {
+        "attempts": len(order),
+        "ended": ended,
+        "failures": failures,
+        "signal": check.model_dump() if check is not None else None,
+    }
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary) + "\n", encoding="utf-8")
+    print(json.dumps(summary))
     return 0
 
 
@@ -88,9 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round", type=int, default=0)
     parser.add_argument("--episode-timeout", type=float, default=300.0)
     parser.add_argument("--client-id", default="a3r-eval")
+    parser.add_argument(
+        "--stop-group-size",
+        type=int,
+        default=0,
+        help="G: stop once the attempts show too few successes for GRPO groups of G (0: never)",
+    )
+    parser.add_argument("--stop-confidence", type=float, default=0.95)
+    parser.add_argument("--stop-informative", type=float, default=0.5)
+    parser.add_argument(
+        "--summary", default=None, help="write a JSON summary (and the test's last check) here"
+    )
     args = parser.parse_args(argv)
     if args.samples < 1 or args.concurrency < 1:
         parser.error("--samples and --concurrency must be >= 1")
+    if args.stop_group_size and args.stop_group_size < 2:
+        parser.error("--stop-group-size must be 0 or >= 2")
     return asyncio.run(_evaluate(args))
 
 

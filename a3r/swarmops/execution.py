@@ -13,6 +13,7 @@ here is the poll loop that feeds it observations.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
@@ -41,6 +42,8 @@ from a3r.study.analysis import (
 )
 from a3r.study.research import EVAL_BUDGET_SHARE
 from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.sequential import SignalCheck
+from a3r.study.settings import SETTINGS, serve_flags
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, judge
 from a3r.swarmops.processes import (
@@ -198,7 +201,16 @@ def _reward_curve(rows: list[ServerStepMetrics]) -> list[tuple[int, float]]:
     return metric_series([{"step": row.step, "reward_mean": row.reward_mean} for row in rows], "reward_mean")
 
 
-PLAN_SERVE_OPTIONS = ("train", "batch-policy", "batch-size", "group-size", "lr", "lora-rank", "max-steps")
+EVAL_CONCURRENCY = 8
+"""Attempts a held-out evaluation runs at once (a preflight with a futility test runs more: as many as
+the test needs before it can decide, so its first possible look comes after one batch)."""
+
+PLAN_SERVE_OPTIONS = (
+    "train",
+    "batch-policy",
+    *(s.flag for s in SETTINGS.values() if s.flag is not None),
+    "max-steps",
+)
 """``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""
 
 
@@ -218,10 +230,7 @@ def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServeOptions:
             {
                 "train": True,
                 "batch-policy": "tasks",
-                "batch-size": s.batch_size,
-                "group-size": s.group_size,
-                "lr": s.lr,
-                "lora-rank": s.lora_rank,
+                **serve_flags(s),
                 "max-steps": s.steps if spec.purpose in ("train", "sweep") else None,
             }
         )
@@ -331,6 +340,35 @@ def eval_tasks_within(ctx: ExecutionContext, budget_s: float, seconds_per_episod
     return max(2, min(ctx.eval_tasks, affordable))
 
 
+@dataclass(frozen=True)
+class _Evaluation:
+    """What a held-out evaluation produced.
+
+    Attributes:
+        summary: Rewards of the ended attempts (``None`` when the evaluation failed).
+        note: Why it failed, or which attempts failed (what and after how long); ``""`` when none.
+        seconds: Wall seconds it took.
+        signal: The preflight's sequential futility test after its last look (``None`` without one).
+    """
+
+    summary: RewardSummary | None
+    note: str
+    seconds: float
+    signal: SignalCheck | None = None
+
+
+def _failure_note(failed: list[EpisodeRecord], total: int) -> str:
+    """``k of n held-out attempts failed ...``, with the distinct failures (time limits grouped)."""
+    timeouts = [r for r in failed if (r.error or "").startswith("TimeoutError: task ")]
+    others = sorted({(r.error or r.status)[:160] for r in failed if r not in timeouts})
+    parts = []
+    if timeouts:
+        limit = (timeouts[0].error or "").split("within the ", 1)[-1].split(" episode limit", 1)[0]
+        parts.append(f"{len(timeouts)} ran past the {limit} episode time limit")
+    parts += others[:3]
+    return f"{len(failed)} of {total} held-out attempts failed and count as incorrect ({'; '.join(parts)})"
+
+
 def _evaluate(
     ctx: ExecutionContext,
     ws: Workspace,
@@ -341,10 +379,45 @@ def _evaluate(
     samples: int | None = None,
     max_tasks: int | None = None,
     env: dict[str, str] | None = None,
-) -> tuple[RewardSummary | None, str, float]:
-    """Held-out evaluation with the frozen evaluator; returns (summary, error text, seconds)."""
+    futility_group_size: int | None = None,
+) -> _Evaluation:
+    """Held-out evaluation with the frozen evaluator.
+
+    Args:
+        ctx: Run context (evaluation sizes, the signal rule, limits).
+        ws: The study workspace.
+        url: The server.
+        run_dir: Where ``eval.jsonl``, ``eval.log`` and ``eval-summary.json`` go.
+        timeout_s: Wall seconds the whole evaluation may take.
+        samples: Attempts per task (default ``ctx.eval_samples``).
+        max_tasks: Held-out tasks (default ``ctx.eval_tasks``).
+        env: The evaluator's environment (the client token).
+        futility_group_size: G of a preflight's sequential futility test (`a3r.study.sequential`,
+            with ``ctx.signal``); the evaluation then stops as soon as the test decides, running at once
+            as many attempts as the test needs before it can decide (up to the server's batch size).
+    """
     out = run_dir / "eval.jsonl"
     out.unlink(missing_ok=True)
+    summary_path = run_dir / "eval-summary.json"
+    summary_path.unlink(missing_ok=True)
+    samples = samples or ctx.eval_samples
+    max_tasks = max_tasks or ctx.eval_tasks
+    extra: list[str] = []
+    if futility_group_size:
+        planned = min(max_tasks, _count_lines(ws.heldout)) * samples
+        first = ctx.signal.test(futility_group_size, max(1, planned)).first_stop or 0
+        default_batch = ServeOptions.model_fields["max_batch_size"].default  # sequences sampled together
+        batch = int(ctx.server_options.get("max-batch-size", default_batch))
+        extra = [
+            "--stop-group-size",
+            str(futility_group_size),
+            "--stop-confidence",
+            repr(ctx.signal.confidence),
+            "--stop-informative",
+            repr(ctx.signal.min_informative),
+            "--concurrency",
+            str(max(EVAL_CONCURRENCY, min(first, batch))),
+        ]
     argv = [
         sys.executable,
         "-m",
@@ -357,33 +430,42 @@ def _evaluate(
         "--out",
         str(out),
         "--samples",
-        str(samples or ctx.eval_samples),
+        str(samples),
         "--max-tasks",
-        str(max_tasks or ctx.eval_tasks),
+        str(max_tasks),
         "--episode-timeout",
         str(ctx.episode_timeout_s),
+        "--summary",
+        str(summary_path),
+        *extra,
     ]
     started = time.monotonic()
     process = launch("eval", argv, log_path=run_dir / "eval.log", cwd=ws.root, env=env)
     code = process.wait(timeout_s)
     if code is None:
         process.stop()
-        return None, f"held-out evaluation exceeded {timeout_s:.0f} s", time.monotonic() - started
+        return _Evaluation(
+            None, f"held-out evaluation exceeded {timeout_s:.0f} s", time.monotonic() - started
+        )
     elapsed = time.monotonic() - started
     records = read_progress(out)
     if code != 0 or not records:
-        return None, f"evaluation exited with code {code}: {process.log_text(1500).strip()[-600:]}", elapsed
+        text = f"evaluation exited with code {code}: {process.log_text(1500).strip()[-600:]}"
+        return _Evaluation(None, text, elapsed)
+    signal: SignalCheck | None = None
+    try:
+        found = json.loads(summary_path.read_text(encoding="utf-8")).get("signal")
+        signal = SignalCheck.model_validate(found) if found else None
+    except (OSError, ValueError):
+        signal = None
     # An attempt that failed (time limit, error) is an incorrect attempt: limits are part of the evaluation.
     failed = [r for r in records if r.status != "finished" or r.reward is None]
     groups: dict[tuple[int, str], list[float]] = {}
     for record in records:
         reward = record.reward if record.status == "finished" and record.reward is not None else 0.0
         groups.setdefault((record.round, record.task_id), []).append(reward)
-    note = ""
-    if failed:
-        errors = sorted({(r.error or r.status)[:80] for r in failed})
-        note = f"{len(failed)} of {len(records)} held-out attempts failed and count as incorrect ({'; '.join(errors[:3])})"
-    return summarise_rewards(groups), note, elapsed
+    note = _failure_note(failed, len(records)) if failed else ""
+    return _Evaluation(summarise_rewards(groups), note, elapsed, signal)
 
 
 def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recorder) -> ServerHandle:
@@ -469,7 +551,7 @@ def execute_run(
                 kept = f"server kept its own training config ({exc})"
             rec.note(f"run {spec.key}: attached to {handle.url}; " + (kept or "live config applied"))
         if spec.purpose == "preflight":
-            summary, error, elapsed = _evaluate(
+            found = _evaluate(
                 ctx,
                 ws,
                 handle.url,
@@ -477,26 +559,30 @@ def execute_run(
                 budget_s,
                 samples=max(ctx.preflight_samples, ctx.eval_samples),
                 env=handle.client_env(),
+                futility_group_size=spec.settings.group_size,
             )
             rec.events(api.events())
+            summary, error = found.summary, found.note
             episodes = summary.episodes if summary else 0
+            reason = error
+            if summary is not None:
+                reason = f"baseline held-out mean reward {summary.mean_reward:.3f}"
+                if found.signal is not None and found.signal.stopped:
+                    reason += f"; stopped early: {found.signal.describe()}"
+                reason += f"; {error}" if error else ""
             outcome = RunOutcome(
                 **_ident(spec),
                 run_id=run_id,
                 status="finished" if summary else "crashed",
-                reason=(
-                    f"baseline held-out mean reward {summary.mean_reward:.3f}"
-                    + (f"; {error}" if error else "")
-                    if summary
-                    else error
-                ),
+                reason=reason,
                 episodes=episodes,
                 wall_s=time.monotonic() - started,
                 eval=summary,
                 run_dir=str(run_dir),
-                seconds_per_episode=elapsed / episodes if episodes else math.nan,
+                seconds_per_episode=found.seconds / episodes if episodes else math.nan,
                 diagnoses=[] if summary else detect_crash(error, exit_code=1),
-                eval_s=elapsed,
+                eval_s=found.seconds,
+                signal=found.signal,
             )
         else:
             outcome = _monitor(
@@ -719,7 +805,7 @@ def _conclude(
             f"run {spec.key}: held-out evaluation on {min(n_tasks, available)} of {available} held-out tasks × "
             f"{ctx.eval_samples} attempts"
         )
-        eval_summary, error, eval_s = _evaluate(
+        found = _evaluate(
             ctx,
             run.ws,
             run.handle.url,
@@ -728,6 +814,7 @@ def _conclude(
             max_tasks=n_tasks,
             env=run.handle.client_env(),
         )
+        eval_summary, error, eval_s = found.summary, found.note, found.seconds
         if error:
             rec.note(f"run {spec.key}: {error}", "warning")
         rows = api.metrics() or rows  # a step that was under way when training stopped has ended now

@@ -28,13 +28,21 @@ from tests.conftest import free_port
 
 @dataclass
 class FakeLLMServer:
-    """Canned answers by schema name; ``fail_with`` makes every call answer that HTTP status."""
+    """Canned answers by schema name (a list: one answer per call, in order; the last one repeats);
+    ``fail_with`` makes every call answer that HTTP status."""
 
-    canned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    canned: dict[str, dict[str, Any] | list[dict[str, Any]]] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_with: int | None = None
     port: int = field(default_factory=free_port)
     _server: uvicorn.Server | None = None
+
+    def answer(self, name: str) -> dict[str, Any]:
+        """The next canned answer for schema ``name``."""
+        found = self.canned[name]
+        if isinstance(found, dict):
+            return found
+        return found.pop(0) if len(found) > 1 else found[0]
 
     @property
     def url(self) -> str:
@@ -66,13 +74,13 @@ class FakeLLMServer:
                     {
                         "id": f"call_{uuid.uuid4().hex[:8]}",
                         "type": "function",
-                        "function": {"name": name, "arguments": json.dumps(self.canned[name])},
+                        "function": {"name": name, "arguments": json.dumps(self.answer(name))},
                     }
                 ]
                 finish = "tool_calls"
             else:
                 name = body["response_format"]["json_schema"]["name"]
-                message["content"] = json.dumps(self.canned[name])
+                message["content"] = json.dumps(self.answer(name))
             return JSONResponse(
                 {
                     "id": f"chatcmpl-{uuid.uuid4().hex[:8]}",
@@ -108,7 +116,7 @@ class FakeLLMServer:
                             "type": "tool_use",
                             "id": f"toolu_{uuid.uuid4().hex[:8]}",
                             "name": name,
-                            "input": self.canned[name],
+                            "input": self.answer(name),
                         }
                     ],
                     "stop_reason": "tool_use",

@@ -148,6 +148,7 @@ def test_llm_plans_and_writes_code_for_an_uncovered_task(
 def test_generated_code_failing_its_checks_is_not_run(tmp_path: Path, store: Store) -> None:
     code = {"workflow": WORKFLOW, "reward": REWARD_BROKEN, "tasks": TASKS}
     ctx = _context(tmp_path, tool_answers(("PlanDraft", PLAN), ("GeneratedCode", code)), store)
+    ctx.code_attempts = 1  # no repair (tests/a3r/test_coder_repair.py has them)
     graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"))
     config = {"configurable": {"thread_id": "t-llm"}}
     chunks = list(
@@ -157,7 +158,9 @@ def test_generated_code_failing_its_checks_is_not_run(tmp_path: Path, store: Sto
     )
     assert [name for chunk in chunks for name in chunk] == ["planner", "coder", "reporter"]
     values = graph.get_state(config).values
-    assert "failed validation at step checks" in values["conclusion"]
+    assert values["conclusion"].startswith(
+        "stopped: the generated code failed its check 1 time; the last failure, at step checks: w0: empty earned reward"
+    )
     assert store.get_study(values["study_id"]).status is StudyStatus.abandoned
     assert store.runs() == []
     assert Path(values["report"]).exists()

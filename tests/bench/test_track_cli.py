@@ -3,6 +3,7 @@ tokenizer and trainer; a regression against an injected history fails the run wi
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,46 @@ def test_a_bad_setting_is_one_readable_line(tmp_path: Path) -> None:
     assert "expected NAME=VALUE" in done.stderr
     done = _track("--quick", "--only", "spy", "--store", str(tmp_path / "x.db"))
     assert done.returncode == 2 and "unknown benchmark 'spy'" in done.stderr
+
+
+def test_the_committed_history_loads_and_the_page_shows_its_three_commits(tmp_path: Path) -> None:
+    """A fresh clone: an empty store, the committed ``bench/history/track.json``, no benchmark run."""
+    history_file = ROOT / "bench" / "history" / "track.json"
+    assert history_file.stat().st_size < 300_000
+    db, html = tmp_path / "track.db", tmp_path / "html"
+    args = ["--report-only", "--store", str(db), "--history", str(history_file), "--html", str(html)]
+    done = _track(*args, "--export", str(tmp_path / "again.json"))
+    assert done.returncode == 0, done.stderr
+    page = (html / "index.html").read_text()
+    versions = page[page.index("id='versions'") : page.index("</table>", page.index("id='versions'"))]
+    commits = ("427044d351", "04bd9c5a62", "76d39ab062")
+    assert versions.count("<tr>") == 1 + len(commits) and all(c in versions for c in commits)
+    assert page.count("<svg") == 4  # learning, merge, throughput, update
+    with Store(db) as store:
+        history = load_history(store)
+        assert history.commits() == [
+            "427044d3513f223e4268ddeebb21ffff88142741",
+            "04bd9c5a623d7cb6cf27813064bf82954063deeb",
+            "76d39ab0627a00641e7cc5458f8188c2d4cb70a3",
+        ]
+        runs = [r for rs in history.runs.values() for r in rs]
+        assert len(runs) == 13 and all(store.metric_history(r.run.id) for r in runs)
+        assert all("load_avg_1m" in r.run.config for r in runs)
+    # Loading it again duplicates nothing; its export is the committed file but for the export time.
+    again = _track(*args)
+    assert again.returncode == 0, again.stderr
+    with Store(db) as store:
+        assert len(store.studies()) == 1 and len(store.runs()) == 13
+    exported = json.loads((tmp_path / "again.json").read_text())
+    committed = json.loads(history_file.read_text())
+    assert {**exported, "exported_at": None} == {**committed, "exported_at": None}
+
+
+def test_a_history_file_that_is_not_a_tracking_export_is_one_readable_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"study": 1}')
+    done = _track("--report-only", "--store", str(tmp_path / "x.db"), "--history", str(bad))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "bad.json: not a study export" in done.stderr
+    done = _track("--report-only", "--store", str(tmp_path / "x.db"), "--export", str(tmp_path / "o.json"))
+    assert done.returncode == 2 and "holds no tracking study" in done.stderr

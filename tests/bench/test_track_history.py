@@ -6,9 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from track_history import STUDY_KIND, Status, judge, load_history, record_run
+from track_history import (
+    STUDY_KIND,
+    HistoryFileError,
+    Status,
+    export_history,
+    import_history,
+    judge,
+    load_history,
+    record_run,
+)
 
-from memory import RunStatus, Store
+from memory import RunStatus, Store, StudyExport
 
 COMMIT_A, COMMIT_B, COMMIT_C = "a" * 40, "b" * 40, "c" * 40
 MACHINE = {"cpu": "Test CPU", "cores": 2}
@@ -151,3 +160,38 @@ def test_the_verdict_compares_with_earlier_commits_of_the_same_mode_sizes_and_ma
         assert v.history_commits == 2 and v.status is Status.regression
         with pytest.raises(ValueError, match="no finished run"):
             history.verdict("merge", "missing", new, higher_is_better=True, k=3.0, min_relative=0.01)
+
+
+def test_an_imported_history_and_local_runs_read_as_one_history(tmp_path: Path) -> None:
+    """A store with a local tracking study imports an exported one: both are read, oldest run first,
+    and runs recorded with ``study_id`` go to the imported study, which exports with them."""
+    with Store(tmp_path / "elsewhere.db") as other:
+        old = [_record(other, COMMIT_A, seed, 9.0) for seed in range(3)]
+        export_history(other, other.studies()[0].id, tmp_path / "track.json")
+        assert len(old) == 3
+    with Store(tmp_path / "track.db") as store:
+        _record(store, COMMIT_C, 0, 9.2)  # recorded here before the import, started later than COMMIT_A's
+        imported = import_history(store, tmp_path / "track.json")
+        assert import_history(store, tmp_path / "track.json") == imported  # idempotent
+        assert len([s for s in store.studies() if s.kind == STUDY_KIND]) == 2
+        recorded = record_run(
+            store, benchmark="merge", description="tokens ratio", seed=0, git_commit=COMMIT_B,
+            config=_config(), steps=[], final={"tokens_ratio": 9.1}, study_id=imported,
+        )  # fmt: skip
+        history = load_history(store)
+        assert history.commits() == [COMMIT_A, COMMIT_C, COMMIT_B]
+        assert len(history.runs["merge"]) == 5
+        assert store.get_run(recorded).experiment_id in {e.id for e in store.experiments(imported)}
+        export_history(store, imported, tmp_path / "newer.json")
+    newer = StudyExport.model_validate_json((tmp_path / "newer.json").read_text())
+    assert [r.git_commit for r in newer.experiments[0].runs] == [COMMIT_A] * 3 + [COMMIT_B]
+
+
+def test_a_history_file_of_another_kind_or_not_an_export_is_refused(tmp_path: Path) -> None:
+    with Store(tmp_path / "research.db") as store:
+        store.create_study("a research question")
+        (tmp_path / "research.json").write_text(store.export_study(1).model_dump_json())
+        with pytest.raises(HistoryFileError, match="kind 'research', not a tracking history"):
+            import_history(store, tmp_path / "research.json")
+        with pytest.raises(HistoryFileError, match=r"missing\.json: No such file"):
+            import_history(store, tmp_path / "missing.json")

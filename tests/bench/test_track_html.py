@@ -3,6 +3,7 @@ Chromium (Debian's ``chromium`` package; the browser test is skipped where it is
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -70,12 +71,21 @@ def test_the_page_has_a_plot_per_benchmark_the_versions_and_the_flagged_regressi
 
 
 @pytest.mark.skipif(
-    shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"
+    shutil.which("chromium") is None and os.environ.get("A3R_REQUIRE_CHROMIUM") != "1",
+    reason="chromium is not installed (apt-get install chromium; CI installs it: .ci/chromium.sh)",
 )
 def test_the_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     page = _history_page(tmp_path)
     shot = tmp_path / "shot.png"
-    base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"]
+    base = [
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--enable-logging=stderr",
+        "--v=0",
+    ]
     done = subprocess.run(
         [*base, f"--screenshot={shot}", "--window-size=1200,1600", "--hide-scrollbars", page.as_uri()],
         capture_output=True, text=True, timeout=120, check=False,

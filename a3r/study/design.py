@@ -1,0 +1,529 @@
+"""Staged study designs: preflight → coarse → refine → replicate, seeds from a power rule, prior
+findings reused, and the plan as a reader sees it (``a3r research --dry-run``).
+
+* **preflight**: held-out evaluation of the untrained model (the baseline; stops a study with no
+  signal before any training).
+* **coarse**: the plan's values (`a3r.study.settings.Setting.coarse` by default), `SEED_FLOOR` seeds
+  each; values a prior finding already measured under the same template, parameters and settings are
+  not run again: its runs are reused (`PriorFinding`).
+* **refine**: for ``min_stable``, bisection between the smallest stable value and the unstable one
+  below it until they are adjacent (`a3r.study.research.refine_values`); for ``best``, the midpoints
+  between the best value and its tested neighbours (`best_refine_values`), up to `BEST_REFINE_ROUNDS`.
+* **replicate**: more seeds for the configurations the answer rests on (``min_stable``: the chosen
+  value and the failing one below it; ``best``: the best and the runner-up; ``a_vs_b``/``effect_of``:
+  both arms), as many as the power rule (`seeds_per_arm`) asks from the observed seed-to-seed SD and
+  the effect size to detect, capped by ``SweepSpec.max_seeds`` and the budget.
+
+Pure functions over plans and run outcomes (no I/O).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+from scipy.stats import norm
+from scipy.stats import t as student_t
+
+from a3r.study.analysis import RewardSummary
+from a3r.study.effects import LEVEL, MIN_EFFECT_SD
+from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
+from a3r.study.research import ConfigVerdict, estimate_run_s, min_stable_value
+from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.settings import Setting, resolve_setting
+
+__all__ = [
+    "ASSUMED_SECONDS_PER_EPISODE",
+    "ASSUMED_SEED_SD",
+    "BEST_REFINE_ROUNDS",
+    "DEFAULT_EFFECT",
+    "POWER",
+    "SEED_FLOOR",
+    "STABLE_CONFIRM_SEEDS",
+    "PriorFinding",
+    "StageSketch",
+    "StudyDesign",
+    "best_refine_values",
+    "coarse_values",
+    "design_study",
+    "hypotheses_for",
+    "ranked_by_held_out",
+    "replicate_additions",
+    "seed_means",
+    "seeds_per_arm",
+]
+
+SEED_FLOOR = 2
+"""Seeds of every configuration in the coarse and refine stages (an interval over seeds needs 2)."""
+
+STABLE_CONFIRM_SEEDS = 4
+"""Seeds on which a minimal-stable answer must have been stable before it is confirmed, and to which
+the replicate stage brings it. k stable runs of k bound a configuration's per-run failure rate only by
+1 − 0.05^(1/k) at 95% (Clopper–Pearson; the "rule of three" 3/k for large k): 78% at k = 2, 53% at 4,
+39% at 6; two lucky seeds of a value that fails most runs are not a finding."""
+
+POWER = 0.8
+"""1 − β: the chance the replicate stage's seeds confirm an effect of the size to detect."""
+
+DEFAULT_EFFECT = 0.1
+"""The effect size to detect (reward units, 0..1 rewards) when the plan sets none."""
+
+ASSUMED_SEED_SD = 0.05
+"""Seed-to-seed SD of a configuration's outcome assumed for the dry run's plan before any is measured
+(reward units; the replicate stage uses the SD the coarse stage observed)."""
+
+ASSUMED_SECONDS_PER_EPISODE = 1.0
+"""Wall seconds per episode the dry run assumes when no prior run measured one: arithmetic sweep runs
+on the embedded model took 37–152 s for 48–160 episodes on 2 CPU cores (≈ 0.4–0.8 s each after the
+server's start, a3r/README.md §Measured); multi-turn games take several times longer."""
+
+BEST_REFINE_ROUNDS = 1
+"""Refine rounds of a ``best`` question (each tests the midpoints around the current best)."""
+
+MIN_STABLE_REFINE_ROUNDS = 4
+"""Most bisection rounds of a ``min_stable`` question (1..16 resolves in 3)."""
+
+
+def seeds_per_arm(
+    sd: float,
+    delta: float,
+    *,
+    min_effect: float = 0.0,
+    two_sample: bool = True,
+    floor: int = SEED_FLOOR,
+    cap: int = 6,
+) -> int:
+    """Seeds per configuration for the replicate stage: the power rule.
+
+    The smallest n ≥ ``floor`` with
+
+        (t_{1−α/2, df} + z_{1−β}) · σ · √(k / n) ≤ δ − m,
+
+    k = 2 and df = 2n − 2 for two arms compared (Welch's interval over seeds with equal n), k = 1 and
+    df = n − 1 for one arm against a fixed threshold; α = 1 − `LEVEL`, 1 − β = `POWER`, σ the observed
+    seed-to-seed SD, δ the effect size to detect and m the minimum effect the verdict demands (0.5 σ for
+    a comparison, `a3r.study.effects.MIN_EFFECT_SD`; 0 for a stability margin). This is the normal-
+    approximation sample size n = k (z_{1−α/2} + z_{1−β})² σ² / (δ − m)² for a superiority test with
+    margin m (S.-C. Chow, J. Shao, H. Wang, *Sample Size Calculations in Clinical Research*, 2nd ed.,
+    2008, §3.2: two-sample parallel design, test for superiority with a margin), with Student's t
+    quantile in place of z_{1−α/2} and solved by search, which matters at the few seeds RL studies
+    afford.
+
+    Args:
+        sd: Observed seed-to-seed standard deviation of the outcome (reward units); ``nan`` or ≤ 0 gives
+            ``floor``.
+        delta: Effect size to detect (reward units, > 0).
+        min_effect: The minimum effect m the verdict must clear.
+        two_sample: Two arms compared (``True``) or one arm against a threshold.
+        floor: Fewest seeds.
+        cap: Most seeds (the budget's cap); returned when no n ≤ cap has the power.
+
+    Returns:
+        Seeds per arm, in [floor, cap].
+    """
+    if not math.isfinite(sd) or sd <= 0:
+        return floor
+    gap = delta - min_effect
+    if gap <= 0:
+        return cap
+    k = 2 if two_sample else 1
+    z_beta = float(norm.ppf(POWER))
+    for n in range(max(floor, 2), cap + 1):
+        df = 2 * n - 2 if two_sample else n - 1
+        t_alpha = float(student_t.ppf(1 - (1 - LEVEL) / 2, df))
+        if (t_alpha + z_beta) * sd * math.sqrt(k / n) <= gap:
+            return n
+    return cap
+
+
+class PriorFinding(BaseModel):
+    """A finding of an earlier study that measured a configuration this study would run: same
+    template, template parameters, varied setting and value, and training settings (seeds aside).
+
+    Attributes:
+        finding_id: Store id of the finding.
+        study_id: Its study.
+        statement: What it says.
+        value: The configuration's value of the varied setting.
+        status: ``confirmed`` / ``refuted`` / ``unconfirmed``.
+        outcomes: Its runs (reused as this study's data for that value; wall time 0).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    finding_id: int
+    study_id: int
+    statement: str
+    value: float
+    status: str
+    outcomes: list[RunOutcome] = Field(default_factory=list)
+
+    def cite(self) -> str:
+        """One line citing the finding."""
+        seeds = sorted({o.seed for o in self.outcomes})
+        text = self.statement if len(self.statement) <= 140 else self.statement[:139] + "…"
+        return f"finding #{self.finding_id} (study {self.study_id}, seeds {seeds}): {text}"
+
+
+def coarse_values(plan: PlanDraft, priors: Sequence[PriorFinding]) -> list[float]:
+    """The coarse stage's values left to run: the plan's, less those whose prior findings bring at
+    least as many seeds as the plan runs (their runs are reused)."""
+    assert plan.sweep is not None
+    covered = {p.value for p in priors if len({o.seed for o in p.outcomes}) >= len(plan.training.seeds)}
+    return [v for v in plan.sweep.coarse if v not in covered]
+
+
+def seed_means(outcomes: Sequence[RunOutcome], value: float) -> list[float]:
+    """Held-out mean reward of each evaluated sweep run of ``value`` (one number per seed)."""
+    return [
+        o.eval.mean_reward
+        for o in outcomes
+        if o.purpose == "sweep"
+        and o.value == value
+        and o.eval is not None
+        and math.isfinite(o.eval.mean_reward)
+    ]
+
+
+def _pooled_sd(groups: Sequence[Sequence[float]]) -> float:
+    """Pooled within-group SD over the groups with ≥ 2 values (``nan`` without any)."""
+    num = sum((len(g) - 1) * statistics.variance(g) for g in groups if len(g) >= 2)
+    den = sum(len(g) - 1 for g in groups if len(g) >= 2)
+    return math.sqrt(num / den) if den else math.nan
+
+
+def ranked_by_held_out(configs: Sequence[ConfigVerdict]) -> list[ConfigVerdict]:
+    """Evaluated configurations, highest mean held-out reward first."""
+    scored = [c for c in configs if math.isfinite(c.eval_mean_reward)]
+    return sorted(scored, key=lambda c: c.eval_mean_reward, reverse=True)
+
+
+def best_refine_values(configs: Sequence[ConfigVerdict], setting: Setting) -> list[float]:
+    """For a ``best`` question: the values to test between the best value and its tested neighbours
+    (`Setting.midpoint`), not tested yet. When the runner-up is a neighbour of the best, the optimum
+    of a unimodal landscape most likely lies between the two, so only that midpoint is tested;
+    otherwise the midpoints on both sides."""
+    ranked = ranked_by_held_out(configs)
+    if len(ranked) < 2:
+        return []
+    tested = sorted(c.value for c in configs)
+    best, runner_up = ranked[0].value, ranked[1].value
+    index = tested.index(best)
+    neighbours = [tested[i] for i in (index - 1, index + 1) if 0 <= i < len(tested)]
+    if runner_up in neighbours:
+        neighbours = [runner_up]
+    extra: list[float] = []
+    for neighbour in neighbours:
+        middle = setting.midpoint(best, neighbour)
+        if middle is not None and middle not in tested:
+            extra.append(middle)
+    return sorted(extra)
+
+
+def replicate_additions(
+    plan: PlanDraft,
+    configs: Sequence[ConfigVerdict],
+    outcomes: Sequence[RunOutcome],
+    *,
+    baseline: RewardSummary,
+    criterion: StabilityCriterion,
+) -> tuple[dict[float, list[int]], str]:
+    """New seeds for the configurations the answer rests on, by the power rule.
+
+    Returns:
+        ``({value: new seeds}, one line saying what the rule decided and why)``; empty when every
+        deciding configuration is settled or already has the seeds the rule asks for.
+    """
+    assert plan.sweep is not None
+    sweep = plan.sweep
+    delta = sweep.effect_size or DEFAULT_EFFECT
+    seeds_of = {c.value: sorted(set(c.seeds)) for c in configs}
+    used = {o.seed for o in outcomes if o.purpose == "sweep"}
+    next_seed = max(used, default=-1) + 1
+    arms: list[float] = []
+    if sweep.goal == "min_stable":
+        chosen = min_stable_value(configs)
+        if chosen is None:
+            return {}, "replicate: no stable value to replicate"
+        below = [c for c in configs if c.value < chosen and c.stable is False]
+        deciding = [c for c in configs if c.value == chosen] + below[-1:]
+        unsettled = [c for c in deciding if not c.settled or c.value == chosen]
+        threshold = baseline.mean_reward - criterion.delta
+        margins = [
+            [
+                statistics.fmean(v for _, v in o.curve[-criterion.last_k :]) - threshold
+                for o in outcomes
+                if o.purpose == "sweep" and o.value == c.value and o.curve
+            ]
+            for c in unsettled
+        ]
+        sd = _pooled_sd(margins)
+        n = max(
+            seeds_per_arm(sd, delta, two_sample=False, cap=sweep.max_seeds),
+            min(STABLE_CONFIRM_SEEDS, sweep.max_seeds),
+        )
+        arms = [c.value for c in unsettled]
+        why = (
+            f"σ(last-k margin over seeds) = {sd:.3f}, δ = {delta:g}, one-sided margin test; the answer needs "
+            f">= {STABLE_CONFIRM_SEEDS} stable seeds"
+        )
+    else:
+        ranked = ranked_by_held_out(configs)
+        if len(ranked) < 2:
+            return {}, "replicate: fewer than two evaluated configurations"
+        if sweep.goal == "best":
+            arms = [ranked[0].value, ranked[1].value]
+        else:
+            arms = sorted({c.value for c in configs})[:2]
+        groups = [seed_means(outcomes, c.value) for c in configs]
+        sd = _pooled_sd(groups)
+        n = seeds_per_arm(sd, delta, min_effect=MIN_EFFECT_SD * sd, cap=sweep.max_seeds)
+        why = f"σ(held-out mean over seeds) = {sd:.3f}, δ = {delta:g}, minimum effect {MIN_EFFECT_SD:g} σ"
+    additions: dict[float, list[int]] = {}
+    for value in arms:
+        missing = n - len(seeds_of.get(value, []))
+        if missing > 0:
+            additions[value] = list(range(next_seed, next_seed + missing))
+            next_seed += missing
+    values = ", ".join(f"{v:g}" for v in arms)
+    line = f"replicate: power rule → {n} seeds per configuration for {sweep.variable} ∈ {{{values}}} ({why}, power {POWER:g})"
+    return additions, line
+
+
+def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
+    """The pre-registered hypothesis of a research plan, with its decision rule."""
+    assert plan.sweep is not None
+    sweep = plan.sweep
+    setting = resolve_setting(sweep.variable, plan.template)
+    values = ", ".join(f"{v:g}" for v in sweep.coarse)
+    delta = sweep.effect_size or DEFAULT_EFFECT
+    stages = (
+        f"staged: coarse {{{values}}} on {SEED_FLOOR} seeds, refine, then replicate with seeds per the power "
+        f"rule (δ = {delta:g}, power {POWER:g}, at most {sweep.max_seeds} seeds)"
+    )
+    if sweep.goal == "min_stable":
+        stability = plan.stability or StabilityCriterion()
+        return [
+            HypothesisDraft(
+                statement=f"there is a smallest stable {setting.label} among {{{values}}} and values below it are unstable",
+                expected_outcome=(
+                    "configurations at or above some value are stable on every seed, those below are not; "
+                    f"stability: {stability.describe()}"
+                ),
+                decision_rule=(
+                    f"{stages}. The answer is the smallest value whose every seed (>= {stability.min_seeds}) is stable "
+                    "with every larger tested value stable; confirmed only when it was stable on >= "
+                    f"{STABLE_CONFIRM_SEEDS} seeds, its margin over the threshold (95% CI over seeds) excludes 0 and "
+                    "the value below failed by a hard failure or a refuted margin, with no stable value below a "
+                    "failing one; refuted when no value is stable; else unconfirmed"
+                ),
+            )
+        ]
+    if sweep.goal == "best":
+        return [
+            HypothesisDraft(
+                statement=f"among the tested values of {setting.label} one gives the highest held-out mean reward",
+                expected_outcome="a value whose mean held-out reward over seeds exceeds every other's",
+                decision_rule=(
+                    f"{stages}. Best = the highest mean held-out reward over seeds; confirmed when the 95% Welch "
+                    "interval of its lead over the runner-up (one observation per seed) lies above the minimum "
+                    f"effect {MIN_EFFECT_SD:g} σ (σ: seed-to-seed SD); otherwise unconfirmed, with the seeds that would settle it"
+                ),
+            )
+        ]
+    a, b = sweep.coarse[0], sweep.coarse[1]
+    claim = (
+        f"{setting.label} = {b:g} gives a higher held-out mean reward than {a:g}"
+        if sweep.goal == "a_vs_b"
+        else f"changing {setting.label} from {a:g} (reference) to {b:g} changes the held-out mean reward"
+    )
+    return [
+        HypothesisDraft(
+            statement=claim,
+            expected_outcome=f"the mean held-out reward over seeds differs between {a:g} and {b:g} by at least δ = {delta:g}",
+            decision_rule=(
+                f"staged: both arms on {SEED_FLOOR} seeds, then replicate with seeds per the power rule "
+                f"(δ = {delta:g}, power {POWER:g}, at most {sweep.max_seeds} seeds). Effect = mean({b:g}) − mean({a:g}) "
+                "over seeds (Welch 95% interval, one observation per seed): confirmed when the interval lies above "
+                f"the minimum effect {MIN_EFFECT_SD:g} σ"
+                + (
+                    ", refuted when it lies below it; otherwise unconfirmed"
+                    if sweep.goal == "a_vs_b"
+                    else "; a change that lowers the reward is reported the same way with the sign flipped; otherwise unconfirmed"
+                )
+            ),
+        )
+    ]
+
+
+class StageSketch(BaseModel):
+    """One stage of the plan as the dry run prints it.
+
+    Attributes:
+        name: ``preflight``, ``coarse``, ``refine``, ``replicate``.
+        values: Values of the varied setting it runs (``[]`` for the preflight; decided later for
+            refine and replicate).
+        seeds: Seeds per configuration.
+        runs: Runs it spends (at most, for the stages decided later).
+        seconds: Estimated wall seconds.
+        note: How its configurations are chosen.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    values: list[float] = Field(default_factory=list)
+    seeds: int = 0
+    runs: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+
+class StudyDesign(BaseModel):
+    """The staged plan of a research question (printed by ``a3r research --dry-run``).
+
+    Attributes:
+        setting: The varied setting.
+        stages: In order.
+        priors: Prior findings whose runs are reused.
+        seconds_per_episode: The speed the estimate assumes.
+        speed_source: Where that speed comes from.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    setting: Setting
+    stages: list[StageSketch]
+    priors: list[PriorFinding] = Field(default_factory=list)
+    seconds_per_episode: float
+    speed_source: str
+
+    @property
+    def estimated_s(self) -> float:
+        """Estimated wall seconds of every stage (the refine and replicate stages at their most)."""
+        return sum(s.seconds for s in self.stages)
+
+    @property
+    def runs(self) -> int:
+        """Runs of every stage (at most)."""
+        return sum(s.runs for s in self.stages)
+
+
+def _sketch_run(plan: PlanDraft, *, seconds_per_episode: float, eval_episodes: int) -> float:
+    spec = RunSpec(key="estimate", purpose="sweep", settings=plan.training)
+    return estimate_run_s(spec, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
+
+
+def design_study(
+    plan: PlanDraft,
+    *,
+    priors: Sequence[PriorFinding] = (),
+    seconds_per_episode: float,
+    speed_source: str,
+    eval_episodes: int,
+    preflight_episodes: int,
+    seed_sd: float = ASSUMED_SEED_SD,
+) -> StudyDesign:
+    """The stages a research plan will run, with configurations, seeds and an estimated time.
+
+    The refine and replicate stages depend on results; they are sketched at their most: refine
+    (``min_stable``) bisects the widest gap between coarse values, (``best``) tests two midpoints per
+    round; replicate brings two configurations to the power rule's seeds for ``seed_sd``.
+
+    Args:
+        plan: A research plan (`a3r.study.plans.check_plan` passed).
+        priors: Prior findings whose runs are reused.
+        seconds_per_episode: Assumed wall seconds per episode.
+        speed_source: Where that number comes from (printed).
+        eval_episodes: Held-out attempts per run's evaluation.
+        preflight_episodes: Held-out attempts of the preflight.
+        seed_sd: Seed-to-seed SD assumed for the power rule.
+    """
+    assert plan.sweep is not None
+    sweep = plan.sweep
+    setting = resolve_setting(sweep.variable, plan.template)
+    per_run = _sketch_run(plan, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
+    floor = len(plan.training.seeds)
+    stages = [
+        StageSketch(
+            name="preflight",
+            runs=1,
+            seconds=20.0 + preflight_episodes * seconds_per_episode,
+            note=f"held-out evaluation of the untrained model ({preflight_episodes} attempts); a zero baseline stops the study",
+        )
+    ]
+    coarse = coarse_values(plan, priors)
+    reused = sorted({p.value for p in priors})
+    note = "every value on every seed"
+    if reused:
+        note += f"; reused from prior findings: {', '.join(f'{v:g}' for v in reused)}"
+    stages.append(
+        StageSketch(
+            name="coarse",
+            values=coarse,
+            seeds=floor,
+            runs=len(coarse) * floor,
+            seconds=len(coarse) * floor * per_run,
+            note=note,
+        )
+    )
+    if sweep.refine and sweep.goal in ("min_stable", "best"):
+        if sweep.goal == "min_stable":
+            ordered = sorted(sweep.coarse)
+            widest = max((b - a for a, b in itertools.pairwise(ordered)), default=0.0)
+            rounds = min(MIN_STABLE_REFINE_ROUNDS, max(0, math.ceil(math.log2(widest))) if widest > 1 else 0)
+            per_round = 1
+            how = "bisect between the smallest stable value and the unstable one below it"
+        else:
+            rounds, per_round = BEST_REFINE_ROUNDS, 2
+            how = (
+                f"the {setting.scale} midpoint between the best value and the runner-up when they are "
+                "neighbours, else both midpoints around the best"
+            )
+        runs = rounds * per_round * floor
+        stages.append(
+            StageSketch(
+                name="refine",
+                seeds=floor,
+                runs=runs,
+                seconds=runs * per_run,
+                note=f"up to {rounds} round(s): {how}",
+            )
+        )
+    if sweep.replicate:
+        delta = sweep.effect_size or DEFAULT_EFFECT
+        two = sweep.goal != "min_stable"
+        n = seeds_per_arm(
+            seed_sd,
+            delta,
+            min_effect=MIN_EFFECT_SD * seed_sd if two else 0.0,
+            two_sample=two,
+            cap=sweep.max_seeds,
+        )
+        extra = 2 * max(0, n - floor)
+        deciding = {
+            "min_stable": "the chosen value and the failing one below it",
+            "best": "the best value and the runner-up",
+        }.get(sweep.goal, "both arms")
+        stages.append(
+            StageSketch(
+                name="replicate",
+                seeds=n,
+                runs=extra,
+                seconds=extra * per_run,
+                note=(
+                    f"{deciding} brought to n seeds by the power rule (σ = {seed_sd:.3f} assumed until the coarse "
+                    f"stage measures it, δ = {delta:g}, power {POWER:g}; n in [{SEED_FLOOR}, {sweep.max_seeds}])"
+                ),
+            )
+        )
+    return StudyDesign(
+        setting=setting,
+        stages=stages,
+        priors=list(priors),
+        seconds_per_episode=seconds_per_episode,
+        speed_source=speed_source,
+    )

@@ -1,0 +1,407 @@
+"""The settings a research question may vary: a typed registry of training settings and template knobs.
+
+Each `Setting` knows its type, valid range, default coarse grid, how the refine stage splits an
+interval, and where its value goes:
+
+* ``training`` settings are `a3r.study.plans.TrainingSettings` fields that every run passes to
+  ``swarm serve`` (`serve_flags`: lr, B, G, LoRA rank, KL β, PPO clip ε, PPO epochs, minibatches;
+  swarm's `swarm.train.TrainerConfig` fields behind those flags);
+* ``template`` settings are parameters of the study's template (``max_tokens``, ``temperature``, any
+  other numeric or boolean knob of its workflow ``PARAMS``): each configuration runs a copy of the
+  rendered workflow with the value substituted, while held-out evaluation keeps the frozen original.
+
+A setting the engine cannot change is refused in one line (`resolve_setting`, `refusal_for`), never
+silently ignored: a trainer field without a ``swarm serve`` flag (weight decay, entropy bonus, gradient
+clipping), something the trainer does not have (warm-up, schedules, dropout), or a template parameter
+that changes the task data (then configurations would not share their tasks or held-out set).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+import templates
+from a3r.errors import PlanError
+
+__all__ = [
+    "SETTINGS",
+    "UNSUPPORTED",
+    "Setting",
+    "find_setting_in",
+    "refusal_for",
+    "resolve_setting",
+    "serve_flags",
+]
+
+Scale = Literal["log", "pow2", "linear"]
+
+
+class Setting(BaseModel):
+    """One setting a study can vary.
+
+    Attributes:
+        name: `TrainingSettings` field or template parameter name (``kl_coef``, ``max_tokens``).
+        label: Human name, e.g. ``KL coefficient β``.
+        kind: Value type.
+        minimum: Inclusive lower bound.
+        maximum: Inclusive upper bound (exclusive where ``open_max``).
+        open_max: The upper bound itself is invalid (the PPO clip ε < 1).
+        default: The value runs use when the setting is not varied.
+        coarse: Default values of the coarse stage (clipped to the range).
+        scale: How refine splits an interval (`midpoint`).
+        target: ``training`` (a `TrainingSettings` field sent to ``swarm serve``) or ``template``.
+        flag: The ``swarm serve`` flag it sets (training settings).
+        aliases: Regular expressions that name it in a sentence (the offline planner's parser).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    label: str
+    kind: Literal["int", "float", "bool"]
+    minimum: float
+    maximum: float
+    open_max: bool = False
+    default: float
+    coarse: tuple[float, ...]
+    scale: Scale = "linear"
+    target: Literal["training", "template"] = "training"
+    flag: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    def cast(self, value: float) -> int | float | bool:
+        """``value`` as the setting's type (ints rounded, bools from 0/1)."""
+        if self.kind == "bool":
+            return bool(value)
+        return round(value) if self.kind == "int" else float(value)
+
+    def check(self, value: float) -> None:
+        """Refuse a value outside the range.
+
+        Raises:
+            PlanError: One line naming the setting and its range.
+        """
+        high_ok = value < self.maximum if self.open_max else value <= self.maximum
+        if not (math.isfinite(value) and self.minimum <= value and high_ok):
+            bracket = ")" if self.open_max else "]"
+            raise PlanError(
+                f"{self.label} ({self.name}) = {value:g} is outside its range [{self.minimum:g}, {self.maximum:g}{bracket}"
+            )
+        if self.kind != "float" and value != round(value):
+            raise PlanError(f"{self.label} ({self.name}) takes whole values, not {value:g}")
+
+    def midpoint(self, low: float, high: float) -> float | None:
+        """The value refine tests between two tested values, or ``None`` when nothing fits between.
+
+        ``pow2`` and integer settings: the integer midpoint; ``log``: the geometric mean rounded to two
+        significant digits (a quarter of ``high`` when ``low`` is 0); ``linear``: the arithmetic mean.
+        """
+        low, high = min(low, high), max(low, high)
+        if self.kind == "bool":
+            return None
+        if self.kind == "int":
+            middle: float = math.floor((low + high) / 2)
+        elif self.scale == "log":
+            middle = high / 4 if low <= 0 else math.sqrt(low * high)
+            middle = float(f"{middle:.2g}")
+        else:
+            middle = float(f"{(low + high) / 2:.3g}")
+        return middle if low < middle < high else None
+
+    def grid(self, values: list[float]) -> list[float]:
+        """``values`` kept within the range, sorted and without repeats."""
+        kept: list[float] = []
+        for value in sorted(set(values)):
+            try:
+                self.check(value)
+            except PlanError:
+                continue
+            kept.append(value)
+        return kept
+
+
+SETTINGS: Mapping[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting(
+            name="lr",
+            label="learning rate",
+            kind="float",
+            minimum=1e-8,
+            maximum=1.0,
+            default=2e-4,
+            coarse=(1e-5, 1e-4, 1e-3),
+            scale="log",
+            flag="lr",
+            aliases=(r"\blr\b", r"learning[ _-]?rate"),
+        ),
+        Setting(
+            name="batch_size",
+            label="batch size B",
+            kind="int",
+            minimum=1,
+            maximum=4096,
+            default=2,
+            coarse=(1, 2, 4, 8),
+            scale="pow2",
+            flag="batch-size",
+            aliases=(r"batch[ _-]?size", r"\bbatch\b"),
+        ),
+        Setting(
+            name="group_size",
+            label="group size G",
+            kind="int",
+            minimum=2,
+            maximum=256,
+            default=4,
+            coarse=(2, 4, 8),
+            scale="pow2",
+            flag="group-size",
+            aliases=(r"group[ _-]?size", r"\bgroup\b"),
+        ),
+        Setting(
+            name="lora_rank",
+            label="LoRA rank",
+            kind="int",
+            minimum=1,
+            maximum=1024,
+            default=16,
+            coarse=(4, 16, 64),
+            scale="pow2",
+            flag="lora-rank",
+            aliases=(r"lora[ _-]?rank", r"\brank\b"),
+        ),
+        Setting(
+            name="kl_coef",
+            label="KL coefficient β",
+            kind="float",
+            minimum=0.0,
+            maximum=10.0,
+            default=0.0,
+            coarse=(0.0, 0.01, 0.1, 1.0),
+            scale="log",
+            flag="kl-coef",
+            aliases=(r"\bkl\b", r"kl[ _-]?(?:coef|coefficient|penalty|beta)", r"\bbeta\b"),
+        ),
+        Setting(
+            name="clip_eps",
+            label="PPO clip range ε",
+            kind="float",
+            minimum=0.01,
+            maximum=1.0,
+            open_max=True,
+            default=0.2,
+            coarse=(0.1, 0.2, 0.3),
+            scale="linear",
+            flag="clip-eps",
+            aliases=(r"clip(?:ping)?[ _-]?(?:range|eps|epsilon|ratio)?",),
+        ),
+        Setting(
+            name="ppo_epochs",
+            label="PPO epochs per step",
+            kind="int",
+            minimum=1,
+            maximum=16,
+            default=1,
+            coarse=(1, 2, 4),
+            scale="pow2",
+            flag="ppo-epochs",
+            aliases=(r"(?:ppo[ _-]?)?epochs?",),
+        ),
+        Setting(
+            name="minibatches",
+            label="minibatches per epoch",
+            kind="int",
+            minimum=1,
+            maximum=64,
+            default=1,
+            coarse=(1, 2, 4),
+            scale="pow2",
+            flag="minibatches",
+            aliases=(r"mini[ _-]?batch(?:es)?",),
+        ),
+        Setting(
+            name="max_tokens",
+            label="max response tokens",
+            kind="int",
+            minimum=1,
+            maximum=32768,
+            default=256,
+            coarse=(64, 256, 1024),
+            scale="pow2",
+            target="template",
+            aliases=(
+                r"max(?:imum)?[ _-]?(?:response|completion)?[ _-]?(?:tokens|length)",
+                r"response[ _-]?length",
+                r"completion[ _-]?length",
+            ),
+        ),
+        Setting(
+            name="temperature",
+            label="sampling temperature",
+            kind="float",
+            minimum=0.0,
+            maximum=2.0,
+            default=1.0,
+            coarse=(0.6, 1.0, 1.4),
+            scale="linear",
+            target="template",
+            aliases=(r"temperature",),
+        ),
+    )
+}
+"""The known settings by name. Template settings here carry the parser's aliases and a default grid;
+their range comes from the template's own `ParamSpec` when one is known (`resolve_setting`)."""
+
+UNSUPPORTED: Mapping[str, tuple[str, str]] = {
+    "weight decay": (r"weight[ _-]?decay", "swarm serve has no flag for the trainer's weight decay"),
+    "entropy bonus": (
+        r"entropy[ _-]?(?:bonus|coef|coefficient)",
+        "swarm serve has no flag for the entropy bonus",
+    ),
+    "gradient clipping": (
+        r"grad(?:ient)?[ _-]?(?:norm|clip)",
+        "swarm serve has no flag for the gradient-norm clip",
+    ),
+    "warm-up": (r"warm[ _-]?up", "the swarm trainer has no learning-rate warm-up"),
+    "lr schedule": (
+        r"(?:lr|learning[ _-]?rate)[ _-]?(?:schedule|decay)",
+        "the swarm trainer has no lr schedule",
+    ),
+    "dropout": (r"dropout", "the swarm trainer has no dropout setting"),
+    "optimizer": (
+        r"\b(?:optimi[sz]er|adam|sgd|momentum)\b",
+        "the swarm trainer's optimizer is fixed (AdamW)",
+    ),
+}
+"""Settings a question may name that the engine cannot change: name → (pattern, why)."""
+
+
+def refusal_for(text: str) -> str | None:
+    """One line refusing the first unsupported setting ``text`` names, or ``None``."""
+    for name, (pattern, why) in UNSUPPORTED.items():
+        if re.search(pattern, text, re.IGNORECASE):
+            return f"cannot vary the {name}: {why}; settings a study can vary: {', '.join(SETTINGS)} and template knobs"
+    return None
+
+
+def find_setting_in(text: str, meta: templates.TemplateMeta | None = None) -> str | None:
+    """The setting a sentence names (registry aliases first, then a template knob named
+    ``name`` or ``name with spaces``), or ``None``."""
+    lowered = text.lower()
+    found: list[tuple[int, str]] = []
+    for setting in SETTINGS.values():
+        for alias in setting.aliases:
+            match = re.search(alias, lowered)
+            if match:
+                found.append((match.start(), setting.name))
+                break
+    if meta is not None:
+        for spec in meta.parameters:
+            spoken = spec.name.replace("_", "[ _-]?")
+            match = re.search(rf"\b{spoken}\b", lowered)
+            if match and spec.name not in SETTINGS:
+                found.append((match.start(), spec.name))
+    if not found:
+        return None
+    # "the batch size at KL 0.1" names batch size first: the first mention is the varied setting.
+    return min(found)[1]
+
+
+def _template_knob(meta: templates.TemplateMeta, name: str, base: Setting | None) -> Setting:
+    spec = next((p for p in meta.parameters if p.name == name), None)
+    if spec is None:
+        knobs = [
+            p.name
+            for p in meta.parameters
+            if p.target == templates.ParamTarget.WORKFLOW and p.type in ("int", "float", "bool")
+        ]
+        raise PlanError(
+            f"the {meta.name} template has no {name} parameter; its knobs: {', '.join(knobs) or 'none'}"
+        )
+    if spec.target != templates.ParamTarget.WORKFLOW:
+        raise PlanError(
+            f"cannot vary {name} of {meta.name}: it changes the task data (and the held-out set), so "
+            "configurations would not share their tasks; run one study per value instead"
+        )
+    if spec.type == "str":
+        raise PlanError(f"cannot vary {name} of {meta.name}: it is text, not a number or a switch")
+    default = spec.default if isinstance(spec.default, int | float) else 0.0
+    if spec.type == "bool":
+        return Setting(
+            name=name,
+            label=name.replace("_", " "),
+            kind="bool",
+            minimum=0,
+            maximum=1,
+            default=float(bool(spec.default)),
+            coarse=(0, 1),
+            target="template",
+        )
+    minimum = spec.minimum if spec.minimum is not None else -math.inf
+    maximum = spec.maximum if spec.maximum is not None else math.inf
+    if base is not None:
+        coarse = tuple(v for v in base.coarse if minimum <= v <= maximum) or (float(default),)
+        return base.model_copy(
+            update={"minimum": minimum, "maximum": maximum, "default": float(default), "coarse": coarse}
+        )
+    spread = (0.5 * default, float(default), 2.0 * default) if default else (0.0, 0.5, 1.0)
+    coarse = tuple(
+        v for v in sorted({round(x) if spec.type == "int" else x for x in spread}) if minimum <= v <= maximum
+    )
+    return Setting(
+        name=name,
+        label=name.replace("_", " "),
+        kind="int" if spec.type == "int" else "float",
+        minimum=minimum,
+        maximum=maximum,
+        default=float(default),
+        coarse=coarse or (float(default),),
+        scale="linear",
+        target="template",
+    )
+
+
+def resolve_setting(name: str, template: str | None) -> Setting:
+    """The `Setting` called ``name`` for a study of ``template``.
+
+    Args:
+        name: A registry name (``kl_coef``) or a parameter of the template's workflow.
+        template: The study's template (``None``: generated code, whose knobs are unknown).
+
+    Raises:
+        PlanError: One line: an unknown setting (with the known ones), a template setting the template
+            lacks, a data parameter, or a template setting of generated code.
+    """
+    base = SETTINGS.get(name)
+    if base is not None and base.target == "training":
+        return base
+    if template is None:
+        raise PlanError(
+            f"cannot vary {name}: generated code has no declared parameters; vary a training setting "
+            f"({', '.join(s for s, v in SETTINGS.items() if v.target == 'training')})"
+        )
+    try:
+        meta = templates.get_template(template).meta
+    except templates.TemplateError as exc:
+        raise PlanError(str(exc)) from None
+    if base is None and not any(p.name == name for p in meta.parameters):
+        raise PlanError(
+            f"unknown setting {name!r}: a study varies one of {', '.join(SETTINGS)} or a knob of the "
+            f"{template} template ({', '.join(p.name for p in meta.parameters)})"
+        )
+    return _template_knob(meta, name, base)
+
+
+def serve_flags(settings: BaseModel) -> dict[str, Any]:
+    """The ``swarm serve`` options a run's `TrainingSettings` set: every training setting's flag.
+
+    Args:
+        settings: A `a3r.study.plans.TrainingSettings` (typed as its base: plans imports this module).
+    """
+    return {s.flag: getattr(settings, s.name) for s in SETTINGS.values() if s.flag is not None}

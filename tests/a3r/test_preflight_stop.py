@@ -1,0 +1,173 @@
+"""The research preflight stops as soon as its attempts rule out the signal GRPO needs: the evaluator
+(against a real tiny-model server on loopback) cancels the attempts under way once the sequential
+test decides; failed attempts say what failed and after how long; the planner concludes with the
+bound, and goes on to the sweep when the evidence does not decide."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.runtime import Runtime
+
+from a3r.graph import RunContext, RunOutcome
+from a3r.graph.context import Ledger
+from a3r.graph.planner import planner
+from a3r.providers import OfflineProvider
+from a3r.study.analysis import EpisodeRecord, RewardSummary
+from a3r.study.sequential import SignalRule
+from a3r.swarmops.evaluate import main as evaluate
+from memory import Store
+
+
+def _workflow(tmp_path: Path, body: str, tasks: int) -> tuple[Path, Path]:
+    code = "import asyncio\n\n\nasync def run(task, llm):\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    workflow = tmp_path / "workflow.py"
+    workflow.write_text(code + "\n")
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps({"id": f"h{i}", "value": i}) + "\n" for i in range(tasks)))
+    return workflow, heldout
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_evaluator_stops_once_the_attempts_rule_out_enough_signal(tmp_path: Path, server: Any) -> None:
+    body = """
+        client = llm.openai(max_retries=0)
+        await client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        return 0.0
+    """
+    workflow, heldout = _workflow(tmp_path, body, tasks=16)
+    out, summary = tmp_path / "eval.jsonl", tmp_path / "summary.json"
+    args = [str(workflow), "--server", server.url, "--dataset", str(heldout), "--out", str(out)]
+    args += ["--samples", "4", "--summary", str(summary), "--stop-group-size", "4", "--concurrency", "8"]
+    assert evaluate([*args, "--client-id", "preflight-stop"]) == 0
+    result = json.loads(summary.read_text())
+    test = SignalRule().test(4, 64)
+    signal = result["signal"]
+    assert test.first_stop == 23 and signal["stopped"] and signal["planned"] == 64
+    # The look that stopped saw the first ≥ 23 attempts in start order; the ones under way then were
+    # cancelled and left no record.
+    assert 23 <= signal["attempts"] < 23 + 8 and signal["successes"] == 0
+    records = _records(out)
+    assert result["ended"] == len(records) < 64 and result["attempts"] == 64
+    assert {r["order"] for r in records} >= set(range(23))
+    assert all(r["status"] == "finished" and r["seconds"] >= 0 for r in records)
+    # Round-robin start order: the first 16 attempts are one per task.
+    first = sorted((r for r in records if r["order"] < 16), key=lambda r: r["order"])
+    assert [r["task_id"] for r in first] == [f"h{i}" for i in range(16)]
+    assert {r["member"] for r in first} == {0}
+    assert server.runtime.episodes.clients()["preflight-stop"] == 0  # cancelled episodes were aborted
+
+
+def test_failed_attempts_say_what_failed_and_after_how_long(tmp_path: Path, server: Any) -> None:
+    body = """
+        if task["value"] == 0:
+            await asyncio.sleep(30)
+        raise RuntimeError()
+    """
+    workflow, heldout = _workflow(tmp_path, body, tasks=2)
+    out = tmp_path / "eval.jsonl"
+    args = [str(workflow), "--server", server.url, "--dataset", str(heldout), "--out", str(out)]
+    assert evaluate([*args, "--samples", "1", "--episode-timeout", "0.5"]) == 0
+    errors = {r["task_id"]: r["error"] for r in _records(out)}
+    assert errors["h0"] == (
+        "TimeoutError: task h0 attempt 0 did not end within the 0.5 s episode limit (--episode-timeout)"
+    )
+    assert errors["h1"] == "RuntimeError: (no message) (task h1 attempt 0, after 0 s)"
+
+
+def test_the_failure_note_groups_time_limits() -> None:
+    from a3r.swarmops.execution import _failure_note
+
+    def failed(error: str) -> EpisodeRecord:
+        return EpisodeRecord(kind="eval", round=0, task_id="t", member=0, status="aborted", error=error)
+
+    limit = "TimeoutError: task h{} attempt 0 did not end within the 300 s episode limit (--episode-timeout)"
+    records = [failed(limit.format(i)) for i in range(12)] + [failed("ValueError: bad answer (task h3 …)")]
+    note = _failure_note(records, 60)
+    assert note == (
+        "13 of 60 held-out attempts failed and count as incorrect (12 ran past the 300 s episode time "
+        "limit; ValueError: bad answer (task h3 …))"
+    )
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store(tmp_path / "memory.db") as opened:
+        yield opened
+
+
+def _preflight_state(store: Store, rewards: list[float], *, with_check: bool) -> dict[str, Any]:
+    plan = OfflineProvider().plan("find min stable batch size on arithmetic", mode="research")
+    study = store.create_study("find min stable batch size on arithmetic", kind="research")
+    mean = sum(rewards) / len(rewards)
+    baseline = RewardSummary(
+        tasks=15, episodes=len(rewards), mean_reward=mean, pass_at_1=mean, pass_at_2=mean, rewards=rewards
+    )
+    signal = None
+    if with_check:
+        test = SignalRule().test(plan.training.group_size, 60)
+        signal = test.check(sum(1 for r in rewards if r > 0), len(rewards))
+    pre = RunOutcome(
+        key="preflight",
+        run_id=1,
+        purpose="preflight",
+        status="finished",
+        reason="baseline held-out mean reward 0.000; 12 of 22 held-out attempts failed and count as incorrect "
+        "(12 ran past the 300 s episode time limit)",
+        eval=baseline,
+        wall_s=40.0,
+        seconds_per_episode=0.5,
+        signal=signal,
+    )
+    return {
+        "request": study.question,
+        "mode": "research",
+        "study_id": study.id,
+        "plan": plan,
+        "stage": "preflight",
+        "outcomes": [pre],
+        "queue": [],
+    }
+
+
+def _context(tmp_path: Path, store: Store) -> RunContext:
+    return RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "l.db"),
+        thread_id="t",
+        root=tmp_path,
+    )
+
+
+def test_the_planner_concludes_with_the_bound(tmp_path: Path, store: Store) -> None:
+    ctx = _context(tmp_path, store)
+    stop = planner(_preflight_state(store, [0.0] * 22, with_check=True), Runtime(context=ctx))  # type: ignore[arg-type]
+    assert stop.goto == "reporter"
+    text = stop.update["conclusion"]  # type: ignore[index]
+    assert text.startswith("stopped before the sweep: the untrained model scores zero on arithmetic (0 of 22")
+    assert "below 0.1" in text and "≥ 0.159" in text and "stopped after 22 of 60 planned attempts" in text
+    assert "--force" in text and "Note: 12 of 22 held-out attempts failed" in text
+    assert "12 ran past the 300 s episode time limit" in text
+
+
+def test_a_rare_success_is_too_little_signal_and_a_common_one_goes_on(tmp_path: Path, store: Store) -> None:
+    ctx = _context(tmp_path, store)
+    rare = [1.0] + [0.0] * 59  # 1 of 60: the rate is below p_min, though not zero
+    stop = planner(_preflight_state(store, rare, with_check=False), Runtime(context=ctx))  # type: ignore[arg-type]
+    assert stop.goto == "reporter"
+    text = stop.update["conclusion"]  # type: ignore[index]
+    assert "gets too little signal for GRPO on arithmetic" in text and "1 of 60 held-out attempts" in text
+    common = [1.0, 0.0, 0.0, 0.0] * 15  # 15 of 60: these attempts do not rule out enough signal
+    go = planner(_preflight_state(store, common, with_check=False), Runtime(context=ctx))  # type: ignore[arg-type]
+    assert go.goto == "runner" and go.update["stage"] == "coarse"  # type: ignore[index]

@@ -1,0 +1,199 @@
+"""Research questions over any setting: the settings registry, the offline planner's questions and
+refusals, the power rule and the staged design."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import templates
+from a3r.errors import OfflineUnsupported, PlanError
+from a3r.graph.runner import variant_workspace
+from a3r.providers import OfflineProvider
+from a3r.providers.offline import read_params
+from a3r.study.design import coarse_values, design_study, seeds_per_arm
+from a3r.study.plans import PlanDraft, SweepSpec, TrainingSettings, check_plan
+from a3r.study.research import sweep_specs
+from a3r.study.settings import SETTINGS, resolve_setting, serve_flags
+from a3r.swarmops.execution import Workspace
+from swarm.client import ServeOptions
+
+
+def test_every_training_setting_reaches_swarm_serve() -> None:
+    settings = TrainingSettings(
+        lr=3e-4, batch_size=3, kl_coef=0.05, clip_eps=0.28, ppo_epochs=2, minibatches=2
+    )
+    flags = serve_flags(settings)
+    assert {s.flag for s in SETTINGS.values() if s.target == "training"} == set(flags)
+    trainer = ServeOptions.from_flags({**flags, "train": True}).to_server_config().training.trainer
+    assert (trainer.lr, trainer.kl_coef, trainer.clip_eps_low, trainer.clip_eps_high) == (
+        3e-4,
+        0.05,
+        0.28,
+        0.28,
+    )
+    assert (trainer.ppo_epochs, trainer.minibatches) == (2, 2)
+
+
+def test_settings_refuse_what_the_engine_cannot_change() -> None:
+    with pytest.raises(PlanError, match="unknown setting 'dropout'"):
+        resolve_setting("dropout", "arithmetic")
+    with pytest.raises(PlanError, match="changes the task data"):
+        resolve_setting("level", "arithmetic")
+    with pytest.raises(PlanError, match="unknown setting 'leak_penalty'"):
+        resolve_setting("leak_penalty", "arithmetic")
+    with pytest.raises(PlanError, match="who_is_the_spy template has no max_tokens parameter"):
+        resolve_setting("max_tokens", "who_is_the_spy")
+    assert resolve_setting("leak_penalty", "who_is_the_spy").target == "template"
+    with pytest.raises(PlanError, match="generated code"):
+        resolve_setting("temperature", None)
+    assert resolve_setting("max_tokens", "arithmetic").maximum == 4096  # the template's own range
+    with pytest.raises(PlanError, match=r"outside its range \[0.01, 1\)"):
+        SETTINGS["clip_eps"].check(1.0)
+    with pytest.raises(OfflineUnsupported, match="weight decay: swarm serve has no flag"):
+        OfflineProvider().plan("find the best weight decay on arithmetic", mode="research")
+    draft = PlanDraft(
+        kind="research",
+        template="arithmetic",
+        objective="x",
+        sweep=SweepSpec(variable="lr", coarse=[1e-4, 1e-3, 1e-2], goal="a_vs_b"),
+    )
+    with pytest.raises(PlanError, match="compares two values"):
+        check_plan(draft)
+
+
+@pytest.mark.parametrize(
+    ("question", "variable", "goal", "coarse"),
+    [
+        ("find the best KL coefficient on arithmetic", "kl_coef", "best", [0.0, 0.01, 0.1, 1.0]),
+        ("find min stable batch size on arithmetic", "batch_size", "min_stable", [1, 2, 4, 8]),
+        ("minimal stable max response tokens on arithmetic", "max_tokens", "min_stable", [64, 256, 1024]),
+        ("arithmetic: lr 1e-4 vs 1e-3", "lr", "a_vs_b", [1e-4, 1e-3]),
+        ("effect of temperature 1.4 on arithmetic", "temperature", "effect_of", [1.0, 1.4]),
+        ("best clip range on countdown", "clip_eps", "best", [0.1, 0.2, 0.3]),
+        ("best ppo epochs on arithmetic", "ppo_epochs", "best", [1, 2, 4]),
+    ],
+)
+def test_offline_plans_questions_over_any_setting(
+    question: str, variable: str, goal: str, coarse: list[float]
+) -> None:
+    plan = OfflineProvider().plan(question, mode="research")
+    assert plan.sweep is not None
+    assert (plan.sweep.variable, plan.sweep.goal, plan.sweep.coarse) == (variable, goal, coarse)
+    assert len(plan.training.seeds) >= 2 and "power rule" in plan.hypotheses[0].decision_rule
+    specs = sweep_specs(plan, plan.sweep.coarse, "coarse")
+    if resolve_setting(variable, plan.template).target == "training":
+        assert [getattr(s.settings, variable) for s in specs[:: len(plan.training.seeds)]] == coarse
+    else:  # a template knob: the run's params, the plan's workflow keeps the template default
+        assert [s.params[variable] for s in specs[:: len(plan.training.seeds)]] == coarse
+        default = next(
+            p.default
+            for p in templates.get_template(plan.template or "").meta.parameters
+            if p.name == variable
+        )
+        assert plan.params[variable] == default
+
+
+@pytest.mark.parametrize(
+    ("request_text", "expected"),
+    [("train werewolf", "werewolves"), ("train the undercover party game", "who_is_the_spy")],
+)
+def test_offline_maps_specific_names(request_text: str, expected: str) -> None:
+    assert OfflineProvider().plan(request_text, mode="vibe").template == expected
+
+
+@pytest.mark.parametrize("request_text", ["train a game", "multi-agent training", "a social deduction game"])
+def test_offline_refuses_loose_matches_in_one_line(request_text: str) -> None:
+    with pytest.raises(OfflineUnsupported) as info:
+        OfflineProvider().plan(request_text, mode="vibe")
+    message = str(info.value)
+    assert "\n" not in message and "kind of task" in message and "LLM provider" in message
+
+
+def test_power_rule() -> None:
+    # Two arms, σ = 0.05, δ = 0.1, minimum effect 0.5 σ: (t + z)·σ·√(2/n) <= 0.075 first holds at n = 8.
+    assert seeds_per_arm(0.05, 0.1, min_effect=0.025, cap=16) == 8
+    assert seeds_per_arm(0.05, 0.1, min_effect=0.025, cap=6) == 6  # the cap
+    assert seeds_per_arm(0.01, 0.1, min_effect=0.005) == 2  # little noise: the floor
+    assert seeds_per_arm(0.05, 0.02, min_effect=0.025) == 6  # δ below the minimum effect: cap
+    # One arm against a threshold, σ = 0.05, δ = 0.1: n = 4 gives (3.18 + 0.84)·0.05/2 = 0.1006 > 0.1, n = 5 fits.
+    assert seeds_per_arm(0.05, 0.1, two_sample=False) == 5
+    assert seeds_per_arm(float("nan"), 0.1) == 2
+
+
+def test_dry_run_design_is_staged_with_seeds() -> None:
+    plan = OfflineProvider().plan("find the best KL coefficient on arithmetic", mode="research")
+    design = design_study(
+        plan, seconds_per_episode=1.0, speed_source="assumed", eval_episodes=32, preflight_episodes=64
+    )
+    assert [s.name for s in design.stages] == ["preflight", "coarse", "refine", "replicate"]
+    assert design.stages[1].values == [0.0, 0.01, 0.1, 1.0] and design.stages[1].seeds == 2
+    assert design.stages[3].seeds == seeds_per_arm(0.05, 0.1, min_effect=0.025, cap=6)
+    assert design.estimated_s > 0 and design.runs == 1 + 8 + 4 + 2 * (design.stages[3].seeds - 2)
+    assert coarse_values(plan, []) == plan.sweep.coarse if plan.sweep else False
+
+
+def test_template_knob_runs_in_a_variant_workspace(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    templates.render("arithmetic", {"n_tasks": 4}, ws)
+    (ws / "heldout.jsonl").write_text((ws / "tasks.jsonl").read_text())
+    (ws / "evaluator").mkdir()
+    (ws / "evaluator" / "workflow.py").write_text((ws / "workflow.py").read_text())
+    variant = variant_workspace(Workspace(ws), {"max_tokens": 64})
+    assert read_params(variant.workflow.read_text())["max_tokens"] == 64
+    assert read_params((ws / "workflow.py").read_text())["max_tokens"] == 16  # the study's own is untouched
+    assert variant.evaluator.resolve() == (ws / "evaluator" / "workflow.py").resolve()
+    assert variant.tasks.read_text() == (ws / "tasks.jsonl").read_text()
+    assert variant_workspace(Workspace(ws), {"max_tokens": 64}).root == variant.root
+
+
+def test_research_dry_run_prints_a_staged_plan_and_writes_nothing(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db")]
+    result = CliRunner().invoke(
+        app, ["research", "find the best KL coefficient on arithmetic", "--dry-run", *common]
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output
+    for line in (
+        "varied: KL coefficient β (kl_coef, training setting)",
+        "coarse: kl_coef ∈ {0, 0.01, 0.1, 1}; 2 seeds per configuration; 8 run(s)",
+        "replicate: 6 seeds per configuration",
+        "decision rule: staged",
+        "prior findings: no knowledge store",
+        "estimated time: ≈",
+    ):
+        assert line in out, line
+    assert not any(tmp_path.iterdir())  # nothing started, written or stored
+    refused = CliRunner().invoke(
+        app, ["research", "find the best weight decay on arithmetic", "--dry-run", *common]
+    )
+    assert refused.exit_code == 1 and refused.output.count("\n") == 1 and "weight decay" in refused.output
+
+
+def test_trainer_serve_options_become_training_settings(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    result = CliRunner().invoke(
+        app,
+        [
+            "vibe",
+            "train arithmetic",
+            "--serve-option",
+            "kl-coef=0.05",
+            "--serve-option",
+            "ppo-epochs=2",
+            *common,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "kl_coef=0.05" in result.output and "ppo_epochs=2" in result.output
+    bad = CliRunner().invoke(app, ["vibe", "train arithmetic", "--serve-option", "clip-eps=1.5", *common])
+    assert bad.exit_code == 1 and "--clip-eps" in bad.output

@@ -1,0 +1,47 @@
+"""bench/research.py: the staged research graph on simulated landscapes (a couple of seeds, seconds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from research import LANDSCAPES, run_study  # type: ignore[import-not-found]
+
+
+@pytest.mark.parametrize("name", ["min-stable-batch", "best-lr"])
+def test_staged_study_finds_the_answer_with_fewer_runs_than_the_grid(tmp_path: Path, name: str) -> None:
+    landscape = LANDSCAPES[name]
+    for seed in (0, 1):
+        result = run_study(landscape, seed, tmp_path / f"s{seed}")
+        assert result.answer == pytest.approx(landscape.answer), result.conclusion
+        assert result.runs <= 0.5 * result.grid_runs, (result.runs, result.grid_runs)
+        assert result.conclusion.startswith(("confirmed", "unconfirmed")), result.conclusion
+
+
+def test_a_second_study_reuses_the_first_ones_runs(tmp_path: Path) -> None:
+    landscape = LANDSCAPES["best-lr"]
+    first = run_study(landscape, 0, tmp_path, thread="first")
+    second = run_study(landscape, 0, tmp_path, thread="second")
+    assert first.reused == 0 and second.reused >= 10  # the 5 coarse values × 2 seeds were measured
+    assert second.runs < first.runs
+    assert second.answer == pytest.approx(landscape.answer)
+
+
+def test_dry_run_cites_prior_findings_and_skips_their_values(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    landscape = LANDSCAPES["best-lr"]
+    run_study(landscape, 0, tmp_path, thread="first")
+    store = tmp_path / "memory.db"
+    before = store.stat().st_mtime_ns
+    result = CliRunner().invoke(
+        app,
+        ["research", landscape.question, "--dry-run", "--store", str(store), "--root", str(tmp_path / "dry")],
+    )
+    assert result.exit_code == 0, result.output
+    assert "5 prior finding(s) of the same configurations" in result.output
+    assert result.output.count("reused: finding #") == 5
+    assert "coarse: 0 run(s)" in result.output.replace("2 seeds per configuration; ", "")
+    assert store.stat().st_mtime_ns == before and not (tmp_path / "dry").exists()
