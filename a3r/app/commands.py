@@ -569,6 +569,9 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
         say(f"    decision rule: {hypothesis.decision_rule}")
     if plan.stability is not None:
         say(f"  stability: {plan.stability.describe()}")
+        short = plan.stability.window_warning(plan.training.steps)
+        if short is not None:
+            say(f"  {short}")
     say(f"  prior findings: {store_note}")
     for prior in priors:
         say(f"    reused: {prior.cite()}")

@@ -120,6 +120,11 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
     ctx.store.log_event(line, study_id=study_id)
     ctx.say(line)
     lines = [line]
+    short = plan.stability.window_warning(plan.training.steps) if plan.stability is not None else None
+    if short is not None:
+        ctx.store.log_event(short, study_id=study_id)
+        ctx.say(short)
+        lines.append(short)
     priors = prior_findings(ctx.store, plan, model=ctx.model, study_id=study_id)
     if plan.kind == "research" and plan.sweep is not None:
         lines += [f"design: {stage}" for stage in _design_lines(plan, priors)]

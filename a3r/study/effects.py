@@ -8,7 +8,9 @@ findings) takes its verdict from an `Effect`:
 * **refuted**: the interval lies entirely below it (any effect is smaller than what would matter, or
   of the opposite sign);
 * **unconfirmed**: the interval straddles it; `Effect.more_needed` then says about how many more seeds
-  or steps would settle it. A run that cannot learn (no update, zero-signal groups) is never confirmed.
+  or steps would settle it. A run that cannot learn (no update, zero-signal groups) is never confirmed,
+  and neither confirmed nor refuted is a degenerate interval (standard error 0: every replicate
+  identical, e.g. all rewards 0), which measures no noise at all.
 
 The minimum effect is ``MIN_EFFECT_SD`` (0.5) times the observed noise standard deviation σ of the
 series (Cohen's "medium" standardized effect d = 0.5; J. Cohen, *Statistical Power Analysis for the
@@ -212,6 +214,10 @@ def _judge(
     low = high = math.nan
     if not (math.isfinite(estimate) and math.isfinite(se) and math.isfinite(floor)):
         note = why_not or "too few replicates for an interval"
+    elif se <= 0:
+        # every replicate identical (e.g. all rewards 0): a zero-width interval measures no noise at all
+        noun = {"seeds": "seed-to-seed", "steps": "step-to-step", "episodes": "episode-to-episode"}[unit]
+        note = f"no {noun} variation measured (all values identical): the interval is degenerate"
     else:
         half = _quantile(df) * se
         low, high = estimate - half, estimate + half

@@ -120,6 +120,19 @@ class StabilityCriterion(BaseModel):
             f"{self.min_seeds} seeds are stable"
         )
 
+    def window_warning(self, steps: int) -> str | None:
+        """One line when a run of ``steps`` trainer steps is shorter than the ``last_k`` window, so the
+        rule would judge fewer steps than it names (with 1 step: the rollouts sampled before any update,
+        i.e. the untrained model); ``None`` when the run covers the window."""
+        if steps >= self.last_k:
+            return None
+        return (
+            f"warning: {steps} step(s) < the stability rule's window of the last {self.last_k} steps: "
+            f"it will judge only the last {steps} step(s)"
+            + (" (rollouts sampled before any update: the untrained model)" if steps <= 1 else "")
+            + f"; use --steps >= {self.last_k} for the rule as pre-registered"
+        )
+
 
 Goal = Literal["min_stable", "best", "a_vs_b", "effect_of"]
 

@@ -122,3 +122,18 @@ def test_level_and_two_sample_effects() -> None:
     better = two_sample_effect([v + 0.3 for v in after], before)
     assert better.verdict is EffectVerdict.confirmed
     assert two_sample_effect([0.1], before).verdict is EffectVerdict.unconfirmed
+
+
+def test_a_degenerate_interval_is_never_settled() -> None:
+    """Two seeds whose rewards are all exactly 0 (no signal) give a zero-width interval: the
+    reported study called it "confirmed, 95% CI -0.325 … -0.325"; it must stay unconfirmed."""
+    flat = seed_effect([-0.325, -0.325], noise_sd=0.0, min_effect=0.0)
+    assert flat.verdict is EffectVerdict.unconfirmed
+    assert "no seed-to-seed variation measured" in flat.describe()
+    assert not (math.isfinite(flat.low) or math.isfinite(flat.high))
+    assert level_effect([0.2, 0.2, 0.2], reference=0.5).verdict is EffectVerdict.unconfirmed
+    assert two_sample_effect([1.0, 1.0], [0.0, 0.0]).verdict is EffectVerdict.unconfirmed
+    # any variation at all still decides as before
+    assert (
+        seed_effect([-0.325, -0.326, -0.324], noise_sd=0.1, min_effect=0.0).verdict is EffectVerdict.refuted
+    )

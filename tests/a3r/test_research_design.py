@@ -197,3 +197,45 @@ def test_trainer_serve_options_become_training_settings(tmp_path: Path) -> None:
     assert "kl_coef=0.05" in result.output and "ppo_epochs=2" in result.output
     bad = CliRunner().invoke(app, ["vibe", "train arithmetic", "--serve-option", "clip-eps=1.5", *common])
     assert bad.exit_code == 1 and "--clip-eps" in bad.output
+
+
+def test_an_unstable_value_with_identical_zero_rewards_is_not_settled() -> None:
+    """Every train reward exactly 0 on both seeds: unstable, but the margin's interval is degenerate,
+    so the verdict is not settled (the finding stays unconfirmed)."""
+    from a3r.graph import RunOutcome
+    from a3r.study.analysis import RewardSummary
+    from a3r.study.plans import StabilityCriterion
+    from a3r.study.research import verdicts
+
+    baseline = RewardSummary(tasks=2, episodes=4, mean_reward=0.375, pass_at_1=0.375, pass_at_2=0.5)
+    outcomes = [
+        RunOutcome(
+            key=f"coarse-batch_size=1-s{seed}",
+            run_id=seed,
+            purpose="sweep",
+            status="finished",
+            reason="",
+            seed=seed,
+            value=1.0,
+            curve=[(1, 0.0)],
+        )
+        for seed in (0, 1)
+    ]
+    (config,) = verdicts(outcomes, baseline=baseline, criterion=StabilityCriterion())
+    assert config.stable is False and config.margin is not None
+    assert config.margin.verdict.value == "unconfirmed" and not config.settled
+
+
+def test_dry_run_warns_when_steps_are_fewer_than_the_stability_window(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    question = "find min stable batch size on arithmetic"
+    short = CliRunner().invoke(app, ["research", question, "--steps", "1", *common])
+    assert short.exit_code == 0, short.output
+    assert "warning: 1 step(s) < the stability rule's window of the last 2 steps" in short.output
+    assert "the untrained model" in short.output
+    enough = CliRunner().invoke(app, ["research", question, "--steps", "2", *common])
+    assert enough.exit_code == 0 and "warning: " not in enough.output
