@@ -151,12 +151,11 @@ def test_research_conclusions_are_confirmed_only_when_they_clear_the_noise() -> 
     text, status = _min_stable_conclusion(noisy, "batch_size")
     assert status.value == "unconfirmed" and text.startswith("unconfirmed: minimal stable batch_size = 6")
     assert "more seeds would settle it" in text and "Caution: 2 also passed" in text
-    # A crash below and a margin far above the threshold on 4 seeds: confirmed.
+    # A crash below and a margin far above the threshold on 4 seeds (which differ: a zero-width interval
+    # over identical seeds would not count): confirmed.
     clear = verdicts(
         [_outcome(f"b1s{seed}", 1, seed, [0.3], status="crashed") for seed in range(4)]
-        + [
-            _outcome(f"b2s{seed}", 2, seed, [0.3, 0.5 + 0.01 * seed, 0.52 - 0.01 * seed]) for seed in range(4)
-        ],
+        + [_outcome(f"b2s{seed}", 2, seed, [0.3, 0.5 + 0.01 * seed, 0.52]) for seed in range(4)],
         baseline=BASELINE,
         criterion=StabilityCriterion(last_k=2, delta=0.05, min_seeds=2),
     )
