@@ -389,6 +389,7 @@ def _dry_plan(
         typer.Exit: the provider or the plan refuses (one line, exit code 1).
     """
     from a3r.providers import ProviderConfig, make_provider
+    from a3r.study.design import hypotheses_for
     from a3r.study.plans import TrainingSettings, check_plan
 
     config = ProviderConfig.from_env(
@@ -397,7 +398,10 @@ def _dry_plan(
     try:
         draft = make_provider(config).plan(request, mode=mode)
         training = TrainingSettings.model_validate({**draft.training.model_dump(), **overrides})
-        return check_plan(draft.model_copy(update={"training": training})), config.kind.value
+        plan = draft.model_copy(update={"training": training})
+        if draft.sweep is not None and draft.hypotheses == hypotheses_for(draft):
+            plan = plan.model_copy(update={"hypotheses": hypotheses_for(plan)})  # say the seeds asked for
+        return check_plan(plan), config.kind.value
     except A3RError as exc:
         raise _fail(str(exc)) from None
     except ValueError as exc:
@@ -513,7 +517,7 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     with prior findings read from the store when it exists (never created or written)."""
     from a3r.graph.context import RunContext
     from a3r.graph.records import prior_findings
-    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE, design_study
+    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE, budget_drops, design_study
 
     if not question.strip():
         raise _fail('the question is empty: ask one, e.g. "find the best KL coefficient on arithmetic"')
@@ -558,7 +562,9 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     say("  stages:")
     for stage in design.stages:
         parts = (
-            [f"{sweep.variable} ∈ {{{', '.join(f'{v:g}' for v in stage.values)}}}"] if stage.values else []
+            [f"{sweep.variable} ∈ {{{', '.join(setting.text(v) for v in stage.values)}}}"]
+            if stage.values
+            else []
         )
         parts += [f"{stage.seeds} seeds per configuration"] if stage.seeds else []
         most = "up to " if stage.name in ("refine", "replicate") else ""
@@ -579,6 +585,27 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
         f"  estimated time: ≈ {design.estimated_s / 60:.0f} min for up to {design.runs} runs at {speed:.2f} s per episode "
         f"({source}); budget {settings.budget_minutes:g} min"
     )
+    if design.estimated_s > settings.budget_minutes * 60:
+        dropped = budget_drops(
+            plan,
+            design,
+            budget_s=settings.budget_minutes * 60,
+            eval_episodes=settings.eval_tasks * settings.eval_samples,
+        )
+        cut = (
+            f"the runner would drop {sweep.variable} values {{{', '.join(setting.text(v) for v in dropped)}}} "
+            "from the coarse stage"
+            + (
+                ": no sweep run would start after the preflight"
+                if len(dropped) == len(design.stages[1].values)
+                else ""
+            )
+            if dropped
+            else "the coarse stage fits; refine and replicate stop when the budget runs out"
+        )
+        say(
+            f"  warning: the estimate exceeds the budget of {settings.budget_minutes:g} min at this speed: {cut}"
+        )
 
 
 def resume(

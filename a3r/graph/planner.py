@@ -28,6 +28,7 @@ from a3r.study.design import (
     best_refine_values,
     coarse_values,
     design_study,
+    hypotheses_for,
     replicate_additions,
 )
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
@@ -107,7 +108,11 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
             raise PlanError(
                 "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))
             ) from None
-        plan = check_plan(plan.model_copy(update={"training": training}))
+        draft = plan
+        plan = plan.model_copy(update={"training": training})
+        if draft.sweep is not None and draft.hypotheses == hypotheses_for(draft):
+            plan = plan.model_copy(update={"hypotheses": hypotheses_for(plan)})  # the seeds asked for
+        plan = check_plan(plan)
     study_id = ensure_study(ctx, request, "research" if mode == "research" else "vibe")
     hypothesis_ids = ensure_hypotheses(ctx, study_id, plan.hypotheses)
     line = (
@@ -226,7 +231,9 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
         lines = [line]
         if dropped:
             lines.append(
-                f"budget: dropped {plan.sweep.variable} values {dropped} (would not fit {budget_left:.0f} s)"
+                f"budget: dropped {plan.sweep.variable} values "
+                f"[{', '.join(resolve_setting(plan.sweep.variable, plan.template).text(v) for v in dropped)}] "
+                f"(would not fit {budget_left:.0f} s)"
             )
         if not kept and reused and not dropped:  # every coarse value was measured before
             return _after_stage(

@@ -31,8 +31,9 @@ from scipy.stats import t as student_t
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
 from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
-from a3r.study.research import ConfigVerdict, estimate_run_s, min_stable_value
-from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.research import ConfigVerdict, estimate_run_s, fit_budget, min_stable_value, sweep_specs
+from a3r.study.runs import RunOutcome
+from a3r.study.sequential import SignalRule
 from a3r.study.settings import Setting, resolve_setting
 
 __all__ = [
@@ -300,9 +301,11 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
     setting = resolve_setting(sweep.variable, plan.template)
     values = ", ".join(f"{v:g}" for v in sweep.coarse)
     delta = sweep.effect_size or DEFAULT_EFFECT
+    floor = max(len(plan.training.seeds), SEED_FLOOR)
+    most = max(sweep.max_seeds, floor)
     stages = (
-        f"staged: coarse {{{values}}} on {SEED_FLOOR} seeds, refine, then replicate with seeds per the power "
-        f"rule (δ = {delta:g}, power {POWER:g}, at most {sweep.max_seeds} seeds)"
+        f"staged: coarse {{{values}}} on {floor} seeds, refine, then replicate with seeds per the power "
+        f"rule (δ = {delta:g}, power {POWER:g}, at most {most} seeds)"
     )
     if sweep.goal == "min_stable":
         stability = plan.stability or StabilityCriterion()
@@ -345,8 +348,8 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
             statement=claim,
             expected_outcome=f"the mean held-out reward over seeds differs between {a:g} and {b:g} by at least δ = {delta:g}",
             decision_rule=(
-                f"staged: both arms on {SEED_FLOOR} seeds, then replicate with seeds per the power rule "
-                f"(δ = {delta:g}, power {POWER:g}, at most {sweep.max_seeds} seeds). Effect = mean({b:g}) − mean({a:g}) "
+                f"staged: both arms on {floor} seeds, then replicate with seeds per the power rule "
+                f"(δ = {delta:g}, power {POWER:g}, at most {most} seeds). Effect = mean({b:g}) − mean({a:g}) "
                 "over seeds (Welch 95% interval, one observation per seed): confirmed when the interval lies above "
                 f"the minimum effect {MIN_EFFECT_SD:g} σ"
                 + (
@@ -412,9 +415,28 @@ class StudyDesign(BaseModel):
         return sum(s.runs for s in self.stages)
 
 
-def _sketch_run(plan: PlanDraft, *, seconds_per_episode: float, eval_episodes: int) -> float:
-    spec = RunSpec(key="estimate", purpose="sweep", settings=plan.training)
+def _sketch_run(plan: PlanDraft, value: float, *, seconds_per_episode: float, eval_episodes: int) -> float:
+    """Estimated seconds of one run at ``value`` of the varied setting: a training setting that sets
+    the episodes per step (batch size B, group size G) or the steps is priced by its own episodes."""
+    (spec,) = sweep_specs(plan, [value], "estimate", seeds=[0])
     return estimate_run_s(spec, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
+
+
+def budget_drops(plan: PlanDraft, design: StudyDesign, *, budget_s: float, eval_episodes: int) -> list[float]:
+    """Coarse values the runner would drop to fit ``budget_s`` after the preflight (the same rule as
+    at run time: `a3r.study.research.fit_budget`), at the design's assumed speed."""
+    coarse = next((s for s in design.stages if s.name == "coarse"), None)
+    preflight = sum(s.seconds for s in design.stages if s.name == "preflight")
+    if coarse is None or plan.sweep is None:
+        return []
+    _, dropped = fit_budget(
+        sweep_specs(plan, coarse.values, "coarse"),
+        budget_s=budget_s - preflight,
+        seconds_per_episode=design.seconds_per_episode,
+        eval_episodes=eval_episodes,
+        goal=plan.sweep.goal,
+    )
+    return dropped
 
 
 def design_study(
@@ -445,17 +467,26 @@ def design_study(
     assert plan.sweep is not None
     sweep = plan.sweep
     setting = resolve_setting(sweep.variable, plan.template)
-    per_run = _sketch_run(plan, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
     floor = len(plan.training.seeds)
+    coarse = coarse_values(plan, priors)
+    cost = {
+        v: _sketch_run(plan, v, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
+        for v in coarse
+    }
+    per_run = max(cost.values(), default=0.0)  # refine and replicate values are decided later: at most
     stages = [
         StageSketch(
             name="preflight",
             runs=1,
             seconds=20.0 + preflight_episodes * seconds_per_episode,
-            note=f"held-out evaluation of the untrained model ({preflight_episodes} attempts); a zero baseline stops the study",
+            note=(
+                f"held-out evaluation of the untrained model (up to {preflight_episodes} attempts); a sequential "
+                "futility test (a3r.study.sequential) stops the study early, after as few attempts as it takes, "
+                f"when its success rate is bounded below {SignalRule().min_rate(plan.training.group_size):.3f} "
+                f"(too few groups of G = {plan.training.group_size} with a non-zero advantage to train on)"
+            ),
         )
     ]
-    coarse = coarse_values(plan, priors)
     reused = sorted({p.value for p in priors})
     note = "every value on every seed"
     if reused:
@@ -466,7 +497,7 @@ def design_study(
             values=coarse,
             seeds=floor,
             runs=len(coarse) * floor,
-            seconds=len(coarse) * floor * per_run,
+            seconds=floor * sum(cost.values()),
             note=note,
         )
     )
@@ -503,7 +534,8 @@ def design_study(
             two_sample=two,
             cap=sweep.max_seeds,
         )
-        extra = 2 * max(0, n - floor)
+        n = max(n, floor)  # never fewer than the seeds asked for (--seeds)
+        extra = 2 * (n - floor)
         deciding = {
             "min_stable": "the chosen value and the failing one below it",
             "best": "the best value and the runner-up",
@@ -516,7 +548,7 @@ def design_study(
                 seconds=extra * per_run,
                 note=(
                     f"{deciding} brought to n seeds by the power rule (σ = {seed_sd:.3f} assumed until the coarse "
-                    f"stage measures it, δ = {delta:g}, power {POWER:g}; n in [{SEED_FLOOR}, {sweep.max_seeds}])"
+                    f"stage measures it, δ = {delta:g}, power {POWER:g}; n in [{floor}, {max(sweep.max_seeds, floor)}])"
                 ),
             )
         )

@@ -80,6 +80,10 @@ class Setting(BaseModel):
             return bool(value)
         return round(value) if self.kind == "int" else float(value)
 
+    def text(self, value: float) -> str:
+        """``value`` as the setting's type prints it (``8`` for an int setting, ``0.01`` for a float)."""
+        return str(self.cast(value)) if self.kind != "float" else f"{value:g}"
+
     def check(self, value: float) -> None:
         """Refuse a value outside the range.
 

@@ -14,7 +14,7 @@ from a3r.providers import OfflineProvider
 from a3r.providers.offline import read_params
 from a3r.study.design import coarse_values, design_study, seeds_per_arm
 from a3r.study.plans import PlanDraft, SweepSpec, TrainingSettings, check_plan
-from a3r.study.research import sweep_specs
+from a3r.study.research import SERVER_OVERHEAD_S, sweep_specs
 from a3r.study.settings import SETTINGS, resolve_setting, serve_flags
 from a3r.swarmops.execution import Workspace
 from swarm.client import ServeOptions
@@ -239,3 +239,33 @@ def test_dry_run_warns_when_steps_are_fewer_than_the_stability_window(tmp_path: 
     assert "the untrained model" in short.output
     enough = CliRunner().invoke(app, ["research", question, "--steps", "2", *common])
     assert enough.exit_code == 0 and "warning: " not in enough.output
+
+
+def test_dry_run_prices_each_value_and_warns_over_budget(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    plan = OfflineProvider().plan("find min stable batch size on arithmetic", mode="research")
+    design = design_study(
+        plan, seconds_per_episode=1.0, speed_source="assumed", eval_episodes=8, preflight_episodes=8
+    )
+    coarse = design.stages[1]
+    g, steps = plan.training.group_size, plan.training.steps
+    # B = 1, 2, 4, 8 on 2 seeds: episodes per run = steps·B·G + eval (8), plus the server overhead each
+    overhead = coarse.seconds - 2 * sum(steps * b * g + 8 for b in (1, 2, 4, 8))
+    assert overhead == pytest.approx(8 * SERVER_OVERHEAD_S)
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    question = "find min stable batch size on arithmetic"
+    over = CliRunner().invoke(app, ["research", question, "--budget-minutes", "5", "--seeds", "10", *common])
+    assert over.exit_code == 0, over.output
+    out = over.output
+    assert "batch_size ∈ {1, 2, 4, 8}" in out and "1.0" not in out.split("stages:")[1].split("\n")[2]
+    assert (
+        "warning: the estimate exceeds the budget of 5 min" in out and "would drop batch_size values {" in out
+    )
+    assert "replicate: 10 seeds per configuration; up to 0 run(s)" in out
+    assert "coarse {1, 2, 4, 8} on 10 seeds" in out and "at most 10 seeds" in out
+    assert "sequential futility test" in out
+    roomy = CliRunner().invoke(app, ["research", question, "--budget-minutes", "600", *common])
+    assert roomy.exit_code == 0 and "warning" not in roomy.output
