@@ -417,7 +417,13 @@ class StudyDesign(BaseModel):
 
 def _sketch_run(plan: PlanDraft, value: float, *, seconds_per_episode: float, eval_episodes: int) -> float:
     """Estimated seconds of one run at ``value`` of the varied setting: a training setting that sets
-    the episodes per step (batch size B, group size G) or the steps is priced by its own episodes."""
+    the episodes per step (batch size B, group size G) or the steps is priced by its own episodes; the
+    response-token cap ``max_tokens`` scales the seconds per episode by value / the template's default
+    (generation time ∝ tokens, an upper bound when responses run to the cap)."""
+    assert plan.sweep is not None
+    setting = resolve_setting(plan.sweep.variable, plan.template)
+    if setting.name == "max_tokens" and setting.target == "template" and setting.default > 0:
+        seconds_per_episode *= value / setting.default
     (spec,) = sweep_specs(plan, [value], "estimate", seeds=[0])
     return estimate_run_s(spec, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
 
@@ -489,6 +495,8 @@ def design_study(
     ]
     reused = sorted({p.value for p in priors})
     note = "every value on every seed"
+    if setting.name == "max_tokens" and setting.target == "template":
+        note += f"; priced as if responses ran to the cap (an upper bound; the speed is taken at {setting.default:g})"
     if reused:
         note += f"; reused from prior findings: {', '.join(f'{v:g}' for v in reused)}"
     stages.append(

@@ -269,3 +269,18 @@ def test_dry_run_prices_each_value_and_warns_over_budget(tmp_path: Path) -> None
     assert "sequential futility test" in out
     roomy = CliRunner().invoke(app, ["research", question, "--budget-minutes", "600", *common])
     assert roomy.exit_code == 0 and "warning" not in roomy.output
+
+
+def test_dry_run_prices_max_tokens_by_the_token_cap() -> None:
+    plan = OfflineProvider().plan("find the best max tokens on arithmetic", mode="research")
+    assert plan.sweep is not None and plan.sweep.variable == "max_tokens"
+    design = design_study(
+        plan, seconds_per_episode=1.0, speed_source="assumed", eval_episodes=8, preflight_episodes=8
+    )
+    coarse = design.stages[1]
+    episodes = plan.training.steps * plan.training.batch_size * plan.training.group_size + 8
+    default = resolve_setting("max_tokens", "arithmetic").default  # the template's own default (16)
+    expected = len(plan.training.seeds) * sum(
+        SERVER_OVERHEAD_S + episodes * v / default for v in coarse.values
+    )
+    assert coarse.seconds == pytest.approx(expected)
