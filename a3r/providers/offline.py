@@ -341,11 +341,16 @@ class OfflineProvider:
         text: str, training: TrainingSettings, template: str
     ) -> tuple[SweepSpec, StabilityCriterion | None, str]:
         """The sweep of a research question: the setting it names (`a3r.study.settings`), the goal
-        (min-stable, best, A-vs-B, effect-of) and the values.
+        (min-stable, best, A-vs-B, effect-of) and the values: the numbers written right after the
+        setting (`_values_after`). Two values compared are A vs B; more than two compared ("1e-4 vs 1e-3
+        vs 1e-2") are a best-of over them. An effect-of question changes the setting from the plan's
+        value (the training default, or the template's default) to the one value given.
 
         Raises:
-            OfflineUnsupported: A setting the engine cannot change, no setting named, or no goal
-                understood; one line naming what is needed.
+            OfflineUnsupported: A setting the engine cannot change, no setting named, a second setting
+                named without a value (a second question), an effect-of question with no value other
+                than the reference or with several, or no goal understood; one line naming what is
+                needed.
             PlanError: A value out of the setting's range.
         """
         refusal = refusal_for(text)

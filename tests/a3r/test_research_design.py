@@ -73,31 +73,6 @@ def test_settings_refuse_what_the_engine_cannot_change() -> None:
         ("effect of temperature 1.4 on arithmetic", "temperature", "effect_of", [1.0, 1.4]),
         ("best clip range on countdown", "clip_eps", "best", [0.1, 0.2, 0.3]),
         ("best ppo epochs on arithmetic", "ppo_epochs", "best", [1, 2, 4]),
-    ],
-)
-def test_offline_plans_questions_over_any_setting(
-    question: str, variable: str, goal: str, coarse: list[float]
-) -> None:
-    plan = OfflineProvider().plan(question, mode="research")
-    assert plan.sweep is not None
-    assert (plan.sweep.variable, plan.sweep.goal, plan.sweep.coarse) == (variable, goal, coarse)
-    assert len(plan.training.seeds) >= 2 and "power rule" in plan.hypotheses[0].decision_rule
-    specs = sweep_specs(plan, plan.sweep.coarse, "coarse")
-    if resolve_setting(variable, plan.template).target == "training":
-        assert [getattr(s.settings, variable) for s in specs[:: len(plan.training.seeds)]] == coarse
-    else:  # a template knob: the run's params, the plan's workflow keeps the template default
-        assert [s.params[variable] for s in specs[:: len(plan.training.seeds)]] == coarse
-        default = next(
-            p.default
-            for p in templates.get_template(plan.template or "").meta.parameters
-            if p.name == variable
-        )
-        assert plan.params[variable] == default
-
-
-@pytest.mark.parametrize(
-    ("question", "variable", "goal", "coarse"),
-    [
         # Numbers glued to letters name a dataset, not a value: the default grid.
         ("find the best kl on gsm8k", "kl_coef", "best", [0.0, 0.01, 0.1, 1.0]),
         ("find the best temperature on aime25", "temperature", "best", [0.6, 1.0, 1.4]),
@@ -117,16 +92,28 @@ def test_offline_plans_questions_over_any_setting(
         ("lr 1e-4 vs 1e-3 vs 1e-2 on arithmetic", "lr", "best", [1e-4, 1e-3, 1e-2]),
     ],
 )
-def test_offline_reads_values_of_the_setting_only(
+def test_offline_plans_questions_over_any_setting(
     question: str, variable: str, goal: str, coarse: list[float]
 ) -> None:
     plan = OfflineProvider().plan(question, mode="research")
     assert plan.sweep is not None
     assert (plan.sweep.variable, plan.sweep.goal, plan.sweep.coarse) == (variable, goal, coarse)
+    assert len(plan.training.seeds) >= 2 and "power rule" in plan.hypotheses[0].decision_rule
     if variable == "lr":  # the varied setting's value never becomes the plan's fixed training value
         assert plan.training.lr == 2e-4
     if "20 steps" in question:
         assert (plan.training.steps, plan.training.lr) == (20, 1e-4)
+    specs = sweep_specs(plan, plan.sweep.coarse, "coarse")
+    if resolve_setting(variable, plan.template).target == "training":
+        assert [getattr(s.settings, variable) for s in specs[:: len(plan.training.seeds)]] == coarse
+    else:  # a template knob: the run's params, the plan's workflow keeps the template default
+        assert [s.params[variable] for s in specs[:: len(plan.training.seeds)]] == coarse
+        default = next(
+            p.default
+            for p in templates.get_template(plan.template or "").meta.parameters
+            if p.name == variable
+        )
+        assert plan.params[variable] == default
 
 
 @pytest.mark.parametrize(
