@@ -1,8 +1,8 @@
 """The offline provider: needs no network.
 
-`OfflineProvider` matches the request against the template registry by keywords, reads parameters from
-the sentence, plans research questions it knows (minimal stable batch or group size, best learning rate)
-and proposes rule-based patches. It is honest about its limits: a request no template covers raises
+`OfflineProvider` matches the request against the template registry by its name or a keyword specific
+to it, reads parameters from the sentence, plans research questions over any setting of the registry
+(`a3r.study.settings`: min-stable, best, A-vs-B, effect-of) and proposes rule-based patches. It is honest about its limits: a request no template covers raises
 `OfflineUnsupported` naming what is needed (an LLM provider).
 """
 
@@ -173,8 +173,9 @@ def _specific_matches(request: str) -> list[tuple[str, float]]:
 class OfflineProvider:
     """Deterministic provider: keyword-matched templates, parsed parameters, rule-based patches.
 
-    Research questions understood: the minimal stable batch size or group size (a staged sweep of
-    powers of two with the `StabilityCriterion`) and the best learning rate.
+    Research questions understood: min-stable, best, A-vs-B and effect-of over any setting of
+    `a3r.study.settings` (training settings and template knobs), each a staged design
+    (`a3r.study.design`); values are read right after the setting's name.
     """
 
     name = "offline"
