@@ -579,6 +579,16 @@ def main(
     seed_list = _seeds(seeds or ("0" if quick else "0,1,2"))
     if code is not None:
         _use_code(code)
+    if (
+        report_only
+        and not history_files
+        and store is not None
+        and "://" not in store
+        and not Path(store).exists()
+    ):
+        # a mistyped path would otherwise become a new, empty store and an empty report
+        typer.echo(f"error: --store {store}: no such store (--report-only reads an existing one)", err=True)
+        raise typer.Exit(2)
     try:
         with Store(store) as db:
             study_id = None

@@ -194,7 +194,13 @@ def import_history(store: Store, path: Path) -> int:
     except OSError as exc:
         raise HistoryFileError(f"{path}: {exc.strerror or exc}") from None
     except ValidationError as exc:
-        raise HistoryFileError(f"{path}: not a study export ({exc.error_count()} problems)") from None
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the file"
+        more = exc.error_count() - 1
+        raise HistoryFileError(
+            f"{path}: not a study export: {where}: {first['msg']}"
+            + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
+        ) from None
     if export.study.kind != STUDY_KIND:
         raise HistoryFileError(f"{path}: a study of kind {export.study.kind!r}, not a tracking history")
     try:
@@ -207,9 +213,15 @@ def export_history(store: Store, study_id: int, path: Path) -> Path:
     """Write the tracking study ``study_id`` as JSON (keys sorted, one-space indent) to ``path``.
 
     The file holds the runs' provenance as recorded (commit, dirty flag, CPU model and core count,
-    package versions, the 1-minute load average), never a path of the machine.
+    package versions, the 1-minute load average), never a path of the machine. ``exported_at`` is the
+    newest record's time, so exporting an unchanged history writes the same bytes.
     """
-    data = store.export_study(study_id).model_dump(mode="json")
+    export = store.export_study(study_id)
+    # The export time is that of the newest record, not the wall clock: re-exporting an unchanged
+    # history writes the same bytes (a committed history file stays clean in git).
+    stamps = [export.study.created_at, *(r.started_at for e in export.experiments for r in e.runs)]
+    stamps += [r.finished_at for e in export.experiments for r in e.runs if r.finished_at is not None]
+    data = export.model_copy(update={"exported_at": max(stamps)}).model_dump(mode="json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     return path

@@ -473,7 +473,8 @@ def _targets() -> list[tuple[str, tuple[str, ...]]]:
 def _flags_at(loc: tuple[str, ...]) -> str:
     """The flag(s) to fix for a ServerConfig error at ``loc``: the options that set a field inside
     ``loc`` (``--batch-policy/--batch-size/--group-size`` for a cross-field batch check), else the
-    option whose field contains it; ``""`` for a check of the whole configuration."""
+    option whose field contains it; ``""`` for a check of the whole configuration or of a section
+    that more than three options set (its message names the flags itself)."""
     if not loc:
         return ""
     targets = _targets()
@@ -481,6 +482,8 @@ def _flags_at(loc: tuple[str, ...]) -> str:
     if not inside:
         around = [(len(path), name) for name, path in targets if loc[: len(path)] == path]
         inside = [max(around)[1]] if around else []
+    if len(inside) > 3:  # a check across a whole section (e.g. training): its message names the flags
+        return ""
     return "/".join(ServeOptions.flag(name) for name in inside) or ".".join(loc)
 
 
@@ -551,6 +554,13 @@ def _check_verl(ray_address: str | None) -> None:
             "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
             "(or give --ray-address of a Ray cluster that has them)"
         )
+    if ray_address is not None:
+        from swarm.train.verl_backend import check_ray_address
+
+        try:
+            check_ray_address(ray_address)
+        except SwarmError as exc:
+            raise ServeOptionsError(str(exc)) from None
 
 
 def _check_run_dir(run_dir: Path) -> None:

@@ -1,8 +1,8 @@
 """The offline provider: needs no network.
 
-`OfflineProvider` matches the request against the template registry by keywords, reads parameters from
-the sentence, plans research questions it knows (minimal stable batch or group size, best learning rate)
-and proposes rule-based patches. It is honest about its limits: a request no template covers raises
+`OfflineProvider` matches the request against the template registry by its name or a keyword specific
+to it, reads parameters from the sentence, plans research questions over any setting of the registry
+(`a3r.study.settings`: min-stable, best, A-vs-B, effect-of) and proposes rule-based patches. It is honest about its limits: a request no template covers raises
 `OfflineUnsupported` naming what is needed (an LLM provider).
 """
 
@@ -64,20 +64,44 @@ def read_params(workflow_source: str) -> dict[str, Any]:
     raise ValueError("the params block holds no literal dict")
 
 
-_NUMBER = r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)"
+_NUMBER = r"(-?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)"
+"""A signed decimal or scientific number (``-0.5``, ``1e-3``), captured."""
+
+_VALUE = (
+    rf"(?<![\w.]){_NUMBER}(?![\w]|\.[0-9])"
+    r"(?!\s*(?:training\s*)?(?:steps?|seeds?|tasks?|players?|episodes?|epochs?|tokens?)\b)"
+)
+"""A number standing alone: not glued to letters (``gsm8k`` and ``aime25`` hold no value) and not a
+count of something else (``20 steps``)."""
+
+_JOINER = r"\s*(?:,|;|=|:|\band\b|\bor\b|\bvs\.?|\bversus\b|\bagainst\b|\bto\b|\bfrom\b|\bof\b|\bthen\b)?\s*"
+"""What may stand between a setting's name and its values, or between two values."""
+
+
+def _mention_end(text: str, aliases: tuple[str, ...]) -> int | None:
+    """Where the first mention of a setting (any of its ``aliases``) ends, or ``None``."""
+    found = [(m.start(), -m.end()) for a in aliases if (m := re.search(a, text))]
+    return -min(found)[1] if found else None  # the longest of the earliest: "batch size", not "batch"
 
 
 def _values_after(text: str, setting: Setting) -> list[float]:
-    """Numbers written after the setting's first mention, within its range (``"kl 0.01, 0.1 and 1"``)."""
-    start = min((m.end() for a in setting.aliases if (m := re.search(a, text))), default=0)
+    """The run of numbers written right after the setting's first mention (``"kl 0.01, 0.1 and 1"``,
+    ``"lr 1e-4 vs 1e-3"``, ``"effect of kl -0.5"``); numbers later in the sentence (steps, seeds, a
+    dataset's name) are not its values.
+
+    Raises:
+        PlanError: A value outside the setting's range (`Setting.check`), one line.
+    """
+    spoken = (rf"\b{setting.name.replace('_', '[ _-]?')}\b",)
+    position = _mention_end(text, setting.aliases or spoken)
+    if position is None:
+        return []
     found: list[float] = []
-    for match in re.finditer(_NUMBER, text[start:]):
-        try:
-            value = float(match.group(1))
-            setting.check(value)
-        except (ValueError, PlanError):
-            continue
+    while match := re.compile(_JOINER + _VALUE).match(text, position):
+        value = float(match.group(1))
+        setting.check(value)
         found.append(value)
+        position = match.end()
     return found
 
 
@@ -149,8 +173,9 @@ def _specific_matches(request: str) -> list[tuple[str, float]]:
 class OfflineProvider:
     """Deterministic provider: keyword-matched templates, parsed parameters, rule-based patches.
 
-    Research questions understood: the minimal stable batch size or group size (a staged sweep of
-    powers of two with the `StabilityCriterion`) and the best learning rate.
+    Research questions understood: min-stable, best, A-vs-B and effect-of over any setting of
+    `a3r.study.settings` (training settings and template knobs), each a staged design
+    (`a3r.study.design`); values are read right after the setting's name.
     """
 
     name = "offline"
@@ -188,8 +213,10 @@ class OfflineProvider:
         name = matches[0][0]
         template = templates.get_template(name)
         params = self._template_params(template.meta, text)
-        training = self._training(text)
         kind: Literal["train", "research"] = "research" if mode == "research" else "train"
+        # A research question's numbers after the varied setting are its values, not a training setting.
+        varied = find_setting_in(text, template.meta) if kind == "research" else None
+        training = self._training(text, skip=varied)
         hypotheses: list[HypothesisDraft]
         sweep: SweepSpec | None = None
         stability: StabilityCriterion | None = None
@@ -285,7 +312,7 @@ class OfflineProvider:
             raise PlanError(str(exc)) from None
 
     @staticmethod
-    def _training(text: str) -> TrainingSettings:
+    def _training(text: str, *, skip: str | None = None) -> TrainingSettings:
         values: dict[str, Any] = {}
         steps = _find_number(text, r"NUM\s*(?:training\s*)?steps", r"steps?\s*(?:=|:)?\s*NUM")
         if steps is not None:
@@ -302,6 +329,7 @@ class OfflineProvider:
         seeds = _find_number(text, r"NUM\s*seeds", r"seeds\s*(?:=|:)\s*NUM")
         if seeds is not None:
             values["seeds"] = list(range(int(seeds)))
+        values.pop(skip or "", None)
         try:
             return TrainingSettings(**values)
         except ValidationError as exc:
@@ -314,11 +342,16 @@ class OfflineProvider:
         text: str, training: TrainingSettings, template: str
     ) -> tuple[SweepSpec, StabilityCriterion | None, str]:
         """The sweep of a research question: the setting it names (`a3r.study.settings`), the goal
-        (min-stable, best, A-vs-B, effect-of) and the values.
+        (min-stable, best, A-vs-B, effect-of) and the values: the numbers written right after the
+        setting (`_values_after`). Two values compared are A vs B; more than two compared ("1e-4 vs 1e-3
+        vs 1e-2") are a best-of over them. An effect-of question changes the setting from the plan's
+        value (the training default, or the template's default) to the one value given.
 
         Raises:
-            OfflineUnsupported: A setting the engine cannot change, no setting named, or no goal
-                understood; one line naming what is needed.
+            OfflineUnsupported: A setting the engine cannot change, no setting named, a second setting
+                named without a value (a second question), an effect-of question with no value other
+                than the reference or with several, or no goal understood; one line naming what is
+                needed.
             PlanError: A value out of the setting's range.
         """
         refusal = refusal_for(text)
@@ -334,6 +367,20 @@ class OfflineProvider:
             )
         setting = resolve_setting(variable, template)
         values = _values_after(text, setting)
+        others = [
+            other.label
+            for other in SETTINGS.values()
+            if other.name != variable
+            and _mention_end(text, other.aliases) is not None
+            and not _values_after(text, other)
+        ]
+        if others:
+            # "the best batch size and lr": a second setting named without a value is a second question.
+            raise OfflineUnsupported(
+                f"the question varies {setting.label} and also names {', '.join(others)} without a value; the "
+                "offline planner varies one setting per study: ask one question per setting, or give the "
+                f"other a fixed value (e.g. '{setting.label} ... with lr 1e-4')"
+            )
         if re.search(r"\b(min|minimum|minimal|smallest|lowest)\b", text):
             if setting.scale != "pow2":
                 raise OfflineUnsupported(
@@ -345,21 +392,34 @@ class OfflineProvider:
             stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
             sweep = SweepSpec(variable=variable, coarse=coarse, goal="min_stable")
             return sweep, stability, f"find the minimal stable {setting.label}"
-        pair = re.search(rf"{_NUMBER}\s*(?:vs\.?|versus|against|or|and|to)\s*{_NUMBER}", text)
-        if pair and re.search(r"\b(vs\.?|versus|against|compare|or)\b", text):
-            a, b = float(pair.group(1)), float(pair.group(2))
+        compared = re.search(r"\b(vs\.?|versus|against|compare|or)\b", text)
+        if compared and len(values) > 2:
+            # "lr 1e-4 vs 1e-3 vs 1e-2": more than two arms is a search for the best of them.
+            sweep = SweepSpec(variable=variable, coarse=setting.grid(values), goal="best")
+            return sweep, None, f"find the best {setting.label} among {', '.join(f'{v:g}' for v in values)}"
+        if compared and len(values) == 2:
+            a, b = values
             sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
             return sweep, None, f"compare {setting.label} {a:g} (A) with {b:g} (B)"
         if re.search(r"\b(effect|impact|does|influence|matter)\b", text):
+            # The reference is what the plan runs when the setting is not varied (the question's value
+            # is the one changed to, so the training settings never take it).
             reference = (
                 float(getattr(training, variable)) if setting.target == "training" else setting.default
             )
-            changed = next((v for v in values if v != reference), None)
-            if changed is None:
+            if len(values) > 1:
                 raise OfflineUnsupported(
-                    f"an effect-of question needs the value to change {setting.label} to (the reference is "
-                    f"{reference:g}), e.g. 'effect of {variable} {setting.coarse[-1]:g}'"
+                    f"an effect-of question changes {setting.label} to one value, not "
+                    f"{', '.join(f'{v:g}' for v in values)}; ask '{variable} {values[0]:g} vs {values[1]:g}' "
+                    "to compare two, or for the best of several"
                 )
+            if not values or values[0] == reference:
+                other = next((v for v in reversed(setting.coarse) if v != reference), setting.coarse[-1])
+                raise OfflineUnsupported(
+                    f"an effect-of question needs the value to change {setting.label} to, other than the "
+                    f"reference {reference:g}, e.g. 'effect of {variable} {other:g}'"
+                )
+            changed = values[0]
             sweep = SweepSpec(variable=variable, coarse=[reference, changed], refine=False, goal="effect_of")
             return sweep, None, f"the effect of {setting.label} {reference:g} → {changed:g}"
         if re.search(r"\b(best|optimal|optimum|good|tune|tuning)\b", text):

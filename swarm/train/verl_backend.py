@@ -33,6 +33,7 @@ and entropy terms are aggregated by verl unweighted, i.e. equal to ours when eve
 from __future__ import annotations
 
 import math
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ __all__ = [
     "VerlBatch",
     "VerlTrainer",
     "VerlUnavailable",
+    "check_ray_address",
     "check_verl_available",
     "to_verl_batch",
     "verl_actor_config",
@@ -70,9 +72,50 @@ VERL_VERSION = "0.9.1"
 """The verl release this module is written against (its worker API changes between minor versions)."""
 
 INSTALL_HINT = (
-    f'pip install -e ".[verl]" && pip install --no-deps verl=={VERL_VERSION} '
+    f'pip install -e ".[verl]" && pip install --no-deps verl=={VERL_VERSION} tensordict==0.10.0 pyvers==0.1.0 '
     "(verl is installed without its dependencies: it pins transformers < 5.11)"
 )
+
+
+RAY_CONNECT_TIMEOUT_S = 5.0
+"""How long :func:`check_ray_address` waits for a TCP answer from the Ray head (seconds)."""
+
+
+def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Raise unless a Ray cluster answers at ``address`` (``auto``, ``host:port`` or ``ray://host:port``).
+
+    ``ray.init`` itself retries an unreachable GCS for ever (and ignores SIGTERM off the main thread), and
+    ``auto`` without a cluster ends in a traceback; this turns both into one line before Ray starts.
+    ``auto`` is resolved as Ray resolves it (``RAY_ADDRESS``, then the last ``ray start`` on this machine).
+
+    Raises:
+        TrainerError: ``--ray-address …: why`` in one line.
+    """
+    target = address.removeprefix("ray://")
+    if target == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address_or_die
+        except ImportError:  # another Ray layout: leave it to ray.init
+            return
+        try:
+            target = canonicalize_bootstrap_address_or_die("auto")
+        except ConnectionError:
+            raise TrainerError(
+                "--ray-address auto: no running Ray cluster found on this machine "
+                "(start one with `ray start --head`, or give the head's host:port)"
+            ) from None
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise TrainerError(f"--ray-address {address!r}: expected auto, host:port or ray://host:port")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise TrainerError(
+            f"--ray-address {address}: no Ray head answers at {host}:{port} within {timeout_s:g} s ({why}); "
+            f"start it with `ray start --head --port {port}`"
+        ) from None
 
 
 class VerlUnavailable(ConfigError):
@@ -529,8 +572,13 @@ class VerlTrainer:
                 "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
                 "(give a Ray cluster with GPUs through the verl settings' ray_address, or use --trainer torch)"
             )
+        if self.settings.ray_address is not None:
+            check_ray_address(self.settings.ray_address)
         if not ray.is_initialized():
-            ray.init(address=self.settings.ray_address, ignore_reinit_error=True)
+            try:
+                ray.init(address=self.settings.ray_address, ignore_reinit_error=True)
+            except ConnectionError as exc:
+                raise TrainerError(f"--ray-address {self.settings.ray_address}: {exc}") from None
         gpus = ray.cluster_resources().get("GPU", 0.0)
         if gpus < self.settings.world_size:
             # Ray would wait forever for a placement group the cluster cannot fill.

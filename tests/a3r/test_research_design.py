@@ -73,6 +73,23 @@ def test_settings_refuse_what_the_engine_cannot_change() -> None:
         ("effect of temperature 1.4 on arithmetic", "temperature", "effect_of", [1.0, 1.4]),
         ("best clip range on countdown", "clip_eps", "best", [0.1, 0.2, 0.3]),
         ("best ppo epochs on arithmetic", "ppo_epochs", "best", [1, 2, 4]),
+        # Numbers glued to letters name a dataset, not a value: the default grid.
+        ("find the best kl on gsm8k", "kl_coef", "best", [0.0, 0.01, 0.1, 1.0]),
+        ("find the best temperature on aime25", "temperature", "best", [0.6, 1.0, 1.4]),
+        # Counts of other things are not the setting's values.
+        (
+            "find min stable batch size on arithmetic with lr 1e-4 and 20 steps",
+            "batch_size",
+            "min_stable",
+            [1, 2, 4, 8],
+        ),
+        # The reference of an effect-of question is the plan's default; the value given is the one changed to.
+        ("effect of lr 1e-3 on arithmetic", "lr", "effect_of", [2e-4, 1e-3]),
+        ("effect of batch size 8 on arithmetic", "batch_size", "effect_of", [2, 8]),
+        ("effect of group size 8 on arithmetic", "group_size", "effect_of", [4, 8]),
+        ("effect of kl 0.1 on arithmetic", "kl_coef", "effect_of", [0.0, 0.1]),
+        # More than two values compared: the best of them.
+        ("lr 1e-4 vs 1e-3 vs 1e-2 on arithmetic", "lr", "best", [1e-4, 1e-3, 1e-2]),
     ],
 )
 def test_offline_plans_questions_over_any_setting(
@@ -82,6 +99,10 @@ def test_offline_plans_questions_over_any_setting(
     assert plan.sweep is not None
     assert (plan.sweep.variable, plan.sweep.goal, plan.sweep.coarse) == (variable, goal, coarse)
     assert len(plan.training.seeds) >= 2 and "power rule" in plan.hypotheses[0].decision_rule
+    if variable == "lr":  # the varied setting's value never becomes the plan's fixed training value
+        assert plan.training.lr == 2e-4
+    if "20 steps" in question:
+        assert (plan.training.steps, plan.training.lr) == (20, 1e-4)
     specs = sweep_specs(plan, plan.sweep.coarse, "coarse")
     if resolve_setting(variable, plan.template).target == "training":
         assert [getattr(s.settings, variable) for s in specs[:: len(plan.training.seeds)]] == coarse
@@ -93,6 +114,55 @@ def test_offline_plans_questions_over_any_setting(
             if p.name == variable
         )
         assert plan.params[variable] == default
+
+
+@pytest.mark.parametrize(
+    ("question", "error", "match"),
+    [
+        ("lr -1 vs 1e-3 on arithmetic", PlanError, r"learning rate \(lr\) = -1 is outside its range"),
+        ("effect of kl -0.5 on arithmetic", PlanError, r"\(kl_coef\) = -0.5 is outside its range"),
+        (
+            "effect of clip 5 on arithmetic",
+            PlanError,
+            r"clip range ε \(clip_eps\) = 5 is outside its range \[0.01, 1\)",
+        ),
+        (
+            "effect of lr 0.0002 on arithmetic",
+            OfflineUnsupported,
+            r"other than the reference 0.0002, e.g. 'effect of lr 0.001'",
+        ),
+        (
+            "effect of batch size 2 on arithmetic",
+            OfflineUnsupported,
+            r"reference 2, e.g. 'effect of batch_size 8'",
+        ),
+        ("effect of kl 0.1 and 1 on arithmetic", OfflineUnsupported, r"to one value, not 0.1, 1"),
+        (
+            "find the best batch size and lr on arithmetic",
+            OfflineUnsupported,
+            r"also names learning rate without a value",
+        ),
+    ],
+)
+def test_offline_refuses_what_it_would_misread(question: str, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match) as info:
+        OfflineProvider().plan(question, mode="research")
+    assert "\n" not in str(info.value)
+    if "e.g." in match:  # the suggested form plans
+        suggested = str(info.value).split("e.g. '")[1].rstrip("'")
+        plan = OfflineProvider().plan(f"{suggested} on arithmetic", mode="research")
+        assert plan.sweep is not None and plan.sweep.goal == "effect_of"
+
+
+def test_research_dry_run_refuses_a_negative_value_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    refused = CliRunner().invoke(app, ["research", "lr -1 vs 1e-3 on arithmetic", *common])
+    assert refused.exit_code != 0 and refused.output.count("\n") == 1 and "= -1 is outside" in refused.output
+    assert not (tmp_path / ".a3r").exists() or not any((tmp_path / ".a3r").rglob("workflow.py"))
 
 
 @pytest.mark.parametrize(

@@ -117,7 +117,7 @@ def test_the_committed_history_loads_and_the_page_shows_its_three_commits(tmp_pa
         assert len(store.studies()) == 1 and len(store.runs()) == 13
     exported = json.loads((tmp_path / "again.json").read_text())
     committed = json.loads(history_file.read_text())
-    assert {**exported, "exported_at": None} == {**committed, "exported_at": None}
+    assert exported == committed  # exported_at is the newest record's time: an unchanged history, same bytes
 
 
 def test_a_history_file_that_is_not_a_tracking_export_is_one_readable_line(tmp_path: Path) -> None:
@@ -125,6 +125,14 @@ def test_a_history_file_that_is_not_a_tracking_export_is_one_readable_line(tmp_p
     bad.write_text('{"study": 1}')
     done = _track("--report-only", "--store", str(tmp_path / "x.db"), "--history", str(bad))
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "bad.json: not a study export" in done.stderr
+    assert (
+        "bad.json: not a study export: schema_revision: Field required (and 8 more problems)" in done.stderr
+    )
     done = _track("--report-only", "--store", str(tmp_path / "x.db"), "--export", str(tmp_path / "o.json"))
     assert done.returncode == 2 and "holds no tracking study" in done.stderr
+
+
+def test_report_only_on_a_mistyped_store_path_creates_nothing(tmp_path: Path) -> None:
+    done = _track("--report-only", "--store", str(tmp_path / "typo.db"), "--html", str(tmp_path / "h"))
+    assert done.returncode == 2 and "typo.db: no such store" in done.stderr
+    assert not (tmp_path / "typo.db").exists() and not (tmp_path / "h").exists()

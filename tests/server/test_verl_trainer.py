@@ -27,7 +27,10 @@ runner = CliRunner()
     ("flags", "message"),
     [
         ({"trainer": "banana"}, "--trainer: Input should be 'torch' or 'verl'"),
-        ({"trainer": "verl", "lora-rank": "8"}, "the verl trainer trains all weights"),
+        (  # a check across the training section names its own flag, not the section's 23
+            {"trainer": "verl", "lora-rank": "8"},
+            "the verl trainer trains all weights for now: leave LoRA (--lora-rank) out",
+        ),
         (
             {"trainer": "verl", "trainer-gpus": "0"},
             "--trainer-gpus: Input should be greater than or equal to 1",
@@ -38,6 +41,27 @@ def test_trainer_options_are_refused_in_one_line(flags: dict[str, str], message:
     with pytest.raises(ServeOptionsError) as caught:
         ServeOptions.from_flags(flags).to_server_config()
     assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert str(caught.value).count("--") <= 2
+
+
+def test_an_unreachable_ray_head_is_refused_in_one_line_instead_of_hanging() -> None:
+    """ray.init retries an unreachable GCS for ever (and ignores SIGTERM off the main thread): the
+    address is tried first, with a bounded TCP connect."""
+    import socket
+    import time
+
+    from swarm.train import TrainerError
+    from swarm.train.verl_backend import check_ray_address
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(TrainerError, match=rf"--ray-address 127.0.0.1:{port}: no Ray head answers") as caught:
+        check_ray_address(f"127.0.0.1:{port}", timeout_s=2.0)
+    assert time.monotonic() - started < 10 and "\n" not in str(caught.value)
+    with pytest.raises(TrainerError, match="expected auto, host:port or ray://host:port"):
+        check_ray_address("nowhere")
 
 
 def test_trainer_flags_build_the_verl_settings(tmp_path: Path) -> None:
@@ -93,7 +117,21 @@ def test_serve_check_with_verl_needs_gpus_or_a_ray_cluster(tmp_path: Path) -> No
             "error: --trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
             "(or give --ray-address of a Ray cluster that has them)"
         )
-    result = runner.invoke(app, [*argv, "--ray-address", "auto"])
+    # --check tries the Ray address too: no cluster here, so "auto" is refused in one line …
+    result = runner.invoke(app, [*argv, "--ray-address", "auto"], env={"RAY_ADDRESS": ""})
+    assert result.exit_code != 0
+    assert (
+        result.output.strip().startswith("error: --ray-address auto: no ")
+        and len(result.output.strip().splitlines()) == 1
+    )
+    # … and an address where something answers passes (a plain listener stands in for the Ray head)
+    import socket
+
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        address = f"127.0.0.1:{head.getsockname()[1]}"
+        result = runner.invoke(app, [*argv, "--ray-address", address])
     assert result.exit_code == 0 and "options are valid" in result.output, result.output
 
 
