@@ -18,6 +18,7 @@ from a3r.providers import OfflineProvider, ProviderConfig, make_provider
 from a3r.study.analysis import Diagnosis, DiagnosisKind, RewardSummary
 from memory import RunStatus, Store
 from tests.a3r.fake_llm import FakeLLMServer
+from tests.a3r.planner_states import offline_context, preflight_state
 from tests.a3r.test_providers import PLAN, SECRET
 
 
@@ -62,43 +63,12 @@ def test_api_keys_never_reach_store_checkpoints_or_workspace(tmp_path: Path, sto
 
 
 def _research_state(store: Store, mean: float) -> dict[str, Any]:
-    plan = OfflineProvider().plan("find min stable batch size on AIME", mode="research")
-    study = store.create_study("find min stable batch size on AIME", kind="research")
     baseline = RewardSummary(tasks=8, episodes=16, mean_reward=mean, pass_at_1=mean, pass_at_2=mean)
-    pre = RunOutcome(
-        key="preflight",
-        run_id=1,
-        purpose="preflight",
-        status="finished",
-        reason="",
-        eval=baseline,
-        wall_s=40.0,
-        seconds_per_episode=0.5,
-    )
-    return {
-        "request": study.question,
-        "mode": "research",
-        "study_id": study.id,
-        "plan": plan,
-        "stage": "preflight",
-        "outcomes": [pre],
-        "queue": [],
-    }
-
-
-def _offline_context(tmp_path: Path, store: Store) -> RunContext:
-    """A thread context planning offline, with its ledger under ``tmp_path``."""
-    return RunContext(
-        store=store,
-        provider=OfflineProvider(),
-        ledger=Ledger(tmp_path / "l.db"),
-        thread_id="t",
-        root=tmp_path,
-    )
+    return preflight_state(store, "find min stable batch size on AIME", baseline)
 
 
 def test_research_stops_on_a_zero_baseline_unless_forced(tmp_path: Path, store: Store) -> None:
-    ctx = _offline_context(tmp_path, store)
+    ctx = offline_context(tmp_path, store)
     state = _research_state(store, 0.0)
     stop = planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
     assert stop.goto == "reporter"
@@ -187,7 +157,7 @@ def test_a_failed_smoke_run_ends_the_thread_with_its_evidence(tmp_path: Path, st
         "queue": [],
         "hypothesis_ids": [],
     }
-    ctx = _offline_context(tmp_path, store)
+    ctx = offline_context(tmp_path, store)
     command = analyst(state, Runtime(context=ctx))  # type: ignore[arg-type]
     assert command.goto == "planner" and command.update["queue"] == []  # type: ignore[index]
     assert "KeyError: 'question'" in command.update["conclusion"]  # type: ignore[index]
@@ -324,7 +294,7 @@ def test_train_reward_up_while_held_out_down_is_flagged(tmp_path: Path, store: S
         "queue": [],
         "hypothesis_ids": [],
     }
-    ctx = _offline_context(tmp_path, store)
+    ctx = offline_context(tmp_path, store)
     assert analyst(state, Runtime(context=ctx)).goto == "planner"  # type: ignore[arg-type]
     (finding,) = store.findings(study.id)
     assert (
@@ -375,7 +345,7 @@ def test_the_vibe_verdict_clears_the_noise(
         ],
         "hypothesis_ids": [],
     }
-    ctx = _offline_context(tmp_path, store)
+    ctx = offline_context(tmp_path, store)
     conclusion = _vibe_conclusion(state, ctx)  # type: ignore[arg-type]
     (finding,) = store.findings(study.id)
     assert finding.status.value == status and conclusion.startswith(f"hypothesis {status}")

@@ -14,14 +14,13 @@ from typing import Any
 import pytest
 from langgraph.runtime import Runtime
 
-from a3r.graph import RunContext, RunOutcome
-from a3r.graph.context import Ledger
 from a3r.graph.planner import planner
 from a3r.providers import OfflineProvider
 from a3r.study.analysis import EpisodeRecord, RewardSummary
 from a3r.study.sequential import SignalRule
 from a3r.swarmops.evaluate import main as evaluate
 from memory import Store
+from tests.a3r.planner_states import offline_context, preflight_state
 
 
 def _workflow(tmp_path: Path, body: str, tasks: int) -> tuple[Path, Path]:
@@ -107,51 +106,24 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 def _preflight_state(store: Store, rewards: list[float], *, with_check: bool) -> dict[str, Any]:
-    plan = OfflineProvider().plan("find min stable batch size on arithmetic", mode="research")
-    study = store.create_study("find min stable batch size on arithmetic", kind="research")
+    question = "find min stable batch size on arithmetic"
     mean = sum(rewards) / len(rewards)
     baseline = RewardSummary(
         tasks=15, episodes=len(rewards), mean_reward=mean, pass_at_1=mean, pass_at_2=mean, rewards=rewards
     )
     signal = None
     if with_check:
-        test = SignalRule().test(plan.training.group_size, 60)
+        test = SignalRule().test(OfflineProvider().plan(question, mode="research").training.group_size, 60)
         signal = test.check(sum(1 for r in rewards if r > 0), len(rewards))
-    pre = RunOutcome(
-        key="preflight",
-        run_id=1,
-        purpose="preflight",
-        status="finished",
-        reason="baseline held-out mean reward 0.000; 12 of 22 held-out attempts failed and count as incorrect "
-        "(12 ran past the 300 s episode time limit)",
-        eval=baseline,
-        wall_s=40.0,
-        seconds_per_episode=0.5,
-        signal=signal,
+    reason = (
+        "baseline held-out mean reward 0.000; 12 of 22 held-out attempts failed and count as incorrect "
+        "(12 ran past the 300 s episode time limit)"
     )
-    return {
-        "request": study.question,
-        "mode": "research",
-        "study_id": study.id,
-        "plan": plan,
-        "stage": "preflight",
-        "outcomes": [pre],
-        "queue": [],
-    }
-
-
-def _context(tmp_path: Path, store: Store) -> RunContext:
-    return RunContext(
-        store=store,
-        provider=OfflineProvider(),
-        ledger=Ledger(tmp_path / "l.db"),
-        thread_id="t",
-        root=tmp_path,
-    )
+    return preflight_state(store, question, baseline, reason=reason, signal=signal)
 
 
 def test_the_planner_concludes_with_the_bound(tmp_path: Path, store: Store) -> None:
-    ctx = _context(tmp_path, store)
+    ctx = offline_context(tmp_path, store)
     stop = planner(_preflight_state(store, [0.0] * 22, with_check=True), Runtime(context=ctx))  # type: ignore[arg-type]
     assert stop.goto == "reporter"
     text = stop.update["conclusion"]  # type: ignore[index]
@@ -162,7 +134,7 @@ def test_the_planner_concludes_with_the_bound(tmp_path: Path, store: Store) -> N
 
 
 def test_a_rare_success_is_too_little_signal_and_a_common_one_goes_on(tmp_path: Path, store: Store) -> None:
-    ctx = _context(tmp_path, store)
+    ctx = offline_context(tmp_path, store)
     rare = [1.0] + [0.0] * 59  # 1 of 60: the rate is below p_min, though not zero
     stop = planner(_preflight_state(store, rare, with_check=False), Runtime(context=ctx))  # type: ignore[arg-type]
     assert stop.goto == "reporter"
