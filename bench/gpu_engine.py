@@ -92,10 +92,24 @@ async def _story(sdk: AsyncOpenAI, episode: Any, tokens: int, seed: int | None =
     return reply.usage.completion_tokens if reply.usage else 0
 
 
-async def _episode(swarm: AsyncSwarmClient, sdk: AsyncOpenAI, task: str, seed: int, tokens: int) -> int:
+async def _episode(
+    swarm: AsyncSwarmClient,
+    sdk: AsyncOpenAI,
+    task: str,
+    seed: int,
+    tokens: int,
+    times: list[float] | None = None,
+) -> int:
+    """One episode (begin, one story call, finish); with ``times``, appends the three calls' wall
+    seconds (begin, chat, finish) as seen by the client."""
+    t0 = time.perf_counter()
     episode = await swarm.begin(task, kind="eval")
+    t1 = time.perf_counter()
     used = await _story(sdk, episode, tokens, seed)
+    t2 = time.perf_counter()
     await episode.finish(0.0)
+    if times is not None:
+        times.extend((t1 - t0, t2 - t1, time.perf_counter() - t2))
     return used
 
 
@@ -120,7 +134,7 @@ async def _client_rounds(
 
 async def _client_window(
     url: str, concurrency: int, tokens: int, first_seed: int, barrier: Any, warmup_s: float, window_s: float
-) -> int:
+) -> tuple[int, list[list[float]]]:
     """One client process's share in steady state: ``concurrency`` workers run episodes back to back;
     the completion tokens of the calls that finish inside the window (after ``warmup_s``) are counted."""
     sdk = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -130,21 +144,24 @@ async def _client_window(
         opens = time.time() + warmup_s
         closes = opens + window_s
         counted = 0
+        parts: list[list[float]] = []
 
         async def worker(i: int) -> None:
             nonlocal counted
             while time.time() < closes:
-                used = await _episode(swarm, sdk, f"t{i}", next(seeds), tokens)
+                times: list[float] = []
+                used = await _episode(swarm, sdk, f"t{i}", next(seeds), tokens, times)
                 if opens <= time.time() <= closes:
                     counted += used
+                    parts.append(times)
 
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
-        return counted
+        return counted, parts
 
 
 def _client_window_process(
     url: str, concurrency: int, tokens: int, first_seed: int, barrier: Any, warmup_s: float, window_s: float
-) -> int:
+) -> tuple[int, list[list[float]]]:
     return asyncio.run(_client_window(url, concurrency, tokens, first_seed, barrier, warmup_s, window_s))
 
 
@@ -185,8 +202,11 @@ class ClientProcesses:
         results = [job.result() for job in jobs]
         return sum(r[0] for r in results) / (max(r[2] for r in results) - min(r[1] for r in results))
 
-    def steady(self, url: str, concurrency: int, tokens: int, warmup_s: float, window_s: float) -> float:
-        """Completion tokens/s through the server in steady state (`_client_window`)."""
+    def steady(
+        self, url: str, concurrency: int, tokens: int, warmup_s: float, window_s: float
+    ) -> tuple[float, list[float]]:
+        """Completion tokens/s through the server in steady state (`_client_window`), and the median
+        wall seconds of an episode's begin, chat and finish calls as its clients saw them."""
         k = min(self.processes, concurrency)
         shares = [concurrency // k + (1 if i < concurrency % k else 0) for i in range(k)]
         barrier = self.manager.Barrier(k)
@@ -196,30 +216,37 @@ class ClientProcesses:
             )
             for i, share in enumerate(shares)
         ]
-        return sum(job.result() for job in jobs) / window_s
+        results = [job.result() for job in jobs]
+        parts = [times for _, share in results for times in share]
+        medians = [statistics.median(t[i] for t in parts) if parts else float("nan") for i in range(3)]
+        return sum(used for used, _ in results) / window_s, medians
 
 
 async def direct_steady(
     engine: Engine, prompt_ids: list[int], concurrency: int, tokens: int, warmup_s: float, window_s: float
-) -> float:
+) -> tuple[float, float]:
     """Completion tokens/s of ``engine.generate`` alone in steady state: ``concurrency`` workers call it
-    back to back on the same prompt; the tokens of calls that finish inside the window are counted."""
+    back to back on the same prompt; the tokens of calls that finish inside the window are counted.
+    Also returns the median wall seconds of one call."""
     opens = time.time() + warmup_s
     closes = opens + window_s
     counted = 0
+    walls: list[float] = []
     seeds = iter(range(10**7, 2 * 10**7))
 
     async def worker() -> None:
         nonlocal counted
         while time.time() < closes:
+            started = time.perf_counter()
             (completion,) = await engine.generate(
                 prompt_ids, SamplingParams(max_tokens=tokens, seed=next(seeds))
             )
             if opens <= time.time() <= closes:
                 counted += len(completion.ids)
+                walls.append(time.perf_counter() - started)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return counted / window_s
+    return counted / window_s, statistics.median(walls) if walls else float("nan")
 
 
 def rendered_prompt(url: str) -> list[int]:
@@ -300,6 +327,48 @@ def training_config(run_dir: Path, episodes: int, lr: float, device: str) -> Ser
     return ServerConfig(run_dir=run_dir, port=0, device=device, training=training)
 
 
+def measure_overhead(
+    clients: ClientProcesses,
+    engine: Engine,
+    url: str,
+    prompt: list[int],
+    top: int,
+    tokens: int,
+    window: float,
+    pairs: int,
+) -> dict[str, Any]:
+    """Server vs direct tokens/s at ``top`` concurrent, ``pairs`` steady-state windows each way, the
+    order alternating (direct first on even pairs); overhead = 1 - median server / median direct."""
+    http: list[float] = []
+    direct: list[float] = []
+    direct_call: list[float] = []
+    episode_parts: list[list[float]] = []
+    for r in range(pairs):
+        for side in ("direct", "http") if r % 2 == 0 else ("http", "direct"):
+            if side == "direct":
+                rate, call = asyncio.run(direct_steady(engine, prompt, top, tokens, 5.0, window))
+                direct.append(rate)
+                direct_call.append(call)
+            else:
+                rate, parts = clients.steady(url, top, tokens, 5.0, window)
+                http.append(rate)
+                episode_parts.append(parts)
+    mid_http, mid_direct = statistics.median(http), statistics.median(direct)
+    return {
+        # median wall ms of one direct call, and of an episode's begin / chat / finish through the server
+        "direct_call_ms": 1e3 * statistics.median(direct_call),
+        "episode_ms": [1e3 * statistics.median(p[i] for p in episode_parts) for i in range(3)],
+        "concurrency": top,
+        "server_tok_s": mid_http,
+        "direct_tok_s": mid_direct,
+        "overhead": (1 - mid_http / mid_direct) if mid_direct > 0 else float("nan"),
+        "pair_overheads": [1 - h / d if d > 0 else float("nan") for h, d in zip(http, direct, strict=True)],
+        "server_runs": http,
+        "direct_runs": direct,
+        "window_s": window,
+    }
+
+
 # -- main ----------------------------------------------------------------------------------------------
 def main(
     engines: Annotated[str, typer.Option(help="comma-separated: hf, vllm")] = "hf,vllm",
@@ -318,6 +387,14 @@ def main(
     window: Annotated[
         float, typer.Option(min=1.0, help="seconds of each steady-state overhead window (after 5 s warm-up)")
     ] = 20.0,
+    pairs: Annotated[int, typer.Option(min=1, help="overhead windows each way (interleaved)")] = 3,
+    overhead_at: Annotated[
+        str, typer.Option(help="comma-separated concurrencies of the overhead runs (default: the highest)")
+    ] = "",
+    switch_interval: Annotated[
+        float | None,
+        typer.Option(help="sys.setswitchinterval (s) of the server's process; default: Python's 0.005"),
+    ] = None,
     client_processes: Annotated[
         int, typer.Option(min=1, help="processes the concurrent clients are spread over")
     ] = 8,
@@ -331,10 +408,17 @@ def main(
 ) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise typer.BadParameter("no CUDA GPU here (--device cpu runs a quick smoke run of the hf engine)")
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
     source = resolve_model(None)
     levels = [int(c) for c in concurrency.split(",")]
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else device
-    results: dict[str, Any] = {"gpu": gpu, "tokens": tokens, "client_processes": client_processes}
+    results: dict[str, Any] = {
+        "gpu": gpu,
+        "tokens": tokens,
+        "client_processes": client_processes,
+        "switch_interval_s": sys.getswitchinterval(),
+    }
     results["throughput"] = {}
     clients = ClientProcesses(client_processes)
     try:
@@ -351,30 +435,14 @@ def main(
                         results["throughput"][kind] = rows
                         if kind == train_engine:
                             prompt = rendered_prompt(url)
-                            top = max(levels)
-                            http, direct = [], []
-                            for r in range(3):
-                                for side in ("direct", "http") if r % 2 == 0 else ("http", "direct"):
-                                    if side == "direct":
-                                        direct.append(
-                                            asyncio.run(
-                                                direct_steady(engine, prompt, top, tokens, 5.0, window)
-                                            )
-                                        )
-                                    else:
-                                        http.append(clients.steady(url, top, tokens, 5.0, window))
-                            results["overhead"] = {
-                                "concurrency": top,
-                                "server_tok_s": statistics.median(http),
-                                "direct_tok_s": statistics.median(direct),
-                                "overhead": (1 - statistics.median(http) / statistics.median(direct))
-                                if statistics.median(direct) > 0
-                                else float("nan"),
-                                "server_runs": http,
-                                "direct_runs": direct,
-                                "window_s": window,
-                            }
-                            console.print(results["overhead"])
+                            at = [int(c) for c in overhead_at.split(",")] if overhead_at else [max(levels)]
+                            for top in at:
+                                row = measure_overhead(
+                                    clients, engine, url, prompt, top, tokens, window, pairs
+                                )
+                                results.setdefault("overheads", []).append(row)
+                                console.print(row)
+                            results["overhead"] = results["overheads"][-1]
                 if kind == train_engine and train:
                     results["cycle"], results["drift"] = train_runs(
                         engine, cycle_episodes, drift_steps, drift_episodes, lr, tokens, device
@@ -450,10 +518,13 @@ def report(results: dict[str, Any]) -> None:
         for c in through["vllm"]:
             if c in through["hf"]:
                 table.add_row(f"vllm / hf at {c} concurrent", f"{through['vllm'][c] / through['hf'][c]:.1f}×")
-    if "overhead" in results:
-        o = results["overhead"]
+    for o in results.get("overheads", []):
+        pairs = " ".join(f"{100 * p:+.1f}" for p in o["pair_overheads"])
+        begin, chat, finish = o["episode_ms"]
         table.add_row(
-            f"server overhead vs engine.generate at {o['concurrency']}, steady state",
+            f"server overhead vs engine.generate at {o['concurrency']}, steady state (pairs: {pairs} %; "
+            f"median ms: direct call {o['direct_call_ms']:.0f}, episode begin {begin:.0f} · chat {chat:.0f}"
+            f" · finish {finish:.0f})",
             f"{100 * o['overhead']:+.1f} %",
         )
     if "cycle" in results:
