@@ -391,10 +391,13 @@ def main(
     overhead_at: Annotated[
         str, typer.Option(help="comma-separated concurrencies of the overhead runs (default: the highest)")
     ] = "",
-    switch_interval: Annotated[
-        float | None,
-        typer.Option(help="sys.setswitchinterval (s) of the server's process; default: Python's 0.005"),
-    ] = None,
+    switch_intervals: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated sys.setswitchinterval values (s) of the server's process to measure the "
+            "overhead under (default: Python's 0.005 only)"
+        ),
+    ] = "",
     client_processes: Annotated[
         int, typer.Option(min=1, help="processes the concurrent clients are spread over")
     ] = 8,
@@ -408,8 +411,9 @@ def main(
 ) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise typer.BadParameter("no CUDA GPU here (--device cpu runs a quick smoke run of the hf engine)")
-    if switch_interval is not None:
-        sys.setswitchinterval(switch_interval)
+    intervals = (
+        [float(v) for v in switch_intervals.split(",")] if switch_intervals else [sys.getswitchinterval()]
+    )
     source = resolve_model(None)
     levels = [int(c) for c in concurrency.split(",")]
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else device
@@ -417,7 +421,6 @@ def main(
         "gpu": gpu,
         "tokens": tokens,
         "client_processes": client_processes,
-        "switch_interval_s": sys.getswitchinterval(),
     }
     results["throughput"] = {}
     clients = ClientProcesses(client_processes)
@@ -436,12 +439,17 @@ def main(
                         if kind == train_engine:
                             prompt = rendered_prompt(url)
                             at = [int(c) for c in overhead_at.split(",")] if overhead_at else [max(levels)]
+                            default_interval = sys.getswitchinterval()
                             for top in at:
-                                row = measure_overhead(
-                                    clients, engine, url, prompt, top, tokens, window, pairs
-                                )
-                                results.setdefault("overheads", []).append(row)
-                                console.print(row)
+                                for interval in intervals:
+                                    sys.setswitchinterval(interval)
+                                    row = measure_overhead(
+                                        clients, engine, url, prompt, top, tokens, window, pairs
+                                    )
+                                    row["switch_interval_s"] = interval
+                                    results.setdefault("overheads", []).append(row)
+                                    console.print(row)
+                            sys.setswitchinterval(default_interval)
                             results["overhead"] = results["overheads"][-1]
                 if kind == train_engine and train:
                     results["cycle"], results["drift"] = train_runs(
@@ -522,7 +530,8 @@ def report(results: dict[str, Any]) -> None:
         pairs = " ".join(f"{100 * p:+.1f}" for p in o["pair_overheads"])
         begin, chat, finish = o["episode_ms"]
         table.add_row(
-            f"server overhead vs engine.generate at {o['concurrency']}, steady state (pairs: {pairs} %; "
+            f"server overhead vs engine.generate at {o['concurrency']}, switch interval "
+            f"{1e3 * o['switch_interval_s']:g} ms, steady state (pairs: {pairs} %; "
             f"median ms: direct call {o['direct_call_ms']:.0f}, episode begin {begin:.0f} · chat {chat:.0f}"
             f" · finish {finish:.0f})",
             f"{100 * o['overhead']:+.1f} %",
