@@ -58,7 +58,9 @@ def step_rows(servers: dict[str, Any], step: int) -> list[tuple[str, ...]]:
     rows = []
     for team, (server, _, _) in servers.items():
         runtime = server.config.app.state.runtime
-        episodes = [e for e in runtime.pool.recent(100_000) if e.client_id == "bench" and e.trained_step == step]
+        episodes = [
+            e for e in runtime.pool.recent(100_000) if e.client_id == "bench" and e.trained_step == step
+        ]
         for m in (m for m in runtime.training.history if m.step == step):
             won = [e.metrics.get("werewolves_won", 0.0) for e in episodes]
             invalid = [e.metrics.get("invalid_actions", 0.0) for e in episodes]
@@ -163,6 +165,7 @@ def main() -> None:
     console.print(
         f"{args.steps} steps, {args.steps * args.group} games, {wall:.0f} s wall (2 servers, 1 process)"
     )
+
 
 if __name__ == "__main__":
     main()
