@@ -1,6 +1,6 @@
 """Can the embedded model play werewolves by the rules? Invalid actions per game, training off.
 
-    python bench/werewolves_compliance.py [--games 4] [--seed 0] [--log replies.jsonl]
+    python bench/werewolves_compliance.py [--games 4] [--seed 0] [--log replies.jsonl] [--temperature T]
 
 One in-process swarm server (training off) with the embedded SmolLM2-135M-Instruct plays the default
 werewolves game (``templates/werewolves``: 5 players, 2 days, the template's token limits and
@@ -52,7 +52,9 @@ def reading(setup: GameSetup, seat: int, phase: Phase, prompt: str, reply: str) 
     return parse_target(reply, _candidates(prompt), setup.seats).status.value
 
 
-async def one_game(url: str, index: int, seed: int, log: list[dict[str, Any]]) -> dict[str, Any]:
+async def one_game(
+    url: str, index: int, seed: int, log: list[dict[str, Any]], out: Path | None
+) -> dict[str, Any]:
     task = data.make_task(index)
     setup = GameSetup.from_task(task)
     calls: Counter[int] = Counter()
@@ -79,17 +81,19 @@ async def one_game(url: str, index: int, seed: int, log: list[dict[str, Any]]) -
                 reply = response.choices[0].message.content or ""
                 if phase is not Phase.SPEAK:
                     prompt = messages[-1]["content"].rsplit("\n\n", 1)[-1]
-                    log.append(
-                        {
-                            "game": index,
-                            "seat": seat,
-                            "agent": agent,
-                            "phase": phase.value,
-                            "prompt": prompt,
-                            "reply": reply,
-                            "reading": reading(setup, seat, phase, prompt, reply),
-                        }
-                    )
+                    row = {
+                        "game": index,
+                        "seat": seat,
+                        "agent": agent,
+                        "phase": phase.value,
+                        "prompt": prompt,
+                        "reply": reply,
+                        "reading": reading(setup, seat, phase, prompt, reply),
+                    }
+                    log.append(row)
+                    if out is not None:  # as it happens: a run stopped early keeps its replies
+                        with out.open("a", encoding="utf-8") as f:
+                            f.write(json.dumps(row) + "\n")
                 return reply
 
             return act
@@ -98,7 +102,7 @@ async def one_game(url: str, index: int, seed: int, log: list[dict[str, Any]]) -
         record = await play(setup, {seat: player(seat) for seat in setup.seats})
         wall = time.perf_counter() - started
         await ep.finish(0.0)
-    return {
+    summary = {
         "game": index,
         "actions": sum(s.actions for s in record.stats.values()),
         "invalid": sum(s.invalid_actions for s in record.stats.values()),
@@ -108,10 +112,14 @@ async def one_game(url: str, index: int, seed: int, log: list[dict[str, Any]]) -
         "calls": sum(calls.values()),
         "wall_s": wall,
     }
+    Console().print(f"game {index}: {summary}")
+    return summary
 
 
-async def run_all(url: str, games: int, seed: int, log: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return list(await asyncio.gather(*(one_game(url, i, seed, log) for i in range(games))))
+async def run_all(
+    url: str, games: int, seed: int, log: list[dict[str, Any]], out: Path | None
+) -> list[dict[str, Any]]:
+    return list(await asyncio.gather(*(one_game(url, i, seed, log, out) for i in range(games))))
 
 
 def main() -> None:
@@ -119,22 +127,29 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log", type=Path, default=None)
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="sampling temperature (default: the template's)"
+    )
     args = parser.parse_args()
+    if args.temperature is not None:
+        PARAMS["temperature"] = args.temperature
     server, thread, url = start(ServerConfig(port=0, training=TrainingConfig(enabled=False)))
     log: list[dict[str, Any]] = []
+    if args.log:
+        args.log.write_text("")
     started = time.perf_counter()
     try:
-        games = asyncio.run(run_all(url, args.games, args.seed, log))
+        games = asyncio.run(run_all(url, args.games, args.seed, log, args.log))
     finally:
         server.should_exit = True
         thread.join()
     wall = time.perf_counter() - started
-    if args.log:
-        args.log.write_text("".join(json.dumps(row) + "\n" for row in log))
     kinds = Counter(
         (row["agent"].rsplit("_", 1)[0], row["phase"]) for row in log if row["reading"] != "valid"
     )
-    table = Table(title=f"werewolves, embedded SmolLM2-135M, training off, seed {args.seed}")
+    table = Table(
+        title=f"werewolves, embedded SmolLM2-135M, training off, T={PARAMS['temperature']}, seed {args.seed}"
+    )
     for col in ("game", "calls", "actions", "invalid", "reveals", "winner", "days", "game s"):
         table.add_column(col, justify="right")
     for g in games:
