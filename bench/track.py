@@ -155,6 +155,7 @@ class Benchmark:
         min_relative: Smallest relative change of ``metric`` that can count as a regression.
         curve: Per-step metric drawn on the dashboard.
         measure: ``(settings, seed) -> Measurement``.
+        step: What one step of ``curve`` is (the dashboard's x axis).
     """
 
     name: str
@@ -164,6 +165,7 @@ class Benchmark:
     min_relative: float
     curve: str
     measure: Callable[[SuiteSettings, int], Measurement]
+    step: str = "step"
 
 
 # -- the benchmarks --------------------------------------------------------------------------------------
@@ -426,24 +428,24 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark(
         "merge",
         "bench/merge.py's 12-call episodes: tokens through the trainer, unmerged / merged",
-        "tokens_ratio", True, 0.01, "tokens_ratio", measure_merge,
+        "tokens_ratio", True, 0.01, "tokens_ratio", measure_merge, "episode",
     ),
     Benchmark(
         "throughput",
         "generated tokens/s of concurrent episodes through a real in-process server (hf engine)",
-        "tokens_per_s", True, 0.15, "tokens_per_s", measure_throughput,
+        "tokens_per_s", True, 0.15, "tokens_per_s", measure_throughput, "concurrency level",
     ),
     Benchmark(
         "update",
         "one GRPO update of TorchTrainer, SmolLM2-135M shape, fp32, 1 thread (bench/train_step.py); "
         "judged on process CPU seconds per step, steadier than wall time on a shared machine",
-        "cpu_s", False, 0.15, "cpu_s", measure_update,
+        "cpu_s", False, 0.15, "cpu_s", measure_update, "timed repeat",
     ),
     Benchmark(
         "spy",
         "who-is-the-spy games (templates/who_is_the_spy, 3 players, 1 round, greedy) played by the "
         "embedded model through a real in-process server; the reward and its parts",
-        "reward_mean", True, 0.10, "reward", measure_spy,
+        "reward_mean", True, 0.10, "reward", measure_spy, "game",
     ),
 )  # fmt: skip
 BY_NAME = {b.name: b for b in SUITE}

@@ -80,9 +80,10 @@ def _plot(bench: Any, runs: list[TrackRun], history: History, metric_history: di
             )  # fmt: skip
             line.set_gid(f"curve-{bench.name}-{_short(commit)}")
         left.xaxis.set_major_locator(MaxNLocator(integer=True))
-        left.set_xlabel("step" + (" (commits offset sideways)" if len(order) > 1 else ""))
+        step = getattr(bench, "step", "step")
+        left.set_xlabel(step + (" (commits offset sideways)" if len(order) > 1 else ""))
         left.set_ylabel(bench.curve)
-        left.set_title(f"{bench.name}: {bench.curve} per step (mean over seeds)")
+        left.set_title(f"{bench.name}: {bench.curve} per {step} (mean over seeds)")
         if order:
             left.legend(fontsize=7, loc="best", title=f"commit · {bench.metric} (median)", title_fontsize=7)
         for index, commit in enumerate(order):
@@ -180,7 +181,8 @@ def render_dashboard(
 
     Args:
         history: Finished tracked runs.
-        suite: The benchmarks (``name``, ``description``, ``metric``, ``curve``, ``higher_is_better``).
+        suite: The benchmarks (``name``, ``description``, ``metric``, ``curve``, ``higher_is_better``;
+            optionally ``step``, what one step of the curve is).
         verdicts: The regression rule's results to show.
         metric_history: Per run id, the per-step values of its benchmark's curve metric.
     """
