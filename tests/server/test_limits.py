@@ -114,6 +114,33 @@ def test_requests_per_second_per_token(limited: LiveServer) -> None:
         reset(url)
 
 
+def test_count_tokens_takes_the_same_rate_and_caps_as_messages(limited: LiveServer) -> None:
+    """Counting renders the whole conversation, so it spends the token's request rate and obeys the
+    message cap like a Messages call (Anthropic's shape: a cap is 400, the rate 429)."""
+    url = limited.url
+    ep = begin(url).json()
+    count_url = f"{url}/v1/messages/count_tokens"
+    body = {"model": ep["model"], "messages": QUESTION}
+    patch(url, max_messages=1, requests_per_s_per_token=1)
+    try:
+        over_cap = httpx.post(
+            count_url, json={**body, "messages": QUESTION * 2}, headers={"x-api-key": ep["api_key"]}
+        )
+        assert over_cap.status_code == 400 and over_cap.json()["type"] == "error", over_cap.text
+        assert (
+            "max" in over_cap.json()["error"]["message"] or "messages" in over_cap.json()["error"]["message"]
+        )
+        answers = [httpx.post(count_url, json=body, headers={"x-api-key": ep["api_key"]}) for _ in range(3)]
+        statuses = [a.status_code for a in answers]
+        assert 429 in statuses, statuses
+        refused = next(a for a in answers if a.status_code == 429)
+        assert refused.json()["type"] == "error" and int(refused.headers["retry-after"]) >= 1
+    finally:
+        reset(url)
+    counted = httpx.post(count_url, json=body, headers={"x-api-key": ep["api_key"]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0, counted.text
+
+
 def test_body_size_is_413(limited: LiveServer) -> None:
     url = limited.url
     patch(url, max_body_bytes=1024)
