@@ -9,6 +9,7 @@ strict: unknown fields are rejected with 422 so typos never pass silently.
 from __future__ import annotations
 
 import math
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -80,6 +81,9 @@ def check_unicode(value: Any, where: str = "body") -> None:
             check_unicode(item, f"{where}.{i}")
 
 
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
 class ChatCompletionRequest(BaseModel):
     """``POST /v1/chat/completions`` body (OpenAI format; unknown fields ignored)."""
 
@@ -141,6 +145,44 @@ class ChatCompletionRequest(BaseModel):
                 "prompt and parse the text (or use tools)"
             )
         return v
+
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        """Each tool is ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``
+        with a name as OpenAI allows it (``^[a-zA-Z0-9_-]{1,64}$``): a nameless tool could never be
+        called, and the chat template would render it as an empty entry."""
+        for i, tool in enumerate(v or ()):
+            function = tool.get("function")
+            if tool.get("type", "function") != "function" or not isinstance(function, dict):
+                raise ValueError(
+                    f"tools[{i}]: only function tools are supported: {{'type': 'function', 'function': {{...}}}}"
+                )
+            name = function.get("name")
+            if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+                raise ValueError(
+                    f"tools[{i}].function.name: {name!r} is not a tool name (1-64 letters, digits, '_' or '-')"
+                )
+            if "parameters" in function and not isinstance(function["parameters"], dict):
+                raise ValueError(f"tools[{i}].function.parameters: must be a JSON Schema object")
+        return v
+
+    @field_validator("messages")
+    @classmethod
+    def _tool_messages_answer_calls(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """A ``tool`` message answers a call an earlier assistant message of the request made (matched
+        by ``tool_call_id``), as in OpenAI's API; an orphan result would be rendered as an answer to
+        nothing and trained on as such."""
+        called: set[str] = set()
+        for i, message in enumerate(messages):
+            if message.role == "assistant":
+                called.update(call.id for call in message.tool_calls or ())
+            elif message.role == "tool" and message.tool_call_id not in called:
+                raise ValueError(
+                    f"messages[{i}]: a tool message must answer a tool call of an earlier assistant message "
+                    f"(its tool_call_id {message.tool_call_id!r} matches none)"
+                )
+        return messages
 
     @field_validator("tool_choice")
     @classmethod
