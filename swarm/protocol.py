@@ -613,7 +613,7 @@ class ConfigView(BaseModel):
 
     training: dict[str, Any]
     """:class:`swarm.config.TrainingConfig` as JSON, with the trainer changes staged for the next step
-    (empty in the answer to a limits-only patch of a server in inference mode)."""
+    (empty on a server in inference mode)."""
     sampling: SamplingDefaults
     limits: Limits = Field(default_factory=Limits)
     """What one client may take (:class:`Limits`)."""

@@ -147,10 +147,10 @@ def _config_view(runtime: RuntimeDep) -> ConfigView:
     return ConfigView.model_validate({**runtime.training.effective_config(), "limits": runtime.limits})
 
 
-@router.get("/config", responses=_NO_TRAINING)
+@router.get("/config")
 def get_config(runtime: RuntimeDep) -> ConfigView:
-    """The configuration the next step will use, and the limits in force."""
-    _training(runtime)
+    """The configuration the next step will use, and the limits in force (on a server in inference
+    mode: the sampling defaults and the limits, which stay patchable, with an empty ``training``)."""
     return _config_view(runtime)
 
 

@@ -247,5 +247,7 @@ def test_an_inference_server_takes_limit_patches_only(server: LiveServer) -> Non
         answer.json()["config"]["limits"]["max_messages"] == 100 and answer.json()["config"]["training"] == {}
     )
     assert httpx.patch(f"{server.url}/api/v1/config", json={"lr": 1e-5}).status_code == 409
-    assert httpx.get(f"{server.url}/api/v1/config").status_code == 409
+    shown = httpx.get(f"{server.url}/api/v1/config")  # what was patched can be read back
+    assert shown.status_code == 200 and shown.json()["limits"]["max_messages"] == 100, shown.text
+    assert shown.json()["training"] == {} and shown.json()["sampling"]["temperature"] == 1.0
     httpx.patch(f"{server.url}/api/v1/config", json={"limits": {"max_messages": Limits().max_messages}})
