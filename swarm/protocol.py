@@ -31,6 +31,11 @@ from swarm.tracking.messages import TextPart as TextPart
 from swarm.tracking.messages import ToolCall as ToolCall
 from swarm.tracking.records import CallRecord, Sample
 
+MIN_TOKEN_CHARS = 16
+"""The shortest admin or client token a server takes, wherever it comes from (``swarm serve`` options,
+a tokens file, the environment, or added live): 16 characters (≥ 96 bits as ``secrets.token_urlsafe``
+writes them)."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -580,8 +585,8 @@ class ClientTokenCreate(_Strict):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """A label for the token (the pool and the events name episodes' owners by it; never the token)."""
-    token: str | None = Field(default=None, min_length=16, max_length=512)
-    """The secret itself (at least 16 characters); ``None`` lets the server mint a random one."""
+    token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, max_length=512)
+    """The secret itself (at least `MIN_TOKEN_CHARS`); ``None`` lets the server mint a random one."""
 
 
 class ClientTokenCreated(BaseModel):
