@@ -3,8 +3,11 @@ chat caps (422), event followers (503), all changed live through ``PATCH /api/v1
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -215,6 +218,35 @@ def test_event_followers_are_bounded(limited: LiveServer) -> None:
             assert second.status_code == 503 and second.headers["retry-after"] == "5"
             unfollowed = httpx.get(f"{url}/api/v1/events?follow=false", headers=bearer(ADMIN))
             assert unfollowed.status_code == 200  # reading the buffer is not following
+    finally:
+        reset(url)
+
+
+def test_simultaneous_followers_cannot_pass_the_bound_together(limited: LiveServer) -> None:
+    """Followers that connect at the same moment are counted as they connect, not when their streams
+    start: of five simultaneous connects, exactly the cap get a stream."""
+    url = limited.url
+    patch(url, max_event_subscribers=2)
+
+    async def follow_all() -> list[int]:
+        async with httpx.AsyncClient(timeout=10) as http, contextlib.AsyncExitStack() as stack:
+
+            async def connect() -> int:
+                response = await stack.enter_async_context(
+                    http.stream("GET", f"{url}/api/v1/events", headers=bearer(ADMIN))
+                )
+                return response.status_code
+
+            return list(await asyncio.gather(*(connect() for _ in range(5))))
+
+    try:
+        statuses = asyncio.run(follow_all())
+        assert sorted(statuses) == [200, 200, 503, 503, 503], statuses
+        deadline = time.monotonic() + 10  # the closed streams give their slots back
+        while (statuses := asyncio.run(follow_all())).count(200) < 2:
+            assert time.monotonic() < deadline, statuses
+            time.sleep(0.2)
+        assert sorted(statuses) == [200, 200, 503, 503, 503], statuses
     finally:
         reset(url)
 
