@@ -374,6 +374,9 @@ def main(
     engines: Annotated[str, typer.Option(help="comma-separated: hf, vllm")] = "hf,vllm",
     concurrency: Annotated[str, typer.Option(help="comma-separated episode concurrencies")] = "1,16,64,256",
     rounds: Annotated[int, typer.Option(min=1)] = 2,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="throughput measurements per level (the table shows their median)")
+    ] = 1,
     tokens: Annotated[int, typer.Option(min=1, help="max_tokens per call")] = 128,
     cycle_episodes: Annotated[int, typer.Option(min=4)] = 64,
     drift_steps: Annotated[int, typer.Option(min=0)] = 5,
@@ -422,7 +425,8 @@ def main(
         "tokens": tokens,
         "client_processes": client_processes,
     }
-    results["throughput"] = {}
+    results["throughput"] = {}  # engine -> concurrency -> median tok/s over the repeats
+    results["throughput_runs"] = {}  # engine -> concurrency -> tok/s of each repeat
     clients = ClientProcesses(client_processes)
     try:
         for kind in engines.split(","):
@@ -433,8 +437,11 @@ def main(
                     with serve(engine, config.run_dir, config) as url:
                         rows = {}
                         for c in levels:
-                            rows[c] = clients.throughput(url, c, rounds, tokens)
-                            console.print(f"{kind} through the server, {c} concurrent: {rows[c]:,.0f} tok/s")
+                            runs = [clients.throughput(url, c, rounds, tokens) for _ in range(repeats)]
+                            rows[c] = statistics.median(runs)
+                            results["throughput_runs"].setdefault(kind, {})[c] = runs
+                            shown = ", ".join(f"{r:,.0f}" for r in runs)
+                            console.print(f"{kind} through the server, {c} concurrent: {shown} tok/s")
                         results["throughput"][kind] = rows
                         if kind == train_engine:
                             prompt = rendered_prompt(url)
@@ -518,14 +525,24 @@ def report(results: dict[str, Any]) -> None:
     table = Table(title=f"GPU engines on {results['gpu']} (max_tokens {results['tokens']})")
     table.add_column("measurement")
     table.add_column("value", justify="right")
-    through = results["throughput"]
+    through, runs = results["throughput"], results["throughput_runs"]
     for kind, rows in through.items():
         for c, tok_s in rows.items():
-            table.add_row(f"{kind} through the server, {c} concurrent (tok/s)", f"{tok_s:,.0f}")
+            each = runs[kind][c]
+            label = f"{kind} through the server, {c} concurrent (tok/s" + (
+                f", median of {len(each)}: {min(each):,.0f}–{max(each):,.0f})" if len(each) > 1 else ")"
+            )
+            table.add_row(label, f"{tok_s:,.0f}")
     if "hf" in through and "vllm" in through:
         for c in through["vllm"]:
             if c in through["hf"]:
-                table.add_row(f"vllm / hf at {c} concurrent", f"{through['vllm'][c] / through['hf'][c]:.1f}×")
+                low = min(runs["vllm"][c]) / max(runs["hf"][c])
+                high = max(runs["vllm"][c]) / min(runs["hf"][c])
+                spread = f" (runs allow {low:.1f}–{high:.1f}×)" if low != high else ""
+                table.add_row(
+                    f"vllm / hf at {c} concurrent, medians{spread}",
+                    f"{through['vllm'][c] / through['hf'][c]:.1f}×",
+                )
     for o in results.get("overheads", []):
         pairs = " ".join(f"{100 * p:+.1f}" for p in o["pair_overheads"])
         begin, chat, finish = o["episode_ms"]

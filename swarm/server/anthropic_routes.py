@@ -22,7 +22,7 @@ from swarm.engine.base import SampledToken, TokenCallback
 from swarm.errors import SwarmError
 from swarm.server import anthropic_format as fmt
 from swarm.server.auth import EpisodeDep
-from swarm.server.chat import ChatResult, agent_for
+from swarm.server.chat import ChatResult
 from swarm.server.deps import RuntimeDep
 from swarm.server.openai_format import ChoiceText
 from swarm.server.streaming import encode_events, live_call
@@ -129,8 +129,5 @@ async def count_tokens(
     body: fmt.CountTokensRequest, runtime: RuntimeDep, episode: MessagesEpisodeDep
 ) -> fmt.TokenCount:
     """The prompt length a Messages request would have in this episode (rendered and spliced exactly as
-    `create_message` would; nothing is sampled or recorded)."""
-    request = fmt.to_chat_request(body)
-    agent = agent_for(request, runtime.model_name)
-    rendered = runtime.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
-    return fmt.TokenCount(input_tokens=len(rendered.prompt_ids))
+    `create_message` would, under the same caps and request rate; nothing is sampled or recorded)."""
+    return fmt.TokenCount(input_tokens=runtime.count_prompt_tokens(episode, fmt.to_chat_request(body)))

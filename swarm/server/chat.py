@@ -14,7 +14,7 @@ from typing import Any
 
 from swarm.config import SamplingDefaults
 from swarm.engine.base import Completion, SamplingParams
-from swarm.errors import RequestError
+from swarm.errors import RequestError, quoted
 from swarm.protocol import ChatCompletionRequest
 from swarm.tracking.records import CallRecord, FinishReason
 from swarm.tracking.render import RenderedPrompt
@@ -64,7 +64,7 @@ def agent_for(request: ChatCompletionRequest, model_name: str) -> str:
     if model.startswith(prefix) and len(model) > len(prefix):
         return model[len(prefix) :]
     raise RequestError(
-        f"model {model!r} is not served here; use {model_name!r} (or '{prefix}<agent>')",
+        f"model {quoted(model)} is not served here; use {model_name!r} (or '{prefix}<agent>')",
         status_code=404,
         param="model",
     )
