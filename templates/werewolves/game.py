@@ -301,8 +301,9 @@ WITCH_PROMPT = "Night {day}. {victim_line} Potions left: {potions}. Answer with 
 SPEAK_PROMPT = "Day {day}. Your turn: say one or two short sentences to the others."
 VOTE_PROMPT = "Day {day} vote: who should be eliminated? Answer with one number from: {candidates}."
 SHOOT_PROMPT = "You die. As the hunter, choose a player to shoot. Answer with one number from: {candidates}."
-"""Action prompts list every valid choice and ask for the bare answer: the embedded 135M model's
-replies were mostly prose with "Reply with the player number only" alone (bench/werewolves_compliance.py)."""
+"""Action prompts list every valid answer and ask for it alone. On the embedded 135M model at
+temperature 1 this did not lower the invalid actions measurably (most replies stay prose either way:
+bench/README.md, ``werewolves_compliance.py``); it states the rule a stronger model can follow."""
 
 
 def witch_options(*, can_save: bool, can_poison: bool, others: Sequence[int]) -> str:
