@@ -427,10 +427,12 @@ class SwarmRuntime:
         episode.last_seen = prepared.arrived
         ended = EpisodeStateError(episode.id, f"episode {episode.id} ended while this call was running")
         queued = time.time()
+        handed = time.perf_counter()
         generation = asyncio.ensure_future(self.engine.generate(prompt_ids, prepared.params, on_token))
         episode.sampling.add(generation)
         try:
             completions = await generation
+            engine_s = time.perf_counter() - handed
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if episode.id not in self.episodes and not (current is not None and current.cancelling()):
@@ -462,6 +464,8 @@ class SwarmRuntime:
             agent=prepared.agent,
             policy_version=self.step,
             created_at=time.time(),
+            arrived=prepared.arrived,
+            engine_s=engine_s,
         )
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
