@@ -52,10 +52,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -69,6 +69,7 @@ from track_history import (
     export_history,
     import_history,
     load_history,
+    read_history,
     record_run,
     verdict_cells,
 )
@@ -76,45 +77,52 @@ from track_history import (
 console = Console(width=None if sys.stdout.isatty() else 140)
 
 
+Count = Annotated[int, Field(ge=1)]
+"""A size that must be at least 1 (steps, episodes, tokens, threads, …)."""
+
+
 class SuiteSettings(BaseModel):
-    """Sizes of the suite's benchmarks (``--set NAME=VALUE`` overrides one)."""
+    """Sizes of the suite's benchmarks (``--set NAME=VALUE`` overrides one).
+
+    Each field's type carries its range (``Count``: ≥ 1), so an impossible value is refused when the
+    settings are built, before anything runs or any store is opened."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    threads: int = 2
+    threads: Count = 2
     """torch intra-op threads of the process (sampling and the learning server's updates)."""
-    learning_steps: int = 3
-    learning_tasks: int = 2
+    learning_steps: Count = 3
+    learning_tasks: Count = 2
     """Tasks (GRPO groups) per step."""
-    learning_group: int = 4
-    """Episodes per task."""
-    learning_lora_rank: int = 16
+    learning_group: Annotated[int, Field(ge=2)] = 4
+    """Episodes per task (≥ 2: a group-relative advantage needs a group)."""
+    learning_lora_rank: Annotated[int, Field(ge=0)] = 16
     """0: full fine-tuning in float32."""
-    learning_lr: float = 2e-4
-    learning_mixed_precision: str = "auto"
-    merge_episodes: int = 2
-    merge_calls: int = 12
-    throughput_concurrency: tuple[int, ...] = (1, 4)
-    throughput_rounds: int = 1
-    throughput_tokens: int = 8
-    update_threads: int = 1
+    learning_lr: Annotated[float, Field(gt=0, le=1)] = 2e-4
+    learning_mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    merge_episodes: Count = 2
+    merge_calls: Count = 12
+    throughput_concurrency: Annotated[tuple[Count, ...], Field(min_length=1)] = (1, 4)
+    throughput_rounds: Count = 1
+    throughput_tokens: Count = 8
+    update_threads: Count = 1
     """torch threads of the update benchmark: one, so its CPU seconds ≈ the time on one idle core."""
-    update_seqs: int = 2
-    update_prompt: int = 32
-    update_completion: int = 64
-    update_repeats: int = 2
+    update_seqs: Count = 2
+    update_prompt: Count = 32
+    update_completion: Count = 64
+    update_repeats: Count = 2
     update_small: bool = False
     """A 2-layer toy model instead of the SmolLM2-135M shape (tests)."""
     update_lora: bool = False
-    spy_games: int = 4
+    spy_games: Count = 4
     """Who-is-the-spy games (episodes) per seed, played concurrently."""
-    spy_players: int = 3
+    spy_players: Annotated[int, Field(ge=3)] = 3
     """Players per game (3, the template's fewest: 1 spy, 2 civilians)."""
-    spy_rounds: int = 1
+    spy_rounds: Count = 1
     """Rounds before a surviving spy wins (1, the template's fewest)."""
-    spy_describe_tokens: int = 16
-    spy_vote_tokens: int = 8
-    spy_temperature: float = 0.0
+    spy_describe_tokens: Count = 16
+    spy_vote_tokens: Count = 8
+    spy_temperature: Annotated[float, Field(ge=0, le=2)] = 0.0
     """0: greedy, so a seed's games are the same from one run to the next (sampling has no seed here)."""
 
 
@@ -635,6 +643,59 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _arguments(
+    only: list[str] | None, set_: list[str] | None, seeds: str | None, *, quick: bool, report_only: bool
+) -> tuple[list[str], SuiteSettings, list[int]]:
+    """The benchmarks' names, the settings and the seeds of the command line, checked.
+
+    Raises:
+        typer.BadParameter: An unknown benchmark, a bad setting or seed list, or ``--set`` / ``--seeds``
+            with ``--report-only`` (which runs nothing, so they would silently do nothing).
+    """
+    names = only or list(BY_NAME)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown benchmark {unknown[0]!r}; known: {', '.join(BY_NAME)}", param_hint="--only"
+        )
+    if report_only and (set_ or seeds is not None):
+        given = " and ".join(o for o, v in (("--set", set_), ("--seeds", seeds)) if v)
+        raise typer.BadParameter(
+            "--report-only runs no benchmark, so it would change nothing", param_hint=given
+        )
+    settings = settings_from(QUICK if quick else FULL, set_ or [])
+    return names, settings, _seeds(seeds or ("0" if quick else "0,1,2"))
+
+
+def _check_paths(store: str | None, export: Path | None, *, must_exist: bool) -> None:
+    """Refuse, in one line and before anything is created or run, a store or export path that cannot work.
+
+    A SQLite ``store`` path (no ``://``) needs an existing parent folder (a typo must not create
+    folders), and an existing file when ``must_exist`` (``--report-only`` reads a store, never makes an
+    empty one); ``export`` needs an existing parent folder and must not be a folder itself.
+
+    Raises:
+        typer.Exit: Code 2, after the one-line error on stderr.
+    """
+    problem = None
+    if store is not None and "://" not in store:
+        path = Path(store).expanduser()
+        if must_exist and not path.exists():
+            problem = f"--store {store}: no such store (--report-only reads an existing one)"
+        elif not path.parent.is_dir():
+            problem = f"--store {store}: no such folder {path.parent} (it is not created)"
+        elif path.is_dir():
+            problem = f"--store {store}: a folder, not a store file"
+    if problem is None and export is not None:
+        if export.is_dir():
+            problem = f"--export {export}: a folder; give the JSON file to write"
+        elif not export.parent.is_dir():
+            problem = f"--export {export}: no such folder {export.parent} (it is not created)"
+    if problem is not None:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
+
+
 def main(
     quick: Annotated[
         bool, typer.Option("--quick", help="the short settings (≈ 3 min on 2 idle cores)")
@@ -680,32 +741,25 @@ def main(
     """Run the tracked benchmark suite, record it per commit and judge it against earlier commits."""
     from memory import Store, StoreError
 
-    names = only or list(BY_NAME)
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown benchmark {unknown[0]!r}; known: {', '.join(BY_NAME)}", param_hint="--only"
-        )
+    try:
+        names, settings, seed_list = _arguments(only, set_, seeds, quick=quick, report_only=report_only)
+    except typer.BadParameter as exc:  # one line, not click's framed usage error
+        typer.echo(f"error: {exc.format_message()}", err=True)
+        raise typer.Exit(2) from None
     benchmarks = [BY_NAME[n] for n in names]
-    settings = settings_from(QUICK if quick else FULL, set_ or [])
-    seed_list = _seeds(seeds or ("0" if quick else "0,1,2"))
+    _check_paths(store, export, must_exist=report_only and not history_files)
+    try:  # every history file is read and checked before the store is opened (or created)
+        histories = [(path, read_history(path)) for path in history_files or []]
+    except HistoryFileError as exc:
+        typer.echo(f"error: --history {exc}", err=True)
+        raise typer.Exit(2) from None
     if code is not None:
         _use_code(code)
-    if (
-        report_only
-        and not history_files
-        and store is not None
-        and "://" not in store
-        and not Path(store).exists()
-    ):
-        # a mistyped path would otherwise become a new, empty store and an empty report
-        typer.echo(f"error: --store {store}: no such store (--report-only reads an existing one)", err=True)
-        raise typer.Exit(2)
     try:
         with Store(store) as db:
             study_id = None
-            for path in history_files or []:
-                study_id = import_history(db, path)
+            for path, export_file in histories:
+                study_id = import_history(db, path, export_file)
                 console.print(f"history: {path} → tracking study {study_id} of {db.url}")
             new = (
                 {}
@@ -715,6 +769,11 @@ def main(
             history = load_history(db)
             rows = verdicts(history, benchmarks, new, k=k, min_history=min_history)
             console.print(verdict_table(rows, k))
+            if report_only:
+                judged = {v.benchmark for v in rows}
+                for name in names:
+                    if name not in judged:
+                        console.print(f"[yellow]no {name} runs in this store[/]")
             if html is not None:
                 from track_html import write_dashboard
 
@@ -739,6 +798,12 @@ def main(
     except StoreError as exc:
         console.print(f"[red]store error:[/] {exc}")
         raise typer.Exit(2) from None
+    if not report_only and not new:
+        typer.echo(
+            f"error: every benchmark run failed ({len(benchmarks) * len(seed_list)} runs, recorded as failed)",
+            err=True,
+        )
+        raise typer.Exit(1)
     regressed = [v for v in rows if v.status is Status.regression]
     if fail_on_regression and regressed:
         typer.echo(

@@ -48,6 +48,7 @@ __all__ = [
     "import_history",
     "judge",
     "load_history",
+    "read_history",
     "record_run",
     "track_study",
     "verdict_cells",
@@ -187,11 +188,8 @@ class HistoryFileError(Exception):
     """A history file that cannot be read, is not a study export, or not a tracking study's."""
 
 
-def import_history(store: Store, path: Path) -> int:
-    """Load a tracking history exported by `export_history` into ``store`` (idempotent).
-
-    Returns:
-        The id of the tracking study holding it in ``store``.
+def read_history(path: Path) -> StudyExport:
+    """Read and check a tracking history exported by `export_history`, without touching any store.
 
     Raises:
         HistoryFileError: Unreadable file, not a study export, or a study of another kind.
@@ -210,6 +208,26 @@ def import_history(store: Store, path: Path) -> int:
         ) from None
     if export.study.kind != STUDY_KIND:
         raise HistoryFileError(f"{path}: a study of kind {export.study.kind!r}, not a tracking history")
+    return export
+
+
+def import_history(store: Store, path: Path, export: StudyExport | None = None) -> int:
+    """Load a tracking history exported by `export_history` into ``store`` (idempotent).
+
+    Args:
+        store: The store to load it into.
+        path: The history file (named in errors).
+        export: ``path`` as `read_history` already read it; read here when ``None``.
+
+    Returns:
+        The id of the tracking study holding it in ``store``.
+
+    Raises:
+        HistoryFileError: Unreadable file, not a study export, a study of another kind, or one the
+            store refuses.
+    """
+    if export is None:
+        export = read_history(path)
     try:
         return store.import_study(export)
     except InvalidInput as exc:

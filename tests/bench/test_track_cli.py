@@ -136,3 +136,84 @@ def test_report_only_on_a_mistyped_store_path_creates_nothing(tmp_path: Path) ->
     done = _track("--report-only", "--store", str(tmp_path / "typo.db"), "--html", str(tmp_path / "h"))
     assert done.returncode == 2 and "typo.db: no such store" in done.stderr
     assert not (tmp_path / "typo.db").exists() and not (tmp_path / "h").exists()
+
+
+def _one_line_error(done: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    assert done.returncode == code, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+def test_impossible_settings_are_refused_before_a_store_is_created(tmp_path: Path) -> None:
+    db = tmp_path / "x.db"
+    for setting, expected in [
+        ("merge_episodes=-3", "merge_episodes: Input should be greater than or equal to 1"),
+        ("merge_episodes=0", "merge_episodes: Input should be greater than or equal to 1"),
+        ("throughput_concurrency=[]", "throughput_concurrency: Tuple should have at least 1 item"),
+        ("throughput_concurrency=[4,0]", "throughput_concurrency.1: Input should be greater than"),
+        ("spy_temperature=-1", "spy_temperature: Input should be greater than or equal to 0"),
+        ('learning_mixed_precision="bf32"', "learning_mixed_precision: Input should be 'auto'"),
+    ]:
+        done = _track("--quick", "--only", "merge", "--set", setting, "--store", str(db))
+        assert expected in _one_line_error(done)
+    assert not db.exists()
+    assert track.SuiteSettings().merge_episodes == 2  # the defaults themselves are within range
+    assert track.FULL.spy_games == 6
+
+
+def test_an_invocation_whose_every_run_failed_exits_nonzero(tmp_path: Path) -> None:
+    """A checkout (``--code``) whose tracking package cannot be imported: each merge run fails (recorded)."""
+    broken = tmp_path / "old" / "swarm" / "tracking"
+    broken.mkdir(parents=True)
+    (broken.parent / "__init__.py").touch()
+    (broken / "__init__.py").write_text('raise ImportError("this commit cannot import it")\n')
+    db = tmp_path / "x.db"
+    done = _track(
+        "--quick", "--only", "merge", "--seeds", "0,1", "--code", str(tmp_path / "old"), "--store", str(db)
+    )
+    assert "every benchmark run failed (2 runs" in _one_line_error(done, code=1)
+    with Store(db) as store:
+        assert [r.status for r in store.runs()] == [RunStatus.failed] * 2
+
+
+def test_a_bad_history_file_leaves_the_store_alone(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("not json")
+    db = tmp_path / "x.db"
+    for history in ("bad.json", "missing.json"):
+        for mode in ("--report-only", "--quick"):
+            done = _track(mode, "--store", str(db), "--history", str(tmp_path / history))
+            assert f"{history}: " in _one_line_error(done)
+    assert not db.exists()
+    with Store(db) as store:
+        store.create_study("an existing store")
+    before = db.read_bytes()
+    done = _track("--quick", "--store", str(db), "--history", str(tmp_path / "bad.json"))
+    assert "not a study export" in _one_line_error(done)
+    assert db.read_bytes() == before
+
+
+def test_a_mistyped_store_or_export_path_creates_no_folder(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent" / "dir"
+    done = _track("--quick", "--only", "merge", "--store", str(missing / "x.db"))
+    assert "no such folder" in _one_line_error(done)
+    done = _track(
+        "--quick", "--only", "merge", "--store", str(tmp_path / "x.db"), "--export", str(missing / "x.json")
+    )
+    assert "--export" in _one_line_error(done) and "no such folder" in done.stderr
+    done = _track("--quick", "--only", "merge", "--store", str(tmp_path / "x.db"), "--export", str(tmp_path))
+    assert "a folder; give the JSON file to write" in _one_line_error(done)
+    assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "x.db").exists()
+
+
+def test_report_only_refuses_options_that_would_do_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "x.db"
+    with Store(db) as store:
+        store.create_study("an existing store")
+    done = _track("--report-only", "--store", str(db), "--set", "threads=1", "--seeds", "0")
+    assert "--set and --seeds: --report-only runs no benchmark" in _one_line_error(done)
+    done = _track("--report-only", "--store", str(db), "--seeds", "0")
+    assert "--seeds: --report-only runs no benchmark" in _one_line_error(done)
+    done = _track("--report-only", "--only", "spy", "--store", str(db))
+    assert done.returncode == 0, done.stderr
+    assert "no spy runs in this store" in done.stdout
