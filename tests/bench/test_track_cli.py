@@ -128,6 +128,9 @@ def test_a_history_file_that_is_not_a_tracking_export_is_one_readable_line(tmp_p
     assert (
         "bad.json: not a study export: schema_revision: Field required (and 8 more problems)" in done.stderr
     )
+    assert not (tmp_path / "x.db").exists()  # the file was refused before the store was opened
+    with Store(tmp_path / "x.db") as store:
+        store.create_study("not a tracking study")
     done = _track("--report-only", "--store", str(tmp_path / "x.db"), "--export", str(tmp_path / "o.json"))
     assert done.returncode == 2 and "holds no tracking study" in done.stderr
 
