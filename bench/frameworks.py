@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import io
 import json
 import statistics
@@ -158,6 +159,7 @@ def train(framework: str, seed: int, sizes: Sizes) -> dict[str, Any]:
         "agent_failures": summary.agent_failures,
         "infra_failures": summary.infra_failures,
         "wall_s": time.monotonic() - started,
+        "sizes": dataclasses.asdict(sizes),
     }
 
 
@@ -181,6 +183,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="torch device of the servers (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--json", type=Path, help="also write the rows here (after every run)")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        help="train nothing: print the table of rows saved by --json (say the same sizes)",
+    )
     args = parser.parse_args()
     sizes = Sizes(
         steps=args.steps,
@@ -191,8 +198,13 @@ def main() -> None:
         device=args.device,
         threads=args.threads,
     )
-    B, G = sizes.batch_size, sizes.group_size
     console = Console(width=200)
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        if saved and "sizes" in saved[0]:
+            sizes = Sizes(**saved[0]["sizes"])
+        report(saved, sizes, console)
+        return
     rows = []
     for seed in args.seeds:  # seeds outer: a cut-short run still has every framework at the first seed
         for framework in args.frameworks:
@@ -204,12 +216,21 @@ def main() -> None:
             )
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=2))
+    report(rows, sizes, console)
+
+
+def report(rows: list[dict[str, Any]], sizes: Sizes, console: Console) -> None:
+    """Print the table, the spreads and the noise floor of ``rows`` (frameworks and seeds as they come)."""
+    B, G = sizes.batch_size, sizes.group_size
+    frameworks = list(dict.fromkeys(r["framework"] for r in rows))
+    seeds = sorted({r["seed"] for r in rows})
     table = Table(
-        title=f"{args.steps} GRPO steps per run (B={B}×G={G}, max {args.max_tokens} tokens a call, LoRA r16, "
-        f"lr 2e-4, embedded SmolLM2-135M on {args.device}), math task, seeds {args.seeds}"
+        title=f"{sizes.steps} GRPO steps per run (B={B}×G={G}, max {sizes.max_tokens} tokens a call, LoRA r16, "
+        f"lr 2e-4, embedded SmolLM2-135M on {sizes.device}), math task, seeds {seeds}"
     )
     for column in (
         "framework",
+        "seeds",
         "reward step 1",
         "final reward (last 3 steps)",
         "calls/sample",
@@ -219,7 +240,7 @@ def main() -> None:
         table.add_column(column, justify="right")
     finals: dict[str, float] = {}
     seed_stds = []
-    for framework in args.frameworks:
+    for framework in frameworks:
         mine = [r for r in rows if r["framework"] == framework]
         final = [r["final"] for r in mine]
         finals[framework] = statistics.fmean(final)
@@ -227,6 +248,7 @@ def main() -> None:
             seed_stds.append(statistics.stdev(final))
         table.add_row(
             framework,
+            str(len(mine)),
             _mean_std([r["first"] for r in mine]),
             _mean_std(final),
             f"{statistics.fmean(r['merge_ratio'] for r in mine):.2f}",
@@ -244,15 +266,16 @@ def main() -> None:
             )
     if seed_stds:
         console.print(
-            f"seed-to-seed std of one framework's final reward (median): {statistics.median(seed_stds):.3f}"
+            f"seed-to-seed std of one framework's final reward (median of {len(seed_stds)}): "
+            f"{statistics.median(seed_stds):.3f}"
         )
     # Binomial standard error of one run's final reward (last 3 steps, 3·B·G episodes) at the mean reward.
     p = statistics.fmean(r["final"] for r in rows)
-    episodes = min(3, args.steps) * B * G
+    episodes = min(3, sizes.steps) * B * G
     console.print(
         f"sampling standard error of one run's final reward at reward {p:.3f}: "
-        f"{(p * (1 - p) / episodes) ** 0.5:.3f} ({episodes} episodes); of a mean over {len(args.seeds)} seeds: "
-        f"{(p * (1 - p) / (episodes * len(args.seeds))) ** 0.5:.3f}"
+        f"{(p * (1 - p) / episodes) ** 0.5:.3f} ({episodes} episodes); of a mean over {len(seeds)} seeds: "
+        f"{(p * (1 - p) / (episodes * len(seeds))) ** 0.5:.3f}"
     )
 
 
