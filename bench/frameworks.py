@@ -135,7 +135,10 @@ def train(framework: str, seed: int, sizes: Sizes) -> dict[str, Any]:
                 show_progress=False,
             )
             summary = await runner.run()
-            while (await client.status()).step < steps and time.monotonic() - started < 1800:
+            # The last step trains once its last group finishes; an episode the runner gave up on (out of
+            # retries) leaves its group short, and then no wait fills the step.
+            done = time.monotonic()
+            while (await client.status()).step < steps and time.monotonic() - done < 300:
                 await asyncio.sleep(0.5)
             return summary
         finally:
