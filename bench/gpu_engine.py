@@ -79,16 +79,25 @@ def build_engine(kind: str, source: ModelSource, memory: float, device: str) -> 
 
 
 # -- throughput ----------------------------------------------------------------------------------------
-async def _story(sdk: AsyncOpenAI, episode: Any, tokens: int, seed: int | None = None) -> int:
-    """One story call in ``episode`` (temperature 1); the completion tokens the server reports."""
+async def _story(
+    sdk: AsyncOpenAI, episode: Any, tokens: int, seed: int | None = None, timing: list[float] | None = None
+) -> int:
+    """One story call in ``episode`` (temperature 1); the completion tokens the server reports. With
+    ``timing``, appends the server's own account of the call (``Server-Timing``: engine and server ms)."""
     client = sdk.with_options(base_url=episode.base_url, api_key=episode.api_key)
-    reply = await client.chat.completions.create(
+    raw = await client.chat.completions.with_raw_response.create(
         model=episode.model,
         messages=STORY,  # type: ignore[arg-type]
         temperature=1.0,
         max_tokens=tokens,
         seed=seed,
     )
+    if timing is not None:
+        parts = dict(
+            item.strip().split(";dur=") for item in raw.headers.get("server-timing", "").split(",") if item
+        )
+        timing.extend((float(parts.get("engine", "nan")), float(parts.get("server", "nan"))))
+    reply = raw.parse()
     return reply.usage.completion_tokens if reply.usage else 0
 
 
@@ -101,15 +110,17 @@ async def _episode(
     times: list[float] | None = None,
 ) -> int:
     """One episode (begin, one story call, finish); with ``times``, appends the three calls' wall
-    seconds (begin, chat, finish) as seen by the client."""
+    seconds (begin, chat, finish) as seen by the client, then the chat's engine and server-side
+    seconds from its ``Server-Timing`` header."""
     t0 = time.perf_counter()
     episode = await swarm.begin(task, kind="eval")
     t1 = time.perf_counter()
-    used = await _story(sdk, episode, tokens, seed)
+    timing: list[float] = []
+    used = await _story(sdk, episode, tokens, seed, timing)
     t2 = time.perf_counter()
     await episode.finish(0.0)
-    if times is not None:
-        times.extend((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    if times is not None:  # begin, chat, finish as the client saw them; the chat's engine and server ms
+        times.extend((t1 - t0, t2 - t1, time.perf_counter() - t2, timing[0] / 1e3, timing[1] / 1e3))
     return used
 
 
@@ -218,7 +229,7 @@ class ClientProcesses:
         ]
         results = [job.result() for job in jobs]
         parts = [times for _, share in results for times in share]
-        medians = [statistics.median(t[i] for t in parts) if parts else float("nan") for i in range(3)]
+        medians = [statistics.median(t[i] for t in parts) if parts else float("nan") for i in range(5)]
         return sum(used for used, _ in results) / window_s, medians
 
 
@@ -358,6 +369,8 @@ def measure_overhead(
         # median wall ms of one direct call, and of an episode's begin / chat / finish through the server
         "direct_call_ms": 1e3 * statistics.median(direct_call),
         "episode_ms": [1e3 * statistics.median(p[i] for p in episode_parts) for i in range(3)],
+        # the chat call's median engine and server-side ms from its Server-Timing header
+        "chat_server_timing_ms": [1e3 * statistics.median(p[i] for p in episode_parts) for i in (3, 4)],
         "concurrency": top,
         "server_tok_s": mid_http,
         "direct_tok_s": mid_direct,
@@ -374,6 +387,9 @@ def main(
     engines: Annotated[str, typer.Option(help="comma-separated: hf, vllm")] = "hf,vllm",
     concurrency: Annotated[str, typer.Option(help="comma-separated episode concurrencies")] = "1,16,64,256",
     rounds: Annotated[int, typer.Option(min=1)] = 2,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="throughput measurements per level (the table shows their median)")
+    ] = 1,
     tokens: Annotated[int, typer.Option(min=1, help="max_tokens per call")] = 128,
     cycle_episodes: Annotated[int, typer.Option(min=4)] = 64,
     drift_steps: Annotated[int, typer.Option(min=0)] = 5,
@@ -422,7 +438,8 @@ def main(
         "tokens": tokens,
         "client_processes": client_processes,
     }
-    results["throughput"] = {}
+    results["throughput"] = {}  # engine -> concurrency -> median tok/s over the repeats
+    results["throughput_runs"] = {}  # engine -> concurrency -> tok/s of each repeat
     clients = ClientProcesses(client_processes)
     try:
         for kind in engines.split(","):
@@ -433,8 +450,11 @@ def main(
                     with serve(engine, config.run_dir, config) as url:
                         rows = {}
                         for c in levels:
-                            rows[c] = clients.throughput(url, c, rounds, tokens)
-                            console.print(f"{kind} through the server, {c} concurrent: {rows[c]:,.0f} tok/s")
+                            runs = [clients.throughput(url, c, rounds, tokens) for _ in range(repeats)]
+                            rows[c] = statistics.median(runs)
+                            results["throughput_runs"].setdefault(kind, {})[c] = runs
+                            shown = ", ".join(f"{r:,.0f}" for r in runs)
+                            console.print(f"{kind} through the server, {c} concurrent: {shown} tok/s")
                         results["throughput"][kind] = rows
                         if kind == train_engine:
                             prompt = rendered_prompt(url)
@@ -518,22 +538,33 @@ def report(results: dict[str, Any]) -> None:
     table = Table(title=f"GPU engines on {results['gpu']} (max_tokens {results['tokens']})")
     table.add_column("measurement")
     table.add_column("value", justify="right")
-    through = results["throughput"]
+    through, runs = results["throughput"], results["throughput_runs"]
     for kind, rows in through.items():
         for c, tok_s in rows.items():
-            table.add_row(f"{kind} through the server, {c} concurrent (tok/s)", f"{tok_s:,.0f}")
+            each = runs[kind][c]
+            label = f"{kind} through the server, {c} concurrent (tok/s" + (
+                f", median of {len(each)}: {min(each):,.0f}–{max(each):,.0f})" if len(each) > 1 else ")"
+            )
+            table.add_row(label, f"{tok_s:,.0f}")
     if "hf" in through and "vllm" in through:
         for c in through["vllm"]:
             if c in through["hf"]:
-                table.add_row(f"vllm / hf at {c} concurrent", f"{through['vllm'][c] / through['hf'][c]:.1f}×")
+                low = min(runs["vllm"][c]) / max(runs["hf"][c])
+                high = max(runs["vllm"][c]) / min(runs["hf"][c])
+                spread = f" (runs allow {low:.1f}–{high:.1f}×)" if low != high else ""
+                table.add_row(
+                    f"vllm / hf at {c} concurrent, medians{spread}",
+                    f"{through['vllm'][c] / through['hf'][c]:.1f}×",
+                )
     for o in results.get("overheads", []):
         pairs = " ".join(f"{100 * p:+.1f}" for p in o["pair_overheads"])
         begin, chat, finish = o["episode_ms"]
+        engine_ms, server_ms = o.get("chat_server_timing_ms", [float("nan")] * 2)
         table.add_row(
             f"server overhead vs engine.generate at {o['concurrency']}, switch interval "
             f"{1e3 * o['switch_interval_s']:g} ms, steady state (pairs: {pairs} %; "
             f"median ms: direct call {o['direct_call_ms']:.0f}, episode begin {begin:.0f} · chat {chat:.0f}"
-            f" · finish {finish:.0f})",
+            f" · finish {finish:.0f}; in the chat, server-side: engine {engine_ms:.0f} · the rest {server_ms:.0f})",
             f"{100 * o['overhead']:+.1f} %",
         )
     if "cycle" in results:

@@ -22,11 +22,17 @@ The suite (each benchmark returns per-step metrics and final numbers with a decl
   ``run_ours``) on one thread; primary ``cpu_s`` (median process CPU seconds per step, which other
   jobs on a shared machine disturb far less than wall time; ``step_s`` is recorded too), lower is
   better.
+- ``spy``: who-is-the-spy games of ``templates/who_is_the_spy`` (rendered as a user would: 3 players,
+  1 round, short replies, greedy) played by the embedded model through a real in-process server as
+  ``eval`` episodes; the reward's parts (``win_rate``, ``leak_rate``, ``invalid_vote_rate``) and the
+  primary ``reward_mean`` (mean episode reward over the games, every agent's reward counted), higher
+  is better.
 
 Every run goes to the store given by ``--store`` (default the a3r store ``.a3r/memory.db``; any
 SQLAlchemy URL, e.g. a team's PostgreSQL) as described in ``bench/track_history.py``, with the commit
 of the measured ``swarm`` package, its dirty flag, the machine and the package versions. The regression
-rule compares this commit's runs with the earlier commits' runs of the same mode and machine.
+rule compares this commit's runs with the earlier commits' runs of the same mode, machine and sizes
+(the benchmark's own ``<benchmark>_…`` settings and ``threads``).
 
 ``--history FILE`` first loads a history exported earlier (the committed ``bench/history/track.json``)
 into the store (idempotent); the runs of this invocation then go to that history's study, and
@@ -100,6 +106,16 @@ class SuiteSettings(BaseModel):
     update_small: bool = False
     """A 2-layer toy model instead of the SmolLM2-135M shape (tests)."""
     update_lora: bool = False
+    spy_games: int = 4
+    """Who-is-the-spy games (episodes) per seed, played concurrently."""
+    spy_players: int = 3
+    """Players per game (3, the template's fewest: 1 spy, 2 civilians)."""
+    spy_rounds: int = 1
+    """Rounds before a surviving spy wins (1, the template's fewest)."""
+    spy_describe_tokens: int = 16
+    spy_vote_tokens: int = 8
+    spy_temperature: float = 0.0
+    """0: greedy, so a seed's games are the same from one run to the next (sampling has no seed here)."""
 
 
 QUICK = SuiteSettings()
@@ -110,10 +126,11 @@ FULL = SuiteSettings(
     throughput_concurrency=(1, 4, 16),
     throughput_rounds=2,
     throughput_tokens=32,
-    update_seqs=8,
+    update_seqs=4,
     update_prompt=64,
     update_completion=192,
-    update_repeats=3,
+    update_repeats=2,
+    spy_games=6,
 )
 BACKEND = {"engine": "hf", "trainer": "torch", "device": "cpu"}
 
@@ -138,6 +155,7 @@ class Benchmark:
         min_relative: Smallest relative change of ``metric`` that can count as a regression.
         curve: Per-step metric drawn on the dashboard.
         measure: ``(settings, seed) -> Measurement``.
+        step: What one step of ``curve`` is (the dashboard's x axis).
     """
 
     name: str
@@ -147,6 +165,7 @@ class Benchmark:
     min_relative: float
     curve: str
     measure: Callable[[SuiteSettings, int], Measurement]
+    step: str = "step"
 
 
 # -- the benchmarks --------------------------------------------------------------------------------------
@@ -315,6 +334,91 @@ def measure_update(s: SuiteSettings, seed: int) -> Measurement:
     )
 
 
+def measure_spy(s: SuiteSettings, seed: int) -> Measurement:
+    """Who-is-the-spy games of ``templates/who_is_the_spy`` (rendered as a user would, every role
+    trainable) played by the embedded model through a real in-process server, as ``eval`` episodes
+    (never trained); one step per game, in task order.
+
+    Seed ``s`` plays tasks ``s·G … s·G + G − 1`` of the template's data builder with data seed ``s``
+    (so each seed has its own word pairs, seating and word swaps); with ``spy_temperature`` 0 the
+    replies are greedy, so a seed's games repeat from one run to the next.
+    """
+    import asyncio
+    import importlib.util
+    import json as json_
+
+    import serve
+
+    from swarm.client import AsyncSwarmClient
+    from swarm.engine import HFEngine, load_model, resolve_model
+    from templates import render
+
+    params = {
+        "n_players": s.spy_players,
+        "n_spies": 1,
+        "max_rounds": s.spy_rounds,
+        "train_roles": "both",
+        "n_tasks": (seed + 1) * s.spy_games,
+        "seed": seed,
+        "describe_max_tokens": s.spy_describe_tokens,
+        "vote_max_tokens": s.spy_vote_tokens,
+        "temperature": s.spy_temperature,
+    }
+    source = resolve_model(None)
+    model, tokenizer = load_model(source)
+    engine = HFEngine(model, tokenizer, source.name)
+    try:
+        with tempfile.TemporaryDirectory(prefix="track-spy-") as tmp:
+            rendered = render("who_is_the_spy", params, Path(tmp) / "spy")
+            spec = importlib.util.spec_from_file_location("track_spy_workflow", rendered.workflow)
+            assert spec is not None and spec.loader is not None
+            workflow = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(workflow)
+            lines = rendered.tasks.read_text(encoding="utf-8").splitlines()
+            tasks = [json_.loads(line) for line in lines[seed * s.spy_games :]]
+
+            async def game(client: AsyncSwarmClient, task: dict[str, Any]) -> tuple[Any, Any]:
+                agents = workflow.trainable_agents(task)
+                async with client.episode(task["id"], kind="eval", trainable_agents=agents) as ep:
+                    result = await workflow.run(task, ep.llm)
+                    await ep.finish(result)
+                return result, await client.get_episode(ep.id)
+
+            async def games(url: str) -> list[tuple[Any, Any]]:
+                async with AsyncSwarmClient(url) as client:
+                    return list(await asyncio.gather(*(game(client, task) for task in tasks)))
+
+            with serve.serve(engine, Path(tmp) / "run") as url:
+                started = time.perf_counter()
+                played = asyncio.run(games(url))
+                wall = time.perf_counter() - started
+    finally:
+        engine.close()
+    steps = [
+        {
+            "reward": result.reward,
+            "win_rate": result.metrics["win_rate"],
+            "leak_rate": result.metrics["leak_rate"],
+            "invalid_vote_rate": result.metrics["invalid_vote_rate"],
+            "spy_won": result.metrics["spy_won"],
+            "rounds": result.metrics["rounds"],
+            "completion_tokens": float(sum(len(c.completion_ids) for c in view.calls)),
+        }
+        for result, view in played
+    ]
+    calls = sum(len(view.calls) for _, view in played)
+    tokens = sum(x["completion_tokens"] for x in steps)
+    mean = {name: statistics.fmean(x[name] for x in steps) for name in steps[0]}
+    final = {
+        "reward_mean": mean["reward"],
+        **{name: mean[name] for name in ("win_rate", "leak_rate", "invalid_vote_rate", "spy_won", "rounds")},
+        "calls": float(calls),
+        "tokens_per_s": tokens / wall,
+        "wall_s": wall,
+    }
+    return Measurement(steps, final)
+
+
 SUITE: tuple[Benchmark, ...] = (
     Benchmark(
         "learning",
@@ -324,18 +428,24 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark(
         "merge",
         "bench/merge.py's 12-call episodes: tokens through the trainer, unmerged / merged",
-        "tokens_ratio", True, 0.01, "tokens_ratio", measure_merge,
+        "tokens_ratio", True, 0.01, "tokens_ratio", measure_merge, "episode",
     ),
     Benchmark(
         "throughput",
         "generated tokens/s of concurrent episodes through a real in-process server (hf engine)",
-        "tokens_per_s", True, 0.15, "tokens_per_s", measure_throughput,
+        "tokens_per_s", True, 0.15, "tokens_per_s", measure_throughput, "concurrency level",
     ),
     Benchmark(
         "update",
         "one GRPO update of TorchTrainer, SmolLM2-135M shape, fp32, 1 thread (bench/train_step.py); "
         "judged on process CPU seconds per step, steadier than wall time on a shared machine",
-        "cpu_s", False, 0.15, "cpu_s", measure_update,
+        "cpu_s", False, 0.15, "cpu_s", measure_update, "timed repeat",
+    ),
+    Benchmark(
+        "spy",
+        "who-is-the-spy games (templates/who_is_the_spy, 3 players, 1 round, greedy) played by the "
+        "embedded model through a real in-process server; the reward and its parts",
+        "reward_mean", True, 0.10, "reward", measure_spy, "game",
     ),
 )  # fmt: skip
 BY_NAME = {b.name: b for b in SUITE}
@@ -478,7 +588,9 @@ STATUS_STYLE = {
 def verdict_table(rows: list[Verdict], k: float) -> Table:
     table = Table(title=f"Regression verdicts (band: earlier commits' mean ± {k:g}σ and a minimum change)")
     for col in VERDICT_COLUMNS:
-        table.add_column(col, justify="left" if col in ("benchmark", "metric", "verdict") else "right")
+        table.add_column(
+            col, justify="left" if col in ("benchmark", "commit", "metric", "verdict") else "right"
+        )
     for v in rows:
         *cells, status = verdict_cells(v)
         table.add_row(*cells, f"[{STATUS_STYLE[v.status]}]{status}[/]")

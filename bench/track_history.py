@@ -13,7 +13,8 @@ several tracking studies (one imported, one recorded locally); `load_history` re
 
 Regression rule (:func:`judge`): the candidate is the median of the new runs' values of a benchmark's
 primary metric; the baseline is the mean ``μ`` and sample standard deviation ``σ`` of that metric over
-the runs of *earlier* commits (same mode, benchmark sizes and machine, at least ``min_history`` runs). The candidate
+the runs of *earlier* commits (same mode, benchmark sizes and machine, at least ``min_history`` runs;
+the sizes are the benchmark's own settings, :func:`benchmark_settings`). The candidate
 regresses when it lies beyond ``μ ∓ k·σ`` in the bad direction *and* differs from ``μ`` by at least
 ``min_relative·|μ|`` (so a deterministic metric with ``σ = 0`` does not flag float noise, and a noisy
 timing needs a real effect). An improvement is the same test in the good direction.
@@ -42,6 +43,7 @@ __all__ = [
     "Status",
     "TrackRun",
     "Verdict",
+    "benchmark_settings",
     "export_history",
     "import_history",
     "judge",
@@ -80,6 +82,7 @@ class Verdict:
         history_commits: Distinct earlier commits in the band.
         relative_change: ``(candidate − mean) / |mean|`` (signed; ``nan`` without history).
         status: The outcome.
+        commit: The candidate commit (the one judged; ``""`` when not known).
     """
 
     benchmark: str
@@ -93,10 +96,11 @@ class Verdict:
     history_commits: int
     relative_change: float
     status: Status
+    commit: str = ""
 
 
 VERDICT_COLUMNS = (
-    "benchmark", "metric", "better", "new (median)", "seeds", "earlier μ ± σ", "runs / commits", "change", "verdict",
+    "benchmark", "commit", "metric", "better", "new (median)", "seeds", "earlier μ ± σ", "runs / commits", "change", "verdict",
 )  # fmt: skip
 """Column names of a verdict row (:func:`verdict_cells`), in the terminal and on the dashboard."""
 
@@ -106,6 +110,7 @@ def verdict_cells(v: Verdict) -> tuple[str, ...]:
     judged = v.status is not Status.no_history
     return (
         v.benchmark,
+        v.commit[:10] or "?",
         v.metric,
         "higher" if v.higher_is_better else "lower",
         f"{v.candidate:.4g}",
@@ -128,6 +133,7 @@ def judge(
     min_relative: float = 0.05,
     min_history: int = 3,
     history_commits: int = 0,
+    commit: str = "",
 ) -> Verdict:
     """Apply the regression rule (module docstring) to one benchmark's primary metric.
 
@@ -141,6 +147,7 @@ def judge(
         min_relative: Smallest relative change from the baseline mean that counts, e.g. 0.05 = 5 %.
         min_history: Fewest earlier runs that make a band; fewer gives `Status.no_history`.
         history_commits: Distinct commits behind ``history`` (reported back).
+        commit: The candidate commit (reported back).
 
     Raises:
         ValueError: ``new`` is empty, or ``k``, ``min_relative`` or ``min_history`` is negative.
@@ -153,7 +160,7 @@ def judge(
     if len(history) < min_history:
         return Verdict(
             benchmark, metric, higher_is_better, candidate, tuple(new), float("nan"), float("nan"),
-            len(history), history_commits, float("nan"), Status.no_history,
+            len(history), history_commits, float("nan"), Status.no_history, commit,
         )  # fmt: skip
     mean = statistics.fmean(history)
     std = statistics.stdev(history) if len(history) > 1 else 0.0
@@ -164,7 +171,7 @@ def judge(
     status = Status.ok if not beyond_band else (Status.improvement if good else Status.regression)
     return Verdict(
         benchmark, metric, higher_is_better, candidate, tuple(new), mean, std, len(history),
-        history_commits, relative, status,
+        history_commits, relative, status, commit,
     )  # fmt: skip
 
 
@@ -279,6 +286,21 @@ def record_run(
     return run.id
 
 
+SHARED_SETTINGS = ("threads",)
+"""Suite settings that every benchmark's sizes include (the process's torch threads)."""
+
+
+def benchmark_settings(benchmark: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a run's suite settings that sizes ``benchmark``: the fields named
+    ``<benchmark>_…`` (``update_seqs``, ``spy_games``) and the shared ones (`SHARED_SETTINGS`).
+
+    Runs are compared on this part only, so changing one benchmark's sizes (or adding a benchmark and
+    its fields to the suite) leaves the other benchmarks' histories comparable.
+    """
+    prefix = f"{benchmark}_"
+    return {k: v for k, v in settings.items() if k.startswith(prefix) or k in SHARED_SETTINGS}
+
+
 @dataclass(frozen=True)
 class TrackRun:
     """One finished tracked run as read back from the store."""
@@ -296,8 +318,13 @@ class TrackRun:
 
     @property
     def settings(self) -> str:
-        """The benchmark sizes the run used, as canonical JSON (runs compare only with equal sizes)."""
-        return json.dumps(self.run.config.get("settings", {}), sort_keys=True)
+        """The sizes of this run's own benchmark, as canonical JSON (runs compare only with equal sizes).
+
+        See `benchmark_settings`: a change of another benchmark's sizes (or a benchmark added to the
+        suite) leaves this run comparable."""
+        return json.dumps(
+            benchmark_settings(self.benchmark, self.run.config.get("settings", {})), sort_keys=True
+        )
 
     @property
     def machine(self) -> str:
@@ -343,7 +370,7 @@ class History:
         min_history: int = 3,
     ) -> Verdict:
         """The rule for the runs ``new_run_ids`` against earlier commits' runs of the same mode, sizes
-        (``config["settings"]``) and machine.
+        (the benchmark's own part of ``config["settings"]``, `benchmark_settings`) and machine.
 
         Raises:
             ValueError: None of ``new_run_ids`` is a finished run of ``benchmark`` with ``metric``.
@@ -372,6 +399,7 @@ class History:
             min_relative=min_relative,
             min_history=min_history,
             history_commits=len({r.commit for r in earlier}),
+            commit=like.commit,
         )
 
 

@@ -1,7 +1,9 @@
-"""The tracking dashboard: one static HTML page (no JavaScript, no network) with, per benchmark, its
-per-step curve for each commit and its primary metric per commit (inline SVG drawn by matplotlib), the
-table of versions (commit, dirty flag, mode, machine, package versions, backend) and the verdicts with
-the regressions flagged.
+"""The tracking dashboard: one static HTML page (no JavaScript, no network) that names the candidate
+commit (the one judged) at the top and has, per benchmark, its per-step curve for each commit (each
+commit its own colour and marker, offset sideways so equal curves stay visible, the legend listing its
+primary metric) and its primary metric per commit (inline SVG drawn by matplotlib), the table of
+versions (commit, dirty flag, mode, machine, package versions, backend) and the verdicts (with the
+judged commit) with the regressions flagged.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ __all__ = ["render_dashboard", "write_dashboard"]
 MAX_COMMITS = 8
 """Commits drawn per plot (the latest ones)."""
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+"""One marker per commit of a plot (with its colour), so curves that coincide stay distinguishable."""
+
+DODGE = 0.06
+"""Sideways offset between consecutive commits' curves, in steps: equal values (a deterministic metric
+such as ``tokens_ratio``) would otherwise draw every commit's curve on top of one another."""
+
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
@@ -30,6 +39,7 @@ th { background: #f2f2f2; }
 .bench { margin: 2em 0; }
 .plot svg { max-width: 100%; height: auto; }
 code { font-size: 0.95em; }
+.candidate { font-size: 1.2em; }
 """
 
 
@@ -46,6 +56,10 @@ def _plot(bench: Any, runs: list[TrackRun], history: History, metric_history: di
     from matplotlib.ticker import MaxNLocator
 
     order = [c for c in history.commits() if any(r.commit == c for r in runs)][-MAX_COMMITS:]
+    values = {
+        commit: [v for r in runs if r.commit == commit and (v := r.value(bench.metric)) is not None]
+        for commit in order
+    }
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "track", "font.size": 9}):
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
         for index, commit in enumerate(order):
@@ -56,20 +70,31 @@ def _plot(bench: Any, runs: list[TrackRun], history: History, metric_history: di
                 continue
             length = min(len(c) for c in curves)
             mean = [statistics.fmean(c[i] for c in curves) for i in range(length)]
-            left.plot(
-                range(1, length + 1), mean, marker="o", ms=3, color=f"C{index % 10}", label=_short(commit)
+            shift = (index - (len(order) - 1) / 2) * DODGE
+            label = _short(commit) + (
+                f" · {bench.metric} {statistics.median(values[commit]):.4g}" if values[commit] else ""
             )
+            (line,) = left.plot(
+                [step + shift for step in range(1, length + 1)], mean, marker=MARKERS[index % len(MARKERS)],
+                ms=4, lw=1.2, color=f"C{index % 10}", label=label,
+            )  # fmt: skip
+            line.set_gid(f"curve-{bench.name}-{_short(commit)}")
         left.xaxis.set_major_locator(MaxNLocator(integer=True))
-        left.set_xlabel("step")
+        step = getattr(bench, "step", "step")
+        left.set_xlabel(step + (" (commits offset sideways)" if len(order) > 1 else ""))
         left.set_ylabel(bench.curve)
-        left.set_title(f"{bench.name}: {bench.curve} per step (mean over seeds)")
+        left.set_title(f"{bench.name}: {bench.curve} per {step} (mean over seeds)")
         if order:
-            left.legend(fontsize=7, loc="best")
+            left.legend(fontsize=7, loc="best", title=f"commit · {bench.metric} (median)", title_fontsize=7)
         for index, commit in enumerate(order):
-            values = [v for r in runs if r.commit == commit and (v := r.value(bench.metric)) is not None]
-            right.scatter([index] * len(values), values, color=f"C{index % 10}", s=18)
-            if values:
-                right.plot([index - 0.3, index + 0.3], [statistics.median(values)] * 2, color="black", lw=1)
+            right.scatter(
+                [index] * len(values[commit]), values[commit], color=f"C{index % 10}", s=18,
+                marker=MARKERS[index % len(MARKERS)],
+            )  # fmt: skip
+            if values[commit]:
+                right.plot(
+                    [index - 0.3, index + 0.3], [statistics.median(values[commit])] * 2, color="black", lw=1
+                )
         right.set_xticks(range(len(order)), [_short(c) for c in order], rotation=30, fontsize=7)
         better = "higher" if bench.higher_is_better else "lower"
         right.set_title(f"{bench.metric} per commit ({better} is better; bar = median)")
@@ -115,6 +140,22 @@ def _versions_table(history: History) -> str:
     return _table("versions", head, rows)
 
 
+def _candidate(history: History, candidates: dict[str, list[str]]) -> str:
+    """The commit(s) being judged, with their dirty flag (several in a report of benchmarks whose
+    latest runs are of different commits)."""
+    if not candidates:
+        return "<p id='candidate'>No candidate commit: no benchmark was judged.</p>"
+    parts = []
+    for commit, benchmarks in candidates.items():
+        runs = [r for rs in history.runs.values() for r in rs if r.commit == commit]
+        dirty = " (dirty)" if any(r.run.config.get("dirty") for r in runs) else ""
+        which = "" if len(candidates) == 1 else f" ({html.escape(', '.join(benchmarks))})"
+        parts.append(
+            f"<code title='{html.escape(commit)}'>{html.escape(_short(commit))}</code>{dirty}{which}"
+        )
+    return f"<p id='candidate' class='candidate'>Candidate commit: {', '.join(parts)}</p>"
+
+
 def _table(name: str, head: Sequence[str], rows: Sequence[str]) -> str:
     header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     return f"<table id='{name}'><tr>{header}</tr>{''.join(rows)}</table>"
@@ -140,7 +181,8 @@ def render_dashboard(
 
     Args:
         history: Finished tracked runs.
-        suite: The benchmarks (``name``, ``description``, ``metric``, ``curve``, ``higher_is_better``).
+        suite: The benchmarks (``name``, ``description``, ``metric``, ``curve``, ``higher_is_better``;
+            optionally ``step``, what one step of the curve is).
         verdicts: The regression rule's results to show.
         metric_history: Per run id, the per-step values of its benchmark's curve metric.
     """
@@ -152,6 +194,9 @@ def render_dashboard(
         if flagged
         else "<p id='flagged'>No regression flagged.</p>"
     )
+    candidates: dict[str, list[str]] = {}
+    for v in verdicts:
+        candidates.setdefault(v.commit, []).append(v.benchmark)
     sections = []
     for bench in suite:
         runs = history.runs.get(bench.name, [])
@@ -165,7 +210,7 @@ def render_dashboard(
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>A3R benchmark tracking</title>"
         f"<style>{STYLE}</style></head><body><h1>A3R benchmark tracking</h1>"
-        "<p>Generated by <code>bench/track.py --html</code> from the knowledge store. Verdict band: the "
+        f"{_candidate(history, candidates)}<p>Generated by <code>bench/track.py --html</code> from the knowledge store. Verdict band: the "
         "earlier commits' mean ± k·σ of the same mode and machine, with a minimum relative change.</p>"
         f"{summary}<h2>Verdicts</h2>{_verdicts_table(verdicts)}"
         f"<h2>Versions</h2>{_versions_table(history)}{''.join(sections)}</body></html>"

@@ -47,26 +47,72 @@ def start(config: ServerConfig) -> tuple[uvicorn.Server, threading.Thread, str]:
     return server, thread, f"http://127.0.0.1:{port}"
 
 
-async def drive(workflow: Any, urls: dict[str, str], tasks: Path, steps: int, group: int) -> None:
-    """One task (G games) per step; wait for both servers' update before the next."""
+COLUMNS = (
+    "step", "server", "samples", "loss tokens", "reward mean ± std", "invalid / game", "werewolves won",
+    "grad norm", "step s",
+)  # fmt: skip
+
+
+def step_rows(servers: dict[str, Any], step: int) -> list[tuple[str, ...]]:
+    """One row per server for policy version ``step``: its batch and the games it trained on."""
+    rows = []
+    for team, (server, _, _) in servers.items():
+        runtime = server.config.app.state.runtime
+        episodes = [
+            e for e in runtime.pool.recent(100_000) if e.client_id == "bench" and e.trained_step == step
+        ]
+        for m in (m for m in runtime.training.history if m.step == step):
+            won = [e.metrics.get("werewolves_won", 0.0) for e in episodes]
+            invalid = [e.metrics.get("invalid_actions", 0.0) for e in episodes]
+            rows.append(
+                (
+                    str(m.step),
+                    team,
+                    str(m.samples),
+                    str(m.tokens),
+                    f"{m.reward_mean or 0.0:.3f} ± {m.reward_std or 0.0:.3f}",
+                    f"{statistics.fmean(invalid):.2f}" if invalid else "-",
+                    f"{sum(won):.0f} of {len(won)}" if won else "-",
+                    f"{m.grad_norm:.3f}",
+                    f"{m.time_s.total_s:.0f}",
+                )
+            )
+    return rows
+
+
+async def drive(
+    workflow: Any, servers: dict[str, Any], tasks: Path, steps: int, group: int, console: Console
+) -> list[tuple[str, ...]]:
+    """One task (G games) per step; wait for both servers' update before the next; print each step's rows
+    as soon as both servers have it (a run stopped early keeps what it printed)."""
     clients = {
         team: AsyncSwarmClient(url, client_id="bench", retry=Runner.default_retry())
-        for team, url in urls.items()
+        for team, (_, _, url) in servers.items()
     }
     rows = [json.loads(line) for line in tasks.read_text().splitlines()]
+    done: list[tuple[str, ...]] = []
     try:
         for step in range(steps):
+            started = time.time()
             config = RunnerConfig(
                 group_size=group, concurrency=group, trainable_agents=TRAINED, client_id="bench"
             )
             one = TaskSet(rows[step : step + 1])
             await Runner(workflow, clients, one, config, show_progress=False).run()
+            played = time.time() - started
             for client in clients.values():
                 while (await client.status()).step < step + 1:
                     await asyncio.sleep(0.5)
+            new = step_rows(servers, step + 1)
+            done += new
+            console.print(
+                f"step {step + 1}: games {played:.0f} s, step done at {time.time() - started:.0f} s; "
+                + " | ".join(" · ".join(f"{c}={v}" for c, v in zip(COLUMNS, row, strict=True)) for row in new)
+            )
     finally:
         for client in clients.values():
             await client.aclose()
+    return done
 
 
 def main() -> None:
@@ -92,41 +138,29 @@ def main() -> None:
         )
         servers[team] = start(config)
     started = time.time()
-    urls = {team: s[2] for team, s in servers.items()}
-    asyncio.run(
+    console = Console()
+    console.print(f"run dir {root}")
+    done = asyncio.run(
         drive(
             load_workflow(str(rendered.workflow)),
-            urls,
+            servers,
             rendered.folder / "tasks.jsonl",
             args.steps,
             args.group,
+            console,
         )
     )
     wall = time.time() - started
     table = Table(
         title=f"werewolves, two embedded SmolLM2-135M (LoRA r={args.lora_rank}, lr {args.lr}), G={args.group}"
     )
-    for col in ("step", "server", "reward mean", "reward std", "loss tokens", "werewolves won", "step s"):
+    for col in COLUMNS:
         table.add_column(col, justify="right")
-    wins: dict[int, list[float]] = {}
-    for team, (server, thread, _) in servers.items():
-        runtime = server.config.app.state.runtime  # type: ignore[union-attr]
-        episodes = [e for e in runtime.pool.recent(100_000) if e.client_id == "bench"]
-        for m in runtime.training.history:
-            won = [e.metrics.get("werewolves_won", 0.0) for e in episodes if e.trained_step == m.step]
-            wins.setdefault(m.step, won)
-            table.add_row(
-                str(m.step),
-                team,
-                f"{m.reward_mean:.3f}",
-                f"{m.reward_std:.3f}",
-                str(m.tokens),
-                f"{statistics.fmean(won):.2f} of {len(won)}" if won else "-",
-                f"{m.time_s.total_s:.1f}",
-            )
+    for row in done:
+        table.add_row(*row)
+    for server, thread, _ in servers.values():
         server.should_exit = True
         thread.join()
-    console = Console()
     console.print(table)
     console.print(
         f"{args.steps} steps, {args.steps * args.group} games, {wall:.0f} s wall (2 servers, 1 process)"

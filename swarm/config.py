@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.precision import MixedPrecision, resolve_dtype
-from swarm.protocol import Limits, LossAggregation, SamplingDefaults
+from swarm.protocol import MIN_TOKEN_CHARS, Limits, LossAggregation, SamplingDefaults
 from swarm.tracking.merge import LossWeighting, MergeMode
 from swarm.train.config import TrainerConfig, VerlSettings
 
@@ -168,11 +168,15 @@ class ServerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_client_tokens(self) -> ServerConfig:
+        if self.admin_token is not None and len(self.admin_token.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(f"the admin token needs at least {MIN_TOKEN_CHARS} characters")
         seen: set[str] = set()
         for name, token in self.client_tokens.items():
             secret = token.get_secret_value()
-            if not name or len(secret) < 8:
-                raise ValueError(f"client token {name!r}: a token needs a name and at least 8 characters")
+            if not name or len(secret) < MIN_TOKEN_CHARS:
+                raise ValueError(
+                    f"client token {name!r}: a token needs a name and at least {MIN_TOKEN_CHARS} characters"
+                )
             if secret in seen or (
                 self.admin_token is not None and secret == self.admin_token.get_secret_value()
             ):

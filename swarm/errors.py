@@ -74,6 +74,14 @@ class AuthError(SwarmError):
         self.status_code = status_code
 
 
+def quoted(value: str, limit: int = 64) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters with the full length said, so
+    a client's oversized id or name is never echoed back whole."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
+
+
 class EpisodeNotFound(SwarmError, LookupError):
     """No episode with this id."""
 
@@ -82,7 +90,7 @@ class EpisodeNotFound(SwarmError, LookupError):
 
     def __init__(self, episode_id: str) -> None:
         super().__init__(
-            f"episode {episode_id!r} not found (episodes still open when a server stops are not kept: "
+            f"episode {quoted(episode_id)} not found (episodes still open when a server stops are not kept: "
             "begin a new one)"
         )
         self.episode_id = episode_id

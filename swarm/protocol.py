@@ -9,6 +9,7 @@ strict: unknown fields are rejected with 422 so typos never pass silently.
 from __future__ import annotations
 
 import math
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -29,6 +30,11 @@ from swarm.tracking.messages import FunctionCall as FunctionCall
 from swarm.tracking.messages import TextPart as TextPart
 from swarm.tracking.messages import ToolCall as ToolCall
 from swarm.tracking.records import CallRecord, Sample
+
+MIN_TOKEN_CHARS = 16
+"""The shortest admin or client token a server takes, wherever it comes from (``swarm serve`` options,
+a tokens file, the environment, or added live): 16 characters (≥ 96 bits as ``secrets.token_urlsafe``
+writes them)."""
 
 
 class _Strict(BaseModel):
@@ -78,6 +84,9 @@ def check_unicode(value: Any, where: str = "body") -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             check_unicode(item, f"{where}.{i}")
+
+
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 class ChatCompletionRequest(BaseModel):
@@ -141,6 +150,44 @@ class ChatCompletionRequest(BaseModel):
                 "prompt and parse the text (or use tools)"
             )
         return v
+
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        """Each tool is ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``
+        with a name as OpenAI allows it (``^[a-zA-Z0-9_-]{1,64}$``): a nameless tool could never be
+        called, and the chat template would render it as an empty entry."""
+        for i, tool in enumerate(v or ()):
+            function = tool.get("function")
+            if tool.get("type", "function") != "function" or not isinstance(function, dict):
+                raise ValueError(
+                    f"tools[{i}]: only function tools are supported: {{'type': 'function', 'function': {{...}}}}"
+                )
+            name = function.get("name")
+            if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+                raise ValueError(
+                    f"tools[{i}].function.name: {name!r} is not a tool name (1-64 letters, digits, '_' or '-')"
+                )
+            if "parameters" in function and not isinstance(function["parameters"], dict):
+                raise ValueError(f"tools[{i}].function.parameters: must be a JSON Schema object")
+        return v
+
+    @field_validator("messages")
+    @classmethod
+    def _tool_messages_answer_calls(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """A ``tool`` message answers a call an earlier assistant message of the request made (matched
+        by ``tool_call_id``), as in OpenAI's API; an orphan result would be rendered as an answer to
+        nothing and trained on as such."""
+        called: set[str] = set()
+        for i, message in enumerate(messages):
+            if message.role == "assistant":
+                called.update(call.id for call in message.tool_calls or ())
+            elif message.role == "tool" and message.tool_call_id not in called:
+                raise ValueError(
+                    f"messages[{i}]: a tool message must answer a tool call of an earlier assistant message "
+                    f"(its tool_call_id {message.tool_call_id!r} matches none)"
+                )
+        return messages
 
     @field_validator("tool_choice")
     @classmethod
@@ -538,8 +585,8 @@ class ClientTokenCreate(_Strict):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """A label for the token (the pool and the events name episodes' owners by it; never the token)."""
-    token: str | None = Field(default=None, min_length=16, max_length=512)
-    """The secret itself (at least 16 characters); ``None`` lets the server mint a random one."""
+    token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, max_length=512)
+    """The secret itself (at least `MIN_TOKEN_CHARS`); ``None`` lets the server mint a random one."""
 
 
 class ClientTokenCreated(BaseModel):
@@ -571,7 +618,7 @@ class ConfigView(BaseModel):
 
     training: dict[str, Any]
     """:class:`swarm.config.TrainingConfig` as JSON, with the trainer changes staged for the next step
-    (empty in the answer to a limits-only patch of a server in inference mode)."""
+    (empty on a server in inference mode)."""
     sampling: SamplingDefaults
     limits: Limits = Field(default_factory=Limits)
     """What one client may take (:class:`Limits`)."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from swarm.errors import ConfigError, SwarmError
+from swarm.protocol import MIN_TOKEN_CHARS
 
 if TYPE_CHECKING:
     from swarm.config import ServerConfig, TrainingConfig
@@ -407,9 +408,9 @@ class ServeOptions(BaseModel):
             if not sep:
                 name, token = "client-" + hashlib.sha256(item.encode()).hexdigest()[:8], item
             name, token = name.strip(), token.strip()
-            if not name or len(token) < 8:  # never echo the token: the message names where it came from
-                raise ServeOptionsError(
-                    f"{where}: expected NAME=TOKEN or TOKEN, the token at least 8 characters"
+            if not name or len(token) < MIN_TOKEN_CHARS:  # never echo the token: the message names where
+                raise ServeOptionsError(  # it came from
+                    f"{where}: expected NAME=TOKEN or TOKEN, the token at least {MIN_TOKEN_CHARS} characters"
                 )
             if name in tokens:
                 raise ServeOptionsError(f"{where}: the name {name!r} is given twice")

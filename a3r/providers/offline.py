@@ -74,7 +74,10 @@ _VALUE = (
 """A number standing alone: not glued to letters (``gsm8k`` and ``aime25`` hold no value) and not a
 count of something else (``20 steps``)."""
 
-_JOINER = r"\s*(?:,|;|=|:|\band\b|\bor\b|\bvs\.?|\bversus\b|\bagainst\b|\bto\b|\bfrom\b|\bof\b|\bthen\b)?\s*"
+_JOINER = (
+    r"\s*(?:,|;|=|:|\band\b|\bor\b|\bvs\.?|\bversus\b|\bagainst\b|\bto\b|\bfrom\b|\bof\b|\bthen\b"
+    r"|\b(?:better|worse)\s+than\b|\bbeats?\b|\boutperforms?\b)?\s*"
+)
 """What may stand between a setting's name and its values, or between two values."""
 
 
@@ -86,23 +89,45 @@ def _mention_end(text: str, aliases: tuple[str, ...]) -> int | None:
 
 def _values_after(text: str, setting: Setting) -> list[float]:
     """The run of numbers written right after the setting's first mention (``"kl 0.01, 0.1 and 1"``,
-    ``"lr 1e-4 vs 1e-3"``, ``"effect of kl -0.5"``); numbers later in the sentence (steps, seeds, a
+    ``"lr 1e-4 vs 1e-3"``, ``"effect of kl -0.5"``) or, when none follows it, right before it
+    (``"compare 1e-4 and 3e-4 learning rates"``); numbers elsewhere in the sentence (steps, seeds, a
     dataset's name) are not its values.
 
     Raises:
         PlanError: A value outside the setting's range (`Setting.check`), one line.
     """
     spoken = (rf"\b{setting.name.replace('_', '[ _-]?')}\b",)
-    position = _mention_end(text, setting.aliases or spoken)
+    aliases = setting.aliases or spoken
+    position = _mention_end(text, aliases)
     if position is None:
         return []
     found: list[float] = []
     while match := re.compile(_JOINER + _VALUE).match(text, position):
-        value = float(match.group(1))
-        setting.check(value)
-        found.append(value)
+        found.append(float(match.group(1)))
         position = match.end()
+    if not found:
+        found = _values_before(text[: _mention_start(text, aliases)])
+    for value in found:
+        setting.check(value)
     return found
+
+
+def _mention_start(text: str, aliases: tuple[str, ...]) -> int:
+    """Where the first mention of a setting starts (it is known to be there)."""
+    return min(m.start() for a in aliases if (m := re.search(a, text)))
+
+
+def _values_before(prefix: str) -> list[float]:
+    """The run of numbers that ends ``prefix`` (only spaces after it), joined as in `_JOINER`."""
+    matches = list(re.finditer(_VALUE, prefix))
+    if not matches or prefix[matches[-1].end() :].strip():
+        return []
+    run = [matches[-1]]
+    for earlier in reversed(matches[:-1]):
+        if not re.fullmatch(_JOINER, prefix[earlier.end() : run[0].start()]):
+            break
+        run.insert(0, earlier)
+    return [float(m.group(1)) for m in run]
 
 
 def _find_number(text: str, *patterns: str) -> float | None:
@@ -392,7 +417,7 @@ class OfflineProvider:
             stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
             sweep = SweepSpec(variable=variable, coarse=coarse, goal="min_stable")
             return sweep, stability, f"find the minimal stable {setting.label}"
-        compared = re.search(r"\b(vs\.?|versus|against|compare|or)\b", text)
+        compared = re.search(r"\b(vs\.?|versus|against|compare|or|than|beats?|outperforms?)\b", text)
         if compared and len(values) > 2:
             # "lr 1e-4 vs 1e-3 vs 1e-2": more than two arms is a search for the best of them.
             sweep = SweepSpec(variable=variable, coarse=setting.grid(values), goal="best")

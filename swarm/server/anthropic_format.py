@@ -250,8 +250,9 @@ def to_chat_request(request: MessagesRequest) -> ChatCompletionRequest:
     """The internal chat request a Messages request stands for (rendered and recorded like any other).
 
     Raises:
-        RequestError: a forced tool choice, ``disable_parallel_tool_use``, or a block in the wrong role
-            (400, ``param`` names the field).
+        RequestError: a forced tool choice, ``disable_parallel_tool_use``, a block in the wrong role, a
+            tool name outside ``[a-zA-Z0-9_-]{1,64}`` or a ``tool_result`` answering no earlier
+            ``tool_use`` (400, ``param`` names the field).
     """
     messages: list[ChatMessage] = []
     if request.system is not None:
@@ -290,17 +291,28 @@ def to_chat_request(request: MessagesRequest) -> ChatCompletionRequest:
             }
             for tool in request.tools
         ]
-    return ChatCompletionRequest(
-        model=request.model,
-        messages=messages,
-        tools=tools,
-        tool_choice=tool_choice,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        max_tokens=request.max_tokens,
-        stop=request.stop_sequences,
-        user=request.metadata.user_id if request.metadata else None,
-    )
+    try:
+        return ChatCompletionRequest(
+            model=request.model,
+            messages=messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            max_tokens=request.max_tokens,
+            stop=request.stop_sequences,
+            user=request.metadata.user_id if request.metadata else None,
+        )
+    except ValidationError as exc:  # the chat request's own rules (tool names, results answering calls)
+        first = exc.errors()[0]
+        raise RequestError(
+            str(first["msg"]).removeprefix("Value error, "), param=_chat_param(first["loc"])
+        ) from None
+
+
+def _chat_param(loc: tuple[int | str, ...]) -> str:
+    """The Messages field behind a chat-request error location (the message list or the tools)."""
+    return "tools" if loc and loc[0] == "tools" else "messages"
 
 
 # -- response --------------------------------------------------------------------------------------------------

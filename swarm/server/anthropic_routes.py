@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from swarm.engine.base import SampledToken, TokenCallback
 from swarm.errors import SwarmError
 from swarm.server import anthropic_format as fmt
 from swarm.server.auth import EpisodeDep
-from swarm.server.chat import ChatResult, agent_for
+from swarm.server.chat import ChatResult
 from swarm.server.deps import RuntimeDep
 from swarm.server.openai_format import ChoiceText
 from swarm.server.streaming import encode_events, live_call
@@ -69,13 +70,14 @@ async def _replayed(events: Iterable[fmt.Event]) -> AsyncGenerator[ServerSentEve
 
 @router.post("/messages", response_model=fmt.Message)
 async def create_message(
-    body: fmt.MessagesRequest, runtime: RuntimeDep, episode: MessagesEpisodeDep
+    body: fmt.MessagesRequest, runtime: RuntimeDep, episode: MessagesEpisodeDep, response: Response
 ) -> fmt.Message | EventSourceResponse:
     """Sample a message inside the episode that owns the key, recording it token-exactly.
 
     With ``stream: true`` the answer is sent as Anthropic's server-sent events as the tokens are
     sampled. A request with ``tools`` is streamed once it is complete (only then is it known whether
-    the text is a tool call). The record is the same either way.
+    the text is a tool call). The record is the same either way. A non-streamed answer carries a
+    ``Server-Timing`` header (`ChatResult.server_timing`).
     """
     request = fmt.to_chat_request(body)
     message_id = fmt.new_message_id()
@@ -119,6 +121,7 @@ async def create_message(
         result, message_id=message_id, model=body.model, detokenizer=detokenizer, stop=stop, stop_ids=stop_ids
     )
     if not body.stream:
+        response.headers["Server-Timing"] = result.server_timing(time.time())
         return answer
     events = fmt.replay_events(answer, result.records[0], detokenizer)
     return EventSourceResponse(encode_events(_replayed(events)))
@@ -129,8 +132,5 @@ async def count_tokens(
     body: fmt.CountTokensRequest, runtime: RuntimeDep, episode: MessagesEpisodeDep
 ) -> fmt.TokenCount:
     """The prompt length a Messages request would have in this episode (rendered and spliced exactly as
-    `create_message` would; nothing is sampled or recorded)."""
-    request = fmt.to_chat_request(body)
-    agent = agent_for(request, runtime.model_name)
-    rendered = runtime.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
-    return fmt.TokenCount(input_tokens=len(rendered.prompt_ids))
+    `create_message` would, under the same caps and request rate; nothing is sampled or recorded)."""
+    return fmt.TokenCount(input_tokens=runtime.count_prompt_tokens(episode, fmt.to_chat_request(body)))

@@ -14,7 +14,7 @@ from typing import Any
 
 from swarm.config import SamplingDefaults
 from swarm.engine.base import Completion, SamplingParams
-from swarm.errors import RequestError
+from swarm.errors import RequestError, quoted
 from swarm.protocol import ChatCompletionRequest
 from swarm.tracking.records import CallRecord, FinishReason
 from swarm.tracking.render import RenderedPrompt
@@ -49,6 +49,21 @@ class ChatResult:
     """The server's policy version (completed trainer steps) when the answer was complete."""
     created_at: float
     """Unix time (s) the answer was complete."""
+    arrived: float = 0.0
+    """Unix time (s) the request arrived (`PreparedCall.arrived`)."""
+    engine_s: float = 0.0
+    """Wall seconds from handing the prompt to the engine until its completions were back on the
+    server's event loop (queueing in the engine included)."""
+
+    def server_timing(self, now: float) -> str:
+        """A ``Server-Timing`` header value (W3C Server Timing; durations in ms): ``engine`` as in
+        :attr:`engine_s`, ``server`` the rest of the request's time in the handler until ``now``
+        (validation, rendering, recording, building the answer) and ``total``."""
+        total = max(0.0, now - self.arrived)
+        return (
+            f"engine;dur={1e3 * self.engine_s:.1f}, server;dur={1e3 * max(0.0, total - self.engine_s):.1f}, "
+            f"total;dur={1e3 * total:.1f}"
+        )
 
 
 def agent_for(request: ChatCompletionRequest, model_name: str) -> str:
@@ -64,7 +79,7 @@ def agent_for(request: ChatCompletionRequest, model_name: str) -> str:
     if model.startswith(prefix) and len(model) > len(prefix):
         return model[len(prefix) :]
     raise RequestError(
-        f"model {model!r} is not served here; use {model_name!r} (or '{prefix}<agent>')",
+        f"model {quoted(model)} is not served here; use {model_name!r} (or '{prefix}<agent>')",
         status_code=404,
         param="model",
     )

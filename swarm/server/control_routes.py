@@ -8,8 +8,8 @@ need no admin token: clients cast them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -81,49 +81,65 @@ def status(runtime: RuntimeDep) -> StatusView:
     return runtime.status()
 
 
-async def _subscriber_slot(runtime: RuntimeDep, follow: bool = True) -> None:
-    """Refuse a live follower beyond ``limits.max_event_subscribers`` (503 + Retry-After) before the
-    stream starts."""
+Subscription = tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]
+
+
+async def _event_subscription(runtime: RuntimeDep, follow: bool = True) -> AsyncIterator[Subscription | None]:
+    """A live follower's subscription, taken before the stream starts and held until the response ends.
+
+    The check and the subscription happen in one step on the event loop, so simultaneous connects
+    cannot all pass the check before any of them subscribes.
+
+    Raises:
+        Unavailable: ``limits.max_event_subscribers`` clients already follow (503 + Retry-After).
+    """
+    if not follow:
+        yield None
+        return
     cap = runtime.limits.max_event_subscribers
-    if follow and runtime.events.subscribers() >= cap:
+    if runtime.events.subscribers() >= cap:
         raise Unavailable(f"{cap} clients already follow the events, this server's limit", retry_after_s=5.0)
+    handle = runtime.events.subscribe()
+    try:
+        yield handle
+    finally:
+        runtime.events.unsubscribe(handle)
 
 
 @router.get(
     "/events",
     response_class=EventSourceResponse,
-    dependencies=[Depends(_subscriber_slot)],
     responses=json_errors(
         (401, "Missing admin token."),
         (403, "A wrong admin token, an episode key or a client token, or a caller from another host."),
         (503, "Too many followers; see Retry-After."),
     ),
 )
-async def events(runtime: RuntimeDep, since: int = 0, follow: bool = True) -> AsyncIterable[ServerSentEvent]:
+async def events(
+    runtime: RuntimeDep,
+    handle: Annotated[Subscription | None, Depends(_event_subscription)],
+    since: int = 0,
+    follow: bool = True,
+) -> AsyncIterable[ServerSentEvent]:
     """Server-sent events, each an :class:`~swarm.protocol.Event` as JSON ``data`` (``event`` = its kind,
     ``id`` = its seq): buffered events after ``since``, then live ones while ``follow`` is true."""
-    handle = runtime.events.subscribe() if follow else None
-    try:
-        last = since
-        for event in runtime.events.recent(since):
-            last = event.seq
-            yield _sse(event)
-        if handle is None:
-            return
-        queue = handle[1]
-        while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), timeout=15.0)
-            except TimeoutError:
-                yield ServerSentEvent(comment="keep-alive")
-                continue
-            if event.seq <= last:
-                continue
-            last = event.seq
-            yield _sse(event)
-    finally:
-        if handle is not None:
-            runtime.events.unsubscribe(handle)
+    last = since
+    for event in runtime.events.recent(since):
+        last = event.seq
+        yield _sse(event)
+    if handle is None:
+        return
+    queue = handle[1]
+    while True:
+        try:
+            event = await asyncio.wait_for(queue.get(), timeout=15.0)
+        except TimeoutError:
+            yield ServerSentEvent(comment="keep-alive")
+            continue
+        if event.seq <= last:
+            continue
+        last = event.seq
+        yield _sse(event)
 
 
 def _training(runtime: RuntimeDep) -> TrainingLoop:
@@ -147,10 +163,10 @@ def _config_view(runtime: RuntimeDep) -> ConfigView:
     return ConfigView.model_validate({**runtime.training.effective_config(), "limits": runtime.limits})
 
 
-@router.get("/config", responses=_NO_TRAINING)
+@router.get("/config")
 def get_config(runtime: RuntimeDep) -> ConfigView:
-    """The configuration the next step will use, and the limits in force."""
-    _training(runtime)
+    """The configuration the next step will use, and the limits in force (on a server in inference
+    mode: the sampling defaults and the limits, which stay patchable, with an empty ``training``)."""
     return _config_view(runtime)
 
 

@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.sse import EventSourceResponse
 
 from swarm.engine.base import TokenCallback
@@ -45,14 +45,14 @@ _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_CHAT_ERRORS)
 async def chat_completions(
-    body: ChatCompletionRequest, runtime: RuntimeDep, episode: EpisodeDep
+    body: ChatCompletionRequest, runtime: RuntimeDep, episode: EpisodeDep, response: Response
 ) -> ChatCompletion | EventSourceResponse:
     """Sample a chat completion inside the episode that owns the bearer key, recording it token-exactly.
 
     With ``stream=true`` the answer is sent as server-sent ``chat.completion.chunk`` events as the tokens
     are sampled, ending with ``data: [DONE]`` (`swarm.server.streaming`). A request with ``tools`` is
     streamed once it is complete (only then is it known whether the text is a tool call). The record is
-    the same either way.
+    the same either way. A non-streamed answer carries a ``Server-Timing`` header (`ChatResult.server_timing`).
     """
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
     if body.stream and (not body.tools or body.tool_choice == "none"):
@@ -75,6 +75,7 @@ async def chat_completions(
     header = ResponseHeader.new(body.model, result.policy_version, result.created_at)
     completion = chat_completion(result, header, logprobs=body.logprobs, detokenizer=runtime.detokenizer)
     if not body.stream:
+        response.headers["Server-Timing"] = result.server_timing(time.time())
         return completion
     events = replay_events(completion, result.records, runtime.detokenizer, include_usage=include_usage)
     return EventSourceResponse(encode_events(events))

@@ -354,6 +354,30 @@ class SwarmRuntime:
         return EpisodeView(episode_id=episode_id, calls=calls, samples=samples, merge=stats, **base)
 
     # -- chat completions ------------------------------------------------------------------------------
+    def _admit_call(self, episode: OpenEpisode, request: ChatCompletionRequest) -> None:
+        """The request caps and the owner's request rate, checked before any rendering.
+
+        Raises:
+            RequestError: a field over its cap (422).
+            Unavailable: the owner's client token is over its request rate (429 + Retry-After).
+        """
+        check_chat_request(self.limits, request)
+        if episode.owner is not None and episode.owner != "admin":
+            self.rates.take(episode.owner, self.limits.requests_per_s_per_token)
+
+    def count_prompt_tokens(self, episode: OpenEpisode, request: ChatCompletionRequest) -> int:
+        """The prompt length ``request`` would have as the episode's next call: rendered and spliced as
+        `prepare_chat` does, under the same caps and request rate; nothing is sampled or recorded.
+
+        Raises:
+            RequestError: unknown model, unrenderable messages (400/404) or a field over its cap (422).
+            Unavailable: the owner's client token is over its request rate (429 + Retry-After).
+        """
+        self._admit_call(episode, request)
+        agent = agent_for(request, self.model_name)
+        rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
+        return len(rendered.prompt_ids)
+
     def prepare_chat(self, episode: OpenEpisode, request: ChatCompletionRequest) -> PreparedCall:
         """Check and render one chat request of an open episode (nothing sampled or recorded yet).
 
@@ -361,9 +385,7 @@ class SwarmRuntime:
             RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
         """
         arrived = time.time()
-        check_chat_request(self.limits, request)
-        if episode.owner is not None and episode.owner != "admin":
-            self.rates.take(episode.owner, self.limits.requests_per_s_per_token)
+        self._admit_call(episode, request)
         agent = agent_for(request, self.model_name)
         defaults, cap = self.config.sampling, self.limits.max_tokens
         if cap is not None and defaults.max_tokens > cap:  # a request that leaves max_tokens out gets the cap
@@ -405,10 +427,12 @@ class SwarmRuntime:
         episode.last_seen = prepared.arrived
         ended = EpisodeStateError(episode.id, f"episode {episode.id} ended while this call was running")
         queued = time.time()
+        handed = time.perf_counter()
         generation = asyncio.ensure_future(self.engine.generate(prompt_ids, prepared.params, on_token))
         episode.sampling.add(generation)
         try:
             completions = await generation
+            engine_s = time.perf_counter() - handed
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if episode.id not in self.episodes and not (current is not None and current.cancelling()):
@@ -440,6 +464,8 @@ class SwarmRuntime:
             agent=prepared.agent,
             policy_version=self.step,
             created_at=time.time(),
+            arrived=prepared.arrived,
+            engine_s=engine_s,
         )
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

@@ -292,23 +292,24 @@ RULES = (
     "it shoots one player. Each day everyone speaks once, then votes to eliminate one player. The "
     "village wins when all werewolves are dead; the werewolves win when they equal the others or survive "
     "{days} day(s). Never reveal that you are a werewolf.\n"
-    "You are Player {seat}. Your role: {role}.{extra}"
+    "You are Player {seat}. Your role: {role}.{extra}\n"
+    "When asked to choose a player, answer with that player's number only, for example: 2"
 )
-WOLF_PROMPT = "Night {day}. Choose a player to kill among: {candidates}. Reply with the player number only."
-SEER_PROMPT = (
-    "Night {day}. Choose a player to inspect among: {candidates}. Reply with the player number only."
-)
-WITCH_PROMPT = (
-    "Night {day}. {victim_line} Potions left: {potions}. Reply 'save' to save the victim, 'poison N' "
-    "to poison player N ({candidates}), both, or 'pass'."
-)
+WOLF_PROMPT = "Night {day}: choose a player to kill. Answer with one number from: {candidates}."
+SEER_PROMPT = "Night {day}: choose a player to inspect. Answer with one number from: {candidates}."
+WITCH_PROMPT = "Night {day}. {victim_line} Potions left: {potions}. Answer with one of: {options}."
 SPEAK_PROMPT = "Day {day}. Your turn: say one or two short sentences to the others."
-VOTE_PROMPT = (
-    "Day {day} vote. Who should be eliminated? Choose among: {candidates}. Reply with the player number only."
-)
-SHOOT_PROMPT = (
-    "You die. As the hunter, choose a player to shoot among: {candidates}. Reply with the player number only."
-)
+VOTE_PROMPT = "Day {day} vote: who should be eliminated? Answer with one number from: {candidates}."
+SHOOT_PROMPT = "You die. As the hunter, choose a player to shoot. Answer with one number from: {candidates}."
+"""Action prompts list every valid answer and ask for it alone. On the embedded 135M model at
+temperature 1 this did not lower the invalid actions measurably (most replies stay prose either way:
+bench/README.md, ``werewolves_compliance.py``); it states the rule a stronger model can follow."""
+
+
+def witch_options(*, can_save: bool, can_poison: bool, others: Sequence[int]) -> str:
+    """The witch's valid answers, listed: ``"save, poison 2, poison 4, pass"``."""
+    options = (["save"] if can_save else []) + ([f"poison {s}" for s in others] if can_poison else [])
+    return ", ".join([*options, "pass"])
 
 
 class _Seat:
@@ -405,8 +406,13 @@ class _Table:
                 ", ".join(p for p, left in (("save", game.save_left), ("poison", game.poison_left)) if left)
                 or "none"
             )
+            options = witch_options(
+                can_save=game.save_left and victim is not None,
+                can_poison=game.poison_left,
+                others=[s for s in game.alive if s != witch],
+            )
             instruction = WITCH_PROMPT.format(
-                day=game.day, victim_line=victim_line, potions=potions, candidates=self.candidates([witch])
+                day=game.day, victim_line=victim_line, potions=potions, options=options
             )
             saved, poisoned = game.witch_move(witch, await self.ask(witch, instruction, Phase.NIGHT), victim)
         game.transcript.append(f"Dawn of day {game.day}.")

@@ -23,7 +23,10 @@ _NUMBER_WORDS = {
 }  # fmt: skip
 _NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b")
 _PLAYER = re.compile(r"\b(?:player|p|seat)\s*#?\s*(\d+)\b")
-_INTEGER = re.compile(r"(?<![\d.])(\d+)(?![\d.])")
+_INTEGER = re.compile(r"(?<!\d)(?<!\d\.)(\d+)(?!\d)(?!\.\d)")
+"""A whole number, not part of a decimal ("3", "3.", "(3)"; not the 3 of "3.5" or "2.3")."""
+_CLOCK = re.compile(r"\b(?:night|day)\s*#?\s*\d+\b")
+"""A game-clock phrase echoed from the prompt ("Night 1.", "Day 2 vote"): its number is not a player."""
 _PASS = re.compile(r"^\W*(?:no|none|nobody|pass|skip|nothing|no one)\b")
 _REVEAL = re.compile(
     r"\b(?:i\s*am|i'm|im|i\s+was)\s+(?:a\s+|the\s+|one\s+of\s+the\s+)?(?:were)?wol(?:f|ves)\b"
@@ -67,7 +70,8 @@ def parse_target(text: str, allowed: Collection[int], seats: Collection[int]) ->
     """Read one player out of ``text``.
 
     A number after "player"/"p"/"seat" wins; else the text must hold exactly one distinct integer.
-    Several distinct candidates, or none, are ``UNPARSED``.
+    Several distinct candidates, or none, are ``UNPARSED``. A game-clock phrase echoed from the prompt
+    ("Night 1, Player 3", "Day 2: 4") is not a candidate, and a number ending a sentence counts ("3.").
 
     Args:
         text: The model's reply.
@@ -77,7 +81,7 @@ def parse_target(text: str, allowed: Collection[int], seats: Collection[int]) ->
     Returns:
         The parsed target.
     """
-    body = _normalise(text)
+    body = _CLOCK.sub(" ", _normalise(text))
     named = {int(m) for m in _PLAYER.findall(body)} or {int(m) for m in _INTEGER.findall(body)}
     named &= set(seats)
     if len(named) != 1:

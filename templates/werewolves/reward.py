@@ -99,12 +99,14 @@ def self_check(tasks: list[dict[str, Any]]) -> list[str]:
     for task in tasks:
         setup = GameSetup.from_task(task)
         seats = setup.seats
-        for text in ("", "everyone", "1 2 3", "I choose player 99", "Player 1 or Player 2"):
+        for text in ("", "everyone", "1 2 3", "I choose player 99", "Player 1 or Player 2", "Night 1."):
             if parse_target(text, seats, seats).valid:
                 failures.append(f"{task['id']}: malformed target {text!r} accepted")
         if (
             parse_target("I vote for player 2!", [2], seats).seat != 2
             or parse_target("Player two", [2], seats).seat != 2
+            or parse_target("2.", [2], seats).seat != 2
+            or parse_target("Day 1 vote: 2", [2], seats).seat != 2
         ):
             failures.append(f"{task['id']}: a clean target was not read")
         if parse_witch("save", can_save=False, can_poison=True, allowed=seats, seats=seats).valid:

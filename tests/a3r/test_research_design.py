@@ -90,6 +90,11 @@ def test_settings_refuse_what_the_engine_cannot_change() -> None:
         ("effect of kl 0.1 on arithmetic", "kl_coef", "effect_of", [0.0, 0.1]),
         # More than two values compared: the best of them.
         ("lr 1e-4 vs 1e-3 vs 1e-2 on arithmetic", "lr", "best", [1e-4, 1e-3, 1e-2]),
+        # Values written before the setting's name, and comparisons in words.
+        ("compare 1e-4 and 3e-4 learning rates on arithmetic", "lr", "a_vs_b", [1e-4, 3e-4]),
+        ("is lr 1e-4 better than 3e-4 on arithmetic", "lr", "a_vs_b", [1e-4, 3e-4]),
+        ("does a group size of 4 beat 8 on countdown", "group_size", "a_vs_b", [4, 8]),
+        ("best of 0.01, 0.1 and 1 kl on arithmetic", "kl_coef", "best", [0.01, 0.1, 1.0]),
     ],
 )
 def test_offline_plans_questions_over_any_setting(

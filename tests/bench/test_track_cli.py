@@ -83,8 +83,8 @@ def test_a_bad_setting_is_one_readable_line(tmp_path: Path) -> None:
     done = _track("--quick", "--set", "nope=1", "--store", str(tmp_path / "x.db"))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "expected NAME=VALUE" in done.stderr
-    done = _track("--quick", "--only", "spy", "--store", str(tmp_path / "x.db"))
-    assert done.returncode == 2 and "unknown benchmark 'spy'" in done.stderr
+    done = _track("--quick", "--only", "nope", "--store", str(tmp_path / "x.db"))
+    assert done.returncode == 2 and "unknown benchmark 'nope'" in done.stderr
 
 
 def test_the_committed_history_loads_and_the_page_shows_its_three_commits(tmp_path: Path) -> None:

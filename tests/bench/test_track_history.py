@@ -23,10 +23,10 @@ COMMIT_A, COMMIT_B, COMMIT_C = "a" * 40, "b" * 40, "c" * 40
 MACHINE = {"cpu": "Test CPU", "cores": 2}
 
 
-def _config(mode: str = "quick", cpu: str = "Test CPU", calls: int = 12) -> dict[str, Any]:
+def _config(mode: str = "quick", cpu: str = "Test CPU", calls: int = 12, **other: Any) -> dict[str, Any]:
     return {
         "mode": mode,
-        "settings": {"merge_calls": calls},
+        "settings": {"threads": 2, "merge_calls": calls, "update_seqs": 8, **other},
         "dirty": False,
         "provenance": {"versions": {"torch": "2.13.0"}, "machine": {**MACHINE, "cpu": cpu}},
         "backend": {"engine": "hf", "trainer": "torch", "device": "cpu"},
@@ -142,10 +142,11 @@ def test_the_verdict_compares_with_earlier_commits_of_the_same_mode_sizes_and_ma
     with Store(tmp_path / "track.db") as store:
         for seed in range(2):
             _record(store, COMMIT_A, seed, 9.3)
-        _record(store, COMMIT_B, 0, 9.3)
+        _record(store, COMMIT_B, 0, 9.3, update_seqs=4, spy_games=6)  # another benchmark's sizes: in it
         _record(store, COMMIT_B, 0, 1.0, mode="full")  # another mode: not in the band
         _record(store, COMMIT_B, 0, 1.0, cpu="Other CPU")  # another machine: not in the band
-        _record(store, COMMIT_B, 0, 1.0, calls=3)  # other benchmark sizes: not in the band
+        _record(store, COMMIT_B, 0, 1.0, calls=3)  # other sizes of this benchmark: not in the band
+        _record(store, COMMIT_B, 0, 1.0, threads=1)  # other torch threads: not in the band
         new = [_record(store, COMMIT_C, seed, 7.0) for seed in range(3)]
         history = load_history(store)
         v = history.verdict("merge", "tokens_ratio", new, higher_is_better=True, k=3.0, min_relative=0.01)

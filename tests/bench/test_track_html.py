@@ -63,6 +63,14 @@ def _history_page(tmp_path: Path) -> Path:
 def test_the_page_has_a_plot_per_benchmark_the_versions_and_the_flagged_regression(tmp_path: Path) -> None:
     page = _history_page(tmp_path).read_text()
     assert page.count("<svg") == 2
+    # the candidate (judged) commit is named at the top and in each verdict row
+    top = page[: page.index("<h2>")]
+    assert "Candidate commit: <code title='" + COMMITS[2] + "'>3333333333</code> (dirty)" in top
+    verdicts = page[page.index("id='verdicts'") : page.index("</table>", page.index("id='verdicts'"))]
+    assert verdicts.count("<td>3333333333</td>") == 2 and "1111111111" not in verdicts
+    # every commit's curve is drawn (its own group), and the legend lists each commit's value
+    for commit in COMMITS:
+        assert f'id="curve-merge-{commit[:10]}"' in page and f"{commit[:10]} · tokens_ratio 9.301" in page
     assert "id='bench-merge'" in page and "id='bench-update'" in page and "bench-learning" not in page
     versions = page[page.index("id='versions'") : page.index("</table>", page.index("id='versions'"))]
     assert versions.count("<tr>") == 1 + len(COMMITS) and "2.13.0" in versions and "hf/torch/cpu" in versions
@@ -96,12 +104,17 @@ def test_the_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     dom = subprocess.run(
         [*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, check=False
     ).stdout
-    assert dom.count("<svg") == 2 and "Regressions: update" in dom
+    assert dom.count("<svg") == 2 and "Regressions: update" in dom and "Candidate commit: " in dom
     image = Image.open(shot).convert("RGB")
     assert image.size == (1200, 1600)
     rgb = np.asarray(image).astype(int)
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
-    blue = int(((b > 150) & (r < 80) & (g > 90) & (g < 150)).sum())  # matplotlib's C0 #1f77b4
     red_row = int(((r > 245) & (g > 215) & (g < 230) & (b > 215) & (b < 230)).sum())  # #fdd background
-    assert blue > 200, "no plotted curve in the screenshot"
     assert red_row > 1000, "the regression row is not highlighted"
+    # Each commit's colour (matplotlib's C0, C1, C2) covers whole curves, not just its legend entry and
+    # dots: the first two commits' equal curves (merge, update) are not hidden under the last one's
+    # (drawn on top of one another, the first commit's blue came to ~230 pixels).
+    colours = {"C0": (0x1F, 0x77, 0xB4), "C1": (0xFF, 0x7F, 0x0E), "C2": (0x2C, 0xA0, 0x2C)}
+    for name, colour in colours.items():
+        near = (abs(r - colour[0]) < 40) & (abs(g - colour[1]) < 40) & (abs(b - colour[2]) < 40)
+        assert int(near.sum()) > 600, f"commit {name}'s curves are not visible"

@@ -51,6 +51,9 @@ def test_bad_requests_get_json_errors_and_server_keeps_serving(server: Any, ep: 
     assert_error(chat(url, key, {"model": model, "messages": []}), 422)
     err = assert_error(chat(url, key, {"model": "gpt-4", "messages": QUESTION}), 404, "invalid_request_error")
     assert err["param"] == "model"
+    huge = "m" * 5000  # an oversized name is not echoed back whole
+    err = assert_error(chat(url, key, {"model": huge, "messages": QUESTION}), 404, "invalid_request_error")
+    assert "(5000 characters)" in err["message"] and len(err["message"]) < 300, err["message"]
     assert_error(chat(url, key, {"model": model, "messages": QUESTION, "max_tokens": 0}), 422)
     assert_error(chat(url, key, {"model": model, "messages": [{"role": "wizard", "content": "x"}]}), 422)
     long_prompt = [{"role": "user", "content": "hello " * 9000}]
@@ -107,6 +110,8 @@ def test_abort_kinds_heartbeat_and_unknown_episode(server: Any) -> None:
         with pytest.raises(ClientError) as info:
             client.get_episode("ep-nope")
         assert info.value.status_code == 404
+        unknown = httpx.get(f"{server.url}/api/v1/episodes/{'e' * 4000}")
+        assert unknown.status_code == 404 and len(unknown.json()["error"]["message"]) < 300, unknown.text
         assert_error(httpx.post(f"{server.url}/api/v1/episodes", json={"task_id": ""}), 422)
         assert_error(httpx.post(f"{server.url}/api/v1/episodes", json={"task_id": "x", "typo_field": 1}), 422)
 

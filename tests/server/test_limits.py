@@ -3,8 +3,11 @@ chat caps (422), event followers (503), all changed live through ``PATCH /api/v1
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -114,6 +117,33 @@ def test_requests_per_second_per_token(limited: LiveServer) -> None:
         reset(url)
 
 
+def test_count_tokens_takes_the_same_rate_and_caps_as_messages(limited: LiveServer) -> None:
+    """Counting renders the whole conversation, so it spends the token's request rate and obeys the
+    message cap like a Messages call (Anthropic's shape: a cap is 400, the rate 429)."""
+    url = limited.url
+    ep = begin(url).json()
+    count_url = f"{url}/v1/messages/count_tokens"
+    body = {"model": ep["model"], "messages": QUESTION}
+    patch(url, max_messages=1, requests_per_s_per_token=1)
+    try:
+        over_cap = httpx.post(
+            count_url, json={**body, "messages": QUESTION * 2}, headers={"x-api-key": ep["api_key"]}
+        )
+        assert over_cap.status_code == 400 and over_cap.json()["type"] == "error", over_cap.text
+        assert (
+            "max" in over_cap.json()["error"]["message"] or "messages" in over_cap.json()["error"]["message"]
+        )
+        answers = [httpx.post(count_url, json=body, headers={"x-api-key": ep["api_key"]}) for _ in range(3)]
+        statuses = [a.status_code for a in answers]
+        assert 429 in statuses, statuses
+        refused = next(a for a in answers if a.status_code == 429)
+        assert refused.json()["type"] == "error" and int(refused.headers["retry-after"]) >= 1
+    finally:
+        reset(url)
+    counted = httpx.post(count_url, json=body, headers={"x-api-key": ep["api_key"]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0, counted.text
+
+
 def test_body_size_is_413(limited: LiveServer) -> None:
     url = limited.url
     patch(url, max_body_bytes=1024)
@@ -192,6 +222,35 @@ def test_event_followers_are_bounded(limited: LiveServer) -> None:
         reset(url)
 
 
+def test_simultaneous_followers_cannot_pass_the_bound_together(limited: LiveServer) -> None:
+    """Followers that connect at the same moment are counted as they connect, not when their streams
+    start: of five simultaneous connects, exactly the cap get a stream."""
+    url = limited.url
+    patch(url, max_event_subscribers=2)
+
+    async def follow_all() -> list[int]:
+        async with httpx.AsyncClient(timeout=10) as http, contextlib.AsyncExitStack() as stack:
+
+            async def connect() -> int:
+                response = await stack.enter_async_context(
+                    http.stream("GET", f"{url}/api/v1/events", headers=bearer(ADMIN))
+                )
+                return response.status_code
+
+            return list(await asyncio.gather(*(connect() for _ in range(5))))
+
+    try:
+        statuses = asyncio.run(follow_all())
+        assert sorted(statuses) == [200, 200, 503, 503, 503], statuses
+        deadline = time.monotonic() + 10  # the closed streams give their slots back
+        while (statuses := asyncio.run(follow_all())).count(200) < 2:
+            assert time.monotonic() < deadline, statuses
+            time.sleep(0.2)
+        assert sorted(statuses) == [200, 200, 503, 503, 503], statuses
+    finally:
+        reset(url)
+
+
 def test_limits_patch_is_validated_and_shown(limited: LiveServer) -> None:
     url = limited.url
     bad = patch(url, max_n=99)
@@ -220,5 +279,7 @@ def test_an_inference_server_takes_limit_patches_only(server: LiveServer) -> Non
         answer.json()["config"]["limits"]["max_messages"] == 100 and answer.json()["config"]["training"] == {}
     )
     assert httpx.patch(f"{server.url}/api/v1/config", json={"lr": 1e-5}).status_code == 409
-    assert httpx.get(f"{server.url}/api/v1/config").status_code == 409
+    shown = httpx.get(f"{server.url}/api/v1/config")  # what was patched can be read back
+    assert shown.status_code == 200 and shown.json()["limits"]["max_messages"] == 100, shown.text
+    assert shown.json()["training"] == {} and shown.json()["sampling"]["temperature"] == 1.0
     httpx.patch(f"{server.url}/api/v1/config", json={"limits": {"max_messages": Limits().max_messages}})

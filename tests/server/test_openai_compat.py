@@ -233,3 +233,25 @@ def test_a_seed_beyond_64_bits_is_refused_and_does_not_fail_other_calls(server: 
         largest = httpx.post(url, json={**body, "seed": 2**63 - 1 - 16, "n": 16}, headers=headers)
         assert largest.status_code == 200 and len(largest.json()["choices"]) == 16
         ep.finish(0.0)
+
+
+def test_answers_carry_server_timing(server: Any) -> None:
+    """A non-streamed answer says where its time went (W3C Server-Timing, ms): engine + server = total,
+    and the engine part is at least the time the engine reports for the call."""
+    with SwarmClient(server.url) as client, client.episode("timing") as ep:
+        raw = OpenAI(base_url=ep.base_url, api_key=ep.api_key).chat.completions.with_raw_response.create(
+            model=ep.model, messages=QUESTION, max_tokens=8, seed=3
+        )
+        anthropic = httpx.post(
+            f"{server.url}/v1/messages",
+            json={"model": ep.model, "max_tokens": 4, "messages": QUESTION},
+            headers={"x-api-key": ep.api_key},
+        )
+        ep.finish(0.0)
+        call = client.get_episode(ep.id).calls[0]
+    for header in (raw.headers["server-timing"], anthropic.headers["server-timing"]):
+        parts = dict(item.strip().split(";dur=") for item in header.split(","))
+        engine, rest, total = (float(parts[name]) for name in ("engine", "server", "total"))
+        assert engine > 0 and rest >= 0 and abs(engine + rest - total) < 0.2, header
+    first = dict(item.strip().split(";dur=") for item in raw.headers["server-timing"].split(","))
+    assert float(first["engine"]) >= 1e3 * call.generate_s * 0.99, (first, call.generate_s)

@@ -45,9 +45,14 @@ runner = CliRunner()
         (["--lr", "2"], "--lr: Input should be less than or equal to 1"),
         (["--quota", "a=1", "--quota", "a=0"], "--quota 'a=0': family 'a' is given twice"),
         (["--admin-token", " "], "--admin-token: empty"),
-        (["--client-token", "short"], "--client-token: expected NAME=TOKEN or TOKEN, the token at least 8"),
+        (["--client-token", "short"], "--client-token: expected NAME=TOKEN or TOKEN, the token at least 16"),
         (
-            ["--client-token", "a=tok-12345", "--client-token", "a=tok-67890"],
+            ["--client-token", "a=fifteen-chars!"],
+            "--client-token: expected NAME=TOKEN or TOKEN, the token at least 16",
+        ),
+        (["--admin-token", "fifteen-chars!!"], "the admin token needs at least 16 characters"),
+        (
+            ["--client-token", "a=tok-1234567890ab", "--client-token", "a=tok-67890abcdefg"],
             "--client-token: the name 'a' is given twice",
         ),
         (

@@ -45,14 +45,14 @@ def test_argv_renders_the_options_set_in_field_order() -> None:
 
 def test_client_tokens_come_from_flags_and_a_file(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("# team tokens\nalice=alice-token-1  # the first\n\nbare-token-2\n")
-    config = ServeOptions(client_token=["bob=bob-token-3"], client_tokens_file=tokens).to_server_config()
+    tokens.write_text("# team tokens\nalice=alice-token-0001  # the first\n\nbare-token-000000002\n")
+    config = ServeOptions(client_token=["bob=bob-token-000003"], client_tokens_file=tokens).to_server_config()
     names = {name: secret.get_secret_value() for name, secret in config.client_tokens.items()}
-    assert names["alice"] == "alice-token-1" and names["bob"] == "bob-token-3"
+    assert names["alice"] == "alice-token-0001" and names["bob"] == "bob-token-000003"
     (bare,) = [n for n in names if n.startswith("client-")]
-    assert names[bare] == "bare-token-2" and len(bare) == len("client-") + 8
+    assert names[bare] == "bare-token-000000002" and len(bare) == len("client-") + 8
     with pytest.raises(ServeOptionsError, match="line 2: expected NAME=TOKEN") as refused:
-        tokens.write_text("ok=long-enough-token\nx=tiny\n")
+        tokens.write_text("ok=long-enough-token-16\nx=tiny\n")
         ServeOptions(client_tokens_file=tokens).to_server_config()
     assert "tiny" not in str(refused.value)  # a token is never echoed
 

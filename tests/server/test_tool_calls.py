@@ -93,3 +93,53 @@ def test_tool_choice_none_leaves_the_text_alone_and_forced_choices_are_refused(
             assert refused.status_code == 422 and error["param"] == "tool_choice", error
             assert reason in error["message"]
         ep.finish(0.0)
+
+
+def test_nameless_tools_and_orphan_tool_results_are_refused_naming_the_field(tool_server: LiveServer) -> None:
+    """A tool nobody could call, or a tool result answering no call, is a 4xx naming the field (OpenAI's
+    rules; Anthropic's route in its own shape), and the episode records nothing."""
+    orphan = [*GOOD_PROMPT, {"role": "tool", "tool_call_id": "call_nobody", "content": "5"}]
+    with SwarmClient(tool_server.url) as client, client.episode("tool-rules") as ep:
+        auth = {"Authorization": f"Bearer {ep.api_key}"}
+        for body, param, reason in (
+            (
+                {"tools": [{"type": "function", "function": {"description": "no name"}}]},
+                "tools",
+                "not a tool name",
+            ),
+            (
+                {"tools": [{"type": "function", "function": {"name": "two words"}}]},
+                "tools",
+                "not a tool name",
+            ),
+            ({"tools": [{"type": "retrieval"}]}, "tools", "only function tools"),
+            ({"messages": orphan, "tools": TOOLS}, "messages", "matches none"),
+        ):
+            refused = httpx.post(
+                f"{ep.base_url}/chat/completions",
+                json={"model": ep.model, "messages": GOOD_PROMPT, **body},
+                headers=auth,
+            )
+            error = refused.json()["error"]
+            assert refused.status_code == 422 and reason in error["message"], error
+            assert error["param"] == param, error
+        anthropic = httpx.post(
+            f"{tool_server.url}/v1/messages",
+            json={
+                "model": ep.model,
+                "max_tokens": 4,
+                "messages": [
+                    {"role": "user", "content": "2 + 3?"},
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "5"}],
+                    },
+                ],
+            },
+            headers={"x-api-key": ep.api_key},
+        )
+        assert anthropic.status_code == 400 and anthropic.json()["type"] == "error", anthropic.text
+        assert anthropic.json()["error"]["type"] == "invalid_request_error"
+        assert "matches none" in anthropic.json()["error"]["message"]
+        ep.finish(0.0)
+        assert client.get_episode(ep.id).calls == []

@@ -15,7 +15,7 @@ from a3r.app.cli import app as a3r_app
 from swarm.client import AsyncSwarmClient
 from templates import render
 from templates.werewolves import data
-from templates.werewolves.game import GameSetup, Phase, Role, Team, play
+from templates.werewolves.game import GameSetup, Phase, Role, Team, play, witch_options
 from templates.werewolves.parsing import TargetStatus, parse_target, parse_witch, reveals_werewolf
 from templates.werewolves.reward import agent_rewards, role_reward, self_check
 from tests.templates.test_workflows_e2e import run_episodes
@@ -56,6 +56,18 @@ def test_the_village_wins_when_it_votes_out_the_werewolf_and_only_the_seer_learn
     assert any("Player 1 is a werewolf" in p for p in players[2].prompts)
     assert not any("Player 1 is a werewolf" in p for s in (1, 3, 4, 5) for p in players[s].prompts)
     assert "The werewolves attacked Player 5" in players[3].prompts[0]  # the witch is told the victim
+    # every action prompt lists the valid answers
+    assert players[1].prompts[0].endswith("Answer with one number from: 2, 3, 4, 5.")
+    assert (
+        players[3]
+        .prompts[0]
+        .endswith("Answer with one of: save, poison 1, poison 2, poison 4, poison 5, pass.")
+    )
+    assert (
+        players[2]
+        .prompts[-1]
+        .endswith("vote: who should be eliminated? Answer with one number from: 1, 3, 4.")
+    )
     assert all(stats.invalid_actions == 0 and stats.reveals == 0 for stats in record.stats.values())
     assert agent_rewards(record) == {
         "werewolf_1": 0.0,
@@ -128,6 +140,48 @@ def test_parsing_reads_messy_output_and_refuses_ambiguity() -> None:
     assert not parse_witch("save", can_save=False, can_poison=True, allowed=seats, seats=seats).valid
     assert not parse_witch("hmm", can_save=True, can_poison=True, allowed=seats, seats=seats).valid
     assert reveals_werewolf("Honestly, I'm the werewolf") and not reveals_werewolf("Player 2 is a werewolf")
+
+
+@pytest.mark.parametrize(
+    ("reply", "seat"),
+    [
+        # replies of the embedded 135M model (bench/werewolves_compliance.py) and their near variants
+        ("3.", 3),
+        ("3.\n", 3),
+        ("Player 3.", 3),
+        ("I vote 3", 3),
+        ("Night 1. Choosing 4,", 4),  # the echoed clock is not a player
+        ("Night 1, Player 3 Player", 3),
+        ("Day 2 vote: 5", 5),
+        ("You are a card, 1.", 1),
+        # still invalid: several players, none, a decimal, or only the echoed clock
+        ("1. 3. 2.", None),
+        ("Suncoin. 1 or 2", None),
+        ("1. Avoiding a Mayday\n2", None),
+        ("Day 1, \nPlayers", None),
+        ("Night 1: Polynesality's Sub", None),
+        ("3.5", None),
+        ("Day 1 vote. 3 or 4", None),
+    ],
+)
+def test_a_single_player_is_read_from_model_replies_and_several_or_none_stay_invalid(
+    reply: str, seat: int | None
+) -> None:
+    seats = [1, 2, 3, 4, 5]
+    target = parse_target(reply, seats, seats)
+    assert (target.seat, target.valid) == ((seat, True) if seat else (None, False)), reply
+
+
+def test_the_witch_is_offered_only_the_potions_she_has() -> None:
+    assert witch_options(can_save=True, can_poison=True, others=[2, 4]) == "save, poison 2, poison 4, pass"
+    assert witch_options(can_save=False, can_poison=True, others=[2]) == "poison 2, pass"
+    assert witch_options(can_save=False, can_poison=False, others=[2]) == "pass"
+    seats = [1, 2, 3, 4, 5]
+    for answer in ("save", "poison 2", "pass"):  # each offered answer, given verbatim, is valid
+        assert parse_witch(answer, can_save=True, can_poison=True, allowed=[2, 4], seats=seats).valid
+    assert not parse_witch(
+        "save, poison 2, poison 4, pass", can_save=True, can_poison=True, allowed=[2, 4], seats=seats
+    ).valid  # the whole list copied back names two players
 
 
 def test_rewards_and_self_check() -> None:
