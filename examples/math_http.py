@@ -16,7 +16,9 @@ from swarm.client import LLM, Result
 
 async def run(task: dict[str, Any], llm: LLM) -> Result:
     """POST ``{base_url}/chat/completions`` with the episode key as the bearer token."""
-    async with httpx.AsyncClient(timeout=120.0) as http:
+    # 600 s: the OpenAI SDK's default, which the other examples keep (a loaded CPU server can queue a call
+    # behind a training step and a full batch for minutes; a shorter timeout turns that into retries).
+    async with httpx.AsyncClient(timeout=600.0) as http:
         answer = await http.post(
             f"{llm.base_url}/chat/completions",
             headers={"Authorization": f"Bearer {llm.api_key}"},

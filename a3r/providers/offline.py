@@ -76,7 +76,7 @@ count of something else (``20 steps``)."""
 
 _JOINER = (
     r"\s*(?:,|;|=|:|\band\b|\bor\b|\bvs\.?|\bversus\b|\bagainst\b|\bto\b|\bfrom\b|\bof\b|\bthen\b"
-    r"|\b(?:better|worse)\s+than\b|\bbeats?\b|\boutperforms?\b)?\s*"
+    r"|\b(?:better|worse)\s+than\b|\bbeats?\b|\boutperforms?\b|\bloses?\s+to\b|\bunderperforms?\b)?\s*"
 )
 """What may stand between a setting's name and its values, or between two values."""
 
@@ -98,18 +98,31 @@ def _values_after(text: str, setting: Setting) -> list[float]:
     """
     spoken = (rf"\b{setting.name.replace('_', '[ _-]?')}\b",)
     aliases = setting.aliases or spoken
-    position = _mention_end(text, aliases)
-    if position is None:
+    if _mention_end(text, aliases) is None:
         return []
     found: list[float] = []
-    while match := re.compile(_JOINER + _VALUE).match(text, position):
-        found.append(float(match.group(1)))
-        position = match.end()
+    for position in _mention_ends(text, aliases):  # "batch size 8 beats batch size 2": both mentions
+        while match := re.compile(_JOINER + _VALUE).match(text, position):
+            found.append(float(match.group(1)))
+            position = match.end()
     if not found:
         found = _values_before(text[: _mention_start(text, aliases)])
     for value in found:
         setting.check(value)
     return found
+
+
+def _mention_ends(text: str, aliases: tuple[str, ...]) -> list[int]:
+    """Where each mention of a setting ends, in order (the longest alias at each start)."""
+    longest: dict[int, int] = {}
+    for alias in aliases:
+        for m in re.finditer(alias, text):
+            longest[m.start()] = max(longest.get(m.start(), 0), m.end())
+    ends: list[int] = []
+    for start in sorted(longest):
+        if not ends or start >= ends[-1]:
+            ends.append(longest[start])
+    return ends
 
 
 def _mention_start(text: str, aliases: tuple[str, ...]) -> int:
@@ -246,7 +259,14 @@ class OfflineProvider:
         sweep: SweepSpec | None = None
         stability: StabilityCriterion | None = None
         if kind == "research":
-            sweep, stability, objective = self._research_design(text, training, name)
+            sweep, stability, objective, fixed = self._research_design(text, training, name)
+            if fixed:  # "… with kl 0.1": a fixed value of another training setting
+                try:
+                    training = TrainingSettings.model_validate({**training.model_dump(), **fixed})
+                except ValidationError as exc:
+                    raise PlanError(
+                        "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))
+                    ) from None
             seeds = max(stability.min_seeds if stability else SEED_FLOOR, len(training.seeds))
             training = training.model_copy(update={"seeds": list(range(seeds))})
             knob = next((p for p in template.meta.parameters if p.name == sweep.variable), None)
@@ -365,7 +385,7 @@ class OfflineProvider:
     @staticmethod
     def _research_design(
         text: str, training: TrainingSettings, template: str
-    ) -> tuple[SweepSpec, StabilityCriterion | None, str]:
+    ) -> tuple[SweepSpec, StabilityCriterion | None, str, dict[str, float]]:
         """The sweep of a research question: the setting it names (`a3r.study.settings`), the goal
         (min-stable, best, A-vs-B, effect-of) and the values: the numbers written right after the
         setting (`_values_after`). Two values compared are A vs B; more than two compared ("1e-4 vs 1e-3
@@ -383,6 +403,7 @@ class OfflineProvider:
         if refusal is not None:
             raise OfflineUnsupported(refusal)
         meta = templates.get_template(template).meta
+        fixed: dict[str, float] = {}  # other training settings the question gives one value each
         variable = find_setting_in(text, meta)
         if variable is None:
             raise OfflineUnsupported(
@@ -392,13 +413,27 @@ class OfflineProvider:
             )
         setting = resolve_setting(variable, template)
         values = _values_after(text, setting)
-        others = [
-            other.label
-            for other in SETTINGS.values()
-            if other.name != variable
-            and _mention_end(text, other.aliases) is not None
-            and not _values_after(text, other)
-        ]
+        others: list[str] = []
+        knobs = {p.name for p in meta.parameters}
+        for other in SETTINGS.values():
+            if other.name == variable or _mention_end(text, other.aliases) is None:
+                continue
+            given = _values_after(text, other)
+            if not given:
+                others.append(other.label)
+            elif len(set(given)) > 1:
+                raise OfflineUnsupported(
+                    f"the question varies {setting.label} and also gives {other.label} "
+                    f"{', '.join(f'{v:g}' for v in given)}; the offline planner varies one setting per study: "
+                    "ask one question per setting"
+                )
+            elif other.target == "training":
+                fixed[other.name] = given[0]
+            elif other.name not in knobs:
+                raise OfflineUnsupported(
+                    f"the question sets {other.label}, which the {template} template has no knob for "
+                    f"(its knobs: {', '.join(sorted(knobs))})"
+                )
         if others:
             # "the best batch size and lr": a second setting named without a value is a second question.
             raise OfflineUnsupported(
@@ -416,16 +451,31 @@ class OfflineProvider:
             coarse = setting.grid(values or list(setting.coarse))
             stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
             sweep = SweepSpec(variable=variable, coarse=coarse, goal="min_stable")
-            return sweep, stability, f"find the minimal stable {setting.label}"
-        compared = re.search(r"\b(vs\.?|versus|against|compare|or|than|beats?|outperforms?)\b", text)
+            return sweep, stability, f"find the minimal stable {setting.label}", fixed
+        compared = re.search(
+            r"\b(vs\.?|versus|against|compare|or|than|beats?|outperforms?|loses?|underperforms?)\b", text
+        )
         if compared and len(values) > 2:
             # "lr 1e-4 vs 1e-3 vs 1e-2": more than two arms is a search for the best of them.
             sweep = SweepSpec(variable=variable, coarse=setting.grid(values), goal="best")
-            return sweep, None, f"find the best {setting.label} among {', '.join(f'{v:g}' for v in values)}"
+            return (
+                sweep,
+                None,
+                f"find the best {setting.label} among {', '.join(f'{v:g}' for v in values)}",
+                fixed,
+            )
         if compared and len(values) == 2:
+            # The hypothesis of an A-vs-B question is "B beats A": a question that says which value it
+            # expects to win ("X beats Y", "X is worse than Y") puts that value in B.
             a, b = values
+            if re.search(r"\b(better\s+than|beats?|outperforms?)\b", text):
+                sweep = SweepSpec(variable=variable, coarse=[b, a], refine=False, goal="a_vs_b")
+                return sweep, None, f"does {setting.label} {a:g} beat {b:g}?", fixed
+            if re.search(r"\b(worse\s+than|loses?\s+to|underperforms?)\b", text):
+                sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
+                return sweep, None, f"does {setting.label} {b:g} beat {a:g}?", fixed
             sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
-            return sweep, None, f"compare {setting.label} {a:g} (A) with {b:g} (B)"
+            return sweep, None, f"compare {setting.label} {a:g} (A) with {b:g} (B)", fixed
         if re.search(r"\b(effect|impact|does|influence|matter)\b", text):
             # The reference is what the plan runs when the setting is not varied (the question's value
             # is the one changed to, so the training settings never take it).
@@ -439,21 +489,21 @@ class OfflineProvider:
                     "to compare two, or for the best of several"
                 )
             if not values or values[0] == reference:
-                other = next((v for v in reversed(setting.coarse) if v != reference), setting.coarse[-1])
+                suggested = next((v for v in reversed(setting.coarse) if v != reference), setting.coarse[-1])
                 raise OfflineUnsupported(
                     f"an effect-of question needs the value to change {setting.label} to, other than the "
-                    f"reference {reference:g}, e.g. 'effect of {variable} {other:g}'"
+                    f"reference {reference:g}, e.g. 'effect of {variable} {suggested:g}'"
                 )
             changed = values[0]
             sweep = SweepSpec(variable=variable, coarse=[reference, changed], refine=False, goal="effect_of")
-            return sweep, None, f"the effect of {setting.label} {reference:g} → {changed:g}"
+            return sweep, None, f"the effect of {setting.label} {reference:g} → {changed:g}", fixed
         if re.search(r"\b(best|optimal|optimum|good|tune|tuning)\b", text):
             grid = list(setting.coarse)
             if variable == "lr" and training.lora_rank == 0:
                 # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
                 grid = [1e-6, 1e-5, 1e-4]
             sweep = SweepSpec(variable=variable, coarse=setting.grid(values or grid), goal="best")
-            return sweep, None, f"find the best {setting.label}"
+            return sweep, None, f"find the best {setting.label}", fixed
         raise OfflineUnsupported(
             f"which question about {setting.label}? The offline planner answers: the minimal stable value, the "
             f"best value, A vs B ('{variable} 1 vs 2') and the effect of a change ('effect of {variable} 2'); "

@@ -261,9 +261,10 @@ def check_plan(draft: PlanDraft) -> PlanDraft:
         for value in draft.sweep.coarse:
             setting.check(value)
         if draft.sweep.goal in ("a_vs_b", "effect_of") and len(set(draft.sweep.coarse)) != 2:
+            kind = "an A-vs-B" if draft.sweep.goal == "a_vs_b" else "an effect-of"
+            given = ", ".join(f"{v:g}" for v in draft.sweep.coarse)
             raise PlanError(
-                f"a {draft.sweep.goal.replace('_', '-')} question compares two values of {setting.label}, "
-                f"the plan has {len(set(draft.sweep.coarse))}"
+                f"{kind} question compares two different values of {setting.label}; the plan has {given}"
             )
         if draft.stability is not None and len(draft.training.seeds) < draft.stability.min_seeds:
             raise PlanError(

@@ -59,8 +59,51 @@ def test_settings_refuse_what_the_engine_cannot_change() -> None:
         objective="x",
         sweep=SweepSpec(variable="lr", coarse=[1e-4, 1e-3, 1e-2], goal="a_vs_b"),
     )
-    with pytest.raises(PlanError, match="compares two values"):
+    with pytest.raises(PlanError, match="compares two different values"):
         check_plan(draft)
+
+
+@pytest.mark.parametrize(
+    ("question", "variable", "winner", "loser"),
+    [
+        ("is lr 1e-4 better than 3e-4 on arithmetic", "lr", 1e-4, 3e-4),
+        ("does a group size of 4 beat 8 on countdown", "group_size", 4, 8),
+        ("does batch size 8 beat batch size 2 on arithmetic", "batch_size", 8, 2),
+        ("does a group size of 8 lose to 4 on arithmetic", "group_size", 4, 8),
+        ("is a learning rate of 1e-3 worse than 1e-4 on arithmetic", "lr", 1e-4, 1e-3),
+        ("does a learning rate of 1e-4 outperform 3e-4 on arithmetic", "lr", 1e-4, 3e-4),
+    ],
+)
+def test_a_question_that_names_a_winner_tests_that_winner(
+    question: str, variable: str, winner: float, loser: float
+) -> None:
+    """The A-vs-B hypothesis is "B beats A": the value the question expects to win is B, whichever
+    order the question names them in."""
+    plan = OfflineProvider().plan(question, mode="research")
+    assert plan.sweep is not None and plan.sweep.goal == "a_vs_b" and plan.sweep.variable == variable
+    assert plan.sweep.coarse == [loser, winner]
+    assert plan.hypotheses[0].statement.split("=")[1].strip().startswith(f"{winner:g} gives a higher")
+
+
+@pytest.mark.parametrize(
+    ("question", "refusal"),
+    [
+        ("compare lr 1e-4 vs 3e-4 and kl 0.1 vs 0.2 on arithmetic", "one setting per study"),
+        ("find the best lr on countdown with level 3 and temperature 0.5", ""),
+    ],
+)
+def test_a_second_setting_is_fixed_or_refused_never_dropped(question: str, refusal: str) -> None:
+    if refusal:
+        with pytest.raises(OfflineUnsupported, match=refusal):
+            OfflineProvider().plan(question, mode="research")
+        return
+    plan = OfflineProvider().plan(question, mode="research")
+    assert plan.params.get("temperature") == 0.5
+
+
+def test_a_second_training_setting_with_one_value_is_fixed() -> None:
+    plan = OfflineProvider().plan("effect of lr 1e-4 and kl 0.1 on arithmetic", mode="research")
+    assert plan.sweep is not None and plan.sweep.variable == "lr" and plan.training.kl_coef == 0.1
 
 
 @pytest.mark.parametrize(
@@ -92,8 +135,6 @@ def test_settings_refuse_what_the_engine_cannot_change() -> None:
         ("lr 1e-4 vs 1e-3 vs 1e-2 on arithmetic", "lr", "best", [1e-4, 1e-3, 1e-2]),
         # Values written before the setting's name, and comparisons in words.
         ("compare 1e-4 and 3e-4 learning rates on arithmetic", "lr", "a_vs_b", [1e-4, 3e-4]),
-        ("is lr 1e-4 better than 3e-4 on arithmetic", "lr", "a_vs_b", [1e-4, 3e-4]),
-        ("does a group size of 4 beat 8 on countdown", "group_size", "a_vs_b", [4, 8]),
         ("best of 0.01, 0.1 and 1 kl on arithmetic", "kl_coef", "best", [0.01, 0.1, 1.0]),
     ],
 )
