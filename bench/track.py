@@ -42,6 +42,8 @@ into the store (idempotent); the runs of this invocation then go to that history
 from __future__ import annotations
 
 import atexit
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import shutil
@@ -49,7 +51,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -474,7 +477,32 @@ def _use_code(checkout: Path) -> Path:
     atexit.register(shutil.rmtree, shim, ignore_errors=True)
     (shim / "swarm").symlink_to((checkout / "swarm").resolve(), target_is_directory=True)
     sys.path.insert(0, str(shim))
+    # Without this, a module the old checkout lacks would be found by this tree's editable install and
+    # the run would silently measure a mix of both versions.
+    sys.meta_path.insert(0, _CheckoutOnly(shim, checkout))
     return checkout
+
+
+class _CheckoutOnly(importlib.abc.MetaPathFinder):
+    """Finds ``swarm`` and its submodules in the ``--code`` checkout only: a module missing there is a
+    ``ModuleNotFoundError`` naming the checkout, never this tree's module of the same name."""
+
+    def __init__(self, shim: Path, checkout: Path) -> None:
+        self.shim = shim
+        self.checkout = checkout
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "swarm" and not fullname.startswith("swarm."):
+            return None
+        search = [str(self.shim)] if fullname == "swarm" else path
+        spec = importlib.machinery.PathFinder.find_spec(fullname, search)
+        if spec is None:
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} in the --code checkout {self.checkout}", name=fullname
+            )
+        return spec
 
 
 def _swarm_root() -> Path:

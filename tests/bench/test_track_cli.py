@@ -87,7 +87,7 @@ def test_a_bad_setting_is_one_readable_line(tmp_path: Path) -> None:
     assert done.returncode == 2 and "unknown benchmark 'nope'" in done.stderr
 
 
-def test_the_committed_history_loads_and_the_page_shows_its_three_commits(tmp_path: Path) -> None:
+def test_the_committed_history_loads_and_the_page_shows_its_four_commits(tmp_path: Path) -> None:
     """A fresh clone: an empty store, the committed ``bench/history/track.json``, no benchmark run."""
     history_file = ROOT / "bench" / "history" / "track.json"
     assert history_file.stat().st_size < 300_000
@@ -97,24 +97,25 @@ def test_the_committed_history_loads_and_the_page_shows_its_three_commits(tmp_pa
     assert done.returncode == 0, done.stderr
     page = (html / "index.html").read_text()
     versions = page[page.index("id='versions'") : page.index("</table>", page.index("id='versions'"))]
-    commits = ("427044d351", "04bd9c5a62", "76d39ab062")
+    commits = ("427044d351", "04bd9c5a62", "76d39ab062", "3383f1873d")
     assert versions.count("<tr>") == 1 + len(commits) and all(c in versions for c in commits)
-    assert page.count("<svg") == 4  # learning, merge, throughput, update
+    assert page.count("<svg") == 5  # learning, merge, throughput, update, spy
     with Store(db) as store:
         history = load_history(store)
         assert history.commits() == [
             "427044d3513f223e4268ddeebb21ffff88142741",
             "04bd9c5a623d7cb6cf27813064bf82954063deeb",
             "76d39ab0627a00641e7cc5458f8188c2d4cb70a3",
+            "3383f1873dd3de46575003b5a46076f946159b42",
         ]
         runs = [r for rs in history.runs.values() for r in rs]
-        assert len(runs) == 13 and all(store.metric_history(r.run.id) for r in runs)
+        assert len(runs) == 33 and all(store.metric_history(r.run.id) for r in runs)
         assert all("load_avg_1m" in r.run.config for r in runs)
     # Loading it again duplicates nothing; its export is the committed file but for the export time.
     again = _track(*args)
     assert again.returncode == 0, again.stderr
     with Store(db) as store:
-        assert len(store.studies()) == 1 and len(store.runs()) == 13
+        assert len(store.studies()) == 1 and len(store.runs()) == 33
     exported = json.loads((tmp_path / "again.json").read_text())
     committed = json.loads(history_file.read_text())
     assert exported == committed  # exported_at is the newest record's time: an unchanged history, same bytes
@@ -178,6 +179,19 @@ def test_an_invocation_whose_every_run_failed_exits_nonzero(tmp_path: Path) -> N
     assert "every benchmark run failed (2 runs" in _one_line_error(done, code=1)
     with Store(db) as store:
         assert [r.status for r in store.runs()] == [RunStatus.failed] * 2
+
+
+def test_a_module_the_code_checkout_lacks_is_not_taken_from_this_tree(tmp_path: Path) -> None:
+    """``--code`` measures the checkout's ``swarm`` only: a checkout without ``swarm/tracking`` cannot
+    run the merge benchmark (before, this tree's module was imported and the run passed as the old one)."""
+    (tmp_path / "old" / "swarm").mkdir(parents=True)
+    (tmp_path / "old" / "swarm" / "__init__.py").touch()
+    db = tmp_path / "x.db"
+    done = _track("--quick", "--only", "merge", "--code", str(tmp_path / "old"), "--store", str(db))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "in the --code checkout" in done.stdout + done.stderr
+    with Store(db) as store:
+        assert [r.status for r in store.runs()] == [RunStatus.failed]
 
 
 def test_a_bad_history_file_leaves_the_store_alone(tmp_path: Path) -> None:
