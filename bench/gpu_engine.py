@@ -79,6 +79,16 @@ def build_engine(kind: str, source: ModelSource, memory: float, device: str) -> 
 
 
 # -- throughput ----------------------------------------------------------------------------------------
+def call_budget(tokens: int, seed: int | None, spread: float) -> int:
+    """``max_tokens`` of one call: ``tokens``, or with ``spread`` > 0 a value in
+    ``[tokens·(1 − spread), tokens]`` fixed by the call's seed (the same on the server and direct paths),
+    so equal-length completions do not finish in cohorts."""
+    if spread <= 0 or seed is None:
+        return tokens
+    low = max(1, int(tokens * (1 - spread)))
+    return low + (seed * 2654435761) % (tokens - low + 1)
+
+
 async def _story(
     sdk: AsyncOpenAI, episode: Any, tokens: int, seed: int | None = None, timing: list[float] | None = None
 ) -> int:
@@ -108,6 +118,7 @@ async def _episode(
     seed: int,
     tokens: int,
     times: list[float] | None = None,
+    spread: float = 0.0,
 ) -> int:
     """One episode (begin, one story call, finish); with ``times``, appends the three calls' wall
     seconds (begin, chat, finish) as seen by the client, then the chat's engine and server-side
@@ -116,7 +127,7 @@ async def _episode(
     episode = await swarm.begin(task, kind="eval")
     t1 = time.perf_counter()
     timing: list[float] = []
-    used = await _story(sdk, episode, tokens, seed, timing)
+    used = await _story(sdk, episode, call_budget(tokens, seed, spread), seed, timing)
     t2 = time.perf_counter()
     await episode.finish(0.0)
     if times is not None:  # begin, chat, finish as the client saw them; the chat's engine and server ms
@@ -144,7 +155,14 @@ async def _client_rounds(
 
 
 async def _client_window(
-    url: str, concurrency: int, tokens: int, first_seed: int, barrier: Any, warmup_s: float, window_s: float
+    url: str,
+    concurrency: int,
+    tokens: int,
+    first_seed: int,
+    barrier: Any,
+    warmup_s: float,
+    window_s: float,
+    spread: float = 0.0,
 ) -> tuple[int, list[list[float]]]:
     """One client process's share in steady state: ``concurrency`` workers run episodes back to back;
     the completion tokens of the calls that finish inside the window (after ``warmup_s``) are counted."""
@@ -161,7 +179,7 @@ async def _client_window(
             nonlocal counted
             while time.time() < closes:
                 times: list[float] = []
-                used = await _episode(swarm, sdk, f"t{i}", next(seeds), tokens, times)
+                used = await _episode(swarm, sdk, f"t{i}", next(seeds), tokens, times, spread)
                 if opens <= time.time() <= closes:
                     counted += used
                     parts.append(times)
@@ -171,9 +189,18 @@ async def _client_window(
 
 
 def _client_window_process(
-    url: str, concurrency: int, tokens: int, first_seed: int, barrier: Any, warmup_s: float, window_s: float
+    url: str,
+    concurrency: int,
+    tokens: int,
+    first_seed: int,
+    barrier: Any,
+    warmup_s: float,
+    window_s: float,
+    spread: float = 0.0,
 ) -> tuple[int, list[list[float]]]:
-    return asyncio.run(_client_window(url, concurrency, tokens, first_seed, barrier, warmup_s, window_s))
+    return asyncio.run(
+        _client_window(url, concurrency, tokens, first_seed, barrier, warmup_s, window_s, spread)
+    )
 
 
 def _client_process(
@@ -214,7 +241,7 @@ class ClientProcesses:
         return sum(r[0] for r in results) / (max(r[2] for r in results) - min(r[1] for r in results))
 
     def steady(
-        self, url: str, concurrency: int, tokens: int, warmup_s: float, window_s: float
+        self, url: str, concurrency: int, tokens: int, warmup_s: float, window_s: float, spread: float = 0.0
     ) -> tuple[float, list[float]]:
         """Completion tokens/s through the server in steady state (`_client_window`), and the median
         wall seconds of an episode's begin, chat and finish calls as its clients saw them."""
@@ -223,7 +250,15 @@ class ClientProcesses:
         barrier = self.manager.Barrier(k)
         jobs = [
             self.pool.submit(
-                _client_window_process, url, share, tokens, (i + 1) * 10**6, barrier, warmup_s, window_s
+                _client_window_process,
+                url,
+                share,
+                tokens,
+                (i + 1) * 10**6,
+                barrier,
+                warmup_s,
+                window_s,
+                spread,
             )
             for i, share in enumerate(shares)
         ]
@@ -234,7 +269,13 @@ class ClientProcesses:
 
 
 async def direct_steady(
-    engine: Engine, prompt_ids: list[int], concurrency: int, tokens: int, warmup_s: float, window_s: float
+    engine: Engine,
+    prompt_ids: list[int],
+    concurrency: int,
+    tokens: int,
+    warmup_s: float,
+    window_s: float,
+    spread: float = 0.0,
 ) -> tuple[float, float]:
     """Completion tokens/s of ``engine.generate`` alone in steady state: ``concurrency`` workers call it
     back to back on the same prompt; the tokens of calls that finish inside the window are counted.
@@ -249,8 +290,9 @@ async def direct_steady(
         nonlocal counted
         while time.time() < closes:
             started = time.perf_counter()
+            seed = next(seeds)
             (completion,) = await engine.generate(
-                prompt_ids, SamplingParams(max_tokens=tokens, seed=next(seeds))
+                prompt_ids, SamplingParams(max_tokens=call_budget(tokens, seed, spread), seed=seed)
             )
             if opens <= time.time() <= closes:
                 counted += len(completion.ids)
@@ -347,6 +389,7 @@ def measure_overhead(
     tokens: int,
     window: float,
     pairs: int,
+    spread: float = 0.0,
 ) -> dict[str, Any]:
     """Server vs direct tokens/s at ``top`` concurrent, ``pairs`` steady-state windows each way, the
     order alternating (direct first on even pairs); overhead = 1 - median server / median direct."""
@@ -357,11 +400,11 @@ def measure_overhead(
     for r in range(pairs):
         for side in ("direct", "http") if r % 2 == 0 else ("http", "direct"):
             if side == "direct":
-                rate, call = asyncio.run(direct_steady(engine, prompt, top, tokens, 5.0, window))
+                rate, call = asyncio.run(direct_steady(engine, prompt, top, tokens, 5.0, window, spread))
                 direct.append(rate)
                 direct_call.append(call)
             else:
-                rate, parts = clients.steady(url, top, tokens, 5.0, window)
+                rate, parts = clients.steady(url, top, tokens, 5.0, window, spread)
                 http.append(rate)
                 episode_parts.append(parts)
     mid_http, mid_direct = statistics.median(http), statistics.median(direct)
@@ -404,6 +447,14 @@ def main(
         float, typer.Option(min=1.0, help="seconds of each steady-state overhead window (after 5 s warm-up)")
     ] = 20.0,
     pairs: Annotated[int, typer.Option(min=1, help="overhead windows each way (interleaved)")] = 3,
+    tokens_spread: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=0.9,
+            help="overhead runs only: each call's max_tokens drawn in [tokens·(1 − spread), tokens] from its seed",
+        ),
+    ] = 0.0,
     overhead_at: Annotated[
         str, typer.Option(help="comma-separated concurrencies of the overhead runs (default: the highest)")
     ] = "",
@@ -464,9 +515,18 @@ def main(
                                 for interval in intervals:
                                     sys.setswitchinterval(interval)
                                     row = measure_overhead(
-                                        clients, engine, url, prompt, top, tokens, window, pairs
+                                        clients,
+                                        engine,
+                                        url,
+                                        prompt,
+                                        top,
+                                        tokens,
+                                        window,
+                                        pairs,
+                                        tokens_spread,
                                     )
                                     row["switch_interval_s"] = interval
+                                    row["tokens_spread"] = tokens_spread
                                     results.setdefault("overheads", []).append(row)
                                     console.print(row)
                             sys.setswitchinterval(default_interval)
@@ -562,7 +622,9 @@ def report(results: dict[str, Any]) -> None:
         engine_ms, server_ms = o.get("chat_server_timing_ms", [float("nan")] * 2)
         table.add_row(
             f"server overhead vs engine.generate at {o['concurrency']}, switch interval "
-            f"{1e3 * o['switch_interval_s']:g} ms, steady state (pairs: {pairs} %; "
+            f"{1e3 * o['switch_interval_s']:g} ms"
+            + (f", max_tokens spread {o['tokens_spread']:g}" if o.get("tokens_spread") else "")
+            + f", steady state (pairs: {pairs} %; "
             f"median ms: direct call {o['direct_call_ms']:.0f}, episode begin {begin:.0f} · chat {chat:.0f}"
             f" · finish {finish:.0f}; in the chat, server-side: engine {engine_ms:.0f} · the rest {server_ms:.0f})",
             f"{100 * o['overhead']:+.1f} %",
