@@ -188,19 +188,9 @@ async def _client_window(
         return counted, parts
 
 
-def _client_window_process(
-    url: str,
-    concurrency: int,
-    tokens: int,
-    first_seed: int,
-    barrier: Any,
-    warmup_s: float,
-    window_s: float,
-    spread: float = 0.0,
-) -> tuple[int, list[list[float]]]:
-    return asyncio.run(
-        _client_window(url, concurrency, tokens, first_seed, barrier, warmup_s, window_s, spread)
-    )
+def _client_window_process(*args: Any) -> tuple[int, list[list[float]]]:
+    """`_client_window` run to completion in a client process (its arguments, in order)."""
+    return asyncio.run(_client_window(*args))
 
 
 def _client_process(
