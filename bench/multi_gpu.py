@@ -254,7 +254,7 @@ class GpuMemory:
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            self.names = [str(pynvml.nvmlDeviceGetName(h)) for h in self._handles]
+            self.names = [_text(pynvml.nvmlDeviceGetName(h)) for h in self._handles]
             self.total_gib = [pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30 for h in self._handles]
             self._nvml = pynvml
         except Exception:  # no pynvml: nvidia-smi, if there is one
@@ -289,6 +289,10 @@ class GpuMemory:
         """Peak GiB used per GPU between two ``time.time()`` values (``[]`` without samples)."""
         inside = [used for t, used in self.samples if start <= t <= end]
         return [max(col) for col in zip(*inside, strict=True)] if inside else []
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _nvidia_smi(query: str) -> list[list[str]]:
@@ -354,6 +358,27 @@ def check_environments(root: int) -> dict[str, Any]:
         if bad:
             lacking.append(f"{pid} {name}: {', '.join(bad)}")
     return {"processes": checked, "lacking": lacking, "names": names}
+
+
+def kill_leftovers(session: int) -> int:
+    """SIGKILL what is left of the session this bench started the server in (``start_new_session``):
+    Ray's raylet and workers (in process groups of their own) can outlive the server and hold GPU memory.
+
+    Returns:
+        How many processes were killed.
+    """
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:  # fields after the command name: state ppid pgrp session ...
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) != session:
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed += 1
+        except (OSError, ValueError, IndexError):
+            continue
+    return killed
 
 
 def stop(proc: subprocess.Popen[bytes] | None, grace_s: float) -> None:
@@ -793,6 +818,8 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
             with contextlib.suppress(OSError):
                 result.setdefault("environments", check_environments(server.pid))
         stop(server, 30)
+        if server is not None and (leftovers := kill_leftovers(server.pid)):
+            log(f"killed {leftovers} process(es) of the server's session that outlived it")
         memory.stop()
         events_file = work / "run" / "events.jsonl"
         events = (
@@ -809,6 +836,7 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
             sampled = {}
         if not a["keep"]:
             shutil.rmtree(work, ignore_errors=True)
+    result["sampled_by_version"] = sampled
     rows = step_rows(metrics, events, sampled, clients_started, memory)
     result["rows"] = rows
     result["metrics"] = metrics
