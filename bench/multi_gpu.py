@@ -401,6 +401,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def new_events(path: Path, cursor: list[int]) -> list[dict[str, Any]]:
+    """Events appended to ``events.jsonl`` since ``cursor[0]`` (a byte offset, advanced past whole lines)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(cursor[0])
+            data = f.read()
+    except OSError:
+        return []
+    whole = data[: data.rfind(b"\n") + 1]
+    cursor[0] += len(whole)
+    return [json.loads(line) for line in whole.decode(errors="replace").splitlines() if line.strip()]
+
+
 def last_line(path: Path) -> str:
     """The last non-empty line of a log (for progress lines), at most 160 characters."""
     try:
@@ -781,13 +794,23 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
         log(
             f"clients started: {a['groups']} tasks × {a['group_size']} episodes per step, {a['completion']} tokens each"
         )
-        seen, last_note = 0, time.monotonic()
+        seen, last_note, cursor = 0, time.monotonic(), [0]
         while len(metrics) < a["steps"]:
             if server.poll() is not None:
                 raise BenchError(f"the server exited with {server.returncode}: {last_line(server_log)}")
             if time.monotonic() > deadline:
                 raise BenchError(f"--budget reached after {len(metrics)} of {a['steps']} steps")
-            metrics = httpx.get(f"{url}/api/v1/metrics", timeout=30).json()
+            for ev in new_events(work / "run" / "events.jsonl", cursor):
+                if ev["kind"] in ("train.failed", "train.skipped"):  # the server logs them and goes on
+                    log(f"server event {ev['kind']}: {ev['message'][:300]}")
+                    if ev["kind"] == "train.failed":
+                        raise BenchError(f"a training step failed: {ev['message'][:300]}")
+            try:
+                metrics = httpx.get(f"{url}/api/v1/metrics", timeout=30).json()
+            except httpx.HTTPError as exc:  # a slow answer during a step: ask again
+                log(f"GET /api/v1/metrics: {type(exc).__name__}; retrying")
+                time.sleep(2)
+                continue
             for m in metrics[seen:]:
                 t = m["time_s"]
                 log(
