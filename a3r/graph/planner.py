@@ -33,6 +33,7 @@ from a3r.study.design import (
 )
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
 from a3r.study.research import (
+    SAFETY_SHARE,
     eval_reserve_s,
     fit_budget,
     initial_queue,
@@ -66,9 +67,10 @@ def planner(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Route
 
 
 def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | None:
-    """Once, after the smoke run: fit the training run's steps to the budget left at the speed the
-    smoke run measured, keeping time for the held-out evaluation (`size_training`). ``None`` when
-    there is nothing to size."""
+    """Once, after the smoke run: fit the training run to the budget left at the speed the smoke run
+    measured, keeping time for the held-out evaluation and a `SAFETY_SHARE` margin (`size_training`:
+    a smaller B first, fewer steps only when even B = 1 does not fit). ``None`` when there is nothing
+    to size."""
     outcomes = state.get("outcomes", [])
     queue = list(state.get("queue") or [])
     if (
@@ -88,9 +90,10 @@ def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | N
         seconds_per_episode=outcomes[-1].seconds_per_episode,
         budget_s=budget_left,
         reserve_s=eval_reserve_s(head, outcomes, budget_s=budget_left),
+        margin_s=SAFETY_SHARE * ctx.budget_s,
     )
-    if sizing.steps != head.settings.steps:
-        settings = head.settings.model_copy(update={"steps": sizing.steps})
+    if (sizing.steps, sizing.batch_size) != (head.settings.steps, head.settings.batch_size):
+        settings = head.settings.model_copy(update={"steps": sizing.steps, "batch_size": sizing.batch_size})
         queue[0] = head.model_copy(update={"settings": settings})
     ctx.store.log_event(sizing.note, study_id=state["study_id"])
     ctx.say(sizing.note)

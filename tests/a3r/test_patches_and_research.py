@@ -173,11 +173,22 @@ def test_training_is_sized_to_the_budget_with_time_kept_for_evaluation() -> None
     settings = TrainingSettings(steps=10, batch_size=2, group_size=4)
     per_step = 8 * 10.0 * (1 + UPDATE_SHARE)  # B·G episodes at 10 s each, plus the update
     fits = size_training(settings, seconds_per_episode=10.0, budget_s=1800, reserve_s=200)
-    assert fits.steps == 10 and fits.seconds_per_step == pytest.approx(per_step) and "fit" in fits.note
-    tight = size_training(settings, seconds_per_episode=10.0, budget_s=1000, reserve_s=200)
-    assert tight.steps == int((1000 - 200 - SERVER_OVERHEAD_S) // per_step) == 7
-    assert "training runs 7 steps" in tight.note and "200 s kept for the held-out evaluation" in tight.note
-    assert size_training(settings, seconds_per_episode=float("nan"), budget_s=10, reserve_s=0).steps == 10
+    assert (fits.steps, fits.batch_size) == (10, 2) and fits.seconds_per_step == pytest.approx(per_step)
+    assert "the 10 steps fit at B = 2" in fits.note
+    # 10 steps at B = 2 need 1,040 s > 780 s: the game shrinks (B 2 → 1), the steps are kept.
+    smaller = size_training(settings, seconds_per_episode=10.0, budget_s=1000, reserve_s=200)
+    assert (smaller.steps, smaller.batch_size) == (10, 1)
+    assert smaller.seconds_per_step == pytest.approx(per_step / 2)
+    assert smaller.note.startswith("budget: B 2 → 1 so the 10 steps fit")
+    assert "200 s kept for the held-out evaluation" in smaller.note
+    # Not even B = 1 fits: steps are dropped, as many as fit at B = 1.
+    tight = size_training(settings, seconds_per_episode=10.0, budget_s=500, reserve_s=200)
+    assert (
+        tight.batch_size == 1 and tight.steps == int((500 - 200 - SERVER_OVERHEAD_S) // (per_step / 2)) == 5
+    )
+    assert "do not fit even at B = 1" in tight.note and "training runs 5 of the 10 steps" in tight.note
+    unmeasured = size_training(settings, seconds_per_episode=float("nan"), budget_s=10, reserve_s=0)
+    assert (unmeasured.steps, unmeasured.batch_size) == (10, 2)
     assert size_training(settings, seconds_per_episode=100.0, budget_s=100, reserve_s=50).steps == 1
     train = RunSpec(key="train-s0", purpose="train")
     smoke = _outcome("smoke", 0, 0, [], eval_s=60.0)
@@ -185,6 +196,76 @@ def test_training_is_sized_to_the_budget_with_time_kept_for_evaluation() -> None
     assert eval_reserve_s(train, [smoke], budget_s=1000) == pytest.approx(1.25 * 60 + 15)
     assert eval_reserve_s(train, [smoke], budget_s=100) == 50  # never more than half the budget
     assert eval_reserve_s(RunSpec(key="smoke", purpose="smoke"), [smoke], budget_s=1000) == 0.0
+
+
+def test_the_measured_spy_job_keeps_its_10_steps_in_30_minutes() -> None:
+    """The numbers measured on the idle 2-core box (2026-12-02 03:14): the smoke run took 271 s, its
+    baseline evaluation 209 s (10 tasks × 2 attempts), 12.8 s per episode; budget 30 min. The old sizing
+    kept B = 2 and ran 9 of 10 steps; now B = 1 keeps the 10 with a 10 % margin."""
+    from a3r.study.plans import TrainingSettings
+    from a3r.study.research import SAFETY_SHARE, eval_reserve_s, size_heldout, size_training
+    from a3r.study.runs import RunSpec
+
+    budget, spe = 1800.0, 12.8
+    settings = TrainingSettings(steps=10, batch_size=2, group_size=4)
+    reserve = eval_reserve_s(
+        RunSpec(key="train-s0", purpose="train"), [_outcome("smoke", 0, 0, [], eval_s=209.0)], budget_s=1529
+    )
+    assert reserve == pytest.approx(276.25)
+    sizing = size_training(
+        settings,
+        seconds_per_episode=spe,
+        budget_s=budget - 271,
+        reserve_s=reserve,
+        margin_s=SAFETY_SHARE * budget,
+    )
+    assert (sizing.steps, sizing.batch_size) == (10, 1)
+    assert sizing.seconds_per_step == pytest.approx(4 * spe * 1.3)  # ≈ 67 s
+    assert 271 + sizing.steps * sizing.seconds_per_step + reserve <= (1 - SAFETY_SHARE) * budget
+    assert "B 2 → 1 so the 10 steps fit" in sizing.note and "180 s safety margin" in sizing.note
+    # The held-out evaluation is sized in the smoke run too: 10 % of the budget at 12.8 s per episode
+    # pays for 7 tasks × 2 attempts (≈ 179 s), not the 10 tasks (209 s) the old 15 % share paid for.
+    heldout = size_heldout(
+        settings, seconds_per_episode=spe, budget_s=budget, time_left_s=budget - 60, samples=2, max_tasks=16
+    )
+    assert heldout.tasks == 7 and heldout.seconds == pytest.approx(7 * 2 * spe)
+    assert "7 tasks × 2 attempts" in heldout.note
+    # With little time left it shrinks to make room for the steps at B = 1, never below 4 tasks.
+    squeezed = size_heldout(
+        settings, seconds_per_episode=spe, budget_s=budget, time_left_s=1100, samples=2, max_tasks=16
+    )
+    assert 4 <= squeezed.tasks < 7 and "so that 10 steps at B = 1 still fit" in squeezed.note
+    floor = size_heldout(
+        settings, seconds_per_episode=spe, budget_s=budget, time_left_s=300, samples=2, max_tasks=16
+    )
+    assert floor.tasks == 4
+    assert (
+        size_heldout(
+            settings, seconds_per_episode=spe, budget_s=budget, time_left_s=1740, samples=2, max_tasks=3
+        ).tasks
+        == 3
+    )
+
+
+def test_a_budget_where_no_game_fits_drops_steps_and_says_so() -> None:
+    from a3r.study.plans import TrainingSettings
+    from a3r.study.research import SAFETY_SHARE, recheck_steps, size_training
+
+    settings = TrainingSettings(steps=10, batch_size=2, group_size=4)
+    budget = 600.0  # a 10-minute budget: 10 steps of 67 s do not fit even at B = 1
+    sizing = size_training(
+        settings,
+        seconds_per_episode=12.8,
+        budget_s=budget - 120,
+        reserve_s=100,
+        margin_s=SAFETY_SHARE * budget,
+    )
+    assert sizing.batch_size == 1 and sizing.steps == 4  # (480 − 100 − 60 − 20) s / 66.6 s per step
+    assert "training runs 4 of the 10 steps" in sizing.note and "B 2 → 1" in sizing.note
+    # The re-check after measured steps: on track → nothing; late → the step the budget stops at.
+    assert recheck_steps(step=1, target=10, seconds_per_step=66.0, time_left_s=700) is None
+    late = recheck_steps(step=2, target=10, seconds_per_step=90.0, time_left_s=600)
+    assert late is not None and "stop training at about step 8 of 10" in late
 
 
 def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
