@@ -84,6 +84,7 @@ def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | N
     ):
         return None
     head = queue[0]
+    runs = [i for i, spec in enumerate(queue) if spec.purpose == "train" and spec.start_step == 0]
     budget_left = ctx.budget_s - _spent(state)
     sizing = size_training(
         head.settings,
@@ -91,13 +92,21 @@ def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | N
         budget_s=budget_left,
         reserve_s=eval_reserve_s(head, outcomes, budget_s=budget_left),
         margin_s=SAFETY_SHARE * ctx.budget_s,
+        runs=len(runs),
     )
-    if (sizing.steps, sizing.batch_size) != (head.settings.steps, head.settings.batch_size):
-        settings = head.settings.model_copy(update={"steps": sizing.steps, "batch_size": sizing.batch_size})
-        queue[0] = head.model_copy(update={"settings": settings})
+    # Every seed trains the same game (comparable seeds), and the plan says what runs: a continuation
+    # after a patch (`a3r.graph.analyst.continuation`) and the report read it.
+    sized = {"steps": sizing.steps, "batch_size": sizing.batch_size}
+    for i in runs:
+        queue[i] = queue[i].model_copy(update={"settings": queue[i].settings.model_copy(update=sized)})
+    plan = state["plan"]
+    plan = plan.model_copy(update={"training": plan.training.model_copy(update=sized)})
     ctx.store.log_event(sizing.note, study_id=state["study_id"])
     ctx.say(sizing.note)
-    return Command(goto="runner", update={"queue": queue, "sizing": sizing.note, "log": [sizing.note]})
+    return Command(
+        goto="runner",
+        update={"queue": queue, "plan": plan, "sizing": sizing.note, "log": [sizing.note]},
+    )
 
 
 def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:

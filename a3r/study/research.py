@@ -178,8 +178,8 @@ class Sizing(BaseModel):
         planned_batch_size: The plan's B.
         seconds_per_step: Estimated wall seconds per step at ``batch_size``: B·G episodes at the measured
             seconds per episode, plus `UPDATE_SHARE` of that for the update.
-        available_s: Seconds for training: budget − evaluation reserve − safety margin −
-            `SERVER_OVERHEAD_S`.
+        available_s: Seconds for each run's training: (budget − safety margin) / runs − evaluation
+            reserve − `SERVER_OVERHEAD_S`.
         note: One line saying what was measured and decided, and why.
     """
 
@@ -201,6 +201,7 @@ def size_training(
     budget_s: float,
     reserve_s: float,
     margin_s: float = 0.0,
+    runs: int = 1,
 ) -> Sizing:
     """Fit a training run to its budget from the measured seconds per episode.
 
@@ -215,9 +216,13 @@ def size_training(
         budget_s: Seconds left for the run, its evaluation included.
         reserve_s: Seconds kept for the held-out evaluation (`eval_reserve_s`).
         margin_s: Seconds left unplanned (`SAFETY_SHARE` of the thread's budget).
+        runs: Training runs (one per seed) that share ``budget_s − margin_s``, each with its own
+            evaluation reserve and server overhead; the sizing is per run.
     """
     planned, planned_b, g = settings.steps, settings.batch_size, settings.group_size
-    available = budget_s - reserve_s - margin_s - SERVER_OVERHEAD_S
+    runs = max(1, runs)
+    share = (budget_s - margin_s) / runs
+    available = share - reserve_s - SERVER_OVERHEAD_S
     if not math.isfinite(seconds_per_episode) or seconds_per_episode <= 0:
         return Sizing(
             steps=planned,
@@ -238,9 +243,14 @@ def size_training(
         batch = 1
         steps = max(1, math.floor(available / per_step(1))) if available > 0 else 1
     cost = steps * per_step(batch)
+    of_budget = (
+        f"{budget_s:,.0f} s of budget − {margin_s:,.0f} s safety margin"
+        if runs == 1
+        else f"({budget_s:,.0f} s of budget − {margin_s:,.0f} s safety margin) / {runs} seeds"
+    )
     left = (
-        f"{available:,.0f} s left for training ({budget_s:,.0f} s of budget − {reserve_s:,.0f} s kept for the "
-        f"held-out evaluation − {margin_s:,.0f} s safety margin − {SERVER_OVERHEAD_S:.0f} s server overhead)"
+        f"{available:,.0f} s left for training ({of_budget} − {reserve_s:,.0f} s kept for the held-out "
+        f"evaluation − {SERVER_OVERHEAD_S:.0f} s server overhead)"
     )
     measured = (
         f"the smoke run measured {seconds_per_episode:.1f} s per episode → ≈ {per_step(batch):.0f} s per step "
@@ -277,9 +287,9 @@ def recheck_steps(*, step: int, target: int, seconds_per_step: float, time_left_
     budget will stop training (the monitor stops it there and the evaluation still runs).
 
     Args:
-        step: Steps done by this run.
+        step: The server's step now.
         target: The step the run should reach.
-        seconds_per_step: Measured wall seconds per step of this run so far.
+        seconds_per_step: Measured wall seconds per step of this run so far (its steps only).
         time_left_s: Seconds left before the held-out evaluation's reserve.
     """
     left = target - step

@@ -744,8 +744,8 @@ def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None, 
         )
         if run.eval_reserve_s > 0 and not sources.rechecked:
             late = recheck_steps(
-                step=step - start_step,
-                target=target - start_step,
+                step=step,
+                target=target,
                 seconds_per_step=per_step,
                 time_left_s=run.started + run.budget_s - run.eval_reserve_s - now,
             )
