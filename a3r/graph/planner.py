@@ -132,7 +132,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
         lines.append(short)
     priors = prior_findings(ctx.store, plan, model=ctx.model, study_id=study_id)
     if plan.kind == "research" and plan.sweep is not None:
-        lines += [f"design: {stage}" for stage in _design_lines(plan, priors)]
+        lines += [f"design: {stage}" for stage in _design_lines(plan, priors, ctx.preflight_budget_s)]
         lines += [f"prior: reusing the runs of {p.cite()}" for p in priors]
         for text in lines[1:]:
             ctx.store.log_event(text, study_id=study_id)
@@ -151,7 +151,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
     )
 
 
-def _design_lines(plan: PlanDraft, priors: list[PriorFinding]) -> list[str]:
+def _design_lines(plan: PlanDraft, priors: list[PriorFinding], preflight_budget_s: float) -> list[str]:
     """The staged design as the log shows it (one line per stage)."""
     assert plan.sweep is not None
     design = design_study(
@@ -161,8 +161,9 @@ def _design_lines(plan: PlanDraft, priors: list[PriorFinding]) -> list[str]:
         speed_source="measured by the preflight",
         eval_episodes=0,
         preflight_episodes=0,
+        preflight_budget_s=preflight_budget_s,
     )
-    out = []
+    out = [f"preflight: {design.stages[0].note.split('; ', 1)[-1]}"] if preflight_budget_s > 0 else []
     for stage in design.stages[1:]:
         values = (
             f" {plan.sweep.variable} ∈ {{{', '.join(f'{v:g}' for v in stage.values)}}}"

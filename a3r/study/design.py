@@ -81,6 +81,14 @@ ASSUMED_SECONDS_PER_EPISODE = 1.0
 on the embedded model took 37–152 s for 48–160 episodes on 2 CPU cores (≈ 0.4–0.8 s each after the
 server's start, a3r/README.md §Measured); multi-turn games take several times longer."""
 
+PREFLIGHT_BUDGET_S = 285.0
+"""Wall seconds the research preflight run may take, from its server's start to its verdict: the
+target of ≤ 5 min for a question the untrained model cannot answer (issue 18), less ≈ 15 s for the
+planning, code check and report around it (14 s measured on the idle 2-core box for the AIME
+question, server start included). The evaluator's attempts get the rest after the server start
+(`a3r.swarmops.evaluate` ``--time-budget``); an attempt still under way then is cut and counts as no
+success, and the verdict says how many were cut, after how long and after about how many tokens."""
+
 BEST_REFINE_ROUNDS = 1
 """Refine rounds of a ``best`` question (each tests the midpoints around the current best)."""
 
@@ -454,6 +462,7 @@ def design_study(
     eval_episodes: int,
     preflight_episodes: int,
     seed_sd: float = ASSUMED_SEED_SD,
+    preflight_budget_s: float = PREFLIGHT_BUDGET_S,
 ) -> StudyDesign:
     """The stages a research plan will run, with configurations, seeds and an estimated time.
 
@@ -469,6 +478,8 @@ def design_study(
         eval_episodes: Held-out attempts per run's evaluation.
         preflight_episodes: Held-out attempts of the preflight.
         seed_sd: Seed-to-seed SD assumed for the power rule.
+        preflight_budget_s: Wall seconds the preflight run may take (0: none): attempts still under
+            way then are cut and count as no success.
     """
     assert plan.sweep is not None
     sweep = plan.sweep
@@ -480,16 +491,24 @@ def design_study(
         for v in coarse
     }
     per_run = max(cost.values(), default=0.0)  # refine and replicate values are decided later: at most
+    preflight_s = 20.0 + preflight_episodes * seconds_per_episode
+    cap = ""
+    if preflight_budget_s > 0:
+        preflight_s = min(preflight_s, preflight_budget_s)
+        cap = (
+            f"; at most {preflight_budget_s:g} s, server start included: attempts still under way then are cut "
+            "and count as no success (the verdict says how many, after how long and how many tokens)"
+        )
     stages = [
         StageSketch(
             name="preflight",
             runs=1,
-            seconds=20.0 + preflight_episodes * seconds_per_episode,
+            seconds=preflight_s,
             note=(
                 f"held-out evaluation of the untrained model (up to {preflight_episodes} attempts); a sequential "
                 "futility test (a3r.study.sequential) stops the study early, after as few attempts as it takes, "
                 f"when its success rate is bounded below {SignalRule().min_rate(plan.training.group_size):.3f} "
-                f"(too few groups of G = {plan.training.group_size} with a non-zero advantage to train on)"
+                f"(too few groups of G = {plan.training.group_size} with a non-zero advantage to train on){cap}"
             ),
         )
     ]
