@@ -177,9 +177,17 @@ def test_the_time_budget_cuts_attempts_and_says_how_far_they_got(tmp_path: Path,
     alone = result["uncut_signal"]
     assert alone["attempts"] == 2 and alone["successes"] == 0 and not alone["stopped"]
     note = _cut_note(result)
-    assert note.startswith("2 of 4 attempts were cut at ") and "by the preflight's 4 s time budget after ≈ " in note
-    assert "the bound counts a cut attempt as no success, i.e. it assumes a cut attempt would not have" in note
-    assert "the 2 attempts that ended on their own had 0 success(es)" in note and "would not stop the test alone" in note
+    assert (
+        note.startswith("2 of 4 attempts were cut at ")
+        and "by the preflight's 4 s time budget after ≈ " in note
+    )
+    assert (
+        "the bound counts a cut attempt as no success, i.e. it assumes a cut attempt would not have" in note
+    )
+    assert (
+        "the 2 attempts that ended on their own had 0 success(es)" in note
+        and "would not stop the test alone" in note
+    )
     failed = [EpisodeRecord.model_validate(r) for r in records.values() if r["status"] != "finished"]
     assert _failure_note(failed, 4) == (
         "2 of 4 held-out attempts failed and count as incorrect (2 cut at the evaluation's time budget)"
