@@ -39,6 +39,7 @@ from a3r.study.research import (
     refine_values,
     size_training,
     sweep_specs,
+    token_cap,
     verdicts,
 )
 from a3r.study.runs import RunSpec
@@ -228,6 +229,7 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             seconds_per_episode=pre.seconds_per_episode,
             eval_episodes=eval_episodes,
             goal=plan.sweep.goal,
+            measured_tokens=token_cap(plan),  # the preflight ran the plan's own cap
         )
         lines = [line]
         if dropped:

@@ -31,7 +31,14 @@ from scipy.stats import t as student_t
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
 from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
-from a3r.study.research import ConfigVerdict, estimate_run_s, fit_budget, min_stable_value, sweep_specs
+from a3r.study.research import (
+    ConfigVerdict,
+    estimate_run_s,
+    fit_budget,
+    min_stable_value,
+    sweep_specs,
+    token_cap,
+)
 from a3r.study.runs import RunOutcome
 from a3r.study.sequential import SignalRule
 from a3r.study.settings import Setting, resolve_setting
@@ -424,16 +431,17 @@ class StudyDesign(BaseModel):
 
 
 def _sketch_run(plan: PlanDraft, value: float, *, seconds_per_episode: float, eval_episodes: int) -> float:
-    """Estimated seconds of one run at ``value`` of the varied setting: a training setting that sets
-    the episodes per step (batch size B, group size G) or the steps is priced by its own episodes; the
-    response-token cap ``max_tokens`` scales the seconds per episode by value / the template's default
-    (generation time ∝ tokens, an upper bound when responses run to the cap)."""
-    assert plan.sweep is not None
-    setting = resolve_setting(plan.sweep.variable, plan.template)
-    if setting.name == "max_tokens" and setting.target == "template" and setting.default > 0:
-        seconds_per_episode *= value / setting.default
+    """Estimated seconds of one run at ``value`` of the varied setting, by the runner's own price
+    (`a3r.study.research.estimate_run_s`): a training setting that sets the episodes per step (batch
+    size B, group size G) or the steps is priced by its own episodes; a response-token cap
+    ``max_tokens`` scales the seconds per training episode by value / the plan's cap."""
     (spec,) = sweep_specs(plan, [value], "estimate", seeds=[0])
-    return estimate_run_s(spec, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
+    return estimate_run_s(
+        spec,
+        seconds_per_episode=seconds_per_episode,
+        eval_episodes=eval_episodes,
+        measured_tokens=token_cap(plan),
+    )
 
 
 def budget_drops(plan: PlanDraft, design: StudyDesign, *, budget_s: float, eval_episodes: int) -> list[float]:
@@ -449,6 +457,7 @@ def budget_drops(plan: PlanDraft, design: StudyDesign, *, budget_s: float, eval_
         seconds_per_episode=design.seconds_per_episode,
         eval_episodes=eval_episodes,
         goal=plan.sweep.goal,
+        measured_tokens=token_cap(plan),
     )
     return dropped
 
@@ -515,7 +524,10 @@ def design_study(
     reused = sorted({p.value for p in priors})
     note = "every value on every seed"
     if setting.name == "max_tokens" and setting.target == "template":
-        note += f"; priced as if responses ran to the cap (an upper bound; the speed is taken at {setting.default:g})"
+        note += (
+            "; training episodes priced as if responses ran to the cap (an upper bound; the speed is taken at "
+            f"{token_cap(plan) or setting.default:g}, the plan's cap; the runner's budget prices them alike)"
+        )
     if reused:
         note += f"; reused from prior findings: {', '.join(f'{v:g}' for v in reused)}"
     stages.append(
