@@ -389,7 +389,7 @@ def _dry_plan(
         typer.Exit: the provider or the plan refuses (one line, exit code 1).
     """
     from a3r.providers import ProviderConfig, make_provider
-    from a3r.study.design import hypotheses_for
+    from a3r.study.design import restate_for_training
     from a3r.study.plans import TrainingSettings, check_plan
 
     config = ProviderConfig.from_env(
@@ -399,8 +399,7 @@ def _dry_plan(
         draft = make_provider(config).plan(request, mode=mode)
         training = TrainingSettings.model_validate({**draft.training.model_dump(), **overrides})
         plan = draft.model_copy(update={"training": training})
-        if draft.sweep is not None and draft.hypotheses == hypotheses_for(draft):
-            plan = plan.model_copy(update={"hypotheses": hypotheses_for(plan)})  # say the seeds asked for
+        plan = restate_for_training(draft, plan)  # the hypotheses say the seeds asked for
         return check_plan(plan), config.kind.value
     except A3RError as exc:
         raise _fail(str(exc)) from None
@@ -551,6 +550,11 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     say(
         f"  template: {plan.template or '(new code)'}; varied: {setting.label} ({sweep.variable}, {setting.target} setting)"
     )
+    if plan.params:  # the template's knobs the runs use (the varied one excepted)
+        say(
+            "  template parameters: "
+            + ", ".join(f"{k}={v!r}" for k, v in sorted(plan.params.items()) if k != sweep.variable)
+        )
     say(
         f"  goal: {sweep.goal.replace('_', '-')}; fixed: "
         + ", ".join(

@@ -28,8 +28,8 @@ from a3r.study.design import (
     best_refine_values,
     coarse_values,
     design_study,
-    hypotheses_for,
     replicate_additions,
+    restate_for_training,
 )
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
 from a3r.study.research import (
@@ -111,8 +111,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
             ) from None
         draft = plan
         plan = plan.model_copy(update={"training": training})
-        if draft.sweep is not None and draft.hypotheses == hypotheses_for(draft):
-            plan = plan.model_copy(update={"hypotheses": hypotheses_for(plan)})  # the seeds asked for
+        plan = restate_for_training(draft, plan)  # the hypotheses say the seeds asked for
         plan = check_plan(plan)
     study_id = ensure_study(ctx, request, "research" if mode == "research" else "vibe")
     hypothesis_ids = ensure_hypotheses(ctx, study_id, plan.hypotheses)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -307,6 +308,48 @@ def replicate_additions(
     values = ", ".join(f"{v:g}" for v in arms)
     line = f"replicate: power rule → {n} seeds per configuration for {sweep.variable} ∈ {{{values}}} ({why}, power {POWER:g})"
     return additions, line
+
+
+_NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def reword_seeds(text: str, before: Sequence[int], after: Sequence[int]) -> str:
+    """``text`` with its mentions of the seeds ``before`` rewritten for the seeds ``after``: a count of
+    seeds equal to ``len(before)`` ("2 seeds", "two seeds", "2 random seeds") becomes ``len(after)``, and
+    a written seed list ("seeds [0, 1]", "seeds 0 and 1") becomes ``after``. Other counts (a cap such as
+    "at most 6 seeds") are kept."""
+    n, m = len(before), len(after)
+    words = [str(n)] + ([_NUMBER_WORDS[n]] if n < len(_NUMBER_WORDS) else [])
+    count = re.compile(rf"\b({'|'.join(words)})(\s+(?:\w+[ -])?seeds?\b)", re.IGNORECASE)
+    text = count.sub(lambda g: f"{m}{g.group(2).rstrip('sS')}{'s' if m > 1 else ''}", text)
+    listed = ", ".join(map(str, before))
+    joined = " and ".join([", ".join(map(str, before[:-1])), str(before[-1])]) if n > 1 else str(before[0])
+    noun = "seeds" if m > 1 else "seed"
+    for written in (f"[{listed}]", f"{{{listed}}}", joined):
+        text = re.sub(rf"\bseeds?\s+{re.escape(written)}(?!\d|\.\d)", f"{noun} {list(after)}", text)
+    return text
+
+
+def restate_for_training(draft: PlanDraft, plan: PlanDraft) -> PlanDraft:
+    """``plan`` (``draft`` with the command line's training settings) with hypotheses that say the
+    seeds it will run: a3r's own pre-registered hypotheses (`hypotheses_for`) are rewritten for it, and
+    an LLM's have their seed counts and seed lists reworded (`reword_seeds`)."""
+    if draft.sweep is not None and draft.hypotheses == hypotheses_for(draft):
+        return plan.model_copy(update={"hypotheses": hypotheses_for(plan)})
+    before, after = draft.training.seeds, plan.training.seeds
+    if before == after:
+        return plan
+    reworded = [
+        h.model_copy(
+            update={
+                "statement": reword_seeds(h.statement, before, after),
+                "expected_outcome": reword_seeds(h.expected_outcome, before, after),
+                "decision_rule": reword_seeds(h.decision_rule, before, after),
+            }
+        )
+        for h in plan.hypotheses
+    ]
+    return plan.model_copy(update={"hypotheses": reworded})
 
 
 def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
