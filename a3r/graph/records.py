@@ -156,11 +156,23 @@ def prior_findings(
 ) -> list[PriorFinding]:
     """Findings of earlier research studies in the store that measured a configuration of this plan
     under the same `config_identity`, newest per value, with their runs (`PriorFinding.outcomes`,
-    wall time 0: reusing them costs nothing)."""
+    wall time 0: reusing them costs nothing).
+
+    The values matched are the plan's coarse values and, for a ``min_stable`` question, any value
+    between the smallest and largest of them: an earlier study's refine values. Their runs join the
+    coarse stage's analysis, so the refine stage (which bisects only between tested values and never
+    re-tests one) starts from the narrower bracket they give, and the replicate stage counts their
+    seeds (bench/research.py: a second min-stable study on the same store runs 0 of the first's 18-22
+    runs again, with the same confirmed answer). A ``best`` question matches its coarse values only: an
+    earlier refine midpoint on 2 seeds, ranked among 6-seed values, became the runner-up the
+    replicate stage compared the best with, and the closer comparison left answers the first study had
+    confirmed unconfirmed (3 of 6 landscape seeds) and one answer moved within the noise."""
     if plan.kind != "research" or plan.sweep is None:
         return []
     identity = config_identity(plan, model)
     wanted = set(plan.sweep.coarse)
+    low, high = min(wanted, default=0.0), max(wanted, default=0.0)
+    ranged = plan.sweep.goal == "min_stable"
     found: dict[float, PriorFinding] = {}
     for study in store.studies():
         if study.id == study_id or study.kind != "research":
@@ -173,7 +185,9 @@ def prior_findings(
             if not isinstance(evidence, dict) or evidence.get("identity") != identity:
                 continue
             value = evidence.get("value")
-            if not isinstance(value, int | float) or float(value) not in wanted:
+            if not isinstance(value, int | float) or not (
+                float(value) in wanted or (ranged and low <= float(value) <= high)
+            ):
                 continue
             try:
                 outcomes = [

@@ -571,8 +571,15 @@ def design_study(
             "; training episodes priced as if responses ran to the cap (an upper bound; the speed is taken at "
             f"{token_cap(plan) or setting.default:g}, the plan's cap; the runner's budget prices them alike)"
         )
+    inside = [v for v in reused if v not in sweep.coarse]
+    reused = [v for v in reused if v in sweep.coarse]
     if reused:
         note += f"; reused from prior findings: {', '.join(f'{v:g}' for v in reused)}"
+    if inside:
+        note += (
+            f"; prior findings at {', '.join(f'{v:g}' for v in inside)} join the analysis (refine bisects from "
+            "the bracket they give and never re-runs them)"
+        )
     stages.append(
         StageSketch(
             name="coarse",
