@@ -18,7 +18,11 @@ from a3r.study.provenance import collect_provenance
 from a3r.study.runs import RunOutcome, RunSpec
 from memory import FindingStatus, RunPublic, RunStatus, Store
 
+EMBEDDED_MODEL = "embedded"
+"""The ``model`` a run's stored config names when it ran ``swarm serve``'s embedded model."""
+
 __all__ = [
+    "EMBEDDED_MODEL",
     "config_identity",
     "ensure_experiment",
     "ensure_finding",
@@ -26,6 +30,7 @@ __all__ = [
     "ensure_run",
     "ensure_study",
     "prior_findings",
+    "stored_speed",
 ]
 
 
@@ -86,6 +91,7 @@ def ensure_run(
         "purpose": spec.purpose,
         "stage": spec.stage,
         "value": spec.value,
+        "model": ctx.model or EMBEDDED_MODEL,
         **spec.settings.model_dump(),
         "provenance": provenance.model_dump(exclude={"git_commit"}),
     }
@@ -206,3 +212,32 @@ def prior_findings(
                     outcomes=outcomes,
                 )
     return [found[v] for v in sorted(found)]
+
+
+def stored_speed(store: Store, template: str | None, model: str | None) -> tuple[float, int] | None:
+    """The median measured wall seconds per episode of the finished training and sweep runs in the
+    store on ``template`` with ``model`` (``None``: the embedded one), and how many runs it is over;
+    ``None`` when the store has none (runs stored before their config named the model do not count).
+    """
+    if template is None:
+        return None
+    wanted = model or EMBEDDED_MODEL
+    speeds: list[float] = []
+    for study in store.studies():
+        experiments = {e.id for e in store.experiments(study.id) if e.template == template}
+        if not experiments:
+            continue
+        for run in store.runs(study.id, status=RunStatus.finished):
+            speed = (run.final_metrics or {}).get("seconds_per_episode")
+            if (
+                run.experiment_id in experiments
+                and run.config.get("model") == wanted
+                and run.config.get("purpose") in ("train", "sweep")
+                and isinstance(speed, int | float)
+                and speed > 0
+            ):
+                speeds.append(float(speed))
+    if not speeds:
+        return None
+    speeds.sort()
+    return speeds[len(speeds) // 2], len(speeds)

@@ -445,3 +445,33 @@ def test_configurations_grpo_cannot_train_are_refused_in_one_line(
     odd = draft.model_copy(update={"training": draft.training.model_copy(update={"minibatches": 3})})
     with pytest.raises(PlanError, match="3 minibatches do not divide"):
         check_plan(odd)
+
+
+def test_dry_runs_price_episodes_at_the_stored_speed_of_the_template(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+    from memory import Store
+
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    fresh = CliRunner().invoke(app, ["vibe", "train arithmetic", *common])
+    assert fresh.exit_code == 0, fresh.output
+    assert (
+        "at 1.00 s per episode (assumed, no earlier run of this template and model in the store"
+        in fresh.output
+    )
+    with Store(tmp_path / "memory.db") as store:
+        study = store.create_study("train arithmetic", kind="vibe")
+        experiment = store.create_experiment(study.id, "arithmetic-train", template="arithmetic")
+        for speed, model in ((2.5, "embedded"), (3.5, "embedded"), (0.1, "other/model"), (3.0, "embedded")):
+            run = store.start_run(experiment.id, config={"purpose": "train", "model": model})
+            store.finish_run(run.id, final_metrics={"seconds_per_episode": speed})
+        other = store.create_experiment(study.id, "countdown-train", template="countdown")
+        run = store.start_run(other.id, config={"purpose": "train", "model": "embedded"})
+        store.finish_run(run.id, final_metrics={"seconds_per_episode": 9.0})
+    stored = CliRunner().invoke(app, ["vibe", "train arithmetic", *common])
+    assert stored.exit_code == 0, stored.output
+    # the median of the three embedded-model arithmetic runs; the other model and template do not count
+    assert "at 3.00 s per episode (measured: the median of 3 earlier arithmetic run(s) in " in stored.output
+    research = CliRunner().invoke(app, ["research", "find the best KL coefficient on arithmetic", *common])
+    assert research.exit_code == 0 and "at 3.00 s per episode (measured: the median of 3" in research.output

@@ -75,3 +75,10 @@ def test_a_second_min_stable_study_reuses_the_first_ones_refine_runs_too(tmp_pat
     assert second.reused == first.runs and second.runs == 0  # coarse, refine and replicate runs all reused
     assert second.answer == first.answer == pytest.approx(landscape.answer)
     assert second.confirmed == first.confirmed
+    from a3r.graph.records import stored_speed
+    from memory import Store
+
+    with Store(tmp_path / "memory.db") as store:  # the runner stored each run's measured speed and model
+        found = stored_speed(store, "arithmetic", None)
+        assert found is not None and found[0] > 0 and found[1] == first.runs
+        assert stored_speed(store, "arithmetic", "some/other-model") is None
