@@ -193,3 +193,42 @@ def test_the_time_budget_cuts_attempts_and_says_how_far_they_got(tmp_path: Path,
         "2 of 4 held-out attempts failed and count as incorrect (2 cut at the evaluation's time budget)"
     )
     assert server.runtime.episodes.clients()["preflight-cut"] == 0  # the cut episodes were aborted
+
+
+def test_the_verdict_says_how_many_attempts_the_budget_cut(tmp_path: Path, store: Store) -> None:
+    from a3r.swarmops.execution import _cut_note
+
+    summary = {
+        "attempts": 64,
+        "ended": 23,
+        "cut": 12,
+        "cut_after_s": 262.4,
+        "time_budget_s": 271.0,
+        "tokens_per_s": 3.31,
+        "cut_tokens": 869,
+        "not_begun": 0,
+        "uncut_signal": SignalRule().test(4, 64).check(0, 11).model_dump(),
+    }
+    cut = _cut_note(summary)
+    state = _preflight_state(store, [0.0] * 23, with_check=True)
+    state["outcomes"] = [
+        o.model_copy(
+            update={
+                "reason": "baseline held-out mean reward 0.000; 12 of 23 held-out attempts failed and count as "
+                f"incorrect (12 cut at the evaluation's time budget): {cut}"
+            }
+        )
+        for o in state["outcomes"]
+    ]
+    ctx = offline_context(tmp_path, store)
+    stop = planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    text = stop.update["conclusion"]  # type: ignore[index]
+    assert "stopped after 23 of 60 planned attempts" in text
+    assert (
+        "Note: 12 of 23 held-out attempts failed and count as incorrect (12 cut at the evaluation's time budget): "
+        "12 of 23 attempts were cut at 262 s by the preflight's 271 s time budget after ≈ 869 completion tokens "
+        "each (the 3.3 tokens/s the ended attempts decoded); the bound counts a cut attempt as no success, i.e. it "
+        "assumes a cut attempt would not have succeeded; the 11 attempts that ended on their own had 0 "
+        "success(es), a rate below "
+    ) in text
+    assert "which would not stop the test alone." in text
