@@ -278,17 +278,20 @@ def check_plan(draft: PlanDraft) -> PlanDraft:
 def _check_degenerate(draft: PlanDraft, params: dict[str, Any]) -> None:
     """Refuse configurations GRPO cannot train (one line each).
 
-    * Temperature 0 samples the same completion for all G episodes of a group: their rewards are equal,
-      so every advantage is 0 (Shao et al. 2024, eq. 3) and no step has a gradient.
+    * A research plan at, or sweeping over, temperature 0: it samples the same completion for all G
+      episodes of a group, so their rewards are equal, every advantage is 0 (Shao et al. 2024, eq. 3)
+      and no step has a gradient. A training plan at 0 is not refused: its zero-signal groups are what
+      the analyst diagnoses, proposing to raise the temperature.
     * ``minibatches`` must divide B·G, the episodes of a step, so that every optimizer update sees as
       many episodes (the trainer would otherwise split the batch unevenly).
 
     Raises:
         PlanError: either, naming the values allowed.
     """
-    temperatures = (
-        [float(params["temperature"])] if isinstance(params.get("temperature"), int | float) else []
-    )
+    fixed = params.get("temperature")
+    # a training plan at 0 stays allowed: its zero-signal groups are what the analyst diagnoses and patches
+    research = draft.kind == "research" and isinstance(fixed, int | float)
+    temperatures = [float(fixed)] if research and isinstance(fixed, int | float) else []
     configs = [draft.training]
     if draft.sweep is not None:
         setting = resolve_setting(draft.sweep.variable, draft.template)
