@@ -201,6 +201,11 @@ def _reward_curve(rows: list[ServerStepMetrics]) -> list[tuple[int, float]]:
     return metric_series([{"step": row.step, "reward_mean": row.reward_mean} for row in rows], "reward_mean")
 
 
+PREFLIGHT_MIN_ATTEMPT_S = 60.0
+"""The least time a preflight's evaluator gets, however long its server took to start (the preflight
+then runs past its budget): attempts cut after a few seconds would decide nothing, yet count as no
+success."""
+
 EVAL_CONCURRENCY = 8
 """Attempts a held-out evaluation runs at once (a preflight with a futility test runs more: as many as
 the test needs before it can decide, so its first possible look comes after one batch)."""
@@ -606,7 +611,7 @@ def execute_run(
                 futility_group_size=spec.settings.group_size,
                 # the preflight's own budget, less the server start just measured, bounds every attempt
                 time_budget_s=(
-                    ctx.preflight_budget_s - (time.monotonic() - started)
+                    max(PREFLIGHT_MIN_ATTEMPT_S, ctx.preflight_budget_s - (time.monotonic() - started))
                     if ctx.preflight_budget_s > 0
                     else None
                 ),
