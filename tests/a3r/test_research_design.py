@@ -475,3 +475,7 @@ def test_dry_runs_price_episodes_at_the_stored_speed_of_the_template(tmp_path: P
     assert "at 3.00 s per episode (measured: the median of 3 earlier arithmetic run(s) in " in stored.output
     research = CliRunner().invoke(app, ["research", "find the best KL coefficient on arithmetic", *common])
     assert research.exit_code == 0 and "at 3.00 s per episode (measured: the median of 3" in research.output
+    # the plan states the preflight's time budget and what a cut attempt counts as
+    assert "at most 285 s, server start included: attempts still under way then are cut and count as no" in (
+        research.output
+    )
