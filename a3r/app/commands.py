@@ -389,7 +389,7 @@ def _dry_plan(
         typer.Exit: the provider or the plan refuses (one line, exit code 1).
     """
     from a3r.providers import ProviderConfig, make_provider
-    from a3r.study.design import hypotheses_for
+    from a3r.study.design import restate_for_training
     from a3r.study.plans import TrainingSettings, check_plan
 
     config = ProviderConfig.from_env(
@@ -399,13 +399,32 @@ def _dry_plan(
         draft = make_provider(config).plan(request, mode=mode)
         training = TrainingSettings.model_validate({**draft.training.model_dump(), **overrides})
         plan = draft.model_copy(update={"training": training})
-        if draft.sweep is not None and draft.hypotheses == hypotheses_for(draft):
-            plan = plan.model_copy(update={"hypotheses": hypotheses_for(plan)})  # say the seeds asked for
+        plan = restate_for_training(draft, plan)  # the hypotheses say the seeds asked for
         return check_plan(plan), config.kind.value
     except A3RError as exc:
         raise _fail(str(exc)) from None
     except ValueError as exc:
         raise _fail(f"the plan's training settings: {exc}") from None
+
+
+def _dry_speed(settings: SessionSettings, template: str | None) -> tuple[float, str]:
+    """Seconds per episode a dry run prices episodes at, and where the number comes from: the median
+    of the finished runs on ``template`` with the session's model in the knowledge store
+    (`a3r.graph.records.stored_speed`), else `ASSUMED_SECONDS_PER_EPISODE`."""
+    from a3r.graph.records import stored_speed
+    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE
+
+    if "://" not in settings.store and Path(settings.store).is_file():
+        with closing(Store(settings.store)) as store:
+            found = stored_speed(store, template, settings.model)
+        if found is not None:
+            return found[
+                0
+            ], f"measured: the median of {found[1]} earlier {template} run(s) in {settings.store}"
+    return ASSUMED_SECONDS_PER_EPISODE, (
+        "assumed, no earlier run of this template and model in the store; multi-turn games take several "
+        "times longer"
+    )
 
 
 def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
@@ -429,12 +448,12 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
         _out.print(f"  hypothesis: {hypothesis.statement}", markup=False)
         _out.print(f"    decision rule: {hypothesis.decision_rule}", markup=False)
     _out.print(f"  why: {draft.rationale}", markup=False)
-    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE
     from a3r.study.research import SERVER_OVERHEAD_S, UPDATE_SHARE
 
-    per_step = training.batch_size * training.group_size * ASSUMED_SECONDS_PER_EPISODE * (1 + UPDATE_SHARE)
-    evaluation = 2 * settings.eval_tasks * settings.eval_samples * ASSUMED_SECONDS_PER_EPISODE
-    smoke = training.smoke_tasks * training.group_size * ASSUMED_SECONDS_PER_EPISODE
+    speed, source = _dry_speed(settings, draft.template)
+    per_step = training.batch_size * training.group_size * speed * (1 + UPDATE_SHARE)
+    evaluation = 2 * settings.eval_tasks * settings.eval_samples * speed
+    smoke = training.smoke_tasks * training.group_size * speed
     total = smoke + len(training.seeds) * (SERVER_OVERHEAD_S + training.steps * per_step) + evaluation
     _out.print(
         f"  stages: smoke ({training.smoke_tasks} task(s)) and held-out baseline → {training.steps} steps on seed(s) "
@@ -443,9 +462,8 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
         markup=False,
     )
     _out.print(
-        f"  estimated time: ≈ {total / 60:.0f} min at an assumed {ASSUMED_SECONDS_PER_EPISODE:g} s per episode "
-        f"(the smoke run measures it; multi-turn games take several times longer); budget "
-        f"{settings.budget_minutes:g} min",
+        f"  estimated time: ≈ {total / 60:.0f} min at {speed:.2f} s per episode ({source}; the smoke run "
+        f"measures it); budget {settings.budget_minutes:g} min",
         markup=False,
     )
 
@@ -518,7 +536,7 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     with prior findings read from the store when it exists (never created or written)."""
     from a3r.graph.context import RunContext
     from a3r.graph.records import prior_findings
-    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE, budget_drops, design_study
+    from a3r.study.design import budget_drops, design_study
 
     if not question.strip():
         raise _fail('the question is empty: ask one, e.g. "find the best KL coefficient on arithmetic"')
@@ -536,7 +554,7 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     speed, source = (
         (sorted(measured)[len(measured) // 2], "the median of the prior runs")
         if measured
-        else (ASSUMED_SECONDS_PER_EPISODE, "assumed (a3r.study.design.ASSUMED_SECONDS_PER_EPISODE)")
+        else _dry_speed(settings, plan.template)
     )
     design = design_study(
         plan,
@@ -552,6 +570,11 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     say(
         f"  template: {plan.template or '(new code)'}; varied: {setting.label} ({sweep.variable}, {setting.target} setting)"
     )
+    if plan.params:  # the template's knobs the runs use (the varied one excepted)
+        say(
+            "  template parameters: "
+            + ", ".join(f"{k}={v!r}" for k, v in sorted(plan.params.items()) if k != sweep.variable)
+        )
     say(
         f"  goal: {sweep.goal.replace('_', '-')}; fixed: "
         + ", ".join(

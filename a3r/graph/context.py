@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from a3r.providers import ResearchProvider
+from a3r.study.design import PREFLIGHT_BUDGET_S
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.sequential import SignalRule
 from a3r.swarmops.context import ExecutionContext
@@ -114,6 +115,9 @@ class RunContext:
         preflight_samples: Attempts per held-out task in the preflight (more attempts make a zero
             baseline meaningful: 0 of n correct bounds the success rate by about 3/n at 95%).
         episode_timeout_s: Per-episode time limit of evaluation clients.
+        preflight_budget_s: Wall seconds the research preflight run may take, server start included
+            (0: no budget): `PREFLIGHT_BUDGET_S`. Its held-out attempts still under way then are cut and
+            count as no success (the verdict says how many, after how long and how many tokens).
         signal: When the preflight stops for lack of signal: the confidence and the share of informative
             GRPO groups of its sequential futility test (`a3r.study.sequential`).
         code_attempts: Attempts of an LLM provider at task code that passes its checks: after a failed
@@ -142,6 +146,7 @@ class RunContext:
     eval_samples: int = 2
     preflight_samples: int = 4
     episode_timeout_s: float = 300.0
+    preflight_budget_s: float = PREFLIGHT_BUDGET_S
     signal: SignalRule = field(default_factory=SignalRule)
     code_attempts: int = 3
     server_options: dict[str, Any] = field(default_factory=dict)

@@ -28,8 +28,8 @@ from a3r.study.design import (
     best_refine_values,
     coarse_values,
     design_study,
-    hypotheses_for,
     replicate_additions,
+    restate_for_training,
 )
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
 from a3r.study.research import (
@@ -40,6 +40,7 @@ from a3r.study.research import (
     refine_values,
     size_training,
     sweep_specs,
+    token_cap,
     verdicts,
 )
 from a3r.study.runs import RunSpec
@@ -122,8 +123,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
             ) from None
         draft = plan
         plan = plan.model_copy(update={"training": training})
-        if draft.sweep is not None and draft.hypotheses == hypotheses_for(draft):
-            plan = plan.model_copy(update={"hypotheses": hypotheses_for(plan)})  # the seeds asked for
+        plan = restate_for_training(draft, plan)  # the hypotheses say the seeds asked for
         plan = check_plan(plan)
     study_id = ensure_study(ctx, request, "research" if mode == "research" else "vibe")
     hypothesis_ids = ensure_hypotheses(ctx, study_id, plan.hypotheses)
@@ -144,7 +144,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
         lines.append(short)
     priors = prior_findings(ctx.store, plan, model=ctx.model, study_id=study_id)
     if plan.kind == "research" and plan.sweep is not None:
-        lines += [f"design: {stage}" for stage in _design_lines(plan, priors)]
+        lines += [f"design: {stage}" for stage in _design_lines(plan, priors, ctx.preflight_budget_s)]
         lines += [f"prior: reusing the runs of {p.cite()}" for p in priors]
         for text in lines[1:]:
             ctx.store.log_event(text, study_id=study_id)
@@ -163,7 +163,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
     )
 
 
-def _design_lines(plan: PlanDraft, priors: list[PriorFinding]) -> list[str]:
+def _design_lines(plan: PlanDraft, priors: list[PriorFinding], preflight_budget_s: float) -> list[str]:
     """The staged design as the log shows it (one line per stage)."""
     assert plan.sweep is not None
     design = design_study(
@@ -173,8 +173,9 @@ def _design_lines(plan: PlanDraft, priors: list[PriorFinding]) -> list[str]:
         speed_source="measured by the preflight",
         eval_episodes=0,
         preflight_episodes=0,
+        preflight_budget_s=preflight_budget_s,
     )
-    out = []
+    out = [f"preflight: {design.stages[0].note.split('; ', 1)[-1]}"] if preflight_budget_s > 0 else []
     for stage in design.stages[1:]:
         values = (
             f" {plan.sweep.variable} ∈ {{{', '.join(f'{v:g}' for v in stage.values)}}}"
@@ -239,6 +240,7 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             seconds_per_episode=pre.seconds_per_episode,
             eval_episodes=eval_episodes,
             goal=plan.sweep.goal,
+            measured_tokens=token_cap(plan),  # the preflight ran the plan's own cap
         )
         lines = [line]
         if dropped:

@@ -18,7 +18,11 @@ from a3r.study.provenance import collect_provenance
 from a3r.study.runs import RunOutcome, RunSpec
 from memory import FindingStatus, RunPublic, RunStatus, Store
 
+EMBEDDED_MODEL = "embedded"
+"""The ``model`` a run's stored config names when it ran ``swarm serve``'s embedded model."""
+
 __all__ = [
+    "EMBEDDED_MODEL",
     "config_identity",
     "ensure_experiment",
     "ensure_finding",
@@ -26,6 +30,7 @@ __all__ = [
     "ensure_run",
     "ensure_study",
     "prior_findings",
+    "stored_speed",
 ]
 
 
@@ -86,6 +91,7 @@ def ensure_run(
         "purpose": spec.purpose,
         "stage": spec.stage,
         "value": spec.value,
+        "model": ctx.model or EMBEDDED_MODEL,
         **spec.settings.model_dump(),
         "provenance": provenance.model_dump(exclude={"git_commit"}),
     }
@@ -156,11 +162,23 @@ def prior_findings(
 ) -> list[PriorFinding]:
     """Findings of earlier research studies in the store that measured a configuration of this plan
     under the same `config_identity`, newest per value, with their runs (`PriorFinding.outcomes`,
-    wall time 0: reusing them costs nothing)."""
+    wall time 0: reusing them costs nothing).
+
+    The values matched are the plan's coarse values and, for a ``min_stable`` question, any value
+    between the smallest and largest of them: an earlier study's refine values. Their runs join the
+    coarse stage's analysis, so the refine stage (which bisects only between tested values and never
+    re-tests one) starts from the narrower bracket they give, and the replicate stage counts their
+    seeds (bench/research.py: a second min-stable study on the same store runs 0 of the first's 18-22
+    runs again, with the same confirmed answer). A ``best`` question matches its coarse values only: an
+    earlier refine midpoint on 2 seeds, ranked among 6-seed values, became the runner-up the
+    replicate stage compared the best with, and the closer comparison left answers the first study had
+    confirmed unconfirmed (3 of 6 landscape seeds) and one answer moved within the noise."""
     if plan.kind != "research" or plan.sweep is None:
         return []
     identity = config_identity(plan, model)
     wanted = set(plan.sweep.coarse)
+    low, high = min(wanted, default=0.0), max(wanted, default=0.0)
+    ranged = plan.sweep.goal == "min_stable"
     found: dict[float, PriorFinding] = {}
     for study in store.studies():
         if study.id == study_id or study.kind != "research":
@@ -173,7 +191,9 @@ def prior_findings(
             if not isinstance(evidence, dict) or evidence.get("identity") != identity:
                 continue
             value = evidence.get("value")
-            if not isinstance(value, int | float) or float(value) not in wanted:
+            if not isinstance(value, int | float) or not (
+                float(value) in wanted or (ranged and low <= float(value) <= high)
+            ):
                 continue
             try:
                 outcomes = [
@@ -192,3 +212,32 @@ def prior_findings(
                     outcomes=outcomes,
                 )
     return [found[v] for v in sorted(found)]
+
+
+def stored_speed(store: Store, template: str | None, model: str | None) -> tuple[float, int] | None:
+    """The median measured wall seconds per episode of the finished training and sweep runs in the
+    store on ``template`` with ``model`` (``None``: the embedded one), and how many runs it is over;
+    ``None`` when the store has none (runs stored before their config named the model do not count).
+    """
+    if template is None:
+        return None
+    wanted = model or EMBEDDED_MODEL
+    speeds: list[float] = []
+    for study in store.studies():
+        experiments = {e.id for e in store.experiments(study.id) if e.template == template}
+        if not experiments:
+            continue
+        for run in store.runs(study.id, status=RunStatus.finished):
+            speed = (run.final_metrics or {}).get("seconds_per_episode")
+            if (
+                run.experiment_id in experiments
+                and run.config.get("model") == wanted
+                and run.config.get("purpose") in ("train", "sweep")
+                and isinstance(speed, int | float)
+                and speed > 0
+            ):
+                speeds.append(float(speed))
+    if not speeds:
+        return None
+    speeds.sort()
+    return speeds[len(speeds) // 2], len(speeds)

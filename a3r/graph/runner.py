@@ -83,6 +83,7 @@ def _final_metrics(outcome: RunOutcome) -> dict[str, float]:
             }
     values["steps"] = float(outcome.steps)
     values["wall_s"] = outcome.wall_s
+    values["seconds_per_episode"] = outcome.seconds_per_episode  # the dry runs' stored speed (nan: none)
     return {k: v for k, v in values.items() if math.isfinite(v)}
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -31,7 +32,14 @@ from scipy.stats import t as student_t
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
 from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
-from a3r.study.research import ConfigVerdict, estimate_run_s, fit_budget, min_stable_value, sweep_specs
+from a3r.study.research import (
+    ConfigVerdict,
+    estimate_run_s,
+    fit_budget,
+    min_stable_value,
+    sweep_specs,
+    token_cap,
+)
 from a3r.study.runs import RunOutcome
 from a3r.study.sequential import SignalRule
 from a3r.study.settings import Setting, resolve_setting
@@ -80,6 +88,14 @@ ASSUMED_SECONDS_PER_EPISODE = 1.0
 """Wall seconds per episode the dry run assumes when no prior run measured one: arithmetic sweep runs
 on the embedded model took 37–152 s for 48–160 episodes on 2 CPU cores (≈ 0.4–0.8 s each after the
 server's start, a3r/README.md §Measured); multi-turn games take several times longer."""
+
+PREFLIGHT_BUDGET_S = 285.0
+"""Wall seconds the research preflight run may take, from its server's start to its verdict: the
+target of ≤ 5 min for a question the untrained model cannot answer (issue 18), less ≈ 15 s for the
+planning, code check and report around it (14 s measured on the idle 2-core box for the AIME
+question, server start included). The evaluator's attempts get the rest after the server start
+(`a3r.swarmops.evaluate` ``--time-budget``); an attempt still under way then is cut and counts as no
+success, and the verdict says how many were cut, after how long and after about how many tokens."""
 
 BEST_REFINE_ROUNDS = 1
 """Refine rounds of a ``best`` question (each tests the midpoints around the current best)."""
@@ -294,6 +310,48 @@ def replicate_additions(
     return additions, line
 
 
+_NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def reword_seeds(text: str, before: Sequence[int], after: Sequence[int]) -> str:
+    """``text`` with its mentions of the seeds ``before`` rewritten for the seeds ``after``: a count of
+    seeds equal to ``len(before)`` ("2 seeds", "two seeds", "2 random seeds") becomes ``len(after)``, and
+    a written seed list ("seeds [0, 1]", "seeds 0 and 1") becomes ``after``. Other counts (a cap such as
+    "at most 6 seeds") are kept."""
+    n, m = len(before), len(after)
+    words = [str(n)] + ([_NUMBER_WORDS[n]] if n < len(_NUMBER_WORDS) else [])
+    count = re.compile(rf"\b({'|'.join(words)})(\s+(?:\w+[ -])?seeds?\b)", re.IGNORECASE)
+    text = count.sub(lambda g: f"{m}{g.group(2).rstrip('sS')}{'s' if m > 1 else ''}", text)
+    listed = ", ".join(map(str, before))
+    joined = " and ".join([", ".join(map(str, before[:-1])), str(before[-1])]) if n > 1 else str(before[0])
+    noun = "seeds" if m > 1 else "seed"
+    for written in (f"[{listed}]", f"{{{listed}}}", joined):
+        text = re.sub(rf"\bseeds?\s+{re.escape(written)}(?!\d|\.\d)", f"{noun} {list(after)}", text)
+    return text
+
+
+def restate_for_training(draft: PlanDraft, plan: PlanDraft) -> PlanDraft:
+    """``plan`` (``draft`` with the command line's training settings) with hypotheses that say the
+    seeds it will run: a3r's own pre-registered hypotheses (`hypotheses_for`) are rewritten for it, and
+    an LLM's have their seed counts and seed lists reworded (`reword_seeds`)."""
+    if draft.sweep is not None and draft.hypotheses == hypotheses_for(draft):
+        return plan.model_copy(update={"hypotheses": hypotheses_for(plan)})
+    before, after = draft.training.seeds, plan.training.seeds
+    if before == after:
+        return plan
+    reworded = [
+        h.model_copy(
+            update={
+                "statement": reword_seeds(h.statement, before, after),
+                "expected_outcome": reword_seeds(h.expected_outcome, before, after),
+                "decision_rule": reword_seeds(h.decision_rule, before, after),
+            }
+        )
+        for h in plan.hypotheses
+    ]
+    return plan.model_copy(update={"hypotheses": reworded})
+
+
 def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
     """The pre-registered hypothesis of a research plan, with its decision rule."""
     assert plan.sweep is not None
@@ -416,16 +474,17 @@ class StudyDesign(BaseModel):
 
 
 def _sketch_run(plan: PlanDraft, value: float, *, seconds_per_episode: float, eval_episodes: int) -> float:
-    """Estimated seconds of one run at ``value`` of the varied setting: a training setting that sets
-    the episodes per step (batch size B, group size G) or the steps is priced by its own episodes; the
-    response-token cap ``max_tokens`` scales the seconds per episode by value / the template's default
-    (generation time ∝ tokens, an upper bound when responses run to the cap)."""
-    assert plan.sweep is not None
-    setting = resolve_setting(plan.sweep.variable, plan.template)
-    if setting.name == "max_tokens" and setting.target == "template" and setting.default > 0:
-        seconds_per_episode *= value / setting.default
+    """Estimated seconds of one run at ``value`` of the varied setting, by the runner's own price
+    (`a3r.study.research.estimate_run_s`): a training setting that sets the episodes per step (batch
+    size B, group size G) or the steps is priced by its own episodes; a response-token cap
+    ``max_tokens`` scales the seconds per training episode by value / the plan's cap."""
     (spec,) = sweep_specs(plan, [value], "estimate", seeds=[0])
-    return estimate_run_s(spec, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
+    return estimate_run_s(
+        spec,
+        seconds_per_episode=seconds_per_episode,
+        eval_episodes=eval_episodes,
+        measured_tokens=token_cap(plan),
+    )
 
 
 def budget_drops(plan: PlanDraft, design: StudyDesign, *, budget_s: float, eval_episodes: int) -> list[float]:
@@ -441,6 +500,7 @@ def budget_drops(plan: PlanDraft, design: StudyDesign, *, budget_s: float, eval_
         seconds_per_episode=design.seconds_per_episode,
         eval_episodes=eval_episodes,
         goal=plan.sweep.goal,
+        measured_tokens=token_cap(plan),
     )
     return dropped
 
@@ -454,6 +514,7 @@ def design_study(
     eval_episodes: int,
     preflight_episodes: int,
     seed_sd: float = ASSUMED_SEED_SD,
+    preflight_budget_s: float = PREFLIGHT_BUDGET_S,
 ) -> StudyDesign:
     """The stages a research plan will run, with configurations, seeds and an estimated time.
 
@@ -469,6 +530,8 @@ def design_study(
         eval_episodes: Held-out attempts per run's evaluation.
         preflight_episodes: Held-out attempts of the preflight.
         seed_sd: Seed-to-seed SD assumed for the power rule.
+        preflight_budget_s: Wall seconds the preflight run may take (0: none): attempts still under
+            way then are cut and count as no success.
     """
     assert plan.sweep is not None
     sweep = plan.sweep
@@ -480,25 +543,43 @@ def design_study(
         for v in coarse
     }
     per_run = max(cost.values(), default=0.0)  # refine and replicate values are decided later: at most
+    preflight_s = 20.0 + preflight_episodes * seconds_per_episode
+    cap = ""
+    if preflight_budget_s > 0:
+        preflight_s = min(preflight_s, preflight_budget_s)
+        cap = (
+            f"; at most {preflight_budget_s:g} s, server start included: attempts still under way then are cut "
+            "and count as no success (the verdict says how many, after how long and how many tokens)"
+        )
     stages = [
         StageSketch(
             name="preflight",
             runs=1,
-            seconds=20.0 + preflight_episodes * seconds_per_episode,
+            seconds=preflight_s,
             note=(
                 f"held-out evaluation of the untrained model (up to {preflight_episodes} attempts); a sequential "
                 "futility test (a3r.study.sequential) stops the study early, after as few attempts as it takes, "
                 f"when its success rate is bounded below {SignalRule().min_rate(plan.training.group_size):.3f} "
-                f"(too few groups of G = {plan.training.group_size} with a non-zero advantage to train on)"
+                f"(too few groups of G = {plan.training.group_size} with a non-zero advantage to train on){cap}"
             ),
         )
     ]
     reused = sorted({p.value for p in priors})
     note = "every value on every seed"
     if setting.name == "max_tokens" and setting.target == "template":
-        note += f"; priced as if responses ran to the cap (an upper bound; the speed is taken at {setting.default:g})"
+        note += (
+            "; training episodes priced as if responses ran to the cap (an upper bound; the speed is taken at "
+            f"{token_cap(plan) or setting.default:g}, the plan's cap; the runner's budget prices them alike)"
+        )
+    inside = [v for v in reused if v not in sweep.coarse]
+    reused = [v for v in reused if v in sweep.coarse]
     if reused:
         note += f"; reused from prior findings: {', '.join(f'{v:g}' for v in reused)}"
+    if inside:
+        note += (
+            f"; prior findings at {', '.join(f'{v:g}' for v in inside)} join the analysis (refine bisects from "
+            "the bracket they give and never re-runs them)"
+        )
     stages.append(
         StageSketch(
             name="coarse",

@@ -271,4 +271,47 @@ def check_plan(draft: PlanDraft) -> PlanDraft:
                 f"the stability criterion needs >= {draft.stability.min_seeds} seeds per configuration, "
                 f"the plan has {len(draft.training.seeds)}"
             )
+    _check_degenerate(draft, params)
     return draft.model_copy(update={"params": params})
+
+
+def _check_degenerate(draft: PlanDraft, params: dict[str, Any]) -> None:
+    """Refuse configurations GRPO cannot train (one line each).
+
+    * A research plan at, or sweeping over, temperature 0: it samples the same completion for all G
+      episodes of a group, so their rewards are equal, every advantage is 0 (Shao et al. 2024, eq. 3)
+      and no step has a gradient. A training plan at 0 is not refused: its zero-signal groups are what
+      the analyst diagnoses, proposing to raise the temperature.
+    * ``minibatches`` must divide B·G, the episodes of a step, so that every optimizer update sees as
+      many episodes (the trainer would otherwise split the batch unevenly).
+
+    Raises:
+        PlanError: either, naming the values allowed.
+    """
+    fixed = params.get("temperature")
+    # a training plan at 0 stays allowed: its zero-signal groups are what the analyst diagnoses and patches
+    research = draft.kind == "research" and isinstance(fixed, int | float)
+    temperatures = [float(fixed)] if research and isinstance(fixed, int | float) else []
+    configs = [draft.training]
+    if draft.sweep is not None:
+        setting = resolve_setting(draft.sweep.variable, draft.template)
+        if setting.name == "temperature":
+            temperatures = list(draft.sweep.coarse)
+        elif setting.target == "training":
+            configs = [
+                draft.training.model_copy(update={setting.name: setting.cast(v)}) for v in draft.sweep.coarse
+            ]
+    if any(t <= 0 for t in temperatures):
+        raise PlanError(
+            "a sampling temperature of 0 samples the same completion for every episode of a GRPO group: equal "
+            "rewards, zero advantage, nothing to train on; use temperatures > 0 (e.g. 0.6, 1.0)"
+        )
+    for config in configs:
+        rows = config.batch_size * config.group_size
+        if rows % config.minibatches:
+            allowed = [d for d in range(1, min(rows, 64) + 1) if rows % d == 0]
+            raise PlanError(
+                f"{config.minibatches} minibatches do not divide the B·G = {config.batch_size}·{config.group_size} "
+                f"= {rows} episodes of a step (B={config.batch_size}, G={config.group_size}): use one of "
+                f"{', '.join(map(str, allowed))}"
+            )

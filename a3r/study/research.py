@@ -44,6 +44,7 @@ __all__ = [
     "size_training",
     "stability_margin",
     "sweep_specs",
+    "token_cap",
     "verdicts",
 ]
 
@@ -447,21 +448,51 @@ def sweep_specs(
     return specs
 
 
-def estimate_run_s(spec: RunSpec, *, seconds_per_episode: float, eval_episodes: int) -> float:
+def token_cap(plan: PlanDraft) -> float | None:
+    """The response-token cap (the template knob ``max_tokens``) of the plan's own workflow, at which a
+    preflight measures the seconds per episode; ``None`` when the template has no such knob."""
+    cap = plan.params.get("max_tokens")
+    return float(cap) if isinstance(cap, int | float) and not isinstance(cap, bool) and cap > 0 else None
+
+
+def estimate_run_s(
+    spec: RunSpec, *, seconds_per_episode: float, eval_episodes: int, measured_tokens: float | None = None
+) -> float:
     """Wall seconds a sweep run should take: episodes of its steps and its evaluation at the measured
-    seconds per episode, plus `SERVER_OVERHEAD_S`."""
+    seconds per episode, plus `SERVER_OVERHEAD_S`. The one price of a run: the dry run's estimate
+    (`a3r.study.design`) and the runner's budget (`fit_budget`) both use it.
+
+    Args:
+        spec: The run.
+        seconds_per_episode: Measured (or assumed) wall seconds per episode; not finite or ≤ 0: 2 s.
+        eval_episodes: Held-out attempts of its evaluation.
+        measured_tokens: The response-token cap ``max_tokens`` at which ``seconds_per_episode`` was
+            measured (`token_cap`). A run whose ``params`` set another cap has its training episodes
+            priced at ``seconds_per_episode`` × its cap / this (generation time ∝ tokens: an upper bound
+            when responses run to the cap); its evaluation runs the frozen evaluator at the original cap.
+    """
     s = spec.settings
     per_episode = (
         seconds_per_episode if math.isfinite(seconds_per_episode) and seconds_per_episode > 0 else 2.0
     )
-    episodes = s.steps * s.batch_size * s.group_size + eval_episodes
-    return SERVER_OVERHEAD_S + per_episode * episodes
+    train = per_episode
+    cap = spec.params.get("max_tokens")
+    if measured_tokens and isinstance(cap, int | float) and not isinstance(cap, bool):
+        train *= float(cap) / measured_tokens
+    return SERVER_OVERHEAD_S + train * s.steps * s.batch_size * s.group_size + per_episode * eval_episodes
 
 
 def fit_budget(
-    specs: Sequence[RunSpec], *, budget_s: float, seconds_per_episode: float, eval_episodes: int, goal: str
+    specs: Sequence[RunSpec],
+    *,
+    budget_s: float,
+    seconds_per_episode: float,
+    eval_episodes: int,
+    goal: str,
+    measured_tokens: float | None = None,
 ) -> tuple[list[RunSpec], list[float]]:
-    """Keep whole configurations (all seeds of a value) that fit the budget.
+    """Keep whole configurations (all seeds of a value) that fit the budget, each priced by
+    `estimate_run_s` (``measured_tokens``: see there).
 
     For ``min_stable`` the smallest values are kept first (the question is about them); for ``best``
     the values in plan order. A configuration is never cut to fewer seeds.
@@ -478,7 +509,12 @@ def fit_budget(
     spent = 0.0
     for value in order:
         cost = sum(
-            estimate_run_s(s, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
+            estimate_run_s(
+                s,
+                seconds_per_episode=seconds_per_episode,
+                eval_episodes=eval_episodes,
+                measured_tokens=measured_tokens,
+            )
             for s in by_value[value]
         )
         if spent + cost <= budget_s:

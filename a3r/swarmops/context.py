@@ -41,6 +41,8 @@ class ExecutionContext(Protocol):
         eval_samples: Attempts per held-out task.
         preflight_samples: Attempts per held-out task in the preflight.
         episode_timeout_s: Per-episode time limit of evaluation clients.
+        preflight_budget_s: Wall seconds a research preflight run may take, server start included
+            (0: no budget); its held-out attempts are cut when it runs out and count as no success.
         signal: When a preflight stops for lack of signal (`a3r.study.sequential`).
         server_options: Extra ``swarm serve`` options for every started server.
         servers: Live servers by server key (the executor adds and removes entries).
@@ -68,6 +70,8 @@ class ExecutionContext(Protocol):
     def preflight_samples(self) -> int: ...
     @property
     def episode_timeout_s(self) -> float: ...
+    @property
+    def preflight_budget_s(self) -> float: ...
     @property
     def signal(self) -> SignalRule: ...
     @property

@@ -16,6 +16,17 @@ in start order, that have all ended, and once their successes (reward > 0) show 
 below what GRPO groups of G need, the attempts under way are cancelled (their episodes aborted, not
 recorded) and the evaluation ends. ``--summary`` receives one JSON object: attempts planned and ended,
 failures, and the test's last `SignalCheck`.
+
+With ``--time-budget S`` the whole evaluation ends within S wall seconds of the client's start: an
+attempt's limit is the smaller of ``--episode-timeout`` and the time left of S when it begins, and an
+attempt not begun by then never begins. An attempt stopped by that budget is *cut*: it counts as no
+success (the futility test then assumes a cut attempt would not have succeeded), its record says so
+(``"cut": true``), and the summary says how many were cut, after how long, and about how many tokens
+they had decoded: the ended attempts' completion tokens are read from the server's record of their
+episode, and a cut attempt's count is estimated at their median decoding rate (tokens per second of
+an attempt's wall time; the server's static batches decode the attempts under way in step). It also
+gives the test over the attempts that ended on their own alone (``uncut_signal``), so a verdict can
+say whether it rests on the assumption about the cut ones.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,8 +44,22 @@ from typing import Any
 __all__ = ["main"]
 
 
-def _failure(exc: BaseException, *, task_id: str, member: int, seconds: float, limit_s: float) -> str:
-    """What failed in one attempt and after how long, in one line (≤ 500 characters)."""
+def _failure(
+    exc: BaseException,
+    *,
+    task_id: str,
+    member: int,
+    seconds: float,
+    limit_s: float,
+    cut_by: float | None = None,
+) -> str:
+    """What failed in one attempt and after how long, in one line (≤ 500 characters); ``cut_by`` is the
+    ``--time-budget`` that set this attempt's limit (``None``: the episode limit did)."""
+    if isinstance(exc, TimeoutError) and seconds >= limit_s * 0.99 and cut_by is not None:
+        return (
+            f"cut: task {task_id} attempt {member} was cut after {seconds:.0f} s at the evaluation's "
+            f"{cut_by:g} s time budget (--time-budget); it counts as no success"
+        )
     if isinstance(exc, TimeoutError) and seconds >= limit_s * 0.99:
         return (
             f"TimeoutError: task {task_id} attempt {member} did not end within the {limit_s:g} s episode "
@@ -65,6 +91,11 @@ async def _evaluate(args: argparse.Namespace) -> int:
     )
     check: SignalCheck | None = None
     inside: set[asyncio.Task[None]] = set()  # attempts inside their episode block
+    deadline = args.started + args.time_budget if args.time_budget else None
+    cut: list[float] = []  # wall seconds of each cut attempt
+    rates: list[float] = []  # completion tokens per wall second of each ended attempt (with --time-budget)
+    uncut: list[bool] = []  # successes of the attempts that ended on their own
+    not_begun = 0
 
     def stopped() -> bool:
         return check is not None and check.stopped
@@ -91,7 +122,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
                             job.cancel()
 
             async def attempt(index: int, task: Any, member: int) -> None:
-                nonlocal failures
+                nonlocal failures, not_begun
                 record: dict[str, Any] = {
                     "kind": "eval",
                     "round": args.round,
@@ -103,6 +134,13 @@ async def _evaluate(args: argparse.Namespace) -> int:
                     if stopped():
                         return
                     started = time.monotonic()
+                    limit, cut_by = args.episode_timeout, None
+                    if deadline is not None:
+                        if deadline - started <= 0:
+                            not_begun += 1
+                            return
+                        if deadline - started < limit:
+                            limit, cut_by = deadline - started, args.time_budget
                     job = asyncio.current_task()
                     assert job is not None
                     try:
@@ -110,16 +148,23 @@ async def _evaluate(args: argparse.Namespace) -> int:
                             inside.add(job)
                             if stopped():
                                 raise asyncio.CancelledError  # the block aborts the episode
-                            output = await asyncio.wait_for(run(task.data, ep.llm), args.episode_timeout)
+                            output = await asyncio.wait_for(run(task.data, ep.llm), limit)
                             if isinstance(output, Result):
                                 reward = output.reward
                             elif isinstance(output, int | float):
                                 reward = float(output)
                             else:
                                 raise TypeError("evaluation needs a single-server workflow (one reward)")
+                            if deadline is not None:  # how many tokens the attempt decoded
+                                view = await client.get_episode(ep.id)
+                                record["tokens"] = sum(len(call.completion_ids) for call in view.calls)
                             await ep.finish(reward)
                         record |= {"status": "finished", "reward": reward}
                         succeeded[index] = reward > 0
+                        uncut.append(reward > 0)
+                        seconds = time.monotonic() - started
+                        if record.get("tokens") and seconds > 0:
+                            rates.append(record["tokens"] / seconds)
                     except Exception as exc:
                         failures += 1
                         seconds = time.monotonic() - started
@@ -131,9 +176,15 @@ async def _evaluate(args: argparse.Namespace) -> int:
                                 task_id=task.task_id,
                                 member=member,
                                 seconds=seconds,
-                                limit_s=args.episode_timeout,
+                                limit_s=limit,
+                                cut_by=cut_by,
                             ),
                         }
+                        if record["error"].startswith("cut: "):
+                            record["cut"] = True
+                            cut.append(seconds)
+                        else:
+                            uncut.append(False)
                         succeeded[index] = False  # limits are part of the evaluation
                     finally:
                         inside.discard(job)
@@ -146,11 +197,22 @@ async def _evaluate(args: argparse.Namespace) -> int:
             running = [asyncio.create_task(attempt(i, task, m)) for i, (task, m) in enumerate(order)]
             await asyncio.gather(*running, return_exceptions=True)
     ended = sum(1 for s in succeeded if s is not None)
+    rate = statistics.median(rates) if rates else None
+    after = statistics.median(cut) if cut else None
     summary = {
         "attempts": len(order),
         "ended": ended,
         "failures": failures,
         "signal": check.model_dump() if check is not None else None,
+        "time_budget_s": args.time_budget or None,
+        "cut": len(cut),
+        "cut_after_s": after,
+        "tokens_per_s": rate,
+        "cut_tokens": round(rate * after) if rate is not None and after is not None else None,
+        "not_begun": not_begun,
+        "uncut_signal": (
+            test.check(sum(uncut), len(uncut)).model_dump() if test is not None and cut and uncut else None
+        ),
     }
     if args.summary:
         Path(args.summary).write_text(json.dumps(summary) + "\n", encoding="utf-8")
@@ -160,6 +222,7 @@ async def _evaluate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see module docstring); returns the exit code."""
+    started = time.monotonic()  # the --time-budget clock (the client's imports come after)
     parser = argparse.ArgumentParser(
         prog="python -m a3r.swarmops.evaluate", description=__doc__.splitlines()[0]
     )
@@ -172,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tasks", type=int, default=None)
     parser.add_argument("--round", type=int, default=0)
     parser.add_argument("--episode-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.0,
+        help="end the whole evaluation within this many seconds of its start; attempts it stops are cut "
+        "and count as no success (0: no budget)",
+    )
     parser.add_argument("--client-id", default="a3r-eval")
     parser.add_argument(
         "--stop-group-size",
@@ -185,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         "--summary", default=None, help="write a JSON summary (and the test's last check) here"
     )
     args = parser.parse_args(argv)
+    args.started = started
     if args.samples < 1 or args.concurrency < 1:
         parser.error("--samples and --concurrency must be >= 1")
     if args.stop_group_size and args.stop_group_size < 2:

@@ -201,6 +201,11 @@ def _reward_curve(rows: list[ServerStepMetrics]) -> list[tuple[int, float]]:
     return metric_series([{"step": row.step, "reward_mean": row.reward_mean} for row in rows], "reward_mean")
 
 
+PREFLIGHT_MIN_ATTEMPT_S = 60.0
+"""The least time a preflight's evaluator gets, however long its server took to start (the preflight
+then runs past its budget): attempts cut after a few seconds would decide nothing, yet count as no
+success."""
+
 EVAL_CONCURRENCY = 8
 """Attempts a held-out evaluation runs at once (a preflight with a futility test runs more: as many as
 the test needs before it can decide, so its first possible look comes after one batch)."""
@@ -360,13 +365,48 @@ class _Evaluation:
 def _failure_note(failed: list[EpisodeRecord], total: int) -> str:
     """``k of n held-out attempts failed ...``, with the distinct failures (time limits grouped)."""
     timeouts = [r for r in failed if (r.error or "").startswith("TimeoutError: task ")]
-    others = sorted({(r.error or r.status)[:160] for r in failed if r not in timeouts})
-    parts = []
+    cut = [r for r in failed if (r.error or "").startswith("cut: ")]
+    others = sorted({(r.error or r.status)[:160] for r in failed if r not in timeouts and r not in cut})
+    parts = [f"{len(cut)} cut at the evaluation's time budget"] if cut else []
     if timeouts:
         limit = (timeouts[0].error or "").split("within the ", 1)[-1].split(" episode limit", 1)[0]
         parts.append(f"{len(timeouts)} ran past the {limit} episode time limit")
     parts += others[:3]
     return f"{len(failed)} of {total} held-out attempts failed and count as incorrect ({'; '.join(parts)})"
+
+
+def _cut_note(summary: dict[str, Any]) -> str:
+    """What the evaluator's ``--time-budget`` cut, in one sentence (``""`` when it cut nothing): how
+    many attempts, after how long and about how many tokens, that the futility bound counts them as
+    no success, and what the attempts that ended on their own show alone."""
+    cut = int(summary.get("cut") or 0)
+    if not cut:
+        return ""
+    ended = int(summary.get("ended") or 0)
+    tokens = summary.get("cut_tokens")
+    rate = summary.get("tokens_per_s")
+    far = (
+        f" after ≈ {tokens} completion tokens each (the {rate:.1f} tokens/s the ended attempts decoded)"
+        if tokens is not None and rate is not None
+        else " (no ended attempt gave a decoding rate to estimate their tokens from)"
+    )
+    text = (
+        f"{cut} of {ended} attempts were cut at {summary.get('cut_after_s') or 0:.0f} s by the preflight's "
+        f"{summary.get('time_budget_s') or 0:g} s time budget{far}; the bound counts a cut attempt as no "
+        "success, i.e. it assumes a cut attempt would not have succeeded"
+    )
+    alone = summary.get("uncut_signal")
+    if alone:
+        check = SignalCheck.model_validate(alone)
+        decides = "would also stop the test" if check.stopped else "would not stop the test alone"
+        text += (
+            f"; the {check.attempts} attempts that ended on their own had {check.successes} success(es), a rate "
+            f"below {check.upper:.3f}, which {decides}"
+        )
+    skipped = int(summary.get("not_begun") or 0)
+    if skipped:
+        text += f"; {skipped} planned attempt(s) never began within the budget"
+    return text
 
 
 def _evaluate(
@@ -380,6 +420,7 @@ def _evaluate(
     max_tasks: int | None = None,
     env: dict[str, str] | None = None,
     futility_group_size: int | None = None,
+    time_budget_s: float | None = None,
 ) -> _Evaluation:
     """Held-out evaluation with the frozen evaluator.
 
@@ -395,6 +436,8 @@ def _evaluate(
         futility_group_size: G of a preflight's sequential futility test (`a3r.study.sequential`,
             with ``ctx.signal``); the evaluation then stops as soon as the test decides, running at once
             as many attempts as the test needs before it can decide (up to the server's batch size).
+        time_budget_s: Wall seconds the evaluator may take (``--time-budget``): attempts still under
+            way then are cut and count as no success; the note says how many and how far they got.
     """
     out = run_dir / "eval.jsonl"
     out.unlink(missing_ok=True)
@@ -418,6 +461,8 @@ def _evaluate(
             "--concurrency",
             str(max(EVAL_CONCURRENCY, min(first, batch))),
         ]
+    if time_budget_s is not None:
+        extra += ["--time-budget", repr(max(1.0, time_budget_s))]
     argv = [
         sys.executable,
         "-m",
@@ -453,9 +498,12 @@ def _evaluate(
         text = f"evaluation exited with code {code}: {process.log_text(1500).strip()[-600:]}"
         return _Evaluation(None, text, elapsed)
     signal: SignalCheck | None = None
+    cuts = ""
     try:
-        found = json.loads(summary_path.read_text(encoding="utf-8")).get("signal")
+        written = json.loads(summary_path.read_text(encoding="utf-8"))
+        found = written.get("signal")
         signal = SignalCheck.model_validate(found) if found else None
+        cuts = _cut_note(written)
     except (OSError, ValueError):
         signal = None
     # An attempt that failed (time limit, error) is an incorrect attempt: limits are part of the evaluation.
@@ -465,6 +513,7 @@ def _evaluate(
         reward = record.reward if record.status == "finished" and record.reward is not None else 0.0
         groups.setdefault((record.round, record.task_id), []).append(reward)
     note = _failure_note(failed, len(records)) if failed else ""
+    note += f": {cuts}" if cuts else ""
     return _Evaluation(summarise_rewards(groups), note, elapsed, signal)
 
 
@@ -560,6 +609,12 @@ def execute_run(
                 samples=max(ctx.preflight_samples, ctx.eval_samples),
                 env=handle.client_env(),
                 futility_group_size=spec.settings.group_size,
+                # the preflight's own budget, less the server start just measured, bounds every attempt
+                time_budget_s=(
+                    max(PREFLIGHT_MIN_ATTEMPT_S, ctx.preflight_budget_s - (time.monotonic() - started))
+                    if ctx.preflight_budget_s > 0
+                    else None
+                ),
             )
             rec.events(api.events())
             summary, error = found.summary, found.note

@@ -143,3 +143,92 @@ def test_a_rare_success_is_too_little_signal_and_a_common_one_goes_on(tmp_path: 
     common = [1.0, 0.0, 0.0, 0.0] * 15  # 15 of 60: these attempts do not rule out enough signal
     go = planner(_preflight_state(store, common, with_check=False), Runtime(context=ctx))  # type: ignore[arg-type]
     assert go.goto == "runner" and go.update["stage"] == "coarse"  # type: ignore[index]
+
+
+def test_the_time_budget_cuts_attempts_and_says_how_far_they_got(tmp_path: Path, server: Any) -> None:
+    from a3r.swarmops.execution import _cut_note, _failure_note
+
+    body = """
+        client = llm.openai(max_retries=0)
+        await client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        if task["value"] % 2 == 0:
+            await asyncio.sleep(60)  # an attempt that would run on past the budget
+        return 0.0
+    """
+    workflow, heldout = _workflow(tmp_path, body, tasks=4)
+    out, summary = tmp_path / "eval.jsonl", tmp_path / "summary.json"
+    args = [str(workflow), "--server", server.url, "--dataset", str(heldout), "--out", str(out)]
+    args += ["--samples", "1", "--summary", str(summary), "--stop-group-size", "4", "--time-budget", "4"]
+    assert evaluate([*args, "--client-id", "preflight-cut"]) == 0
+    result = json.loads(summary.read_text())
+    records = {r["task_id"]: r for r in _records(out)}
+    assert set(records) == {"h0", "h1", "h2", "h3"}
+    for task in ("h0", "h2"):  # cut by the budget, at most the budget after the client's start
+        cut = records[task]
+        assert cut["cut"] is True and cut["status"] == "aborted" and 1.0 < cut["seconds"] <= 4.5
+        assert cut["error"].startswith(f"cut: task {task} attempt 0 was cut after ")
+        assert "4 s time budget (--time-budget); it counts as no success" in cut["error"]
+    for task in ("h1", "h3"):  # ended on their own: the server's record gives their tokens
+        assert records[task]["status"] == "finished" and 1 <= records[task]["tokens"] <= 3
+    assert result["cut"] == 2 and result["time_budget_s"] == 4 and result["tokens_per_s"] > 0
+    assert result["cut_tokens"] == round(result["tokens_per_s"] * result["cut_after_s"])
+    alone = result["uncut_signal"]
+    assert alone["attempts"] == 2 and alone["successes"] == 0 and not alone["stopped"]
+    note = _cut_note(result)
+    assert (
+        note.startswith("2 of 4 attempts were cut at ")
+        and "by the preflight's 4 s time budget after ≈ " in note
+    )
+    assert (
+        "the bound counts a cut attempt as no success, i.e. it assumes a cut attempt would not have" in note
+    )
+    assert (
+        "the 2 attempts that ended on their own had 0 success(es)" in note
+        and "would not stop the test alone" in note
+    )
+    failed = [EpisodeRecord.model_validate(r) for r in records.values() if r["status"] != "finished"]
+    assert _failure_note(failed, 4) == (
+        "2 of 4 held-out attempts failed and count as incorrect (2 cut at the evaluation's time budget)"
+    )
+    assert server.runtime.episodes.clients()["preflight-cut"] == 0  # the cut episodes were aborted
+
+
+def test_the_verdict_says_how_many_attempts_the_budget_cut(tmp_path: Path, store: Store) -> None:
+    from a3r.swarmops.execution import _cut_note
+
+    summary = {
+        "attempts": 64,
+        "ended": 23,
+        "cut": 12,
+        "cut_after_s": 262.4,
+        "time_budget_s": 271.0,
+        "tokens_per_s": 3.31,
+        "cut_tokens": 869,
+        "not_begun": 0,
+        "uncut_signal": SignalRule().test(4, 64).check(0, 11).model_dump(),
+    }
+    cut = _cut_note(summary)
+    state = _preflight_state(store, [0.0] * 23, with_check=True)
+    state["outcomes"] = [
+        o.model_copy(
+            update={
+                "reason": "baseline held-out mean reward 0.000; 12 of 23 held-out attempts failed and count as "
+                f"incorrect (12 cut at the evaluation's time budget): {cut}"
+            }
+        )
+        for o in state["outcomes"]
+    ]
+    ctx = offline_context(tmp_path, store)
+    stop = planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    text = stop.update["conclusion"]  # type: ignore[index]
+    assert "stopped after 23 of 60 planned attempts" in text
+    assert (
+        "Note: 12 of 23 held-out attempts failed and count as incorrect (12 cut at the evaluation's time budget): "
+        "12 of 23 attempts were cut at 262 s by the preflight's 271 s time budget after ≈ 869 completion tokens "
+        "each (the 3.3 tokens/s the ended attempts decoded); the bound counts a cut attempt as no success, i.e. it "
+        "assumes a cut attempt would not have succeeded; the 11 attempts that ended on their own had 0 "
+        "success(es), a rate below "
+    ) in text
+    assert "which would not stop the test alone." in text

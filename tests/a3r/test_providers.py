@@ -209,3 +209,42 @@ def test_chat_provider_wraps_schema_mismatch() -> None:
     model = ToolCallingFakeChatModel(messages=tool_answers(("PlanDraft", {"kind": "train"})))
     with pytest.raises(ProviderError):
         ChatProvider(model, name="fake").plan("train countdown", mode="vibe")
+
+
+def test_llm_hypotheses_say_the_seeds_asked_for(
+    fresh: FakeLLMServer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+    from a3r.study.design import reword_seeds
+
+    assert reword_seeds("on two seeds (seeds 0 and 1), at most 6 seeds", [0, 1], [0, 1, 2]) == (
+        "on 3 seeds (seeds [0, 1, 2]), at most 6 seeds"
+    )
+    fresh.canned["PlanDraft"] = {
+        **PLAN,
+        "kind": "research",
+        "template": "arithmetic",
+        "params": {},
+        "objective": "find the best KL coefficient",
+        "training": {**PLAN["training"], "seeds": [0, 1]},
+        "sweep": {"variable": "kl_coef", "coarse": [0.0, 0.1], "goal": "best"},
+        "hypotheses": [
+            {
+                "statement": "a small KL penalty helps on 2 seeds",
+                "expected_outcome": "seeds [0, 1] both higher at 0.1",
+                "decision_rule": "mean over the 2 seeds at 0.1 exceeds 0 by 0.05",
+            }
+        ],
+    }
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    common += ["--provider", "anthropic", "--base-url", fresh.url, "--provider-model", "claude-test"]
+    result = CliRunner().invoke(
+        app, ["research", "find the best KL coefficient on arithmetic", "--seeds", "3", *common]
+    )
+    assert result.exit_code == 0, result.output
+    assert "hypothesis: a small KL penalty helps on 3 seeds" in result.output
+    assert "decision rule: mean over the 3 seeds at 0.1 exceeds 0 by 0.05" in result.output
+    assert "2 seeds" not in result.output.split("hypothesis:")[1]

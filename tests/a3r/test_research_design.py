@@ -14,7 +14,7 @@ from a3r.providers import OfflineProvider
 from a3r.providers.offline import read_params
 from a3r.study.design import coarse_values, design_study, seeds_per_arm
 from a3r.study.plans import PlanDraft, SweepSpec, TrainingSettings, check_plan
-from a3r.study.research import SERVER_OVERHEAD_S, sweep_specs
+from a3r.study.research import SERVER_OVERHEAD_S, fit_budget, sweep_specs, token_cap
 from a3r.study.settings import SETTINGS, resolve_setting, serve_flags
 from a3r.swarmops.execution import Workspace
 from swarm.client import ServeOptions
@@ -394,9 +394,88 @@ def test_dry_run_prices_max_tokens_by_the_token_cap() -> None:
         plan, seconds_per_episode=1.0, speed_source="assumed", eval_episodes=8, preflight_episodes=8
     )
     coarse = design.stages[1]
-    episodes = plan.training.steps * plan.training.batch_size * plan.training.group_size + 8
+    episodes = plan.training.steps * plan.training.batch_size * plan.training.group_size
     default = resolve_setting("max_tokens", "arithmetic").default  # the template's own default (16)
+    assert token_cap(plan) == default
+    # training episodes scale with the cap; the 8 evaluation attempts run the frozen evaluator's cap
     expected = len(plan.training.seeds) * sum(
-        SERVER_OVERHEAD_S + episodes * v / default for v in coarse.values
+        SERVER_OVERHEAD_S + episodes * v / default + 8 for v in coarse.values
     )
     assert coarse.seconds == pytest.approx(expected)
+    # The runner's budget check prices a run with the same function: a budget that holds the dry run's
+    # coarse stage keeps every value, and one second less drops the largest cap first under "best".
+    specs = sweep_specs(plan, coarse.values, "coarse")
+    fit = {"seconds_per_episode": 1.0, "eval_episodes": 8, "goal": "best", "measured_tokens": token_cap(plan)}
+    kept, dropped = fit_budget(specs, budget_s=coarse.seconds, **fit)  # type: ignore[arg-type]
+    assert len(kept) == len(specs) and not dropped
+    _, dropped = fit_budget(specs, budget_s=coarse.seconds - 1, **fit)  # type: ignore[arg-type]
+    assert dropped == [max(coarse.values)]
+
+
+@pytest.mark.parametrize(
+    ("question", "refusal"),
+    [
+        (
+            "what is the effect of temperature 0 vs 1 on arithmetic",
+            "error: a sampling temperature of 0 samples the same completion for every episode of a GRPO group",
+        ),
+        (
+            "find the effect of 3 vs 1 minibatches on arithmetic",
+            "error: 3 minibatches do not divide the B·G = 2·4 = 8 episodes of a step (B=2, G=4): use one of "
+            "1, 2, 4, 8",
+        ),
+    ],
+)
+def test_configurations_grpo_cannot_train_are_refused_in_one_line(
+    tmp_path: Path, question: str, refusal: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    refused = CliRunner().invoke(app, ["research", question, *common])
+    assert refused.exit_code == 1 and refused.output.count("\n") == 1, refused.output
+    assert refused.output.startswith(refusal)
+    fine = CliRunner().invoke(
+        app, ["research", "find the effect of 2 vs 1 minibatches on arithmetic", *common]
+    )
+    assert fine.exit_code == 0, fine.output
+    draft = OfflineProvider().plan("train arithmetic", mode="vibe")
+    odd = draft.model_copy(update={"training": draft.training.model_copy(update={"minibatches": 3})})
+    with pytest.raises(PlanError, match="3 minibatches do not divide"):
+        check_plan(odd)
+
+
+def test_dry_runs_price_episodes_at_the_stored_speed_of_the_template(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+    from memory import Store
+
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    fresh = CliRunner().invoke(app, ["vibe", "train arithmetic", *common])
+    assert fresh.exit_code == 0, fresh.output
+    assert (
+        "at 1.00 s per episode (assumed, no earlier run of this template and model in the store"
+        in fresh.output
+    )
+    with Store(tmp_path / "memory.db") as store:
+        study = store.create_study("train arithmetic", kind="vibe")
+        experiment = store.create_experiment(study.id, "arithmetic-train", template="arithmetic")
+        for speed, model in ((2.5, "embedded"), (3.5, "embedded"), (0.1, "other/model"), (3.0, "embedded")):
+            run = store.start_run(experiment.id, config={"purpose": "train", "model": model})
+            store.finish_run(run.id, final_metrics={"seconds_per_episode": speed})
+        other = store.create_experiment(study.id, "countdown-train", template="countdown")
+        run = store.start_run(other.id, config={"purpose": "train", "model": "embedded"})
+        store.finish_run(run.id, final_metrics={"seconds_per_episode": 9.0})
+    stored = CliRunner().invoke(app, ["vibe", "train arithmetic", *common])
+    assert stored.exit_code == 0, stored.output
+    # the median of the three embedded-model arithmetic runs; the other model and template do not count
+    assert "at 3.00 s per episode (measured: the median of 3 earlier arithmetic run(s) in " in stored.output
+    research = CliRunner().invoke(app, ["research", "find the best KL coefficient on arithmetic", *common])
+    assert research.exit_code == 0 and "at 3.00 s per episode (measured: the median of 3" in research.output
+    # the plan states the preflight's time budget and what a cut attempt counts as
+    assert "at most 285 s, server start included: attempts still under way then are cut and count as no" in (
+        research.output
+    )

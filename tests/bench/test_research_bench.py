@@ -45,3 +45,40 @@ def test_dry_run_cites_prior_findings_and_skips_their_values(tmp_path: Path) -> 
     assert result.output.count("reused: finding #") == 5
     assert "coarse: 0 run(s)" in result.output.replace("2 seeds per configuration; ", "")
     assert store.stat().st_mtime_ns == before and not (tmp_path / "dry").exists()
+
+
+def test_a_second_min_stable_study_reuses_the_first_ones_refine_runs_too(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    landscape = LANDSCAPES["min-stable-batch"]
+    first = run_study(landscape, 0, tmp_path, thread="first")
+    dry = CliRunner().invoke(
+        app,
+        [
+            "research",
+            landscape.question,
+            "--dry-run",
+            "--store",
+            str(tmp_path / "memory.db"),
+            "--root",
+            str(tmp_path / "dry"),
+        ],
+    )
+    assert dry.exit_code == 0, dry.output
+    # the first study's refine values (between the coarse ones) are cited and join the analysis
+    assert (
+        "join the analysis (refine bisects from the bracket they give and never re-runs them)" in dry.output
+    )
+    second = run_study(landscape, 0, tmp_path, thread="second")
+    assert second.reused == first.runs and second.runs == 0  # coarse, refine and replicate runs all reused
+    assert second.answer == first.answer == pytest.approx(landscape.answer)
+    assert second.confirmed == first.confirmed
+    from a3r.graph.records import stored_speed
+    from memory import Store
+
+    with Store(tmp_path / "memory.db") as store:  # the runner stored each run's measured speed and model
+        found = stored_speed(store, "arithmetic", None)
+        assert found is not None and found[0] > 0 and found[1] == first.runs
+        assert stored_speed(store, "arithmetic", "some/other-model") is None
