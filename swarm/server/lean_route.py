@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,12 +37,13 @@ from typing import Any
 from fastapi import params
 from fastapi.datastructures import DefaultPlaceholder
 from fastapi.dependencies.models import Dependant
-from fastapi.exceptions import HTTPException
 from fastapi.routing import APIRoute, serialize_response
 from fastapi.utils import is_body_allowed_for_status_code
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -191,53 +193,75 @@ class LeanRoute(APIRoute):
 
     def get_route_handler(self) -> Handler:
         fastapi_handler = super().get_route_handler()
-        dependant = self._effective_dependant()
-        plan = _Plan.of(dependant, top=True)
+        effective = self._effective()
+        plan = _Plan.of(getattr(effective, "dependant", self.dependant), top=True)
         default_class = isinstance(self.response_class, DefaultPlaceholder)
         embedded = getattr(self, "_embed_body_fields", True)
         if plan is None or embedded or not default_class or self.response_field is None:
             return fastapi_handler
-        return self._lean_handler(plan, fastapi_handler)
+        serve = self._lean_server(plan)
+        hot = _HotRoute(
+            methods=frozenset(getattr(effective, "methods", self.methods) or ()),
+            path_format=getattr(effective, "path_format", self.path_format),
+            regex=getattr(effective, "path_regex", self.path_regex),
+            convertors=getattr(effective, "param_convertors", self.param_convertors),
+            serve=serve,
+        )
 
-    def _effective_dependant(self) -> Dependant:
-        """The dependant FastAPI's handler is built from (an included router's context may add
-        dependencies: FastAPI then builds the handler with that context's dependant)."""
+        async def handler(request: Request) -> Response:
+            response = await serve(request)
+            if response is None:
+                return await fastapi_handler(request)
+            shortcut = request.scope.get(HotRoutes.SCOPE_KEY)
+            if isinstance(shortcut, HotRoutes):
+                shortcut.register(hot)
+            return response
+
+        return handler
+
+    def _effective(self) -> Any:
+        """What FastAPI builds this route's handler from: the route itself, or the context of the router
+        that included it (which may add a prefix and dependencies: FastAPI >= 0.16x)."""
         import fastapi.routing as fastapi_routing
 
         context_var = getattr(fastapi_routing, "_effective_route_context_var", None)
         context = context_var.get() if context_var is not None else None
         if context is not None and getattr(context, "original_route", None) is self:
-            return getattr(context, "dependant", self.dependant)
-        return self.dependant
+            return context
+        return self
 
-    def _lean_handler(self, plan: _Plan, fastapi_handler: Handler) -> Handler:
+    def _lean_server(self, plan: _Plan) -> Callable[[Request], Coroutine[Any, Any, Response | None]]:
+        """``serve(request)``: the route's response, or ``None`` when FastAPI's handler must answer (before
+        the endpoint has run)."""
         status_code = self.status_code
         response_field = self.response_field
 
-        async def handler(request: Request) -> Response:
+        async def serve(request: Request) -> Response | None:
             if request.app.dependency_overrides:
-                return await fastapi_handler(request)
+                return None
             body: Any = None
             if plan.body is not None:
                 try:
                     raw = await request.body()
                 except HTTPException:
                     raise
-                except Exception:
-                    return await fastapi_handler(request)  # answers it as FastAPI does
+                except Exception as exc:  # as FastAPI's handler answers a body it cannot read
+                    raise HTTPException(
+                        status_code=400, detail="There was an error parsing the body"
+                    ) from exc
                 if not raw or not _is_json(request.headers.get("content-type")):
-                    return await fastapi_handler(request)
+                    return None
                 try:
                     body = json.loads(raw)
                 except ValueError:
-                    return await fastapi_handler(request)
+                    return None
             sub_response = Response()
             del sub_response.headers["content-length"]
             sub_response.status_code = None  # type: ignore[assignment]
             try:
                 values = await plan.values(request, body, sub_response, {})
             except Exception:
-                return await fastapi_handler(request)  # FastAPI's error answer (dependencies only read)
+                return None  # FastAPI's error answer (dependencies only read)
             raw_response = await plan.call(**values)
             if isinstance(raw_response, Response):
                 return raw_response
@@ -259,4 +283,77 @@ class LeanRoute(APIRoute):
             response.headers.raw.extend(sub_response.headers.raw)
             return response
 
-        return handler
+        return serve
+
+
+@dataclass(frozen=True)
+class _HotRoute:
+    """A `LeanRoute` as `HotRoutes` matches and serves it."""
+
+    methods: frozenset[str]
+    path_format: str
+    regex: re.Pattern[str]
+    convertors: dict[str, Any]
+    serve: Callable[[Request], Coroutine[Any, Any, Response | None]]
+
+
+class HotRoutes:
+    """ASGI layer in front of the app's router (inside its exception middleware) that serves the named
+    `LeanRoute` routes without the router's matching and per-route wrappers.
+
+    A route joins once the router has routed a request to it (its lean handler registers it), and only
+    when its ``(method, path format)`` is in ``paths``: those must be routes no earlier route of the app
+    shadows (the router would pick the earlier one). A request of a joined route is served by its plan;
+    one the plan leaves to FastAPI (invalid, unusual, a wrong credential) goes through the router with
+    its body replayed, so it is answered exactly as before. Everything else goes to the router.
+
+    Args:
+        app: the router (what the app's middleware would otherwise call).
+        paths: ``("POST", "/v1/chat/completions")``-style pairs that may take the shortcut.
+    """
+
+    SCOPE_KEY = "swarm.hot_routes"
+
+    def __init__(self, app: ASGIApp, paths: frozenset[tuple[str, str]]) -> None:
+        self.app = app
+        self.paths = paths
+        self.routes: list[tuple[str, _HotRoute]] = []
+
+    def register(self, route: _HotRoute) -> None:
+        """Let ``route`` take the shortcut (for its methods named in ``paths``; once)."""
+        for method in sorted(route.methods):
+            key = (method, route.path_format)
+            if key in self.paths and all((m, r.path_format) != key for m, r in self.routes):
+                self.routes.append((method, route))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope.get("root_path"):
+            method, path = scope["method"], scope["path"]
+            for route_method, route in self.routes:
+                if method == route_method and (match := route.regex.match(path)) is not None:
+                    await self._serve(route, match, scope, receive, send)
+                    return
+        scope[self.SCOPE_KEY] = self
+        await self.app(scope, receive, send)
+
+    async def _serve(
+        self, route: _HotRoute, match: re.Match[str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        params = {key: route.convertors[key].convert(value) for key, value in match.groupdict().items()}
+        scope["path_params"] = {**scope.get("path_params", {}), **params}
+        request = Request(scope, receive, send)
+        response = await route.serve(request)
+        if response is not None:
+            await response(scope, receive, send)
+            return
+        body = await request.body()  # read already, or empty: replayed to the router
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -16,7 +16,7 @@ from openai import OpenAI
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from swarm.client import SwarmClient
-from swarm.server.app import create_app
+from swarm.server.app import HOT_PATHS, create_app
 from swarm.server.lean_route import LeanRoute
 
 _bearer = HTTPBearer(auto_error=False)
@@ -234,6 +234,38 @@ def test_hot_routes_skip_fastapis_solver(server: Any, solved: Callable[[], list[
     assert view.status.value == "finished" and view.reward == 0.5 and len(view.calls) == 1
     assert view.calls[0].completion_ids and len(view.calls[0].logprobs) == len(view.calls[0].completion_ids)
     assert paths == [], paths
+
+
+def test_hot_routes_bypass_the_router(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once routed, begin, chat completion and finish are served by `HotRoutes`: a second episode's three
+    requests take the shortcut; a wrong credential on a hot route still gets FastAPI's answer."""
+    hot = server._server.config.app.hot_routes
+    served: list[str] = []
+    original = hot._serve
+
+    async def counting(route: Any, match: Any, scope: Any, receive: Any, send: Any) -> None:
+        served.append(route.path_format)
+        await original(route, match, scope, receive, send)
+
+    with SwarmClient(server.url) as swarm:
+        for _ in range(2):
+            episode = swarm.begin("hot-task", kind="eval")
+            OpenAI(base_url=episode.base_url, api_key=episode.api_key).chat.completions.create(
+                model=episode.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            episode.finish(1.0)
+            monkeypatch.setattr(hot, "_serve", counting)
+        stored = swarm.get_episode(episode.id)
+    assert {(m, r.path_format) for m, r in hot.routes} == HOT_PATHS
+    assert sorted(served) == sorted(path for _, path in HOT_PATHS)
+    assert stored.status.value == "finished" and stored.reward == 1.0 and len(stored.calls) == 1
+    wrong = httpx.post(
+        f"{server.url}/api/v1/episodes/{episode.id}/finish",
+        json={"reward": 1.0},
+        headers={"Authorization": "Bearer sk-swarm-nope"},
+    )
+    assert wrong.status_code == 403 and wrong.json()["error"]["type"] == "authentication_error"
+    assert served[-1] == "/api/v1/episodes/{episode_id}/finish"
 
 
 def test_routes_with_other_shapes_keep_fastapis_handler(server: Any, solved: Callable[[], list[str]]) -> None:
