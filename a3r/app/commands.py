@@ -438,7 +438,8 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
     total = smoke + len(training.seeds) * (SERVER_OVERHEAD_S + training.steps * per_step) + evaluation
     _out.print(
         f"  stages: smoke ({training.smoke_tasks} task(s)) and held-out baseline → {training.steps} steps on seed(s) "
-        f"{training.seeds} (fitted to the budget after the smoke run) → held-out evaluation → report",
+        f"{training.seeds} (fitted to the budget after the smoke run: a smaller B first, fewer steps only if B = 1 "
+        "does not fit) → held-out evaluation → report",
         markup=False,
     )
     _out.print(

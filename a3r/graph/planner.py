@@ -33,6 +33,7 @@ from a3r.study.design import (
 )
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
 from a3r.study.research import (
+    SAFETY_SHARE,
     eval_reserve_s,
     fit_budget,
     initial_queue,
@@ -66,9 +67,10 @@ def planner(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Route
 
 
 def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | None:
-    """Once, after the smoke run: fit the training run's steps to the budget left at the speed the
-    smoke run measured, keeping time for the held-out evaluation (`size_training`). ``None`` when
-    there is nothing to size."""
+    """Once, after the smoke run: fit the training run to the budget left at the speed the smoke run
+    measured, keeping time for the held-out evaluation and a `SAFETY_SHARE` margin (`size_training`:
+    a smaller B first, fewer steps only when even B = 1 does not fit). ``None`` when there is nothing
+    to size."""
     outcomes = state.get("outcomes", [])
     queue = list(state.get("queue") or [])
     if (
@@ -82,19 +84,29 @@ def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | N
     ):
         return None
     head = queue[0]
+    runs = [i for i, spec in enumerate(queue) if spec.purpose == "train" and spec.start_step == 0]
     budget_left = ctx.budget_s - _spent(state)
     sizing = size_training(
         head.settings,
         seconds_per_episode=outcomes[-1].seconds_per_episode,
         budget_s=budget_left,
         reserve_s=eval_reserve_s(head, outcomes, budget_s=budget_left),
+        margin_s=SAFETY_SHARE * ctx.budget_s,
+        runs=len(runs),
     )
-    if sizing.steps != head.settings.steps:
-        settings = head.settings.model_copy(update={"steps": sizing.steps})
-        queue[0] = head.model_copy(update={"settings": settings})
+    # Every seed trains the same game (comparable seeds), and the plan says what runs: a continuation
+    # after a patch (`a3r.graph.analyst.continuation`) and the report read it.
+    sized = {"steps": sizing.steps, "batch_size": sizing.batch_size}
+    for i in runs:
+        queue[i] = queue[i].model_copy(update={"settings": queue[i].settings.model_copy(update=sized)})
+    plan = state["plan"]
+    plan = plan.model_copy(update={"training": plan.training.model_copy(update=sized)})
     ctx.store.log_event(sizing.note, study_id=state["study_id"])
     ctx.say(sizing.note)
-    return Command(goto="runner", update={"queue": queue, "sizing": sizing.note, "log": [sizing.note]})
+    return Command(
+        goto="runner",
+        update={"queue": queue, "plan": plan, "sizing": sizing.note, "log": [sizing.note]},
+    )
 
 
 def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:

@@ -81,7 +81,7 @@ class ResearchState(TypedDict, total=False):
     per executed run), ``pending_patch`` (the patch awaiting a decision), ``decisions``, ``stage``,
     ``baseline`` (preflight held-out rewards), ``priors`` (findings of earlier studies whose runs
     this one reuses, `a3r.study.design.PriorFinding`), ``refine_rounds`` (refine stages run), ``sizing`` (how the training run was fitted to the
-    budget, `a3r.study.research.size_training`), ``conclusion``, ``report`` (path), ``log``.
+    budget, `a3r.study.research.size_training`; ``plan`` then carries the sized steps and B), ``conclusion``, ``report`` (path), ``log``.
     """
 
     request: str

@@ -5,6 +5,7 @@ recorded run outcomes (the swarm API and client records) and the store.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +26,16 @@ __all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_re
 
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _mean_se(summary: RewardSummary | None) -> str:
+    """A held-out mean reward with its standard error over attempts (s/√n), when the rewards were kept."""
+    if summary is None:
+        return "–"
+    rewards = summary.rewards
+    if len(rewards) < 2:
+        return _fmt(summary.mean_reward)
+    return f"{_fmt(summary.mean_reward)} ± {statistics.stdev(rewards) / math.sqrt(len(rewards)):.3f}"
 
 
 def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
@@ -220,7 +231,7 @@ def write_report(
         "",
         "## Runs",
         "",
-        "| run | status | steps | train episodes | wall s | last reward | held-out n (tasks / attempts) | held-out p@1 | held-out p@2 | held-out mean |",
+        "| run | status | steps | train episodes | wall s | last reward | held-out n (tasks / attempts) | held-out p@1 | held-out p@2 | held-out mean ± SE |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
@@ -229,7 +240,7 @@ def write_report(
         lines.append(
             f"| {o.key} | {status_text(o.status)} | {o.steps} | {o.episodes} | {o.wall_s:.0f} | {_fmt(last)} | "
             f"{f'{e.tasks} / {e.episodes}' if e else '–'} | "
-            f"{_fmt(e.pass_at_1 if e else None)} | {_fmt(e.pass_at_2 if e else None)} | {_fmt(e.mean_reward if e else None)} |"
+            f"{_fmt(e.pass_at_1 if e else None)} | {_fmt(e.pass_at_2 if e else None)} | {_mean_se(e)} |"
         )
     if configs:
         lines += [

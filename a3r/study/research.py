@@ -23,8 +23,12 @@ from a3r.study.settings import resolve_setting
 
 __all__ = [
     "EVAL_BUDGET_SHARE",
+    "HELDOUT_BUDGET_SHARE",
+    "MIN_HELDOUT_TASKS",
+    "SAFETY_SHARE",
     "UPDATE_SHARE",
     "ConfigVerdict",
+    "HeldoutSizing",
     "Sizing",
     "Verdict",
     "estimate_run_s",
@@ -34,7 +38,9 @@ __all__ = [
     "judge_run",
     "min_stable_value",
     "non_monotone",
+    "recheck_steps",
     "refine_values",
+    "size_heldout",
     "size_training",
     "stability_margin",
     "sweep_specs",
@@ -75,63 +81,228 @@ def eval_reserve_s(spec: RunSpec, outcomes: Sequence[RunOutcome], *, budget_s: f
     return min(reserve, budget_s / 2)
 
 
-class Sizing(BaseModel):
-    """How many steps of a training run fit its budget, from the smoke run's measured speed.
+SAFETY_SHARE = 0.10
+"""Share of a vibe thread's whole budget the sizing leaves unplanned: the speed measured in the smoke run
+is an estimate (on 2 idle cores who-is-the-spy steps took 130–180 s against ≈ 133 s estimated)."""
+
+HELDOUT_BUDGET_SHARE = 0.10
+"""Share of a vibe thread's budget one held-out evaluation may take, at the smoke run's measured seconds
+per episode (there are two: before and after training, on the same tasks)."""
+
+MIN_HELDOUT_TASKS = 4
+"""Fewest held-out tasks a vibe evaluation shrinks to (× ``eval_samples`` attempts) to make room for
+training: below that its mean's standard error is too wide to compare before and after."""
+
+
+def _heldout_cost_s(tasks: int, samples: int, seconds_per_episode: float) -> float:
+    """Seconds of the two held-out evaluations of a vibe thread: the one before training at the measured
+    seconds per episode, and the reserve the one after keeps (`eval_reserve_s`: 1.25 × + 15 s)."""
+    once = tasks * samples * seconds_per_episode
+    return once + EVAL_RESERVE_MARGIN * once + 15.0
+
+
+class HeldoutSizing(BaseModel):
+    """How many held-out tasks a vibe thread evaluates (before and after training, the same tasks).
 
     Attributes:
-        steps: Steps to run (the plan's, or fewer when they do not fit; at least 1).
-        planned: The plan's steps.
-        seconds_per_step: Estimated wall seconds per step: B·G episodes at the measured seconds per
-            episode, plus `UPDATE_SHARE` of that for the update.
-        available_s: Seconds for training: budget − evaluation reserve − `SERVER_OVERHEAD_S`.
+        tasks: Held-out tasks per evaluation.
+        seconds: Estimated wall seconds of one evaluation.
         note: One line saying what was measured and decided.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    tasks: int
+    seconds: float
+    note: str
+
+
+def size_heldout(
+    settings: TrainingSettings,
+    *,
+    seconds_per_episode: float,
+    budget_s: float,
+    time_left_s: float,
+    samples: int,
+    max_tasks: int,
+) -> HeldoutSizing:
+    """Size a vibe thread's held-out evaluation from the smoke run's measured speed, before its first
+    (baseline) evaluation: as many tasks as `HELDOUT_BUDGET_SHARE` of the budget pays for (at most
+    ``max_tasks``), fewer, down to `MIN_HELDOUT_TASKS`, while the two evaluations would leave no room for
+    the planned steps at the smallest game (B = 1, `size_training`) within the `SAFETY_SHARE` margin.
+
+    Args:
+        settings: The plan's training settings (steps, G).
+        seconds_per_episode: Client wall seconds per finished episode in the smoke run.
+        budget_s: The thread's budget in seconds (the shares and the margin are of it).
+        time_left_s: Seconds of the budget left now (before the baseline evaluation).
+        samples: Attempts per held-out task.
+        max_tasks: Held-out tasks asked for (``--eval-tasks``) and available.
+    """
+    if not math.isfinite(seconds_per_episode) or seconds_per_episode <= 0:
+        return HeldoutSizing(
+            tasks=max_tasks,
+            seconds=math.nan,
+            note=f"held-out evaluation: no speed measured in the smoke run; {max_tasks} tasks × {samples} attempts",
+        )
+    per_task = samples * seconds_per_episode
+    tasks = min(max_tasks, max(MIN_HELDOUT_TASKS, math.floor(HELDOUT_BUDGET_SHARE * budget_s / per_task)))
+    smallest_step = settings.group_size * seconds_per_episode * (1 + UPDATE_SHARE)
+    room = time_left_s - SAFETY_SHARE * budget_s - SERVER_OVERHEAD_S - settings.steps * smallest_step
+    shrunk = tasks
+    while tasks > MIN_HELDOUT_TASKS and _heldout_cost_s(tasks, samples, seconds_per_episode) > room:
+        tasks -= 1
+    why = (
+        f"{HELDOUT_BUDGET_SHARE:.0%} of the {budget_s:,.0f} s budget"
+        if tasks == shrunk
+        else f"shrunk from {shrunk} so that {settings.steps} steps at B = 1 still fit"
+    )
+    return HeldoutSizing(
+        tasks=tasks,
+        seconds=tasks * per_task,
+        note=(
+            f"held-out evaluation: {tasks} tasks × {samples} attempts before and after training, ≈ "
+            f"{tasks * per_task:,.0f} s each at the smoke run's {seconds_per_episode:.1f} s per episode ({why})"
+        ),
+    )
+
+
+class Sizing(BaseModel):
+    """How a training run fits its budget, from the smoke run's measured speed: the game (B groups per
+    step, G kept) first, the steps only when even B = 1 does not fit.
+
+    Attributes:
+        steps: Steps to run (the plan's, or fewer when even B = 1 does not fit; at least 1).
+        planned: The plan's steps.
+        batch_size: B to train with (the plan's, or smaller so that the planned steps fit).
+        planned_batch_size: The plan's B.
+        seconds_per_step: Estimated wall seconds per step at ``batch_size``: B·G episodes at the measured
+            seconds per episode, plus `UPDATE_SHARE` of that for the update.
+        available_s: Seconds for each run's training: (budget − safety margin) / runs − evaluation
+            reserve − `SERVER_OVERHEAD_S`.
+        note: One line saying what was measured and decided, and why.
     """
 
     model_config = ConfigDict(frozen=True)
 
     steps: int
     planned: int
+    batch_size: int
+    planned_batch_size: int
     seconds_per_step: float
     available_s: float
     note: str
 
 
 def size_training(
-    settings: TrainingSettings, *, seconds_per_episode: float, budget_s: float, reserve_s: float
+    settings: TrainingSettings,
+    *,
+    seconds_per_episode: float,
+    budget_s: float,
+    reserve_s: float,
+    margin_s: float = 0.0,
+    runs: int = 1,
 ) -> Sizing:
-    """Fit a training run's steps to its budget from the measured seconds per episode.
+    """Fit a training run to its budget from the measured seconds per episode.
+
+    The steps asked for are kept if any game fits them: B goes down from the plan's to 1 (G is kept: it
+    is the GRPO group the advantage is computed over) until ``steps`` × the seconds per step fit in
+    ``budget_s − reserve_s − margin_s − SERVER_OVERHEAD_S``; only when even B = 1 does not fit are steps
+    dropped (as many as fit at B = 1, at least 1), and the note says so.
 
     Args:
         settings: The plan's training settings (steps, B, G).
         seconds_per_episode: Client wall seconds per finished episode in the smoke run.
         budget_s: Seconds left for the run, its evaluation included.
         reserve_s: Seconds kept for the held-out evaluation (`eval_reserve_s`).
+        margin_s: Seconds left unplanned (`SAFETY_SHARE` of the thread's budget).
+        runs: Training runs (one per seed) that share ``budget_s − margin_s``, each with its own
+            evaluation reserve and server overhead; the sizing is per run.
     """
-    planned = settings.steps
-    available = budget_s - reserve_s - SERVER_OVERHEAD_S
+    planned, planned_b, g = settings.steps, settings.batch_size, settings.group_size
+    runs = max(1, runs)
+    share = (budget_s - margin_s) / runs
+    available = share - reserve_s - SERVER_OVERHEAD_S
     if not math.isfinite(seconds_per_episode) or seconds_per_episode <= 0:
         return Sizing(
             steps=planned,
             planned=planned,
+            batch_size=planned_b,
+            planned_batch_size=planned_b,
             seconds_per_step=math.nan,
             available_s=available,
-            note=f"budget: no speed measured in the smoke run; training keeps its {planned} steps",
+            note=f"budget: no speed measured in the smoke run; training keeps its {planned} steps at B = {planned_b}",
         )
-    per_step = settings.batch_size * settings.group_size * seconds_per_episode * (1 + UPDATE_SHARE)
-    fits = max(1, math.floor(available / per_step)) if available > 0 else 1
-    steps = min(planned, fits)
-    head = (
-        f"budget: the smoke run measured {seconds_per_episode:.1f} s per episode → ≈ {per_step:.0f} s per step "
-        f"(B·G = {settings.batch_size * settings.group_size} episodes + update); {available:.0f} s left for "
-        f"training after {reserve_s:.0f} s kept for the held-out evaluation"
+
+    def per_step(b: int) -> float:
+        return b * g * seconds_per_episode * (1 + UPDATE_SHARE)
+
+    batch = next((b for b in range(planned_b, 0, -1) if planned * per_step(b) <= available), None)
+    steps = planned
+    if batch is None:
+        batch = 1
+        steps = max(1, math.floor(available / per_step(1))) if available > 0 else 1
+    cost = steps * per_step(batch)
+    of_budget = (
+        f"{budget_s:,.0f} s of budget − {margin_s:,.0f} s safety margin"
+        if runs == 1
+        else f"({budget_s:,.0f} s of budget − {margin_s:,.0f} s safety margin) / {runs} seeds"
+    )
+    left = (
+        f"{available:,.0f} s left for training ({of_budget} − {reserve_s:,.0f} s kept for the held-out "
+        f"evaluation − {SERVER_OVERHEAD_S:.0f} s server overhead)"
+    )
+    measured = (
+        f"the smoke run measured {seconds_per_episode:.1f} s per episode → ≈ {per_step(batch):.0f} s per step "
+        f"(B·G = {batch * g} episodes + {UPDATE_SHARE:.0%} update)"
     )
     if steps < planned:
         note = (
-            f"{head}: {planned} steps would need ≈ {planned * per_step:.0f} s, so training runs {steps} steps"
+            f"budget: {planned} steps do not fit even at B = 1: {measured}; {planned} steps would need ≈ "
+            f"{planned * per_step(1):,.0f} s but {left}, so training runs {steps} of the {planned} steps "
+            f"(≈ {cost:,.0f} s)" + (f", B {planned_b} → 1" if planned_b > 1 else "")
+        )
+    elif batch < planned_b:
+        note = (
+            f"budget: B {planned_b} → {batch} so the {planned} steps fit: {measured}; {planned} × "
+            f"{per_step(batch):.0f} s ≈ {cost:,.0f} s ≤ {left}; at B = {planned_b} they would need ≈ "
+            f"{planned * per_step(planned_b):,.0f} s"
         )
     else:
-        note = f"{head}: the {planned} steps fit (≈ {planned * per_step:.0f} s)"
-    return Sizing(steps=steps, planned=planned, seconds_per_step=per_step, available_s=available, note=note)
+        note = f"budget: {measured}: the {planned} steps fit at B = {batch}: ≈ {cost:,.0f} s ≤ {left}"
+    return Sizing(
+        steps=steps,
+        planned=planned,
+        batch_size=batch,
+        planned_batch_size=planned_b,
+        seconds_per_step=per_step(batch),
+        available_s=available,
+        note=note,
+    )
+
+
+def recheck_steps(*, step: int, target: int, seconds_per_step: float, time_left_s: float) -> str | None:
+    """Re-check a training run against its budget once steps were measured: ``None`` when the steps
+    left fit in the time left before the evaluation's reserve, else one line saying at which step the
+    budget will stop training (the monitor stops it there and the evaluation still runs).
+
+    Args:
+        step: The server's step now.
+        target: The step the run should reach.
+        seconds_per_step: Measured wall seconds per step of this run so far (its steps only).
+        time_left_s: Seconds left before the held-out evaluation's reserve.
+    """
+    left = target - step
+    if left <= 0 or not math.isfinite(seconds_per_step) or seconds_per_step <= 0:
+        return None
+    if left * seconds_per_step <= time_left_s:
+        return None
+    reach = step + max(0, math.floor(time_left_s / seconds_per_step))
+    return (
+        f"re-check after step {step}: measured {seconds_per_step:.0f} s per step, so the {left} steps left need "
+        f"≈ {left * seconds_per_step:,.0f} s but {max(0.0, time_left_s):,.0f} s are left before the held-out "
+        f"evaluation's reserve: the budget will stop training at about step {reach} of {target}"
+    )
 
 
 class Verdict(BaseModel):

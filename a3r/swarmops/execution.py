@@ -40,7 +40,7 @@ from a3r.study.analysis import (
     read_progress,
     summarise_rewards,
 )
-from a3r.study.research import EVAL_BUDGET_SHARE
+from a3r.study.research import EVAL_BUDGET_SHARE, recheck_steps, size_heldout
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.sequential import SignalCheck
 from a3r.study.settings import SETTINGS, serve_flags
@@ -625,6 +625,8 @@ class _Sources:
     episodes: list[EpisodeRecord] = field(default_factory=list)
     client_started: float = field(default_factory=time.monotonic)
     """When the client started (its episodes' throughput is measured from here)."""
+    rechecked: bool = False
+    """Whether the run was already found not to reach its target in its budget (`recheck_steps`)."""
 
     @property
     def progress_path(self) -> Path:
@@ -685,10 +687,15 @@ def _monitor(run: _Run) -> RunOutcome:
     if target is not None and handle.process is not None:
         # A server of ours may have been started by an earlier run (the smoke run's): it must stop
         # training at this run's target, not go on with the episodes pooled after it.
+        # Its B too: the planner may have sized the game down after the smoke run (`size_training`).
         try:
-            api.client.patch_config(max_steps=target)
+            api.client.patch_config(max_steps=target, batch_size=spec.settings.batch_size)
         except ClientError as exc:
-            run.rec.note(f"run {spec.key}: the server refused max_steps {target}: {exc}", "warning")
+            run.rec.note(
+                f"run {spec.key}: the server refused max_steps {target}, batch_size "
+                f"{spec.settings.batch_size}: {exc}",
+                "warning",
+            )
     client = _client(spec, run.ws, handle.url, run.run_dir, start_step, handle.client_env())
     run.rec.note(
         f"run {spec.key}: client started (G={spec.settings.group_size}, B={spec.settings.batch_size}, "
@@ -714,22 +721,37 @@ def _monitor(run: _Run) -> RunOutcome:
         watch = verdict.watch
         if obs.server_exit is None:
             samples.append((obs.now, watch.last_step, obs.finished))
-            _report(run, sources, verdict, target)
+            _report(run, sources, verdict, target, start_step)
         if verdict.end is not None:
             return _conclude(run, sources, verdict.end, watch, start_step, target, samples, obs.server_exit)
         time.sleep(ctx.poll_s)
 
 
-def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None) -> None:
-    """Note a new trainer step (with its train reward) and a run turning slow."""
+def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None, start_step: int) -> None:
+    """Note a new trainer step (with its train reward and, for a run with a budget reserve, whether the
+    steps left still fit: `recheck_steps`, said once) and a run turning slow."""
     key, episodes = run.spec.key, len(sources.episodes)
     if verdict.stepped and target is not None:
         reward = _reward_curve(sources.rows)
+        step = verdict.watch.last_step
+        now = time.monotonic()
+        per_step = (now - sources.client_started) / (step - start_step) if step > start_step else math.nan
         run.rec.note(
-            f"run {key}: step {verdict.watch.last_step}/{target}"
+            f"run {key}: step {step}/{target}"
             + (f" · train reward {reward[-1][1]:.3f}" if reward else "")
             + f" · {episodes} episodes of this run"
+            + (f" · {per_step:.0f} s per step so far" if math.isfinite(per_step) else "")
         )
+        if run.eval_reserve_s > 0 and not sources.rechecked:
+            late = recheck_steps(
+                step=step,
+                target=target,
+                seconds_per_step=per_step,
+                time_left_s=run.started + run.budget_s - run.eval_reserve_s - now,
+            )
+            if late is not None:
+                sources.rechecked = True
+                run.rec.note(f"run {key}: {late}", "warning")
     if verdict.slow_s is not None:
         run.rec.note(
             f"run {key}: no trainer step for {verdict.slow_s:.0f} s, but the server keeps "
@@ -793,14 +815,20 @@ def _conclude(
     if spec.purpose in ("sweep", "smoke", "train") and evaluable and ctx.eval_tasks > 0:
         remaining = max(30.0, run.eval_reserve_s, run.budget_s - (time.monotonic() - run.started))
         per_episode = client_s / max(1, len(episodes))
+        available = _count_lines(run.ws.heldout)
         # Every evaluation of a thread uses the held-out tasks of its first one (sized to the budget then),
-        # so that before/after numbers are comparable.
+        # so that before/after numbers are comparable. A vibe thread's first is the smoke run's baseline:
+        # sized with room for the training after it (`size_heldout`).
         n_tasks = int(
             ctx.ledger.once(
-                ctx.key("runner", "eval-tasks"), lambda: eval_tasks_within(ctx, remaining, per_episode)
+                ctx.key("runner", "eval-tasks"),
+                lambda: (
+                    _smoke_heldout(run, per_episode, available)
+                    if spec.purpose == "smoke"
+                    else eval_tasks_within(ctx, remaining, per_episode)
+                ),
             )
         )
-        available = _count_lines(run.ws.heldout)
         rec.note(
             f"run {spec.key}: held-out evaluation on {min(n_tasks, available)} of {available} held-out tasks × "
             f"{ctx.eval_samples} attempts"
@@ -856,6 +884,21 @@ def _conclude(
         parts=part_curves(episodes, metric_names, per_point=per_point),
         eval_s=eval_s,
     )
+
+
+def _smoke_heldout(run: _Run, seconds_per_episode: float, available: int) -> int:
+    """Held-out tasks of a vibe thread's evaluations, sized in its smoke run from the speed just
+    measured (`a3r.study.research.size_heldout`); the decision is noted in the log."""
+    sizing = size_heldout(
+        run.spec.settings,
+        seconds_per_episode=seconds_per_episode,
+        budget_s=run.budget_s,
+        time_left_s=run.budget_s - (time.monotonic() - run.started),
+        samples=run.ctx.eval_samples,
+        max_tasks=max(1, min(run.ctx.eval_tasks, available or run.ctx.eval_tasks)),
+    )
+    run.rec.note(f"run {run.spec.key}: {sizing.note}")
+    return sizing.tasks
 
 
 def _count_lines(path: Path) -> int:

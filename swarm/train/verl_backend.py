@@ -33,6 +33,7 @@ and entropy terms are aggregated by verl unweighted, i.e. equal to ours when eve
 from __future__ import annotations
 
 import math
+import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 __all__ = [
+    "RAY_FORWARDED_ENV",
     "VERL_LIVE_FIELDS",
     "VERL_VERSION",
     "VerlBatch",
@@ -76,6 +78,15 @@ INSTALL_HINT = (
     "(verl is installed without its dependencies: it pins transformers < 5.11)"
 )
 
+
+RAY_FORWARDED_ENV: tuple[str, ...] = (
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+)
+"""Variables of the server's environment passed to every Ray worker of the job (``runtime_env``), where set:
+a local Ray's workers inherit the server's environment anyway, but those of a cluster started by ``ray
+start`` elsewhere do not. These keep NVLink multicast off in NCCL, torch's symmetric memory and NVSHMEM."""
 
 RAY_CONNECT_TIMEOUT_S = 5.0
 """How long :func:`check_ray_address` waits for a TCP answer from the Ray head (seconds)."""
@@ -575,8 +586,13 @@ class VerlTrainer:
         if self.settings.ray_address is not None:
             check_ray_address(self.settings.ray_address)
         if not ray.is_initialized():
+            forwarded = {k: os.environ[k] for k in RAY_FORWARDED_ENV if k in os.environ}
             try:
-                ray.init(address=self.settings.ray_address, ignore_reinit_error=True)
+                ray.init(
+                    address=self.settings.ray_address,
+                    ignore_reinit_error=True,
+                    runtime_env={"env_vars": forwarded} if forwarded else None,
+                )
             except ConnectionError as exc:
                 raise TrainerError(f"--ray-address {self.settings.ray_address}: {exc}") from None
         gpus = ray.cluster_resources().get("GPU", 0.0)

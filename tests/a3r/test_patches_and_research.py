@@ -173,11 +173,22 @@ def test_training_is_sized_to_the_budget_with_time_kept_for_evaluation() -> None
     settings = TrainingSettings(steps=10, batch_size=2, group_size=4)
     per_step = 8 * 10.0 * (1 + UPDATE_SHARE)  # B·G episodes at 10 s each, plus the update
     fits = size_training(settings, seconds_per_episode=10.0, budget_s=1800, reserve_s=200)
-    assert fits.steps == 10 and fits.seconds_per_step == pytest.approx(per_step) and "fit" in fits.note
-    tight = size_training(settings, seconds_per_episode=10.0, budget_s=1000, reserve_s=200)
-    assert tight.steps == int((1000 - 200 - SERVER_OVERHEAD_S) // per_step) == 7
-    assert "training runs 7 steps" in tight.note and "200 s kept for the held-out evaluation" in tight.note
-    assert size_training(settings, seconds_per_episode=float("nan"), budget_s=10, reserve_s=0).steps == 10
+    assert (fits.steps, fits.batch_size) == (10, 2) and fits.seconds_per_step == pytest.approx(per_step)
+    assert "the 10 steps fit at B = 2" in fits.note
+    # 10 steps at B = 2 need 1,040 s > 780 s: the game shrinks (B 2 → 1), the steps are kept.
+    smaller = size_training(settings, seconds_per_episode=10.0, budget_s=1000, reserve_s=200)
+    assert (smaller.steps, smaller.batch_size) == (10, 1)
+    assert smaller.seconds_per_step == pytest.approx(per_step / 2)
+    assert smaller.note.startswith("budget: B 2 → 1 so the 10 steps fit")
+    assert "200 s kept for the held-out evaluation" in smaller.note
+    # Not even B = 1 fits: steps are dropped, as many as fit at B = 1.
+    tight = size_training(settings, seconds_per_episode=10.0, budget_s=500, reserve_s=200)
+    assert (
+        tight.batch_size == 1 and tight.steps == int((500 - 200 - SERVER_OVERHEAD_S) // (per_step / 2)) == 5
+    )
+    assert "do not fit even at B = 1" in tight.note and "training runs 5 of the 10 steps" in tight.note
+    unmeasured = size_training(settings, seconds_per_episode=float("nan"), budget_s=10, reserve_s=0)
+    assert (unmeasured.steps, unmeasured.batch_size) == (10, 2)
     assert size_training(settings, seconds_per_episode=100.0, budget_s=100, reserve_s=50).steps == 1
     train = RunSpec(key="train-s0", purpose="train")
     smoke = _outcome("smoke", 0, 0, [], eval_s=60.0)

@@ -157,3 +157,93 @@ def test_a_verl_server_takes_only_the_live_fields_verl_can(
     finally:
         live.stop()
         engine.close()
+
+
+DRIVER = """
+import os, sys, ray
+from torch import nn
+from swarm.train import TrainerConfig, TrainerError, VerlSettings
+from swarm.train.verl_backend import VerlTrainer
+
+os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")  # NVSHMEM_DISABLE_NVLS unset
+settings = VerlSettings(ray_address=sys.argv[1])
+try:
+    VerlTrainer(nn.Linear(2, 2), sys.argv[2], TrainerConfig(), 0, settings=settings, start=True)
+except TrainerError as exc:  # the cluster has no GPU: refused after ray.init joined it
+    print("refused:", exc)
+
+@ray.remote(num_cpus=0)
+def worker_env():
+    return {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")}
+
+assert ray.is_initialized()  # joined by VerlTrainer, not started here by ray.remote
+print("gcs:", ray.get_runtime_context().gcs_address)
+print("worker:", ray.get(worker_env.remote()))
+"""
+
+
+@needs_verl
+@pytest.mark.slow
+def test_the_ray_job_passes_the_multicast_variables_to_workers_of_a_cluster(tmp_path: Path) -> None:
+    """A cluster started elsewhere (`ray start`) does not have the server's environment: VerlTrainer hands
+    the NVLink-multicast variables that are set to its Ray job's runtime_env, so its workers get them."""
+    import contextlib
+    import json
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import tempfile
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    off = {"NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"}
+    env = {k: v for k, v in os.environ.items() if k not in off and k != "RAY_ADDRESS"}
+    env["RAY_AUTH_MODE"] = "disabled"
+    ray_cli = Path(sys.executable).parent / "ray"
+    temp = tempfile.mkdtemp(
+        prefix="ray-", dir="/tmp"
+    )  # short: Ray's socket paths must fit AF_UNIX's 107 bytes
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
+         "--num-cpus", "1", "--num-gpus", "0",
+         "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the head listens once it is up
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        done = subprocess.run(
+            [sys.executable, "-c", DRIVER, f"127.0.0.1:{port}", str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:  # the head and what it started, by process id (they may ignore SIGTERM for a while)
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(30)
+        for proc in Path("/proc").iterdir():  # Ray's workers make their own process groups: by session
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                session = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3])
+                if proc.name.isdigit() and (
+                    session == head.pid or temp.encode() in (proc / "cmdline").read_bytes()
+                ):
+                    os.kill(int(proc.name), signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+    out = done.stdout
+    assert "refused: --trainer verl: the Ray cluster has 0 GPU(s)" in out, out + done.stderr[-2000:]
+    assert "gcs: " in out and f":{port}\n" in out.split("gcs: ", 1)[1]
+    worker = json.loads(out.split("worker:", 1)[1].strip().replace("'", '"').replace("None", "null"))
+    assert worker == {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": None,
+    }

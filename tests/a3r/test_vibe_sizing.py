@@ -1,0 +1,147 @@
+"""A vibe thread fitted to its budget from the speed its smoke run measured (`a3r.study.research`
+`size_heldout`, `size_training`, `recheck_steps`; `a3r.graph.planner`): the steps asked for are kept by
+shrinking the game first, steps are dropped only when even B = 1 does not fit, and the numbers are the
+ones measured on the idle 2-core box for `a3r vibe "train who-is-the-spy" --steps 10` (2026-12-02 03:14:
+the smoke run took 271 s, its baseline evaluation 209 s for 10 tasks × 2 attempts, 12.8 s per episode;
+the old sizing kept B = 2 and ran 9 of the 10 steps)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from langgraph.runtime import Runtime
+
+from a3r.graph import RunOutcome
+from a3r.graph.analyst import _spec_of, continuation
+from a3r.graph.planner import planner
+from a3r.providers import OfflineProvider
+from a3r.study.plans import TrainingSettings
+from a3r.study.research import (
+    SAFETY_SHARE,
+    eval_reserve_s,
+    initial_queue,
+    recheck_steps,
+    size_heldout,
+    size_training,
+)
+from a3r.study.runs import RunSpec
+from memory import Store
+from tests.a3r.planner_states import offline_context
+
+BUDGET = 1800.0
+"""The default budget of `a3r vibe` (30 min)."""
+SPE = 12.8
+"""Seconds per episode the smoke run measured."""
+
+
+def _smoke(wall_s: float = 271.0, eval_s: float = 209.0) -> RunOutcome:
+    return RunOutcome(
+        key="smoke",
+        run_id=1,
+        purpose="smoke",
+        status="finished",
+        reason="client finished its tasks",
+        episodes=4,
+        wall_s=wall_s,
+        seconds_per_episode=SPE,
+        eval_s=eval_s,
+    )
+
+
+def test_the_measured_spy_job_keeps_its_10_steps_in_30_minutes() -> None:
+    settings = TrainingSettings(steps=10, batch_size=2, group_size=4)
+    reserve = eval_reserve_s(RunSpec(key="train-s0", purpose="train"), [_smoke()], budget_s=BUDGET - 271)
+    assert reserve == pytest.approx(276.25)  # 1.25 × 209 s + 15 s
+    sizing = size_training(
+        settings,
+        seconds_per_episode=SPE,
+        budget_s=BUDGET - 271,
+        reserve_s=reserve,
+        margin_s=SAFETY_SHARE * BUDGET,
+    )
+    assert (sizing.steps, sizing.batch_size) == (10, 1)
+    assert sizing.seconds_per_step == pytest.approx(4 * SPE * 1.3)  # ≈ 67 s, against ≈ 133 s at B = 2
+    assert 271 + sizing.steps * sizing.seconds_per_step + reserve <= (1 - SAFETY_SHARE) * BUDGET
+    assert sizing.note.startswith("budget: B 2 → 1 so the 10 steps fit")
+    assert "12.8 s per episode" in sizing.note and "180 s safety margin" in sizing.note
+    assert "at B = 2 they would need ≈ 1,331 s" in sizing.note
+
+
+def test_the_held_out_evaluation_is_sized_in_the_smoke_run() -> None:
+    settings = TrainingSettings(steps=10, batch_size=2, group_size=4)
+    # 10 % of the budget at 12.8 s per episode pays for 7 tasks × 2 attempts (≈ 179 s), not the 10 tasks
+    # (209 s) the old 15 % share paid for.
+    heldout = size_heldout(
+        settings, seconds_per_episode=SPE, budget_s=BUDGET, time_left_s=BUDGET - 60, samples=2, max_tasks=16
+    )
+    assert heldout.tasks == 7 and heldout.seconds == pytest.approx(7 * 2 * SPE)
+    assert "7 tasks × 2 attempts before and after training" in heldout.note
+    # Little time left: it shrinks to make room for the 10 steps at B = 1, never below 4 tasks.
+    squeezed = size_heldout(
+        settings, seconds_per_episode=SPE, budget_s=BUDGET, time_left_s=1100, samples=2, max_tasks=16
+    )
+    assert squeezed.tasks == 4 and "shrunk from 7 so that 10 steps at B = 1 still fit" in squeezed.note
+    assert (
+        size_heldout(
+            settings, seconds_per_episode=SPE, budget_s=BUDGET, time_left_s=1740, samples=2, max_tasks=3
+        ).tasks
+        == 3
+    )
+    unmeasured = size_heldout(
+        settings, seconds_per_episode=float("nan"), budget_s=BUDGET, time_left_s=1740, samples=2, max_tasks=16
+    )
+    assert unmeasured.tasks == 16 and "no speed measured" in unmeasured.note
+
+
+def test_a_budget_where_no_game_fits_drops_steps_and_says_so() -> None:
+    settings = TrainingSettings(steps=10, batch_size=2, group_size=4)
+    budget = 600.0  # a 10-minute budget: 10 steps of 67 s do not fit even at B = 1
+    sizing = size_training(
+        settings,
+        seconds_per_episode=SPE,
+        budget_s=budget - 120,
+        reserve_s=100,
+        margin_s=SAFETY_SHARE * budget,
+    )
+    assert sizing.batch_size == 1 and sizing.steps == 4  # (480 − 60 − 100 − 20) s / 66.6 s per step
+    assert "do not fit even at B = 1" in sizing.note and "training runs 4 of the 10 steps" in sizing.note
+    # Two seeds share the budget: each run gets half of it.
+    two = size_training(settings, seconds_per_episode=SPE, budget_s=1529, reserve_s=276, margin_s=180, runs=2)
+    assert (two.steps, two.batch_size) == (5, 1) and "/ 2 seeds" in two.note
+    # The re-check after measured steps: on track → nothing; late → the step the budget stops at.
+    assert recheck_steps(step=1, target=10, seconds_per_step=66.0, time_left_s=700) is None
+    late = recheck_steps(step=2, target=10, seconds_per_step=90.0, time_left_s=600)
+    assert late is not None and "stop training at about step 8 of 10" in late
+
+
+def test_the_planner_sizes_the_game_after_the_smoke_run_and_the_plan_says_so(tmp_path: Path) -> None:
+    store = Store(tmp_path / "m.db")
+    ctx = offline_context(tmp_path, store)
+    ctx.budget_s = BUDGET
+    plan = OfflineProvider().plan("train who-is-the-spy", mode="vibe")
+    plan = plan.model_copy(update={"training": plan.training.model_copy(update={"steps": 10})})
+    assert (plan.training.batch_size, plan.training.group_size) == (2, 4)
+    study = store.create_study("train who-is-the-spy", kind="vibe")
+    state = {
+        "request": study.question,
+        "mode": "vibe",
+        "study_id": study.id,
+        "plan": plan,
+        "outcomes": [_smoke()],
+        "queue": initial_queue(plan)[1:],
+    }
+    command = planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    assert command.goto == "runner"
+    update = command.update
+    assert isinstance(update, dict)
+    (train,) = update["queue"]
+    assert (train.settings.steps, train.settings.batch_size, train.settings.group_size) == (10, 1, 4)
+    assert (update["plan"].training.steps, update["plan"].training.batch_size) == (10, 1)
+    assert update["sizing"].startswith("budget: B 2 → 1 so the 10 steps fit")
+    assert any(e.message == update["sizing"] for e in store.events(study_id=study.id))
+    # A continuation after a patch trains the sized game, not the plan's first one.
+    finished = RunOutcome(key="train-s0", run_id=2, purpose="train", status="finished", reason="", steps=10)
+    follow = continuation(finished, _spec_of({**state, **update}, finished), suffix="p1", early_stop=False)
+    assert (follow.settings.batch_size, follow.settings.steps) == (1, 20)
+    store.close()

@@ -1,0 +1,101 @@
+"""bench/multi_gpu.py on the CPU: its smoke run (a real ``swarm serve`` subprocess with the torch trainer
+and the hf engine, ``swarm run`` clients, a tiny random Qwen2), the step parts it derives, the scaling
+efficiency, the environment check and the one-line refusals. verl and vLLM need CUDA GPUs: their run is
+the H200 command of bench/README.md (``multi_gpu.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import multi_gpu
+import pytest
+
+BENCH = Path(multi_gpu.__file__)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("multi_gpu") / "smoke.json"
+    argv = [
+        *("--device", "cpu", "--shape", "tiny", "--trainer", "torch", "--engine", "hf"),
+        *("--steps", "2", "--groups", "2", "--group-size", "2", "--completion", "8", "--budget", "240"),
+    ]
+    done = subprocess.run(
+        [sys.executable, str(BENCH), *argv, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k not in multi_gpu.MULTICAST_OFF},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text()), done.stdout
+
+
+@pytest.mark.slow
+def test_smoke_run_trains_and_reports_each_steps_parts(smoke: tuple[dict[str, Any], str]) -> None:
+    result, stdout = smoke
+    assert result["complete"] and result["model"]["vocab_size"] == 49152
+    assert result["model"]["config"]["architectures"] == ["Qwen2ForCausalLM"]
+    rows = result["rows"]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["tokens"] > 0 and row["episodes"] == 4 and 0 <= row["reward_mean"] <= 1
+        # the parts lie inside the step: rollout + training = step; the trainer inside the training part
+        assert row["rollout_s"] >= 0 and row["train_s"] > 0
+        assert abs(row["rollout_s"] + row["train_s"] - row["step_s"]) < 1e-6
+        assert row["update_s"] > 0 and row["trainer_s"] <= row["train_s"] + 1e-3
+        assert row["gather_s"] == 0.0  # the torch trainer trains the served module itself
+    assert rows[0]["rollout_tokens"] > 0 and rows[0]["rollout_tokens_per_s"] > 0
+    summary = result["summary"]
+    assert summary["steps_in_median"] == [2] and summary["median_step_s"] == rows[1]["step_s"]
+    assert "baseline for E(N) = T(1) / (N·T(N))" in stdout
+    # the bench's environment lacked the variables: it set them itself and the server has them
+    assert result["environments"]["processes"] >= 1 and result["environments"]["lacking"] == []
+
+
+@pytest.mark.slow
+def test_scaling_efficiency_against_a_baseline_run(smoke: tuple[dict[str, Any], str]) -> None:
+    result, _ = smoke
+    baseline = {"summary": {"gpus": 1, "median_step_s": 3.0, "median_train_s": 2.0}}
+    summary = multi_gpu.summarize(result["rows"], 2, baseline)
+    assert summary["efficiency_step_s"] == pytest.approx(3.0 / (2 * summary["median_step_s"]))
+    assert summary["efficiency_train_s"] == pytest.approx(2.0 / (2 * summary["median_train_s"]))
+
+
+def test_a_process_without_the_multicast_variables_is_named() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in multi_gpu.MULTICAST_OFF}
+    bare = subprocess.Popen(["sleep", "30"], env=env)
+    kept = subprocess.Popen(["sleep", "30"], env={**env, **multi_gpu.MULTICAST_OFF})
+    try:
+        lacking = multi_gpu.check_environments(bare.pid)
+        assert lacking["processes"] == 1 and len(lacking["lacking"]) == 1
+        assert "NCCL_NVLS_ENABLE=None" in lacking["lacking"][0]
+        assert multi_gpu.check_environments(kept.pid)["lacking"] == []
+    finally:
+        for proc in (bare, kept):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--device", "cpu"], "--device cpu: verl's FSDP workers and vLLM need CUDA GPUs"),
+        (["--device", "cpu", "--trainer", "torch", "--engine", "hf"], "--device cpu runs --shape tiny only"),
+        (
+            ["--device", "cpu", "--shape", "tiny", "--trainer", "torch", "--engine", "hf", "--gpus", "2"],
+            "--gpus 2 needs --trainer verl",
+        ),
+        (["--shape", "2b"], "--shape '2b': one of tiny, 0.5b, 1.5b, 3b, 7b"),
+    ],
+)
+def test_bad_arguments_end_in_one_line(flags: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, str(BENCH), *flags], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+    assert message in done.stderr and done.stderr.strip().count("\n") == 0 and not done.stdout
