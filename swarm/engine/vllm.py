@@ -356,6 +356,10 @@ class VLLMEngine:
             # Token by token only for a listener: a final-only request costs this process one message
             # instead of one per token (the server's loop shares the GIL with this thread).
             output_kind=RequestOutputKind.DELTA if on_token is not None else RequestOutputKind.FINAL_ONLY,
+            # Logprobs kept in a few flat lists instead of a dict of `Logprob` objects per token: vLLM's
+            # frontend appends every step's token of every request in this process (sharing the GIL with
+            # the server's loop); indexing a position gives the same dict as before.
+            flat_logprobs=True,
         )
         ids: list[int] = []
         logprobs: list[float] = []

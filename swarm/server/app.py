@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Scope
+from starlette.types import ASGIApp, Scope
 
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine
@@ -20,6 +20,7 @@ from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server import anthropic_format, anthropic_routes, control_routes, episode_routes, openai_routes
 from swarm.server.deps import json_errors
+from swarm.server.lean_route import HotRoutes
 from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
 
@@ -104,6 +105,34 @@ def _body_limit(scope: Scope) -> int | None:
     return None if runtime is None else runtime.limits.max_body_bytes
 
 
+HOT_PATHS = frozenset(
+    {
+        ("POST", "/api/v1/episodes"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/api/v1/episodes/{episode_id}/finish"),
+    }
+)
+"""The routes every episode calls (begin, a chat completion, finish), served by `HotRoutes` once routed
+(`swarm.server.lean_route`); no route declared before them matches their paths."""
+
+
+class SwarmApp(FastAPI):
+    """FastAPI with `HotRoutes` (:attr:`hot_routes`) between its exception middleware and its router."""
+
+    hot_routes: HotRoutes | None = None
+
+    def build_middleware_stack(self) -> ASGIApp:
+        router = self.router
+        # FastAPI's stack ends in ``self.router``: put the shortcut there while the stack is built, so that
+        # it runs inside the exception middleware (errors are answered by the app's handlers as before).
+        self.hot_routes = HotRoutes(router, HOT_PATHS)
+        self.router = self.hot_routes  # type: ignore[assignment]
+        try:
+            return super().build_middleware_stack()
+        finally:
+            self.router = router
+
+
 def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
     """Build the swarm server app; the model loads in the lifespan (``engine`` injects a shared one)."""
 
@@ -128,7 +157,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
         # FastAPI >= 0.16x checks OpenTelemetry settings on every request; the control plane is hot.
         extra["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
-    app = FastAPI(
+    app = SwarmApp(
         title="swarm server",
         version="0.1.0",
         summary="OpenAI-compatible serving with token-exact episode recording and RL training.",

@@ -28,6 +28,7 @@ from swarm.protocol import (
 )
 from swarm.server.auth import OwnerDep, check_episode_access
 from swarm.server.deps import RuntimeDep
+from swarm.server.lean_route import LeanRoute
 
 _AUTH: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "No credential, on a server with client tokens."},
@@ -47,9 +48,12 @@ _BUSY: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorBody, "description": "Paused, draining or training; see Retry-After."},
 }
 
-router = APIRouter(prefix="/api/v1/episodes", tags=["episodes"])
+router = APIRouter(prefix="/api/v1/episodes", tags=["episodes"], route_class=LeanRoute)
 episode_router = APIRouter(
-    prefix="/api/v1/episodes", tags=["episodes"], dependencies=[Depends(check_episode_access)]
+    prefix="/api/v1/episodes",
+    tags=["episodes"],
+    dependencies=[Depends(check_episode_access)],
+    route_class=LeanRoute,
 )
 
 

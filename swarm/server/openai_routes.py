@@ -14,10 +14,11 @@ from swarm.protocol import ChatCompletion, ChatCompletionRequest, ErrorBody, Mod
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
 from swarm.server.deps import RuntimeDep
+from swarm.server.lean_route import LeanRoute
 from swarm.server.openai_format import ResponseHeader, chat_completion
 from swarm.server.streaming import LiveStream, encode_events, live_events, replay_events
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=LeanRoute)
 
 
 @router.get("/models")
