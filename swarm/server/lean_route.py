@@ -96,7 +96,7 @@ class _Plan:
             or dependant.background_tasks_param_name
             or dependant.security_scopes_param_name
             or dependant.websocket_param_name
-            or dependant.concurrency is not None
+            or getattr(dependant, "concurrency", None) is not None
             or not _is_async(dependant.call)
             or (dependant.body_params and not top)
             or len(dependant.body_params) > 1
