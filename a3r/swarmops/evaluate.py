@@ -58,7 +58,7 @@ def _failure(
     if isinstance(exc, TimeoutError) and seconds >= limit_s * 0.99 and cut_by is not None:
         return (
             f"cut: task {task_id} attempt {member} was cut after {seconds:.0f} s at the evaluation's "
-            f"{cut_by:g} s time budget (--time-budget); it counts as no success"
+            f"{cut_by:.0f} s time budget (--time-budget); it counts as no success"
         )
     if isinstance(exc, TimeoutError) and seconds >= limit_s * 0.99:
         return (

@@ -392,7 +392,7 @@ def _cut_note(summary: dict[str, Any]) -> str:
     )
     text = (
         f"{cut} of {ended} attempts were cut at {summary.get('cut_after_s') or 0:.0f} s by the preflight's "
-        f"{summary.get('time_budget_s') or 0:g} s time budget{far}; the bound counts a cut attempt as no "
+        f"{summary.get('time_budget_s') or 0:.0f} s time budget{far}; the bound counts a cut attempt as no "
         "success, i.e. it assumes a cut attempt would not have succeeded"
     )
     alone = summary.get("uncut_signal")
@@ -797,7 +797,9 @@ def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None, 
             + f" · {episodes} episodes of this run"
             + (f" · {per_step:.0f} s per step so far" if math.isfinite(per_step) else "")
         )
-        if run.eval_reserve_s > 0 and not sources.rechecked:
+        # from the second step on: the first also pays the trainer's start (172 s against ~110 s later
+        # on the idle 2-core box), which made the re-check predict a budget stop that never came
+        if run.eval_reserve_s > 0 and not sources.rechecked and step - start_step >= 2:
             late = recheck_steps(
                 step=step,
                 target=target,
