@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.panel import Panel
 from rich.syntax import Syntax
@@ -392,10 +393,10 @@ def _dry_plan(
     from a3r.study.design import restate_for_training
     from a3r.study.plans import TrainingSettings, check_plan
 
-    config = ProviderConfig.from_env(
-        settings.provider, model=settings.provider_model, base_url=settings.base_url
-    )
     try:
+        config = ProviderConfig.from_env(
+            settings.provider, model=settings.provider_model, base_url=settings.base_url
+        )
         draft = make_provider(config).plan(request, mode=mode)
         training = TrainingSettings.model_validate({**draft.training.model_dump(), **overrides})
         plan = draft.model_copy(update={"training": training})
@@ -403,6 +404,12 @@ def _dry_plan(
         return check_plan(plan), config.kind.value
     except A3RError as exc:
         raise _fail(str(exc)) from None
+    except (
+        ValidationError
+    ) as exc:  # a command-line value out of the settings' range: its first error, one line
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise _fail(f"the plan's training settings: {where}: {first['msg']}") from None
     except ValueError as exc:
         raise _fail(f"the plan's training settings: {exc}") from None
 

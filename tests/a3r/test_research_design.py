@@ -212,6 +212,30 @@ def test_research_dry_run_refuses_a_negative_value_in_one_line(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--seeds", "50"], "the plan's training settings: seeds: List should have at most 16 items"),
+        (["--provider", "anthropic"], "the anthropic provider needs ANTHROPIC_API_KEY"),
+    ],
+)
+def test_dry_run_mistakes_end_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], expected: str
+) -> None:
+    """Found by a fresh user: an out-of-range --seeds printed pydantic's four-line dump, and a missing
+    provider key a traceback, under --dry-run only."""
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    result = CliRunner().invoke(app, ["research", "find the best lr on arithmetic", *extra, *common])
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # not a traceback
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith("error: ") and expected in result.output, result.output
+
+
+@pytest.mark.parametrize(
     ("request_text", "expected"),
     [("train werewolf", "werewolves"), ("train the undercover party game", "who_is_the_spy")],
 )
