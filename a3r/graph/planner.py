@@ -243,6 +243,14 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             measured_tokens=token_cap(plan),  # the preflight ran the plan's own cap
         )
         lines = [line]
+        if dropped and plan.sweep.goal in ("a_vs_b", "effect_of"):  # one arm alone cannot answer a comparison
+            named = ", ".join(resolve_setting(plan.sweep.variable, plan.template).text(v) for v in dropped)
+            return _conclude(
+                f"stopped: the comparison needs both {plan.sweep.variable} values on {len(plan.training.seeds)} "
+                f"seeds, and {named} does not fit the remaining budget of {budget_left:.0f} s at the preflight's "
+                f"{pre.seconds_per_episode:.1f} s per episode; raise --budget-minutes",
+                update={"baseline": baseline, "log": [line]},
+            )
         if dropped:
             lines.append(
                 f"budget: dropped {plan.sweep.variable} values "

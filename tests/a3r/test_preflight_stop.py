@@ -232,3 +232,43 @@ def test_the_verdict_says_how_many_attempts_the_budget_cut(tmp_path: Path, store
         "success(es), a rate below "
     ) in text
     assert "which would not stop the test alone." in text
+
+
+def test_a_comparison_that_cannot_run_both_arms_stops_instead_of_running_one(
+    tmp_path: Path, store: Store
+) -> None:
+    """Found by a fresh user: the budget dropped one arm of an A-vs-B study and spent the rest on the other,
+    which cannot answer the question."""
+    from a3r.study.design import coarse_values
+    from a3r.study.research import estimate_run_s, sweep_specs, token_cap
+
+    question = "is lr 1e-4 better than 3e-4 on arithmetic"
+    rewards = [1.0, 0.0, 0.0, 0.0] * 15  # signal enough to sweep
+    mean = sum(rewards) / len(rewards)
+    baseline = RewardSummary(
+        tasks=15, episodes=60, mean_reward=mean, pass_at_1=mean, pass_at_2=mean, rewards=rewards
+    )
+    state = preflight_state(store, question, baseline)
+    plan = state["plan"]
+    ctx = offline_context(tmp_path, store)
+    specs = sweep_specs(plan, coarse_values(plan, []), "coarse")
+    per_value = (
+        sum(
+            estimate_run_s(
+                s,
+                seconds_per_episode=0.5,
+                eval_episodes=ctx.eval_tasks * ctx.eval_samples,
+                measured_tokens=token_cap(plan),
+            )
+            for s in specs
+        )
+        / 2
+    )
+    ctx.budget_s = 40.0 + 1.5 * per_value  # the preflight's 40 s, then room for one arm only
+    stop = planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    assert stop.goto == "reporter"
+    text = stop.update["conclusion"]  # type: ignore[index]
+    assert (
+        text.startswith("stopped: the comparison needs both lr values on 2 seeds, and ")
+        and "raise --budget" in text
+    )
