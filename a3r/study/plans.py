@@ -266,6 +266,12 @@ def check_plan(draft: PlanDraft) -> PlanDraft:
             raise PlanError(
                 f"{kind} question compares two different values of {setting.label}; the plan has {given}"
             )
+        if draft.sweep.goal == "best" and len(set(draft.sweep.coarse)) < 2:
+            given = ", ".join(f"{v:g}" for v in draft.sweep.coarse)
+            raise PlanError(
+                f"a best-value question needs at least two different values of {setting.label} to choose "
+                f"from; the plan has {given}"
+            )
         if draft.stability is not None and len(draft.training.seeds) < draft.stability.min_seeds:
             raise PlanError(
                 f"the stability criterion needs >= {draft.stability.min_seeds} seeds per configuration, "

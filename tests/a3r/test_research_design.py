@@ -61,6 +61,10 @@ def test_settings_refuse_what_the_engine_cannot_change() -> None:
     )
     with pytest.raises(PlanError, match="compares two different values"):
         check_plan(draft)
+    # found by a fresh user: "find the best lr on arithmetic lr=1e-3" planned a sweep over one value
+    one = draft.model_copy(update={"sweep": SweepSpec(variable="lr", coarse=[1e-3], goal="best")})
+    with pytest.raises(PlanError, match="needs at least two different values of"):
+        check_plan(one)
 
 
 @pytest.mark.parametrize(
