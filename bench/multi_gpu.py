@@ -860,7 +860,8 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
         if not a["keep"]:
             shutil.rmtree(work, ignore_errors=True)
     result["sampled_by_version"] = sampled
-    rows = step_rows(metrics, events, sampled, clients_started, memory)
+    # the steps asked for: the server may finish one more while it is being stopped
+    rows = step_rows(metrics, events, sampled, clients_started, memory)[: a["steps"]]
     result["rows"] = rows
     result["metrics"] = metrics
     if rows:
