@@ -36,6 +36,19 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _evaluate(
+    tmp_path: Path, server: Any, body: str, tasks: int, extra: list[str], client_id: str
+) -> tuple[Path, dict[str, Any]]:
+    """Run the held-out evaluator (stop test at G = 4) on a workflow with ``body``; its records' path and
+    its summary."""
+    workflow, heldout = _workflow(tmp_path, body, tasks=tasks)
+    out, summary = tmp_path / "eval.jsonl", tmp_path / "summary.json"
+    args = [str(workflow), "--server", server.url, "--dataset", str(heldout), "--out", str(out)]
+    args += ["--summary", str(summary), "--stop-group-size", "4", *extra]
+    assert evaluate([*args, "--client-id", client_id]) == 0
+    return out, json.loads(summary.read_text())
+
+
 def test_the_evaluator_stops_once_the_attempts_rule_out_enough_signal(tmp_path: Path, server: Any) -> None:
     body = """
         client = llm.openai(max_retries=0)
@@ -44,12 +57,9 @@ def test_the_evaluator_stops_once_the_attempts_rule_out_enough_signal(tmp_path: 
         )
         return 0.0
     """
-    workflow, heldout = _workflow(tmp_path, body, tasks=16)
-    out, summary = tmp_path / "eval.jsonl", tmp_path / "summary.json"
-    args = [str(workflow), "--server", server.url, "--dataset", str(heldout), "--out", str(out)]
-    args += ["--samples", "4", "--summary", str(summary), "--stop-group-size", "4", "--concurrency", "8"]
-    assert evaluate([*args, "--client-id", "preflight-stop"]) == 0
-    result = json.loads(summary.read_text())
+    out, result = _evaluate(
+        tmp_path, server, body, 16, ["--samples", "4", "--concurrency", "8"], "preflight-stop"
+    )
     test = SignalRule().test(4, 64)
     signal = result["signal"]
     assert test.first_stop == 23 and signal["stopped"] and signal["planned"] == 64
@@ -157,12 +167,9 @@ def test_the_time_budget_cuts_attempts_and_says_how_far_they_got(tmp_path: Path,
             await asyncio.sleep(60)  # an attempt that would run on past the budget
         return 0.0
     """
-    workflow, heldout = _workflow(tmp_path, body, tasks=4)
-    out, summary = tmp_path / "eval.jsonl", tmp_path / "summary.json"
-    args = [str(workflow), "--server", server.url, "--dataset", str(heldout), "--out", str(out)]
-    args += ["--samples", "1", "--summary", str(summary), "--stop-group-size", "4", "--time-budget", "4"]
-    assert evaluate([*args, "--client-id", "preflight-cut"]) == 0
-    result = json.loads(summary.read_text())
+    out, result = _evaluate(
+        tmp_path, server, body, 4, ["--samples", "1", "--time-budget", "4"], "preflight-cut"
+    )
     records = {r["task_id"]: r for r in _records(out)}
     assert set(records) == {"h0", "h1", "h2", "h3"}
     for task in ("h0", "h2"):  # cut by the budget, at most the budget after the client's start
