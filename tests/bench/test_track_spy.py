@@ -4,7 +4,6 @@ embedded model through a real in-process server, recorded into a real store, jud
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,16 +13,6 @@ from track_history import Status, load_history
 from memory import RunStatus, Store
 
 PARTS = ("win_rate", "leak_rate", "invalid_vote_rate")
-
-
-@pytest.fixture
-def torch_threads() -> Iterator[None]:
-    """``run_suite`` sets the process's torch threads; give the other tests theirs back."""
-    import torch
-
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
