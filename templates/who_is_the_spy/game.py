@@ -253,10 +253,10 @@ RULES = (
 DESCRIBE_PROMPT = (
     "Round {round}. Your turn: describe your word in one short sentence. Never say the word itself."
 )
-VOTE_PROMPT = (
-    "Round {round} voting. Which player do you think is the spy? Living players you can vote for: "
-    "{candidates}. Reply with the player number only."
-)
+VOTE_PROMPT = "Round {round} voting. Which player is the spy? Choose one: {candidates}.\nAnswer:"
+"""The vote instruction: a closed question ending in an answer cue, which the embedded 135M model
+answered readably more often than "Reply with the player number only." (templates/who_is_the_spy/
+README.md, "Defaults from pilots")."""
 
 
 class _Seat:

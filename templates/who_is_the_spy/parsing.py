@@ -22,12 +22,20 @@ _NUMBER_WORDS = {
     "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
     "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
 }  # fmt: skip
-_NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b")
-_EXPLICIT_VOTE = re.compile(
-    r"\bvot(?:e|ed|ing)\b\s*(?:for|:|is|=|-)?\s*(?:player|p|#|no\.?|number)?\s*#?\s*(\d+)\b"
+_WORDS = "|".join(_NUMBER_WORDS)
+_PLAYER_WORD = re.compile(rf"\b(player|p)\s+({_WORDS})\b")
+_LONE_NUMBER_WORD = re.compile(rf"\W*({_WORDS})\W*")
+_NUMBER_WORD = re.compile(rf"\b({_WORDS})\b")
+_SEAT = r"(?:player|p|#|no\.?|number)?\s*#?\s*(\d+)\b"
+_EXPLICIT = (
+    re.compile(r"\bvot(?:e|ed|ing)\b\s*(?:for|:|is|=|-)?\s*" + _SEAT),
+    re.compile(r"\bspy\s*(?:is|=|:|-)\s*" + _SEAT),
+    re.compile(r"\b(?:player|p)\s*#?\s*(\d+)\s+is\s+(?:the\s+|a\s+)?spy\b"),
+    re.compile(r"\banswer\s*(?:is|:|=|-)\s*" + _SEAT),
 )
 _PLAYER_MENTION = re.compile(r"\b(?:player|p)\s*#?\s*(\d+)\b")
-_INTEGER = re.compile(r"(?<![\d.])(\d+)(?![\d.])")
+_INTEGER = re.compile(r"(?<![\d.])(\d+)(?!\d|\.\d)")
+_LABEL = re.compile(r"^\W*(?:player|p)\s*#?\s*(\d+)\s*:\s*(?=\S)")
 _SPEAKER_PREFIX = re.compile(
     r"^\s*(?:\*\*)?(?:player\s*\d+|description|my description|answer)\s*(?:\*\*)?\s*[:\-–]\s*", re.I
 )
@@ -68,22 +76,54 @@ def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", plain).strip().lower()
 
 
-def read_seat(text: str) -> int | None:
+def read_seat(text: str, voter: int | None = None) -> int | None:
     """The one seat number a vote text names, or ``None`` when there is none or several.
 
-    Order: an explicit "vote (for) (player) N"; else the only distinct "player N" mentioned; else the
-    only distinct integer. Number words up to twelve count as digits ("Player three").
+    Read in this order, each stage deciding when it finds anything:
+
+    1. explicit votes: "vote (for) (player) N", "the spy is (player) N", "player N is the spy",
+       "answer: N"; they must all name the same seat;
+    2. "player N" mentions ("P2", "#2" count; "Player three" reads as 3): exactly one distinct seat;
+    3. bare integers ("2", "2.", "The answer, 2"): exactly one distinct integer, and no other number
+       written as a word ("Two, 3" is ambiguous; decimals such as "1.5" are not seats).
+
+    A number word alone counts only when it is the whole reply ("three"), so "Which one?" is no vote
+    for player 1. A leading "Player K:" label followed by text imitates the transcript: the voter's
+    own label is dropped ("Player 3: 2" from seat 3 reads as 2); another seat's label is a vote for K
+    only when the rest names K or nothing else, ("Player 2: player 2"), else ambiguous ("Player 2: 1")
+    or a description, not a vote ("Player 2: a red fruit").
+
+    Args:
+        text: The voter's raw reply.
+        voter: The voter's seat (``None``: every leading label is taken as the speaker's own).
     """
-    visible = _NUMBER_WORD_RE.sub(lambda m: str(_NUMBER_WORDS[m.group(1)]), normalise(strip_thinking(text)))
-    explicit = _EXPLICIT_VOTE.findall(visible)
+    visible = normalise(strip_thinking(text))
+    label = _LABEL.match(visible)
+    if label is None:
+        return _named_seat(visible)
+    seat = _named_seat(visible[label.end() :])
+    labelled = int(label.group(1))
+    if voter is None or labelled == voter or seat == labelled:
+        return seat
+    return None
+
+
+def _named_seat(visible: str) -> int | None:
+    """:func:`read_seat` on normalised text with no leading label."""
+    lone = _LONE_NUMBER_WORD.fullmatch(visible)
+    if lone:
+        return _NUMBER_WORDS[lone.group(1)]
+    visible = _PLAYER_WORD.sub(lambda m: f"{m.group(1)} {_NUMBER_WORDS[m.group(2)]}", visible)
+    explicit = {int(n) for pattern in _EXPLICIT for n in pattern.findall(visible)}
     if explicit:
-        return int(explicit[0])
-    for pattern in (_PLAYER_MENTION, _INTEGER):
-        found = {int(n) for n in pattern.findall(visible)}
-        if len(found) == 1:
-            return found.pop()
-        if len(found) > 1:
-            return None
+        return explicit.pop() if len(explicit) == 1 else None
+    mentioned = {int(n) for n in _PLAYER_MENTION.findall(visible)}
+    if mentioned:
+        return mentioned.pop() if len(mentioned) == 1 else None
+    numbers = {int(n) for n in _INTEGER.findall(visible)}
+    words = {_NUMBER_WORDS[w] for w in _NUMBER_WORD.findall(visible)}
+    if len(numbers) == 1 and words <= numbers:
+        return numbers.pop()
     return None
 
 
@@ -98,7 +138,7 @@ def parse_vote(text: str, *, voter: int, alive: Collection[int]) -> Vote:
     Returns:
         The vote with its status.
     """
-    seat = read_seat(text)
+    seat = read_seat(text, voter)
     if seat is None:
         return Vote(VoteStatus.UNPARSED)
     if seat == voter:

@@ -121,9 +121,21 @@ def self_check(tasks: list[dict[str, Any]]) -> list[str]:
                 if not mentions_word(text, word):
                     failures.append(f"{task['id']}: leak {text!r} not detected")
         alive = setup.seats
-        for text in ("", "everyone", "1 2 3", "I vote for player 99", "Player 1 or Player 2"):
+        for text in (
+            "",
+            "everyone",
+            "1 2 3",
+            "I vote for player 99",
+            "Player 1 or Player 2",
+            "Which one?",
+            "Two, 3.",
+        ):
             if parse_vote(text, voter=1, alive=alive).valid:
                 failures.append(f"{task['id']}: malformed vote {text!r} accepted")
+        for text in ("2", "Player 2", "I vote for player 2.", "two"):
+            vote = parse_vote(text, voter=1, alive=alive)
+            if not vote.valid or vote.target != 2:
+                failures.append(f"{task['id']}: clear vote {text!r} for player 2 not read")
         record = GameRecord(setup=setup, winner=setup.role(setup.spy_seats[0]), rounds=1)
         record.stats = {s: PlayerStats() for s in setup.seats}
         rewards = agent_rewards(record)

@@ -31,10 +31,39 @@ ALIVE = [1, 2, 3, 4, 5]
         ("Player 1 or player 2", None),
         ("1 2 3", None),
         ("<think>I vote for 3", None),
+        # found in the embedded model's votes (issue 17 pilots)
+        ("2.", 2),
+        ("The answer is 2.", 2),
+        ("I vote for Player 2.", 2),
+        ("two", 2),
+        ("The spy is player two.", 2),
+        ("Player 2 is the spy", 2),
+        ("Which one?", None),
+        ("Two, 3.", None),
+        ("Players 2, 3.", None),
+        ("Three\n\nRound 1. To", None),
+        ("I vote for 2, no, I vote for 3", None),
+        ("1.5", None),
     ],
 )
 def test_read_seat(text, seat):
     assert read_seat(text) == seat
+
+
+@pytest.mark.parametrize(
+    ("text", "voter", "seat"),
+    [
+        ("Player 3: 2", 3, 2),  # the voter's own transcript-style label is dropped
+        ("Player 3: I vote for 1", 3, 1),
+        ("Player 3: a red fruit", 3, None),
+        ("Player 2: 1", 3, None),  # another seat's label and another seat: ambiguous
+        ("Player 2: a red fruit", 3, None),  # a description attributed to player 2, not a vote
+        ("Player 2: player 2", 3, 2),
+        ("Player 2: 1", None, 1),
+    ],
+)
+def test_read_seat_leading_labels(text, voter, seat):
+    assert read_seat(text, voter) == seat
 
 
 def test_parse_vote_applies_the_rules():
