@@ -13,7 +13,11 @@ each row reads as the effect of one change (:data:`GRID`):
 * ``vote16``: a larger vote token limit (does the limit cut votes before the number?);
 * ``describe16``: a shorter description limit (cost; do shorter clues leak less?);
 * ``temp0.7``: a lower temperature (fewer malformed replies, but less within-group variance);
-* ``n4``: four players, one spy (a harder game for the spy, more votes per round).
+* ``n4``: four players, one spy (a harder game for the spy, more votes per round);
+* ``rounds1``: one round (half the calls of a game: faster steps; is the win still decided?).
+
+A second table re-scores the same games with other reward weights (:func:`reweighted`): how much of
+each group's reward spread the compliance part (penalties) carries, against the win part.
 
 **Games.** A variant plays ``--tasks`` tasks (the template's data builder, data seed ``--seed``: word
 pairs, seating and word swaps are fixed by seed and task index, the same tasks for every variant of
@@ -97,6 +101,7 @@ GRID: tuple[Variant, ...] = (
     Variant("describe16", "description token limit 16", params={"describe_max_tokens": 16}),
     Variant("temp0.7", "sampling temperature 0.7", params={"temperature": 0.7}),
     Variant("n4", "four players, one spy", params={"n_players": 4}),
+    Variant("rounds1", "one round a game", params={"max_rounds": 1}),
 )
 BY_NAME = {v.name: v for v in GRID}
 SMOKE_VARIANTS = ("base", "v0-prompt")
@@ -116,8 +121,10 @@ class Game:
     invalid_votes: int
     unread_votes: int
     completion_tokens: int
-    vote_replies: list[tuple[str, str]]
-    """(raw reply, status) of every vote."""
+    vote_replies: list[tuple[str, str, int, list[int]]]
+    """(raw reply, status, voter, living seats) of every vote: enough to read it again with another parser."""
+    agent_parts: dict[str, tuple[bool, int, int]] = field(default_factory=dict)
+    """Per agent: (team won, leaks, invalid votes), the inputs of the reward (``reward.role_reward``)."""
 
 
 @dataclass
@@ -199,7 +206,7 @@ def summarise(variant: str, params: dict[str, Any], prompt: str, games: list[Gam
         episode_stds.append(statistics.pstdev(g.reward for g in members))
         for agent in members[0].agent_rewards:
             pair_stds.append(statistics.pstdev(g.agent_rewards[agent] for g in members))
-    examples = Counter(text for g in games for text, status in g.vote_replies if status != "valid")
+    examples = Counter(reply[0] for g in games for reply in g.vote_replies if reply[1] != "valid")
     return Row(
         variant=variant,
         params=params,
@@ -245,7 +252,7 @@ async def play_variant(
     if variant.vote_prompt is not None:  # this rendered copy's own module: other variants keep theirs
         game_module.VOTE_PROMPT = variant.vote_prompt
     records: dict[str, Any] = {}
-    votes: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    votes: dict[str, list[tuple[str, str, int, list[int]]]] = defaultdict(list)
     play, parse_vote = game_module.play, game_module.parse_vote
 
     async def recorded_play(setup: Any, players: Any, **kwargs: Any) -> Any:
@@ -253,9 +260,9 @@ async def play_variant(
         records[_task_name()] = record
         return record
 
-    def recorded_parse_vote(text: str, **kwargs: Any) -> Any:
-        vote = parse_vote(text, **kwargs)
-        votes[_task_name()].append((text, vote.status.value))
+    def recorded_parse_vote(text: str, *, voter: int, alive: Any) -> Any:
+        vote = parse_vote(text, voter=voter, alive=alive)
+        votes[_task_name()].append((text, vote.status.value, voter, sorted(alive)))
         return vote
 
     game_module.play, game_module.parse_vote = recorded_play, recorded_parse_vote
@@ -277,13 +284,17 @@ async def play_variant(
         return Game(
             task_id=task["id"],
             agent_rewards=dict(result.agent_rewards),
+            agent_parts={
+                record.setup.agent(seat): (record.won(seat), st.leaks, st.invalid_votes)
+                for seat, st in record.stats.items()
+            },
             reward=result.reward,
             spy_won=result.metrics["spy_won"] == 1.0,
             descriptions=sum(s.descriptions for s in stats),
             leaks=sum(s.leaks for s in stats),
             votes=sum(s.votes for s in stats),
             invalid_votes=sum(s.invalid_votes for s in stats),
-            unread_votes=sum(status == "unparsed" for _, status in replies),
+            unread_votes=sum(reply[1] == "unparsed" for reply in replies),
             completion_tokens=sum(len(c.completion_ids) for c in view.calls),
             vote_replies=replies,
         )
@@ -326,6 +337,73 @@ def print_table(rows: list[Row], title: str, console: Console) -> None:
             f"{r.tokens_per_game:.0f}",
             f"{r.seconds_per_game:.2f}",
         )
+    console.print(table)
+
+
+WEIGHTS: tuple[tuple[float, float], ...] = ((0.5, 0.25), (0.5, 0.5), (1.0, 0.5), (1.0, 1.0))
+"""(leak_penalty, invalid_vote_penalty) pairs the games are re-scored with (the first: the template's)."""
+
+
+def reweighted(rows: list[Row], weights: tuple[tuple[float, float], ...] = WEIGHTS) -> list[dict[str, Any]]:
+    """Each variant's games re-scored with other reward weights (``reward.role_reward``, same games).
+
+    Per (task, agent) group: the within-group reward std, and the share of the within-group variance
+    that the compliance part (−penalties) carries: ``1 − Var(win)/Var(reward)`` clipped to [0, 1]
+    (win and penalties are correlated within a game, so this is a share of the total, not a split).
+    A weak player's wins are mostly chance, so the compliance share is the part of GRPO's advantage
+    that rewards something the policy controls.
+    """
+    from templates.who_is_the_spy.reward import role_reward
+
+    out = []
+    for row in rows:
+        groups: dict[str, list[Game]] = defaultdict(list)
+        for g in row.played:
+            groups[g.task_id].append(g)
+        for leak_w, vote_w in weights:
+            stds, shares = [], []
+            for members in groups.values():
+                if len(members) < 2:
+                    continue
+                for agent in members[0].agent_parts:
+                    parts = [g.agent_parts[agent] for g in members]
+                    total = [
+                        role_reward(
+                            won=w,
+                            leaks=lk,
+                            invalid_votes=iv,
+                            leak_penalty=leak_w,
+                            invalid_vote_penalty=vote_w,
+                        )
+                        for w, lk, iv in parts
+                    ]
+                    var = statistics.pvariance(total)
+                    stds.append(math.sqrt(var))
+                    if var > 0:
+                        shares.append(
+                            min(1.0, max(0.0, 1 - statistics.pvariance(float(w) for w, _, _ in parts) / var))
+                        )
+            out.append({
+                "variant": row.variant,
+                "leak_penalty": leak_w,
+                "invalid_vote_penalty": vote_w,
+                "group_std": statistics.fmean(stds) if stds else math.nan,
+                "dead": sum(x == 0 for x in stds) / len(stds) if stds else math.nan,
+                "compliance_share": statistics.fmean(shares) if shares else math.nan,
+            })  # fmt: skip
+    return out
+
+
+def print_weights(table_rows: list[dict[str, Any]], console: Console) -> None:
+    """The re-scored games (see :func:`reweighted`)."""
+    table = Table(title="the same games under other reward weights (per (task, agent) group)")
+    for col in ("variant", "leak pen.", "invalid pen.", "group std", "dead", "compliance share"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for r in table_rows:
+        table.add_row(
+            r["variant"], f"{r['leak_penalty']:g}", f"{r['invalid_vote_penalty']:g}", f"{r['group_std']:.3f}",
+            f"{r['dead']:.2f}", f"{r['compliance_share']:.2f}",
+        )  # fmt: skip
     console.print(table)
 
 
@@ -430,6 +508,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
         f"engine {args.engine} on {args.device}, {time.perf_counter() - started:.0f} s"
     )
     print_table(rows, title, console)
+    weights = reweighted(rows)
+    print_weights(weights, console)
     if args.json:
         payload = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -440,6 +520,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             "group": args.group,
             "seed": args.seed,
             "rows": [asdict(r) for r in rows],
+            "reweighted": weights,
         }
         args.json.write_text(json.dumps(payload, indent=1), encoding="utf-8")
     if args.png:

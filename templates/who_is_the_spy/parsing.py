@@ -25,6 +25,7 @@ _NUMBER_WORDS = {
 _WORDS = "|".join(_NUMBER_WORDS)
 _PLAYER_WORD = re.compile(rf"\b(player|p)\s+({_WORDS})\b")
 _LONE_NUMBER_WORD = re.compile(rf"\W*({_WORDS})\W*")
+_LEADING_NUMBER_WORD = re.compile(rf"^\W*({_WORDS})(?=\s*[,.!:;)])")
 _NUMBER_WORD = re.compile(rf"\b({_WORDS})\b")
 _SEAT = r"(?:player|p|#|no\.?|number)?\s*#?\s*(\d+)\b"
 _EXPLICIT = (
@@ -87,8 +88,8 @@ def read_seat(text: str, voter: int | None = None) -> int | None:
     3. bare integers ("2", "2.", "The answer, 2"): exactly one distinct integer, and no other number
        written as a word ("Two, 3" is ambiguous; decimals such as "1.5" are not seats).
 
-    A number word alone counts only when it is the whole reply ("three"), so "Which one?" is no vote
-    for player 1. A leading "Player K:" label followed by text imitates the transcript: the voter's
+    A number word counts only when it is the whole reply ("three") or opens it before a punctuation
+    mark ("Two, no doubt."), so "Which one?" is no vote for player 1. A leading "Player K:" label followed by text imitates the transcript: the voter's
     own label is dropped ("Player 3: 2" from seat 3 reads as 2); another seat's label is a vote for K
     only when the rest names K or nothing else, ("Player 2: player 2"), else ambiguous ("Player 2: 1")
     or a description, not a vote ("Player 2: a red fruit").
@@ -113,6 +114,7 @@ def _named_seat(visible: str) -> int | None:
     lone = _LONE_NUMBER_WORD.fullmatch(visible)
     if lone:
         return _NUMBER_WORDS[lone.group(1)]
+    visible = _LEADING_NUMBER_WORD.sub(lambda m: str(_NUMBER_WORDS[m.group(1)]), visible)
     visible = _PLAYER_WORD.sub(lambda m: f"{m.group(1)} {_NUMBER_WORDS[m.group(2)]}", visible)
     explicit = {int(n) for pattern in _EXPLICIT for n in pattern.findall(visible)}
     if explicit:

@@ -27,7 +27,8 @@ def test_one_variant_is_measured_from_real_games(tmp_path: Path) -> None:
     assert all(g.votes == 3 and g.descriptions == 3 and len(g.vote_replies) == 3 for g in games)
     # the columns are the games' own counts
     invalid = sum(g.invalid_votes for g in games)
-    assert invalid == sum(status != "valid" for g in games for _, status in g.vote_replies)
+    assert invalid == sum(reply[1] != "valid" for g in games for reply in g.vote_replies)
+    assert all(len(reply[3]) == 3 and reply[2] in reply[3] for g in games for reply in g.vote_replies)
     assert row.invalid_vote_rate.value == pytest.approx(invalid / 6)
     assert row.unread_vote_rate.value == pytest.approx(sum(g.unread_votes for g in games) / 6)
     assert row.leak_rate.value == pytest.approx(sum(g.leaks for g in games) / 6)
@@ -39,6 +40,19 @@ def test_one_variant_is_measured_from_real_games(tmp_path: Path) -> None:
     stds = [statistics.pstdev(g.agent_rewards[a] for g in games) for a in agents]
     assert row.group_std == pytest.approx(statistics.fmean(stds))
     assert row.dead_pairs == pytest.approx(sum(s == 0 for s in stds) / 3)
+    # the reward's inputs kept per agent give back the server's rewards, and the re-scoring at the
+    # template's weights gives back the table's group std
+    from templates.who_is_the_spy.reward import role_reward
+
+    for g in games:
+        assert {
+            a: role_reward(won=w, leaks=lk, invalid_votes=iv) for a, (w, lk, iv) in g.agent_parts.items()
+        } == (pytest.approx(g.agent_rewards))
+    default = spy_pilots.reweighted([row])[0]
+    assert (default["leak_penalty"], default["invalid_vote_penalty"]) == (0.5, 0.25)
+    assert default["group_std"] == pytest.approx(row.group_std) and default["dead"] == pytest.approx(
+        row.dead_pairs
+    )
     for rate in (row.invalid_vote_rate, row.unread_vote_rate, row.leak_rate, row.spy_win_rate):
         assert 0.0 <= rate.low <= rate.value <= rate.high <= 1.0 and rate.high - rate.low > 0.1
     # the JSON holds the same row, with the raw votes
