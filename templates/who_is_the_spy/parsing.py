@@ -36,6 +36,7 @@ _EXPLICIT = (
 )
 _PLAYER_MENTION = re.compile(r"\b(?:player|p)\s*#?\s*(\d+)\b")
 _INTEGER = re.compile(r"(?<![\d.])(\d+)(?!\d|\.\d)")
+_ALTERNATIVES = re.compile(r"(\d+)\s*(?:,|/|&|\bor\b|\band\b)\s*(?:player|p)?\s*#?\s*(\d+)")
 _LABEL = re.compile(r"^\W*(?:player|p)\s*#?\s*(\d+)\s*:\s*(?=\S)")
 _SPEAKER_PREFIX = re.compile(
     r"^\s*(?:\*\*)?(?:player\s*\d+|description|my description|answer)\s*(?:\*\*)?\s*[:\-–]\s*", re.I
@@ -88,7 +89,8 @@ def read_seat(text: str, voter: int | None = None) -> int | None:
     3. bare integers ("2", "2.", "The answer, 2"): exactly one distinct integer, and no other number
        written as a word ("Two, 3" is ambiguous; decimals such as "1.5" are not seats).
 
-    A number word counts only when it is the whole reply ("three") or opens it before a punctuation
+    Two different seats side by side ("2 or 3", "player 2 and player 3", "2, 3") are ambiguous
+    wherever they stand. A number word counts only when it is the whole reply ("three") or opens it before a punctuation
     mark ("Two, no doubt."), so "Which one?" is no vote for player 1. A leading "Player K:" label followed by text imitates the transcript: the voter's
     own label is dropped ("Player 3: 2" from seat 3 reads as 2); another seat's label is a vote for K
     only when the rest names K or nothing else, ("Player 2: player 2"), else ambiguous ("Player 2: 1")
@@ -116,6 +118,8 @@ def _named_seat(visible: str) -> int | None:
         return _NUMBER_WORDS[lone.group(1)]
     visible = _LEADING_NUMBER_WORD.sub(lambda m: str(_NUMBER_WORDS[m.group(1)]), visible)
     visible = _PLAYER_WORD.sub(lambda m: f"{m.group(1)} {_NUMBER_WORDS[m.group(2)]}", visible)
+    if any(a != b for a, b in _ALTERNATIVES.findall(visible)):
+        return None
     explicit = {int(n) for pattern in _EXPLICIT for n in pattern.findall(visible)}
     if explicit:
         return explicit.pop() if len(explicit) == 1 else None

@@ -47,6 +47,9 @@ ALIVE = [1, 2, 3, 4, 5]
         ("Three\n\nRound 1. To", None),
         ("I vote for 2, no, I vote for 3", None),
         ("1.5", None),
+        ("The spy is 2 or 3", None),
+        ("I vote for player 2 and player 3", None),
+        ("Player 2, 2. This", 2),
     ],
 )
 def test_read_seat(text, seat):
