@@ -141,6 +141,9 @@ class TemplateMeta(BaseModel):
     """The episode metrics (``Result.metrics``) the reward is made of, with their role: a3r's report
     draws a curve of each, and its analyst reads a ``violation`` that rises, or a ``shaping`` bonus
     that rises while the ``goal`` does not, as the reward being exploited."""
+    defaults_evidence: str | None = None
+    """One line on where the defaults come from when measurements chose them (what was measured, and the
+    file that holds the numbers); ``a3r vibe --dry-run`` prints it under the parameters."""
 
     def param(self, name: str) -> ParamSpec:
         """The spec of parameter ``name``.

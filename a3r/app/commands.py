@@ -442,11 +442,14 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
         raise _fail('the request is empty: say what to train, e.g. "train who-is-the-spy"')
     draft, provider = _dry_plan(request, settings, overrides, mode="vibe")
     training = draft.training
-    agents = templates.get_template(draft.template).trainable_agents(draft.params) if draft.template else None
+    template = templates.get_template(draft.template) if draft.template else None
+    agents = template.trainable_agents(draft.params) if template else None
     _out.print(f"plan (dry run, provider {provider}): {draft.objective}", markup=False)
     _out.print(f"  template: {draft.template or '(new code)'}", markup=False)
     for name, value in sorted(draft.params.items()):
         _out.print(f"    {name} = {value!r}", markup=False)
+    if template and template.meta.defaults_evidence:
+        _out.print(f"    (defaults: {template.meta.defaults_evidence})", markup=False)
     if agents is not None:
         _out.print(f"  trainable agents: {', '.join(agents) or '(none)'}", markup=False)
     fields = ", ".join(f"{k}={v}" for k, v in training.model_dump().items())

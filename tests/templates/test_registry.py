@@ -229,3 +229,21 @@ def test_rendered_copies_are_independent(tmp_path):
         a.reward.read_text().replace("MAX_COMPLETION_CHARS = 400", "MAX_COMPLETION_CHARS = 77")
     )
     assert load_module(a.folder, "reward").MAX_COMPLETION_CHARS == 77
+
+
+def test_the_dry_run_says_where_measured_defaults_come_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app as a3r_app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(a3r_app, ["vibe", "train who-is-the-spy", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if "(defaults:" in line]
+    assert line.strip() == f"(defaults: {get_template('who_is_the_spy').meta.defaults_evidence})"
+    readme = get_template("who_is_the_spy").folder / "README.md"
+    assert "templates/who_is_the_spy/README.md" in line and "## Defaults from pilots" in readme.read_text()
+    plain = CliRunner().invoke(a3r_app, ["vibe", "train arithmetic", "--dry-run"])
+    assert plain.exit_code == 0 and "(defaults:" not in plain.output  # no claim where nothing was measured
