@@ -29,7 +29,9 @@ sends no sampling seed, so replies vary between runs; the intervals carry that n
 which votes of one game are not, so they are somewhat narrow):
 
 * ``invalid``: invalid votes / votes (unreadable, self, or an eliminated/unknown player); ``unread``:
-  the unreadable share alone;
+  the unreadable share alone; ``invalid/game``: the mean of each game's invalid share with a t-interval
+  over games (wider, and the one to compare variants by: two runs of the same variant on CPU differed
+  by more than the pooled Wilson intervals allow);
 * ``leak``: descriptions saying their own word (or empty) / descriptions;
 * ``spy win``: games the spy team won / games (the civilians won the rest);
 * ``reward``: mean episode reward (mean over all agents of a game) ± 95 % t-interval over games;
@@ -170,6 +172,9 @@ class Row:
     votes: int
     descriptions: int
     invalid_vote_rate: Interval
+    invalid_per_game: Interval
+    """Mean over games of each game's invalid-vote share, with a t-interval over games: votes of one game
+    are not independent, so this interval is the honest one for comparing variants."""
     unread_vote_rate: Interval
     leak_rate: Interval
     spy_win_rate: Interval
@@ -215,6 +220,7 @@ def summarise(variant: str, params: dict[str, Any], prompt: str, games: list[Gam
         votes=votes,
         descriptions=descriptions,
         invalid_vote_rate=wilson(sum(g.invalid_votes for g in games), votes),
+        invalid_per_game=mean_interval([g.invalid_votes / g.votes for g in games if g.votes]),
         unread_vote_rate=wilson(sum(g.unread_votes for g in games), votes),
         leak_rate=wilson(sum(g.leaks for g in games), descriptions),
         spy_win_rate=wilson(spy_wins, len(games)),
@@ -318,7 +324,7 @@ def print_table(rows: list[Row], title: str, console: Console) -> None:
     """The pilot table (one row per variant)."""
     table = Table(title=title)
     for col in (
-        "variant", "games", "invalid", "unread", "leak", "spy win", "civ win", "reward",
+        "variant", "games", "invalid", "invalid/game", "unread", "leak", "spy win", "civ win", "reward",
         "group std", "dead", "tok/game", "s/game",
     ):  # fmt: skip
         table.add_column(col, justify="left" if col == "variant" else "right")
@@ -327,6 +333,7 @@ def print_table(rows: list[Row], title: str, console: Console) -> None:
             r.variant,
             str(r.games),
             r.invalid_vote_rate.show(),
+            r.invalid_per_game.show(),
             r.unread_vote_rate.show(),
             r.leak_rate.show(),
             r.spy_win_rate.show(),

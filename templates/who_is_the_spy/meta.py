@@ -41,8 +41,9 @@ META = TemplateMeta(
     multi_agent=True,
     defaults_evidence=(
         "vote instruction and vote reading chosen from pilot games of the embedded SmolLM2-135M "
-        "(bench/spy_pilots.py, 2026-12-02, CPU): invalid votes 0.88 -> 0.75 on the same tasks; game size, "
-        "rounds, token limits and reward weights kept; see templates/who_is_the_spy/README.md"
+        "(bench/spy_pilots.py, 2026-12-02, CPU, 48 games a variant): invalid votes per game 0.84 -> 0.75; "
+        "game size, rounds, token limits, temperature and reward weights kept; see "
+        "templates/who_is_the_spy/README.md"
     ),
     parameters=(
         ParamSpec(name="n_players", type="int", default=3, minimum=3, maximum=8,

@@ -30,6 +30,7 @@ def test_one_variant_is_measured_from_real_games(tmp_path: Path) -> None:
     assert invalid == sum(reply[1] != "valid" for g in games for reply in g.vote_replies)
     assert all(len(reply[3]) == 3 and reply[2] in reply[3] for g in games for reply in g.vote_replies)
     assert row.invalid_vote_rate.value == pytest.approx(invalid / 6)
+    assert row.invalid_per_game.value == pytest.approx(statistics.fmean(g.invalid_votes / 3 for g in games))
     assert row.unread_vote_rate.value == pytest.approx(sum(g.unread_votes for g in games) / 6)
     assert row.leak_rate.value == pytest.approx(sum(g.leaks for g in games) / 6)
     assert row.spy_win_rate.value == pytest.approx(sum(g.spy_won for g in games) / 2)
