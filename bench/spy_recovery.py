@@ -46,9 +46,11 @@ Usage (bench/README.md, ``spy_recovery.py``)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -147,6 +149,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- running the main job ------------------------------------------------------------------------------
+def _a3r() -> list[str]:
+    """The ``a3r`` console script beside this interpreter or on PATH, else the CLI through this Python
+    (a GPU host that runs the tree from ``PYTHONPATH`` has no script), as ``a3r`` finds ``swarm``."""
+    script = Path(sys.executable).with_name("a3r")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("a3r")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "from a3r.app.cli import main; main()"]
+
+
 def run_vibe(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Run ``a3r vibe`` on the broken request in ``workdir``; stop it at ``--deadline-s``.
 
@@ -154,9 +168,8 @@ def run_vibe(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         ``command``, ``exit_code`` (None when stopped at the deadline), ``wall_s``, ``stopped``.
     """
     request = f"{args.request} {args.extra}".strip()
-    a3r = Path(sys.executable).with_name("a3r")
     command = [
-        str(a3r) if a3r.exists() else "a3r",
+        *_a3r(),
         "vibe",
         request,
         "--steps", str(args.steps),
@@ -197,14 +210,21 @@ def run_vibe(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         stopped = True
         print(f"deadline: stopping a3r after {args.deadline_s:g} s", flush=True)
-        for sig, grace in ((signal.SIGINT, 30), (signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            with _quiet():
-                os.killpg(process.pid, sig)
+        # a3r stops its servers on SIGTERM (like Ctrl-C); then its process group, in case it hangs
+        steps = ((process.pid, signal.SIGTERM, False, 60), (process.pid, signal.SIGTERM, True, 15))
+        for pid, sig, group, grace in (*steps, (process.pid, signal.SIGKILL, True, 5)):
+            with contextlib.suppress(ProcessLookupError):
+                if group:
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
             try:
                 process.wait(timeout=grace)
                 break
             except subprocess.TimeoutExpired:
                 continue
+        with contextlib.suppress(ProcessLookupError):  # anything of the group left behind
+            os.killpg(process.pid, signal.SIGKILL)
     reader.join(timeout=10)
     log.close()
     return {
@@ -213,14 +233,6 @@ def run_vibe(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "wall_s": round(time.monotonic() - started, 1),
         "stopped_at_deadline": stopped,
     }
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is ProcessLookupError
 
 
 # -- reading the records -------------------------------------------------------------------------------
