@@ -36,7 +36,7 @@ Usage (bench/README.md, ``spy_recovery.py``)::
 
     # the GPU run (vLLM on CUDA; ≈ 7–8 min on one H200):
     python bench/spy_recovery.py --steps 30 --serve-option engine=vllm --serve-option device=cuda \\
-        --deadline-s 510 --workdir /tmp/spy-recovery --json $OUT/spy_recovery.json --png $OUT/spy_recovery.png
+        --deadline-s 470 --workdir /tmp/spy-recovery --out $OUT
     # CPU smoke of the script itself (tiny games; need not show the effect):
     .venv/bin/python bench/spy_recovery.py --smoke
     # analyse an earlier run's folder again (no training):
@@ -133,9 +133,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="CPU smoke: 2 steps, B 1, G 2, one-round games with short replies",
     )
-    p.add_argument("--json", type=Path, default=None, help="write the result here")
     p.add_argument(
-        "--png", type=Path, default=None, help="write the curves here (default: WORKDIR/spy_recovery.png)"
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for spy_recovery.json, spy_recovery.png and copies of vibe.log and the report (default: WORKDIR)",
     )
     args = p.parse_args(argv)
     if args.smoke:
@@ -526,9 +528,13 @@ def main(argv: list[str] | None = None) -> int:
     print_table(result)
     lines = verdict_lines(result)
     print("\n".join(lines))
-    png = args.png or workdir / "spy_recovery.png"
-    plot(result, png)
-    print(f"curves: {png}")
+    out_dir = args.out or workdir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot(result, out_dir / "spy_recovery.png")
+    ws = Path(records["workspace"])
+    for source in (workdir / "vibe.log", ws / "report.md", ws / "reward_parts.png"):
+        if source.is_file() and source.parent != out_dir:
+            shutil.copyfile(source, out_dir / source.name)
     out = {
         "request": f"{args.request} {args.extra}".strip(),
         "steps": args.steps,
@@ -541,10 +547,12 @@ def main(argv: list[str] | None = None) -> int:
         "verdicts": lines,
         **result,
         "findings": [f.get("statement") for f in records["findings"]],
+        "events": [e for e in records["events"] if e.startswith(("analyst", "approval", "budget"))],
     }
-    json_path = args.json or workdir / "spy_recovery.json"
-    json_path.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
-    print(f"json: {json_path}")
+    (out_dir / "spy_recovery.json").write_text(
+        json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8"
+    )
+    print(f"written to {out_dir}: spy_recovery.json, spy_recovery.png, vibe.log, report.md, reward_parts.png")
     return 0
 
 
