@@ -101,7 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=2, help="B: groups (tasks) per step")
     p.add_argument("--group-size", type=int, default=4, help="G: games per task")
     p.add_argument(
-        "--budget-minutes", type=float, default=30.0, help="the vibe thread's budget (a3r sizes to it)"
+        "--budget-minutes",
+        type=float,
+        default=None,
+        help="the vibe thread's budget (a3r sizes to it; default 30, 10 with --smoke)",
     )
     p.add_argument(
         "--deadline-s",
@@ -140,10 +143,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="folder for spy_recovery.json, spy_recovery.png and copies of vibe.log and the report (default: WORKDIR)",
     )
     args = p.parse_args(argv)
-    if args.smoke:
+    if args.smoke:  # an explicit --budget-minutes wins
         args.steps, args.batch_size, args.group_size = 2, 1, 2
-        args.budget_minutes = min(args.budget_minutes, 10.0)
+        args.budget_minutes = args.budget_minutes or 10.0
         args.extra = f"{SMOKE_EXTRA} {args.extra}".strip()
+    args.budget_minutes = args.budget_minutes or 30.0
     for name in ("steps", "batch_size", "group_size"):
         if getattr(args, name) < (2 if name == "group_size" else 1):
             p.error(f"--{name.replace('_', '-')} is too small")
@@ -520,9 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spy-recovery-"))
         workdir.mkdir(parents=True, exist_ok=True)
         run_info = run_vibe(args, workdir)
-        print(
-            f"a3r vibe ended: exit {run_info['exit_code']} after {run_info['wall_s']} s (workdir {workdir})"
+        how = (
+            "stopped at the deadline" if run_info["stopped_at_deadline"] else f"exit {run_info['exit_code']}"
         )
+        print(f"a3r vibe ended: {how} after {run_info['wall_s']} s (workdir {workdir})")
     records = read_records(workdir)
     result = analyse(records, args.window)
     print_table(result)
@@ -552,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "spy_recovery.json").write_text(
         json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8"
     )
-    print(f"written to {out_dir}: spy_recovery.json, spy_recovery.png, vibe.log, report.md, reward_parts.png")
+    print(f"written to {out_dir}: {', '.join(sorted(p.name for p in out_dir.iterdir() if p.is_file()))}")
     return 0
 
 
