@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--budget-minutes",
         type=float,
         default=None,
-        help="the vibe thread's budget (a3r sizes to it; default 30, 10 with --smoke)",
+        help="the vibe thread's budget (a3r sizes to it; default 30, 20 with --smoke)",
     )
     p.add_argument(
         "--deadline-s",
@@ -145,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:  # an explicit --budget-minutes wins
         args.steps, args.batch_size, args.group_size = 2, 1, 2
-        args.budget_minutes = args.budget_minutes or 10.0
+        args.budget_minutes = args.budget_minutes or 20.0
         args.extra = f"{SMOKE_EXTRA} {args.extra}".strip()
     args.budget_minutes = args.budget_minutes or 30.0
     for name in ("steps", "batch_size", "group_size"):
