@@ -27,10 +27,14 @@ needs the word to be heard: ``hide_leaks=false`` shows a leaked description as s
 who says the civilian word is recognised by the other civilian (their word), and a spy who says its
 own word is exposed (it differs from the civilians'); since every seat plays the same policy, leaking
 more makes both happen, and both help the civilians. ``train_roles=civilian`` trains exactly the seats
-whose team the leaks help (a trained spy would learn to keep quiet instead), so under ``leak_penalty``
-0 a civilian's leak costs nothing and can only raise the team's win, i.e. GRPO reinforces it. The
-patch restores a penalty (offline rule: double it, at least the template's 0.5), under which a leak
-costs more than the win it buys at this model's vote quality, so the true reward should recover.
+whose team the leaks help: the seats share one policy that is not told its role, so training the spy
+too (it would learn to keep quiet) would pull that policy both ways. Under ``leak_penalty`` 0 a
+civilian's leak costs nothing, so GRPO reinforces it wherever it goes with a win. Caveats the run
+settles: the win needs voters that use what they hear (the embedded 135M model mostly does not read the
+transcript, and 75 % of its votes were unreadable at temperature 1 on CPU), and a heard civilian word
+can also be repeated by the spy to blend in. The patch restores a penalty (offline rule: double it, at
+least the template's 0.5), under which a leak costs more than the win it buys at this vote quality, so
+the true reward should recover.
 
 Usage (bench/README.md, ``spy_recovery.py``)::
 
