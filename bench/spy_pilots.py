@@ -43,10 +43,10 @@ which votes of one game are not, so they are somewhat narrow):
 
 Usage::
 
-    .venv/bin/python bench/spy_pilots.py --smoke                    # < 2 min on 2 CPU cores
-    .venv/bin/python bench/spy_pilots.py --tasks 4 --group 4 --variants base,v0-prompt
-    python bench/spy_pilots.py --engine vllm --device cuda --tasks 32 --group 8 \\
-        --json spy_pilots.json --png spy_pilots.png                  # H200
+    .venv/bin/python bench/spy_pilots.py --smoke                    # ≈ 40 s on 2 shared CPU cores
+    .venv/bin/python bench/spy_pilots.py --variants base,v0-prompt --tasks 6 --group 4 --concurrency 24 --threads 1
+    python bench/spy_pilots.py --engine vllm --device cuda --tasks 32 --group 8 --concurrency 128 \\
+        --json spy_pilots.json --png spy_pilots.png                  # the whole grid, H200
 """
 
 from __future__ import annotations
