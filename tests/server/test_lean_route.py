@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from swarm.client import SwarmClient
 from swarm.server.app import HOT_PATHS, create_app
-from swarm.server.lean_route import LeanRoute
+from swarm.server.lean_route import HotRoutes, LeanRoute
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -237,15 +237,17 @@ def test_hot_routes_skip_fastapis_solver(server: Any, solved: Callable[[], list[
 
 
 def test_hot_routes_bypass_the_router(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once routed, begin, chat completion and finish are served by `HotRoutes`: a second episode's three
-    requests take the shortcut; a wrong credential on a hot route still gets FastAPI's answer."""
-    hot = server._server.config.app.hot_routes
+    """Once routed, begin, chat completion and finish are served by `HotRoutes` ahead of the router and
+    FastAPI's middleware: a second episode's three requests take the shortcut; a wrong credential on a hot
+    route still gets FastAPI's answer."""
+    app = server._server.config.app
+    hot = app.hot_routes
     served: list[str] = []
-    original = hot._serve
+    original = hot.endpoint
 
-    async def counting(route: Any, match: Any, scope: Any, receive: Any, send: Any) -> None:
-        served.append(route.path_format)
-        await original(route, match, scope, receive, send)
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        served.append(scope[HotRoutes.MATCH_KEY][0].path_format)
+        await original(scope, receive, send)
 
     with SwarmClient(server.url) as swarm:
         for _ in range(2):
@@ -254,7 +256,7 @@ def test_hot_routes_bypass_the_router(server: Any, monkeypatch: pytest.MonkeyPat
                 model=episode.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
             episode.finish(1.0)
-            monkeypatch.setattr(hot, "_serve", counting)
+            monkeypatch.setattr(hot, "endpoint", counting)
         stored = swarm.get_episode(episode.id)
     assert {(m, r.path_format) for m, r in hot.routes} == HOT_PATHS
     assert sorted(served) == sorted(path for _, path in HOT_PATHS)
