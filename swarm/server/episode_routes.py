@@ -75,7 +75,7 @@ async def begin_episode(
 @episode_router.post("/{episode_id}/finish", responses=_ENDED)
 async def finish_episode(episode_id: str, body: EpisodeFinish, runtime: RuntimeDep) -> Ack:
     """End the episode with its reward; committed to the pool before the answer is sent."""
-    stored = runtime.finish(episode_id, body)
+    stored = await runtime.finish(episode_id, body)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
