@@ -12,8 +12,11 @@ What is the same as FastAPI's handler, by construction:
 - the route itself (path, OpenAPI document, status code, response model and its JSON serialisation:
   FastAPI's ``serialize_response`` with the route's settings, and the route's ``Response`` parameter's
   headers);
-- every parameter is validated by the same FastAPI field (``ModelField.validate``) on the same input (the
-  body through ``json.loads``, as ``Request.json`` does);
+- every path and header parameter is validated by the same FastAPI field (``ModelField.validate``); the
+  body by its own pydantic model, parsed and validated in one pass from the raw bytes
+  (``model_validate_json``; FastAPI parses with ``json.loads`` first and validates the result, which
+  gives the same model for every body both accept, and a body only one of them accepts is refused here
+  and handed to FastAPI, see below);
 - dependencies run in declaration order, sub-dependencies first, once per request each (FastAPI's cache).
 
 What falls back to FastAPI's handler, on the same request (its body is cached by Starlette): a route with
@@ -28,7 +31,6 @@ propagate as with FastAPI (the app's exception handlers answer them).
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -83,6 +85,8 @@ class _Plan:
     path: list[tuple[str, Any]] = field(default_factory=list)
     headers: list[tuple[str, str, Any]] = field(default_factory=list)
     body: Any = None
+    body_model: type[BaseModel] = BaseModel
+    """The body's model class (when :attr:`body` is set)."""
     request_name: str | None = None
     connection_name: str | None = None
     response_name: str | None = None
@@ -128,6 +132,7 @@ class _Plan:
             ):
                 return None
             plan.body = body
+            plan.body_model = annotation
         for sub in dependant.dependencies:
             sub_plan = cls.of(sub, top=False)
             if sub_plan is None or not sub.use_cache:
@@ -162,7 +167,7 @@ class _Plan:
             raw = request.headers.get(key)
             values[name] = None if raw is None else _validated(param, raw, ("header", key))
         if self.body is not None:
-            values[self.body.name] = _validated(self.body, body, ("body",))
+            values[self.body.name] = body
         if self.request_name is not None:
             values[self.request_name] = request
         if self.connection_name is not None:
@@ -251,9 +256,9 @@ class LeanRoute(APIRoute):
                     ) from exc
                 if not raw or not _is_json(request.headers.get("content-type")):
                     return None
-                try:
-                    body = json.loads(raw)
-                except ValueError:
+                try:  # parsed and validated in one pass (pydantic's JSON mode)
+                    body = plan.body_model.model_validate_json(raw)
+                except ValueError:  # not JSON, not UTF-8 or not valid: FastAPI answers
                     return None
             sub_response = Response()
             del sub_response.headers["content-length"]

@@ -118,6 +118,8 @@ class SwarmRuntime:
         self.limits: Limits = config.limits
         """The limits in force (replaced whole by :meth:`set_limits`)."""
         self.rates = RequestRates()
+        self.base_urls: dict[tuple[Any, ...], str] = {}
+        """OpenAI base URLs handed out at begin, by the request parts they are built from (a memo)."""
         self.events.emit("server.started", f"serving {self.model_name}", model=self.model_name)
         for warning in self.exposure_warnings():
             log.warning(warning)
