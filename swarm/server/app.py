@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import inspect
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -176,27 +175,6 @@ class SwarmApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Keep the objects alive at startup (the engine, the model's modules, the imported libraries: a
-    few hundred thousand) out of the cyclic garbage collector's passes while the server runs.
-
-    The collector's full passes walk every tracked object; with torch, transformers (and vLLM) loaded
-    one took 0.1–0.3 s of the event loop's thread, and its passes were the largest single share of the
-    loop's CPU per episode (``bench/server_cpu.py --profile``). ``gc.freeze`` moves the objects alive now
-    to a permanent generation the collector skips; reference counting still frees them, and on exit
-    ``gc.unfreeze`` hands them back, so a cycle among them that became garbage meanwhile is collected
-    then. It only changes when memory held by garbage cycles is reclaimed, never what is alive. Several
-    servers in one process (tests) share the one collector: the first to stop unfreezes for all.
-    """
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
     """Build the swarm server app; the model loads in the lifespan (``engine`` injects a shared one)."""
 
@@ -208,8 +186,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         if runtime.training is not None:
             tasks.append(asyncio.create_task(runtime.training.run()))
         try:
-            with frozen_heap():
-                yield
+            yield
         finally:
             for task in tasks:
                 task.cancel()

@@ -9,8 +9,9 @@ calls still being sampled, tells every on-end listener (the training loop indexe
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
-import secrets
+import os
 import time
 import uuid
 from collections import Counter
@@ -151,9 +152,11 @@ class OpenEpisodes:
         Returns:
             The episode and its key (``sk-swarm-…``; only its digest is kept).
         """
-        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        random = os.urandom(48)  # one system call for both (as `uuid.uuid4` and `secrets.token_urlsafe`)
+        key = KEY_PREFIX + base64.urlsafe_b64encode(random[16:]).rstrip(b"=").decode("ascii")
+        episode_id = "ep-" + uuid.UUID(bytes=random[:16], version=4).hex
         now = time.time()
-        episode = OpenEpisode("ep-" + uuid.uuid4().hex, _key_digest(key), request, owner, now, now)
+        episode = OpenEpisode(episode_id, _key_digest(key), request, owner, now, now)
         self._open[episode.id] = episode
         self._by_key[episode.key_digest] = episode.id
         if owner is not None:
