@@ -64,6 +64,7 @@ from swarm.config import ServerConfig
 from swarm.engine import HFEngine, load_model, resolve_model
 from swarm.engine.base import Engine, SamplingParams
 from swarm.server.app import create_app
+from swarm.server.http_protocol import http_protocol
 
 OVERHEAD_TARGET = 0.05
 """Largest allowed relative per-call overhead of HTTP + tracking over the engine."""
@@ -92,7 +93,9 @@ def serve(engine: Engine | None, run_dir: Path, config: ServerConfig | None = No
     ``engine=None`` lets the server load the configured model itself (its trainer then shares it)."""
     app = create_app(config or ServerConfig(run_dir=run_dir, port=0), engine=engine)
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_keep_alive=300)
+        uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", timeout_keep_alive=300, http=http_protocol()
+        )
     )
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

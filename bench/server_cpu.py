@@ -273,6 +273,8 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="py-spy collapsed stacks of each server, to this folder")
     parser.add_argument("--top", type=int, default=25, help="frames shown per profile")
     parser.add_argument("--py-spy", help="the py-spy executable (default: on PATH or beside python)")
+    parser.add_argument("--lines", action="store_true", help="profile frames by line, not by function")
+    parser.add_argument("--spy-arg", action="append", default=[], help="extra py-spy flag (e.g. --native)")
     args = parser.parse_args()
     codes = args.code or [ROOT]
     labels = args.label or [c.resolve().name for c in codes]
@@ -317,7 +319,8 @@ def main() -> None:
                     str(s.proc.pid),
                     "-r",
                     "200",
-                    "--function",
+                    *([] if args.lines else ["--function"]),
+                    *args.spy_arg,
                 ]
                 spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(2.0)

@@ -78,6 +78,7 @@ def serve(**values: Any) -> None:
     import uvicorn
 
     from swarm.server.app import create_app
+    from swarm.server.http_protocol import http_protocol
 
     check = values.pop("check")
     token = values.pop("admin_token")
@@ -128,6 +129,7 @@ def serve(**values: Any) -> None:
     # closes it gets a ReadError.
     uvicorn.run(
         create_app(config, engine=engine),
+        http=http_protocol(),
         host=host,
         port=port,
         log_level=options.log_level.value,

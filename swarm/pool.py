@@ -123,47 +123,62 @@ class Pool:
         Raises:
             sqlite3.IntegrityError: an episode with this id is already stored.
         """
+        self.add_many([(episode, calls)])
+        return episode
+
+    def add_many(self, ended: Sequence[tuple[StoredEpisode, Sequence[CallRecord]]]) -> None:
+        """Commit ended episodes with their calls in one transaction (all or none), setting each one's
+        ``seq`` in the order given (`swarm.server.pool_writer.PoolWriter` commits a burst of finishes
+        at once).
+
+        Raises:
+            sqlite3.IntegrityError: an episode with one of these ids is already stored (none is stored).
+        """
         with self._lock:
-            self._seq += 1
-            episode.seq = self._seq
+            first = self._seq
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-                self._db.execute(
-                    "INSERT INTO episodes (id, task_id, client_id, family, kind, status, reward, agent_rewards,"
-                    " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step, txn,"
-                    " owner, key_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        episode.id,
-                        episode.task_id,
-                        episode.client_id,
-                        episode.family,
-                        episode.kind.value,
-                        episode.status.value,
-                        episode.reward,
-                        json.dumps(episode.agent_rewards),
-                        json.dumps(episode.metrics),
-                        json.dumps(episode.metadata),
-                        None if episode.trainable_agents is None else json.dumps(episode.trainable_agents),
-                        episode.reason,
-                        episode.created_at,
-                        episode.finished_at,
-                        episode.seq,
-                        episode.trained_step,
-                        None if episode.txn is None else json.dumps(episode.txn),
-                        episode.owner,
-                        episode.key_digest,
-                    ),
-                )
-                self._db.executemany(
-                    "INSERT INTO calls (episode_id, idx, record) VALUES (?, ?, ?)",
-                    [(episode.id, c.index, c.model_dump_json()) for c in calls],
-                )
+                for episode, calls in ended:
+                    self._seq += 1
+                    episode.seq = self._seq
+                    self._insert(episode, calls)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
-                self._seq -= 1
+                self._seq = first
                 raise
-        return episode
+
+    def _insert(self, episode: StoredEpisode, calls: Sequence[CallRecord]) -> None:
+        self._db.execute(
+            "INSERT INTO episodes (id, task_id, client_id, family, kind, status, reward, agent_rewards,"
+            " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step, txn,"
+            " owner, key_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                episode.id,
+                episode.task_id,
+                episode.client_id,
+                episode.family,
+                episode.kind.value,
+                episode.status.value,
+                episode.reward,
+                json.dumps(episode.agent_rewards),
+                json.dumps(episode.metrics),
+                json.dumps(episode.metadata),
+                None if episode.trainable_agents is None else json.dumps(episode.trainable_agents),
+                episode.reason,
+                episode.created_at,
+                episode.finished_at,
+                episode.seq,
+                episode.trained_step,
+                None if episode.txn is None else json.dumps(episode.txn),
+                episode.owner,
+                episode.key_digest,
+            ),
+        )
+        self._db.executemany(
+            "INSERT INTO calls (episode_id, idx, record) VALUES (?, ?, ?)",
+            [(episode.id, c.index, c.model_dump_json()) for c in calls],
+        )
 
     def resolve_prepared(
         self, episode_id: str, txn_id: str, status: EpisodeStatus, reason: str | None = None

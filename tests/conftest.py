@@ -25,6 +25,7 @@ import uvicorn
 from swarm.config import ServerConfig, TrainingConfig
 from swarm.engine import HFEngine, ModelSource, load_model, resolve_model
 from swarm.server.app import create_app
+from swarm.server.http_protocol import http_protocol
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +114,14 @@ class LiveServer:
 
     def start(self) -> LiveServer:
         app = create_app(self.config, engine=self.engine)
-        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.config.port, log_level="warning", lifespan="on")
+        cfg = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.config.port,
+            log_level="warning",
+            lifespan="on",
+            http=http_protocol(),
+        )
         self._server = uvicorn.Server(cfg)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()

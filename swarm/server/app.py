@@ -12,7 +12,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Scope
+from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine
@@ -20,7 +22,7 @@ from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server import anthropic_format, anthropic_routes, control_routes, episode_routes, openai_routes
 from swarm.server.deps import json_errors
-from swarm.server.lean_route import HotRoutes
+from swarm.server.lean_route import HotRoutes, replayed
 from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
 
@@ -117,20 +119,60 @@ HOT_PATHS = frozenset(
 
 
 class SwarmApp(FastAPI):
-    """FastAPI with `HotRoutes` (:attr:`hot_routes`) between its exception middleware and its router."""
+    """FastAPI whose hot routes (`HOT_PATHS`, once routed) skip its router and most of its middleware.
 
-    hot_routes: HotRoutes | None = None
+    A request :attr:`hot_routes` matches goes through a short stack built from the app's own parts:
+    Starlette's ``ServerErrorMiddleware`` with the app's 500 handler, the app's user middleware (the
+    body-size limit), Starlette's ``ExceptionMiddleware`` with the app's other handlers, then the route's
+    lean plan (`swarm.server.lean_route`). Errors are therefore answered by the same handlers in the same
+    order as through the full stack. What the short stack leaves out does nothing for these routes:
+    FastAPI's ``AsyncExitStackMiddleware`` (closes uploaded files; the hot routes take JSON), its
+    ``ExceptionTelemetryMiddleware`` (telemetry is off, see `create_app`) and its
+    ``AppBodyLimitMiddleware`` (the short stack is only used when FastAPI's ``max_body_size`` is unset).
+    A request the plan declines (invalid, unusual, a wrong credential) is handed to the full app with its
+    body replayed, so FastAPI answers it exactly as before.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hot_routes = HotRoutes(HOT_PATHS)
+        self._hot_stack: ASGIApp | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
-        router = self.router
-        # FastAPI's stack ends in ``self.router``: put the shortcut there while the stack is built, so that
-        # it runs inside the exception middleware (errors are answered by the app's handlers as before).
-        self.hot_routes = HotRoutes(router, HOT_PATHS)
-        self.router = self.hot_routes  # type: ignore[assignment]
-        try:
-            return super().build_middleware_stack()
-        finally:
-            self.router = router
+        stack = super().build_middleware_stack()
+        self._hot_stack = None if getattr(self, "max_body_size", None) is not None else self._short_stack()
+        return stack
+
+    def _short_stack(self) -> ASGIApp:
+        """What `build_middleware_stack` builds around the router, less FastAPI's own layers (see above)."""
+        error_handler = None
+        handlers: dict[Any, Any] = {}
+        for key, value in self.exception_handlers.items():
+            if key in (500, Exception):
+                error_handler = value
+            else:
+                handlers[key] = value
+        app: ASGIApp = ExceptionMiddleware(self._hot_endpoint, handlers=handlers, debug=self.debug)
+        for cls, args, kwargs in reversed(self.user_middleware):
+            app = cls(app, *args, **kwargs)
+        return ServerErrorMiddleware(app, handler=error_handler, debug=self.debug)
+
+    async def _hot_endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.hot_routes.endpoint(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stack = self._hot_stack
+        if stack is not None and not self.root_path and (found := self.hot_routes.match(scope)) is not None:
+            scope["app"] = self  # as Starlette's __call__ and router set them
+            scope.setdefault("router", self.router)
+            scope[HotRoutes.MATCH_KEY] = found
+            await stack(scope, receive, send)
+            body = scope.pop(HotRoutes.DECLINED_KEY, None)
+            if body is None:
+                return
+            receive = replayed(body, receive)  # the plan declined: the full app answers
+        scope[HotRoutes.SCOPE_KEY] = self.hot_routes  # a lean handler the router reaches registers here
+        await super().__call__(scope, receive, send)
 
 
 def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:

@@ -60,7 +60,22 @@ episode_router = APIRouter(
 def _base_url(runtime: RuntimeDep, request: Request) -> str:
     if runtime.config.public_url:
         return runtime.config.public_url.rstrip("/") + "/v1"
-    return str(request.base_url).rstrip("/") + "/v1"
+    # Starlette builds the base URL from these parts of the request (a URL object per request otherwise)
+    scope = request.scope
+    host = next((value for key, value in scope["headers"] if key == b"host"), None)
+    parts = (
+        scope.get("scheme"),
+        scope.get("server"),
+        host,
+        scope.get("app_root_path"),
+        scope.get("root_path"),
+    )
+    url = runtime.base_urls.get(parts)
+    if url is None:
+        url = str(request.base_url).rstrip("/") + "/v1"
+        if len(runtime.base_urls) < 64:  # a few addresses of this server; never grown by odd Host headers
+            runtime.base_urls[parts] = url
+    return url
 
 
 @router.post("", status_code=201, responses=_BUSY)
@@ -75,7 +90,7 @@ async def begin_episode(
 @episode_router.post("/{episode_id}/finish", responses=_ENDED)
 async def finish_episode(episode_id: str, body: EpisodeFinish, runtime: RuntimeDep) -> Ack:
     """End the episode with its reward; committed to the pool before the answer is sent."""
-    stored = runtime.finish(episode_id, body)
+    stored = await runtime.finish(episode_id, body)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 

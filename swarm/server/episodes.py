@@ -9,8 +9,9 @@ calls still being sampled, tells every on-end listener (the training loop indexe
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
-import secrets
+import os
 import time
 import uuid
 from collections import Counter
@@ -23,6 +24,7 @@ from swarm.errors import AuthError, EpisodeNotFound, EpisodeStateError
 from swarm.pool import Pool, StoredEpisode
 from swarm.protocol import EpisodeAbort, EpisodeCreate, EpisodeFinish, EpisodePrepare, EpisodeStatus
 from swarm.server.events import EventLog
+from swarm.server.pool_writer import PoolWriter
 from swarm.tracking.records import CallRecord
 
 KEY_PREFIX = "sk-swarm-"
@@ -68,11 +70,16 @@ class OpenEpisodes:
             reclaimed by :meth:`reclaim_idle` (seconds).
     """
 
-    def __init__(self, pool: Pool, events: EventLog, *, timeout_s: float) -> None:
+    def __init__(
+        self, pool: Pool, events: EventLog, *, timeout_s: float, writer: PoolWriter | None = None
+    ) -> None:
         self.pool = pool
         self.events = events
         self.timeout_s = timeout_s
+        self.writer = writer
         self._open: dict[str, OpenEpisode] = {}
+        self._ending: dict[str, OpenEpisode] = {}
+        """Episodes `finish_committed` has closed whose commit is under way (still counted as open)."""
         self._by_key: dict[str, str] = {}
         self._by_owner: Counter[str] = Counter()
         self._listeners: list[EndListener] = []
@@ -83,7 +90,8 @@ class OpenEpisodes:
 
     # -- lookup ------------------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._open)
+        """Open episodes, counting those whose finish is being committed (a drain waits for them)."""
+        return len(self._open) + len(self._ending)
 
     def __contains__(self, episode_id: object) -> bool:
         return episode_id in self._open
@@ -94,6 +102,11 @@ class OpenEpisodes:
     def get(self, episode_id: str) -> OpenEpisode | None:
         """The open episode ``episode_id``, or ``None`` when it is not open."""
         return self._open.get(episode_id)
+
+    def ending(self, episode_id: str) -> OpenEpisode | None:
+        """The episode ``episode_id`` while its finish is being committed (`finish_committed`), else
+        ``None``."""
+        return self._ending.get(episode_id)
 
     def for_key(self, key: str) -> OpenEpisode:
         """The open episode a key belongs to.
@@ -116,7 +129,7 @@ class OpenEpisodes:
         episode = self._open.get(episode_id)
         if episode is not None:
             return episode
-        if self.pool.get(episode_id) is not None:
+        if episode_id in self._ending or self.pool.get(episode_id) is not None:
             raise EpisodeStateError(episode_id, f"episode {episode_id} has already ended")
         raise EpisodeNotFound(episode_id)
 
@@ -139,9 +152,11 @@ class OpenEpisodes:
         Returns:
             The episode and its key (``sk-swarm-…``; only its digest is kept).
         """
-        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        random = os.urandom(48)  # one system call for both (as `uuid.uuid4` and `secrets.token_urlsafe`)
+        key = KEY_PREFIX + base64.urlsafe_b64encode(random[16:]).rstrip(b"=").decode("ascii")
+        episode_id = "ep-" + uuid.UUID(bytes=random[:16], version=4).hex
         now = time.time()
-        episode = OpenEpisode("ep-" + uuid.uuid4().hex, _key_digest(key), request, owner, now, now)
+        episode = OpenEpisode(episode_id, _key_digest(key), request, owner, now, now)
         self._open[episode.id] = episode
         self._by_key[episode.key_digest] = episode.id
         if owner is not None:
@@ -169,6 +184,48 @@ class OpenEpisodes:
             agent_rewards=body.agent_rewards,
             metrics=body.metrics,
         )
+
+    async def finish_committed(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
+        """As :meth:`finish`, with the pool commit on the `PoolWriter` thread (when there is one): the
+        event loop serves other requests meanwhile, and this returns once the episode is committed.
+
+        While the commit runs the episode counts as open (``len``), its key no longer works and a second
+        finish, an abort or a heartbeat of it is refused (409, "already ended"). If the commit fails the
+        episode is open again (a finish may be retried) and the commit's exception is raised. Cancelling
+        the caller does not cancel the commit: the episode is then stored all the same.
+
+        Raises:
+            EpisodeStateError: as :meth:`finish` (409).
+            EpisodeNotFound: no such episode (404).
+        """
+        if self.writer is None:
+            return self.finish(episode_id, body)
+        episode = self.require(episode_id)
+        self._check_idle(episode)
+        stored = self._detach(
+            episode,
+            EpisodeStatus.FINISHED,
+            reward=body.reward,
+            agent_rewards=body.agent_rewards,
+            metrics=body.metrics,
+        )
+        try:
+            done = asyncio.wrap_future(self.writer.submit(stored, episode.calls))
+        except BaseException:
+            self._reattach(episode)
+            raise
+        self._ending[episode.id] = episode
+
+        def settle(commit: asyncio.Future[StoredEpisode]) -> None:
+            # runs on the loop before the awaiting coroutine resumes, in commit order
+            self._ending.pop(episode.id, None)
+            if commit.cancelled() or commit.exception() is not None:
+                self._reattach(episode)
+            else:
+                self._ended(stored, episode)
+
+        done.add_done_callback(settle)
+        return await asyncio.shield(done)
 
     def prepare(self, episode_id: str, body: EpisodePrepare) -> StoredEpisode:
         """Phase one of a multi-server finish: end the episode as ``prepared`` with its reward and
@@ -266,12 +323,23 @@ class OpenEpisodes:
         Raises:
             Exception: whatever the pool raises; the episode then stays open (a finish may be retried).
         """
-        # Remove the key first: from here on no call can be added to this episode.
+        stored = self._detach(episode, status, **fields)
+        try:
+            self.pool.add(stored, episode.calls)
+        except BaseException:
+            self._reattach(episode)  # nothing is lost: the client may retry finish
+            raise
+        self._ended(stored, episode)
+        return stored
+
+    def _detach(self, episode: OpenEpisode, status: EpisodeStatus, **fields: Any) -> StoredEpisode:
+        """Take ``episode`` out of the tables (its key stops working at once: no call can be added to it
+        from here on) and build its stored form."""
         self._by_key.pop(episode.key_digest, None)
         self._open.pop(episode.id, None)
         self._owned(episode, -1)
         req = episode.request
-        stored = StoredEpisode(
+        return StoredEpisode(
             id=episode.id,
             task_id=req.task_id,
             client_id=req.client_id,
@@ -286,18 +354,19 @@ class OpenEpisodes:
             key_digest=episode.key_digest,
             **fields,
         )
-        try:
-            self.pool.add(stored, episode.calls)
-        except BaseException:
-            # Nothing is lost: the episode stays open and the client may retry finish.
-            self._open[episode.id] = episode
-            self._by_key[episode.key_digest] = episode.id
-            self._owned(episode, +1)
-            raise
-        for generation in episode.sampling:  # its calls can no longer be recorded: stop sampling them
+
+    def _reattach(self, episode: OpenEpisode) -> None:
+        """Put a detached episode back (its commit failed)."""
+        self._open[episode.id] = episode
+        self._by_key[episode.key_digest] = episode.id
+        self._owned(episode, +1)
+
+    def _ended(self, stored: StoredEpisode, episode: OpenEpisode) -> None:
+        """After the commit: stop sampling its calls in flight (they can no longer be recorded), tell the
+        listeners and log the event."""
+        for generation in episode.sampling:
             generation.cancel()
         self._announce(stored, episode.calls)
-        return stored
 
     def _announce(self, stored: StoredEpisode, calls: list[CallRecord]) -> None:
         """Tell the on-end listeners and log ``episode.<status>``."""

@@ -12,8 +12,11 @@ What is the same as FastAPI's handler, by construction:
 - the route itself (path, OpenAPI document, status code, response model and its JSON serialisation:
   FastAPI's ``serialize_response`` with the route's settings, and the route's ``Response`` parameter's
   headers);
-- every parameter is validated by the same FastAPI field (``ModelField.validate``) on the same input (the
-  body through ``json.loads``, as ``Request.json`` does);
+- every path and header parameter is validated by the same FastAPI field (``ModelField.validate``); the
+  body by its own pydantic model, parsed and validated in one pass from the raw bytes
+  (``model_validate_json``; FastAPI parses with ``json.loads`` first and validates the result, which
+  gives the same model for every body both accept, and a body only one of them accepts is refused here
+  and handed to FastAPI, see below);
 - dependencies run in declaration order, sub-dependencies first, once per request each (FastAPI's cache).
 
 What falls back to FastAPI's handler, on the same request (its body is cached by Starlette): a route with
@@ -28,7 +31,6 @@ propagate as with FastAPI (the app's exception handlers answer them).
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -83,6 +85,8 @@ class _Plan:
     path: list[tuple[str, Any]] = field(default_factory=list)
     headers: list[tuple[str, str, Any]] = field(default_factory=list)
     body: Any = None
+    body_model: type[BaseModel] = BaseModel
+    """The body's model class (when :attr:`body` is set)."""
     request_name: str | None = None
     connection_name: str | None = None
     response_name: str | None = None
@@ -128,6 +132,7 @@ class _Plan:
             ):
                 return None
             plan.body = body
+            plan.body_model = annotation
         for sub in dependant.dependencies:
             sub_plan = cls.of(sub, top=False)
             if sub_plan is None or not sub.use_cache:
@@ -162,7 +167,7 @@ class _Plan:
             raw = request.headers.get(key)
             values[name] = None if raw is None else _validated(param, raw, ("header", key))
         if self.body is not None:
-            values[self.body.name] = _validated(self.body, body, ("body",))
+            values[self.body.name] = body
         if self.request_name is not None:
             values[self.request_name] = request
         if self.connection_name is not None:
@@ -251,9 +256,9 @@ class LeanRoute(APIRoute):
                     ) from exc
                 if not raw or not _is_json(request.headers.get("content-type")):
                     return None
-                try:
-                    body = json.loads(raw)
-                except ValueError:
+                try:  # parsed and validated in one pass (pydantic's JSON mode)
+                    body = plan.body_model.model_validate_json(raw)
+                except ValueError:  # not JSON, not UTF-8 or not valid: FastAPI answers
                     return None
             sub_response = Response()
             del sub_response.headers["content-length"]
@@ -298,24 +303,28 @@ class _HotRoute:
 
 
 class HotRoutes:
-    """ASGI layer in front of the app's router (inside its exception middleware) that serves the named
-    `LeanRoute` routes without the router's matching and per-route wrappers.
+    """The hot `LeanRoute` routes of an app, matched and served ahead of its router and its middleware
+    (`swarm.server.app.SwarmApp` calls it from the outside; docs/ARCHITECTURE.md §Hot routes).
 
     A route joins once the router has routed a request to it (its lean handler registers it), and only
     when its ``(method, path format)`` is in ``paths``: those must be routes no earlier route of the app
-    shadows (the router would pick the earlier one). A request of a joined route is served by its plan;
-    one the plan leaves to FastAPI (invalid, unusual, a wrong credential) goes through the router with
-    its body replayed, so it is answered exactly as before. Everything else goes to the router.
+    shadows (the router would pick the earlier one). :meth:`match` finds the joined route of a request;
+    :meth:`endpoint` is the ASGI app that serves it with the route's plan and answers ``None`` when the
+    plan leaves the request to FastAPI (invalid, unusual, a wrong credential): the caller then hands the
+    request, its body replayed (:func:`replayed`), to the whole app, so it is answered exactly as before.
 
     Args:
-        app: the router (what the app's middleware would otherwise call).
         paths: ``("POST", "/v1/chat/completions")``-style pairs that may take the shortcut.
     """
 
     SCOPE_KEY = "swarm.hot_routes"
+    """Where a request routed by the router carries this object (a lean handler registers its route)."""
+    MATCH_KEY = "swarm.hot_route"
+    """Where :meth:`endpoint` finds the matched route and the path's values."""
+    DECLINED_KEY = "swarm.hot_route_declined"
+    """Where :meth:`endpoint` leaves the request's body when the plan declined the request."""
 
-    def __init__(self, app: ASGIApp, paths: frozenset[tuple[str, str]]) -> None:
-        self.app = app
+    def __init__(self, paths: frozenset[tuple[str, str]]) -> None:
         self.paths = paths
         self.routes: list[tuple[str, _HotRoute]] = []
 
@@ -326,34 +335,40 @@ class HotRoutes:
             if key in self.paths and all((m, r.path_format) != key for m, r in self.routes):
                 self.routes.append((method, route))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope.get("root_path"):
-            method, path = scope["method"], scope["path"]
-            for route_method, route in self.routes:
-                if method == route_method and (match := route.regex.match(path)) is not None:
-                    await self._serve(route, match, scope, receive, send)
-                    return
-        scope[self.SCOPE_KEY] = self
-        await self.app(scope, receive, send)
+    def match(self, scope: Scope) -> tuple[_HotRoute, re.Match[str]] | None:
+        """The joined route an HTTP request goes to, with its path match (``None``: none, or the request
+        has a root path, which the router would strip first)."""
+        if scope["type"] != "http" or scope.get("root_path"):
+            return None
+        method, path = scope["method"], scope["path"]
+        for route_method, route in self.routes:
+            if method == route_method and (found := route.regex.match(path)) is not None:
+                return route, found
+        return None
 
-    async def _serve(
-        self, route: _HotRoute, match: re.Match[str], scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        params = {key: route.convertors[key].convert(value) for key, value in match.groupdict().items()}
+    async def endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI app: serve the route in ``scope[MATCH_KEY]``; when its plan declines, send nothing and put
+        the body read so far in ``scope[DECLINED_KEY]``."""
+        route, found = scope.pop(self.MATCH_KEY)
+        params = {key: route.convertors[key].convert(value) for key, value in found.groupdict().items()}
         scope["path_params"] = {**scope.get("path_params", {}), **params}
         request = Request(scope, receive, send)
         response = await route.serve(request)
         if response is not None:
             await response(scope, receive, send)
             return
-        body = await request.body()  # read already, or empty: replayed to the router
-        replayed = False
+        scope[self.DECLINED_KEY] = await request.body()  # read already, or empty
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+def replayed(body: bytes, receive: Receive) -> Receive:
+    """``receive`` that first answers ``body`` as the whole request body (already read from ``receive``)."""
+    done = False
+
+    async def replay() -> Message:
+        nonlocal done
+        if not done:
+            done = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

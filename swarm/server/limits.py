@@ -119,10 +119,20 @@ class BodySizeLimit:
         if limit is None:
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _too_large(scope, send, limit)
-            return
+        declared = None
+        chunked = False
+        for name, value in scope.get("headers") or ():
+            if name == b"content-length":
+                declared = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        if declared is not None and declared.isdigit():
+            if int(declared) > limit:
+                await _too_large(scope, send, limit)
+                return
+            if not chunked:  # the server delivers exactly the declared length: nothing to count
+                await self.app(scope, receive, send)
+                return
         seen = 0
 
         async def counted() -> Message:

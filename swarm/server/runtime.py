@@ -47,6 +47,7 @@ from swarm.server.episodes import OpenEpisode, OpenEpisodes
 from swarm.server.events import EventLog
 from swarm.server.limits import RequestRates, check_chat_request
 from swarm.server.phase import Phase
+from swarm.server.pool_writer import PoolWriter
 from swarm.server.training import TrainingLoop
 from swarm.server.transactions import resolve_stale
 from swarm.tracking.merge import build_samples
@@ -89,7 +90,10 @@ class SwarmRuntime:
         self.detokenizer = TokenizerDetokenizer(self.tokenizer)
         self.pool = Pool(run_dir / "pool.db")
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.episodes = OpenEpisodes(self.pool, self.events, timeout_s=config.episode_timeout_s)
+        self.writer = PoolWriter(self.pool)
+        self.episodes = OpenEpisodes(
+            self.pool, self.events, timeout_s=config.episode_timeout_s, writer=self.writer
+        )
         training = config.training
         self.phase = Phase(asynchronous=training.enabled and training.max_staleness is not None)
         self.training: TrainingLoop | None = None
@@ -114,6 +118,8 @@ class SwarmRuntime:
         self.limits: Limits = config.limits
         """The limits in force (replaced whole by :meth:`set_limits`)."""
         self.rates = RequestRates()
+        self.base_urls: dict[tuple[Any, ...], str] = {}
+        """OpenAI base URLs handed out at begin, by the request parts they are built from (a memo)."""
         self.events.emit("server.started", f"serving {self.model_name}", model=self.model_name)
         for warning in self.exposure_warnings():
             log.warning(warning)
@@ -141,6 +147,7 @@ class SwarmRuntime:
     def close(self) -> None:
         if self._owns_engine:
             self.engine.close()
+        self.writer.close()  # commits every finish still queued before the pool closes
         self.pool.close()
         self.events.close()
 
@@ -257,9 +264,10 @@ class SwarmRuntime:
         self.episodes.heartbeat(episode_id)
         self.touch_client(self.episodes.require(episode_id).request.client_id)
 
-    def finish(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
-        """End an episode with its reward (`OpenEpisodes.finish`)."""
-        stored = self.episodes.finish(episode_id, body)
+    async def finish(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
+        """End an episode with its reward; returns once it is committed to the pool
+        (`OpenEpisodes.finish_committed`: the commit runs on the pool writer's thread)."""
+        stored = await self.episodes.finish_committed(episode_id, body)
         self.touch_client(stored.client_id)
         return stored
 
@@ -317,7 +325,7 @@ class SwarmRuntime:
 
     def view(self, episode_id: str) -> EpisodeView:
         """The token-level record of an open or ended episode, with its merged samples."""
-        open_episode = self.episodes.get(episode_id)
+        open_episode = self.episodes.get(episode_id) or self.episodes.ending(episode_id)
         if open_episode is not None:
             req = open_episode.request
             calls = list(open_episode.calls)

@@ -1,0 +1,120 @@
+"""`SwarmHttpProtocol` sends each response in one socket write, and the same bytes as uvicorn's own."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from swarm.server.http_protocol import http_protocol
+from tests.conftest import free_port
+
+
+async def _json(request: Request) -> Response:
+    return JSONResponse({"echo": (await request.body()).decode(), "ok": True})
+
+
+async def _empty(request: Request) -> Response:
+    return Response(status_code=204)
+
+
+async def _stream(request: Request) -> Response:
+    async def chunks() -> Any:
+        for i in range(3):
+            yield f"data: {i}\n\n".encode()
+            await asyncio.sleep(0.01)
+
+    return StreamingResponse(chunks(), media_type="text/event-stream")
+
+
+APP = Starlette(
+    routes=[Route("/json", _json, methods=["POST"]), Route("/empty", _empty), Route("/s", _stream)]
+)
+REQUEST = (
+    b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    b"GET /empty HTTP/1.1\r\nhost: x\r\n\r\n"
+    b"GET /s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+)
+
+
+def _serve(http: Any) -> Iterator[int]:
+    port = free_port()
+    config = uvicorn.Config(APP, port=port, loop="asyncio", http=http, log_level="warning", date_header=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _exchange(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(REQUEST)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every write the server makes on an asyncio socket transport."""
+    from asyncio import selector_events
+
+    seen: list[bytes] = []
+    original = selector_events._SelectorSocketTransport.write
+
+    def counting(self: Any, data: Any) -> None:
+        seen.append(bytes(data))
+        original(self, data)
+
+    monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", counting)
+    return seen
+
+
+def test_each_response_goes_out_in_one_write_with_the_same_bytes(writes: list[bytes]) -> None:
+    for port in _serve("httptools"):
+        expected = _exchange(port)
+    plain = list(writes)
+    writes.clear()
+    for port in _serve(http_protocol()):
+        got = _exchange(port)
+    assert got == expected and b'{"echo":"{}","ok":true}' in got and b"data: 2" in got
+    assert b"".join(writes) == b"".join(plain)
+    # uvicorn writes each head apart from its body (an empty one for 204) or first chunk: 2 + 2 + (1 + 3 + 1)
+    assert len(plain) == 9 and len(writes) == 6
+    assert writes[0].startswith(b"HTTP/1.1 200") and writes[0].endswith(b'{"echo":"{}","ok":true}')
+    assert writes[1].startswith(b"HTTP/1.1 204") and writes[1].endswith(b"\r\n\r\n")
+    assert writes[2].startswith(b"HTTP/1.1 200") and writes[2].endswith(b"data: 0\n\n\r\n")
+
+
+def test_a_head_nothing_follows_goes_out_at_the_end_of_the_turn() -> None:
+    """The interim ``100 Continue`` is a head with no body after it: the client gets it without sending
+    anything more, then sends its body and gets the answer."""
+    for port in _serve(http_protocol()):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(
+                b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nexpect: 100-continue\r\n"
+                b"connection: close\r\n\r\n"
+            )
+            assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            sock.sendall(b"{}")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"echo":"{}","ok":true}')
