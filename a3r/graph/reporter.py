@@ -134,7 +134,12 @@ def _best_conclusion(
     if len(ranked) < 2:
         return f"unconfirmed: {text}; only one configuration was evaluated", FindingStatus.unconfirmed
     outcomes = state.get("outcomes", [])
-    lead = two_sample_effect(seed_means(outcomes, best.value), seed_means(outcomes, ranked[1].value))
+    lead = two_sample_effect(
+        seed_means(outcomes, best.value),
+        seed_means(outcomes, ranked[1].value),
+        unit="seeds",
+        sides=(f"for {variable} = {best.value:g}", f"for {variable} = {ranked[1].value:g}"),
+    )
     status = FindingStatus.confirmed if lead.verdict is EffectVerdict.confirmed else FindingStatus.unconfirmed
     return (
         f"{status.value}: {text}; lead over {variable} = {ranked[1].value:g}: {lead.describe(verdict=False)}",
@@ -153,10 +158,11 @@ def _comparison_conclusion(
     a, b = plan.sweep.coarse[0], plan.sweep.coarse[1]
     outcomes = state.get("outcomes", [])
     arm_a, arm_b = seed_means(outcomes, a), seed_means(outcomes, b)
-    effect = two_sample_effect(arm_b, arm_a)
+    side_a, side_b = f"for {variable} = {a:g}", f"for {variable} = {b:g}"
+    effect = two_sample_effect(arm_b, arm_a, unit="seeds", sides=(side_b, side_a))
     head = f"{variable} {b:g} vs {a:g}: held-out mean reward {_mean_text(arm_b)} vs {_mean_text(arm_a)}"
     if goal == "effect_of" and math.isfinite(effect.estimate) and effect.estimate < 0:
-        drop = two_sample_effect(arm_a, arm_b)
+        drop = two_sample_effect(arm_a, arm_b, unit="seeds", sides=(side_a, side_b))
         if drop.verdict is EffectVerdict.confirmed:
             return (
                 f"confirmed: changing {variable} from {a:g} to {b:g} lowers the held-out mean reward; {head}; "
@@ -169,7 +175,7 @@ def _comparison_conclusion(
     if (
         goal == "effect_of"
         and status is FindingStatus.refuted
-        and two_sample_effect(arm_a, arm_b).verdict is not EffectVerdict.refuted
+        and two_sample_effect(arm_a, arm_b, unit="seeds").verdict is not EffectVerdict.refuted
     ):
         status = FindingStatus.unconfirmed
     what = (
@@ -183,7 +189,7 @@ def _comparison_conclusion(
 def _mean_text(values: list[float]) -> str:
     if not values:
         return "n/a (0 seeds)"
-    return f"{statistics.fmean(values):.3f} ({len(values)} seeds)"
+    return f"{statistics.fmean(values):.3f} ({len(values)} seed{'s' if len(values) != 1 else ''})"
 
 
 def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> str:

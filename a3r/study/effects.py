@@ -126,7 +126,7 @@ class Effect(BaseModel):
             else ""
         )
         if not math.isfinite(self.estimate):
-            return f"{head}{self.note or 'no estimate'}{settle}"
+            return f"{head}not estimated: {self.note or 'no value to estimate it from'}{settle}"
         units = f"{self.n} {self.unit if self.n != 1 else self.unit.rstrip('s')}"
         if self.unit == "steps" and math.isfinite(self.autocorrelation):
             units += f", lag-1 autocorrelation taken as {max(self.autocorrelation, 0.0):.2f} → n_eff {self.n_eff:.1f}"
@@ -422,17 +422,38 @@ def seed_effect(
 
 
 def two_sample_effect(
-    after: Sequence[float], before: Sequence[float], *, min_effect: float | None = None
+    after: Sequence[float],
+    before: Sequence[float],
+    *,
+    min_effect: float | None = None,
+    unit: Unit = "episodes",
+    sides: tuple[str, str] = ("after", "before"),
 ) -> Effect:
-    """Mean of ``after`` minus mean of ``before`` over independent episodes (e.g. held-out rewards
-    after vs before training): Welch's t interval with the Welch–Satterthwaite degrees of freedom
-    (B. L. Welch 1947, "The generalization of 'Student's' problem when several different population
-    variances are involved", Biometrika 34:28). σ is the pooled standard deviation.
+    """Mean of ``after`` minus mean of ``before`` over independent replicates (e.g. held-out rewards
+    after vs before training over episodes, or two arms' per-seed means over seeds): Welch's t
+    interval with the Welch–Satterthwaite degrees of freedom (B. L. Welch 1947, "The generalization of
+    'Student's' problem when several different population variances are involved", Biometrika 34:28).
+    σ is the pooled standard deviation.
+
+    Args:
+        after: The first sample, shape (n_a,).
+        before: The second sample, shape (n_b,).
+        min_effect: Override of the minimum effect.
+        unit: What one value is (an episode's reward, a seed's mean).
+        sides: Names of the two samples, for the note when one has fewer than 2 values.
+
+    Returns:
+        The effect; unconfirmed and not estimated when a side has fewer than 2 finite values (the
+        note says how many each side has).
     """
     a = [v for v in after if math.isfinite(v)]
     b = [v for v in before if math.isfinite(v)]
     if len(a) < 2 or len(b) < 2:
-        return _undecided(len(a) + len(b), "episodes", "an interval needs at least 2 episodes on each side")
+        one = unit.rstrip("s")
+        counts = f"{len(a)} {one if len(a) == 1 else unit} {sides[0]} and {len(b)} {sides[1]}"
+        return _undecided(
+            len(a) + len(b), unit, f"{counts}, but an interval needs at least 2 {unit} on each side"
+        )
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
     df_den = (va * va / (len(a) - 1)) + (vb * vb / (len(b) - 1))
@@ -446,7 +467,7 @@ def two_sample_effect(
         se=se,
         df=df,
         n=len(a) + len(b),
-        unit="episodes",
+        unit=unit,
         n_eff=float(len(a) + len(b)),
         noise_sd=pooled,
         min_effect=min_effect,

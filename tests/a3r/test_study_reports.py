@@ -1,0 +1,70 @@
+"""What a finished study says: the reporter node, on a real store, over recorded run outcomes of an
+offline-planned study (A-vs-B, effect-of, best, min-stable and vibe): its conclusion, its findings
+and its Markdown report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.runtime import Runtime
+
+from a3r.graph.reporter import reporter
+from a3r.study.analysis import RewardSummary
+from a3r.study.runs import RunOutcome
+from memory import Store
+from tests.a3r.planner_states import offline_context, preflight_state
+
+BASELINE = RewardSummary(tasks=8, episodes=32, mean_reward=0.3, pass_at_1=0.3, pass_at_2=0.45)
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store(tmp_path / "memory.db") as opened:
+        yield opened
+
+
+def _sweep(value: float, seed: int, held_out: float, curve: list[float] | None = None) -> RunOutcome:
+    """A finished sweep run of ``value`` on ``seed`` whose held-out evaluation scored ``held_out``."""
+    rewards = [held_out + d for d in (-0.1, 0.1, -0.05, 0.05)]
+    return RunOutcome(
+        key=f"coarse-v={value:g}-s{seed}",
+        run_id=0,
+        purpose="sweep",
+        seed=seed,
+        value=value,
+        status="finished",
+        reason="",
+        steps=4,
+        curve=[(i + 1, v) for i, v in enumerate(curve or [0.3, 0.32, 0.35, 0.36])],
+        eval=RewardSummary(
+            tasks=2, episodes=4, mean_reward=held_out, pass_at_1=held_out, pass_at_2=held_out, rewards=rewards
+        ),
+    )
+
+
+def _report(tmp_path: Path, store: Store, question: str, runs: list[RunOutcome]) -> tuple[str, str]:
+    """Run the reporter on ``question``'s study after ``runs``: its conclusion and its report's text."""
+    state: dict[str, Any] = preflight_state(store, question, BASELINE)
+    experiment = store.create_experiment(state["study_id"], "runs")
+    recorded = [o.model_copy(update={"run_id": store.start_run(experiment.id, name=o.key).id}) for o in runs]
+    state |= {
+        "outcomes": [*state["outcomes"], *recorded],
+        "baseline": BASELINE,
+        "workspace": str(tmp_path / "ws"),
+    }
+    result = reporter(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+    return str(result["conclusion"]), Path(str(result["report"])).read_text(encoding="utf-8")
+
+
+def test_a_comparison_with_one_seed_per_arm_says_what_is_missing(tmp_path: Path, store: Store) -> None:
+    conclusion, _ = _report(
+        tmp_path, store, "arithmetic: lr 1e-4 vs 1e-3", [_sweep(1e-4, 0, 0.3), _sweep(1e-3, 0, 0.5)]
+    )
+    assert conclusion.startswith("unconfirmed: lr = 0.001 beats 0.0001?")
+    assert (
+        "effect not estimated: 1 seed for lr = 0.001 and 1 for lr = 0.0001, but an interval needs at least "
+        "2 seeds on each side" in conclusion
+    )
