@@ -561,11 +561,19 @@ def stability_margin(
     tails = [[v for _, v in o.curve[-criterion.last_k :]] for o in outcomes if o.curve]
     if not tails:
         return None
+    basis = (
+        f"a non-inferiority margin: the threshold already allows the pre-registered δ = {criterion.delta:g}"
+    )
     if len(tails) == 1:
-        return level_effect(tails[0], threshold, min_effect=0.0)
+        return level_effect(tails[0], threshold, min_effect=0.0, min_effect_basis=basis)
     spreads = [statistics.variance([v for _, v in o.curve]) for o in outcomes if len(o.curve) >= 2]
     noise = math.sqrt(statistics.fmean(spreads)) if spreads else None
-    return seed_effect([statistics.fmean(t) - threshold for t in tails], noise_sd=noise, min_effect=0.0)
+    return seed_effect(
+        [statistics.fmean(t) - threshold for t in tails],
+        noise_sd=noise,
+        min_effect=0.0,
+        min_effect_basis=basis,
+    )
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -68,3 +68,28 @@ def test_a_comparison_with_one_seed_per_arm_says_what_is_missing(tmp_path: Path,
         "effect not estimated: 1 seed for lr = 0.001 and 1 for lr = 0.0001, but an interval needs at least "
         "2 seeds on each side" in conclusion
     )
+
+
+def test_the_printed_minimum_effect_is_the_one_the_verdict_used(tmp_path: Path, store: Store) -> None:
+    # One seed per value: the stability margin is judged over the last k steps of the run, against a
+    # threshold (baseline − δ) that already allows the tolerance δ, so its minimum effect is 0, not 0.5 σ.
+    runs = [_sweep(v, 0, 0.3, [0.3, 0.35, 0.4, 0.38, 0.42, 0.41]) for v in (1, 2, 4, 8)]
+    _, report = _report(tmp_path, store, "find min stable batch size on arithmetic", runs)
+    margins = [line for line in report.splitlines() if "margin over the threshold" in line]
+    assert margins and "= 0.5 σ" not in "".join(margins)
+    assert (
+        "minimum effect 0.000 (a non-inferiority margin: the threshold already allows the pre-registered δ"
+        in (margins[0])
+    )
+    assert "noise σ = " in margins[0]
+
+
+def test_a_tiny_minimum_effect_is_not_printed_as_zero() -> None:
+    from a3r.study.effects import MIN_EFFECT_SD, step_effect
+
+    effect = step_effect([0.0, 1e-4, 3e-4, 2e-4, 5e-4, 4e-4])
+    assert 0 < effect.min_effect < 5e-4
+    text = effect.describe()
+    assert (
+        f"minimum effect {effect.min_effect:.2g} (= {MIN_EFFECT_SD:g} σ, σ = {effect.noise_sd:.2g})" in text
+    )
