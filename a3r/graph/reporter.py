@@ -13,12 +13,18 @@ from langgraph.runtime import Runtime
 from a3r.graph.context import RunContext
 from a3r.graph.records import config_identity, ensure_finding
 from a3r.graph.state import ResearchState, first_hypothesis
-from a3r.study.analysis import DiagnosisKind, part_roles
+from a3r.study.analysis import DiagnosisKind, on_shared_tasks, part_roles, task_span
 from a3r.study.design import STABLE_CONFIRM_SEEDS, ranked_by_held_out, seed_means
 from a3r.study.effects import LEVEL, Effect, EffectVerdict, curve_effect, two_sample_effect
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
-from a3r.study.research import ConfigVerdict, min_stable_value, non_monotone, verdicts
+from a3r.study.research import (
+    ConfigVerdict,
+    compared_tasks_text,
+    min_stable_value,
+    non_monotone,
+    verdicts,
+)
 from a3r.study.runs import RunOutcome
 from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
@@ -48,15 +54,27 @@ def train_effect(outcomes: list[RunOutcome]) -> Effect:
     return curve_effect(curves, can_learn=not why, why_not=why)
 
 
-def held_out_effect(state: ResearchState) -> Effect | None:
+def held_out_effect(state: ResearchState) -> tuple[Effect, str] | None:
     """Held-out mean reward after training minus before (the smoke run's evaluation), over episodes
-    (`a3r.study.effects.two_sample_effect`); ``None`` without both evaluations."""
+    (`a3r.study.effects.two_sample_effect`), on the held-out tasks both evaluations ran
+    (`a3r.study.analysis.on_shared_tasks`); ``None`` without both evaluations.
+
+    Returns:
+        The effect and which tasks it compares, in a few words.
+    """
     outcomes = state.get("outcomes", [])
     before = next((o.eval for o in outcomes if o.purpose == "smoke" and o.eval is not None), None)
     after = next((o.eval for o in reversed(outcomes) if o.purpose == "train" and o.eval is not None), None)
     if before is None or after is None:
         return None
-    return two_sample_effect(after.rewards, before.rewards)
+    (after_on, before_on), tasks = on_shared_tasks([after, before])
+    if tasks is None:
+        where = f"before on {before.tasks} task(s), after on {after.tasks} (not recorded per task)"
+    else:
+        where = f"on the {len(tasks)} held-out task(s) both evaluations ran: {task_span(tasks)}"
+        if before.tasks != len(tasks) or after.tasks != len(tasks):
+            where += f"; before ran {before.tasks}, after {after.tasks}"
+    return two_sample_effect(after_on.rewards, before_on.rewards), where
 
 
 _CONFIDENCE_OF = {
@@ -85,7 +103,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         f"steps of {state['plan'].template} on {len(seeds)} seed(s): {effect.describe(verdict=False)}{change}"
     )
     if held is not None:
-        statement += f". Held-out mean reward after − before training: {held.describe()}"
+        statement += f". Held-out mean reward after − before training ({held[1]}): {held[0].describe()}"
     ensure_finding(
         ctx,
         study_id,
@@ -93,7 +111,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         evidence={
             "curve": curve,
             "effect": effect.model_dump(),
-            "held_out_effect": held.model_dump() if held else None,
+            "held_out_effect": held[0].model_dump() if held else None,
         },
         confidence=_CONFIDENCE_OF[effect.verdict],
         status=FindingStatus(effect.verdict.value),
@@ -235,10 +253,13 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
         return "unconfirmed: no sweep run finished; no conclusion"
     all_ids = [i for c in configs for i in c.run_ids if i in own]
     seeds = sorted({s for c in configs for s in c.seeds})
-    if plan.sweep.goal == "best":
-        statement, status = _best_conclusion(state, configs, variable)
-    elif plan.sweep.goal in ("a_vs_b", "effect_of"):
-        statement, status = _comparison_conclusion(state, configs, variable, plan.sweep.goal)
+    if plan.sweep.goal in ("best", "a_vs_b", "effect_of"):
+        if plan.sweep.goal == "best":
+            statement, status = _best_conclusion(state, configs, variable)
+        else:
+            statement, status = _comparison_conclusion(state, configs, variable, plan.sweep.goal)
+        compared = compared_tasks_text(outcomes)
+        statement += f". Compared on the same tasks: {compared}" if compared else ""
     else:
         statement, status = _min_stable_conclusion(configs, variable)
     ensure_finding(
@@ -354,7 +375,7 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         patches=ctx.store.patches(study_id),
         conclusion=conclusion,
         reward_parts=tuple(part_roles(plan.template)),
-        notes=[note for note in (state.get("sizing"),) if note]
+        notes=[note for note in (state.get("sizing"), compared_tasks_text(outcomes, baseline)) if note]
         + [f"reused the runs of prior {p.cite()}" for p in state.get("priors") or []],
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))

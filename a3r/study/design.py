@@ -34,6 +34,7 @@ from a3r.study.effects import LEVEL, MIN_EFFECT_SD
 from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
 from a3r.study.research import (
     ConfigVerdict,
+    compared_evals,
     estimate_run_s,
     fit_budget,
     min_stable_value,
@@ -194,14 +195,13 @@ def coarse_values(plan: PlanDraft, priors: Sequence[PriorFinding]) -> list[float
 
 
 def seed_means(outcomes: Sequence[RunOutcome], value: float) -> list[float]:
-    """Held-out mean reward of each evaluated sweep run of ``value`` (one number per seed)."""
+    """Held-out mean reward of each evaluated sweep run of ``value`` (one number per seed), over the
+    held-out tasks every evaluated sweep run of ``outcomes`` ran (`compared_evals`)."""
+    shared, _ = compared_evals(outcomes)
     return [
-        o.eval.mean_reward
-        for o in outcomes
-        if o.purpose == "sweep"
-        and o.value == value
-        and o.eval is not None
-        and math.isfinite(o.eval.mean_reward)
+        e.mean_reward
+        for i, e in sorted(shared.items())
+        if outcomes[i].value == value and math.isfinite(e.mean_reward)
     ]
 
 

@@ -508,13 +508,13 @@ def _evaluate(
         signal = None
     # An attempt that failed (time limit, error) is an incorrect attempt: limits are part of the evaluation.
     failed = [r for r in records if r.status != "finished" or r.reward is None]
-    groups: dict[tuple[int, str], list[float]] = {}
+    groups: dict[str, list[float]] = {}  # one evaluation is one round (its file is new): by task id
     for record in records:
         reward = record.reward if record.status == "finished" and record.reward is not None else 0.0
-        groups.setdefault((record.round, record.task_id), []).append(reward)
+        groups.setdefault(record.task_id, []).append(reward)
     note = _failure_note(failed, len(records)) if failed else ""
     note += f": {cuts}" if cuts else ""
-    return _Evaluation(summarise_rewards(groups), note, elapsed, signal)
+    return _Evaluation(summarise_rewards(groups, keep_tasks=True), note, elapsed, signal)
 
 
 def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recorder) -> ServerHandle:

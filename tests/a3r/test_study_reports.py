@@ -12,7 +12,8 @@ import pytest
 from langgraph.runtime import Runtime
 
 from a3r.graph.reporter import reporter
-from a3r.study.analysis import RewardSummary
+from a3r.providers import OfflineProvider
+from a3r.study.analysis import RewardSummary, summarise_rewards
 from a3r.study.runs import RunOutcome
 from memory import Store
 from tests.a3r.planner_states import offline_context, preflight_state
@@ -26,8 +27,20 @@ def store(tmp_path: Path) -> Iterator[Store]:
         yield opened
 
 
-def _sweep(value: float, seed: int, held_out: float, curve: list[float] | None = None) -> RunOutcome:
-    """A finished sweep run of ``value`` on ``seed`` whose held-out evaluation scored ``held_out``."""
+def _held_out(rewards: dict[str, float]) -> RewardSummary:
+    """A held-out evaluation of two attempts per task, both scoring the task's reward ± 0.05."""
+    return summarise_rewards({task: [r - 0.05, r + 0.05] for task, r in rewards.items()}, keep_tasks=True)
+
+
+def _sweep(
+    value: float,
+    seed: int,
+    held_out: float,
+    curve: list[float] | None = None,
+    evaluation: RewardSummary | None = None,
+) -> RunOutcome:
+    """A finished sweep run of ``value`` on ``seed`` whose held-out evaluation scored ``held_out`` (or
+    is ``evaluation``)."""
     rewards = [held_out + d for d in (-0.1, 0.1, -0.05, 0.05)]
     return RunOutcome(
         key=f"coarse-v={value:g}-s{seed}",
@@ -39,7 +52,8 @@ def _sweep(value: float, seed: int, held_out: float, curve: list[float] | None =
         reason="",
         steps=4,
         curve=[(i + 1, v) for i, v in enumerate(curve or [0.3, 0.32, 0.35, 0.36])],
-        eval=RewardSummary(
+        eval=evaluation
+        or RewardSummary(
             tasks=2, episodes=4, mean_reward=held_out, pass_at_1=held_out, pass_at_2=held_out, rewards=rewards
         ),
     )
@@ -93,3 +107,61 @@ def test_a_tiny_minimum_effect_is_not_printed_as_zero() -> None:
     assert (
         f"minimum effect {effect.min_effect:.2g} (= {MIN_EFFECT_SD:g} σ, σ = {effect.noise_sd:.2g})" in text
     )
+
+
+def test_arms_are_compared_on_the_held_out_tasks_all_of_them_ran(tmp_path: Path, store: Store) -> None:
+    # lr = 1e-4 ran all 8 held-out tasks (5 easy ones among them), lr = 1e-3 only the first 3: over
+    # those 3, 1e-3 scores 0.4 and 1e-4 0.2, although 1e-4's mean over its 8 tasks is 0.7.
+    wide = {f"h{i}": 0.2 if i < 3 else 1.0 for i in range(8)}
+    runs = [
+        _sweep(1e-4, s, 0, evaluation=_held_out({t: r + 0.01 * s for t, r in wide.items()})) for s in (0, 1)
+    ]
+    runs += [
+        _sweep(1e-3, s, 0, evaluation=_held_out({f"h{i}": 0.4 + 0.01 * s for i in range(3)})) for s in (0, 1)
+    ]
+    conclusion, report = _report(tmp_path, store, "arithmetic: lr 1e-4 vs 1e-3", runs)
+    assert "held-out mean reward 0.405 (2 seeds) vs 0.205 (2 seeds)" in conclusion
+    compared = (
+        "held-out numbers of the configurations are over the 3 task(s) every evaluated run ran (h0, h1, h2); "
+        "runs that evaluated 8 tasks are compared on these only"
+    )
+    assert f"Compared on the same tasks: {compared}" in conclusion
+    assert f"- {compared}; the untrained baseline (preflight) ran 8 tasks" in report
+    assert "| 0.0001 | [0, 1] |" in report and "| 0.205 |" in report  # the table too: 3 tasks, not 8
+
+
+def test_before_and_after_training_compare_the_same_held_out_tasks(tmp_path: Path, store: Store) -> None:
+    study = store.create_study("train arithmetic", kind="vibe")
+    experiment = store.create_experiment(study.id, "runs")
+    before = _held_out({f"h{i}": 0.2 if i < 3 else 1.0 for i in range(8)})
+    after = _held_out({f"h{i}": 0.5 for i in range(3)})
+    runs = [
+        RunOutcome(key="smoke", run_id=0, purpose="smoke", status="finished", reason="", eval=before),
+        RunOutcome(
+            key="train-s0",
+            run_id=0,
+            purpose="train",
+            status="finished",
+            reason="",
+            steps=4,
+            curve=[(1, 0.2), (2, 0.3), (3, 0.35), (4, 0.5)],
+            eval=after,
+        ),
+    ]
+    state: dict[str, Any] = {
+        "request": study.question,
+        "mode": "vibe",
+        "study_id": study.id,
+        "plan": OfflineProvider().plan(study.question, mode="vibe"),
+        "outcomes": [
+            o.model_copy(update={"run_id": store.start_run(experiment.id, name=o.key).id}) for o in runs
+        ],
+        "workspace": str(tmp_path / "ws"),
+    }
+    result = reporter(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+    conclusion = str(result["conclusion"])
+    held = conclusion.split("Held-out mean reward after − before training ", 1)[1]
+    assert held.startswith(
+        "(on the 3 held-out task(s) both evaluations ran: h0, h1, h2; before ran 8, after 3): "
+    )
+    assert "+0.300 (95% CI" in held  # 0.5 − 0.2 over h0..h2, not 0.5 − 0.7 over different tasks
