@@ -210,6 +210,24 @@ def _mean_text(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ({len(values)} seed{'s' if len(values) != 1 else ''})"
 
 
+def _config_statement(c: ConfigVerdict, variable: str, status: FindingStatus) -> str:
+    """A min-stable study's finding on one configuration: its stability verdict and margin."""
+    verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
+    return (
+        f"{status.value}: {variable}={c.value:g} is {verdict} ({len(c.stable_seeds)}/{len(c.seeds)} seeds stable; "
+        f"last-k train reward {c.last_k_reward:.3f}, held-out p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}); "
+        f"margin over the threshold: {c.margin.describe() if c.margin else 'no step recorded'}"
+    )
+
+
+def _measured_statement(c: ConfigVerdict, variable: str) -> str:
+    """A best, A-vs-B or effect-of study's record of one configuration: what its runs measured."""
+    return (
+        f"measured: {variable}={c.value:g} on seeds {c.seeds}: held-out mean reward {c.eval_mean_reward:.3f}, "
+        f"p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}; last-k train reward {c.last_k_reward:.3f}"
+    )
+
+
 def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> str:
     plan = state["plan"]
     assert plan.sweep is not None
@@ -219,30 +237,34 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     identity = config_identity(plan, ctx.model)
     outcomes = state.get("outcomes", [])
     own = {o.run_id for o in outcomes if o.stage != "prior"}  # reused runs stay linked to their own study
+    stability_goal = plan.sweep.goal == "min_stable"
     for c in configs:
-        verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
-        status = _config_status(c)
+        # One finding per configuration (a later study reuses its runs through it), about what the goal
+        # asks: its stability for a min-stable question, else only what was measured (the comparison's
+        # verdict is the conclusion's).
+        status = _config_status(c) if stability_goal else FindingStatus.unconfirmed
         ensure_finding(
             ctx,
             study_id,
-            statement=(
-                f"{status.value}: {variable}={c.value:g} is {verdict} ({len(c.stable_seeds)}/{len(c.seeds)} seeds stable; "
-                f"last-k train reward {c.last_k_reward:.3f}, held-out p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}); "
-                f"margin over the threshold: {c.margin.describe() if c.margin else 'no step recorded'}"
-            ),
+            statement=_config_statement(c, variable, status)
+            if stability_goal
+            else _measured_statement(c, variable),
             evidence={
                 "identity": identity,
                 "value": c.value,
                 "reused_from": [p.finding_id for p in state.get("priors") or [] if p.value == c.value],
                 "outcomes": [o.model_dump() for o in outcomes if o.purpose == "sweep" and o.value == c.value],
-                "reasons": c.reasons,
                 "runs": c.runs,
                 "last_k_reward": c.last_k_reward,
                 "pass_at_1": c.pass_at_1,
                 "pass_at_2": c.pass_at_2,
                 "mean_reward": c.eval_mean_reward,
-                "margin": c.margin.model_dump() if c.margin else None,
-            },
+            }
+            | (
+                {"reasons": c.reasons, "margin": c.margin.model_dump() if c.margin else None}
+                if stability_goal
+                else {}
+            ),
             confidence=LEVEL if status is FindingStatus.confirmed else 0.3,
             status=status,
             seeds=c.seeds,

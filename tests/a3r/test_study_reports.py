@@ -165,3 +165,35 @@ def test_before_and_after_training_compare_the_same_held_out_tasks(tmp_path: Pat
         "(on the 3 held-out task(s) both evaluations ran: h0, h1, h2; before ran 8, after 3): "
     )
     assert "+0.300 (95% CI" in held  # 0.5 − 0.2 over h0..h2, not 0.5 − 0.7 over different tasks
+
+
+@pytest.mark.parametrize(
+    ("question", "values", "stability"),
+    [
+        ("arithmetic: lr 1e-4 vs 1e-3", (1e-4, 1e-3), False),
+        ("effect of lr 1e-3 on arithmetic", (2e-4, 1e-3), False),
+        ("lr 1e-4 vs 1e-3 vs 1e-2 on arithmetic", (1e-4, 1e-3, 1e-2), False),
+        ("find min stable batch size on arithmetic", (1, 2, 4, 8), True),
+    ],
+)
+def test_a_study_reports_only_the_findings_of_its_goal(
+    tmp_path: Path, store: Store, question: str, values: tuple[float, ...], stability: bool
+) -> None:
+    # The second seed of the first value falls far below the baseline: unstable under the default rule.
+    runs = [
+        _sweep(v, s, 0.3 + 0.1 * i, [0.3, 0.2, 0.1, 0.0] if (i, s) == (0, 1) else None)
+        for i, v in enumerate(values)
+        for s in (0, 1)
+    ]
+    _, report = _report(tmp_path, store, question, runs)
+    findings = report.split("## Findings", 1)[1]
+    said = [w for w in ("stable", "margin over the threshold", "why unstable") if w in report]
+    if stability:
+        assert (
+            "is unstable" in findings
+            and "margin over the threshold" in findings
+            and "| why unstable |" in report
+        )
+    else:
+        assert said == [], said
+        assert f"measured: lr={values[0]:g} on seeds [0, 1]: held-out mean reward 0.300" in findings
