@@ -414,6 +414,29 @@ def _dry_plan(
         raise _fail(f"the plan's training settings: {exc}") from None
 
 
+def _param_lines(draft: PlanDraft, *, skip: str | None = None) -> list[str]:
+    """The plan's template parameters (but ``skip``), one ``name = value (where from)`` each: the
+    template's default, or set by the plan (the request or the provider's choice; `PlanDraft.rationale`
+    says which)."""
+    import templates
+
+    specs = (
+        {p.name: p for p in templates.get_template(draft.template).meta.parameters} if draft.template else {}
+    )
+    lines = []
+    for name, value in sorted(draft.params.items()):
+        spec = specs.get(name)
+        if name == skip:
+            continue
+        if spec is None:
+            lines.append(f"{name} = {value!r}")
+        elif value == spec.default:
+            lines.append(f"{name} = {value!r}  (template default)")
+        else:
+            lines.append(f"{name} = {value!r}  (set by the plan; template default {spec.default!r})")
+    return lines
+
+
 def _dry_speed(settings: SessionSettings, template: str | None) -> tuple[float, str]:
     """Seconds per episode a dry run prices episodes at, and where the number comes from: the median
     of the finished runs on ``template`` with the session's model in the knowledge store
@@ -445,8 +468,8 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
     agents = templates.get_template(draft.template).trainable_agents(draft.params) if draft.template else None
     _out.print(f"plan (dry run, provider {provider}): {draft.objective}", markup=False)
     _out.print(f"  template: {draft.template or '(new code)'}", markup=False)
-    for name, value in sorted(draft.params.items()):
-        _out.print(f"    {name} = {value!r}", markup=False)
+    for line in _param_lines(draft):
+        _out.print(f"    {line}", markup=False)
     if agents is not None:
         _out.print(f"  trainable agents: {', '.join(agents) or '(none)'}", markup=False)
     fields = ", ".join(f"{k}={v}" for k, v in training.model_dump().items())
@@ -578,10 +601,9 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
         f"  template: {plan.template or '(new code)'}; varied: {setting.label} ({sweep.variable}, {setting.target} setting)"
     )
     if plan.params:  # the template's knobs the runs use (the varied one excepted)
-        say(
-            "  template parameters: "
-            + ", ".join(f"{k}={v!r}" for k, v in sorted(plan.params.items()) if k != sweep.variable)
-        )
+        say("  template parameters:")
+        for line in _param_lines(plan, skip=sweep.variable):
+            say(f"    {line}")
     say(
         f"  goal: {sweep.goal.replace('_', '-')}; fixed: "
         + ", ".join(
