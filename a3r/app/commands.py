@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 import signal
 import sys
@@ -232,15 +233,34 @@ ModelOption = Annotated[
     str | None, typer.Option("--model", help="Policy model for swarm serve (default: embedded).")
 ]
 StepsOption = Annotated[int | None, typer.Option("--steps", min=1, help="Trainer steps per run.")]
+
+
+def _finite(value: float | None) -> float | None:
+    """Refuse ``inf`` and ``nan`` (a range check lets them through: nan compares false, inf is in
+    range); ``None`` (not given) passes."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
 BudgetOption = Annotated[
-    float, typer.Option("--budget-minutes", min=0.1, help="Wall-time budget of the thread.")
+    float,
+    typer.Option(
+        "--budget-minutes",
+        min=0.1,
+        callback=_finite,
+        help="Wall-time budget of the whole thread in minutes (finite, >= 0.1): runs and evaluations are fitted into it.",
+    ),
 ]
 AutoOption = Annotated[bool, typer.Option("--auto-approve", help="Approve proposed patches without asking.")]
 WaitOption = Annotated[
     bool, typer.Option("--wait", help="Off a terminal, wait for decisions taken in a3r tui.")
 ]
 HangOption = Annotated[
-    float, typer.Option("--hang-after", min=1, help="Seconds without progress before a run is hung.")
+    float,
+    typer.Option(
+        "--hang-after", min=1, callback=_finite, help="Seconds without progress before a run is hung."
+    ),
 ]
 ServeOption = Annotated[
     list[str] | None,
@@ -670,7 +690,10 @@ def resume(
         bool | None, typer.Option("--auto-approve/--ask", help="Override the thread's approval mode.")
     ] = None,
     budget_minutes: Annotated[
-        float | None, typer.Option("--budget-minutes", min=0.1, help="New budget of the thread.")
+        float | None,
+        typer.Option(
+            "--budget-minutes", min=0.1, callback=_finite, help="New budget of the thread in minutes."
+        ),
     ] = None,
     wait: WaitOption = False,
     root: RootOption = Path(".a3r"),

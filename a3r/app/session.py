@@ -62,8 +62,8 @@ class SessionSettings(BaseModel):
     model: str | None = None
     server_url: str | None = None
     auto_approve: bool = False
-    budget_minutes: float = Field(default=60.0, gt=0)
-    hang_after_s: float = Field(default=180.0, gt=0)
+    budget_minutes: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    hang_after_s: float = Field(default=180.0, gt=0, allow_inf_nan=False)
     eval_tasks: int = Field(default=16, ge=1)
     eval_samples: int = Field(default=2, ge=1)
     max_patches: int = Field(default=2, ge=0)

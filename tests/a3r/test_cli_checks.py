@@ -3,11 +3,13 @@ from, and the one-line refusals of values they cannot honour (through the real C
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
-from a3r.app.cli import app
+from a3r.app.cli import app, main
 
 
 def _invoke(tmp_path: Path, *args: str) -> tuple[int, str]:
@@ -28,3 +30,44 @@ def test_a_dry_run_says_which_parameters_the_request_gave(tmp_path: Path) -> Non
     assert code == 0, output
     assert "    n_players = 3  (template default)" in output
     assert "    temperature =" not in output  # the swept knob: each run sets its own value
+
+
+def _console(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, str]:
+    """Run the ``a3r`` console script in process on ``args``: its exit code and what it wrote."""
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db")]
+    monkeypatch.setattr(sys, "argv", ["a3r", *args, *common])
+    with pytest.raises(SystemExit) as ended:
+        main()
+    captured = capsys.readouterr()
+    return int(ended.value.code or 0), captured.out + captured.err
+
+
+def test_budgets_that_are_not_finite_positive_numbers_are_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    question = "find the best KL coefficient on arithmetic"
+    for value in ("inf", "nan", "-1", "0", "1e309"):
+        code, output = _console(
+            tmp_path, monkeypatch, capsys, "research", question, "--dry-run", f"--budget-minutes={value}"
+        )
+        assert code == 2 and output.count("\n") == 1, (value, output)
+        assert output.startswith("error: Invalid value for '--budget-minutes'"), output
+    code, output = _console(
+        tmp_path, monkeypatch, capsys, "research", question, "--dry-run", "--budget-minutes=inf"
+    )
+    assert (
+        output
+        == "error: Invalid value for '--budget-minutes': inf is not a finite number (see 'a3r research --help')\n"
+    )
+    code, output = _console(
+        tmp_path, monkeypatch, capsys, "vibe", "train arithmetic", "--dry-run", "--hang-after", "inf"
+    )
+    assert code == 2 and "'--hang-after': inf is not a finite number" in output
+
+
+def test_research_help_gives_the_budget_default() -> None:
+    result = CliRunner().invoke(app, ["research", "--help"], env={"COLUMNS": "200"})
+    line = next(line for line in result.output.splitlines() if "--budget-minutes" in line)
+    assert "Wall-time budget of the whole thread in minutes" in line and "[default: 60.0]" in line
