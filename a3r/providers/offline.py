@@ -207,6 +207,33 @@ def _specific_matches(request: str) -> list[tuple[str, float]]:
     return [(name, score) for name, score in templates.match(request) if name in specific]
 
 
+BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
+"""Words a request may give a true/false template parameter (`templates.ParamSpec.coerce` reads them)."""
+
+
+def _bool_param(name: str, template: str, text: str) -> dict[str, str]:
+    """A true/false template parameter written in words: its name (``_`` or a space between its words)
+    then one of `BOOL_WORDS`, e.g. "with tell roles true", "tell-roles: off".
+
+    Returns:
+        ``{name: word}``, or ``{}`` when the request does not name the parameter.
+
+    Raises:
+        PlanError: The request names the parameter without a value it can read (never dropped silently).
+    """
+    phrase = r"[ _-]?".join(re.escape(word) for word in name.split("_"))
+    words = "|".join(BOOL_WORDS)
+    found = re.search(rf"\b{phrase}\b\s*(?:=|:|is|to|set to)?\s*\b({words})\b", text)
+    if found:
+        return {name: found.group(1)}
+    if re.search(rf"\b{phrase}\b", text):
+        raise PlanError(
+            f"{name!r} is a true/false parameter of {template}: write its value after it "
+            f"({name}=true, '{name.replace('_', ' ')} off'; one of {', '.join(BOOL_WORDS)})"
+        )
+    return {}
+
+
 def _rationale(
     template: str, score: float, params: dict[str, Any], read: list[str], chosen: list[str]
 ) -> str:
@@ -364,10 +391,12 @@ class OfflineProvider:
             n_tasks = _find_number(text, r"NUM\s*tasks")
             if n_tasks is not None:
                 params["n_tasks"] = int(n_tasks)
-        for spec in meta.parameters:  # explicit "name=value" pairs win
+        for spec in meta.parameters:
             match = re.search(rf"\b{re.escape(spec.name)}\s*=\s*([^\s,;]+)", text)
-            if match:
+            if match:  # explicit "name=value" pairs win
                 params[spec.name] = match.group(1)
+            elif spec.type == "bool":
+                params |= _bool_param(spec.name, meta.name, text)
         try:
             return dict(meta.resolve(params)), sorted(params)
         except templates.TemplateParamError as exc:

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from a3r.app.cli import app, main
+from a3r.providers import OfflineProvider
 
 
 def _invoke(tmp_path: Path, *args: str) -> tuple[int, str]:
@@ -71,3 +72,27 @@ def test_research_help_gives_the_budget_default() -> None:
     result = CliRunner().invoke(app, ["research", "--help"], env={"COLUMNS": "200"})
     line = next(line for line in result.output.splitlines() if "--budget-minutes" in line)
     assert "Wall-time budget of the whole thread in minutes" in line and "[default: 60.0]" in line
+
+
+@pytest.mark.parametrize(
+    ("request_text", "expected"),
+    [
+        ("train who is the spy with tell roles true", True),
+        ("train who is the spy tell_roles=yes", True),
+        ("train who is the spy with tell_roles on", True),
+        ("train who is the spy with Tell-Roles: off", False),
+        ("train who is the spy, tell roles no", False),
+        ("train who is the spy", False),  # not named: the template's default
+    ],
+)
+def test_true_false_parameters_are_read_from_words(request_text: str, expected: bool) -> None:
+    plan = OfflineProvider().plan(request_text, mode="vibe")
+    assert plan.params["tell_roles"] is expected
+
+
+def test_a_true_false_parameter_without_a_value_is_refused_in_one_line(tmp_path: Path) -> None:
+    code, output = _invoke(tmp_path, "vibe", "train who is the spy with tell roles", "--dry-run")
+    assert code == 1 and output == (
+        "error: 'tell_roles' is a true/false parameter of who_is_the_spy: write its value after it "
+        "(tell_roles=true, 'tell roles off'; one of true, false, yes, no, on, off)\n"
+    )
