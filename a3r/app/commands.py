@@ -34,6 +34,7 @@ from rich.syntax import Syntax
 from a3r.app.session import Session, SessionSettings, Step, open_session, recorded_settings
 from a3r.errors import A3RError
 from a3r.providers import OfflineProvider, ProviderKind
+from a3r.study.research import MAX_EVAL_TASKS
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from memory import Store, StoreError
 from swarm.client import ModelLoadError, check_model_path
@@ -535,7 +536,14 @@ def research(
         bool, typer.Option("--force", help="Sweep even when the untrained model scores zero.")
     ] = False,
     eval_tasks: Annotated[
-        int, typer.Option("--eval-tasks", min=1, help="Held-out tasks per evaluation.")
+        int,
+        typer.Option(
+            "--eval-tasks",
+            min=1,
+            max=MAX_EVAL_TASKS,
+            help="Held-out tasks per evaluation (at most the template's held-out split: a quarter of a "
+            "fixed dataset's tasks).",
+        ),
     ] = 16,
     store: StoreOption = ".a3r/memory.db",
     root: RootOption = Path(".a3r"),
@@ -584,6 +592,7 @@ def research(
 def _print_research_plan(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
     """``a3r research --dry-run``: the staged design (`a3r.study.design.design_study`) of the plan,
     with prior findings read from the store when it exists (never created or written)."""
+    from a3r.graph.coder import heldout_capacity
     from a3r.graph.context import RunContext
     from a3r.graph.records import prior_findings
     from a3r.study.design import budget_drops, design_study
@@ -592,6 +601,14 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
         raise _fail('the question is empty: ask one, e.g. "find the best KL coefficient on arithmetic"')
     plan, provider = _dry_plan(question, settings, overrides, mode="research")
     assert plan.sweep is not None
+    capacity = heldout_capacity(plan)
+    fewer = ""
+    if capacity is not None and capacity < settings.eval_tasks:
+        fewer = (
+            f"  note: --eval-tasks {settings.eval_tasks}, but the {plan.template} template's held-out split has "
+            f"{capacity} tasks (a quarter of its tasks): every evaluation runs those {capacity}"
+        )
+        settings = settings.model_copy(update={"eval_tasks": capacity})
     priors = []
     store_note = f"no knowledge store at {settings.store}: no prior findings"
     if "://" not in settings.store and Path(settings.store).is_file():
@@ -620,6 +637,8 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     say(
         f"  template: {plan.template or '(new code)'}; varied: {setting.label} ({sweep.variable}, {setting.target} setting)"
     )
+    if fewer:
+        say(fewer)
     if plan.params:  # the template's knobs the runs use (the varied one excepted)
         say("  template parameters:")
         for line in _param_lines(plan, skip=sweep.variable):

@@ -24,6 +24,7 @@ from a3r.study.settings import resolve_setting
 __all__ = [
     "EVAL_BUDGET_SHARE",
     "HELDOUT_BUDGET_SHARE",
+    "MAX_EVAL_TASKS",
     "MIN_HELDOUT_TASKS",
     "SAFETY_SHARE",
     "UPDATE_SHARE",
@@ -52,6 +53,13 @@ __all__ = [
 
 SERVER_OVERHEAD_S = 20.0
 """Seconds to start, checkpoint and stop a server, added to every sweep run's estimate."""
+
+MAX_EVAL_TASKS = 256
+"""Most held-out tasks an evaluation may ask for (``--eval-tasks``). The preflight attempts each task 4
+times and calibrates its sequential futility test over every look (`a3r.study.sequential`), at a cost
+that grows about quadratically with the attempts: 2.5 s for 256 tasks (1,024 attempts), 12 s for 1,000,
+and more than 100 s for 10,000 on this 2-core CPU; and 256 tasks × 4 attempts already exceed the
+preflight's own 285 s budget on any model this project runs."""
 
 EVAL_BUDGET_SHARE = 0.15
 """Share of a run's remaining wall-time budget a held-out evaluation may use (it is sized to fit), and

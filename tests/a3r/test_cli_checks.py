@@ -96,3 +96,55 @@ def test_a_true_false_parameter_without_a_value_is_refused_in_one_line(tmp_path:
         "error: 'tell_roles' is a true/false parameter of who_is_the_spy: write its value after it "
         "(tell_roles=true, 'tell roles off'; one of true, false, yes, no, on, off)\n"
     )
+
+
+def test_more_held_out_tasks_than_an_evaluation_can_have_are_refused_or_capped_with_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    question = "find min stable batch size on AIME"
+    code, output = _console(
+        tmp_path, monkeypatch, capsys, "research", question, "--dry-run", "--eval-tasks", "100000"
+    )
+    assert code == 2 and output == (
+        "error: Invalid value for '--eval-tasks': Input should be less than or equal to 256 "
+        "(see 'a3r research --help')\n"
+    )
+    # AIME's 60 problems: the held-out split is the last quarter, 15 tasks, whatever was asked
+    code, output = _invoke(tmp_path, "research", question, "--dry-run", "--eval-tasks", "40")
+    assert code == 0, output
+    assert (
+        "  note: --eval-tasks 40, but the math template's held-out split has 15 tasks (a quarter of its tasks): "
+        "every evaluation runs those 15" in output
+    )
+    assert "(up to 60 attempts)" in output  # the preflight: 15 tasks × 4 attempts, not 40 × 4
+
+
+def test_the_coder_writes_at_most_the_held_out_split_and_says_so(tmp_path: Path) -> None:
+    from a3r.graph import Ledger, RunContext, build_graph, open_checkpointer
+    from a3r.graph.coder import heldout_capacity
+    from memory import Store
+
+    assert (
+        heldout_capacity(OfflineProvider().plan("train arithmetic", mode="vibe")) == 1_000_000
+    )  # a generator
+    with Store(tmp_path / "memory.db") as store:
+        ctx = RunContext(
+            store=store,
+            provider=OfflineProvider(),
+            ledger=Ledger(tmp_path / "checkpoints.db"),
+            thread_id="t",
+            root=tmp_path / ".a3r",
+            eval_tasks=40,
+        )
+        graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"), interrupt_before=["runner"])
+        config = {"configurable": {"thread_id": "t"}}
+        request = {"request": "find min stable batch size on AIME", "mode": "research"}
+        chunks = list(graph.stream(request, config, context=ctx))  # type: ignore[call-overload]
+        assert [name for chunk in chunks for name in chunk] == ["planner", "coder", "__interrupt__"]
+        ws = Path(graph.get_state(config).values["workspace"])  # type: ignore[arg-type]
+        assert len((ws / "heldout.jsonl").read_text().splitlines()) == 15
+        events = [e.message for e in store.events()]
+        assert any(
+            "held-out 15 of the 40 asked (--eval-tasks): the template's held-out split has no more" in m
+            for m in events
+        ), events
