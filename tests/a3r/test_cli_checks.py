@@ -3,6 +3,7 @@ from, and the one-line refusals of values they cannot honour (through the real C
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from a3r.app.cli import app, main
 from a3r.providers import OfflineProvider
+from tests.a3r.planner_states import offline_context
 
 
 def _invoke(tmp_path: Path, *args: str) -> tuple[int, str]:
@@ -120,7 +122,7 @@ def test_more_held_out_tasks_than_an_evaluation_can_have_are_refused_or_capped_w
 
 
 def test_the_coder_writes_at_most_the_held_out_split_and_says_so(tmp_path: Path) -> None:
-    from a3r.graph import Ledger, RunContext, build_graph, open_checkpointer
+    from a3r.graph import build_graph, open_checkpointer
     from a3r.graph.coder import heldout_capacity
     from memory import Store
 
@@ -128,14 +130,7 @@ def test_the_coder_writes_at_most_the_held_out_split_and_says_so(tmp_path: Path)
         heldout_capacity(OfflineProvider().plan("train arithmetic", mode="vibe")) == 1_000_000
     )  # a generator
     with Store(tmp_path / "memory.db") as store:
-        ctx = RunContext(
-            store=store,
-            provider=OfflineProvider(),
-            ledger=Ledger(tmp_path / "checkpoints.db"),
-            thread_id="t",
-            root=tmp_path / ".a3r",
-            eval_tasks=40,
-        )
+        ctx = dataclasses.replace(offline_context(tmp_path, store), eval_tasks=40)
         graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"), interrupt_before=["runner"])
         config = {"configurable": {"thread_id": "t"}}
         request = {"request": "find min stable batch size on AIME", "mode": "research"}
