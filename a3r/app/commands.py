@@ -189,10 +189,12 @@ def _launch(
             f'the request is empty: say what to {"train" if mode == "vibe" else "study"}, e.g. "train who-is-the-spy"'
         )
     if settings.provider is ProviderKind.offline:
+        from a3r.study.design import check_overrides
+
         # The offline planner is deterministic and cheap: a request it cannot plan fails here, before
         # a thread, a store or a checkpoint exists (an LLM provider plans inside the thread).
         try:
-            OfflineProvider().plan(request, mode=mode)
+            check_overrides(OfflineProvider().plan(request, mode=mode), overrides)
         except A3RError as exc:
             raise _fail(str(exc)) from None
     _interrupt_on_sigterm()
@@ -411,7 +413,7 @@ def _dry_plan(
         typer.Exit: the provider or the plan refuses (one line, exit code 1).
     """
     from a3r.providers import ProviderConfig, make_provider
-    from a3r.study.design import restate_for_training
+    from a3r.study.design import check_overrides, restate_for_training
     from a3r.study.plans import TrainingSettings, check_plan
 
     try:
@@ -419,6 +421,7 @@ def _dry_plan(
             settings.provider, model=settings.provider_model, base_url=settings.base_url
         )
         draft = make_provider(config).plan(request, mode=mode)
+        check_overrides(draft, overrides)
         training = TrainingSettings.model_validate({**draft.training.model_dump(), **overrides})
         plan = draft.model_copy(update={"training": training})
         plan = restate_for_training(draft, plan)  # the hypotheses say the seeds asked for

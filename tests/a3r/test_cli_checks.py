@@ -143,3 +143,46 @@ def test_the_coder_writes_at_most_the_held_out_split_and_says_so(tmp_path: Path)
             "held-out 15 of the 40 asked (--eval-tasks): the template's held-out split has no more" in m
             for m in events
         ), events
+
+
+def test_a_command_line_value_of_the_swept_setting_is_refused_not_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refusal = (
+        "error: the study varies KL coefficient β (kl_coef ∈ {0, 0.01, 0.1, 1}): the fixed kl_coef = 0.1 given "
+        "on the command line would be replaced by each run's value; drop it, or ask a question about another "
+        "setting\n"
+    )
+    question = "find the best KL coefficient on arithmetic"
+    for extra in (["--dry-run"], []):  # the dry run, and before a thread or a store exists
+        code, output = _invoke(tmp_path, "research", question, "--serve-option", "kl-coef=0.1", *extra)
+        assert (code, output) == (1, refusal)
+    assert not (tmp_path / ".a3r").exists() and not (tmp_path / "memory.db").exists()
+    code, output = _invoke(
+        tmp_path,
+        "research",
+        "find min stable batch size on arithmetic",
+        "--serve-option",
+        "kl-coef=0.1",
+        "--dry-run",
+    )
+    assert code == 0 and "kl_coef=0.1" in output  # another setting: kept for every run
+
+
+def test_the_planner_node_refuses_the_swept_setting_among_the_overrides(tmp_path: Path) -> None:
+    from langgraph.runtime import Runtime
+
+    from a3r.errors import PlanError
+    from a3r.graph.planner import planner
+    from memory import Store
+
+    state = {
+        "request": "find the best KL coefficient on arithmetic",
+        "mode": "research",
+        "overrides": {"kl_coef": 0.1},
+    }
+    with (
+        Store(tmp_path / "memory.db") as store,
+        pytest.raises(PlanError, match=r"the study varies KL coefficient"),
+    ):
+        planner(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
