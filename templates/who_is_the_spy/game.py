@@ -181,8 +181,9 @@ class GameRecord:
 class Game:
     """Rules state of one game (no I/O): record moves, resolve votes, decide the winner."""
 
-    def __init__(self, setup: GameSetup) -> None:
+    def __init__(self, setup: GameSetup, *, hide_leaks: bool = True) -> None:
         self.setup = setup
+        self.hide_leaks = hide_leaks
         self.alive: list[int] = setup.seats
         self.round = 0
         self.eliminated: list[int] = []
@@ -193,7 +194,9 @@ class Game:
         """Record ``seat``'s description and return its public text.
 
         A description that says the player's own word, or has no visible text, counts as a leak; the
-        public text then hides the word as ``***`` so other players do not learn it.
+        public text then hides the word as ``***`` so other players do not learn it (unless the game
+        was started with ``hide_leaks=False``: then the leaked description is public as said, so a
+        leak tells the others one's word).
         """
         text = clean_description(reply)
         stats = self.stats[seat]
@@ -201,7 +204,8 @@ class Game:
         word = self.setup.word(seat)
         if not text or mentions_word(text, word):
             stats.leaks += 1
-            text = "***" if text else "(no description)"
+            if self.hide_leaks or not text:
+                text = "***" if text else "(no description)"
         self.transcript.append(f"Player {seat}: {text}")
         return text
 
@@ -287,13 +291,17 @@ class _Seat:
         self.messages.append({"role": "assistant", "content": text})
 
 
-async def play(setup: GameSetup, players: Mapping[int, Player], *, tell_roles: bool = False) -> GameRecord:
+async def play(
+    setup: GameSetup, players: Mapping[int, Player], *, tell_roles: bool = False, hide_leaks: bool = True
+) -> GameRecord:
     """Play one full game.
 
     Args:
         setup: Words, seats and round limit.
         players: One player per seat (``1..n_players``).
         tell_roles: Tell each player its role in the system prompt.
+        hide_leaks: Show a description that says its speaker's word as ``***`` (the default); with
+            ``False`` it is shown as said, so leaking the word tells the other players one's word.
 
     Returns:
         The game record (winner, eliminations, compliance stats, transcript, histories).
@@ -303,7 +311,7 @@ async def play(setup: GameSetup, players: Mapping[int, Player], *, tell_roles: b
     """
     if sorted(players) != setup.seats:
         raise ValueError(f"players must be given for seats {setup.seats}, got {sorted(players)}")
-    game = Game(setup)
+    game = Game(setup, hide_leaks=hide_leaks)
     seats = {seat: _Seat(setup, seat, tell_roles) for seat in setup.seats}
     winner = None
     while winner is None:

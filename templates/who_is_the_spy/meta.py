@@ -62,6 +62,9 @@ META = TemplateMeta(
                   description="Sampling temperature for every player."),
         ParamSpec(name="tell_roles", type="bool", default=False,
                   description="Tell each player whether it is a spy (classic rules: no)."),
+        ParamSpec(name="hide_leaks", type="bool", default=True,
+                  description="Show a description that says its speaker's word as *** (False: as said, so a "
+                              "leak tells the others one's word and can win the vote)."),
         ParamSpec(name="leak_penalty", type="float", default=0.5, minimum=0.0, maximum=1.0,
                   description="Reward cost per description that says the own word."),
         ParamSpec(name="invalid_vote_penalty", type="float", default=0.25, minimum=0.0, maximum=1.0,

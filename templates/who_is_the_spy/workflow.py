@@ -28,6 +28,7 @@ _reward = import_sibling(__name__, __file__, "reward")
 # <params> (rendered by templates.render; edit values here or re-render)
 PARAMS: dict[str, Any] = {
     "describe_max_tokens": 24,
+    "hide_leaks": True,
     "invalid_vote_penalty": 0.25,
     "leak_penalty": 0.5,
     "opponent_api_key_env": None,
@@ -73,9 +74,12 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
 
     Returns:
         ``Result`` whose ``reward`` is the mean reward of the trainable agents, ``agent_rewards`` has
-        every agent, and metrics ``spy_won``, ``rounds``, ``leaks``, ``invalid_votes`` (whole game)
-        and the reward's parts for the trainable agents (`reward.reward_parts`): ``win_rate``,
-        ``leak_rate``, ``invalid_vote_rate``.
+        every agent, and metrics ``spy_won``, ``rounds``, ``leaks``, ``invalid_votes`` (whole game),
+        the reward's parts for the trainable agents (`reward.reward_parts`): ``win_rate``,
+        ``leak_rate``, ``invalid_vote_rate``, and ``default_weights_reward``: the episode reward
+        under the template's default penalties (`reward.LEAK_PENALTY`,
+        `reward.INVALID_VOTE_PENALTY`) whatever ``PARAMS`` say, the yardstick for a run trained on
+        changed (e.g. broken, then patched) weights.
     """
     setup = _game.GameSetup.from_task(task)
     trainable = set(trainable_agents(task))
@@ -91,7 +95,9 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
                 players[seat] = _player(own, llm.model, agent)
             else:
                 players[seat] = _player(opponent, PARAMS["opponent_model"] or llm.model, agent)
-        record = await _game.play(setup, players, tell_roles=PARAMS["tell_roles"])
+        record = await _game.play(
+            setup, players, tell_roles=PARAMS["tell_roles"], hide_leaks=PARAMS["hide_leaks"]
+        )
     rewards = _reward.agent_rewards(
         record, leak_penalty=PARAMS["leak_penalty"], invalid_vote_penalty=PARAMS["invalid_vote_penalty"]
     )
@@ -104,5 +110,6 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
             "leaks": float(sum(s.leaks for s in record.stats.values())),
             "invalid_votes": float(sum(s.invalid_votes for s in record.stats.values())),
             **_reward.reward_parts(record, trainable),
+            "default_weights_reward": _reward.episode_reward(_reward.agent_rewards(record), trainable),
         },
     )

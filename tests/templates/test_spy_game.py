@@ -85,6 +85,24 @@ def test_leaks_and_invalid_votes_are_counted_hidden_and_penalised():
     assert reward_parts(record, []) == {"win_rate": 0.75, "leak_rate": 0.5, "invalid_vote_rate": 0.5}
 
 
+def test_hide_leaks_false_shows_a_leak_as_said_and_still_counts_it():
+    players = {s: Scripted(lambda r: "Round and red.", lambda r: "player 3") for s in (1, 2)}
+    players[4] = Scripted(lambda r: "It's an APPLE!", lambda r: "player 3")  # a civilian says its word
+    players[3] = Scripted(lambda r: "Pears are green.", lambda r: "player 1")  # the spy says its word
+    record = asyncio.run(play(setup4(), players, hide_leaks=False))
+    assert (
+        "Player 4: It's an APPLE!" in record.transcript and "Player 3: Pears are green." in record.transcript
+    )
+    assert record.stats[4].leaks == 1 and record.stats[3].leaks == 1 and record.stats[1].leaks == 0
+    # the others hear it: the next player's prompt carries the leaked words
+    assert "APPLE" in players[1].calls[1][-1]["content"] and "Pears" in players[1].calls[1][-1]["content"]
+    assert agent_rewards(record)["civilian_3"] == pytest.approx(0.5)  # still penalised by default
+    assert agent_rewards(record, leak_penalty=0.0)["civilian_3"] == 1.0  # free under a broken reward
+    quiet = {s: Scripted(lambda r: "", lambda r: "player 3") for s in range(1, 5)}
+    hidden = asyncio.run(play(setup4(), quiet, hide_leaks=False))
+    assert "Player 1: (no description)" in hidden.transcript  # an empty description is still empty
+
+
 def test_each_history_is_append_only_and_private():
     players = {s: Scripted(lambda r, s=s: f"Clue {s}-{r}", lambda r: "player 2") for s in range(1, 5)}
     players[2] = Scripted(lambda r: "Clue 2", lambda r: "player 1")

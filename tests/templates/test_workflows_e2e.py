@@ -75,6 +75,7 @@ async def test_who_is_the_spy_runs_a_game_with_named_agents(server: Any, tmp_pat
         "n_tasks": 1,
         "describe_max_tokens": 8,
         "vote_max_tokens": 4,
+        "leak_penalty": 0.0,  # a broken reward: the metric below still scores the default weights
     }
     rendered = render("who_is_the_spy", params, tmp_path / "spy")
     episodes = await run_episodes(server.url, rendered.folder, 1)
@@ -88,6 +89,11 @@ async def test_who_is_the_spy_runs_a_game_with_named_agents(server: Any, tmp_pat
         assert all(call.trainable == (call.agent == spy) for call in view.calls)
         rounds = int(result.metrics["rounds"])
         assert 1 <= rounds <= 2
+        # the reward under the default weights: the spy's leaks (it describes every round of a
+        # 3-player game) cost 0.5 each there and nothing here
+        leaks = result.metrics["leak_rate"] * rounds
+        expected = max(-1.0, result.reward - 0.5 * leaks)
+        assert result.metrics["default_weights_reward"] == pytest.approx(expected)
         # every living player describes and votes each round (at most 3 players x 2 calls x rounds)
         assert 6 <= len(view.calls) <= 6 * rounds
         # the spy's history is append-only: all its calls chain into one sample (only trainable agents
