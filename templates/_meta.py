@@ -80,8 +80,17 @@ class ParamSpec(BaseModel):
             raise fail("may not be None")
         out: ParamValue
         if self.type == "bool":
-            if isinstance(value, str) and value.lower() in {"true", "false", "1", "0", "yes", "no"}:
-                out = value.lower() in {"true", "1", "yes"}
+            if isinstance(value, str) and value.lower() in {
+                "true",
+                "false",
+                "1",
+                "0",
+                "yes",
+                "no",
+                "on",
+                "off",
+            }:
+                out = value.lower() in {"true", "1", "yes", "on"}
             elif isinstance(value, bool):
                 out = value
             else:

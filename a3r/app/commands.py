@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ from rich.syntax import Syntax
 from a3r.app.session import Session, SessionSettings, Step, open_session, recorded_settings
 from a3r.errors import A3RError
 from a3r.providers import OfflineProvider, ProviderKind
+from a3r.study.research import MAX_EVAL_TASKS
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from memory import Store, StoreError
 from swarm.client import ModelLoadError, check_model_path
@@ -187,10 +189,12 @@ def _launch(
             f'the request is empty: say what to {"train" if mode == "vibe" else "study"}, e.g. "train who-is-the-spy"'
         )
     if settings.provider is ProviderKind.offline:
+        from a3r.study.design import check_overrides
+
         # The offline planner is deterministic and cheap: a request it cannot plan fails here, before
         # a thread, a store or a checkpoint exists (an LLM provider plans inside the thread).
         try:
-            OfflineProvider().plan(request, mode=mode)
+            check_overrides(OfflineProvider().plan(request, mode=mode), overrides)
         except A3RError as exc:
             raise _fail(str(exc)) from None
     _interrupt_on_sigterm()
@@ -232,15 +236,34 @@ ModelOption = Annotated[
     str | None, typer.Option("--model", help="Policy model for swarm serve (default: embedded).")
 ]
 StepsOption = Annotated[int | None, typer.Option("--steps", min=1, help="Trainer steps per run.")]
+
+
+def _finite(value: float | None) -> float | None:
+    """Refuse ``inf`` and ``nan`` (a range check lets them through: nan compares false, inf is in
+    range); ``None`` (not given) passes."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
 BudgetOption = Annotated[
-    float, typer.Option("--budget-minutes", min=0.1, help="Wall-time budget of the thread.")
+    float,
+    typer.Option(
+        "--budget-minutes",
+        min=0.1,
+        callback=_finite,
+        help="Wall-time budget of the whole thread in minutes (finite, >= 0.1): runs and evaluations are fitted into it.",
+    ),
 ]
 AutoOption = Annotated[bool, typer.Option("--auto-approve", help="Approve proposed patches without asking.")]
 WaitOption = Annotated[
     bool, typer.Option("--wait", help="Off a terminal, wait for decisions taken in a3r tui.")
 ]
 HangOption = Annotated[
-    float, typer.Option("--hang-after", min=1, help="Seconds without progress before a run is hung.")
+    float,
+    typer.Option(
+        "--hang-after", min=1, callback=_finite, help="Seconds without progress before a run is hung."
+    ),
 ]
 ServeOption = Annotated[
     list[str] | None,
@@ -390,7 +413,7 @@ def _dry_plan(
         typer.Exit: the provider or the plan refuses (one line, exit code 1).
     """
     from a3r.providers import ProviderConfig, make_provider
-    from a3r.study.design import restate_for_training
+    from a3r.study.design import check_overrides, restate_for_training
     from a3r.study.plans import TrainingSettings, check_plan
 
     try:
@@ -398,6 +421,7 @@ def _dry_plan(
             settings.provider, model=settings.provider_model, base_url=settings.base_url
         )
         draft = make_provider(config).plan(request, mode=mode)
+        check_overrides(draft, overrides)
         training = TrainingSettings.model_validate({**draft.training.model_dump(), **overrides})
         plan = draft.model_copy(update={"training": training})
         plan = restate_for_training(draft, plan)  # the hypotheses say the seeds asked for
@@ -412,6 +436,29 @@ def _dry_plan(
         raise _fail(f"the plan's training settings: {where}: {first['msg']}") from None
     except ValueError as exc:
         raise _fail(f"the plan's training settings: {exc}") from None
+
+
+def _param_lines(draft: PlanDraft, *, skip: str | None = None) -> list[str]:
+    """The plan's template parameters (but ``skip``), one ``name = value (where from)`` each: the
+    template's default, or set by the plan (the request or the provider's choice; `PlanDraft.rationale`
+    says which)."""
+    import templates
+
+    specs = (
+        {p.name: p for p in templates.get_template(draft.template).meta.parameters} if draft.template else {}
+    )
+    lines = []
+    for name, value in sorted(draft.params.items()):
+        spec = specs.get(name)
+        if name == skip:
+            continue
+        if spec is None:
+            lines.append(f"{name} = {value!r}")
+        elif value == spec.default:
+            lines.append(f"{name} = {value!r}  (template default)")
+        else:
+            lines.append(f"{name} = {value!r}  (set by the plan; template default {spec.default!r})")
+    return lines
 
 
 def _dry_speed(settings: SessionSettings, template: str | None) -> tuple[float, str]:
@@ -446,8 +493,8 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
     agents = template.trainable_agents(draft.params) if template else None
     _out.print(f"plan (dry run, provider {provider}): {draft.objective}", markup=False)
     _out.print(f"  template: {draft.template or '(new code)'}", markup=False)
-    for name, value in sorted(draft.params.items()):
-        _out.print(f"    {name} = {value!r}", markup=False)
+    for line in _param_lines(draft):
+        _out.print(f"    {line}", markup=False)
     if template and template.meta.defaults_evidence:
         _out.print(f"    (defaults: {template.meta.defaults_evidence})", markup=False)
     if agents is not None:
@@ -495,7 +542,14 @@ def research(
         bool, typer.Option("--force", help="Sweep even when the untrained model scores zero.")
     ] = False,
     eval_tasks: Annotated[
-        int, typer.Option("--eval-tasks", min=1, help="Held-out tasks per evaluation.")
+        int,
+        typer.Option(
+            "--eval-tasks",
+            min=1,
+            max=MAX_EVAL_TASKS,
+            help="Held-out tasks per evaluation (at most the template's held-out split: a quarter of a "
+            "fixed dataset's tasks).",
+        ),
     ] = 16,
     store: StoreOption = ".a3r/memory.db",
     root: RootOption = Path(".a3r"),
@@ -544,6 +598,7 @@ def research(
 def _print_research_plan(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
     """``a3r research --dry-run``: the staged design (`a3r.study.design.design_study`) of the plan,
     with prior findings read from the store when it exists (never created or written)."""
+    from a3r.graph.coder import heldout_capacity
     from a3r.graph.context import RunContext
     from a3r.graph.records import prior_findings
     from a3r.study.design import budget_drops, design_study
@@ -552,6 +607,14 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
         raise _fail('the question is empty: ask one, e.g. "find the best KL coefficient on arithmetic"')
     plan, provider = _dry_plan(question, settings, overrides, mode="research")
     assert plan.sweep is not None
+    capacity = heldout_capacity(plan)
+    fewer = ""
+    if capacity is not None and capacity < settings.eval_tasks:
+        fewer = (
+            f"  note: --eval-tasks {settings.eval_tasks}, but the {plan.template} template's held-out split has "
+            f"{capacity} tasks (a quarter of its tasks): every evaluation runs those {capacity}"
+        )
+        settings = settings.model_copy(update={"eval_tasks": capacity})
     priors = []
     store_note = f"no knowledge store at {settings.store}: no prior findings"
     if "://" not in settings.store and Path(settings.store).is_file():
@@ -580,11 +643,12 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     say(
         f"  template: {plan.template or '(new code)'}; varied: {setting.label} ({sweep.variable}, {setting.target} setting)"
     )
+    if fewer:
+        say(fewer)
     if plan.params:  # the template's knobs the runs use (the varied one excepted)
-        say(
-            "  template parameters: "
-            + ", ".join(f"{k}={v!r}" for k, v in sorted(plan.params.items()) if k != sweep.variable)
-        )
+        say("  template parameters:")
+        for line in _param_lines(plan, skip=sweep.variable):
+            say(f"    {line}")
     say(
         f"  goal: {sweep.goal.replace('_', '-')}; fixed: "
         + ", ".join(
@@ -651,7 +715,10 @@ def resume(
         bool | None, typer.Option("--auto-approve/--ask", help="Override the thread's approval mode.")
     ] = None,
     budget_minutes: Annotated[
-        float | None, typer.Option("--budget-minutes", min=0.1, help="New budget of the thread.")
+        float | None,
+        typer.Option(
+            "--budget-minutes", min=0.1, callback=_finite, help="New budget of the thread in minutes."
+        ),
     ] = None,
     wait: WaitOption = False,
     root: RootOption = Path(".a3r"),

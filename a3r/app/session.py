@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from a3r.errors import ThreadNotFound
 from a3r.graph import Ledger, PatchReview, RunContext, build_graph, open_checkpointer
 from a3r.providers import ProviderConfig, ProviderKind, make_provider
+from a3r.study.research import MAX_EVAL_TASKS
 from memory import PatchStatus, Store
 
 __all__ = ["Session", "SessionSettings", "Step", "open_session"]
@@ -62,9 +63,9 @@ class SessionSettings(BaseModel):
     model: str | None = None
     server_url: str | None = None
     auto_approve: bool = False
-    budget_minutes: float = Field(default=60.0, gt=0)
-    hang_after_s: float = Field(default=180.0, gt=0)
-    eval_tasks: int = Field(default=16, ge=1)
+    budget_minutes: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    hang_after_s: float = Field(default=180.0, gt=0, allow_inf_nan=False)
+    eval_tasks: int = Field(default=16, ge=1, le=MAX_EVAL_TASKS)
     eval_samples: int = Field(default=2, ge=1)
     max_patches: int = Field(default=2, ge=0)
     server_options: dict[str, Any] = Field(default_factory=dict)

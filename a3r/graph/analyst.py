@@ -19,7 +19,13 @@ from a3r.errors import PatchNotAllowed
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_finding
 from a3r.graph.state import PatchReview, ResearchState, first_hypothesis
-from a3r.study.analysis import Diagnosis, detect_part_exploits, detect_reward_hacking, part_roles
+from a3r.study.analysis import (
+    Diagnosis,
+    detect_part_exploits,
+    detect_reward_hacking,
+    on_shared_tasks,
+    part_roles,
+)
 from a3r.study.effects import LEVEL, EffectVerdict, step_effect, two_sample_effect
 from a3r.study.patches import PATCHABLE, check_allowed, unified_diff
 from a3r.study.plans import PatchDraft
@@ -80,13 +86,14 @@ def _held_out_check(state: ResearchState, outcome: RunOutcome) -> list[tuple[Dia
     curve = [point for o in runs if o.purpose == "train" for point in o.curve]
     if base is None or len(curve) < 2:
         return []
+    (base_on, after_on), _ = on_shared_tasks([base, outcome.eval])  # the same held-out tasks
     signs = detect_reward_hacking(
-        [curve[0], curve[-1]], [(0, base.mean_reward), (1, outcome.eval.mean_reward)]
+        [curve[0], curve[-1]], [(0, base_on.mean_reward), (1, after_on.mean_reward)]
     )
     if not signs:
         return []
     rise = step_effect([v for _, v in curve])
-    fall = two_sample_effect(base.rewards, outcome.eval.rewards)
+    fall = two_sample_effect(base_on.rewards, after_on.rewards)
     both = rise.verdict is EffectVerdict.confirmed and fall.verdict is EffectVerdict.confirmed
     status = FindingStatus.confirmed if both else FindingStatus.unconfirmed
     found = []

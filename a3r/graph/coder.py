@@ -31,7 +31,7 @@ from a3r.providers import CodeFailure
 from a3r.study.plans import GeneratedCode, PlanDraft
 from memory import ArtifactKind
 
-__all__ = ["coder", "write_generated"]
+__all__ = ["coder", "heldout_capacity", "write_generated"]
 
 _ARTIFACTS = (
     ("workflow.py", ArtifactKind.workflow),
@@ -64,8 +64,24 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 
+def heldout_capacity(plan: PlanDraft) -> int | None:
+    """Most held-out tasks `_heldout` can write for ``plan``: a seeded generator's largest ``n_tasks``,
+    else a quarter of the template's tasks (the split `_heldout` makes); ``None`` for new code (not
+    known before it is written)."""
+    if plan.template is None:
+        return None
+    template = templates.get_template(plan.template)
+    specs = {p.name: p for p in template.meta.parameters if p.target == templates.ParamTarget.DATA}
+    if {"seed", "n_tasks"} <= set(specs):
+        most = specs["n_tasks"].maximum
+        return int(most) if most is not None else None
+    rows = len(template.build_tasks(plan.params))
+    return rows if rows < 2 else max(1, rows // 4)
+
+
 def _heldout(ws: Path, plan: PlanDraft, n: int) -> None:
-    """Write ``heldout.jsonl``: fresh tasks of a seeded generator, else the last tasks split off."""
+    """Write ``heldout.jsonl``: fresh tasks of a seeded generator, else the last tasks split off (at
+    most `heldout_capacity`)."""
     target = ws / "heldout.jsonl"
     if target.exists():
         return
@@ -206,7 +222,13 @@ def coder(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal
             },
         )
     repaired = f" after {attempts - 1} {'repair' if attempts == 2 else 'repairs'}" if attempts > 1 else ""
-    line = f"coder: workspace {ws} validated{repaired} ({report.tasks} tasks; held-out {sum(1 for _ in (ws / 'heldout.jsonl').open())})"
+    held_out = sum(1 for _ in (ws / "heldout.jsonl").open())
+    fewer = (
+        f" of the {ctx.eval_tasks} asked (--eval-tasks): the template's held-out split has no more"
+        if held_out < ctx.eval_tasks
+        else ""
+    )
+    line = f"coder: workspace {ws} validated{repaired} ({report.tasks} tasks; held-out {held_out}{fewer})"
     ctx.store.log_event(line, study_id=study_id)
     ctx.say(line)
     return Command(goto="runner", update={"workspace": str(ws), "artifacts": artifacts, "log": [line]})

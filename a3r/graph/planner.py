@@ -26,6 +26,7 @@ from a3r.study.design import (
     MIN_STABLE_REFINE_ROUNDS,
     PriorFinding,
     best_refine_values,
+    check_overrides,
     coarse_values,
     design_study,
     replicate_additions,
@@ -115,6 +116,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
     plan = ctx.provider.plan(request, mode=mode)
     overrides = state.get("overrides") or {}
     if overrides:
+        check_overrides(plan, overrides)
         try:
             training = TrainingSettings.model_validate({**plan.training.model_dump(), **overrides})
         except ValidationError as exc:

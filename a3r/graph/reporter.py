@@ -13,12 +13,18 @@ from langgraph.runtime import Runtime
 from a3r.graph.context import RunContext
 from a3r.graph.records import config_identity, ensure_finding
 from a3r.graph.state import ResearchState, first_hypothesis
-from a3r.study.analysis import DiagnosisKind, part_roles
+from a3r.study.analysis import DiagnosisKind, on_shared_tasks, part_roles, task_span
 from a3r.study.design import STABLE_CONFIRM_SEEDS, ranked_by_held_out, seed_means
 from a3r.study.effects import LEVEL, Effect, EffectVerdict, curve_effect, two_sample_effect
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
-from a3r.study.research import ConfigVerdict, min_stable_value, non_monotone, verdicts
+from a3r.study.research import (
+    ConfigVerdict,
+    compared_tasks_text,
+    min_stable_value,
+    non_monotone,
+    verdicts,
+)
 from a3r.study.runs import RunOutcome
 from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
@@ -48,15 +54,27 @@ def train_effect(outcomes: list[RunOutcome]) -> Effect:
     return curve_effect(curves, can_learn=not why, why_not=why)
 
 
-def held_out_effect(state: ResearchState) -> Effect | None:
+def held_out_effect(state: ResearchState) -> tuple[Effect, str] | None:
     """Held-out mean reward after training minus before (the smoke run's evaluation), over episodes
-    (`a3r.study.effects.two_sample_effect`); ``None`` without both evaluations."""
+    (`a3r.study.effects.two_sample_effect`), on the held-out tasks both evaluations ran
+    (`a3r.study.analysis.on_shared_tasks`); ``None`` without both evaluations.
+
+    Returns:
+        The effect and which tasks it compares, in a few words.
+    """
     outcomes = state.get("outcomes", [])
     before = next((o.eval for o in outcomes if o.purpose == "smoke" and o.eval is not None), None)
     after = next((o.eval for o in reversed(outcomes) if o.purpose == "train" and o.eval is not None), None)
     if before is None or after is None:
         return None
-    return two_sample_effect(after.rewards, before.rewards)
+    (after_on, before_on), tasks = on_shared_tasks([after, before])
+    if tasks is None:
+        where = f"before on {before.tasks} task(s), after on {after.tasks} (not recorded per task)"
+    else:
+        where = f"on the {len(tasks)} held-out task(s) both evaluations ran: {task_span(tasks)}"
+        if before.tasks != len(tasks) or after.tasks != len(tasks):
+            where += f"; before ran {before.tasks}, after {after.tasks}"
+    return two_sample_effect(after_on.rewards, before_on.rewards), where
 
 
 _CONFIDENCE_OF = {
@@ -85,7 +103,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         f"steps of {state['plan'].template} on {len(seeds)} seed(s): {effect.describe(verdict=False)}{change}"
     )
     if held is not None:
-        statement += f". Held-out mean reward after − before training: {held.describe()}"
+        statement += f". Held-out mean reward after − before training ({held[1]}): {held[0].describe()}"
     ensure_finding(
         ctx,
         study_id,
@@ -93,7 +111,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         evidence={
             "curve": curve,
             "effect": effect.model_dump(),
-            "held_out_effect": held.model_dump() if held else None,
+            "held_out_effect": held[0].model_dump() if held else None,
         },
         confidence=_CONFIDENCE_OF[effect.verdict],
         status=FindingStatus(effect.verdict.value),
@@ -134,7 +152,12 @@ def _best_conclusion(
     if len(ranked) < 2:
         return f"unconfirmed: {text}; only one configuration was evaluated", FindingStatus.unconfirmed
     outcomes = state.get("outcomes", [])
-    lead = two_sample_effect(seed_means(outcomes, best.value), seed_means(outcomes, ranked[1].value))
+    lead = two_sample_effect(
+        seed_means(outcomes, best.value),
+        seed_means(outcomes, ranked[1].value),
+        unit="seeds",
+        sides=(f"for {variable} = {best.value:g}", f"for {variable} = {ranked[1].value:g}"),
+    )
     status = FindingStatus.confirmed if lead.verdict is EffectVerdict.confirmed else FindingStatus.unconfirmed
     return (
         f"{status.value}: {text}; lead over {variable} = {ranked[1].value:g}: {lead.describe(verdict=False)}",
@@ -153,10 +176,11 @@ def _comparison_conclusion(
     a, b = plan.sweep.coarse[0], plan.sweep.coarse[1]
     outcomes = state.get("outcomes", [])
     arm_a, arm_b = seed_means(outcomes, a), seed_means(outcomes, b)
-    effect = two_sample_effect(arm_b, arm_a)
+    side_a, side_b = f"for {variable} = {a:g}", f"for {variable} = {b:g}"
+    effect = two_sample_effect(arm_b, arm_a, unit="seeds", sides=(side_b, side_a))
     head = f"{variable} {b:g} vs {a:g}: held-out mean reward {_mean_text(arm_b)} vs {_mean_text(arm_a)}"
     if goal == "effect_of" and math.isfinite(effect.estimate) and effect.estimate < 0:
-        drop = two_sample_effect(arm_a, arm_b)
+        drop = two_sample_effect(arm_a, arm_b, unit="seeds", sides=(side_a, side_b))
         if drop.verdict is EffectVerdict.confirmed:
             return (
                 f"confirmed: changing {variable} from {a:g} to {b:g} lowers the held-out mean reward; {head}; "
@@ -169,7 +193,7 @@ def _comparison_conclusion(
     if (
         goal == "effect_of"
         and status is FindingStatus.refuted
-        and two_sample_effect(arm_a, arm_b).verdict is not EffectVerdict.refuted
+        and two_sample_effect(arm_a, arm_b, unit="seeds").verdict is not EffectVerdict.refuted
     ):
         status = FindingStatus.unconfirmed
     what = (
@@ -183,7 +207,25 @@ def _comparison_conclusion(
 def _mean_text(values: list[float]) -> str:
     if not values:
         return "n/a (0 seeds)"
-    return f"{statistics.fmean(values):.3f} ({len(values)} seeds)"
+    return f"{statistics.fmean(values):.3f} ({len(values)} seed{'s' if len(values) != 1 else ''})"
+
+
+def _config_statement(c: ConfigVerdict, variable: str, status: FindingStatus) -> str:
+    """A min-stable study's finding on one configuration: its stability verdict and margin."""
+    verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
+    return (
+        f"{status.value}: {variable}={c.value:g} is {verdict} ({len(c.stable_seeds)}/{len(c.seeds)} seeds stable; "
+        f"last-k train reward {c.last_k_reward:.3f}, held-out p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}); "
+        f"margin over the threshold: {c.margin.describe() if c.margin else 'no step recorded'}"
+    )
+
+
+def _measured_statement(c: ConfigVerdict, variable: str) -> str:
+    """A best, A-vs-B or effect-of study's record of one configuration: what its runs measured."""
+    return (
+        f"measured: {variable}={c.value:g} on seeds {c.seeds}: held-out mean reward {c.eval_mean_reward:.3f}, "
+        f"p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}; last-k train reward {c.last_k_reward:.3f}"
+    )
 
 
 def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> str:
@@ -195,30 +237,34 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     identity = config_identity(plan, ctx.model)
     outcomes = state.get("outcomes", [])
     own = {o.run_id for o in outcomes if o.stage != "prior"}  # reused runs stay linked to their own study
+    stability_goal = plan.sweep.goal == "min_stable"
     for c in configs:
-        verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
-        status = _config_status(c)
+        # One finding per configuration (a later study reuses its runs through it), about what the goal
+        # asks: its stability for a min-stable question, else only what was measured (the comparison's
+        # verdict is the conclusion's).
+        status = _config_status(c) if stability_goal else FindingStatus.unconfirmed
         ensure_finding(
             ctx,
             study_id,
-            statement=(
-                f"{status.value}: {variable}={c.value:g} is {verdict} ({len(c.stable_seeds)}/{len(c.seeds)} seeds stable; "
-                f"last-k train reward {c.last_k_reward:.3f}, held-out p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}); "
-                f"margin over the threshold: {c.margin.describe() if c.margin else 'no step recorded'}"
-            ),
+            statement=_config_statement(c, variable, status)
+            if stability_goal
+            else _measured_statement(c, variable),
             evidence={
                 "identity": identity,
                 "value": c.value,
                 "reused_from": [p.finding_id for p in state.get("priors") or [] if p.value == c.value],
                 "outcomes": [o.model_dump() for o in outcomes if o.purpose == "sweep" and o.value == c.value],
-                "reasons": c.reasons,
                 "runs": c.runs,
                 "last_k_reward": c.last_k_reward,
                 "pass_at_1": c.pass_at_1,
                 "pass_at_2": c.pass_at_2,
                 "mean_reward": c.eval_mean_reward,
-                "margin": c.margin.model_dump() if c.margin else None,
-            },
+            }
+            | (
+                {"reasons": c.reasons, "margin": c.margin.model_dump() if c.margin else None}
+                if stability_goal
+                else {}
+            ),
             confidence=LEVEL if status is FindingStatus.confirmed else 0.3,
             status=status,
             seeds=c.seeds,
@@ -229,10 +275,13 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
         return "unconfirmed: no sweep run finished; no conclusion"
     all_ids = [i for c in configs for i in c.run_ids if i in own]
     seeds = sorted({s for c in configs for s in c.seeds})
-    if plan.sweep.goal == "best":
-        statement, status = _best_conclusion(state, configs, variable)
-    elif plan.sweep.goal in ("a_vs_b", "effect_of"):
-        statement, status = _comparison_conclusion(state, configs, variable, plan.sweep.goal)
+    if plan.sweep.goal in ("best", "a_vs_b", "effect_of"):
+        if plan.sweep.goal == "best":
+            statement, status = _best_conclusion(state, configs, variable)
+        else:
+            statement, status = _comparison_conclusion(state, configs, variable, plan.sweep.goal)
+        compared = compared_tasks_text(outcomes)
+        statement += f". Compared on the same tasks: {compared}" if compared else ""
     else:
         statement, status = _min_stable_conclusion(configs, variable)
     ensure_finding(
@@ -348,7 +397,7 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         patches=ctx.store.patches(study_id),
         conclusion=conclusion,
         reward_parts=tuple(part_roles(plan.template)),
-        notes=[note for note in (state.get("sizing"),) if note]
+        notes=[note for note in (state.get("sizing"), compared_tasks_text(outcomes, baseline)) if note]
         + [f"reused the runs of prior {p.cite()}" for p in state.get("priors") or []],
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))

@@ -207,6 +207,48 @@ def _specific_matches(request: str) -> list[tuple[str, float]]:
     return [(name, score) for name, score in templates.match(request) if name in specific]
 
 
+BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
+"""Words a request may give a true/false template parameter (`templates.ParamSpec.coerce` reads them)."""
+
+
+def _bool_param(name: str, template: str, text: str) -> dict[str, str]:
+    """A true/false template parameter written in words: its name (``_`` or a space between its words)
+    then one of `BOOL_WORDS`, e.g. "with tell roles true", "tell-roles: off".
+
+    Returns:
+        ``{name: word}``, or ``{}`` when the request does not name the parameter.
+
+    Raises:
+        PlanError: The request names the parameter without a value it can read (never dropped silently).
+    """
+    phrase = r"[ _-]?".join(re.escape(word) for word in name.split("_"))
+    words = "|".join(BOOL_WORDS)
+    found = re.search(rf"\b{phrase}\b\s*(?:=|:|is|to|set to)?\s*\b({words})\b", text)
+    if found:
+        return {name: found.group(1)}
+    if re.search(rf"\b{phrase}\b", text):
+        raise PlanError(
+            f"{name!r} is a true/false parameter of {template}: write its value after it "
+            f"({name}=true, '{name.replace('_', ' ')} off'; one of {', '.join(BOOL_WORDS)})"
+        )
+    return {}
+
+
+def _rationale(
+    template: str, score: float, params: dict[str, Any], read: list[str], chosen: list[str]
+) -> str:
+    """Why this plan: the template's keyword match, the parameters read from the request (with their
+    values), those the plan chose, and that the rest are the template's defaults."""
+    given = ", ".join(f"{k} = {params[k]!r}" for k in read) or "none"
+    text = f"template {template!r} matched the request by keywords (score {score:g}); parameters read from the request: {given}"
+    if chosen:
+        text += f"; chosen by the plan: {'; '.join(chosen)}"
+    rest = [k for k in sorted(params) if k not in read and not any(c.startswith(f"{k} ") for c in chosen)]
+    if rest:
+        text += f"; template defaults: {', '.join(rest)}"
+    return text
+
+
 # ------------------------------------------------------------------------------------------ offline
 class OfflineProvider:
     """Deterministic provider: keyword-matched templates, parsed parameters, rule-based patches.
@@ -250,7 +292,8 @@ class OfflineProvider:
             )
         name = matches[0][0]
         template = templates.get_template(name)
-        params = self._template_params(template.meta, text)
+        params, read = self._template_params(template.meta, text)
+        chosen: list[str] = []  # parameters the plan sets, neither read nor left at their default
         kind: Literal["train", "research"] = "research" if mode == "research" else "train"
         # A research question's numbers after the varied setting are its values, not a training setting.
         varied = find_setting_in(text, template.meta) if kind == "research" else None
@@ -272,6 +315,8 @@ class OfflineProvider:
             knob = next((p for p in template.meta.parameters if p.name == sweep.variable), None)
             if knob is not None:  # the workflow keeps the template's default; each run overrides it
                 params[sweep.variable] = knob.default
+                read = [r for r in read if r != sweep.variable]
+                chosen.append(f"{sweep.variable} is the swept knob (each run sets its own value)")
             hypotheses = hypotheses_for(
                 PlanDraft(
                     kind=kind,
@@ -306,15 +351,14 @@ class OfflineProvider:
             hypotheses=hypotheses,
             sweep=sweep,
             stability=stability,
-            rationale=(
-                f"template {name!r} matched the request by keywords (score {matches[0][1]:g}); parameters "
-                f"read from the request: {sorted(params) or 'none'}"
-            ),
+            rationale=_rationale(name, matches[0][1], params, read, chosen),
         )
         return check_plan(draft)
 
     @staticmethod
-    def _template_params(meta: templates.TemplateMeta, text: str) -> dict[str, Any]:
+    def _template_params(meta: templates.TemplateMeta, text: str) -> tuple[dict[str, Any], list[str]]:
+        """Every parameter of the template (resolved: types checked, defaults filled in) and the names
+        of those the request gave."""
         params: dict[str, Any] = {}
         names = {p.name for p in meta.parameters}
         if "level" in names:
@@ -347,12 +391,14 @@ class OfflineProvider:
             n_tasks = _find_number(text, r"NUM\s*tasks")
             if n_tasks is not None:
                 params["n_tasks"] = int(n_tasks)
-        for spec in meta.parameters:  # explicit "name=value" pairs win
+        for spec in meta.parameters:
             match = re.search(rf"\b{re.escape(spec.name)}\s*=\s*([^\s,;]+)", text)
-            if match:
+            if match:  # explicit "name=value" pairs win
                 params[spec.name] = match.group(1)
+            elif spec.type == "bool":
+                params |= _bool_param(spec.name, meta.name, text)
         try:
-            return dict(meta.resolve(params))
+            return dict(meta.resolve(params)), sorted(params)
         except templates.TemplateParamError as exc:
             raise PlanError(str(exc)) from None
 

@@ -18,7 +18,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -44,11 +44,14 @@ __all__ = [
     "groups_of",
     "mean_ci",
     "metric_series",
+    "on_shared_tasks",
     "part_curves",
     "part_roles",
     "pass_at_k",
     "read_progress",
+    "shared_tasks",
     "summarise_rewards",
+    "task_span",
 ]
 
 
@@ -272,6 +275,9 @@ class RewardSummary(BaseModel):
         pass_at_2: Mean over tasks with >= 2 attempts of unbiased pass@2 (``nan`` if none).
         rewards: Every episode's reward, for intervals (`a3r.study.effects.two_sample_effect`); empty
             in summaries recorded before it was kept.
+        task_rewards: The rewards per task id (held-out evaluations), so that two evaluations can be
+            compared on the tasks both ran (`shared_tasks`, `on_tasks`); empty when not kept.
+        correct_threshold: The reward at which an attempt counted as correct.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -282,16 +288,59 @@ class RewardSummary(BaseModel):
     pass_at_1: float
     pass_at_2: float
     rewards: list[float] = Field(default_factory=list)
+    task_rewards: dict[str, list[float]] = Field(default_factory=dict)
+    correct_threshold: float = 1.0
+
+    def on_tasks(self, tasks: Collection[str]) -> RewardSummary:
+        """The same evaluation restricted to ``tasks`` (those it did not run are ignored).
+
+        Raises:
+            ValueError: The summary kept no rewards per task.
+        """
+        if not self.task_rewards:
+            raise ValueError("this evaluation kept no rewards per task")
+        kept = {task: rewards for task, rewards in self.task_rewards.items() if task in tasks}
+        return summarise_rewards(kept, correct_threshold=self.correct_threshold, keep_tasks=True)
+
+
+def shared_tasks(summaries: Iterable[RewardSummary]) -> frozenset[str] | None:
+    """The task ids every one of ``summaries`` evaluated; ``None`` when one of them kept no rewards per
+    task (recorded before they were kept) or there is no summary."""
+    found: frozenset[str] | None = None
+    for summary in summaries:
+        if not summary.task_rewards:
+            return None
+        tasks = frozenset(summary.task_rewards)
+        found = tasks if found is None else found & tasks
+    return found
+
+
+def on_shared_tasks(summaries: Sequence[RewardSummary]) -> tuple[list[RewardSummary], frozenset[str] | None]:
+    """The summaries restricted to the tasks every one of them evaluated (`shared_tasks`), so that they
+    compare the same tasks; unchanged, with ``None`` for the tasks, when one kept no rewards per task."""
+    tasks = shared_tasks(summaries)
+    if tasks is None:
+        return list(summaries), None
+    return [s.on_tasks(tasks) for s in summaries], tasks
+
+
+def task_span(tasks: Collection[str]) -> str:
+    """The task ids of a comparison in a few words: all of them up to 6, else the first 3 and a count."""
+    ordered = sorted(tasks, key=lambda t: (len(t), t))
+    if len(ordered) <= 6:
+        return ", ".join(ordered)
+    return f"{', '.join(ordered[:3])}, … ({len(ordered)} in all)"
 
 
 def summarise_rewards(
-    groups: Mapping[Any, Sequence[float]], *, correct_threshold: float = 1.0
+    groups: Mapping[Any, Sequence[float]], *, correct_threshold: float = 1.0, keep_tasks: bool = False
 ) -> RewardSummary:
     """Mean reward, pass@1 and pass@2 (`pass_at_k`) of grouped rewards.
 
     Args:
         groups: Rewards per task (e.g. `groups_of` of eval episodes with G >= 2).
         correct_threshold: An attempt is correct when its reward is at least this.
+        keep_tasks: Keep the rewards per task (`RewardSummary.task_rewards`, keyed by ``str(key)``).
     """
     rewards = [r for rs in groups.values() for r in rs]
     p1: list[float] = []
@@ -310,6 +359,8 @@ def summarise_rewards(
         pass_at_1=statistics.fmean(p1) if p1 else math.nan,
         pass_at_2=statistics.fmean(p2) if p2 else math.nan,
         rewards=rewards,
+        task_rewards={str(task): list(rs) for task, rs in groups.items() if rs} if keep_tasks else {},
+        correct_threshold=correct_threshold,
     )
 
 

@@ -23,17 +23,20 @@ import itertools
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
+from a3r.errors import PlanError
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
 from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
 from a3r.study.research import (
     ConfigVerdict,
+    compared_evals,
     estimate_run_s,
     fit_budget,
     min_stable_value,
@@ -56,6 +59,7 @@ __all__ = [
     "StageSketch",
     "StudyDesign",
     "best_refine_values",
+    "check_overrides",
     "coarse_values",
     "design_study",
     "hypotheses_for",
@@ -194,14 +198,13 @@ def coarse_values(plan: PlanDraft, priors: Sequence[PriorFinding]) -> list[float
 
 
 def seed_means(outcomes: Sequence[RunOutcome], value: float) -> list[float]:
-    """Held-out mean reward of each evaluated sweep run of ``value`` (one number per seed)."""
+    """Held-out mean reward of each evaluated sweep run of ``value`` (one number per seed), over the
+    held-out tasks every evaluated sweep run of ``outcomes`` ran (`compared_evals`)."""
+    shared, _ = compared_evals(outcomes)
     return [
-        o.eval.mean_reward
-        for o in outcomes
-        if o.purpose == "sweep"
-        and o.value == value
-        and o.eval is not None
-        and math.isfinite(o.eval.mean_reward)
+        e.mean_reward
+        for i, e in sorted(shared.items())
+        if outcomes[i].value == value and math.isfinite(e.mean_reward)
     ]
 
 
@@ -328,6 +331,27 @@ def reword_seeds(text: str, before: Sequence[int], after: Sequence[int]) -> str:
     for written in (f"[{listed}]", f"{{{listed}}}", joined):
         text = re.sub(rf"\bseeds?\s+{re.escape(written)}(?!\d|\.\d)", f"{noun} {list(after)}", text)
     return text
+
+
+def check_overrides(plan: PlanDraft, overrides: Mapping[str, Any]) -> None:
+    """Refuse command-line training settings the study's sweep would override: each run of a sweep
+    over a training setting sets that setting itself, so a fixed value given for it (``--serve-option
+    kl-coef=0.1`` while the study varies the KL coefficient) would be dropped without a word.
+
+    Raises:
+        PlanError: The swept setting is among ``overrides`` (one line naming it and its values).
+    """
+    if plan.sweep is None or plan.sweep.variable not in overrides:
+        return
+    setting = resolve_setting(plan.sweep.variable, plan.template)
+    if setting.target != "training":
+        return
+    values = ", ".join(f"{v:g}" for v in plan.sweep.coarse)
+    raise PlanError(
+        f"the study varies {setting.label} ({plan.sweep.variable} ∈ {{{values}}}): the fixed "
+        f"{plan.sweep.variable} = {overrides[plan.sweep.variable]} given on the command line would be replaced "
+        "by each run's value; drop it, or ask a question about another setting"
+    )
 
 
 def restate_for_training(draft: PlanDraft, plan: PlanDraft) -> PlanDraft:

@@ -99,6 +99,8 @@ class Effect(BaseModel):
         more_needed: About how many more units (of ``unit``) would settle an unconfirmed verdict
             (``None`` when settled or when no number of units would, e.g. a run that cannot learn).
         note: Why the verdict is capped or could not be computed ("" when it was not).
+        min_effect_basis: Where ``min_effect`` comes from when it is not ``MIN_EFFECT_SD`` × ``noise_sd``
+            (e.g. a non-inferiority margin whose tolerance is already in the reference); "" for that rule.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -115,6 +117,7 @@ class Effect(BaseModel):
     verdict: EffectVerdict
     more_needed: int | None = None
     note: str = ""
+    min_effect_basis: str = ""
 
     def describe(self, *, verdict: bool = True) -> str:
         """One line: the verdict first (unless ``verdict=False``), then the estimate, its interval, the
@@ -126,7 +129,7 @@ class Effect(BaseModel):
             else ""
         )
         if not math.isfinite(self.estimate):
-            return f"{head}{self.note or 'no estimate'}{settle}"
+            return f"{head}not estimated: {self.note or 'no value to estimate it from'}{settle}"
         units = f"{self.n} {self.unit if self.n != 1 else self.unit.rstrip('s')}"
         if self.unit == "steps" and math.isfinite(self.autocorrelation):
             units += f", lag-1 autocorrelation taken as {max(self.autocorrelation, 0.0):.2f} → n_eff {self.n_eff:.1f}"
@@ -135,13 +138,22 @@ class Effect(BaseModel):
             if math.isfinite(self.low) and math.isfinite(self.high)
             else "no interval"
         )
-        text = (
-            f"{head}{self.estimate:+.3f} ({interval}; {units}); minimum effect "
-            f"{self.min_effect:.3f} (= {MIN_EFFECT_SD:g} σ, σ = {self.noise_sd:.3f})"
+        floor = (
+            f"{_number(self.min_effect)} ({self.min_effect_basis}); noise σ = {_number(self.noise_sd)}"
+            if self.min_effect_basis
+            else f"{_number(self.min_effect)} (= {MIN_EFFECT_SD:g} σ, σ = {_number(self.noise_sd)})"
         )
+        text = f"{head}{self.estimate:+.3f} ({interval}; {units}); minimum effect {floor}"
         if self.note:
             text += f"; {self.note}"
         return text + settle
+
+
+def _number(value: float) -> str:
+    """Three decimals, or two significant digits for a value that three decimals would show as 0."""
+    if value != 0 and math.isfinite(value) and abs(value) < 0.0005:
+        return f"{value:.2g}"
+    return f"{value:.3f}"
 
 
 def lag1_autocorrelation(residuals: Sequence[float]) -> float:
@@ -205,11 +217,14 @@ def _judge(
     noise_sd: float,
     autocorrelation: float = math.nan,
     min_effect: float | None = None,
+    min_effect_basis: str = "",
     can_learn: bool = True,
     why_not: str = "",
 ) -> Effect:
-    """Interval, minimum effect, verdict and the replication that would settle it."""
+    """Interval, minimum effect, verdict and the replication that would settle it; the verdict is
+    judged against the very ``min_effect`` the `Effect` carries (and `Effect.describe` prints)."""
     floor = MIN_EFFECT_SD * noise_sd if min_effect is None else min_effect
+    basis = "" if min_effect is None else (min_effect_basis or "given, not derived from σ")
     verdict, note, more = EffectVerdict.unconfirmed, "", None
     low = high = math.nan
     if not (math.isfinite(estimate) and math.isfinite(se) and math.isfinite(floor)):
@@ -243,6 +258,7 @@ def _judge(
         verdict=verdict,
         more_needed=more,
         note=note,
+        min_effect_basis=basis,
     )
 
 
@@ -351,6 +367,7 @@ def level_effect(
     reference: float,
     *,
     min_effect: float | None = None,
+    min_effect_basis: str = "",
     noise_sd: float | None = None,
 ) -> Effect:
     """Mean of one run's per-step series minus a fixed ``reference`` (e.g. the last k steps' reward
@@ -360,6 +377,7 @@ def level_effect(
         series: Values per step, shape (n,).
         reference: The level to compare with.
         min_effect: Override of the minimum effect.
+        min_effect_basis: Where the override comes from (printed by `Effect.describe`).
         noise_sd: σ to set the minimum effect from (default: the series' own standard deviation).
     """
     values = [v for v in series if math.isfinite(v)]
@@ -379,6 +397,7 @@ def level_effect(
         noise_sd=sigma if noise_sd is None else noise_sd,
         autocorrelation=rho,
         min_effect=min_effect,
+        min_effect_basis=min_effect_basis,
     )
 
 
@@ -387,6 +406,7 @@ def seed_effect(
     *,
     noise_sd: float | None = None,
     min_effect: float | None = None,
+    min_effect_basis: str = "",
     can_learn: bool = True,
     why_not: str = "",
 ) -> Effect:
@@ -397,6 +417,7 @@ def seed_effect(
         noise_sd: σ behind the minimum effect (e.g. the pooled within-run step noise); default the
             standard deviation of the per-seed estimates.
         min_effect: Override of the minimum effect.
+        min_effect_basis: Where the override comes from (printed by `Effect.describe`).
         can_learn: ``False`` caps the verdict at unconfirmed.
         why_not: Why it cannot learn.
 
@@ -416,23 +437,45 @@ def seed_effect(
         n_eff=float(len(values)),
         noise_sd=sd if noise_sd is None else noise_sd,
         min_effect=min_effect,
+        min_effect_basis=min_effect_basis,
         can_learn=can_learn,
         why_not=why_not,
     )
 
 
 def two_sample_effect(
-    after: Sequence[float], before: Sequence[float], *, min_effect: float | None = None
+    after: Sequence[float],
+    before: Sequence[float],
+    *,
+    min_effect: float | None = None,
+    unit: Unit = "episodes",
+    sides: tuple[str, str] = ("after", "before"),
 ) -> Effect:
-    """Mean of ``after`` minus mean of ``before`` over independent episodes (e.g. held-out rewards
-    after vs before training): Welch's t interval with the Welch–Satterthwaite degrees of freedom
-    (B. L. Welch 1947, "The generalization of 'Student's' problem when several different population
-    variances are involved", Biometrika 34:28). σ is the pooled standard deviation.
+    """Mean of ``after`` minus mean of ``before`` over independent replicates (e.g. held-out rewards
+    after vs before training over episodes, or two arms' per-seed means over seeds): Welch's t
+    interval with the Welch–Satterthwaite degrees of freedom (B. L. Welch 1947, "The generalization of
+    'Student's' problem when several different population variances are involved", Biometrika 34:28).
+    σ is the pooled standard deviation.
+
+    Args:
+        after: The first sample, shape (n_a,).
+        before: The second sample, shape (n_b,).
+        min_effect: Override of the minimum effect.
+        unit: What one value is (an episode's reward, a seed's mean).
+        sides: Names of the two samples, for the note when one has fewer than 2 values.
+
+    Returns:
+        The effect; unconfirmed and not estimated when a side has fewer than 2 finite values (the
+        note says how many each side has).
     """
     a = [v for v in after if math.isfinite(v)]
     b = [v for v in before if math.isfinite(v)]
     if len(a) < 2 or len(b) < 2:
-        return _undecided(len(a) + len(b), "episodes", "an interval needs at least 2 episodes on each side")
+        one = unit.rstrip("s")
+        counts = f"{len(a)} {one if len(a) == 1 else unit} {sides[0]} and {len(b)} {sides[1]}"
+        return _undecided(
+            len(a) + len(b), unit, f"{counts}, but an interval needs at least 2 {unit} on each side"
+        )
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
     df_den = (va * va / (len(a) - 1)) + (vb * vb / (len(b) - 1))
@@ -446,7 +489,7 @@ def two_sample_effect(
         se=se,
         df=df,
         n=len(a) + len(b),
-        unit="episodes",
+        unit=unit,
         n_eff=float(len(a) + len(b)),
         noise_sd=pooled,
         min_effect=min_effect,

@@ -17,6 +17,7 @@ from a3r.errors import PlanError
 from a3r.study.settings import resolve_setting
 
 __all__ = [
+    "MIN_TEMPERATURE",
     "GeneratedCode",
     "Goal",
     "HypothesisDraft",
@@ -281,13 +282,21 @@ def check_plan(draft: PlanDraft) -> PlanDraft:
     return draft.model_copy(update={"params": params})
 
 
+MIN_TEMPERATURE = 0.1
+"""Smallest sampling temperature a research plan may run at or sweep over. At temperature T a token whose
+logit trails the top one by 1 nat is drawn with odds e^(−1/T) against it: 4.5·10⁻⁵ at T = 0.1, ~10⁻⁹ at
+0.05, 0 in float32 at 1e-9. Below 0.1 the G completions of a group can differ only where the top logits
+are within a small fraction of a nat, so, as at T = 0 (greedy), they are all but always identical."""
+
+
 def _check_degenerate(draft: PlanDraft, params: dict[str, Any]) -> None:
     """Refuse configurations GRPO cannot train (one line each).
 
-    * A research plan at, or sweeping over, temperature 0: it samples the same completion for all G
-      episodes of a group, so their rewards are equal, every advantage is 0 (Shao et al. 2024, eq. 3)
-      and no step has a gradient. A training plan at 0 is not refused: its zero-signal groups are what
-      the analyst diagnoses, proposing to raise the temperature.
+    * A research plan at, or sweeping over, a temperature below `MIN_TEMPERATURE` (0 included): it
+      samples the same completion for all G episodes of a group (at 0 always, below 0.1 all but
+      always), so their rewards are equal, every advantage is 0 (Shao et al. 2024, eq. 3) and no step
+      has a gradient. A training plan at 0 is not refused: its zero-signal groups are what the analyst
+      diagnoses, proposing to raise the temperature.
     * ``minibatches`` must divide B·G, the episodes of a step, so that every optimizer update sees as
       many episodes (the trainer would otherwise split the batch unevenly).
 
@@ -307,10 +316,18 @@ def _check_degenerate(draft: PlanDraft, params: dict[str, Any]) -> None:
             configs = [
                 draft.training.model_copy(update={setting.name: setting.cast(v)}) for v in draft.sweep.coarse
             ]
-    if any(t <= 0 for t in temperatures):
+    low = [t for t in temperatures if t < MIN_TEMPERATURE]
+    if low and min(low) <= 0:
         raise PlanError(
             "a sampling temperature of 0 samples the same completion for every episode of a GRPO group: equal "
-            "rewards, zero advantage, nothing to train on; use temperatures > 0 (e.g. 0.6, 1.0)"
+            f"rewards, zero advantage, nothing to train on; use temperatures >= {MIN_TEMPERATURE:g} (e.g. 0.6, 1.0)"
+        )
+    if low:
+        raise PlanError(
+            f"a sampling temperature of {min(low):g} is below {MIN_TEMPERATURE:g}, where a token 1 nat behind the top "
+            f"one is drawn with odds e^(−1/T) < 5e-5: every episode of a GRPO group samples (all but always) the same "
+            f"completion, as at 0: equal rewards, zero advantage, nothing to train on; use temperatures >= "
+            f"{MIN_TEMPERATURE:g} (e.g. 0.6, 1.0)"
         )
     for config in configs:
         rows = config.batch_size * config.group_size

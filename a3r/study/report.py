@@ -131,9 +131,15 @@ def _parts_table(parts: dict[int, dict[str, list[float]]]) -> list[str]:
 
 
 def plot_sweep(
-    configs: Sequence[ConfigVerdict], variable: str, baseline: RewardSummary | None, path: Path
+    configs: Sequence[ConfigVerdict],
+    variable: str,
+    baseline: RewardSummary | None,
+    path: Path,
+    *,
+    stability: bool = True,
 ) -> Path | None:
-    """Held-out p@1, p@2 and last-k train reward per swept value, stable values marked."""
+    """Held-out p@1, p@2 and last-k train reward per swept value, stable values marked when
+    ``stability`` (a min-stable question)."""
     if not configs:
         return None
     xs = [c.value for c in configs]
@@ -144,11 +150,11 @@ def plot_sweep(
     if baseline is not None and math.isfinite(baseline.mean_reward):
         ax.axhline(baseline.mean_reward, color="grey", linestyle=":", label="untrained baseline")
     for c in configs:
-        if c.stable:
+        if c.stable and stability:
             ax.axvline(c.value, color="green", alpha=0.15)
     if variable in ("batch_size", "group_size", "lr"):
         ax.set_xscale("log", base=2 if variable != "lr" else 10)
-    ax.set_xlabel(variable + " (green: stable on every seed)")
+    ax.set_xlabel(variable + (" (green: stable on every seed)" if stability else ""))
     ax.set_ylabel("reward / pass rate")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -185,8 +191,14 @@ def write_report(
     """
     folder.mkdir(parents=True, exist_ok=True)
     curves = plot_rewards(outcomes, folder / "reward_curves.png")
+    # stability verdicts belong to a min-stable question; the other goals compare held-out rewards
+    stability = plan.sweep is not None and plan.sweep.goal == "min_stable"
     sweep = plot_sweep(
-        configs, plan.sweep.variable if plan.sweep else "value", baseline, folder / "sweep.png"
+        configs,
+        plan.sweep.variable if plan.sweep else "value",
+        baseline,
+        folder / "sweep.png",
+        stability=stability,
     )
     lines = [
         f"# Study {study.id}: {study.question}",
@@ -196,7 +208,8 @@ def write_report(
         (
             "_Verdicts come from `a3r.study.effects`: confirmed only when the effect's 95% confidence interval "
             "(over seeds, or over steps with their autocorrelation handled) clears the minimum effect "
-            "(0.5 σ of the observed noise); otherwise unconfirmed, with what would settle it._"
+            "(0.5 σ of the observed noise; 0 for a stability margin, whose threshold already allows the "
+            "pre-registered tolerance δ); otherwise unconfirmed, with what would settle it._"
         ),
         "",
         "## Plan",
@@ -243,18 +256,25 @@ def write_report(
             f"{_fmt(e.pass_at_1 if e else None)} | {_fmt(e.pass_at_2 if e else None)} | {_mean_se(e)} |"
         )
     if configs:
-        lines += [
-            "",
-            "## Configurations",
-            "",
-            f"| {plan.sweep.variable if plan.sweep else 'value'} | seeds | stable seeds | stable | last-k train reward | p@1 | p@2 | mean reward | why unstable |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
+        name = plan.sweep.variable if plan.sweep else "value"
+        lines += ["", "## Configurations", ""]
+        if stability:
+            lines += [
+                f"| {name} | seeds | stable seeds | stable | last-k train reward | p@1 | p@2 | mean reward | why unstable |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+        else:
+            lines += [
+                f"| {name} | seeds | last-k train reward | held-out p@1 | held-out p@2 | held-out mean reward |",
+                "|---|---|---|---|---|---|",
+            ]
         for c in configs:
             verdict = {True: "yes", False: "no", None: "undecided"}[c.stable]
+            stable = f" {c.stable_seeds} | {verdict} |" if stability else ""
+            why = f" {'; '.join(c.reasons)[:300]} |" if stability else ""
             lines.append(
-                f"| {c.value:g} | {c.seeds} | {c.stable_seeds} | {verdict} | {_fmt(c.last_k_reward)} | {_fmt(c.pass_at_1)} | "
-                f"{_fmt(c.pass_at_2)} | {_fmt(c.eval_mean_reward)} | {'; '.join(c.reasons)[:300]} |"
+                f"| {c.value:g} | {c.seeds} |{stable} {_fmt(c.last_k_reward)} | {_fmt(c.pass_at_1)} | "
+                f"{_fmt(c.pass_at_2)} | {_fmt(c.eval_mean_reward)} |{why}"
             )
     if curves is not None:
         lines += ["", "## Reward curves", "", f"![reward curves]({curves.name})"]

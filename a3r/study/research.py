@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from a3r.study.analysis import DiagnosisKind, RewardSummary
+from a3r.study.analysis import DiagnosisKind, RewardSummary, on_shared_tasks, task_span
 from a3r.study.effects import Effect, level_effect, seed_effect
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings
 from a3r.study.runs import RunOutcome, RunSpec
@@ -24,6 +24,7 @@ from a3r.study.settings import resolve_setting
 __all__ = [
     "EVAL_BUDGET_SHARE",
     "HELDOUT_BUDGET_SHARE",
+    "MAX_EVAL_TASKS",
     "MIN_HELDOUT_TASKS",
     "SAFETY_SHARE",
     "UPDATE_SHARE",
@@ -31,6 +32,8 @@ __all__ = [
     "HeldoutSizing",
     "Sizing",
     "Verdict",
+    "compared_evals",
+    "compared_tasks_text",
     "estimate_run_s",
     "eval_reserve_s",
     "fit_budget",
@@ -50,6 +53,13 @@ __all__ = [
 
 SERVER_OVERHEAD_S = 20.0
 """Seconds to start, checkpoint and stop a server, added to every sweep run's estimate."""
+
+MAX_EVAL_TASKS = 256
+"""Most held-out tasks an evaluation may ask for (``--eval-tasks``). The preflight attempts each task 4
+times and calibrates its sequential futility test over every look (`a3r.study.sequential`), at a cost
+that grows about quadratically with the attempts: 2.5 s for 256 tasks (1,024 attempts), 12 s for 1,000,
+and more than 100 s for 10,000 on this 2-core CPU; and 256 tasks × 4 attempts already exceed the
+preflight's own 285 s budget on any model this project runs."""
 
 EVAL_BUDGET_SHARE = 0.15
 """Share of a run's remaining wall-time budget a held-out evaluation may use (it is sized to fit), and
@@ -561,11 +571,19 @@ def stability_margin(
     tails = [[v for _, v in o.curve[-criterion.last_k :]] for o in outcomes if o.curve]
     if not tails:
         return None
+    basis = (
+        f"a non-inferiority margin: the threshold already allows the pre-registered δ = {criterion.delta:g}"
+    )
     if len(tails) == 1:
-        return level_effect(tails[0], threshold, min_effect=0.0)
+        return level_effect(tails[0], threshold, min_effect=0.0, min_effect_basis=basis)
     spreads = [statistics.variance([v for _, v in o.curve]) for o in outcomes if len(o.curve) >= 2]
     noise = math.sqrt(statistics.fmean(spreads)) if spreads else None
-    return seed_effect([statistics.fmean(t) - threshold for t in tails], noise_sd=noise, min_effect=0.0)
+    return seed_effect(
+        [statistics.fmean(t) - threshold for t in tails],
+        noise_sd=noise,
+        min_effect=0.0,
+        min_effect_basis=basis,
+    )
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -573,10 +591,52 @@ def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(finite) if finite else math.nan
 
 
+def compared_evals(outcomes: Sequence[RunOutcome]) -> tuple[dict[int, RewardSummary], frozenset[str] | None]:
+    """The held-out evaluations of the evaluated sweep runs, each restricted to the tasks all of them
+    ran (`a3r.study.analysis.on_shared_tasks`): configurations, arms and seeds are compared on the same
+    held-out tasks even when some runs evaluated more (a prior study's runs, a different budget).
+
+    Returns:
+        ``({index of the run in outcomes: its restricted evaluation}, the shared task ids)``; the task
+        ids are ``None`` when a run kept no rewards per task (its summary is then used unrestricted).
+    """
+    indices = [i for i, o in enumerate(outcomes) if o.purpose == "sweep" and o.eval is not None]
+    restricted, tasks = on_shared_tasks([e for i in indices if (e := outcomes[i].eval) is not None])
+    return dict(zip(indices, restricted, strict=True)), tasks
+
+
+def compared_tasks_text(outcomes: Sequence[RunOutcome], baseline: RewardSummary | None = None) -> str:
+    """Which held-out tasks the configurations were compared on, in one sentence ("" without an
+    evaluated sweep run): their number and ids, and those of the runs or the baseline that ran more."""
+    evaluated = [o.eval for o in outcomes if o.purpose == "sweep" and o.eval is not None]
+    if not evaluated:
+        return ""
+    _, tasks = compared_evals(outcomes)
+    if tasks is None:
+        counts = sorted({e.tasks for e in evaluated})
+        return (
+            "held-out comparisons use each run's own tasks (some runs kept no rewards per task); runs "
+            f"evaluated {' or '.join(str(c) for c in counts)} tasks"
+        )
+    text = f"held-out numbers of the configurations are over the {len(tasks)} task(s) every evaluated run ran ({task_span(tasks)})"
+    more = sorted({e.tasks for e in evaluated if e.tasks > len(tasks)})
+    if more:
+        text += f"; runs that evaluated {' or '.join(str(m) for m in more)} tasks are compared on these only"
+    if baseline is not None and baseline.tasks != len(tasks):
+        text += (
+            f"; the untrained baseline (preflight) ran {baseline.tasks} tasks, and its numbers over them are not "
+            "a comparison with the trained runs"
+        )
+    return text
+
+
 def verdicts(
     outcomes: Sequence[RunOutcome], *, baseline: RewardSummary, criterion: StabilityCriterion
 ) -> list[ConfigVerdict]:
-    """Per swept value: the seeds' verdicts and held-out p@1/p@2/mean reward, ascending by value."""
+    """Per swept value: the seeds' verdicts and held-out p@1/p@2/mean reward (over the held-out tasks
+    every evaluated run ran: `compared_evals`), ascending by value."""
+    shared, _ = compared_evals(outcomes)
+    evaluation = {id(outcomes[i]): e for i, e in shared.items()}
     grouped: dict[float, list[tuple[RunOutcome, RunOutcome, Verdict]]] = defaultdict(list)
     for outcome in outcomes:
         if outcome.purpose != "sweep" or outcome.value is None:
@@ -593,7 +653,7 @@ def verdicts(
             stable = True
         else:
             stable = None
-        evals = [o.eval for _, o, _ in rows if o.eval is not None]
+        evals = [evaluation[id(o)] for _, o, _ in rows if id(o) in evaluation]
         result.append(
             ConfigVerdict(
                 value=value,

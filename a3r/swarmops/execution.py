@@ -40,7 +40,7 @@ from a3r.study.analysis import (
     read_progress,
     summarise_rewards,
 )
-from a3r.study.research import EVAL_BUDGET_SHARE, recheck_steps, size_heldout
+from a3r.study.research import EVAL_BUDGET_SHARE, EVAL_RESERVE_MARGIN, recheck_steps, size_heldout
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.sequential import SignalCheck
 from a3r.study.settings import SETTINGS, serve_flags
@@ -335,13 +335,18 @@ def _client(
     return launch("client", argv, log_path=run_dir / "client.log", cwd=ws.root, env=env)
 
 
-def eval_tasks_within(ctx: ExecutionContext, budget_s: float, seconds_per_episode: float) -> int:
+def eval_tasks_within(
+    ctx: ExecutionContext, budget_s: float, seconds_per_episode: float, *, reserve_s: float = 0.0
+) -> int:
     """Held-out tasks to evaluate: ``ctx.eval_tasks``, fewer when their expected time (at the measured
-    seconds per episode, ``eval_samples`` attempts each) would exceed `EVAL_BUDGET_SHARE` of the budget;
-    at least 2."""
+    seconds per episode, ``eval_samples`` attempts each) would exceed what the evaluation may take:
+    `EVAL_BUDGET_SHARE` of the budget left, or, when more, the time the run kept for it (``reserve_s``,
+    less its `EVAL_RESERVE_MARGIN`; a run the budget stopped has little else left, and 15% of its
+    reserve would evaluate a fraction of the tasks it was kept for); at least 2."""
     if not math.isfinite(seconds_per_episode) or seconds_per_episode <= 0:
         return ctx.eval_tasks
-    affordable = int(EVAL_BUDGET_SHARE * budget_s / (seconds_per_episode * ctx.eval_samples))
+    allowed = max(EVAL_BUDGET_SHARE * budget_s, min(reserve_s, budget_s) / EVAL_RESERVE_MARGIN)
+    affordable = int(allowed / (seconds_per_episode * ctx.eval_samples))
     return max(2, min(ctx.eval_tasks, affordable))
 
 
@@ -508,13 +513,13 @@ def _evaluate(
         signal = None
     # An attempt that failed (time limit, error) is an incorrect attempt: limits are part of the evaluation.
     failed = [r for r in records if r.status != "finished" or r.reward is None]
-    groups: dict[tuple[int, str], list[float]] = {}
+    groups: dict[str, list[float]] = {}  # one evaluation is one round (its file is new): by task id
     for record in records:
         reward = record.reward if record.status == "finished" and record.reward is not None else 0.0
-        groups.setdefault((record.round, record.task_id), []).append(reward)
+        groups.setdefault(record.task_id, []).append(reward)
     note = _failure_note(failed, len(records)) if failed else ""
     note += f": {cuts}" if cuts else ""
-    return _Evaluation(summarise_rewards(groups), note, elapsed, signal)
+    return _Evaluation(summarise_rewards(groups, keep_tasks=True), note, elapsed, signal)
 
 
 def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recorder) -> ServerHandle:
@@ -882,7 +887,7 @@ def _conclude(
                 lambda: (
                     _smoke_heldout(run, per_episode, available)
                     if spec.purpose == "smoke"
-                    else eval_tasks_within(ctx, remaining, per_episode)
+                    else eval_tasks_within(ctx, remaining, per_episode, reserve_s=run.eval_reserve_s)
                 ),
             )
         )

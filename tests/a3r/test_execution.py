@@ -133,6 +133,7 @@ def test_a_budget_stop_keeps_time_for_the_held_out_evaluation(tmp_path: Path) ->
         ctx.close_servers()
     assert outcome.status == "budget", outcome.reason
     assert outcome.eval is not None and outcome.eval.episodes == 4 and outcome.eval_s > 0
+    assert sorted(outcome.eval.task_rewards) == ["h0", "h1"]  # per task, to compare runs on the same tasks
     assert outcome.wall_s < 75 + 30  # the evaluation fitted in its reserve (plus the server's stop)
     server_dir = ws.server_dir("b")
     metrics = server_dir / "metrics.jsonl"  # absent when no step ran (a heavily loaded machine)

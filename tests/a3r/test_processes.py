@@ -91,6 +91,10 @@ def test_held_out_evaluation_is_sized_to_the_budget(tmp_path: Path) -> None:
     assert eval_tasks_within(ctx, 3600, 1.0) == 16  # cheap episodes: as configured
     assert eval_tasks_within(ctx, 1800, 60.0) == 2  # one-minute games: 15% of 30 min buys 2 tasks × 2
     assert eval_tasks_within(ctx, 3600, 30.0) == 9
+    # A run the budget stopped: the 540 s it kept for its evaluation pay for 540 / 1.25 / 60 = 7 tasks
+    # (15% of them paid for 1 task: the floor of 2 was evaluated)
+    assert eval_tasks_within(ctx, 540, 30.0, reserve_s=540) == 7
+    assert eval_tasks_within(ctx, 540, 30.0) == 2
 
 
 def test_cpu_seconds_of_a_busy_and_an_idle_process(tmp_path: Path) -> None:

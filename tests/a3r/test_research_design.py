@@ -447,6 +447,15 @@ def test_dry_run_prices_max_tokens_by_the_token_cap() -> None:
             "what is the effect of temperature 0 vs 1 on arithmetic",
             "error: a sampling temperature of 0 samples the same completion for every episode of a GRPO group",
         ),
+        # near 0 is refused as 0 is: below 0.1 a group's completions are all but always identical
+        (
+            "effect of temperature 1e-9 on arithmetic",
+            "error: a sampling temperature of 1e-09 is below 0.1, where a token 1 nat behind the top one is drawn",
+        ),
+        (
+            "find min stable batch size on arithmetic with temperature 0.05",
+            "error: a sampling temperature of 0.05 is below 0.1",
+        ),
         (
             "find the effect of 3 vs 1 minibatches on arithmetic",
             "error: 3 minibatches do not divide the B·G = 2·4 = 8 episodes of a step (B=2, G=4): use one of "

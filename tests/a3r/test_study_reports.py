@@ -1,0 +1,199 @@
+"""What a finished study says: the reporter node, on a real store, over recorded run outcomes of an
+offline-planned study (A-vs-B, effect-of, best, min-stable and vibe): its conclusion, its findings
+and its Markdown report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.runtime import Runtime
+
+from a3r.graph.reporter import reporter
+from a3r.providers import OfflineProvider
+from a3r.study.analysis import RewardSummary, summarise_rewards
+from a3r.study.runs import RunOutcome
+from memory import Store
+from tests.a3r.planner_states import offline_context, preflight_state
+
+BASELINE = RewardSummary(tasks=8, episodes=32, mean_reward=0.3, pass_at_1=0.3, pass_at_2=0.45)
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store(tmp_path / "memory.db") as opened:
+        yield opened
+
+
+def _held_out(rewards: dict[str, float]) -> RewardSummary:
+    """A held-out evaluation of two attempts per task, both scoring the task's reward ± 0.05."""
+    return summarise_rewards({task: [r - 0.05, r + 0.05] for task, r in rewards.items()}, keep_tasks=True)
+
+
+def _sweep(
+    value: float,
+    seed: int,
+    held_out: float,
+    curve: list[float] | None = None,
+    evaluation: RewardSummary | None = None,
+) -> RunOutcome:
+    """A finished sweep run of ``value`` on ``seed`` whose held-out evaluation scored ``held_out`` (or
+    is ``evaluation``)."""
+    rewards = [held_out + d for d in (-0.1, 0.1, -0.05, 0.05)]
+    return RunOutcome(
+        key=f"coarse-v={value:g}-s{seed}",
+        run_id=0,
+        purpose="sweep",
+        seed=seed,
+        value=value,
+        status="finished",
+        reason="",
+        steps=4,
+        curve=[(i + 1, v) for i, v in enumerate(curve or [0.3, 0.32, 0.35, 0.36])],
+        eval=evaluation
+        or RewardSummary(
+            tasks=2, episodes=4, mean_reward=held_out, pass_at_1=held_out, pass_at_2=held_out, rewards=rewards
+        ),
+    )
+
+
+def _report(tmp_path: Path, store: Store, question: str, runs: list[RunOutcome]) -> tuple[str, str]:
+    """Run the reporter on ``question``'s study after ``runs``: its conclusion and its report's text."""
+    state: dict[str, Any] = preflight_state(store, question, BASELINE)
+    experiment = store.create_experiment(state["study_id"], "runs")
+    recorded = [o.model_copy(update={"run_id": store.start_run(experiment.id, name=o.key).id}) for o in runs]
+    state |= {
+        "outcomes": [*state["outcomes"], *recorded],
+        "baseline": BASELINE,
+        "workspace": str(tmp_path / "ws"),
+    }
+    result = reporter(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+    return str(result["conclusion"]), Path(str(result["report"])).read_text(encoding="utf-8")
+
+
+def test_a_comparison_with_one_seed_per_arm_says_what_is_missing(tmp_path: Path, store: Store) -> None:
+    conclusion, _ = _report(
+        tmp_path, store, "arithmetic: lr 1e-4 vs 1e-3", [_sweep(1e-4, 0, 0.3), _sweep(1e-3, 0, 0.5)]
+    )
+    assert conclusion.startswith("unconfirmed: lr = 0.001 beats 0.0001?")
+    assert (
+        "effect not estimated: 1 seed for lr = 0.001 and 1 for lr = 0.0001, but an interval needs at least "
+        "2 seeds on each side" in conclusion
+    )
+
+
+def test_the_printed_minimum_effect_is_the_one_the_verdict_used(tmp_path: Path, store: Store) -> None:
+    # One seed per value: the stability margin is judged over the last k steps of the run, against a
+    # threshold (baseline − δ) that already allows the tolerance δ, so its minimum effect is 0, not 0.5 σ.
+    runs = [_sweep(v, 0, 0.3, [0.3, 0.35, 0.4, 0.38, 0.42, 0.41]) for v in (1, 2, 4, 8)]
+    _, report = _report(tmp_path, store, "find min stable batch size on arithmetic", runs)
+    margins = [line for line in report.splitlines() if "margin over the threshold" in line]
+    assert margins and "= 0.5 σ" not in "".join(margins)
+    assert (
+        "minimum effect 0.000 (a non-inferiority margin: the threshold already allows the pre-registered δ"
+        in (margins[0])
+    )
+    assert "noise σ = " in margins[0]
+
+
+def test_a_tiny_minimum_effect_is_not_printed_as_zero() -> None:
+    from a3r.study.effects import MIN_EFFECT_SD, step_effect
+
+    effect = step_effect([0.0, 1e-4, 3e-4, 2e-4, 5e-4, 4e-4])
+    assert 0 < effect.min_effect < 5e-4
+    text = effect.describe()
+    assert (
+        f"minimum effect {effect.min_effect:.2g} (= {MIN_EFFECT_SD:g} σ, σ = {effect.noise_sd:.2g})" in text
+    )
+
+
+def test_arms_are_compared_on_the_held_out_tasks_all_of_them_ran(tmp_path: Path, store: Store) -> None:
+    # lr = 1e-4 ran all 8 held-out tasks (5 easy ones among them), lr = 1e-3 only the first 3: over
+    # those 3, 1e-3 scores 0.4 and 1e-4 0.2, although 1e-4's mean over its 8 tasks is 0.7.
+    wide = {f"h{i}": 0.2 if i < 3 else 1.0 for i in range(8)}
+    runs = [
+        _sweep(1e-4, s, 0, evaluation=_held_out({t: r + 0.01 * s for t, r in wide.items()})) for s in (0, 1)
+    ]
+    runs += [
+        _sweep(1e-3, s, 0, evaluation=_held_out({f"h{i}": 0.4 + 0.01 * s for i in range(3)})) for s in (0, 1)
+    ]
+    conclusion, report = _report(tmp_path, store, "arithmetic: lr 1e-4 vs 1e-3", runs)
+    assert "held-out mean reward 0.405 (2 seeds) vs 0.205 (2 seeds)" in conclusion
+    compared = (
+        "held-out numbers of the configurations are over the 3 task(s) every evaluated run ran (h0, h1, h2); "
+        "runs that evaluated 8 tasks are compared on these only"
+    )
+    assert f"Compared on the same tasks: {compared}" in conclusion
+    assert f"- {compared}; the untrained baseline (preflight) ran 8 tasks" in report
+    assert "| 0.0001 | [0, 1] |" in report and "| 0.205 |" in report  # the table too: 3 tasks, not 8
+
+
+def test_before_and_after_training_compare_the_same_held_out_tasks(tmp_path: Path, store: Store) -> None:
+    study = store.create_study("train arithmetic", kind="vibe")
+    experiment = store.create_experiment(study.id, "runs")
+    before = _held_out({f"h{i}": 0.2 if i < 3 else 1.0 for i in range(8)})
+    after = _held_out({f"h{i}": 0.5 for i in range(3)})
+    runs = [
+        RunOutcome(key="smoke", run_id=0, purpose="smoke", status="finished", reason="", eval=before),
+        RunOutcome(
+            key="train-s0",
+            run_id=0,
+            purpose="train",
+            status="finished",
+            reason="",
+            steps=4,
+            curve=[(1, 0.2), (2, 0.3), (3, 0.35), (4, 0.5)],
+            eval=after,
+        ),
+    ]
+    state: dict[str, Any] = {
+        "request": study.question,
+        "mode": "vibe",
+        "study_id": study.id,
+        "plan": OfflineProvider().plan(study.question, mode="vibe"),
+        "outcomes": [
+            o.model_copy(update={"run_id": store.start_run(experiment.id, name=o.key).id}) for o in runs
+        ],
+        "workspace": str(tmp_path / "ws"),
+    }
+    result = reporter(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+    conclusion = str(result["conclusion"])
+    held = conclusion.split("Held-out mean reward after − before training ", 1)[1]
+    assert held.startswith(
+        "(on the 3 held-out task(s) both evaluations ran: h0, h1, h2; before ran 8, after 3): "
+    )
+    assert "+0.300 (95% CI" in held  # 0.5 − 0.2 over h0..h2, not 0.5 − 0.7 over different tasks
+
+
+@pytest.mark.parametrize(
+    ("question", "values", "stability"),
+    [
+        ("arithmetic: lr 1e-4 vs 1e-3", (1e-4, 1e-3), False),
+        ("effect of lr 1e-3 on arithmetic", (2e-4, 1e-3), False),
+        ("lr 1e-4 vs 1e-3 vs 1e-2 on arithmetic", (1e-4, 1e-3, 1e-2), False),
+        ("find min stable batch size on arithmetic", (1, 2, 4, 8), True),
+    ],
+)
+def test_a_study_reports_only_the_findings_of_its_goal(
+    tmp_path: Path, store: Store, question: str, values: tuple[float, ...], stability: bool
+) -> None:
+    # The second seed of the first value falls far below the baseline: unstable under the default rule.
+    runs = [
+        _sweep(v, s, 0.3 + 0.1 * i, [0.3, 0.2, 0.1, 0.0] if (i, s) == (0, 1) else None)
+        for i, v in enumerate(values)
+        for s in (0, 1)
+    ]
+    _, report = _report(tmp_path, store, question, runs)
+    findings = report.split("## Findings", 1)[1]
+    said = [w for w in ("stable", "margin over the threshold", "why unstable") if w in report]
+    if stability:
+        assert (
+            "is unstable" in findings
+            and "margin over the threshold" in findings
+            and "| why unstable |" in report
+        )
+    else:
+        assert said == [], said
+        assert f"measured: lr={values[0]:g} on seeds [0, 1]: held-out mean reward 0.300" in findings
