@@ -304,7 +304,7 @@ class _HotRoute:
 
 class HotRoutes:
     """The hot `LeanRoute` routes of an app, matched and served ahead of its router and its middleware
-    (`swarm.server.app.SwarmApp` calls it from the outside; docs/ARCHITECTURE.md §Hot routes).
+    (`swarm.server.app.SwarmApp` calls it from the outside; docs/ARCHITECTURE.md §One request's path).
 
     A route joins once the router has routed a request to it (its lean handler registers it), and only
     when its ``(method, path format)`` is in ``paths``: those must be routes no earlier route of the app
