@@ -71,10 +71,11 @@ META = TemplateMeta(
         ParamSpec(name="hide_leaks", type="bool", default=True,
                   description="Show a description that says its speaker's word as *** (False: as said, so a "
                               "leak tells the others one's word and can win the vote)."),
-        ParamSpec(name="leak_penalty", type="float", default=0.5, minimum=0.0, maximum=1.0,
-                  description="Reward cost per description that says the own word."),
-        ParamSpec(name="invalid_vote_penalty", type="float", default=0.25, minimum=0.0, maximum=1.0,
-                  description="Reward cost per invalid vote."),
+        ParamSpec(name="leak_penalty", type="float", default=0.5, minimum=-1.0, maximum=1.0,
+                  description="Reward cost per description that says the own word (negative: a broken "
+                              "reward that pays for leaking, for reward-hacking experiments)."),
+        ParamSpec(name="invalid_vote_penalty", type="float", default=0.25, minimum=-1.0, maximum=1.0,
+                  description="Reward cost per invalid vote (negative: a broken reward that pays for it)."),
         ParamSpec(name="opponent_base_url", type="str", default=None, nullable=True,
                   description="OpenAI base URL for untrained players (None: the episode's own server)."),
         ParamSpec(name="opponent_model", type="str", default=None, nullable=True,

@@ -15,6 +15,7 @@ import templates
 from a3r.providers import OfflineProvider, read_params
 from a3r.study.analysis import Diagnosis, DiagnosisKind
 from memory import ArtifactKind, Store
+from templates.who_is_the_spy.reward import role_reward
 
 
 def test_the_broken_request_reaches_the_workflow_and_the_patch_restores_the_penalty(tmp_path: Path) -> None:
@@ -40,6 +41,27 @@ def test_the_broken_request_reaches_the_workflow_and_the_patch_restores_the_pena
     assert draft is not None and draft.file == "workflow.py"
     patched = read_params(draft.new_content)
     assert patched == {**params, "leak_penalty": 0.5}
+
+
+def test_a_sign_flipped_penalty_pays_for_leaking_and_the_patch_restores_the_default(tmp_path: Path) -> None:
+    """The other broken reward the bench runs (``leak_penalty=-0.5``, a sign error): leaking is paid
+    directly, with no help from the game needed, and the offline rule sets the template default back."""
+    plan = OfflineProvider().plan("train who-is-the-spy leak_penalty=-0.5", mode="vibe")
+    assert plan.params["leak_penalty"] == -0.5
+    assert (
+        role_reward(won=False, leaks=2, invalid_votes=0, leak_penalty=-0.5) == 1.0
+    )  # a losing leaker is paid
+    rendered = templates.render(plan.template, {**plan.params, "n_tasks": 2}, tmp_path / "spy")
+    workflow = rendered.workflow.read_text(encoding="utf-8")
+    leak = Diagnosis(
+        kind=DiagnosisKind.reward_hacking,
+        summary="leak_rate (violation) rose",
+        evidence={"part": "leak_rate", "role": "violation"},
+        patchable=True,
+    )
+    draft = OfflineProvider().propose_patch(leak, {"workflow.py": workflow}, template=plan.template)
+    assert draft is not None
+    assert read_params(draft.new_content)["leak_penalty"] == 0.5
 
 
 def _write_progress(path: Path, leak: list[float], win: list[float], per_point: int, penalty: float) -> None:
