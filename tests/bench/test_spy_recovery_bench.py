@@ -14,8 +14,20 @@ import spy_recovery
 import templates
 from a3r.providers import OfflineProvider, read_params
 from a3r.study.analysis import Diagnosis, DiagnosisKind
+from a3r.study.plans import PatchDraft
 from memory import ArtifactKind, Store
 from templates.who_is_the_spy.reward import role_reward
+
+
+def _leak_patch(workflow: str, template: str | None) -> PatchDraft | None:
+    """The offline provider's patch of ``workflow`` for a confirmed rise of the leak rate."""
+    leak = Diagnosis(
+        kind=DiagnosisKind.reward_hacking,
+        summary="leak_rate (violation) rose",
+        evidence={"part": "leak_rate", "role": "violation"},
+        patchable=True,
+    )
+    return OfflineProvider().propose_patch(leak, {"workflow.py": workflow}, template=template)
 
 
 def test_the_broken_request_reaches_the_workflow_and_the_patch_restores_the_penalty(tmp_path: Path) -> None:
@@ -31,13 +43,7 @@ def test_the_broken_request_reaches_the_workflow_and_the_patch_restores_the_pena
     params = read_params(workflow)
     assert params["leak_penalty"] == 0.0 and params["hide_leaks"] is False
     assert params["invalid_vote_penalty"] == 0.25  # only the leak penalty is broken
-    leak = Diagnosis(
-        kind=DiagnosisKind.reward_hacking,
-        summary="leak_rate (violation) rose",
-        evidence={"part": "leak_rate", "role": "violation"},
-        patchable=True,
-    )
-    draft = OfflineProvider().propose_patch(leak, {"workflow.py": workflow}, template=plan.template)
+    draft = _leak_patch(workflow, plan.template)
     assert draft is not None and draft.file == "workflow.py"
     patched = read_params(draft.new_content)
     assert patched == {**params, "leak_penalty": 0.5}
@@ -53,13 +59,7 @@ def test_a_sign_flipped_penalty_pays_for_leaking_and_the_patch_restores_the_defa
     )  # a losing leaker is paid
     rendered = templates.render(plan.template, {**plan.params, "n_tasks": 2}, tmp_path / "spy")
     workflow = rendered.workflow.read_text(encoding="utf-8")
-    leak = Diagnosis(
-        kind=DiagnosisKind.reward_hacking,
-        summary="leak_rate (violation) rose",
-        evidence={"part": "leak_rate", "role": "violation"},
-        patchable=True,
-    )
-    draft = OfflineProvider().propose_patch(leak, {"workflow.py": workflow}, template=plan.template)
+    draft = _leak_patch(workflow, plan.template)
     assert draft is not None
     assert read_params(draft.new_content)["leak_penalty"] == 0.5
 
