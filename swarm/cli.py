@@ -479,7 +479,7 @@ def main() -> None:
     """Entry point of the ``swarm`` console script."""
     from swarm.client.console_script import run_console_script  # as in the commands: the client loads late
 
-    run_console_script(app)
+    run_console_script(app, prog_name="swarm")
 
 
 if __name__ == "__main__":

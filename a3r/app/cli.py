@@ -266,7 +266,7 @@ _register_research_commands(app)  # vibe, research, resume
 
 def main() -> None:
     """Entry point of the ``a3r`` console script."""
-    run_console_script(app)
+    run_console_script(app, prog_name="a3r")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from rich.markup import escape
 __all__ = ["run_console_script"]
 
 
-def run_console_script(typer_app: typer.Typer) -> NoReturn:
+def run_console_script(typer_app: typer.Typer, *, prog_name: str) -> NoReturn:
     """Run a Typer app as a console script; a usage mistake ends in one line on stderr.
 
     Typer draws usage errors (an unknown option, ``--max-staleness abc``) as a multi-line box; here they
@@ -24,6 +24,8 @@ def run_console_script(typer_app: typer.Typer) -> NoReturn:
 
     Args:
         typer_app: The app to run on ``sys.argv``.
+        prog_name: The program's name in messages (``a3r``), also when it runs as ``python -m …``, where
+            click would otherwise name it after the module that was run.
 
     Raises:
         SystemExit: Always: the command's exit code (0 when it returns nothing), click's code for a usage
@@ -31,7 +33,7 @@ def run_console_script(typer_app: typer.Typer) -> NoReturn:
     """
     console = Console(stderr=True)
     try:
-        code = typer_app(standalone_mode=False)
+        code = typer_app(standalone_mode=False, prog_name=prog_name)
     except typer.TyperException as exc:  # click's usage errors (Typer vendors click)
         if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
             ctx = getattr(exc, "ctx", None)
