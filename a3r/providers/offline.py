@@ -80,6 +80,9 @@ _JOINER = (
 )
 """What may stand between a setting's name and its values, or between two values."""
 
+_PAIR = re.compile(r"(?<![\w.-])([a-z][a-z0-9_]*)\s*=\s*([^\s,;]+)")
+"""An explicit ``name=value`` pair of a request (``batch_size=3``, ``lr=1e-3``)."""
+
 
 def _mention_end(text: str, aliases: tuple[str, ...]) -> int | None:
     """Where the first mention of a setting (any of its ``aliases``) ends, or ``None``."""
@@ -141,6 +144,10 @@ def _values_before(prefix: str) -> list[float]:
             break
         run.insert(0, earlier)
     return [float(m.group(1)) for m in run]
+
+
+def _is_number(value: str) -> bool:
+    return re.fullmatch(_NUMBER, value) is not None
 
 
 def _find_number(text: str, *patterns: str) -> float | None:
@@ -235,12 +242,21 @@ def _bool_param(name: str, template: str, text: str) -> dict[str, str]:
 
 
 def _rationale(
-    template: str, score: float, params: dict[str, Any], read: list[str], chosen: list[str]
+    template: str,
+    score: float,
+    params: dict[str, Any],
+    read: list[str],
+    chosen: list[str],
+    training: Mapping[str, Any],
 ) -> str:
-    """Why this plan: the template's keyword match, the parameters read from the request (with their
-    values), those the plan chose, and that the rest are the template's defaults."""
+    """Why this plan: the template's keyword match, the parameters and training settings read from the
+    request (with their values), those the plan chose, and that the rest are the template's defaults."""
     given = ", ".join(f"{k} = {params[k]!r}" for k in read) or "none"
     text = f"template {template!r} matched the request by keywords (score {score:g}); parameters read from the request: {given}"
+    if training:
+        text += "; training settings read from the request: " + ", ".join(
+            f"{k} = {v!r}" for k, v in training.items()
+        )
     if chosen:
         text += f"; chosen by the plan: {'; '.join(chosen)}"
     rest = [k for k in sorted(params) if k not in read and not any(c.startswith(f"{k} ") for c in chosen)]
@@ -297,7 +313,7 @@ class OfflineProvider:
         kind: Literal["train", "research"] = "research" if mode == "research" else "train"
         # A research question's numbers after the varied setting are its values, not a training setting.
         varied = find_setting_in(text, template.meta) if kind == "research" else None
-        training = self._training(text, skip=varied)
+        training, training_read = self._training(text, skip=varied)
         hypotheses: list[HypothesisDraft]
         sweep: SweepSpec | None = None
         stability: StabilityCriterion | None = None
@@ -351,7 +367,9 @@ class OfflineProvider:
             hypotheses=hypotheses,
             sweep=sweep,
             stability=stability,
-            rationale=_rationale(name, matches[0][1], params, read, chosen),
+            rationale=_rationale(
+                name, matches[0][1], params, read, chosen, {k: getattr(training, k) for k in training_read}
+            ),
         )
         return check_plan(draft)
 
@@ -403,26 +421,38 @@ class OfflineProvider:
             raise PlanError(str(exc)) from None
 
     @staticmethod
-    def _training(text: str, *, skip: str | None = None) -> TrainingSettings:
+    def _training(text: str, *, skip: str | None = None) -> tuple[TrainingSettings, list[str]]:
+        """The training settings of ``text`` and the names of those it gave: explicit ``name=value``
+        pairs first (``batch_size=3 steps=2``), then phrases (``20 steps``, ``batch size of 8``) read
+        from what is left once the pairs are taken out, for the settings no pair gave.
+
+        Raises:
+            PlanError: A value out of its setting's range or of the wrong type (one line).
+        """
         values: dict[str, Any] = {}
-        steps = _find_number(text, r"NUM\s*(?:training\s*)?steps", r"steps?\s*(?:=|:)?\s*NUM")
-        if steps is not None:
-            values["steps"] = int(steps)
-        batch = _find_number(text, r"batch[ _-]?size\s*(?:of|=|:)?\s*NUM")
-        if batch is not None:
-            values["batch_size"] = int(batch)
-        group = _find_number(text, r"group[ _-]?size\s*(?:of|=|:)?\s*NUM")
-        if group is not None:
-            values["group_size"] = int(group)
-        lr = _find_number(text, r"(?:\blr|learning rate)\s*(?:of|=|:)?\s*NUM")
-        if lr is not None:
-            values["lr"] = lr
-        seeds = _find_number(text, r"NUM\s*seeds", r"seeds\s*(?:=|:)\s*NUM")
-        if seeds is not None:
-            values["seeds"] = list(range(int(seeds)))
+        for name, value in _PAIR.findall(text):
+            if name in TrainingSettings.model_fields:
+                values[name] = (
+                    list(range(int(float(value)))) if name == "seeds" and _is_number(value) else value
+                )
+        rest = _PAIR.sub(" ", text)
+        phrases = {
+            "steps": (r"NUM\s*(?:training\s*)?steps\b(?!\s*[=:])", r"\bsteps?\s*:?\s*NUM"),
+            "batch_size": (r"batch[ _-]?size\s*(?:of|:)?\s*NUM",),
+            "group_size": (r"group[ _-]?size\s*(?:of|:)?\s*NUM",),
+            "lr": (r"(?:\blr|learning rate)\s*(?:of|:)?\s*NUM",),
+            "seeds": (r"NUM\s*seeds\b(?!\s*[=:])", r"\bseeds\s*:\s*NUM"),
+        }
+        for name, patterns in phrases.items():
+            number = None if name in values else _find_number(rest, *patterns)
+            if number is None:
+                continue
+            values[name] = (
+                list(range(int(number))) if name == "seeds" else number if name == "lr" else int(number)
+            )
         values.pop(skip or "", None)
         try:
-            return TrainingSettings(**values)
+            return TrainingSettings(**values), sorted(values)
         except ValidationError as exc:
             raise PlanError(
                 "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))

@@ -169,6 +169,27 @@ def test_offline_plans(request_text: str, mode: Any, template: str, checks: dict
         assert plan.training.steps == 6
 
 
+@pytest.mark.parametrize(
+    ("request_text", "expected"),
+    [
+        # found by a fresh user: "NUM steps" read the 3 of "batch_size=3 steps=2" as the steps
+        ("train arithmetic batch_size=3 steps=2", {"steps": 2, "batch_size": 3}),
+        ("train arithmetic steps=2 batch_size=3", {"steps": 2, "batch_size": 3}),
+        (
+            "train arithmetic 20 steps with batch size of 8 lr=1e-3",
+            {"steps": 20, "batch_size": 8, "lr": 1e-3},
+        ),
+        ("train arithmetic group_size=6 seeds=2", {"group_size": 6, "seeds": [0, 1]}),
+    ],
+)
+def test_offline_reads_name_value_pairs_first(request_text: str, expected: dict[str, Any]) -> None:
+    plan = OfflineProvider().plan(request_text, mode="vibe")
+    assert {k: getattr(plan.training, k) for k in expected} == expected
+    # the plan's why: line names the training settings it read
+    read = plan.rationale.split("training settings read from the request: ")[1].split(";")[0]
+    assert read == ", ".join(f"{k} = {expected[k]!r}" for k in sorted(expected))
+
+
 def test_offline_is_honest_about_what_it_cannot_do() -> None:
     provider = OfflineProvider()
     with pytest.raises(OfflineUnsupported, match="LLM provider"):
