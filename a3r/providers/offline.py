@@ -9,6 +9,7 @@ to it, reads parameters from the sentence, plans research questions over any set
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ from a3r.study.plans import (
     check_plan,
 )
 from a3r.study.settings import SETTINGS, Setting, find_setting_in, refusal_for, resolve_setting
+from swarm.client import ServeOptions
 
 __all__ = ["NEEDS_LLM", "OfflineProvider", "read_params"]
 
@@ -241,6 +243,39 @@ def _bool_param(name: str, template: str, text: str) -> dict[str, str]:
     return {}
 
 
+def _check_pairs(text: str, meta: templates.TemplateMeta, *, varied: str | None = None) -> None:
+    """Refuse a ``name=value`` pair of ``text`` that the plan would not use: a name that is neither a
+    parameter of the template nor a training setting (with the nearest known names), a ``swarm serve``
+    option (with the ``--serve-option`` that sets it), or a name given twice with different values
+    (except ``varied``, the setting a research question compares).
+
+    Raises:
+        PlanError: One line naming the pair and what to write instead.
+    """
+    known = [p.name for p in meta.parameters] + list(TrainingSettings.model_fields)
+    seen: dict[str, str] = {}
+    for name, value in _PAIR.findall(text):
+        if name in seen and seen[name] != value and name != varied:
+            raise PlanError(
+                f"{name} is given twice with different values ({seen[name]}, {value}); give it once"
+            )
+        seen[name] = value
+        if name in known:
+            continue
+        if name in ServeOptions.model_fields:
+            raise PlanError(
+                f"{name}={value} is an option of swarm serve, not of the {meta.name} template or the training: "
+                f"pass it as --serve-option {name.replace('_', '-')}={value}"
+            )
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(near)}? " if near else ""
+        raise PlanError(
+            f"unknown setting {name}={value} in the request, neither a parameter of {meta.name} nor a training "
+            f"setting: {hint}(parameters of {meta.name}: "
+            f"{', '.join(p.name for p in meta.parameters)}; training settings: {', '.join(TrainingSettings.model_fields)})"
+        )
+
+
 def _rationale(
     template: str,
     score: float,
@@ -308,11 +343,12 @@ class OfflineProvider:
             )
         name = matches[0][0]
         template = templates.get_template(name)
+        varied = find_setting_in(text, template.meta) if mode == "research" else None
+        _check_pairs(text, template.meta, varied=varied)
         params, read = self._template_params(template.meta, text)
         chosen: list[str] = []  # parameters the plan sets, neither read nor left at their default
         kind: Literal["train", "research"] = "research" if mode == "research" else "train"
         # A research question's numbers after the varied setting are its values, not a training setting.
-        varied = find_setting_in(text, template.meta) if kind == "research" else None
         training, training_read = self._training(text, skip=varied)
         hypotheses: list[HypothesisDraft]
         sweep: SweepSpec | None = None

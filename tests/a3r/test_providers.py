@@ -190,6 +190,35 @@ def test_offline_reads_name_value_pairs_first(request_text: str, expected: dict[
     assert read == ", ".join(f"{k} = {expected[k]!r}" for k in sorted(expected))
 
 
+@pytest.mark.parametrize(
+    ("request_text", "refusal"),
+    [
+        # found by a fresh user: these were silently ignored
+        ("train who-is-the-spy n_player=6", r"unknown setting n_player=6 .*did you mean n_players"),
+        ("train arithmetic foo=3", r"unknown setting foo=3 .*training settings: steps, batch_size"),
+        ("train arithmetic weight_decay=0.1", r"unknown setting weight_decay=0\.1"),
+        ("train arithmetic warmup=10", r"unknown setting warmup=10"),
+        ("train arithmetic clip=0.1", r"unknown setting clip=0\.1 .*did you mean clip_eps"),
+        ("train arithmetic max_staleness=1", r"pass it as --serve-option max-staleness=1"),
+        ("train arithmetic level=2 level=3", r"level is given twice with different values \(2, 3\)"),
+        ("find the best kl_coef on arithmetic tis_cap=2", r"--serve-option tis-cap=2"),
+    ],
+)
+def test_offline_refuses_name_value_pairs_it_would_not_use(request_text: str, refusal: str) -> None:
+    mode = "research" if request_text.startswith("find") else "vibe"
+    with pytest.raises(PlanError, match=refusal) as caught:
+        OfflineProvider().plan(request_text, mode=mode)
+    assert "\n" not in str(caught.value)
+
+
+def test_offline_applies_training_pairs_a_serve_option_would_set() -> None:
+    plan = OfflineProvider().plan(
+        "train arithmetic kl_coef=0.1 clip_eps=0.3 ppo_epochs=2 level=2 level=2", mode="vibe"
+    )
+    assert (plan.training.kl_coef, plan.training.clip_eps, plan.training.ppo_epochs) == (0.1, 0.3, 2)
+    assert plan.params["level"] == 2
+
+
 def test_offline_is_honest_about_what_it_cannot_do() -> None:
     provider = OfflineProvider()
     with pytest.raises(OfflineUnsupported, match="LLM provider"):
