@@ -69,21 +69,29 @@ def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
     return path
 
 
-def joined_parts(outcomes: Sequence[RunOutcome], names: Sequence[str]) -> dict[int, dict[str, list[float]]]:
-    """Reward-part curves of the training runs per seed (a patched run's continuation joined to its
-    seed's curve), keeping the parts in ``names`` (every recorded part when empty)."""
-    joined: dict[int, dict[str, list[float]]] = {}
+def joined_parts(
+    outcomes: Sequence[RunOutcome], names: Sequence[str], variable: str = "value"
+) -> dict[str, dict[str, list[float]]]:
+    """Reward-part curves of the training runs, one per configuration and seed (labelled ``seed 0``
+    for a training run, ``lr = 0.001, seed 0`` for a sweep run of ``variable``): a patched run's
+    continuation is joined to its seed's curve, and runs of different configurations are never pooled.
+    Keeps the parts in ``names`` (every recorded part when empty)."""
+    joined: dict[str, dict[str, list[float]]] = {}
     for o in outcomes:
         if o.purpose not in ("train", "sweep"):
             continue
+        label = f"seed {o.seed}"
+        if o.purpose == "sweep" and o.value is not None:
+            label = f"{variable} = {o.value:g}, {label}"
         for name, points in o.parts.items():
             if not names or name in names:
-                joined.setdefault(o.seed, {}).setdefault(name, []).extend(points)
+                joined.setdefault(label, {}).setdefault(name, []).extend(points)
     return joined
 
 
-def plot_parts(parts: dict[int, dict[str, list[float]]], path: Path) -> Path | None:
-    """One panel per reward part, one line per seed: its mean per B·G train episodes (≈ one step).
+def plot_parts(parts: dict[str, dict[str, list[float]]], path: Path) -> Path | None:
+    """One panel per reward part, one line per configuration and seed (`joined_parts`): its mean per
+    B·G train episodes (≈ one step).
 
     Returns:
         The PNG path, or ``None`` when no part was recorded.
@@ -93,9 +101,9 @@ def plot_parts(parts: dict[int, dict[str, list[float]]], path: Path) -> Path | N
         return None
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), dpi=110, squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
-        for seed, curves in sorted(parts.items()):
+        for label, curves in parts.items():
             if name in curves:
-                ax.plot(range(1, len(curves[name]) + 1), curves[name], marker="o", label=f"seed {seed}")
+                ax.plot(range(1, len(curves[name]) + 1), curves[name], marker="o", label=label)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("batch of B·G train episodes (≈ step)", fontsize=7)
         ax.grid(alpha=0.3)
@@ -115,16 +123,16 @@ def _reading(effect: Effect) -> str:
     return "no clear change" if effect.estimate == effect.estimate else "too few points"
 
 
-def _parts_table(parts: dict[int, dict[str, list[float]]]) -> list[str]:
+def _parts_table(parts: dict[str, dict[str, list[float]]]) -> list[str]:
     lines = [
-        "| part | seed | points | first → last | change along its trend (95% CI) | reading |",
+        "| part | run | points | first → last | change along its trend (95% CI) | reading |",
         "|---|---|---|---|---|---|",
     ]
-    for seed, curves in sorted(parts.items()):
+    for label, curves in parts.items():
         for name, points in sorted(curves.items()):
             effect = step_effect(points)
             lines.append(
-                f"| {name} | {seed} | {len(points)} | {_fmt(points[0])} → {_fmt(points[-1])} | "
+                f"| {name} | {label} | {len(points)} | {_fmt(points[0])} → {_fmt(points[-1])} | "
                 f"{effect.describe(verdict=False)} | {_reading(effect)} |"
             )
     return lines
@@ -278,7 +286,7 @@ def write_report(
             )
     if curves is not None:
         lines += ["", "## Reward curves", "", f"![reward curves]({curves.name})"]
-    parts = joined_parts(outcomes, reward_parts)
+    parts = joined_parts(outcomes, reward_parts, plan.sweep.variable if plan.sweep else "value")
     parts_png = plot_parts(parts, folder / "reward_parts.png")
     if parts_png is not None:
         lines += [
@@ -286,7 +294,7 @@ def write_report(
             "## Reward parts",
             "",
             "The reward split into its parts (the workflow's episode metrics), the mean of each per B·G "
-            "train episodes:",
+            "train episodes, per configuration and seed:",
             "",
             f"![reward parts]({parts_png.name})",
             "",

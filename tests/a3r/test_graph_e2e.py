@@ -108,7 +108,7 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     # leads with the verdict and splits the reward into its parts (arithmetic: format_ok, correct).
     assert state["sizing"].startswith("budget: the smoke run measured") and state["sizing"] in text
     assert text.index("**Verdict.** hypothesis ") < text.index("## Plan")
-    assert "## Reward parts" in text and "| format_ok | 0 |" in text and "| correct | 0 |" in text
+    assert "## Reward parts" in text and "| format_ok | seed 0 |" in text and "| correct | seed 0 |" in text
     assert (report.parent / "reward_parts.png").exists()
     assert (report.parent / "reward_curves.png").exists()
     assert any(a.kind is ArtifactKind.report for a in store.artifacts(study_id))

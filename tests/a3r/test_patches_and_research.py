@@ -12,7 +12,7 @@ from a3r.providers import OfflineProvider
 from a3r.study.analysis import Diagnosis, DiagnosisKind, RewardSummary
 from a3r.study.patches import apply_patch, check_allowed, unified_diff
 from a3r.study.plans import StabilityCriterion
-from a3r.study.report import plot_rewards, write_report
+from a3r.study.report import joined_parts, plot_rewards, write_report
 from a3r.study.research import (
     fit_budget,
     initial_queue,
@@ -198,6 +198,23 @@ def test_training_is_sized_to_the_budget_with_time_kept_for_evaluation() -> None
     assert eval_reserve_s(RunSpec(key="smoke", purpose="smoke"), [smoke], budget_s=1000) == 0.0
 
 
+def test_reward_parts_are_never_pooled_across_configurations() -> None:
+    # found by a fresh user: an lr study's table read "17 points, 0.250 → 0.000" for seed 0, the lr 1e-4
+    # and lr 1e-3 runs of that seed concatenated, and judged the trend of that mixture
+    outcomes = [
+        _outcome("a", 1e-4, 0, [0.2], parts={"correct": [0.25, 0.3, 0.35, 0.4]}),
+        _outcome("b", 1e-3, 0, [0.1], parts={"correct": [0.2, 0.1, 0.05, 0.0]}),
+    ]
+    parts = joined_parts(outcomes, ("correct",), "lr")
+    assert parts == {
+        "lr = 0.0001, seed 0": {"correct": [0.25, 0.3, 0.35, 0.4]},
+        "lr = 0.001, seed 0": {"correct": [0.2, 0.1, 0.05, 0.0]},
+    }
+    train = outcomes[0].model_copy(update={"purpose": "train", "value": None})
+    patched = train.model_copy(update={"parts": {"correct": [0.5]}})  # a patched run's continuation
+    assert joined_parts([train, patched], ()) == {"seed 0": {"correct": [0.25, 0.3, 0.35, 0.4, 0.5]}}
+
+
 def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
     from datetime import datetime
 
@@ -243,7 +260,11 @@ def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
     assert text.index("**Verdict.** B* ≤ 4") < text.index("## Plan")
     assert "- budget: the 10 steps fit" in text and "| cancelled (budget) |" not in text
     assert "## Reward parts" in text and "![reward parts](reward_parts.png)" in text
-    assert "| format_ok | 0 | 8 | 0.200 → 0.900 |" in text and "| rose |" in text and "chars" not in text
+    assert (
+        "| format_ok | batch_size = 4, seed 0 | 8 | 0.200 → 0.900 |" in text
+        and "| rose |" in text
+        and "chars" not in text
+    )
     assert (tmp_path / "reward_parts.png").read_bytes()[:4] == b"\x89PNG"
     assert "0.420" in text and "0.360" in text and "| 4 |" in text and "![sweep](sweep.png)" in text
     assert (tmp_path / "reward_curves.png").read_bytes()[:4] == b"\x89PNG"
