@@ -123,6 +123,26 @@ def _reading(effect: Effect) -> str:
     return "no clear change" if effect.estimate == effect.estimate else "too few points"
 
 
+def _values(values: Sequence[float]) -> str:
+    return "{" + ", ".join(f"{v:g}" for v in values) + "}"
+
+
+def _training_line(plan: PlanDraft) -> str:
+    """The plan's training settings, the varied one (a study's sweep) as its values: ``lr ∈ {0.0001,
+    0.001}``, not the fixed value no run uses."""
+    t = plan.training
+    shown = {
+        "steps": f"{t.steps} steps",
+        "batch_size": f"batch size B={t.batch_size} groups",
+        "group_size": f"group size G={t.group_size}",
+        "lr": f"lr={t.lr:g}",
+    }
+    if plan.sweep is not None and plan.sweep.variable in shown:
+        label = {"steps": "steps", "batch_size": "B", "group_size": "G", "lr": "lr"}[plan.sweep.variable]
+        shown[plan.sweep.variable] = f"{label} ∈ {_values(plan.sweep.coarse)} (varied)"
+    return ", ".join(shown.values()) + f", seeds {t.seeds}"
+
+
 def _parts_table(parts: dict[str, dict[str, list[float]]]) -> list[str]:
     lines = [
         "| part | run | points | first → last | change along its trend (95% CI) | reading |",
@@ -223,15 +243,19 @@ def write_report(
         "## Plan",
         f"- objective: {plan.objective}",
         f"- template: `{plan.template}`; parameters: `{plan.params}`",
-        (
-            f"- training: {plan.training.steps} steps, batch size B={plan.training.batch_size} groups, group size "
-            f"G={plan.training.group_size}, lr={plan.training.lr:g}, seeds {plan.training.seeds}"
-        ),
+        f"- training: {_training_line(plan)}",
     ]
     if plan.sweep is not None:
-        lines.append(
-            f"- sweep: `{plan.sweep.variable}` over {plan.sweep.coarse} (goal {plan.sweep.goal}, refine {plan.sweep.refine})"
-        )
+        spec = plan.sweep
+        a, b = (f"{v:g}" for v in (spec.coarse + spec.coarse)[:2])
+        goal = {
+            "min_stable": f"find the smallest stable {spec.variable}",
+            "best": f"find the {spec.variable} with the highest held-out reward",
+            "a_vs_b": f"tell whether {spec.variable} = {b} beats {spec.variable} = {a}",
+            "effect_of": f"measure the effect of changing {spec.variable} from {a} to {b}",
+        }[spec.goal]
+        stages = "coarse" + (", then refined between its values" if spec.refine else "")
+        lines.append(f"- sweep: `{spec.variable}` ∈ {_values(spec.coarse)} ({stages}), to {goal}")
     if plan.stability is not None:
         lines.append(f"- operational definition: {plan.stability.describe()}")
     lines += [f"- {note}" for note in notes]

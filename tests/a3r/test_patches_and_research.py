@@ -215,6 +215,57 @@ def test_reward_parts_are_never_pooled_across_configurations() -> None:
     assert joined_parts([train, patched], ()) == {"seed 0": {"correct": [0.25, 0.3, 0.35, 0.4, 0.5]}}
 
 
+@pytest.mark.parametrize(
+    ("question", "training", "sweep"),
+    [
+        (
+            "is lr 1e-4 better than 1e-3 on arithmetic",
+            "- training: 4 steps, batch size B=2 groups, group size G=4, lr ∈ {0.001, 0.0001} (varied), seeds",
+            "- sweep: `lr` ∈ {0.001, 0.0001} (coarse), to tell whether lr = 0.0001 beats lr = 0.001",
+        ),
+        (
+            "find min stable batch size on arithmetic",
+            "- training: 4 steps, B ∈ {1, 2, 4, 8} (varied), group size G=4, lr=0.0002, seeds",
+            "- sweep: `batch_size` ∈ {1, 2, 4, 8} (coarse, then refined between its values), to find the "
+            "smallest stable batch_size",
+        ),
+    ],
+)
+def test_report_plan_shows_the_varied_setting_as_its_values(
+    tmp_path: Path, question: str, training: str, sweep: str
+) -> None:
+    # found by a fresh user: an lr study's report read "training: …, lr=0.0002" (a value no run used)
+    # and "(goal a_vs_b, refine False)"
+    from datetime import datetime
+
+    from memory import StudyPublic, StudyStatus
+
+    plan = OfflineProvider().plan(question, mode="research")
+    now = datetime.now(UTC)
+    study = StudyPublic(
+        id=1,
+        question=question,
+        kind="research",
+        status=StudyStatus.open,
+        conclusion=None,
+        created_at=now,
+        updated_at=now,
+    )
+    text = write_report(
+        tmp_path,
+        study=study,
+        plan=plan,
+        hypotheses=[],
+        outcomes=[],
+        baseline=None,
+        configs=[],
+        findings=[],
+        patches=[],
+        conclusion="c",
+    ).read_text()
+    assert training in text and sweep in text and "goal " not in text and "refine " not in text
+
+
 def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
     from datetime import datetime
 
