@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from a3r.study.research import (
     verdicts,
 )
 from a3r.study.runs import RunOutcome
+from memory import StudyPublic, StudyStatus
 
 
 @pytest.mark.parametrize(
@@ -215,6 +216,19 @@ def test_reward_parts_are_never_pooled_across_configurations() -> None:
     assert joined_parts([train, patched], ()) == {"seed 0": {"correct": [0.25, 0.3, 0.35, 0.4, 0.5]}}
 
 
+def _study(question: str) -> StudyPublic:
+    now = datetime.now(UTC)
+    return StudyPublic(
+        id=1,
+        question=question,
+        kind="research",
+        status=StudyStatus.open,
+        conclusion=None,
+        created_at=now,
+        updated_at=now,
+    )
+
+
 @pytest.mark.parametrize(
     ("question", "training", "sweep"),
     [
@@ -236,24 +250,10 @@ def test_report_plan_shows_the_varied_setting_as_its_values(
 ) -> None:
     # found by a fresh user: an lr study's report read "training: …, lr=0.0002" (a value no run used)
     # and "(goal a_vs_b, refine False)"
-    from datetime import datetime
-
-    from memory import StudyPublic, StudyStatus
-
     plan = OfflineProvider().plan(question, mode="research")
-    now = datetime.now(UTC)
-    study = StudyPublic(
-        id=1,
-        question=question,
-        kind="research",
-        status=StudyStatus.open,
-        conclusion=None,
-        created_at=now,
-        updated_at=now,
-    )
     text = write_report(
         tmp_path,
-        study=study,
+        study=_study(question),
         plan=plan,
         hypotheses=[],
         outcomes=[],
@@ -267,10 +267,6 @@ def test_report_plan_shows_the_varied_setting_as_its_values(
 
 
 def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
-    from datetime import datetime
-
-    from memory import StudyPublic, StudyStatus
-
     plan = OfflineProvider().plan("find min stable batch size on arithmetic", mode="research")
     outcomes = [
         _outcome(
@@ -283,19 +279,9 @@ def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
         _outcome("b4s1", 4, 1, [0.3, 0.36]),
     ]
     configs = verdicts(outcomes, baseline=BASELINE, criterion=StabilityCriterion(last_k=1))
-    now = datetime.now(UTC)
-    study = StudyPublic(
-        id=1,
-        question="q",
-        kind="research",
-        status=StudyStatus.open,
-        conclusion=None,
-        created_at=now,
-        updated_at=now,
-    )
     path = write_report(
         tmp_path,
-        study=study,
+        study=_study("q"),
         plan=plan,
         hypotheses=[],
         outcomes=outcomes,
