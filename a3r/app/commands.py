@@ -484,6 +484,7 @@ def _dry_speed(settings: SessionSettings, template: str | None) -> tuple[float, 
 def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
     """``a3r vibe --dry-run``: the planner's plan (template, parameters, trainable agents, training)."""
     import templates
+    from a3r.study.plans import temperature_warning
 
     if not request.strip():
         raise _fail('the request is empty: say what to train, e.g. "train who-is-the-spy"')
@@ -501,6 +502,9 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
         _out.print(f"  trainable agents: {', '.join(agents) or '(none)'}", markup=False)
     fields = ", ".join(f"{k}={v}" for k, v in training.model_dump().items())
     _out.print(f"  training: {fields}", markup=False)
+    cold = temperature_warning(draft)
+    if cold is not None:
+        _out.print(f"  {cold}", markup=False)
     for hypothesis in draft.hypotheses:
         _out.print(f"  hypothesis: {hypothesis.statement}", markup=False)
         _out.print(f"    decision rule: {hypothesis.decision_rule}", markup=False)

@@ -32,7 +32,7 @@ from a3r.study.design import (
     replicate_additions,
     restate_for_training,
 )
-from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan
+from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan, temperature_warning
 from a3r.study.research import (
     SAFETY_SHARE,
     eval_reserve_s,
@@ -140,10 +140,11 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
     ctx.say(line)
     lines = [line]
     short = plan.stability.window_warning(plan.training.steps) if plan.stability is not None else None
-    if short is not None:
-        ctx.store.log_event(short, study_id=study_id)
-        ctx.say(short)
-        lines.append(short)
+    for warning in (short, temperature_warning(plan)):
+        if warning is not None:
+            ctx.store.log_event(warning, study_id=study_id)
+            ctx.say(warning)
+            lines.append(warning)
     priors = prior_findings(ctx.store, plan, model=ctx.model, study_id=study_id)
     if plan.kind == "research" and plan.sweep is not None:
         lines += [f"design: {stage}" for stage in _design_lines(plan, priors, ctx.preflight_budget_s)]

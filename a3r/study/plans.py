@@ -27,6 +27,7 @@ __all__ = [
     "SweepSpec",
     "TrainingSettings",
     "check_plan",
+    "temperature_warning",
 ]
 
 ParamValue = bool | int | float | str | None
@@ -287,6 +288,21 @@ MIN_TEMPERATURE = 0.1
 logit trails the top one by 1 nat is drawn with odds e^(−1/T) against it: 4.5·10⁻⁵ at T = 0.1, ~10⁻⁹ at
 0.05, 0 in float32 at 1e-9. Below 0.1 the G completions of a group can differ only where the top logits
 are within a small fraction of a nat, so, as at T = 0 (greedy), they are all but always identical."""
+
+
+def temperature_warning(draft: PlanDraft) -> str | None:
+    """One line when a training plan samples below `MIN_TEMPERATURE` (``"train arithmetic temperature=0"``):
+    allowed, unlike in a research plan (`_check_degenerate`), since its zero-signal groups are what the
+    analyst diagnoses and patches; ``None`` otherwise."""
+    temperature = draft.params.get("temperature")
+    if draft.kind != "train" or not isinstance(temperature, int | float) or temperature >= MIN_TEMPERATURE:
+        return None
+    return (
+        f"warning: a sampling temperature of {temperature:g} (< {MIN_TEMPERATURE:g}) samples (all but always) the "
+        "same completion for every episode of a GRPO group: equal rewards, zero advantage, no gradient; the "
+        f"analyst will diagnose zero signal and propose a higher temperature (use >= {MIN_TEMPERATURE:g}, e.g. 1.0, "
+        "to train)"
+    )
 
 
 def _check_degenerate(draft: PlanDraft, params: dict[str, Any]) -> None:

@@ -21,6 +21,26 @@ def _invoke(tmp_path: Path, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.parametrize(
+    ("request_text", "warned"),
+    [
+        ("train arithmetic temperature=0", True),
+        ("train arithmetic with temperature 0", True),  # the README's zero-signal patch example
+        ("train arithmetic temperature=0.05", True),
+        ("train arithmetic temperature=0.6", False),
+    ],
+)
+def test_vibe_warns_at_a_temperature_grpo_cannot_train_at(
+    tmp_path: Path, request_text: str, warned: bool
+) -> None:
+    # found by a fresh user: vibe planned GRPO at temperature 0 without a word, while research refuses it
+    code, output = _invoke(tmp_path, "vibe", request_text, "--dry-run")
+    assert code == 0, output  # allowed: the analyst diagnoses the zero signal and patches the temperature
+    lines = [line for line in output.splitlines() if line.startswith("  warning: a sampling temperature of")]
+    assert len(lines) == int(warned)
+    assert not warned or "zero advantage" in lines[0]
+
+
 def test_a_dry_run_says_which_parameters_the_request_gave(tmp_path: Path) -> None:
     code, output = _invoke(tmp_path, "vibe", "train who is the spy with 6 players", "--dry-run")
     assert code == 0, output
@@ -167,6 +187,19 @@ def test_a_command_line_value_of_the_swept_setting_is_refused_not_dropped(
         "--dry-run",
     )
     assert code == 0 and "kl_coef=0.1" in output  # another setting: kept for every run
+
+
+def test_the_planner_node_records_the_temperature_warning(tmp_path: Path) -> None:
+    from langgraph.runtime import Runtime
+
+    from a3r.graph.planner import planner
+    from memory import Store
+
+    state = {"request": "train arithmetic temperature=0", "mode": "vibe", "overrides": {}}
+    with Store(tmp_path / "memory.db") as store:
+        planner(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+        events = [e.message for e in store.events()]
+    assert sum(m.startswith("warning: a sampling temperature of 0 (< 0.1)") for m in events) == 1, events
 
 
 def test_the_planner_node_refuses_the_swept_setting_among_the_overrides(tmp_path: Path) -> None:
