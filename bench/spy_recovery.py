@@ -70,6 +70,7 @@ sys.path.insert(0, str(REPO))
 
 from a3r.study.analysis import EpisodeRecord, detect_part_exploits, part_roles, read_progress  # noqa: E402
 from a3r.study.effects import Effect, EffectVerdict, step_effect, two_sample_effect  # noqa: E402
+from a3r.swarmops.processes import console_command  # noqa: E402
 from memory import Store  # noqa: E402
 
 TEMPLATE = "who_is_the_spy"
@@ -160,15 +161,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # -- running the main job ------------------------------------------------------------------------------
 def _a3r() -> list[str]:
-    """The ``a3r`` console script beside this interpreter or on PATH, else the CLI through this Python
-    (a GPU host that runs the tree from ``PYTHONPATH`` has no script), as ``a3r`` finds ``swarm``."""
-    script = Path(sys.executable).with_name("a3r")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("a3r")
-    if found:
-        return [found]
-    return [sys.executable, "-c", "from a3r.app.cli import main; main()"]
+    """The ``a3r`` CLI as ``a3r`` finds ``swarm`` (`console_command`)."""
+    return console_command("a3r", "a3r.app.cli")
 
 
 def run_vibe(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

@@ -57,15 +57,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def swarm_command() -> list[str]:
-    """How to invoke the ``swarm`` CLI: the console script next to this interpreter, else ``-c``."""
-    script = Path(sys.executable).with_name("swarm")
+def console_command(name: str, module: str) -> list[str]:
+    """How to invoke console script ``name`` (whose entry point is ``module.main``): the script next to
+    this interpreter, else the one on ``PATH``, else ``module.main`` through this Python (a GPU host that
+    runs the tree from ``PYTHONPATH`` has no scripts)."""
+    script = Path(sys.executable).with_name(name)
     if script.is_file():
         return [str(script)]
-    found = shutil.which("swarm")
+    found = shutil.which(name)
     if found:
         return [found]
-    return [sys.executable, "-c", "from swarm.cli import main; main()"]
+    return [sys.executable, "-c", f"from {module} import main; main()"]
+
+
+def swarm_command() -> list[str]:
+    """How to invoke the ``swarm`` CLI (`console_command`)."""
+    return console_command("swarm", "swarm.cli")
 
 
 @dataclass
