@@ -127,15 +127,20 @@ def serve(**values: Any) -> None:
     # Idle keep-alive connections outlive the clients' (httpx drops its idle ones after 5 s): with
     # uvicorn's default of 5 s both sides close at once, and a client reusing a connection as the server
     # closes it gets a ReadError.
-    uvicorn.run(
-        create_app(config, engine=engine),
-        http=http_protocol(),
-        host=host,
-        port=port,
-        log_level=options.log_level.value,
-        access_log=options.access_log,
-        timeout_keep_alive=KEEP_ALIVE_S,
-    )
+    # The app owns the engine: its shutdown closes it, before uvicorn re-raises a caught SIGTERM (which
+    # ends the process at once); the `finally` covers an app that never started.
+    try:
+        uvicorn.run(
+            create_app(config, engine=engine, owns_engine=True),
+            http=http_protocol(),
+            host=host,
+            port=port,
+            log_level=options.log_level.value,
+            access_log=options.access_log,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
+    finally:
+        engine.close()
 
 
 serve.__signature__ = inspect.Signature(_serve_parameters())  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ tokenizer, chat template and engine quickly; tests that need real behaviour use 
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import subprocess
 import sys
@@ -143,10 +144,29 @@ class LiveServer:
         return self.start()
 
 
-def serve_process(model_dir: Path, run_dir: Path, port: int, *flags: str) -> subprocess.Popen[bytes]:
-    """``swarm serve`` as a real child process (so a test can kill -9 it); returns once it answers."""
-    cmd = [sys.executable, "-m", "swarm.cli", "serve", "--model", str(model_dir), "--port", str(port)]
-    proc = subprocess.Popen([*cmd, "--run-dir", str(run_dir), "--log-level", "warning", *flags])
+def serve_process(
+    model_dir: Path | None,
+    run_dir: Path,
+    port: int,
+    *flags: str,
+    output: Path | None = None,
+    log_level: str = "warning",
+) -> subprocess.Popen[bytes]:
+    """``swarm serve`` as a real child process (so a test can kill -9 it); returns once it answers.
+
+    ``model_dir`` ``None`` serves the embedded default; ``output`` receives stdout and stderr."""
+    cmd = [sys.executable, "-m", "swarm.cli", "serve", "--port", str(port), "--run-dir", str(run_dir)]
+    cmd += [] if model_dir is None else ["--model", str(model_dir)]
+    sink = None if output is None else output.open("ab")
+    try:
+        proc = subprocess.Popen(
+            [*cmd, "--log-level", log_level, *flags],
+            stdout=sink,
+            stderr=None if sink is None else subprocess.STDOUT,
+        )
+    finally:
+        if sink is not None:
+            sink.close()
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -156,8 +176,22 @@ def serve_process(model_dir: Path, run_dir: Path, port: int, *flags: str) -> sub
         except httpx.TransportError:
             return False
 
-    wait_for(up, 120, "swarm serve")
+    try:
+        wait_for(up, 300, "swarm serve")
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=60)
+        raise
     return proc
+
+
+def vllm_skip_reason() -> str | None:
+    """Why the ``vllm`` engine cannot run here (``None`` where it can: vLLM installed and a CUDA GPU)."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (pip install 'a3r[vllm]')"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    return None
 
 
 def make_server(tmp: Path, engine: HFEngine | None, **overrides: Any) -> LiveServer:

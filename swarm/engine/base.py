@@ -179,5 +179,5 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None:
-        """Stop background workers."""
+        """Stop background workers and child processes; a second call does nothing."""
         ...

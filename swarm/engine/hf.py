@@ -193,6 +193,8 @@ class HFEngine:
         return self.submit(prompt_ids, params).result()
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         self._queue.put(None)
         self._worker.join(timeout=30)

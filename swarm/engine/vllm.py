@@ -28,6 +28,8 @@ import asyncio
 import contextlib
 import importlib.util
 import itertools
+import logging
+import multiprocessing
 import os
 import pickle
 import threading
@@ -44,9 +46,11 @@ from swarm.errors import ModelLoadError
 from swarm.tracking.records import FinishReason
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "swarm.engine._vllm_worker.WeightReceiver"
 MAX_TOP_LOGPROBS = 20
+ENGINE_CORE_PROCESS = "EngineCore"  # the name vLLM gives its engine-core process
 
 
 class EngineUnavailable(ModelLoadError):
@@ -285,15 +289,29 @@ class VLLMEngine:
         self.policy_version = policy_version
 
     def close(self) -> None:
-        """Shut vLLM's engine-core process down and stop the engine thread."""
+        """Shut vLLM's engine-core process down and stop the engine thread.
+
+        ``AsyncLLM.shutdown`` runs on the engine loop, where its output handler lives. Whatever it leaves
+        alive (it failed, or timed out) is ended by `end_engine_core_processes`: an engine core that
+        outlives its server keeps its share of the GPU (``--gpu-memory-utilization``, 42 GiB of an H200 at
+        0.3) and the next server on that GPU cannot start.
+        """
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(Exception):
-            self._llm.shutdown()
+        try:
+            self._call(self._shutdown(), timeout=60)
+        except Exception as exc:  # the backstop below still ends the process
+            log.warning("vLLM shutdown failed (%s); ending its engine core directly", _first_line(exc))
         self._stop_loop()
+        ended = end_engine_core_processes(timeout_s=10)
+        if ended:
+            log.warning("ended %d vLLM engine-core process(es) that outlived shutdown: %s", len(ended), ended)
 
     # -- internals -------------------------------------------------------------------------------------
+    async def _shutdown(self) -> None:
+        self._llm.shutdown()
+
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
@@ -448,9 +466,38 @@ def _check_can_serve(config: Any, memory: float) -> None:
         )
 
 
+def end_engine_core_processes(timeout_s: float, prefix: str = ENGINE_CORE_PROCESS) -> list[int]:
+    """End this process's multiprocessing children named ``prefix`` (vLLM names its engine-core process
+    ``EngineCore``, or ``EngineCore_DP<i>`` under data parallelism): SIGTERM, up to ``timeout_s`` seconds
+    for them to exit, then SIGKILL. Other children are left alone.
+
+    Returns:
+        The pids that were still alive and were ended (empty when shutdown had already ended them).
+    """
+    children = [p for p in multiprocessing.active_children() if p.name.startswith(prefix)]
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            child.terminate()
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        if child.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            child.join(5)
+    return [child.pid for child in children if child.pid is not None]
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:300]
 
 
-__all__ = ["EngineUnavailable", "VLLMEngine", "check_vllm_available", "served_weights"]
+__all__ = [
+    "EngineUnavailable",
+    "VLLMEngine",
+    "check_vllm_available",
+    "end_engine_core_processes",
+    "served_weights",
+]

@@ -175,12 +175,15 @@ class SwarmApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
-    """Build the swarm server app; the model loads in the lifespan (``engine`` injects a shared one)."""
+def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool = False) -> FastAPI:
+    """Build the swarm server app; the model loads in the lifespan (``engine`` injects a shared one,
+    which the app's shutdown closes only with ``owns_engine``)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = await asyncio.to_thread(SwarmRuntime, config, engine)
+        runtime = await asyncio.to_thread(
+            SwarmRuntime, config, engine, owns_engine=owns_engine or engine is None
+        )
         app.state.runtime = runtime
         tasks = [asyncio.create_task(runtime.reclaim_loop())]
         if runtime.training is not None:

@@ -66,9 +66,15 @@ class SwarmRuntime:
         engine: an already built engine (tests inject one to share a model), built with ``config``'s
             ``mixed_precision`` (the trainer computes in it); ``None`` loads ``config.model`` (the
             embedded default when that is ``None``) with `load_engine`.
+        owns_engine: whether `close` closes ``engine`` (default: only the one it loaded itself).
+            ``swarm serve`` loads its engine before the app and hands it over: uvicorn ends the process
+            with the SIGTERM it caught right after the app's shutdown, so the app's shutdown is the last
+            place that can stop a vLLM engine-core process.
     """
 
-    def __init__(self, config: ServerConfig, engine: Engine | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool | None = None
+    ) -> None:
         self.config = config
         self.started = time.time()
         run_dir = config.run_dir
@@ -78,11 +84,9 @@ class SwarmRuntime:
             import torch
 
             torch.set_num_threads(config.torch_threads)
+        self._owns_engine = engine is None if owns_engine is None else owns_engine
         if engine is None:
             engine = load_engine(config)
-            self._owns_engine = True
-        else:
-            self._owns_engine = False
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = engine.model_name
@@ -147,6 +151,7 @@ class SwarmRuntime:
     def close(self) -> None:
         if self._owns_engine:
             self.engine.close()
+            self.events.emit("engine.closed", f"{self.config.engine} engine closed")
         self.writer.close()  # commits every finish still queued before the pool closes
         self.pool.close()
         self.events.close()

@@ -21,7 +21,6 @@ What every engine promises:
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,19 +31,12 @@ from swarm.engine import HFEngine, ModelSource, load_model
 from swarm.engine.base import Completion, SampledToken, SamplingParams
 from swarm.errors import ContextLengthError
 from swarm.tracking.records import FinishReason
+from tests.conftest import vllm_skip_reason
 
 LOGPROB_TOLERANCE = {"hf": 1e-4, "vllm": 2e-2}
 """Max |recorded − reference| logprob over a completion: hf samples from the reference module itself;
 vLLM's fp32 kernels differ from the transformers forward (measured on the H200 with the embedded model:
 max 5.6e-3 per token, 7.8e-3 after a random weight perturbation)."""
-
-
-def _vllm_skip_reason() -> str | None:
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (pip install 'a3r[vllm]')"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU"
-    return None
 
 
 ENGINES = [
@@ -53,7 +45,7 @@ ENGINES = [
         "vllm",
         marks=[
             pytest.mark.slow,
-            pytest.mark.skipif(_vllm_skip_reason() is not None, reason=str(_vllm_skip_reason())),
+            pytest.mark.skipif(vllm_skip_reason() is not None, reason=str(vllm_skip_reason())),
         ],
     ),
 ]

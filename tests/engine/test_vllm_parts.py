@@ -1,16 +1,25 @@
-"""The parts of the ``vllm`` engine that run without vLLM or a GPU: its one-line refusal, and the
-weights it pushes after a step (LoRA merged exactly like peft's own merge)."""
+"""The parts of the ``vllm`` engine that run without vLLM or a GPU: its one-line refusal, the weights it
+pushes after a step (LoRA merged exactly like peft's own merge), and the backstop that ends an engine-core
+process shutdown left alive."""
 
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
+import signal
+import time
 from typing import Any
 
 import pytest
 import torch
 
 from swarm.engine.model_loading import ModelSource
-from swarm.engine.vllm import EngineUnavailable, check_vllm_available, served_weights
+from swarm.engine.vllm import (
+    EngineUnavailable,
+    check_vllm_available,
+    end_engine_core_processes,
+    served_weights,
+)
 from swarm.errors import ModelLoadError
 from tests.conftest import build_tiny_model
 
@@ -55,3 +64,40 @@ def test_lora_weights_are_pushed_merged_under_the_base_names(embedded_source: Mo
         torch.testing.assert_close(pushed[name], tensor, rtol=1e-5, atol=1e-6)
         changed += not torch.equal(tensor, base.state_dict()[name])
     assert changed == 2 * 2  # q_proj and v_proj of both layers carry the adapters' delta
+
+
+def _deaf_sleeper(deaf: Any) -> None:  # a child that ignores SIGTERM, as a wedged engine core can
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    deaf.set()
+    time.sleep(600)
+
+
+def _sleeper() -> None:
+    time.sleep(600)
+
+
+def test_engine_core_children_are_ended_and_other_children_are_left_alone() -> None:
+    """An engine core that outlives ``AsyncLLM.shutdown`` holds its GPU share until killed: the backstop
+    ends children named ``EngineCore*`` (SIGTERM, then SIGKILL for one that ignores it) and no other."""
+    spawn = multiprocessing.get_context("spawn")
+    is_deaf = spawn.Event()
+    deaf = spawn.Process(target=_deaf_sleeper, args=(is_deaf,), name="EngineCore_DP0", daemon=True)
+    plain = spawn.Process(target=_sleeper, name="EngineCore", daemon=True)
+    other = spawn.Process(target=_sleeper, name="tokenizer-pool", daemon=True)
+    for child in (deaf, plain, other):
+        child.start()
+    assert is_deaf.wait(60), "the child did not start"
+    try:
+        started = time.monotonic()
+        ended = end_engine_core_processes(timeout_s=1.0)
+        assert sorted(ended) == sorted([deaf.pid, plain.pid])
+        assert not deaf.is_alive() and deaf.exitcode == -signal.SIGKILL
+        assert not plain.is_alive() and plain.exitcode == -signal.SIGTERM
+        assert other.is_alive()
+        assert time.monotonic() - started < 10
+        assert end_engine_core_processes(timeout_s=1.0) == []  # nothing left: a second call ends nothing
+    finally:
+        for child in (deaf, plain, other):
+            if child.is_alive():
+                child.kill()
+            child.join(5)

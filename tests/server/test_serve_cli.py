@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from typer.testing import CliRunner
 from swarm.cli import app
 from swarm.client import ServeOptions
 from swarm.engine import ModelSource
-from tests.conftest import build_tiny_model, free_port, wait_for
+from tests.conftest import build_tiny_model, free_port, serve_process, vllm_skip_reason
 
 runner = CliRunner()
 
@@ -117,30 +119,76 @@ def test_serve_without_vllm_names_the_extra_verbatim(tmp_path: Path) -> None:
     assert "pip install 'a3r[vllm]'" in result.output  # the [vllm] is text, not rich markup
 
 
+def _tiny_model_dir(tmp_path: Path, source: ModelSource, tokenizer: Any) -> Path:
+    model_dir = tmp_path / "tiny"
+    build_tiny_model(source).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return model_dir
+
+
 def test_the_access_log_is_opt_in(tmp_path: Path, embedded_source: ModelSource, tokenizer: Any) -> None:
     """No line per request by default (it costs the hot path ~7 % of its CPU); ``--access-log`` logs each
     request on stdout, where a3r's run monitor counts model calls (`a3r.swarmops.processes.serve_argv`)."""
     assert ServeOptions().access_log is False
-    model_dir = tmp_path / "tiny"
-    build_tiny_model(embedded_source).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    port, log = free_port(), tmp_path / "serve.log"
-    cmd = [sys.executable, "-m", "swarm.cli", "serve", "--model", str(model_dir), "--port", str(port)]
-    cmd += ["--run-dir", str(tmp_path / "run"), "--no-train", "--access-log"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-
-    def up() -> bool:
-        assert proc.poll() is None, "swarm serve exited"
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/api/v1/status", timeout=1).is_success
-        except httpx.TransportError:
-            return False
-
+    model_dir, port, log = (
+        _tiny_model_dir(tmp_path, embedded_source, tokenizer),
+        free_port(),
+        tmp_path / "serve.log",
+    )
+    proc = serve_process(
+        model_dir, tmp_path / "run", port, "--no-train", "--access-log", output=log, log_level="info"
+    )
     try:
-        wait_for(up, 120, "swarm serve")
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).is_success
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     assert '"GET /v1/models HTTP/1.1" 200' in log.read_text()
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "hf",
+        pytest.param(
+            "vllm", marks=pytest.mark.skipif(vllm_skip_reason() is not None, reason=str(vllm_skip_reason()))
+        ),
+    ],
+)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_server_closes_its_engine(
+    tmp_path: Path, embedded_source: ModelSource, tokenizer: Any, sig: signal.Signals, engine: str
+) -> None:
+    """a3r stops servers with SIGTERM, which uvicorn re-raises once the app has shut down, ending the
+    process at once: the engine must be closed by then, and no child process may outlive the server.
+    (Closed only after ``uvicorn.run`` returned, a vLLM engine-core process outlived every server a3r
+    stopped, 44 GiB of the H200 each, and the next server could not start.)"""
+    if engine == "hf":
+        proc = serve_process(
+            _tiny_model_dir(tmp_path, embedded_source, tokenizer), tmp_path / "run", free_port(), "--no-train"
+        )
+    else:  # the embedded model, as the engine contract runs it
+        proc = serve_process(
+            None, tmp_path / "run", free_port(), "--no-train", "--engine", "vllm", "--device", "cuda"
+        )
+    children = _children(proc.pid)
+    if engine == "vllm":
+        assert children, "vLLM runs its engine core as a child process"
+    proc.send_signal(sig)
+    assert proc.wait(timeout=120) in (0, -sig)
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["message"] for e in events if e["kind"] == "engine.closed"] == [f"{engine} engine closed"]
+    assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
