@@ -109,7 +109,12 @@ class ManagedProcess:
         return data[-limit:].decode("utf-8", errors="replace")
 
     def stop(self, *, sig: int = signal.SIGINT, grace_s: float = 15.0) -> int | None:
-        """Send ``sig``, wait ``grace_s`` seconds, then SIGKILL; returns the exit code."""
+        """Send ``sig``, wait ``grace_s`` seconds, then SIGKILL; returns the exit code.
+
+        Whatever the process left running in its process group (`launch` starts each in its own) is
+        then killed: a server killed before it could stop its vLLM engine core would otherwise leave that
+        process holding its share of the GPU.
+        """
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.popen.send_signal(sig)
@@ -119,8 +124,14 @@ class ManagedProcess:
                 with contextlib.suppress(ProcessLookupError):
                     self.popen.kill()
                 self.popen.wait(timeout=30)
+        self._end_group()
         self.close()
         return self.popen.returncode
+
+    def _end_group(self) -> None:
+        if sys.platform.startswith("linux"):  # launch made the process a group leader there
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
 
     def wait(self, timeout_s: float | None = None) -> int | None:
         """Wait for the end (``None`` on timeout)."""
@@ -164,6 +175,7 @@ def launch(
             cwd=cwd,
             env=full_env,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            start_new_session=sys.platform.startswith("linux"),  # its children form a group `stop` can end
         )
     except OSError as exc:
         log.close()

@@ -46,6 +46,38 @@ def test_log_and_stop(tmp_path: Path) -> None:
     assert not (tmp_path / "e.pid").exists()
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_stop_ends_what_the_process_left_running(tmp_path: Path) -> None:
+    """A server killed before it stopped its vLLM engine core leaves that child holding its GPU share;
+    ``stop`` ends the whole process group, here a child that outlives its parent's SIGTERM."""
+    child_pid = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        f"open({str(child_pid)!r}, 'w').write(str(c.pid)); time.sleep(600)"
+    )
+    proc = launch("server", [sys.executable, "-c", script], log_path=tmp_path / "s.log")
+    deadline = time.monotonic() + 30
+    while not child_pid.exists() or not child_pid.read_text():
+        assert time.monotonic() < deadline, "the child did not start"
+        time.sleep(0.05)
+    pid = int(child_pid.read_text())
+    assert _alive(pid)
+    assert proc.stop(sig=signal.SIGTERM, grace_s=10) == -signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the child outlived stop()"
+
+
 def test_server_options_render_flags() -> None:
     options = ServeOptions.from_flags({"train": False, "batch-size": 4, "lr": 1e-5, "max-steps": None})
     assert options.argv() == ["--no-train", "--batch-size", "4", "--lr", "1e-05"]
