@@ -167,21 +167,31 @@ def plot_sweep(
     stability: bool = True,
 ) -> Path | None:
     """Held-out p@1, p@2 and last-k train reward per swept value, stable values marked when
-    ``stability`` (a min-stable question)."""
-    if not configs:
+    ``stability`` (a min-stable question).
+
+    Returns:
+        The PNG path, or ``None`` when no configuration has a finite number to plot (every run failed
+        to start, say): the report says what happened without a figure.
+    """
+    series = [
+        ("train reward, last k steps", "o", [c.last_k_reward for c in configs]),
+        ("held-out p@1", "s", [c.pass_at_1 for c in configs]),
+        ("held-out p@2", "^", [c.pass_at_2 for c in configs]),
+    ]
+    if not any(math.isfinite(y) for _, _, ys in series for y in ys):
         return None
     xs = [c.value for c in configs]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    ax.plot(xs, [c.last_k_reward for c in configs], marker="o", label="train reward, last k steps")
-    ax.plot(xs, [c.pass_at_1 for c in configs], marker="s", label="held-out p@1")
-    ax.plot(xs, [c.pass_at_2 for c in configs], marker="^", label="held-out p@2")
+    for label, marker, ys in series:
+        ax.plot(xs, ys, marker=marker, label=label)
     if baseline is not None and math.isfinite(baseline.mean_reward):
         ax.axhline(baseline.mean_reward, color="grey", linestyle=":", label="untrained baseline")
     for c in configs:
         if c.stable and stability:
             ax.axvline(c.value, color="green", alpha=0.15)
-    if variable in ("batch_size", "group_size", "lr"):
+    if variable in ("batch_size", "group_size", "lr") and min(xs) > 0:
         ax.set_xscale("log", base=2 if variable != "lr" else 10)
+        ax.set_xlim(min(xs) / 1.5, max(xs) * 1.5)  # from the values, not from the finite points alone
     ax.set_xlabel(variable + (" (green: stable on every seed)" if stability else ""))
     ax.set_ylabel("reward / pass rate")
     ax.grid(alpha=0.3)

@@ -84,6 +84,24 @@ def test_a_comparison_with_one_seed_per_arm_says_what_is_missing(tmp_path: Path,
     )
 
 
+def test_a_sweep_whose_runs_all_failed_to_start_still_gets_its_report(tmp_path: Path, store: Store) -> None:
+    # Seen on the H200: the first lr run could not start (the GPU was full), and plotting its NaN points
+    # on a log axis beside the baseline line raised in matplotlib, so the study ended in a traceback.
+    failed = _sweep(1e-5, 0, 0.0).model_copy(
+        update={
+            "status": "failed_to_start",
+            "reason": "swarm serve exited with code 1",
+            "steps": 0,
+            "curve": [],
+            "eval": None,
+        }
+    )
+    conclusion, report = _report(tmp_path, store, "find the best lr on arithmetic", [failed])
+    assert "failed_to_start" in report or "failed to start" in report
+    assert conclusion
+    assert (tmp_path / "ws" / "report.md").exists() and not (tmp_path / "ws" / "sweep.png").exists()
+
+
 def test_the_printed_minimum_effect_is_the_one_the_verdict_used(tmp_path: Path, store: Store) -> None:
     # One seed per value: the stability margin is judged over the last k steps of the run, against a
     # threshold (baseline − δ) that already allows the tolerance δ, so its minimum effect is 0, not 0.5 σ.
