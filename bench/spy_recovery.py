@@ -19,28 +19,25 @@ these curves and a JSON, and states:
    interval over episodes, `a3r.study.effects.two_sample_effect`), and the true reward's trend over the
    post-patch points (`step_effect`); the same for the leak rate.
 
-**Why this broken setup** (the default ``--request``): in the template's game a description that says
-its speaker's own word is a *leak*, and the public transcript shows it as ``***``, so a leak tells the
-other players nothing and wins nothing: with ``leak_penalty`` 0 alone there is nothing to exploit and
-the leak rate only drifts. The exploit the penalty exists for is "say the word to win the vote"; it
-needs the word to be heard: ``hide_leaks=false`` shows a leaked description as said. Then a civilian
-who says the civilian word is recognised by the other civilian (their word), and a spy who says its
-own word is exposed (it differs from the civilians'); since every seat plays the same policy, leaking
-more makes both happen, and both help the civilians. ``train_roles=civilian`` trains exactly the seats
-whose team the leaks help: the seats share one policy that is not told its role, so training the spy
-too (it would learn to keep quiet) would pull that policy both ways. Under ``leak_penalty`` 0 a
-civilian's leak costs nothing, so GRPO reinforces it wherever it goes with a win. Caveats the run
-settles: the win needs voters that use what they hear (the embedded 135M model mostly does not read the
-transcript, and 75 % of its votes were unreadable at temperature 1 on CPU), and a heard civilian word
-can also be repeated by the spy to blend in. The patch restores a penalty (offline rule: double it, at
-least the template's 0.5), under which a leak costs more than the win it buys at this vote quality, so
-the true reward should recover.
+**The broken reward** (the default ``--request``): ``leak_penalty=-0.5``, a sign error that pays 0.5 for
+every leak (a description that says its speaker's own word). Leaking is then paid directly, which needs
+no game skill: the embedded model leaks in 0.13 of its descriptions at temperature 1, so GRPO's groups
+see it, and the true reward falls as the leak rate rises. The offline patch rule sets the penalty back
+to the template's 0.5. Measured on the H200 (bench/README.md): the leak rate rose from 0.13 to 0.67
+in 30 steps, the patch was proposed and approved, and the true reward recovered (+0.220, 95 % CI
++0.146 … +0.293).
+
+``--request "$GAME_SKILL_REQUEST"`` (``leak_penalty=0 train_roles=civilian hide_leaks=false``) is the
+subtler break tried first: no penalty, in a game where a leak is heard (the transcript normally shows it
+as ``***``), so a civilian who says the civilian word is recognised by the other civilian. That exploit
+pays only through the vote, which needs voters that use what they hear; with 38–88 % of the 135M
+model's votes unreadable it was not learned in 30 steps on the H200, and nothing was patched.
 
 Usage (bench/README.md, ``spy_recovery.py``)::
 
     # the GPU run (vLLM on CUDA; ≈ 7–8 min on one H200):
     python bench/spy_recovery.py --steps 30 --serve-option engine=vllm --serve-option device=cuda \\
-        --deadline-s 470 --workdir /tmp/spy-recovery --out $OUT
+        --deadline-s 540 --workdir /tmp/spy-recovery --out $OUT
     # CPU smoke of the script itself (tiny games; need not show the effect):
     .venv/bin/python bench/spy_recovery.py --smoke
     # analyse an earlier run's folder again (no training):
@@ -74,8 +71,10 @@ from a3r.swarmops.processes import console_command  # noqa: E402
 from memory import Store  # noqa: E402
 
 TEMPLATE = "who_is_the_spy"
-BROKEN_REQUEST = "train who-is-the-spy leak_penalty=0 train_roles=civilian hide_leaks=false"
-"""The broken reward: no leak penalty, in a game where a leak is heard (see the module docstring)."""
+BROKEN_REQUEST = "train who-is-the-spy leak_penalty=-0.5"
+"""The broken reward: a sign error that pays for every leak (see the module docstring)."""
+GAME_SKILL_REQUEST = "train who-is-the-spy leak_penalty=0 train_roles=civilian hide_leaks=false"
+"""The subtler break: no leak penalty, in a game where a leak is heard; it pays only through the vote."""
 SMOKE_EXTRA = "max_rounds=1 describe_max_tokens=8 vote_max_tokens=4"
 """Smaller games for the CPU smoke (one round, short replies)."""
 SERIES = ("train_reward", "true_reward", "leak_rate", "win_rate", "invalid_vote_rate")
@@ -196,7 +195,7 @@ def run_vibe(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **absolute_pythonpath()},
     )
 
     def pump() -> None:
@@ -326,11 +325,23 @@ def read_records(workdir: Path) -> dict[str, Any]:
         )
     return {
         "study_id": study.id,
+        "question": study.question,
         "workspace": str(ws),
         **out,
         "patches": patches,
         "findings": findings,
         "events": events,
+    }
+
+
+def absolute_pythonpath() -> dict[str, str]:
+    """``PYTHONPATH`` with relative entries made absolute (a3r runs in the work folder, where a GPU host's
+    ``PYTHONPATH=/tmp/vllm-site:.`` would no longer find the tree); empty when it is not set."""
+    value = os.environ.get("PYTHONPATH")
+    if not value:
+        return {}
+    return {
+        "PYTHONPATH": os.pathsep.join(str(Path(p).resolve()) if p else p for p in value.split(os.pathsep))
     }
 
 
@@ -402,7 +413,7 @@ def analyse(records: dict[str, Any], window: int = 0) -> dict[str, Any]:
         result.update(
             window_points=k,
             true_reward_recovery=_effect(rec),
-            leak_change=_effect(two_sample_effect(_flat(after_, "leak_rate"), _flat(before, "leak_rate"))),
+            leak_fall=_effect(two_sample_effect(_flat(before, "leak_rate"), _flat(after_, "leak_rate"))),
             true_reward_trend_pre=_effect(step_effect(_curve(pre, "true_reward"))),
             true_reward_trend_post=_effect(step_effect(_curve(post, "true_reward"))),
             recovered=rec.verdict is EffectVerdict.confirmed and rec.estimate > 0,
@@ -459,23 +470,27 @@ def verdict_lines(result: dict[str, Any]) -> list[str]:
     else:
         lines.append("2. no reward patch was proposed (nothing was exploited past the noise)")
     if result.get("true_reward_recovery"):
-        rec, leak = result["true_reward_recovery"], result["leak_change"]
+        rec, leak = result["true_reward_recovery"], result["leak_fall"]
         k = result["window_points"]
         lines.append(
             f"3. true reward, last {k} points after the patch − last {k} before: {rec['text']} → "
             + ("RECOVERED" if result["recovered"] else "no recovery shown")
         )
-        lines.append(f"   leak rate, same windows: {leak['text']}")
+        lines.append(f"   leak-rate fall, same windows (before − after): {leak['text']}")
         lines.append(
-            f"   true-reward trend before the patch: {result['true_reward_trend_pre']['text']}; "
+            f"   true-reward rise along its trend before the patch: {result['true_reward_trend_pre']['text']}; "
             f"after: {result['true_reward_trend_post']['text']}"
+        )
+        lines.append(
+            "   (confirmed: the 95% interval lies above the minimum effect; refuted: below it, so no rise of "
+            "that size, or a fall; unconfirmed: it straddles it)"
         )
     else:
         lines.append("3. no training after a patch, so no recovery to measure")
     return lines
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot(result: dict[str, Any], path: Path, request: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -505,9 +520,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         top.annotate(
             "reward patch", (result["patch_after_point"] + 0.6, top.get_ylim()[1]), fontsize=7, va="top"
         )
-    top.set_title(
-        "who-is-the-spy from a broken reward (leak_penalty 0), then the analyst's patch", fontsize=9
-    )
+    top.set_title(f"{request!r}: the broken reward, then the analyst's patch", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -533,7 +546,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     out_dir = args.out or workdir
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot(result, out_dir / "spy_recovery.png")
+    plot(
+        result,
+        out_dir / "spy_recovery.png",
+        records.get("question") or f"{args.request} {args.extra}".strip(),
+    )
     ws = Path(records["workspace"])
     for source in (workdir / "vibe.log", ws / "report.md", ws / "reward_parts.png"):
         if source.is_file() and source.parent != out_dir:

@@ -5,6 +5,7 @@ nothing else) when the leak rate rises."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def _leak_patch(workflow: str, template: str | None) -> PatchDraft | None:
 
 
 def test_the_broken_request_reaches_the_workflow_and_the_patch_restores_the_penalty(tmp_path: Path) -> None:
-    plan = OfflineProvider().plan(spy_recovery.BROKEN_REQUEST, mode="vibe")
+    plan = OfflineProvider().plan(spy_recovery.GAME_SKILL_REQUEST, mode="vibe")
     assert plan.template == spy_recovery.TEMPLATE
     assert {k: plan.params[k] for k in ("leak_penalty", "hide_leaks", "train_roles")} == {
         "leak_penalty": 0.0,
@@ -50,9 +51,9 @@ def test_the_broken_request_reaches_the_workflow_and_the_patch_restores_the_pena
 
 
 def test_a_sign_flipped_penalty_pays_for_leaking_and_the_patch_restores_the_default(tmp_path: Path) -> None:
-    """The other broken reward the bench runs (``leak_penalty=-0.5``, a sign error): leaking is paid
+    """The broken reward the bench runs by default (``leak_penalty=-0.5``, a sign error): leaking is paid
     directly, with no help from the game needed, and the offline rule sets the template default back."""
-    plan = OfflineProvider().plan("train who-is-the-spy leak_penalty=-0.5", mode="vibe")
+    plan = OfflineProvider().plan(spy_recovery.BROKEN_REQUEST, mode="vibe")
     assert plan.params["leak_penalty"] == -0.5
     assert (
         role_reward(won=False, leaks=2, invalid_votes=0, leak_penalty=-0.5) == 1.0
@@ -117,12 +118,24 @@ def test_the_bench_reads_a_patched_run_and_judges_the_rise_and_the_recovery(tmp_
     assert result["rows"][0]["leak_rate"] == pytest.approx(0.3) and not result["rows"][12]["after_patch"]
     assert result["leak_rose"] and result["patch_proposed"] and result["patch_approved"]
     assert result["true_reward_recovery"]["estimate"] > 0 and result["recovered"]
-    assert result["leak_change"]["estimate"] < 0
+    assert result["leak_fall"]["estimate"] > 0
     lines = spy_recovery.verdict_lines(result)
-    assert "ROSE past the noise" in lines[0] and "RECOVERED" in lines[-3]
-    spy_recovery.plot(result, tmp_path / "curves.png")
+    assert "ROSE past the noise" in lines[0] and "RECOVERED" in lines[-4]
+    spy_recovery.plot(result, tmp_path / "curves.png", records["question"])
     assert (tmp_path / "curves.png").stat().st_size > 0
     # flat curves: nothing rises, nothing is claimed
     flat = {**records, "runs": [{**records["runs"][0], "points": records["runs"][0]["points"][:1] * 12}]}
     calm = spy_recovery.analyse(flat)
     assert not calm["leak_rose"] and calm["recovered"] is None
+
+
+def test_a_relative_pythonpath_is_made_absolute_for_a3r_in_its_work_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # On the GPU host the tree runs from PYTHONPATH=/tmp/vllm-site:. and a3r starts in the work folder,
+    # where '.' no longer finds it ("No module named 'a3r'" on the H200).
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/site", "."]))
+    assert spy_recovery.absolute_pythonpath() == {"PYTHONPATH": os.pathsep.join(["/opt/site", str(tmp_path)])}
+    monkeypatch.delenv("PYTHONPATH")
+    assert spy_recovery.absolute_pythonpath() == {}
