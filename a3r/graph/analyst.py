@@ -42,14 +42,23 @@ def pending_patch_file(workspace: Path, patch_id: int) -> Path:
     return workspace / ".a3r-patches" / f"{patch_id}.json"
 
 
-def continuation(outcome: RunOutcome, spec_settings: RunSpec, *, suffix: str, early_stop: bool) -> RunSpec:
+def continuation(
+    outcome: RunOutcome,
+    spec_settings: RunSpec,
+    *,
+    suffix: str,
+    early_stop: bool,
+    reward_patch: int | None = None,
+) -> RunSpec:
     """A run that continues training on the same server after ``outcome`` (hot-swapped client). After
     a run that finished its steps (a reward patch of a finished run), the continuation trains as many
-    steps again, so the patched reward is trained on (the budget still bounds it)."""
+    steps again, so the patched reward is trained on (the budget still bounds it). ``reward_patch``: the
+    patch just applied (else the continuation trains on ``outcome``'s reward)."""
     update: dict[str, object] = {
         "key": f"{outcome.key}-{suffix}",
         "start_step": outcome.steps,
         "early_stop": early_stop,
+        "reward_patch": outcome.reward_patch if reward_patch is None else reward_patch,
     }
     if outcome.status == "finished" and outcome.purpose == "train":
         settings = spec_settings.settings

@@ -75,7 +75,11 @@ def approve(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
         if patch.status is PatchStatus.approved:
             ctx.store.mark_patch_applied(review.patch_id, content=pending["new"])
         follow = continuation(
-            outcome, _spec_of(state, outcome), suffix=f"p{review.patch_id}", early_stop=False
+            outcome,
+            _spec_of(state, outcome),
+            suffix=f"p{review.patch_id}",
+            early_stop=False,
+            reward_patch=review.patch_id,
         )
         line = f"approval: patch {review.patch_id} approved by {decision.by} and applied to {review.file}; client hot-swapped ({follow.key})"
     else:

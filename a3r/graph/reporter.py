@@ -74,6 +74,8 @@ def held_out_effect(state: ResearchState) -> tuple[Effect, str] | None:
         where = f"on the {len(tasks)} held-out task(s) both evaluations ran: {task_span(tasks)}"
         if before.tasks != len(tasks) or after.tasks != len(tasks):
             where += f"; before ran {before.tasks}, after {after.tasks}"
+    if any(o.reward_patch is not None for o in outcomes):
+        where += "; both scored by the reward as first written: the held-out evaluator is frozen, a patch does not change it"
     return two_sample_effect(after_on.rewards, before_on.rewards), where
 
 
@@ -84,8 +86,33 @@ _CONFIDENCE_OF = {
 }
 
 
+def on_latest_reward(outcomes: list[RunOutcome]) -> tuple[list[RunOutcome], str]:
+    """The training runs whose train reward the hypothesis is judged on: per seed, those trained on the
+    seed's latest reward (after its last applied reward patch). Steps trained before a patch were paid
+    by another reward function, so a trend across the patch measures the patch, not learning.
+
+    Returns:
+        The runs, and a note saying which steps were left out and why (empty without a patch, or when
+        no step has trained on the patched reward yet: then every run, with a note saying so).
+    """
+    latest = {o.seed: o.reward_patch for o in outcomes}  # in run order: the last run of a seed wins
+    judged = [o for o in outcomes if o.reward_patch == latest[o.seed]]
+    if len(judged) == len(outcomes):
+        return outcomes, ""
+    patches = ", ".join(f"patch {p}" for p in sorted({p for p in latest.values() if p is not None}))
+    steps = sorted(step for o in judged for step, _ in o.curve)
+    if not steps:
+        return outcomes, f"; no step trained on the reward of {patches} yet, so the curve spans the patch"
+    before = len({step for o in outcomes if o not in judged for step, _ in o.curve})
+    return judged, (
+        f"; judged on steps {steps[0]}–{steps[-1]}, trained on the reward of {patches} (the {before} steps "
+        "before it were paid by the reward as first written)"
+    )
+
+
 def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
-    outcomes = [o for o in state.get("outcomes", []) if o.purpose == "train"]
+    trained = [o for o in state.get("outcomes", []) if o.purpose == "train"]
+    outcomes, judged_on = on_latest_reward(trained)
     curve = [point for o in outcomes for point in o.curve]
     study_id = state["study_id"]
     hypothesis = first_hypothesis(state)
@@ -99,8 +126,9 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         last = statistics.fmean(v for _, v in curve[-k:])
         change = f"; mean train reward {first:.3f} (first {k} steps) → {last:.3f} (last {k} steps)"
     statement = (
-        f"hypothesis {effect.verdict.value}: change of the mean train reward over {curve[-1][0] if curve else 0} "
+        f"hypothesis {effect.verdict.value}: change of the mean train reward over {len({s for s, _ in curve})} "
         f"steps of {state['plan'].template} on {len(seeds)} seed(s): {effect.describe(verdict=False)}{change}"
+        f"{judged_on}"
     )
     if held is not None:
         statement += f". Held-out mean reward after − before training ({held[1]}): {held[0].describe()}"

@@ -110,12 +110,8 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
     ws = Workspace(Path(state["workspace"]))
     if budget_left <= 0:
         outcome = RunOutcome(
-            key=spec.key,
+            **spec.outcome_fields(),
             run_id=run.id,
-            purpose=spec.purpose,
-            seed=spec.seed,
-            stage=spec.stage,
-            value=spec.value,
             status="budget",
             reason="the thread's wall-time budget is spent",
         )

@@ -72,10 +72,11 @@ def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
 def joined_parts(
     outcomes: Sequence[RunOutcome], names: Sequence[str], variable: str = "value"
 ) -> dict[str, dict[str, list[float]]]:
-    """Reward-part curves of the training runs, one per configuration and seed (labelled ``seed 0``
-    for a training run, ``lr = 0.001, seed 0`` for a sweep run of ``variable``): a patched run's
-    continuation is joined to its seed's curve, and runs of different configurations are never pooled.
-    Keeps the parts in ``names`` (every recorded part when empty)."""
+    """Reward-part curves of the training runs, one per configuration, seed and reward (labelled
+    ``seed 0`` for a training run, ``seed 0, after patch 1`` for its continuation on a patched reward,
+    ``lr = 0.001, seed 0`` for a sweep run of ``variable``): a continuation on the same reward is joined
+    to its seed's curve; runs of different configurations or rewards are never pooled. Keeps the parts
+    in ``names`` (every recorded part when empty)."""
     joined: dict[str, dict[str, list[float]]] = {}
     for o in outcomes:
         if o.purpose not in ("train", "sweep"):
@@ -83,6 +84,8 @@ def joined_parts(
         label = f"seed {o.seed}"
         if o.purpose == "sweep" and o.value is not None:
             label = f"{variable} = {o.value:g}, {label}"
+        if o.reward_patch is not None:
+            label += f", after patch {o.reward_patch}"
         for name, points in o.parts.items():
             if not names or name in names:
                 joined.setdefault(label, {}).setdefault(name, []).extend(points)

@@ -6,7 +6,7 @@ Plain frozen pydantic data, shared by the research graph (its state holds them),
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,6 +60,8 @@ class RunSpec(BaseModel):
         params: Template parameters this run overrides (a study varying a template knob): the run
             trains with a copy of the workflow with these values; held-out evaluation keeps the frozen
             original.
+        reward_patch: The approved reward patch whose reward this run trains on (a continuation after
+            the patch, and the continuations after it); ``None`` for the reward as first written.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -76,6 +78,18 @@ class RunSpec(BaseModel):
     early_stop: bool = False
     stability: StabilityCriterion = Field(default_factory=StabilityCriterion)
     params: dict[str, bool | int | float | str | None] = Field(default_factory=dict)
+    reward_patch: int | None = None
+
+    def outcome_fields(self) -> dict[str, Any]:
+        """The fields a run's `RunOutcome` copies from its spec."""
+        return {
+            "key": self.key,
+            "purpose": self.purpose,
+            "seed": self.seed,
+            "stage": self.stage,
+            "value": self.value,
+            "reward_patch": self.reward_patch,
+        }
 
 
 class RunOutcome(BaseModel):
@@ -107,6 +121,7 @@ class RunOutcome(BaseModel):
         parts: Curves of the reward's parts (`a3r.study.analysis.part_curves`: one point per B·G
             train episodes), by metric name.
         signal: A preflight's sequential futility test after its last look (`a3r.study.sequential`).
+        reward_patch: The spec's reward patch (``None``: the reward as first written).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -133,4 +148,5 @@ class RunOutcome(BaseModel):
     seconds_per_step: float = float("nan")
     parts: dict[str, list[float]] = Field(default_factory=dict)
     eval_s: float = float("nan")
+    reward_patch: int | None = None
     signal: SignalCheck | None = None

@@ -539,16 +539,6 @@ def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recor
     return handle
 
 
-def _ident(spec: RunSpec) -> dict[str, Any]:
-    return {
-        "key": spec.key,
-        "purpose": spec.purpose,
-        "seed": spec.seed,
-        "stage": spec.stage,
-        "value": spec.value,
-    }
-
-
 def _release(spec: RunSpec, ctx: ExecutionContext, outcome: RunOutcome | None) -> None:
     """Stop the run's server unless a later run continues on it (kept, or stopped for a patch)."""
     if spec.keep_server or (outcome is not None and outcome.status == "needs_attention"):
@@ -591,7 +581,11 @@ def execute_run(
     except SwarmProcessError as exc:
         rec.note(f"run {spec.key}: {exc}", "error")
         return RunOutcome(
-            **_ident(spec), run_id=run_id, status="failed_to_start", reason=str(exc), run_dir=str(run_dir)
+            **spec.outcome_fields(),
+            run_id=run_id,
+            status="failed_to_start",
+            reason=str(exc),
+            run_dir=str(run_dir),
         )
     api = _Control(handle)
     outcome: RunOutcome | None = None
@@ -631,7 +625,7 @@ def execute_run(
                     reason += f"; stopped early: {found.signal.describe()}"
                 reason += f"; {error}" if error else ""
             outcome = RunOutcome(
-                **_ident(spec),
+                **spec.outcome_fields(),
                 run_id=run_id,
                 status="finished" if summary else "crashed",
                 reason=reason,
@@ -923,7 +917,7 @@ def _conclude(
     metric_names = sorted({name for ep in episodes for name in ep.metrics})
     per_point = spec.settings.batch_size * spec.settings.group_size
     return RunOutcome(
-        **_ident(spec),
+        **spec.outcome_fields(),
         run_id=run.run_id,
         status=end.status,
         reason=reason,

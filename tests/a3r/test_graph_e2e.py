@@ -95,6 +95,7 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     assert "(asynchronous, max staleness 1)" in server_log.read_text()  # server options reach the server
     outcomes = state["outcomes"]
     assert outcomes[-1].status == "finished" and outcomes[-1].steps >= 3
+    assert [o.reward_patch for o in outcomes] == [None, None, review.patch_id]  # trained on which reward
     # Held-out evaluation with the frozen evaluator before (smoke) and after training.
     assert outcomes[0].eval is not None and outcomes[0].eval.episodes == 8
     assert outcomes[-1].eval is not None and outcomes[-1].eval.tasks == 4

@@ -354,3 +354,48 @@ def test_the_vibe_verdict_clears_the_noise(
         assert "would settle it" in conclusion
     if diagnoses:
         assert "identical rewards" in conclusion
+
+
+def test_a_patched_run_is_judged_on_the_steps_trained_on_the_patched_reward(
+    tmp_path: Path, store: Store
+) -> None:
+    """Seen on the H200: a broken reward paid for leaks (train reward up to 0.57), the patch took that pay
+    away (down to −0.06), and the 60-step trend across the patch read −0.171 for a run whose reward rose
+    after it. The verdict is judged on the steps after the last patch, and says so."""
+    from a3r.graph.reporter import _vibe_conclusion
+
+    study = store.create_study("train arithmetic", kind="vibe")
+    experiment = store.create_experiment(study.id, "arithmetic-train").id
+    hacked = [0.1 + 0.05 * i for i in range(10)]  # paid by the broken reward
+    after = [v - 0.6 for v in _RISING]  # the patched reward: lower, and rising
+
+    def outcome(key: str, first_step: int, curve: list[float], patch: int | None) -> RunOutcome:
+        return RunOutcome(
+            key=key,
+            run_id=store.start_run(experiment, name=key).id,
+            purpose="train",
+            status="finished",
+            reason="",
+            steps=first_step + len(curve) - 1,
+            curve=[(first_step + i, v) for i, v in enumerate(curve)],
+            reward_patch=patch,
+        )
+
+    outcomes = [outcome("train-s0", 1, hacked, None), outcome("train-s0-p1", 11, after, 1)]
+    state = {
+        "mode": "vibe",
+        "study_id": study.id,
+        "plan": OfflineProvider().plan("train arithmetic", mode="vibe"),
+        "outcomes": outcomes,
+        "hypothesis_ids": [],
+    }
+    conclusion = _vibe_conclusion(state, offline_context(tmp_path, store))  # type: ignore[arg-type]
+    assert conclusion.startswith(
+        f"hypothesis confirmed: change of the mean train reward over {len(_RISING)} steps"
+    )
+    assert (
+        f"judged on steps 11–{10 + len(_RISING)}, trained on the reward of patch 1 (the 10 steps before it"
+        in conclusion
+    )
+    (finding,) = store.findings(study.id)
+    assert finding.run_ids == [outcomes[1].run_id]

@@ -212,8 +212,15 @@ def test_reward_parts_are_never_pooled_across_configurations() -> None:
         "lr = 0.001, seed 0": {"correct": [0.2, 0.1, 0.05, 0.0]},
     }
     train = outcomes[0].model_copy(update={"purpose": "train", "value": None})
-    patched = train.model_copy(update={"parts": {"correct": [0.5]}})  # a patched run's continuation
-    assert joined_parts([train, patched], ()) == {"seed 0": {"correct": [0.25, 0.3, 0.35, 0.4, 0.5]}}
+    same = train.model_copy(update={"parts": {"correct": [0.5]}})  # a continuation on the same reward
+    assert joined_parts([train, same], ()) == {"seed 0": {"correct": [0.25, 0.3, 0.35, 0.4, 0.5]}}
+    # after a reward patch the parts are another reward's: the H200's leak rate rose to 0.67 before the
+    # patch and fell after it, and the joined 61 points read "no clear change"
+    patched = same.model_copy(update={"reward_patch": 1})
+    assert joined_parts([train, patched], ()) == {
+        "seed 0": {"correct": [0.25, 0.3, 0.35, 0.4]},
+        "seed 0, after patch 1": {"correct": [0.5]},
+    }
 
 
 def _study(question: str) -> StudyPublic:
