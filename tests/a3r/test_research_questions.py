@@ -237,3 +237,31 @@ def test_a_refusal_lists_each_setting_once_and_only_what_can_vary() -> None:
     assert knobs == ["fewshot", "max_tokens", "temperature"]
     for name in names:  # every setting listed can be varied
         assert resolve_setting(name, "arithmetic").name == name
+
+
+# ---------------------------------------------------------------------------- --serve-option hints
+@pytest.mark.parametrize("command", ["vibe", "research"])
+@pytest.mark.parametrize(
+    "key", ["batch-size", "group-size", "max-steps", "lr", "lora-rank", "train", "training-config"]
+)
+def test_a_plan_serve_option_hint_names_options_the_command_has(
+    tmp_path: Path, command: str, key: str
+) -> None:
+    """Found by a fresh user: research's hint for --serve-option batch-size named --batch-size, which
+    a3r research does not have."""
+    import typer.main
+
+    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    has = {opt for param in click_command.params for opt in param.opts}
+    request = "train arithmetic" if command == "vibe" else "find the best kl on arithmetic"
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    result = CliRunner().invoke(app, [command, request, "--serve-option", f"{key}=3", *common])
+    assert result.exit_code == 1 and result.output.startswith(f"error: --serve-option {key}: ")
+    assert len(result.output.strip().splitlines()) == 1
+    named = set(re.findall(r"--[a-z][a-z-]+", result.output)) - {"--serve-option"}
+    assert named <= has, named - has
+    written = re.search(r"write (\w+)=<value> in the request", result.output)
+    if written:  # the pair the hint suggests plans, with its value
+        pair = f"{written.group(1)}={'1e-3' if written.group(1) == 'lr' else 8}"
+        plan = OfflineProvider().plan(f"{request} {pair}", mode=command if command == "research" else "vibe")
+        assert getattr(plan.training, written.group(1)) == (1e-3 if written.group(1) == "lr" else 8)
