@@ -721,6 +721,8 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
             budget_s=settings.budget_minutes * 60,
             eval_episodes=settings.eval_tasks * settings.eval_samples,
         )
+        # the stages after the coarse one this design has (an A-vs-B or effect-of study has no refine)
+        later = [s.name for s in design.stages if s.name not in ("preflight", "coarse")]
         cut = (
             f"the runner would drop {sweep.variable} values {{{', '.join(setting.text(v) for v in dropped)}}} "
             "from the coarse stage"
@@ -730,7 +732,12 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
                 else ""
             )
             if dropped
-            else "the coarse stage fits; refine and replicate stop when the budget runs out"
+            else "the coarse stage fits"
+            + (
+                f"; the {' and '.join(later)} stage{'s stop' if len(later) > 1 else ' stops'} when the budget runs out"
+                if later
+                else ""
+            )
         )
         say(
             f"  warning: the estimate exceeds the budget of {settings.budget_minutes:g} min at this speed: {cut}"

@@ -265,3 +265,25 @@ def test_a_plan_serve_option_hint_names_options_the_command_has(
         pair = f"{written.group(1)}={'1e-3' if written.group(1) == 'lr' else 8}"
         plan = OfflineProvider().plan(f"{request} {pair}", mode=command if command == "research" else "vibe")
         assert getattr(plan.training, written.group(1)) == (1e-3 if written.group(1) == "lr" else 8)
+
+
+# ------------------------------------------------------------------------------ budget warning
+@pytest.mark.parametrize(
+    ("question", "budget", "later"),
+    [
+        # found by a fresh user: the A-vs-B warning named a refine stage it does not have
+        ("lr 1e-4 vs 1e-3 on arithmetic", "10", "the replicate stage stops"),
+        ("effect of hide_leaks on who-is-the-spy", "10", "the replicate stage stops"),
+        ("find the best lr on arithmetic", "20", "the refine and replicate stages stop"),
+    ],
+)
+def test_the_over_budget_warning_names_the_stages_the_design_has(
+    tmp_path: Path, question: str, budget: str, later: str
+) -> None:
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    result = CliRunner().invoke(app, ["research", question, "--budget-minutes", budget, *common])
+    assert result.exit_code == 0, result.output
+    stages = re.findall(r"^    (\w+): ", result.output, re.MULTILINE)
+    (warning,) = [line for line in result.output.splitlines() if "warning: the estimate exceeds" in line]
+    assert warning.endswith(f"the coarse stage fits; {later} when the budget runs out")
+    assert ("refine" in warning) == ("refine" in stages)
