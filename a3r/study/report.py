@@ -167,9 +167,11 @@ def plot_sweep(
     path: Path,
     *,
     stability: bool = True,
+    template: str | None = None,
 ) -> Path | None:
     """Held-out p@1, p@2 and last-k train reward per swept value, stable values marked when
-    ``stability`` (a min-stable question)."""
+    ``stability`` (a min-stable question); a switch's values are labelled true/false (``template``:
+    the study's, to resolve the setting)."""
     if not configs:
         return None
     xs = [c.value for c in configs]
@@ -184,6 +186,9 @@ def plot_sweep(
             ax.axvline(c.value, color="green", alpha=0.15)
     if variable in ("batch_size", "group_size", "lr"):
         ax.set_xscale("log", base=2 if variable != "lr" else 10)
+    labels = [value_text(variable, template, x) for x in xs]
+    if any(label in ("true", "false") for label in labels):
+        ax.set_xticks(xs, labels)
     ax.set_xlabel(variable + (" (green: stable on every seed)" if stability else ""))
     ax.set_ylabel("reward / pass rate")
     ax.grid(alpha=0.3)
@@ -229,6 +234,7 @@ def write_report(
         baseline,
         folder / "sweep.png",
         stability=stability,
+        template=plan.template,
     )
     lines = [
         f"# Study {study.id}: {study.question}",
