@@ -58,11 +58,25 @@ GENERIC_KEYWORDS = frozenset(
 """Template keywords that name a kind of task, not a task: alone they never choose a template."""
 
 DESCRIPTIVE_KEYWORDS = frozenset(
-    {"toy", "easy", "small model", "synthetic", "sanity check", "smoke test", "pass@k"}
+    {
+        "toy",
+        "easy",
+        "small model",
+        "synthetic",
+        "sanity check",
+        "smoke test",
+        "pass@k",
+        "addition",
+        "subtraction",
+        "multiplication",
+        "sums",
+        "target number",
+        "reach a target",
+    }
 )
-"""Template keywords that describe a task's size, purpose or metric rather than name it: alone they may
-choose a template ("train a toy task"), but beside another task's name they do not name a second task
-("countdown on a small model")."""
+"""Template keywords that describe a task's size, purpose, operations or metric rather than name it:
+alone they may choose a template ("train a toy task"), but beside another task's name they do not name
+a second task ("countdown on a small model", "countdown with multiplication only")."""
 
 
 def _phrase(text: str) -> tuple[str, ...]:

@@ -194,6 +194,8 @@ def test_a_request_naming_two_tasks_is_refused_in_one_line(question: str, mode: 
         ),  # countdown's keyword, not arithmetic
         ("find the best lr on countdown with a small model", "countdown"),  # a description, not a task
         ("find the best lr on a toy task", "arithmetic"),
+        ("find the best lr on countdown with multiplication only", "countdown"),
+        ("find the best lr on arithmetic sums that reach a target number", "arithmetic"),
     ],
 )
 def test_one_task_with_a_description_is_planned(question: str, template: str) -> None:
