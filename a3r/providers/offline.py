@@ -118,6 +118,11 @@ def _mention_end(text: str, aliases: tuple[str, ...]) -> int | None:
     return -min(found)[1] if found else None  # the longest of the earliest: "batch size", not "batch"
 
 
+def _aliases(setting: Setting) -> tuple[str, ...]:
+    """What names ``setting`` in a sentence: its aliases, or its name (``_`` as a space or a dash)."""
+    return setting.aliases or (rf"\b{setting.name.replace('_', '[ _-]?')}\b",)
+
+
 def _values_after(text: str, setting: Setting) -> list[float]:
     """The run of numbers written right after the setting's first mention (``"kl 0.01, 0.1 and 1"``,
     ``"lr 1e-4 vs 1e-3"``, ``"effect of kl -0.5"``) or, when none follows it, right before it
@@ -127,8 +132,7 @@ def _values_after(text: str, setting: Setting) -> list[float]:
     Raises:
         PlanError: A value outside the setting's range (`Setting.check`), one line.
     """
-    spoken = (rf"\b{setting.name.replace('_', '[ _-]?')}\b",)
-    aliases = setting.aliases or spoken
+    aliases = _aliases(setting)
     if _mention_end(text, aliases) is None:
         return []
     pattern = _SWITCH if setting.kind == "bool" else _VALUE
@@ -434,8 +438,14 @@ class OfflineProvider:
                 params["n_tasks"] = int(n_tasks)
         for spec in meta.parameters:
             match = re.search(rf"\b{re.escape(spec.name)}\s*=\s*([^\s,;]+)", text)
+            spoken = r"[ _-]?".join(re.escape(word) for word in spec.name.split("_"))
             if match:  # explicit "name=value" pairs win
                 params[spec.name] = match.group(1)
+            elif spec.type in ("int", "float") and spec.name not in params:
+                # "leak_penalty 0.3", "leak penalty of 0.3": never dropped silently
+                number = _find_number(text, rf"\b{spoken}\b\s*(?:of|=|:|to|at)?\s*NUM(?![\w.])")
+                if number is not None:
+                    params[spec.name] = number
             elif spec.type == "bool" and spec.name != varied:
                 params |= _bool_param(spec.name, meta.name, text)
         try:
@@ -517,8 +527,10 @@ class OfflineProvider:
         reference = float(getattr(training, variable)) if setting.target == "training" else setting.default
         others: list[str] = []
         knobs = set(template_knobs(meta))
-        for other in SETTINGS.values():
-            if other.name == variable or _mention_end(text, other.aliases) is None:
+        # the registry's settings, then the template's own knobs (a one-value knob is read as a parameter)
+        candidates = [*SETTINGS.values(), *(resolve_setting(k, template) for k in knobs if k not in SETTINGS)]
+        for other in candidates:
+            if other.name == variable or _mention_end(text, _aliases(other)) is None:
                 continue
             given = _values_after(text, other)
             if not given:
@@ -526,8 +538,8 @@ class OfflineProvider:
             elif len(set(given)) > 1:
                 raise OfflineUnsupported(
                     f"the question varies {setting.label} and also gives {other.label} "
-                    f"{', '.join(f'{v:g}' for v in given)}; the offline planner varies one setting per study: "
-                    "ask one question per setting"
+                    f"{', '.join(other.text(v) for v in given)}; the offline planner varies one setting per "
+                    "study: ask one question per setting"
                 )
             elif other.target == "training":
                 fixed[other.name] = given[0]

@@ -165,7 +165,8 @@ def check_pair_names(text: str, params: list[str], *, owner: str, varied: str | 
     """Refuse a ``name=value`` pair of ``text`` that a plan could not use: a value that is nan or inf, a
     name that is neither one of ``params`` nor a training setting (with the nearest known names), a
     ``swarm serve`` option (with the ``--serve-option`` that sets it), or a name given twice with
-    different values (except ``varied``, the setting a research question compares).
+    different values (except ``varied``, the setting a research question compares); and a
+    parameter-like name written alone (``leak_penalty 0.3`` on arithmetic) that is neither.
 
     Args:
         text: The request (lower-cased).
@@ -194,13 +195,30 @@ def check_pair_names(text: str, params: list[str], *, owner: str, varied: str | 
                 f"{name}={value} is an option of swarm serve, not a parameter of {owner} or a training setting: "
                 f"pass it as --serve-option {name.replace('_', '-')}={value}"
             )
-        near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-        hint = f"did you mean {' or '.join(near)}? " if near else ""
-        raise PlanError(
-            f"unknown setting {name}={value} in the request, neither a parameter of {owner} nor a training "
-            f"setting: {hint}(parameters of {owner}: {', '.join(params) or 'none'}; training settings: "
-            f"{', '.join(training)})"
-        )
+        raise _unknown(f"{name}={value}", name, params, owner=owner)
+    for name in _NAME.findall(PAIR.sub(" ", text)):
+        if name not in known and name.replace("_", "") not in _template_names():
+            raise _unknown(name, name, params, owner=owner)
+
+
+_NAME = re.compile(r"(?<![\w./-])([a-z]+(?:_[a-z0-9]+)+)(?![\w/-])")
+"""A parameter-like name written alone in a request (``leak_penalty 0.3``): words joined by ``_``."""
+
+
+def _template_names() -> set[str]:
+    return {meta.name.replace("_", "") for meta in templates.list_templates()}
+
+
+def _unknown(shown: str, name: str, params: list[str], *, owner: str) -> PlanError:
+    """The refusal of an unknown setting ``name`` (written ``shown``), with the nearest known names."""
+    training = list(TrainingSettings.model_fields)
+    near = difflib.get_close_matches(name, params + training, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    return PlanError(
+        f"unknown setting {shown} in the request, neither a parameter of {owner} nor a training "
+        f"setting: {hint}(parameters of {owner}: {', '.join(params) or 'none'}; training settings: "
+        f"{', '.join(training)})"
+    )
 
 
 def _training_value(name: str, value: str, training: TrainingSettings) -> Any:

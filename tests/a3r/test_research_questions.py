@@ -289,3 +289,22 @@ def test_the_over_budget_warning_names_the_stages_the_design_has(
     (warning,) = [line for line in result.output.splitlines() if "warning: the estimate exceeds" in line]
     assert warning.endswith(f"the coarse stage fits; {later} when the budget runs out")
     assert ("refine" in warning) == ("refine" in stages)
+
+
+# ------------------------------------------------------------------------ knobs never dropped
+def test_a_template_knob_written_with_its_value_is_used_or_refused() -> None:
+    """Found while checking these: 'with leak_penalty 0.3' was planned without it, on who-is-the-spy
+    (the default 0.5 kept) and on arithmetic (which has no such parameter)."""
+    plan = _research("find the best lr on who-is-the-spy with leak_penalty 0.3")
+    assert plan.params["leak_penalty"] == 0.3
+    assert OfflineProvider().plan("train arithmetic with n_tasks 64", mode="vibe").params["n_tasks"] == 64
+    with pytest.raises(
+        PlanError, match=r"unknown setting leak_penalty in the request, neither a parameter of arithmetic"
+    ):
+        _research("find the best lr on arithmetic with leak_penalty 0.3")
+    with pytest.raises(OfflineUnsupported, match="also names leak penalty without a value"):
+        _research("find the best lr on who-is-the-spy and leak penalty")
+    with pytest.raises(
+        OfflineUnsupported, match=r"also gives leak penalty 0.1, 0.3; .* one setting per study"
+    ):
+        _research("find the best lr on who-is-the-spy with leak_penalty 0.1 and 0.3")
