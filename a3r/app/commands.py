@@ -34,6 +34,7 @@ from rich.syntax import Syntax
 from a3r.app.session import Session, SessionSettings, Step, open_session, recorded_settings
 from a3r.errors import A3RError
 from a3r.providers import OfflineProvider, ProviderKind
+from a3r.study.plans import TrainingSettings
 from a3r.study.research import MAX_EVAL_TASKS
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from memory import Store, StoreError
@@ -281,36 +282,62 @@ _MANAGED_SERVE_OPTIONS = {
     "host": "a3r's servers listen on loopback",
     "run-dir": "a3r keeps each server's run dir in the study workspace",
     "admin-token": "a3r gives its servers a fresh admin token (never recorded in the store)",
-    "training-config": "a3r sets training from its plan; use --steps, --batch-size, --group-size",
-    **{
-        key: "set from the plan for every run; use --steps, --batch-size, --group-size, or ask a research question about it"
-        for key in PLAN_SERVE_OPTIONS
-    },
+    **dict.fromkeys(("training-config", *PLAN_SERVE_OPTIONS), ""),  # `_plan_hint`: what the command has
 }
-"""``swarm serve`` options a3r sets itself, with why they cannot be passed."""
+"""``swarm serve`` options a3r sets itself, with why they cannot be passed ("": set from the plan)."""
+
+VIBE_TRAINING_OPTIONS = ("--steps", "--batch-size", "--group-size")
+"""The options of ``a3r vibe`` that set the plan's training settings."""
+
+RESEARCH_TRAINING_OPTIONS = ("--steps", "--group-size", "--seeds")
+"""The options of ``a3r research`` that set the plan's training settings (B has none: a question
+varies it, or the question gives it as ``batch_size=N``)."""
 
 
-def _serve_options(items: list[str] | None) -> dict[str, Any]:
+def _plan_hint(key: str, options: tuple[str, ...]) -> str:
+    """Why the ``swarm serve`` option ``key`` is set from the plan, and what sets it with the command
+    whose training options are ``options``: its own option where it has one, else the request's
+    ``name=value`` pair or a research question about it."""
+    field = {"max-steps": "steps"}.get(key, key.replace("-", "_"))
+    own = f"--{field.replace('_', '-')}"
+    if key == "training-config":
+        return f"a3r sets training from its plan; use {', '.join(options)}"
+    if own in options:
+        return f"set from the plan for every run; use {own}"
+    if field in TrainingSettings.model_fields:
+        return (
+            f"set from the plan for every run; write {field}=<value> in the request, or ask a research "
+            "question about it"
+        )
+    return "set from the plan for every run (the plan decides it)"
+
+
+def _serve_options(items: list[str] | None, *, options: tuple[str, ...]) -> dict[str, Any]:
     """``KEY=VALUE`` items → ``swarm serve`` options (``true``/``false`` become flags).
 
+    Args:
+        items: The ``--serve-option`` values.
+        options: The command's training options (`VIBE_TRAINING_OPTIONS`, `RESEARCH_TRAINING_OPTIONS`),
+            named by the refusal of an option a3r sets from the plan.
+
     Raises:
-        typer.Exit: an item is not ``KEY=VALUE`` (one line, exit code 1).
+        typer.Exit: an item is not ``KEY=VALUE``, or a3r sets it (one line, exit code 1).
     """
-    options: dict[str, Any] = {}
+    result: dict[str, Any] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         key = key.strip().removeprefix("--").replace("_", "-")
         if not sep or not key:
             raise _fail(f"--serve-option {item!r}: expected KEY=VALUE, e.g. max-staleness=1")
         if key in _MANAGED_SERVE_OPTIONS and key not in TRAINER_SERVE_OPTIONS:
-            raise _fail(f"--serve-option {key}: {_MANAGED_SERVE_OPTIONS[key]}")
+            raise _fail(f"--serve-option {key}: {_MANAGED_SERVE_OPTIONS[key] or _plan_hint(key, options)}")
         lowered = value.strip().lower()
         if key == "quota":  # repeatable, like swarm serve --quota
-            options.setdefault(key, []).append(value.strip())
+            result.setdefault(key, []).append(value.strip())
             continue
-        options[key] = {"true": True, "false": False}.get(lowered, value.strip())
-    _check_serve_options(options)
-    return options
+        result[key] = {"true": True, "false": False}.get(lowered, value.strip())
+    _check_serve_options(result)
+    return result
 
 
 TRAINER_SERVE_OPTIONS = {
@@ -375,7 +402,7 @@ def vibe(
     ] = False,
 ) -> None:
     """Plan, code, smoke-test, train, monitor, patch (with approval) and report on one request."""
-    server_options = _serve_options(serve_option)
+    server_options = _serve_options(serve_option, options=VIBE_TRAINING_OPTIONS)
     trainer = _trainer_overrides(server_options)
     if server is not None:
         _check_server(server)
@@ -414,7 +441,7 @@ def _dry_plan(
     """
     from a3r.providers import ProviderConfig, make_provider
     from a3r.study.design import check_overrides, restate_for_training
-    from a3r.study.plans import TrainingSettings, check_plan
+    from a3r.study.plans import check_plan
 
     try:
         config = ProviderConfig.from_env(
@@ -572,7 +599,7 @@ def research(
     ] = False,
 ) -> None:
     """Answer a research question with a pre-registered, staged, multi-seed sweep."""
-    server_options = _serve_options(serve_option)
+    server_options = _serve_options(serve_option, options=RESEARCH_TRAINING_OPTIONS)
     trainer = _trainer_overrides(server_options)
     settings = SessionSettings(
         store=store,
@@ -694,6 +721,8 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
             budget_s=settings.budget_minutes * 60,
             eval_episodes=settings.eval_tasks * settings.eval_samples,
         )
+        # the stages after the coarse one this design has (an A-vs-B or effect-of study has no refine)
+        later = [s.name for s in design.stages if s.name not in ("preflight", "coarse")]
         cut = (
             f"the runner would drop {sweep.variable} values {{{', '.join(setting.text(v) for v in dropped)}}} "
             "from the coarse stage"
@@ -703,7 +732,12 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
                 else ""
             )
             if dropped
-            else "the coarse stage fits; refine and replicate stop when the budget runs out"
+            else "the coarse stage fits"
+            + (
+                f"; the {' and '.join(later)} stage{'s stop' if len(later) > 1 else ' stops'} when the budget runs out"
+                if later
+                else ""
+            )
         )
         say(
             f"  warning: the estimate exceeds the budget of {settings.budget_minutes:g} min at this speed: {cut}"

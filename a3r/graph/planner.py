@@ -46,7 +46,7 @@ from a3r.study.research import (
 )
 from a3r.study.runs import RunSpec
 from a3r.study.sequential import SignalCheck
-from a3r.study.settings import resolve_setting
+from a3r.study.settings import resolve_setting, value_text
 
 __all__ = ["planner"]
 
@@ -181,7 +181,7 @@ def _design_lines(plan: PlanDraft, priors: list[PriorFinding], preflight_budget_
     out = [f"preflight: {design.stages[0].note.split('; ', 1)[-1]}"] if preflight_budget_s > 0 else []
     for stage in design.stages[1:]:
         values = (
-            f" {plan.sweep.variable} ∈ {{{', '.join(f'{v:g}' for v in stage.values)}}}"
+            f" {plan.sweep.variable} ∈ {{{', '.join(design.setting.text(v) for v in stage.values)}}}"
             if stage.values
             else ""
         )
@@ -323,7 +323,7 @@ def _after_stage(
             logged.append(note)
             return None
         if dropped:
-            line += f" (budget: dropped {', '.join(f'{v:g}' for v in dropped)})"
+            line += f" (budget: dropped {', '.join(value_text(sweep.variable, plan.template, v) for v in dropped)})"
         ctx.store.log_event(line, study_id=state["study_id"])
         ctx.say(line)
         return Command(
@@ -341,7 +341,7 @@ def _after_stage(
             why = "between the best value and its neighbours"
         if extra:
             specs = sweep_specs(plan, extra, f"refine{rounds + 1}")
-            values = ", ".join(f"{v:g}" for v in extra)
+            values = ", ".join(value_text(sweep.variable, plan.template, v) for v in extra)
             command = go(
                 specs,
                 "refine",

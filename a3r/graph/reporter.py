@@ -26,6 +26,7 @@ from a3r.study.research import (
     verdicts,
 )
 from a3r.study.runs import RunOutcome
+from a3r.study.settings import value_text
 from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
 __all__ = ["held_out_effect", "reporter", "train_effect"]
@@ -201,17 +202,18 @@ def _comparison_conclusion(
     change that lowers the reward confirmed as a decrease (the sign flipped)."""
     plan = state["plan"]
     assert plan.sweep is not None
-    a, b = plan.sweep.coarse[0], plan.sweep.coarse[1]
+    a_value, b_value = plan.sweep.coarse[0], plan.sweep.coarse[1]
     outcomes = state.get("outcomes", [])
-    arm_a, arm_b = seed_means(outcomes, a), seed_means(outcomes, b)
-    side_a, side_b = f"for {variable} = {a:g}", f"for {variable} = {b:g}"
+    arm_a, arm_b = seed_means(outcomes, a_value), seed_means(outcomes, b_value)
+    a, b = (value_text(variable, plan.template, v) for v in (a_value, b_value))
+    side_a, side_b = f"for {variable} = {a}", f"for {variable} = {b}"
     effect = two_sample_effect(arm_b, arm_a, unit="seeds", sides=(side_b, side_a))
-    head = f"{variable} {b:g} vs {a:g}: held-out mean reward {_mean_text(arm_b)} vs {_mean_text(arm_a)}"
+    head = f"{variable} {b} vs {a}: held-out mean reward {_mean_text(arm_b)} vs {_mean_text(arm_a)}"
     if goal == "effect_of" and math.isfinite(effect.estimate) and effect.estimate < 0:
         drop = two_sample_effect(arm_a, arm_b, unit="seeds", sides=(side_a, side_b))
         if drop.verdict is EffectVerdict.confirmed:
             return (
-                f"confirmed: changing {variable} from {a:g} to {b:g} lowers the held-out mean reward; {head}; "
+                f"confirmed: changing {variable} from {a} to {b} lowers the held-out mean reward; {head}; "
                 f"decrease {drop.describe(verdict=False)}",
                 FindingStatus.confirmed,
             )
@@ -225,9 +227,9 @@ def _comparison_conclusion(
     ):
         status = FindingStatus.unconfirmed
     what = (
-        f"{variable} = {b:g} beats {a:g}"
+        f"{variable} = {b} beats {a}"
         if goal == "a_vs_b"
-        else f"changing {variable} from {a:g} to {b:g} raises the reward"
+        else f"changing {variable} from {a} to {b} raises the reward"
     )
     return f"{status.value}: {what}? {head}; effect {effect.describe(verdict=False)}", status
 
@@ -248,10 +250,10 @@ def _config_statement(c: ConfigVerdict, variable: str, status: FindingStatus) ->
     )
 
 
-def _measured_statement(c: ConfigVerdict, variable: str) -> str:
+def _measured_statement(c: ConfigVerdict, variable: str, template: str | None) -> str:
     """A best, A-vs-B or effect-of study's record of one configuration: what its runs measured."""
     return (
-        f"measured: {variable}={c.value:g} on seeds {c.seeds}: held-out mean reward {c.eval_mean_reward:.3f}, "
+        f"measured: {variable}={value_text(variable, template, c.value)} on seeds {c.seeds}: held-out mean reward {c.eval_mean_reward:.3f}, "
         f"p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}; last-k train reward {c.last_k_reward:.3f}"
     )
 
@@ -276,7 +278,7 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
             study_id,
             statement=_config_statement(c, variable, status)
             if stability_goal
-            else _measured_statement(c, variable),
+            else _measured_statement(c, variable, plan.template),
             evidence={
                 "identity": identity,
                 "value": c.value,

@@ -23,6 +23,7 @@ from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.providers.offline import read_params
 from a3r.study.research import eval_reserve_s
 from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec
+from a3r.study.settings import value_text
 from a3r.swarmops.execution import Workspace
 from memory import RunStatus
 
@@ -35,7 +36,8 @@ def experiment_name(state: ResearchState, spec: RunSpec) -> tuple[str, int | Non
     if spec.purpose == "preflight":
         return "preflight-baseline", None
     if spec.purpose == "sweep" and plan.sweep is not None and spec.value is not None:
-        return f"{plan.sweep.variable}={spec.value:g}", first_hypothesis(state)
+        shown = value_text(plan.sweep.variable, plan.template, spec.value)
+        return f"{plan.sweep.variable}={shown}", first_hypothesis(state)
     return f"{plan.template or 'generated'}-train", first_hypothesis(state)
 
 

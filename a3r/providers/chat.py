@@ -26,6 +26,7 @@ from a3r.study.plans import (
     PlanDraft,
     check_plan,
 )
+from a3r.study.request import check_request
 from a3r.study.settings import SETTINGS
 
 __all__ = ["ChatProvider", "chat_model", "describe_templates", "repair_prompt"]
@@ -142,7 +143,9 @@ class ChatProvider:
 
         Raises:
             ProviderError: The call failed or the answer does not fit the schema.
-            PlanError: The plan names an unknown template or invalid parameters.
+            PlanError: The plan names an unknown template or invalid parameters, or does not answer the
+                request (`a3r.study.request.check_request`: two tasks named, a ``name=value`` pair of
+                the request unknown or not used).
         """
         draft = self._ask(
             PlanDraft,
@@ -151,7 +154,7 @@ class ChatProvider:
         )
         if mode == "research" and draft.kind != "research":
             draft = draft.model_copy(update={"kind": "research"})
-        return check_plan(draft)
+        return check_request(request, check_plan(draft))
 
     def write_code(
         self, request: str, plan: PlanDraft, *, failure: CodeFailure | None = None

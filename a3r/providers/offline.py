@@ -9,8 +9,8 @@ to it, reads parameters from the sentence, plans research questions over any set
 from __future__ import annotations
 
 import ast
-import difflib
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, Literal, cast
@@ -32,8 +32,25 @@ from a3r.study.plans import (
     TrainingSettings,
     check_plan,
 )
-from a3r.study.settings import SETTINGS, Setting, find_setting_in, refusal_for, resolve_setting
-from swarm.client import ServeOptions
+from a3r.study.request import (
+    PAIR,
+    check_one_task,
+    check_pair_names,
+    check_request,
+    generic_found,
+    named_tasks,
+    specific_matches,
+)
+from a3r.study.settings import (
+    SETTINGS,
+    Setting,
+    find_setting_in,
+    refusal_for,
+    resolve_setting,
+    studiable,
+    switch_refusal,
+    template_knobs,
+)
 
 __all__ = ["NEEDS_LLM", "OfflineProvider", "read_params"]
 
@@ -66,8 +83,9 @@ def read_params(workflow_source: str) -> dict[str, Any]:
     raise ValueError("the params block holds no literal dict")
 
 
-_NUMBER = r"(-?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)"
-"""A signed decimal or scientific number (``-0.5``, ``1e-3``), captured."""
+_NUMBER = r"(-?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?|[-+]?(?:nan|inf(?:inity)?)(?![a-z]))"
+"""A signed decimal or scientific number (``-0.5``, ``1e-3``), captured; also ``nan`` and ``inf``, read
+so that they are refused as not numbers (`Setting.check`, `_find_number`) rather than passed over."""
 
 _VALUE = (
     rf"(?<![\w.]){_NUMBER}(?![\w]|\.[0-9])"
@@ -76,20 +94,33 @@ _VALUE = (
 """A number standing alone: not glued to letters (``gsm8k`` and ``aime25`` hold no value) and not a
 count of something else (``20 steps``)."""
 
+_SWITCH = (
+    r"(?<![\w.])(true|false|yes|no|off"
+    r"|on(?!\s+(?!(?:vs\.?|versus|and|or|against|than|then|better|worse|beats?|outperforms?|loses?|underperforms?)\b)[a-z])"
+    rf"|{_NUMBER[1:-1]})(?![\w]|\.[0-9])"
+)
+"""A value of a true/false setting: one of `BOOL_WORDS`, or a number (1 and 0; `Setting.check` refuses
+others). "on" followed by a word other than a joiner is the preposition ("effect of hide_leaks on
+who-is-the-spy"), not a value."""
+
+_SWITCH_WORDS = {"true": 1.0, "yes": 1.0, "on": 1.0, "false": 0.0, "no": 0.0, "off": 0.0}
+
 _JOINER = (
     r"\s*(?:,|;|=|:|\band\b|\bor\b|\bvs\.?|\bversus\b|\bagainst\b|\bto\b|\bfrom\b|\bof\b|\bthen\b"
     r"|\b(?:better|worse)\s+than\b|\bbeats?\b|\boutperforms?\b|\bloses?\s+to\b|\bunderperforms?\b)?\s*"
 )
 """What may stand between a setting's name and its values, or between two values."""
 
-_PAIR = re.compile(r"(?<![\w.-])([a-z][a-z0-9_]*)\s*=\s*([^\s,;]+)")
-"""An explicit ``name=value`` pair of a request (``batch_size=3``, ``lr=1e-3``)."""
-
 
 def _mention_end(text: str, aliases: tuple[str, ...]) -> int | None:
     """Where the first mention of a setting (any of its ``aliases``) ends, or ``None``."""
     found = [(m.start(), -m.end()) for a in aliases if (m := re.search(a, text))]
     return -min(found)[1] if found else None  # the longest of the earliest: "batch size", not "batch"
+
+
+def _aliases(setting: Setting) -> tuple[str, ...]:
+    """What names ``setting`` in a sentence: its aliases, or its name (``_`` as a space or a dash)."""
+    return setting.aliases or (rf"\b{setting.name.replace('_', '[ _-]?')}\b",)
 
 
 def _values_after(text: str, setting: Setting) -> list[float]:
@@ -101,17 +132,17 @@ def _values_after(text: str, setting: Setting) -> list[float]:
     Raises:
         PlanError: A value outside the setting's range (`Setting.check`), one line.
     """
-    spoken = (rf"\b{setting.name.replace('_', '[ _-]?')}\b",)
-    aliases = setting.aliases or spoken
+    aliases = _aliases(setting)
     if _mention_end(text, aliases) is None:
         return []
+    pattern = _SWITCH if setting.kind == "bool" else _VALUE
     found: list[float] = []
     for position in _mention_ends(text, aliases):  # "batch size 8 beats batch size 2": both mentions
-        while match := re.compile(_JOINER + _VALUE).match(text, position):
-            found.append(float(match.group(1)))
+        while match := re.compile(_JOINER + pattern).match(text, position):
+            found.append(_value_of(match.group(1)))
             position = match.end()
     if not found:
-        found = _values_before(text[: _mention_start(text, aliases)])
+        found = _values_before(text[: _mention_start(text, aliases)], pattern)
     for value in found:
         setting.check(value)
     return found
@@ -135,9 +166,15 @@ def _mention_start(text: str, aliases: tuple[str, ...]) -> int:
     return min(m.start() for a in aliases if (m := re.search(a, text)))
 
 
-def _values_before(prefix: str) -> list[float]:
-    """The run of numbers that ends ``prefix`` (only spaces after it), joined as in `_JOINER`."""
-    matches = list(re.finditer(_VALUE, prefix))
+def _value_of(word: str) -> float:
+    """A value as read: a number, or a word of `_SWITCH_WORDS` as 1 or 0."""
+    return _SWITCH_WORDS[word] if word in _SWITCH_WORDS else float(word)
+
+
+def _values_before(prefix: str, value: str = _VALUE) -> list[float]:
+    """The run of values (``value``: `_VALUE` or `_SWITCH`) that ends ``prefix`` (only spaces after
+    it), joined as in `_JOINER`."""
+    matches = list(re.finditer(value, prefix))
     if not matches or prefix[matches[-1].end() :].strip():
         return []
     run = [matches[-1]]
@@ -145,7 +182,7 @@ def _values_before(prefix: str) -> list[float]:
         if not re.fullmatch(_JOINER, prefix[earlier.end() : run[0].start()]):
             break
         run.insert(0, earlier)
-    return [float(m.group(1)) for m in run]
+    return [_value_of(m.group(1)) for m in run]
 
 
 def _is_number(value: str) -> bool:
@@ -153,67 +190,21 @@ def _is_number(value: str) -> bool:
 
 
 def _find_number(text: str, *patterns: str) -> float | None:
+    """The number of the first of ``patterns`` (``NUM`` marks it) found in ``text``, or ``None``.
+
+    Raises:
+        PlanError: It is ``nan`` or ``inf`` (one line quoting the phrase).
+    """
     for pattern in patterns:
         match = re.search(pattern.replace("NUM", _NUMBER), text)
         if match:
-            return float(match.group(1))
+            number = float(match.group(1))
+            if not math.isfinite(number):
+                raise PlanError(
+                    f"'{match.group(0).strip()}': nan and inf are not numbers; give a finite value"
+                )
+            return number
     return None
-
-
-GENERIC_KEYWORDS = frozenset(
-    {
-        "game",
-        "multi agent",
-        "multiagent",
-        "self play",
-        "social deduction",
-        "party game",
-        "word game",
-        "deception",
-        "puzzle",
-        "search",
-        "reasoning",
-        "difficulty",
-        "curriculum",
-        "equation",
-        "word problems",
-    }
-)
-"""Template keywords that name a kind of task, not a task: alone they never choose a template."""
-
-
-def _phrase(text: str) -> tuple[str, ...]:
-    return tuple(re.sub(r"[^a-z0-9@]+", " ", text.lower()).split())
-
-
-def _has(tokens: tuple[str, ...], phrase: tuple[str, ...]) -> bool:
-    n = len(phrase)
-    return n > 0 and any(tokens[i : i + n] == phrase for i in range(len(tokens) - n + 1))
-
-
-def _generic_found(request: str) -> list[str]:
-    tokens = _phrase(request)
-    return [repr(k) for k in sorted(GENERIC_KEYWORDS) if _has(tokens, _phrase(k))]
-
-
-def _specific_matches(request: str) -> list[tuple[str, float]]:
-    """`templates.match`, kept to templates the request names by a *specific* phrase: the template's
-    name or a keyword that no other template shares and that is not a kind of task
-    (`GENERIC_KEYWORDS`). "train a game" or "multi-agent training" alone choose no template."""
-    tokens = _phrase(request)
-    metas = templates.list_templates()
-    counts: dict[tuple[str, ...], int] = {}
-    for meta in metas:
-        for keyword in {_phrase(k) for k in meta.keywords}:
-            counts[keyword] = counts.get(keyword, 0) + 1
-    generic = {_phrase(k) for k in GENERIC_KEYWORDS}
-    specific: set[str] = set()
-    for meta in metas:
-        phrases = {_phrase(k) for k in meta.keywords if counts[_phrase(k)] == 1} - generic
-        phrases.add(_phrase(meta.name.replace("_", " ")))
-        if any(_has(tokens, p) for p in phrases):
-            specific.add(meta.name)
-    return [(name, score) for name, score in templates.match(request) if name in specific]
 
 
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
@@ -231,9 +222,8 @@ def _bool_param(name: str, template: str, text: str) -> dict[str, str]:
         PlanError: The request names the parameter without a value it can read (never dropped silently).
     """
     phrase = r"[ _-]?".join(re.escape(word) for word in name.split("_"))
-    words = "|".join(BOOL_WORDS)
-    found = re.search(rf"\b{phrase}\b\s*(?:=|:|is|to|set to)?\s*\b({words})\b", text)
-    if found:
+    found = re.search(rf"\b{phrase}\b\s*(?:=|:|is|to|set to)?\s*{_SWITCH}", text)
+    if found and found.group(1) in BOOL_WORDS:
         return {name: found.group(1)}
     if re.search(rf"\b{phrase}\b", text):
         raise PlanError(
@@ -241,39 +231,6 @@ def _bool_param(name: str, template: str, text: str) -> dict[str, str]:
             f"({name}=true, '{name.replace('_', ' ')} off'; one of {', '.join(BOOL_WORDS)})"
         )
     return {}
-
-
-def _check_pairs(text: str, meta: templates.TemplateMeta, *, varied: str | None = None) -> None:
-    """Refuse a ``name=value`` pair of ``text`` that the plan would not use: a name that is neither a
-    parameter of the template nor a training setting (with the nearest known names), a ``swarm serve``
-    option (with the ``--serve-option`` that sets it), or a name given twice with different values
-    (except ``varied``, the setting a research question compares).
-
-    Raises:
-        PlanError: One line naming the pair and what to write instead.
-    """
-    known = [p.name for p in meta.parameters] + list(TrainingSettings.model_fields)
-    seen: dict[str, str] = {}
-    for name, value in _PAIR.findall(text):
-        if name in seen and seen[name] != value and name != varied:
-            raise PlanError(
-                f"{name} is given twice with different values ({seen[name]}, {value}); give it once"
-            )
-        seen[name] = value
-        if name in known:
-            continue
-        if name in ServeOptions.model_fields:
-            raise PlanError(
-                f"{name}={value} is an option of swarm serve, not of the {meta.name} template or the training: "
-                f"pass it as --serve-option {name.replace('_', '-')}={value}"
-            )
-        near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-        hint = f"did you mean {' or '.join(near)}? " if near else ""
-        raise PlanError(
-            f"unknown setting {name}={value} in the request, neither a parameter of {meta.name} nor a training "
-            f"setting: {hint}(parameters of {meta.name}: "
-            f"{', '.join(p.name for p in meta.parameters)}; training settings: {', '.join(TrainingSettings.model_fields)})"
-        )
 
 
 def _rationale(
@@ -300,6 +257,34 @@ def _rationale(
     return text
 
 
+def _effect_example(setting: Setting, variable: str, reference: float) -> str:
+    """An effect-of question that works for ``setting`` from ``reference``, quoted."""
+    if setting.kind == "bool":
+        return (
+            f"'effect of {variable}' (it switches {setting.text(reference)} → {setting.text(1 - reference)})"
+        )
+    changed = next((v for v in reversed(setting.coarse) if v != reference), setting.coarse[-1])
+    return f"'effect of {variable} {setting.text(changed)}'"
+
+
+def _question_forms(setting: Setting, variable: str, reference: float) -> str:
+    """The questions the offline planner answers about ``setting``, each with an example that works for
+    its type and range: a true/false setting has A vs B and the effect of switching it; a number also
+    the best value, and a size (``pow2``) the minimal stable one."""
+    if setting.kind == "bool":
+        return (
+            f"A vs B ('{variable} true vs false') and the effect of switching it from the reference "
+            f"{setting.text(reference)} to {setting.text(1 - reference)} ('effect of {variable}')"
+        )
+    low, high = setting.coarse[0], setting.coarse[-1]
+    forms = [f"the best value ('best {variable}')"]
+    if setting.scale == "pow2":
+        forms.insert(0, f"the minimal stable value ('min stable {variable}')")
+    forms.append(f"A vs B ('{variable} {setting.text(low)} vs {setting.text(high)}')")
+    forms.append(f"the effect of a change ({_effect_example(setting, variable, reference)})")
+    return ", ".join(forms[:-1]) + " and " + forms[-1]
+
+
 # ------------------------------------------------------------------------------------------ offline
 class OfflineProvider:
     """Deterministic provider: keyword-matched templates, parsed parameters, rule-based patches.
@@ -320,11 +305,14 @@ class OfflineProvider:
             PlanError: A parameter read from the request is out of the template's range.
         """
         text = request.lower()
-        matches = _specific_matches(request)
+        check_one_task(request)
+        named = named_tasks(request)
+        # a description ("a small model") chooses a template only when no task is named
+        matches = [m for m in specific_matches(request) if not named or m[0] in named]
         if not matches:
             known = ", ".join(m.name for m in templates.list_templates())
             loose = [name for name, _ in templates.match(request)]
-            found = _generic_found(request)
+            found = generic_found(request)
             why = ""
             if loose:
                 kind_of = (
@@ -344,8 +332,8 @@ class OfflineProvider:
         name = matches[0][0]
         template = templates.get_template(name)
         varied = find_setting_in(text, template.meta) if mode == "research" else None
-        _check_pairs(text, template.meta, varied=varied)
-        params, read = self._template_params(template.meta, text)
+        check_pair_names(text, [p.name for p in template.meta.parameters], owner=name, varied=varied)
+        params, read = self._template_params(template.meta, text, varied=varied)
         chosen: list[str] = []  # parameters the plan sets, neither read nor left at their default
         kind: Literal["train", "research"] = "research" if mode == "research" else "train"
         # A research question's numbers after the varied setting are its values, not a training setting.
@@ -407,12 +395,15 @@ class OfflineProvider:
                 name, matches[0][1], params, read, chosen, {k: getattr(training, k) for k in training_read}
             ),
         )
-        return check_plan(draft)
+        return check_request(request, check_plan(draft))
 
     @staticmethod
-    def _template_params(meta: templates.TemplateMeta, text: str) -> tuple[dict[str, Any], list[str]]:
+    def _template_params(
+        meta: templates.TemplateMeta, text: str, *, varied: str | None = None
+    ) -> tuple[dict[str, Any], list[str]]:
         """Every parameter of the template (resolved: types checked, defaults filled in) and the names
-        of those the request gave."""
+        of those the request gave; a true/false knob a research question varies (``varied``) is not
+        read here (its values are the question's, `_values_after`)."""
         params: dict[str, Any] = {}
         names = {p.name for p in meta.parameters}
         if "level" in names:
@@ -447,9 +438,15 @@ class OfflineProvider:
                 params["n_tasks"] = int(n_tasks)
         for spec in meta.parameters:
             match = re.search(rf"\b{re.escape(spec.name)}\s*=\s*([^\s,;]+)", text)
+            spoken = r"[ _-]?".join(re.escape(word) for word in spec.name.split("_"))
             if match:  # explicit "name=value" pairs win
                 params[spec.name] = match.group(1)
-            elif spec.type == "bool":
+            elif spec.type in ("int", "float") and spec.name not in params:
+                # "leak_penalty 0.3", "leak penalty of 0.3": never dropped silently
+                number = _find_number(text, rf"\b{spoken}\b\s*(?:of|=|:|to|at)?\s*NUM(?![\w.])")
+                if number is not None:
+                    params[spec.name] = number
+            elif spec.type == "bool" and spec.name != varied:
                 params |= _bool_param(spec.name, meta.name, text)
         try:
             return dict(meta.resolve(params)), sorted(params)
@@ -466,12 +463,12 @@ class OfflineProvider:
             PlanError: A value out of its setting's range or of the wrong type (one line).
         """
         values: dict[str, Any] = {}
-        for name, value in _PAIR.findall(text):
+        for name, value in PAIR.findall(text):
             if name in TrainingSettings.model_fields:
                 values[name] = (
                     list(range(int(float(value)))) if name == "seeds" and _is_number(value) else value
                 )
-        rest = _PAIR.sub(" ", text)
+        rest = PAIR.sub(" ", text)
         phrases = {
             "steps": (r"NUM\s*(?:training\s*)?steps\b(?!\s*[=:])", r"\bsteps?\s*:?\s*NUM"),
             "batch_size": (r"batch[ _-]?size\s*(?:of|:)?\s*NUM",),
@@ -519,16 +516,21 @@ class OfflineProvider:
         variable = find_setting_in(text, meta)
         if variable is None:
             raise OfflineUnsupported(
-                f"the question names no setting to vary; the offline planner studies one of {', '.join(SETTINGS)} "
-                f"or a knob of the {template} template ({', '.join(p.name for p in meta.parameters)}); "
+                f"the question names no setting to vary; the offline planner studies {studiable(meta)}; "
                 f"open questions need {NEEDS_LLM}"
             )
         setting = resolve_setting(variable, template)
         values = _values_after(text, setting)
+        shown = ", ".join(setting.text(v) for v in values)
+        # The reference of an effect-of question: what the plan runs when the setting is not varied (the
+        # question's value is the one changed to, so the training settings never take it).
+        reference = float(getattr(training, variable)) if setting.target == "training" else setting.default
         others: list[str] = []
-        knobs = {p.name for p in meta.parameters}
-        for other in SETTINGS.values():
-            if other.name == variable or _mention_end(text, other.aliases) is None:
+        knobs = set(template_knobs(meta))
+        # the registry's settings, then the template's own knobs (a one-value knob is read as a parameter)
+        candidates = [*SETTINGS.values(), *(resolve_setting(k, template) for k in knobs if k not in SETTINGS)]
+        for other in candidates:
+            if other.name == variable or _mention_end(text, _aliases(other)) is None:
                 continue
             given = _values_after(text, other)
             if not given:
@@ -536,24 +538,27 @@ class OfflineProvider:
             elif len(set(given)) > 1:
                 raise OfflineUnsupported(
                     f"the question varies {setting.label} and also gives {other.label} "
-                    f"{', '.join(f'{v:g}' for v in given)}; the offline planner varies one setting per study: "
-                    "ask one question per setting"
+                    f"{', '.join(other.text(v) for v in given)}; the offline planner varies one setting per "
+                    "study: ask one question per setting"
                 )
             elif other.target == "training":
                 fixed[other.name] = given[0]
             elif other.name not in knobs:
                 raise OfflineUnsupported(
                     f"the question sets {other.label}, which the {template} template has no knob for "
-                    f"(its knobs: {', '.join(sorted(knobs))})"
+                    f"(its knobs: {', '.join(sorted(knobs)) or 'none'})"
                 )
         if others:
             # "the best batch size and lr": a second setting named without a value is a second question.
             raise OfflineUnsupported(
                 f"the question varies {setting.label} and also names {', '.join(others)} without a value; the "
                 "offline planner varies one setting per study: ask one question per setting, or give the "
-                f"other a fixed value (e.g. '{setting.label} ... with lr 1e-4')"
+                f"other a fixed value (e.g. '{setting.label} ... with {others[0]} <value>')"
             )
+        switch = setting.kind == "bool"
         if re.search(r"\b(min|minimum|minimal|smallest|lowest)\b", text):
+            if switch:
+                raise OfflineUnsupported(switch_refusal(setting, "min_stable"))
             if setting.scale != "pow2":
                 raise OfflineUnsupported(
                     f"a minimal stable {setting.label} is not a question the offline planner asks (stability "
@@ -569,47 +574,48 @@ class OfflineProvider:
         )
         if compared and len(values) > 2:
             # "lr 1e-4 vs 1e-3 vs 1e-2": more than two arms is a search for the best of them.
+            if switch:
+                raise OfflineUnsupported(switch_refusal(setting, "best"))
             sweep = SweepSpec(variable=variable, coarse=setting.grid(values), goal="best")
-            return (
-                sweep,
-                None,
-                f"find the best {setting.label} among {', '.join(f'{v:g}' for v in values)}",
-                fixed,
-            )
+            return sweep, None, f"find the best {setting.label} among {shown}", fixed
         if compared and len(values) == 2:
             # The hypothesis of an A-vs-B question is "B beats A": a question that says which value it
             # expects to win ("X beats Y", "X is worse than Y") puts that value in B.
             a, b = values
+            first, second = setting.text(a), setting.text(b)
             if re.search(r"\b(better\s+than|beats?|outperforms?)\b", text):
                 sweep = SweepSpec(variable=variable, coarse=[b, a], refine=False, goal="a_vs_b")
-                return sweep, None, f"does {setting.label} {a:g} beat {b:g}?", fixed
+                return sweep, None, f"does {setting.label} {first} beat {second}?", fixed
             if re.search(r"\b(worse\s+than|loses?\s+to|underperforms?)\b", text):
                 sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
-                return sweep, None, f"does {setting.label} {b:g} beat {a:g}?", fixed
+                return sweep, None, f"does {setting.label} {second} beat {first}?", fixed
             sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
-            return sweep, None, f"compare {setting.label} {a:g} (A) with {b:g} (B)", fixed
+            return sweep, None, f"compare {setting.label} {first} (A) with {second} (B)", fixed
         if re.search(r"\b(effect|impact|does|influence|matter)\b", text):
-            # The reference is what the plan runs when the setting is not varied (the question's value
-            # is the one changed to, so the training settings never take it).
-            reference = (
-                float(getattr(training, variable)) if setting.target == "training" else setting.default
-            )
             if len(values) > 1:
                 raise OfflineUnsupported(
-                    f"an effect-of question changes {setting.label} to one value, not "
-                    f"{', '.join(f'{v:g}' for v in values)}; ask '{variable} {values[0]:g} vs {values[1]:g}' "
-                    "to compare two, or for the best of several"
+                    f"an effect-of question changes {setting.label} to one value, not {shown}; ask "
+                    f"'{variable} {setting.text(values[0])} vs {setting.text(values[1])}' to compare two"
+                    + ("" if switch else ", or for the best of several")
                 )
-            if not values or values[0] == reference:
-                suggested = next((v for v in reversed(setting.coarse) if v != reference), setting.coarse[-1])
+            # A switch has one value to change to: the other one.
+            changed = values[0] if values else (1.0 - reference if switch else None)
+            if changed is None or changed == reference:
                 raise OfflineUnsupported(
                     f"an effect-of question needs the value to change {setting.label} to, other than the "
-                    f"reference {reference:g}, e.g. 'effect of {variable} {suggested:g}'"
+                    f"reference {setting.text(reference)}, e.g. "
+                    + _effect_example(setting, variable, reference)
                 )
-            changed = values[0]
             sweep = SweepSpec(variable=variable, coarse=[reference, changed], refine=False, goal="effect_of")
-            return sweep, None, f"the effect of {setting.label} {reference:g} → {changed:g}", fixed
+            return (
+                sweep,
+                None,
+                f"the effect of {setting.label} {setting.text(reference)} → {setting.text(changed)}",
+                fixed,
+            )
         if re.search(r"\b(best|optimal|optimum|good|tune|tuning)\b", text):
+            if switch:
+                raise OfflineUnsupported(switch_refusal(setting, "best"))
             grid = list(setting.coarse)
             if variable == "lr" and training.lora_rank == 0:
                 # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
@@ -617,9 +623,8 @@ class OfflineProvider:
             sweep = SweepSpec(variable=variable, coarse=setting.grid(values or grid), goal="best")
             return sweep, None, f"find the best {setting.label}", fixed
         raise OfflineUnsupported(
-            f"which question about {setting.label}? The offline planner answers: the minimal stable value, the "
-            f"best value, A vs B ('{variable} 1 vs 2') and the effect of a change ('effect of {variable} 2'); "
-            f"other questions need {NEEDS_LLM}"
+            f"which question about {setting.label}? The offline planner answers "
+            f"{_question_forms(setting, variable, reference)}; other questions need {NEEDS_LLM}"
         )
 
     def write_code(

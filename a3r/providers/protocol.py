@@ -52,7 +52,8 @@ class ResearchProvider(Protocol):
     name: str
 
     def plan(self, request: str, *, mode: Mode) -> PlanDraft:
-        """A checked plan (`a3r.study.plans.check_plan`) for ``request``."""
+        """A checked plan (`a3r.study.plans.check_plan`) for ``request``, checked against it
+        (`a3r.study.request.check_request`: one task, every ``name=value`` pair known and used)."""
         ...
 
     def write_code(

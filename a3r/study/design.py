@@ -308,7 +308,8 @@ def replicate_additions(
         if missing > 0:
             additions[value] = list(range(next_seed, next_seed + missing))
             next_seed += missing
-    values = ", ".join(f"{v:g}" for v in arms)
+    setting = resolve_setting(sweep.variable, plan.template)
+    values = ", ".join(setting.text(v) for v in arms)
     line = f"replicate: power rule → {n} seeds per configuration for {sweep.variable} ∈ {{{values}}} ({why}, power {POWER:g})"
     return additions, line
 
@@ -381,7 +382,7 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
     assert plan.sweep is not None
     sweep = plan.sweep
     setting = resolve_setting(sweep.variable, plan.template)
-    values = ", ".join(f"{v:g}" for v in sweep.coarse)
+    values = ", ".join(setting.text(v) for v in sweep.coarse)
     delta = sweep.effect_size or DEFAULT_EFFECT
     floor = max(len(plan.training.seeds), SEED_FLOOR)
     most = max(sweep.max_seeds, floor)
@@ -419,19 +420,19 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
                 ),
             )
         ]
-    a, b = sweep.coarse[0], sweep.coarse[1]
+    a, b = (setting.text(v) for v in sweep.coarse[:2])
     claim = (
-        f"{setting.label} = {b:g} gives a higher held-out mean reward than {a:g}"
+        f"{setting.label} = {b} gives a higher held-out mean reward than {a}"
         if sweep.goal == "a_vs_b"
-        else f"changing {setting.label} from {a:g} (reference) to {b:g} changes the held-out mean reward"
+        else f"changing {setting.label} from {a} (reference) to {b} changes the held-out mean reward"
     )
     return [
         HypothesisDraft(
             statement=claim,
-            expected_outcome=f"the mean held-out reward over seeds differs between {a:g} and {b:g} by at least δ = {delta:g}",
+            expected_outcome=f"the mean held-out reward over seeds differs between {a} and {b} by at least δ = {delta:g}",
             decision_rule=(
                 f"staged: both arms on {floor} seeds, then replicate with seeds per the power rule "
-                f"(δ = {delta:g}, power {POWER:g}, at most {most} seeds). Effect = mean({b:g}) − mean({a:g}) "
+                f"(δ = {delta:g}, power {POWER:g}, at most {most} seeds). Effect = mean({b}) − mean({a}) "
                 "over seeds (Welch 95% interval, one observation per seed): confirmed when the interval lies above "
                 f"the minimum effect {MIN_EFFECT_SD:g} σ"
                 + (

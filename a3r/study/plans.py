@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import templates
 from a3r.errors import PlanError
-from a3r.study.settings import resolve_setting
+from a3r.study.settings import resolve_setting, switch_refusal
 
 __all__ = [
     "MIN_TEMPERATURE",
@@ -262,9 +262,11 @@ def check_plan(draft: PlanDraft) -> PlanDraft:
         setting = resolve_setting(draft.sweep.variable, draft.template)
         for value in draft.sweep.coarse:
             setting.check(value)
+        if setting.kind == "bool" and draft.sweep.goal in ("min_stable", "best"):
+            raise PlanError(switch_refusal(setting, draft.sweep.goal))
         if draft.sweep.goal in ("a_vs_b", "effect_of") and len(set(draft.sweep.coarse)) != 2:
             kind = "an A-vs-B" if draft.sweep.goal == "a_vs_b" else "an effect-of"
-            given = ", ".join(f"{v:g}" for v in draft.sweep.coarse)
+            given = ", ".join(setting.text(v) for v in draft.sweep.coarse)
             raise PlanError(
                 f"{kind} question compares two different values of {setting.label}; the plan has {given}"
             )

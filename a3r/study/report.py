@@ -19,6 +19,7 @@ from a3r.study.effects import Effect, step_effect
 from a3r.study.plans import PlanDraft
 from a3r.study.research import ConfigVerdict
 from a3r.study.runs import RunOutcome, status_text
+from a3r.study.settings import value_text
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_report"]
@@ -70,7 +71,7 @@ def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
 
 
 def joined_parts(
-    outcomes: Sequence[RunOutcome], names: Sequence[str], variable: str = "value"
+    outcomes: Sequence[RunOutcome], names: Sequence[str], variable: str = "value", template: str | None = None
 ) -> dict[str, dict[str, list[float]]]:
     """Reward-part curves of the training runs, one per configuration, seed and reward (labelled
     ``seed 0`` for a training run, ``seed 0, after patch 1`` for its continuation on a patched reward,
@@ -83,7 +84,7 @@ def joined_parts(
             continue
         label = f"seed {o.seed}"
         if o.purpose == "sweep" and o.value is not None:
-            label = f"{variable} = {o.value:g}, {label}"
+            label = f"{variable} = {value_text(variable, template, o.value)}, {label}"
         if o.reward_patch is not None:
             label += f", after patch {o.reward_patch}"
         for name, points in o.parts.items():
@@ -126,8 +127,9 @@ def _reading(effect: Effect) -> str:
     return "no clear change" if effect.estimate == effect.estimate else "too few points"
 
 
-def _values(values: Sequence[float]) -> str:
-    return "{" + ", ".join(f"{v:g}" for v in values) + "}"
+def _values(values: Sequence[float], variable: str = "", template: str | None = None) -> str:
+    """``{0.0001, 0.001}``; a switch's values as ``{true, false}`` (`value_text`)."""
+    return "{" + ", ".join(value_text(variable, template, v) for v in values) + "}"
 
 
 def _training_line(plan: PlanDraft) -> str:
@@ -168,9 +170,11 @@ def plot_sweep(
     path: Path,
     *,
     stability: bool = True,
+    template: str | None = None,
 ) -> Path | None:
     """Held-out p@1, p@2 and last-k train reward per swept value, stable values marked when
-    ``stability`` (a min-stable question).
+    ``stability`` (a min-stable question); a switch's values are labelled true/false (``template``:
+    the study's, to resolve the setting).
 
     Returns:
         The PNG path, or ``None`` when no configuration has a finite number to plot (every run failed
@@ -195,6 +199,9 @@ def plot_sweep(
     if variable in ("batch_size", "group_size", "lr") and min(xs) > 0:
         ax.set_xscale("log", base=2 if variable != "lr" else 10)
         ax.set_xlim(min(xs) / 1.5, max(xs) * 1.5)  # from the values, not from the finite points alone
+    labels = [value_text(variable, template, x) for x in xs]
+    if any(label in ("true", "false") for label in labels):
+        ax.set_xticks(xs, labels)
     ax.set_xlabel(variable + (" (green: stable on every seed)" if stability else ""))
     ax.set_ylabel("reward / pass rate")
     ax.grid(alpha=0.3)
@@ -240,6 +247,7 @@ def write_report(
         baseline,
         folder / "sweep.png",
         stability=stability,
+        template=plan.template,
     )
     lines = [
         f"# Study {study.id}: {study.question}",
@@ -260,7 +268,7 @@ def write_report(
     ]
     if plan.sweep is not None:
         spec = plan.sweep
-        a, b = (f"{v:g}" for v in (spec.coarse + spec.coarse)[:2])
+        a, b = (value_text(spec.variable, plan.template, v) for v in (spec.coarse + spec.coarse)[:2])
         goal = {
             "min_stable": f"find the smallest stable {spec.variable}",
             "best": f"find the {spec.variable} with the highest held-out reward",
@@ -268,7 +276,9 @@ def write_report(
             "effect_of": f"measure the effect of changing {spec.variable} from {a} to {b}",
         }[spec.goal]
         stages = "coarse" + (", then refined between its values" if spec.refine else "")
-        lines.append(f"- sweep: `{spec.variable}` ∈ {_values(spec.coarse)} ({stages}), to {goal}")
+        lines.append(
+            f"- sweep: `{spec.variable}` ∈ {_values(spec.coarse, spec.variable, plan.template)} ({stages}), to {goal}"
+        )
     if plan.stability is not None:
         lines.append(f"- operational definition: {plan.stability.describe()}")
     lines += [f"- {note}" for note in notes]
@@ -318,12 +328,14 @@ def write_report(
             stable = f" {c.stable_seeds} | {verdict} |" if stability else ""
             why = f" {'; '.join(c.reasons)[:300]} |" if stability else ""
             lines.append(
-                f"| {c.value:g} | {c.seeds} |{stable} {_fmt(c.last_k_reward)} | {_fmt(c.pass_at_1)} | "
+                f"| {value_text(name, plan.template, c.value)} | {c.seeds} |{stable} {_fmt(c.last_k_reward)} | {_fmt(c.pass_at_1)} | "
                 f"{_fmt(c.pass_at_2)} | {_fmt(c.eval_mean_reward)} |{why}"
             )
     if curves is not None:
         lines += ["", "## Reward curves", "", f"![reward curves]({curves.name})"]
-    parts = joined_parts(outcomes, reward_parts, plan.sweep.variable if plan.sweep else "value")
+    parts = joined_parts(
+        outcomes, reward_parts, plan.sweep.variable if plan.sweep else "value", plan.template
+    )
     parts_png = plot_parts(parts, folder / "reward_parts.png")
     if parts_png is not None:
         lines += [

@@ -445,7 +445,8 @@ def sweep_specs(
         for seed in plan.training.seeds if seeds is None else seeds:
             specs.append(
                 RunSpec(
-                    key=f"{stage}-{variable}={_value_text(value)}-s{seed}",
+                    # a switch's runs are named by true/false; numbers keep the keys they always had
+                    key=f"{stage}-{variable}={setting.text(value) if setting.kind == 'bool' else _value_text(value)}-s{seed}",
                     purpose="sweep",
                     seed=seed,
                     settings=settings,

@@ -36,6 +36,10 @@ __all__ = [
     "refusal_for",
     "resolve_setting",
     "serve_flags",
+    "studiable",
+    "switch_refusal",
+    "template_knobs",
+    "value_text",
 ]
 
 Scale = Literal["log", "pow2", "linear"]
@@ -81,7 +85,10 @@ class Setting(BaseModel):
         return round(value) if self.kind == "int" else float(value)
 
     def text(self, value: float) -> str:
-        """``value`` as the setting's type prints it (``8`` for an int setting, ``0.01`` for a float)."""
+        """``value`` as the setting's type prints it (``8`` for an int setting, ``0.01`` for a float,
+        ``true``/``false`` for a switch)."""
+        if self.kind == "bool":
+            return "true" if value else "false"
         return str(self.cast(value)) if self.kind != "float" else f"{value:g}"
 
     def check(self, value: float) -> None:
@@ -90,8 +97,14 @@ class Setting(BaseModel):
         Raises:
             PlanError: One line naming the setting and its range.
         """
+        if not math.isfinite(value):
+            raise PlanError(
+                f"{self.label} ({self.name}) = {value:g}: nan and inf are not numbers; give a finite value"
+            )
+        if self.kind == "bool" and value not in (0, 1):
+            raise PlanError(f"{self.label} ({self.name}) is true or false (1 or 0), not {value:g}")
         high_ok = value < self.maximum if self.open_max else value <= self.maximum
-        if not (math.isfinite(value) and self.minimum <= value and high_ok):
+        if not (self.minimum <= value and high_ok):
             bracket = ")" if self.open_max else "]"
             raise PlanError(
                 f"{self.label} ({self.name}) = {value:g} is outside its range [{self.minimum:g}, {self.maximum:g}{bracket}"
@@ -286,11 +299,46 @@ UNSUPPORTED: Mapping[str, tuple[str, str]] = {
 """Settings a question may name that the engine cannot change: name → (pattern, why)."""
 
 
+def template_knobs(meta: templates.TemplateMeta) -> list[str]:
+    """The parameters of a template a study can vary: the numeric and true/false parameters of its
+    workflow. A parameter that changes the task data, or a text one, cannot be varied
+    (`resolve_setting` refuses it); ``max_tokens`` and ``temperature`` are varied only where the
+    template has them."""
+    return [
+        p.name
+        for p in meta.parameters
+        if p.target == templates.ParamTarget.WORKFLOW and p.type in ("int", "float", "bool")
+    ]
+
+
+def studiable(meta: templates.TemplateMeta | None = None) -> str:
+    """What a study can vary, for a refusal's line: the training settings and, given a template, its
+    knobs (`template_knobs`), each name once."""
+    training = ", ".join(s.name for s in SETTINGS.values() if s.target == "training")
+    if meta is None:
+        return f"a training setting ({training}) or a numeric or true/false knob of the template's workflow"
+    knobs = ", ".join(template_knobs(meta)) or "none"
+    return f"a training setting ({training}) or a knob of the {meta.name} template ({knobs})"
+
+
+def switch_refusal(setting: Setting, goal: str) -> str:
+    """One line refusing a minimal-stable or best question over a true/false setting (two values: no
+    range to search), naming the two questions that work for it: A vs B, and the effect of switching
+    it from its default (the reference) to the other value."""
+    default, other = setting.text(setting.default), setting.text(1 - setting.default)
+    what = "a minimal stable value" if goal == "min_stable" else "a best value"
+    return (
+        f"{setting.label} ({setting.name}) is true or false, so {what} is not a question to ask of it: compare "
+        f"the two ('{setting.name} true vs false') or measure the effect of switching it from its default "
+        f"{default} to {other} ('effect of {setting.name}')"
+    )
+
+
 def refusal_for(text: str) -> str | None:
     """One line refusing the first unsupported setting ``text`` names, or ``None``."""
     for name, (pattern, why) in UNSUPPORTED.items():
         if re.search(pattern, text, re.IGNORECASE):
-            return f"cannot vary the {name}: {why}; settings a study can vary: {', '.join(SETTINGS)} and template knobs"
+            return f"cannot vary the {name}: {why}; a study can vary {studiable()}"
     return None
 
 
@@ -320,13 +368,8 @@ def find_setting_in(text: str, meta: templates.TemplateMeta | None = None) -> st
 def _template_knob(meta: templates.TemplateMeta, name: str, base: Setting | None) -> Setting:
     spec = next((p for p in meta.parameters if p.name == name), None)
     if spec is None:
-        knobs = [
-            p.name
-            for p in meta.parameters
-            if p.target == templates.ParamTarget.WORKFLOW and p.type in ("int", "float", "bool")
-        ]
         raise PlanError(
-            f"the {meta.name} template has no {name} parameter; its knobs: {', '.join(knobs) or 'none'}"
+            f"the {meta.name} template has no {name} parameter; its knobs: {', '.join(template_knobs(meta)) or 'none'}"
         )
     if spec.target != templates.ParamTarget.WORKFLOW:
         raise PlanError(
@@ -395,11 +438,17 @@ def resolve_setting(name: str, template: str | None) -> Setting:
     except templates.TemplateError as exc:
         raise PlanError(str(exc)) from None
     if base is None and not any(p.name == name for p in meta.parameters):
-        raise PlanError(
-            f"unknown setting {name!r}: a study varies one of {', '.join(SETTINGS)} or a knob of the "
-            f"{template} template ({', '.join(p.name for p in meta.parameters)})"
-        )
+        raise PlanError(f"unknown setting {name!r}: a study varies {studiable(meta)}")
     return _template_knob(meta, name, base)
+
+
+def value_text(name: str, template: str | None, value: float) -> str:
+    """A value of the setting ``name`` of a study of ``template`` as it is printed (`Setting.text`:
+    ``true``/``false`` for a switch); ``f"{value:g}"`` for a setting that does not resolve."""
+    try:
+        return resolve_setting(name, template).text(value)
+    except PlanError:
+        return f"{value:g}"
 
 
 def serve_flags(settings: BaseModel) -> dict[str, Any]:

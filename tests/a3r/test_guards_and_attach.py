@@ -241,7 +241,7 @@ def test_serve_options_parse_into_swarm_serve_flags() -> None:
     from a3r.app.commands import _serve_options
     from swarm.client import ServeOptions
 
-    options = _serve_options(["max-staleness=1", "--threads=2", "tis-cap=2", "dtype=auto"])
+    options = _serve_options(["max-staleness=1", "--threads=2", "tis-cap=2", "dtype=auto"], options=())
     assert options == {"max-staleness": "1", "threads": "2", "tis-cap": "2", "dtype": "auto"}
     assert ServeOptions.from_flags({**options, "train": False}).argv() == [
         "--dtype", "auto", "--threads", "2", "--no-train", "--tis-cap", "2", "--max-staleness", "1",
@@ -252,7 +252,7 @@ def test_a_repeated_quota_serve_option_keeps_every_family() -> None:
     from a3r.app.commands import _serve_options
     from swarm.client import ServeOptions
 
-    options = _serve_options(["quota=math=0.5", "quota=code=0.5"])
+    options = _serve_options(["quota=math=0.5", "quota=code=0.5"], options=())
     assert options == {"quota": ["math=0.5", "code=0.5"]}
     assert ServeOptions.from_flags(options).argv() == ["--quota", "math=0.5", "--quota", "code=0.5"]
 

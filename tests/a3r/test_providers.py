@@ -298,3 +298,39 @@ def test_llm_hypotheses_say_the_seeds_asked_for(
     assert "hypothesis: a small KL penalty helps on 3 seeds" in result.output
     assert "decision rule: mean over the 3 seeds at 0.1 exceeds 0 by 0.05" in result.output
     assert "2 seeds" not in result.output.split("hypothesis:")[1]
+
+
+@pytest.mark.parametrize(
+    ("request_text", "refusal"),
+    [
+        # the plan (PLAN: countdown, batch_size 2, steps 3) dropped or changed what the request gave
+        (
+            "train countdown batch_size=3",
+            r"the plan does not use batch_size=3 of the request: it has batch_size = 2",
+        ),
+        ("train countdown n_numbers=4", r"does not use n_numbers=4 .* it has n_numbers = 3"),
+        ("train countdown lr=1e-4", r"does not use lr=1e-4 .* it has lr = 1e-05"),
+        # the same refusals as the offline planner's, from the shared check
+        ("train countdown n_number=4", r"unknown setting n_number=4 .*did you mean n_numbers"),
+        ("train countdown max_staleness=1", r"pass it as --serve-option max-staleness=1"),
+        ("train countdown lr=nan", r"lr=nan: nan and inf are not numbers"),
+        ("train countdown then arithmetic", r"names 2 tasks \(countdown, arithmetic\)"),
+    ],
+)
+@pytest.mark.parametrize("config", [_anthropic, _openai])
+def test_an_llm_plan_is_checked_against_the_request_pairs(
+    fresh: FakeLLMServer, config: Any, request_text: str, refusal: str
+) -> None:
+    """Found by a fresh user: an LLM's plan was not checked for the request's name=value pairs."""
+    fresh.canned["PlanDraft"] = PLAN
+    with pytest.raises(PlanError, match=refusal) as caught:
+        make_provider(config(fresh)).plan(request_text, mode="vibe")
+    assert "\n" not in str(caught.value)
+
+
+def test_an_llm_plan_that_uses_the_request_pairs_passes(fresh: FakeLLMServer) -> None:
+    fresh.canned["PlanDraft"] = PLAN
+    plan = make_provider(_openai(fresh)).plan(
+        "train countdown batch_size=2 steps=3 n_numbers=3 max_tokens=64 lr=1e-5", mode="vibe"
+    )
+    assert (plan.training.batch_size, plan.params["n_numbers"]) == (2, 3)

@@ -215,3 +215,13 @@ def test_a_study_reports_only_the_findings_of_its_goal(
     else:
         assert said == [], said
         assert f"measured: lr={values[0]:g} on seeds [0, 1]: held-out mean reward 0.300" in findings
+
+
+def test_a_switch_is_reported_as_true_and_false(tmp_path: Path, store: Store) -> None:
+    """A study of a true/false knob (hide_leaks, template default true) says true/false, never 1/0."""
+    runs = [_sweep(v, s, 0.3 + 0.2 * v, [0.3, 0.32, 0.35, 0.36]) for v in (1.0, 0.0) for s in (0, 1)]
+    conclusion, report = _report(tmp_path, store, "effect of hide_leaks on who-is-the-spy", runs)
+    assert "hide_leaks false vs true: held-out mean reward" in conclusion
+    assert "- sweep: `hide_leaks` ∈ {true, false}" in report
+    assert "measured: hide_leaks=true on seeds [0, 1]" in report
+    assert "| true | [0, 1] |" in report and "| false | [0, 1] |" in report
