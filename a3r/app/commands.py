@@ -36,6 +36,7 @@ from a3r.errors import A3RError
 from a3r.providers import OfflineProvider, ProviderKind
 from a3r.study.plans import TrainingSettings
 from a3r.study.research import MAX_EVAL_TASKS
+from a3r.study.settings import written
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from memory import Store, StoreError
 from swarm.client import ModelLoadError, check_model_path
@@ -480,11 +481,13 @@ def _param_lines(draft: PlanDraft, *, skip: str | None = None) -> list[str]:
         if name == skip:
             continue
         if spec is None:
-            lines.append(f"{name} = {value!r}")
+            lines.append(f"{name} = {written(value)}")
         elif value == spec.default:
-            lines.append(f"{name} = {value!r}  (template default)")
+            lines.append(f"{name} = {written(value)}  (template default)")
         else:
-            lines.append(f"{name} = {value!r}  (set by the plan; template default {spec.default!r})")
+            lines.append(
+                f"{name} = {written(value)}  (set by the plan; template default {written(spec.default)})"
+            )
     return lines
 
 

@@ -14,9 +14,12 @@ Ollama via ``base_url``) from a typed `ProviderConfig`. API keys are `SecretStr`
 environment by `ProviderConfig.from_env`; they are never logged, stored or put in an error message.
 
 `OfflineProvider` needs no network: it matches the request against the template registry by keywords,
-reads parameters from the sentence, plans research questions it knows (minimal stable batch or group
-size, best learning rate) and proposes rule-based patches. It is honest about its limits: a request no
-template covers raises `OfflineUnsupported` naming what is needed (an LLM provider).
+reads parameters from the sentence, plans the research questions it can parse (minimal stable value,
+best value, A vs B and effect of a change, over a training setting or a template knob; true/false knobs
+as A vs B or effect-of only) and proposes rule-based patches. It is honest about its limits: a request no
+template covers, or one naming two tasks, raises `OfflineUnsupported` in one line naming what is needed.
+Every provider's plan passes `a3r.study.request.check_request`: a ``name=value`` pair of the request
+that the plan does not use is refused with the nearest names.
 """
 
 from __future__ import annotations

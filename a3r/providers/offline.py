@@ -50,6 +50,7 @@ from a3r.study.settings import (
     studiable,
     switch_refusal,
     template_knobs,
+    written,
 )
 
 __all__ = ["NEEDS_LLM", "OfflineProvider", "read_params"]
@@ -243,7 +244,7 @@ def _rationale(
 ) -> str:
     """Why this plan: the template's keyword match, the parameters and training settings read from the
     request (with their values), those the plan chose, and that the rest are the template's defaults."""
-    given = ", ".join(f"{k} = {params[k]!r}" for k in read) or "none"
+    given = ", ".join(f"{k} = {written(params[k])}" for k in read) or "none"
     text = f"template {template!r} matched the request by keywords (score {score:g}); parameters read from the request: {given}"
     if training:
         text += "; training settings read from the request: " + ", ".join(

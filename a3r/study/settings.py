@@ -40,6 +40,7 @@ __all__ = [
     "switch_refusal",
     "template_knobs",
     "value_text",
+    "written",
 ]
 
 Scale = Literal["log", "pow2", "linear"]
@@ -440,6 +441,11 @@ def resolve_setting(name: str, template: str | None) -> Setting:
     if base is None and not any(p.name == name for p in meta.parameters):
         raise PlanError(f"unknown setting {name!r}: a study varies {studiable(meta)}")
     return _template_knob(meta, name, base)
+
+
+def written(value: object) -> str:
+    """A parameter's value as a request writes it: ``true``/``false`` for a switch, else its repr."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def value_text(name: str, template: str | None, value: float) -> str:

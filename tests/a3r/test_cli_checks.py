@@ -45,10 +45,16 @@ def test_a_dry_run_says_which_parameters_the_request_gave(tmp_path: Path) -> Non
     code, output = _invoke(tmp_path, "vibe", "train who is the spy with 6 players", "--dry-run")
     assert code == 0, output
     assert "    n_players = 6  (set by the plan; template default 3)" in output
-    assert "    tell_roles = False  (template default)" in output
+    assert (
+        "    tell_roles = false  (template default)" in output
+    )  # as a request writes it, not Python's False
     why = next(line for line in output.splitlines() if line.startswith("  why: "))
     assert "parameters read from the request: n_players = 6; template defaults: describe_max_tokens," in why
     assert "tell_roles" in why.split("template defaults: ")[1]
+    code, output = _invoke(tmp_path, "vibe", "train who is the spy hide_leaks=false", "--dry-run")
+    assert code == 0, output
+    assert "    hide_leaks = false  (set by the plan; template default true)" in output
+    assert "parameters read from the request: hide_leaks = false;" in output
     code, output = _invoke(tmp_path, "research", "best temperature on who is the spy", "--dry-run")
     assert code == 0, output
     assert "    n_players = 3  (template default)" in output
