@@ -599,6 +599,12 @@ def research(
     _launch(question, "research", settings, overrides=overrides, force=force)
 
 
+def _minutes(seconds: float) -> str:
+    """Minutes for an estimate: one decimal below 10 (so a short plan does not read ``≈ 0 min``)."""
+    minutes = seconds / 60
+    return f"{minutes:.1f}" if minutes < 10 else f"{minutes:.0f}"
+
+
 def _print_research_plan(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
     """``a3r research --dry-run``: the staged design (`a3r.study.design.design_study`) of the plan,
     with prior findings read from the store when it exists (never created or written)."""
@@ -670,7 +676,12 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
         )
         parts += [f"{stage.seeds} seeds per configuration"] if stage.seeds else []
         most = "up to " if stage.name in ("refine", "replicate") else ""
-        parts.append(f"{most}{stage.runs} run(s), ≈ {stage.seconds / 60:.1f} min")
+        reused = (
+            f" to run ({design.reused_runs} reused from prior findings)"
+            if stage.name == "coarse" and design.reused_runs
+            else ""
+        )
+        parts.append(f"{most}{stage.runs} run(s){reused}, ≈ {stage.seconds / 60:.1f} min")
         say(f"    {stage.name}: {'; '.join(parts)} — {stage.note}")
     for hypothesis in plan.hypotheses:
         say(f"  hypothesis: {hypothesis.statement}")
@@ -683,9 +694,14 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     say(f"  prior findings: {store_note}")
     for prior in priors:
         say(f"    reused: {prior.cite()}")
+    reused = (
+        f"; {design.reused_runs} run(s) of prior findings are reused, not run again (not in the estimate)"
+        if design.reused_runs
+        else ""
+    )
     say(
-        f"  estimated time: ≈ {design.estimated_s / 60:.0f} min for up to {design.runs} runs at {speed:.2f} s per episode "
-        f"({source}); budget {settings.budget_minutes:g} min"
+        f"  estimated time: ≈ {_minutes(design.estimated_s)} min for up to {design.runs} run(s) still to run at "
+        f"{speed:.2f} s per episode ({source}){reused}; budget {settings.budget_minutes:g} min"
     )
     if design.estimated_s > settings.budget_minutes * 60:
         dropped = budget_drops(

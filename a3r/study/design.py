@@ -493,8 +493,13 @@ class StudyDesign(BaseModel):
 
     @property
     def runs(self) -> int:
-        """Runs of every stage (at most)."""
+        """Runs of every stage still to run (at most); reused prior runs are not counted."""
         return sum(s.runs for s in self.stages)
+
+    @property
+    def reused_runs(self) -> int:
+        """Runs of prior findings this study reuses instead of running them."""
+        return sum(len(p.outcomes) for p in self.priors)
 
 
 def _sketch_run(plan: PlanDraft, value: float, *, seconds_per_episode: float, eval_episodes: int) -> float:
@@ -564,9 +569,11 @@ def design_study(
     coarse = coarse_values(plan, priors)
     cost = {
         v: _sketch_run(plan, v, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
-        for v in coarse
+        for v in sweep.coarse
     }
-    per_run = max(cost.values(), default=0.0)  # refine and replicate values are decided later: at most
+    # refine and replicate values are decided later: priced at the dearest coarse value, reused or not
+    # (a study whose coarse runs are all reused still runs its replicate stage)
+    per_run = max(cost.values(), default=0.0)
     preflight_s = 20.0 + preflight_episodes * seconds_per_episode
     cap = ""
     if preflight_budget_s > 0:
@@ -610,7 +617,7 @@ def design_study(
             values=coarse,
             seeds=floor,
             runs=len(coarse) * floor,
-            seconds=floor * sum(cost.values()),
+            seconds=floor * sum(cost[v] for v in coarse),
             note=note,
         )
     )
@@ -648,7 +655,10 @@ def design_study(
             cap=sweep.max_seeds,
         )
         n = max(n, floor)  # never fewer than the seeds asked for (--seeds)
-        extra = 2 * (n - floor)
+        # two arms brought to n seeds; an A-vs-B or effect-of arm counts the seeds its prior findings bring
+        arms = sweep.coarse[:2] if sweep.goal in ("a_vs_b", "effect_of") else []
+        have = [max(floor, len({o.seed for p in priors if p.value == v for o in p.outcomes})) for v in arms]
+        extra = sum(max(0, n - h) for h in have) if arms else 2 * (n - floor)
         deciding = {
             "min_stable": "the chosen value and the failing one below it",
             "best": "the best value and the runner-up",

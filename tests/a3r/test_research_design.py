@@ -516,3 +516,39 @@ def test_dry_runs_price_episodes_at_the_stored_speed_of_the_template(tmp_path: P
     assert "at most 285 s, server start included: attempts still under way then are cut and count as no" in (
         research.output
     )
+
+
+def test_a_design_whose_coarse_runs_are_all_reused_prices_the_runs_left() -> None:
+    """Found by a fresh user: an A-vs-B plan whose two arms earlier studies measured on 2 seeds printed
+    "≈ 0.0 min" for its 8 replicate runs (priced at the dearest coarse run still to run: none)."""
+    from a3r.graph import RunOutcome
+    from a3r.study.design import PriorFinding
+
+    plan = OfflineProvider().plan("lr 1e-4 vs 1e-3 on arithmetic", mode="research")
+    assert plan.sweep is not None
+
+    def prior(value: float, seeds: int) -> PriorFinding:
+        outcomes = [
+            RunOutcome(key=f"coarse-lr={value:g}-s{s}", run_id=s, purpose="sweep", status="finished", reason="",
+                       seed=s, value=value)
+            for s in range(seeds)
+        ]  # fmt: skip
+        return PriorFinding(finding_id=1, study_id=1, statement="x", value=value, status="unconfirmed",
+                            outcomes=outcomes)  # fmt: skip
+
+    common = {
+        "seconds_per_episode": 1.0,
+        "speed_source": "assumed",
+        "eval_episodes": 8,
+        "preflight_episodes": 8,
+    }
+    fresh = design_study(plan, **common)  # type: ignore[arg-type]
+    reused = design_study(plan, priors=[prior(v, 2) for v in plan.sweep.coarse], **common)  # type: ignore[arg-type]
+    coarse, replicate = reused.stages[1], reused.stages[-1]
+    assert coarse.runs == 0 and coarse.seconds == 0 and reused.reused_runs == 4
+    assert replicate.runs == fresh.stages[-1].runs == 8
+    assert replicate.seconds == pytest.approx(fresh.stages[-1].seconds) and replicate.seconds > 0
+    assert reused.runs == fresh.runs - 4 and reused.estimated_s > reused.stages[0].seconds
+    # arms that already have the power rule's seeds need no replicate run
+    full = design_study(plan, priors=[prior(v, 6) for v in plan.sweep.coarse], **common)  # type: ignore[arg-type]
+    assert full.stages[-1].runs == 0 and full.reused_runs == 12
