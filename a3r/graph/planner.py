@@ -47,6 +47,7 @@ from a3r.study.research import (
 from a3r.study.runs import RunSpec
 from a3r.study.sequential import SignalCheck
 from a3r.study.settings import resolve_setting
+from a3r.study.wording import counted
 
 __all__ = ["planner"]
 
@@ -318,7 +319,9 @@ def _after_stage(
             goal=goal,
         )
         if not kept:
-            note = f"{name}: skipped, {len(specs)} runs would not fit the {budget_left:.0f} s left"
+            note = (
+                f"{name}: skipped, {counted(len(specs), 'runs')} would not fit the {budget_left:.0f} s left"
+            )
             ctx.say(note)
             logged.append(note)
             return None

@@ -26,6 +26,7 @@ from a3r.study.research import (
     verdicts,
 )
 from a3r.study.runs import RunOutcome
+from a3r.study.wording import counted, unit_noun
 from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
 __all__ = ["held_out_effect", "reporter", "train_effect"]
@@ -97,7 +98,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     if k:
         first = statistics.fmean(v for _, v in curve[:k])
         last = statistics.fmean(v for _, v in curve[-k:])
-        change = f"; mean train reward {first:.3f} (first {k} steps) → {last:.3f} (last {k} steps)"
+        change = f"; mean train reward {first:.3f} (first {counted(k, 'steps')}) → {last:.3f} (last {counted(k, 'steps')})"
     statement = (
         f"hypothesis {effect.verdict.value}: change of the mean train reward over {curve[-1][0] if curve else 0} "
         f"steps of {state['plan'].template} on {len(seeds)} seed(s): {effect.describe(verdict=False)}{change}"
@@ -132,7 +133,11 @@ def _more_seeds(configs: list[ConfigVerdict]) -> str:
         for c in configs
         if not c.settled and c.margin is not None and c.margin.more_needed is not None
     ]
-    return f"≈ {max(needed)} more seeds would settle it" if needed else "more seeds or steps are needed"
+    if needed:
+        return f"≈ {max(needed)} more {unit_noun(max(needed), 'seeds')} would settle it"
+    if any(c.margin is not None and c.margin.out_of_reach for c in configs if not c.settled):
+        return "more seeds are unlikely to settle it at these margins (their intervals are in the table)"
+    return "more seeds or steps are needed"
 
 
 def _best_conclusion(

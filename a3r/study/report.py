@@ -19,6 +19,7 @@ from a3r.study.effects import Effect, step_effect
 from a3r.study.plans import PlanDraft
 from a3r.study.research import ConfigVerdict
 from a3r.study.runs import RunOutcome, status_text
+from a3r.study.wording import counted
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_report"]
@@ -132,7 +133,7 @@ def _training_line(plan: PlanDraft) -> str:
     0.001}``, not the fixed value no run uses."""
     t = plan.training
     shown = {
-        "steps": f"{t.steps} steps",
+        "steps": counted(t.steps, "steps"),
         "batch_size": f"batch size B={t.batch_size} groups",
         "group_size": f"group size G={t.group_size}",
         "lr": f"lr={t.lr:g}",

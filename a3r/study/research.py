@@ -20,6 +20,7 @@ from a3r.study.effects import Effect, level_effect, seed_effect
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.settings import resolve_setting
+from a3r.study.wording import counted, unit_noun
 
 __all__ = [
     "EVAL_BUDGET_SHARE",
@@ -310,7 +311,7 @@ def recheck_steps(*, step: int, target: int, seconds_per_step: float, time_left_
         return None
     reach = step + max(0, math.floor(time_left_s / seconds_per_step))
     return (
-        f"re-check after step {step}: measured {seconds_per_step:.0f} s per step, so the {left} steps left need "
+        f"re-check after step {step}: measured {seconds_per_step:.0f} s per step, so the {counted(left, 'steps')} left {'needs' if left == 1 else 'need'} "
         f"≈ {left * seconds_per_step:,.0f} s but {max(0.0, time_left_s):,.0f} s are left before the held-out "
         f"evaluation's reserve: the budget will stop training at about step {reach} of {target}"
     )
@@ -616,15 +617,15 @@ def compared_tasks_text(outcomes: Sequence[RunOutcome], baseline: RewardSummary 
         counts = sorted({e.tasks for e in evaluated})
         return (
             "held-out comparisons use each run's own tasks (some runs kept no rewards per task); runs "
-            f"evaluated {' or '.join(str(c) for c in counts)} tasks"
+            f"evaluated {' or '.join(str(c) for c in counts)} {unit_noun(max(counts), 'tasks')}"
         )
     text = f"held-out numbers of the configurations are over the {len(tasks)} task(s) every evaluated run ran ({task_span(tasks)})"
     more = sorted({e.tasks for e in evaluated if e.tasks > len(tasks)})
     if more:
-        text += f"; runs that evaluated {' or '.join(str(m) for m in more)} tasks are compared on these only"
+        text += f"; runs that evaluated {' or '.join(str(m) for m in more)} {unit_noun(max(more), 'tasks')} are compared on these only"
     if baseline is not None and baseline.tasks != len(tasks):
         text += (
-            f"; the untrained baseline (preflight) ran {baseline.tasks} tasks, and its numbers over them are not "
+            f"; the untrained baseline (preflight) ran {counted(baseline.tasks, 'tasks')}, and its numbers over them are not "
             "a comparison with the trained runs"
         )
     return text

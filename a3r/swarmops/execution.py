@@ -44,6 +44,7 @@ from a3r.study.research import EVAL_BUDGET_SHARE, EVAL_RESERVE_MARGIN, recheck_s
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.sequential import SignalCheck
 from a3r.study.settings import SETTINGS, serve_flags
+from a3r.study.wording import counted
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, judge
 from a3r.swarmops.processes import (
@@ -799,7 +800,7 @@ def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None, 
         run.rec.note(
             f"run {key}: step {step}/{target}"
             + (f" · train reward {reward[-1][1]:.3f}" if reward else "")
-            + f" · {episodes} episodes of this run"
+            + f" · {counted(episodes, 'episodes')} of this run"
             + (f" · {per_step:.0f} s per step so far" if math.isfinite(per_step) else "")
         )
         # from the second step on: the first also pays the trainer's start (172 s against ~110 s later
