@@ -46,7 +46,7 @@ from a3r.study.sequential import SignalCheck
 from a3r.study.settings import SETTINGS, serve_flags
 from a3r.study.wording import counted
 from a3r.swarmops.context import ExecutionContext
-from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, judge
+from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, final_end, judge
 from a3r.swarmops.processes import (
     ManagedProcess,
     ServerHandle,
@@ -912,9 +912,11 @@ def _conclude(
         rec.metrics(rows)
         metric_rows = [{"step": row.step, **_numeric(row)} for row in rows]
         last_step = max([last_step, *(row.step for row in rows)])
-    reason = end.reason
-    if last_step > watch.last_step:
+    settled = final_end(end, last_step=last_step, target=target)  # all steps trained: finished, not cancelled
+    reason = settled.reason
+    if settled is end and last_step > watch.last_step:
         reason += f"; the step under way then ended: step {last_step}"
+    end = settled
     train_groups = groups_of(episodes)
     curve = [(s, v) for s, v in _reward_curve(rows) if s > start_step or spec.start_step == 0]
     wall = time.monotonic() - run.started
