@@ -154,6 +154,7 @@ class Session:
 
     def _invoke(self, value: Any) -> Step:
         with self._lock:
+            self.context.clock_mark = time.monotonic()  # a wait for a decision or a resume is not counted
             self.graph.invoke(value, self._config, context=self.context, durability="sync")
             return self.step()
 

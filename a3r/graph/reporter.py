@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from pathlib import Path
 
 from langgraph.runtime import Runtime
@@ -20,6 +21,7 @@ from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
 from a3r.study.research import (
     ConfigVerdict,
+    budget_note,
     compared_tasks_text,
     min_stable_value,
     non_monotone,
@@ -359,6 +361,10 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
     """Conclude the study and write its report (idempotent: findings by statement, report by content)."""
     ctx = runtime.context
     ctx.close_servers()
+    # the time since the last run (the servers' stop), once: a re-run of this node writes the same report
+    wrap_up_s = float(
+        ctx.ledger.once(ctx.key("reporter", "wrap-up"), lambda: max(0.0, time.monotonic() - ctx.clock_mark))
+    )
     plan = state["plan"]
     study_id = state["study_id"]
     outcomes: list[RunOutcome] = list(state.get("outcomes", []))
@@ -403,6 +409,7 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         conclusion=conclusion,
         reward_parts=tuple(part_roles(plan.template)),
         notes=[note for note in (state.get("sizing"), compared_tasks_text(outcomes, baseline)) if note]
+        + [budget_note(outcomes, wrap_up_s=wrap_up_s, budget_s=ctx.budget_s)]
         + [f"reused the runs of prior {p.cite()}" for p in state.get("priors") or []],
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))

@@ -213,7 +213,8 @@ def write_report(
     Args:
         reward_parts: The template's reward parts (episode metric names) to draw; every recorded
             part when empty.
-        notes: Lines on how the runs were fitted to the budget (`a3r.study.research.size_training`).
+        notes: Lines on how the runs were fitted to the budget (`a3r.study.research.size_training`) and
+            what the thread's time came to against it (`a3r.study.research.budget_note`).
 
     Returns:
         The Markdown path.

@@ -29,10 +29,12 @@ __all__ = [
     "MIN_HELDOUT_TASKS",
     "SAFETY_SHARE",
     "UPDATE_SHARE",
+    "WRAP_UP_S",
     "ConfigVerdict",
     "HeldoutSizing",
     "Sizing",
     "Verdict",
+    "budget_note",
     "compared_evals",
     "compared_tasks_text",
     "estimate_run_s",
@@ -46,6 +48,7 @@ __all__ = [
     "refine_values",
     "size_heldout",
     "size_training",
+    "spent_s",
     "stability_margin",
     "sweep_specs",
     "token_cap",
@@ -91,6 +94,42 @@ def eval_reserve_s(spec: RunSpec, outcomes: Sequence[RunOutcome], *, budget_s: f
     measured = [o.eval_s for o in outcomes if math.isfinite(o.eval_s)]
     reserve = EVAL_RESERVE_MARGIN * max(measured) + 15.0 if measured else EVAL_BUDGET_SHARE * budget_s
     return min(reserve, budget_s / 2)
+
+
+WRAP_UP_S = 15.0
+"""Seconds of a thread's budget kept for what follows its last run: checkpointing and stopping the
+servers still running and writing the report. A fresh user's 8-minute vibe job ended 14 s past its
+budget (2026-12-02) when only the runs' own wall time was counted; the rest of the thread's time is now
+counted too (`RunOutcome.overhead_s`), and this reserve keeps the runs short of the end. The report
+states the thread's time against its budget, an overrun included (`budget_note`)."""
+
+
+def spent_s(outcomes: Sequence[RunOutcome]) -> float:
+    """Wall seconds of the thread's budget its runs have used: each run's wall time plus the thread's
+    time around it (`RunOutcome.overhead_s`: planning, code check, analysis, stopping its server)."""
+    return sum(o.wall_s + o.overhead_s for o in outcomes)
+
+
+def budget_note(outcomes: Sequence[RunOutcome], *, wrap_up_s: float, budget_s: float) -> str:
+    """One line for the report: the thread's wall time against its budget, with where it went, and an
+    overrun said as such.
+
+    Args:
+        outcomes: The thread's runs.
+        wrap_up_s: Seconds since the last run (stopping servers; the report itself is not counted).
+        budget_s: The thread's budget.
+    """
+    runs = sum(o.wall_s for o in outcomes)
+    around = sum(o.overhead_s for o in outcomes)
+    total = runs + around + wrap_up_s
+    parts = (
+        f"runs {runs:,.0f} s, planning/code check/analysis/server stops between them {around:,.0f} s, "
+        f"server stops before the report {wrap_up_s:,.0f} s"
+    )
+    text = f"time: {total:,.0f} s of the {budget_s:,.0f} s budget ({parts})"
+    if total > budget_s:
+        text += f": over the budget by {total - budget_s:,.0f} s"
+    return text
 
 
 SAFETY_SHARE = 0.10

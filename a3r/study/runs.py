@@ -107,6 +107,10 @@ class RunOutcome(BaseModel):
         parts: Curves of the reward's parts (`a3r.study.analysis.part_curves`: one point per B·G
             train episodes), by metric name.
         signal: A preflight's sequential futility test after its last look (`a3r.study.sequential`).
+        overhead_s: The thread's wall seconds around the run that ``wall_s`` leaves out, counted
+            against its budget too (`a3r.study.research.spent_s`): since the previous run ended (or
+            the thread started or resumed) — planning, the code check, analysis — and after ``wall_s``
+            was taken, e.g. stopping the run's server. 0 for a reused prior run.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -134,3 +138,4 @@ class RunOutcome(BaseModel):
     parts: dict[str, list[float]] = Field(default_factory=dict)
     eval_s: float = float("nan")
     signal: SignalCheck | None = None
+    overhead_s: float = 0.0
