@@ -287,7 +287,7 @@ def replicate_additions(
         )
         arms = [c.value for c in unsettled]
         why = (
-            f"σ(last-k margin over seeds) = {sd:.3f}, δ = {delta:g}, one-sided margin test; the answer needs "
+            f"σ(last-k margin over seeds) = {sd:.3f}, effect to detect {delta:g}, one-sided margin test; the answer needs "
             f">= {STABLE_CONFIRM_SEEDS} stable seeds"
         )
     else:
@@ -301,7 +301,10 @@ def replicate_additions(
         groups = [seed_means(outcomes, c.value) for c in configs]
         sd = _pooled_sd(groups)
         n = seeds_per_arm(sd, delta, min_effect=MIN_EFFECT_SD * sd, cap=sweep.max_seeds)
-        why = f"σ(held-out mean over seeds) = {sd:.3f}, δ = {delta:g}, minimum effect {MIN_EFFECT_SD:g} σ"
+        why = (
+            f"σ(held-out mean over seeds) = {sd:.3f}, effect to detect {delta:g}, verdict threshold m = "
+            f"{MIN_EFFECT_SD:g} σ = {MIN_EFFECT_SD * sd:.3f}"
+        )
     additions: dict[float, list[int]] = {}
     for value in arms:
         missing = n - len(seeds_of.get(value, []))
@@ -376,6 +379,27 @@ def restate_for_training(draft: PlanDraft, plan: PlanDraft) -> PlanDraft:
     return plan.model_copy(update={"hypotheses": reworded})
 
 
+MINIMUM_EFFECT = f"the minimum effect m = {MIN_EFFECT_SD:g} σ (σ: the seed-to-seed SD the runs show)"
+"""The one threshold a comparison's verdict applies (`a3r.study.effects`), as the plan states it."""
+
+
+def power_text(delta: float, most: int) -> str:
+    """How the replicate stage's seeds are chosen, in the plan's words: the effect to detect sizes
+    them (`seeds_per_arm`); it is not the verdict's threshold."""
+    return (
+        f"seeds per the power rule (enough for a true effect of {delta:g} to clear the verdict's threshold "
+        f"with power {POWER:g}; at most {most} seeds)"
+    )
+
+
+def not_a_threshold(delta: float) -> str:
+    """The sentence that keeps the effect to detect apart from the verdict's minimum effect."""
+    return (
+        f"The effect to detect ({delta:g}) only sizes the seeds and is not a threshold: a difference smaller "
+        f"than {delta:g} whose interval clears m is confirmed"
+    )
+
+
 def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
     """The pre-registered hypothesis of a research plan, with its decision rule."""
     assert plan.sweep is not None
@@ -386,8 +410,7 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
     floor = max(len(plan.training.seeds), SEED_FLOOR)
     most = max(sweep.max_seeds, floor)
     stages = (
-        f"staged: coarse {{{values}}} on {floor} seeds, refine, then replicate with seeds per the power "
-        f"rule (δ = {delta:g}, power {POWER:g}, at most {most} seeds)"
+        f"staged: coarse {{{values}}} on {floor} seeds, refine, then replicate with {power_text(delta, most)}"
     )
     if sweep.goal == "min_stable":
         stability = plan.stability or StabilityCriterion()
@@ -414,8 +437,8 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
                 expected_outcome="a value whose mean held-out reward over seeds exceeds every other's",
                 decision_rule=(
                     f"{stages}. Best = the highest mean held-out reward over seeds; confirmed when the 95% Welch "
-                    "interval of its lead over the runner-up (one observation per seed) lies above the minimum "
-                    f"effect {MIN_EFFECT_SD:g} σ (σ: seed-to-seed SD); otherwise unconfirmed, with the seeds that would settle it"
+                    f"interval of its lead over the runner-up (one observation per seed) lies above {MINIMUM_EFFECT}; "
+                    f"otherwise unconfirmed, with the seeds that would settle it. {not_a_threshold(delta)}"
                 ),
             )
         ]
@@ -428,17 +451,19 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
     return [
         HypothesisDraft(
             statement=claim,
-            expected_outcome=f"the mean held-out reward over seeds differs between {a:g} and {b:g} by at least δ = {delta:g}",
+            expected_outcome=(
+                f"the mean held-out reward over seeds differs between {a:g} and {b:g} by more than {MINIMUM_EFFECT}"
+            ),
             decision_rule=(
-                f"staged: both arms on {floor} seeds, then replicate with seeds per the power rule "
-                f"(δ = {delta:g}, power {POWER:g}, at most {most} seeds). Effect = mean({b:g}) − mean({a:g}) "
-                "over seeds (Welch 95% interval, one observation per seed): confirmed when the interval lies above "
-                f"the minimum effect {MIN_EFFECT_SD:g} σ"
+                f"staged: both arms on {floor} seeds, then replicate with {power_text(delta, most)}. Effect = "
+                f"mean({b:g}) − mean({a:g}) over seeds (Welch 95% interval, one observation per seed): confirmed "
+                f"when the interval lies above {MINIMUM_EFFECT}"
                 + (
                     ", refuted when it lies below it; otherwise unconfirmed"
                     if sweep.goal == "a_vs_b"
                     else "; a change that lowers the reward is reported the same way with the sign flipped; otherwise unconfirmed"
                 )
+                + f". {not_a_threshold(delta)}"
             ),
         )
     ]
@@ -671,7 +696,9 @@ def design_study(
                 seconds=extra * per_run,
                 note=(
                     f"{deciding} brought to n seeds by the power rule (σ = {seed_sd:.3f} assumed until the coarse "
-                    f"stage measures it, δ = {delta:g}, power {POWER:g}; n in [{floor}, {max(sweep.max_seeds, floor)}])"
+                    f"stage measures it; effect to detect {delta:g}, power {POWER:g}, against the verdict's threshold "
+                    + (f"m = {MIN_EFFECT_SD:g} σ" if two else "0 (a stability margin)")
+                    + f"; n in [{floor}, {max(sweep.max_seeds, floor)}])"
                 ),
             )
         )

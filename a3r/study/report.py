@@ -238,8 +238,10 @@ def write_report(
         (
             "_Verdicts come from `a3r.study.effects`: confirmed only when the effect's 95% confidence interval "
             "(over seeds, or over steps with their autocorrelation handled) clears the minimum effect "
-            "(0.5 σ of the observed noise; 0 for a stability margin, whose threshold already allows the "
-            "pre-registered tolerance δ); otherwise unconfirmed, with what would settle it._"
+            "m (0.5 σ of the observed noise; 0 for a stability margin, whose threshold already allows the "
+            "pre-registered tolerance δ); otherwise unconfirmed, with what would settle it. m is the one "
+            "threshold the pre-registered decision rules name; their effect to detect only sizes the "
+            "replicate stage's seeds._"
         ),
         "",
         "## Plan",

@@ -552,3 +552,35 @@ def test_a_design_whose_coarse_runs_are_all_reused_prices_the_runs_left() -> Non
     # arms that already have the power rule's seeds need no replicate run
     full = design_study(plan, priors=[prior(v, 6) for v in plan.sweep.coarse], **common)  # type: ignore[arg-type]
     assert full.stages[-1].runs == 0 and full.reused_runs == 12
+
+
+def test_the_pre_registered_rule_names_the_threshold_the_verdict_applies() -> None:
+    """Found by a fresh user: the plan pre-registered "differs by at least δ = 0.1" while the verdict
+    applied a minimum effect of 0.5 σ, two thresholds. The rule now names one threshold, m = 0.5 σ, the
+    one `a3r.study.effects` applies, and says that the effect to detect (0.1) only sizes the seeds: a
+    difference of 0.05 whose interval clears m is confirmed, as pre-registered."""
+    from a3r.graph import RunOutcome
+    from a3r.graph.reporter import _comparison_conclusion
+    from a3r.study.analysis import RewardSummary
+    from a3r.study.design import MINIMUM_EFFECT
+
+    plan = OfflineProvider().plan("lr 1e-4 vs 1e-3 on arithmetic", mode="research")
+    assert plan.sweep is not None and (plan.sweep.effect_size or 0.1) == 0.1
+    (hypothesis,) = plan.hypotheses
+    for text in (hypothesis.expected_outcome, hypothesis.decision_rule):
+        assert MINIMUM_EFFECT in text and "δ" not in text, text
+    assert (
+        "The effect to detect (0.1) only sizes the seeds and is not a threshold" in hypothesis.decision_rule
+    )
+
+    def run(value: float, seed: int, mean: float) -> RunOutcome:
+        summary = RewardSummary(tasks=4, episodes=8, mean_reward=mean, pass_at_1=mean, pass_at_2=mean)
+        return RunOutcome(key=f"{value:g}-{seed}", run_id=seed, purpose="sweep", status="finished", reason="",
+                          seed=seed, value=value, eval=summary)  # fmt: skip
+
+    a, b = plan.sweep.coarse[:2]
+    outcomes = [run(a, s, m) for s, m in enumerate((0.30, 0.31, 0.29, 0.30))]
+    outcomes += [run(b, s, m) for s, m in enumerate((0.35, 0.36, 0.34, 0.35))]
+    text, status = _comparison_conclusion({"plan": plan, "outcomes": outcomes}, [], "lr", "a_vs_b")  # type: ignore[typeddict-item]
+    assert status.value == "confirmed" and "+0.050" in text, text  # below 0.1, above m
+    assert "(= 0.5 σ, σ = " in text  # the verdict names the same m as the rule
