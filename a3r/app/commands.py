@@ -461,13 +461,15 @@ def _param_lines(draft: PlanDraft, *, skip: str | None = None) -> list[str]:
     return lines
 
 
-def _dry_speed(settings: SessionSettings, template: str | None) -> tuple[float, str]:
+def _dry_speed(settings: SessionSettings, plan: PlanDraft) -> tuple[float, str]:
     """Seconds per episode a dry run prices episodes at, and where the number comes from: the median
-    of the finished runs on ``template`` with the session's model in the knowledge store
-    (`a3r.graph.records.stored_speed`), else `ASSUMED_SECONDS_PER_EPISODE`."""
+    of the finished runs on the plan's template with the session's model in the knowledge store
+    (`a3r.graph.records.stored_speed`), else the template's model calls and tokens per episode
+    (`a3r.study.design.assumed_speed`)."""
     from a3r.graph.records import stored_speed
-    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE
+    from a3r.study.design import assumed_speed
 
+    template = plan.template
     if "://" not in settings.store and Path(settings.store).is_file():
         with closing(Store(settings.store)) as store:
             found = stored_speed(store, template, settings.model)
@@ -475,10 +477,8 @@ def _dry_speed(settings: SessionSettings, template: str | None) -> tuple[float, 
             return found[
                 0
             ], f"measured: the median of {found[1]} earlier {template} run(s) in {settings.store}"
-    return ASSUMED_SECONDS_PER_EPISODE, (
-        "assumed, no earlier run of this template and model in the store; multi-turn games take several "
-        "times longer"
-    )
+    speed, assumes = assumed_speed(template, plan.params)
+    return speed, f"{assumes}; no earlier run of this template and model in the store"
 
 
 def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
@@ -511,7 +511,7 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
     _out.print(f"  why: {draft.rationale}", markup=False)
     from a3r.study.research import SERVER_OVERHEAD_S, UPDATE_SHARE
 
-    speed, source = _dry_speed(settings, draft.template)
+    speed, source = _dry_speed(settings, draft)
     per_step = training.batch_size * training.group_size * speed * (1 + UPDATE_SHARE)
     evaluation = 2 * settings.eval_tasks * settings.eval_samples * speed
     smoke = training.smoke_tasks * training.group_size * speed
@@ -637,7 +637,7 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     speed, source = (
         (sorted(measured)[len(measured) // 2], "the median of the prior runs")
         if measured
-        else _dry_speed(settings, plan.template)
+        else _dry_speed(settings, plan)
     )
     design = design_study(
         plan,

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
+import templates
 from a3r.errors import PlanError
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
@@ -46,10 +47,13 @@ from a3r.study.research import (
 from a3r.study.runs import RunOutcome
 from a3r.study.sequential import SignalRule
 from a3r.study.settings import Setting, resolve_setting
+from a3r.study.wording import counted
 
 __all__ = [
+    "ASSUMED_SECONDS_PER_CALL",
     "ASSUMED_SECONDS_PER_EPISODE",
     "ASSUMED_SEED_SD",
+    "ASSUMED_TOKENS_PER_S",
     "BEST_REFINE_ROUNDS",
     "DEFAULT_EFFECT",
     "POWER",
@@ -58,6 +62,7 @@ __all__ = [
     "PriorFinding",
     "StageSketch",
     "StudyDesign",
+    "assumed_speed",
     "best_refine_values",
     "check_overrides",
     "coarse_values",
@@ -89,9 +94,39 @@ ASSUMED_SEED_SD = 0.05
 (reward units; the replicate stage uses the SD the coarse stage observed)."""
 
 ASSUMED_SECONDS_PER_EPISODE = 1.0
-"""Wall seconds per episode the dry run assumes when no prior run measured one: arithmetic sweep runs
-on the embedded model took 37–152 s for 48–160 episodes on 2 CPU cores (≈ 0.4–0.8 s each after the
-server's start, a3r/README.md §Measured); multi-turn games take several times longer."""
+"""Wall seconds per episode the dry run assumes when no prior run measured one and the template does
+not say its model calls (generated code): arithmetic sweep runs on the embedded model took 37–152 s for
+48–160 episodes on 2 CPU cores (≈ 0.4–0.8 s each after the server's start, a3r/README.md §Measured)."""
+
+ASSUMED_SECONDS_PER_CALL = 0.5
+"""Wall seconds per model call of an episode, before its tokens (`assumed_speed`)."""
+
+ASSUMED_TOKENS_PER_S = 32.0
+"""Completion tokens per second an episode's calls decode at (`assumed_speed`). With
+`ASSUMED_SECONDS_PER_CALL` these price an arithmetic episode (1 call of ≤ 16 tokens) at 1.0 s, the old
+assumption (measured 0.4–0.8 s), and a 3-player 2-round who-is-the-spy game (≤ 12 calls, ≤ 192 tokens)
+at 12 s, against 12.2–12.8 s its smoke runs measured on the embedded model on 2 idle CPU cores
+(2026-12-02, a3r/README.md §Budget); calls are priced at their token limit, an upper bound."""
+
+
+def assumed_speed(template: str | None, params: Mapping[str, Any]) -> tuple[float, str]:
+    """Seconds per episode a dry run assumes before any run of ``template`` was measured, and what the
+    number assumes: the template's model calls per episode at most (`templates.Template.episode_calls`:
+    a multi-turn game's every turn over its most rounds) at `ASSUMED_SECONDS_PER_CALL` each plus their
+    token limits at `ASSUMED_TOKENS_PER_S`; `ASSUMED_SECONDS_PER_EPISODE` when the template says
+    nothing of its calls (generated code)."""
+    calls = templates.get_template(template).episode_calls(dict(params)) if template else None
+    if not calls:
+        return ASSUMED_SECONDS_PER_EPISODE, (
+            f"assumed {ASSUMED_SECONDS_PER_EPISODE:g} s: the code does not say its model calls per episode"
+        )
+    seconds = len(calls) * ASSUMED_SECONDS_PER_CALL + sum(calls) / ASSUMED_TOKENS_PER_S
+    return seconds, (
+        f"assumed from the template: at most {counted(len(calls), 'model calls')} of up to {sum(calls)} "
+        f"tokens in all per episode, at {ASSUMED_SECONDS_PER_CALL:g} s a call + {ASSUMED_TOKENS_PER_S:g} "
+        "tokens/s on 2 CPU cores"
+    )
+
 
 PREFLIGHT_BUDGET_S = 285.0
 """Wall seconds the research preflight run may take, from its server's start to its verdict: the

@@ -494,8 +494,9 @@ def test_dry_runs_price_episodes_at_the_stored_speed_of_the_template(tmp_path: P
     fresh = CliRunner().invoke(app, ["vibe", "train arithmetic", *common])
     assert fresh.exit_code == 0, fresh.output
     assert (
-        "at 1.00 s per episode (assumed, no earlier run of this template and model in the store"
-        in fresh.output
+        "at 1.00 s per episode (assumed from the template: at most 1 model call of up to 16 tokens in all per "
+        "episode, at 0.5 s a call + 32 tokens/s on 2 CPU cores; no earlier run of this template and model in "
+        "the store" in fresh.output
     )
     with Store(tmp_path / "memory.db") as store:
         study = store.create_study("train arithmetic", kind="vibe")
@@ -584,3 +585,38 @@ def test_the_pre_registered_rule_names_the_threshold_the_verdict_applies() -> No
     text, status = _comparison_conclusion({"plan": plan, "outcomes": outcomes}, [], "lr", "a_vs_b")  # type: ignore[typeddict-item]
     assert status.value == "confirmed" and "+0.050" in text, text  # below 0.1, above m
     assert "(= 0.5 σ, σ = " in text  # the verdict names the same m as the rule
+
+
+def test_multi_turn_templates_are_priced_by_their_turns_and_tokens(tmp_path: Path) -> None:
+    """Found by a fresh user: every template's dry run assumed 1 s per episode, a multi-turn game too (a
+    3-player who-is-the-spy game measured 12.2–12.8 s). Before any run is stored, an episode is priced by
+    the template's model calls and their token limits, and the line says what that assumes."""
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+    from a3r.study.design import ASSUMED_SECONDS_PER_CALL, ASSUMED_TOKENS_PER_S, assumed_speed
+
+    spy = templates.get_template("who_is_the_spy")
+    calls = spy.episode_calls()  # 3 players describe (24 tokens) and vote (8) in each of 2 rounds
+    assert calls is not None and len(calls) == 12 and sum(calls) == 2 * 3 * (24 + 8)
+    bigger = spy.episode_calls({"n_players": 4, "max_rounds": 3})
+    assert bigger is not None and len(bigger) == 24
+    assert templates.get_template("arithmetic").episode_calls() == [16]  # one call of max_tokens
+    wolves = templates.get_template(
+        "werewolves"
+    ).episode_calls()  # 5 players, 1 wolf, seer/witch/hunter, 2 days
+    assert wolves is not None and len(wolves) == 2 * (1 + 2 + 5 + 5 + 1)
+    seconds, assumes = assumed_speed("who_is_the_spy", {})
+    assert seconds == pytest.approx(12 * ASSUMED_SECONDS_PER_CALL + 192 / ASSUMED_TOKENS_PER_S) == 12.0
+    assert assumes.startswith("assumed from the template: at most 12 model calls of up to 192 tokens")
+    assert assumed_speed("who_is_the_spy", {"n_players": 4, "max_rounds": 3})[0] > seconds
+    assert assumed_speed(None, {})[0] == 1.0  # generated code says nothing of its calls
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    dry = CliRunner().invoke(app, ["vibe", "train who-is-the-spy", *common])
+    assert dry.exit_code == 0, dry.output
+    assert (
+        "at 12.00 s per episode (assumed from the template: at most 12 model calls of up to 192 tokens"
+        in (dry.output)
+    )
+    research = CliRunner().invoke(app, ["research", "best temperature on who is the spy", *common])
+    assert research.exit_code == 0 and "at 12.00 s per episode (assumed from the template" in research.output
