@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -208,7 +209,9 @@ def _launch(
             else:
                 if tui:
                     _out.print("note: the TUI is not installed here; continuing without it")
-                step = session.start(request, mode=mode, force=force, overrides=overrides)
+                step = session.start(
+                    request, mode=mode, force=force, overrides=overrides, started_at=command_started()
+                )
             _finish(_drive(session, step, wait=wait))
     except (A3RError, StoreError) as exc:
         raise _fail(str(exc)) from None
@@ -216,6 +219,20 @@ def _launch(
         raise _fail(
             "interrupted; continue with `a3r resume THREAD` (the thread id is printed above)"
         ) from None
+
+
+def command_started() -> float:
+    """When this ``a3r`` process started, on the `time.monotonic` clock (Linux: its start time in
+    ``/proc/self/stat`` against ``/proc/uptime``; elsewhere now). A thread's budget counts from the
+    command's start: importing a3r takes 7–10 s on the loaded 2-core box, which a budget counted from
+    the first node would leave out."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        age_s = max(0.0, uptime_s - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        age_s = 0.0
+    return time.monotonic() - age_s
 
 
 StoreOption = Annotated[
@@ -764,7 +781,7 @@ def resume(
     _interrupt_on_sigterm()
     try:
         with open_session(settings, thread_id=thread, notify=_say) as session:
-            step = session.resume(decision)
+            step = session.resume(decision, started_at=command_started())
             _finish(_drive(session, step, wait=wait))
     except (A3RError, StoreError) as exc:
         raise _fail(str(exc)) from None

@@ -117,13 +117,16 @@ def budget_note(outcomes: Sequence[RunOutcome], *, wrap_up_s: float, budget_s: f
     Args:
         outcomes: The thread's runs.
         wrap_up_s: Seconds since the last run (stopping servers; the report itself is not counted).
+
+    The runs' ``overhead_s`` includes the command's start-up (importing a3r) before the first run.
         budget_s: The thread's budget.
     """
     runs = sum(o.wall_s for o in outcomes)
     around = sum(o.overhead_s for o in outcomes)
     total = runs + around + wrap_up_s
     parts = (
-        f"runs {runs:,.0f} s, planning/code check/analysis/server stops between them {around:,.0f} s, "
+        f"runs {runs:,.0f} s, the command's start-up, planning, code check, analysis and server stops around "
+        f"them {around:,.0f} s, "
         f"server stops before the report {wrap_up_s:,.0f} s"
     )
     text = f"time: {total:,.0f} s of the {budget_s:,.0f} s budget ({parts})"

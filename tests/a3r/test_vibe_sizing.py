@@ -7,6 +7,7 @@ the old sizing kept B = 2 and ran 9 of the 10 steps)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,9 @@ from a3r.study.research import (
 from a3r.study.runs import RunSpec
 from memory import Store
 from tests.a3r.planner_states import offline_context
+
+IMPORTED_AT = time.monotonic()
+"""When this module was imported (after the test process started)."""
 
 BUDGET = 1800.0
 """The default budget of `a3r vibe` (30 min)."""
@@ -155,8 +159,6 @@ def test_the_threads_time_around_its_runs_counts_against_the_budget(tmp_path: Pa
     code check, analysis before it: ``overhead_s``; what the executor spends after the run's wall time,
     such as its server's stop) and less `WRAP_UP_S` for the report; the report states the thread's time
     against the budget and says an overrun."""
-    import time
-
     from a3r.graph.reporter import reporter
     from a3r.graph.runner import runner
     from a3r.study.analysis import RewardSummary
@@ -180,14 +182,14 @@ def test_the_threads_time_around_its_runs_counts_against_the_budget(tmp_path: Pa
     ctx.clock_mark = time.monotonic() - 30.0  # 30 s of planning and analysis since the preflight ended
     done = runner(state, Runtime(context=ctx))  # type: ignore[arg-type]
     (outcome,) = done["outcomes"]  # type: ignore[misc]
-    assert given[0] == pytest.approx(480.0 - WRAP_UP_S - 40.0 - 30.0, abs=0.5)  # was 440 s: 480 − 40
-    assert 30.4 <= outcome.overhead_s < 31.0  # before it, and the 0.4 s after its wall time
+    assert given[0] == pytest.approx(480.0 - WRAP_UP_S - 40.0 - 30.0, abs=2.0)  # was 440 s: 480 − 40
+    assert 30.4 <= outcome.overhead_s < 32.0  # before it, and the 0.4 s after its wall time
     assert spent_s([*state["outcomes"], outcome]) == pytest.approx(40.0 + 0.1 + outcome.overhead_s)
     # The report says the thread's time against its budget, and an overrun as one.
     around = outcome.overhead_s
     assert budget_note([outcome], wrap_up_s=5.0, budget_s=480.0) == (
-        f"time: {0.1 + around + 5:.0f} s of the 480 s budget (runs 0 s, planning/code check/analysis/server "
-        f"stops between them {around:.0f} s, server stops before the report 5 s)"
+        f"time: {0.1 + around + 5:.0f} s of the 480 s budget (runs 0 s, the command's start-up, planning, code "
+        f"check, analysis and server stops around them {around:.0f} s, server stops before the report 5 s)"
     )
     late = outcome.model_copy(update={"wall_s": 460.0})
     assert budget_note([late], wrap_up_s=4.0, budget_s=480.0).endswith(": over the budget by 14 s")
@@ -197,3 +199,13 @@ def test_the_threads_time_around_its_runs_counts_against_the_budget(tmp_path: Pa
     line = next(x for x in path.read_text().splitlines() if x.startswith("- time: "))
     total = float(line.removeprefix("- time: ").split(" s of")[0])
     assert total == pytest.approx(40.1 + around + 3, abs=1) and "480 s budget (runs 40 s, " in line
+
+
+def test_a_commands_budget_counts_from_the_process_start() -> None:
+    """The fresh user's overrun included importing a3r (7–10 s on the loaded 2-core box) before the
+    first node: `a3r vibe` / `research` / `resume` count the thread's time from the process's start."""
+    from a3r.app.commands import command_started
+
+    started = command_started()
+    assert started <= IMPORTED_AT <= time.monotonic()  # before this test module (and a3r) was imported
+    assert time.monotonic() - started < 24 * 3600
