@@ -102,8 +102,9 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         last = statistics.fmean(v for _, v in curve[-k:])
         change = f"; mean train reward {first:.3f} (first {counted(k, 'steps')}) → {last:.3f} (last {counted(k, 'steps')})"
     statement = (
-        f"hypothesis {effect.verdict.value}: change of the mean train reward over {curve[-1][0] if curve else 0} "
-        f"steps of {state['plan'].template} on {len(seeds)} seed(s): {effect.describe(verdict=False)}{change}"
+        f"hypothesis {effect.verdict.value}: change of the mean train reward over "
+        f"{counted(curve[-1][0] if curve else 0, 'steps')} of {state['plan'].template} on {len(seeds)} seed(s): "
+        f"{effect.describe(verdict=False)}{change}"
     )
     if held is not None:
         statement += f". Held-out mean reward after − before training ({held[1]}): {held[0].describe()}"
