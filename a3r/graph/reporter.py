@@ -139,7 +139,7 @@ def _more_seeds(configs: list[ConfigVerdict]) -> str:
     if needed:
         return f"≈ {max(needed)} more {unit_noun(max(needed), 'seeds')} would settle it"
     if any(c.margin is not None and c.margin.out_of_reach for c in configs if not c.settled):
-        return "more seeds are unlikely to settle it at these margins (their intervals are in the table)"
+        return "more seeds are unlikely to settle it at these margins (each one's interval is in its finding)"
     return "more seeds or steps are needed"
 
 

@@ -309,3 +309,21 @@ def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
     assert (tmp_path / "reward_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "sweep.png").stat().st_size > 1000
     assert plot_rewards([], tmp_path / "none.png") is None
+
+
+def test_a_margin_at_the_threshold_does_not_promise_a_number_of_seeds() -> None:
+    """A stability margin whose seeds straddle the threshold (mean margin 0): no number of seeds settles
+    it at this effect size, and the conclusion says so instead of naming one."""
+    from a3r.graph.reporter import _more_seeds
+
+    criterion = StabilityCriterion(last_k=1, delta=0.05, min_seeds=2)  # threshold 0.3 − 0.05 = 0.25
+    (flat,) = verdicts(
+        [_outcome(f"b4s{seed}", 4, seed, [0.3, r]) for seed, r in ((0, 0.26), (1, 0.24))],
+        baseline=BASELINE,
+        criterion=criterion,
+    )
+    assert flat.margin is not None and flat.margin.out_of_reach and flat.margin.more_needed is None
+    assert _more_seeds([flat]) == (
+        "more seeds are unlikely to settle it at these margins (each one's interval is in its finding)"
+    )
+    assert "more seeds are unlikely to settle it at this effect size" in flat.margin.describe()
