@@ -222,10 +222,15 @@ def _launch(
 
 
 def command_started() -> float:
-    """When this ``a3r`` process started, on the `time.monotonic` clock (Linux: its start time in
-    ``/proc/self/stat`` against ``/proc/uptime``; elsewhere now). A thread's budget counts from the
+    """When this ``a3r`` command started, on the `time.monotonic` clock: the process's start when the
+    process is the command (the ``a3r`` console script, or ``python -m a3r.app.cli``; Linux: its start
+    time in ``/proc/self/stat`` against ``/proc/uptime``), else now (the command invoked inside a
+    longer-lived process, e.g. a test's ``CliRunner``, or off Linux). A thread's budget counts from the
     command's start: importing a3r takes 7–10 s on the loaded 2-core box, which a budget counted from
     the first node would leave out."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if argv0.name != "a3r" and argv0.parts[-3:] != ("a3r", "app", "cli.py"):
+        return time.monotonic()
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         uptime_s = float(Path("/proc/uptime").read_text().split()[0])
