@@ -29,6 +29,8 @@ class Template:
     """Optional cross-parameter check from ``meta.py`` (raises ``TemplateParamError``)."""
     agents_for: Callable[[dict[str, Any]], list[str]] | None = None
     """Optional ``trainable_agents(params)`` from ``meta.py`` (multi-agent templates)."""
+    calls_for: Callable[[dict[str, Any]], list[int]] | None = None
+    """Optional ``model_calls(params)`` from ``meta.py`` (multi-turn templates): see `episode_calls`."""
 
     @property
     def name(self) -> str:
@@ -58,6 +60,21 @@ class Template:
         """
         return None if self.agents_for is None else self.agents_for(self.resolve(params))
 
+    def episode_calls(self, params: dict[str, Any] | None = None) -> list[int] | None:
+        """The token limit of each model call one episode makes at most: a multi-turn template's own
+        ``model_calls(params)`` (every player's turns, trained or not, over the most rounds), else one call
+        of its ``max_tokens`` parameter; ``None`` when the template says neither. What a planner may price
+        an episode at before any run of the template was measured.
+
+        Raises:
+            TemplateParamError: Invalid parameters.
+        """
+        resolved = self.resolve(params)
+        if self.calls_for is not None:
+            return self.calls_for(resolved)
+        cap = resolved.get("max_tokens")
+        return [int(cap)] if isinstance(cap, int) and not isinstance(cap, bool) else None
+
     def build_tasks(self, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run the data builder with the data parameters of ``params`` (defaults elsewhere).
 
@@ -86,6 +103,7 @@ def _load(folder: Path) -> Template:
         folder=folder,
         check_params=getattr(meta_module, "check_params", None),
         agents_for=getattr(meta_module, "trainable_agents", None),
+        calls_for=getattr(meta_module, "model_calls", None),
     )
 
 

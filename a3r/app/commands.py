@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -210,7 +211,9 @@ def _launch(
             else:
                 if tui:
                     _out.print("note: the TUI is not installed here; continuing without it")
-                step = session.start(request, mode=mode, force=force, overrides=overrides)
+                step = session.start(
+                    request, mode=mode, force=force, overrides=overrides, started_at=command_started()
+                )
             _finish(_drive(session, step, wait=wait))
     except (A3RError, StoreError) as exc:
         raise _fail(str(exc)) from None
@@ -218,6 +221,25 @@ def _launch(
         raise _fail(
             "interrupted; continue with `a3r resume THREAD` (the thread id is printed above)"
         ) from None
+
+
+def command_started() -> float:
+    """When this ``a3r`` command started, on the `time.monotonic` clock: the process's start when the
+    process is the command (the ``a3r`` console script, or ``python -m a3r.app.cli``; Linux: its start
+    time in ``/proc/self/stat`` against ``/proc/uptime``), else now (the command invoked inside a
+    longer-lived process, e.g. a test's ``CliRunner``, or off Linux). A thread's budget counts from the
+    command's start: importing a3r takes 7–10 s on the loaded 2-core box, which a budget counted from
+    the first node would leave out."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if argv0.name != "a3r" and argv0.parts[-3:] != ("a3r", "app", "cli.py"):
+        return time.monotonic()
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        age_s = max(0.0, uptime_s - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        age_s = 0.0
+    return time.monotonic() - age_s
 
 
 StoreOption = Annotated[
@@ -491,13 +513,15 @@ def _param_lines(draft: PlanDraft, *, skip: str | None = None) -> list[str]:
     return lines
 
 
-def _dry_speed(settings: SessionSettings, template: str | None) -> tuple[float, str]:
+def _dry_speed(settings: SessionSettings, plan: PlanDraft) -> tuple[float, str]:
     """Seconds per episode a dry run prices episodes at, and where the number comes from: the median
-    of the finished runs on ``template`` with the session's model in the knowledge store
-    (`a3r.graph.records.stored_speed`), else `ASSUMED_SECONDS_PER_EPISODE`."""
+    of the finished runs on the plan's template with the session's model in the knowledge store
+    (`a3r.graph.records.stored_speed`), else the template's model calls and tokens per episode
+    (`a3r.study.design.assumed_speed`)."""
     from a3r.graph.records import stored_speed
-    from a3r.study.design import ASSUMED_SECONDS_PER_EPISODE
+    from a3r.study.design import assumed_speed
 
+    template = plan.template
     if "://" not in settings.store and Path(settings.store).is_file():
         with closing(Store(settings.store)) as store:
             found = stored_speed(store, template, settings.model)
@@ -505,10 +529,8 @@ def _dry_speed(settings: SessionSettings, template: str | None) -> tuple[float, 
             return found[
                 0
             ], f"measured: the median of {found[1]} earlier {template} run(s) in {settings.store}"
-    return ASSUMED_SECONDS_PER_EPISODE, (
-        "assumed, no earlier run of this template and model in the store; multi-turn games take several "
-        "times longer"
-    )
+    speed, assumes = assumed_speed(template, plan.params)
+    return speed, f"{assumes}; no earlier run of this template and model in the store"
 
 
 def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
@@ -541,7 +563,7 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
     _out.print(f"  why: {draft.rationale}", markup=False)
     from a3r.study.research import SERVER_OVERHEAD_S, UPDATE_SHARE
 
-    speed, source = _dry_speed(settings, draft.template)
+    speed, source = _dry_speed(settings, draft)
     per_step = training.batch_size * training.group_size * speed * (1 + UPDATE_SHARE)
     evaluation = 2 * settings.eval_tasks * settings.eval_samples * speed
     smoke = training.smoke_tasks * training.group_size * speed
@@ -629,6 +651,12 @@ def research(
     _launch(question, "research", settings, overrides=overrides, force=force)
 
 
+def _minutes(seconds: float) -> str:
+    """Minutes for an estimate: one decimal below 10 (so a short plan does not read ``≈ 0 min``)."""
+    minutes = seconds / 60
+    return f"{minutes:.1f}" if minutes < 10 else f"{minutes:.0f}"
+
+
 def _print_research_plan(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
     """``a3r research --dry-run``: the staged design (`a3r.study.design.design_study`) of the plan,
     with prior findings read from the store when it exists (never created or written)."""
@@ -661,7 +689,7 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     speed, source = (
         (sorted(measured)[len(measured) // 2], "the median of the prior runs")
         if measured
-        else _dry_speed(settings, plan.template)
+        else _dry_speed(settings, plan)
     )
     design = design_study(
         plan,
@@ -700,7 +728,12 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
         )
         parts += [f"{stage.seeds} seeds per configuration"] if stage.seeds else []
         most = "up to " if stage.name in ("refine", "replicate") else ""
-        parts.append(f"{most}{stage.runs} run(s), ≈ {stage.seconds / 60:.1f} min")
+        reused = (
+            f" to run ({design.reused_runs} reused from prior findings)"
+            if stage.name == "coarse" and design.reused_runs
+            else ""
+        )
+        parts.append(f"{most}{stage.runs} run(s){reused}, ≈ {stage.seconds / 60:.1f} min")
         say(f"    {stage.name}: {'; '.join(parts)} — {stage.note}")
     for hypothesis in plan.hypotheses:
         say(f"  hypothesis: {hypothesis.statement}")
@@ -713,9 +746,14 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
     say(f"  prior findings: {store_note}")
     for prior in priors:
         say(f"    reused: {prior.cite()}")
+    reused = (
+        f"; {design.reused_runs} run(s) of prior findings are reused, not run again (not in the estimate)"
+        if design.reused_runs
+        else ""
+    )
     say(
-        f"  estimated time: ≈ {design.estimated_s / 60:.0f} min for up to {design.runs} runs at {speed:.2f} s per episode "
-        f"({source}); budget {settings.budget_minutes:g} min"
+        f"  estimated time: ≈ {_minutes(design.estimated_s)} min for up to {design.runs} run(s) still to run at "
+        f"{speed:.2f} s per episode ({source}){reused}; budget {settings.budget_minutes:g} min"
     )
     if design.estimated_s > settings.budget_minutes * 60:
         dropped = budget_drops(
@@ -785,7 +823,7 @@ def resume(
     _interrupt_on_sigterm()
     try:
         with open_session(settings, thread_id=thread, notify=_say) as session:
-            step = session.resume(decision)
+            step = session.resume(decision, started_at=command_started())
             _finish(_drive(session, step, wait=wait))
     except (A3RError, StoreError) as exc:
         raise _fail(str(exc)) from None

@@ -152,8 +152,11 @@ class Session:
     def _config(self) -> RunnableConfig:
         return {"configurable": {"thread_id": self.thread_id}, "recursion_limit": 500}
 
-    def _invoke(self, value: Any) -> Step:
+    def _invoke(self, value: Any, *, since: float | None = None) -> Step:
+        """Run the graph to its next stop; the thread's time counts from ``since`` (`time.monotonic`:
+        the command's start), else from now, so a wait for a decision or before a resume is not counted."""
         with self._lock:
+            self.context.clock_mark = time.monotonic() if since is None else min(since, time.monotonic())
             self.graph.invoke(value, self._config, context=self.context, durability="sync")
             return self.step()
 
@@ -187,14 +190,19 @@ class Session:
         mode: Literal["vibe", "research"],
         force: bool = False,
         overrides: dict[str, Any] | None = None,
+        started_at: float | None = None,
     ) -> Step:
-        """Launch the thread on ``request``; returns when it ends or waits for a patch decision."""
+        """Launch the thread on ``request``; returns when it ends or waits for a patch decision.
+        ``started_at`` (`time.monotonic`): when the command began, from which the budget counts (its
+        start-up included); default now."""
         self.ledger.put(f"{self.thread_id}:session", self.settings.model_dump(mode="json"))
-        return self._invoke({"request": request, "mode": mode, "force": force, "overrides": overrides or {}})
+        return self._invoke(
+            {"request": request, "mode": mode, "force": force, "overrides": overrides or {}}, since=started_at
+        )
 
-    def resume(self, decision: Any = None) -> Step:
+    def resume(self, decision: Any = None, *, started_at: float | None = None) -> Step:
         """Continue the thread: with a patch decision (``"approve"``, ``"reject"``, a mapping) when it
-        waits for one, else from its last checkpoint (after a crash).
+        waits for one, else from its last checkpoint (after a crash). ``started_at``: as for `start`.
 
         Raises:
             ThreadNotFound: The checkpointer has no such thread.
@@ -204,8 +212,8 @@ class Session:
                 f"no checkpoint for thread {self.thread_id!r} in {self.settings.root / 'checkpoints.db'}"
             )
         if decision is not None and self.step().status == "waiting":
-            return self._invoke(Command(resume=decision))
-        return self._invoke(None)
+            return self._invoke(Command(resume=decision), since=started_at)
+        return self._invoke(None, since=started_at)
 
     def wait_for_store_decision(
         self, review: PatchReview, *, poll_s: float = 2.0, timeout_s: float | None = None

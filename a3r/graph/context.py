@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +128,10 @@ class RunContext:
         notify: Progress callback (one line each), e.g. the CLI printer.
         servers: Live servers by server key.
         execute: Executes one run (`RunExecutor`; default: real swarm servers and clients).
+        clock_mark: When the thread's time last stopped being counted (`time.monotonic`): this
+            invocation's start (a resume after a crash or a patch decision restarts it, so waiting is not
+            counted), then the end of each run. The runner counts the time since as the next run's
+            ``overhead_s``; the reporter, as the wrap-up after the last run.
     """
 
     store: Store
@@ -153,6 +158,7 @@ class RunContext:
     notify: Callable[[str], None] | None = None
     servers: dict[str, ServerHandle] = field(default_factory=dict)
     execute: RunExecutor = execute_run
+    clock_mark: float = field(default_factory=time.monotonic)
 
     def say(self, line: str) -> None:
         """Report progress (to ``notify``)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from typing import Literal
 
 from langgraph.runtime import Runtime
@@ -35,11 +36,13 @@ from a3r.study.design import (
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan, temperature_warning
 from a3r.study.research import (
     SAFETY_SHARE,
+    WRAP_UP_S,
     eval_reserve_s,
     fit_budget,
     initial_queue,
     refine_values,
     size_training,
+    spent_s,
     sweep_specs,
     token_cap,
     verdicts,
@@ -47,6 +50,7 @@ from a3r.study.research import (
 from a3r.study.runs import RunSpec
 from a3r.study.sequential import SignalCheck
 from a3r.study.settings import resolve_setting, value_text
+from a3r.study.wording import counted
 
 __all__ = ["planner"]
 
@@ -87,7 +91,7 @@ def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | N
         return None
     head = queue[0]
     runs = [i for i, spec in enumerate(queue) if spec.purpose == "train" and spec.start_step == 0]
-    budget_left = ctx.budget_s - _spent(state)
+    budget_left = ctx.budget_s - _spent(state, ctx)
     sizing = size_training(
         head.settings,
         seconds_per_episode=outcomes[-1].seconds_per_episode,
@@ -189,8 +193,11 @@ def _design_lines(plan: PlanDraft, priors: list[PriorFinding], preflight_budget_
     return out
 
 
-def _spent(state: ResearchState) -> float:
-    return sum(o.wall_s for o in state.get("outcomes", []))
+def _spent(state: ResearchState, ctx: RunContext) -> float:
+    """The thread's budget used: its runs with the time around them (`spent_s`), the time since the last
+    run (this planning) and the wrap-up the report will need (`WRAP_UP_S`)."""
+    since = max(0.0, time.monotonic() - ctx.clock_mark)
+    return spent_s(state.get("outcomes", [])) + since + WRAP_UP_S
 
 
 def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
@@ -198,7 +205,7 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
     assert plan.sweep is not None
     stage = state.get("stage", "preflight")
     outcomes = state.get("outcomes", [])
-    budget_left = ctx.budget_s - _spent(state)
+    budget_left = ctx.budget_s - _spent(state, ctx)
     eval_episodes = ctx.eval_tasks * ctx.eval_samples
     if stage == "preflight":
         pre = next((o for o in reversed(outcomes) if o.purpose == "preflight"), None)
@@ -301,7 +308,7 @@ def _after_stage(
     baseline = state.get("baseline")
     assert baseline is not None
     criterion = plan.stability or StabilityCriterion()
-    budget_left = ctx.budget_s - _spent(state)
+    budget_left = ctx.budget_s - _spent(state, ctx)
     eval_episodes = ctx.eval_tasks * ctx.eval_samples
     measured = [o.seconds_per_episode for o in outcomes if o.purpose == "sweep"]
     per_episode = min((m for m in measured if m == m), default=float("nan"))
@@ -318,7 +325,9 @@ def _after_stage(
             goal=goal,
         )
         if not kept:
-            note = f"{name}: skipped, {len(specs)} runs would not fit the {budget_left:.0f} s left"
+            note = (
+                f"{name}: skipped, {counted(len(specs), 'runs')} would not fit the {budget_left:.0f} s left"
+            )
             ctx.say(note)
             logged.append(note)
             return None

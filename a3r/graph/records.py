@@ -197,7 +197,9 @@ def prior_findings(
                 continue
             try:
                 outcomes = [
-                    RunOutcome.model_validate(o).model_copy(update={"wall_s": 0.0, "stage": "prior"})
+                    RunOutcome.model_validate(o).model_copy(
+                        update={"wall_s": 0.0, "overhead_s": 0.0, "stage": "prior"}
+                    )
                     for o in evidence.get("outcomes", [])
                 ]
             except ValueError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from pathlib import Path
 
 from langgraph.runtime import Runtime
@@ -20,6 +21,7 @@ from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
 from a3r.study.research import (
     ConfigVerdict,
+    budget_note,
     compared_tasks_text,
     min_stable_value,
     non_monotone,
@@ -27,6 +29,7 @@ from a3r.study.research import (
 )
 from a3r.study.runs import RunOutcome
 from a3r.study.settings import value_text
+from a3r.study.wording import counted, unit_noun
 from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
 __all__ = ["held_out_effect", "reporter", "train_effect"]
@@ -125,11 +128,11 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     if k:
         first = statistics.fmean(v for _, v in curve[:k])
         last = statistics.fmean(v for _, v in curve[-k:])
-        change = f"; mean train reward {first:.3f} (first {k} steps) → {last:.3f} (last {k} steps)"
+        change = f"; mean train reward {first:.3f} (first {counted(k, 'steps')}) → {last:.3f} (last {counted(k, 'steps')})"
     statement = (
-        f"hypothesis {effect.verdict.value}: change of the mean train reward over {len({s for s, _ in curve})} "
-        f"steps of {state['plan'].template} on {len(seeds)} seed(s): {effect.describe(verdict=False)}{change}"
-        f"{judged_on}"
+        f"hypothesis {effect.verdict.value}: change of the mean train reward over "
+        f"{counted(len({s for s, _ in curve}), 'steps')} of {state['plan'].template} on {len(seeds)} seed(s): "
+        f"{effect.describe(verdict=False)}{change}{judged_on}"
     )
     if held is not None:
         statement += f". Held-out mean reward after − before training ({held[1]}): {held[0].describe()}"
@@ -161,7 +164,11 @@ def _more_seeds(configs: list[ConfigVerdict]) -> str:
         for c in configs
         if not c.settled and c.margin is not None and c.margin.more_needed is not None
     ]
-    return f"≈ {max(needed)} more seeds would settle it" if needed else "more seeds or steps are needed"
+    if needed:
+        return f"≈ {max(needed)} more {unit_noun(max(needed), 'seeds')} would settle it"
+    if any(c.margin is not None and c.margin.out_of_reach for c in configs if not c.settled):
+        return "more seeds are unlikely to settle it at these margins (each one's interval is in its finding)"
+    return "more seeds or steps are needed"
 
 
 def _best_conclusion(
@@ -384,6 +391,10 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
     """Conclude the study and write its report (idempotent: findings by statement, report by content)."""
     ctx = runtime.context
     ctx.close_servers()
+    # the time since the last run (the servers' stop), once: a re-run of this node writes the same report
+    wrap_up_s = float(
+        ctx.ledger.once(ctx.key("reporter", "wrap-up"), lambda: max(0.0, time.monotonic() - ctx.clock_mark))
+    )
     plan = state["plan"]
     study_id = state["study_id"]
     outcomes: list[RunOutcome] = list(state.get("outcomes", []))
@@ -428,6 +439,7 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         conclusion=conclusion,
         reward_parts=tuple(part_roles(plan.template)),
         notes=[note for note in (state.get("sizing"), compared_tasks_text(outcomes, baseline)) if note]
+        + [budget_note(outcomes, wrap_up_s=wrap_up_s, budget_s=ctx.budget_s)]
         + [f"reused the runs of prior {p.cite()}" for p in state.get("priors") or []],
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_experiment, ensure_run
 from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.providers.offline import read_params
-from a3r.study.research import eval_reserve_s
+from a3r.study.research import WRAP_UP_S, eval_reserve_s, spent_s
 from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec
 from a3r.study.settings import value_text
 from a3r.swarmops.execution import Workspace
@@ -108,7 +109,11 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
         ctx.store.log_event(
             f"run {spec.key}: continuing after an interruption", run_id=run.id, level="warning"
         )
-    budget_left = ctx.budget_s - sum(o.wall_s for o in state.get("outcomes", []))
+    # the thread's time since the previous run (planning, code check, analysis) counts as this run's
+    # overhead; WRAP_UP_S stays free for stopping the servers and writing the report after the last run
+    started = time.monotonic()
+    before_s = max(0.0, started - ctx.clock_mark)
+    budget_left = ctx.budget_s - WRAP_UP_S - spent_s(state.get("outcomes", [])) - before_s
     ws = Workspace(Path(state["workspace"]))
     if budget_left <= 0:
         outcome = RunOutcome(
@@ -125,6 +130,10 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
         outcome = ctx.execute(
             spec, ctx=ctx, ws=ws, run_id=run.id, budget_s=budget_left, eval_reserve_s=reserve
         )
+    # and so does what the executor spent after the run's wall time was taken (stopping its server)
+    after_s = max(0.0, time.monotonic() - started - outcome.wall_s)
+    outcome = outcome.model_copy(update={"overhead_s": before_s + after_s})
+    ctx.clock_mark = time.monotonic()
     if ctx.store.get_run(run.id).status is RunStatus.running:
         ctx.store.finish_run(
             run.id,

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
+import templates
 from a3r.errors import PlanError
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
@@ -46,10 +47,13 @@ from a3r.study.research import (
 from a3r.study.runs import RunOutcome
 from a3r.study.sequential import SignalRule
 from a3r.study.settings import Setting, resolve_setting
+from a3r.study.wording import counted
 
 __all__ = [
+    "ASSUMED_SECONDS_PER_CALL",
     "ASSUMED_SECONDS_PER_EPISODE",
     "ASSUMED_SEED_SD",
+    "ASSUMED_TOKENS_PER_S",
     "BEST_REFINE_ROUNDS",
     "DEFAULT_EFFECT",
     "POWER",
@@ -58,6 +62,7 @@ __all__ = [
     "PriorFinding",
     "StageSketch",
     "StudyDesign",
+    "assumed_speed",
     "best_refine_values",
     "check_overrides",
     "coarse_values",
@@ -89,9 +94,39 @@ ASSUMED_SEED_SD = 0.05
 (reward units; the replicate stage uses the SD the coarse stage observed)."""
 
 ASSUMED_SECONDS_PER_EPISODE = 1.0
-"""Wall seconds per episode the dry run assumes when no prior run measured one: arithmetic sweep runs
-on the embedded model took 37–152 s for 48–160 episodes on 2 CPU cores (≈ 0.4–0.8 s each after the
-server's start, a3r/README.md §Measured); multi-turn games take several times longer."""
+"""Wall seconds per episode the dry run assumes when no prior run measured one and the template does
+not say its model calls (generated code): arithmetic sweep runs on the embedded model took 37–152 s for
+48–160 episodes on 2 CPU cores (≈ 0.4–0.8 s each after the server's start, a3r/README.md §Measured)."""
+
+ASSUMED_SECONDS_PER_CALL = 0.5
+"""Wall seconds per model call of an episode, before its tokens (`assumed_speed`)."""
+
+ASSUMED_TOKENS_PER_S = 32.0
+"""Completion tokens per second an episode's calls decode at (`assumed_speed`). With
+`ASSUMED_SECONDS_PER_CALL` these price an arithmetic episode (1 call of ≤ 16 tokens) at 1.0 s, the old
+assumption (measured 0.4–0.8 s), and a 3-player 2-round who-is-the-spy game (≤ 12 calls, ≤ 192 tokens)
+at 12 s, against 12.2–12.8 s its smoke runs measured on the embedded model on 2 idle CPU cores
+(2026-12-02, a3r/README.md §Budget); calls are priced at their token limit, an upper bound."""
+
+
+def assumed_speed(template: str | None, params: Mapping[str, Any]) -> tuple[float, str]:
+    """Seconds per episode a dry run assumes before any run of ``template`` was measured, and what the
+    number assumes: the template's model calls per episode at most (`templates.Template.episode_calls`:
+    a multi-turn game's every turn over its most rounds) at `ASSUMED_SECONDS_PER_CALL` each plus their
+    token limits at `ASSUMED_TOKENS_PER_S`; `ASSUMED_SECONDS_PER_EPISODE` when the template says
+    nothing of its calls (generated code)."""
+    calls = templates.get_template(template).episode_calls(dict(params)) if template else None
+    if not calls:
+        return ASSUMED_SECONDS_PER_EPISODE, (
+            f"assumed {ASSUMED_SECONDS_PER_EPISODE:g} s: the code does not say its model calls per episode"
+        )
+    seconds = len(calls) * ASSUMED_SECONDS_PER_CALL + sum(calls) / ASSUMED_TOKENS_PER_S
+    return seconds, (
+        f"assumed from the template: at most {counted(len(calls), 'model calls')} of up to {sum(calls)} "
+        f"tokens in all per episode, at {ASSUMED_SECONDS_PER_CALL:g} s a call + {ASSUMED_TOKENS_PER_S:g} "
+        "tokens/s on 2 CPU cores"
+    )
+
 
 PREFLIGHT_BUDGET_S = 285.0
 """Wall seconds the research preflight run may take, from its server's start to its verdict: the
@@ -287,7 +322,7 @@ def replicate_additions(
         )
         arms = [c.value for c in unsettled]
         why = (
-            f"σ(last-k margin over seeds) = {sd:.3f}, δ = {delta:g}, one-sided margin test; the answer needs "
+            f"σ(last-k margin over seeds) = {sd:.3f}, effect to detect {delta:g}, one-sided margin test; the answer needs "
             f">= {STABLE_CONFIRM_SEEDS} stable seeds"
         )
     else:
@@ -301,7 +336,10 @@ def replicate_additions(
         groups = [seed_means(outcomes, c.value) for c in configs]
         sd = _pooled_sd(groups)
         n = seeds_per_arm(sd, delta, min_effect=MIN_EFFECT_SD * sd, cap=sweep.max_seeds)
-        why = f"σ(held-out mean over seeds) = {sd:.3f}, δ = {delta:g}, minimum effect {MIN_EFFECT_SD:g} σ"
+        why = (
+            f"σ(held-out mean over seeds) = {sd:.3f}, effect to detect {delta:g}, verdict threshold m = "
+            f"{MIN_EFFECT_SD:g} σ = {MIN_EFFECT_SD * sd:.3f}"
+        )
     additions: dict[float, list[int]] = {}
     for value in arms:
         missing = n - len(seeds_of.get(value, []))
@@ -377,6 +415,27 @@ def restate_for_training(draft: PlanDraft, plan: PlanDraft) -> PlanDraft:
     return plan.model_copy(update={"hypotheses": reworded})
 
 
+MINIMUM_EFFECT = f"the minimum effect m = {MIN_EFFECT_SD:g} σ (σ: the seed-to-seed SD the runs show)"
+"""The one threshold a comparison's verdict applies (`a3r.study.effects`), as the plan states it."""
+
+
+def power_text(delta: float, most: int) -> str:
+    """How the replicate stage's seeds are chosen, in the plan's words: the effect to detect sizes
+    them (`seeds_per_arm`); it is not the verdict's threshold."""
+    return (
+        f"seeds per the power rule (enough for a true effect of {delta:g} to clear the verdict's threshold "
+        f"with power {POWER:g}; at most {most} seeds)"
+    )
+
+
+def not_a_threshold(delta: float) -> str:
+    """The sentence that keeps the effect to detect apart from the verdict's minimum effect."""
+    return (
+        f"The effect to detect ({delta:g}) only sizes the seeds and is not a threshold: a difference smaller "
+        f"than {delta:g} whose interval clears m is confirmed"
+    )
+
+
 def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
     """The pre-registered hypothesis of a research plan, with its decision rule."""
     assert plan.sweep is not None
@@ -387,8 +446,7 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
     floor = max(len(plan.training.seeds), SEED_FLOOR)
     most = max(sweep.max_seeds, floor)
     stages = (
-        f"staged: coarse {{{values}}} on {floor} seeds, refine, then replicate with seeds per the power "
-        f"rule (δ = {delta:g}, power {POWER:g}, at most {most} seeds)"
+        f"staged: coarse {{{values}}} on {floor} seeds, refine, then replicate with {power_text(delta, most)}"
     )
     if sweep.goal == "min_stable":
         stability = plan.stability or StabilityCriterion()
@@ -415,8 +473,8 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
                 expected_outcome="a value whose mean held-out reward over seeds exceeds every other's",
                 decision_rule=(
                     f"{stages}. Best = the highest mean held-out reward over seeds; confirmed when the 95% Welch "
-                    "interval of its lead over the runner-up (one observation per seed) lies above the minimum "
-                    f"effect {MIN_EFFECT_SD:g} σ (σ: seed-to-seed SD); otherwise unconfirmed, with the seeds that would settle it"
+                    f"interval of its lead over the runner-up (one observation per seed) lies above {MINIMUM_EFFECT}; "
+                    f"otherwise unconfirmed, with the seeds that would settle it. {not_a_threshold(delta)}"
                 ),
             )
         ]
@@ -429,17 +487,19 @@ def hypotheses_for(plan: PlanDraft) -> list[HypothesisDraft]:
     return [
         HypothesisDraft(
             statement=claim,
-            expected_outcome=f"the mean held-out reward over seeds differs between {a} and {b} by at least δ = {delta:g}",
+            expected_outcome=(
+                f"the mean held-out reward over seeds differs between {a} and {b} by more than {MINIMUM_EFFECT}"
+            ),
             decision_rule=(
-                f"staged: both arms on {floor} seeds, then replicate with seeds per the power rule "
-                f"(δ = {delta:g}, power {POWER:g}, at most {most} seeds). Effect = mean({b}) − mean({a}) "
-                "over seeds (Welch 95% interval, one observation per seed): confirmed when the interval lies above "
-                f"the minimum effect {MIN_EFFECT_SD:g} σ"
+                f"staged: both arms on {floor} seeds, then replicate with {power_text(delta, most)}. Effect = "
+                f"mean({b}) − mean({a}) over seeds (Welch 95% interval, one observation per seed): confirmed "
+                f"when the interval lies above {MINIMUM_EFFECT}"
                 + (
                     ", refuted when it lies below it; otherwise unconfirmed"
                     if sweep.goal == "a_vs_b"
                     else "; a change that lowers the reward is reported the same way with the sign flipped; otherwise unconfirmed"
                 )
+                + f". {not_a_threshold(delta)}"
             ),
         )
     ]
@@ -494,8 +554,13 @@ class StudyDesign(BaseModel):
 
     @property
     def runs(self) -> int:
-        """Runs of every stage (at most)."""
+        """Runs of every stage still to run (at most); reused prior runs are not counted."""
         return sum(s.runs for s in self.stages)
+
+    @property
+    def reused_runs(self) -> int:
+        """Runs of prior findings this study reuses instead of running them."""
+        return sum(len(p.outcomes) for p in self.priors)
 
 
 def _sketch_run(plan: PlanDraft, value: float, *, seconds_per_episode: float, eval_episodes: int) -> float:
@@ -565,9 +630,11 @@ def design_study(
     coarse = coarse_values(plan, priors)
     cost = {
         v: _sketch_run(plan, v, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
-        for v in coarse
+        for v in sweep.coarse
     }
-    per_run = max(cost.values(), default=0.0)  # refine and replicate values are decided later: at most
+    # refine and replicate values are decided later: priced at the dearest coarse value, reused or not
+    # (a study whose coarse runs are all reused still runs its replicate stage)
+    per_run = max(cost.values(), default=0.0)
     preflight_s = 20.0 + preflight_episodes * seconds_per_episode
     cap = ""
     if preflight_budget_s > 0:
@@ -611,7 +678,7 @@ def design_study(
             values=coarse,
             seeds=floor,
             runs=len(coarse) * floor,
-            seconds=floor * sum(cost.values()),
+            seconds=floor * sum(cost[v] for v in coarse),
             note=note,
         )
     )
@@ -649,7 +716,10 @@ def design_study(
             cap=sweep.max_seeds,
         )
         n = max(n, floor)  # never fewer than the seeds asked for (--seeds)
-        extra = 2 * (n - floor)
+        # two arms brought to n seeds; an A-vs-B or effect-of arm counts the seeds its prior findings bring
+        arms = sweep.coarse[:2] if sweep.goal in ("a_vs_b", "effect_of") else []
+        have = [max(floor, len({o.seed for p in priors if p.value == v for o in p.outcomes})) for v in arms]
+        extra = sum(max(0, n - h) for h in have) if arms else 2 * (n - floor)
         deciding = {
             "min_stable": "the chosen value and the failing one below it",
             "best": "the best value and the runner-up",
@@ -662,7 +732,9 @@ def design_study(
                 seconds=extra * per_run,
                 note=(
                     f"{deciding} brought to n seeds by the power rule (σ = {seed_sd:.3f} assumed until the coarse "
-                    f"stage measures it, δ = {delta:g}, power {POWER:g}; n in [{floor}, {max(sweep.max_seeds, floor)}])"
+                    f"stage measures it; effect to detect {delta:g}, power {POWER:g}, against the verdict's threshold "
+                    + (f"m = {MIN_EFFECT_SD:g} σ" if two else "0 (a stability margin)")
+                    + f"; n in [{floor}, {max(sweep.max_seeds, floor)}])"
                 ),
             )
         )

@@ -8,7 +8,9 @@ findings) takes its verdict from an `Effect`:
 * **refuted**: the interval lies entirely below it (any effect is smaller than what would matter, or
   of the opposite sign);
 * **unconfirmed**: the interval straddles it; `Effect.more_needed` then says about how many more seeds
-  or steps would settle it. A run that cannot learn (no update, zero-signal groups) is never confirmed,
+  or steps would settle it, up to `MORE_REACH` times what was run; beyond that (a flat series, an effect
+  ≈ the minimum effect) the verdict says more seeds or steps are unlikely to settle it at this effect
+  size, and gives the effect and its interval instead (`Effect.out_of_reach`). A run that cannot learn (no update, zero-signal groups) is never confirmed,
   and neither confirmed nor refuted is a degenerate interval (standard error 0: every replicate
   identical, e.g. all rewards 0), which measures no noise at all.
 
@@ -44,9 +46,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 from scipy.stats import t as student_t
 
+from a3r.study.wording import counted, unit_noun
+
 __all__ = [
     "LEVEL",
     "MIN_EFFECT_SD",
+    "MORE_REACH",
     "Effect",
     "EffectVerdict",
     "curve_effect",
@@ -64,6 +69,11 @@ LEVEL = 0.95
 
 MIN_EFFECT_SD = 0.5
 """Minimum effect, in units of the observed noise standard deviation (Cohen's d = 0.5)."""
+
+MORE_REACH = 10
+"""Most replication an unconfirmed verdict names, as a multiple of what was run: an interval that
+would need more than 10× the seeds or steps run to clear the minimum effect is out of reach at this
+effect size, and the verdict says so instead of naming a number that no study would run."""
 
 MAX_RHO = 0.95
 """Largest lag-1 autocorrelation used (a larger estimate would make n_eff vanish)."""
@@ -98,7 +108,10 @@ class Effect(BaseModel):
         verdict: `EffectVerdict`.
         more_needed: About how many more units (of ``unit``) would settle an unconfirmed verdict
             (``None`` when settled or when no number of units would, e.g. a run that cannot learn).
-        note: Why the verdict is capped or could not be computed ("" when it was not).
+        note: Why the verdict is capped or could not be computed, or that more replication is unlikely
+            to settle it ("" when none of these).
+        out_of_reach: Unconfirmed, and more than `MORE_REACH` × ``n`` more units would be needed to
+            settle it at the observed effect and noise (``more_needed`` is then ``None``).
         min_effect_basis: Where ``min_effect`` comes from when it is not ``MIN_EFFECT_SD`` × ``noise_sd``
             (e.g. a non-inferiority margin whose tolerance is already in the reference); "" for that rule.
     """
@@ -118,19 +131,20 @@ class Effect(BaseModel):
     more_needed: int | None = None
     note: str = ""
     min_effect_basis: str = ""
+    out_of_reach: bool = False
 
     def describe(self, *, verdict: bool = True) -> str:
         """One line: the verdict first (unless ``verdict=False``), then the estimate, its interval, the
         minimum effect and what would settle it."""
         head = f"{self.verdict.value}: " if verdict else ""
         settle = (
-            f"; ≈ {self.more_needed} more {self.unit} would settle it"
+            f"; ≈ {self.more_needed} more {unit_noun(self.more_needed, self.unit)} would settle it"
             if self.verdict is EffectVerdict.unconfirmed and self.more_needed is not None
             else ""
         )
         if not math.isfinite(self.estimate):
             return f"{head}not estimated: {self.note or 'no value to estimate it from'}{settle}"
-        units = f"{self.n} {self.unit if self.n != 1 else self.unit.rstrip('s')}"
+        units = counted(self.n, self.unit)
         if self.unit == "steps" and math.isfinite(self.autocorrelation):
             units += f", lag-1 autocorrelation taken as {max(self.autocorrelation, 0.0):.2f} → n_eff {self.n_eff:.1f}"
         interval = (
@@ -225,7 +239,7 @@ def _judge(
     judged against the very ``min_effect`` the `Effect` carries (and `Effect.describe` prints)."""
     floor = MIN_EFFECT_SD * noise_sd if min_effect is None else min_effect
     basis = "" if min_effect is None else (min_effect_basis or "given, not derived from σ")
-    verdict, note, more = EffectVerdict.unconfirmed, "", None
+    verdict, note, more, out_of_reach = EffectVerdict.unconfirmed, "", None, False
     low = high = math.nan
     if not (math.isfinite(estimate) and math.isfinite(se) and math.isfinite(floor)):
         note = why_not or "too few replicates for an interval"
@@ -245,6 +259,12 @@ def _judge(
             note = f"not confirmed: {why_not or 'the run cannot learn'}"
         if verdict is EffectVerdict.unconfirmed and can_learn:
             more = _more_needed(gap=abs(estimate - floor), se=se, df=df, n=n, n_eff=n_eff)
+            if more is None or more > MORE_REACH * n:
+                more, out_of_reach = None, True
+                note = (
+                    f"more {unit} are unlikely to settle it at this effect size (it would take more than "
+                    f"{MORE_REACH * n} more, {MORE_REACH}× the {counted(n, unit)} run)"
+                )
     return Effect(
         estimate=estimate,
         low=low,
@@ -259,6 +279,7 @@ def _judge(
         more_needed=more,
         note=note,
         min_effect_basis=basis,
+        out_of_reach=out_of_reach,
     )
 
 
@@ -471,8 +492,7 @@ def two_sample_effect(
     a = [v for v in after if math.isfinite(v)]
     b = [v for v in before if math.isfinite(v)]
     if len(a) < 2 or len(b) < 2:
-        one = unit.rstrip("s")
-        counts = f"{len(a)} {one if len(a) == 1 else unit} {sides[0]} and {len(b)} {sides[1]}"
+        counts = f"{counted(len(a), unit)} {sides[0]} and {len(b)} {sides[1]}"
         return _undecided(
             len(a) + len(b), unit, f"{counts}, but an interval needs at least 2 {unit} on each side"
         )

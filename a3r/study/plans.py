@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 import templates
 from a3r.errors import PlanError
 from a3r.study.settings import resolve_setting, switch_refusal
+from a3r.study.wording import counted
 
 __all__ = [
     "MIN_TEMPERATURE",
@@ -116,7 +117,7 @@ class StabilityCriterion(BaseModel):
         """The definition as one sentence, for the study's hypotheses and the report."""
         return (
             f"a run is stable iff it ends without crash or hang, its mean training reward over the last "
-            f"{self.last_k} steps is >= baseline - {self.delta:g}, its reward does not drop by more than "
+            f"{counted(self.last_k, 'steps')} is >= baseline - {self.delta:g}, its reward does not drop by more than "
             f"{self.drop_max:g} from the first to the second half, entropy (where reported) stays >= "
             f"{self.entropy_min:g} and KL <= {self.kl_max:g}; a configuration is stable iff all of >= "
             f"{self.min_seeds} seeds are stable"

@@ -20,6 +20,7 @@ from a3r.study.plans import PlanDraft
 from a3r.study.research import ConfigVerdict
 from a3r.study.runs import RunOutcome, status_text
 from a3r.study.settings import value_text
+from a3r.study.wording import counted
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_report"]
@@ -137,7 +138,7 @@ def _training_line(plan: PlanDraft) -> str:
     0.001}``, not the fixed value no run uses."""
     t = plan.training
     shown = {
-        "steps": f"{t.steps} steps",
+        "steps": counted(t.steps, "steps"),
         "batch_size": f"batch size B={t.batch_size} groups",
         "group_size": f"group size G={t.group_size}",
         "lr": f"lr={t.lr:g}",
@@ -232,7 +233,8 @@ def write_report(
     Args:
         reward_parts: The template's reward parts (episode metric names) to draw; every recorded
             part when empty.
-        notes: Lines on how the runs were fitted to the budget (`a3r.study.research.size_training`).
+        notes: Lines on how the runs were fitted to the budget (`a3r.study.research.size_training`) and
+            what the thread's time came to against it (`a3r.study.research.budget_note`).
 
     Returns:
         The Markdown path.
@@ -257,8 +259,10 @@ def write_report(
         (
             "_Verdicts come from `a3r.study.effects`: confirmed only when the effect's 95% confidence interval "
             "(over seeds, or over steps with their autocorrelation handled) clears the minimum effect "
-            "(0.5 σ of the observed noise; 0 for a stability margin, whose threshold already allows the "
-            "pre-registered tolerance δ); otherwise unconfirmed, with what would settle it._"
+            "m (0.5 σ of the observed noise; 0 for a stability margin, whose threshold already allows the "
+            "pre-registered tolerance δ); otherwise unconfirmed, with what would settle it. m is the one "
+            "threshold the pre-registered decision rules name; their effect to detect only sizes the "
+            "replicate stage's seeds._"
         ),
         "",
         "## Plan",

@@ -20,6 +20,7 @@ from a3r.study.effects import Effect, level_effect, seed_effect
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.settings import resolve_setting
+from a3r.study.wording import counted, unit_noun
 
 __all__ = [
     "EVAL_BUDGET_SHARE",
@@ -28,10 +29,12 @@ __all__ = [
     "MIN_HELDOUT_TASKS",
     "SAFETY_SHARE",
     "UPDATE_SHARE",
+    "WRAP_UP_S",
     "ConfigVerdict",
     "HeldoutSizing",
     "Sizing",
     "Verdict",
+    "budget_note",
     "compared_evals",
     "compared_tasks_text",
     "estimate_run_s",
@@ -45,6 +48,7 @@ __all__ = [
     "refine_values",
     "size_heldout",
     "size_training",
+    "spent_s",
     "stability_margin",
     "sweep_specs",
     "token_cap",
@@ -90,6 +94,45 @@ def eval_reserve_s(spec: RunSpec, outcomes: Sequence[RunOutcome], *, budget_s: f
     measured = [o.eval_s for o in outcomes if math.isfinite(o.eval_s)]
     reserve = EVAL_RESERVE_MARGIN * max(measured) + 15.0 if measured else EVAL_BUDGET_SHARE * budget_s
     return min(reserve, budget_s / 2)
+
+
+WRAP_UP_S = 15.0
+"""Seconds of a thread's budget kept for what follows its last run: checkpointing and stopping the
+servers still running and writing the report. A fresh user's 8-minute vibe job ended 14 s past its
+budget (2026-12-02) when only the runs' own wall time was counted; the rest of the thread's time is now
+counted too (`RunOutcome.overhead_s`), and this reserve keeps the runs short of the end. The report
+states the thread's time against its budget, an overrun included (`budget_note`)."""
+
+
+def spent_s(outcomes: Sequence[RunOutcome]) -> float:
+    """Wall seconds of the thread's budget its runs have used: each run's wall time plus the thread's
+    time around it (`RunOutcome.overhead_s`: planning, code check, analysis, stopping its server)."""
+    return sum(o.wall_s + o.overhead_s for o in outcomes)
+
+
+def budget_note(outcomes: Sequence[RunOutcome], *, wrap_up_s: float, budget_s: float) -> str:
+    """One line for the report: the thread's wall time against its budget, with where it went, and an
+    overrun said as such.
+
+    Args:
+        outcomes: The thread's runs.
+        wrap_up_s: Seconds since the last run (stopping servers; the report itself is not counted).
+
+    The runs' ``overhead_s`` includes the command's start-up (importing a3r) before the first run.
+        budget_s: The thread's budget.
+    """
+    runs = sum(o.wall_s for o in outcomes)
+    around = sum(o.overhead_s for o in outcomes)
+    total = runs + around + wrap_up_s
+    parts = (
+        f"runs {runs:,.0f} s, the command's start-up, planning, code check, analysis and server stops around "
+        f"them {around:,.0f} s, "
+        f"server stops before the report {wrap_up_s:,.0f} s"
+    )
+    text = f"time: {total:,.0f} s of the {budget_s:,.0f} s budget ({parts})"
+    if total > budget_s:
+        text += f": over the budget by {total - budget_s:,.0f} s"
+    return text
 
 
 SAFETY_SHARE = 0.10
@@ -310,7 +353,7 @@ def recheck_steps(*, step: int, target: int, seconds_per_step: float, time_left_
         return None
     reach = step + max(0, math.floor(time_left_s / seconds_per_step))
     return (
-        f"re-check after step {step}: measured {seconds_per_step:.0f} s per step, so the {left} steps left need "
+        f"re-check after step {step}: measured {seconds_per_step:.0f} s per step, so the {counted(left, 'steps')} left {'needs' if left == 1 else 'need'} "
         f"≈ {left * seconds_per_step:,.0f} s but {max(0.0, time_left_s):,.0f} s are left before the held-out "
         f"evaluation's reserve: the budget will stop training at about step {reach} of {target}"
     )
@@ -617,15 +660,15 @@ def compared_tasks_text(outcomes: Sequence[RunOutcome], baseline: RewardSummary 
         counts = sorted({e.tasks for e in evaluated})
         return (
             "held-out comparisons use each run's own tasks (some runs kept no rewards per task); runs "
-            f"evaluated {' or '.join(str(c) for c in counts)} tasks"
+            f"evaluated {' or '.join(str(c) for c in counts)} {unit_noun(max(counts), 'tasks')}"
         )
     text = f"held-out numbers of the configurations are over the {len(tasks)} task(s) every evaluated run ran ({task_span(tasks)})"
     more = sorted({e.tasks for e in evaluated if e.tasks > len(tasks)})
     if more:
-        text += f"; runs that evaluated {' or '.join(str(m) for m in more)} tasks are compared on these only"
+        text += f"; runs that evaluated {' or '.join(str(m) for m in more)} {unit_noun(max(more), 'tasks')} are compared on these only"
     if baseline is not None and baseline.tasks != len(tasks):
         text += (
-            f"; the untrained baseline (preflight) ran {baseline.tasks} tasks, and its numbers over them are not "
+            f"; the untrained baseline (preflight) ran {counted(baseline.tasks, 'tasks')}, and its numbers over them are not "
             "a comparison with the trained runs"
         )
     return text

@@ -122,6 +122,10 @@ class RunOutcome(BaseModel):
             train episodes), by metric name.
         signal: A preflight's sequential futility test after its last look (`a3r.study.sequential`).
         reward_patch: The spec's reward patch (``None``: the reward as first written).
+        overhead_s: The thread's wall seconds around the run that ``wall_s`` leaves out, counted
+            against its budget too (`a3r.study.research.spent_s`): since the previous run ended (or
+            the thread started or resumed) — planning, the code check, analysis — and after ``wall_s``
+            was taken, e.g. stopping the run's server. 0 for a reused prior run.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -150,3 +154,4 @@ class RunOutcome(BaseModel):
     eval_s: float = float("nan")
     reward_patch: int | None = None
     signal: SignalCheck | None = None
+    overhead_s: float = 0.0

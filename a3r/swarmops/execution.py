@@ -44,8 +44,9 @@ from a3r.study.research import EVAL_BUDGET_SHARE, EVAL_RESERVE_MARGIN, recheck_s
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.sequential import SignalCheck
 from a3r.study.settings import SETTINGS, serve_flags
+from a3r.study.wording import counted
 from a3r.swarmops.context import ExecutionContext
-from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, judge
+from a3r.swarmops.monitoring import Observation, RunEnd, RunWatch, Verdict, WatchRules, final_end, judge
 from a3r.swarmops.processes import (
     ManagedProcess,
     ServerHandle,
@@ -793,7 +794,7 @@ def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None, 
         run.rec.note(
             f"run {key}: step {step}/{target}"
             + (f" · train reward {reward[-1][1]:.3f}" if reward else "")
-            + f" · {episodes} episodes of this run"
+            + f" · {counted(episodes, 'episodes')} of this run"
             + (f" · {per_step:.0f} s per step so far" if math.isfinite(per_step) else "")
         )
         # from the second step on: the first also pays the trainer's start (172 s against ~110 s later
@@ -905,9 +906,11 @@ def _conclude(
         rec.metrics(rows)
         metric_rows = [{"step": row.step, **_numeric(row)} for row in rows]
         last_step = max([last_step, *(row.step for row in rows)])
-    reason = end.reason
-    if last_step > watch.last_step:
+    settled = final_end(end, last_step=last_step, target=target)  # all steps trained: finished, not cancelled
+    reason = settled.reason
+    if settled is end and last_step > watch.last_step:
         reason += f"; the step under way then ended: step {last_step}"
+    end = settled
     train_groups = groups_of(episodes)
     curve = [(s, v) for s, v in _reward_curve(rows) if s > start_step or spec.start_step == 0]
     wall = time.monotonic() - run.started

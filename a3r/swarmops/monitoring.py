@@ -18,6 +18,10 @@ The rules, in the order they apply to each poll:
 7. With a step target and no new step for ``hang_after_s`` while progress goes on → *slow*: reported
    once per step (`Verdict.slow_s`), not stopped.
 8. The wall-time budget is spent → *budget*.
+
+After the evaluation a3r reads the last step again (`final_end`): a run the budget stopped while its
+last step was under way, and whose step then ended at the target, completed all its steps → *finished*,
+not cancelled.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ __all__ = [
     "RunWatch",
     "Verdict",
     "WatchRules",
+    "final_end",
     "judge",
 ]
 
@@ -257,3 +262,23 @@ def judge(watch: RunWatch, obs: Observation, rules: WatchRules) -> Verdict:
         reason = f"wall-time budget of {rules.budget_s:.0f} s spent at step {step}"
         return Verdict(nxt, RunEnd("budget", reason), stepped, slow_s)
     return Verdict(nxt, None, stepped, slow_s)
+
+
+def final_end(end: RunEnd, *, last_step: int, target: int | None) -> RunEnd:
+    """How a run ended, once the step under way at its end has ended too (read after the held-out
+    evaluation): a budget stop whose run then reached its step ``target`` completed every step it was
+    to train, so it is *finished* (its reason says the budget ran out during the last step); any other
+    end stands.
+
+    Args:
+        end: The end `judge` gave.
+        last_step: The last trainer step recorded after the evaluation.
+        target: The policy step training was to reach (``None``: no step target).
+    """
+    if end.status == "budget" and target is not None and last_step >= target:
+        return RunEnd(
+            "finished",
+            f"reached step {last_step}: all steps trained (the {end.reason.removeprefix('wall-time ')} "
+            "while the last step was under way, which then ended)",
+        )
+    return end

@@ -92,6 +92,21 @@ def trainable_agents(params: dict[str, Any]) -> list[str]:
     return names
 
 
+def model_calls(params: dict[str, Any]) -> list[int]:
+    """Token limits of the model calls one game makes at most (resolved parameters), in each of
+    ``max_days`` days: the night's actions (each werewolf, the seer, the witch), then every player speaks
+    and votes, and the hunter's shot."""
+    special = _data().parse_special(params["special_roles"])
+    act, speak, n = (
+        int(params["action_max_tokens"]),
+        int(params["speak_max_tokens"]),
+        int(params["n_players"]),
+    )
+    night = [act] * (int(params["n_werewolves"]) + sum(role in special for role in ("seer", "witch")))
+    day = [speak] * n + [act] * n + [act] * ("hunter" in special)
+    return (night + day) * int(params["max_days"])
+
+
 def check_params(params: dict[str, Any]) -> None:
     """Cross-parameter rules: werewolves fewer than half, the roles fit the seats, known special roles.
 

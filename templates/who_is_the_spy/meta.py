@@ -94,6 +94,14 @@ def trainable_agents(params: dict[str, Any]) -> list[str]:
     return names["spy"] + names["civilian"] if role == "both" else names[role]
 
 
+def model_calls(params: dict[str, Any]) -> list[int]:
+    """Token limits of the model calls one game makes at most (resolved parameters): every player
+    describes, then votes, in each of ``max_rounds`` rounds (a tied vote eliminates nobody)."""
+    players, rounds = int(params["n_players"]), int(params["max_rounds"])
+    describe, vote = int(params["describe_max_tokens"]), int(params["vote_max_tokens"])
+    return ([describe] * players + [vote] * players) * rounds
+
+
 def check_params(params: dict[str, Any]) -> None:
     """Cross-parameter rules: spies must be fewer than half of the players.
 

@@ -9,6 +9,7 @@ import pytest
 
 from a3r.study.effects import (
     MIN_EFFECT_SD,
+    MORE_REACH,
     EffectVerdict,
     curve_effect,
     effective_size,
@@ -18,6 +19,7 @@ from a3r.study.effects import (
     step_effect,
     two_sample_effect,
 )
+from a3r.study.wording import counted
 
 
 def _noise(rng: random.Random, n: int, sd: float = 0.1, rho: float = 0.0) -> list[float]:
@@ -34,8 +36,46 @@ def test_the_reported_spy_run_is_not_confirmed() -> None:
     curve = [-0.18, 0.10, -0.12, 0.16, -0.05, 0.08, -0.15, 0.12, -0.02, 0.07]
     effect = step_effect(curve)
     assert effect.verdict is EffectVerdict.unconfirmed
-    assert effect.low < 0 < effect.high and effect.more_needed is not None and effect.more_needed > 0
-    assert "more steps would settle it" in effect.describe()
+    assert effect.low < 0 < effect.high
+    # ≈ 430 more steps would be needed after the 10 run: out of reach, said instead of the number
+    assert effect.out_of_reach and effect.more_needed is None
+    assert "more steps are unlikely to settle it at this effect size" in effect.describe()
+    # the same noise on a rise of 0.01 per step: within reach, and the number is given
+    calmer = step_effect([v + 0.01 * t for t, v in enumerate(curve)])
+    assert calmer.more_needed is not None and 0 < calmer.more_needed <= MORE_REACH * 10
+    assert f"≈ {calmer.more_needed} more steps would settle it" in calmer.describe()
+
+
+def test_a_flat_series_says_more_steps_are_unlikely_to_settle_it() -> None:
+    """Found by a fresh user: a flat curve (effect ≈ 0) read "≈ N more steps would settle it" with N in
+    the thousands; beyond `MORE_REACH` × what was run the verdict gives the effect and its interval and
+    says more steps or seeds are unlikely to settle it."""
+    flat = [0.3 + e for e in _noise(random.Random(0), 12, sd=0.05)]
+    effect = step_effect(flat)
+    assert effect.verdict is EffectVerdict.unconfirmed and abs(effect.estimate) < effect.min_effect
+    assert effect.more_needed is None and effect.out_of_reach
+    text = effect.describe()
+    assert "would settle it" not in text
+    assert f"{effect.estimate:+.3f} (95% CI {effect.low:+.3f} … {effect.high:+.3f}; 12 steps" in text
+    assert (
+        "more steps are unlikely to settle it at this effect size" in text
+        and "(it would take more than 120 more, 10× the 12 steps run)" in text
+    )
+    seeds = seed_effect([0.05, -0.03, 0.08, -0.02], noise_sd=0.04)  # a mean right at the minimum effect
+    assert seeds.out_of_reach and "more seeds are unlikely to settle it" in seeds.describe()
+
+
+def test_one_more_seed_or_step_is_singular() -> None:
+    two = seed_effect([0.20, 0.30], noise_sd=0.1)
+    assert two.more_needed == 1 and "≈ 1 more seed would settle it" in two.describe()
+    assert "1 more seeds" not in two.describe()
+    short = step_effect([0.0, 0.5, 0.4])
+    assert short.more_needed == 1 and "≈ 1 more step would settle it" in short.describe()
+    assert (counted(1, "runs"), counted(2, "runs"), counted(1, "episodes")) == (
+        "1 run",
+        "2 runs",
+        "1 episode",
+    )
 
 
 @pytest.mark.parametrize(("rho", "at_most"), [(0.0, 0.025), (0.6, 0.05)])

@@ -314,6 +314,7 @@ _ZERO_SIGNAL = Diagnosis(kind=DiagnosisKind.zero_signal, summary="9/10 groups ha
     ("curve", "status", "diagnoses"),
     [
         ([0.0, 0.5], "unconfirmed", []),  # too few steps for an interval
+        ([0.3], "unconfirmed", []),  # one step: "over 1 step", not "over 1 steps"
         (_RISING, "confirmed", []),
         ([-v for v in _RISING], "refuted", []),
         (_ZIGZAG, "unconfirmed", []),  # +0.036 on one noisy seed: not a confirmation
@@ -349,9 +350,13 @@ def test_the_vibe_verdict_clears_the_noise(
     conclusion = _vibe_conclusion(state, ctx)  # type: ignore[arg-type]
     (finding,) = store.findings(study.id)
     assert finding.status.value == status and conclusion.startswith(f"hypothesis {status}")
+    steps = f"{len(curve)} step" + ("s" if len(curve) != 1 else "")
+    assert f"change of the mean train reward over {steps} of arithmetic on 1 seed(s)" in conclusion
     assert "95% CI" in conclusion or "step(s)" in conclusion
-    if status == "unconfirmed" and not diagnoses:
-        assert "would settle it" in conclusion
+    if status == "unconfirmed" and not diagnoses:  # how many more steps, or that more are unlikely to help
+        assert ("would settle it" in conclusion) != (
+            "unlikely to settle it at this effect size" in conclusion
+        )
     if diagnoses:
         assert "identical rewards" in conclusion
 

@@ -8,9 +8,11 @@ from a3r.swarmops.monitoring import (
     STARTUP_GRACE_S,
     TRAINING_HANG_FACTOR,
     Observation,
+    RunEnd,
     RunWatch,
     Verdict,
     WatchRules,
+    final_end,
     judge,
 )
 
@@ -150,6 +152,27 @@ def test_budget_spent_ends_the_run() -> None:
     verdict = judge(watch, Observation(now=51.0, step=2, finished=1), rules)
     assert verdict.end is not None and verdict.end.status == "budget"
     assert verdict.end.reason == "wall-time budget of 50 s spent at step 2"
+
+
+def test_a_run_whose_last_step_ends_after_the_budget_stop_completed() -> None:
+    """Found by a fresh user: a run that trained all its steps was listed as "cancelled (budget)": the
+    budget stopped it while its last step was under way, and that step then ended (read after the
+    held-out evaluation). It completed; only a run stopped short is cancelled."""
+    from a3r.study.runs import status_text
+
+    rules = WatchRules(hang_after_s=HANG, budget_s=50.0, target=10)
+    verdict = judge(_alive(rules, step=9), Observation(now=51.0, step=9, finished=40), rules)
+    assert verdict.end is not None and verdict.end.status == "budget"
+    done = final_end(verdict.end, last_step=10, target=10)
+    assert done.status == "finished" and status_text(done.status) == "finished"
+    assert done.reason.startswith(
+        "reached step 10: all steps trained (the budget of 50 s spent at step 9 while"
+    )
+    short = final_end(verdict.end, last_step=9, target=10)  # stopped short: cancelled, as before
+    assert short == verdict.end and status_text(short.status) == "cancelled (budget)"
+    assert final_end(verdict.end, last_step=10, target=None) == verdict.end  # no step target: no claim
+    hung = final_end(RunEnd("hung", "no progress"), last_step=10, target=10)
+    assert hung.status == "hung"
 
 
 def test_the_budget_also_reports_slowness_first() -> None:

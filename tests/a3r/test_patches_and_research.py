@@ -151,7 +151,9 @@ def test_research_conclusions_are_confirmed_only_when_they_clear_the_noise() -> 
     )
     text, status = _min_stable_conclusion(noisy, "batch_size")
     assert status.value == "unconfirmed" and text.startswith("unconfirmed: minimal stable batch_size = 6")
-    assert "more seeds would settle it" in text and "Caution: 2 also passed" in text
+    assert "Caution: 2 also passed" in text
+    # found by a fresh user: "≈ 1 more seeds"
+    assert "≈ 1 more seed would settle it" in text and "1 more seeds" not in text
     # A crash below and a margin far above the threshold on 4 seeds (which differ: a zero-width interval
     # over identical seeds would not count): confirmed.
     clear = verdicts(
@@ -314,3 +316,21 @@ def test_report_has_numbers_and_plots(tmp_path: Path) -> None:
     assert (tmp_path / "reward_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "sweep.png").stat().st_size > 1000
     assert plot_rewards([], tmp_path / "none.png") is None
+
+
+def test_a_margin_at_the_threshold_does_not_promise_a_number_of_seeds() -> None:
+    """A stability margin whose seeds straddle the threshold (mean margin 0): no number of seeds settles
+    it at this effect size, and the conclusion says so instead of naming one."""
+    from a3r.graph.reporter import _more_seeds
+
+    criterion = StabilityCriterion(last_k=1, delta=0.05, min_seeds=2)  # threshold 0.3 − 0.05 = 0.25
+    (flat,) = verdicts(
+        [_outcome(f"b4s{seed}", 4, seed, [0.3, r]) for seed, r in ((0, 0.26), (1, 0.24))],
+        baseline=BASELINE,
+        criterion=criterion,
+    )
+    assert flat.margin is not None and flat.margin.out_of_reach and flat.margin.more_needed is None
+    assert _more_seeds([flat]) == (
+        "more seeds are unlikely to settle it at these margins (each one's interval is in its finding)"
+    )
+    assert "more seeds are unlikely to settle it at this effect size" in flat.margin.describe()

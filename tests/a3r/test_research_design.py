@@ -494,8 +494,9 @@ def test_dry_runs_price_episodes_at_the_stored_speed_of_the_template(tmp_path: P
     fresh = CliRunner().invoke(app, ["vibe", "train arithmetic", *common])
     assert fresh.exit_code == 0, fresh.output
     assert (
-        "at 1.00 s per episode (assumed, no earlier run of this template and model in the store"
-        in fresh.output
+        "at 1.00 s per episode (assumed from the template: at most 1 model call of up to 16 tokens in all per "
+        "episode, at 0.5 s a call + 32 tokens/s on 2 CPU cores; no earlier run of this template and model in "
+        "the store" in fresh.output
     )
     with Store(tmp_path / "memory.db") as store:
         study = store.create_study("train arithmetic", kind="vibe")
@@ -516,3 +517,106 @@ def test_dry_runs_price_episodes_at_the_stored_speed_of_the_template(tmp_path: P
     assert "at most 285 s, server start included: attempts still under way then are cut and count as no" in (
         research.output
     )
+
+
+def test_a_design_whose_coarse_runs_are_all_reused_prices_the_runs_left() -> None:
+    """Found by a fresh user: an A-vs-B plan whose two arms earlier studies measured on 2 seeds printed
+    "≈ 0.0 min" for its 8 replicate runs (priced at the dearest coarse run still to run: none)."""
+    from a3r.graph import RunOutcome
+    from a3r.study.design import PriorFinding
+
+    plan = OfflineProvider().plan("lr 1e-4 vs 1e-3 on arithmetic", mode="research")
+    assert plan.sweep is not None
+
+    def prior(value: float, seeds: int) -> PriorFinding:
+        outcomes = [
+            RunOutcome(key=f"coarse-lr={value:g}-s{s}", run_id=s, purpose="sweep", status="finished", reason="",
+                       seed=s, value=value)
+            for s in range(seeds)
+        ]  # fmt: skip
+        return PriorFinding(finding_id=1, study_id=1, statement="x", value=value, status="unconfirmed",
+                            outcomes=outcomes)  # fmt: skip
+
+    common = {
+        "seconds_per_episode": 1.0,
+        "speed_source": "assumed",
+        "eval_episodes": 8,
+        "preflight_episodes": 8,
+    }
+    fresh = design_study(plan, **common)  # type: ignore[arg-type]
+    reused = design_study(plan, priors=[prior(v, 2) for v in plan.sweep.coarse], **common)  # type: ignore[arg-type]
+    coarse, replicate = reused.stages[1], reused.stages[-1]
+    assert coarse.runs == 0 and coarse.seconds == 0 and reused.reused_runs == 4
+    assert replicate.runs == fresh.stages[-1].runs == 8
+    assert replicate.seconds == pytest.approx(fresh.stages[-1].seconds) and replicate.seconds > 0
+    assert reused.runs == fresh.runs - 4 and reused.estimated_s > reused.stages[0].seconds
+    # arms that already have the power rule's seeds need no replicate run
+    full = design_study(plan, priors=[prior(v, 6) for v in plan.sweep.coarse], **common)  # type: ignore[arg-type]
+    assert full.stages[-1].runs == 0 and full.reused_runs == 12
+
+
+def test_the_pre_registered_rule_names_the_threshold_the_verdict_applies() -> None:
+    """Found by a fresh user: the plan pre-registered "differs by at least δ = 0.1" while the verdict
+    applied a minimum effect of 0.5 σ, two thresholds. The rule now names one threshold, m = 0.5 σ, the
+    one `a3r.study.effects` applies, and says that the effect to detect (0.1) only sizes the seeds: a
+    difference of 0.05 whose interval clears m is confirmed, as pre-registered."""
+    from a3r.graph import RunOutcome
+    from a3r.graph.reporter import _comparison_conclusion
+    from a3r.study.analysis import RewardSummary
+    from a3r.study.design import MINIMUM_EFFECT
+
+    plan = OfflineProvider().plan("lr 1e-4 vs 1e-3 on arithmetic", mode="research")
+    assert plan.sweep is not None and (plan.sweep.effect_size or 0.1) == 0.1
+    (hypothesis,) = plan.hypotheses
+    for text in (hypothesis.expected_outcome, hypothesis.decision_rule):
+        assert MINIMUM_EFFECT in text and "δ" not in text, text
+    assert (
+        "The effect to detect (0.1) only sizes the seeds and is not a threshold" in hypothesis.decision_rule
+    )
+
+    def run(value: float, seed: int, mean: float) -> RunOutcome:
+        summary = RewardSummary(tasks=4, episodes=8, mean_reward=mean, pass_at_1=mean, pass_at_2=mean)
+        return RunOutcome(key=f"{value:g}-{seed}", run_id=seed, purpose="sweep", status="finished", reason="",
+                          seed=seed, value=value, eval=summary)  # fmt: skip
+
+    a, b = plan.sweep.coarse[:2]
+    outcomes = [run(a, s, m) for s, m in enumerate((0.30, 0.31, 0.29, 0.30))]
+    outcomes += [run(b, s, m) for s, m in enumerate((0.35, 0.36, 0.34, 0.35))]
+    text, status = _comparison_conclusion({"plan": plan, "outcomes": outcomes}, [], "lr", "a_vs_b")  # type: ignore[typeddict-item]
+    assert status.value == "confirmed" and "+0.050" in text, text  # below 0.1, above m
+    assert "(= 0.5 σ, σ = " in text  # the verdict names the same m as the rule
+
+
+def test_multi_turn_templates_are_priced_by_their_turns_and_tokens(tmp_path: Path) -> None:
+    """Found by a fresh user: every template's dry run assumed 1 s per episode, a multi-turn game too (a
+    3-player who-is-the-spy game measured 12.2–12.8 s). Before any run is stored, an episode is priced by
+    the template's model calls and their token limits, and the line says what that assumes."""
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+    from a3r.study.design import ASSUMED_SECONDS_PER_CALL, ASSUMED_TOKENS_PER_S, assumed_speed
+
+    spy = templates.get_template("who_is_the_spy")
+    calls = spy.episode_calls()  # 3 players describe (24 tokens) and vote (8) in each of 2 rounds
+    assert calls is not None and len(calls) == 12 and sum(calls) == 2 * 3 * (24 + 8)
+    bigger = spy.episode_calls({"n_players": 4, "max_rounds": 3})
+    assert bigger is not None and len(bigger) == 24
+    assert templates.get_template("arithmetic").episode_calls() == [16]  # one call of max_tokens
+    wolves = templates.get_template(
+        "werewolves"
+    ).episode_calls()  # 5 players, 1 wolf, seer/witch/hunter, 2 days
+    assert wolves is not None and len(wolves) == 2 * (1 + 2 + 5 + 5 + 1)
+    seconds, assumes = assumed_speed("who_is_the_spy", {})
+    assert seconds == pytest.approx(12 * ASSUMED_SECONDS_PER_CALL + 192 / ASSUMED_TOKENS_PER_S) == 12.0
+    assert assumes.startswith("assumed from the template: at most 12 model calls of up to 192 tokens")
+    assert assumed_speed("who_is_the_spy", {"n_players": 4, "max_rounds": 3})[0] > seconds
+    assert assumed_speed(None, {})[0] == 1.0  # generated code says nothing of its calls
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    dry = CliRunner().invoke(app, ["vibe", "train who-is-the-spy", *common])
+    assert dry.exit_code == 0, dry.output
+    assert (
+        "at 12.00 s per episode (assumed from the template: at most 12 model calls of up to 192 tokens"
+        in (dry.output)
+    )
+    research = CliRunner().invoke(app, ["research", "best temperature on who is the spy", *common])
+    assert research.exit_code == 0 and "at 12.00 s per episode (assumed from the template" in research.output

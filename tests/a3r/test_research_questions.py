@@ -275,7 +275,8 @@ def test_a_plan_serve_option_hint_names_options_the_command_has(
     [
         # found by a fresh user: the A-vs-B warning named a refine stage it does not have
         ("lr 1e-4 vs 1e-3 on arithmetic", "10", "the replicate stage stops"),
-        ("effect of hide_leaks on who-is-the-spy", "10", "the replicate stage stops"),
+        # the spy game is priced by its turns (≈ 12 s an episode), so its coarse stage needs more time
+        ("effect of hide_leaks on who-is-the-spy", "60", "the replicate stage stops"),
         ("find the best lr on arithmetic", "20", "the refine and replicate stages stop"),
     ],
 )

@@ -7,6 +7,8 @@ the old sizing kept B = 2 and ran 9 of the 10 steps)."""
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,9 @@ from a3r.study.research import (
 from a3r.study.runs import RunSpec
 from memory import Store
 from tests.a3r.planner_states import offline_context
+
+IMPORTED_AT = time.monotonic()
+"""When this module was imported (after the test process started)."""
 
 BUDGET = 1800.0
 """The default budget of `a3r vibe` (30 min)."""
@@ -113,6 +118,8 @@ def test_a_budget_where_no_game_fits_drops_steps_and_says_so() -> None:
     assert recheck_steps(step=1, target=10, seconds_per_step=66.0, time_left_s=700) is None
     late = recheck_steps(step=2, target=10, seconds_per_step=90.0, time_left_s=600)
     assert late is not None and "stop training at about step 8 of 10" in late
+    last = recheck_steps(step=9, target=10, seconds_per_step=90.0, time_left_s=60)
+    assert last is not None and "so the 1 step left needs ≈ 90 s" in last  # not "the 1 steps left need"
 
 
 def test_the_planner_sizes_the_game_after_the_smoke_run_and_the_plan_says_so(tmp_path: Path) -> None:
@@ -145,3 +152,68 @@ def test_the_planner_sizes_the_game_after_the_smoke_run_and_the_plan_says_so(tmp
     follow = continuation(finished, _spec_of({**state, **update}, finished), suffix="p1", early_stop=False)
     assert (follow.settings.batch_size, follow.settings.steps) == (1, 20)
     store.close()
+
+
+def test_the_threads_time_around_its_runs_counts_against_the_budget(tmp_path: Path) -> None:
+    """Found by a fresh user: an 8-minute job ended 14 s past its budget, since only the runs' own wall
+    time was counted. Now the runner gives a run the budget less the thread's time so far (planning,
+    code check, analysis before it: ``overhead_s``; what the executor spends after the run's wall time,
+    such as its server's stop) and less `WRAP_UP_S` for the report; the report states the thread's time
+    against the budget and says an overrun."""
+    from a3r.graph.reporter import reporter
+    from a3r.graph.runner import runner
+    from a3r.study.analysis import RewardSummary
+    from a3r.study.research import WRAP_UP_S, budget_note, spent_s
+    from tests.a3r.planner_states import preflight_state
+
+    store = Store(tmp_path / "m.db")
+    baseline = RewardSummary(tasks=4, episodes=16, mean_reward=0.4, pass_at_1=0.4, pass_at_2=0.5)
+    state = preflight_state(store, "lr 1e-4 vs 1e-3 on arithmetic", baseline)  # its preflight took 40 s
+    spec = RunSpec(key="coarse-lr=0.0001-s0", purpose="sweep", stage="coarse", value=1e-4)
+    state |= {"queue": [spec], "workspace": str(tmp_path / "ws"), "hypothesis_ids": []}
+    given: list[float] = []
+
+    def execute(spec: RunSpec, *, budget_s: float, **_: object) -> RunOutcome:
+        given.append(budget_s)
+        time.sleep(0.5)  # 0.1 s of run, then e.g. the server's stop after the outcome's wall time was taken
+        return RunOutcome(key=spec.key, run_id=2, purpose="sweep", status="finished", reason="", wall_s=0.1)
+
+    ctx = offline_context(tmp_path, store)
+    ctx.budget_s, ctx.execute = 480.0, execute  # type: ignore[assignment]
+    ctx.clock_mark = time.monotonic() - 30.0  # 30 s of planning and analysis since the preflight ended
+    done = runner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    (outcome,) = done["outcomes"]  # type: ignore[misc]
+    assert given[0] == pytest.approx(480.0 - WRAP_UP_S - 40.0 - 30.0, abs=2.0)  # was 440 s: 480 − 40
+    assert 30.4 <= outcome.overhead_s < 32.0  # before it, and the 0.4 s after its wall time
+    assert spent_s([*state["outcomes"], outcome]) == pytest.approx(40.0 + 0.1 + outcome.overhead_s)
+    # The report says the thread's time against its budget, and an overrun as one.
+    around = outcome.overhead_s
+    assert budget_note([outcome], wrap_up_s=5.0, budget_s=480.0) == (
+        f"time: {0.1 + around + 5:.0f} s of the 480 s budget (runs 0 s, the command's start-up, planning, code "
+        f"check, analysis and server stops around them {around:.0f} s, server stops before the report 5 s)"
+    )
+    late = outcome.model_copy(update={"wall_s": 460.0})
+    assert budget_note([late], wrap_up_s=4.0, budget_s=480.0).endswith(": over the budget by 14 s")
+    state |= {"outcomes": [*state["outcomes"], outcome], "queue": [], "conclusion": "stopped: for the test"}
+    ctx.clock_mark = time.monotonic() - 3.0  # the servers' stop after the last run
+    path = Path(reporter(state, Runtime(context=ctx))["report"])  # type: ignore[arg-type]
+    line = next(x for x in path.read_text().splitlines() if x.startswith("- time: "))
+    total = float(line.removeprefix("- time: ").split(" s of")[0])
+    assert total == pytest.approx(40.1 + around + 3, abs=1) and "480 s budget (runs 40 s, " in line
+
+
+def test_a_commands_budget_counts_from_the_process_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fresh user's overrun included importing a3r (7–10 s on the loaded 2-core box) before the
+    first node: `a3r vibe` / `research` / `resume` count the thread's time from the process's start
+    when the process is the ``a3r`` command, and from now when the command runs inside another process
+    (this test's, a ``CliRunner``'s: its process started long before)."""
+    from a3r.app.commands import command_started
+
+    before = time.monotonic()
+    assert before <= command_started() <= time.monotonic()  # pytest's process is not the command
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/a3r", "vibe", "train arithmetic"])
+    started = command_started()
+    assert started <= IMPORTED_AT <= time.monotonic()  # before this test module (and a3r) was imported
+    assert time.monotonic() - started < 24 * 3600
+    monkeypatch.setattr(sys, "argv", [str(Path("/repo/a3r/app/cli.py")), "research", "x"])  # python -m
+    assert command_started() <= IMPORTED_AT

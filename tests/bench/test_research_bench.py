@@ -43,7 +43,18 @@ def test_dry_run_cites_prior_findings_and_skips_their_values(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     assert "5 prior finding(s) of the same configurations" in result.output
     assert result.output.count("reused: finding #") == 5
-    assert "coarse: 0 run(s)" in result.output.replace("2 seeds per configuration; ", "")
+    out = result.output
+    assert "coarse: 0 run(s) to run (" in out.replace("2 seeds per configuration; ", "")
+    # found by a fresh user: with every coarse run reused, refine and replicate were priced at 0 s and the
+    # plan read "≈ 0.0 min" for the 12 runs still to run; they are priced at the coarse values' price
+    stages = {line.split(":")[0].strip(): line for line in out.splitlines() if line.startswith("    ")}
+    for stage in ("refine", "replicate"):
+        assert "≈ 0.0 min" not in stages[stage], stages[stage]
+    reused = int(out.split("run(s) to run (")[1].split(" reused")[0])
+    assert reused >= 10  # the first study's 5 coarse values × 2 seeds at least
+    assert f"; {reused} run(s) of prior findings are reused, not run again (not in the estimate)" in out
+    estimate = out.split("estimated time: ≈ ")[1]
+    assert float(estimate.split(" min")[0]) > 1.0 and "run(s) still to run at" in estimate
     assert store.stat().st_mtime_ns == before and not (tmp_path / "dry").exists()
 
 
