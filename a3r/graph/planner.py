@@ -217,11 +217,16 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             f"preflight: untrained model on {baseline.tasks} held-out tasks, {baseline.episodes} attempts: mean reward "
             f"{baseline.mean_reward:.3f}, p@1 {baseline.pass_at_1:.3f}, p@2 {baseline.pass_at_2:.3f}"
         )
-        ctx.say(line)
         signal = pre.signal or _signal_of(baseline, plan.training.group_size, ctx)
-        if (baseline.mean_reward <= 0.0 or (signal is not None and signal.stopped)) and not state.get(
-            "force", False
-        ):
+        # The sequential test decides when there is one: a zero score on too few attempts to rule out the
+        # signal GRPO needs is not evidence of futility (a fresh user's 16-attempt preflight stopped a
+        # study while its own test said "these attempts do not rule that rate out").
+        if baseline.mean_reward <= 0.0 and signal is not None and not signal.stopped:
+            line += f"; a zero score, but not a stop: {signal.describe()}"
+        ctx.say(line)
+        if (
+            (baseline.mean_reward <= 0.0 and signal is None) or (signal is not None and signal.stopped)
+        ) and not state.get("force", False):
             if signal is not None and signal.stopped:
                 what = "scores zero" if baseline.mean_reward <= 0.0 else "gets too little signal for GRPO"
                 head = f"the untrained model {what} on {plan.template} ({signal.describe()})"
@@ -396,8 +401,11 @@ def _recommendations(plan: PlanDraft) -> str:
     if plan.template == "arithmetic":
         level = int(plan.params.get("level") or 1)
         if level > 1:
-            return f"arithmetic level {level - 1} or 1 (easier questions), few-shot examples on, a stronger base model (--model)"
-        return "few-shot examples on, more completion tokens, a stronger base model (--model)"
+            fewshot = ", few-shot examples on" if plan.params.get("fewshot") is False else ""
+            return f"arithmetic level {level - 1} or 1 (easier questions){fewshot}, a stronger base model (--model)"
+        return ("few-shot examples on, " if plan.params.get("fewshot") is False else "") + (
+            "more completion tokens, a stronger base model (--model)"
+        )
     return (
         "a task with signal for this model (e.g. the arithmetic template at level 1), an easier subset of "
         f"{plan.template}, a stronger base model (--model), a few-shot prompt"

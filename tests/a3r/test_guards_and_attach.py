@@ -62,14 +62,26 @@ def test_api_keys_never_reach_store_checkpoints_or_workspace(tmp_path: Path, sto
         assert SECRET.encode() not in path.read_bytes(), path
 
 
-def _research_state(store: Store, mean: float) -> dict[str, Any]:
-    baseline = RewardSummary(tasks=8, episodes=16, mean_reward=mean, pass_at_1=mean, pass_at_2=mean)
+def _research_state(store: Store, mean: float, episodes: int = 24) -> dict[str, Any]:
+    baseline = RewardSummary(tasks=8, episodes=episodes, mean_reward=mean, pass_at_1=mean, pass_at_2=mean)
     return preflight_state(store, "find min stable batch size on AIME", baseline)
+
+
+def test_a_zero_score_on_too_few_attempts_to_decide_does_not_stop_the_study(
+    tmp_path: Path, store: Store
+) -> None:
+    # found by a fresh user: 16 attempts at zero stopped a study whose own sequential test said "these
+    # attempts do not rule that rate out (16 attempts are too few for it to ever stop)"
+    ctx = offline_context(tmp_path, store)
+    go = planner(_research_state(store, 0.0, episodes=16), Runtime(context=ctx))  # type: ignore[arg-type]
+    assert go.goto == "runner" and go.update["stage"] == "coarse"  # type: ignore[index]
+    (line,) = [entry for entry in go.update["log"] if entry.startswith("preflight:")]  # type: ignore[index]
+    assert "a zero score, but not a stop" in line and "16 attempts are too few for it to ever stop" in line
 
 
 def test_research_stops_on_a_zero_baseline_unless_forced(tmp_path: Path, store: Store) -> None:
     ctx = offline_context(tmp_path, store)
-    state = _research_state(store, 0.0)
+    state = _research_state(store, 0.0)  # 24 attempts at zero: the sequential test stops at 18
     stop = planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
     assert stop.goto == "reporter"
     conclusion = stop.update["conclusion"]  # type: ignore[index]

@@ -141,6 +141,7 @@ def test_the_planner_concludes_with_the_bound(tmp_path: Path, store: Store) -> N
     assert "below 0.1" in text and "≥ 0.159" in text and "stopped after 22 of 60 planned attempts" in text
     assert "--force" in text and "Note: 12 of 22 held-out attempts failed" in text
     assert "12 ran past the 300 s episode time limit" in text
+    assert "few-shot examples on" not in text  # the plan has them on already (a fresh user was told to)
 
 
 def test_a_rare_success_is_too_little_signal_and_a_common_one_goes_on(tmp_path: Path, store: Store) -> None:
