@@ -211,6 +211,10 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
         pre = next((o for o in reversed(outcomes) if o.purpose == "preflight"), None)
         if pre is None or pre.eval is None:
             reason = pre.reason if pre else "no preflight ran"
+            if pre is not None and pre.status == "budget":
+                return _conclude(
+                    f"stopped: the budget ran out during the preflight evaluation ({reason}); raise --budget-minutes"
+                )
             return _conclude(f"stopped: the preflight evaluation failed ({reason})")
         baseline = pre.eval
         line = (
