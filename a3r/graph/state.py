@@ -105,6 +105,7 @@ class ResearchState(TypedDict, total=False):
     conclusion: str | None
     report: str | None
     log: Annotated[list[str], operator.add]
+    budget_cuts: Annotated[list[str], operator.add]
 
 
 def first_hypothesis(state: ResearchState) -> int | None:

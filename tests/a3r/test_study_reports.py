@@ -225,3 +225,50 @@ def test_a_switch_is_reported_as_true_and_false(tmp_path: Path, store: Store) ->
     assert "- sweep: `hide_leaks` ∈ {true, false}" in report
     assert "measured: hide_leaks=true on seeds [0, 1]" in report
     assert "| true | [0, 1] |" in report and "| false | [0, 1] |" in report
+
+
+def test_the_budget_brings_each_arm_one_more_seed_and_the_report_says_what_it_cut(
+    tmp_path: Path, store: Store
+) -> None:
+    """Found by a fresh user: "replicate: skipped, 8 runs would not fit the 117 s left" was in the log
+    only, while one more seed per arm would have fit and the verdict asked for ≈ 1 more seed."""
+    import time
+
+    from a3r.graph.planner import planner
+
+    state: dict[str, Any] = preflight_state(store, "arithmetic: lr 1e-4 vs 1e-3", BASELINE)
+    runs = [_sweep(1e-4, 0, 0.30), _sweep(1e-4, 1, 0.40), _sweep(1e-3, 2, 0.35), _sweep(1e-3, 3, 0.50)]
+    experiment = store.create_experiment(state["study_id"], "runs")
+    runs = [
+        r.model_copy(
+            update={
+                "seconds_per_episode": 0.5,
+                "wall_s": 48.0,
+                "run_id": store.start_run(experiment.id, name=r.key).id,
+            }
+        )
+        for r in runs
+    ]
+    state |= {"outcomes": [*state["outcomes"], *runs], "baseline": BASELINE, "stage": "coarse"}
+    ctx = offline_context(tmp_path, store)
+
+    def step(budget_s: float) -> Any:
+        ctx.budget_s, ctx.clock_mark = budget_s, time.monotonic()
+        return planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+
+    assert len(step(3600).update["queue"]) == 8  # the power rule's 4 more seeds on each arm fit
+    partial = step(400)
+    assert partial.goto == "runner"
+    assert sorted((s.value, s.seed) for s in partial.update["queue"]) == [(1e-4, 4), (1e-3, 8)]
+    (cut,) = partial.update["budget_cuts"]
+    assert cut.startswith(
+        "budget: replicate: 1 more seed per configuration instead of the power rule's 4: all 8 runs ≈ "
+    )
+    skipped = step(240)
+    assert skipped.goto == "reporter"
+    (note,) = skipped.update["budget_cuts"]
+    assert note.startswith("budget: replicate: skipped, 8 runs ≈ ") and "would not fit the " in note
+    state |= {"budget_cuts": [cut, note], "workspace": str(tmp_path / "ws")}
+    result = reporter(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    report = Path(str(result["report"])).read_text(encoding="utf-8")
+    assert f"- {cut}\n" in report and f"- {note}\n" in report
