@@ -582,6 +582,21 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
         f"measures it); budget {settings.budget_minutes:g} min",
         markup=False,
     )
+    budget_s = settings.budget_minutes * 60
+    if total > budget_s:
+        floor_s = smoke + SERVER_OVERHEAD_S  # the held-out evaluations are sized to the budget; this is not
+        minutes = math.ceil(floor_s / 6) / 10  # up to the next 0.1 min
+        cut = (
+            f"the smoke run alone needs ≈ {minutes:g} min, so the budget would stop the thread before it "
+            f"trains; give --budget-minutes well over {minutes:g}"
+            if floor_s > budget_s
+            else "after the smoke run the training (and its held-out evaluation) is fitted to the budget: a "
+            "smaller B first, fewer steps only if B = 1 does not fit"
+        )
+        _out.print(
+            f"  warning: the estimate exceeds the budget of {settings.budget_minutes:g} min at this speed: {cut}",
+            markup=False,
+        )
 
 
 def research(
