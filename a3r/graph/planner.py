@@ -41,6 +41,7 @@ from a3r.study.research import (
     eval_reserve_s,
     fit_budget,
     initial_queue,
+    min_stable_value,
     refine_values,
     size_training,
     spent_s,
@@ -299,6 +300,7 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
                 "outcomes": reused,
                 "log": lines,
                 "budget_cuts": cuts,
+                "dropped": dropped,
             },
         )
     return _after_stage(state, ctx)
@@ -378,6 +380,37 @@ def _after_stage(
             },
         )
 
+    # coarse values dropped at the preflight's speed, again when the runs' measured speed fits them (a
+    # min-stable question needs them only while no value tested so far is stable: they are the larger ones)
+    left_out = list(state.get("dropped") or [])
+    if left_out and (sweep.goal != "min_stable" or min_stable_value(configs) is None):
+        kept, still = fit_budget(
+            sweep_specs(plan, left_out, "coarse"),
+            budget_s=budget_left,
+            seconds_per_episode=per_episode,
+            eval_episodes=eval_episodes,
+            goal=sweep.goal,
+        )
+        if kept:
+            back = sorted({s.value for s in kept if s.value is not None})
+            line = (
+                f"budget: re-admitted {sweep.variable} values [{', '.join(value_text(sweep.variable, plan.template, v) for v in back)}] "
+                f"dropped from the coarse stage: {cost(kept)} fit the {budget_left:.0f} s left"
+            )
+            cuts.append(line)
+            ctx.store.log_event(line, study_id=state["study_id"])
+            ctx.say(line)
+            return Command(
+                goto="runner",
+                update={
+                    **extra_update,
+                    "stage": "coarse",
+                    "queue": kept,
+                    "dropped": still,
+                    "log": [*logged, line],
+                    "budget_cuts": cuts,
+                },
+            )
     if sweep.refine:  # also after a replicate stage that moved the answer
         extra: list[float] = []
         if sweep.goal == "min_stable" and rounds < MIN_STABLE_REFINE_ROUNDS:

@@ -272,3 +272,53 @@ def test_the_budget_brings_each_arm_one_more_seed_and_the_report_says_what_it_cu
     result = reporter(state, Runtime(context=ctx))  # type: ignore[arg-type]
     report = Path(str(result["report"])).read_text(encoding="utf-8")
     assert f"- {cut}\n" in report and f"- {note}\n" in report
+
+
+def test_coarse_values_the_budget_dropped_come_back_when_the_measured_speed_fits_them(
+    tmp_path: Path, store: Store
+) -> None:
+    """Found by a fresh user: "budget: dropped batch_size values [2, 4, 8] (would not fit 281 s)" at the
+    preflight's speed, then the B = 1 runs took 57 s and 46 s and the thread ended at 167 s of 360 s."""
+    import time
+
+    from a3r.graph.planner import planner
+
+    question = "find min stable batch size on arithmetic"
+    state: dict[str, Any] = preflight_state(store, question, BASELINE)
+    ctx = offline_context(tmp_path, store)
+
+    def step(budget_s: float) -> Any:
+        ctx.budget_s, ctx.clock_mark = budget_s, time.monotonic()
+        return planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+
+    first = step(200)
+    assert [s.value for s in first.update["queue"]] == [1, 1] and first.update["dropped"] == [2, 4, 8]
+    (cut,) = first.update["budget_cuts"]
+    assert cut.startswith("budget: dropped batch_size values [2, 4, 8] from the coarse stage (would not fit ")
+    experiment = store.create_experiment(state["study_id"], "runs")
+
+    def coarse(curve: list[float]) -> list[RunOutcome]:
+        return [
+            _sweep(1, s, 0.1, curve).model_copy(
+                update={
+                    "seconds_per_episode": 0.5,
+                    "wall_s": 50.0,
+                    "run_id": store.start_run(experiment.id, name=f"b1-s{s}").id,
+                }
+            )
+            for s in (0, 1)
+        ]
+
+    after = {**state, "stage": "coarse", "baseline": BASELINE, "dropped": [2.0, 4.0, 8.0]}
+    state = after | {"outcomes": [*after["outcomes"], *coarse([0.0] * 5)]}  # B = 1 unstable on both seeds
+    back = step(360)
+    assert [s.key for s in back.update["queue"]] == ["coarse-batch_size=2-s0", "coarse-batch_size=2-s1"]
+    assert back.update["dropped"] == [4.0, 8.0]
+    (line,) = back.update["budget_cuts"]
+    assert line.startswith(
+        "budget: re-admitted batch_size values [2] dropped from the coarse stage: 2 runs ≈ "
+    )
+    # B = 1 stable: the answer is B = 1 whatever the larger values do, so none comes back
+    state = after | {"outcomes": [*after["outcomes"], *coarse([0.3, 0.35, 0.4, 0.38, 0.42])]}
+    settled = step(3600)
+    assert all(s.stage != "coarse" for s in settled.update.get("queue", []))
