@@ -322,3 +322,51 @@ def test_coarse_values_the_budget_dropped_come_back_when_the_measured_speed_fits
     state = after | {"outcomes": [*after["outcomes"], *coarse([0.3, 0.35, 0.4, 0.38, 0.42])]}
     settled = step(3600)
     assert all(s.stage != "coarse" for s in settled.update.get("queue", []))
+
+
+def test_a_reused_run_is_marked_with_the_study_it_came_from(tmp_path: Path, store: Store) -> None:
+    """Found by a fresh user: runs reused from an earlier study were listed as "finished" with wall s 0
+    and no mark."""
+    from a3r.study.design import PriorFinding
+
+    state: dict[str, Any] = preflight_state(store, "arithmetic: lr 1e-4 vs 1e-3", BASELINE)
+    experiment = store.create_experiment(state["study_id"], "runs")
+    new = [
+        _sweep(1e-3, s, 0.5 + s / 10).model_copy(
+            update={"run_id": store.start_run(experiment.id, name=f"new-s{s}").id, "wall_s": 48.0}
+        )
+        for s in (2, 3)
+    ]
+    earlier = store.create_study("arithmetic: lr 1e-4 vs 1e-3", kind="research")
+    old_experiment = store.create_experiment(earlier.id, "lr=0.0001")
+    old = [
+        _sweep(1e-4, s, 0.3 + s / 10).model_copy(
+            update={"run_id": store.start_run(old_experiment.id, name=f"old-s{s}").id, "stage": "prior"}
+        )
+        for s in (0, 1)
+    ]
+    prior = PriorFinding(
+        finding_id=5,
+        study_id=earlier.id,
+        statement="lr 1e-4 measured",
+        value=1e-4,
+        status="unconfirmed",
+        outcomes=old,
+    )
+    state |= {
+        "outcomes": [*state["outcomes"], *old, *new],
+        "baseline": BASELINE,
+        "priors": [prior],
+        "workspace": str(tmp_path / "ws"),
+    }
+    result = reporter(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+    rows = [
+        line
+        for line in Path(str(result["report"])).read_text(encoding="utf-8").splitlines()
+        if line.startswith("| coarse-v=")
+    ]
+    marked = [
+        row for row in rows if f"| finished, reused from study {earlier.id}, finding #5 | 4 | 0 | – |" in row
+    ]
+    assert len(rows) == 4 and len(marked) == 2 and all("v=0.0001" in row for row in marked)
+    assert sum("| finished | 4 | 0 | 48 |" in row for row in rows) == 2
