@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -38,11 +39,13 @@ from a3r.providers import OfflineProvider, ProviderKind
 from a3r.study.plans import TrainingSettings
 from a3r.study.research import MAX_EVAL_TASKS
 from a3r.study.settings import written
+from a3r.study.wording import counted
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from memory import Store, StoreError
 from swarm.client import ModelLoadError, check_model_path
 
 if TYPE_CHECKING:
+    from a3r.study.design import PriorFinding, StudyDesign
     from a3r.study.plans import PlanDraft
 
 __all__ = ["ReaderSafeConsole", "register"]
@@ -579,6 +582,21 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
         f"measures it); budget {settings.budget_minutes:g} min",
         markup=False,
     )
+    budget_s = settings.budget_minutes * 60
+    if total > budget_s:
+        floor_s = smoke + SERVER_OVERHEAD_S  # the held-out evaluations are sized to the budget; this is not
+        minutes = math.ceil(floor_s / 6) / 10  # up to the next 0.1 min
+        cut = (
+            f"the smoke run alone needs ≈ {minutes:g} min, so the budget would stop the thread before it "
+            f"trains; give --budget-minutes well over {minutes:g}"
+            if floor_s > budget_s
+            else "after the smoke run the training (and its held-out evaluation) is fitted to the budget: a "
+            "smaller B first, fewer steps only if B = 1 does not fit"
+        )
+        _out.print(
+            f"  warning: the estimate exceeds the budget of {settings.budget_minutes:g} min at this speed: {cut}",
+            markup=False,
+        )
 
 
 def research(
@@ -648,6 +666,10 @@ def research(
     if dry_run:
         _print_research_plan(question, settings, overrides)
         return
+    if settings.provider is ProviderKind.offline:  # deterministic and cheap: checked before a thread exists
+        misfit = _comparison_misfit(_research_design(question, settings, overrides))
+        if misfit is not None:
+            raise _fail(misfit)
     _launch(question, "research", settings, overrides=overrides, force=force)
 
 
@@ -657,13 +679,29 @@ def _minutes(seconds: float) -> str:
     return f"{minutes:.1f}" if minutes < 10 else f"{minutes:.0f}"
 
 
-def _print_research_plan(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
-    """``a3r research --dry-run``: the staged design (`a3r.study.design.design_study`) of the plan,
-    with prior findings read from the store when it exists (never created or written)."""
+@dataclass(frozen=True)
+class _ResearchDesign:
+    """What a research dry run prints and a real run checks before it starts: the plan, its staged
+    design and where its numbers come from."""
+
+    plan: PlanDraft
+    provider: str
+    design: StudyDesign
+    settings: SessionSettings
+    priors: list[PriorFinding]
+    store_note: str
+    speed: float
+    source: str
+    fewer: str
+
+
+def _research_design(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> _ResearchDesign:
+    """The staged design (`a3r.study.design.design_study`) of the question's plan, with prior findings
+    read from the store when it exists (never created or written)."""
     from a3r.graph.coder import heldout_capacity
     from a3r.graph.context import RunContext
     from a3r.graph.records import prior_findings
-    from a3r.study.design import budget_drops, design_study
+    from a3r.study.design import design_study
 
     if not question.strip():
         raise _fail('the question is empty: ask one, e.g. "find the best KL coefficient on arithmetic"')
@@ -699,6 +737,43 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
         eval_episodes=settings.eval_tasks * settings.eval_samples,
         preflight_episodes=settings.eval_tasks * RunContext.preflight_samples,
     )
+    return _ResearchDesign(plan, provider, design, settings, priors, store_note, speed, source, fewer)
+
+
+def _comparison_misfit(found: _ResearchDesign, *, source: bool = True) -> str | None:
+    """For an A-vs-B or effect-of study whose smallest answer (`StudyDesign.comparison_need_s`) does
+    not fit the budget at the design's speed: what it needs and the budget to give (the runner would
+    run the preflight, then stop, since one arm alone cannot answer); else ``None``."""
+    plan, design, settings = found.plan, found.design, found.settings
+    assert plan.sweep is not None
+    need = design.comparison_need_s
+    if plan.sweep.goal not in ("a_vs_b", "effect_of") or need <= settings.budget_minutes * 60:
+        return None
+    minutes = math.ceil(need / 6) / 10  # up to the next 0.1 min
+    return (
+        f"the comparison does not fit the budget of {settings.budget_minutes:g} min: both {plan.sweep.variable} "
+        f"values on {counted(len(plan.training.seeds), 'seeds')} and the preflight need ≈ {minutes:g} min at "
+        f"{design.seconds_per_episode:.2f} s per episode"
+        + (f" ({found.source})" if source else "")
+        + f"; give --budget-minutes {minutes:g} or more"
+    )
+
+
+def _print_research_plan(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
+    """``a3r research --dry-run``: the staged design of the plan (`_research_design`) and whether it
+    fits the budget."""
+    from a3r.study.design import budget_drops
+
+    found = _research_design(question, settings, overrides)
+    plan, provider, design, settings = found.plan, found.provider, found.design, found.settings
+    priors, store_note, speed, source, fewer = (
+        found.priors,
+        found.store_note,
+        found.speed,
+        found.source,
+        found.fewer,
+    )
+    assert plan.sweep is not None
     sweep, setting = plan.sweep, design.setting
     say = functools.partial(_out.print, markup=False)
     say(f"plan (dry run, provider {provider}): {plan.objective}")
@@ -755,7 +830,10 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
         f"  estimated time: ≈ {_minutes(design.estimated_s)} min for up to {design.runs} run(s) still to run at "
         f"{speed:.2f} s per episode ({source}){reused}; budget {settings.budget_minutes:g} min"
     )
-    if design.estimated_s > settings.budget_minutes * 60:
+    misfit = _comparison_misfit(found, source=False)  # the estimate's line says where the speed comes from
+    if misfit is not None:
+        say(f"  warning: {misfit}; with this budget the run would stop after the preflight")
+    elif design.estimated_s > settings.budget_minutes * 60:
         dropped = budget_drops(
             plan,
             design,

@@ -37,9 +37,11 @@ from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, che
 from a3r.study.research import (
     SAFETY_SHARE,
     WRAP_UP_S,
+    estimate_run_s,
     eval_reserve_s,
     fit_budget,
     initial_queue,
+    min_stable_value,
     refine_values,
     size_training,
     spent_s,
@@ -211,6 +213,10 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
         pre = next((o for o in reversed(outcomes) if o.purpose == "preflight"), None)
         if pre is None or pre.eval is None:
             reason = pre.reason if pre else "no preflight ran"
+            if pre is not None and pre.status == "budget":
+                return _conclude(
+                    f"stopped: the budget ran out during the preflight evaluation ({reason}); raise --budget-minutes"
+                )
             return _conclude(f"stopped: the preflight evaluation failed ({reason})")
         baseline = pre.eval
         line = (
@@ -266,12 +272,15 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
                 f"{pre.seconds_per_episode:.1f} s per episode; raise --budget-minutes",
                 update={"baseline": baseline, "log": [line]},
             )
+        cuts: list[str] = []
         if dropped:
-            lines.append(
+            cuts.append(
                 f"budget: dropped {plan.sweep.variable} values "
                 f"[{', '.join(resolve_setting(plan.sweep.variable, plan.template).text(v) for v in dropped)}] "
-                f"(would not fit {budget_left:.0f} s)"
+                f"from the coarse stage (would not fit {budget_left:.0f} s at the preflight's "
+                f"{pre.seconds_per_episode:.1f} s per episode)"
             )
+            lines += cuts
         if not kept and reused and not dropped:  # every coarse value was measured before
             return _after_stage(
                 {**state, "outcomes": [*outcomes, *reused], "baseline": baseline, "stage": "coarse"},
@@ -289,7 +298,15 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
             ctx.say(text)
         return Command(
             goto="runner",
-            update={"baseline": baseline, "stage": "coarse", "queue": kept, "outcomes": reused, "log": lines},
+            update={
+                "baseline": baseline,
+                "stage": "coarse",
+                "queue": kept,
+                "outcomes": reused,
+                "log": lines,
+                "budget_cuts": cuts,
+                "dropped": dropped,
+            },
         )
     return _after_stage(state, ctx)
 
@@ -321,7 +338,19 @@ def _after_stage(
     tested = [c.value for c in configs]
     rounds = state.get("refine_rounds", 0)
 
-    def go(specs: list[RunSpec], name: str, line: str, goal: str, **more: object) -> Command[Route] | None:
+    cuts: list[str] = []  # what the budget skipped or cut, for the report
+
+    def cost(specs: list[RunSpec]) -> str:
+        seconds = sum(
+            estimate_run_s(s, seconds_per_episode=per_episode, eval_episodes=eval_episodes) for s in specs
+        )
+        return (
+            f"{counted(len(specs), 'runs')} ≈ {seconds:.0f} s at the measured {per_episode:.1f} s per episode"
+        )
+
+    def go(
+        specs: list[RunSpec], name: str, line: str, goal: str, asked: str = "", **more: object
+    ) -> Command[Route] | None:
         kept, dropped = fit_budget(
             specs,
             budget_s=budget_left,
@@ -330,21 +359,63 @@ def _after_stage(
             goal=goal,
         )
         if not kept:
-            note = (
-                f"{name}: skipped, {counted(len(specs), 'runs')} would not fit the {budget_left:.0f} s left"
-            )
+            note = f"{name}: skipped, {asked or cost(specs)} would not fit the {max(0.0, budget_left):.0f} s left"
             ctx.say(note)
             logged.append(note)
+            cuts.append(f"budget: {note}")
             return None
         if dropped:
-            line += f" (budget: dropped {', '.join(value_text(sweep.variable, plan.template, v) for v in dropped)})"
+            shown = ", ".join(value_text(sweep.variable, plan.template, v) for v in dropped)
+            line += f" (budget: dropped {shown})"
+            cuts.append(
+                f"budget: {name} dropped {sweep.variable} {shown}: {cost(specs)} would not fit the "
+                f"{budget_left:.0f} s left"
+            )
         ctx.store.log_event(line, study_id=state["study_id"])
         ctx.say(line)
         return Command(
             goto="runner",
-            update={**extra_update, "stage": name, "queue": kept, "log": [*logged, line], **more},
+            update={
+                **extra_update,
+                "stage": name,
+                "queue": kept,
+                "log": [*logged, line],
+                "budget_cuts": cuts,
+                **more,
+            },
         )
 
+    # coarse values dropped at the preflight's speed, again when the runs' measured speed fits them (a
+    # min-stable question needs them only while no value tested so far is stable: they are the larger ones)
+    left_out = list(state.get("dropped") or [])
+    if left_out and (sweep.goal != "min_stable" or min_stable_value(configs) is None):
+        kept, still = fit_budget(
+            sweep_specs(plan, left_out, "coarse"),
+            budget_s=budget_left,
+            seconds_per_episode=per_episode,
+            eval_episodes=eval_episodes,
+            goal=sweep.goal,
+        )
+        if kept:
+            back = sorted({s.value for s in kept if s.value is not None})
+            line = (
+                f"budget: re-admitted {sweep.variable} values [{', '.join(value_text(sweep.variable, plan.template, v) for v in back)}] "
+                f"dropped from the coarse stage: {cost(kept)} fit the {budget_left:.0f} s left"
+            )
+            cuts.append(line)
+            ctx.store.log_event(line, study_id=state["study_id"])
+            ctx.say(line)
+            return Command(
+                goto="runner",
+                update={
+                    **extra_update,
+                    "stage": "coarse",
+                    "queue": kept,
+                    "dropped": still,
+                    "log": [*logged, line],
+                    "budget_cuts": cuts,
+                },
+            )
     if sweep.refine:  # also after a replicate stage that moved the answer
         extra: list[float] = []
         if sweep.goal == "min_stable" and rounds < MIN_STABLE_REFINE_ROUNDS:
@@ -368,18 +439,47 @@ def _after_stage(
     if sweep.replicate:  # bounded: arms stop at the power rule's n ≤ max_seeds
         additions, line = replicate_additions(plan, configs, outcomes, baseline=baseline, criterion=criterion)
         if additions:
-            specs = [
+            # as many more seeds per configuration as fit (all of them, else fewer, at least one each)
+            wanted = max(len(seeds) for seeds in additions.values())
+            for k in range(wanted, 0, -1):
+                specs = [
+                    s
+                    for value, seeds in additions.items()
+                    for s in sweep_specs(plan, [value], "replicate", seeds=seeds[:k])
+                ]
+                _, dropped = fit_budget(
+                    specs,
+                    budget_s=budget_left,
+                    seconds_per_episode=per_episode,
+                    eval_episodes=eval_episodes,
+                    goal="best",
+                )
+                if not dropped:
+                    break
+            every = [
                 s
                 for value, seeds in additions.items()
                 for s in sweep_specs(plan, [value], "replicate", seeds=seeds)
             ]
-            command = go(specs, "replicate", line, "best")
+            asked = cost(every) + (
+                f", nor 1 more seed per configuration ({cost(specs)})" if wanted > 1 else ""
+            )
+            if k < wanted and not dropped:
+                cut = (
+                    f"replicate: {counted(k, 'more seeds')} per configuration instead of the power rule's "
+                    f"{wanted}: all {cost(every)} would not fit the {max(0.0, budget_left):.0f} s left"
+                )
+                line += f"; budget: {cut.split(': ', 1)[1]}"
+                cuts.append(f"budget: {cut}")
+            command = go(specs, "replicate", line, "best", asked=asked)
             if command is not None:
                 return command
         else:
             ctx.say(line)
             logged.append(line)
-    return Command(goto="reporter", update={**extra_update, "stage": "done", "log": logged})
+    return Command(
+        goto="reporter", update={**extra_update, "stage": "done", "log": logged, "budget_cuts": cuts}
+    )
 
 
 def _signal_of(baseline: RewardSummary, group_size: int, ctx: RunContext) -> SignalCheck | None:

@@ -440,7 +440,13 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
         reward_parts=tuple(part_roles(plan.template)),
         notes=[note for note in (state.get("sizing"), compared_tasks_text(outcomes, baseline)) if note]
         + [budget_note(outcomes, wrap_up_s=wrap_up_s, budget_s=ctx.budget_s)]
+        + list(state.get("budget_cuts") or [])
         + [f"reused the runs of prior {p.cite()}" for p in state.get("priors") or []],
+        reused={
+            o.run_id: f"study {p.study_id}, finding #{p.finding_id}"
+            for p in state.get("priors") or []
+            for o in p.outcomes
+        },
     )
     ctx.store.add_artifact(study_id, ArtifactKind.report, "report.md", path.read_text(encoding="utf-8"))
     line = f"report: {path} — {conclusion}"

@@ -80,8 +80,9 @@ class ResearchState(TypedDict, total=False):
     ``artifacts`` (file → store artifact id), ``queue`` (runs to do, head first), ``outcomes`` (one
     per executed run), ``pending_patch`` (the patch awaiting a decision), ``decisions``, ``stage``,
     ``baseline`` (preflight held-out rewards), ``priors`` (findings of earlier studies whose runs
-    this one reuses, `a3r.study.design.PriorFinding`), ``refine_rounds`` (refine stages run), ``sizing`` (how the training run was fitted to the
-    budget, `a3r.study.research.size_training`; ``plan`` then carries the sized steps and B), ``conclusion``, ``report`` (path), ``log``.
+    this one reuses, `a3r.study.design.PriorFinding`), ``refine_rounds`` (refine stages run), ``dropped`` (coarse values the budget left out, re-admitted when the measured speed fits them), ``sizing`` (how the training run was fitted to the
+    budget, `a3r.study.research.size_training`; ``plan`` then carries the sized steps and B), ``conclusion``, ``report`` (path), ``log``,
+    ``budget_cuts`` (what the budget skipped or cut, with its numbers, for the report).
     """
 
     request: str
@@ -101,10 +102,12 @@ class ResearchState(TypedDict, total=False):
     baseline: RewardSummary | None
     priors: list[PriorFinding]
     refine_rounds: int
+    dropped: list[float]
     sizing: str | None
     conclusion: str | None
     report: str | None
     log: Annotated[list[str], operator.add]
+    budget_cuts: Annotated[list[str], operator.add]
 
 
 def first_hypothesis(state: ResearchState) -> int | None:

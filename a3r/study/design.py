@@ -36,6 +36,7 @@ from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
 from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
 from a3r.study.research import (
+    WRAP_UP_S,
     ConfigVerdict,
     compared_evals,
     estimate_run_s,
@@ -551,6 +552,13 @@ class StudyDesign(BaseModel):
     def estimated_s(self) -> float:
         """Estimated wall seconds of every stage (the refine and replicate stages at their most)."""
         return sum(s.seconds for s in self.stages)
+
+    @property
+    def comparison_need_s(self) -> float:
+        """Wall seconds the smallest answer of the study needs at the design's speed: the preflight,
+        the coarse stage's runs still to run (for an A-vs-B or effect-of study: both arms on the floor
+        seeds, which the runner will not split) and the thread's wrap-up (`WRAP_UP_S`)."""
+        return sum(s.seconds for s in self.stages if s.name in ("preflight", "coarse")) + WRAP_UP_S
 
     @property
     def runs(self) -> int:

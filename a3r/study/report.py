@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -227,6 +227,7 @@ def write_report(
     conclusion: str,
     reward_parts: Sequence[str] = (),
     notes: Sequence[str] = (),
+    reused: Mapping[int, str] | None = None,
 ) -> Path:
     """Write ``report.md`` (and ``reward_curves.png``, ``reward_parts.png``, ``sweep.png``) into ``folder``.
 
@@ -235,6 +236,8 @@ def write_report(
             part when empty.
         notes: Lines on how the runs were fitted to the budget (`a3r.study.research.size_training`) and
             what the thread's time came to against it (`a3r.study.research.budget_note`).
+        reused: Where a run reused from an earlier study came from (``study 3, finding #5``), by its run id:
+            its row says so and has no wall time of this study.
 
     Returns:
         The Markdown path.
@@ -309,8 +312,10 @@ def write_report(
     for o in outcomes:
         last = o.curve[-1][1] if o.curve else (o.episode_curve[-1] if o.episode_curve else math.nan)
         e = o.eval
+        origin = (reused or {}).get(o.run_id)
+        status = status_text(o.status) + (f", reused from {origin}" if origin else "")
         lines.append(
-            f"| {o.key} | {status_text(o.status)} | {o.steps} | {o.episodes} | {o.wall_s:.0f} | {_fmt(last)} | "
+            f"| {o.key} | {status} | {o.steps} | {o.episodes} | {'–' if origin else f'{o.wall_s:.0f}'} | {_fmt(last)} | "
             f"{f'{e.tasks} / {e.episodes}' if e else '–'} | "
             f"{_fmt(e.pass_at_1 if e else None)} | {_fmt(e.pass_at_2 if e else None)} | {_mean_se(e)} |"
         )

@@ -41,7 +41,7 @@ from a3r.study.analysis import (
     summarise_rewards,
 )
 from a3r.study.research import EVAL_BUDGET_SHARE, EVAL_RESERVE_MARGIN, recheck_steps, size_heldout
-from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.runs import RunOutcome, RunSpec, RunStatusName
 from a3r.study.sequential import SignalCheck
 from a3r.study.settings import SETTINGS, serve_flags
 from a3r.study.wording import counted
@@ -360,12 +360,27 @@ class _Evaluation:
         note: Why it failed, or which attempts failed (what and after how long); ``""`` when none.
         seconds: Wall seconds it took.
         signal: The preflight's sequential futility test after its last look (``None`` without one).
+        timed_out: The wall seconds it was given ran out (the run's budget left) and it was stopped.
     """
 
     summary: RewardSummary | None
     note: str
     seconds: float
     signal: SignalCheck | None = None
+    timed_out: bool = False
+
+
+def _preflight_end(found: _Evaluation) -> tuple[RunStatusName, str]:
+    """How a preflight ended and why: ``finished`` with its baseline, ``budget`` when the thread's budget
+    left ran out before its evaluation ended (a stop, not a crash), else ``crashed``."""
+    if found.summary is None:
+        return (
+            ("budget", f"the budget stopped it: {found.note}") if found.timed_out else ("crashed", found.note)
+        )
+    reason = f"baseline held-out mean reward {found.summary.mean_reward:.3f}"
+    if found.signal is not None and found.signal.stopped:
+        reason += f"; stopped early: {found.signal.describe()}"
+    return "finished", reason + (f"; {found.note}" if found.note else "")
 
 
 def _failure_note(failed: list[EpisodeRecord], total: int) -> str:
@@ -496,7 +511,10 @@ def _evaluate(
     if code is None:
         process.stop()
         return _Evaluation(
-            None, f"held-out evaluation exceeded {timeout_s:.0f} s", time.monotonic() - started
+            None,
+            f"held-out evaluation exceeded the {timeout_s:.0f} s left",
+            time.monotonic() - started,
+            timed_out=True,
         )
     elapsed = time.monotonic() - started
     records = read_progress(out)
@@ -619,23 +637,18 @@ def execute_run(
             rec.events(api.events())
             summary, error = found.summary, found.note
             episodes = summary.episodes if summary else 0
-            reason = error
-            if summary is not None:
-                reason = f"baseline held-out mean reward {summary.mean_reward:.3f}"
-                if found.signal is not None and found.signal.stopped:
-                    reason += f"; stopped early: {found.signal.describe()}"
-                reason += f"; {error}" if error else ""
+            status, reason = _preflight_end(found)
             outcome = RunOutcome(
                 **spec.outcome_fields(),
                 run_id=run_id,
-                status="finished" if summary else "crashed",
+                status=status,
                 reason=reason,
                 episodes=episodes,
                 wall_s=time.monotonic() - started,
                 eval=summary,
                 run_dir=str(run_dir),
                 seconds_per_episode=found.seconds / episodes if episodes else math.nan,
-                diagnoses=[] if summary else detect_crash(error, exit_code=1),
+                diagnoses=detect_crash(error, exit_code=1) if status == "crashed" else [],
                 eval_s=found.seconds,
                 signal=found.signal,
             )

@@ -280,3 +280,33 @@ def test_a_comparison_that_cannot_run_both_arms_stops_instead_of_running_one(
         text.startswith("stopped: the comparison needs both lr values on 2 seeds, and ")
         and "raise --budget" in text
     )
+
+
+def test_a_preflight_the_budget_stopped_is_a_budget_stop_not_a_crash(tmp_path: Path, store: Store) -> None:
+    """Found by a fresh user: ``--budget-minutes 0.5`` logged "preflight crashed: held-out evaluation
+    exceeded 10 s" and the report's run table said ``failed (crashed)``; the README promises
+    ``cancelled (budget)`` for a run the budget stopped."""
+    from a3r.study.runs import status_text
+    from a3r.swarmops.execution import _Evaluation, _preflight_end
+
+    status, reason = _preflight_end(
+        _Evaluation(None, "held-out evaluation exceeded the 10 s left", 10.2, timed_out=True)
+    )
+    assert status_text(status) == "cancelled (budget)"
+    assert reason == "the budget stopped it: held-out evaluation exceeded the 10 s left"
+    # an evaluation that failed on its own is still a crash
+    assert _preflight_end(_Evaluation(None, "evaluation exited with code 1: boom", 3.0))[0] == "crashed"
+    state = preflight_state(
+        store,
+        "lr 1e-4 vs 1e-3 on arithmetic",
+        RewardSummary(tasks=0, episodes=0, mean_reward=0, pass_at_1=0, pass_at_2=0),
+    )
+    state["outcomes"] = [
+        o.model_copy(update={"status": status, "reason": reason, "eval": None}) for o in state["outcomes"]
+    ]
+    stop = planner(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+    text = stop.update["conclusion"]  # type: ignore[index]
+    assert text.startswith(
+        "stopped: the budget ran out during the preflight evaluation (the budget stopped it"
+    )
+    assert "failed" not in text and text.endswith("raise --budget-minutes")

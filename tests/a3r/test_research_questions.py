@@ -292,6 +292,37 @@ def test_the_over_budget_warning_names_the_stages_the_design_has(
     assert ("refine" in warning) == ("refine" in stages)
 
 
+@pytest.mark.parametrize(
+    "question", ["temperature 1 vs 0.7 on arithmetic", "effect of hide_leaks on who-is-the-spy"]
+)
+def test_a_comparison_that_cannot_fit_is_said_in_the_dry_run_and_refused_before_it_starts(
+    tmp_path: Path, question: str
+) -> None:
+    """Found by a fresh user: the dry run said "the runner would drop temperature values {1} from the
+    coarse stage" (the reference arm), while the real run ran the preflight and then stopped, since one
+    arm alone cannot answer a comparison."""
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db")]
+    dry = CliRunner().invoke(app, ["research", question, "--budget-minutes", "0.5", "--dry-run", *common])
+    assert dry.exit_code == 0, dry.output
+    (warning,) = [line for line in dry.output.splitlines() if "warning:" in line]
+    need = re.search(
+        r"the preflight need ≈ ([\d.]+) min at [\d.]+ s per episode; give --budget-minutes \1 or more",
+        warning,
+    )
+    assert warning.startswith("  warning: the comparison does not fit the budget of 0.5 min: both ") and need
+    assert (
+        warning.endswith("with this budget the run would stop after the preflight") and "drop" not in warning
+    )
+    run = CliRunner().invoke(app, ["research", question, "--budget-minutes", "0.5", *common])
+    assert run.exit_code == 1 and len(run.output.strip().splitlines()) == 1
+    assert run.output.startswith("error: the comparison does not fit the budget of 0.5 min: both ")
+    assert not (tmp_path / ".a3r").exists() and not (tmp_path / "memory.db").exists()  # nothing started
+    enough = CliRunner().invoke(
+        app, ["research", question, "--budget-minutes", need.group(1), "--dry-run", *common]
+    )
+    assert "the comparison does not fit" not in enough.output
+
+
 # ------------------------------------------------------------------------ knobs never dropped
 def test_a_template_knob_written_with_its_value_is_used_or_refused() -> None:
     """Found while checking these: 'with leak_penalty 0.3' was planned without it, on who-is-the-spy

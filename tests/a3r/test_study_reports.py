@@ -225,3 +225,148 @@ def test_a_switch_is_reported_as_true_and_false(tmp_path: Path, store: Store) ->
     assert "- sweep: `hide_leaks` ∈ {true, false}" in report
     assert "measured: hide_leaks=true on seeds [0, 1]" in report
     assert "| true | [0, 1] |" in report and "| false | [0, 1] |" in report
+
+
+def test_the_budget_brings_each_arm_one_more_seed_and_the_report_says_what_it_cut(
+    tmp_path: Path, store: Store
+) -> None:
+    """Found by a fresh user: "replicate: skipped, 8 runs would not fit the 117 s left" was in the log
+    only, while one more seed per arm would have fit and the verdict asked for ≈ 1 more seed."""
+    import time
+
+    from a3r.graph.planner import planner
+
+    state: dict[str, Any] = preflight_state(store, "arithmetic: lr 1e-4 vs 1e-3", BASELINE)
+    runs = [_sweep(1e-4, 0, 0.30), _sweep(1e-4, 1, 0.40), _sweep(1e-3, 2, 0.35), _sweep(1e-3, 3, 0.50)]
+    experiment = store.create_experiment(state["study_id"], "runs")
+    runs = [
+        r.model_copy(
+            update={
+                "seconds_per_episode": 0.5,
+                "wall_s": 48.0,
+                "run_id": store.start_run(experiment.id, name=r.key).id,
+            }
+        )
+        for r in runs
+    ]
+    state |= {"outcomes": [*state["outcomes"], *runs], "baseline": BASELINE, "stage": "coarse"}
+    ctx = offline_context(tmp_path, store)
+
+    def step(budget_s: float) -> Any:
+        ctx.budget_s, ctx.clock_mark = budget_s, time.monotonic()
+        return planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+
+    assert len(step(3600).update["queue"]) == 8  # the power rule's 4 more seeds on each arm fit
+    partial = step(400)
+    assert partial.goto == "runner"
+    assert sorted((s.value, s.seed) for s in partial.update["queue"]) == [(1e-4, 4), (1e-3, 8)]
+    (cut,) = partial.update["budget_cuts"]
+    assert cut.startswith(
+        "budget: replicate: 1 more seed per configuration instead of the power rule's 4: all 8 runs ≈ "
+    )
+    skipped = step(240)
+    assert skipped.goto == "reporter"
+    (note,) = skipped.update["budget_cuts"]
+    assert note.startswith("budget: replicate: skipped, 8 runs ≈ ") and "would not fit the " in note
+    state |= {"budget_cuts": [cut, note], "workspace": str(tmp_path / "ws")}
+    result = reporter(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    report = Path(str(result["report"])).read_text(encoding="utf-8")
+    assert f"- {cut}\n" in report and f"- {note}\n" in report
+
+
+def test_coarse_values_the_budget_dropped_come_back_when_the_measured_speed_fits_them(
+    tmp_path: Path, store: Store
+) -> None:
+    """Found by a fresh user: "budget: dropped batch_size values [2, 4, 8] (would not fit 281 s)" at the
+    preflight's speed, then the B = 1 runs took 57 s and 46 s and the thread ended at 167 s of 360 s."""
+    import time
+
+    from a3r.graph.planner import planner
+
+    question = "find min stable batch size on arithmetic"
+    state: dict[str, Any] = preflight_state(store, question, BASELINE)
+    ctx = offline_context(tmp_path, store)
+
+    def step(budget_s: float) -> Any:
+        ctx.budget_s, ctx.clock_mark = budget_s, time.monotonic()
+        return planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+
+    first = step(200)
+    assert [s.value for s in first.update["queue"]] == [1, 1] and first.update["dropped"] == [2, 4, 8]
+    (cut,) = first.update["budget_cuts"]
+    assert cut.startswith("budget: dropped batch_size values [2, 4, 8] from the coarse stage (would not fit ")
+    experiment = store.create_experiment(state["study_id"], "runs")
+
+    def coarse(curve: list[float]) -> list[RunOutcome]:
+        return [
+            _sweep(1, s, 0.1, curve).model_copy(
+                update={
+                    "seconds_per_episode": 0.5,
+                    "wall_s": 50.0,
+                    "run_id": store.start_run(experiment.id, name=f"b1-s{s}").id,
+                }
+            )
+            for s in (0, 1)
+        ]
+
+    after = {**state, "stage": "coarse", "baseline": BASELINE, "dropped": [2.0, 4.0, 8.0]}
+    state = after | {"outcomes": [*after["outcomes"], *coarse([0.0] * 5)]}  # B = 1 unstable on both seeds
+    back = step(360)
+    assert [s.key for s in back.update["queue"]] == ["coarse-batch_size=2-s0", "coarse-batch_size=2-s1"]
+    assert back.update["dropped"] == [4.0, 8.0]
+    (line,) = back.update["budget_cuts"]
+    assert line.startswith(
+        "budget: re-admitted batch_size values [2] dropped from the coarse stage: 2 runs ≈ "
+    )
+    # B = 1 stable: the answer is B = 1 whatever the larger values do, so none comes back
+    state = after | {"outcomes": [*after["outcomes"], *coarse([0.3, 0.35, 0.4, 0.38, 0.42])]}
+    settled = step(3600)
+    assert all(s.stage != "coarse" for s in settled.update.get("queue", []))
+
+
+def test_a_reused_run_is_marked_with_the_study_it_came_from(tmp_path: Path, store: Store) -> None:
+    """Found by a fresh user: runs reused from an earlier study were listed as "finished" with wall s 0
+    and no mark."""
+    from a3r.study.design import PriorFinding
+
+    state: dict[str, Any] = preflight_state(store, "arithmetic: lr 1e-4 vs 1e-3", BASELINE)
+    experiment = store.create_experiment(state["study_id"], "runs")
+    new = [
+        _sweep(1e-3, s, 0.5 + s / 10).model_copy(
+            update={"run_id": store.start_run(experiment.id, name=f"new-s{s}").id, "wall_s": 48.0}
+        )
+        for s in (2, 3)
+    ]
+    earlier = store.create_study("arithmetic: lr 1e-4 vs 1e-3", kind="research")
+    old_experiment = store.create_experiment(earlier.id, "lr=0.0001")
+    old = [
+        _sweep(1e-4, s, 0.3 + s / 10).model_copy(
+            update={"run_id": store.start_run(old_experiment.id, name=f"old-s{s}").id, "stage": "prior"}
+        )
+        for s in (0, 1)
+    ]
+    prior = PriorFinding(
+        finding_id=5,
+        study_id=earlier.id,
+        statement="lr 1e-4 measured",
+        value=1e-4,
+        status="unconfirmed",
+        outcomes=old,
+    )
+    state |= {
+        "outcomes": [*state["outcomes"], *old, *new],
+        "baseline": BASELINE,
+        "priors": [prior],
+        "workspace": str(tmp_path / "ws"),
+    }
+    result = reporter(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+    rows = [
+        line
+        for line in Path(str(result["report"])).read_text(encoding="utf-8").splitlines()
+        if line.startswith("| coarse-v=")
+    ]
+    marked = [
+        row for row in rows if f"| finished, reused from study {earlier.id}, finding #5 | 4 | 0 | – |" in row
+    ]
+    assert len(rows) == 4 and len(marked) == 2 and all("v=0.0001" in row for row in marked)
+    assert sum("| finished | 4 | 0 | 48 |" in row for row in rows) == 2

@@ -217,3 +217,28 @@ def test_a_commands_budget_counts_from_the_process_start(monkeypatch: pytest.Mon
     assert time.monotonic() - started < 24 * 3600
     monkeypatch.setattr(sys, "argv", [str(Path("/repo/a3r/app/cli.py")), "research", "x"])  # python -m
     assert command_started() <= IMPORTED_AT
+
+
+def test_a_vibe_dry_run_over_its_budget_warns_as_a_research_one_does(tmp_path: Path) -> None:
+    """Found by a fresh user: ``a3r vibe "train who-is-the-spy with 6 players" --dry-run --budget-minutes
+    0.1`` printed "estimated time: ≈ 44 min … budget 0.1 min" and no warning."""
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    def dry(budget: str) -> str:
+        common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+        result = CliRunner().invoke(
+            app, ["vibe", "train who-is-the-spy with 6 players", "--budget-minutes", budget, *common]
+        )
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    (tiny,) = [line for line in dry("0.1").splitlines() if "warning" in line]
+    assert tiny.startswith(
+        "  warning: the estimate exceeds the budget of 0.1 min at this speed: the smoke run alone needs ≈ "
+    )
+    assert "so the budget would stop the thread before it trains" in tiny
+    (fitted,) = [line for line in dry("10").splitlines() if "warning" in line]
+    assert fitted.endswith("fitted to the budget: a smaller B first, fewer steps only if B = 1 does not fit")
+    assert "warning" not in dry("600")
