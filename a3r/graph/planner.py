@@ -33,7 +33,14 @@ from a3r.study.design import (
     replicate_additions,
     restate_for_training,
 )
-from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings, check_plan, temperature_warning
+from a3r.study.plans import (
+    PlanDraft,
+    StabilityCriterion,
+    TrainingSettings,
+    check_plan,
+    temperature_warning,
+    training_line,
+)
 from a3r.study.research import (
     SAFETY_SHARE,
     WRAP_UP_S,
@@ -135,11 +142,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
         plan = check_plan(plan)
     study_id = ensure_study(ctx, request, "research" if mode == "research" else "vibe")
     hypothesis_ids = ensure_hypotheses(ctx, study_id, plan.hypotheses)
-    line = (
-        f"plan ({ctx.provider.name}): {plan.objective}; template {plan.template}; "
-        f"steps {plan.training.steps}, B={plan.training.batch_size}, G={plan.training.group_size}, "
-        f"lr={plan.training.lr:g}, seeds {plan.training.seeds}"
-    )
+    line = f"plan ({ctx.provider.name}): {plan.objective}; template {plan.template}; {training_line(plan)}"
     if plan.stability is not None:
         line += f"; stability: {plan.stability.describe()}"
     ctx.store.log_event(line, study_id=study_id)

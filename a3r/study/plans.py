@@ -29,6 +29,7 @@ __all__ = [
     "TrainingSettings",
     "check_plan",
     "temperature_warning",
+    "training_line",
 ]
 
 ParamValue = bool | int | float | str | None
@@ -357,3 +358,20 @@ def _check_degenerate(draft: PlanDraft, params: dict[str, Any]) -> None:
                 f"= {rows} episodes of a step (B={config.batch_size}, G={config.group_size}): use one of "
                 f"{', '.join(map(str, allowed))}"
             )
+
+
+def training_line(plan: PlanDraft) -> str:
+    """The plan's training settings, the varied one (a study's sweep) as its values: ``lr ∈ {0.0001,
+    0.001} (varied)``, not the fixed value no run uses."""
+    t = plan.training
+    shown = {
+        "steps": counted(t.steps, "steps"),
+        "batch_size": f"batch size B={t.batch_size} groups",
+        "group_size": f"group size G={t.group_size}",
+        "lr": f"lr={t.lr:g}",
+    }
+    if plan.sweep is not None and plan.sweep.variable in shown:
+        label = {"steps": "steps", "batch_size": "B", "group_size": "G", "lr": "lr"}[plan.sweep.variable]
+        values = ", ".join(f"{v:g}" for v in plan.sweep.coarse)
+        shown[plan.sweep.variable] = f"{label} ∈ {{{values}}} (varied)"
+    return ", ".join(shown.values()) + f", seeds {t.seeds}"

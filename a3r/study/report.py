@@ -16,11 +16,10 @@ import matplotlib.pyplot as plt
 
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import Effect, step_effect
-from a3r.study.plans import PlanDraft
+from a3r.study.plans import PlanDraft, training_line
 from a3r.study.research import ConfigVerdict
 from a3r.study.runs import RunOutcome, status_text
 from a3r.study.settings import value_text
-from a3r.study.wording import counted
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_report"]
@@ -131,22 +130,6 @@ def _reading(effect: Effect) -> str:
 def _values(values: Sequence[float], variable: str = "", template: str | None = None) -> str:
     """``{0.0001, 0.001}``; a switch's values as ``{true, false}`` (`value_text`)."""
     return "{" + ", ".join(value_text(variable, template, v) for v in values) + "}"
-
-
-def _training_line(plan: PlanDraft) -> str:
-    """The plan's training settings, the varied one (a study's sweep) as its values: ``lr ∈ {0.0001,
-    0.001}``, not the fixed value no run uses."""
-    t = plan.training
-    shown = {
-        "steps": counted(t.steps, "steps"),
-        "batch_size": f"batch size B={t.batch_size} groups",
-        "group_size": f"group size G={t.group_size}",
-        "lr": f"lr={t.lr:g}",
-    }
-    if plan.sweep is not None and plan.sweep.variable in shown:
-        label = {"steps": "steps", "batch_size": "B", "group_size": "G", "lr": "lr"}[plan.sweep.variable]
-        shown[plan.sweep.variable] = f"{label} ∈ {_values(plan.sweep.coarse)} (varied)"
-    return ", ".join(shown.values()) + f", seeds {t.seeds}"
 
 
 def _parts_table(parts: dict[str, dict[str, list[float]]]) -> list[str]:
@@ -271,7 +254,7 @@ def write_report(
         "## Plan",
         f"- objective: {plan.objective}",
         f"- template: `{plan.template}`; parameters: `{plan.params}`",
-        f"- training: {_training_line(plan)}",
+        f"- training: {training_line(plan)}",
     ]
     if plan.sweep is not None:
         spec = plan.sweep

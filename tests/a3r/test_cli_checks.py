@@ -225,3 +225,17 @@ def test_the_planner_node_refuses_the_swept_setting_among_the_overrides(tmp_path
         pytest.raises(PlanError, match=r"the study varies KL coefficient"),
     ):
         planner(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+
+
+def test_the_plan_line_of_a_sweep_shows_the_varied_values(tmp_path: Path) -> None:
+    # found by a fresh user: an lr study's log said "lr=0.0002", a value no run of the study uses
+    from langgraph.runtime import Runtime
+
+    from a3r.graph.planner import planner
+    from memory import Store
+
+    state = {"request": "find the best lr on arithmetic", "mode": "research", "overrides": {}}
+    with Store(tmp_path / "memory.db") as store:
+        result = planner(state, Runtime(context=offline_context(tmp_path, store)))  # type: ignore[arg-type]
+        (line,) = [entry for entry in result.update["log"] if entry.startswith("plan (")]  # type: ignore[index]
+    assert "lr ∈ {1e-05, 0.0001, 0.001} (varied)" in line and "lr=0.0002" not in line
