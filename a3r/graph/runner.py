@@ -8,6 +8,7 @@ the client skips the episodes it already ended).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -66,6 +67,12 @@ def variant_workspace(ws: Workspace, params: Mapping[str, object]) -> Workspace:
         else:
             shutil.copy2(item, root / item.name)
     (root / "evaluator").symlink_to(ws.root / "evaluator", target_is_directory=True)
+    record = root / "params.json"  # the rendered parameters: the variant's, not the study's
+    if record.is_file():
+        rendered = json.loads(record.read_text(encoding="utf-8"))
+        if isinstance(rendered.get("params"), dict):
+            rendered["params"] = {**rendered["params"], **params}
+            record.write_text(json.dumps(rendered, indent=2), encoding="utf-8")
     source = ws.workflow.read_text(encoding="utf-8")
     new = templates.substitute_params(source, {**read_params(source), **params})
     (root / "workflow.py").write_text(new, encoding="utf-8")

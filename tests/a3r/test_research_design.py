@@ -3,6 +3,7 @@ refusals, the power rule and the staged design."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -287,6 +288,9 @@ def test_template_knob_runs_in_a_variant_workspace(tmp_path: Path) -> None:
     variant = variant_workspace(Workspace(ws), {"max_tokens": 64})
     assert read_params(variant.workflow.read_text())["max_tokens"] == 64
     assert read_params((ws / "workflow.py").read_text())["max_tokens"] == 16  # the study's own is untouched
+    # found by a fresh user: the variant's params.json still said the study's value
+    assert json.loads((variant.root / "params.json").read_text())["params"]["max_tokens"] == 64
+    assert json.loads((ws / "params.json").read_text())["params"]["max_tokens"] == 16
     assert variant.evaluator.resolve() == (ws / "evaluator" / "workflow.py").resolve()
     assert variant.tasks.read_text() == (ws / "tasks.jsonl").read_text()
     assert variant_workspace(Workspace(ws), {"max_tokens": 64}).root == variant.root
