@@ -45,6 +45,7 @@ from a3r.study.settings import (
     SETTINGS,
     Setting,
     find_setting_in,
+    join_knob_names,
     refusal_for,
     resolve_setting,
     studiable,
@@ -332,6 +333,7 @@ class OfflineProvider:
             )
         name = matches[0][0]
         template = templates.get_template(name)
+        text = join_knob_names(text, template.meta)  # "describe max tokens" is one knob, not max tokens
         varied = find_setting_in(text, template.meta) if mode == "research" else None
         check_pair_names(text, [p.name for p in template.meta.parameters], owner=name, varied=varied)
         params, read = self._template_params(template.meta, text, varied=varied)

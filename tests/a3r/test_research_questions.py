@@ -309,3 +309,32 @@ def test_a_template_knob_written_with_its_value_is_used_or_refused() -> None:
         OfflineUnsupported, match=r"also gives leak penalty 0.1, 0.3; .* one setting per study"
     ):
         _research("find the best lr on who-is-the-spy with leak_penalty 0.1 and 0.3")
+
+
+# ------------------------------------------------------------------ knobs named *_max_tokens
+@pytest.mark.parametrize(
+    ("question", "variable", "goal", "coarse"),
+    [
+        # found by a fresh user: "varies describe max tokens and also names max response tokens"
+        ("find the best describe_max_tokens on who-is-the-spy", "describe_max_tokens", "best", None),
+        ("describe_max_tokens 16 vs 32 on who-is-the-spy", "describe_max_tokens", "a_vs_b", [16, 32]),
+        ("find the best describe max tokens on who-is-the-spy", "describe_max_tokens", "best", None),
+        ("vote_max_tokens 4 vs 8 on who-is-the-spy", "vote_max_tokens", "a_vs_b", [4, 8]),
+        ("find the best speak_max_tokens on werewolves", "speak_max_tokens", "best", None),
+        ("action-max-tokens 4 vs 8 on werewolves", "action_max_tokens", "a_vs_b", [4, 8]),
+        ("find the best max tokens on arithmetic", "max_tokens", "best", None),
+    ],
+)
+def test_a_knob_whose_name_holds_max_tokens_is_that_knob(
+    question: str, variable: str, goal: str, coarse: list[float] | None
+) -> None:
+    plan = _research(question)
+    assert plan.sweep is not None
+    assert (plan.sweep.variable, plan.sweep.goal) == (variable, goal)
+    if coarse is not None:
+        assert plan.sweep.coarse == coarse
+
+
+def test_a_vibe_reads_a_knob_whose_name_holds_max_tokens() -> None:
+    plan = OfflineProvider().plan("train who-is-the-spy with describe max tokens 16", mode="vibe")
+    assert plan.params["describe_max_tokens"] == 16
