@@ -209,6 +209,27 @@ def _find_number(text: str, *patterns: str) -> float | None:
     return None
 
 
+_DATASETS = (
+    (r"\baime\s*(?:20)?24\b", "aime24"),
+    (r"\baime\s*(?:20)?25\b", "aime25"),
+    (r"\baime\b", "aime"),
+    (r"\bgsm8?k?\b", "gsm8k"),
+)
+"""How a request names a dataset of the math template: pattern, dataset."""
+
+
+def _datasets(text: str) -> list[str]:
+    """The datasets ``text`` names (`_DATASETS`), each once, in the order it names them; a name inside a
+    longer one ("aime" in "aime 2024") is that one."""
+    found = [(m.start(), m.end(), value) for pattern, value in _DATASETS for m in re.finditer(pattern, text)]
+    named: list[str] = []
+    for start, end, value in sorted(found):
+        inside = any(s <= start and end <= e and e - s > end - start for s, e, _ in found)
+        if not inside and value not in named:
+            named.append(value)
+    return named
+
+
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
 """Words a request may give a true/false template parameter (`templates.ParamSpec.coerce` reads them)."""
 
@@ -421,16 +442,15 @@ class OfflineProvider:
             max_tokens = _find_number(text, r"max[ _-]?tokens\s*(?:of|=|:)?\s*NUM")
             if max_tokens is not None:
                 params["max_tokens"] = int(max_tokens)
-        if "dataset" in names:
-            for pattern, value in (
-                (r"aime\s*(?:20)?24", "aime24"),
-                (r"aime\s*(?:20)?25", "aime25"),
-                (r"\baime\b", "aime"),
-                (r"\bgsm8?k?\b", "gsm8k"),
-            ):
-                if re.search(pattern, text):
-                    params["dataset"] = value
-                    break
+        if "dataset" in names and not re.search(r"\bdataset\s*=", text):  # a dataset=… pair wins
+            datasets = _datasets(text)
+            if len(datasets) > 1:
+                raise PlanError(
+                    f"the request names {len(datasets)} datasets ({', '.join(datasets)}); a plan runs on one: "
+                    "name one, or write dataset=aime (aime 2024 and 2025) or dataset=all (aime and gsm8k)"
+                )
+            if datasets:
+                params["dataset"] = datasets[0]
         if "n_players" in names:
             n_players = _find_number(text, r"NUM\s*players")
             if n_players is not None:

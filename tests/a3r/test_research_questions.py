@@ -338,3 +338,36 @@ def test_a_knob_whose_name_holds_max_tokens_is_that_knob(
 def test_a_vibe_reads_a_knob_whose_name_holds_max_tokens() -> None:
     plan = OfflineProvider().plan("train who-is-the-spy with describe max tokens 16", mode="vibe")
     assert plan.params["describe_max_tokens"] == 16
+
+
+# ------------------------------------------------------------------------------- two datasets
+@pytest.mark.parametrize(
+    ("question", "mode", "named"),
+    [
+        # found by a fresh user: each was planned on the dataset named last or first, without a word
+        ("lr 1e-4 vs 1e-3 on gsm8k and aime", "research", "gsm8k, aime"),
+        ("find the best lr on aime and gsm8k", "research", "aime, gsm8k"),
+        ("train math on aime and gsm8k", "vibe", "aime, gsm8k"),
+        ("find the best lr on aime 2024 and aime 2025", "research", "aime24, aime25"),
+    ],
+)
+def test_a_request_naming_two_datasets_is_refused_in_one_line(question: str, mode: str, named: str) -> None:
+    with pytest.raises(
+        PlanError, match=rf"the request names 2 datasets \({named}\); a plan runs on one"
+    ) as caught:
+        OfflineProvider().plan(question, mode=mode)  # type: ignore[arg-type]
+    assert "\n" not in str(caught.value)
+    for written in re.findall(r"dataset=\w+", str(caught.value)):  # the suggested pairs plan
+        assert OfflineProvider().plan(f"{question} {written}", mode=mode).params["dataset"] == written[8:]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("question", "dataset"),
+    [
+        ("find the best lr on aime 2024", "aime24"),
+        ("find the best lr on aime24 math", "aime24"),
+        ("find the best lr on gsm8k", "gsm8k"),
+    ],
+)
+def test_one_dataset_is_read(question: str, dataset: str) -> None:
+    assert _research(question).params["dataset"] == dataset
