@@ -131,18 +131,37 @@ def _values_after(text: str, setting: Setting) -> list[float]:
     (``"compare 1e-4 and 3e-4 learning rates"``); numbers elsewhere in the sentence (steps, seeds, a
     dataset's name) are not its values.
 
+    A later mention with values of its own that is not joined to the earlier values ("lr 1e-4 vs 1e-3
+    on arithmetic lr=3e-4") gives the setting twice: refused, unless it repeats them.
+
     Raises:
-        PlanError: A value outside the setting's range (`Setting.check`), one line.
+        PlanError: A value outside the setting's range (`Setting.check`), or the setting given twice
+            with different values; one line.
     """
     aliases = _aliases(setting)
     if _mention_end(text, aliases) is None:
         return []
     pattern = _SWITCH if setting.kind == "bool" else _VALUE
     found: list[float] = []
-    for position in _mention_ends(text, aliases):  # "batch size 8 beats batch size 2": both mentions
+    last = -1  # where the values read so far end
+    for start, position in _mention_spans(text, aliases):  # "batch size 8 beats batch size 2": both mentions
+        group: list[float] = []
         while match := re.compile(_JOINER + pattern).match(text, position):
-            found.append(_value_of(match.group(1)))
+            group.append(_value_of(match.group(1)))
             position = match.end()
+        if not group:
+            continue
+        if found and not re.fullmatch(_JOINER, text[last:start]):
+            # "lr 1e-4 vs 1e-3 on arithmetic lr=3e-4": a second giving of the setting, not a third arm
+            if group == found:
+                continue
+            raise PlanError(
+                f"{setting.label} ({setting.name}) is given twice with different values "
+                f"({', '.join(setting.text(v) for v in found)}; {', '.join(setting.text(v) for v in group)}); "
+                "give its values once"
+            )
+        found += group
+        last = position
     if not found:
         found = _values_before(text[: _mention_start(text, aliases)], pattern)
     for value in found:
@@ -150,17 +169,17 @@ def _values_after(text: str, setting: Setting) -> list[float]:
     return found
 
 
-def _mention_ends(text: str, aliases: tuple[str, ...]) -> list[int]:
-    """Where each mention of a setting ends, in order (the longest alias at each start)."""
+def _mention_spans(text: str, aliases: tuple[str, ...]) -> list[tuple[int, int]]:
+    """Where each mention of a setting starts and ends, in order (the longest alias at each start)."""
     longest: dict[int, int] = {}
     for alias in aliases:
         for m in re.finditer(alias, text):
             longest[m.start()] = max(longest.get(m.start(), 0), m.end())
-    ends: list[int] = []
+    spans: list[tuple[int, int]] = []
     for start in sorted(longest):
-        if not ends or start >= ends[-1]:
-            ends.append(longest[start])
-    return ends
+        if not spans or start >= spans[-1][1]:
+            spans.append((start, longest[start]))
+    return spans
 
 
 def _mention_start(text: str, aliases: tuple[str, ...]) -> int:

@@ -371,3 +371,38 @@ def test_a_request_naming_two_datasets_is_refused_in_one_line(question: str, mod
 )
 def test_one_dataset_is_read(question: str, dataset: str) -> None:
     assert _research(question).params["dataset"] == dataset
+
+
+# ------------------------------------------------------------------------- a setting given twice
+@pytest.mark.parametrize(
+    ("question", "refusal"),
+    [
+        # found by a fresh user: planned as "find the best learning rate among 0.0001, 0.001, 0.0003"
+        (
+            "lr 1e-4 vs 1e-3 on arithmetic lr=3e-4",
+            r"learning rate \(lr\) is given twice with different values \(0.0001, 0.001; 0.0003\)",
+        ),
+        ("lr 1e-4 vs 1e-3 on arithmetic with lr 1e-3", r"learning rate \(lr\) is given twice"),
+        (
+            "hide_leaks true vs false on who-is-the-spy hide_leaks=true",
+            r"hide leaks \(hide_leaks\) is given twice",
+        ),
+    ],
+)
+def test_a_varied_setting_given_twice_with_different_values_is_refused(question: str, refusal: str) -> None:
+    with pytest.raises(PlanError, match=refusal) as caught:
+        _research(question)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("question", "coarse"),
+    [
+        ("lr=1e-4 vs lr=1e-3 on arithmetic", [1e-4, 1e-3]),
+        ("batch size 8 beats batch size 2 on arithmetic", [2, 8]),
+        ("lr 1e-4 vs 1e-3 on arithmetic, lr 1e-4 vs 1e-3", [1e-4, 1e-3]),  # the same values again
+    ],
+)
+def test_a_varied_setting_named_with_each_value_is_one_question(question: str, coarse: list[float]) -> None:
+    plan = _research(question)
+    assert plan.sweep is not None and plan.sweep.coarse == coarse
