@@ -98,12 +98,12 @@ count of something else (``20 steps``)."""
 
 _SWITCH = (
     r"(?<![\w.])(true|false|yes|no|off"
-    r"|on(?!\s+(?!(?:vs\.?|versus|and|or|against|than|then|better|worse|beats?|outperforms?|loses?|underperforms?)\b)[a-z])"
+    r"|on(?!\s+(?!(?:on|vs\.?|versus|and|or|against|than|then|better|worse|beats?|outperforms?|loses?|underperforms?)\b)[a-z])"
     rf"|{_NUMBER[1:-1]})(?![\w]|\.[0-9])"
 )
 """A value of a true/false setting: one of `BOOL_WORDS`, or a number (1 and 0; `Setting.check` refuses
-others). "on" followed by a word other than a joiner is the preposition ("effect of hide_leaks on
-who-is-the-spy"), not a value."""
+others). "on" followed by a word other than a joiner or "on" is the preposition ("effect of hide_leaks on
+who-is-the-spy"), not a value ("hide_leaks off vs on on who-is-the-spy": the value, then the preposition)."""
 
 _SWITCH_WORDS = {"true": 1.0, "yes": 1.0, "on": 1.0, "false": 0.0, "no": 0.0, "off": 0.0}
 

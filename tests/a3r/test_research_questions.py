@@ -40,6 +40,14 @@ def _quoted(message: str) -> list[str]:
             "compare hide leaks true (A) with false (B)",
         ),
         ("hide_leaks=true vs hide_leaks=false on who-is-the-spy", "a_vs_b", [1, 0], None),
+        # found by a fresh user: refused ("which question about hide leaks?"), "on on" read as one word
+        (
+            "hide_leaks off vs on on who-is-the-spy",
+            "a_vs_b",
+            [0, 1],
+            "compare hide leaks false (A) with true (B)",
+        ),
+        ("effect of tell_roles on on who-is-the-spy", "effect_of", [0, 1], None),
         (
             "is tell roles on better than off on who-is-the-spy",
             "a_vs_b",
