@@ -91,7 +91,8 @@ so that they are refused as not numbers (`Setting.check`, `_find_number`) rather
 
 _VALUE = (
     rf"(?<![\w.]){_NUMBER}(?![\w]|\.[0-9])"
-    r"(?!\s*(?:training\s*)?(?:steps?|seeds?|tasks?|players?|episodes?|epochs?|tokens?)\b)"
+    r"(?!\s*(?:training\s*)?(?:steps?|seeds?|tasks?|players?|sp(?:y|ies)|(?:were)?wol(?:f|ves)|rounds?|days?|numbers"
+    r"|episodes?|epochs?|tokens?)\b)"
 )
 """A number standing alone: not glued to letters (``gsm8k`` and ``aime25`` hold no value) and not a
 count of something else (``20 steps``)."""
@@ -247,6 +248,54 @@ def _datasets(text: str) -> list[str]:
         if not inside and value not in named:
             named.append(value)
     return named
+
+
+_COUNTS = {
+    "n_players": r"players?",
+    "n_spies": r"sp(?:y|ies)",
+    "n_werewolves": r"(?:were)?wol(?:f|ves)",
+    "max_rounds": r"rounds?",
+    "max_days": r"days?",
+    "n_numbers": r"numbers",
+    "n_tasks": r"tasks",
+}
+"""Template parameters a request may give as a count of things ("6 players", "two spies"): name → the
+things' pattern."""
+
+_NUMBER_WORDS = {
+    word: i
+    for i, word in enumerate(
+        ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"), 1
+    )
+}
+
+
+def _counts(text: str, meta: templates.TemplateMeta) -> dict[str, float]:
+    """The `_COUNTS` parameters ``text`` gives as a count, in digits or words ("2 spies", "six players");
+    ranges are the template's to check.
+
+    Raises:
+        PlanError: A count of nan or inf, or of something the template has no parameter for (never
+            dropped silently).
+    """
+    names = {p.name for p in meta.parameters}
+    counts: dict[str, float] = {}
+    for name, things in _COUNTS.items():
+        number = rf"(?<![\w.-])({_NUMBER[1:-1]}|{'|'.join(_NUMBER_WORDS)})"
+        match = re.search(rf"{number}\s*(?:{things})\b", text)
+        if match is None:
+            continue
+        word = match.group(1)
+        if name not in names:
+            raise PlanError(
+                f"'{match.group(0)}': the {meta.name} template has no parameter for it (its parameters: "
+                f"{', '.join(sorted(names))})"
+            )
+        value = float(_NUMBER_WORDS[word]) if word in _NUMBER_WORDS else float(word)
+        if not math.isfinite(value):
+            raise PlanError(f"'{match.group(0)}': nan and inf are not numbers; give a finite value")
+        counts[name] = value
+    return counts
 
 
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
@@ -470,14 +519,7 @@ class OfflineProvider:
                 )
             if datasets:
                 params["dataset"] = datasets[0]
-        if "n_players" in names:
-            n_players = _find_number(text, r"NUM\s*players")
-            if n_players is not None:
-                params["n_players"] = int(n_players)
-        if "n_tasks" in names:
-            n_tasks = _find_number(text, r"NUM\s*tasks")
-            if n_tasks is not None:
-                params["n_tasks"] = int(n_tasks)
+        params |= _counts(text, meta)
         for spec in meta.parameters:
             match = re.search(rf"\b{re.escape(spec.name)}\s*=\s*([^\s,;]+)", text)
             spoken = r"[ _-]?".join(re.escape(word) for word in spec.name.split("_"))

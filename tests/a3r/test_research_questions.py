@@ -414,3 +414,43 @@ def test_a_varied_setting_given_twice_with_different_values_is_refused(question:
 def test_a_varied_setting_named_with_each_value_is_one_question(question: str, coarse: list[float]) -> None:
     plan = _research(question)
     assert plan.sweep is not None and plan.sweep.coarse == coarse
+
+
+# ------------------------------------------------------------------------------ counts in words
+@pytest.mark.parametrize(
+    ("request_", "template", "read"),
+    [
+        # found by a fresh user: n_spies stayed 1, "parameters read from the request: none"
+        ("train who-is-the-spy with 2 spies and 6 players", "who_is_the_spy", {"n_spies": 2, "n_players": 6}),
+        (
+            "train who-is-the-spy with two spies and six players",
+            "who_is_the_spy",
+            {"n_spies": 2, "n_players": 6},
+        ),
+        ("train who-is-the-spy with 3 rounds", "who_is_the_spy", {"max_rounds": 3}),
+        ("train werewolves with 2 werewolves and 3 days", "werewolves", {"n_werewolves": 2, "max_days": 3}),
+        ("train countdown with 4 numbers", "countdown", {"n_numbers": 4}),
+    ],
+)
+def test_a_count_in_words_is_read(request_: str, template: str, read: dict[str, int]) -> None:
+    plan = OfflineProvider().plan(request_, mode="vibe")
+    assert plan.template == template
+    assert {name: plan.params[name] for name in read} == read
+    assert all(f"{name} = {value}" in plan.rationale for name, value in read.items())
+
+
+@pytest.mark.parametrize(
+    ("request_", "refusal"),
+    [
+        ("train who-is-the-spy with 2 spies", r"'n_spies': 2 spies is not fewer than half of 3 players"),
+        ("train who-is-the-spy with 5 spies and 8 players", r"'n_spies': 5 is above the maximum 3"),
+        ("train who-is-the-spy with 2.5 players", r"'n_players': expected an int, got 2.5"),
+        ("train who-is-the-spy with inf players", r"'inf players': nan and inf are not numbers"),
+        ("train arithmetic with 3 rounds", r"'3 rounds': the arithmetic template has no parameter for it"),
+        ("train math on 100 tasks", r"'100 tasks': the math template has no parameter for it"),
+    ],
+)
+def test_a_count_in_words_is_range_checked_or_refused(request_: str, refusal: str) -> None:
+    with pytest.raises(PlanError, match=refusal) as caught:
+        OfflineProvider().plan(request_, mode="vibe")
+    assert "\n" not in str(caught.value)
