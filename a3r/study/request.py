@@ -213,10 +213,10 @@ def _unknown(shown: str, name: str, params: list[str], *, owner: str) -> PlanErr
     """The refusal of an unknown setting ``name`` (written ``shown``), with the nearest known names."""
     training = list(TrainingSettings.model_fields)
     near = difflib.get_close_matches(name, params + training, n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    hint = f": did you mean {' or '.join(near)}?" if near else ""
     return PlanError(
         f"unknown setting {shown} in the request, neither a parameter of {owner} nor a training "
-        f"setting: {hint}(parameters of {owner}: {', '.join(params) or 'none'}; training settings: "
+        f"setting{hint} (parameters of {owner}: {', '.join(params) or 'none'}; training settings: "
         f"{', '.join(training)})"
     )
 

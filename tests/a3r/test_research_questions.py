@@ -454,3 +454,12 @@ def test_a_count_in_words_is_range_checked_or_refused(request_: str, refusal: st
     with pytest.raises(PlanError, match=refusal) as caught:
         OfflineProvider().plan(request_, mode="vibe")
     assert "\n" not in str(caught.value)
+
+
+def test_an_unknown_setting_is_refused_without_a_stray_colon() -> None:
+    """Found by a fresh user: '…nor a training setting: (parameters…' when no name is near."""
+    with pytest.raises(PlanError) as caught:
+        OfflineProvider().plan("train who-is-the-spy top_p=0.9", mode="vibe")
+    assert "nor a training setting (parameters of who_is_the_spy: " in str(caught.value)
+    with pytest.raises(PlanError, match=r"nor a training setting: did you mean leak_penalty or "):
+        OfflineProvider().plan("train who-is-the-spy leak_penalti=0.9", mode="vibe")
