@@ -34,10 +34,12 @@ from a3r.study.plans import (
 )
 from a3r.study.request import (
     PAIR,
+    check_one_dataset,
     check_one_task,
     check_pair_names,
     check_request,
     generic_found,
+    named_datasets,
     named_tasks,
     specific_matches,
 )
@@ -229,27 +231,6 @@ def _find_number(text: str, *patterns: str) -> float | None:
     return None
 
 
-_DATASETS = (
-    (r"\baime\s*(?:20)?24\b", "aime24"),
-    (r"\baime\s*(?:20)?25\b", "aime25"),
-    (r"\baime\b", "aime"),
-    (r"\bgsm8?k?\b", "gsm8k"),
-)
-"""How a request names a dataset of the math template: pattern, dataset."""
-
-
-def _datasets(text: str) -> list[str]:
-    """The datasets ``text`` names (`_DATASETS`), each once, in the order it names them; a name inside a
-    longer one ("aime" in "aime 2024") is that one."""
-    found = [(m.start(), m.end(), value) for pattern, value in _DATASETS for m in re.finditer(pattern, text)]
-    named: list[str] = []
-    for start, end, value in sorted(found):
-        inside = any(s <= start and end <= e and e - s > end - start for s, e, _ in found)
-        if not inside and value not in named:
-            named.append(value)
-    return named
-
-
 _COUNTS = {
     "n_players": r"players?",
     "n_spies": r"sp(?:y|ies)",
@@ -397,6 +378,7 @@ class OfflineProvider:
         """
         text = request.lower()
         check_one_task(request)
+        check_one_dataset(request)
         named = named_tasks(request)
         # a description ("a small model") chooses a template only when no task is named
         matches = [m for m in specific_matches(request) if not named or m[0] in named]
@@ -511,12 +493,7 @@ class OfflineProvider:
             if max_tokens is not None:
                 params["max_tokens"] = int(max_tokens)
         if "dataset" in names and not re.search(r"\bdataset\s*=", text):  # a dataset=… pair wins
-            datasets = _datasets(text)
-            if len(datasets) > 1:
-                raise PlanError(
-                    f"the request names {len(datasets)} datasets ({', '.join(datasets)}); a plan runs on one: "
-                    "name one, or write dataset=aime (aime 2024 and 2025) or dataset=all (aime and gsm8k)"
-                )
+            datasets = named_datasets(text)  # two were refused (`check_one_dataset`)
             if datasets:
                 params["dataset"] = datasets[0]
         params |= _counts(text, meta)

@@ -15,6 +15,7 @@ from a3r.errors import A3RError, OfflineUnsupported, PlanError
 from a3r.providers import OfflineProvider
 from a3r.study.design import hypotheses_for
 from a3r.study.plans import PlanDraft, SweepSpec, check_plan
+from a3r.study.request import check_request
 from a3r.study.research import sweep_specs
 from a3r.study.settings import resolve_setting
 
@@ -463,3 +464,11 @@ def test_an_unknown_setting_is_refused_without_a_stray_colon() -> None:
     assert "nor a training setting (parameters of who_is_the_spy: " in str(caught.value)
     with pytest.raises(PlanError, match=r"nor a training setting: did you mean leak_penalty or "):
         OfflineProvider().plan("train who-is-the-spy leak_penalti=0.9", mode="vibe")
+
+
+def test_any_providers_plan_of_a_request_naming_two_datasets_is_refused() -> None:
+    """An LLM's plan passes the same check: it too would keep one of the two datasets."""
+    draft = check_plan(PlanDraft(kind="train", template="math", params={"dataset": "aime"}, objective="x"))
+    with pytest.raises(PlanError, match=r"the request names 2 datasets \(gsm8k, aime\)"):
+        check_request("train math on gsm8k and aime", draft)
+    assert check_request("train math on aime", draft) is draft
