@@ -94,7 +94,7 @@ class ParamSpec(BaseModel):
             elif isinstance(value, bool):
                 out = value
             else:
-                raise fail(f"expected a bool, got {value!r}")
+                raise fail(f"expected true or false (true/false, yes/no, on/off or 1/0), got {value!r}")
         elif self.type == "int":
             if isinstance(value, bool):
                 raise fail(f"expected an int, got {value!r}")

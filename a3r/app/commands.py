@@ -265,20 +265,26 @@ ModelOption = Annotated[
 StepsOption = Annotated[int | None, typer.Option("--steps", min=1, help="Trainer steps per run.")]
 
 
-def _finite(value: float | None) -> float | None:
-    """Refuse ``inf`` and ``nan`` (a range check lets them through: nan compares false, inf is in
-    range); ``None`` (not given) passes."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a finite number")
-    return value
+def _finite_from(minimum: float) -> Any:
+    """An option's check: refuse ``inf`` and ``nan`` as not finite numbers, then a value below
+    ``minimum``; ``None`` (not given) passes. The range is checked here, not by ``min=``: typer's range
+    check runs first and would call nan "not greater than or equal to" the minimum."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise typer.BadParameter(f"{value} is not a finite number")
+        if value is not None and value < minimum:
+            raise typer.BadParameter(f"Input should be greater than or equal to {minimum:g}")
+        return value
+
+    return check
 
 
 BudgetOption = Annotated[
     float,
     typer.Option(
         "--budget-minutes",
-        min=0.1,
-        callback=_finite,
+        callback=_finite_from(0.1),
         help="Wall-time budget of the whole thread in minutes (finite, >= 0.1): runs and evaluations are fitted into it.",
     ),
 ]
@@ -289,7 +295,9 @@ WaitOption = Annotated[
 HangOption = Annotated[
     float,
     typer.Option(
-        "--hang-after", min=1, callback=_finite, help="Seconds without progress before a run is hung."
+        "--hang-after",
+        callback=_finite_from(1),
+        help="Seconds without progress before a run is hung (finite, >= 1).",
     ),
 ]
 ServeOption = Annotated[
@@ -874,7 +882,9 @@ def resume(
     budget_minutes: Annotated[
         float | None,
         typer.Option(
-            "--budget-minutes", min=0.1, callback=_finite, help="New budget of the thread in minutes."
+            "--budget-minutes",
+            callback=_finite_from(0.1),
+            help="New budget of the thread in minutes (finite, >= 0.1).",
         ),
     ] = None,
     wait: WaitOption = False,

@@ -34,10 +34,12 @@ from a3r.study.plans import (
 )
 from a3r.study.request import (
     PAIR,
+    check_one_dataset,
     check_one_task,
     check_pair_names,
     check_request,
     generic_found,
+    named_datasets,
     named_tasks,
     specific_matches,
 )
@@ -45,6 +47,7 @@ from a3r.study.settings import (
     SETTINGS,
     Setting,
     find_setting_in,
+    join_knob_names,
     refusal_for,
     resolve_setting,
     studiable,
@@ -90,19 +93,20 @@ so that they are refused as not numbers (`Setting.check`, `_find_number`) rather
 
 _VALUE = (
     rf"(?<![\w.]){_NUMBER}(?![\w]|\.[0-9])"
-    r"(?!\s*(?:training\s*)?(?:steps?|seeds?|tasks?|players?|episodes?|epochs?|tokens?)\b)"
+    r"(?!\s*(?:training\s*)?(?:steps?|seeds?|tasks?|players?|sp(?:y|ies)|(?:were)?wol(?:f|ves)|rounds?|days?|numbers"
+    r"|episodes?|epochs?|tokens?)\b)"
 )
 """A number standing alone: not glued to letters (``gsm8k`` and ``aime25`` hold no value) and not a
 count of something else (``20 steps``)."""
 
 _SWITCH = (
     r"(?<![\w.])(true|false|yes|no|off"
-    r"|on(?!\s+(?!(?:vs\.?|versus|and|or|against|than|then|better|worse|beats?|outperforms?|loses?|underperforms?)\b)[a-z])"
+    r"|on(?!\s+(?!(?:on|vs\.?|versus|and|or|against|than|then|better|worse|beats?|outperforms?|loses?|underperforms?)\b)[a-z])"
     rf"|{_NUMBER[1:-1]})(?![\w]|\.[0-9])"
 )
 """A value of a true/false setting: one of `BOOL_WORDS`, or a number (1 and 0; `Setting.check` refuses
-others). "on" followed by a word other than a joiner is the preposition ("effect of hide_leaks on
-who-is-the-spy"), not a value."""
+others). "on" followed by a word other than a joiner or "on" is the preposition ("effect of hide_leaks on
+who-is-the-spy"), not a value ("hide_leaks off vs on on who-is-the-spy": the value, then the preposition)."""
 
 _SWITCH_WORDS = {"true": 1.0, "yes": 1.0, "on": 1.0, "false": 0.0, "no": 0.0, "off": 0.0}
 
@@ -130,18 +134,37 @@ def _values_after(text: str, setting: Setting) -> list[float]:
     (``"compare 1e-4 and 3e-4 learning rates"``); numbers elsewhere in the sentence (steps, seeds, a
     dataset's name) are not its values.
 
+    A later mention with values of its own that is not joined to the earlier values ("lr 1e-4 vs 1e-3
+    on arithmetic lr=3e-4") gives the setting twice: refused, unless it repeats them.
+
     Raises:
-        PlanError: A value outside the setting's range (`Setting.check`), one line.
+        PlanError: A value outside the setting's range (`Setting.check`), or the setting given twice
+            with different values; one line.
     """
     aliases = _aliases(setting)
     if _mention_end(text, aliases) is None:
         return []
     pattern = _SWITCH if setting.kind == "bool" else _VALUE
     found: list[float] = []
-    for position in _mention_ends(text, aliases):  # "batch size 8 beats batch size 2": both mentions
+    last = -1  # where the values read so far end
+    for start, position in _mention_spans(text, aliases):  # "batch size 8 beats batch size 2": both mentions
+        group: list[float] = []
         while match := re.compile(_JOINER + pattern).match(text, position):
-            found.append(_value_of(match.group(1)))
+            group.append(_value_of(match.group(1)))
             position = match.end()
+        if not group:
+            continue
+        if found and not re.fullmatch(_JOINER, text[last:start]):
+            # "lr 1e-4 vs 1e-3 on arithmetic lr=3e-4": a second giving of the setting, not a third arm
+            if group == found:
+                continue
+            raise PlanError(
+                f"{setting.label} ({setting.name}) is given twice with different values "
+                f"({', '.join(setting.text(v) for v in found)}; {', '.join(setting.text(v) for v in group)}); "
+                "give its values once"
+            )
+        found += group
+        last = position
     if not found:
         found = _values_before(text[: _mention_start(text, aliases)], pattern)
     for value in found:
@@ -149,17 +172,17 @@ def _values_after(text: str, setting: Setting) -> list[float]:
     return found
 
 
-def _mention_ends(text: str, aliases: tuple[str, ...]) -> list[int]:
-    """Where each mention of a setting ends, in order (the longest alias at each start)."""
+def _mention_spans(text: str, aliases: tuple[str, ...]) -> list[tuple[int, int]]:
+    """Where each mention of a setting starts and ends, in order (the longest alias at each start)."""
     longest: dict[int, int] = {}
     for alias in aliases:
         for m in re.finditer(alias, text):
             longest[m.start()] = max(longest.get(m.start(), 0), m.end())
-    ends: list[int] = []
+    spans: list[tuple[int, int]] = []
     for start in sorted(longest):
-        if not ends or start >= ends[-1]:
-            ends.append(longest[start])
-    return ends
+        if not spans or start >= spans[-1][1]:
+            spans.append((start, longest[start]))
+    return spans
 
 
 def _mention_start(text: str, aliases: tuple[str, ...]) -> int:
@@ -206,6 +229,54 @@ def _find_number(text: str, *patterns: str) -> float | None:
                 )
             return number
     return None
+
+
+_COUNTS = {
+    "n_players": r"players?",
+    "n_spies": r"sp(?:y|ies)",
+    "n_werewolves": r"(?:were)?wol(?:f|ves)",
+    "max_rounds": r"rounds?",
+    "max_days": r"days?",
+    "n_numbers": r"numbers",
+    "n_tasks": r"tasks",
+}
+"""Template parameters a request may give as a count of things ("6 players", "two spies"): name → the
+things' pattern."""
+
+_NUMBER_WORDS = {
+    word: i
+    for i, word in enumerate(
+        ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"), 1
+    )
+}
+
+
+def _counts(text: str, meta: templates.TemplateMeta) -> dict[str, float]:
+    """The `_COUNTS` parameters ``text`` gives as a count, in digits or words ("2 spies", "six players");
+    ranges are the template's to check.
+
+    Raises:
+        PlanError: A count of nan or inf, or of something the template has no parameter for (never
+            dropped silently).
+    """
+    names = {p.name for p in meta.parameters}
+    counts: dict[str, float] = {}
+    for name, things in _COUNTS.items():
+        number = rf"(?<![\w.-])({_NUMBER[1:-1]}|{'|'.join(_NUMBER_WORDS)})"
+        match = re.search(rf"{number}\s*(?:{things})\b", text)
+        if match is None:
+            continue
+        word = match.group(1)
+        if name not in names:
+            raise PlanError(
+                f"'{match.group(0)}': the {meta.name} template has no parameter for it (its parameters: "
+                f"{', '.join(sorted(names))})"
+            )
+        value = float(_NUMBER_WORDS[word]) if word in _NUMBER_WORDS else float(word)
+        if not math.isfinite(value):
+            raise PlanError(f"'{match.group(0)}': nan and inf are not numbers; give a finite value")
+        counts[name] = value
+    return counts
 
 
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
@@ -307,6 +378,7 @@ class OfflineProvider:
         """
         text = request.lower()
         check_one_task(request)
+        check_one_dataset(request)
         named = named_tasks(request)
         # a description ("a small model") chooses a template only when no task is named
         matches = [m for m in specific_matches(request) if not named or m[0] in named]
@@ -332,6 +404,7 @@ class OfflineProvider:
             )
         name = matches[0][0]
         template = templates.get_template(name)
+        text = join_knob_names(text, template.meta)  # "describe max tokens" is one knob, not max tokens
         varied = find_setting_in(text, template.meta) if mode == "research" else None
         check_pair_names(text, [p.name for p in template.meta.parameters], owner=name, varied=varied)
         params, read = self._template_params(template.meta, text, varied=varied)
@@ -419,24 +492,11 @@ class OfflineProvider:
             max_tokens = _find_number(text, r"max[ _-]?tokens\s*(?:of|=|:)?\s*NUM")
             if max_tokens is not None:
                 params["max_tokens"] = int(max_tokens)
-        if "dataset" in names:
-            for pattern, value in (
-                (r"aime\s*(?:20)?24", "aime24"),
-                (r"aime\s*(?:20)?25", "aime25"),
-                (r"\baime\b", "aime"),
-                (r"\bgsm8?k?\b", "gsm8k"),
-            ):
-                if re.search(pattern, text):
-                    params["dataset"] = value
-                    break
-        if "n_players" in names:
-            n_players = _find_number(text, r"NUM\s*players")
-            if n_players is not None:
-                params["n_players"] = int(n_players)
-        if "n_tasks" in names:
-            n_tasks = _find_number(text, r"NUM\s*tasks")
-            if n_tasks is not None:
-                params["n_tasks"] = int(n_tasks)
+        if "dataset" in names and not re.search(r"\bdataset\s*=", text):  # a dataset=… pair wins
+            datasets = named_datasets(text)  # two were refused (`check_one_dataset`)
+            if datasets:
+                params["dataset"] = datasets[0]
+        params |= _counts(text, meta)
         for spec in meta.parameters:
             match = re.search(rf"\b{re.escape(spec.name)}\s*=\s*([^\s,;]+)", text)
             spoken = r"[ _-]?".join(re.escape(word) for word in spec.name.split("_"))

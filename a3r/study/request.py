@@ -25,10 +25,12 @@ __all__ = [
     "DESCRIPTIVE_KEYWORDS",
     "GENERIC_KEYWORDS",
     "PAIR",
+    "check_one_dataset",
     "check_one_task",
     "check_pair_names",
     "check_request",
     "generic_found",
+    "named_datasets",
     "named_tasks",
     "specific_matches",
 ]
@@ -154,6 +156,43 @@ def check_one_task(request: str) -> None:
         )
 
 
+_DATASETS = (
+    (r"\baime\s*(?:20)?24\b", "aime24"),
+    (r"\baime\s*(?:20)?25\b", "aime25"),
+    (r"\baime\b", "aime"),
+    (r"\bgsm8?k?\b", "gsm8k"),
+)
+"""How a request names a dataset of the math template (``dataset``): pattern, dataset."""
+
+
+def named_datasets(text: str) -> list[str]:
+    """The datasets ``text`` (lower-cased) names (`_DATASETS`), each once, in the order it names them; a name inside a
+    longer one ("aime" in "aime 2024") is that one."""
+    found = [(m.start(), m.end(), value) for pattern, value in _DATASETS for m in re.finditer(pattern, text)]
+    named: list[str] = []
+    for start, end, value in sorted(found):
+        inside = any(s <= start and end <= e and e - s > end - start for s, e, _ in found)
+        if not inside and value not in named:
+            named.append(value)
+    return named
+
+
+def check_one_dataset(request: str) -> None:
+    """Refuse a request that names two or more datasets, unless a ``dataset=`` pair chooses one: a plan
+    runs on one (``aime`` and ``all`` are the datasets that join them).
+
+    Raises:
+        PlanError: One line naming them and the pairs that join them.
+    """
+    text = request.lower()
+    datasets = named_datasets(text)
+    if len(datasets) > 1 and not re.search(r"\bdataset\s*=", text):
+        raise PlanError(
+            f"the request names {len(datasets)} datasets ({', '.join(datasets)}); a plan runs on one: "
+            "name one, or write dataset=aime (aime 2024 and 2025) or dataset=all (aime and gsm8k)"
+        )
+
+
 def _not_a_number(value: str) -> bool:
     try:
         return not math.isfinite(float(value))
@@ -213,10 +252,10 @@ def _unknown(shown: str, name: str, params: list[str], *, owner: str) -> PlanErr
     """The refusal of an unknown setting ``name`` (written ``shown``), with the nearest known names."""
     training = list(TrainingSettings.model_fields)
     near = difflib.get_close_matches(name, params + training, n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    hint = f": did you mean {' or '.join(near)}?" if near else ""
     return PlanError(
         f"unknown setting {shown} in the request, neither a parameter of {owner} nor a training "
-        f"setting: {hint}(parameters of {owner}: {', '.join(params) or 'none'}; training settings: "
+        f"setting{hint} (parameters of {owner}: {', '.join(params) or 'none'}; training settings: "
         f"{', '.join(training)})"
     )
 
@@ -237,7 +276,7 @@ def _training_value(name: str, value: str, training: TrainingSettings) -> Any:
 
 def check_request(request: str, plan: PlanDraft) -> PlanDraft:
     """Check any provider's plan against its request: the request names at most one task
-    (`check_one_task`), and every ``name=value`` pair of it is known (`check_pair_names`) and used: the
+    (`check_one_task`) and one dataset (`check_one_dataset`), and every ``name=value`` pair of it is known (`check_pair_names`) and used: the
     plan's training setting or template parameter has that value (the setting a research question
     varies excepted; a research plan may run more seeds than asked, never fewer).
 
@@ -248,6 +287,7 @@ def check_request(request: str, plan: PlanDraft) -> PlanDraft:
         PlanError: One line naming what the plan does not answer.
     """
     check_one_task(request)
+    check_one_dataset(request)
     text = request.lower()
     varied = plan.sweep.variable if plan.sweep is not None else None
     meta = templates.get_template(plan.template).meta if plan.template is not None else None

@@ -33,6 +33,7 @@ __all__ = [
     "UNSUPPORTED",
     "Setting",
     "find_setting_in",
+    "join_knob_names",
     "refusal_for",
     "resolve_setting",
     "serve_flags",
@@ -156,7 +157,7 @@ SETTINGS: Mapping[str, Setting] = {
             coarse=(1e-5, 1e-4, 1e-3),
             scale="log",
             flag="lr",
-            aliases=(r"\blr\b", r"learning[ _-]?rate"),
+            aliases=(r"\blr\b", r"\blearning[ _-]?rates?\b"),
         ),
         Setting(
             name="batch_size",
@@ -168,7 +169,7 @@ SETTINGS: Mapping[str, Setting] = {
             coarse=(1, 2, 4, 8),
             scale="pow2",
             flag="batch-size",
-            aliases=(r"batch[ _-]?size", r"\bbatch\b"),
+            aliases=(r"\bbatch[ _-]?sizes?\b", r"\bbatch\b"),
         ),
         Setting(
             name="group_size",
@@ -180,7 +181,7 @@ SETTINGS: Mapping[str, Setting] = {
             coarse=(2, 4, 8),
             scale="pow2",
             flag="group-size",
-            aliases=(r"group[ _-]?size", r"\bgroup\b"),
+            aliases=(r"\bgroup[ _-]?sizes?\b", r"\bgroup\b"),
         ),
         Setting(
             name="lora_rank",
@@ -192,7 +193,7 @@ SETTINGS: Mapping[str, Setting] = {
             coarse=(4, 16, 64),
             scale="pow2",
             flag="lora-rank",
-            aliases=(r"lora[ _-]?rank", r"\brank\b"),
+            aliases=(r"\blora[ _-]?ranks?\b", r"\brank\b"),
         ),
         Setting(
             name="kl_coef",
@@ -204,7 +205,7 @@ SETTINGS: Mapping[str, Setting] = {
             coarse=(0.0, 0.01, 0.1, 1.0),
             scale="log",
             flag="kl-coef",
-            aliases=(r"\bkl\b", r"kl[ _-]?(?:coef|coefficient|penalty|beta)", r"\bbeta\b"),
+            aliases=(r"\bkl\b", r"\bkl[ _-]?(?:coef|coefficient|penalty|beta)\b", r"\bbeta\b"),
         ),
         Setting(
             name="clip_eps",
@@ -217,7 +218,7 @@ SETTINGS: Mapping[str, Setting] = {
             coarse=(0.1, 0.2, 0.3),
             scale="linear",
             flag="clip-eps",
-            aliases=(r"clip(?:ping)?[ _-]?(?:range|eps|epsilon|ratio)?",),
+            aliases=(r"\bclip(?:ping)?[ _-]?(?:range|eps|epsilon|ratio)?\b",),
         ),
         Setting(
             name="ppo_epochs",
@@ -229,7 +230,7 @@ SETTINGS: Mapping[str, Setting] = {
             coarse=(1, 2, 4),
             scale="pow2",
             flag="ppo-epochs",
-            aliases=(r"(?:ppo[ _-]?)?epochs?",),
+            aliases=(r"\b(?:ppo[ _-]?)?epochs?\b",),
         ),
         Setting(
             name="minibatches",
@@ -241,7 +242,7 @@ SETTINGS: Mapping[str, Setting] = {
             coarse=(1, 2, 4),
             scale="pow2",
             flag="minibatches",
-            aliases=(r"mini[ _-]?batch(?:es)?",),
+            aliases=(r"\bmini[ _-]?batch(?:es)?\b",),
         ),
         Setting(
             name="max_tokens",
@@ -254,9 +255,9 @@ SETTINGS: Mapping[str, Setting] = {
             scale="pow2",
             target="template",
             aliases=(
-                r"max(?:imum)?[ _-]?(?:response|completion)?[ _-]?(?:tokens|length)",
-                r"response[ _-]?length",
-                r"completion[ _-]?length",
+                r"\bmax(?:imum)?[ _-]?(?:response|completion)?[ _-]?(?:tokens|length)\b",
+                r"\bresponse[ _-]?length\b",
+                r"\bcompletion[ _-]?length\b",
             ),
         ),
         Setting(
@@ -269,7 +270,7 @@ SETTINGS: Mapping[str, Setting] = {
             coarse=(0.6, 1.0, 1.4),
             scale="linear",
             target="template",
-            aliases=(r"temperature",),
+            aliases=(r"\btemperatures?\b",),
         ),
     )
 }
@@ -341,6 +342,17 @@ def refusal_for(text: str) -> str | None:
         if re.search(pattern, text, re.IGNORECASE):
             return f"cannot vary the {name}: {why}; a study can vary {studiable()}"
     return None
+
+
+def join_knob_names(text: str, meta: templates.TemplateMeta) -> str:
+    """``text`` with each parameter name of ``meta`` that has several words, written with spaces or
+    dashes ("describe max tokens"), written as the name (``describe_max_tokens``): a registry setting's
+    name inside it (max tokens) is then not read as that setting (the aliases stop at ``_``)."""
+    for spec in sorted(meta.parameters, key=lambda p: -len(p.name)):
+        words = spec.name.split("_")
+        if len(words) > 1:
+            text = re.sub(r"\b" + "[ _-]".join(map(re.escape, words)) + r"\b", spec.name, text)
+    return text
 
 
 def find_setting_in(text: str, meta: templates.TemplateMeta | None = None) -> str | None:

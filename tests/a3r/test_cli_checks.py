@@ -94,6 +94,17 @@ def test_budgets_that_are_not_finite_positive_numbers_are_refused_in_one_line(
         tmp_path, monkeypatch, capsys, "vibe", "train arithmetic", "--dry-run", "--hang-after", "inf"
     )
     assert code == 2 and "'--hang-after': inf is not a finite number" in output
+    # found by a fresh user: nan was "Input should be greater than or equal to 0.1"
+    for option, value, said in (
+        ("--budget-minutes", "nan", "nan is not a finite number"),
+        ("--hang-after", "nan", "nan is not a finite number"),
+        ("--budget-minutes", "0.05", "Input should be greater than or equal to 0.1"),
+        ("--hang-after", "0.5", "Input should be greater than or equal to 1"),
+    ):
+        code, output = _console(
+            tmp_path, monkeypatch, capsys, "vibe", "train arithmetic", "--dry-run", option, value
+        )
+        assert code == 2 and output.startswith(f"error: Invalid value for '{option}': {said} ("), output
 
 
 def test_research_help_gives_the_budget_default() -> None:

@@ -15,6 +15,7 @@ from a3r.errors import A3RError, OfflineUnsupported, PlanError
 from a3r.providers import OfflineProvider
 from a3r.study.design import hypotheses_for
 from a3r.study.plans import PlanDraft, SweepSpec, check_plan
+from a3r.study.request import check_request
 from a3r.study.research import sweep_specs
 from a3r.study.settings import resolve_setting
 
@@ -40,6 +41,14 @@ def _quoted(message: str) -> list[str]:
             "compare hide leaks true (A) with false (B)",
         ),
         ("hide_leaks=true vs hide_leaks=false on who-is-the-spy", "a_vs_b", [1, 0], None),
+        # found by a fresh user: refused ("which question about hide leaks?"), "on on" read as one word
+        (
+            "hide_leaks off vs on on who-is-the-spy",
+            "a_vs_b",
+            [0, 1],
+            "compare hide leaks false (A) with true (B)",
+        ),
+        ("effect of tell_roles on on who-is-the-spy", "effect_of", [0, 1], None),
         (
             "is tell roles on better than off on who-is-the-spy",
             "a_vs_b",
@@ -340,3 +349,157 @@ def test_a_template_knob_written_with_its_value_is_used_or_refused() -> None:
         OfflineUnsupported, match=r"also gives leak penalty 0.1, 0.3; .* one setting per study"
     ):
         _research("find the best lr on who-is-the-spy with leak_penalty 0.1 and 0.3")
+
+
+# ------------------------------------------------------------------ knobs named *_max_tokens
+@pytest.mark.parametrize(
+    ("question", "variable", "goal", "coarse"),
+    [
+        # found by a fresh user: "varies describe max tokens and also names max response tokens"
+        ("find the best describe_max_tokens on who-is-the-spy", "describe_max_tokens", "best", None),
+        ("describe_max_tokens 16 vs 32 on who-is-the-spy", "describe_max_tokens", "a_vs_b", [16, 32]),
+        ("find the best describe max tokens on who-is-the-spy", "describe_max_tokens", "best", None),
+        ("vote_max_tokens 4 vs 8 on who-is-the-spy", "vote_max_tokens", "a_vs_b", [4, 8]),
+        ("find the best speak_max_tokens on werewolves", "speak_max_tokens", "best", None),
+        ("action-max-tokens 4 vs 8 on werewolves", "action_max_tokens", "a_vs_b", [4, 8]),
+        ("find the best max tokens on arithmetic", "max_tokens", "best", None),
+    ],
+)
+def test_a_knob_whose_name_holds_max_tokens_is_that_knob(
+    question: str, variable: str, goal: str, coarse: list[float] | None
+) -> None:
+    plan = _research(question)
+    assert plan.sweep is not None
+    assert (plan.sweep.variable, plan.sweep.goal) == (variable, goal)
+    if coarse is not None:
+        assert plan.sweep.coarse == coarse
+
+
+def test_a_vibe_reads_a_knob_whose_name_holds_max_tokens() -> None:
+    plan = OfflineProvider().plan("train who-is-the-spy with describe max tokens 16", mode="vibe")
+    assert plan.params["describe_max_tokens"] == 16
+
+
+# ------------------------------------------------------------------------------- two datasets
+@pytest.mark.parametrize(
+    ("question", "mode", "named"),
+    [
+        # found by a fresh user: each was planned on the dataset named last or first, without a word
+        ("lr 1e-4 vs 1e-3 on gsm8k and aime", "research", "gsm8k, aime"),
+        ("find the best lr on aime and gsm8k", "research", "aime, gsm8k"),
+        ("train math on aime and gsm8k", "vibe", "aime, gsm8k"),
+        ("find the best lr on aime 2024 and aime 2025", "research", "aime24, aime25"),
+    ],
+)
+def test_a_request_naming_two_datasets_is_refused_in_one_line(question: str, mode: str, named: str) -> None:
+    with pytest.raises(
+        PlanError, match=rf"the request names 2 datasets \({named}\); a plan runs on one"
+    ) as caught:
+        OfflineProvider().plan(question, mode=mode)  # type: ignore[arg-type]
+    assert "\n" not in str(caught.value)
+    for written in re.findall(r"dataset=\w+", str(caught.value)):  # the suggested pairs plan
+        assert OfflineProvider().plan(f"{question} {written}", mode=mode).params["dataset"] == written[8:]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("question", "dataset"),
+    [
+        ("find the best lr on aime 2024", "aime24"),
+        ("find the best lr on aime24 math", "aime24"),
+        ("find the best lr on gsm8k", "gsm8k"),
+    ],
+)
+def test_one_dataset_is_read(question: str, dataset: str) -> None:
+    assert _research(question).params["dataset"] == dataset
+
+
+# ------------------------------------------------------------------------- a setting given twice
+@pytest.mark.parametrize(
+    ("question", "refusal"),
+    [
+        # found by a fresh user: planned as "find the best learning rate among 0.0001, 0.001, 0.0003"
+        (
+            "lr 1e-4 vs 1e-3 on arithmetic lr=3e-4",
+            r"learning rate \(lr\) is given twice with different values \(0.0001, 0.001; 0.0003\)",
+        ),
+        ("lr 1e-4 vs 1e-3 on arithmetic with lr 1e-3", r"learning rate \(lr\) is given twice"),
+        (
+            "hide_leaks true vs false on who-is-the-spy hide_leaks=true",
+            r"hide leaks \(hide_leaks\) is given twice",
+        ),
+    ],
+)
+def test_a_varied_setting_given_twice_with_different_values_is_refused(question: str, refusal: str) -> None:
+    with pytest.raises(PlanError, match=refusal) as caught:
+        _research(question)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("question", "coarse"),
+    [
+        ("lr=1e-4 vs lr=1e-3 on arithmetic", [1e-4, 1e-3]),
+        ("batch size 8 beats batch size 2 on arithmetic", [2, 8]),
+        ("lr 1e-4 vs 1e-3 on arithmetic, lr 1e-4 vs 1e-3", [1e-4, 1e-3]),  # the same values again
+    ],
+)
+def test_a_varied_setting_named_with_each_value_is_one_question(question: str, coarse: list[float]) -> None:
+    plan = _research(question)
+    assert plan.sweep is not None and plan.sweep.coarse == coarse
+
+
+# ------------------------------------------------------------------------------ counts in words
+@pytest.mark.parametrize(
+    ("request_", "template", "read"),
+    [
+        # found by a fresh user: n_spies stayed 1, "parameters read from the request: none"
+        ("train who-is-the-spy with 2 spies and 6 players", "who_is_the_spy", {"n_spies": 2, "n_players": 6}),
+        (
+            "train who-is-the-spy with two spies and six players",
+            "who_is_the_spy",
+            {"n_spies": 2, "n_players": 6},
+        ),
+        ("train who-is-the-spy with 3 rounds", "who_is_the_spy", {"max_rounds": 3}),
+        ("train werewolves with 2 werewolves and 3 days", "werewolves", {"n_werewolves": 2, "max_days": 3}),
+        ("train countdown with 4 numbers", "countdown", {"n_numbers": 4}),
+    ],
+)
+def test_a_count_in_words_is_read(request_: str, template: str, read: dict[str, int]) -> None:
+    plan = OfflineProvider().plan(request_, mode="vibe")
+    assert plan.template == template
+    assert {name: plan.params[name] for name in read} == read
+    assert all(f"{name} = {value}" in plan.rationale for name, value in read.items())
+
+
+@pytest.mark.parametrize(
+    ("request_", "refusal"),
+    [
+        ("train who-is-the-spy with 2 spies", r"'n_spies': 2 spies is not fewer than half of 3 players"),
+        ("train who-is-the-spy with 5 spies and 8 players", r"'n_spies': 5 is above the maximum 3"),
+        ("train who-is-the-spy with 2.5 players", r"'n_players': expected an int, got 2.5"),
+        ("train who-is-the-spy with inf players", r"'inf players': nan and inf are not numbers"),
+        ("train arithmetic with 3 rounds", r"'3 rounds': the arithmetic template has no parameter for it"),
+        ("train math on 100 tasks", r"'100 tasks': the math template has no parameter for it"),
+    ],
+)
+def test_a_count_in_words_is_range_checked_or_refused(request_: str, refusal: str) -> None:
+    with pytest.raises(PlanError, match=refusal) as caught:
+        OfflineProvider().plan(request_, mode="vibe")
+    assert "\n" not in str(caught.value)
+
+
+def test_an_unknown_setting_is_refused_without_a_stray_colon() -> None:
+    """Found by a fresh user: '…nor a training setting: (parameters…' when no name is near."""
+    with pytest.raises(PlanError) as caught:
+        OfflineProvider().plan("train who-is-the-spy top_p=0.9", mode="vibe")
+    assert "nor a training setting (parameters of who_is_the_spy: " in str(caught.value)
+    with pytest.raises(PlanError, match=r"nor a training setting: did you mean leak_penalty or "):
+        OfflineProvider().plan("train who-is-the-spy leak_penalti=0.9", mode="vibe")
+
+
+def test_any_providers_plan_of_a_request_naming_two_datasets_is_refused() -> None:
+    """An LLM's plan passes the same check: it too would keep one of the two datasets."""
+    draft = check_plan(PlanDraft(kind="train", template="math", params={"dataset": "aime"}, objective="x"))
+    with pytest.raises(PlanError, match=r"the request names 2 datasets \(gsm8k, aime\)"):
+        check_request("train math on gsm8k and aime", draft)
+    assert check_request("train math on aime", draft) is draft

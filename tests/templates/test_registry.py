@@ -77,7 +77,11 @@ def test_param_validation():
         ({"n_players": 2}, "below the minimum"),
         ({"n_players": 9}, "above the maximum"),
         ({"n_players": 4.5}, "expected an int"),
-        ({"tell_roles": "maybe"}, "expected a bool"),
+        # found by a fresh user: "expected a bool, got 'maybe'" named no word that works
+        (
+            {"tell_roles": "maybe"},
+            r"expected true or false \(true/false, yes/no, on/off or 1/0\), got 'maybe'",
+        ),
         ({"train_roles": "judge"}, "not one of"),
         ({"colour": "red"}, "unknown parameter"),
         ({"n_players": 4, "n_spies": 2}, "fewer than half"),
