@@ -13,13 +13,14 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from a3r.providers import ResearchProvider
 from a3r.study.design import PREFLIGHT_BUDGET_S
+from a3r.study.research import WRAP_UP_S, spent_s
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.sequential import SignalRule
 from a3r.swarmops.context import ExecutionContext
@@ -159,6 +160,13 @@ class RunContext:
     servers: dict[str, ServerHandle] = field(default_factory=dict)
     execute: RunExecutor = execute_run
     clock_mark: float = field(default_factory=time.monotonic)
+
+    def budget_left_s(self, outcomes: Sequence[RunOutcome], now: float | None = None) -> float:
+        """Seconds of the thread's budget left: less its runs with the time around them (`spent_s`),
+        the time since ``clock_mark`` (this planning or analysis) and the report's wrap-up
+        (`WRAP_UP_S`)."""
+        since = max(0.0, (time.monotonic() if now is None else now) - self.clock_mark)
+        return self.budget_s - spent_s(outcomes) - since - WRAP_UP_S
 
     def say(self, line: str) -> None:
         """Report progress (to ``notify``)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from typing import Literal
 
 from langgraph.runtime import Runtime
@@ -43,7 +42,6 @@ from a3r.study.plans import (
 )
 from a3r.study.research import (
     SAFETY_SHARE,
-    WRAP_UP_S,
     estimate_run_s,
     eval_reserve_s,
     fit_budget,
@@ -51,7 +49,6 @@ from a3r.study.research import (
     min_stable_value,
     refine_values,
     size_training,
-    spent_s,
     sweep_specs,
     token_cap,
     verdicts,
@@ -100,7 +97,7 @@ def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | N
         return None
     head = queue[0]
     runs = [i for i, spec in enumerate(queue) if spec.purpose == "train" and spec.start_step == 0]
-    budget_left = ctx.budget_s - _spent(state, ctx)
+    budget_left = ctx.budget_left_s(state.get("outcomes", []))
     sizing = size_training(
         head.settings,
         seconds_per_episode=outcomes[-1].seconds_per_episode,
@@ -198,19 +195,12 @@ def _design_lines(plan: PlanDraft, priors: list[PriorFinding], preflight_budget_
     return out
 
 
-def _spent(state: ResearchState, ctx: RunContext) -> float:
-    """The thread's budget used: its runs with the time around them (`spent_s`), the time since the last
-    run (this planning) and the wrap-up the report will need (`WRAP_UP_S`)."""
-    since = max(0.0, time.monotonic() - ctx.clock_mark)
-    return spent_s(state.get("outcomes", [])) + since + WRAP_UP_S
-
-
 def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
     plan = state["plan"]
     assert plan.sweep is not None
     stage = state.get("stage", "preflight")
     outcomes = state.get("outcomes", [])
-    budget_left = ctx.budget_s - _spent(state, ctx)
+    budget_left = ctx.budget_left_s(state.get("outcomes", []))
     eval_episodes = ctx.eval_tasks * ctx.eval_samples
     if stage == "preflight":
         pre = next((o for o in reversed(outcomes) if o.purpose == "preflight"), None)
@@ -333,7 +323,7 @@ def _after_stage(
     baseline = state.get("baseline")
     assert baseline is not None
     criterion = plan.stability or StabilityCriterion()
-    budget_left = ctx.budget_s - _spent(state, ctx)
+    budget_left = ctx.budget_left_s(state.get("outcomes", []))
     eval_episodes = ctx.eval_tasks * ctx.eval_samples
     measured = [o.seconds_per_episode for o in outcomes if o.purpose == "sweep"]
     per_episode = min((m for m in measured if m == m), default=float("nan"))

@@ -23,7 +23,7 @@ from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_experiment, ensure_run
 from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.providers.offline import read_params
-from a3r.study.research import WRAP_UP_S, eval_reserve_s, spent_s
+from a3r.study.research import eval_reserve_s
 from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec
 from a3r.study.settings import value_text
 from a3r.swarmops.execution import Workspace
@@ -120,7 +120,7 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
     # overhead; WRAP_UP_S stays free for stopping the servers and writing the report after the last run
     started = time.monotonic()
     before_s = max(0.0, started - ctx.clock_mark)
-    budget_left = ctx.budget_s - WRAP_UP_S - spent_s(state.get("outcomes", [])) - before_s
+    budget_left = ctx.budget_left_s(state.get("outcomes", []), now=started)
     ws = Workspace(Path(state["workspace"]))
     if budget_left <= 0:
         outcome = RunOutcome(
