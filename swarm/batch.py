@@ -113,6 +113,9 @@ class EpisodeSummary(BaseModel):
     status: EpisodeStatus = EpisodeStatus.FINISHED
     reward: float | None = None
     """Scalar reward reported at ``finish`` (``None`` for aborted episodes)."""
+    agent_rewards: dict[str, float] = Field(default_factory=dict)
+    """Per-agent rewards reported at ``finish`` (multi-agent episodes; empty otherwise): a step's
+    per-agent advantages (`swarm.train.losses.agent_advantages`) read them from the batch."""
     finished_at: float = 0.0
     """Unix time (s) when the episode ended."""
 
@@ -160,6 +163,8 @@ class Batch(BaseModel):
     """task_id → episode ids of that task in this batch (the GRPO groups), tasks in order of first episode."""
     rewards: dict[str, float]
     """episode_id → reward used for the group statistics (``aborted_reward`` for aborted episodes)."""
+    agent_rewards: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """episode_id → per-agent rewards, for the trained episodes that reported them."""
     dropped: list[str] = Field(default_factory=list)
     """Episodes consumed but not trained: infra failures (and aborts when ``aborted_reward`` is None) seen up
     to the batch's last episode, and, for ``informative_tasks``, full groups whose rewards are all equal."""
@@ -243,6 +248,7 @@ def _make_batch(
         episode_ids=[ep.episode_id for ep in chosen],
         groups=groups,
         rewards={ep.episode_id: rewards[ep.episode_id] for ep in chosen},
+        agent_rewards={ep.episode_id: ep.agent_rewards for ep in chosen if ep.agent_rewards},
         dropped=list(dropped),
         reason=reason,
     )

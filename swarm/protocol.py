@@ -20,6 +20,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    computed_field,
     field_validator,
     model_validator,
 )
@@ -30,6 +31,9 @@ from swarm.tracking.messages import FunctionCall as FunctionCall
 from swarm.tracking.messages import TextPart as TextPart
 from swarm.tracking.messages import ToolCall as ToolCall
 from swarm.tracking.records import CallRecord, Sample
+from swarm.train.config import LossAggregation as LossAggregation
+from swarm.train.metrics import StepMetrics as StepMetrics
+from swarm.train.metrics import StepTimings as StepTimings
 
 MIN_TOKEN_CHARS = 16
 """The shortest admin or client token a server takes, wherever it comes from (``swarm serve`` options,
@@ -446,27 +450,6 @@ class BatchPolicy(StrEnum):
     """At least one active client voted ready."""
 
 
-class LossAggregation(StrEnum):
-    """How per-token losses of a batch reduce to one scalar (with per-sequence weights ``w_i``).
-
-    With sample weights summing to 1 per episode (``swarm.tracking.merge.LossWeighting.EPISODE``), an
-    episode split into k samples counts as one sequence whose loss is the weight-average of its samples in
-    every mode; with ``EPISODE`` weights (``n_s / N_e``) and ``SEQ_MEAN_TOKEN_MEAN`` that is exactly the
-    episode's token mean, whatever the split. For ``TOKEN_MEAN`` use weights 1 (``LossWeighting.SAMPLE``):
-    each trained token then counts once, and no token is ever trained by two samples.
-    """
-
-    TOKEN_MEAN = "token_mean"
-    """``Σ_i w_i Σ_t l_it / Σ_i w_i |o_i|``: every token counts equally (DAPO, Yu et al. 2025, eq. 12 "token-level
-    policy gradient loss"; TRL ``loss_type="dapo"``)."""
-    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
-    """``Σ_i w_i (1/|o_i|) Σ_t l_it / Σ_i w_i``: mean over tokens, then over sequences (original GRPO,
-    Shao et al. 2024 eq. 3; TRL ``loss_type="grpo"``). Biased towards short sequences."""
-    SEQ_MEAN_TOKEN_SUM_NORM = "seq_mean_token_sum_norm"
-    """``Σ_i w_i Σ_t l_it / (L · Σ_i w_i)`` with a constant L (the generation budget): Dr. GRPO (Liu et al. 2025,
-    §3.1), removing the length bias; TRL ``loss_type="dr_grpo"`` (which uses ``max_completion_length``)."""
-
-
 # --- control --------------------------------------------------------------------------------------------
 class EngineState(StrEnum):
     IDLE = "idle"
@@ -705,99 +688,34 @@ class ClientState(BaseModel):
     """Whether its readiness vote stands."""
 
 
-class StepTimings(BaseModel):
-    """Wall-clock seconds spent in each phase of a step."""
-
-    old_logprobs_s: float = 0.0
-    """No-grad forward recomputing π_θ_old (0 when reused from the training forward)."""
-    ref_logprobs_s: float = 0.0
-    """No-grad forward of the reference policy (0 without KL)."""
-    fwd_bwd_s: float = 0.0
-    """Training forwards and backwards over all micro-batches."""
-    optim_s: float = 0.0
-    """Gradient clipping and optimizer steps (the verl trainer counts them in ``fwd_bwd_s``: its
-    ``update_actor`` call does both)."""
-    weight_sync_s: float = 0.0
-    """Bringing the trained weights to the served model: the verl trainer's FSDP gather to rank 0 and
-    copy into the server's module (0 for the torch trainer, which trains that module itself)."""
-    total_s: float = 0.0
-    """Whole step, including batching."""
-
-
-class StepMetrics(BaseModel):
-    """Metrics of one trainer step (all means are over scored tokens unless stated)."""
-
-    step: int
-    """Policy version after this step (1 after the first update)."""
-    samples: int
-    """Training sequences in the batch."""
-    episodes: int
-    """Distinct episodes in the batch."""
-    tokens: int
-    """Scored (loss-mask) tokens trained, per pass."""
-    reward_mean: float | None = None
-    """Mean episode reward (``None`` when rewards were not passed)."""
-    reward_std: float | None = None
-    """Population std of episode rewards."""
-    adv_mean: float
-    """Mean advantage over samples."""
-    adv_std: float
-    adv_min: float
-    adv_max: float
-    loss: float
-    """Aggregated loss (policy + β·KL − entropy bonus), mean over optimizer updates."""
-    policy_loss: float
-    """Clipped surrogate alone (same aggregation), mean over updates."""
-    kl: float | None = None
-    """Mean k3 KL to the reference on scored tokens (``None`` when ``kl_coef == 0``)."""
-    clip_frac: float
-    """Fraction of scored tokens whose ratio was clipped (no gradient)."""
-    entropy: float
-    """Mean policy entropy (nats) on scored tokens."""
-    grad_norm: float
-    """Global gradient L2 norm before clipping (mean over updates)."""
-    grad_norm_max: float
-    """Largest pre-clip gradient norm of the step's updates."""
-    ratio_mean: float
-    """Mean π_θ/π_θ_old on scored tokens (1.0 on the first pass)."""
-    logprob_drift_mean: float
-    """Mean |engine logprob − trainer π_θ_old logprob| on scored tokens (engine/trainer numerical mismatch)."""
-    logprob_drift_max: float
-    """Max of the same."""
-    tis_weight_mean: float | None = None
-    """Mean truncated importance weight min(π_θ_old/μ, C) on scored tokens (``None`` when ``tis_cap`` is off)."""
-    lr: float
-    """Learning rate used."""
-    updates: int
-    """Optimizer updates made (``ppo_epochs · minibatches``)."""
-    micro_batches: int
-    """Forward/backward passes made."""
-    time_s: StepTimings = Field(default_factory=StepTimings)
-    created_at: float = 0.0
-    """Unix time (s) when the step finished."""
+_WIRE_MERGE_FIELDS = (
+    "calls",
+    "merge_ratio",
+    "prefix_breaks",
+    "token_breaks",
+    "text_merges",
+    "splices",
+    "tokens_saved",
+)
+"""The fields of a batch's `MergeStats` that a metrics row carries (at its top level, by these names)."""
 
 
 class ServerStepMetrics(StepMetrics):
     """A trainer step's metrics plus what the server knows about the batch: one row of
-    ``GET /api/v1/metrics`` and one line of ``metrics.jsonl``."""
+    ``GET /api/v1/metrics`` and one line of ``metrics.jsonl``.
+
+    The batch's merge statistics are one `MergeStats` (:attr:`merge`); a row carries seven of its fields
+    at its top level (``calls``, ``merge_ratio``, ``prefix_breaks``, ``token_breaks``, ``text_merges``,
+    ``splices``, ``tokens_saved``: read-only properties here), and a row read back nests them again
+    (the other fields of :attr:`merge` are then at their defaults)."""
 
     batch_policy: str = ""
     groups: int = 0
     """GRPO groups (tasks) in the batch."""
     episodes_dropped: int = 0
     """Episodes consumed without training (zero-signal groups, infra failures)."""
-    calls: int = 0
-    """Call records merged into the batch's samples."""
-    merge_ratio: float = 0.0
-    """Calls per training sample."""
-    prefix_breaks: dict[str, int] = Field(default_factory=dict)
-    token_breaks: int = 0
-    """Calls that extend no call of their agent token-exactly (Σ ``prefix_breaks``)."""
-    text_merges: int = 0
-    """Calls joined to a chain by text only (``--merge text``)."""
-    splices: int = 0
-    tokens_saved: int = 0
-    """Prompt tokens not recomputed thanks to prefix merging."""
+    merge: MergeStats = Field(default_factory=lambda: MergeStats(episodes=0), exclude=True)
+    """Merge statistics of the batch's episodes (`swarm.tracking.merge.aggregate_stats`)."""
     drain_s: float = 0.0
     """Seconds spent draining open episodes before the step."""
     drain_aborted: int = 0
@@ -811,6 +729,57 @@ class ServerStepMetrics(StepMetrics):
     rewound_steps: list[int] = Field(default_factory=list)
     """On the first row after a restart: the steps whose update was lost with the previous process (the
     run resumed from the last checkpoint, so this row's step number was used before). Empty otherwise."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_merge(cls, data: Any) -> Any:
+        """A row as served or logged (merge fields at the top level) → ``merge`` nested."""
+        if isinstance(data, dict) and "merge" not in data:
+            merge = {name: data[name] for name in _WIRE_MERGE_FIELDS if name in data}
+            return {**data, "merge": MergeStats(episodes=0, **merge)}
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def calls(self) -> int:
+        """Call records merged into the batch's samples."""
+        return self.merge.calls
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def merge_ratio(self) -> float:
+        """Calls per training sample."""
+        return self.merge.merge_ratio
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def prefix_breaks(self) -> dict[str, int]:
+        """Calls that extend no call of their agent token-exactly, by `PrefixBreak` cause."""
+        return self.merge.prefix_breaks
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def token_breaks(self) -> int:
+        """Calls that extend no call of their agent token-exactly (Σ ``prefix_breaks``)."""
+        return self.merge.token_breaks
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def text_merges(self) -> int:
+        """Calls joined to a chain by text only (``--merge text``)."""
+        return self.merge.text_merges
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def splices(self) -> int:
+        """Assistant spans reused token-exactly (drift repairs)."""
+        return self.merge.splices
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tokens_saved(self) -> int:
+        """Prompt tokens not recomputed thanks to prefix merging."""
+        return self.merge.tokens_saved
 
 
 EventLevel = Literal["debug", "info", "warning", "error"]

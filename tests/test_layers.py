@@ -44,8 +44,9 @@ SWARM_LAYERS: Layers = (
     ("swarm.serve_options",),  # swarm serve's flags; builds the ServerConfig (imports it when called)
     ("swarm.engine.factory",),  # builds the engine a ServerConfig names: above the config it reads
     ("swarm.config",),
-    ("swarm.engine", "swarm.train", "swarm.pool", "swarm.batch"),
+    ("swarm.engine", "swarm.pool", "swarm.batch"),
     ("swarm.protocol",),
+    ("swarm.train",),  # losses and trainers; owns the step metrics the protocol re-exports
     ("swarm.tracking",),
     ("swarm.errors", "swarm.heap", "swarm.precision"),
 )

@@ -5,6 +5,10 @@ fine-tuning: loadable with ``AutoModelForCausalLM.from_pretrained``) or ``adapte
 ``adapter_config.json`` (LoRA: loadable with ``PeftModel.from_pretrained``), the tokenizer files,
 ``trainer_state.pt`` (optimizer, step, live config) and ``meta.json`` (step, time). A checkpoint is
 written into a temporary folder and renamed into place, so a crash never leaves a half checkpoint.
+
+:func:`resume` is the restart half of crash safety (docs/ARCHITECTURE.md §Crash safety): the newest
+checkpoint is loaded, the pool forgets what later steps consumed, and the metrics rows of those steps
+are dropped; :func:`checkpoint_now` is the save half, with its event.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from swarm.pool import Pool
+from swarm.server.events import EventLog
+from swarm.server.step_history import StepHistory
+from swarm.train import TrainerBackend
 
 _NAME = re.compile(r"^step-(\d+)$")
 
@@ -91,3 +100,62 @@ def load_weights(path: Path, model: Any) -> None:
 def load_trainer_state(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
     return state
+
+
+def checkpoint_now(
+    run_dir: Path, trainer: TrainerBackend, tokenizer: Any, *, keep: int, events: EventLog
+) -> float:
+    """Save the trainer's current step (`save_checkpoint`) and log ``checkpoint.saved``; returns the
+    seconds it took."""
+    started = time.perf_counter()
+    save_checkpoint(run_dir, trainer.step_count, trainer.model, tokenizer, trainer.state_dict(), keep=keep)
+    elapsed = time.perf_counter() - started
+    events.emit(
+        "checkpoint.saved", f"checkpoint step {trainer.step_count} ({elapsed:.1f} s)", step=trainer.step_count
+    )
+    return elapsed
+
+
+def resume(run_dir: Path, trainer: TrainerBackend, pool: Pool, history: StepHistory, events: EventLog) -> int:
+    """Restart where the run's last checkpoint left it; returns that step (0: none, a fresh run).
+
+    Loads the newest checkpoint into ``trainer`` (weights, sampling copy, optimizer and live config),
+    un-marks episodes consumed by later steps (`Pool.rewind`: their update died with the process, so
+    they are trained again), drops the later rows of ``history`` and sets ``history.rewound_steps`` to
+    the steps lost, each with its event.
+    """
+    latest = latest_checkpoint(run_dir)
+    step = 0
+    if latest is not None:
+        step, path = latest
+        load_weights(path, trainer.model)
+        trainer.sync_sampling_model()
+        trainer.load_state_dict(load_trainer_state(path))
+        events.emit("checkpoint.loaded", f"resumed from checkpoint step {step}", step=step)
+    lost = set(pool.trained_steps_after(step))
+    rewound = pool.rewind(step)
+    if rewound:
+        events.emit(
+            "pool.rewound",
+            f"{rewound} episodes consumed after step {step} will be trained again (their update was lost)",
+            level="warning",
+            episodes=rewound,
+        )
+    history.rewound_steps = sorted(lost | history.resume(step))
+    if history.rewound_steps:
+        events.emit(
+            "train.rewound",
+            f"steps {_span(history.rewound_steps)} were lost with the previous process (last checkpoint: "
+            f"step {step}); the next update is step {step + 1} again",
+            level="warning",
+            rewound_steps=history.rewound_steps,
+            resumed_from=step,
+        )
+    return step
+
+
+def _span(steps: list[int]) -> str:
+    """``6-8`` for consecutive steps, else ``6, 8``."""
+    if steps == list(range(steps[0], steps[-1] + 1)) and len(steps) > 1:
+        return f"{steps[0]}-{steps[-1]}"
+    return ", ".join(str(s) for s in steps)

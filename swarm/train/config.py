@@ -1,14 +1,39 @@
-"""Typed configuration of the torch trainer backend (live-editable fields are marked)."""
+"""Typed configuration of the trainer backends (live-editable fields are marked) and the loss
+aggregation modes they take.
+
+Torch-free: the wire protocol (`swarm.protocol`) re-exports :class:`LossAggregation` for ``PATCH
+/api/v1/config``, and the client must not load torch.
+"""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from swarm.train.losses import LossAggregation
+__all__ = ["LIVE_FIELDS", "LoraSettings", "LossAggregation", "TrainerConfig", "VerlSettings"]
 
-__all__ = ["LIVE_FIELDS", "LoraSettings", "TrainerConfig", "VerlSettings"]
+
+class LossAggregation(StrEnum):
+    """How per-token losses of a batch reduce to one scalar (with per-sequence weights ``w_i``).
+
+    With sample weights summing to 1 per episode (``swarm.tracking.merge.LossWeighting.EPISODE``), an
+    episode split into k samples counts as one sequence whose loss is the weight-average of its samples in
+    every mode; with ``EPISODE`` weights (``n_s / N_e``) and ``SEQ_MEAN_TOKEN_MEAN`` that is exactly the
+    episode's token mean, whatever the split. For ``TOKEN_MEAN`` use weights 1 (``LossWeighting.SAMPLE``):
+    each trained token then counts once, and no token is ever trained by two samples.
+    """
+
+    TOKEN_MEAN = "token_mean"
+    """``Σ_i w_i Σ_t l_it / Σ_i w_i |o_i|``: every token counts equally (DAPO, Yu et al. 2025, eq. 12 "token-level
+    policy gradient loss"; TRL ``loss_type="dapo"``)."""
+    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
+    """``Σ_i w_i (1/|o_i|) Σ_t l_it / Σ_i w_i``: mean over tokens, then over sequences (original GRPO,
+    Shao et al. 2024 eq. 3; TRL ``loss_type="grpo"``). Biased towards short sequences."""
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq_mean_token_sum_norm"
+    """``Σ_i w_i Σ_t l_it / (L · Σ_i w_i)`` with a constant L (the generation budget): Dr. GRPO (Liu et al. 2025,
+    §3.1), removing the length bias; TRL ``loss_type="dr_grpo"`` (which uses ``max_completion_length``)."""
 
 
 class LoraSettings(BaseModel):

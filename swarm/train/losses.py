@@ -11,19 +11,25 @@ policy π_ref. The token-level GRPO objective (Shao et al. 2024, "DeepSeekMath",
 which this module splits into :func:`grpo_advantages` (Â), :func:`ppo_clip_loss` (the min/clip term),
 :func:`kl_k3` (the D_KL estimator), :func:`entropy_from_logits` (an optional bonus) and
 :func:`aggregate_loss` (the 1/G Σ 1/|o_i| Σ_t reduction, or the DAPO and Dr. GRPO alternatives).
+A batch's advantages come from :func:`episode_advantages` (one per episode) and
+:func:`agent_advantages` (one per agent of a multi-agent episode that reported per-agent rewards);
+:func:`batch_statistics` describes them in a step's metrics.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
-from swarm.protocol import LossAggregation
+from swarm.train.config import LossAggregation
 
 __all__ = [
     "LossAggregation",
+    "agent_advantages",
     "aggregate_loss",
+    "batch_statistics",
     "entropy_from_logits",
     "episode_advantages",
     "grpo_advantages",
@@ -109,6 +115,61 @@ def episode_advantages(
         adv_G = grpo_advantages(rewards_G, normalize_std=normalize_std, eps=eps)
         out.update(zip(episode_ids, adv_G.tolist(), strict=True))
     return out
+
+
+def agent_advantages(
+    groups: Mapping[str, Sequence[str]],
+    rewards: Mapping[str, float],
+    agent_rewards: Mapping[str, Mapping[str, float]],
+    *,
+    normalize_std: bool = True,
+) -> dict[tuple[str, str], float]:
+    """GRPO advantages per agent for multi-agent episodes that report per-agent rewards.
+
+    For each group (task) and each agent named in any of its episodes' ``agent_rewards``, the agent's
+    rewards across the G episodes form its own group: ``A_{i,a} = (r_{i,a} − mean_j r_{j,a}) / std_j r_{j,a}``
+    (Shao et al. 2024, eq. of §4.1.2, applied per agent), where an episode that did not report agent
+    ``a`` falls back to its scalar reward. Agents without per-agent rewards use the episode advantage.
+
+    Args:
+        groups: task_id → episode ids (``Batch.groups``).
+        rewards: episode_id → scalar reward (``Batch.rewards``).
+        agent_rewards: episode_id → {agent: reward} for episodes that reported them.
+        normalize_std: divide by the group std (GRPO) or not (Dr. GRPO).
+
+    Returns:
+        (episode_id, agent) → advantage, for every agent named in ``agent_rewards`` of the group.
+    """
+    out: dict[tuple[str, str], float] = {}
+    for episode_ids in groups.values():
+        agents = sorted({a for e in episode_ids for a in agent_rewards.get(e, {})})
+        for agent in agents:
+            rewards_G = torch.tensor(
+                [agent_rewards.get(e, {}).get(agent, rewards[e]) for e in episode_ids], dtype=torch.float64
+            )
+            adv_G = grpo_advantages(rewards_G, normalize_std=normalize_std)
+            out.update({(e, agent): float(a) for e, a in zip(episode_ids, adv_G.tolist(), strict=True)})
+    return out
+
+
+def batch_statistics(advantages: Sequence[float], rewards: Sequence[float] | None) -> dict[str, Any]:
+    """The :class:`~swarm.train.metrics.StepMetrics` fields that describe a batch rather than the update: reward mean and
+    population std (``None`` without rewards) and advantage mean, population std, min and max.
+
+    Args:
+        advantages: One per sample (non-empty).
+        rewards: One per episode, or ``None``.
+    """
+    adv_t = torch.tensor(list(advantages), dtype=torch.float64)
+    rew_t = torch.tensor(list(rewards), dtype=torch.float64) if rewards else None
+    return {
+        "reward_mean": None if rew_t is None else float(rew_t.mean()),
+        "reward_std": None if rew_t is None else float(rew_t.std(unbiased=False)),
+        "adv_mean": float(adv_t.mean()),
+        "adv_std": float(adv_t.std(unbiased=False)),
+        "adv_min": float(adv_t.min()),
+        "adv_max": float(adv_t.max()),
+    }
 
 
 def selective_log_softmax(

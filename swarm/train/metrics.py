@@ -1,41 +1,91 @@
-"""The JSONL log of per-step training metrics (one :class:`~swarm.protocol.StepMetrics` per policy update).
+"""A trainer step's metrics (:class:`StepMetrics`, :class:`StepTimings`) and their JSONL log.
 
-The metrics themselves are defined once in :mod:`swarm.protocol` (``GET /api/v1/metrics`` serves them);
-the run dir keeps them in ``metrics.jsonl`` (one JSON object per line, appended after each step).
+Defined here, with the trainers that fill them; the wire protocol re-exports them (`swarm.protocol`: the
+server's rows of ``GET /api/v1/metrics`` extend :class:`StepMetrics`). Torch-free, so the client can
+import the protocol without torch. A run dir keeps the rows in ``metrics.jsonl`` (one JSON object per
+line, appended after each step).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import torch
+from pydantic import BaseModel, Field
 
-from swarm.protocol import StepMetrics, StepTimings
-
-__all__ = ["MetricsLog", "StepMetrics", "StepTimings", "batch_statistics"]
+__all__ = ["MetricsLog", "StepMetrics", "StepTimings"]
 
 
-def batch_statistics(advantages: Sequence[float], rewards: Sequence[float] | None) -> dict[str, Any]:
-    """The :class:`StepMetrics` fields that describe a batch rather than the update: reward mean and
-    population std (``None`` without rewards) and advantage mean, population std, min and max.
+class StepTimings(BaseModel):
+    """Wall-clock seconds spent in each phase of a step."""
 
-    Args:
-        advantages: One per sample (non-empty).
-        rewards: One per episode, or ``None``.
-    """
-    adv_t = torch.tensor(list(advantages), dtype=torch.float64)
-    rew_t = torch.tensor(list(rewards), dtype=torch.float64) if rewards else None
-    return {
-        "reward_mean": None if rew_t is None else float(rew_t.mean()),
-        "reward_std": None if rew_t is None else float(rew_t.std(unbiased=False)),
-        "adv_mean": float(adv_t.mean()),
-        "adv_std": float(adv_t.std(unbiased=False)),
-        "adv_min": float(adv_t.min()),
-        "adv_max": float(adv_t.max()),
-    }
+    old_logprobs_s: float = 0.0
+    """No-grad forward recomputing π_θ_old (0 when reused from the training forward)."""
+    ref_logprobs_s: float = 0.0
+    """No-grad forward of the reference policy (0 without KL)."""
+    fwd_bwd_s: float = 0.0
+    """Training forwards and backwards over all micro-batches."""
+    optim_s: float = 0.0
+    """Gradient clipping and optimizer steps (the verl trainer counts them in ``fwd_bwd_s``: its
+    ``update_actor`` call does both)."""
+    weight_sync_s: float = 0.0
+    """Bringing the trained weights to the served model: the verl trainer's FSDP gather to rank 0 and
+    copy into the server's module (0 for the torch trainer, which trains that module itself)."""
+    total_s: float = 0.0
+    """Whole step, including batching."""
+
+
+class StepMetrics(BaseModel):
+    """Metrics of one trainer step (all means are over scored tokens unless stated)."""
+
+    step: int
+    """Policy version after this step (1 after the first update)."""
+    samples: int
+    """Training sequences in the batch."""
+    episodes: int
+    """Distinct episodes in the batch."""
+    tokens: int
+    """Scored (loss-mask) tokens trained, per pass."""
+    reward_mean: float | None = None
+    """Mean episode reward (``None`` when rewards were not passed)."""
+    reward_std: float | None = None
+    """Population std of episode rewards."""
+    adv_mean: float
+    """Mean advantage over samples."""
+    adv_std: float
+    adv_min: float
+    adv_max: float
+    loss: float
+    """Aggregated loss (policy + β·KL − entropy bonus), mean over optimizer updates."""
+    policy_loss: float
+    """Clipped surrogate alone (same aggregation), mean over updates."""
+    kl: float | None = None
+    """Mean k3 KL to the reference on scored tokens (``None`` when ``kl_coef == 0``)."""
+    clip_frac: float
+    """Fraction of scored tokens whose ratio was clipped (no gradient)."""
+    entropy: float
+    """Mean policy entropy (nats) on scored tokens."""
+    grad_norm: float
+    """Global gradient L2 norm before clipping (mean over updates)."""
+    grad_norm_max: float
+    """Largest pre-clip gradient norm of the step's updates."""
+    ratio_mean: float
+    """Mean π_θ/π_θ_old on scored tokens (1.0 on the first pass)."""
+    logprob_drift_mean: float
+    """Mean |engine logprob − trainer π_θ_old logprob| on scored tokens (engine/trainer numerical mismatch)."""
+    logprob_drift_max: float
+    """Max of the same."""
+    tis_weight_mean: float | None = None
+    """Mean truncated importance weight min(π_θ_old/μ, C) on scored tokens (``None`` when ``tis_cap`` is off)."""
+    lr: float
+    """Learning rate used."""
+    updates: int
+    """Optimizer updates made (``ppo_epochs · minibatches``)."""
+    micro_batches: int
+    """Forward/backward passes made."""
+    time_s: StepTimings = Field(default_factory=StepTimings)
+    created_at: float = 0.0
+    """Unix time (s) when the step finished."""
 
 
 class MetricsLog:

@@ -40,6 +40,7 @@ from swarm.tracking.records import Sample
 from swarm.train.config import LIVE_FIELDS, TrainerConfig
 from swarm.train.losses import (
     aggregate_loss,
+    batch_statistics,
     entropy_from_logits,
     kl_k3,
     loss_normalizer,
@@ -47,7 +48,7 @@ from swarm.train.losses import (
     selective_log_softmax,
     truncated_importance_weights,
 )
-from swarm.train.metrics import StepMetrics, StepTimings, batch_statistics
+from swarm.train.metrics import StepMetrics, StepTimings
 
 __all__ = ["TorchTrainer", "TrainerError"]
 

@@ -45,9 +45,9 @@ from torch import nn
 
 from swarm.errors import ConfigError
 from swarm.tracking.records import Sample
-from swarm.train.config import TrainerConfig, VerlSettings
-from swarm.train.losses import LossAggregation, loss_normalizer
-from swarm.train.metrics import StepMetrics, StepTimings, batch_statistics
+from swarm.train.config import LossAggregation, TrainerConfig, VerlSettings
+from swarm.train.losses import batch_statistics, loss_normalizer
+from swarm.train.metrics import StepMetrics, StepTimings
 from swarm.train.trainer import TrainerError
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.server.training import agent_advantages
+from swarm.train.losses import agent_advantages
 
 
 def test_each_agent_is_normalised_within_its_own_group() -> None:
