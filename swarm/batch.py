@@ -280,69 +280,95 @@ def select_batch(
     ids = [ep.episode_id for ep in pending]
     if len(set(ids)) != len(ids):
         raise BatchConfigError("pending episodes contain duplicate episode ids")
-    train = [ep for ep in pending if ep.kind == "train"]
-    rewards: dict[str, float] = {}
-    usable: list[EpisodeSummary] = []
-    unusable: list[EpisodeSummary] = []
-    for ep in train:
-        r = _effective_reward(ep, config)
-        if r is None:
-            unusable.append(ep)
-        else:
-            rewards[ep.episode_id] = r
-            usable.append(ep)
-    B, G = config.batch_size, config.group_size
+    eligible = _Eligible(config, pending)
     policy = config.policy
-
-    position = {eid: i for i, eid in enumerate(ids)}
-
-    def dropped_before(last_id: str, extra: Sequence[str] = ()) -> list[str]:
-        # Unusable episodes are retired with the batch that covers their place in the finish order.
-        cut = position[last_id]
-        return [ep.episode_id for ep in unusable if position[ep.episode_id] < cut] + list(extra)
-
     if policy is BatchPolicy.EPISODES:
-        if len(usable) < B * G:
-            return None
-        chosen = usable[: B * G]
-        return _make_batch(
-            chosen, rewards, dropped_before(chosen[-1].episode_id), f"{B * G} episodes finished (B·G)"
-        )
-
+        return _episodes_batch(config, eligible)
     if policy in (BatchPolicy.TASKS, BatchPolicy.INFORMATIVE_TASKS):
-        informative_only = policy is BatchPolicy.INFORMATIVE_TASKS
-        by_task: dict[str, list[EpisodeSummary]] = {}
-        chosen_groups: list[list[EpisodeSummary]] = []
-        zero_signal: list[str] = []
-        chosen_tasks: set[str] = set()
-        # Walk in finish order; a group is complete when its G-th usable episode arrives. A batch holds at most
-        # one group per task (groups are keyed by task): a task's next group waits for the next batch.
-        for ep in usable:
-            if ep.task_id in chosen_tasks:
-                continue
-            members = by_task.setdefault(ep.task_id, [])
-            members.append(ep)
-            if len(members) < G:
-                continue
-            group = by_task.pop(ep.task_id)
-            if informative_only and len({rewards[m.episode_id] for m in group}) == 1:
-                zero_signal.extend(m.episode_id for m in group)
-                continue
-            chosen_groups.append(group)
-            chosen_tasks.add(ep.task_id)
-            if len(chosen_groups) == B:
-                chosen = sorted((m for g in chosen_groups for m in g), key=lambda m: position[m.episode_id])
-                what = "informative full groups" if informative_only else "full groups"
-                return _make_batch(
-                    chosen,
-                    rewards,
-                    dropped_before(ep.episode_id, zero_signal),
-                    f"{B} {what} of {G} episodes",
-                )
-        return None
-
+        return _tasks_batch(config, eligible)
     if votes is None:
         raise BatchConfigError(f"batch policy {policy.value!r} needs client votes")
+    return _voted_batch(config, eligible, votes, now)
+
+
+class _Eligible:
+    """The train episodes of ``pending`` split into usable ones (with their group reward) and unusable
+    ones (infra failures; aborts when ``aborted_reward`` is ``None``), with finish-order positions."""
+
+    def __init__(self, config: BatchConfig, pending: Sequence[EpisodeSummary]) -> None:
+        self.position = {ep.episode_id: i for i, ep in enumerate(pending)}
+        self.rewards: dict[str, float] = {}
+        self.usable: list[EpisodeSummary] = []
+        self.unusable: list[EpisodeSummary] = []
+        for ep in pending:
+            if ep.kind != "train":
+                continue
+            r = _effective_reward(ep, config)
+            if r is None:
+                self.unusable.append(ep)
+            else:
+                self.rewards[ep.episode_id] = r
+                self.usable.append(ep)
+
+    def dropped_before(self, last_id: str, extra: Sequence[str] = ()) -> list[str]:
+        """Unusable episodes are retired with the batch that covers their place in the finish order."""
+        cut = self.position[last_id]
+        return [ep.episode_id for ep in self.unusable if self.position[ep.episode_id] < cut] + list(extra)
+
+    def batch(self, chosen: Sequence[EpisodeSummary], dropped: Sequence[str], reason: str) -> Batch:
+        return _make_batch(chosen, self.rewards, dropped, reason)
+
+
+def _episodes_batch(config: BatchConfig, eligible: _Eligible) -> Batch | None:
+    """``episodes``: the oldest B·G usable episodes."""
+    n = config.batch_size * config.group_size
+    if len(eligible.usable) < n:
+        return None
+    chosen = eligible.usable[:n]
+    return eligible.batch(
+        chosen, eligible.dropped_before(chosen[-1].episode_id), f"{n} episodes finished (B·G)"
+    )
+
+
+def _tasks_batch(config: BatchConfig, eligible: _Eligible) -> Batch | None:
+    """``tasks`` / ``informative_tasks``: the first B groups to complete (informative ones only)."""
+    B, G = config.batch_size, config.group_size
+    informative_only = config.policy is BatchPolicy.INFORMATIVE_TASKS
+    by_task: dict[str, list[EpisodeSummary]] = {}
+    chosen_groups: list[list[EpisodeSummary]] = []
+    zero_signal: list[str] = []
+    chosen_tasks: set[str] = set()
+    # Walk in finish order; a group is complete when its G-th usable episode arrives. A batch holds at most
+    # one group per task (groups are keyed by task): a task's next group waits for the next batch.
+    for ep in eligible.usable:
+        if ep.task_id in chosen_tasks:
+            continue
+        members = by_task.setdefault(ep.task_id, [])
+        members.append(ep)
+        if len(members) < G:
+            continue
+        group = by_task.pop(ep.task_id)
+        if informative_only and len({eligible.rewards[m.episode_id] for m in group}) == 1:
+            zero_signal.extend(m.episode_id for m in group)
+            continue
+        chosen_groups.append(group)
+        chosen_tasks.add(ep.task_id)
+        if len(chosen_groups) == B:
+            chosen = sorted(
+                (m for g in chosen_groups for m in g), key=lambda m: eligible.position[m.episode_id]
+            )
+            what = "informative full groups" if informative_only else "full groups"
+            return eligible.batch(
+                chosen, eligible.dropped_before(ep.episode_id, zero_signal), f"{B} {what} of {G} episodes"
+            )
+    return None
+
+
+def _voted_batch(
+    config: BatchConfig, eligible: _Eligible, votes: ClientVotes, now: float | None
+) -> Batch | None:
+    """``all_clients_ready`` / ``any_client_ready``: the episodes the votes release."""
+    policy = config.policy
     active = set(votes.active(now))
     ready = votes.ready(now)
     all_gone = not active and votes.seen_any  # nobody is left to vote: train what they left
@@ -364,11 +390,10 @@ def select_batch(
             return True
         return client_id in ready or client_id not in active
 
-    chosen = [ep for ep in usable if takes(ep.client_id)]
+    chosen = [ep for ep in eligible.usable if takes(ep.client_id)]
     if not chosen:
         return None
-    dropped = [ep.episode_id for ep in unusable if takes(ep.client_id)]
-    return _make_batch(chosen, rewards, dropped, reason)
+    return eligible.batch(chosen, [ep.episode_id for ep in eligible.unusable if takes(ep.client_id)], reason)
 
 
 class FamilyQuotas(BaseModel):

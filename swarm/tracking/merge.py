@@ -350,59 +350,83 @@ def build_samples(
     ordered = _validate(episode_id, calls)
     by_index = {c.index: c for c in ordered}
     token_parents = find_parents(ordered)
+    parents, starts, text_links = _links(ordered, token_parents, MergeMode(merge), decode)
+    trained: set[int] = set()  # calls whose completion is already trained by an earlier sample
+    samples: list[Sample] = []
+    untrained_chains = 0
+    for path in _chains(ordered, parents):
+        sample = _chain_sample(episode_id, len(samples), path, by_index, starts, trained)
+        if sample is None:
+            untrained_chains += 1
+        else:
+            samples.append(sample)
+    _set_weights(samples, weighting)
+    stats = _episode_stats(ordered, token_parents, samples, untrained_chains)
+    stats.text_merges = len(text_links)
+    return samples, stats
+
+
+def _links(
+    ordered: list[CallRecord], token_parents: dict[int, int | None], merge: MergeMode, decode: Decode | None
+) -> tuple[dict[int, int | None], dict[int, int], dict[int, tuple[int, int]]]:
+    """``(parents, starts, text_links)``: each call's parent on its chain (by tokens, or in text mode by
+    text), the first prompt position of each call its chain has not covered yet, and the text links."""
+    by_index = {c.index: c for c in ordered}
     parents = dict(token_parents)
-    starts: dict[int, int] = {}  # call index -> first prompt position its chain has not covered yet
+    starts: dict[int, int] = {}
     for call in ordered:
         parent = token_parents[call.index]
         if parent is not None:
             starts[call.index] = len(by_index[parent].prompt_ids) + len(by_index[parent].completion_ids)
     text_links: dict[int, tuple[int, int]] = {}
-    if MergeMode(merge) is MergeMode.TEXT:
+    if merge is MergeMode.TEXT:
         if decode is None:
             raise ValueError("text-level merging needs decode (the tokenizer's ids -> text)")
         text_links = find_text_links(ordered, token_parents, decode)
         for index, (parent, k) in text_links.items():
             parents[index], starts[index] = parent, k
-    trained: set[int] = set()  # calls whose completion is already trained by an earlier sample
-    samples: list[Sample] = []
-    untrained_chains = 0
-    for path in _chains(ordered, parents):
-        input_ids_T: list[int] = []
-        loss_mask_T: list[int] = []
-        logprobs_T: list[float] = []
-        call_ids_T: list[int] = []
-        for index in path:
-            call = by_index[index]
-            new_prompt = call.prompt_ids[starts.get(index, 0) :]
-            n = len(new_prompt) + len(call.completion_ids)
-            input_ids_T += new_prompt + call.completion_ids
-            call_ids_T += [index] * n
-            if call.trainable and index not in trained:
-                trained.add(index)
-                loss_mask_T += [0] * len(new_prompt) + [1] * len(call.completion_ids)
-                logprobs_T += [0.0] * len(new_prompt) + list(call.logprobs)
-            else:
-                loss_mask_T += [0] * n
-                logprobs_T += [0.0] * n
-        if not any(loss_mask_T):
-            untrained_chains += 1
-            continue
-        samples.append(
-            Sample(
-                episode_id=episode_id,
-                index=len(samples),
-                input_ids=input_ids_T,
-                loss_mask=loss_mask_T,
-                behaviour_logprobs=logprobs_T,
-                call_ids=call_ids_T,
-                calls=path,
-                agent=by_index[path[-1]].agent,
-            )
-        )
-    _set_weights(samples, weighting)
-    stats = _episode_stats(ordered, token_parents, samples, untrained_chains)
-    stats.text_merges = len(text_links)
-    return samples, stats
+    return parents, starts, text_links
+
+
+def _chain_sample(
+    episode_id: str,
+    index: int,
+    path: list[int],
+    by_index: dict[int, CallRecord],
+    starts: dict[int, int],
+    trained: set[int],
+) -> Sample | None:
+    """The sample of one chain (``None`` when it has nothing left to train); adds the calls it trains
+    to ``trained``."""
+    input_ids_T: list[int] = []
+    loss_mask_T: list[int] = []
+    logprobs_T: list[float] = []
+    call_ids_T: list[int] = []
+    for call_index in path:
+        call = by_index[call_index]
+        new_prompt = call.prompt_ids[starts.get(call_index, 0) :]
+        n = len(new_prompt) + len(call.completion_ids)
+        input_ids_T += new_prompt + call.completion_ids
+        call_ids_T += [call_index] * n
+        if call.trainable and call_index not in trained:
+            trained.add(call_index)
+            loss_mask_T += [0] * len(new_prompt) + [1] * len(call.completion_ids)
+            logprobs_T += [0.0] * len(new_prompt) + list(call.logprobs)
+        else:
+            loss_mask_T += [0] * n
+            logprobs_T += [0.0] * n
+    if not any(loss_mask_T):
+        return None
+    return Sample(
+        episode_id=episode_id,
+        index=index,
+        input_ids=input_ids_T,
+        loss_mask=loss_mask_T,
+        behaviour_logprobs=logprobs_T,
+        call_ids=call_ids_T,
+        calls=path,
+        agent=by_index[path[-1]].agent,
+    )
 
 
 def _set_weights(samples: list[Sample], weighting: LossWeighting) -> None:

@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -84,6 +84,29 @@ class _MicroBatch:
     @property
     def tokens(self) -> int:
         return int(self.score_mask.sum())
+
+
+@dataclass
+class _Totals:
+    """Sums over a step's micro-batches and updates; `TorchTrainer._step_metrics` turns them into means."""
+
+    sums: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("loss", "policy_loss", "kl", "clip", "entropy", "ratio", "tokens", "drift", "grad_norm", "tis"),
+            0.0,
+        )
+    )
+    drift_max: float = 0.0
+    grad_norm_max: float = 0.0
+    micro_batches: int = 0
+
+    def add(self, stats: Mapping[str, float]) -> None:
+        """Add a micro-batch's sums (``drift_max`` is a running maximum)."""
+        for k, v in stats.items():
+            if k == "drift_max":
+                self.drift_max = max(self.drift_max, v)
+            else:
+                self.sums[k] += v
 
 
 def _validate_sample(i: int, s: Sample) -> None:
@@ -473,88 +496,112 @@ class TorchTrainer:
         minibatch_rows = [list(range(len(samples)))[k::n_mb] for k in range(n_mb)]
         batches = [self._micro_batches(samples, rows, advantages) for rows in minibatch_rows]
         timings = StepTimings()
-
-        # π_θ_old (and π_ref) of every scored token, computed once under the step's starting weights.
         recompute = cfg.recompute_old_logprobs
         if recompute is None:
             recompute = cfg.updates_per_step > 1
-        old: dict[int, torch.Tensor] = {}  # id(micro-batch) -> (N,)
-        ref: dict[int, torch.Tensor] = {}
+        # π_θ_old (and π_ref) of every scored token, computed once under the step's starting weights.
         self._model.eval()
+        old = self._old_logprobs(batches, timings) if recompute else {}
+        ref = self._ref_logprobs(batches, timings) if cfg.kl_coef > 0 else {}
+        totals = _Totals()
         if recompute:
-            t0 = time.perf_counter()
-            for mbs in batches:
-                for mb in mbs:
-                    old[id(mb)] = self._logprobs(self._model, mb)
-            timings.old_logprobs_s = time.perf_counter() - t0
-        if cfg.kl_coef > 0:
-            t0 = time.perf_counter()
-            ref_model = self._ref_model if cfg.lora is None else self._model
-            if ref_model is None:
-                raise TrainerError(
-                    "kl_coef > 0 but no reference copy exists (full fine-tuning built with kl_coef 0)"
+            for mb in (mb for mbs in batches for mb in mbs):
+                diff_N = (mb.behaviour_logprobs - old[id(mb)].cpu()).abs()
+                totals.add(
+                    {
+                        "drift": float(diff_N.sum()),
+                        "drift_max": float(diff_N.max()) if diff_N.numel() else 0.0,
+                    }
                 )
-            with self._reference():
-                for mbs in batches:
-                    for mb in mbs:
-                        ref[id(mb)] = self._logprobs(ref_model, mb)
-            timings.ref_logprobs_s = time.perf_counter() - t0
-
-        sums: dict[str, float] = dict.fromkeys(
-            ("loss", "policy_loss", "kl", "clip", "entropy", "ratio", "tokens", "drift", "grad_norm", "tis"),
-            0.0,
-        )
-        drift_max = 0.0
-        if recompute:
-            for mbs in batches:
-                for mb in mbs:
-                    diff_N = (mb.behaviour_logprobs - old[id(mb)].cpu()).abs()
-                    sums["drift"] += float(diff_N.sum())
-                    drift_max = max(drift_max, float(diff_N.max()) if diff_N.numel() else 0.0)
-        grad_norm_max = 0.0
-        micro_batches = 0
         self._model.train()
         for epoch in range(cfg.ppo_epochs):
             for mbs in batches:
-                # Normaliser of the whole minibatch: micro-batch losses then sum to the minibatch loss.
-                norm = sum(
-                    loss_normalizer(mb.score_mask, mb.weights_b, cfg.loss_agg, norm_tokens=cfg.norm_tokens)
-                    for mb in mbs
+                self._update(
+                    mbs, old, ref, totals, timings, epoch=epoch, measure_drift=epoch == 0 and not recompute
                 )
-                t0 = time.perf_counter()
-                for mb in mbs:
-                    stats = self._forward_backward(
-                        mb, old, ref, norm, measure_drift=epoch == 0 and not recompute
-                    )
-                    micro_batches += 1
-                    for k, v in stats.items():
-                        if k == "drift_max":
-                            drift_max = max(drift_max, v)
-                        else:
-                            sums[k] += v
-                timings.fwd_bwd_s += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
-                if not math.isfinite(grad_norm):
-                    raise TrainerError(
-                        f"non-finite gradient norm ({grad_norm}) at update {self._step}.{epoch}; the update was "
-                        "skipped (lower lr, check rewards/advantages and logprobs)"
-                    )
-                sums["grad_norm"] += grad_norm
-                grad_norm_max = max(grad_norm_max, grad_norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                timings.optim_s += time.perf_counter() - t0
         self._model.eval()
         self.sync_sampling_model()
         if self._device().type == "cpu":
             return_freed_memory()
         self._step += 1
-
-        updates = cfg.ppo_epochs * len(batches)
-        scored = max(sums["tokens"], 1.0)
         timings.total_s = time.perf_counter() - t_start
+        return self._step_metrics(samples, advantages, rewards, total_tokens, totals, len(batches), timings)
+
+    def _old_logprobs(
+        self, batches: list[list[_MicroBatch]], timings: StepTimings
+    ) -> dict[int, torch.Tensor]:
+        """π_θ_old of every micro-batch's scored tokens: id(micro-batch) → (N,)."""
+        t0 = time.perf_counter()
+        old = {id(mb): self._logprobs(self._model, mb) for mbs in batches for mb in mbs}
+        timings.old_logprobs_s = time.perf_counter() - t0
+        return old
+
+    def _ref_logprobs(
+        self, batches: list[list[_MicroBatch]], timings: StepTimings
+    ) -> dict[int, torch.Tensor]:
+        """π_ref of every micro-batch's scored tokens: id(micro-batch) → (N,)."""
+        t0 = time.perf_counter()
+        ref_model = self._ref_model if self.config.lora is None else self._model
+        if ref_model is None:
+            raise TrainerError(
+                "kl_coef > 0 but no reference copy exists (full fine-tuning built with kl_coef 0)"
+            )
+        with self._reference():
+            ref = {id(mb): self._logprobs(ref_model, mb) for mbs in batches for mb in mbs}
+        timings.ref_logprobs_s = time.perf_counter() - t0
+        return ref
+
+    def _update(
+        self,
+        mbs: list[_MicroBatch],
+        old: Mapping[int, torch.Tensor],
+        ref: Mapping[int, torch.Tensor],
+        totals: _Totals,
+        timings: StepTimings,
+        *,
+        epoch: int,
+        measure_drift: bool,
+    ) -> None:
+        """One optimizer update on a minibatch: forward/backward of its micro-batches, clip, AdamW."""
+        cfg = self.config
+        # Normaliser of the whole minibatch: micro-batch losses then sum to the minibatch loss.
+        norm = sum(
+            loss_normalizer(mb.score_mask, mb.weights_b, cfg.loss_agg, norm_tokens=cfg.norm_tokens)
+            for mb in mbs
+        )
+        t0 = time.perf_counter()
+        for mb in mbs:
+            totals.add(self._forward_backward(mb, old, ref, norm, measure_drift=measure_drift))
+            totals.micro_batches += 1
+        timings.fwd_bwd_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+        if not math.isfinite(grad_norm):
+            raise TrainerError(
+                f"non-finite gradient norm ({grad_norm}) at update {self._step}.{epoch}; the update was "
+                "skipped (lower lr, check rewards/advantages and logprobs)"
+            )
+        totals.sums["grad_norm"] += grad_norm
+        totals.grad_norm_max = max(totals.grad_norm_max, grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        timings.optim_s += time.perf_counter() - t0
+
+    def _step_metrics(
+        self,
+        samples: Sequence[Sample],
+        advantages: Sequence[float],
+        rewards: Sequence[float] | None,
+        total_tokens: int,
+        totals: _Totals,
+        minibatches: int,
+        timings: StepTimings,
+    ) -> StepMetrics:
+        cfg = self.config
+        sums = totals.sums
+        updates = cfg.ppo_epochs * minibatches
+        scored = max(sums["tokens"], 1.0)
         return StepMetrics(
             step=self._step,
             samples=len(samples),
@@ -567,14 +614,14 @@ class TorchTrainer:
             clip_frac=sums["clip"] / scored,
             entropy=sums["entropy"] / scored,
             grad_norm=sums["grad_norm"] / updates,
-            grad_norm_max=grad_norm_max,
+            grad_norm_max=totals.grad_norm_max,
             ratio_mean=sums["ratio"] / scored,
             logprob_drift_mean=sums["drift"] / total_tokens,
             tis_weight_mean=sums["tis"] / scored if cfg.tis_cap is not None else None,
-            logprob_drift_max=drift_max,
+            logprob_drift_max=totals.drift_max,
             lr=cfg.lr,
             updates=updates,
-            micro_batches=micro_batches,
+            micro_batches=totals.micro_batches,
             time_s=timings,
             created_at=time.time(),
         )

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,6 +236,40 @@ def to_verl_batch(
     """
     from verl import DataProto
 
+    firsts = _first_scored(samples, advantages, multiple, minibatches)
+    n = len(samples)
+    B = -(-n // multiple) * multiple
+    tensors = _padded_layout(samples, firsts, B, pad_token_id)
+    response_mask = tensors["response_mask"]
+    if not bool(response_mask.any()):
+        raise TrainerError("no sample has a scored token (all loss masks are 0)")
+    mask64 = response_mask.to(torch.float64)
+    scale = _advantage_scale(samples, mask64, loss_agg, norm_tokens)
+    adv_B = torch.zeros(B, dtype=torch.float64)
+    adv_B[:n] = torch.tensor(list(advantages), dtype=torch.float64) * torch.tensor(scale, dtype=torch.float64)
+    behaviour = tensors.pop("rollout_log_probs")  # the DataProto keeps the layout's key order: last
+    tensors["advantages"] = (adv_B[:, None] * mask64).to(torch.float32)  # (B, R)
+    tensors["rollout_log_probs"] = behaviour
+    mode, factor = verl_loss_agg_mode(loss_agg, norm_tokens)
+    nonempty = int((response_mask.sum(-1) > 0).sum())
+    return VerlBatch(
+        data=DataProto.from_dict(tensors=tensors),
+        rows=n,
+        global_batch_size=max(1, round(nonempty / minibatches)),
+        loss_agg_mode=mode,
+        loss_scale_factor=factor,
+        advantage_scale=scale,
+    )
+
+
+def _first_scored(
+    samples: Sequence[Sample], advantages: Sequence[float], multiple: int, minibatches: int
+) -> list[int]:
+    """Each sample's first scored position (its response starts there; ``T − 1`` when none is scored).
+
+    Raises:
+        TrainerError: see :func:`to_verl_batch`.
+    """
     if not samples:
         raise TrainerError("cannot train on an empty batch")
     if len(advantages) != len(samples):
@@ -253,8 +288,15 @@ def to_verl_batch(
             raise TrainerError(f"sample {i}: advantage {advantages[i]} / weight {s.weight} must be finite")
         scored = [t for t, m in enumerate(s.loss_mask) if m]
         firsts.append(scored[0] if scored else T - 1)
+    return firsts
+
+
+def _padded_layout(
+    samples: Sequence[Sample], firsts: list[int], B: int, pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """verl's padded tensors of the samples (left-padded prompts, right-padded responses) and ``B − n``
+    padding rows, all but ``advantages``."""
     n = len(samples)
-    B = -(-n // multiple) * multiple
     P = max(firsts)
     R = max(len(s.input_ids) - f for s, f in zip(samples, firsts, strict=True))
     prompts = torch.full((B, P), pad_token_id, dtype=torch.long)  # (B, P) left-padded
@@ -276,45 +318,30 @@ def to_verl_batch(
     # response slicing need both non-empty), never trained.
     prompt_attn[n:, P - 1] = 1
     response_attn[n:, 0] = 1
-    if not bool(response_mask.any()):
-        raise TrainerError("no sample has a scored token (all loss masks are 0)")
+    attention = torch.cat([prompt_attn, response_attn], dim=1)  # (B, P+R)
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention,
+        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),  # (B, P+R)
+        "response_mask": response_mask,
+        "rollout_log_probs": behaviour,
+    }
 
-    weights_B = torch.zeros(B, dtype=torch.float64)  # (B,)
+
+def _advantage_scale(
+    samples: Sequence[Sample], mask64: torch.Tensor, loss_agg: LossAggregation, norm_tokens: int
+) -> list[float]:
+    """``c_s`` of each sample: its weight times verl's normaliser over ours (module docstring)."""
+    n = len(samples)
+    weights_B = torch.zeros(mask64.shape[0], dtype=torch.float64)  # (B,)
     weights_B[:n] = torch.tensor([s.weight for s in samples], dtype=torch.float64)
-    mask64 = response_mask.to(torch.float64)
     ours = loss_normalizer(mask64, weights_B, loss_agg, norm_tokens=norm_tokens)
     if loss_agg is LossAggregation.SEQ_MEAN_TOKEN_SUM_NORM:
         ours /= norm_tokens  # verl divides by L itself (loss_scale_factor)
     verls = _verl_normalizer(mask64, loss_agg)
-    scale = [float(w) * verls / ours if ours > 0 else 0.0 for w in weights_B[:n].tolist()]
-    adv_B = torch.zeros(B, dtype=torch.float64)
-    adv_B[:n] = torch.tensor(list(advantages), dtype=torch.float64) * torch.tensor(scale, dtype=torch.float64)
-    adv_BR = (adv_B[:, None] * mask64).to(torch.float32)  # (B, R)
-
-    attention = torch.cat([prompt_attn, response_attn], dim=1)  # (B, P+R)
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, P+R)
-    mode, factor = verl_loss_agg_mode(loss_agg, norm_tokens)
-    nonempty = int((response_mask.sum(-1) > 0).sum())
-    data = DataProto.from_dict(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": attention,
-            "position_ids": position_ids,
-            "response_mask": response_mask,
-            "advantages": adv_BR,
-            "rollout_log_probs": behaviour,
-        }
-    )
-    return VerlBatch(
-        data=data,
-        rows=n,
-        global_batch_size=max(1, round(nonempty / minibatches)),
-        loss_agg_mode=mode,
-        loss_scale_factor=factor,
-        advantage_scale=scale,
-    )
+    return [float(w) * verls / ours if ours > 0 else 0.0 for w in weights_B[:n].tolist()]
 
 
 def worker_input(data: Any, **meta: Any) -> Any:
@@ -368,7 +395,28 @@ def verl_actor_config(
     from omegaconf import OmegaConf, open_dict
     from verl.trainer import config as verl_config
 
-    mode, factor = verl_loss_agg_mode(config.loss_agg, config.norm_tokens)
+    overrides = _actor_overrides(model_path, config, settings, mini_batch_rows, compute_dtype)
+    config_dir = Path(verl_config.__file__).parent
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    node = cfg.actor_rollout_ref
+    _, factor = verl_loss_agg_mode(config.loss_agg, config.norm_tokens)
+    if factor is not None:
+        with open_dict(node):
+            node.actor.loss_scale_factor = factor
+    OmegaConf.resolve(node)
+    return node
+
+
+def _actor_overrides(
+    model_path: str | Path,
+    config: TrainerConfig,
+    settings: VerlSettings,
+    mini_batch_rows: int,
+    compute_dtype: str,
+) -> list[str]:
+    """The Hydra overrides of verl's ``ppo_trainer`` config that :func:`verl_actor_config` composes."""
+    mode, _ = verl_loss_agg_mode(config.loss_agg, config.norm_tokens)
     mb = config.micro_batch_size
     lora = config.lora
     overrides = [
@@ -424,15 +472,7 @@ def verl_actor_config(
             f"actor_rollout_ref.model.lora_alpha={lora.alpha}",
             f"actor_rollout_ref.model.target_modules=[{','.join(lora.target_modules)}]",
         ]
-    config_dir = Path(verl_config.__file__).parent
-    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=overrides)
-    node = cfg.actor_rollout_ref
-    if factor is not None:
-        with open_dict(node):
-            node.actor.loss_scale_factor = factor
-    OmegaConf.resolve(node)
-    return node
+    return overrides
 
 
 def _verl_dtype(dtype: str) -> str:
@@ -680,27 +720,34 @@ class VerlTrainer:
         Raises:
             TrainerError: Bad input (see :func:`to_verl_batch`) or a non-finite gradient norm.
         """
-        import time
-
-        from verl.utils import tensordict_utils as tu
-
-        cfg = self.config
         t_start = time.perf_counter()
+        cfg = self.config
         wg = self._workers()
-        multiple = self.settings.world_size * cfg.minibatches
         batch = to_verl_batch(
             samples,
             advantages,
             pad_token_id=self.pad_token_id,
             loss_agg=cfg.loss_agg,
             norm_tokens=cfg.norm_tokens,
-            multiple=multiple,
+            multiple=self.settings.world_size * cfg.minibatches,
             minibatches=cfg.minibatches,
         )
-        data = batch.data
         timings = StepTimings()
-        mask = data.batch["response_mask"].bool()
+        old, entropy = self._old_and_ref_logprobs(wg, batch.data, timings)
+        metrics = self._update_actor(wg, batch, timings)
+        t0 = time.perf_counter()
+        load_full_state_dict(self._module, wg.full_state_dict()[0])
+        timings.weight_sync_s = time.perf_counter() - t0
+        self._step += 1
+        timings.total_s = time.perf_counter() - t_start
+        return self._step_metrics(samples, advantages, rewards, batch.data, old, entropy, metrics, timings)
 
+    def _old_and_ref_logprobs(
+        self, wg: Any, data: Any, timings: StepTimings
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """π_θ_old and entropy of every response token, (B, R) each, written into ``data`` with π_ref
+        (``kl_coef > 0``) and the truncated importance weights (``tis_cap``)."""
+        cfg = self.config
         t0 = time.perf_counter()
         td = worker_input(data, calculate_entropy=True, compute_loss=False, temperature=cfg.temperature)
         out = wg.compute_log_prob(td)
@@ -713,14 +760,25 @@ class VerlTrainer:
             td = worker_input(data, calculate_entropy=False, compute_loss=False, temperature=cfg.temperature)
             data.batch["ref_log_prob"] = response_values(wg.compute_ref_log_prob(td), "log_probs", td)
             timings.ref_logprobs_s = time.perf_counter() - t0
-        behaviour = data.batch["rollout_log_probs"]
         if cfg.tis_cap is not None:
+            mask = data.batch["response_mask"].bool()
+            behaviour = data.batch["rollout_log_probs"]
             data.batch["rollout_is_weights"] = (old - behaviour).exp().clamp(max=cfg.tis_cap) * mask
+        return old, entropy
 
+    def _update_actor(self, wg: Any, batch: VerlBatch, timings: StepTimings) -> Mapping[str, Any]:
+        """verl's ``update_actor`` on the batch; returns its metrics.
+
+        Raises:
+            TrainerError: a non-finite gradient norm.
+        """
+        from verl.utils import tensordict_utils as tu
+
+        cfg = self.config
         t0 = time.perf_counter()
-        rows = data.batch["input_ids"].shape[0]
+        rows = batch.data.batch["input_ids"].shape[0]
         td = worker_input(
-            data,
+            batch.data,
             calculate_entropy=cfg.entropy_coef > 0,
             global_batch_size=batch.global_batch_size,
             mini_batch_size=rows // cfg.minibatches,
@@ -730,25 +788,33 @@ class VerlTrainer:
             compute_loss=True,
             temperature=cfg.temperature,
         )
-        metrics = tu.get(wg.update_actor(td), "metrics")
+        metrics: Mapping[str, Any] = tu.get(wg.update_actor(td), "metrics")
         timings.fwd_bwd_s = time.perf_counter() - t0
         grad_norm = _mean(metrics, "grad_norm", "actor/grad_norm")
         if grad_norm is not None and not math.isfinite(grad_norm):
             raise TrainerError(f"non-finite gradient norm ({grad_norm}) in verl's update")
+        return metrics
 
-        t0 = time.perf_counter()
-        state = wg.full_state_dict()[0]
-        load_full_state_dict(self._module, state)
-        timings.weight_sync_s = time.perf_counter() - t0
-        self._step += 1
-
-        drift = (behaviour - old).abs()[mask]
+    def _step_metrics(
+        self,
+        samples: Sequence[Sample],
+        advantages: Sequence[float],
+        rewards: Sequence[float] | None,
+        data: Any,
+        old: torch.Tensor,
+        entropy: torch.Tensor,
+        metrics: Mapping[str, Any],
+        timings: StepTimings,
+    ) -> StepMetrics:
+        cfg = self.config
+        mask = data.batch["response_mask"].bool()
+        rows = data.batch["input_ids"].shape[0]
+        drift = (data.batch["rollout_log_probs"] - old).abs()[mask]
         tokens = int(mask.sum())
         pg = _mean(metrics, "actor/pg_loss", "pg_loss") or 0.0
         kl = _mean(metrics, "kl_loss", "actor/kl_loss")
         total = _mean(metrics, "loss")
         updates = cfg.ppo_epochs * cfg.minibatches
-        timings.total_s = time.perf_counter() - t_start
         return StepMetrics(
             step=self._step,
             samples=len(samples),
@@ -760,7 +826,7 @@ class VerlTrainer:
             kl=kl if cfg.kl_coef > 0 else None,
             clip_frac=_mean(metrics, "actor/pg_clipfrac", "pg_clipfrac") or 0.0,
             entropy=float(entropy[mask].mean()) if tokens else 0.0,
-            grad_norm=grad_norm or 0.0,
+            grad_norm=_mean(metrics, "grad_norm", "actor/grad_norm") or 0.0,
             grad_norm_max=_max(metrics, "grad_norm", "actor/grad_norm") or 0.0,
             # verl reports ppo_kl = mean(old − new logprob) over trained tokens; exp(−ppo_kl) is the
             # geometric mean of the ratio (our torch trainer reports the arithmetic mean).
