@@ -350,7 +350,7 @@ def build_samples(
     ordered = _validate(episode_id, calls)
     by_index = {c.index: c for c in ordered}
     token_parents = find_parents(ordered)
-    parents, starts, text_links = _links(ordered, token_parents, MergeMode(merge), decode)
+    parents, starts, text_links = _links(ordered, by_index, token_parents, MergeMode(merge), decode)
     trained: set[int] = set()  # calls whose completion is already trained by an earlier sample
     samples: list[Sample] = []
     untrained_chains = 0
@@ -367,11 +367,14 @@ def build_samples(
 
 
 def _links(
-    ordered: list[CallRecord], token_parents: dict[int, int | None], merge: MergeMode, decode: Decode | None
+    ordered: list[CallRecord],
+    by_index: dict[int, CallRecord],
+    token_parents: dict[int, int | None],
+    merge: MergeMode,
+    decode: Decode | None,
 ) -> tuple[dict[int, int | None], dict[int, int], dict[int, tuple[int, int]]]:
     """``(parents, starts, text_links)``: each call's parent on its chain (by tokens, or in text mode by
     text), the first prompt position of each call its chain has not covered yet, and the text links."""
-    by_index = {c.index: c for c in ordered}
     parents = dict(token_parents)
     starts: dict[int, int] = {}
     for call in ordered:
