@@ -4,6 +4,9 @@ The OpenAI-compatible models follow the Chat Completions wire format
 (https://platform.openai.com/docs/api-reference/chat); unknown request fields are ignored so any
 OpenAI SDK or LangChain version can talk to the server. Swarm's own models (episodes, control) are
 strict: unknown fields are rejected with 422 so typos never pass silently.
+
+The training vocabulary on the wire (``LossAggregation``, ``StepMetrics``, ``StepTimings``) is owned by
+``swarm.train`` (torch-free modules) and re-exported here.
 """
 
 from __future__ import annotations
