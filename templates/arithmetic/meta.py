@@ -1,5 +1,6 @@
 """Metadata of the arithmetic template."""
 
+from templates import _params
 from templates._meta import ParamSpec, ParamTarget, TemplateMeta
 
 META = TemplateMeta(
@@ -38,45 +39,15 @@ META = TemplateMeta(
             description="Difficulty: 1 a+b (digits), 2 two-digit a+b, 3 two-digit a±b, 4 a×b, 5 (a op b) op c.",
             target=ParamTarget.DATA,
         ),
-        ParamSpec(
-            name="n_tasks",
-            type="int",
-            default=512,
-            minimum=1,
-            maximum=1_000_000,
-            description="Number of tasks to write.",
-            target=ParamTarget.DATA,
-        ),
-        ParamSpec(
-            name="seed",
-            type="int",
-            default=0,
-            minimum=0,
-            maximum=2**31 - 1,
-            description="Generator seed (task i depends only on seed, level and i).",
-            target=ParamTarget.DATA,
-        ),
+        _params.n_tasks(512, "Number of tasks to write."),
+        _params.seed("Generator seed (task i depends only on seed, level and i)."),
         ParamSpec(
             name="fewshot",
             type="bool",
             default=True,
             description="Prefix three solved single-digit additions as chat turns.",
         ),
-        ParamSpec(
-            name="max_tokens",
-            type="int",
-            default=16,
-            minimum=1,
-            maximum=4096,
-            description="Completion token limit.",
-        ),
-        ParamSpec(
-            name="temperature",
-            type="float",
-            default=1.0,
-            minimum=0.0,
-            maximum=2.0,
-            description="Sampling temperature.",
-        ),
+        _params.max_tokens(16, 4096),
+        _params.temperature(),
     ),
 )

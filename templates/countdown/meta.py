@@ -1,5 +1,6 @@
 """Metadata of the countdown template."""
 
+from templates import _params
 from templates._meta import ParamSpec, ParamTarget, TemplateMeta
 
 META = TemplateMeta(
@@ -48,24 +49,8 @@ META = TemplateMeta(
             description="Given numbers are drawn from 1..max_number.",
             target=ParamTarget.DATA,
         ),
-        ParamSpec(
-            name="n_tasks",
-            type="int",
-            default=512,
-            minimum=1,
-            maximum=1_000_000,
-            description="Number of puzzles to write.",
-            target=ParamTarget.DATA,
-        ),
-        ParamSpec(
-            name="seed",
-            type="int",
-            default=0,
-            minimum=0,
-            maximum=2**31 - 1,
-            description="Generator seed (puzzle i depends only on the seed, sizes and i).",
-            target=ParamTarget.DATA,
-        ),
+        _params.n_tasks(512, "Number of puzzles to write."),
+        _params.seed("Generator seed (puzzle i depends only on the seed, sizes and i)."),
         ParamSpec(
             name="format_reward",
             type="float",
@@ -74,21 +59,7 @@ META = TemplateMeta(
             maximum=0.5,
             description="Reward for a valid expression that uses the numbers but misses the target.",
         ),
-        ParamSpec(
-            name="max_tokens",
-            type="int",
-            default=256,
-            minimum=1,
-            maximum=16_384,
-            description="Completion token limit.",
-        ),
-        ParamSpec(
-            name="temperature",
-            type="float",
-            default=1.0,
-            minimum=0.0,
-            maximum=2.0,
-            description="Sampling temperature.",
-        ),
+        _params.max_tokens(256, 16_384),
+        _params.temperature(),
     ),
 )

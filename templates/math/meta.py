@@ -1,5 +1,6 @@
 """Metadata of the math template."""
 
+from templates import _params
 from templates._meta import ParamSpec, ParamTarget, TemplateMeta
 
 META = TemplateMeta(
@@ -51,22 +52,8 @@ META = TemplateMeta(
             description="Keep only the first N problems (0 = all).",
             target=ParamTarget.DATA,
         ),
-        ParamSpec(
-            name="max_tokens",
-            type="int",
-            default=1024,
-            minimum=1,
-            maximum=65_536,
-            description="Completion token limit per episode.",
-        ),
-        ParamSpec(
-            name="temperature",
-            type="float",
-            default=1.0,
-            minimum=0.0,
-            maximum=2.0,
-            description="Sampling temperature.",
-        ),
+        _params.max_tokens(1024, 65_536, "Completion token limit per episode."),
+        _params.temperature(),
         ParamSpec(
             name="max_completion_chars",
             type="int",

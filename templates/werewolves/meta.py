@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from templates import _params
 from templates._errors import TemplateParamError
 from templates._loader import import_sibling
 from templates._meta import ParamSpec, ParamTarget, TemplateMeta
@@ -56,27 +57,17 @@ META = TemplateMeta(
                   choices=("all", "werewolves", "village", "special", "seer", "witch", "hunter", "villager"),
                   description="Which roles' agents are trainable (the others are the opponent).",
                   target=ParamTarget.DATA),
-        ParamSpec(name="n_tasks", type="int", default=64, minimum=1, maximum=1_000_000,
-                  description="Games (seatings) to write.", target=ParamTarget.DATA),
-        ParamSpec(name="seed", type="int", default=0, minimum=0, maximum=2**31 - 1,
-                  description="Seating seed (task i depends only on seed and i).", target=ParamTarget.DATA),
-        ParamSpec(name="speak_max_tokens", type="int", default=32, minimum=1, maximum=1024,
-                  description="Token limit of a day statement."),
-        ParamSpec(name="action_max_tokens", type="int", default=8, minimum=1, maximum=1024,
-                  description="Token limit of a night action, a vote or a shot."),
-        ParamSpec(name="temperature", type="float", default=1.0, minimum=0.0, maximum=2.0,
-                  description="Sampling temperature for every player."),
+        _params.n_tasks(64, "Games (seatings) to write."),
+        _params.seed("Seating seed (task i depends only on seed and i)."),
+        _params.max_tokens(32, 1024, "Token limit of a day statement.", name="speak_max_tokens"),
+        _params.max_tokens(8, 1024, "Token limit of a night action, a vote or a shot.", name="action_max_tokens"),
+        _params.temperature("Sampling temperature for every player."),
         ParamSpec(name="invalid_action_penalty", type="float", default=0.25, minimum=0.0, maximum=1.0,
                   description="Reward cost per invalid action (unreadable or forbidden target, spent potion)."),
         ParamSpec(name="reveal_penalty", type="float", default=0.5, minimum=0.0, maximum=1.0,
                   description="Reward cost per statement in which a werewolf reveals its role."),
-        ParamSpec(name="opponent_base_url", type="str", default=None, nullable=True,
-                  description="OpenAI base URL for untrained players: a frozen copy (swarm serve --no-train) "
-                  "or another server (None: the episode's own server, untrained)."),
-        ParamSpec(name="opponent_model", type="str", default=None, nullable=True,
-                  description="Model name at the opponent endpoint (None: the episode's model)."),
-        ParamSpec(name="opponent_api_key_env", type="str", default=None, nullable=True,
-                  description="NAME of the environment variable holding the opponent API key."),
+        *_params.opponent("OpenAI base URL for untrained players: a frozen copy (swarm serve --no-train) "
+                          "or another server (None: the episode's own server, untrained)."),
     ),
 )  # fmt: skip
 

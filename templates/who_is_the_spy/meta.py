@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from templates import _params
 from templates._errors import TemplateParamError
 from templates._meta import ParamSpec, ParamTarget, TemplateMeta
 
@@ -55,17 +56,12 @@ META = TemplateMeta(
                   description="Rounds before surviving spies win.", target=ParamTarget.DATA),
         ParamSpec(name="train_roles", type="str", default="both", choices=("both", "spy", "civilian"),
                   description="Which roles' agents are trainable.", target=ParamTarget.DATA),
-        ParamSpec(name="n_tasks", type="int", default=0, minimum=0, maximum=1_000_000,
-                  description="Games to write (0 = one per word pair, 322).", target=ParamTarget.DATA),
-        ParamSpec(name="seed", type="int", default=0, minimum=0, maximum=2**31 - 1,
-                  description="Seating/word-swap seed (task i depends only on seed and i).",
-                  target=ParamTarget.DATA),
-        ParamSpec(name="describe_max_tokens", type="int", default=24, minimum=1, maximum=1024,
-                  description="Token limit of a description (a one-line clue; sized for a CPU run)."),
-        ParamSpec(name="vote_max_tokens", type="int", default=8, minimum=1, maximum=1024,
-                  description="Token limit of a vote."),
-        ParamSpec(name="temperature", type="float", default=1.0, minimum=0.0, maximum=2.0,
-                  description="Sampling temperature for every player."),
+        _params.n_tasks(0, "Games to write (0 = one per word pair, 322).", minimum=0),
+        _params.seed("Seating/word-swap seed (task i depends only on seed and i)."),
+        _params.max_tokens(24, 1024, "Token limit of a description (a one-line clue; sized for a CPU run).",
+                           name="describe_max_tokens"),
+        _params.max_tokens(8, 1024, "Token limit of a vote.", name="vote_max_tokens"),
+        _params.temperature("Sampling temperature for every player."),
         ParamSpec(name="tell_roles", type="bool", default=False,
                   description="Tell each player whether it is a spy (classic rules: no)."),
         ParamSpec(name="hide_leaks", type="bool", default=True,
@@ -76,12 +72,7 @@ META = TemplateMeta(
                               "reward that pays for leaking, for reward-hacking experiments)."),
         ParamSpec(name="invalid_vote_penalty", type="float", default=0.25, minimum=-1.0, maximum=1.0,
                   description="Reward cost per invalid vote (negative: a broken reward that pays for it)."),
-        ParamSpec(name="opponent_base_url", type="str", default=None, nullable=True,
-                  description="OpenAI base URL for untrained players (None: the episode's own server)."),
-        ParamSpec(name="opponent_model", type="str", default=None, nullable=True,
-                  description="Model name at the opponent endpoint (None: the episode's model)."),
-        ParamSpec(name="opponent_api_key_env", type="str", default=None, nullable=True,
-                  description="NAME of the environment variable holding the opponent API key."),
+        *_params.opponent("OpenAI base URL for untrained players (None: the episode's own server)."),
     ),
 )  # fmt: skip
 
