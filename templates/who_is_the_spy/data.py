@@ -11,17 +11,17 @@ spies take, so any slice regenerates alone. Each task::
 sends; rank counts players of a role in seat order) whose calls the server should train, from
 ``train_roles`` (``spy``, ``civilian`` or ``both``). It is the same for every task of one game size.
 
-Usage: ``python data.py --out tasks.jsonl [--n-players 4] [--n-spies 1] [--max-rounds 3]
+Usage: ``python data.py --out tasks.jsonl [--n-players 3] [--n-spies 1] [--max-rounds 2]
 [--train-roles both] [--n-tasks 0] [--seed 0]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from pathlib import Path
 from typing import Any
+
+from templates import _tasks
 
 PAIRS_FILE = Path(__file__).resolve().parent / "data" / "word_pairs.txt"
 TRAIN_ROLES = ("both", "spy", "civilian")
@@ -123,26 +123,9 @@ def build(
     ]
 
 
-def write_jsonl(tasks: list[dict[str, Any]], path: str | Path) -> None:
-    """Write one JSON object per line (UTF-8)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for task in tasks:
-            f.write(json.dumps(task, ensure_ascii=False) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point (see module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--n-players", type=int, default=4)
-    parser.add_argument("--n-spies", type=int, default=1)
-    parser.add_argument("--max-rounds", type=int, default=3)
-    parser.add_argument("--train-roles", default="both", choices=TRAIN_ROLES)
-    parser.add_argument("--n-tasks", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    tasks = build(args.n_players, args.n_spies, args.max_rounds, args.train_roles, args.n_tasks, args.seed)
-    write_jsonl(tasks, args.out)
+    _tasks.main(__doc__ or "", build, argv, {"train_roles": TRAIN_ROLES})
 
 
 if __name__ == "__main__":
