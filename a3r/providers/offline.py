@@ -702,67 +702,38 @@ class OfflineProvider:
 
     @staticmethod
     def _reward_patch(diagnosis: Diagnosis, workflow: str, *, template: str | None) -> PatchDraft | None:
-        """Offline rules for the known ways the templates' rewards get exploited (the reward's weights
-        are the workflow's ``PARAMS``; the frozen evaluator keeps the original ones):
-
-        * who-is-the-spy, a violation rate rises (``leak_rate`` / ``invalid_vote_rate``): double its
-          penalty (at least the template default, 0.5 / 0.25; at most 1), so breaking the rule costs
-          more than a win pays; train reward up while held-out reward falls: the same for both;
-        * countdown, the format bonus rises while correctness does not, or train reward up while
-          held-out falls: ``format_reward`` 0 (only a correct expression pays);
-        * math and arithmetic pay only a verified correct answer (format is not paid on its own), so a
-          held-out fall is not a reward exploit: no patch (the finding is recorded).
+        """The template's reward patch (`templates.Template.reward_patch`: the weights of its reward
+        parts, by their roles) for the part the diagnosis names, or for every weighted part when it names
+        none (train reward up while held-out reward falls). The reward's weights are the workflow's
+        ``PARAMS``; the frozen evaluator keeps the original ones. A template that weighs no part (one that
+        pays only a verified correct answer) gets no patch (the finding is recorded).
         """
         try:
             params = read_params(workflow)
-        except (ValueError, SyntaxError):
+            found = templates.get_template(template) if template else None
+        except (ValueError, SyntaxError, templates.TemplateError):
             return None
-        part = str(diagnosis.evidence.get("part", ""))
-        changes: dict[str, float] = {}
-        why = ""
-        if template == "who_is_the_spy":
-            penalties = {
-                "leak_rate": ("leak_penalty", 0.5),
-                "invalid_vote_rate": ("invalid_vote_penalty", 0.25),
-            }
-            chosen = [penalties[part]] if part in penalties else list(penalties.values())
-            for name, default in chosen:
-                current = params.get(name)
-                if isinstance(current, int | float) and current < 1.0:
-                    changes[name] = round(min(1.0, max(2 * float(current), default)), 4)
-            why = (
-                "Raising the penalty makes breaking the rule cost more than a win pays, so the policy can no "
-                "longer buy reward with it (the held-out evaluator keeps the original weights)."
-            )
-        elif template == "countdown" and part in ("format_ok", ""):
-            current = params.get("format_reward")
-            if isinstance(current, int | float) and current > 0:
-                changes["format_reward"] = 0.0
-            why = (
-                "Setting format_reward to 0 pays only a correct expression, so a well-formed wrong answer "
-                "earns nothing."
-            )
-        if not changes:
+        remedy = found.reward_patch(params, str(diagnosis.evidence.get("part", ""))) if found else None
+        if remedy is None:
             return None
-        new = templates.substitute_params(workflow, {**params, **changes})
-        shown = ", ".join(f"{k} {params.get(k)} → {v:g}" for k, v in changes.items())
+        new = templates.substitute_params(workflow, {**params, **remedy.workflow})
+        shown = ", ".join(f"{k} {params.get(k)} → {v:g}" for k, v in remedy.workflow.items())
         return PatchDraft(
             file="workflow.py",
             new_content=new,
-            rationale=f"{diagnosis.summary}. Reward patch: {shown}. {why}",
+            rationale=f"{diagnosis.summary}. Reward patch: {shown}. {remedy.reason}",
         )
 
     def propose_patch(
         self, diagnosis: Diagnosis, files: Mapping[str, str], *, template: str | None
     ) -> PatchDraft | None:
-        """Rule-based fixes of the workflow's ``PARAMS`` (and arithmetic data) for zero-signal groups,
-        and of the reward's weights for reward hacking (`_reward_patch`).
+        """Rule-based fixes of the workflow's ``PARAMS`` (or the tasks) for zero-signal groups, and of
+        the reward's weights for reward hacking (`_reward_patch`).
 
         Rules, in order: identical completions within a group at a low sampling temperature → raise it
-        to 1.0; all attempts fail with the few-shot example off → turn it on; all attempts fail on
-        arithmetic above level 1 → rebuild ``tasks.jsonl`` one level easier; all attempts get the same
-        positive reward on arithmetic below level 5 → one level harder. Other diagnoses get ``None``
-        (code fixes need an LLM provider).
+        to 1.0; else the template's own remedy for groups with no signal (`templates.Template.no_signal`:
+        e.g. a few-shot example turned on, or ``tasks.jsonl`` rebuilt a level easier or harder). Other
+        diagnoses get ``None`` (code fixes need an LLM provider).
         """
         if diagnosis.kind is DiagnosisKind.reward_hacking and "workflow.py" in files:
             return self._reward_patch(diagnosis, files["workflow.py"], template=template)
@@ -787,29 +758,22 @@ class OfflineProvider:
                     "temperature to 1.0 makes attempts differ."
                 ),
             )
-        if all_zero and params.get("fewshot") is False:
-            new = templates.substitute_params(workflow, {**params, "fewshot": True})
-            return PatchDraft(
-                file="workflow.py",
-                new_content=new,
-                rationale=f"{diagnosis.summary}. Every attempt fails; a solved example shows the answer format.",
-            )
-        if template == "arithmetic" and "tasks.jsonl" in files:
+        try:
+            found = templates.get_template(template) if template else None
+        except templates.TemplateError:
+            return None
+        if found is None or found.no_signal_for is None:
+            return None
+        rows = None
+        if "tasks.jsonl" in files:
             rows = [json.loads(line) for line in files["tasks.jsonl"].splitlines() if line.strip()]
-            level = int(rows[0].get("level", 1)) if rows else 1
-            target = level - 1 if all_zero else level + 1
-            if 1 <= target <= 5 and target != level:
-                tasks = templates.get_template("arithmetic").build_tasks(
-                    {"level": target, "n_tasks": len(rows), "seed": 0}
-                )
-                new = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tasks)
-                direction = "easier" if all_zero else "harder"
-                return PatchDraft(
-                    file="tasks.jsonl",
-                    new_content=new,
-                    rationale=(
-                        f"{diagnosis.summary}. Level {level} is too {'hard' if all_zero else 'easy'} for this "
-                        f"model; level {target} tasks ({direction}) give groups with mixed rewards."
-                    ),
-                )
-        return None
+        remedy = found.no_signal(params, rows, all_zero=all_zero)
+        if remedy is None:
+            return None
+        rationale = f"{diagnosis.summary}. {remedy.reason}"
+        if remedy.data:
+            tasks = found.build_tasks(remedy.data)
+            new = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tasks)
+            return PatchDraft(file="tasks.jsonl", new_content=new, rationale=rationale)
+        new = templates.substitute_params(workflow, {**params, **remedy.workflow})
+        return PatchDraft(file="workflow.py", new_content=new, rationale=rationale)

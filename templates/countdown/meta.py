@@ -25,6 +25,10 @@ META = TemplateMeta(
         "equation",
     ),
     reward_parts={"format_ok": "shaping", "correct": "goal"},
+    reward_weights={"format_ok": "format_reward"},
+    reward_patch_reason=(
+        "Setting format_reward to 0 pays only a correct expression, so a well-formed wrong answer earns nothing."
+    ),
     capabilities=(
         "single-turn chat",
         "write an arithmetic expression inside <answer></answer>",

@@ -34,6 +34,11 @@ META = TemplateMeta(
         "voting",
     ),
     reward_parts={"win_rate": "goal", "leak_rate": "violation", "invalid_vote_rate": "violation"},
+    reward_weights={"leak_rate": "leak_penalty", "invalid_vote_rate": "invalid_vote_penalty"},
+    reward_patch_reason=(
+        "Raising the penalty makes breaking the rule cost more than a win pays, so the policy can no "
+        "longer buy reward with it (the held-out evaluator keeps the original weights)."
+    ),
     capabilities=(
         "multi-turn chat with a system prompt",
         "follow game rules (describe without saying a word, vote with a player number)",
