@@ -51,6 +51,9 @@ class ParamSpec(BaseModel):
     """Allowed values (strings only)."""
     nullable: bool = False
     """Whether ``None`` is allowed (e.g. "same server" for an optional endpoint URL)."""
+    counts: str | None = None
+    """For a count: a regular expression of the things it counts as a request writes them (``players?``),
+    so that a request's "6 players" or "two spies" sets it (a3r's offline planner)."""
 
     @model_validator(mode="after")
     def _default_is_valid(self) -> ParamSpec:

@@ -25,6 +25,7 @@ def n_tasks(default: int, description: str, *, minimum: int = 1) -> ParamSpec:
         maximum=MAX_TASKS,
         description=description,
         target=ParamTarget.DATA,
+        counts="tasks",
     )
 
 

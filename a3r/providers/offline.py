@@ -91,13 +91,20 @@ _NUMBER = r"(-?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?|[-+]?(?:nan|inf(?:inity)?)(?![a-
 """A signed decimal or scientific number (``-0.5``, ``1e-3``), captured; also ``nan`` and ``inf``, read
 so that they are refused as not numbers (`Setting.check`, `_find_number`) rather than passed over."""
 
+_COUNTS = {
+    spec.name: spec.counts for meta in templates.list_templates() for spec in meta.parameters if spec.counts
+}
+"""Template parameters a request may give as a count of things ("6 players", "two spies"): name → the
+things' pattern (`templates.ParamSpec.counts`), over every template (a count a template lacks is refused)."""
+
 _VALUE = (
     rf"(?<![\w.]){_NUMBER}(?![\w]|\.[0-9])"
-    r"(?!\s*(?:training\s*)?(?:steps?|seeds?|tasks?|players?|sp(?:y|ies)|(?:were)?wol(?:f|ves)|rounds?|days?|numbers"
-    r"|episodes?|epochs?|tokens?)\b)"
+    r"(?!\s*(?:training\s*)?(?:steps?|seeds?|tasks?|episodes?|epochs?|tokens?|"
+    + "|".join(_COUNTS.values())
+    + r")\b)"
 )
-"""A number standing alone: not glued to letters (``gsm8k`` and ``aime25`` hold no value) and not a
-count of something else (``20 steps``)."""
+"""A number standing alone: not glued to letters (a dataset's name holds no value) and not a count of
+something else (``20 steps``, a template's count: ``3 players``)."""
 
 _SWITCH = (
     r"(?<![\w.])(true|false|yes|no|off"
@@ -230,18 +237,6 @@ def _find_number(text: str, *patterns: str) -> float | None:
             return number
     return None
 
-
-_COUNTS = {
-    "n_players": r"players?",
-    "n_spies": r"sp(?:y|ies)",
-    "n_werewolves": r"(?:were)?wol(?:f|ves)",
-    "max_rounds": r"rounds?",
-    "max_days": r"days?",
-    "n_numbers": r"numbers",
-    "n_tasks": r"tasks",
-}
-"""Template parameters a request may give as a count of things ("6 players", "two spies"): name → the
-things' pattern."""
 
 _NUMBER_WORDS = {
     word: i
@@ -503,7 +498,7 @@ class OfflineProvider:
             if match:  # explicit "name=value" pairs win
                 params[spec.name] = match.group(1)
             elif spec.type in ("int", "float") and spec.name not in params:
-                # "leak_penalty 0.3", "leak penalty of 0.3": never dropped silently
+                # "<name> 0.3", "<name in words> of 0.3": never dropped silently
                 number = _find_number(text, rf"\b{spoken}\b\s*(?:of|=|:|to|at)?\s*NUM(?![\w.])")
                 if number is not None:
                     params[spec.name] = number

@@ -43,6 +43,7 @@ META = TemplateMeta(
             maximum=6,
             description="How many numbers each puzzle gives.",
             target=ParamTarget.DATA,
+            counts="numbers",
         ),
         ParamSpec(
             name="max_number",

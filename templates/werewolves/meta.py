@@ -45,14 +45,15 @@ META = TemplateMeta(
     parameters=(
         ParamSpec(name="n_players", type="int", default=5, minimum=4, maximum=12,
                   description="Players per game (5: sized for CPU runs; 7-9 for the classic game).",
-                  target=ParamTarget.DATA),
+                  target=ParamTarget.DATA, counts="players?"),
         ParamSpec(name="n_werewolves", type="int", default=1, minimum=1, maximum=4,
-                  description="Werewolves per game (fewer than half the players).", target=ParamTarget.DATA),
+                  description="Werewolves per game (fewer than half the players).", target=ParamTarget.DATA,
+                  counts="(?:were)?wol(?:f|ves)"),
         ParamSpec(name="special_roles", type="str", default="seer,witch,hunter",
                   description="Village roles with a power, comma list of seer, witch, hunter ('none': only "
                   "villagers).", target=ParamTarget.DATA),
         ParamSpec(name="max_days", type="int", default=2, minimum=1, maximum=10,
-                  description="Days before surviving werewolves win.", target=ParamTarget.DATA),
+                  description="Days before surviving werewolves win.", target=ParamTarget.DATA, counts="days?"),
         ParamSpec(name="train_roles", type="str", default="werewolves",
                   choices=("all", "werewolves", "village", "special", "seer", "witch", "hunter", "villager"),
                   description="Which roles' agents are trainable (the others are the opponent).",
