@@ -352,6 +352,220 @@ def _question_forms(setting: Setting, variable: str, reference: float) -> str:
     return ", ".join(forms[:-1]) + " and " + forms[-1]
 
 
+def _matched_template(request: str) -> tuple[str, float]:
+    """The template a request names (its name or a keyword specific to it) and its match score.
+
+    Raises:
+        OfflineUnsupported: Two tasks or datasets named, no template matches (naming the loose matches
+            and the known templates), or two templates match equally; one line.
+    """
+    check_one_task(request)
+    check_one_dataset(request)
+    named = named_tasks(request)
+    # a description ("a small model") chooses a template only when no task is named
+    matches = [m for m in specific_matches(request) if not named or m[0] in named]
+    if not matches:
+        known = ", ".join(m.name for m in templates.list_templates())
+        loose = [name for name, _ in templates.match(request)]
+        found = generic_found(request)
+        why = ""
+        if loose:
+            kind_of = (
+                f"{' and '.join(found)} name{'s' if len(found) == 1 else ''} a kind of task, not a task; "
+                if found
+                else ""
+            )
+            why = f" ({kind_of}loosely matched: {', '.join(loose)})"
+        raise OfflineUnsupported(
+            f"no task template covers {request!r}{why}; name one (templates: {known}), or writing a new "
+            f"workflow, reward and data builder needs {NEEDS_LLM}"
+        )
+    if len(matches) > 1 and matches[0][1] == matches[1][1]:
+        raise OfflineUnsupported(
+            f"{request!r} names two templates equally ({matches[0][0]}, {matches[1][0]}); name one"
+        )
+    return matches[0]
+
+
+def _training_plan(name: str, params: dict[str, Any], training: TrainingSettings) -> PlanDraft:
+    """The plan of a training request on template ``name``: its hypothesis is that the train reward rises."""
+    return PlanDraft(
+        kind="train",
+        template=name,
+        params=params,
+        objective=f"train the policy on the {name} template",
+        training=training,
+        hypotheses=[
+            HypothesisDraft(
+                statement=f"GRPO training on {name} raises the mean training reward",
+                expected_outcome="the mean train reward rises over training by more than its noise",
+                decision_rule=(
+                    "effect = the change of the per-step mean train reward along its least-squares trend "
+                    "(a3r.study.effects): confirmed if its 95% CI (over seeds with >= 2 seeds, else over "
+                    "steps with the AR(1) effective sample size) lies above 0.5 σ of the per-step noise; "
+                    "refuted if it lies below; otherwise unconfirmed, with the seeds or steps that would "
+                    "settle it; never confirmed for a run that cannot learn"
+                ),
+            )
+        ],
+    )
+
+
+def _varied_setting(text: str, template: str) -> tuple[str, Setting, dict[str, float]]:
+    """The setting a research question varies and the other training settings it fixes (one value each).
+
+    Raises:
+        OfflineUnsupported: No setting named, another setting given several values or named without a
+            value (a second question), or a knob the template lacks; one line.
+    """
+    meta = templates.get_template(template).meta
+    fixed: dict[str, float] = {}  # other training settings the question gives one value each
+    variable = find_setting_in(text, meta)
+    if variable is None:
+        raise OfflineUnsupported(
+            f"the question names no setting to vary; the offline planner studies {studiable(meta)}; "
+            f"open questions need {NEEDS_LLM}"
+        )
+    setting = resolve_setting(variable, template)
+    others: list[str] = []
+    knobs = set(template_knobs(meta))
+    # the registry's settings, then the template's own knobs (a one-value knob is read as a parameter)
+    candidates = [*SETTINGS.values(), *(resolve_setting(k, template) for k in knobs if k not in SETTINGS)]
+    for other in candidates:
+        if other.name == variable or _mention_end(text, _aliases(other)) is None:
+            continue
+        given = _values_after(text, other)
+        if not given:
+            others.append(other.label)
+        elif len(set(given)) > 1:
+            raise OfflineUnsupported(
+                f"the question varies {setting.label} and also gives {other.label} "
+                f"{', '.join(other.text(v) for v in given)}; the offline planner varies one setting per "
+                "study: ask one question per setting"
+            )
+        elif other.target == "training":
+            fixed[other.name] = given[0]
+        elif other.name not in knobs:
+            raise OfflineUnsupported(
+                f"the question sets {other.label}, which the {template} template has no knob for "
+                f"(its knobs: {', '.join(sorted(knobs)) or 'none'})"
+            )
+    if others:
+        # "the best batch size and lr": a second setting named without a value is a second question.
+        raise OfflineUnsupported(
+            f"the question varies {setting.label} and also names {', '.join(others)} without a value; the "
+            "offline planner varies one setting per study: ask one question per setting, or give the "
+            f"other a fixed value (e.g. '{setting.label} ... with {others[0]} <value>')"
+        )
+    return variable, setting, fixed
+
+
+def _goal_design(
+    text: str, setting: Setting, values: list[float], reference: float, training: TrainingSettings
+) -> tuple[SweepSpec, StabilityCriterion | None, str]:
+    """The sweep, stability criterion and objective of the question's goal over ``setting``: min-stable,
+    A vs B or best of several compared (`_compared_design`), effect-of (`_effect_design`), or best.
+
+    Raises:
+        OfflineUnsupported: A goal the setting's kind does not allow, or no goal understood; one line.
+    """
+    variable = setting.name
+    switch = setting.kind == "bool"
+    if re.search(r"\b(min|minimum|minimal|smallest|lowest)\b", text):
+        if switch:
+            raise OfflineUnsupported(switch_refusal(setting, "min_stable"))
+        if setting.scale != "pow2":
+            raise OfflineUnsupported(
+                f"a minimal stable {setting.label} is not a question the offline planner asks (stability "
+                "rises with sizes: batch size, group size, LoRA rank, epochs, max tokens); ask for the best "
+                f"{setting.label}, or use {NEEDS_LLM}"
+            )
+        coarse = setting.grid(values or list(setting.coarse))
+        stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
+        sweep = SweepSpec(variable=variable, coarse=coarse, goal="min_stable")
+        return sweep, stability, f"find the minimal stable {setting.label}"
+    compared = _compared_design(text, setting, values)
+    if compared is not None:
+        return compared[0], None, compared[1]
+    if re.search(r"\b(effect|impact|does|influence|matter)\b", text):
+        sweep, objective = _effect_design(setting, values, reference)
+        return sweep, None, objective
+    if re.search(r"\b(best|optimal|optimum|good|tune|tuning)\b", text):
+        if switch:
+            raise OfflineUnsupported(switch_refusal(setting, "best"))
+        grid = list(setting.coarse)
+        if variable == "lr" and training.lora_rank == 0:
+            # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
+            grid = [1e-6, 1e-5, 1e-4]
+        sweep = SweepSpec(variable=variable, coarse=setting.grid(values or grid), goal="best")
+        return sweep, None, f"find the best {setting.label}"
+    raise OfflineUnsupported(
+        f"which question about {setting.label}? The offline planner answers "
+        f"{_question_forms(setting, variable, reference)}; other questions need {NEEDS_LLM}"
+    )
+
+
+def _compared_design(text: str, setting: Setting, values: list[float]) -> tuple[SweepSpec, str] | None:
+    """The sweep and objective of a comparison ("vs", "beats", "compare"): two values are A vs B (B the
+    value the question expects to win), more than two a best-of over them; ``None`` when the question
+    compares nothing or fewer than two values.
+
+    Raises:
+        OfflineUnsupported: A best-of over a true/false setting; one line.
+    """
+    variable, switch = setting.name, setting.kind == "bool"
+    shown = ", ".join(setting.text(v) for v in values)
+    compared = re.search(
+        r"\b(vs\.?|versus|against|compare|or|than|beats?|outperforms?|loses?|underperforms?)\b", text
+    )
+    if compared and len(values) > 2:
+        # "lr 1e-4 vs 1e-3 vs 1e-2": more than two arms is a search for the best of them.
+        if switch:
+            raise OfflineUnsupported(switch_refusal(setting, "best"))
+        sweep = SweepSpec(variable=variable, coarse=setting.grid(values), goal="best")
+        return sweep, f"find the best {setting.label} among {shown}"
+    if compared and len(values) == 2:
+        # The hypothesis of an A-vs-B question is "B beats A": a question that says which value it
+        # expects to win ("X beats Y", "X is worse than Y") puts that value in B.
+        a, b = values
+        first, second = setting.text(a), setting.text(b)
+        if re.search(r"\b(better\s+than|beats?|outperforms?)\b", text):
+            sweep = SweepSpec(variable=variable, coarse=[b, a], refine=False, goal="a_vs_b")
+            return sweep, f"does {setting.label} {first} beat {second}?"
+        if re.search(r"\b(worse\s+than|loses?\s+to|underperforms?)\b", text):
+            sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
+            return sweep, f"does {setting.label} {second} beat {first}?"
+        sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
+        return sweep, f"compare {setting.label} {first} (A) with {second} (B)"
+    return None
+
+
+def _effect_design(setting: Setting, values: list[float], reference: float) -> tuple[SweepSpec, str]:
+    """The sweep and objective of an effect-of question: ``setting`` from ``reference`` to the one value
+    given (a true/false setting: to the other value).
+
+    Raises:
+        OfflineUnsupported: Several values, or none other than the reference; one line.
+    """
+    variable, switch = setting.name, setting.kind == "bool"
+    shown = ", ".join(setting.text(v) for v in values)
+    if len(values) > 1:
+        raise OfflineUnsupported(
+            f"an effect-of question changes {setting.label} to one value, not {shown}; ask "
+            f"'{variable} {setting.text(values[0])} vs {setting.text(values[1])}' to compare two"
+            + ("" if switch else ", or for the best of several")
+        )
+    # A switch has one value to change to: the other one.
+    changed = values[0] if values else (1.0 - reference if switch else None)
+    if changed is None or changed == reference:
+        raise OfflineUnsupported(
+            f"an effect-of question needs the value to change {setting.label} to, other than the "
+            f"reference {setting.text(reference)}, e.g. " + _effect_example(setting, variable, reference)
+        )
+    sweep = SweepSpec(variable=variable, coarse=[reference, changed], refine=False, goal="effect_of")
+    return sweep, f"the effect of {setting.label} {setting.text(reference)} → {setting.text(changed)}"
+
+
 # ------------------------------------------------------------------------------------------ offline
 class OfflineProvider:
     """Deterministic provider: keyword-matched templates, parsed parameters, rule-based patches.
@@ -372,32 +586,7 @@ class OfflineProvider:
             PlanError: A parameter read from the request is out of the template's range.
         """
         text = request.lower()
-        check_one_task(request)
-        check_one_dataset(request)
-        named = named_tasks(request)
-        # a description ("a small model") chooses a template only when no task is named
-        matches = [m for m in specific_matches(request) if not named or m[0] in named]
-        if not matches:
-            known = ", ".join(m.name for m in templates.list_templates())
-            loose = [name for name, _ in templates.match(request)]
-            found = generic_found(request)
-            why = ""
-            if loose:
-                kind_of = (
-                    f"{' and '.join(found)} name{'s' if len(found) == 1 else ''} a kind of task, not a task; "
-                    if found
-                    else ""
-                )
-                why = f" ({kind_of}loosely matched: {', '.join(loose)})"
-            raise OfflineUnsupported(
-                f"no task template covers {request!r}{why}; name one (templates: {known}), or writing a new "
-                f"workflow, reward and data builder needs {NEEDS_LLM}"
-            )
-        if len(matches) > 1 and matches[0][1] == matches[1][1]:
-            raise OfflineUnsupported(
-                f"{request!r} names two templates equally ({matches[0][0]}, {matches[1][0]}); name one"
-            )
-        name = matches[0][0]
+        name, score = _matched_template(request)
         template = templates.get_template(name)
         text = join_knob_names(text, template.meta)  # "describe max tokens" is one knob, not max tokens
         varied = find_setting_in(text, template.meta) if mode == "research" else None
@@ -407,64 +596,58 @@ class OfflineProvider:
         kind: Literal["train", "research"] = "research" if mode == "research" else "train"
         # A research question's numbers after the varied setting are its values, not a training setting.
         training, training_read = self._training(text, skip=varied)
-        hypotheses: list[HypothesisDraft]
-        sweep: SweepSpec | None = None
-        stability: StabilityCriterion | None = None
         if kind == "research":
-            sweep, stability, objective, fixed = self._research_design(text, training, name)
-            if fixed:  # "… with kl 0.1": a fixed value of another training setting
-                try:
-                    training = TrainingSettings.model_validate({**training.model_dump(), **fixed})
-                except ValidationError as exc:
-                    raise PlanError(
-                        "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))
-                    ) from None
-            seeds = max(stability.min_seeds if stability else SEED_FLOOR, len(training.seeds))
-            training = training.model_copy(update={"seeds": list(range(seeds))})
-            knob = next((p for p in template.meta.parameters if p.name == sweep.variable), None)
-            if knob is not None:  # the workflow keeps the template's default; each run overrides it
-                params[sweep.variable] = knob.default
-                read = [r for r in read if r != sweep.variable]
-                chosen.append(f"{sweep.variable} is the swept knob (each run sets its own value)")
-            hypotheses = hypotheses_for(
-                PlanDraft(
-                    kind=kind,
-                    template=name,
-                    objective=objective,
-                    training=training,
-                    sweep=sweep,
-                    stability=stability,
-                )
-            )
+            draft = self._research_plan(text, name, params, training)
+            if draft.sweep is not None and draft.sweep.variable in params:  # a template knob
+                read = [r for r in read if r != draft.sweep.variable]
+                chosen.append(f"{draft.sweep.variable} is the swept knob (each run sets its own value)")
         else:
-            objective = f"train the policy on the {name} template"
-            hypotheses = [
-                HypothesisDraft(
-                    statement=f"GRPO training on {name} raises the mean training reward",
-                    expected_outcome="the mean train reward rises over training by more than its noise",
-                    decision_rule=(
-                        "effect = the change of the per-step mean train reward along its least-squares trend "
-                        "(a3r.study.effects): confirmed if its 95% CI (over seeds with >= 2 seeds, else over "
-                        "steps with the AR(1) effective sample size) lies above 0.5 σ of the per-step noise; "
-                        "refuted if it lies below; otherwise unconfirmed, with the seeds or steps that would "
-                        "settle it; never confirmed for a run that cannot learn"
-                    ),
+            draft = _training_plan(name, params, training)
+        draft = draft.model_copy(
+            update={
+                "rationale": _rationale(
+                    name, score, params, read, chosen, {k: getattr(draft.training, k) for k in training_read}
                 )
-            ]
+            }
+        )
+        return check_request(request, check_plan(draft))
+
+    def _research_plan(
+        self, text: str, name: str, params: dict[str, Any], training: TrainingSettings
+    ) -> PlanDraft:
+        """The research plan of a question on template ``name``: its sweep (`_research_design`), the
+        training settings with the question's fixed values and enough seeds, and its hypotheses. A swept
+        template knob keeps the template's default in ``params`` (each run sets its own value).
+
+        Raises:
+            OfflineUnsupported: A question the offline planner does not know (`_research_design`).
+            PlanError: A value out of range.
+        """
+        sweep, stability, objective, fixed = self._research_design(text, training, name)
+        if fixed:  # "… with kl 0.1": a fixed value of another training setting
+            try:
+                training = TrainingSettings.model_validate({**training.model_dump(), **fixed})
+            except ValidationError as exc:
+                raise PlanError(
+                    "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))
+                ) from None
+        seeds = max(stability.min_seeds if stability else SEED_FLOOR, len(training.seeds))
+        training = training.model_copy(update={"seeds": list(range(seeds))})
+        knob = next(
+            (p for p in templates.get_template(name).meta.parameters if p.name == sweep.variable), None
+        )
+        if knob is not None:  # the workflow keeps the template's default; each run overrides it
+            params[sweep.variable] = knob.default
         draft = PlanDraft(
-            kind=kind,
+            kind="research",
             template=name,
             params=params,
             objective=objective,
             training=training,
-            hypotheses=hypotheses,
             sweep=sweep,
             stability=stability,
-            rationale=_rationale(
-                name, matches[0][1], params, read, chosen, {k: getattr(training, k) for k in training_read}
-            ),
         )
-        return check_request(request, check_plan(draft))
+        return draft.model_copy(update={"hypotheses": hypotheses_for(draft)})
 
     @staticmethod
     def _template_params(
@@ -567,121 +750,13 @@ class OfflineProvider:
         refusal = refusal_for(text)
         if refusal is not None:
             raise OfflineUnsupported(refusal)
-        meta = templates.get_template(template).meta
-        fixed: dict[str, float] = {}  # other training settings the question gives one value each
-        variable = find_setting_in(text, meta)
-        if variable is None:
-            raise OfflineUnsupported(
-                f"the question names no setting to vary; the offline planner studies {studiable(meta)}; "
-                f"open questions need {NEEDS_LLM}"
-            )
-        setting = resolve_setting(variable, template)
+        variable, setting, fixed = _varied_setting(text, template)
         values = _values_after(text, setting)
-        shown = ", ".join(setting.text(v) for v in values)
         # The reference of an effect-of question: what the plan runs when the setting is not varied (the
         # question's value is the one changed to, so the training settings never take it).
         reference = float(getattr(training, variable)) if setting.target == "training" else setting.default
-        others: list[str] = []
-        knobs = set(template_knobs(meta))
-        # the registry's settings, then the template's own knobs (a one-value knob is read as a parameter)
-        candidates = [*SETTINGS.values(), *(resolve_setting(k, template) for k in knobs if k not in SETTINGS)]
-        for other in candidates:
-            if other.name == variable or _mention_end(text, _aliases(other)) is None:
-                continue
-            given = _values_after(text, other)
-            if not given:
-                others.append(other.label)
-            elif len(set(given)) > 1:
-                raise OfflineUnsupported(
-                    f"the question varies {setting.label} and also gives {other.label} "
-                    f"{', '.join(other.text(v) for v in given)}; the offline planner varies one setting per "
-                    "study: ask one question per setting"
-                )
-            elif other.target == "training":
-                fixed[other.name] = given[0]
-            elif other.name not in knobs:
-                raise OfflineUnsupported(
-                    f"the question sets {other.label}, which the {template} template has no knob for "
-                    f"(its knobs: {', '.join(sorted(knobs)) or 'none'})"
-                )
-        if others:
-            # "the best batch size and lr": a second setting named without a value is a second question.
-            raise OfflineUnsupported(
-                f"the question varies {setting.label} and also names {', '.join(others)} without a value; the "
-                "offline planner varies one setting per study: ask one question per setting, or give the "
-                f"other a fixed value (e.g. '{setting.label} ... with {others[0]} <value>')"
-            )
-        switch = setting.kind == "bool"
-        if re.search(r"\b(min|minimum|minimal|smallest|lowest)\b", text):
-            if switch:
-                raise OfflineUnsupported(switch_refusal(setting, "min_stable"))
-            if setting.scale != "pow2":
-                raise OfflineUnsupported(
-                    f"a minimal stable {setting.label} is not a question the offline planner asks (stability "
-                    "rises with sizes: batch size, group size, LoRA rank, epochs, max tokens); ask for the best "
-                    f"{setting.label}, or use {NEEDS_LLM}"
-                )
-            coarse = setting.grid(values or list(setting.coarse))
-            stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
-            sweep = SweepSpec(variable=variable, coarse=coarse, goal="min_stable")
-            return sweep, stability, f"find the minimal stable {setting.label}", fixed
-        compared = re.search(
-            r"\b(vs\.?|versus|against|compare|or|than|beats?|outperforms?|loses?|underperforms?)\b", text
-        )
-        if compared and len(values) > 2:
-            # "lr 1e-4 vs 1e-3 vs 1e-2": more than two arms is a search for the best of them.
-            if switch:
-                raise OfflineUnsupported(switch_refusal(setting, "best"))
-            sweep = SweepSpec(variable=variable, coarse=setting.grid(values), goal="best")
-            return sweep, None, f"find the best {setting.label} among {shown}", fixed
-        if compared and len(values) == 2:
-            # The hypothesis of an A-vs-B question is "B beats A": a question that says which value it
-            # expects to win ("X beats Y", "X is worse than Y") puts that value in B.
-            a, b = values
-            first, second = setting.text(a), setting.text(b)
-            if re.search(r"\b(better\s+than|beats?|outperforms?)\b", text):
-                sweep = SweepSpec(variable=variable, coarse=[b, a], refine=False, goal="a_vs_b")
-                return sweep, None, f"does {setting.label} {first} beat {second}?", fixed
-            if re.search(r"\b(worse\s+than|loses?\s+to|underperforms?)\b", text):
-                sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
-                return sweep, None, f"does {setting.label} {second} beat {first}?", fixed
-            sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
-            return sweep, None, f"compare {setting.label} {first} (A) with {second} (B)", fixed
-        if re.search(r"\b(effect|impact|does|influence|matter)\b", text):
-            if len(values) > 1:
-                raise OfflineUnsupported(
-                    f"an effect-of question changes {setting.label} to one value, not {shown}; ask "
-                    f"'{variable} {setting.text(values[0])} vs {setting.text(values[1])}' to compare two"
-                    + ("" if switch else ", or for the best of several")
-                )
-            # A switch has one value to change to: the other one.
-            changed = values[0] if values else (1.0 - reference if switch else None)
-            if changed is None or changed == reference:
-                raise OfflineUnsupported(
-                    f"an effect-of question needs the value to change {setting.label} to, other than the "
-                    f"reference {setting.text(reference)}, e.g. "
-                    + _effect_example(setting, variable, reference)
-                )
-            sweep = SweepSpec(variable=variable, coarse=[reference, changed], refine=False, goal="effect_of")
-            return (
-                sweep,
-                None,
-                f"the effect of {setting.label} {setting.text(reference)} → {setting.text(changed)}",
-                fixed,
-            )
-        if re.search(r"\b(best|optimal|optimum|good|tune|tuning)\b", text):
-            if switch:
-                raise OfflineUnsupported(switch_refusal(setting, "best"))
-            grid = list(setting.coarse)
-            if variable == "lr" and training.lora_rank == 0:
-                # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
-                grid = [1e-6, 1e-5, 1e-4]
-            sweep = SweepSpec(variable=variable, coarse=setting.grid(values or grid), goal="best")
-            return sweep, None, f"find the best {setting.label}", fixed
-        raise OfflineUnsupported(
-            f"which question about {setting.label}? The offline planner answers "
-            f"{_question_forms(setting, variable, reference)}; other questions need {NEEDS_LLM}"
-        )
+        sweep, stability, objective = _goal_design(text, setting, values, reference, training)
+        return sweep, stability, objective, fixed
 
     def write_code(
         self, request: str, plan: PlanDraft, *, failure: CodeFailure | None = None
