@@ -16,30 +16,13 @@ MAX_SEED = 2**31 - 1
 
 
 def n_tasks(default: int, description: str, *, minimum: int = 1) -> ParamSpec:
-    """``n_tasks``: how many tasks the data builder writes (a DATA parameter, ``minimum..1e6``)."""
-    return ParamSpec(
-        name="n_tasks",
-        type="int",
-        default=default,
-        minimum=minimum,
-        maximum=MAX_TASKS,
-        description=description,
-        target=ParamTarget.DATA,
-        counts="tasks",
-    )
+    """``n_tasks``: how many tasks the data builder writes (``minimum..1e6``; "100 tasks" in a request)."""
+    return data_int("n_tasks", default, minimum, MAX_TASKS, description, counts="tasks")
 
 
 def seed(description: str) -> ParamSpec:
-    """``seed``: the data builder's generator seed (a DATA parameter, default 0, ``0..2**31-1``)."""
-    return ParamSpec(
-        name="seed",
-        type="int",
-        default=0,
-        minimum=0,
-        maximum=MAX_SEED,
-        description=description,
-        target=ParamTarget.DATA,
-    )
+    """``seed``: the data builder's generator seed (default 0, ``0..2**31-1``)."""
+    return data_int("seed", 0, 0, MAX_SEED, description)
 
 
 def max_tokens(
@@ -83,4 +66,46 @@ def opponent(base_url_description: str) -> tuple[ParamSpec, ParamSpec, ParamSpec
             nullable=True,
             description="NAME of the environment variable holding the opponent API key.",
         ),
+    )
+
+
+def data_int(
+    name: str, default: int, minimum: int, maximum: int, description: str, *, counts: str | None = None
+) -> ParamSpec:
+    """An integer parameter of the data builder (a game size, a difficulty level, a limit), ``minimum..maximum``;
+    ``counts``: the things it counts as a request writes them (`ParamSpec.counts`)."""
+    return ParamSpec(
+        name=name,
+        type="int",
+        default=default,
+        minimum=minimum,
+        maximum=maximum,
+        description=description,
+        target=ParamTarget.DATA,
+        counts=counts,
+    )
+
+
+def players(default: int, minimum: int, maximum: int, description: str) -> ParamSpec:
+    """``n_players``: seats per game of a multi-agent game (a data parameter; "6 players" in a request)."""
+    return data_int("n_players", default, minimum, maximum, description, counts="players?")
+
+
+def train_roles(default: str, choices: tuple[str, ...], description: str) -> ParamSpec:
+    """``train_roles``: which roles' agents of a game a run trains (a data parameter: the tasks name them)."""
+    return ParamSpec(
+        name="train_roles",
+        type="str",
+        default=default,
+        choices=choices,
+        description=description,
+        target=ParamTarget.DATA,
+    )
+
+
+def penalty(name: str, default: float, description: str, *, minimum: float = 0.0) -> ParamSpec:
+    """A reward penalty weight of the workflow, ``minimum..1`` (the reward is clipped to ``[-1, 1]``, so a
+    larger cost changes nothing); a template's ``reward_weights`` names it for the part it weighs."""
+    return ParamSpec(
+        name=name, type="float", default=default, minimum=minimum, maximum=1.0, description=description
     )

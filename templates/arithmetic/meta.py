@@ -4,7 +4,7 @@ from typing import Any
 
 from templates import _params
 from templates._advice import Remedy
-from templates._meta import ParamSpec, ParamTarget, TemplateMeta
+from templates._meta import ParamSpec, TemplateMeta
 
 META = TemplateMeta(
     name="arithmetic",
@@ -34,14 +34,12 @@ META = TemplateMeta(
     starter="at level 1",
     capabilities=("single-turn chat", "answer with a bare number"),
     parameters=(
-        ParamSpec(
-            name="level",
-            type="int",
-            default=1,
-            minimum=1,
-            maximum=5,
-            description="Difficulty: 1 a+b (digits), 2 two-digit a+b, 3 two-digit a±b, 4 a×b, 5 (a op b) op c.",
-            target=ParamTarget.DATA,
+        _params.data_int(
+            "level",
+            1,
+            1,
+            5,
+            "Difficulty: 1 a+b (digits), 2 two-digit a+b, 3 two-digit a±b, 4 a×b, 5 (a op b) op c.",
         ),
         _params.n_tasks(512, "Number of tasks to write."),
         _params.seed("Generator seed (task i depends only on seed, level and i)."),

@@ -1,7 +1,7 @@
 """Metadata of the countdown template."""
 
 from templates import _params
-from templates._meta import ParamSpec, ParamTarget, TemplateMeta
+from templates._meta import ParamSpec, TemplateMeta
 
 META = TemplateMeta(
     name="countdown",
@@ -35,25 +35,8 @@ META = TemplateMeta(
         "search over combinations of numbers",
     ),
     parameters=(
-        ParamSpec(
-            name="n_numbers",
-            type="int",
-            default=3,
-            minimum=2,
-            maximum=6,
-            description="How many numbers each puzzle gives.",
-            target=ParamTarget.DATA,
-            counts="numbers",
-        ),
-        ParamSpec(
-            name="max_number",
-            type="int",
-            default=20,
-            minimum=2,
-            maximum=100,
-            description="Given numbers are drawn from 1..max_number.",
-            target=ParamTarget.DATA,
-        ),
+        _params.data_int("n_numbers", 3, 2, 6, "How many numbers each puzzle gives.", counts="numbers"),
+        _params.data_int("max_number", 20, 2, 100, "Given numbers are drawn from 1..max_number."),
         _params.n_tasks(512, "Number of puzzles to write."),
         _params.seed("Generator seed (puzzle i depends only on the seed, sizes and i)."),
         ParamSpec(

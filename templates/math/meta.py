@@ -43,15 +43,7 @@ META = TemplateMeta(
             description="Which problems to use ('aime' = 2024 and 2025; 'all' = every file).",
             target=ParamTarget.DATA,
         ),
-        ParamSpec(
-            name="limit",
-            type="int",
-            default=0,
-            minimum=0,
-            maximum=100_000,
-            description="Keep only the first N problems (0 = all).",
-            target=ParamTarget.DATA,
-        ),
+        _params.data_int("limit", 0, 0, 100_000, "Keep only the first N problems (0 = all)."),
         _params.max_tokens(1024, 65_536, "Completion token limit per episode."),
         _params.temperature(),
         ParamSpec(

@@ -4,7 +4,7 @@ from typing import Any
 
 from templates import _params
 from templates._errors import TemplateParamError
-from templates._meta import ParamSpec, ParamTarget, TemplateMeta
+from templates._meta import ParamSpec, TemplateMeta
 
 META = TemplateMeta(
     name="who_is_the_spy",
@@ -52,16 +52,11 @@ META = TemplateMeta(
         "templates/who_is_the_spy/README.md"
     ),
     parameters=(
-        ParamSpec(name="n_players", type="int", default=3, minimum=3, maximum=8,
-                  description="Players per game (3: sized for CPU runs; 4-6 for the classic game).",
-                  target=ParamTarget.DATA, counts="players?"),
-        ParamSpec(name="n_spies", type="int", default=1, minimum=1, maximum=3,
-                  description="Spies per game (fewer than half the players).", target=ParamTarget.DATA,
-                  counts="sp(?:y|ies)"),
-        ParamSpec(name="max_rounds", type="int", default=2, minimum=1, maximum=10,
-                  description="Rounds before surviving spies win.", target=ParamTarget.DATA, counts="rounds?"),
-        ParamSpec(name="train_roles", type="str", default="both", choices=("both", "spy", "civilian"),
-                  description="Which roles' agents are trainable.", target=ParamTarget.DATA),
+        _params.players(3, 3, 8, "Players per game (3: sized for CPU runs; 4-6 for the classic game)."),
+        _params.data_int("n_spies", 1, 1, 3, "Spies per game (fewer than half the players).",
+                         counts="sp(?:y|ies)"),
+        _params.data_int("max_rounds", 2, 1, 10, "Rounds before surviving spies win.", counts="rounds?"),
+        _params.train_roles("both", ("both", "spy", "civilian"), "Which roles' agents are trainable."),
         _params.n_tasks(0, "Games to write (0 = one per word pair, 322).", minimum=0),
         _params.seed("Seating/word-swap seed (task i depends only on seed and i)."),
         _params.max_tokens(24, 1024, "Token limit of a description (a one-line clue; sized for a CPU run).",
@@ -73,11 +68,10 @@ META = TemplateMeta(
         ParamSpec(name="hide_leaks", type="bool", default=True,
                   description="Show a description that says its speaker's word as *** (False: as said, so a "
                               "leak tells the others one's word and can win the vote)."),
-        ParamSpec(name="leak_penalty", type="float", default=0.5, minimum=-1.0, maximum=1.0,
-                  description="Reward cost per description that says the own word (negative: a broken "
-                              "reward that pays for leaking, for reward-hacking experiments)."),
-        ParamSpec(name="invalid_vote_penalty", type="float", default=0.25, minimum=-1.0, maximum=1.0,
-                  description="Reward cost per invalid vote (negative: a broken reward that pays for it)."),
+        _params.penalty("leak_penalty", 0.5, "Reward cost per description that says the own word (negative: a "
+                        "broken reward that pays for leaking, for reward-hacking experiments).", minimum=-1.0),
+        _params.penalty("invalid_vote_penalty", 0.25,
+                        "Reward cost per invalid vote (negative: a broken reward that pays for it).", minimum=-1.0),
         *_params.opponent("OpenAI base URL for untrained players (None: the episode's own server)."),
     ),
 )  # fmt: skip
