@@ -7,7 +7,7 @@ mean over the trainable agents (`episode_reward`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
 StatsT = TypeVar("StatsT")
@@ -46,9 +46,20 @@ def penalised(won: bool, costs: Mapping[str, tuple[int, float]]) -> float:
     return max(-1.0, min(1.0, raw))
 
 
-def agent_rewards(record: Record[StatsT], reward: Callable[[bool, StatsT], float]) -> dict[str, float]:
-    """``reward(won, stats)`` of every seat of a finished game, keyed by its agent name (``spy_1``...)."""
-    return {record.setup.agent(seat): reward(record.won(seat), stats) for seat, stats in record.stats.items()}
+def agent_rewards(record: Record[Any], weights: Mapping[str, float]) -> dict[str, float]:
+    """`penalised` reward of every seat of a finished game, keyed by its agent name (``spy_1``...).
+
+    Args:
+        record: The finished game.
+        weights: Penalty per rule broken, by the name of the count in the seats' stats (``{"leaks": 0.5}``
+            charges ``stats.leaks * 0.5``), in the order they are subtracted.
+    """
+    return {
+        record.setup.agent(seat): penalised(
+            record.won(seat), {name: (getattr(stats, name), w) for name, w in weights.items()}
+        )
+        for seat, stats in record.stats.items()
+    }
 
 
 def episode_reward(rewards: dict[str, float], trainable: Iterable[str]) -> float:

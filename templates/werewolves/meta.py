@@ -7,6 +7,8 @@ from templates._errors import TemplateParamError
 from templates._loader import import_sibling
 from templates._meta import ParamSpec, ParamTarget, TemplateMeta
 
+from .reward import INVALID_ACTION_PENALTY, REVEAL_PENALTY
+
 META = TemplateMeta(
     name="werewolves",
     title="Werewolves (multi-agent social deduction with night roles)",
@@ -58,9 +60,9 @@ META = TemplateMeta(
         _params.max_tokens(32, 1024, "Token limit of a day statement.", name="speak_max_tokens"),
         _params.max_tokens(8, 1024, "Token limit of a night action, a vote or a shot.", name="action_max_tokens"),
         _params.temperature("Sampling temperature for every player."),
-        _params.penalty("invalid_action_penalty", 0.25,
+        _params.penalty("invalid_action_penalty", INVALID_ACTION_PENALTY,
                         "Reward cost per invalid action (unreadable or forbidden target, spent potion)."),
-        _params.penalty("reveal_penalty", 0.5, "Reward cost per statement in which a werewolf reveals its role."),
+        _params.penalty("reveal_penalty", REVEAL_PENALTY, "Reward cost per statement in which a werewolf reveals its role."),
         *_params.opponent("OpenAI base URL for untrained players: a frozen copy (swarm serve --no-train) "
                           "or another server (None: the episode's own server, untrained)."),
     ),

@@ -63,17 +63,7 @@ def agent_rewards(
     reveal_penalty: float = REVEAL_PENALTY,
 ) -> dict[str, float]:
     """Reward of every agent of a finished game, keyed by agent name (``werewolf_1``, ``seer_1``…)."""
-
-    def reward(won: bool, stats: PlayerStats) -> float:
-        return role_reward(
-            won=won,
-            invalid_actions=stats.invalid_actions,
-            reveals=stats.reveals,
-            invalid_action_penalty=invalid_action_penalty,
-            reveal_penalty=reveal_penalty,
-        )
-
-    return _base.agent_rewards(record, reward)
+    return _base.agent_rewards(record, {"invalid_actions": invalid_action_penalty, "reveals": reveal_penalty})
 
 
 __all__ = ["agent_rewards", "episode_reward", "role_reward", "self_check"]

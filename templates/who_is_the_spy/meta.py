@@ -6,6 +6,8 @@ from templates import _params
 from templates._errors import TemplateParamError
 from templates._meta import ParamSpec, TemplateMeta
 
+from .reward import INVALID_VOTE_PENALTY, LEAK_PENALTY
+
 META = TemplateMeta(
     name="who_is_the_spy",
     title="Who is the spy (multi-agent word game)",
@@ -68,9 +70,9 @@ META = TemplateMeta(
         ParamSpec(name="hide_leaks", type="bool", default=True,
                   description="Show a description that says its speaker's word as *** (False: as said, so a "
                               "leak tells the others one's word and can win the vote)."),
-        _params.penalty("leak_penalty", 0.5, "Reward cost per description that says the own word (negative: a "
+        _params.penalty("leak_penalty", LEAK_PENALTY, "Reward cost per description that says the own word (negative: a "
                         "broken reward that pays for leaking, for reward-hacking experiments).", minimum=-1.0),
-        _params.penalty("invalid_vote_penalty", 0.25,
+        _params.penalty("invalid_vote_penalty", INVALID_VOTE_PENALTY,
                         "Reward cost per invalid vote (negative: a broken reward that pays for it).", minimum=-1.0),
         *_params.opponent("OpenAI base URL for untrained players (None: the episode's own server)."),
     ),

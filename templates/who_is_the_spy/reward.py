@@ -62,17 +62,7 @@ def agent_rewards(
     invalid_vote_penalty: float = INVALID_VOTE_PENALTY,
 ) -> dict[str, float]:
     """Reward of every agent of a finished game, keyed by agent name (``spy_3``, ``civilian_1``...)."""
-
-    def reward(won: bool, stats: PlayerStats) -> float:
-        return role_reward(
-            won=won,
-            leaks=stats.leaks,
-            invalid_votes=stats.invalid_votes,
-            leak_penalty=leak_penalty,
-            invalid_vote_penalty=invalid_vote_penalty,
-        )
-
-    return _base.agent_rewards(record, reward)
+    return _base.agent_rewards(record, {"leaks": leak_penalty, "invalid_votes": invalid_vote_penalty})
 
 
 __all__ = ["agent_rewards", "episode_reward", "reward_parts", "role_reward", "self_check"]
