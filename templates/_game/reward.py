@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
-StatsT = TypeVar("StatsT")
+StatsT = TypeVar("StatsT", covariant=True)
 
 
 class Record(Protocol[StatsT]):

@@ -23,6 +23,7 @@ import random
 from typing import Any
 
 from templates import _tasks
+from templates._game.table import role_names
 
 TRAIN_ROLES = ("all", "werewolves", "village", "special", "seer", "witch", "hunter", "villager")
 SPECIAL = ("seer", "witch", "hunter")
@@ -78,7 +79,7 @@ def trainable_agents(census: list[str], train_roles: str) -> list[str]:
     names = []
     for role in ("werewolf", *SPECIAL, "villager"):
         if role in wanted:
-            names += [f"{role}_{k}" for k in range(1, census.count(role) + 1)]
+            names += role_names(role, census.count(role))
     return names
 
 

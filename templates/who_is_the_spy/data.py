@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from templates import _tasks
+from templates._game.table import role_names
 
 PAIRS_FILE = Path(__file__).resolve().parent / "data" / "word_pairs.txt"
 TRAIN_ROLES = ("both", "spy", "civilian")
@@ -57,9 +58,9 @@ def trainable_agents(n_players: int, n_spies: int, train_roles: str) -> list[str
         raise ValueError(f"train_roles must be one of {TRAIN_ROLES}, got {train_roles!r}")
     names = []
     if train_roles in ("both", "spy"):
-        names += [f"spy_{k}" for k in range(1, n_spies + 1)]
+        names += role_names("spy", n_spies)
     if train_roles in ("both", "civilian"):
-        names += [f"civilian_{k}" for k in range(1, n_players - n_spies + 1)]
+        names += role_names("civilian", n_players - n_spies)
     return names
 
 

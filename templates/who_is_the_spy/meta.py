@@ -6,6 +6,7 @@ from templates import _params
 from templates._errors import TemplateParamError
 from templates._meta import ParamSpec, TemplateMeta
 
+from . import data as _data
 from .reward import INVALID_VOTE_PENALTY, LEAK_PENALTY
 
 META = TemplateMeta(
@@ -80,11 +81,9 @@ META = TemplateMeta(
 
 
 def trainable_agents(params: dict[str, Any]) -> list[str]:
-    """Agent names a run of these (resolved) parameters trains, e.g. ``["spy_1"]`` for ``train_roles="spy"``."""
-    names = {"spy": [f"spy_{k}" for k in range(1, params["n_spies"] + 1)]}
-    names["civilian"] = [f"civilian_{k}" for k in range(1, params["n_players"] - params["n_spies"] + 1)]
-    role = params["train_roles"]
-    return names["spy"] + names["civilian"] if role == "both" else names[role]
+    """Agent names a run of these (resolved) parameters trains, e.g. ``["spy_1"]`` for ``train_roles="spy"``
+    (`data.trainable_agents`)."""
+    return _data.trainable_agents(params["n_players"], params["n_spies"], params["train_roles"])
 
 
 def model_calls(params: dict[str, Any]) -> list[int]:
