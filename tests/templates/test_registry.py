@@ -146,28 +146,19 @@ def test_a_rendered_game_workspace_runs_from_its_folder_on_the_installed_package
     root = Path(templates.__file__).resolve().parent.parent
     rendered = render(name, {"n_tasks": 2}, tmp_path / name)
     assert not (rendered.folder / "_game").exists()  # shared code is imported, not copied
-    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _WORKSPACE_CHECK],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=rendered.folder,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def python(*args: str) -> str:
+        env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+        proc = subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=rendered.folder, env=env
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    loaded = json.loads(python("-c", _WORKSPACE_CHECK).strip().splitlines()[-1])
     assert "templates._game.players" in loaded["shared"] and "templates._game.table" in loaded["shared"]
     assert Path(loaded["templates"]).resolve() == root / "templates" / "__init__.py"
-    proc = subprocess.run(
-        [sys.executable, "data.py", "--out", "again.jsonl", "--n-tasks", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=rendered.folder,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
+    python("data.py", "--out", "again.jsonl", "--n-tasks", "2")
     assert (rendered.folder / "again.jsonl").read_text() == rendered.tasks.read_text()
 
 
