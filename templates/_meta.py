@@ -51,6 +51,10 @@ class ParamSpec(BaseModel):
     """Allowed values (strings only)."""
     nullable: bool = False
     """Whether ``None`` is allowed (e.g. "same server" for an optional endpoint URL)."""
+    phrases: tuple[str, ...] = ()
+    """Regular expressions a request writes right before this parameter's value (``"level\\s*"``,
+    ``"difficulty\\s*"``), read by a3r's offline planner before the generic forms (``name=value``, the
+    name in words then a number)."""
     counts: str | None = None
     """For a count: a regular expression of the things it counts as a request writes them (``players?``),
     so that a request's "6 players" or "two spies" sets it (a3r's offline planner)."""

@@ -30,14 +30,26 @@ def max_tokens(
 ) -> ParamSpec:
     """A completion token limit of the workflow (``max_tokens``, or a game's per-phase ``name``), ``1..maximum``."""
     return ParamSpec(
-        name=name, type="int", default=default, minimum=1, maximum=maximum, description=description
+        name=name,
+        type="int",
+        default=default,
+        minimum=1,
+        maximum=maximum,
+        description=description,
+        phrases=(r"max[ _-]?tokens\s*(?:of|=|:)?\s*",) if name == "max_tokens" else (),
     )
 
 
 def temperature(description: str = "Sampling temperature.") -> ParamSpec:
     """``temperature``: the workflow's sampling temperature (default 1.0, ``0..2``)."""
     return ParamSpec(
-        name="temperature", type="float", default=1.0, minimum=0.0, maximum=2.0, description=description
+        name="temperature",
+        type="float",
+        default=1.0,
+        minimum=0.0,
+        maximum=2.0,
+        description=description,
+        phrases=(r"temperature\s*(?:of|=|:)?\s*",),
     )
 
 
@@ -70,10 +82,18 @@ def opponent(base_url_description: str) -> tuple[ParamSpec, ParamSpec, ParamSpec
 
 
 def data_int(
-    name: str, default: int, minimum: int, maximum: int, description: str, *, counts: str | None = None
+    name: str,
+    default: int,
+    minimum: int,
+    maximum: int,
+    description: str,
+    *,
+    counts: str | None = None,
+    phrases: tuple[str, ...] = (),
 ) -> ParamSpec:
     """An integer parameter of the data builder (a game size, a difficulty level, a limit), ``minimum..maximum``;
-    ``counts``: the things it counts as a request writes them (`ParamSpec.counts`)."""
+    ``counts``: the things it counts as a request writes them (`ParamSpec.counts`); ``phrases``: what a
+    request writes before its value (`ParamSpec.phrases`)."""
     return ParamSpec(
         name=name,
         type="int",
@@ -83,6 +103,7 @@ def data_int(
         description=description,
         target=ParamTarget.DATA,
         counts=counts,
+        phrases=phrases,
     )
 
 

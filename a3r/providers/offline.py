@@ -658,18 +658,12 @@ class OfflineProvider:
         read here (its values are the question's, `_values_after`)."""
         params: dict[str, Any] = {}
         names = {p.name for p in meta.parameters}
-        if "level" in names:
-            level = _find_number(text, r"level\s*NUM", r"difficulty\s*NUM")
-            if level is not None:
-                params["level"] = int(level)
-        if "temperature" in names:
-            temperature = _find_number(text, r"temperature\s*(?:of|=|:)?\s*NUM")
-            if temperature is not None:
-                params["temperature"] = temperature
-        if "max_tokens" in names:
-            max_tokens = _find_number(text, r"max[ _-]?tokens\s*(?:of|=|:)?\s*NUM")
-            if max_tokens is not None:
-                params["max_tokens"] = int(max_tokens)
+        for spec in meta.parameters:  # "level 3", "temperature of 0.5": the phrases the template declares
+            number = (
+                _find_number(text, *(phrase + "NUM" for phrase in spec.phrases)) if spec.phrases else None
+            )
+            if number is not None:
+                params[spec.name] = int(number) if spec.type == "int" else number
         if "dataset" in names and not re.search(r"\bdataset\s*=", text):  # a dataset=… pair wins
             datasets = named_datasets(text)  # two were refused (`check_one_dataset`)
             if datasets:

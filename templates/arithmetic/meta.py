@@ -40,6 +40,7 @@ META = TemplateMeta(
             1,
             5,
             "Difficulty: 1 a+b (digits), 2 two-digit a+b, 3 two-digit a±b, 4 a×b, 5 (a op b) op c.",
+            phrases=(r"level\s*", r"difficulty\s*"),
         ),
         _params.n_tasks(512, "Number of tasks to write."),
         _params.seed("Generator seed (task i depends only on seed, level and i)."),
