@@ -47,7 +47,7 @@ def load_pairs(path: str | Path = PAIRS_FILE) -> list[tuple[str, str]]:
 
 
 def trainable_agents(n_players: int, n_spies: int, train_roles: str) -> list[str]:
-    """Agent names to train for a game size (``spy_1..``, ``civilian_1..``; see ``game.agent_name``).
+    """Agent names to train for a game size (``spy_1..``, ``civilian_1..``; see ``templates._game.table.agent_name``).
 
     The names depend only on the sizes, not on the seating, so one list serves every task of a run.
 
