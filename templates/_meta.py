@@ -51,6 +51,13 @@ class ParamSpec(BaseModel):
     """Allowed values (strings only)."""
     nullable: bool = False
     """Whether ``None`` is allowed (e.g. "same server" for an optional endpoint URL)."""
+    phrases: tuple[str, ...] = ()
+    """Regular expressions a request writes right before this parameter's value (``"level\\s*"``,
+    ``"difficulty\\s*"``), read by a3r's offline planner before the generic forms (``name=value``, the
+    name in words then a number)."""
+    counts: str | None = None
+    """For a count: a regular expression of the things it counts as a request writes them (``players?``),
+    so that a request's "6 players" or "two spies" sets it (a3r's offline planner)."""
 
     @model_validator(mode="after")
     def _default_is_valid(self) -> ParamSpec:
@@ -153,6 +160,27 @@ class TemplateMeta(BaseModel):
     defaults_evidence: str | None = None
     """One line on where the defaults come from when measurements chose them (what was measured, and the
     file that holds the numbers); ``a3r vibe --dry-run`` prints it under the parameters."""
+    reward_weights: dict[str, str] = Field(default_factory=dict)
+    """The workflow parameter that weighs each ``violation`` or ``shaping`` part in the reward (part →
+    parameter: a violation's penalty, a shaping part's bonus): what a reward patch changes when the part
+    is exploited (`templates.Template.reward_patch`)."""
+    reward_patch_reason: str | None = None
+    """One sentence on why the reward patch closes the exploit, quoted in the patch's rationale."""
+    starter: str | None = None
+    """How to run this template as a first task a small model gets reward on (``"at level 1"``): advice to
+    a user whose model scores zero on another task names it."""
+
+    @model_validator(mode="after")
+    def _weights_are_parameters(self) -> TemplateMeta:
+        names = {p.name for p in self.parameters}
+        for part, param in self.reward_weights.items():
+            if self.reward_parts.get(part) not in ("violation", "shaping"):
+                raise ValueError(
+                    f"reward_weights: {part!r} is not a violation or shaping part of reward_parts"
+                )
+            if param not in names:
+                raise ValueError(f"reward_weights: {param!r} (weight of {part!r}) is not a parameter")
+        return self
 
     def param(self, name: str) -> ParamSpec:
         """The spec of parameter ``name``.

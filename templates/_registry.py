@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ._advice import Remedy, reward_patch
 from ._errors import UnknownTemplateError
 from ._meta import ParamTarget, ParamValue, TemplateMeta
 
@@ -31,6 +32,10 @@ class Template:
     """Optional ``trainable_agents(params)`` from ``meta.py`` (multi-agent templates)."""
     calls_for: Callable[[dict[str, Any]], list[int]] | None = None
     """Optional ``model_calls(params)`` from ``meta.py`` (multi-turn templates): see `episode_calls`."""
+    no_signal_for: Callable[..., Remedy | None] | None = None
+    """Optional ``no_signal(params, tasks, *, all_zero)`` from ``meta.py``: see `no_signal`."""
+    easier_for: Callable[[dict[str, Any]], str] | None = None
+    """Optional ``easier(params)`` from ``meta.py``: see `easier`."""
 
     @property
     def name(self) -> str:
@@ -75,6 +80,40 @@ class Template:
         cap = resolved.get("max_tokens")
         return [int(cap)] if isinstance(cap, int) and not isinstance(cap, bool) else None
 
+    def reward_patch(self, params: dict[str, Any], part: str) -> Remedy | None:
+        """New reward weights for an exploited reward part (`templates._advice.reward_patch`).
+
+        Args:
+            params: The workflow's current ``PARAMS``.
+            part: The exploited part, or ``""`` for the train reward rising while the held-out one falls.
+
+        Returns:
+            The workflow parameters to change and why, or ``None`` (no weight to change).
+        """
+        return reward_patch(self.meta, params, part)
+
+    def no_signal(
+        self, params: dict[str, Any], tasks: list[dict[str, Any]] | None, *, all_zero: bool
+    ) -> Remedy | None:
+        """The template's remedy for groups whose attempts all earn the same reward (``all_zero``: all 0),
+        from its ``meta.py`` hook ``no_signal``: other workflow parameters or easier/harder tasks.
+
+        Args:
+            params: The workflow's ``PARAMS``.
+            tasks: The rows of ``tasks.jsonl`` (``None`` when not at hand).
+            all_zero: The groups all earn 0 (else all the same positive reward).
+
+        Returns:
+            The remedy, or ``None`` when the template has none for this case.
+        """
+        return None if self.no_signal_for is None else self.no_signal_for(params, tasks, all_zero=all_zero)
+
+    def easier(self, params: dict[str, Any]) -> str | None:
+        """What to try on this template when the untrained model scores zero with ``params`` (a phrase
+        such as ``"arithmetic level 2 or 1 (easier questions)"``), from its ``meta.py`` hook ``easier``;
+        ``None`` when the template has none."""
+        return None if self.easier_for is None else self.easier_for(params)
+
     def build_tasks(self, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run the data builder with the data parameters of ``params`` (defaults elsewhere).
 
@@ -104,6 +143,8 @@ def _load(folder: Path) -> Template:
         check_params=getattr(meta_module, "check_params", None),
         agents_for=getattr(meta_module, "trainable_agents", None),
         calls_for=getattr(meta_module, "model_calls", None),
+        no_signal_for=getattr(meta_module, "no_signal", None),
+        easier_for=getattr(meta_module, "easier", None),
     )
 
 

@@ -16,6 +16,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 from pydantic import ValidationError
 
+import templates
 from a3r.errors import PlanError
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_hypotheses, ensure_study, prior_findings
@@ -490,18 +491,19 @@ def _signal_of(baseline: RewardSummary, group_size: int, ctx: RunContext) -> Sig
 
 
 def _recommendations(plan: PlanDraft) -> str:
-    """What to try when the untrained model scores zero, by template."""
-    if plan.template == "arithmetic":
-        level = int(plan.params.get("level") or 1)
-        if level > 1:
-            fewshot = ", few-shot examples on" if plan.params.get("fewshot") is False else ""
-            return f"arithmetic level {level - 1} or 1 (easier questions){fewshot}, a stronger base model (--model)"
-        return ("few-shot examples on, " if plan.params.get("fewshot") is False else "") + (
-            "more completion tokens, a stronger base model (--model)"
-        )
+    """What to try when the untrained model scores zero: the template's own advice (`templates.Template.easier`),
+    else a task with signal (a template's ``starter``), an easier subset, a few-shot prompt."""
+    try:
+        own = templates.get_template(plan.template).easier(plan.params) if plan.template else None
+    except templates.TemplateError:
+        own = None
+    if own is not None:
+        return f"{own}, a stronger base model (--model)"
+    starter = next((m for m in templates.list_templates() if m.starter), None)
+    example = f" (e.g. the {starter.name} template {starter.starter})" if starter else ""
     return (
-        "a task with signal for this model (e.g. the arithmetic template at level 1), an easier subset of "
-        f"{plan.template}, a stronger base model (--model), a few-shot prompt"
+        f"a task with signal for this model{example}, an easier subset of {plan.template}, a stronger base "
+        "model (--model), a few-shot prompt"
     )
 
 

@@ -91,13 +91,20 @@ _NUMBER = r"(-?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?|[-+]?(?:nan|inf(?:inity)?)(?![a-
 """A signed decimal or scientific number (``-0.5``, ``1e-3``), captured; also ``nan`` and ``inf``, read
 so that they are refused as not numbers (`Setting.check`, `_find_number`) rather than passed over."""
 
+_COUNTS = {
+    spec.name: spec.counts for meta in templates.list_templates() for spec in meta.parameters if spec.counts
+}
+"""Template parameters a request may give as a count of things ("6 players", "two spies"): name → the
+things' pattern (`templates.ParamSpec.counts`), over every template (a count a template lacks is refused)."""
+
 _VALUE = (
     rf"(?<![\w.]){_NUMBER}(?![\w]|\.[0-9])"
-    r"(?!\s*(?:training\s*)?(?:steps?|seeds?|tasks?|players?|sp(?:y|ies)|(?:were)?wol(?:f|ves)|rounds?|days?|numbers"
-    r"|episodes?|epochs?|tokens?)\b)"
+    r"(?!\s*(?:training\s*)?(?:steps?|seeds?|tasks?|episodes?|epochs?|tokens?|"
+    + "|".join(_COUNTS.values())
+    + r")\b)"
 )
-"""A number standing alone: not glued to letters (``gsm8k`` and ``aime25`` hold no value) and not a
-count of something else (``20 steps``)."""
+"""A number standing alone: not glued to letters (a dataset's name holds no value) and not a count of
+something else (``20 steps``, a template's count: ``3 players``)."""
 
 _SWITCH = (
     r"(?<![\w.])(true|false|yes|no|off"
@@ -231,18 +238,6 @@ def _find_number(text: str, *patterns: str) -> float | None:
     return None
 
 
-_COUNTS = {
-    "n_players": r"players?",
-    "n_spies": r"sp(?:y|ies)",
-    "n_werewolves": r"(?:were)?wol(?:f|ves)",
-    "max_rounds": r"rounds?",
-    "max_days": r"days?",
-    "n_numbers": r"numbers",
-    "n_tasks": r"tasks",
-}
-"""Template parameters a request may give as a count of things ("6 players", "two spies"): name → the
-things' pattern."""
-
 _NUMBER_WORDS = {
     word: i
     for i, word in enumerate(
@@ -357,6 +352,220 @@ def _question_forms(setting: Setting, variable: str, reference: float) -> str:
     return ", ".join(forms[:-1]) + " and " + forms[-1]
 
 
+def _matched_template(request: str) -> tuple[str, float]:
+    """The template a request names (its name or a keyword specific to it) and its match score.
+
+    Raises:
+        OfflineUnsupported: Two tasks or datasets named, no template matches (naming the loose matches
+            and the known templates), or two templates match equally; one line.
+    """
+    check_one_task(request)
+    check_one_dataset(request)
+    named = named_tasks(request)
+    # a description ("a small model") chooses a template only when no task is named
+    matches = [m for m in specific_matches(request) if not named or m[0] in named]
+    if not matches:
+        known = ", ".join(m.name for m in templates.list_templates())
+        loose = [name for name, _ in templates.match(request)]
+        found = generic_found(request)
+        why = ""
+        if loose:
+            kind_of = (
+                f"{' and '.join(found)} name{'s' if len(found) == 1 else ''} a kind of task, not a task; "
+                if found
+                else ""
+            )
+            why = f" ({kind_of}loosely matched: {', '.join(loose)})"
+        raise OfflineUnsupported(
+            f"no task template covers {request!r}{why}; name one (templates: {known}), or writing a new "
+            f"workflow, reward and data builder needs {NEEDS_LLM}"
+        )
+    if len(matches) > 1 and matches[0][1] == matches[1][1]:
+        raise OfflineUnsupported(
+            f"{request!r} names two templates equally ({matches[0][0]}, {matches[1][0]}); name one"
+        )
+    return matches[0]
+
+
+def _training_plan(name: str, params: dict[str, Any], training: TrainingSettings) -> PlanDraft:
+    """The plan of a training request on template ``name``: its hypothesis is that the train reward rises."""
+    return PlanDraft(
+        kind="train",
+        template=name,
+        params=params,
+        objective=f"train the policy on the {name} template",
+        training=training,
+        hypotheses=[
+            HypothesisDraft(
+                statement=f"GRPO training on {name} raises the mean training reward",
+                expected_outcome="the mean train reward rises over training by more than its noise",
+                decision_rule=(
+                    "effect = the change of the per-step mean train reward along its least-squares trend "
+                    "(a3r.study.effects): confirmed if its 95% CI (over seeds with >= 2 seeds, else over "
+                    "steps with the AR(1) effective sample size) lies above 0.5 σ of the per-step noise; "
+                    "refuted if it lies below; otherwise unconfirmed, with the seeds or steps that would "
+                    "settle it; never confirmed for a run that cannot learn"
+                ),
+            )
+        ],
+    )
+
+
+def _varied_setting(text: str, template: str) -> tuple[str, Setting, dict[str, float]]:
+    """The setting a research question varies and the other training settings it fixes (one value each).
+
+    Raises:
+        OfflineUnsupported: No setting named, another setting given several values or named without a
+            value (a second question), or a knob the template lacks; one line.
+    """
+    meta = templates.get_template(template).meta
+    fixed: dict[str, float] = {}  # other training settings the question gives one value each
+    variable = find_setting_in(text, meta)
+    if variable is None:
+        raise OfflineUnsupported(
+            f"the question names no setting to vary; the offline planner studies {studiable(meta)}; "
+            f"open questions need {NEEDS_LLM}"
+        )
+    setting = resolve_setting(variable, template)
+    others: list[str] = []
+    knobs = set(template_knobs(meta))
+    # the registry's settings, then the template's own knobs (a one-value knob is read as a parameter)
+    candidates = [*SETTINGS.values(), *(resolve_setting(k, template) for k in knobs if k not in SETTINGS)]
+    for other in candidates:
+        if other.name == variable or _mention_end(text, _aliases(other)) is None:
+            continue
+        given = _values_after(text, other)
+        if not given:
+            others.append(other.label)
+        elif len(set(given)) > 1:
+            raise OfflineUnsupported(
+                f"the question varies {setting.label} and also gives {other.label} "
+                f"{', '.join(other.text(v) for v in given)}; the offline planner varies one setting per "
+                "study: ask one question per setting"
+            )
+        elif other.target == "training":
+            fixed[other.name] = given[0]
+        elif other.name not in knobs:
+            raise OfflineUnsupported(
+                f"the question sets {other.label}, which the {template} template has no knob for "
+                f"(its knobs: {', '.join(sorted(knobs)) or 'none'})"
+            )
+    if others:
+        # "the best batch size and lr": a second setting named without a value is a second question.
+        raise OfflineUnsupported(
+            f"the question varies {setting.label} and also names {', '.join(others)} without a value; the "
+            "offline planner varies one setting per study: ask one question per setting, or give the "
+            f"other a fixed value (e.g. '{setting.label} ... with {others[0]} <value>')"
+        )
+    return variable, setting, fixed
+
+
+def _goal_design(
+    text: str, setting: Setting, values: list[float], reference: float, training: TrainingSettings
+) -> tuple[SweepSpec, StabilityCriterion | None, str]:
+    """The sweep, stability criterion and objective of the question's goal over ``setting``: min-stable,
+    A vs B or best of several compared (`_compared_design`), effect-of (`_effect_design`), or best.
+
+    Raises:
+        OfflineUnsupported: A goal the setting's kind does not allow, or no goal understood; one line.
+    """
+    variable = setting.name
+    switch = setting.kind == "bool"
+    if re.search(r"\b(min|minimum|minimal|smallest|lowest)\b", text):
+        if switch:
+            raise OfflineUnsupported(switch_refusal(setting, "min_stable"))
+        if setting.scale != "pow2":
+            raise OfflineUnsupported(
+                f"a minimal stable {setting.label} is not a question the offline planner asks (stability "
+                "rises with sizes: batch size, group size, LoRA rank, epochs, max tokens); ask for the best "
+                f"{setting.label}, or use {NEEDS_LLM}"
+            )
+        coarse = setting.grid(values or list(setting.coarse))
+        stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
+        sweep = SweepSpec(variable=variable, coarse=coarse, goal="min_stable")
+        return sweep, stability, f"find the minimal stable {setting.label}"
+    compared = _compared_design(text, setting, values)
+    if compared is not None:
+        return compared[0], None, compared[1]
+    if re.search(r"\b(effect|impact|does|influence|matter)\b", text):
+        sweep, objective = _effect_design(setting, values, reference)
+        return sweep, None, objective
+    if re.search(r"\b(best|optimal|optimum|good|tune|tuning)\b", text):
+        if switch:
+            raise OfflineUnsupported(switch_refusal(setting, "best"))
+        grid = list(setting.coarse)
+        if variable == "lr" and training.lora_rank == 0:
+            # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
+            grid = [1e-6, 1e-5, 1e-4]
+        sweep = SweepSpec(variable=variable, coarse=setting.grid(values or grid), goal="best")
+        return sweep, None, f"find the best {setting.label}"
+    raise OfflineUnsupported(
+        f"which question about {setting.label}? The offline planner answers "
+        f"{_question_forms(setting, variable, reference)}; other questions need {NEEDS_LLM}"
+    )
+
+
+def _compared_design(text: str, setting: Setting, values: list[float]) -> tuple[SweepSpec, str] | None:
+    """The sweep and objective of a comparison ("vs", "beats", "compare"): two values are A vs B (B the
+    value the question expects to win), more than two a best-of over them; ``None`` when the question
+    compares nothing or fewer than two values.
+
+    Raises:
+        OfflineUnsupported: A best-of over a true/false setting; one line.
+    """
+    variable, switch = setting.name, setting.kind == "bool"
+    shown = ", ".join(setting.text(v) for v in values)
+    compared = re.search(
+        r"\b(vs\.?|versus|against|compare|or|than|beats?|outperforms?|loses?|underperforms?)\b", text
+    )
+    if compared and len(values) > 2:
+        # "lr 1e-4 vs 1e-3 vs 1e-2": more than two arms is a search for the best of them.
+        if switch:
+            raise OfflineUnsupported(switch_refusal(setting, "best"))
+        sweep = SweepSpec(variable=variable, coarse=setting.grid(values), goal="best")
+        return sweep, f"find the best {setting.label} among {shown}"
+    if compared and len(values) == 2:
+        # The hypothesis of an A-vs-B question is "B beats A": a question that says which value it
+        # expects to win ("X beats Y", "X is worse than Y") puts that value in B.
+        a, b = values
+        first, second = setting.text(a), setting.text(b)
+        if re.search(r"\b(better\s+than|beats?|outperforms?)\b", text):
+            sweep = SweepSpec(variable=variable, coarse=[b, a], refine=False, goal="a_vs_b")
+            return sweep, f"does {setting.label} {first} beat {second}?"
+        if re.search(r"\b(worse\s+than|loses?\s+to|underperforms?)\b", text):
+            sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
+            return sweep, f"does {setting.label} {second} beat {first}?"
+        sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
+        return sweep, f"compare {setting.label} {first} (A) with {second} (B)"
+    return None
+
+
+def _effect_design(setting: Setting, values: list[float], reference: float) -> tuple[SweepSpec, str]:
+    """The sweep and objective of an effect-of question: ``setting`` from ``reference`` to the one value
+    given (a true/false setting: to the other value).
+
+    Raises:
+        OfflineUnsupported: Several values, or none other than the reference; one line.
+    """
+    variable, switch = setting.name, setting.kind == "bool"
+    shown = ", ".join(setting.text(v) for v in values)
+    if len(values) > 1:
+        raise OfflineUnsupported(
+            f"an effect-of question changes {setting.label} to one value, not {shown}; ask "
+            f"'{variable} {setting.text(values[0])} vs {setting.text(values[1])}' to compare two"
+            + ("" if switch else ", or for the best of several")
+        )
+    # A switch has one value to change to: the other one.
+    changed = values[0] if values else (1.0 - reference if switch else None)
+    if changed is None or changed == reference:
+        raise OfflineUnsupported(
+            f"an effect-of question needs the value to change {setting.label} to, other than the "
+            f"reference {setting.text(reference)}, e.g. " + _effect_example(setting, variable, reference)
+        )
+    sweep = SweepSpec(variable=variable, coarse=[reference, changed], refine=False, goal="effect_of")
+    return sweep, f"the effect of {setting.label} {setting.text(reference)} → {setting.text(changed)}"
+
+
 # ------------------------------------------------------------------------------------------ offline
 class OfflineProvider:
     """Deterministic provider: keyword-matched templates, parsed parameters, rule-based patches.
@@ -377,32 +586,7 @@ class OfflineProvider:
             PlanError: A parameter read from the request is out of the template's range.
         """
         text = request.lower()
-        check_one_task(request)
-        check_one_dataset(request)
-        named = named_tasks(request)
-        # a description ("a small model") chooses a template only when no task is named
-        matches = [m for m in specific_matches(request) if not named or m[0] in named]
-        if not matches:
-            known = ", ".join(m.name for m in templates.list_templates())
-            loose = [name for name, _ in templates.match(request)]
-            found = generic_found(request)
-            why = ""
-            if loose:
-                kind_of = (
-                    f"{' and '.join(found)} name{'s' if len(found) == 1 else ''} a kind of task, not a task; "
-                    if found
-                    else ""
-                )
-                why = f" ({kind_of}loosely matched: {', '.join(loose)})"
-            raise OfflineUnsupported(
-                f"no task template covers {request!r}{why}; name one (templates: {known}), or writing a new "
-                f"workflow, reward and data builder needs {NEEDS_LLM}"
-            )
-        if len(matches) > 1 and matches[0][1] == matches[1][1]:
-            raise OfflineUnsupported(
-                f"{request!r} names two templates equally ({matches[0][0]}, {matches[1][0]}); name one"
-            )
-        name = matches[0][0]
+        name, score = _matched_template(request)
         template = templates.get_template(name)
         text = join_knob_names(text, template.meta)  # "describe max tokens" is one knob, not max tokens
         varied = find_setting_in(text, template.meta) if mode == "research" else None
@@ -412,64 +596,58 @@ class OfflineProvider:
         kind: Literal["train", "research"] = "research" if mode == "research" else "train"
         # A research question's numbers after the varied setting are its values, not a training setting.
         training, training_read = self._training(text, skip=varied)
-        hypotheses: list[HypothesisDraft]
-        sweep: SweepSpec | None = None
-        stability: StabilityCriterion | None = None
         if kind == "research":
-            sweep, stability, objective, fixed = self._research_design(text, training, name)
-            if fixed:  # "… with kl 0.1": a fixed value of another training setting
-                try:
-                    training = TrainingSettings.model_validate({**training.model_dump(), **fixed})
-                except ValidationError as exc:
-                    raise PlanError(
-                        "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))
-                    ) from None
-            seeds = max(stability.min_seeds if stability else SEED_FLOOR, len(training.seeds))
-            training = training.model_copy(update={"seeds": list(range(seeds))})
-            knob = next((p for p in template.meta.parameters if p.name == sweep.variable), None)
-            if knob is not None:  # the workflow keeps the template's default; each run overrides it
-                params[sweep.variable] = knob.default
-                read = [r for r in read if r != sweep.variable]
-                chosen.append(f"{sweep.variable} is the swept knob (each run sets its own value)")
-            hypotheses = hypotheses_for(
-                PlanDraft(
-                    kind=kind,
-                    template=name,
-                    objective=objective,
-                    training=training,
-                    sweep=sweep,
-                    stability=stability,
-                )
-            )
+            draft = self._research_plan(text, name, params, training)
+            if draft.sweep is not None and draft.sweep.variable in params:  # a template knob
+                read = [r for r in read if r != draft.sweep.variable]
+                chosen.append(f"{draft.sweep.variable} is the swept knob (each run sets its own value)")
         else:
-            objective = f"train the policy on the {name} template"
-            hypotheses = [
-                HypothesisDraft(
-                    statement=f"GRPO training on {name} raises the mean training reward",
-                    expected_outcome="the mean train reward rises over training by more than its noise",
-                    decision_rule=(
-                        "effect = the change of the per-step mean train reward along its least-squares trend "
-                        "(a3r.study.effects): confirmed if its 95% CI (over seeds with >= 2 seeds, else over "
-                        "steps with the AR(1) effective sample size) lies above 0.5 σ of the per-step noise; "
-                        "refuted if it lies below; otherwise unconfirmed, with the seeds or steps that would "
-                        "settle it; never confirmed for a run that cannot learn"
-                    ),
+            draft = _training_plan(name, params, training)
+        draft = draft.model_copy(
+            update={
+                "rationale": _rationale(
+                    name, score, params, read, chosen, {k: getattr(draft.training, k) for k in training_read}
                 )
-            ]
+            }
+        )
+        return check_request(request, check_plan(draft))
+
+    def _research_plan(
+        self, text: str, name: str, params: dict[str, Any], training: TrainingSettings
+    ) -> PlanDraft:
+        """The research plan of a question on template ``name``: its sweep (`_research_design`), the
+        training settings with the question's fixed values and enough seeds, and its hypotheses. A swept
+        template knob keeps the template's default in ``params`` (each run sets its own value).
+
+        Raises:
+            OfflineUnsupported: A question the offline planner does not know (`_research_design`).
+            PlanError: A value out of range.
+        """
+        sweep, stability, objective, fixed = self._research_design(text, training, name)
+        if fixed:  # "… with kl 0.1": a fixed value of another training setting
+            try:
+                training = TrainingSettings.model_validate({**training.model_dump(), **fixed})
+            except ValidationError as exc:
+                raise PlanError(
+                    "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors(include_input=False))
+                ) from None
+        seeds = max(stability.min_seeds if stability else SEED_FLOOR, len(training.seeds))
+        training = training.model_copy(update={"seeds": list(range(seeds))})
+        knob = next(
+            (p for p in templates.get_template(name).meta.parameters if p.name == sweep.variable), None
+        )
+        if knob is not None:  # the workflow keeps the template's default; each run overrides it
+            params[sweep.variable] = knob.default
         draft = PlanDraft(
-            kind=kind,
+            kind="research",
             template=name,
             params=params,
             objective=objective,
             training=training,
-            hypotheses=hypotheses,
             sweep=sweep,
             stability=stability,
-            rationale=_rationale(
-                name, matches[0][1], params, read, chosen, {k: getattr(training, k) for k in training_read}
-            ),
         )
-        return check_request(request, check_plan(draft))
+        return draft.model_copy(update={"hypotheses": hypotheses_for(draft)})
 
     @staticmethod
     def _template_params(
@@ -480,18 +658,12 @@ class OfflineProvider:
         read here (its values are the question's, `_values_after`)."""
         params: dict[str, Any] = {}
         names = {p.name for p in meta.parameters}
-        if "level" in names:
-            level = _find_number(text, r"level\s*NUM", r"difficulty\s*NUM")
-            if level is not None:
-                params["level"] = int(level)
-        if "temperature" in names:
-            temperature = _find_number(text, r"temperature\s*(?:of|=|:)?\s*NUM")
-            if temperature is not None:
-                params["temperature"] = temperature
-        if "max_tokens" in names:
-            max_tokens = _find_number(text, r"max[ _-]?tokens\s*(?:of|=|:)?\s*NUM")
-            if max_tokens is not None:
-                params["max_tokens"] = int(max_tokens)
+        for spec in meta.parameters:  # "level 3", "temperature of 0.5": the phrases the template declares
+            number = (
+                _find_number(text, *(phrase + "NUM" for phrase in spec.phrases)) if spec.phrases else None
+            )
+            if number is not None:
+                params[spec.name] = int(number) if spec.type == "int" else number
         if "dataset" in names and not re.search(r"\bdataset\s*=", text):  # a dataset=… pair wins
             datasets = named_datasets(text)  # two were refused (`check_one_dataset`)
             if datasets:
@@ -503,7 +675,7 @@ class OfflineProvider:
             if match:  # explicit "name=value" pairs win
                 params[spec.name] = match.group(1)
             elif spec.type in ("int", "float") and spec.name not in params:
-                # "leak_penalty 0.3", "leak penalty of 0.3": never dropped silently
+                # "<name> 0.3", "<name in words> of 0.3": never dropped silently
                 number = _find_number(text, rf"\b{spoken}\b\s*(?:of|=|:|to|at)?\s*NUM(?![\w.])")
                 if number is not None:
                     params[spec.name] = number
@@ -572,121 +744,13 @@ class OfflineProvider:
         refusal = refusal_for(text)
         if refusal is not None:
             raise OfflineUnsupported(refusal)
-        meta = templates.get_template(template).meta
-        fixed: dict[str, float] = {}  # other training settings the question gives one value each
-        variable = find_setting_in(text, meta)
-        if variable is None:
-            raise OfflineUnsupported(
-                f"the question names no setting to vary; the offline planner studies {studiable(meta)}; "
-                f"open questions need {NEEDS_LLM}"
-            )
-        setting = resolve_setting(variable, template)
+        variable, setting, fixed = _varied_setting(text, template)
         values = _values_after(text, setting)
-        shown = ", ".join(setting.text(v) for v in values)
         # The reference of an effect-of question: what the plan runs when the setting is not varied (the
         # question's value is the one changed to, so the training settings never take it).
         reference = float(getattr(training, variable)) if setting.target == "training" else setting.default
-        others: list[str] = []
-        knobs = set(template_knobs(meta))
-        # the registry's settings, then the template's own knobs (a one-value knob is read as a parameter)
-        candidates = [*SETTINGS.values(), *(resolve_setting(k, template) for k in knobs if k not in SETTINGS)]
-        for other in candidates:
-            if other.name == variable or _mention_end(text, _aliases(other)) is None:
-                continue
-            given = _values_after(text, other)
-            if not given:
-                others.append(other.label)
-            elif len(set(given)) > 1:
-                raise OfflineUnsupported(
-                    f"the question varies {setting.label} and also gives {other.label} "
-                    f"{', '.join(other.text(v) for v in given)}; the offline planner varies one setting per "
-                    "study: ask one question per setting"
-                )
-            elif other.target == "training":
-                fixed[other.name] = given[0]
-            elif other.name not in knobs:
-                raise OfflineUnsupported(
-                    f"the question sets {other.label}, which the {template} template has no knob for "
-                    f"(its knobs: {', '.join(sorted(knobs)) or 'none'})"
-                )
-        if others:
-            # "the best batch size and lr": a second setting named without a value is a second question.
-            raise OfflineUnsupported(
-                f"the question varies {setting.label} and also names {', '.join(others)} without a value; the "
-                "offline planner varies one setting per study: ask one question per setting, or give the "
-                f"other a fixed value (e.g. '{setting.label} ... with {others[0]} <value>')"
-            )
-        switch = setting.kind == "bool"
-        if re.search(r"\b(min|minimum|minimal|smallest|lowest)\b", text):
-            if switch:
-                raise OfflineUnsupported(switch_refusal(setting, "min_stable"))
-            if setting.scale != "pow2":
-                raise OfflineUnsupported(
-                    f"a minimal stable {setting.label} is not a question the offline planner asks (stability "
-                    "rises with sizes: batch size, group size, LoRA rank, epochs, max tokens); ask for the best "
-                    f"{setting.label}, or use {NEEDS_LLM}"
-                )
-            coarse = setting.grid(values or list(setting.coarse))
-            stability = StabilityCriterion(last_k=max(1, min(3, training.steps // 2)))
-            sweep = SweepSpec(variable=variable, coarse=coarse, goal="min_stable")
-            return sweep, stability, f"find the minimal stable {setting.label}", fixed
-        compared = re.search(
-            r"\b(vs\.?|versus|against|compare|or|than|beats?|outperforms?|loses?|underperforms?)\b", text
-        )
-        if compared and len(values) > 2:
-            # "lr 1e-4 vs 1e-3 vs 1e-2": more than two arms is a search for the best of them.
-            if switch:
-                raise OfflineUnsupported(switch_refusal(setting, "best"))
-            sweep = SweepSpec(variable=variable, coarse=setting.grid(values), goal="best")
-            return sweep, None, f"find the best {setting.label} among {shown}", fixed
-        if compared and len(values) == 2:
-            # The hypothesis of an A-vs-B question is "B beats A": a question that says which value it
-            # expects to win ("X beats Y", "X is worse than Y") puts that value in B.
-            a, b = values
-            first, second = setting.text(a), setting.text(b)
-            if re.search(r"\b(better\s+than|beats?|outperforms?)\b", text):
-                sweep = SweepSpec(variable=variable, coarse=[b, a], refine=False, goal="a_vs_b")
-                return sweep, None, f"does {setting.label} {first} beat {second}?", fixed
-            if re.search(r"\b(worse\s+than|loses?\s+to|underperforms?)\b", text):
-                sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
-                return sweep, None, f"does {setting.label} {second} beat {first}?", fixed
-            sweep = SweepSpec(variable=variable, coarse=[a, b], refine=False, goal="a_vs_b")
-            return sweep, None, f"compare {setting.label} {first} (A) with {second} (B)", fixed
-        if re.search(r"\b(effect|impact|does|influence|matter)\b", text):
-            if len(values) > 1:
-                raise OfflineUnsupported(
-                    f"an effect-of question changes {setting.label} to one value, not {shown}; ask "
-                    f"'{variable} {setting.text(values[0])} vs {setting.text(values[1])}' to compare two"
-                    + ("" if switch else ", or for the best of several")
-                )
-            # A switch has one value to change to: the other one.
-            changed = values[0] if values else (1.0 - reference if switch else None)
-            if changed is None or changed == reference:
-                raise OfflineUnsupported(
-                    f"an effect-of question needs the value to change {setting.label} to, other than the "
-                    f"reference {setting.text(reference)}, e.g. "
-                    + _effect_example(setting, variable, reference)
-                )
-            sweep = SweepSpec(variable=variable, coarse=[reference, changed], refine=False, goal="effect_of")
-            return (
-                sweep,
-                None,
-                f"the effect of {setting.label} {setting.text(reference)} → {setting.text(changed)}",
-                fixed,
-            )
-        if re.search(r"\b(best|optimal|optimum|good|tune|tuning)\b", text):
-            if switch:
-                raise OfflineUnsupported(switch_refusal(setting, "best"))
-            grid = list(setting.coarse)
-            if variable == "lr" and training.lora_rank == 0:
-                # LoRA's best rate sits ~10x above full fine-tuning's (Schulman et al. 2025, "LoRA Without Regret").
-                grid = [1e-6, 1e-5, 1e-4]
-            sweep = SweepSpec(variable=variable, coarse=setting.grid(values or grid), goal="best")
-            return sweep, None, f"find the best {setting.label}", fixed
-        raise OfflineUnsupported(
-            f"which question about {setting.label}? The offline planner answers "
-            f"{_question_forms(setting, variable, reference)}; other questions need {NEEDS_LLM}"
-        )
+        sweep, stability, objective = _goal_design(text, setting, values, reference, training)
+        return sweep, stability, objective, fixed
 
     def write_code(
         self, request: str, plan: PlanDraft, *, failure: CodeFailure | None = None
@@ -702,67 +766,38 @@ class OfflineProvider:
 
     @staticmethod
     def _reward_patch(diagnosis: Diagnosis, workflow: str, *, template: str | None) -> PatchDraft | None:
-        """Offline rules for the known ways the templates' rewards get exploited (the reward's weights
-        are the workflow's ``PARAMS``; the frozen evaluator keeps the original ones):
-
-        * who-is-the-spy, a violation rate rises (``leak_rate`` / ``invalid_vote_rate``): double its
-          penalty (at least the template default, 0.5 / 0.25; at most 1), so breaking the rule costs
-          more than a win pays; train reward up while held-out reward falls: the same for both;
-        * countdown, the format bonus rises while correctness does not, or train reward up while
-          held-out falls: ``format_reward`` 0 (only a correct expression pays);
-        * math and arithmetic pay only a verified correct answer (format is not paid on its own), so a
-          held-out fall is not a reward exploit: no patch (the finding is recorded).
+        """The template's reward patch (`templates.Template.reward_patch`: the weights of its reward
+        parts, by their roles) for the part the diagnosis names, or for every weighted part when it names
+        none (train reward up while held-out reward falls). The reward's weights are the workflow's
+        ``PARAMS``; the frozen evaluator keeps the original ones. A template that weighs no part (one that
+        pays only a verified correct answer) gets no patch (the finding is recorded).
         """
         try:
             params = read_params(workflow)
-        except (ValueError, SyntaxError):
+            found = templates.get_template(template) if template else None
+        except (ValueError, SyntaxError, templates.TemplateError):
             return None
-        part = str(diagnosis.evidence.get("part", ""))
-        changes: dict[str, float] = {}
-        why = ""
-        if template == "who_is_the_spy":
-            penalties = {
-                "leak_rate": ("leak_penalty", 0.5),
-                "invalid_vote_rate": ("invalid_vote_penalty", 0.25),
-            }
-            chosen = [penalties[part]] if part in penalties else list(penalties.values())
-            for name, default in chosen:
-                current = params.get(name)
-                if isinstance(current, int | float) and current < 1.0:
-                    changes[name] = round(min(1.0, max(2 * float(current), default)), 4)
-            why = (
-                "Raising the penalty makes breaking the rule cost more than a win pays, so the policy can no "
-                "longer buy reward with it (the held-out evaluator keeps the original weights)."
-            )
-        elif template == "countdown" and part in ("format_ok", ""):
-            current = params.get("format_reward")
-            if isinstance(current, int | float) and current > 0:
-                changes["format_reward"] = 0.0
-            why = (
-                "Setting format_reward to 0 pays only a correct expression, so a well-formed wrong answer "
-                "earns nothing."
-            )
-        if not changes:
+        remedy = found.reward_patch(params, str(diagnosis.evidence.get("part", ""))) if found else None
+        if remedy is None:
             return None
-        new = templates.substitute_params(workflow, {**params, **changes})
-        shown = ", ".join(f"{k} {params.get(k)} → {v:g}" for k, v in changes.items())
+        new = templates.substitute_params(workflow, {**params, **remedy.workflow})
+        shown = ", ".join(f"{k} {params.get(k)} → {v:g}" for k, v in remedy.workflow.items())
         return PatchDraft(
             file="workflow.py",
             new_content=new,
-            rationale=f"{diagnosis.summary}. Reward patch: {shown}. {why}",
+            rationale=f"{diagnosis.summary}. Reward patch: {shown}. {remedy.reason}",
         )
 
     def propose_patch(
         self, diagnosis: Diagnosis, files: Mapping[str, str], *, template: str | None
     ) -> PatchDraft | None:
-        """Rule-based fixes of the workflow's ``PARAMS`` (and arithmetic data) for zero-signal groups,
-        and of the reward's weights for reward hacking (`_reward_patch`).
+        """Rule-based fixes of the workflow's ``PARAMS`` (or the tasks) for zero-signal groups, and of
+        the reward's weights for reward hacking (`_reward_patch`).
 
         Rules, in order: identical completions within a group at a low sampling temperature → raise it
-        to 1.0; all attempts fail with the few-shot example off → turn it on; all attempts fail on
-        arithmetic above level 1 → rebuild ``tasks.jsonl`` one level easier; all attempts get the same
-        positive reward on arithmetic below level 5 → one level harder. Other diagnoses get ``None``
-        (code fixes need an LLM provider).
+        to 1.0; else the template's own remedy for groups with no signal (`templates.Template.no_signal`:
+        e.g. a few-shot example turned on, or ``tasks.jsonl`` rebuilt a level easier or harder). Other
+        diagnoses get ``None`` (code fixes need an LLM provider).
         """
         if diagnosis.kind is DiagnosisKind.reward_hacking and "workflow.py" in files:
             return self._reward_patch(diagnosis, files["workflow.py"], template=template)
@@ -787,29 +822,22 @@ class OfflineProvider:
                     "temperature to 1.0 makes attempts differ."
                 ),
             )
-        if all_zero and params.get("fewshot") is False:
-            new = templates.substitute_params(workflow, {**params, "fewshot": True})
-            return PatchDraft(
-                file="workflow.py",
-                new_content=new,
-                rationale=f"{diagnosis.summary}. Every attempt fails; a solved example shows the answer format.",
-            )
-        if template == "arithmetic" and "tasks.jsonl" in files:
+        try:
+            found = templates.get_template(template) if template else None
+        except templates.TemplateError:
+            return None
+        if found is None or found.no_signal_for is None:
+            return None
+        rows = None
+        if "tasks.jsonl" in files:
             rows = [json.loads(line) for line in files["tasks.jsonl"].splitlines() if line.strip()]
-            level = int(rows[0].get("level", 1)) if rows else 1
-            target = level - 1 if all_zero else level + 1
-            if 1 <= target <= 5 and target != level:
-                tasks = templates.get_template("arithmetic").build_tasks(
-                    {"level": target, "n_tasks": len(rows), "seed": 0}
-                )
-                new = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tasks)
-                direction = "easier" if all_zero else "harder"
-                return PatchDraft(
-                    file="tasks.jsonl",
-                    new_content=new,
-                    rationale=(
-                        f"{diagnosis.summary}. Level {level} is too {'hard' if all_zero else 'easy'} for this "
-                        f"model; level {target} tasks ({direction}) give groups with mixed rewards."
-                    ),
-                )
-        return None
+        remedy = found.no_signal(params, rows, all_zero=all_zero)
+        if remedy is None:
+            return None
+        rationale = f"{diagnosis.summary}. {remedy.reason}"
+        if remedy.data:
+            tasks = found.build_tasks(remedy.data)
+            new = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tasks)
+            return PatchDraft(file="tasks.jsonl", new_content=new, rationale=rationale)
+        new = templates.substitute_params(workflow, {**params, **remedy.workflow})
+        return PatchDraft(file="workflow.py", new_content=new, rationale=rationale)

@@ -18,12 +18,11 @@ Usage: ``python data.py --out tasks.jsonl [--level 1] [--n-tasks 512] [--seed 0]
 
 from __future__ import annotations
 
-import argparse
-import json
 import operator
 import random
-from pathlib import Path
 from typing import Any
+
+from templates import _tasks
 
 LEVELS = (1, 2, 3, 4, 5)
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -84,22 +83,9 @@ def build(level: int = 1, n_tasks: int = 512, seed: int = 0) -> list[dict[str, A
     return [make_task(i, level, seed) for i in range(n_tasks)]
 
 
-def write_jsonl(tasks: list[dict[str, Any]], path: str | Path) -> None:
-    """Write one JSON object per line (UTF-8)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for task in tasks:
-            f.write(json.dumps(task) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point (see module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--level", type=int, default=1, choices=LEVELS)
-    parser.add_argument("--n-tasks", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    write_jsonl(build(args.level, args.n_tasks, args.seed), args.out)
+    _tasks.main(__doc__ or "", build, argv, {"level": LEVELS})
 
 
 if __name__ == "__main__":

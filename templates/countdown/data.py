@@ -11,13 +11,12 @@ Usage: ``python data.py --out tasks.jsonl [--n-numbers 3] [--max-number 20] [--n
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from collections.abc import Callable
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
+
+from templates import _tasks
 
 _APPLY: dict[str, Callable[[Fraction, Fraction], Fraction | None]] = {
     "+": lambda x, y: x + y,
@@ -70,23 +69,9 @@ def build(
     return [make_task(i, n_numbers, max_number, seed) for i in range(n_tasks)]
 
 
-def write_jsonl(tasks: list[dict[str, Any]], path: str | Path) -> None:
-    """Write one JSON object per line (UTF-8)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for task in tasks:
-            f.write(json.dumps(task) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point (see module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--n-numbers", type=int, default=3)
-    parser.add_argument("--max-number", type=int, default=20)
-    parser.add_argument("--n-tasks", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    write_jsonl(build(args.n_numbers, args.max_number, args.n_tasks, args.seed), args.out)
+    _tasks.main(__doc__ or "", build, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Metadata of the countdown template."""
 
-from templates._meta import ParamSpec, ParamTarget, TemplateMeta
+from templates import _params
+from templates._meta import ParamSpec, TemplateMeta
 
 META = TemplateMeta(
     name="countdown",
@@ -24,48 +25,20 @@ META = TemplateMeta(
         "equation",
     ),
     reward_parts={"format_ok": "shaping", "correct": "goal"},
+    reward_weights={"format_ok": "format_reward"},
+    reward_patch_reason=(
+        "Setting format_reward to 0 pays only a correct expression, so a well-formed wrong answer earns nothing."
+    ),
     capabilities=(
         "single-turn chat",
         "write an arithmetic expression inside <answer></answer>",
         "search over combinations of numbers",
     ),
     parameters=(
-        ParamSpec(
-            name="n_numbers",
-            type="int",
-            default=3,
-            minimum=2,
-            maximum=6,
-            description="How many numbers each puzzle gives.",
-            target=ParamTarget.DATA,
-        ),
-        ParamSpec(
-            name="max_number",
-            type="int",
-            default=20,
-            minimum=2,
-            maximum=100,
-            description="Given numbers are drawn from 1..max_number.",
-            target=ParamTarget.DATA,
-        ),
-        ParamSpec(
-            name="n_tasks",
-            type="int",
-            default=512,
-            minimum=1,
-            maximum=1_000_000,
-            description="Number of puzzles to write.",
-            target=ParamTarget.DATA,
-        ),
-        ParamSpec(
-            name="seed",
-            type="int",
-            default=0,
-            minimum=0,
-            maximum=2**31 - 1,
-            description="Generator seed (puzzle i depends only on the seed, sizes and i).",
-            target=ParamTarget.DATA,
-        ),
+        _params.data_int("n_numbers", 3, 2, 6, "How many numbers each puzzle gives.", counts="numbers"),
+        _params.data_int("max_number", 20, 2, 100, "Given numbers are drawn from 1..max_number."),
+        _params.n_tasks(512, "Number of puzzles to write."),
+        _params.seed("Generator seed (puzzle i depends only on the seed, sizes and i)."),
         ParamSpec(
             name="format_reward",
             type="float",
@@ -74,21 +47,7 @@ META = TemplateMeta(
             maximum=0.5,
             description="Reward for a valid expression that uses the numbers but misses the target.",
         ),
-        ParamSpec(
-            name="max_tokens",
-            type="int",
-            default=256,
-            minimum=1,
-            maximum=16_384,
-            description="Completion token limit.",
-        ),
-        ParamSpec(
-            name="temperature",
-            type="float",
-            default=1.0,
-            minimum=0.0,
-            maximum=2.0,
-            description="Sampling temperature.",
-        ),
+        _params.max_tokens(256, 16_384),
+        _params.temperature(),
     ),
 )

@@ -8,10 +8,11 @@ Usage: ``python data.py --out tasks.jsonl [--dataset gsm8k] [--limit 0]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from templates import _tasks
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SOURCES = {
@@ -51,21 +52,9 @@ def build(dataset: str = "gsm8k", limit: int = 0) -> list[dict[str, Any]]:
     return tasks[:limit] if limit else tasks
 
 
-def write_jsonl(tasks: list[dict[str, Any]], path: str | Path) -> None:
-    """Write one JSON object per line (UTF-8)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for task in tasks:
-            f.write(json.dumps(task, ensure_ascii=False) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point (see module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--dataset", default="gsm8k", choices=sorted(SOURCES))
-    parser.add_argument("--limit", type=int, default=0)
-    args = parser.parse_args(argv)
-    write_jsonl(build(args.dataset, args.limit), args.out)
+    _tasks.main(__doc__ or "", build, argv, {"dataset": sorted(SOURCES)})
 
 
 if __name__ == "__main__":

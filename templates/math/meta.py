@@ -1,5 +1,6 @@
 """Metadata of the math template."""
 
+from templates import _params
 from templates._meta import ParamSpec, ParamTarget, TemplateMeta
 
 META = TemplateMeta(
@@ -42,31 +43,9 @@ META = TemplateMeta(
             description="Which problems to use ('aime' = 2024 and 2025; 'all' = every file).",
             target=ParamTarget.DATA,
         ),
-        ParamSpec(
-            name="limit",
-            type="int",
-            default=0,
-            minimum=0,
-            maximum=100_000,
-            description="Keep only the first N problems (0 = all).",
-            target=ParamTarget.DATA,
-        ),
-        ParamSpec(
-            name="max_tokens",
-            type="int",
-            default=1024,
-            minimum=1,
-            maximum=65_536,
-            description="Completion token limit per episode.",
-        ),
-        ParamSpec(
-            name="temperature",
-            type="float",
-            default=1.0,
-            minimum=0.0,
-            maximum=2.0,
-            description="Sampling temperature.",
-        ),
+        _params.data_int("limit", 0, 0, 100_000, "Keep only the first N problems (0 = all)."),
+        _params.max_tokens(1024, 65_536, "Completion token limit per episode."),
+        _params.temperature(),
         ParamSpec(
             name="max_completion_chars",
             type="int",

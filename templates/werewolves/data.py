@@ -19,11 +19,11 @@ seer,witch,hunter] [--max-days 2] [--train-roles werewolves] [--n-tasks 64] [--s
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
-from pathlib import Path
 from typing import Any
+
+from templates import _tasks
+from templates._game.table import role_names
 
 TRAIN_ROLES = ("all", "werewolves", "village", "special", "seer", "witch", "hunter", "villager")
 SPECIAL = ("seer", "witch", "hunter")
@@ -79,7 +79,7 @@ def trainable_agents(census: list[str], train_roles: str) -> list[str]:
     names = []
     for role in ("werewolf", *SPECIAL, "villager"):
         if role in wanted:
-            names += [f"{role}_{k}" for k in range(1, census.count(role) + 1)]
+            names += role_names(role, census.count(role))
     return names
 
 
@@ -135,35 +135,9 @@ def build(
     ]
 
 
-def write_jsonl(tasks: list[dict[str, Any]], path: str | Path) -> None:
-    """Write one JSON object per line (UTF-8)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for task in tasks:
-            f.write(json.dumps(task, ensure_ascii=False) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--n-players", type=int, default=5)
-    parser.add_argument("--n-werewolves", type=int, default=1)
-    parser.add_argument("--special-roles", default="seer,witch,hunter")
-    parser.add_argument("--max-days", type=int, default=2)
-    parser.add_argument("--train-roles", default="werewolves", choices=TRAIN_ROLES)
-    parser.add_argument("--n-tasks", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    tasks = build(
-        args.n_players,
-        args.n_werewolves,
-        args.special_roles,
-        args.max_days,
-        args.train_roles,
-        args.n_tasks,
-        args.seed,
-    )
-    write_jsonl(tasks, args.out)
+    _tasks.main(__doc__ or "", build, argv, {"train_roles": TRAIN_ROLES})
 
 
 if __name__ == "__main__":

@@ -20,20 +20,19 @@ is not allowed, a witch reply that uses a spent potion or cannot be read) and, f
 (a public statement saying that one is a werewolf). An invalid action does nothing (a werewolf night
 with no valid target kills nobody; an invalid vote is not counted).
 
-Each player keeps its own chat history (system prompt, then one user message per turn carrying only
-what it saw since its last turn, and its own replies verbatim), so histories are append-only and the
-server merges a player's calls by token prefix. Players are any async callables (LLM-backed in the
-workflow, scripted in tests).
+Seats, histories (each player its own, append-only), vote counting and the win rule are the games'
+shared base (`templates._game.table`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
+
+from templates._game.table import Message, Player, Seating, Table, hidden_team_won, majority, votes_line
 
 from .parsing import Target, clean_speech, parse_target, parse_witch, reveals_werewolf
 
@@ -77,29 +76,10 @@ class Phase(StrEnum):
     """The dying hunter names who it takes down."""
 
 
-Message = dict[str, str]
-
-
-class Player(Protocol):
-    """Anything that answers a chat history (``messages`` ends with a user turn) with text."""
-
-    async def __call__(self, messages: list[Message], phase: Phase) -> str:
-        """Return the reply text for ``messages``."""
-        ...
-
-
-def agent_name(role: Role, rank: int) -> str:
-    """The agent name ``"<role>_<rank>"`` sent as the OpenAI ``user`` (``werewolf_1``, ``seer_1``).
-
-    ``rank`` counts players of that role in seat order from 1, so the names depend only on the game's
-    role counts, never on the (random) seating: a run names its trainable agents once for every task.
-    """
-    return f"{role.value}_{rank}"
-
-
 @dataclass(frozen=True)
-class GameSetup:
-    """One game's fixed facts (a data-builder task row describes exactly this)."""
+class GameSetup(Seating):
+    """One game's fixed facts (a data-builder task row describes exactly this); agent names are
+    ``<role>_<rank>`` (``werewolf_1``, ``seer_1``: `Seating.agent`)."""
 
     roles: tuple[Role, ...]
     """Role of seat ``i + 1``."""
@@ -126,9 +106,9 @@ class GameSetup:
         return cls(roles=tuple(Role(r) for r in task["roles"]), max_days=int(task.get("max_days", 2)))
 
     @property
-    def seats(self) -> list[int]:
-        """All seats in order."""
-        return list(range(1, len(self.roles) + 1))
+    def n_seats(self) -> int:
+        """Number of seats (one role each)."""
+        return len(self.roles)
 
     def role(self, seat: int) -> Role:
         """The role of ``seat``."""
@@ -141,11 +121,6 @@ class GameSetup:
     def wolves(self) -> list[int]:
         """Seats of the werewolves."""
         return [s for s in self.seats if self.role(s) is Role.WEREWOLF]
-
-    def agent(self, seat: int) -> str:
-        """The agent name of ``seat`` (see :func:`agent_name`)."""
-        role = self.role(seat)
-        return agent_name(role, sum(1 for s in range(1, seat + 1) if self.role(s) is role))
 
 
 @dataclass
@@ -265,24 +240,13 @@ class Game:
             self.alive.remove(seat)
             self.deaths.append((seat, cause))
 
-    def majority(self, choices: Sequence[int | None], *, ties_to_lowest: bool) -> int | None:
-        """The most chosen seat; on a tie the lowest seat (werewolves) or nobody (votes)."""
-        ranked = Counter(c for c in choices if c is not None).most_common()
-        if not ranked:
-            return None
-        top = [seat for seat, n in ranked if n == ranked[0][1]]
-        if len(top) == 1 or ties_to_lowest:
-            return min(top)
-        return None
-
-    def winner(self) -> Team | None:
-        """The winning team if the game is over (see the module rules), else ``None``."""
+    def winner(self, *, day_over: bool = True) -> Team | None:
+        """The winning team if the game is over (see the module rules), else ``None``; before the day
+        is over (after a night) the day limit does not end the game, only a team's elimination or parity."""
         wolves = sum(1 for s in self.alive if self.setup.role(s) is Role.WEREWOLF)
-        if wolves == 0:
-            return Team.VILLAGE
-        if wolves >= len(self.alive) - wolves or self.day >= self.setup.max_days:
-            return Team.WEREWOLVES
-        return None
+        out_of_time = day_over and self.day >= self.setup.max_days
+        won = hidden_team_won(wolves, len(self.alive), out_of_time=out_of_time)
+        return None if won is None else Team.WEREWOLVES if won else Team.VILLAGE
 
 
 RULES = (
@@ -312,54 +276,40 @@ def witch_options(*, can_save: bool, can_poison: bool, others: Sequence[int]) ->
     return ", ".join([*options, "pass"])
 
 
-class _Seat:
-    """One player's append-only history plus how much of the public transcript it has seen."""
-
-    def __init__(self, setup: GameSetup, seat: int) -> None:
-        census = Counter(r.value for r in setup.roles)
-        role = setup.role(seat)
-        extra = ""
-        if role is Role.WEREWOLF:
-            others = [str(s) for s in setup.wolves() if s != seat]
-            extra = f" Your fellow werewolves: Players {', '.join(others)}." if others else ""
-        system = RULES.format(
-            n=len(setup.roles),
-            seats=", ".join(map(str, setup.seats)),
-            census=", ".join(f"{n} {r}" for r, n in sorted(census.items())),
-            days=setup.max_days,
-            seat=seat,
-            role=role.value,
-            extra=extra,
-        )
-        self.messages: list[Message] = [{"role": "system", "content": system}]
-        self.seen = 0
-
-    def prompt(self, transcript: list[str], private: list[str], instruction: str) -> list[Message]:
-        news = transcript[self.seen :] + private
-        self.seen = len(transcript)
-        private.clear()
-        content = ("\n".join(news) + "\n\n" if news else "") + instruction
-        self.messages.append({"role": "user", "content": content})
-        return list(self.messages)
-
-    def reply(self, text: str) -> None:
-        # Verbatim: the server merges this player's calls by exact token prefix.
-        self.messages.append({"role": "assistant", "content": text})
+def system_prompt(setup: GameSetup, seat: int) -> str:
+    """The rules, the role census and ``seat``'s role (a werewolf also learns its fellow werewolves)."""
+    census = Counter(r.value for r in setup.roles)
+    role = setup.role(seat)
+    extra = ""
+    if role is Role.WEREWOLF:
+        others = [str(s) for s in setup.wolves() if s != seat]
+        extra = f" Your fellow werewolves: Players {', '.join(others)}." if others else ""
+    return RULES.format(
+        n=len(setup.roles),
+        seats=", ".join(map(str, setup.seats)),
+        census=", ".join(f"{n} {r}" for r, n in sorted(census.items())),
+        days=setup.max_days,
+        seat=seat,
+        role=role.value,
+        extra=extra,
+    )
 
 
 class _Table:
     """A game plus its players and their histories: asks a seat and records its reply."""
 
-    def __init__(self, setup: GameSetup, players: Mapping[int, Player]) -> None:
+    def __init__(self, setup: GameSetup, players: Mapping[int, Player[Phase]]) -> None:
+        self.table = Table({seat: system_prompt(setup, seat) for seat in setup.seats}, players)
         self.game = Game(setup)
-        self.players = players
-        self.seats = {seat: _Seat(setup, seat) for seat in setup.seats}
 
     async def ask(self, seat: int, instruction: str, phase: Phase) -> str:
-        messages = self.seats[seat].prompt(self.game.transcript, self.game.private[seat], instruction)
-        reply = await self.players[seat](messages, phase)
-        self.seats[seat].reply(reply)
-        return reply
+        game = self.game
+        return await self.table.ask(seat, game.transcript, instruction, phase, game.private[seat])
+
+    async def ask_each(self, seats: Sequence[int], instruction: Any, phase: Phase) -> list[str]:
+        game = self.game
+        replies = await self.table.ask_each(seats, game.transcript, instruction, phase, game.private)
+        return list(replies.values())
 
     def candidates(self, exclude: Sequence[int] = ()) -> str:
         return ", ".join(str(s) for s in self.game.alive if s not in exclude)
@@ -380,10 +330,9 @@ class _Table:
         game, setup = self.game, self.game.setup
         wolves = [s for s in game.alive if setup.role(s) is Role.WEREWOLF]
         prey = self.candidates(exclude=setup.wolves())
-        replies = await asyncio.gather(
-            *(self.ask(w, WOLF_PROMPT.format(day=game.day, candidates=prey), Phase.NIGHT) for w in wolves)
-        )
-        victim = game.majority(
+        instruction = WOLF_PROMPT.format(day=game.day, candidates=prey)
+        replies = await self.ask_each(wolves, lambda _: instruction, Phase.NIGHT)
+        victim = majority(
             [game.wolf_choice(w, r) for w, r in zip(wolves, replies, strict=True)], ties_to_lowest=True
         )
         seer = setup.seat_of(Role.SEER)
@@ -428,16 +377,14 @@ class _Table:
         for seat in list(game.alive):
             game.speak(seat, await self.ask(seat, SPEAK_PROMPT.format(day=game.day), Phase.SPEAK))
 
-        async def ask_vote(seat: int) -> tuple[int, str]:
-            prompt = VOTE_PROMPT.format(day=game.day, candidates=self.candidates([seat]))
-            return seat, await self.ask(seat, prompt, Phase.VOTE)
+        def vote_prompt(seat: int) -> str:
+            return VOTE_PROMPT.format(day=game.day, candidates=self.candidates([seat]))
 
-        replies = await asyncio.gather(*(ask_vote(seat) for seat in game.alive))
-        votes = {seat: game.vote(seat, reply) for seat, reply in replies}
-        shown = ", ".join(
-            f"Player {v} -> {t if t is not None else 'invalid'}" for v, t in sorted(votes.items())
-        )
-        out = game.majority(list(votes.values()), ties_to_lowest=False)
+        alive = list(game.alive)
+        replies = await self.ask_each(alive, vote_prompt, Phase.VOTE)
+        votes = {seat: game.vote(seat, reply) for seat, reply in zip(alive, replies, strict=True)}
+        shown = votes_line(votes)
+        out = majority(votes.values(), ties_to_lowest=False)
         game.transcript.append(
             f"Votes: {shown}." + ("" if out is not None else " Tie: nobody is eliminated.")
         )
@@ -445,7 +392,7 @@ class _Table:
             await self.die(out, "vote")
 
 
-async def play(setup: GameSetup, players: Mapping[int, Player]) -> GameRecord:
+async def play(setup: GameSetup, players: Mapping[int, Player[Phase]]) -> GameRecord:
     """Play one full game.
 
     Args:
@@ -458,15 +405,13 @@ async def play(setup: GameSetup, players: Mapping[int, Player]) -> GameRecord:
     Raises:
         ValueError: ``players`` does not cover exactly the seats.
     """
-    if sorted(players) != setup.seats:
-        raise ValueError(f"players must be given for seats {setup.seats}, got {sorted(players)}")
     table = _Table(setup, players)
     game = table.game
     winner = None
     while winner is None:
         game.day += 1
         await table.night()
-        winner = game.winner() if not game.alive or _decided(game) else None
+        winner = game.winner(day_over=False)
         if winner is None:
             await table.daytime()
             winner = game.winner()
@@ -477,11 +422,5 @@ async def play(setup: GameSetup, players: Mapping[int, Player]) -> GameRecord:
         deaths=game.deaths,
         stats=game.stats,
         transcript=game.transcript,
-        histories={seat: s.messages for seat, s in table.seats.items()},
+        histories=table.table.transcripts(),
     )
-
-
-def _decided(game: Game) -> bool:
-    """After a night: the game ends only on a team's elimination or parity, not on the day limit."""
-    wolves = sum(1 for s in game.alive if game.setup.role(s) is Role.WEREWOLF)
-    return wolves == 0 or wolves >= len(game.alive) - wolves

@@ -2,9 +2,12 @@
 
 from typing import Any
 
+from templates import _params
 from templates._errors import TemplateParamError
 from templates._loader import import_sibling
 from templates._meta import ParamSpec, ParamTarget, TemplateMeta
+
+from .reward import INVALID_ACTION_PENALTY, REVEAL_PENALTY
 
 META = TemplateMeta(
     name="werewolves",
@@ -42,41 +45,26 @@ META = TemplateMeta(
     ),
     multi_agent=True,
     parameters=(
-        ParamSpec(name="n_players", type="int", default=5, minimum=4, maximum=12,
-                  description="Players per game (5: sized for CPU runs; 7-9 for the classic game).",
-                  target=ParamTarget.DATA),
-        ParamSpec(name="n_werewolves", type="int", default=1, minimum=1, maximum=4,
-                  description="Werewolves per game (fewer than half the players).", target=ParamTarget.DATA),
+        _params.players(5, 4, 12, "Players per game (5: sized for CPU runs; 7-9 for the classic game)."),
+        _params.data_int("n_werewolves", 1, 1, 4, "Werewolves per game (fewer than half the players).",
+                         counts="(?:were)?wol(?:f|ves)"),
         ParamSpec(name="special_roles", type="str", default="seer,witch,hunter",
                   description="Village roles with a power, comma list of seer, witch, hunter ('none': only "
                   "villagers).", target=ParamTarget.DATA),
-        ParamSpec(name="max_days", type="int", default=2, minimum=1, maximum=10,
-                  description="Days before surviving werewolves win.", target=ParamTarget.DATA),
-        ParamSpec(name="train_roles", type="str", default="werewolves",
-                  choices=("all", "werewolves", "village", "special", "seer", "witch", "hunter", "villager"),
-                  description="Which roles' agents are trainable (the others are the opponent).",
-                  target=ParamTarget.DATA),
-        ParamSpec(name="n_tasks", type="int", default=64, minimum=1, maximum=1_000_000,
-                  description="Games (seatings) to write.", target=ParamTarget.DATA),
-        ParamSpec(name="seed", type="int", default=0, minimum=0, maximum=2**31 - 1,
-                  description="Seating seed (task i depends only on seed and i).", target=ParamTarget.DATA),
-        ParamSpec(name="speak_max_tokens", type="int", default=32, minimum=1, maximum=1024,
-                  description="Token limit of a day statement."),
-        ParamSpec(name="action_max_tokens", type="int", default=8, minimum=1, maximum=1024,
-                  description="Token limit of a night action, a vote or a shot."),
-        ParamSpec(name="temperature", type="float", default=1.0, minimum=0.0, maximum=2.0,
-                  description="Sampling temperature for every player."),
-        ParamSpec(name="invalid_action_penalty", type="float", default=0.25, minimum=0.0, maximum=1.0,
-                  description="Reward cost per invalid action (unreadable or forbidden target, spent potion)."),
-        ParamSpec(name="reveal_penalty", type="float", default=0.5, minimum=0.0, maximum=1.0,
-                  description="Reward cost per statement in which a werewolf reveals its role."),
-        ParamSpec(name="opponent_base_url", type="str", default=None, nullable=True,
-                  description="OpenAI base URL for untrained players: a frozen copy (swarm serve --no-train) "
-                  "or another server (None: the episode's own server, untrained)."),
-        ParamSpec(name="opponent_model", type="str", default=None, nullable=True,
-                  description="Model name at the opponent endpoint (None: the episode's model)."),
-        ParamSpec(name="opponent_api_key_env", type="str", default=None, nullable=True,
-                  description="NAME of the environment variable holding the opponent API key."),
+        _params.data_int("max_days", 2, 1, 10, "Days before surviving werewolves win.", counts="days?"),
+        _params.train_roles("werewolves",
+                            ("all", "werewolves", "village", "special", "seer", "witch", "hunter", "villager"),
+                            "Which roles' agents are trainable (the others are the opponent)."),
+        _params.n_tasks(64, "Games (seatings) to write."),
+        _params.seed("Seating seed (task i depends only on seed and i)."),
+        _params.max_tokens(32, 1024, "Token limit of a day statement.", name="speak_max_tokens"),
+        _params.max_tokens(8, 1024, "Token limit of a night action, a vote or a shot.", name="action_max_tokens"),
+        _params.temperature("Sampling temperature for every player."),
+        _params.penalty("invalid_action_penalty", INVALID_ACTION_PENALTY,
+                        "Reward cost per invalid action (unreadable or forbidden target, spent potion)."),
+        _params.penalty("reveal_penalty", REVEAL_PENALTY, "Reward cost per statement in which a werewolf reveals its role."),
+        *_params.opponent("OpenAI base URL for untrained players: a frozen copy (swarm serve --no-train) "
+                          "or another server (None: the episode's own server, untrained)."),
     ),
 )  # fmt: skip
 

@@ -12,15 +12,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
+from templates._game.parsing import NUMBER_WORDS as _NUMBER_WORDS
+from templates._game.parsing import Choice
 from templates.answers import strip_thinking
 
 MAX_SPEECH_CHARS = 300
 """Public speeches are cut to this many characters."""
 
-_NUMBER_WORDS = {
-    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
-    "ten": 10, "eleven": 11, "twelve": 12,
-}  # fmt: skip
 _NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b")
 _PLAYER = re.compile(r"\b(?:player|p|seat)\s*#?\s*(\d+)\b")
 _INTEGER = re.compile(r"(?<!\d)(?<!\d\.)(\d+)(?!\d)(?!\.\d)")
@@ -47,18 +45,8 @@ class TargetStatus(StrEnum):
     """The named player exists but may not be chosen (oneself, a dead player, a fellow werewolf…)."""
 
 
-@dataclass(frozen=True)
-class Target:
-    """A parsed choice of one player."""
-
-    status: TargetStatus
-    seat: int | None = None
-    """The seat named (set unless ``UNPARSED``)."""
-
-    @property
-    def valid(self) -> bool:
-        """Whether the choice counts."""
-        return self.status is TargetStatus.VALID
+class Target(Choice):
+    """A parsed choice of one player (its ``status`` a `TargetStatus`; ``seat`` set unless ``UNPARSED``)."""
 
 
 def _normalise(text: str) -> str:

@@ -8,13 +8,16 @@
 * ``reveals``: public statements in which a werewolf said it is one (:func:`parsing.reveals_werewolf`).
 
 The penalties make rule-breaking cost even a winning team, so "vote for everyone" or a werewolf
-confessing never pays. The episode (scalar) reward is the mean over the trainable agents.
+confessing never pays. The episode (scalar) reward is the mean over the trainable agents
+(`templates._game.reward`, the games' shared base).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
+
+from templates._game import reward as _base
+from templates._game.reward import episode_reward
 
 from .game import GameRecord, GameSetup, PlayerStats, Role, Team, team_of
 from .parsing import parse_target, parse_witch, reveals_werewolf
@@ -46,10 +49,11 @@ def role_reward(
     Raises:
         ValueError: Negative counts.
     """
-    if invalid_actions < 0 or reveals < 0:
-        raise ValueError(f"counts must be >= 0, got invalid_actions={invalid_actions}, reveals={reveals}")
-    raw = float(won) - invalid_action_penalty * invalid_actions - reveal_penalty * reveals
-    return max(-1.0, min(1.0, raw))
+    costs = {
+        "invalid_actions": (invalid_actions, invalid_action_penalty),
+        "reveals": (reveals, reveal_penalty),
+    }
+    return _base.penalised(won, costs)
 
 
 def agent_rewards(
@@ -59,22 +63,10 @@ def agent_rewards(
     reveal_penalty: float = REVEAL_PENALTY,
 ) -> dict[str, float]:
     """Reward of every agent of a finished game, keyed by agent name (``werewolf_1``, ``seer_1``…)."""
-    return {
-        record.setup.agent(seat): role_reward(
-            won=record.won(seat),
-            invalid_actions=stats.invalid_actions,
-            reveals=stats.reveals,
-            invalid_action_penalty=invalid_action_penalty,
-            reveal_penalty=reveal_penalty,
-        )
-        for seat, stats in record.stats.items()
-    }
+    return _base.agent_rewards(record, {"invalid_actions": invalid_action_penalty, "reveals": reveal_penalty})
 
 
-def episode_reward(rewards: dict[str, float], trainable: Iterable[str]) -> float:
-    """Mean reward of the trainable agents (of all agents when none is trainable)."""
-    names = [a for a in trainable if a in rewards] or list(rewards)
-    return sum(rewards[a] for a in names) / len(names)
+__all__ = ["agent_rewards", "episode_reward", "role_reward", "self_check"]
 
 
 def self_check(tasks: list[dict[str, Any]]) -> list[str]:

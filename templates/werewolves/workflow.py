@@ -15,6 +15,8 @@ chat-completions API is used. Multi-agent conventions:
   seat calls the server of its team, ``werewolves`` or ``village``; each server's result holds that
   team's agent rewards (non-shared parameters: one model per team).
 * Assistant replies go back into each player's history verbatim, so histories are append-only.
+
+Players and their endpoints are the games' shared base (`templates._game.players`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from swarm.client.workflow import LLM, Result
+from templates._game.players import seat_players, trainable_agents
 from templates._loader import import_sibling
-from templates.opponent import opponent_client
 
 _game = import_sibling(__name__, __file__, "game")
 _reward = import_sibling(__name__, __file__, "reward")
@@ -44,20 +46,8 @@ PARAMS: dict[str, Any] = {
 # </params>
 
 
-def trainable_agents(task: dict[str, Any]) -> list[str]:
-    """Agent names whose calls the server trains for ``task`` (its ``trainable_agents`` field)."""
-    return list(task["trainable_agents"])
-
-
-def _player(client: Any, model: str, agent: str) -> Any:
-    async def act(messages: list[dict[str, str]], phase: Any) -> str:
-        limit = PARAMS["speak_max_tokens"] if phase == _game.Phase.SPEAK else PARAMS["action_max_tokens"]
-        response = await client.chat.completions.create(
-            model=model, messages=messages, max_tokens=limit, temperature=PARAMS["temperature"], user=agent
-        )
-        return response.choices[0].message.content or ""
-
-    return act
+def _max_tokens(phase: Any) -> int:
+    return int(PARAMS["speak_max_tokens" if phase == _game.Phase.SPEAK else "action_max_tokens"])
 
 
 async def run(task: dict[str, Any], llm: LLM | Mapping[str, LLM]) -> Result | dict[str, Result]:
@@ -79,18 +69,15 @@ async def run(task: dict[str, Any], llm: LLM | Mapping[str, LLM]) -> Result | di
     trainable = set(trainable_agents(task))
     endpoints = dict(llm) if isinstance(llm, Mapping) else {team.value: llm for team in _game.Team}
     async with contextlib.AsyncExitStack() as stack:
-        own = {team: await stack.enter_async_context(e.openai()) for team, e in endpoints.items()}
-        opponent = (
-            await stack.enter_async_context(opponent_client(PARAMS)) if PARAMS["opponent_base_url"] else None
+        players = await seat_players(
+            stack,
+            setup,
+            trainable,
+            endpoints,
+            lambda seat: _game.team_of(setup.role(seat)).value,
+            PARAMS,
+            _max_tokens,
         )
-        players = {}
-        for seat in setup.seats:
-            agent = setup.agent(seat)
-            team = _game.team_of(setup.role(seat)).value
-            if agent in trainable or opponent is None:
-                players[seat] = _player(own[team], endpoints[team].model, agent)
-            else:
-                players[seat] = _player(opponent, PARAMS["opponent_model"] or endpoints[team].model, agent)
         record = await _game.play(setup, players)
     rewards = _reward.agent_rewards(
         record,

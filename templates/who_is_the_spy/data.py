@@ -11,17 +11,18 @@ spies take, so any slice regenerates alone. Each task::
 sends; rank counts players of a role in seat order) whose calls the server should train, from
 ``train_roles`` (``spy``, ``civilian`` or ``both``). It is the same for every task of one game size.
 
-Usage: ``python data.py --out tasks.jsonl [--n-players 4] [--n-spies 1] [--max-rounds 3]
+Usage: ``python data.py --out tasks.jsonl [--n-players 3] [--n-spies 1] [--max-rounds 2]
 [--train-roles both] [--n-tasks 0] [--seed 0]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from pathlib import Path
 from typing import Any
+
+from templates import _tasks
+from templates._game.table import role_names
 
 PAIRS_FILE = Path(__file__).resolve().parent / "data" / "word_pairs.txt"
 TRAIN_ROLES = ("both", "spy", "civilian")
@@ -46,7 +47,7 @@ def load_pairs(path: str | Path = PAIRS_FILE) -> list[tuple[str, str]]:
 
 
 def trainable_agents(n_players: int, n_spies: int, train_roles: str) -> list[str]:
-    """Agent names to train for a game size (``spy_1..``, ``civilian_1..``; see ``game.agent_name``).
+    """Agent names to train for a game size (``spy_1..``, ``civilian_1..``; see ``templates._game.table.agent_name``).
 
     The names depend only on the sizes, not on the seating, so one list serves every task of a run.
 
@@ -57,9 +58,9 @@ def trainable_agents(n_players: int, n_spies: int, train_roles: str) -> list[str
         raise ValueError(f"train_roles must be one of {TRAIN_ROLES}, got {train_roles!r}")
     names = []
     if train_roles in ("both", "spy"):
-        names += [f"spy_{k}" for k in range(1, n_spies + 1)]
+        names += role_names("spy", n_spies)
     if train_roles in ("both", "civilian"):
-        names += [f"civilian_{k}" for k in range(1, n_players - n_spies + 1)]
+        names += role_names("civilian", n_players - n_spies)
     return names
 
 
@@ -123,26 +124,9 @@ def build(
     ]
 
 
-def write_jsonl(tasks: list[dict[str, Any]], path: str | Path) -> None:
-    """Write one JSON object per line (UTF-8)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for task in tasks:
-            f.write(json.dumps(task, ensure_ascii=False) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point (see module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--n-players", type=int, default=4)
-    parser.add_argument("--n-spies", type=int, default=1)
-    parser.add_argument("--max-rounds", type=int, default=3)
-    parser.add_argument("--train-roles", default="both", choices=TRAIN_ROLES)
-    parser.add_argument("--n-tasks", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    tasks = build(args.n_players, args.n_spies, args.max_rounds, args.train_roles, args.n_tasks, args.seed)
-    write_jsonl(tasks, args.out)
+    _tasks.main(__doc__ or "", build, argv, {"train_roles": TRAIN_ROLES})
 
 
 if __name__ == "__main__":

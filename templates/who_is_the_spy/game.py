@@ -11,20 +11,18 @@ Rules (the classic "who is the undercover" word game):
 * Civilians win as soon as every spy is eliminated. Spies win when living spies are at least as many
   as living civilians, or when a spy is still alive after ``max_rounds`` rounds.
 
-Each player keeps its own chat history (system prompt, then one user message per turn carrying only
-what happened since its last turn, and its own replies verbatim), so histories are append-only and
-the server can merge a player's calls by token prefix. Players are any async callables (LLM-backed in
-the workflow, scripted in tests).
+Seats, histories (each player its own, append-only), vote counting and the win rule are the games'
+shared base (`templates._game.table`).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
+
+from templates._game.table import Message, Player, Seating, Table, hidden_team_won, majority, votes_line
 
 from .parsing import Vote, clean_description, mentions_word, parse_vote
 
@@ -47,38 +45,10 @@ class Phase(StrEnum):
     """Name the player to eliminate."""
 
 
-Message = dict[str, str]
-
-
-class Player(Protocol):
-    """Anything that answers a chat history (``messages`` ends with a user turn) with text."""
-
-    async def __call__(self, messages: list[Message], phase: Phase) -> str:
-        """Return the reply text for ``messages``."""
-        ...
-
-
-def agent_name(role: Role, rank: int) -> str:
-    """The agent name ``"<role>_<rank>"`` sent as the OpenAI ``user`` (e.g. ``spy_1``, ``civilian_2``).
-
-    ``rank`` counts players of that role in seat order from 1, so the set of names depends only on the
-    numbers of players and spies, never on the (random) seating: a run can name its trainable agents
-    once (``spy_1``) for every task.
-    """
-    return f"{role.value}_{rank}"
-
-
-def agent_names(n_players: int, n_spies: int) -> dict[Role, list[str]]:
-    """All agent names of a game size, by role."""
-    return {
-        Role.SPY: [agent_name(Role.SPY, k) for k in range(1, n_spies + 1)],
-        Role.CIVILIAN: [agent_name(Role.CIVILIAN, k) for k in range(1, n_players - n_spies + 1)],
-    }
-
-
 @dataclass(frozen=True)
-class GameSetup:
-    """One game's fixed facts (a data-builder task row describes exactly this)."""
+class GameSetup(Seating):
+    """One game's fixed facts (a data-builder task row describes exactly this); agent names are
+    ``<role>_<rank>`` (``spy_1``, ``civilian_2``: `Seating.agent`)."""
 
     civilian_word: str
     """Word of the civilians."""
@@ -117,9 +87,9 @@ class GameSetup:
         )
 
     @property
-    def seats(self) -> list[int]:
-        """All seats in order."""
-        return list(range(1, self.n_players + 1))
+    def n_seats(self) -> int:
+        """Number of seats (``n_players``)."""
+        return self.n_players
 
     def role(self, seat: int) -> Role:
         """The role of ``seat``."""
@@ -128,12 +98,6 @@ class GameSetup:
     def word(self, seat: int) -> str:
         """The secret word of ``seat``."""
         return self.spy_word if seat in self.spy_seats else self.civilian_word
-
-    def agent(self, seat: int) -> str:
-        """The agent name of ``seat`` (see :func:`agent_name`)."""
-        role = self.role(seat)
-        rank = sum(1 for s in range(1, seat + 1) if self.role(s) == role)
-        return agent_name(role, rank)
 
 
 def normalise_word(word: str) -> str:
@@ -219,15 +183,10 @@ class Game:
 
     def resolve(self, votes: Mapping[int, Vote]) -> int | None:
         """Eliminate the single most-voted player, announce the result, and return the seat (or None on a tie)."""
-        shown = ", ".join(
-            f"Player {voter} -> {vote.target if vote.valid else 'invalid'}"
-            for voter, vote in sorted(votes.items())
-        )
-        tally = Counter(vote.target for vote in votes.values() if vote.valid and vote.target is not None)
-        ranked = tally.most_common()
-        out: int | None = None
-        if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
-            out = ranked[0][0]
+        counted = {voter: vote.target if vote.valid else None for voter, vote in votes.items()}
+        shown = votes_line(counted)
+        out = majority(counted.values(), ties_to_lowest=False)
+        if out is not None:
             self.alive.remove(out)
             self.eliminated.append(out)
             self.transcript.append(f"Votes: {shown}. Player {out} is eliminated.")
@@ -238,12 +197,8 @@ class Game:
     def winner(self) -> Role | None:
         """The winning team if the game is over (see module rules), else ``None``."""
         spies = sum(1 for s in self.alive if self.setup.role(s) == Role.SPY)
-        civilians = len(self.alive) - spies
-        if spies == 0:
-            return Role.CIVILIAN
-        if spies >= civilians or self.round >= self.setup.max_rounds:
-            return Role.SPY
-        return None
+        won = hidden_team_won(spies, len(self.alive), out_of_time=self.round >= self.setup.max_rounds)
+        return None if won is None else Role.SPY if won else Role.CIVILIAN
 
 
 RULES = (
@@ -263,36 +218,25 @@ answered readably more often than "Reply with the player number only." (template
 README.md, "Defaults from pilots")."""
 
 
-class _Seat:
-    """One player's append-only history plus how much of the public transcript it has seen."""
-
-    def __init__(self, setup: GameSetup, seat: int, tell_roles: bool) -> None:
-        role_line = f" You are a {setup.role(seat).value}." if tell_roles else ""
-        system = RULES.format(
-            n=setup.n_players,
-            seats=", ".join(map(str, setup.seats)),
-            spies=len(setup.spy_seats),
-            seat=seat,
-            word=setup.word(seat),
-            role_line=role_line,
-        )
-        self.messages: list[Message] = [{"role": "system", "content": system}]
-        self.seen = 0
-
-    def prompt(self, transcript: list[str], instruction: str) -> list[Message]:
-        news = transcript[self.seen :]
-        self.seen = len(transcript)
-        content = ("\n".join(news) + "\n\n" if news else "") + instruction
-        self.messages.append({"role": "user", "content": content})
-        return list(self.messages)
-
-    def reply(self, text: str) -> None:
-        # Verbatim: the server merges this player's calls by exact token prefix.
-        self.messages.append({"role": "assistant", "content": text})
+def system_prompt(setup: GameSetup, seat: int, tell_roles: bool) -> str:
+    """The rules and ``seat``'s secret word (and its role when ``tell_roles``)."""
+    role_line = f" You are a {setup.role(seat).value}." if tell_roles else ""
+    return RULES.format(
+        n=setup.n_players,
+        seats=", ".join(map(str, setup.seats)),
+        spies=len(setup.spy_seats),
+        seat=seat,
+        word=setup.word(seat),
+        role_line=role_line,
+    )
 
 
 async def play(
-    setup: GameSetup, players: Mapping[int, Player], *, tell_roles: bool = False, hide_leaks: bool = True
+    setup: GameSetup,
+    players: Mapping[int, Player[Phase]],
+    *,
+    tell_roles: bool = False,
+    hide_leaks: bool = True,
 ) -> GameRecord:
     """Play one full game.
 
@@ -309,31 +253,21 @@ async def play(
     Raises:
         ValueError: ``players`` does not cover exactly the seats.
     """
-    if sorted(players) != setup.seats:
-        raise ValueError(f"players must be given for seats {setup.seats}, got {sorted(players)}")
+    table = Table({seat: system_prompt(setup, seat, tell_roles) for seat in setup.seats}, players)
     game = Game(setup, hide_leaks=hide_leaks)
-    seats = {seat: _Seat(setup, seat, tell_roles) for seat in setup.seats}
     winner = None
     while winner is None:
         game.round += 1
         for seat in list(game.alive):
-            messages = seats[seat].prompt(game.transcript, DESCRIBE_PROMPT.format(round=game.round))
-            reply = await players[seat](messages, Phase.DESCRIBE)
-            seats[seat].reply(reply)
-            game.describe(seat, reply)
+            instruction = DESCRIBE_PROMPT.format(round=game.round)
+            game.describe(seat, await table.ask(seat, game.transcript, instruction, Phase.DESCRIBE))
 
-        async def ask_vote(seat: int) -> tuple[int, str]:
+        def vote_prompt(seat: int) -> str:
             candidates = ", ".join(str(s) for s in game.alive if s != seat)
-            instruction = VOTE_PROMPT.format(round=game.round, candidates=candidates)
-            messages = seats[seat].prompt(game.transcript, instruction)
-            return seat, await players[seat](messages, Phase.VOTE)
+            return VOTE_PROMPT.format(round=game.round, candidates=candidates)
 
-        replies = await asyncio.gather(*(ask_vote(seat) for seat in game.alive))
-        votes = {}
-        for seat, reply in replies:
-            seats[seat].reply(reply)
-            votes[seat] = game.vote(seat, reply)
-        game.resolve(votes)
+        replies = await table.ask_each(list(game.alive), game.transcript, vote_prompt, Phase.VOTE)
+        game.resolve({seat: game.vote(seat, reply) for seat, reply in replies.items()})
         winner = game.winner()
     return GameRecord(
         setup=setup,
@@ -342,5 +276,5 @@ async def play(
         eliminated=game.eliminated,
         stats=game.stats,
         transcript=game.transcript,
-        histories={seat: s.messages for seat, s in seats.items()},
+        histories=table.transcripts(),
     )

@@ -2,8 +2,12 @@
 
 from typing import Any
 
+from templates import _params
 from templates._errors import TemplateParamError
-from templates._meta import ParamSpec, ParamTarget, TemplateMeta
+from templates._meta import ParamSpec, TemplateMeta
+
+from . import data as _data
+from .reward import INVALID_VOTE_PENALTY, LEAK_PENALTY
 
 META = TemplateMeta(
     name="who_is_the_spy",
@@ -33,6 +37,11 @@ META = TemplateMeta(
         "voting",
     ),
     reward_parts={"win_rate": "goal", "leak_rate": "violation", "invalid_vote_rate": "violation"},
+    reward_weights={"leak_rate": "leak_penalty", "invalid_vote_rate": "invalid_vote_penalty"},
+    reward_patch_reason=(
+        "Raising the penalty makes breaking the rule cost more than a win pays, so the policy can no "
+        "longer buy reward with it (the held-out evaluator keeps the original weights)."
+    ),
     capabilities=(
         "multi-turn chat with a system prompt",
         "follow game rules (describe without saying a word, vote with a player number)",
@@ -46,52 +55,35 @@ META = TemplateMeta(
         "templates/who_is_the_spy/README.md"
     ),
     parameters=(
-        ParamSpec(name="n_players", type="int", default=3, minimum=3, maximum=8,
-                  description="Players per game (3: sized for CPU runs; 4-6 for the classic game).",
-                  target=ParamTarget.DATA),
-        ParamSpec(name="n_spies", type="int", default=1, minimum=1, maximum=3,
-                  description="Spies per game (fewer than half the players).", target=ParamTarget.DATA),
-        ParamSpec(name="max_rounds", type="int", default=2, minimum=1, maximum=10,
-                  description="Rounds before surviving spies win.", target=ParamTarget.DATA),
-        ParamSpec(name="train_roles", type="str", default="both", choices=("both", "spy", "civilian"),
-                  description="Which roles' agents are trainable.", target=ParamTarget.DATA),
-        ParamSpec(name="n_tasks", type="int", default=0, minimum=0, maximum=1_000_000,
-                  description="Games to write (0 = one per word pair, 322).", target=ParamTarget.DATA),
-        ParamSpec(name="seed", type="int", default=0, minimum=0, maximum=2**31 - 1,
-                  description="Seating/word-swap seed (task i depends only on seed and i).",
-                  target=ParamTarget.DATA),
-        ParamSpec(name="describe_max_tokens", type="int", default=24, minimum=1, maximum=1024,
-                  description="Token limit of a description (a one-line clue; sized for a CPU run)."),
-        ParamSpec(name="vote_max_tokens", type="int", default=8, minimum=1, maximum=1024,
-                  description="Token limit of a vote."),
-        ParamSpec(name="temperature", type="float", default=1.0, minimum=0.0, maximum=2.0,
-                  description="Sampling temperature for every player."),
+        _params.players(3, 3, 8, "Players per game (3: sized for CPU runs; 4-6 for the classic game)."),
+        _params.data_int("n_spies", 1, 1, 3, "Spies per game (fewer than half the players).",
+                         counts="sp(?:y|ies)"),
+        _params.data_int("max_rounds", 2, 1, 10, "Rounds before surviving spies win.", counts="rounds?"),
+        _params.train_roles("both", ("both", "spy", "civilian"), "Which roles' agents are trainable."),
+        _params.n_tasks(0, "Games to write (0 = one per word pair, 322).", minimum=0),
+        _params.seed("Seating/word-swap seed (task i depends only on seed and i)."),
+        _params.max_tokens(24, 1024, "Token limit of a description (a one-line clue; sized for a CPU run).",
+                           name="describe_max_tokens"),
+        _params.max_tokens(8, 1024, "Token limit of a vote.", name="vote_max_tokens"),
+        _params.temperature("Sampling temperature for every player."),
         ParamSpec(name="tell_roles", type="bool", default=False,
                   description="Tell each player whether it is a spy (classic rules: no)."),
         ParamSpec(name="hide_leaks", type="bool", default=True,
                   description="Show a description that says its speaker's word as *** (False: as said, so a "
                               "leak tells the others one's word and can win the vote)."),
-        ParamSpec(name="leak_penalty", type="float", default=0.5, minimum=-1.0, maximum=1.0,
-                  description="Reward cost per description that says the own word (negative: a broken "
-                              "reward that pays for leaking, for reward-hacking experiments)."),
-        ParamSpec(name="invalid_vote_penalty", type="float", default=0.25, minimum=-1.0, maximum=1.0,
-                  description="Reward cost per invalid vote (negative: a broken reward that pays for it)."),
-        ParamSpec(name="opponent_base_url", type="str", default=None, nullable=True,
-                  description="OpenAI base URL for untrained players (None: the episode's own server)."),
-        ParamSpec(name="opponent_model", type="str", default=None, nullable=True,
-                  description="Model name at the opponent endpoint (None: the episode's model)."),
-        ParamSpec(name="opponent_api_key_env", type="str", default=None, nullable=True,
-                  description="NAME of the environment variable holding the opponent API key."),
+        _params.penalty("leak_penalty", LEAK_PENALTY, "Reward cost per description that says the own word (negative: a "
+                        "broken reward that pays for leaking, for reward-hacking experiments).", minimum=-1.0),
+        _params.penalty("invalid_vote_penalty", INVALID_VOTE_PENALTY,
+                        "Reward cost per invalid vote (negative: a broken reward that pays for it).", minimum=-1.0),
+        *_params.opponent("OpenAI base URL for untrained players (None: the episode's own server)."),
     ),
 )  # fmt: skip
 
 
 def trainable_agents(params: dict[str, Any]) -> list[str]:
-    """Agent names a run of these (resolved) parameters trains, e.g. ``["spy_1"]`` for ``train_roles="spy"``."""
-    names = {"spy": [f"spy_{k}" for k in range(1, params["n_spies"] + 1)]}
-    names["civilian"] = [f"civilian_{k}" for k in range(1, params["n_players"] - params["n_spies"] + 1)]
-    role = params["train_roles"]
-    return names["spy"] + names["civilian"] if role == "both" else names[role]
+    """Agent names a run of these (resolved) parameters trains, e.g. ``["spy_1"]`` for ``train_roles="spy"``
+    (`data.trainable_agents`)."""
+    return _data.trainable_agents(params["n_players"], params["n_spies"], params["train_roles"])
 
 
 def model_calls(params: dict[str, Any]) -> list[int]:

@@ -10,18 +10,15 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Collection
-from dataclasses import dataclass
 from enum import StrEnum
 
+from templates._game.parsing import NUMBER_WORDS as _NUMBER_WORDS
+from templates._game.parsing import Choice
 from templates.answers import strip_thinking
 
 MAX_DESCRIPTION_CHARS = 200
 """Public descriptions are cut to this many characters."""
 
-_NUMBER_WORDS = {
-    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
-    "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
-}  # fmt: skip
 _WORDS = "|".join(_NUMBER_WORDS)
 _PLAYER_WORD = re.compile(rf"\b(player|p)\s+({_WORDS})\b")
 _LONE_NUMBER_WORD = re.compile(rf"\W*({_WORDS})\W*")
@@ -56,19 +53,14 @@ class VoteStatus(StrEnum):
     """The named player does not exist or was already eliminated."""
 
 
-@dataclass(frozen=True)
-class Vote:
-    """A parsed vote."""
-
-    status: VoteStatus
-    """Whether the vote counts."""
-    target: int | None = None
-    """The seat voted for (set for every status except ``UNPARSED``)."""
+class Vote(Choice):
+    """A parsed vote (its ``status`` a `VoteStatus`; the seat voted for is set for every status except
+    ``UNPARSED``)."""
 
     @property
-    def valid(self) -> bool:
-        """Whether the vote counts."""
-        return self.status == VoteStatus.VALID
+    def target(self) -> int | None:
+        """The seat voted for."""
+        return self.seat
 
 
 def normalise(text: str) -> str:

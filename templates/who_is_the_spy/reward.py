@@ -9,13 +9,17 @@
   a non-existent player (:func:`parsing.parse_vote`).
 
 The penalties make rule-breaking cost even a winning team, so "say the word to win the vote" or
-"vote for everyone" never pays. The episode (scalar) reward is the mean over the trainable agents.
+"vote for everyone" never pays. The episode (scalar) reward is the mean over the trainable agents
+(`templates._game.reward`, the games' shared base).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+from templates._game import reward as _base
+from templates._game.reward import episode_reward
 
 from .game import GameRecord, GameSetup, PlayerStats
 from .parsing import mentions_word, parse_vote
@@ -47,10 +51,8 @@ def role_reward(
     Raises:
         ValueError: Negative counts.
     """
-    if leaks < 0 or invalid_votes < 0:
-        raise ValueError(f"counts must be >= 0, got leaks={leaks}, invalid_votes={invalid_votes}")
-    raw = float(won) - leak_penalty * leaks - invalid_vote_penalty * invalid_votes
-    return max(-1.0, min(1.0, raw))
+    costs = {"leaks": (leaks, leak_penalty), "invalid_votes": (invalid_votes, invalid_vote_penalty)}
+    return _base.penalised(won, costs)
 
 
 def agent_rewards(
@@ -60,22 +62,10 @@ def agent_rewards(
     invalid_vote_penalty: float = INVALID_VOTE_PENALTY,
 ) -> dict[str, float]:
     """Reward of every agent of a finished game, keyed by agent name (``spy_3``, ``civilian_1``...)."""
-    out = {}
-    for seat, stats in record.stats.items():
-        out[record.setup.agent(seat)] = role_reward(
-            won=record.won(seat),
-            leaks=stats.leaks,
-            invalid_votes=stats.invalid_votes,
-            leak_penalty=leak_penalty,
-            invalid_vote_penalty=invalid_vote_penalty,
-        )
-    return out
+    return _base.agent_rewards(record, {"leaks": leak_penalty, "invalid_votes": invalid_vote_penalty})
 
 
-def episode_reward(rewards: dict[str, float], trainable: Iterable[str]) -> float:
-    """Mean reward of the trainable agents (of all agents when none is trainable)."""
-    names = [a for a in trainable if a in rewards] or list(rewards)
-    return sum(rewards[a] for a in names) / len(names)
+__all__ = ["agent_rewards", "episode_reward", "reward_parts", "role_reward", "self_check"]
 
 
 def reward_parts(record: GameRecord, trainable: Iterable[str]) -> dict[str, float]:

@@ -9,7 +9,8 @@ chat-completions API is used. Multi-agent conventions:
   ``trainable_agents``; :func:`trainable_agents` returns it for the runner to pass at episode start
   (it is the same list for every task, so ``swarm run --trainable-agent spy_1`` works too).
 * Trainable seats always call the episode's server. Untrained seats call it too (their calls are
-  recorded but not trained), unless ``opponent_base_url`` names another OpenAI-compatible endpoint.
+  recorded but not trained), unless ``opponent_base_url`` names another OpenAI-compatible endpoint
+  (`templates._game.players`, the games' shared base).
 * Assistant replies go back into each player's history verbatim, so histories are append-only.
 """
 
@@ -19,8 +20,8 @@ import contextlib
 from typing import Any
 
 from swarm.client.workflow import LLM, Result
+from templates._game.players import seat_players, trainable_agents
 from templates._loader import import_sibling
-from templates.opponent import opponent_client
 
 _game = import_sibling(__name__, __file__, "game")
 _reward = import_sibling(__name__, __file__, "reward")
@@ -41,28 +42,8 @@ PARAMS: dict[str, Any] = {
 # </params>
 
 
-def trainable_agents(task: dict[str, Any]) -> list[str]:
-    """Agent names whose calls the server trains for ``task`` (its ``trainable_agents`` field)."""
-    return list(task["trainable_agents"])
-
-
-def _player(client: Any, model: str, agent: str) -> Any:
-    limits = {
-        _game.Phase.DESCRIBE: PARAMS["describe_max_tokens"],
-        _game.Phase.VOTE: PARAMS["vote_max_tokens"],
-    }
-
-    async def act(messages: list[dict[str, str]], phase: Any) -> str:
-        response = await client.chat.completions.create(
-            model=model,
-            messages=messages,
-            max_tokens=limits[phase],
-            temperature=PARAMS["temperature"],
-            user=agent,
-        )
-        return response.choices[0].message.content or ""
-
-    return act
+def _max_tokens(phase: Any) -> int:
+    return int(PARAMS["describe_max_tokens" if phase == _game.Phase.DESCRIBE else "vote_max_tokens"])
 
 
 async def run(task: dict[str, Any], llm: LLM) -> Result:
@@ -84,17 +65,9 @@ async def run(task: dict[str, Any], llm: LLM) -> Result:
     setup = _game.GameSetup.from_task(task)
     trainable = set(trainable_agents(task))
     async with contextlib.AsyncExitStack() as stack:
-        own = await stack.enter_async_context(llm.openai())
-        opponent = (
-            await stack.enter_async_context(opponent_client(PARAMS)) if PARAMS["opponent_base_url"] else None
+        players = await seat_players(
+            stack, setup, trainable, {"game": llm}, lambda seat: "game", PARAMS, _max_tokens
         )
-        players = {}
-        for seat in setup.seats:
-            agent = setup.agent(seat)
-            if agent in trainable or opponent is None:
-                players[seat] = _player(own, llm.model, agent)
-            else:
-                players[seat] = _player(opponent, PARAMS["opponent_model"] or llm.model, agent)
         record = await _game.play(
             setup, players, tell_roles=PARAMS["tell_roles"], hide_leaks=PARAMS["hide_leaks"]
         )

@@ -128,6 +128,40 @@ def test_render_then_validate(tmp_path, name):
     }
 
 
+_WORKSPACE_CHECK = """
+import json, sys
+from swarm.client import load_workflow
+import templates
+run = load_workflow("workflow.py")
+shared = sorted(m for m in sys.modules if m.startswith("templates._game"))
+print(json.dumps({"shared": shared, "templates": templates.__file__}))
+"""
+
+
+@pytest.mark.parametrize("name", ["who_is_the_spy", "werewolves"])
+def test_a_rendered_game_workspace_runs_from_its_folder_on_the_installed_package(tmp_path, name):
+    """``swarm run workflow.py`` loads the workflow by path from the workspace folder: the game's own
+    modules are the folder's files, the shared game base comes from the installed ``templates`` package,
+    and the data builder's command line works there too."""
+    root = Path(templates.__file__).resolve().parent.parent
+    rendered = render(name, {"n_tasks": 2}, tmp_path / name)
+    assert not (rendered.folder / "_game").exists()  # shared code is imported, not copied
+
+    def python(*args: str) -> str:
+        env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+        proc = subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=rendered.folder, env=env
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    loaded = json.loads(python("-c", _WORKSPACE_CHECK).strip().splitlines()[-1])
+    assert "templates._game.players" in loaded["shared"] and "templates._game.table" in loaded["shared"]
+    assert Path(loaded["templates"]).resolve() == root / "templates" / "__init__.py"
+    python("data.py", "--out", "again.jsonl", "--n-tasks", "2")
+    assert (rendered.folder / "again.jsonl").read_text() == rendered.tasks.read_text()
+
+
 def test_trainable_agents_of_multi_agent_templates(tmp_path):
     spy = get_template("who_is_the_spy")
     assert spy.trainable_agents({"train_roles": "spy", "n_players": 6, "n_spies": 2}) == ["spy_1", "spy_2"]
