@@ -35,11 +35,11 @@ from a3r.errors import PlanError
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
 from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
+from a3r.study.price import SERVER_OVERHEAD_S, estimate_run_s
 from a3r.study.research import (
     WRAP_UP_S,
     ConfigVerdict,
     compared_evals,
-    estimate_run_s,
     fit_budget,
     min_stable_value,
     sweep_specs,
@@ -643,7 +643,7 @@ def design_study(
     # refine and replicate values are decided later: priced at the dearest coarse value, reused or not
     # (a study whose coarse runs are all reused still runs its replicate stage)
     per_run = max(cost.values(), default=0.0)
-    preflight_s = 20.0 + preflight_episodes * seconds_per_episode
+    preflight_s = SERVER_OVERHEAD_S + preflight_episodes * seconds_per_episode
     cap = ""
     if preflight_budget_s > 0:
         preflight_s = min(preflight_s, preflight_budget_s)
