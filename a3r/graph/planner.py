@@ -29,6 +29,7 @@ from a3r.study.plans import (
     PlanDraft,
     TrainingSettings,
     check_plan,
+    steps_warning,
     temperature_warning,
     training_line,
 )
@@ -38,7 +39,8 @@ from a3r.study.research import (
     initial_queue,
     size_training,
 )
-from a3r.study.stages import Stage, StageBudget, StudyProgress, next_stage
+from a3r.study.runs import Resizing
+from a3r.study.stages import Stage, StageBudget, StageDecision, StudyProgress, next_stage, refit_queue
 
 __all__ = ["planner"]
 
@@ -51,7 +53,7 @@ def planner(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Route
     if state.get("plan") is None:
         return _first_plan(state, ctx)
     if state.get("queue"):
-        return _size_to_budget(state, ctx) or Command(goto="runner")
+        return _size_to_budget(state, ctx) or _refit_stage(state, ctx) or Command(goto="runner")
     if state["mode"] == "vibe" or state.get("conclusion"):
         return Command(goto="reporter")
     return _research_step(state, ctx)
@@ -88,8 +90,16 @@ def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | N
     # Every seed trains the same game (comparable seeds), and the plan says what runs: a continuation
     # after a patch (`a3r.graph.analyst.continuation`) and the report read it.
     sized = {"steps": sizing.steps, "batch_size": sizing.batch_size}
-    for i in runs:
-        queue[i] = queue[i].model_copy(update={"settings": queue[i].settings.model_copy(update=sized)})
+    for n, i in enumerate(runs):
+        # each run re-plans after every step from its measured step time, back up to what was asked
+        resize = Resizing(
+            asked_steps=sizing.planned,
+            asked_batch_size=sizing.planned_batch_size,
+            margin_s=SAFETY_SHARE * ctx.budget_s,
+            later_runs=len(runs) - 1 - n,
+        )
+        settings = queue[i].settings.model_copy(update=sized)
+        queue[i] = queue[i].model_copy(update={"settings": settings, "resize": resize})
     plan = state["plan"]
     plan = plan.model_copy(update={"training": plan.training.model_copy(update=sized)})
     ctx.store.log_event(sizing.note, study_id=state["study_id"])
@@ -125,7 +135,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
     ctx.say(line)
     lines = [line]
     short = plan.stability.window_warning(plan.training.steps) if plan.stability is not None else None
-    for warning in (short, temperature_warning(plan)):
+    for warning in (short, steps_warning(plan), temperature_warning(plan)):
         if warning is not None:
             ctx.store.log_event(warning, study_id=study_id)
             ctx.say(warning)
@@ -174,9 +184,34 @@ def _design_lines(plan: PlanDraft, priors: list[PriorFinding], preflight_budget_
     return out
 
 
-def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
-    """After a research stage's runs: the next stage (`a3r.study.stages.next_stage`), said and logged."""
-    progress = StudyProgress(
+def _refit_stage(state: ResearchState, ctx: RunContext) -> Command[Route] | None:
+    """After each sweep run while its stage has runs queued: the stage re-planned at the measured speed
+    (`a3r.study.stages.refit_queue`), down as well as up; ``None`` when nothing changes."""
+    outcomes = state.get("outcomes", [])
+    if state["mode"] != "research" or not outcomes or outcomes[-1].purpose != "sweep":
+        return None
+    decision = refit_queue(_progress(state), state.get("queue") or [], _stage_budget(state, ctx))
+    if decision is None:
+        return None
+    update = decision.update()
+    update.setdefault("queue", [])
+    return _apply(decision, state, ctx, update)
+
+
+def _apply(
+    decision: StageDecision, state: ResearchState, ctx: RunContext, update: dict[str, object] | None = None
+) -> Command[Route]:
+    """Say and log a stage decision's lines and route to its next node."""
+    for line in decision.lines:
+        if line in decision.events:
+            ctx.store.log_event(line, study_id=state["study_id"])
+        ctx.say(line)
+    return Command(goto=decision.goto, update=decision.update() if update is None else update)
+
+
+def _progress(state: ResearchState) -> StudyProgress:
+    """The research part of the state, as `a3r.study.stages` reads it."""
+    return StudyProgress(
         plan=state["plan"],
         stage=Stage(state.get("stage", Stage.preflight)),
         outcomes=state.get("outcomes", []),
@@ -186,18 +221,22 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
         dropped=state.get("dropped") or [],
         force=state.get("force", False),
     )
-    budget = StageBudget(
+
+
+def _stage_budget(state: ResearchState, ctx: RunContext) -> StageBudget:
+    """The budget a stage decision plans with, now."""
+    return StageBudget(
         left_s=ctx.budget_left_s(state.get("outcomes", [])),
         eval_episodes=ctx.eval_tasks * ctx.eval_samples,
         signal=ctx.signal,
         advice=_recommendations(state["plan"]),
+        total_s=ctx.budget_s,
     )
-    decision = next_stage(progress, budget)
-    for line in decision.lines:
-        if line in decision.events:
-            ctx.store.log_event(line, study_id=state["study_id"])
-        ctx.say(line)
-    return Command(goto=decision.goto, update=decision.update())
+
+
+def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
+    """After a research stage's runs: the next stage (`a3r.study.stages.next_stage`), said and logged."""
+    return _apply(next_stage(_progress(state), _stage_budget(state, ctx)), state, ctx)
 
 
 def _recommendations(plan: PlanDraft) -> str:

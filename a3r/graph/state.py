@@ -24,7 +24,7 @@ from a3r.study.plans import (
     SweepSpec,
     TrainingSettings,
 )
-from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.runs import Resizing, RunOutcome, RunSpec
 from a3r.study.sequential import SignalCheck
 from a3r.study.stages import Stage
 
@@ -155,6 +155,7 @@ def first_hypothesis(state: ResearchState) -> int | None:
 
 STATE_TYPES: tuple[type, ...] = (
     RunSpec,
+    Resizing,
     RunOutcome,
     PatchReview,
     PatchDecision,

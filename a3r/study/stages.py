@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -41,7 +41,15 @@ from a3r.study.sequential import SignalCheck, SignalRule
 from a3r.study.settings import resolve_setting, value_text
 from a3r.study.wording import counted
 
-__all__ = ["Stage", "StageBudget", "StageDecision", "StudyProgress", "next_stage", "signal_of"]
+__all__ = [
+    "Stage",
+    "StageBudget",
+    "StageDecision",
+    "StudyProgress",
+    "next_stage",
+    "refit_queue",
+    "signal_of",
+]
 
 
 class Stage(StrEnum):
@@ -96,12 +104,14 @@ class StageBudget:
         signal: The preflight's futility rule (`a3r.study.sequential.SignalRule`).
         advice: What to try when the untrained model shows no signal (the template's advice, said in the
             conclusion).
+        total_s: The thread's whole budget (a stop names the ``--budget-minutes`` that would fit).
     """
 
     left_s: float
     eval_episodes: int
     signal: SignalRule = field(default_factory=SignalRule)
     advice: str = ""
+    total_s: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -290,7 +300,7 @@ def _coarse(
     if not kept:
         return _stop(
             f"stopped: no configuration with {len(plan.training.seeds)} seeds fits the remaining budget of "
-            f"{left:.0f} s; raise --budget-minutes",
+            f"{left:.0f} s; {_budget_needed(progress, budget, pre)}",
             [line, *cuts],
             baseline,
         )
@@ -303,6 +313,27 @@ def _coarse(
         reused=reused,
         dropped=dropped,
     )
+
+
+def _budget_needed(progress: StudyProgress, budget: StageBudget, pre: RunOutcome) -> str:
+    """What to give ``--budget-minutes`` so that the cheapest coarse configuration fits after what the
+    thread has spent (at the preflight's speed); "raise --budget-minutes" when the budget is unknown."""
+    plan = progress.plan
+    assert plan.sweep is not None
+    specs = sweep_specs(plan, coarse_values(plan, progress.priors), "coarse")
+    by_value: dict[float | None, float] = {}
+    for spec in specs:
+        price = estimate_run_s(
+            spec,
+            seconds_per_episode=pre.seconds_per_episode,
+            eval_episodes=budget.eval_episodes,
+            measured_tokens=token_cap(plan),
+        )
+        by_value[spec.value] = by_value.get(spec.value, 0.0) + price
+    if not by_value or not math.isfinite(budget.total_s):
+        return "raise --budget-minutes"
+    need = budget.total_s - budget.left_s + min(by_value.values())
+    return f"give --budget-minutes {math.ceil(need / 6) / 10:g} or more"
 
 
 def _with_head(
@@ -497,3 +528,121 @@ def _replicate(planner: _Planner) -> StageDecision | None:
         line += f"; budget: {cut.split(': ', 1)[1]}"
         planner.cuts.append(f"budget: {cut}")
     return planner.go(specs, Stage.replicate, line, "best", asked=asked)
+
+
+def refit_queue(
+    progress: StudyProgress, queue: Sequence[RunSpec], budget: StageBudget
+) -> StageDecision | None:
+    """Re-plan a sweep stage's queued runs after each run, from the speed the study's sweep runs
+    measured, down as well as up: the configurations not started yet are fitted again to the budget left
+    after those under way (`fit_budget`; a configuration is never cut to fewer seeds), and in the coarse
+    stage the values the budget dropped come back when they fit now (a min-stable question needs them only
+    while no tested value is stable). Values dropped from the coarse stage wait in ``dropped`` for the
+    stage's end (`next_stage` re-admits them there when they fit).
+
+    Returns:
+        The changed plan, or ``None`` when nothing changes (no speed measured yet, or everything still
+        fits as planned). When nothing of the queue fits any more, the stage ends here (`next_stage`).
+    """
+    plan = progress.plan
+    assert plan.sweep is not None
+    measured = [
+        o.seconds_per_episode
+        for o in progress.outcomes
+        if o.purpose == "sweep" and o.wall_s > 0 and math.isfinite(o.seconds_per_episode)
+    ]
+    if not measured or not queue or any(s.purpose != "sweep" for s in queue):
+        return None
+    per_episode = min(measured)
+    started = {(o.stage, o.value) for o in progress.outcomes if o.purpose == "sweep"}
+    committed = [s for s in queue if (s.stage, s.value) in started]
+    open_specs = [s for s in queue if (s.stage, s.value) not in started]
+
+    def price(specs: Sequence[RunSpec]) -> float:
+        return sum(
+            estimate_run_s(s, seconds_per_episode=per_episode, eval_episodes=budget.eval_episodes)
+            for s in specs
+        )
+
+    goal = plan.sweep.goal if progress.stage == Stage.coarse else "best"
+    if progress.stage == Stage.refine and plan.sweep.goal == "min_stable":
+        goal = "min_stable"
+    left = budget.left_s - price(committed)
+    kept, dropped = fit_budget(
+        open_specs,
+        budget_s=left,
+        seconds_per_episode=per_episode,
+        eval_episodes=budget.eval_episodes,
+        goal=goal,
+    )
+    back: list[RunSpec] = []
+    waiting = list(progress.dropped)
+    if progress.stage == Stage.coarse and waiting and not _settled_min_stable(progress):
+        back, waiting = fit_budget(
+            sweep_specs(plan, waiting, "coarse"),
+            budget_s=left - price(kept),
+            seconds_per_episode=per_episode,
+            eval_episodes=budget.eval_episodes,
+            goal=plan.sweep.goal,
+        )
+    if not dropped and not back:
+        return None
+    return _refitted(progress, budget, [*committed, *kept, *back], dropped, back, waiting, per_episode)
+
+
+def _settled_min_stable(progress: StudyProgress) -> bool:
+    """Whether a min-stable question already has a stable value (the dropped, larger values are then
+    not needed)."""
+    plan, baseline = progress.plan, progress.baseline
+    if plan.sweep is None or plan.sweep.goal != "min_stable" or baseline is None:
+        return False
+    criterion = plan.stability or StabilityCriterion()
+    return min_stable_value(verdicts(progress.outcomes, baseline=baseline, criterion=criterion)) is not None
+
+
+def _refitted(
+    progress: StudyProgress,
+    budget: StageBudget,
+    queue: list[RunSpec],
+    dropped: list[float],
+    back: list[RunSpec],
+    waiting: list[float],
+    per_episode: float,
+) -> StageDecision:
+    """The decision of `refit_queue`: the new queue, with one line saying what changed and why."""
+    plan = progress.plan
+    assert plan.sweep is not None
+    variable = plan.sweep.variable
+
+    def shown(values: Sequence[float]) -> str:
+        return ", ".join(value_text(variable, plan.template, v) for v in values)
+
+    said = []
+    if dropped:
+        said.append(f"dropped {variable} values [{shown(dropped)}]")
+    if back:
+        said.append(
+            f"re-admitted {variable} values [{shown(sorted({s.value for s in back if s.value is not None}))}]"
+        )
+    line = (
+        f"budget: re-planned the {progress.stage} stage at the measured {per_episode:.1f} s per episode: "
+        f"{' and '.join(said)} ({counted(len(queue), 'runs')} left fit the {max(0.0, budget.left_s):.0f} s left)"
+    )
+    coarse = progress.stage == Stage.coarse
+    new_dropped = sorted({*waiting, *dropped}) if coarse else list(progress.dropped)
+    if not queue:  # nothing of the stage fits any more: it ends here
+        ended = _after_sweep_stage(replace(progress, dropped=new_dropped), budget)
+        return replace(
+            ended,
+            lines=[line, *ended.lines],
+            events=[line, *ended.events],
+            budget_cuts=[line, *ended.budget_cuts],
+        )
+    return StageDecision(
+        stage=progress.stage,
+        queue=queue,
+        lines=[line],
+        events=[line],
+        budget_cuts=[line],
+        dropped=new_dropped if coarse else None,
+    )

@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,14 @@ from a3r.study.analysis import (
     read_progress,
     summarise_rewards,
 )
-from a3r.study.research import EVAL_BUDGET_SHARE, EVAL_RESERVE_MARGIN, recheck_steps, size_heldout
+from a3r.study.price import SERVER_OVERHEAD_S
+from a3r.study.research import (
+    EVAL_BUDGET_SHARE,
+    EVAL_RESERVE_MARGIN,
+    recheck_steps,
+    replan_training,
+    size_heldout,
+)
 from a3r.study.runs import RunOutcome, RunSpec, RunStatusName
 from a3r.study.sequential import SignalCheck
 from a3r.study.settings import SETTINGS, serve_flags
@@ -302,9 +309,13 @@ def _client(
 ) -> ManagedProcess:
     s = spec.settings
     # Training runs get three times the groups their steps need (batches the trainer skips, groups
-    # cut by a drain); the runner stops the client once the target step is reached.
-    remaining = max(1, s.steps - start_step)
-    purpose_tasks = s.smoke_tasks if spec.purpose == "smoke" else (3 * remaining + 1) * s.batch_size
+    # cut by a drain); the runner stops the client once the target step is reached. A run that may
+    # re-plan back up (`RunSpec.resize`) gets the groups of the steps and B asked for.
+    steps, batch = s.steps, s.batch_size
+    if spec.resize is not None:
+        steps, batch = max(steps, spec.resize.asked_steps), max(batch, spec.resize.asked_batch_size)
+    remaining = max(1, steps - start_step)
+    purpose_tasks = s.smoke_tasks if spec.purpose == "smoke" else (3 * remaining + 1) * batch
     tasks_needed = max(1, purpose_tasks)
     available = max(1, ws.task_count())
     epochs = max(1, math.ceil(tasks_needed / available))
@@ -782,6 +793,7 @@ def _monitor(run: _Run) -> RunOutcome:
         early_stop=spec.early_stop,
     )
     watch = RunWatch.begin(started=run.started, now=time.monotonic(), step=start_step, cpu_s=sources.cpu())
+    plan = _StepPlan.of(spec, target)
     samples: list[tuple[float, int, int]] = []
     while True:
         obs = sources.observe()
@@ -789,16 +801,86 @@ def _monitor(run: _Run) -> RunOutcome:
         watch = verdict.watch
         if obs.server_exit is None:
             samples.append((obs.now, watch.last_step, obs.finished))
-            _report(run, sources, verdict, target, start_step)
+            _report(run, sources, verdict, plan, start_step)
+            rules = replace(rules, target=plan.target)
         if verdict.end is not None:
-            return _conclude(run, sources, verdict.end, watch, start_step, target, samples, obs.server_exit)
+            return _conclude(
+                run, sources, verdict.end, watch, start_step, plan.target, samples, obs.server_exit
+            )
         time.sleep(ctx.poll_s)
 
 
-def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None, start_step: int) -> None:
-    """Note a new trainer step (with its train reward and, for a run with a budget reserve, whether the
-    steps left still fit: `recheck_steps`, said once) and a run turning slow."""
-    key, episodes = run.spec.key, len(sources.episodes)
+@dataclass
+class _StepPlan:
+    """A training run's step target and B as it re-plans after every step (`_replan`).
+
+    Attributes:
+        target: The step to train to (``None``: no step target).
+        batch_size: B now.
+        asked_target: The step the run was asked to reach before any sizing.
+        mark: ``(time, step)`` from which the step time is measured: the first step seen (the first
+            step also pays the trainer's start) and every change of B.
+    """
+
+    target: int | None
+    batch_size: int
+    asked_target: int = 0
+    mark: tuple[float, int] | None = None
+
+    @classmethod
+    def of(cls, spec: RunSpec, target: int | None) -> _StepPlan:
+        """The plan a run starts with: its spec's steps to ``target``; a sized run may go back up to the
+        steps it was asked for (`RunSpec.resize`)."""
+        asked = spec.resize.asked_steps if spec.resize is not None else spec.settings.steps
+        base = (target or 0) - spec.settings.steps
+        return cls(target=target, batch_size=spec.settings.batch_size, asked_target=base + asked)
+
+
+def _replan(run: _Run, plan: _StepPlan, step: int, start_step: int, now: float) -> None:
+    """Re-plan a sized training run (`RunSpec.resize`) after a measured step, up as well as down
+    (`a3r.study.research.replan_training`): its share of the budget left is ``(budget − margin) / (1 +
+    later runs)`` less the held-out evaluation's reserve and the server overhead. A change is applied to
+    the server (``PATCH /api/v1/config``: ``max_steps``, ``batch_size``) and noted."""
+    resize, spec = run.spec.resize, run.spec
+    if (
+        resize is None
+        or plan.target is None
+        or run.handle.process is None
+        or spec.start_step
+        or step <= start_step
+    ):
+        return  # an attached server's training config is its owner's; a continuation keeps its steps
+    if plan.mark is None or step <= plan.mark[1]:
+        plan.mark = plan.mark or (now, step)
+        return
+    share = (run.budget_s - resize.margin_s) / (1 + resize.later_runs)
+    decided = replan_training(
+        step=step,
+        target=plan.target,
+        batch_size=plan.batch_size,
+        asked_target=plan.asked_target,
+        asked_batch_size=resize.asked_batch_size,
+        seconds_per_step=(now - plan.mark[0]) / (step - plan.mark[1]),
+        time_left_s=run.started + share - run.eval_reserve_s - SERVER_OVERHEAD_S - now,
+    )
+    if decided.note is None:
+        return
+    try:
+        run.api.client.patch_config(max_steps=decided.target, batch_size=decided.batch_size)
+    except (ClientError, httpx.TransportError) as exc:
+        run.rec.note(f"run {spec.key}: {decided.note}, but the server refused it: {exc}", "warning")
+        return
+    if decided.batch_size != plan.batch_size:
+        plan.mark = (now, step)
+    plan.target, plan.batch_size = decided.target, decided.batch_size
+    run.rec.note(f"run {spec.key}: {decided.note}")
+
+
+def _report(run: _Run, sources: _Sources, verdict: Verdict, plan: _StepPlan, start_step: int) -> None:
+    """Note a new trainer step (with its train reward; a sized run re-plans its steps and B: `_replan`;
+    another run with a budget reserve says whether the steps left still fit: `recheck_steps`, once) and
+    a run turning slow."""
+    key, episodes, target = run.spec.key, len(sources.episodes), plan.target
     if verdict.stepped and target is not None:
         reward = _reward_curve(sources.rows)
         step = verdict.watch.last_step
@@ -812,7 +894,9 @@ def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None, 
         )
         # from the second step on: the first also pays the trainer's start (172 s against ~110 s later
         # on the idle 2-core box), which made the re-check predict a budget stop that never came
-        if run.eval_reserve_s > 0 and not sources.rechecked and step - start_step >= 2:
+        if run.spec.resize is not None:
+            _replan(run, plan, step, start_step, now)
+        elif run.eval_reserve_s > 0 and not sources.rechecked and step - start_step >= 2:
             late = recheck_steps(
                 step=step,
                 target=target,
