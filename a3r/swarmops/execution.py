@@ -797,12 +797,15 @@ def _monitor(run: _Run) -> RunOutcome:
     samples: list[tuple[float, int, int]] = []
     while True:
         obs = sources.observe()
+        if obs.server_exit is None and obs.step is not None and obs.step > watch.last_step:
+            # before the watch judges the step: a run re-planned up goes on past its old target
+            _replan(run, plan, obs.step, (sources.client_started, start_step), obs.now)
+            rules = replace(rules, target=plan.target)
         verdict = judge(watch, obs, rules)
         watch = verdict.watch
         if obs.server_exit is None:
             samples.append((obs.now, watch.last_step, obs.finished))
             _report(run, sources, verdict, plan, start_step)
-            rules = replace(rules, target=plan.target)
         if verdict.end is not None:
             return _conclude(
                 run, sources, verdict.end, watch, start_step, plan.target, samples, obs.server_exit
@@ -836,7 +839,7 @@ class _StepPlan:
         return cls(target=target, batch_size=spec.settings.batch_size, asked_target=base + asked)
 
 
-def _replan(run: _Run, plan: _StepPlan, step: int, start_step: int, now: float) -> None:
+def _replan(run: _Run, plan: _StepPlan, step: int, start: tuple[float, int], now: float) -> None:
     """Re-plan a sized training run (`RunSpec.resize`) after a measured step, up as well as down
     (`a3r.study.research.replan_training`): its share of the budget left is ``(budget − margin) / (1 +
     later runs)`` less the held-out evaluation's reserve and the server overhead. A change is applied to
@@ -847,11 +850,14 @@ def _replan(run: _Run, plan: _StepPlan, step: int, start_step: int, now: float) 
         or plan.target is None
         or run.handle.process is None
         or spec.start_step
-        or step <= start_step
+        or step <= start[1]
     ):
         return  # an attached server's training config is its owner's; a continuation keeps its steps
-    if plan.mark is None or step <= plan.mark[1]:
-        plan.mark = plan.mark or (now, step)
+    if plan.mark is None and step < plan.target:
+        plan.mark = (now, step)  # measured from here: the first step also paid the trainer's start
+        return
+    plan.mark = plan.mark or start  # the last planned step: measured from the client's start
+    if step <= plan.mark[1]:
         return
     share = (run.budget_s - resize.margin_s) / (1 + resize.later_runs)
     decided = replan_training(
@@ -877,9 +883,9 @@ def _replan(run: _Run, plan: _StepPlan, step: int, start_step: int, now: float) 
 
 
 def _report(run: _Run, sources: _Sources, verdict: Verdict, plan: _StepPlan, start_step: int) -> None:
-    """Note a new trainer step (with its train reward; a sized run re-plans its steps and B: `_replan`;
-    another run with a budget reserve says whether the steps left still fit: `recheck_steps`, once) and
-    a run turning slow."""
+    """Note a new trainer step (with its train reward and, for a run with a budget reserve that does not
+    re-plan itself (`_replan`), whether the steps left still fit: `recheck_steps`, said once) and a run
+    turning slow."""
     key, episodes, target = run.spec.key, len(sources.episodes), plan.target
     if verdict.stepped and target is not None:
         reward = _reward_curve(sources.rows)
@@ -894,9 +900,12 @@ def _report(run: _Run, sources: _Sources, verdict: Verdict, plan: _StepPlan, sta
         )
         # from the second step on: the first also pays the trainer's start (172 s against ~110 s later
         # on the idle 2-core box), which made the re-check predict a budget stop that never came
-        if run.spec.resize is not None:
-            _replan(run, plan, step, start_step, now)
-        elif run.eval_reserve_s > 0 and not sources.rechecked and step - start_step >= 2:
+        if (
+            run.eval_reserve_s > 0
+            and run.spec.resize is None
+            and not sources.rechecked
+            and step - start_step >= 2
+        ):
             late = recheck_steps(
                 step=step,
                 target=target,
