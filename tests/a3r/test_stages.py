@@ -18,7 +18,7 @@ from a3r.study.analysis import RewardSummary
 from a3r.study.effects import MIN_STEPS
 from a3r.study.plans import TrainingSettings
 from a3r.study.price import SERVER_OVERHEAD_S, UPDATE_SHARE, estimate_run_s, run_s, step_s, vibe_thread_s
-from a3r.study.research import SAFETY_SHARE, replan_training, size_training, sweep_specs
+from a3r.study.research import SAFETY_SHARE, Replan, replan_training, size_training, sweep_specs
 from a3r.study.runs import RunOutcome
 from a3r.study.sequential import SignalRule
 from a3r.study.stages import Stage, StageBudget, StudyProgress, next_stage, refit_queue
@@ -192,51 +192,34 @@ def test_one_price_for_sweep_runs_the_vibe_dry_run_and_the_vibe_sizing() -> None
 # ------------------------------------------------------------------------------ issue 33, part 4
 
 
+def _replan(step: int, target: int, batch_size: int, seconds_per_step: float, time_left_s: float) -> Replan:
+    """A run asked for 10 steps at B = 2, re-planned after ``step``."""
+    return replan_training(
+        step=step,
+        target=target,
+        batch_size=batch_size,
+        asked_target=10,
+        asked_batch_size=2,
+        seconds_per_step=seconds_per_step,
+        time_left_s=time_left_s,
+    )
+
+
 def test_a_run_re_plans_after_each_step_up_to_the_steps_asked_for() -> None:
     """The README's main job on a busy box: the smoke run's 52.7 s per episode sized training to 3 of
     10 steps at B = 1; its steps then took 13-48 s, so the run goes back up to all 10 steps and B."""
-    up = replan_training(
-        step=2,
-        target=3,
-        batch_size=1,
-        asked_target=10,
-        asked_batch_size=2,
-        seconds_per_step=20.0,
-        time_left_s=1000.0,
-    )
+    up = _replan(2, 3, 1, seconds_per_step=20.0, time_left_s=1000.0)
     assert (up.target, up.batch_size) == (10, 2) and up.note is not None
     assert "steps 3 → 10 (all asked for)" in up.note and "B 1 → 2" in up.note
     # only B = 1 holds the 8 steps left: B stays down, the steps go up
-    steps_only = replan_training(
-        step=2,
-        target=3,
-        batch_size=1,
-        asked_target=10,
-        asked_batch_size=2,
-        seconds_per_step=20,
-        time_left_s=200,
-    )
+    steps_only = _replan(2, 3, 1, seconds_per_step=20.0, time_left_s=200.0)
     assert (steps_only.target, steps_only.batch_size) == (10, 1)
-    # slower than planned: B down first, then fewer steps (at least one more)
-    down = replan_training(
-        step=2,
-        target=10,
-        batch_size=2,
-        asked_target=10,
-        asked_batch_size=2,
-        seconds_per_step=100,
-        time_left_s=300,
-    )
+    # slower than planned: B down first, then fewer steps (6 more at 50 s)
+    down = _replan(2, 10, 2, seconds_per_step=100.0, time_left_s=300.0)
     assert (down.target, down.batch_size) == (8, 1) and down.note is not None and "B 2 → 1" in down.note
-    same = replan_training(
-        step=4,
-        target=10,
-        batch_size=2,
-        asked_target=10,
-        asked_batch_size=2,
-        seconds_per_step=10,
-        time_left_s=1000,
-    )
+    # no time for even one step: still one more (the budget's own stop ends the run)
+    assert _replan(2, 10, 1, seconds_per_step=100.0, time_left_s=10.0).target == 3
+    same = _replan(4, 10, 2, seconds_per_step=10.0, time_left_s=1000.0)
     assert same.note is None and (same.target, same.batch_size) == (10, 2)
 
 
