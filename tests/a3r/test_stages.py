@@ -70,7 +70,7 @@ def test_a_preflight_with_signal_queues_the_coarse_stage_that_fits() -> None:
     progress = StudyProgress(plan=plan, outcomes=[_preflight()])
     roomy = next_stage(progress, StageBudget(left_s=36_000, eval_episodes=8))
     assert roomy.stage is Stage.coarse and roomy.goto == "runner"
-    assert sorted({s.value for s in roomy.queue}) == [1, 2, 4, 8] and roomy.dropped == []
+    assert sorted({s.value or 0.0 for s in roomy.queue}) == [1, 2, 4, 8] and roomy.dropped == []
     assert roomy.baseline == _preflight().eval and roomy.lines[0].startswith(
         "preflight: untrained model on 8"
     )
