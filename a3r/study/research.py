@@ -8,6 +8,7 @@ integer midpoint between the smallest stable value and the unstable value below 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import defaultdict
@@ -550,30 +551,13 @@ def initial_queue(plan: PlanDraft) -> list[RunSpec]:
         return [RunSpec(key="preflight", purpose="preflight", settings=plan.training, stability=stability)]
     queue: list[RunSpec] = []
     for index, seed in enumerate(plan.training.seeds):
-        server = f"main-s{seed}"
-        if index == 0 and plan.training.smoke_tasks > 0:
-            queue.append(
-                RunSpec(
-                    key="smoke",
-                    purpose="smoke",
-                    seed=seed,
-                    settings=plan.training,
-                    server_key=server,
-                    keep_server=True,
-                    stability=stability,
-                )
-            )
-        queue.append(
-            RunSpec(
-                key=f"train-s{seed}",
-                purpose="train",
-                seed=seed,
-                settings=plan.training,
-                server_key=server,
-                early_stop=True,
-                stability=stability,
-            )
+        # a seed's smoke run and training run share its server (the smoke run keeps it running)
+        run = functools.partial(
+            RunSpec, seed=seed, settings=plan.training, server_key=f"main-s{seed}", stability=stability
         )
+        if index == 0 and plan.training.smoke_tasks > 0:
+            queue.append(run(key="smoke", purpose="smoke", keep_server=True))
+        queue.append(run(key=f"train-s{seed}", purpose="train", early_stop=True))
     return queue
 
 
