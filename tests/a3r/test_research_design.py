@@ -412,7 +412,8 @@ def test_dry_run_prices_each_value_and_warns_over_budget(tmp_path: Path) -> None
     out = over.output
     assert "batch_size ∈ {1, 2, 4, 8}" in out and "1.0" not in out.split("stages:")[1].split("\n")[2]
     assert (
-        "warning: the estimate exceeds the budget of 15 min" in out and "would drop batch_size values {" in out
+        "warning: the estimate exceeds the budget of 15 min" in out
+        and "would drop batch_size values {" in out
     )
     assert "replicate: 10 seeds per configuration; up to 0 run(s)" in out
     assert "coarse {1, 2, 4, 8} on 10 seeds" in out and "at most 10 seeds" in out
