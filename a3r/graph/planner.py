@@ -2,8 +2,10 @@
 
 First visit: the provider's plan (template, parameters, settings, hypotheses, sweep, stability
 definition) is written into the store (study and hypotheses, before any run) and the first runs are
-queued. Later visits: queued runs go to the runner; a research thread moves through its stages
-(preflight → coarse → refine, `a3r.study.research`); when nothing is left, the reporter concludes.
+queued. Later visits: queued runs go to the runner (a vibe training run sized to the budget after the
+smoke run, a sweep stage re-planned after each run: `a3r.study.stages.refit_queue`); a research thread
+moves through its stages as `a3r.study.stages.next_stage` decides; when nothing is left, the reporter
+concludes. The node reads the state and applies decisions; the rules live in `a3r.study`.
 """
 
 from __future__ import annotations
