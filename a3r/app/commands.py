@@ -582,7 +582,8 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
     _out.print(
         f"  stages: smoke ({training.smoke_tasks} task(s)) and held-out baseline → {training.steps} steps on seed(s) "
         f"{training.seeds} (fitted to the budget after the smoke run: a smaller B first, fewer steps only if B = 1 "
-        "does not fit) → held-out evaluation → report",
+        "does not fit; re-planned after every step, back up to these steps and B when time allows) → held-out "
+        "evaluation → report",
         markup=False,
     )
     _out.print(
