@@ -547,7 +547,7 @@ def _dry_speed(settings: SessionSettings, plan: PlanDraft) -> tuple[float, str]:
 def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
     """``a3r vibe --dry-run``: the planner's plan (template, parameters, trainable agents, training)."""
     import templates
-    from a3r.study.plans import temperature_warning
+    from a3r.study.plans import steps_warning, temperature_warning
 
     if not request.strip():
         raise _fail('the request is empty: say what to train, e.g. "train who-is-the-spy"')
@@ -565,24 +565,25 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
         _out.print(f"  trainable agents: {', '.join(agents) or '(none)'}", markup=False)
     fields = ", ".join(f"{k}={v}" for k, v in training.model_dump().items())
     _out.print(f"  training: {fields}", markup=False)
-    cold = temperature_warning(draft)
-    if cold is not None:
-        _out.print(f"  {cold}", markup=False)
+    for warning in (steps_warning(draft), temperature_warning(draft)):
+        if warning is not None:
+            _out.print(f"  {warning}", markup=False)
     for hypothesis in draft.hypotheses:
         _out.print(f"  hypothesis: {hypothesis.statement}", markup=False)
         _out.print(f"    decision rule: {hypothesis.decision_rule}", markup=False)
     _out.print(f"  why: {draft.rationale}", markup=False)
-    from a3r.study.research import SERVER_OVERHEAD_S, UPDATE_SHARE
+    from a3r.study.price import SERVER_OVERHEAD_S, vibe_thread_s
 
     speed, source = _dry_speed(settings, draft)
-    per_step = training.batch_size * training.group_size * speed * (1 + UPDATE_SHARE)
-    evaluation = 2 * settings.eval_tasks * settings.eval_samples * speed
+    total = vibe_thread_s(
+        training, seconds_per_episode=speed, eval_episodes=settings.eval_tasks * settings.eval_samples
+    )
     smoke = training.smoke_tasks * training.group_size * speed
-    total = smoke + len(training.seeds) * (SERVER_OVERHEAD_S + training.steps * per_step) + evaluation
     _out.print(
         f"  stages: smoke ({training.smoke_tasks} task(s)) and held-out baseline → {training.steps} steps on seed(s) "
         f"{training.seeds} (fitted to the budget after the smoke run: a smaller B first, fewer steps only if B = 1 "
-        "does not fit) → held-out evaluation → report",
+        "does not fit; re-planned after every step, back up to these steps and B when time allows) → held-out "
+        "evaluation → report",
         markup=False,
     )
     _out.print(
@@ -675,7 +676,7 @@ def research(
         _print_research_plan(question, settings, overrides)
         return
     if settings.provider is ProviderKind.offline:  # deterministic and cheap: checked before a thread exists
-        misfit = _comparison_misfit(_research_design(question, settings, overrides))
+        misfit = _misfit(_research_design(question, settings, overrides))
         if misfit is not None:
             raise _fail(misfit)
     _launch(question, "research", settings, overrides=overrides, force=force)
@@ -748,64 +749,76 @@ def _research_design(question: str, settings: SessionSettings, overrides: dict[s
     return _ResearchDesign(plan, provider, design, settings, priors, store_note, speed, source, fewer)
 
 
-def _comparison_misfit(found: _ResearchDesign, *, source: bool = True) -> str | None:
-    """For an A-vs-B or effect-of study whose smallest answer (`StudyDesign.comparison_need_s`) does
-    not fit the budget at the design's speed: what it needs and the budget to give (the runner would
-    run the preflight, then stop, since one arm alone cannot answer); else ``None``."""
+def _misfit(found: _ResearchDesign, *, source: bool = True) -> str | None:
+    """When the least the study can run to answer anything (`StudyDesign.smallest_need_s`: the preflight
+    and its cheapest coarse configuration on every seed; for an A-vs-B or effect-of study both arms,
+    which the runner never splits) does not fit the budget at the design's speed: one line saying what it
+    needs and the ``--budget-minutes`` to give; else ``None``."""
     plan, design, settings = found.plan, found.design, found.settings
     assert plan.sweep is not None
-    need = design.comparison_need_s
-    if plan.sweep.goal not in ("a_vs_b", "effect_of") or need <= settings.budget_minutes * 60:
+    need = design.smallest_need_s
+    if design.cheapest is None or need <= settings.budget_minutes * 60:
         return None
     minutes = math.ceil(need / 6) / 10  # up to the next 0.1 min
-    return (
-        f"the comparison does not fit the budget of {settings.budget_minutes:g} min: both {plan.sweep.variable} "
-        f"values on {counted(len(plan.training.seeds), 'seeds')} and the preflight need ≈ {minutes:g} min at "
-        f"{design.seconds_per_episode:.2f} s per episode"
-        + (f" ({found.source})" if source else "")
-        + f"; give --budget-minutes {minutes:g} or more"
-    )
+    speed = f"{design.seconds_per_episode:.2f} s per episode" + (f" ({found.source})" if source else "")
+    seeds = counted(len(plan.training.seeds), "seeds")
+    if plan.sweep.goal in ("a_vs_b", "effect_of"):
+        what = f"the comparison does not fit the budget of {settings.budget_minutes:g} min: both {plan.sweep.variable} values on {seeds}"
+    else:
+        value = design.setting.text(design.cheapest[0])
+        what = (
+            f"not one stage of the study fits the budget of {settings.budget_minutes:g} min: its cheapest "
+            f"configuration ({plan.sweep.variable} = {value}) on {seeds}"
+        )
+    return f"{what} and the preflight need ≈ {minutes:g} min at {speed}; give --budget-minutes {minutes:g} or more"
 
 
 def _print_research_plan(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
     """``a3r research --dry-run``: the staged design of the plan (`_research_design`) and whether it
-    fits the budget."""
-    from a3r.study.design import budget_drops
-
+    fits the budget; a study of which not one stage fits is refused (`_misfit`: one line, exit code 1)."""
     found = _research_design(question, settings, overrides)
-    plan, provider, design, settings = found.plan, found.provider, found.design, found.settings
-    priors, store_note, speed, source, fewer = (
-        found.priors,
-        found.store_note,
-        found.speed,
-        found.source,
-        found.fewer,
-    )
-    assert plan.sweep is not None
-    sweep, setting = plan.sweep, design.setting
+    misfit = _misfit(found)
+    if misfit is not None:
+        raise _fail(misfit)
     say = functools.partial(_out.print, markup=False)
-    say(f"plan (dry run, provider {provider}): {plan.objective}")
-    say(
-        f"  template: {plan.template or '(new code)'}; varied: {setting.label} ({sweep.variable}, {setting.target} setting)"
-    )
-    if fewer:
-        say(fewer)
+    for line in (*_plan_lines(found), *_stage_lines(found), *_finding_lines(found)):
+        say(line)
+    warning = _budget_warning(found)
+    if warning is not None:
+        say(f"  warning: {warning}")
+
+
+def _plan_lines(found: _ResearchDesign) -> list[str]:
+    """The dry run's head: the plan, its template, varied setting, parameters and fixed settings."""
+    plan, setting = found.plan, found.design.setting
+    assert plan.sweep is not None
+    sweep = plan.sweep
+    lines = [
+        f"plan (dry run, provider {found.provider}): {plan.objective}",
+        f"  template: {plan.template or '(new code)'}; varied: {setting.label} ({sweep.variable}, {setting.target} setting)",
+    ]
+    if found.fewer:
+        lines.append(found.fewer)
     if plan.params:  # the template's knobs the runs use (the varied one excepted)
-        say("  template parameters:")
-        for line in _param_lines(plan, skip=sweep.variable):
-            say(f"    {line}")
-    say(
-        f"  goal: {sweep.goal.replace('_', '-')}; fixed: "
-        + ", ".join(
-            f"{k}={v}"
-            for k, v in plan.training.model_dump().items()
-            if k not in (sweep.variable, "seeds", "concurrency", "smoke_tasks")
-        )
+        lines += [
+            "  template parameters:",
+            *(f"    {line}" for line in _param_lines(plan, skip=sweep.variable)),
+        ]
+    fixed = ", ".join(
+        f"{k}={v}"
+        for k, v in plan.training.model_dump().items()
+        if k not in (sweep.variable, "seeds", "concurrency", "smoke_tasks")
     )
-    say("  stages:")
+    return [*lines, f"  goal: {sweep.goal.replace('_', '-')}; fixed: {fixed}"]
+
+
+def _stage_lines(found: _ResearchDesign) -> list[str]:
+    """One line per stage: its configurations, seeds, runs and estimated minutes."""
+    design, variable = found.design, found.plan.sweep.variable if found.plan.sweep else ""
+    lines = ["  stages:"]
     for stage in design.stages:
         parts = (
-            [f"{sweep.variable} ∈ {{{', '.join(setting.text(v) for v in stage.values)}}}"]
+            [f"{variable} ∈ {{{', '.join(design.setting.text(v) for v in stage.values)}}}"]
             if stage.values
             else []
         )
@@ -817,58 +830,69 @@ def _print_research_plan(question: str, settings: SessionSettings, overrides: di
             else ""
         )
         parts.append(f"{most}{stage.runs} run(s){reused}, ≈ {stage.seconds / 60:.1f} min")
-        say(f"    {stage.name}: {'; '.join(parts)} — {stage.note}")
+        lines.append(f"    {stage.name}: {'; '.join(parts)} — {stage.note}")
+    return lines
+
+
+def _finding_lines(found: _ResearchDesign) -> list[str]:
+    """The hypotheses, the stability rule, the prior findings and the estimated time."""
+    plan, design = found.plan, found.design
+    lines: list[str] = []
     for hypothesis in plan.hypotheses:
-        say(f"  hypothesis: {hypothesis.statement}")
-        say(f"    decision rule: {hypothesis.decision_rule}")
+        lines += [f"  hypothesis: {hypothesis.statement}", f"    decision rule: {hypothesis.decision_rule}"]
     if plan.stability is not None:
-        say(f"  stability: {plan.stability.describe()}")
+        lines.append(f"  stability: {plan.stability.describe()}")
         short = plan.stability.window_warning(plan.training.steps)
         if short is not None:
-            say(f"  {short}")
-    say(f"  prior findings: {store_note}")
-    for prior in priors:
-        say(f"    reused: {prior.cite()}")
+            lines.append(f"  {short}")
+    lines.append(f"  prior findings: {found.store_note}")
+    lines += [f"    reused: {prior.cite()}" for prior in found.priors]
     reused = (
         f"; {design.reused_runs} run(s) of prior findings are reused, not run again (not in the estimate)"
         if design.reused_runs
         else ""
     )
-    say(
+    lines.append(
         f"  estimated time: ≈ {_minutes(design.estimated_s)} min for up to {design.runs} run(s) still to run at "
-        f"{speed:.2f} s per episode ({source}){reused}; budget {settings.budget_minutes:g} min"
+        f"{found.speed:.2f} s per episode ({found.source}){reused}; budget {found.settings.budget_minutes:g} min"
     )
-    misfit = _comparison_misfit(found, source=False)  # the estimate's line says where the speed comes from
-    if misfit is not None:
-        say(f"  warning: {misfit}; with this budget the run would stop after the preflight")
-    elif design.estimated_s > settings.budget_minutes * 60:
-        dropped = budget_drops(
-            plan,
-            design,
-            budget_s=settings.budget_minutes * 60,
-            eval_episodes=settings.eval_tasks * settings.eval_samples,
+    return lines
+
+
+def _budget_warning(found: _ResearchDesign) -> str | None:
+    """What the runner would cut when the estimate exceeds the budget (`budget_drops`); ``None`` when
+    it fits."""
+    from a3r.study.design import budget_drops
+
+    plan, design, settings = found.plan, found.design, found.settings
+    assert plan.sweep is not None
+    if design.estimated_s <= settings.budget_minutes * 60:
+        return None
+    dropped = budget_drops(
+        plan,
+        design,
+        budget_s=settings.budget_minutes * 60,
+        eval_episodes=settings.eval_tasks * settings.eval_samples,
+    )
+    # the stages after the coarse one this design has (an A-vs-B or effect-of study has no refine)
+    later = [s.name for s in design.stages if s.name not in ("preflight", "coarse")]
+    shown = ", ".join(design.setting.text(v) for v in dropped)
+    cut = (
+        f"the runner would drop {plan.sweep.variable} values {{{shown}}} from the coarse stage"
+        + (
+            ": no sweep run would start after the preflight"
+            if len(dropped) == len(design.stages[1].values)
+            else ""
         )
-        # the stages after the coarse one this design has (an A-vs-B or effect-of study has no refine)
-        later = [s.name for s in design.stages if s.name not in ("preflight", "coarse")]
-        cut = (
-            f"the runner would drop {sweep.variable} values {{{', '.join(setting.text(v) for v in dropped)}}} "
-            "from the coarse stage"
-            + (
-                ": no sweep run would start after the preflight"
-                if len(dropped) == len(design.stages[1].values)
-                else ""
-            )
-            if dropped
-            else "the coarse stage fits"
-            + (
-                f"; the {' and '.join(later)} stage{'s stop' if len(later) > 1 else ' stops'} when the budget runs out"
-                if later
-                else ""
-            )
+        if dropped
+        else "the coarse stage fits"
+        + (
+            f"; the {' and '.join(later)} stage{'s stop' if len(later) > 1 else ' stops'} when the budget runs out"
+            if later
+            else ""
         )
-        say(
-            f"  warning: the estimate exceeds the budget of {settings.budget_minutes:g} min at this speed: {cut}"
-        )
+    )
+    return f"the estimate exceeds the budget of {settings.budget_minutes:g} min at this speed: {cut}"
 
 
 def resume(

@@ -2,14 +2,15 @@
 
 First visit: the provider's plan (template, parameters, settings, hypotheses, sweep, stability
 definition) is written into the store (study and hypotheses, before any run) and the first runs are
-queued. Later visits: queued runs go to the runner; a research thread moves through its stages
-(preflight → coarse → refine, `a3r.study.research`); when nothing is left, the reporter concludes.
+queued. Later visits: queued runs go to the runner (a vibe training run sized to the budget after the
+smoke run, a sweep stage re-planned after each run: `a3r.study.stages.refit_queue`); a research thread
+moves through its stages as `a3r.study.stages.next_stage` decides; when nothing is left, the reporter
+concludes. The node reads the state and applies decisions; the rules live in `a3r.study`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Literal
 
 from langgraph.runtime import Runtime
@@ -21,50 +22,32 @@ from a3r.errors import PlanError
 from a3r.graph.context import RunContext
 from a3r.graph.records import ensure_hypotheses, ensure_study, prior_findings
 from a3r.graph.state import ResearchState
-from a3r.study.analysis import RewardSummary
 from a3r.study.design import (
-    BEST_REFINE_ROUNDS,
-    MIN_STABLE_REFINE_ROUNDS,
     PriorFinding,
-    best_refine_values,
     check_overrides,
-    coarse_values,
     design_study,
-    replicate_additions,
     restate_for_training,
 )
 from a3r.study.plans import (
     PlanDraft,
-    StabilityCriterion,
     TrainingSettings,
     check_plan,
+    steps_warning,
     temperature_warning,
     training_line,
 )
 from a3r.study.research import (
     SAFETY_SHARE,
-    estimate_run_s,
     eval_reserve_s,
-    fit_budget,
     initial_queue,
-    min_stable_value,
-    refine_values,
     size_training,
-    sweep_specs,
-    token_cap,
-    verdicts,
 )
-from a3r.study.runs import RunSpec
-from a3r.study.sequential import SignalCheck
-from a3r.study.settings import resolve_setting, value_text
-from a3r.study.wording import counted
+from a3r.study.runs import Resizing
+from a3r.study.stages import Stage, StageBudget, StageDecision, StudyProgress, next_stage, refit_queue
 
 __all__ = ["planner"]
 
 Route = Literal["coder", "runner", "reporter"]
-
-_FAILED = re.compile(r"\d+ of \d+ held-out attempts failed.*$")
-"""The evaluation's note on failed attempts (`a3r.swarmops.execution`), the last part of a run's reason."""
 
 
 def planner(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Route]:
@@ -73,7 +56,7 @@ def planner(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Route
     if state.get("plan") is None:
         return _first_plan(state, ctx)
     if state.get("queue"):
-        return _size_to_budget(state, ctx) or Command(goto="runner")
+        return _size_to_budget(state, ctx) or _refit_stage(state, ctx) or Command(goto="runner")
     if state["mode"] == "vibe" or state.get("conclusion"):
         return Command(goto="reporter")
     return _research_step(state, ctx)
@@ -110,8 +93,16 @@ def _size_to_budget(state: ResearchState, ctx: RunContext) -> Command[Route] | N
     # Every seed trains the same game (comparable seeds), and the plan says what runs: a continuation
     # after a patch (`a3r.graph.analyst.continuation`) and the report read it.
     sized = {"steps": sizing.steps, "batch_size": sizing.batch_size}
-    for i in runs:
-        queue[i] = queue[i].model_copy(update={"settings": queue[i].settings.model_copy(update=sized)})
+    for n, i in enumerate(runs):
+        # each run re-plans after every step from its measured step time, back up to what was asked
+        resize = Resizing(
+            asked_steps=sizing.planned,
+            asked_batch_size=sizing.planned_batch_size,
+            margin_s=SAFETY_SHARE * ctx.budget_s,
+            later_runs=len(runs) - 1 - n,
+        )
+        settings = queue[i].settings.model_copy(update=sized)
+        queue[i] = queue[i].model_copy(update={"settings": settings, "resize": resize})
     plan = state["plan"]
     plan = plan.model_copy(update={"training": plan.training.model_copy(update=sized)})
     ctx.store.log_event(sizing.note, study_id=state["study_id"])
@@ -147,7 +138,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
     ctx.say(line)
     lines = [line]
     short = plan.stability.window_warning(plan.training.steps) if plan.stability is not None else None
-    for warning in (short, temperature_warning(plan)):
+    for warning in (short, steps_warning(plan), temperature_warning(plan)):
         if warning is not None:
             ctx.store.log_event(warning, study_id=study_id)
             ctx.say(warning)
@@ -166,7 +157,7 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
             "study_id": study_id,
             "hypothesis_ids": hypothesis_ids,
             "queue": initial_queue(plan),
-            "stage": "preflight" if plan.kind == "research" else "train",
+            "stage": Stage.preflight if plan.kind == "research" else Stage.train,
             "priors": priors,
             "log": lines,
         },
@@ -196,298 +187,59 @@ def _design_lines(plan: PlanDraft, priors: list[PriorFinding], preflight_budget_
     return out
 
 
-def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
-    plan = state["plan"]
-    assert plan.sweep is not None
-    stage = state.get("stage", "preflight")
+def _refit_stage(state: ResearchState, ctx: RunContext) -> Command[Route] | None:
+    """After each sweep run while its stage has runs queued: the stage re-planned at the measured speed
+    (`a3r.study.stages.refit_queue`), down as well as up; ``None`` when nothing changes."""
     outcomes = state.get("outcomes", [])
-    budget_left = ctx.budget_left_s(state.get("outcomes", []))
-    eval_episodes = ctx.eval_tasks * ctx.eval_samples
-    if stage == "preflight":
-        pre = next((o for o in reversed(outcomes) if o.purpose == "preflight"), None)
-        if pre is None or pre.eval is None:
-            reason = pre.reason if pre else "no preflight ran"
-            if pre is not None and pre.status == "budget":
-                return _conclude(
-                    f"stopped: the budget ran out during the preflight evaluation ({reason}); raise --budget-minutes"
-                )
-            return _conclude(f"stopped: the preflight evaluation failed ({reason})")
-        baseline = pre.eval
-        line = (
-            f"preflight: untrained model on {baseline.tasks} held-out tasks, {baseline.episodes} attempts: mean reward "
-            f"{baseline.mean_reward:.3f}, p@1 {baseline.pass_at_1:.3f}, p@2 {baseline.pass_at_2:.3f}"
-        )
-        signal = pre.signal or _signal_of(baseline, plan.training.group_size, ctx)
-        # The sequential test decides when there is one: a zero score on too few attempts to rule out the
-        # signal GRPO needs is not evidence of futility (a fresh user's 16-attempt preflight stopped a
-        # study while its own test said "these attempts do not rule that rate out").
-        if baseline.mean_reward <= 0.0 and signal is not None and not signal.stopped:
-            line += f"; a zero score, but not a stop: {signal.describe()}"
-        ctx.say(line)
-        if (
-            (baseline.mean_reward <= 0.0 and signal is None) or (signal is not None and signal.stopped)
-        ) and not state.get("force", False):
-            if signal is not None and signal.stopped:
-                what = "scores zero" if baseline.mean_reward <= 0.0 else "gets too little signal for GRPO"
-                head = f"the untrained model {what} on {plan.template} ({signal.describe()})"
-            else:
-                head = (
-                    f"the untrained model scores zero on {plan.template}: no held-out attempt earned a reward, "
-                    "so GRPO would see only zero-signal groups"
-                    + (
-                        f" ({signal.describe()})"
-                        if signal is not None
-                        else f" (0 of {baseline.episodes} attempts)"
-                    )
-                )
-            failed = _FAILED.search(pre.reason)
-            return _conclude(
-                f"stopped before the sweep: {head}. Recommendations: {_recommendations(plan)}, or --force to "
-                "sweep anyway." + (f" Note: {failed.group(0)}." if failed else ""),
-                update={"baseline": baseline, "log": [line]},
-            )
-        priors = state.get("priors") or []
-        reused = [o for p in priors for o in p.outcomes]
-        specs = sweep_specs(plan, coarse_values(plan, priors), "coarse")
-        kept, dropped = fit_budget(
-            specs,
-            budget_s=budget_left,
-            seconds_per_episode=pre.seconds_per_episode,
-            eval_episodes=eval_episodes,
-            goal=plan.sweep.goal,
-            measured_tokens=token_cap(plan),  # the preflight ran the plan's own cap
-        )
-        lines = [line]
-        if dropped and plan.sweep.goal in ("a_vs_b", "effect_of"):  # one arm alone cannot answer a comparison
-            named = ", ".join(resolve_setting(plan.sweep.variable, plan.template).text(v) for v in dropped)
-            return _conclude(
-                f"stopped: the comparison needs both {plan.sweep.variable} values on {len(plan.training.seeds)} "
-                f"seeds, and {named} does not fit the remaining budget of {budget_left:.0f} s at the preflight's "
-                f"{pre.seconds_per_episode:.1f} s per episode; raise --budget-minutes",
-                update={"baseline": baseline, "log": [line]},
-            )
-        cuts: list[str] = []
-        if dropped:
-            cuts.append(
-                f"budget: dropped {plan.sweep.variable} values "
-                f"[{', '.join(resolve_setting(plan.sweep.variable, plan.template).text(v) for v in dropped)}] "
-                f"from the coarse stage (would not fit {budget_left:.0f} s at the preflight's "
-                f"{pre.seconds_per_episode:.1f} s per episode)"
-            )
-            lines += cuts
-        if not kept and reused and not dropped:  # every coarse value was measured before
-            return _after_stage(
-                {**state, "outcomes": [*outcomes, *reused], "baseline": baseline, "stage": "coarse"},
-                ctx,
-                update={"baseline": baseline, "outcomes": reused},
-                log=lines,
-            )
-        if not kept:
-            return _conclude(
-                f"stopped: no configuration with {len(plan.training.seeds)} seeds fits the remaining budget of "
-                f"{budget_left:.0f} s; raise --budget-minutes",
-                update={"baseline": baseline, "log": lines},
-            )
-        for text in lines[1:]:
-            ctx.say(text)
-        return Command(
-            goto="runner",
-            update={
-                "baseline": baseline,
-                "stage": "coarse",
-                "queue": kept,
-                "outcomes": reused,
-                "log": lines,
-                "budget_cuts": cuts,
-                "dropped": dropped,
-            },
-        )
-    return _after_stage(state, ctx)
+    if state["mode"] != "research" or not outcomes or outcomes[-1].purpose != "sweep":
+        return None
+    decision = refit_queue(_progress(state), state.get("queue") or [], _stage_budget(state, ctx))
+    if decision is None:
+        return None
+    update = decision.update()
+    update.setdefault("queue", [])
+    return _apply(decision, state, ctx, update)
 
 
-def _after_stage(
-    state: ResearchState,
-    ctx: RunContext,
-    update: dict[str, object] | None = None,
-    log: list[str] | None = None,
+def _apply(
+    decision: StageDecision, state: ResearchState, ctx: RunContext, update: dict[str, object] | None = None
 ) -> Command[Route]:
-    """After the coarse or a refine stage: refine again while the answer's interval can narrow
-    (``min_stable``: bisection; ``best``: midpoints around the best, `BEST_REFINE_ROUNDS`), then
-    replicate the configurations the answer rests on with the power rule's seeds, then report.
-    ``update`` and ``log`` carry the caller's state changes (reused prior runs) into the command."""
-    plan = state["plan"]
-    assert plan.sweep is not None
-    sweep = plan.sweep
-    extra_update = dict(update or {})
-    logged = list(log or [])
-    outcomes = state.get("outcomes", [])
-    baseline = state.get("baseline")
-    assert baseline is not None
-    criterion = plan.stability or StabilityCriterion()
-    budget_left = ctx.budget_left_s(state.get("outcomes", []))
-    eval_episodes = ctx.eval_tasks * ctx.eval_samples
-    measured = [o.seconds_per_episode for o in outcomes if o.purpose == "sweep"]
-    per_episode = min((m for m in measured if m == m), default=float("nan"))
-    configs = verdicts(outcomes, baseline=baseline, criterion=criterion)
-    tested = [c.value for c in configs]
-    rounds = state.get("refine_rounds", 0)
-
-    cuts: list[str] = []  # what the budget skipped or cut, for the report
-
-    def cost(specs: list[RunSpec]) -> str:
-        seconds = sum(
-            estimate_run_s(s, seconds_per_episode=per_episode, eval_episodes=eval_episodes) for s in specs
-        )
-        return (
-            f"{counted(len(specs), 'runs')} ≈ {seconds:.0f} s at the measured {per_episode:.1f} s per episode"
-        )
-
-    def go(
-        specs: list[RunSpec], name: str, line: str, goal: str, asked: str = "", **more: object
-    ) -> Command[Route] | None:
-        kept, dropped = fit_budget(
-            specs,
-            budget_s=budget_left,
-            seconds_per_episode=per_episode,
-            eval_episodes=eval_episodes,
-            goal=goal,
-        )
-        if not kept:
-            note = f"{name}: skipped, {asked or cost(specs)} would not fit the {max(0.0, budget_left):.0f} s left"
-            ctx.say(note)
-            logged.append(note)
-            cuts.append(f"budget: {note}")
-            return None
-        if dropped:
-            shown = ", ".join(value_text(sweep.variable, plan.template, v) for v in dropped)
-            line += f" (budget: dropped {shown})"
-            cuts.append(
-                f"budget: {name} dropped {sweep.variable} {shown}: {cost(specs)} would not fit the "
-                f"{budget_left:.0f} s left"
-            )
-        ctx.store.log_event(line, study_id=state["study_id"])
-        ctx.say(line)
-        return Command(
-            goto="runner",
-            update={
-                **extra_update,
-                "stage": name,
-                "queue": kept,
-                "log": [*logged, line],
-                "budget_cuts": cuts,
-                **more,
-            },
-        )
-
-    # coarse values dropped at the preflight's speed, again when the runs' measured speed fits them (a
-    # min-stable question needs them only while no value tested so far is stable: they are the larger ones)
-    left_out = list(state.get("dropped") or [])
-    if left_out and (sweep.goal != "min_stable" or min_stable_value(configs) is None):
-        kept, still = fit_budget(
-            sweep_specs(plan, left_out, "coarse"),
-            budget_s=budget_left,
-            seconds_per_episode=per_episode,
-            eval_episodes=eval_episodes,
-            goal=sweep.goal,
-        )
-        if kept:
-            back = sorted({s.value for s in kept if s.value is not None})
-            line = (
-                f"budget: re-admitted {sweep.variable} values [{', '.join(value_text(sweep.variable, plan.template, v) for v in back)}] "
-                f"dropped from the coarse stage: {cost(kept)} fit the {budget_left:.0f} s left"
-            )
-            cuts.append(line)
+    """Say and log a stage decision's lines and route to its next node."""
+    for line in decision.lines:
+        if line in decision.events:
             ctx.store.log_event(line, study_id=state["study_id"])
-            ctx.say(line)
-            return Command(
-                goto="runner",
-                update={
-                    **extra_update,
-                    "stage": "coarse",
-                    "queue": kept,
-                    "dropped": still,
-                    "log": [*logged, line],
-                    "budget_cuts": cuts,
-                },
-            )
-    if sweep.refine:  # also after a replicate stage that moved the answer
-        extra: list[float] = []
-        if sweep.goal == "min_stable" and rounds < MIN_STABLE_REFINE_ROUNDS:
-            extra = refine_values(configs, tested)
-            why = "between the smallest stable value and the unstable one below"
-        elif sweep.goal == "best" and rounds < BEST_REFINE_ROUNDS:
-            extra = best_refine_values(configs, resolve_setting(sweep.variable, plan.template))
-            why = "between the best value and its neighbours"
-        if extra:
-            specs = sweep_specs(plan, extra, f"refine{rounds + 1}")
-            values = ", ".join(value_text(sweep.variable, plan.template, v) for v in extra)
-            command = go(
-                specs,
-                "refine",
-                f"refine: testing {sweep.variable} ∈ {{{values}}} {why}",
-                "min_stable" if sweep.goal == "min_stable" else "best",
-                refine_rounds=rounds + 1,
-            )
-            if command is not None:
-                return command
-    if sweep.replicate:  # bounded: arms stop at the power rule's n ≤ max_seeds
-        additions, line = replicate_additions(plan, configs, outcomes, baseline=baseline, criterion=criterion)
-        if additions:
-            # as many more seeds per configuration as fit (all of them, else fewer, at least one each)
-            wanted = max(len(seeds) for seeds in additions.values())
-            for k in range(wanted, 0, -1):
-                specs = [
-                    s
-                    for value, seeds in additions.items()
-                    for s in sweep_specs(plan, [value], "replicate", seeds=seeds[:k])
-                ]
-                _, dropped = fit_budget(
-                    specs,
-                    budget_s=budget_left,
-                    seconds_per_episode=per_episode,
-                    eval_episodes=eval_episodes,
-                    goal="best",
-                )
-                if not dropped:
-                    break
-            every = [
-                s
-                for value, seeds in additions.items()
-                for s in sweep_specs(plan, [value], "replicate", seeds=seeds)
-            ]
-            asked = cost(every) + (
-                f", nor 1 more seed per configuration ({cost(specs)})" if wanted > 1 else ""
-            )
-            if k < wanted and not dropped:
-                cut = (
-                    f"replicate: {counted(k, 'more seeds')} per configuration instead of the power rule's "
-                    f"{wanted}: all {cost(every)} would not fit the {max(0.0, budget_left):.0f} s left"
-                )
-                line += f"; budget: {cut.split(': ', 1)[1]}"
-                cuts.append(f"budget: {cut}")
-            command = go(specs, "replicate", line, "best", asked=asked)
-            if command is not None:
-                return command
-        else:
-            ctx.say(line)
-            logged.append(line)
-    return Command(
-        goto="reporter", update={**extra_update, "stage": "done", "log": logged, "budget_cuts": cuts}
+        ctx.say(line)
+    return Command(goto=decision.goto, update=decision.update() if update is None else update)
+
+
+def _progress(state: ResearchState) -> StudyProgress:
+    """The research part of the state, as `a3r.study.stages` reads it."""
+    return StudyProgress(
+        plan=state["plan"],
+        stage=Stage(state.get("stage", Stage.preflight)),
+        outcomes=state.get("outcomes", []),
+        baseline=state.get("baseline"),
+        priors=state.get("priors") or [],
+        refine_rounds=state.get("refine_rounds", 0),
+        dropped=state.get("dropped") or [],
+        force=state.get("force", False),
     )
 
 
-def _signal_of(baseline: RewardSummary, group_size: int, ctx: RunContext) -> SignalCheck | None:
-    """The futility test over a preflight's attempts when the evaluator recorded none (all ended
-    attempts, since their start order is unknown): successes are rewards above 0."""
-    if baseline.rewards:
-        successes, attempts = sum(1 for r in baseline.rewards if r > 0), len(baseline.rewards)
-    elif baseline.mean_reward <= 0.0:
-        successes, attempts = 0, baseline.episodes
-    else:
-        return None
-    if attempts < 1:
-        return None
-    return ctx.signal.test(max(2, group_size), attempts).check(successes, attempts)
+def _stage_budget(state: ResearchState, ctx: RunContext) -> StageBudget:
+    """The budget a stage decision plans with, now."""
+    return StageBudget(
+        left_s=ctx.budget_left_s(state.get("outcomes", [])),
+        eval_episodes=ctx.eval_tasks * ctx.eval_samples,
+        signal=ctx.signal,
+        advice=_recommendations(state["plan"]),
+        total_s=ctx.budget_s,
+    )
+
+
+def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
+    """After a research stage's runs: the next stage (`a3r.study.stages.next_stage`), said and logged."""
+    return _apply(next_stage(_progress(state), _stage_budget(state, ctx)), state, ctx)
 
 
 def _recommendations(plan: PlanDraft) -> str:
@@ -505,7 +257,3 @@ def _recommendations(plan: PlanDraft) -> str:
         f"a task with signal for this model{example}, an easier subset of {plan.template}, a stronger base "
         "model (--model), a few-shot prompt"
     )
-
-
-def _conclude(text: str, update: dict[str, object] | None = None) -> Command[Route]:
-    return Command(goto="reporter", update={**(update or {}), "conclusion": text, "stage": "done"})

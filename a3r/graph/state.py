@@ -24,14 +24,21 @@ from a3r.study.plans import (
     SweepSpec,
     TrainingSettings,
 )
-from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.runs import Resizing, RunOutcome, RunSpec
 from a3r.study.sequential import SignalCheck
+from a3r.study.stages import Stage
 
 __all__ = [
     "STATE_TYPES",
     "PatchDecision",
     "PatchReview",
+    "PatchState",
+    "PlanState",
+    "RequestState",
     "ResearchState",
+    "ResultState",
+    "RunsState",
+    "StudyState",
     "first_hypothesis",
     "merge_dicts",
 ]
@@ -72,42 +79,72 @@ def merge_dicts(left: dict[str, int] | None, right: dict[str, int] | None) -> di
     return {**(left or {}), **(right or {})}
 
 
-class ResearchState(TypedDict, total=False):
-    """State of one thread (one ``a3r vibe`` or ``a3r research`` invocation).
-
-    Keys: ``request`` (the user's sentence), ``mode``, ``force`` (research: go on when the baseline is
-    zero), ``overrides`` (`TrainingSettings` fields the user fixed on the command line), ``study_id``, ``hypothesis_ids``, ``plan``, ``workspace`` (folder of the rendered code),
-    ``artifacts`` (file → store artifact id), ``queue`` (runs to do, head first), ``outcomes`` (one
-    per executed run), ``pending_patch`` (the patch awaiting a decision), ``decisions``, ``stage``,
-    ``baseline`` (preflight held-out rewards), ``priors`` (findings of earlier studies whose runs
-    this one reuses, `a3r.study.design.PriorFinding`), ``refine_rounds`` (refine stages run), ``dropped`` (coarse values the budget left out, re-admitted when the measured speed fits them), ``sizing`` (how the training run was fitted to the
-    budget, `a3r.study.research.size_training`; ``plan`` then carries the sized steps and B), ``conclusion``, ``report`` (path), ``log``,
-    ``budget_cuts`` (what the budget skipped or cut, with its numbers, for the report).
-    """
+class RequestState(TypedDict, total=False):
+    """What the user asked: ``request`` (the sentence), ``mode``, ``force`` (research: go on when the
+    preflight finds no signal), ``overrides`` (`TrainingSettings` fields fixed on the command line)."""
 
     request: str
     mode: Mode
     force: bool
     overrides: dict[str, Any]
+
+
+class PlanState(TypedDict, total=False):
+    """What the planner decided: ``study_id`` and ``hypothesis_ids`` (store records), ``plan`` (after
+    the vibe sizing it carries the sized steps and B), ``workspace`` (folder of the rendered code),
+    ``artifacts`` (file → store artifact id), ``sizing`` (how the training run was fitted to the budget,
+    `a3r.study.research.size_training`)."""
+
     study_id: int
     hypothesis_ids: list[int]
     plan: PlanDraft
     workspace: str
     artifacts: Annotated[dict[str, int], merge_dicts]
+    sizing: str | None
+
+
+class RunsState(TypedDict, total=False):
+    """The runs: ``queue`` (to do, head first) and ``outcomes`` (one per executed or reused run)."""
+
     queue: list[RunSpec]
     outcomes: Annotated[list[RunOutcome], operator.add]
-    pending_patch: PatchReview | None
-    decisions: Annotated[list[PatchDecision], operator.add]
-    stage: str
+
+
+class StudyState(TypedDict, total=False):
+    """Where a research study stands (`a3r.study.stages.StudyProgress` is read from these): ``stage``
+    (`Stage`; a checkpoint from before the type stored a plain string, which `Stage` reads back),
+    ``baseline`` (preflight held-out rewards), ``priors`` (findings of earlier studies whose runs this
+    one reuses), ``refine_rounds`` (refine stages run), ``dropped`` (coarse values the budget left out,
+    re-admitted when the measured speed fits them), ``budget_cuts`` (what the budget skipped or cut, with
+    its numbers, for the report)."""
+
+    stage: Stage
     baseline: RewardSummary | None
     priors: list[PriorFinding]
     refine_rounds: int
     dropped: list[float]
-    sizing: str | None
+    budget_cuts: Annotated[list[str], operator.add]
+
+
+class PatchState(TypedDict, total=False):
+    """Reward patches: ``pending_patch`` (the one awaiting a decision) and ``decisions``."""
+
+    pending_patch: PatchReview | None
+    decisions: Annotated[list[PatchDecision], operator.add]
+
+
+class ResultState(TypedDict, total=False):
+    """What the thread ends with: ``conclusion``, ``report`` (path) and ``log`` (every line said)."""
+
     conclusion: str | None
     report: str | None
     log: Annotated[list[str], operator.add]
-    budget_cuts: Annotated[list[str], operator.add]
+
+
+class ResearchState(RequestState, PlanState, RunsState, StudyState, PatchState, ResultState, total=False):
+    """State of one thread (one ``a3r vibe`` or ``a3r research`` invocation): one flat dict whose keys
+    are grouped by who writes them (the request, the plan, the runs, the study's stages, patches, the
+    result). Flat, so that checkpoints written before the grouping load unchanged."""
 
 
 def first_hypothesis(state: ResearchState) -> int | None:
@@ -118,6 +155,7 @@ def first_hypothesis(state: ResearchState) -> int | None:
 
 STATE_TYPES: tuple[type, ...] = (
     RunSpec,
+    Resizing,
     RunOutcome,
     PatchReview,
     PatchDecision,
@@ -131,5 +169,6 @@ STATE_TYPES: tuple[type, ...] = (
     DiagnosisKind,
     SignalCheck,
     PriorFinding,
+    Stage,
 )
 """Every non-builtin type stored in the state: the checkpointer's deserialisation allow-list."""

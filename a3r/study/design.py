@@ -35,11 +35,11 @@ from a3r.errors import PlanError
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
 from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
+from a3r.study.price import SERVER_OVERHEAD_S, estimate_run_s
 from a3r.study.research import (
     WRAP_UP_S,
     ConfigVerdict,
     compared_evals,
-    estimate_run_s,
     fit_budget,
     min_stable_value,
     sweep_specs,
@@ -538,6 +538,8 @@ class StudyDesign(BaseModel):
         priors: Prior findings whose runs are reused.
         seconds_per_episode: The speed the estimate assumes.
         speed_source: Where that speed comes from.
+        cheapest: The coarse value still to run that answers most cheaply and its seconds on every seed
+            (both arms for an A-vs-B or effect-of study); ``None`` when every coarse value is reused.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -547,6 +549,7 @@ class StudyDesign(BaseModel):
     priors: list[PriorFinding] = Field(default_factory=list)
     seconds_per_episode: float
     speed_source: str
+    cheapest: tuple[float, float] | None = None
 
     @property
     def estimated_s(self) -> float:
@@ -559,6 +562,13 @@ class StudyDesign(BaseModel):
         the coarse stage's runs still to run (for an A-vs-B or effect-of study: both arms on the floor
         seeds, which the runner will not split) and the thread's wrap-up (`WRAP_UP_S`)."""
         return sum(s.seconds for s in self.stages if s.name in ("preflight", "coarse")) + WRAP_UP_S
+
+    @property
+    def smallest_need_s(self) -> float:
+        """Wall seconds the least the study can run to answer anything needs at the design's speed: the
+        preflight, the `cheapest` coarse configuration on every seed and the wrap-up (`WRAP_UP_S`)."""
+        preflight = sum(s.seconds for s in self.stages if s.name == "preflight")
+        return preflight + (self.cheapest[1] if self.cheapest else 0.0) + WRAP_UP_S
 
     @property
     def runs(self) -> int:
@@ -632,18 +642,48 @@ def design_study(
             way then are cut and count as no success.
     """
     assert plan.sweep is not None
-    sweep = plan.sweep
-    setting = resolve_setting(sweep.variable, plan.template)
-    floor = len(plan.training.seeds)
-    coarse = coarse_values(plan, priors)
     cost = {
         v: _sketch_run(plan, v, seconds_per_episode=seconds_per_episode, eval_episodes=eval_episodes)
-        for v in sweep.coarse
+        for v in plan.sweep.coarse
     }
     # refine and replicate values are decided later: priced at the dearest coarse value, reused or not
     # (a study whose coarse runs are all reused still runs its replicate stage)
     per_run = max(cost.values(), default=0.0)
-    preflight_s = 20.0 + preflight_episodes * seconds_per_episode
+    stages = [
+        _preflight_sketch(plan, seconds_per_episode, preflight_episodes, preflight_budget_s),
+        _coarse_sketch(plan, priors, cost),
+        *_refine_sketch(plan, per_run),
+        *_replicate_sketch(plan, priors, per_run, seed_sd),
+    ]
+    return StudyDesign(
+        setting=resolve_setting(plan.sweep.variable, plan.template),
+        stages=stages,
+        priors=list(priors),
+        seconds_per_episode=seconds_per_episode,
+        speed_source=speed_source,
+        cheapest=_cheapest(plan, stages[1], cost),
+    )
+
+
+def _cheapest(
+    plan: PlanDraft, coarse: StageSketch, cost: Mapping[float, float]
+) -> tuple[float, float] | None:
+    """The coarse configuration still to run that answers most cheaply, with its seconds on every seed:
+    the cheapest value, or for an A-vs-B or effect-of study both arms (the runner never runs one arm
+    alone); ``None`` when the coarse stage has nothing to run."""
+    assert plan.sweep is not None
+    if not coarse.values:
+        return None
+    if plan.sweep.goal in ("a_vs_b", "effect_of"):
+        return coarse.values[0], coarse.seconds
+    value = min(coarse.values, key=lambda v: cost[v])
+    return value, coarse.seeds * cost[value]
+
+
+def _preflight_sketch(
+    plan: PlanDraft, seconds_per_episode: float, preflight_episodes: int, preflight_budget_s: float
+) -> StageSketch:
+    preflight_s = SERVER_OVERHEAD_S + preflight_episodes * seconds_per_episode
     cap = ""
     if preflight_budget_s > 0:
         preflight_s = min(preflight_s, preflight_budget_s)
@@ -651,19 +691,26 @@ def design_study(
             f"; at most {preflight_budget_s:g} s, server start included: attempts still under way then are cut "
             "and count as no success (the verdict says how many, after how long and how many tokens)"
         )
-    stages = [
-        StageSketch(
-            name="preflight",
-            runs=1,
-            seconds=preflight_s,
-            note=(
-                f"held-out evaluation of the untrained model (up to {preflight_episodes} attempts); a sequential "
-                "futility test (a3r.study.sequential) stops the study early, after as few attempts as it takes, "
-                f"when its success rate is bounded below {SignalRule().min_rate(plan.training.group_size):.3f} "
-                f"(too few groups of G = {plan.training.group_size} with a non-zero advantage to train on){cap}"
-            ),
-        )
-    ]
+    return StageSketch(
+        name="preflight",
+        runs=1,
+        seconds=preflight_s,
+        note=(
+            f"held-out evaluation of the untrained model (up to {preflight_episodes} attempts); a sequential "
+            "futility test (a3r.study.sequential) stops the study early, after as few attempts as it takes, "
+            f"when its success rate is bounded below {SignalRule().min_rate(plan.training.group_size):.3f} "
+            f"(too few groups of G = {plan.training.group_size} with a non-zero advantage to train on){cap}"
+        ),
+    )
+
+
+def _coarse_sketch(
+    plan: PlanDraft, priors: Sequence[PriorFinding], cost: Mapping[float, float]
+) -> StageSketch:
+    assert plan.sweep is not None
+    setting = resolve_setting(plan.sweep.variable, plan.template)
+    floor = len(plan.training.seeds)
+    coarse = coarse_values(plan, priors)
     reused = sorted({p.value for p in priors})
     note = "every value on every seed"
     if setting.name == "max_tokens" and setting.target == "template":
@@ -671,8 +718,8 @@ def design_study(
             "; training episodes priced as if responses ran to the cap (an upper bound; the speed is taken at "
             f"{token_cap(plan) or setting.default:g}, the plan's cap; the runner's budget prices them alike)"
         )
-    inside = [v for v in reused if v not in sweep.coarse]
-    reused = [v for v in reused if v in sweep.coarse]
+    inside = [v for v in reused if v not in plan.sweep.coarse]
+    reused = [v for v in reused if v in plan.sweep.coarse]
     if reused:
         note += f"; reused from prior findings: {', '.join(f'{v:g}' for v in reused)}"
     if inside:
@@ -680,76 +727,83 @@ def design_study(
             f"; prior findings at {', '.join(f'{v:g}' for v in inside)} join the analysis (refine bisects from "
             "the bracket they give and never re-runs them)"
         )
-    stages.append(
+    return StageSketch(
+        name="coarse",
+        values=coarse,
+        seeds=floor,
+        runs=len(coarse) * floor,
+        seconds=floor * sum(cost[v] for v in coarse),
+        note=note,
+    )
+
+
+def _refine_sketch(plan: PlanDraft, per_run: float) -> list[StageSketch]:
+    sweep = plan.sweep
+    assert sweep is not None
+    if not (sweep.refine and sweep.goal in ("min_stable", "best")):
+        return []
+    if sweep.goal == "min_stable":
+        ordered = sorted(sweep.coarse)
+        widest = max((b - a for a, b in itertools.pairwise(ordered)), default=0.0)
+        rounds = min(MIN_STABLE_REFINE_ROUNDS, max(0, math.ceil(math.log2(widest))) if widest > 1 else 0)
+        per_round = 1
+        how = "bisect between the smallest stable value and the unstable one below it"
+    else:
+        rounds, per_round = BEST_REFINE_ROUNDS, 2
+        how = (
+            f"the {resolve_setting(sweep.variable, plan.template).scale} midpoint between the best value and the "
+            "runner-up when they are neighbours, else both midpoints around the best"
+        )
+    floor = len(plan.training.seeds)
+    runs = rounds * per_round * floor
+    return [
         StageSketch(
-            name="coarse",
-            values=coarse,
+            name="refine",
             seeds=floor,
-            runs=len(coarse) * floor,
-            seconds=floor * sum(cost[v] for v in coarse),
-            note=note,
+            runs=runs,
+            seconds=runs * per_run,
+            note=f"up to {rounds} round(s): {how}",
         )
+    ]
+
+
+def _replicate_sketch(
+    plan: PlanDraft, priors: Sequence[PriorFinding], per_run: float, seed_sd: float
+) -> list[StageSketch]:
+    sweep = plan.sweep
+    assert sweep is not None
+    if not sweep.replicate:
+        return []
+    floor = len(plan.training.seeds)
+    delta = sweep.effect_size or DEFAULT_EFFECT
+    two = sweep.goal != "min_stable"
+    n = seeds_per_arm(
+        seed_sd,
+        delta,
+        min_effect=MIN_EFFECT_SD * seed_sd if two else 0.0,
+        two_sample=two,
+        cap=sweep.max_seeds,
     )
-    if sweep.refine and sweep.goal in ("min_stable", "best"):
-        if sweep.goal == "min_stable":
-            ordered = sorted(sweep.coarse)
-            widest = max((b - a for a, b in itertools.pairwise(ordered)), default=0.0)
-            rounds = min(MIN_STABLE_REFINE_ROUNDS, max(0, math.ceil(math.log2(widest))) if widest > 1 else 0)
-            per_round = 1
-            how = "bisect between the smallest stable value and the unstable one below it"
-        else:
-            rounds, per_round = BEST_REFINE_ROUNDS, 2
-            how = (
-                f"the {setting.scale} midpoint between the best value and the runner-up when they are "
-                "neighbours, else both midpoints around the best"
-            )
-        runs = rounds * per_round * floor
-        stages.append(
-            StageSketch(
-                name="refine",
-                seeds=floor,
-                runs=runs,
-                seconds=runs * per_run,
-                note=f"up to {rounds} round(s): {how}",
-            )
+    n = max(n, floor)  # never fewer than the seeds asked for (--seeds)
+    # two arms brought to n seeds; an A-vs-B or effect-of arm counts the seeds its prior findings bring
+    arms = sweep.coarse[:2] if sweep.goal in ("a_vs_b", "effect_of") else []
+    have = [max(floor, len({o.seed for p in priors if p.value == v for o in p.outcomes})) for v in arms]
+    extra = sum(max(0, n - h) for h in have) if arms else 2 * (n - floor)
+    deciding = {
+        "min_stable": "the chosen value and the failing one below it",
+        "best": "the best value and the runner-up",
+    }.get(sweep.goal, "both arms")
+    return [
+        StageSketch(
+            name="replicate",
+            seeds=n,
+            runs=extra,
+            seconds=extra * per_run,
+            note=(
+                f"{deciding} brought to n seeds by the power rule (σ = {seed_sd:.3f} assumed until the coarse "
+                f"stage measures it; effect to detect {delta:g}, power {POWER:g}, against the verdict's threshold "
+                + (f"m = {MIN_EFFECT_SD:g} σ" if two else "0 (a stability margin)")
+                + f"; n in [{floor}, {max(sweep.max_seeds, floor)}])"
+            ),
         )
-    if sweep.replicate:
-        delta = sweep.effect_size or DEFAULT_EFFECT
-        two = sweep.goal != "min_stable"
-        n = seeds_per_arm(
-            seed_sd,
-            delta,
-            min_effect=MIN_EFFECT_SD * seed_sd if two else 0.0,
-            two_sample=two,
-            cap=sweep.max_seeds,
-        )
-        n = max(n, floor)  # never fewer than the seeds asked for (--seeds)
-        # two arms brought to n seeds; an A-vs-B or effect-of arm counts the seeds its prior findings bring
-        arms = sweep.coarse[:2] if sweep.goal in ("a_vs_b", "effect_of") else []
-        have = [max(floor, len({o.seed for p in priors if p.value == v for o in p.outcomes})) for v in arms]
-        extra = sum(max(0, n - h) for h in have) if arms else 2 * (n - floor)
-        deciding = {
-            "min_stable": "the chosen value and the failing one below it",
-            "best": "the best value and the runner-up",
-        }.get(sweep.goal, "both arms")
-        stages.append(
-            StageSketch(
-                name="replicate",
-                seeds=n,
-                runs=extra,
-                seconds=extra * per_run,
-                note=(
-                    f"{deciding} brought to n seeds by the power rule (σ = {seed_sd:.3f} assumed until the coarse "
-                    f"stage measures it; effect to detect {delta:g}, power {POWER:g}, against the verdict's threshold "
-                    + (f"m = {MIN_EFFECT_SD:g} σ" if two else "0 (a stability margin)")
-                    + f"; n in [{floor}, {max(sweep.max_seeds, floor)}])"
-                ),
-            )
-        )
-    return StudyDesign(
-        setting=setting,
-        stages=stages,
-        priors=list(priors),
-        seconds_per_episode=seconds_per_episode,
-        speed_source=speed_source,
-    )
+    ]

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import templates
 from a3r.errors import PlanError
+from a3r.study.effects import MIN_STEPS
 from a3r.study.settings import resolve_setting, switch_refusal
 from a3r.study.wording import counted
 
@@ -28,6 +29,7 @@ __all__ = [
     "SweepSpec",
     "TrainingSettings",
     "check_plan",
+    "steps_warning",
     "temperature_warning",
     "training_line",
 ]
@@ -306,6 +308,19 @@ def temperature_warning(draft: PlanDraft) -> str | None:
         "same completion for every episode of a GRPO group: equal rewards, zero advantage, no gradient; the "
         f"analyst will diagnose zero signal and propose a higher temperature (use >= {MIN_TEMPERATURE:g}, e.g. 1.0, "
         "to train)"
+    )
+
+
+def steps_warning(draft: PlanDraft) -> str | None:
+    """One line when a training plan's steps are fewer than its train-reward verdict needs (a trend over
+    at least `a3r.study.effects.MIN_STEPS` steps): the verdict would be "not estimated"; ``None``
+    otherwise."""
+    steps = draft.training.steps
+    if draft.kind != "train" or steps >= MIN_STEPS:
+        return None
+    return (
+        f"warning: {counted(steps, 'steps')} < the {MIN_STEPS} steps the train-reward verdict needs (a trend over "
+        f"steps): it would not be estimated; use --steps >= {MIN_STEPS} to judge the training"
     )
 
 

@@ -8,16 +8,18 @@ integer midpoint between the smallest stable value and the unstable value below 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3r.study.analysis import DiagnosisKind, RewardSummary, on_shared_tasks, task_span
-from a3r.study.effects import Effect, level_effect, seed_effect
+from a3r.study.effects import MIN_STEPS, Effect, level_effect, seed_effect
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings
+from a3r.study.price import SERVER_OVERHEAD_S, UPDATE_SHARE, estimate_run_s, step_s
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.settings import resolve_setting
 from a3r.study.wording import counted, unit_noun
@@ -27,11 +29,14 @@ __all__ = [
     "HELDOUT_BUDGET_SHARE",
     "MAX_EVAL_TASKS",
     "MIN_HELDOUT_TASKS",
+    "REPLAN_SLACK",
     "SAFETY_SHARE",
+    "SERVER_OVERHEAD_S",
     "UPDATE_SHARE",
     "WRAP_UP_S",
     "ConfigVerdict",
     "HeldoutSizing",
+    "Replan",
     "Sizing",
     "Verdict",
     "budget_note",
@@ -46,6 +51,7 @@ __all__ = [
     "non_monotone",
     "recheck_steps",
     "refine_values",
+    "replan_training",
     "size_heldout",
     "size_training",
     "spent_s",
@@ -54,9 +60,6 @@ __all__ = [
     "token_cap",
     "verdicts",
 ]
-
-SERVER_OVERHEAD_S = 20.0
-"""Seconds to start, checkpoint and stop a server, added to every sweep run's estimate."""
 
 MAX_EVAL_TASKS = 256
 """Most held-out tasks an evaluation may ask for (``--eval-tasks``). The preflight attempts each task 4
@@ -71,11 +74,6 @@ the reserve for it before any evaluation was measured."""
 
 EVAL_RESERVE_MARGIN = 1.25
 """The reserve for a held-out evaluation: this many times the longest one measured, plus 15 s."""
-
-UPDATE_SHARE = 0.3
-"""Seconds of a trainer update as a share of the step's rollout seconds, measured on 2 CPU cores with
-LoRA on bf16 weights (who-is-the-spy: 23–28 s of update per ≈ 98 s of rollouts, a3r/README.md
-§Measured); used until a run has measured its own steps."""
 
 
 def eval_reserve_s(spec: RunSpec, outcomes: Sequence[RunOutcome], *, budget_s: float) -> float:
@@ -201,7 +199,7 @@ def size_heldout(
         )
     per_task = samples * seconds_per_episode
     tasks = min(max_tasks, max(MIN_HELDOUT_TASKS, math.floor(HELDOUT_BUDGET_SHARE * budget_s / per_task)))
-    smallest_step = settings.group_size * seconds_per_episode * (1 + UPDATE_SHARE)
+    smallest_step = step_s(1, settings.group_size, seconds_per_episode, update_share=UPDATE_SHARE)
     room = time_left_s - SAFETY_SHARE * budget_s - SERVER_OVERHEAD_S - settings.steps * smallest_step
     shrunk = tasks
     while tasks > MIN_HELDOUT_TASKS and _heldout_cost_s(tasks, samples, seconds_per_episode) > room:
@@ -260,9 +258,12 @@ def size_training(
     """Fit a training run to its budget from the measured seconds per episode.
 
     The steps asked for are kept if any game fits them: B goes down from the plan's to 1 (G is kept: it
-    is the GRPO group the advantage is computed over) until ``steps`` × the seconds per step fit in
-    ``budget_s − reserve_s − margin_s − SERVER_OVERHEAD_S``; only when even B = 1 does not fit are steps
-    dropped (as many as fit at B = 1, at least 1), and the note says so.
+    is the GRPO group the advantage is computed over) until ``steps`` × the seconds per step
+    (`a3r.study.price.step_s`, with `UPDATE_SHARE`) fit in ``budget_s − reserve_s − margin_s −
+    SERVER_OVERHEAD_S``; only when even B = 1 does not fit are steps dropped (as many as fit at B = 1,
+    at least 1), and the note says so, and says when they are fewer than the train-reward verdict's
+    minimum (`a3r.study.effects.MIN_STEPS`) before training starts. The run re-plans after every step
+    from its measured step time (`replan_training`).
 
     Args:
         settings: The plan's training settings (steps, B, G).
@@ -273,11 +274,11 @@ def size_training(
         runs: Training runs (one per seed) that share ``budget_s − margin_s``, each with its own
             evaluation reserve and server overhead; the sizing is per run.
     """
-    planned, planned_b, g = settings.steps, settings.batch_size, settings.group_size
+    planned, planned_b = settings.steps, settings.batch_size
     runs = max(1, runs)
-    share = (budget_s - margin_s) / runs
-    available = share - reserve_s - SERVER_OVERHEAD_S
+    available = (budget_s - margin_s) / runs - reserve_s - SERVER_OVERHEAD_S
     if not math.isfinite(seconds_per_episode) or seconds_per_episode <= 0:
+        note = f"budget: no speed measured in the smoke run; training keeps its {planned} steps at B = {planned_b}"
         return Sizing(
             steps=planned,
             planned=planned,
@@ -285,17 +286,57 @@ def size_training(
             planned_batch_size=planned_b,
             seconds_per_step=math.nan,
             available_s=available,
-            note=f"budget: no speed measured in the smoke run; training keeps its {planned} steps at B = {planned_b}",
+            note=note,
         )
 
     def per_step(b: int) -> float:
-        return b * g * seconds_per_episode * (1 + UPDATE_SHARE)
+        return step_s(b, settings.group_size, seconds_per_episode, update_share=UPDATE_SHARE)
 
     batch = next((b for b in range(planned_b, 0, -1) if planned * per_step(b) <= available), None)
     steps = planned
     if batch is None:
         batch = 1
         steps = max(1, math.floor(available / per_step(1))) if available > 0 else 1
+    sizing = Sizing(
+        steps=steps,
+        planned=planned,
+        batch_size=batch,
+        planned_batch_size=planned_b,
+        seconds_per_step=per_step(batch),
+        available_s=available,
+        note="",
+    )
+    note = _sizing_note(
+        sizing,
+        settings,
+        seconds_per_episode=seconds_per_episode,
+        budget_s=budget_s,
+        reserve_s=reserve_s,
+        margin_s=margin_s,
+        runs=runs,
+        per_step=per_step,
+    )
+    return sizing.model_copy(update={"note": note})
+
+
+def _sizing_note(
+    sizing: Sizing,
+    settings: TrainingSettings,
+    *,
+    seconds_per_episode: float,
+    budget_s: float,
+    reserve_s: float,
+    margin_s: float,
+    runs: int,
+    per_step: Callable[[int], float],
+) -> str:
+    """The line saying what `size_training` measured and decided, and why."""
+    steps, planned, batch, planned_b = (
+        sizing.steps,
+        sizing.planned,
+        sizing.batch_size,
+        sizing.planned_batch_size,
+    )
     cost = steps * per_step(batch)
     of_budget = (
         f"{budget_s:,.0f} s of budget − {margin_s:,.0f} s safety margin"
@@ -303,12 +344,12 @@ def size_training(
         else f"({budget_s:,.0f} s of budget − {margin_s:,.0f} s safety margin) / {runs} seeds"
     )
     left = (
-        f"{available:,.0f} s left for training ({of_budget} − {reserve_s:,.0f} s kept for the held-out "
+        f"{sizing.available_s:,.0f} s left for training ({of_budget} − {reserve_s:,.0f} s kept for the held-out "
         f"evaluation − {SERVER_OVERHEAD_S:.0f} s server overhead)"
     )
     measured = (
         f"the smoke run measured {seconds_per_episode:.1f} s per episode → ≈ {per_step(batch):.0f} s per step "
-        f"(B·G = {batch * g} episodes + {UPDATE_SHARE:.0%} update)"
+        f"(B·G = {batch * settings.group_size} episodes + {UPDATE_SHARE:.0%} update)"
     )
     if steps < planned:
         note = (
@@ -316,23 +357,97 @@ def size_training(
             f"{planned * per_step(1):,.0f} s but {left}, so training runs {steps} of the {planned} steps "
             f"(≈ {cost:,.0f} s)" + (f", B {planned_b} → 1" if planned_b > 1 else "")
         )
-    elif batch < planned_b:
-        note = (
+        if steps < MIN_STEPS <= planned:
+            note += (
+                f"; warning: {counted(steps, 'steps')} are fewer than the {MIN_STEPS} the train-reward verdict "
+                f"needs: the budget cannot hold {MIN_STEPS} at this speed, so that verdict is not estimated "
+                "unless the re-plan after each step finds the time"
+            )
+        return note
+    if batch < planned_b:
+        return (
             f"budget: B {planned_b} → {batch} so the {planned} steps fit: {measured}; {planned} × "
             f"{per_step(batch):.0f} s ≈ {cost:,.0f} s ≤ {left}; at B = {planned_b} they would need ≈ "
             f"{planned * per_step(planned_b):,.0f} s"
         )
-    else:
-        note = f"budget: {measured}: the {planned} steps fit at B = {batch}: ≈ {cost:,.0f} s ≤ {left}"
-    return Sizing(
-        steps=steps,
-        planned=planned,
-        batch_size=batch,
-        planned_batch_size=planned_b,
-        seconds_per_step=per_step(batch),
-        available_s=available,
-        note=note,
+    return f"budget: {measured}: the {planned} steps fit at B = {batch}: ≈ {cost:,.0f} s ≤ {left}"
+
+
+REPLAN_SLACK = 0.9
+"""Share of the time left a re-plan may fill when it raises B (`replan_training`): a little room, so
+that one slower step does not make the next re-plan take B down again."""
+
+
+class Replan(BaseModel):
+    """A training run's plan after a measured step (`replan_training`).
+
+    Attributes:
+        target: The step to train to.
+        batch_size: B for the steps left.
+        note: One line when the plan changed (``None``: unchanged).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    target: int
+    batch_size: int
+    note: str | None = None
+
+
+def replan_training(
+    *,
+    step: int,
+    target: int,
+    batch_size: int,
+    asked_target: int,
+    asked_batch_size: int,
+    seconds_per_step: float,
+    time_left_s: float,
+) -> Replan:
+    """Re-plan a training run after a measured step, up as well as down: all the steps asked for
+    (``asked_target``) at the largest B up to the one asked for whose steps fit the time left (B up only
+    within `REPLAN_SLACK` of it); when even B = 1 does not fit them, as many steps as fit at B = 1 (at
+    least one more: the budget's own stop ends a run that cannot take it). A step's seconds are taken
+    to scale with B (B·G episodes).
+
+    Args:
+        step: The server's step now.
+        target: The step the run trains to now.
+        batch_size: B now.
+        asked_target: The step the run was asked to reach (before any sizing).
+        asked_batch_size: The B asked for (before any sizing).
+        seconds_per_step: Measured wall seconds per step at ``batch_size``.
+        time_left_s: Seconds left for the steps (before the held-out evaluation's reserve).
+    """
+    left = asked_target - step
+    unchanged = Replan(target=target, batch_size=batch_size)
+    if left <= 0 or not math.isfinite(seconds_per_step) or seconds_per_step <= 0:
+        return unchanged
+    per_b = seconds_per_step / max(1, batch_size)
+
+    def fits(b: int) -> bool:
+        return left * per_b * b <= time_left_s * (REPLAN_SLACK if b > batch_size else 1.0)
+
+    new_b = next((b for b in range(max(asked_batch_size, 1), 0, -1) if fits(b)), None)
+    new_target = asked_target
+    if new_b is None:
+        new_b = 1
+        new_target = step + max(1, math.floor(max(0.0, time_left_s) / per_b))
+        new_target = min(new_target, asked_target)
+    if (new_target, new_b) == (target, batch_size):
+        return unchanged
+    parts = []
+    if new_target != target:
+        parts.append(
+            f"steps {target} → {new_target}" + (" (all asked for)" if new_target == asked_target else "")
+        )
+    if new_b != batch_size:
+        parts.append(f"B {batch_size} → {new_b}")
+    note = (
+        f"re-plan after step {step}: measured {seconds_per_step:.0f} s per step at B = {batch_size}, "
+        f"{max(0.0, time_left_s):,.0f} s left before the held-out evaluation's reserve: {', '.join(parts)}"
     )
+    return Replan(target=new_target, batch_size=new_b, note=note)
 
 
 def recheck_steps(*, step: int, target: int, seconds_per_step: float, time_left_s: float) -> str | None:
@@ -436,30 +551,13 @@ def initial_queue(plan: PlanDraft) -> list[RunSpec]:
         return [RunSpec(key="preflight", purpose="preflight", settings=plan.training, stability=stability)]
     queue: list[RunSpec] = []
     for index, seed in enumerate(plan.training.seeds):
-        server = f"main-s{seed}"
-        if index == 0 and plan.training.smoke_tasks > 0:
-            queue.append(
-                RunSpec(
-                    key="smoke",
-                    purpose="smoke",
-                    seed=seed,
-                    settings=plan.training,
-                    server_key=server,
-                    keep_server=True,
-                    stability=stability,
-                )
-            )
-        queue.append(
-            RunSpec(
-                key=f"train-s{seed}",
-                purpose="train",
-                seed=seed,
-                settings=plan.training,
-                server_key=server,
-                early_stop=True,
-                stability=stability,
-            )
+        # a seed's smoke run and training run share its server (the smoke run keeps it running)
+        run = functools.partial(
+            RunSpec, seed=seed, settings=plan.training, server_key=f"main-s{seed}", stability=stability
         )
+        if index == 0 and plan.training.smoke_tasks > 0:
+            queue.append(run(key="smoke", purpose="smoke", keep_server=True))
+        queue.append(run(key=f"train-s{seed}", purpose="train", early_stop=True))
     return queue
 
 
@@ -507,33 +605,6 @@ def token_cap(plan: PlanDraft) -> float | None:
     preflight measures the seconds per episode; ``None`` when the template has no such knob."""
     cap = plan.params.get("max_tokens")
     return float(cap) if isinstance(cap, int | float) and not isinstance(cap, bool) and cap > 0 else None
-
-
-def estimate_run_s(
-    spec: RunSpec, *, seconds_per_episode: float, eval_episodes: int, measured_tokens: float | None = None
-) -> float:
-    """Wall seconds a sweep run should take: episodes of its steps and its evaluation at the measured
-    seconds per episode, plus `SERVER_OVERHEAD_S`. The one price of a run: the dry run's estimate
-    (`a3r.study.design`) and the runner's budget (`fit_budget`) both use it.
-
-    Args:
-        spec: The run.
-        seconds_per_episode: Measured (or assumed) wall seconds per episode; not finite or ≤ 0: 2 s.
-        eval_episodes: Held-out attempts of its evaluation.
-        measured_tokens: The response-token cap ``max_tokens`` at which ``seconds_per_episode`` was
-            measured (`token_cap`). A run whose ``params`` set another cap has its training episodes
-            priced at ``seconds_per_episode`` × its cap / this (generation time ∝ tokens: an upper bound
-            when responses run to the cap); its evaluation runs the frozen evaluator at the original cap.
-    """
-    s = spec.settings
-    per_episode = (
-        seconds_per_episode if math.isfinite(seconds_per_episode) and seconds_per_episode > 0 else 2.0
-    )
-    train = per_episode
-    cap = spec.params.get("max_tokens")
-    if measured_tokens and isinstance(cap, int | float) and not isinstance(cap, bool):
-        train *= float(cap) / measured_tokens
-    return SERVER_OVERHEAD_S + train * s.steps * s.batch_size * s.group_size + per_episode * eval_episodes
 
 
 def fit_budget(

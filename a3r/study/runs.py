@@ -15,7 +15,7 @@ from a3r.study.plans import StabilityCriterion, TrainingSettings
 from a3r.study.sequential import SignalCheck
 from memory import RunStatus
 
-__all__ = ["STORE_STATUS", "RunOutcome", "RunPurpose", "RunSpec", "RunStatusName", "status_text"]
+__all__ = ["STORE_STATUS", "Resizing", "RunOutcome", "RunPurpose", "RunSpec", "RunStatusName", "status_text"]
 
 RunPurpose = Literal["preflight", "smoke", "train", "sweep"]
 RunStatusName = Literal["finished", "crashed", "hung", "budget", "failed_to_start", "needs_attention"]
@@ -36,6 +36,26 @@ def status_text(name: RunStatusName) -> str:
     and ``a3r runs`` agree."""
     store = STORE_STATUS[name].value
     return store if store == name else f"{store} ({name})"
+
+
+class Resizing(BaseModel):
+    """How a training run the budget sized (`a3r.study.research.size_training`) re-plans itself after
+    every step from its measured step time (`a3r.study.research.replan_training`): up to the steps and B
+    asked for, within its share of the budget.
+
+    Attributes:
+        asked_steps: The steps asked for before the sizing.
+        asked_batch_size: The B asked for before the sizing.
+        margin_s: Seconds of the thread's budget left unplanned (`a3r.study.research.SAFETY_SHARE`).
+        later_runs: Training runs after this one that share the budget left (later seeds).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    asked_steps: int
+    asked_batch_size: int
+    margin_s: float = 0.0
+    later_runs: int = 0
 
 
 class RunSpec(BaseModel):
@@ -62,6 +82,8 @@ class RunSpec(BaseModel):
             original.
         reward_patch: The approved reward patch whose reward this run trains on (a continuation after
             the patch, and the continuations after it); ``None`` for the reward as first written.
+        resize: How the run re-plans its steps and B after every step (a training run the budget
+            sized); ``None``: it trains ``settings`` as they are.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -79,6 +101,7 @@ class RunSpec(BaseModel):
     stability: StabilityCriterion = Field(default_factory=StabilityCriterion)
     params: dict[str, bool | int | float | str | None] = Field(default_factory=dict)
     reward_patch: int | None = None
+    resize: Resizing | None = None
 
     def outcome_fields(self) -> dict[str, Any]:
         """The fields a run's `RunOutcome` copies from its spec."""

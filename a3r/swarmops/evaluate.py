@@ -69,151 +69,196 @@ def _failure(
     return f"{type(exc).__name__}: {text} (task {task_id} attempt {member}, after {seconds:.0f} s)"[:500]
 
 
+class _Evaluation:
+    """One evaluation under way: its attempts in start order, what ended, the futility test's last look,
+    and what the time budget cut.
+
+    Attributes:
+        order: ``(task, member)`` per attempt, round-robin over the tasks.
+        succeeded: Per attempt: ``None`` while it has not ended, else whether it earned a reward > 0.
+        failures: Attempts that failed (time limit, error, cut).
+        check: The sequential test's last look (``None``: no test, or no look yet).
+        inside: Attempts inside their episode block (cancelled when the test stops the evaluation).
+        deadline: When the ``--time-budget`` ends (`time.monotonic`; ``None``: no budget).
+        cut: Wall seconds of each cut attempt.
+        rates: Completion tokens per wall second of each ended attempt (with ``--time-budget``).
+        uncut: Successes of the attempts that ended on their own.
+        not_begun: Attempts the time budget left unbegun.
+    """
+
+    def __init__(self, args: argparse.Namespace, tasks: list[Any], run: Any) -> None:
+        from a3r.study.sequential import SignalCheck, SignalRule
+
+        self.args, self.run = args, run
+        self.order = [(task, member) for member in range(args.samples) for task in tasks]
+        self.succeeded: list[bool | None] = [None] * len(self.order)
+        self.failures = 0
+        self.test = (
+            SignalRule(confidence=args.stop_confidence, min_informative=args.stop_informative).test(
+                args.stop_group_size, len(self.order)
+            )
+            if args.stop_group_size and self.order
+            else None
+        )
+        self.check: SignalCheck | None = None
+        self.inside: set[asyncio.Task[None]] = set()
+        self.deadline = args.started + args.time_budget if args.time_budget else None
+        self.cut: list[float] = []
+        self.rates: list[float] = []
+        self.uncut: list[bool] = []
+        self.not_begun = 0
+        self.limiter = asyncio.Semaphore(args.concurrency)
+
+    def stopped(self) -> bool:
+        return self.check is not None and self.check.stopped
+
+    def look(self) -> None:
+        """The futility test over the longest prefix of ended attempts in start order; when it stops,
+        attempts not yet begun never begin, and those inside their episode block are cancelled (the block
+        aborts the episode on the server). One still beginning its episode is left to begin it, so that
+        no episode stays open unknown to us."""
+        if self.test is None or self.stopped():
+            return
+        ended = next((i for i, s in enumerate(self.succeeded) if s is None), len(self.succeeded))
+        if ended == 0:
+            return
+        self.check = self.test.check(sum(1 for s in self.succeeded[:ended] if s), ended)
+        if self.check.stopped:
+            me = asyncio.current_task()
+            for job in list(self.inside):
+                if job is not me:
+                    job.cancel()
+
+    async def attempt(self, client: Any, sink: Any, index: int, task: Any, member: int) -> None:
+        """One attempt of ``task``: its record goes to ``sink``, then the test looks again."""
+        record: dict[str, Any] = {
+            "kind": "eval",
+            "round": self.args.round,
+            "task_id": task.task_id,
+            "member": member,
+            "order": index,
+        }
+        async with self.limiter:
+            if self.stopped():
+                return
+            started = time.monotonic()
+            limit, cut_by = self.args.episode_timeout, None
+            if self.deadline is not None:
+                if self.deadline - started <= 0:
+                    self.not_begun += 1
+                    return
+                if self.deadline - started < limit:
+                    limit, cut_by = self.deadline - started, self.args.time_budget
+            job = asyncio.current_task()
+            assert job is not None
+            try:
+                record |= await self._episode(client, job, task, limit)
+                self._ended(index, record, time.monotonic() - started)
+            except Exception as exc:
+                self._failed(index, record, exc, time.monotonic() - started, limit, cut_by)
+            finally:
+                self.inside.discard(job)
+            record["seconds"] = round(time.monotonic() - started, 3)
+        record["time"] = time.time()
+        sink.write(json.dumps(record) + "\n")
+        sink.flush()
+        self.look()
+
+    async def _episode(self, client: Any, job: asyncio.Task[None], task: Any, limit: float) -> dict[str, Any]:
+        """Run the workflow on ``task`` in one ``kind=eval`` episode within ``limit`` seconds."""
+        from swarm.client.workflow import Result
+
+        found: dict[str, Any] = {}
+        async with client.episode(task.task_id, kind="eval") as ep:
+            self.inside.add(job)
+            if self.stopped():
+                raise asyncio.CancelledError  # the block aborts the episode
+            output = await asyncio.wait_for(self.run(task.data, ep.llm), limit)
+            if isinstance(output, Result):
+                reward = output.reward
+            elif isinstance(output, int | float):
+                reward = float(output)
+            else:
+                raise TypeError("evaluation needs a single-server workflow (one reward)")
+            if self.deadline is not None:  # how many tokens the attempt decoded
+                view = await client.get_episode(ep.id)
+                found["tokens"] = sum(len(call.completion_ids) for call in view.calls)
+            await ep.finish(reward)
+        return found | {"status": "finished", "reward": reward}
+
+    def _ended(self, index: int, record: dict[str, Any], seconds: float) -> None:
+        self.succeeded[index] = record["reward"] > 0
+        self.uncut.append(record["reward"] > 0)
+        if record.get("tokens") and seconds > 0:
+            self.rates.append(record["tokens"] / seconds)
+
+    def _failed(
+        self,
+        index: int,
+        record: dict[str, Any],
+        exc: Exception,
+        seconds: float,
+        limit: float,
+        cut_by: float | None,
+    ) -> None:
+        self.failures += 1
+        error = _failure(
+            exc,
+            task_id=record["task_id"],
+            member=record["member"],
+            seconds=seconds,
+            limit_s=limit,
+            cut_by=cut_by,
+        )
+        record |= {"status": "aborted", "reward": None, "error": error}
+        if error.startswith("cut: "):
+            record["cut"] = True
+            self.cut.append(seconds)
+        else:
+            self.uncut.append(False)
+        self.succeeded[index] = False  # limits are part of the evaluation
+
+    def summary(self) -> dict[str, Any]:
+        """The ``--summary`` object (see the module docstring)."""
+        rate = statistics.median(self.rates) if self.rates else None
+        after = statistics.median(self.cut) if self.cut else None
+        test, cut, uncut = self.test, self.cut, self.uncut
+        return {
+            "attempts": len(self.order),
+            "ended": sum(1 for s in self.succeeded if s is not None),
+            "failures": self.failures,
+            "signal": self.check.model_dump() if self.check is not None else None,
+            "time_budget_s": self.args.time_budget or None,
+            "cut": len(cut),
+            "cut_after_s": after,
+            "tokens_per_s": rate,
+            "cut_tokens": round(rate * after) if rate is not None and after is not None else None,
+            "not_begun": self.not_begun,
+            "uncut_signal": (
+                test.check(sum(uncut), len(uncut)).model_dump()
+                if test is not None and cut and uncut
+                else None
+            ),
+        }
+
+
 async def _evaluate(args: argparse.Namespace) -> int:
-    from a3r.study.sequential import SignalCheck, SignalRule
     from swarm.client import AsyncSwarmClient, TaskSet, load_workflow
-    from swarm.client.workflow import Result
 
     run = load_workflow(args.workflow)
     tasks = list(TaskSet(args.dataset))[: args.max_tasks] if args.max_tasks else list(TaskSet(args.dataset))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    limiter = asyncio.Semaphore(args.concurrency)
-    order = [(task, member) for member in range(args.samples) for task in tasks]  # round-robin over tasks
-    succeeded: list[bool | None] = [None] * len(order)
-    failures = 0
-    test = (
-        SignalRule(confidence=args.stop_confidence, min_informative=args.stop_informative).test(
-            args.stop_group_size, len(order)
-        )
-        if args.stop_group_size and order
-        else None
-    )
-    check: SignalCheck | None = None
-    inside: set[asyncio.Task[None]] = set()  # attempts inside their episode block
-    deadline = args.started + args.time_budget if args.time_budget else None
-    cut: list[float] = []  # wall seconds of each cut attempt
-    rates: list[float] = []  # completion tokens per wall second of each ended attempt (with --time-budget)
-    uncut: list[bool] = []  # successes of the attempts that ended on their own
-    not_begun = 0
-
-    def stopped() -> bool:
-        return check is not None and check.stopped
-
+    evaluation = _Evaluation(args, tasks, run)
     token = os.environ.get("SWARM_CLIENT_TOKEN") or None  # a3r passes it in the environment
     async with AsyncSwarmClient(args.server, client_id=args.client_id, client_token=token) as client:
         with out.open("a", encoding="utf-8") as sink:
-
-            def look() -> None:
-                nonlocal check
-                if test is None or stopped():
-                    return
-                ended = next((i for i, s in enumerate(succeeded) if s is None), len(succeeded))
-                if ended == 0:
-                    return
-                check = test.check(sum(1 for s in succeeded[:ended] if s), ended)
-                if check.stopped:
-                    # Attempts not yet begun never begin; those inside their episode block are cancelled
-                    # (the block aborts the episode on the server). One still beginning its episode
-                    # is left to begin it, so that no episode stays open unknown to us.
-                    me = asyncio.current_task()
-                    for job in list(inside):
-                        if job is not me:
-                            job.cancel()
-
-            async def attempt(index: int, task: Any, member: int) -> None:
-                nonlocal failures, not_begun
-                record: dict[str, Any] = {
-                    "kind": "eval",
-                    "round": args.round,
-                    "task_id": task.task_id,
-                    "member": member,
-                    "order": index,
-                }
-                async with limiter:
-                    if stopped():
-                        return
-                    started = time.monotonic()
-                    limit, cut_by = args.episode_timeout, None
-                    if deadline is not None:
-                        if deadline - started <= 0:
-                            not_begun += 1
-                            return
-                        if deadline - started < limit:
-                            limit, cut_by = deadline - started, args.time_budget
-                    job = asyncio.current_task()
-                    assert job is not None
-                    try:
-                        async with client.episode(task.task_id, kind="eval") as ep:
-                            inside.add(job)
-                            if stopped():
-                                raise asyncio.CancelledError  # the block aborts the episode
-                            output = await asyncio.wait_for(run(task.data, ep.llm), limit)
-                            if isinstance(output, Result):
-                                reward = output.reward
-                            elif isinstance(output, int | float):
-                                reward = float(output)
-                            else:
-                                raise TypeError("evaluation needs a single-server workflow (one reward)")
-                            if deadline is not None:  # how many tokens the attempt decoded
-                                view = await client.get_episode(ep.id)
-                                record["tokens"] = sum(len(call.completion_ids) for call in view.calls)
-                            await ep.finish(reward)
-                        record |= {"status": "finished", "reward": reward}
-                        succeeded[index] = reward > 0
-                        uncut.append(reward > 0)
-                        seconds = time.monotonic() - started
-                        if record.get("tokens") and seconds > 0:
-                            rates.append(record["tokens"] / seconds)
-                    except Exception as exc:
-                        failures += 1
-                        seconds = time.monotonic() - started
-                        record |= {
-                            "status": "aborted",
-                            "reward": None,
-                            "error": _failure(
-                                exc,
-                                task_id=task.task_id,
-                                member=member,
-                                seconds=seconds,
-                                limit_s=limit,
-                                cut_by=cut_by,
-                            ),
-                        }
-                        if record["error"].startswith("cut: "):
-                            record["cut"] = True
-                            cut.append(seconds)
-                        else:
-                            uncut.append(False)
-                        succeeded[index] = False  # limits are part of the evaluation
-                    finally:
-                        inside.discard(job)
-                    record["seconds"] = round(time.monotonic() - started, 3)
-                record["time"] = time.time()
-                sink.write(json.dumps(record) + "\n")
-                sink.flush()
-                look()
-
-            running = [asyncio.create_task(attempt(i, task, m)) for i, (task, m) in enumerate(order)]
+            running = [
+                asyncio.create_task(evaluation.attempt(client, sink, i, task, m))
+                for i, (task, m) in enumerate(evaluation.order)
+            ]
             await asyncio.gather(*running, return_exceptions=True)
-    ended = sum(1 for s in succeeded if s is not None)
-    rate = statistics.median(rates) if rates else None
-    after = statistics.median(cut) if cut else None
-    summary = {
-        "attempts": len(order),
-        "ended": ended,
-        "failures": failures,
-        "signal": check.model_dump() if check is not None else None,
-        "time_budget_s": args.time_budget or None,
-        "cut": len(cut),
-        "cut_after_s": after,
-        "tokens_per_s": rate,
-        "cut_tokens": round(rate * after) if rate is not None and after is not None else None,
-        "not_begun": not_begun,
-        "uncut_signal": (
-            test.check(sum(uncut), len(uncut)).model_dump() if test is not None and cut and uncut else None
-        ),
-    }
+    summary = evaluation.summary()
     if args.summary:
         Path(args.summary).write_text(json.dumps(summary) + "\n", encoding="utf-8")
     print(json.dumps(summary))

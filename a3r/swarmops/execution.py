@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,14 @@ from a3r.study.analysis import (
     read_progress,
     summarise_rewards,
 )
-from a3r.study.research import EVAL_BUDGET_SHARE, EVAL_RESERVE_MARGIN, recheck_steps, size_heldout
+from a3r.study.price import SERVER_OVERHEAD_S
+from a3r.study.research import (
+    EVAL_BUDGET_SHARE,
+    EVAL_RESERVE_MARGIN,
+    recheck_steps,
+    replan_training,
+    size_heldout,
+)
 from a3r.study.runs import RunOutcome, RunSpec, RunStatusName
 from a3r.study.sequential import SignalCheck
 from a3r.study.settings import SETTINGS, serve_flags
@@ -302,9 +309,13 @@ def _client(
 ) -> ManagedProcess:
     s = spec.settings
     # Training runs get three times the groups their steps need (batches the trainer skips, groups
-    # cut by a drain); the runner stops the client once the target step is reached.
-    remaining = max(1, s.steps - start_step)
-    purpose_tasks = s.smoke_tasks if spec.purpose == "smoke" else (3 * remaining + 1) * s.batch_size
+    # cut by a drain); the runner stops the client once the target step is reached. A run that may
+    # re-plan back up (`RunSpec.resize`) gets the groups of the steps and B asked for.
+    steps, batch = s.steps, s.batch_size
+    if spec.resize is not None:
+        steps, batch = max(steps, spec.resize.asked_steps), max(batch, spec.resize.asked_batch_size)
+    remaining = max(1, steps - start_step)
+    purpose_tasks = s.smoke_tasks if spec.purpose == "smoke" else (3 * remaining + 1) * batch
     tasks_needed = max(1, purpose_tasks)
     available = max(1, ws.task_count())
     epochs = max(1, math.ceil(tasks_needed / available))
@@ -466,24 +477,6 @@ def _evaluate(
     summary_path.unlink(missing_ok=True)
     samples = samples or ctx.eval_samples
     max_tasks = max_tasks or ctx.eval_tasks
-    extra: list[str] = []
-    if futility_group_size:
-        planned = min(max_tasks, _count_lines(ws.heldout)) * samples
-        first = ctx.signal.test(futility_group_size, max(1, planned)).first_stop or 0
-        default_batch = ServeOptions.model_fields["max_batch_size"].default  # sequences sampled together
-        batch = int(ctx.server_options.get("max-batch-size", default_batch))
-        extra = [
-            "--stop-group-size",
-            str(futility_group_size),
-            "--stop-confidence",
-            repr(ctx.signal.confidence),
-            "--stop-informative",
-            repr(ctx.signal.min_informative),
-            "--concurrency",
-            str(max(EVAL_CONCURRENCY, min(first, batch))),
-        ]
-    if time_budget_s is not None:
-        extra += ["--time-budget", repr(max(1.0, time_budget_s))]
     argv = [
         sys.executable,
         "-m",
@@ -503,7 +496,7 @@ def _evaluate(
         str(ctx.episode_timeout_s),
         "--summary",
         str(summary_path),
-        *extra,
+        *_stop_flags(ctx, ws, samples, max_tasks, futility_group_size, time_budget_s),
     ]
     started = time.monotonic()
     process = launch("eval", argv, log_path=run_dir / "eval.log", cwd=ws.root, env=env)
@@ -521,6 +514,45 @@ def _evaluate(
     if code != 0 or not records:
         text = f"evaluation exited with code {code}: {process.log_text(1500).strip()[-600:]}"
         return _Evaluation(None, text, elapsed)
+    return _read_evaluation(records, summary_path, elapsed)
+
+
+def _stop_flags(
+    ctx: ExecutionContext,
+    ws: Workspace,
+    samples: int,
+    max_tasks: int,
+    futility_group_size: int | None,
+    time_budget_s: float | None,
+) -> list[str]:
+    """The evaluator's flags that end it early: a preflight's sequential futility test (run at once as
+    many attempts as the test needs before it can decide, up to the server's batch size) and its time
+    budget."""
+    extra: list[str] = []
+    if futility_group_size:
+        planned = min(max_tasks, _count_lines(ws.heldout)) * samples
+        first = ctx.signal.test(futility_group_size, max(1, planned)).first_stop or 0
+        default_batch = ServeOptions.model_fields["max_batch_size"].default  # sequences sampled together
+        batch = int(ctx.server_options.get("max-batch-size", default_batch))
+        extra = [
+            "--stop-group-size",
+            str(futility_group_size),
+            "--stop-confidence",
+            repr(ctx.signal.confidence),
+            "--stop-informative",
+            repr(ctx.signal.min_informative),
+            "--concurrency",
+            str(max(EVAL_CONCURRENCY, min(first, batch))),
+        ]
+    if time_budget_s is not None:
+        extra += ["--time-budget", repr(max(1.0, time_budget_s))]
+    return extra
+
+
+def _read_evaluation(records: list[EpisodeRecord], summary_path: Path, elapsed: float) -> _Evaluation:
+    """An evaluation's rewards by task from its records (an attempt that failed, by a time limit or an
+    error, is an incorrect attempt: limits are part of the evaluation), with the sequential test's
+    verdict and the cut attempts the evaluator's summary reports."""
     signal: SignalCheck | None = None
     cuts = ""
     try:
@@ -530,7 +562,6 @@ def _evaluate(
         cuts = _cut_note(written)
     except (OSError, ValueError):
         signal = None
-    # An attempt that failed (time limit, error) is an incorrect attempt: limits are part of the evaluation.
     failed = [r for r in records if r.status != "finished" or r.reward is None]
     groups: dict[str, list[float]] = {}  # one evaluation is one round (its file is new): by task id
     for record in records:
@@ -610,56 +641,65 @@ def execute_run(
     outcome: RunOutcome | None = None
     try:
         if ctx.server_url is not None and handle.process is None and spec.purpose == "train":
-            s = spec.settings
-            try:
-                api.client.patch_config(batch_size=s.batch_size, group_size=s.group_size, lr=s.lr)
-                kept = ""
-            except ClientError as exc:  # 409: it does not train; 422: it refuses these settings
-                kept = f"server kept its own training config ({exc})"
-            rec.note(f"run {spec.key}: attached to {handle.url}; " + (kept or "live config applied"))
-        if spec.purpose == "preflight":
-            found = _evaluate(
-                ctx,
-                ws,
-                handle.url,
-                run_dir,
-                budget_s,
-                samples=max(ctx.preflight_samples, ctx.eval_samples),
-                env=handle.client_env(),
-                futility_group_size=spec.settings.group_size,
-                # the preflight's own budget, less the server start just measured, bounds every attempt
-                time_budget_s=(
-                    max(PREFLIGHT_MIN_ATTEMPT_S, ctx.preflight_budget_s - (time.monotonic() - started))
-                    if ctx.preflight_budget_s > 0
-                    else None
-                ),
-            )
-            rec.events(api.events())
-            summary, error = found.summary, found.note
-            episodes = summary.episodes if summary else 0
-            status, reason = _preflight_end(found)
-            outcome = RunOutcome(
-                **spec.outcome_fields(),
-                run_id=run_id,
-                status=status,
-                reason=reason,
-                episodes=episodes,
-                wall_s=time.monotonic() - started,
-                eval=summary,
-                run_dir=str(run_dir),
-                seconds_per_episode=found.seconds / episodes if episodes else math.nan,
-                diagnoses=detect_crash(error, exit_code=1) if status == "crashed" else [],
-                eval_s=found.seconds,
-                signal=found.signal,
-            )
-        else:
-            outcome = _monitor(
-                _Run(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s, eval_reserve_s)
-            )
+            _attach(spec, handle, api, rec)
+        run = _Run(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s, eval_reserve_s)
+        outcome = _preflight(run) if spec.purpose == "preflight" else _monitor(run)
         return outcome
     finally:
         api.close()
         _release(spec, ctx, outcome)
+
+
+def _attach(spec: RunSpec, handle: ServerHandle, api: _Control, rec: _Recorder) -> None:
+    """Apply a training run's settings to an attached server (``PATCH /api/v1/config``), or note that it
+    kept its own."""
+    s = spec.settings
+    try:
+        api.client.patch_config(batch_size=s.batch_size, group_size=s.group_size, lr=s.lr)
+        kept = ""
+    except ClientError as exc:  # 409: it does not train; 422: it refuses these settings
+        kept = f"server kept its own training config ({exc})"
+    rec.note(f"run {spec.key}: attached to {handle.url}; " + (kept or "live config applied"))
+
+
+def _preflight(run: _Run) -> RunOutcome:
+    """A research preflight: the held-out evaluation of the untrained model, under its own time budget
+    and the sequential futility test."""
+    spec, ctx, handle = run.spec, run.ctx, run.handle
+    found = _evaluate(
+        ctx,
+        run.ws,
+        handle.url,
+        run.run_dir,
+        run.budget_s,
+        samples=max(ctx.preflight_samples, ctx.eval_samples),
+        env=handle.client_env(),
+        futility_group_size=spec.settings.group_size,
+        # the preflight's own budget, less the server start just measured, bounds every attempt
+        time_budget_s=(
+            max(PREFLIGHT_MIN_ATTEMPT_S, ctx.preflight_budget_s - (time.monotonic() - run.started))
+            if ctx.preflight_budget_s > 0
+            else None
+        ),
+    )
+    run.rec.events(run.api.events())
+    summary, error = found.summary, found.note
+    episodes = summary.episodes if summary else 0
+    status, reason = _preflight_end(found)
+    return RunOutcome(
+        **spec.outcome_fields(),
+        run_id=run.run_id,
+        status=status,
+        reason=reason,
+        episodes=episodes,
+        wall_s=time.monotonic() - run.started,
+        eval=summary,
+        run_dir=str(run.run_dir),
+        seconds_per_episode=found.seconds / episodes if episodes else math.nan,
+        diagnoses=detect_crash(error, exit_code=1) if status == "crashed" else [],
+        eval_s=found.seconds,
+        signal=found.signal,
+    )
 
 
 @dataclass(frozen=True)
@@ -782,23 +822,100 @@ def _monitor(run: _Run) -> RunOutcome:
         early_stop=spec.early_stop,
     )
     watch = RunWatch.begin(started=run.started, now=time.monotonic(), step=start_step, cpu_s=sources.cpu())
+    plan = _StepPlan.of(spec, target)
     samples: list[tuple[float, int, int]] = []
     while True:
         obs = sources.observe()
+        if obs.server_exit is None and obs.step is not None and obs.step > watch.last_step:
+            # before the watch judges the step: a run re-planned up goes on past its old target
+            _replan(run, plan, obs.step, (sources.client_started, start_step), obs.now)
+            rules = replace(rules, target=plan.target)
         verdict = judge(watch, obs, rules)
         watch = verdict.watch
         if obs.server_exit is None:
             samples.append((obs.now, watch.last_step, obs.finished))
-            _report(run, sources, verdict, target, start_step)
+            _report(run, sources, verdict, plan, start_step)
         if verdict.end is not None:
-            return _conclude(run, sources, verdict.end, watch, start_step, target, samples, obs.server_exit)
+            return _conclude(
+                run, sources, verdict.end, watch, start_step, plan.target, samples, obs.server_exit
+            )
         time.sleep(ctx.poll_s)
 
 
-def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None, start_step: int) -> None:
-    """Note a new trainer step (with its train reward and, for a run with a budget reserve, whether the
-    steps left still fit: `recheck_steps`, said once) and a run turning slow."""
-    key, episodes = run.spec.key, len(sources.episodes)
+@dataclass
+class _StepPlan:
+    """A training run's step target and B as it re-plans after every step (`_replan`).
+
+    Attributes:
+        target: The step to train to (``None``: no step target).
+        batch_size: B now.
+        asked_target: The step the run was asked to reach before any sizing.
+        mark: ``(time, step)`` from which the step time is measured: the first step seen (the first
+            step also pays the trainer's start) and every change of B.
+    """
+
+    target: int | None
+    batch_size: int
+    asked_target: int = 0
+    mark: tuple[float, int] | None = None
+
+    @classmethod
+    def of(cls, spec: RunSpec, target: int | None) -> _StepPlan:
+        """The plan a run starts with: its spec's steps to ``target``; a sized run may go back up to the
+        steps it was asked for (`RunSpec.resize`)."""
+        asked = spec.resize.asked_steps if spec.resize is not None else spec.settings.steps
+        base = (target or 0) - spec.settings.steps
+        return cls(target=target, batch_size=spec.settings.batch_size, asked_target=base + asked)
+
+
+def _replan(run: _Run, plan: _StepPlan, step: int, start: tuple[float, int], now: float) -> None:
+    """Re-plan a sized training run (`RunSpec.resize`) after a measured step, up as well as down
+    (`a3r.study.research.replan_training`): its share of the budget left is ``(budget − margin) / (1 +
+    later runs)`` less the held-out evaluation's reserve and the server overhead. A change is applied to
+    the server (``PATCH /api/v1/config``: ``max_steps``, ``batch_size``) and noted."""
+    resize, spec = run.spec.resize, run.spec
+    if (
+        resize is None
+        or plan.target is None
+        or run.handle.process is None
+        or spec.start_step
+        or step <= start[1]
+    ):
+        return  # an attached server's training config is its owner's; a continuation keeps its steps
+    if plan.mark is None and step < plan.target:
+        plan.mark = (now, step)  # measured from here: the first step also paid the trainer's start
+        return
+    plan.mark = plan.mark or start  # the last planned step: measured from the client's start
+    if step <= plan.mark[1]:
+        return
+    share = (run.budget_s - resize.margin_s) / (1 + resize.later_runs)
+    decided = replan_training(
+        step=step,
+        target=plan.target,
+        batch_size=plan.batch_size,
+        asked_target=plan.asked_target,
+        asked_batch_size=resize.asked_batch_size,
+        seconds_per_step=(now - plan.mark[0]) / (step - plan.mark[1]),
+        time_left_s=run.started + share - run.eval_reserve_s - SERVER_OVERHEAD_S - now,
+    )
+    if decided.note is None:
+        return
+    try:
+        run.api.client.patch_config(max_steps=decided.target, batch_size=decided.batch_size)
+    except (ClientError, httpx.TransportError) as exc:
+        run.rec.note(f"run {spec.key}: {decided.note}, but the server refused it: {exc}", "warning")
+        return
+    if decided.batch_size != plan.batch_size:
+        plan.mark = (now, step)
+    plan.target, plan.batch_size = decided.target, decided.batch_size
+    run.rec.note(f"run {spec.key}: {decided.note}")
+
+
+def _report(run: _Run, sources: _Sources, verdict: Verdict, plan: _StepPlan, start_step: int) -> None:
+    """Note a new trainer step (with its train reward and, for a run with a budget reserve that does not
+    re-plan itself (`_replan`), whether the steps left still fit: `recheck_steps`, said once) and a run
+    turning slow."""
+    key, episodes, target = run.spec.key, len(sources.episodes), plan.target
     if verdict.stepped and target is not None:
         reward = _reward_curve(sources.rows)
         step = verdict.watch.last_step
@@ -812,7 +929,12 @@ def _report(run: _Run, sources: _Sources, verdict: Verdict, target: int | None, 
         )
         # from the second step on: the first also pays the trainer's start (172 s against ~110 s later
         # on the idle 2-core box), which made the re-check predict a budget stop that never came
-        if run.eval_reserve_s > 0 and not sources.rechecked and step - start_step >= 2:
+        if (
+            run.eval_reserve_s > 0
+            and run.spec.resize is None
+            and not sources.rechecked
+            and step - start_step >= 2
+        ):
             late = recheck_steps(
                 step=step,
                 target=target,
@@ -842,29 +964,79 @@ def _conclude(
 ) -> RunOutcome:
     """Stop the client, read what the run left, diagnose it, evaluate it when it finished, and build its
     outcome."""
-    spec, ctx, client, api, rec = run.spec, run.ctx, sources.client, run.api, run.rec
-    last_step = watch.last_step
-    diagnoses: list[Diagnosis] = []
-    if server_exit is not None and run.handle.process is not None:
-        diagnoses += detect_crash(run.handle.process.log_text(), exit_code=run.handle.process.poll())
+    spec, client, api, rec = run.spec, sources.client, run.api, run.rec
     if end.status == "budget" and run.handle.process is not None and server_exit is None:
-        _freeze_training(run, last_step)
+        _freeze_training(run, watch.last_step)
     exit_code = client.poll()
     if exit_code is None:
         exit_code = client.stop()
         exit_code = None if end.status != "crashed" else exit_code
     client_s = time.monotonic() - sources.client_started
-    log_text = client.log_text()
     episodes = read_progress(sources.progress_path)
     rows = api.metrics() or sources.rows
     rec.metrics(rows)
-    metric_rows = [{"step": row.step, **_numeric(row)} for row in rows]
     rec.events(api.events())
+    diagnoses = _diagnose(run, end, rows, episodes, exit_code, server_exit, client.log_text())
+    diagnoses += detect_stall(samples, window_s=max(run.ctx.hang_after_s, 30.0)) if target is not None else []
+    # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
+    # after (train) training, so a train-reward gain can be checked against held-out reward. A run the
+    # budget stopped is evaluated too: its budget kept `eval_reserve_s` for it.
+    evaluable = end.status == "finished" or (
+        end.status == "budget" and server_exit is None and run.eval_reserve_s > 0
+    )
+    eval_summary: RewardSummary | None = None
+    eval_s = math.nan
+    last_step = watch.last_step
+    if spec.purpose in ("sweep", "smoke", "train") and evaluable and run.ctx.eval_tasks > 0:
+        eval_summary, eval_s = _evaluate_run(run, client_s / max(1, len(episodes)))
+        rows = api.metrics() or rows  # a step that was under way when training stopped has ended now
+        rec.metrics(rows)
+        last_step = max([last_step, *(row.step for row in rows)])
+    settled = final_end(end, last_step=last_step, target=target)  # all steps trained: finished, not cancelled
+    reason = settled.reason
+    if settled is end and last_step > watch.last_step:
+        reason += f"; the step under way then ended: step {last_step}"
+    step_times = [t for t, _, _ in samples]
+    return _outcome(
+        run,
+        settled.status,
+        reason,
+        rows=rows,
+        episodes=episodes,
+        last_step=last_step,
+        start_step=start_step,
+        client_s=client_s,
+        seconds_per_step=(
+            (step_times[-1] - step_times[0]) / (last_step - start_step)
+            if last_step > start_step
+            else math.nan
+        ),
+        diagnoses=diagnoses,
+        eval_summary=eval_summary,
+        eval_s=eval_s,
+    )
+
+
+def _diagnose(
+    run: _Run,
+    end: RunEnd,
+    rows: list[ServerStepMetrics],
+    episodes: list[EpisodeRecord],
+    exit_code: int | None,
+    server_exit: int | None,
+    log_text: str,
+) -> list[Diagnosis]:
+    """What the run's server log, metrics, episodes and client log show (a3r.study.analysis); a client
+    a3r stopped (attention, hang, budget, target reached) is not read as crashed by its exit code."""
+    spec, process = run.spec, run.handle.process
+    diagnoses: list[Diagnosis] = []
+    if server_exit is not None and process is not None:
+        diagnoses += detect_crash(process.log_text(), exit_code=process.poll())
     stopped_by_us = end.status in ("needs_attention", "hung", "budget") or end.reason.startswith(
         "reached step"
     )
-    diagnoses += detect_all(
-        rows=metric_rows,
+    return diagnoses + detect_all(
+        rows=[{"step": row.step, **_numeric(row)} for row in rows],
         episodes=episodes,
         group_size=spec.settings.group_size,
         log_text=log_text,
@@ -873,87 +1045,78 @@ def _conclude(
         entropy_min=spec.stability.entropy_min,
         kl_max=spec.stability.kl_max,
     )
-    diagnoses += detect_stall(samples, window_s=max(ctx.hang_after_s, 30.0)) if target is not None else []
-    eval_summary: RewardSummary | None = None
-    eval_s = math.nan
-    # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
-    # after (train) training, so a train-reward gain can be checked against held-out reward. A run the
-    # budget stopped is evaluated too: its budget kept `eval_reserve_s` for it.
-    evaluable = end.status == "finished" or (
-        end.status == "budget" and server_exit is None and run.eval_reserve_s > 0
+
+
+def _evaluate_run(run: _Run, per_episode: float) -> tuple[RewardSummary | None, float]:
+    """The run's held-out evaluation, on the held-out tasks of the thread's first one (sized to the
+    budget then, so that before/after numbers are comparable; a vibe thread's first is the smoke run's
+    baseline, sized with room for the training after it: `size_heldout`). Returns its rewards (``None``
+    when it failed) and its seconds."""
+    spec, ctx = run.spec, run.ctx
+    remaining = max(30.0, run.eval_reserve_s, run.budget_s - (time.monotonic() - run.started))
+    available = _count_lines(run.ws.heldout)
+    n_tasks = int(
+        ctx.ledger.once(
+            ctx.key("runner", "eval-tasks"),
+            lambda: (
+                _smoke_heldout(run, per_episode, available)
+                if spec.purpose == "smoke"
+                else eval_tasks_within(ctx, remaining, per_episode, reserve_s=run.eval_reserve_s)
+            ),
+        )
     )
-    if spec.purpose in ("sweep", "smoke", "train") and evaluable and ctx.eval_tasks > 0:
-        remaining = max(30.0, run.eval_reserve_s, run.budget_s - (time.monotonic() - run.started))
-        per_episode = client_s / max(1, len(episodes))
-        available = _count_lines(run.ws.heldout)
-        # Every evaluation of a thread uses the held-out tasks of its first one (sized to the budget then),
-        # so that before/after numbers are comparable. A vibe thread's first is the smoke run's baseline:
-        # sized with room for the training after it (`size_heldout`).
-        n_tasks = int(
-            ctx.ledger.once(
-                ctx.key("runner", "eval-tasks"),
-                lambda: (
-                    _smoke_heldout(run, per_episode, available)
-                    if spec.purpose == "smoke"
-                    else eval_tasks_within(ctx, remaining, per_episode, reserve_s=run.eval_reserve_s)
-                ),
-            )
-        )
-        rec.note(
-            f"run {spec.key}: held-out evaluation on {min(n_tasks, available)} of {available} held-out tasks × "
-            f"{ctx.eval_samples} attempts"
-        )
-        found = _evaluate(
-            ctx,
-            run.ws,
-            run.handle.url,
-            run.run_dir,
-            remaining,
-            max_tasks=n_tasks,
-            env=run.handle.client_env(),
-        )
-        eval_summary, error, eval_s = found.summary, found.note, found.seconds
-        if error:
-            rec.note(f"run {spec.key}: {error}", "warning")
-        rows = api.metrics() or rows  # a step that was under way when training stopped has ended now
-        rec.metrics(rows)
-        metric_rows = [{"step": row.step, **_numeric(row)} for row in rows]
-        last_step = max([last_step, *(row.step for row in rows)])
-    settled = final_end(end, last_step=last_step, target=target)  # all steps trained: finished, not cancelled
-    reason = settled.reason
-    if settled is end and last_step > watch.last_step:
-        reason += f"; the step under way then ended: step {last_step}"
-    end = settled
+    run.rec.note(
+        f"run {spec.key}: held-out evaluation on {min(n_tasks, available)} of {available} held-out tasks × "
+        f"{ctx.eval_samples} attempts"
+    )
+    found = _evaluate(
+        ctx, run.ws, run.handle.url, run.run_dir, remaining, max_tasks=n_tasks, env=run.handle.client_env()
+    )
+    if found.note:
+        run.rec.note(f"run {spec.key}: {found.note}", "warning")
+    return found.summary, found.seconds
+
+
+def _outcome(
+    run: _Run,
+    status: RunStatusName,
+    reason: str,
+    *,
+    rows: list[ServerStepMetrics],
+    episodes: list[EpisodeRecord],
+    last_step: int,
+    start_step: int,
+    client_s: float,
+    seconds_per_step: float,
+    diagnoses: list[Diagnosis],
+    eval_summary: RewardSummary | None,
+    eval_s: float,
+) -> RunOutcome:
+    """A training or smoke run's outcome from what it left: curves, episodes, evaluation, speed."""
+    spec = run.spec
     train_groups = groups_of(episodes)
-    curve = [(s, v) for s, v in _reward_curve(rows) if s > start_step or spec.start_step == 0]
-    wall = time.monotonic() - run.started
     finished_eps = sum(len(v) for v in train_groups.values())
-    step_times = [t for t, s, _ in samples]
-    final = _numeric(rows[-1]) if rows else {}
     metric_names = sorted({name for ep in episodes for name in ep.metrics})
-    per_point = spec.settings.batch_size * spec.settings.group_size
     return RunOutcome(
         **spec.outcome_fields(),
         run_id=run.run_id,
-        status=end.status,
+        status=status,
         reason=reason,
         steps=last_step,
         episodes=finished_eps,
-        wall_s=wall,
-        curve=curve,
+        wall_s=time.monotonic() - run.started,
+        curve=[(s, v) for s, v in _reward_curve(rows) if s > start_step or spec.start_step == 0],
         episode_curve=[statistics.fmean(v) for v in train_groups.values() if v],
         eval=eval_summary,
         train=summarise_rewards(train_groups) if train_groups else None,
         diagnoses=diagnoses,
-        final_metrics=final,
+        final_metrics=_numeric(rows[-1]) if rows else {},
         run_dir=str(run.run_dir),
         seconds_per_episode=client_s / finished_eps if finished_eps else math.nan,
-        seconds_per_step=(
-            (step_times[-1] - step_times[0]) / (last_step - start_step)
-            if last_step > start_step
-            else math.nan
+        seconds_per_step=seconds_per_step,
+        parts=part_curves(
+            episodes, metric_names, per_point=spec.settings.batch_size * spec.settings.group_size
         ),
-        parts=part_curves(episodes, metric_names, per_point=per_point),
         eval_s=eval_s,
     )
 

@@ -15,6 +15,7 @@ from a3r.graph import RunContext, RunSpec
 from a3r.graph.context import Ledger
 from a3r.providers import OfflineProvider
 from a3r.study.plans import TrainingSettings
+from a3r.study.runs import Resizing
 from a3r.swarmops.execution import Workspace, execute_run
 from memory import Store
 
@@ -93,44 +94,57 @@ def test_a_slow_run_is_not_hung(tmp_path: Path, trainable_server: Any) -> None:
     assert any(re.search(r": step \d+/\d+ .*episodes of this run", e) for e in events)
 
 
-def test_a_budget_stop_keeps_time_for_the_held_out_evaluation(tmp_path: Path) -> None:
-    # A server a3r starts (the embedded model), a step target the budget cannot reach: training stops
-    # `eval_reserve_s` before the budget ends, the server trains no further step, and the held-out
-    # evaluation still runs.
-    body = """
-        client = llm.openai(max_retries=0)
-        await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        return float(task["value"])
-    """
-    ws = _workspace(tmp_path, body)
+_ONE_CALL = """
+    client = llm.openai(max_retries=0)
+    await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    return float(task["value"])
+"""
+
+
+def _own_server_run(
+    tmp_path: Path, spec: RunSpec, *, budget_s: float, eval_reserve_s: float
+) -> tuple[Any, Workspace, Store, int]:
+    """Run ``spec`` on a server a3r starts (the embedded model), with a frozen evaluator and 4 held-out
+    tasks; returns the outcome, the workspace, the (open) store and the store run id."""
+    ws = _workspace(tmp_path, _ONE_CALL)
     (ws.root / "evaluator").mkdir()
     (ws.root / "evaluator" / "workflow.py").write_text(ws.workflow.read_text())
     (ws.root / "heldout.jsonl").write_text(
         "".join(json.dumps({"id": f"h{i}", "value": i % 2}) + "\n" for i in range(4))
     )
     store = Store(tmp_path / "memory.db")
-    run = store.start_run(store.create_experiment(store.create_study("budget").id, "e").id, name="b")
+    run = store.start_run(store.create_experiment(store.create_study("budget").id, "e").id, name=spec.key)
     ctx = RunContext(
         store=store,
         provider=OfflineProvider(),
         ledger=Ledger(tmp_path / "ledger.db"),
-        thread_id="budget",
+        thread_id=spec.key,
         root=tmp_path,
         hang_after_s=120.0,
         poll_s=0.5,
         eval_tasks=2,
         eval_samples=2,
     )
+    try:
+        outcome = execute_run(
+            spec, ctx=ctx, ws=ws, run_id=run.id, budget_s=budget_s, eval_reserve_s=eval_reserve_s
+        )
+    finally:
+        ctx.close_servers()
+    return outcome, ws, store, run.id
+
+
+def test_a_budget_stop_keeps_time_for_the_held_out_evaluation(tmp_path: Path) -> None:
+    # A server a3r starts (the embedded model), a step target the budget cannot reach: training stops
+    # `eval_reserve_s` before the budget ends, the server trains no further step, and the held-out
+    # evaluation still runs.
     spec = RunSpec(
         key="b",
         purpose="train",
         server_key="b",
         settings=TrainingSettings(steps=1000, batch_size=1, group_size=2, concurrency=2),
     )
-    try:
-        outcome = execute_run(spec, ctx=ctx, ws=ws, run_id=run.id, budget_s=75, eval_reserve_s=45)
-    finally:
-        ctx.close_servers()
+    outcome, ws, store, run_id = _own_server_run(tmp_path, spec, budget_s=75, eval_reserve_s=45)
     assert outcome.status == "budget", outcome.reason
     assert outcome.eval is not None and outcome.eval.episodes == 4 and outcome.eval_s > 0
     assert sorted(outcome.eval.task_rewards) == ["h0", "h1"]  # per task, to compare runs on the same tasks
@@ -143,10 +157,30 @@ def test_a_budget_stop_keeps_time_for_the_held_out_evaluation(tmp_path: Path) ->
     assert max(trained, default=0) == outcome.steps  # no step after the budget stop went unrecorded
     checkpoints = sorted(p.name for p in (server_dir / "checkpoints").glob("step-*"))
     assert checkpoints[-1:] == [f"step-{outcome.steps:06d}"] or outcome.steps == 0
-    notes = [e.message for e in store.events(run_id=run.id)]
+    notes = [e.message for e in store.events(run_id=run_id)]
     assert any("held-out evaluation on 2 of 4 held-out tasks × 2 attempts" in n for n in notes)
     # After its second measured step the run re-checks its budget: 1,000 steps do not fit in 30 s.
     rechecks = [n for n in notes if "re-check after step" in n]
     assert len(rechecks) == (1 if outcome.steps >= 2 else 0)
     assert all("the budget will stop training at about step" in n for n in rechecks)
     store.close()
+
+
+def test_a_sized_run_re_plans_back_up_to_the_steps_and_b_asked_for(tmp_path: Path) -> None:
+    """Issue 33 (4): the README's main job on a busy box was sized to 3 of its 10 steps at B = 1 by a slow
+    smoke run, then its steps ran faster and the thread ended at 710 s of its 1,800 s. A sized run now
+    re-plans after every step from its measured step time: here 2 steps at B = 1, asked 4 at B = 2, with
+    ample time, train all 4 and B goes back up."""
+    spec = RunSpec(
+        key="r",
+        purpose="train",
+        server_key="r",
+        settings=TrainingSettings(steps=2, batch_size=1, group_size=2, concurrency=2),
+        resize=Resizing(asked_steps=4, asked_batch_size=2),
+    )
+    outcome, _, store, run_id = _own_server_run(tmp_path, spec, budget_s=400, eval_reserve_s=40)
+    notes = [e.message for e in store.events(run_id=run_id)]
+    store.close()
+    replans = [n for n in notes if "re-plan after step" in n]
+    assert outcome.status == "finished" and outcome.steps == 4, (outcome.reason, notes)
+    assert replans and "(all asked for)" in replans[0] and any("B 1 → 2" in n for n in replans)

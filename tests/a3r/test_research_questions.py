@@ -312,16 +312,15 @@ def test_a_comparison_that_cannot_fit_is_said_in_the_dry_run_and_refused_before_
     arm alone cannot answer a comparison."""
     common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db")]
     dry = CliRunner().invoke(app, ["research", question, "--budget-minutes", "0.5", "--dry-run", *common])
-    assert dry.exit_code == 0, dry.output
-    (warning,) = [line for line in dry.output.splitlines() if "warning:" in line]
+    # issue 33 (5): a dry run of which not one stage fits refuses in one line, as the real run does
+    assert dry.exit_code == 1 and len(dry.output.strip().splitlines()) == 1, dry.output
+    (warning,) = dry.output.strip().splitlines()
     need = re.search(
-        r"the preflight need ≈ ([\d.]+) min at [\d.]+ s per episode; give --budget-minutes \1 or more",
+        r"the preflight need ≈ ([\d.]+) min at [\d.]+ s per episode \(.*\); give --budget-minutes \1 or more$",
         warning,
     )
-    assert warning.startswith("  warning: the comparison does not fit the budget of 0.5 min: both ") and need
-    assert (
-        warning.endswith("with this budget the run would stop after the preflight") and "drop" not in warning
-    )
+    assert warning.startswith("error: the comparison does not fit the budget of 0.5 min: both ") and need
+    assert "drop" not in warning
     run = CliRunner().invoke(app, ["research", question, "--budget-minutes", "0.5", *common])
     assert run.exit_code == 1 and len(run.output.strip().splitlines()) == 1
     assert run.output.startswith("error: the comparison does not fit the budget of 0.5 min: both ")

@@ -1,0 +1,648 @@
+"""The research study's stages as a pure decision: what to run next, or what to conclude.
+
+A research thread moves preflight → coarse → refine → replicate → done (`a3r.study.design` says how each
+stage picks its configurations and seeds). After each stage the planner node (`a3r.graph.planner`) asks
+`next_stage` for a `StageDecision` and applies it: the decision names the next stage, the runs to queue
+(empty: report), the lines to say and log, and what the budget cut. No I/O here: the inputs are the
+study's progress (`StudyProgress`) and its budget (`StageBudget`), both plain data.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Literal
+
+from a3r.study.analysis import RewardSummary
+from a3r.study.design import (
+    BEST_REFINE_ROUNDS,
+    MIN_STABLE_REFINE_ROUNDS,
+    PriorFinding,
+    best_refine_values,
+    coarse_values,
+    replicate_additions,
+)
+from a3r.study.plans import PlanDraft, StabilityCriterion
+from a3r.study.price import estimate_run_s
+from a3r.study.research import (
+    ConfigVerdict,
+    fit_budget,
+    min_stable_value,
+    refine_values,
+    sweep_specs,
+    token_cap,
+    verdicts,
+)
+from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.sequential import SignalCheck, SignalRule
+from a3r.study.settings import resolve_setting, value_text
+from a3r.study.wording import counted
+
+__all__ = [
+    "Stage",
+    "StageBudget",
+    "StageDecision",
+    "StudyProgress",
+    "next_stage",
+    "refit_queue",
+    "signal_of",
+]
+
+
+class Stage(StrEnum):
+    """Where a thread stands. A `StrEnum`, so a checkpoint that stored the stage as a plain string
+    (before this type existed) still compares and loads: ``Stage("coarse") == "coarse"``."""
+
+    preflight = "preflight"
+    coarse = "coarse"
+    refine = "refine"
+    replicate = "replicate"
+    train = "train"
+    """A vibe thread's only stage."""
+    done = "done"
+
+
+_FAILED = re.compile(r"\d+ of \d+ held-out attempts failed.*$")
+"""The evaluation's note on failed attempts (`a3r.swarmops.execution`), the last part of a run's reason."""
+
+
+@dataclass(frozen=True)
+class StudyProgress:
+    """What a research study has done so far (the research part of the graph's state).
+
+    Attributes:
+        plan: The research plan (``plan.sweep`` set).
+        stage: The stage whose runs just ended.
+        outcomes: Every run so far (reused prior runs included).
+        baseline: The preflight's held-out rewards (``None`` until the preflight was read).
+        priors: Findings of earlier studies whose runs this study reuses.
+        refine_rounds: Refine stages run.
+        dropped: Coarse values the budget left out (re-admitted when the measured speed fits them).
+        force: Sweep even when the preflight finds no signal.
+    """
+
+    plan: PlanDraft
+    stage: Stage = Stage.preflight
+    outcomes: Sequence[RunOutcome] = ()
+    baseline: RewardSummary | None = None
+    priors: Sequence[PriorFinding] = ()
+    refine_rounds: int = 0
+    dropped: Sequence[float] = ()
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class StageBudget:
+    """The time a decision may plan with.
+
+    Attributes:
+        left_s: Seconds of the thread's budget left (`a3r.graph.context.RunContext.budget_left_s`).
+        eval_episodes: Held-out attempts of one run's evaluation (tasks × attempts per task).
+        signal: The preflight's futility rule (`a3r.study.sequential.SignalRule`).
+        advice: What to try when the untrained model shows no signal (the template's advice, said in the
+            conclusion).
+        total_s: The thread's whole budget (a stop names the ``--budget-minutes`` that would fit).
+    """
+
+    left_s: float
+    eval_episodes: int
+    signal: SignalRule = field(default_factory=SignalRule)
+    advice: str = ""
+    total_s: float = math.nan
+
+
+@dataclass(frozen=True)
+class StageDecision:
+    """What the planner does next.
+
+    Attributes:
+        stage: The stage the thread is in after this decision (``done``: report).
+        queue: Runs to queue (empty: hand over to the reporter).
+        lines: Lines to say and keep in the thread's log, in order.
+        events: Those of ``lines`` also recorded as the study's events.
+        budget_cuts: What the budget skipped or cut, with its numbers (for the report).
+        conclusion: The study's conclusion when it stops here.
+        baseline: The preflight's held-out rewards, when this decision read them.
+        reused: Prior runs that join the study's outcomes now.
+        dropped: Coarse values the budget leaves out now (``None``: unchanged).
+        refine_rounds: Refine rounds run once this decision's runs ran (``None``: unchanged).
+    """
+
+    stage: Stage
+    queue: list[RunSpec] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    budget_cuts: list[str] = field(default_factory=list)
+    conclusion: str | None = None
+    baseline: RewardSummary | None = None
+    reused: list[RunOutcome] = field(default_factory=list)
+    dropped: list[float] | None = None
+    refine_rounds: int | None = None
+
+    @property
+    def goto(self) -> Literal["runner", "reporter"]:
+        """``runner`` when runs are queued, else ``reporter``."""
+        return "runner" if self.queue else "reporter"
+
+    def update(self) -> dict[str, Any]:
+        """The graph state's update (`a3r.graph.state.ResearchState` keys) this decision makes."""
+        out: dict[str, Any] = {"stage": self.stage, "log": list(self.lines)}
+        if self.conclusion is None:
+            out["budget_cuts"] = list(self.budget_cuts)
+        else:
+            out["conclusion"] = self.conclusion
+        if self.queue:
+            out["queue"] = list(self.queue)
+        if self.baseline is not None:
+            out["baseline"] = self.baseline
+        if self.reused:
+            out["outcomes"] = list(self.reused)
+        if self.dropped is not None:
+            out["dropped"] = list(self.dropped)
+        if self.refine_rounds is not None:
+            out["refine_rounds"] = self.refine_rounds
+        return out
+
+
+def _stop(text: str, lines: Sequence[str] = (), baseline: RewardSummary | None = None) -> StageDecision:
+    return StageDecision(stage=Stage.done, conclusion=text, lines=list(lines), baseline=baseline)
+
+
+def next_stage(progress: StudyProgress, budget: StageBudget) -> StageDecision:
+    """The next stage of a research study once the runs of its current stage have ended.
+
+    After the preflight: stop for lack of signal (the sequential test, unless ``force``), else the coarse
+    stage's runs that fit the budget. After a sweep stage: re-admit coarse values the budget dropped
+    when the measured speed fits them, refine while the answer's interval can narrow (``min_stable``:
+    bisection; ``best``: midpoints around the best, `BEST_REFINE_ROUNDS`), replicate the configurations
+    the answer rests on with the power rule's seeds, then report (``done``).
+
+    Args:
+        progress: The study so far.
+        budget: Seconds left and the evaluation's size.
+    """
+    assert progress.plan.sweep is not None
+    if progress.stage == Stage.preflight:
+        return _after_preflight(progress, budget)
+    return _after_sweep_stage(progress, budget)
+
+
+def signal_of(baseline: RewardSummary, group_size: int, rule: SignalRule) -> SignalCheck | None:
+    """The futility test over a preflight's attempts when the evaluator recorded none (all ended
+    attempts, since their start order is unknown): successes are rewards above 0."""
+    if baseline.rewards:
+        successes, attempts = sum(1 for r in baseline.rewards if r > 0), len(baseline.rewards)
+    elif baseline.mean_reward <= 0.0:
+        successes, attempts = 0, baseline.episodes
+    else:
+        return None
+    if attempts < 1:
+        return None
+    return rule.test(max(2, group_size), attempts).check(successes, attempts)
+
+
+def _no_signal(
+    plan: PlanDraft, baseline: RewardSummary, signal: SignalCheck | None, advice: str, reason: str
+) -> str:
+    """The conclusion of a study stopped before its sweep for lack of signal."""
+    if signal is not None and signal.stopped:
+        what = "scores zero" if baseline.mean_reward <= 0.0 else "gets too little signal for GRPO"
+        head = f"the untrained model {what} on {plan.template} ({signal.describe()})"
+    else:
+        head = (
+            f"the untrained model scores zero on {plan.template}: no held-out attempt earned a reward, "
+            "so GRPO would see only zero-signal groups"
+            + (f" ({signal.describe()})" if signal is not None else f" (0 of {baseline.episodes} attempts)")
+        )
+    failed = _FAILED.search(reason)
+    return f"stopped before the sweep: {head}. Recommendations: {advice}, or --force to sweep anyway." + (
+        f" Note: {failed.group(0)}." if failed else ""
+    )
+
+
+def _after_preflight(progress: StudyProgress, budget: StageBudget) -> StageDecision:
+    plan = progress.plan
+    assert plan.sweep is not None
+    pre = next((o for o in reversed(progress.outcomes) if o.purpose == "preflight"), None)
+    if pre is None or pre.eval is None:
+        reason = pre.reason if pre else "no preflight ran"
+        if pre is not None and pre.status == "budget":
+            return _stop(
+                f"stopped: the budget ran out during the preflight evaluation ({reason}); raise --budget-minutes"
+            )
+        return _stop(f"stopped: the preflight evaluation failed ({reason})")
+    baseline = pre.eval
+    line = (
+        f"preflight: untrained model on {baseline.tasks} held-out tasks, {baseline.episodes} attempts: mean reward "
+        f"{baseline.mean_reward:.3f}, p@1 {baseline.pass_at_1:.3f}, p@2 {baseline.pass_at_2:.3f}"
+    )
+    signal = pre.signal or signal_of(baseline, plan.training.group_size, budget.signal)
+    # The sequential test decides when there is one: a zero score on too few attempts to rule out the
+    # signal GRPO needs is not evidence of futility (a fresh user's 16-attempt preflight stopped a
+    # study while its own test said "these attempts do not rule that rate out").
+    if baseline.mean_reward <= 0.0 and signal is not None and not signal.stopped:
+        line += f"; a zero score, but not a stop: {signal.describe()}"
+    futile = (baseline.mean_reward <= 0.0 and signal is None) or (signal is not None and signal.stopped)
+    if futile and not progress.force:
+        return _stop(_no_signal(plan, baseline, signal, budget.advice, pre.reason), [line], baseline)
+    return _coarse(progress, budget, baseline, pre, line)
+
+
+def _coarse(
+    progress: StudyProgress, budget: StageBudget, baseline: RewardSummary, pre: RunOutcome, line: str
+) -> StageDecision:
+    """The coarse stage's runs that fit the budget at the preflight's speed."""
+    plan, left = progress.plan, budget.left_s
+    assert plan.sweep is not None
+    reused = [o for p in progress.priors for o in p.outcomes]
+    kept, dropped = fit_budget(
+        sweep_specs(plan, coarse_values(plan, progress.priors), "coarse"),
+        budget_s=left,
+        seconds_per_episode=pre.seconds_per_episode,
+        eval_episodes=budget.eval_episodes,
+        goal=plan.sweep.goal,
+        measured_tokens=token_cap(plan),  # the preflight ran the plan's own cap
+    )
+    variable = plan.sweep.variable
+    named = ", ".join(value_text(variable, plan.template, v) for v in dropped)
+    speed = f"{pre.seconds_per_episode:.1f} s per episode"
+    if dropped and plan.sweep.goal in ("a_vs_b", "effect_of"):  # one arm alone cannot answer a comparison
+        return _stop(
+            f"stopped: the comparison needs both {variable} values on {len(plan.training.seeds)} "
+            f"seeds, and {named} does not fit the remaining budget of {left:.0f} s at the preflight's "
+            f"{speed}; raise --budget-minutes",
+            [line],
+            baseline,
+        )
+    cuts = (
+        [
+            f"budget: dropped {variable} values [{named}] from the coarse stage (would not fit {left:.0f} s at "
+            f"the preflight's {speed})"
+        ]
+        if dropped
+        else []
+    )
+    if not kept and reused and not dropped:  # every coarse value was measured before
+        after = StudyProgress(
+            plan=plan,
+            stage=Stage.coarse,
+            outcomes=[*progress.outcomes, *reused],
+            baseline=baseline,
+            priors=progress.priors,
+            refine_rounds=progress.refine_rounds,
+            dropped=progress.dropped,
+        )
+        decided = _after_sweep_stage(after, budget)
+        return _with_head(decided, [line], baseline=baseline, reused=reused)
+    if not kept:
+        return _stop(
+            f"stopped: no configuration with {len(plan.training.seeds)} seeds fits the remaining budget of "
+            f"{left:.0f} s; {_budget_needed(progress, budget, pre)}",
+            [line, *cuts],
+            baseline,
+        )
+    return StageDecision(
+        stage=Stage.coarse,
+        queue=kept,
+        lines=[line, *cuts],
+        budget_cuts=cuts,
+        baseline=baseline,
+        reused=reused,
+        dropped=dropped,
+    )
+
+
+def _budget_needed(progress: StudyProgress, budget: StageBudget, pre: RunOutcome) -> str:
+    """What to give ``--budget-minutes`` so that the cheapest coarse configuration fits after what the
+    thread has spent (at the preflight's speed); "raise --budget-minutes" when the budget is unknown."""
+    plan = progress.plan
+    assert plan.sweep is not None
+    specs = sweep_specs(plan, coarse_values(plan, progress.priors), "coarse")
+    by_value: dict[float | None, float] = {}
+    for spec in specs:
+        price = estimate_run_s(
+            spec,
+            seconds_per_episode=pre.seconds_per_episode,
+            eval_episodes=budget.eval_episodes,
+            measured_tokens=token_cap(plan),
+        )
+        by_value[spec.value] = by_value.get(spec.value, 0.0) + price
+    if not by_value or not math.isfinite(budget.total_s):
+        return "raise --budget-minutes"
+    need = budget.total_s - budget.left_s + min(by_value.values())
+    return f"give --budget-minutes {math.ceil(need / 6) / 10:g} or more"
+
+
+def _with_head(
+    decision: StageDecision, head: list[str], *, baseline: RewardSummary, reused: list[RunOutcome]
+) -> StageDecision:
+    """``decision`` with lines said before it, and the preflight's baseline and reused runs it brings."""
+    return StageDecision(
+        stage=decision.stage,
+        queue=decision.queue,
+        lines=[*head, *decision.lines],
+        events=decision.events,
+        budget_cuts=decision.budget_cuts,
+        conclusion=decision.conclusion,
+        baseline=baseline,
+        reused=reused,
+        dropped=decision.dropped,
+        refine_rounds=decision.refine_rounds,
+    )
+
+
+@dataclass
+class _Planner:
+    """One sweep-stage decision under way: the budget at the sweep runs' measured speed, and the lines
+    and cuts said so far."""
+
+    progress: StudyProgress
+    budget: StageBudget
+    configs: list[ConfigVerdict]
+    per_episode: float
+    lines: list[str] = field(default_factory=list)
+    cuts: list[str] = field(default_factory=list)
+
+    def cost(self, specs: Sequence[RunSpec]) -> str:
+        seconds = sum(
+            estimate_run_s(s, seconds_per_episode=self.per_episode, eval_episodes=self.budget.eval_episodes)
+            for s in specs
+        )
+        return f"{counted(len(specs), 'runs')} ≈ {seconds:.0f} s at the measured {self.per_episode:.1f} s per episode"
+
+    def fit(self, specs: Sequence[RunSpec], goal: str) -> tuple[list[RunSpec], list[float]]:
+        return fit_budget(
+            specs,
+            budget_s=self.budget.left_s,
+            seconds_per_episode=self.per_episode,
+            eval_episodes=self.budget.eval_episodes,
+            goal=goal,
+        )
+
+    def shown(self, values: Sequence[float]) -> str:
+        plan = self.progress.plan
+        assert plan.sweep is not None
+        return ", ".join(value_text(plan.sweep.variable, plan.template, v) for v in values)
+
+    def go(
+        self, specs: list[RunSpec], stage: Stage, line: str, goal: str, asked: str = "", **more: Any
+    ) -> StageDecision | None:
+        """Queue what fits of ``specs`` as ``stage`` (``None`` when nothing does: the skip is said)."""
+        left = self.budget.left_s
+        kept, dropped = self.fit(specs, goal)
+        if not kept:
+            note = (
+                f"{stage}: skipped, {asked or self.cost(specs)} would not fit the {max(0.0, left):.0f} s left"
+            )
+            self.lines.append(note)
+            self.cuts.append(f"budget: {note}")
+            return None
+        if dropped:
+            variable = self.progress.plan.sweep.variable if self.progress.plan.sweep else ""
+            line += f" (budget: dropped {self.shown(dropped)})"
+            self.cuts.append(
+                f"budget: {stage} dropped {variable} {self.shown(dropped)}: {self.cost(specs)} would not fit the "
+                f"{left:.0f} s left"
+            )
+        return StageDecision(
+            stage=stage,
+            queue=kept,
+            lines=[*self.lines, line],
+            events=[line],
+            budget_cuts=self.cuts,
+            **more,
+        )
+
+
+def _after_sweep_stage(progress: StudyProgress, budget: StageBudget) -> StageDecision:
+    """After the coarse or a refine or replicate stage (see `next_stage`)."""
+    baseline = progress.baseline
+    assert baseline is not None
+    criterion = progress.plan.stability or StabilityCriterion()
+    measured = [o.seconds_per_episode for o in progress.outcomes if o.purpose == "sweep"]
+    planner = _Planner(
+        progress,
+        budget,
+        configs=verdicts(progress.outcomes, baseline=baseline, criterion=criterion),
+        per_episode=min((m for m in measured if m == m), default=math.nan),
+    )
+    for step in (_readmit, _refine, _replicate):
+        decided = step(planner)
+        if decided is not None:
+            return decided
+    return StageDecision(stage=Stage.done, lines=planner.lines, budget_cuts=planner.cuts)
+
+
+def _readmit(planner: _Planner) -> StageDecision | None:
+    """Coarse values dropped at the preflight's speed, again when the runs' measured speed fits them (a
+    min-stable question needs them only while no value tested so far is stable: they are the larger
+    ones)."""
+    plan, left_out = planner.progress.plan, list(planner.progress.dropped)
+    assert plan.sweep is not None
+    if not left_out or (plan.sweep.goal == "min_stable" and min_stable_value(planner.configs) is not None):
+        return None
+    kept, still = planner.fit(sweep_specs(plan, left_out, "coarse"), plan.sweep.goal)
+    if not kept:
+        return None
+    back = sorted({s.value for s in kept if s.value is not None})
+    line = (
+        f"budget: re-admitted {plan.sweep.variable} values [{planner.shown(back)}] dropped from the coarse stage: "
+        f"{planner.cost(kept)} fit the {planner.budget.left_s:.0f} s left"
+    )
+    planner.cuts.append(line)
+    return StageDecision(
+        stage=Stage.coarse,
+        queue=kept,
+        lines=[*planner.lines, line],
+        events=[line],
+        budget_cuts=planner.cuts,
+        dropped=still,
+    )
+
+
+def _refine(planner: _Planner) -> StageDecision | None:
+    """The next refine round, when the goal has one left and it brings new values."""
+    plan, rounds = planner.progress.plan, planner.progress.refine_rounds
+    sweep = plan.sweep
+    assert sweep is not None
+    if not sweep.refine:  # also after a replicate stage that moved the answer
+        return None
+    extra: list[float] = []
+    if sweep.goal == "min_stable" and rounds < MIN_STABLE_REFINE_ROUNDS:
+        extra = refine_values(planner.configs, [c.value for c in planner.configs])
+        why = "between the smallest stable value and the unstable one below"
+    elif sweep.goal == "best" and rounds < BEST_REFINE_ROUNDS:
+        extra = best_refine_values(planner.configs, resolve_setting(sweep.variable, plan.template))
+        why = "between the best value and its neighbours"
+    if not extra:
+        return None
+    return planner.go(
+        sweep_specs(plan, extra, f"refine{rounds + 1}"),
+        Stage.refine,
+        f"refine: testing {sweep.variable} ∈ {{{planner.shown(extra)}}} {why}",
+        "min_stable" if sweep.goal == "min_stable" else "best",
+        refine_rounds=rounds + 1,
+    )
+
+
+def _replicate(planner: _Planner) -> StageDecision | None:
+    """More seeds for the configurations the answer rests on (bounded: arms stop at the power rule's
+    n ≤ max_seeds), as many more per configuration as fit (all, else fewer, at least one each)."""
+    progress = planner.progress
+    plan, baseline = progress.plan, progress.baseline
+    assert plan.sweep is not None and baseline is not None
+    if not plan.sweep.replicate:
+        return None
+    additions, line = replicate_additions(
+        plan,
+        planner.configs,
+        progress.outcomes,
+        baseline=baseline,
+        criterion=plan.stability or StabilityCriterion(),
+    )
+    if not additions:
+        planner.lines.append(line)
+        return None
+
+    def runs(k: int | None) -> list[RunSpec]:
+        return [
+            s
+            for value, seeds in additions.items()
+            for s in sweep_specs(plan, [value], "replicate", seeds=seeds[:k])
+        ]
+
+    wanted = max(len(seeds) for seeds in additions.values())
+    k = next((k for k in range(wanted, 0, -1) if not planner.fit(runs(k), "best")[1]), 0)
+    specs, every = runs(max(k, 1)), runs(None)
+    asked = planner.cost(every) + (
+        f", nor 1 more seed per configuration ({planner.cost(specs)})" if wanted > 1 else ""
+    )
+    if 0 < k < wanted:
+        cut = (
+            f"replicate: {counted(k, 'more seeds')} per configuration instead of the power rule's "
+            f"{wanted}: all {planner.cost(every)} would not fit the {max(0.0, planner.budget.left_s):.0f} s left"
+        )
+        line += f"; budget: {cut.split(': ', 1)[1]}"
+        planner.cuts.append(f"budget: {cut}")
+    return planner.go(specs, Stage.replicate, line, "best", asked=asked)
+
+
+def refit_queue(
+    progress: StudyProgress, queue: Sequence[RunSpec], budget: StageBudget
+) -> StageDecision | None:
+    """Re-plan a sweep stage's queued runs after each run, from the speed the study's sweep runs
+    measured, down as well as up: the configurations not started yet are fitted again to the budget left
+    after those under way (`fit_budget`; a configuration is never cut to fewer seeds), and in the coarse
+    stage the values the budget dropped come back when they fit now (a min-stable question needs them only
+    while no tested value is stable). Values dropped from the coarse stage wait in ``dropped`` for the
+    stage's end (`next_stage` re-admits them there when they fit).
+
+    Returns:
+        The changed plan, or ``None`` when nothing changes (no speed measured yet, or everything still
+        fits as planned). When nothing of the queue fits any more, the stage ends here (`next_stage`).
+    """
+    plan = progress.plan
+    assert plan.sweep is not None
+    measured = [
+        o.seconds_per_episode
+        for o in progress.outcomes
+        if o.purpose == "sweep" and o.wall_s > 0 and math.isfinite(o.seconds_per_episode)
+    ]
+    if not measured or not queue or any(s.purpose != "sweep" for s in queue):
+        return None
+    per_episode = min(measured)
+    started = {(o.stage, o.value) for o in progress.outcomes if o.purpose == "sweep"}
+    committed = [s for s in queue if (s.stage, s.value) in started]
+    open_specs = [s for s in queue if (s.stage, s.value) not in started]
+
+    def price(specs: Sequence[RunSpec]) -> float:
+        return sum(
+            estimate_run_s(s, seconds_per_episode=per_episode, eval_episodes=budget.eval_episodes)
+            for s in specs
+        )
+
+    goal = plan.sweep.goal if progress.stage == Stage.coarse else "best"
+    if progress.stage == Stage.refine and plan.sweep.goal == "min_stable":
+        goal = "min_stable"
+    left = budget.left_s - price(committed)
+    kept, dropped = fit_budget(
+        open_specs,
+        budget_s=left,
+        seconds_per_episode=per_episode,
+        eval_episodes=budget.eval_episodes,
+        goal=goal,
+    )
+    back: list[RunSpec] = []
+    waiting = list(progress.dropped)
+    if progress.stage == Stage.coarse and waiting and not _settled_min_stable(progress):
+        back, waiting = fit_budget(
+            sweep_specs(plan, waiting, "coarse"),
+            budget_s=left - price(kept),
+            seconds_per_episode=per_episode,
+            eval_episodes=budget.eval_episodes,
+            goal=plan.sweep.goal,
+        )
+    if not dropped and not back:
+        return None
+    return _refitted(progress, budget, [*committed, *kept, *back], dropped, back, waiting, per_episode)
+
+
+def _settled_min_stable(progress: StudyProgress) -> bool:
+    """Whether a min-stable question already has a stable value (the dropped, larger values are then
+    not needed)."""
+    plan, baseline = progress.plan, progress.baseline
+    if plan.sweep is None or plan.sweep.goal != "min_stable" or baseline is None:
+        return False
+    criterion = plan.stability or StabilityCriterion()
+    return min_stable_value(verdicts(progress.outcomes, baseline=baseline, criterion=criterion)) is not None
+
+
+def _refitted(
+    progress: StudyProgress,
+    budget: StageBudget,
+    queue: list[RunSpec],
+    dropped: list[float],
+    back: list[RunSpec],
+    waiting: list[float],
+    per_episode: float,
+) -> StageDecision:
+    """The decision of `refit_queue`: the new queue, with one line saying what changed and why."""
+    plan = progress.plan
+    assert plan.sweep is not None
+    variable = plan.sweep.variable
+
+    def shown(values: Sequence[float]) -> str:
+        return ", ".join(value_text(variable, plan.template, v) for v in values)
+
+    said = []
+    if dropped:
+        said.append(f"dropped {variable} values [{shown(dropped)}]")
+    if back:
+        said.append(
+            f"re-admitted {variable} values [{shown(sorted({s.value for s in back if s.value is not None}))}]"
+        )
+    line = (
+        f"budget: re-planned the {progress.stage} stage at the measured {per_episode:.1f} s per episode: "
+        f"{' and '.join(said)} ({counted(len(queue), 'runs')} left fit the {max(0.0, budget.left_s):.0f} s left)"
+    )
+    coarse = progress.stage == Stage.coarse
+    new_dropped = sorted({*waiting, *dropped}) if coarse else list(progress.dropped)
+    if not queue:  # nothing of the stage fits any more: it ends here
+        ended = _after_sweep_stage(replace(progress, dropped=new_dropped), budget)
+        return replace(
+            ended,
+            lines=[line, *ended.lines],
+            events=[line, *ended.events],
+            budget_cuts=[line, *ended.budget_cuts],
+        )
+    return StageDecision(
+        stage=progress.stage,
+        queue=queue,
+        lines=[line],
+        events=[line],
+        budget_cuts=[line],
+        dropped=new_dropped if coarse else None,
+    )
