@@ -1,5 +1,5 @@
-"""Admission, quotas, votes and the pending index of the training loop (docs/ARCHITECTURE.md §Batch
-policies and quotas).
+"""Admission, quotas, votes and the pending index of the training loop
+(docs/ARCHITECTURE.md §Batch policies and quotas).
 
 `AdmissionControl` decides whether a new train episode may begin (family quotas: 429; asynchronous
 training, AReaL's bound on episodes ahead of the trainer: 503, both with ``Retry-After``), keeps the
