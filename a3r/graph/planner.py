@@ -221,17 +221,19 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
         # signal GRPO needs is not evidence of futility (a fresh user's 16-attempt preflight stopped a
         # study while its own test said "these attempts do not rule that rate out").
         if baseline.mean_reward <= 0.0 and signal is not None and not signal.stopped:
-            line += f"; a zero score, but not a stop: {signal.describe()}"
+            line += f"; no success yet, but not a stop: {signal.describe()}"
         ctx.say(line)
         if (
             (baseline.mean_reward <= 0.0 and signal is None) or (signal is not None and signal.stopped)
         ) and not state.get("force", False):
             if signal is not None and signal.stopped:
-                what = "scores zero" if baseline.mean_reward <= 0.0 else "gets too little signal for GRPO"
-                head = f"the untrained model {what} on {plan.template} ({signal.describe()})"
+                head = (
+                    f"the untrained model gets too little signal for GRPO on {plan.template}: "
+                    f"{signal.headline()} ({signal.describe()})"
+                )
             else:
                 head = (
-                    f"the untrained model scores zero on {plan.template}: no held-out attempt earned a reward, "
+                    f"no held-out attempt of the untrained model earned a reward on {plan.template}, "
                     "so GRPO would see only zero-signal groups"
                     + (
                         f" ({signal.describe()})"

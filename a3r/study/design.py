@@ -659,7 +659,7 @@ def design_study(
             note=(
                 f"held-out evaluation of the untrained model (up to {preflight_episodes} attempts); a sequential "
                 "futility test (a3r.study.sequential) stops the study early, after as few attempts as it takes, "
-                f"when its success rate is bounded below {SignalRule().min_rate(plan.training.group_size):.3f} "
+                f"when its success rate is bounded below {SignalRule().stop_rate(plan.training.group_size):.3f} "
                 f"(too few groups of G = {plan.training.group_size} with a non-zero advantage to train on){cap}"
             ),
         )
