@@ -14,9 +14,9 @@ from langgraph.runtime import Runtime
 from a3r.graph.context import RunContext
 from a3r.graph.records import config_identity, ensure_finding
 from a3r.graph.state import ResearchState, first_hypothesis
-from a3r.study.analysis import DiagnosisKind, on_shared_tasks, part_roles, task_span
+from a3r.study.analysis import DiagnosisKind, on_shared_tasks, part_roles, reward_range, task_span
 from a3r.study.design import STABLE_CONFIRM_SEEDS, ranked_by_held_out, seed_means
-from a3r.study.effects import LEVEL, Effect, EffectVerdict, curve_effect, two_sample_effect
+from a3r.study.effects import LEVEL, Effect, EffectVerdict, Scale, curve_effect, two_sample_effect
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
 from a3r.study.research import (
@@ -47,15 +47,16 @@ def _cannot_learn(outcomes: list[RunOutcome]) -> str:
     return ""
 
 
-def train_effect(outcomes: list[RunOutcome]) -> Effect:
+def train_effect(outcomes: list[RunOutcome], *, scale: Scale | None = None) -> Effect:
     """The hypothesis' effect: the change of the mean train reward over training, per seed (a patched
-    run's continuations joined to its seed's curve), through `a3r.study.effects.curve_effect`."""
+    run's continuations joined to its seed's curve), through `a3r.study.effects.curve_effect`, its
+    interval bounded by the reward's range ``scale`` (`a3r.study.analysis.reward_range`)."""
     by_seed: dict[int, list[tuple[int, float]]] = {}
     for o in outcomes:
         by_seed.setdefault(o.seed, []).extend(o.curve)
     curves = [[v for _, v in sorted(points)] for points in by_seed.values()]
     why = _cannot_learn(outcomes) if outcomes else "no training run"
-    return curve_effect(curves, can_learn=not why, why_not=why)
+    return curve_effect(curves, can_learn=not why, why_not=why, scale=scale)
 
 
 def held_out_effect(state: ResearchState) -> tuple[Effect, str] | None:
@@ -80,7 +81,8 @@ def held_out_effect(state: ResearchState) -> tuple[Effect, str] | None:
             where += f"; before ran {before.tasks}, after {after.tasks}"
     if any(o.reward_patch is not None for o in outcomes):
         where += "; both scored by the reward as first written: the held-out evaluator is frozen, a patch does not change it"
-    return two_sample_effect(after_on.rewards, before_on.rewards), where
+    scale = reward_range(state["plan"].template)
+    return two_sample_effect(after_on.rewards, before_on.rewards, scale=scale), where
 
 
 _CONFIDENCE_OF = {
@@ -120,7 +122,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     curve = [point for o in outcomes for point in o.curve]
     study_id = state["study_id"]
     hypothesis = first_hypothesis(state)
-    effect = train_effect(outcomes)
+    effect = train_effect(outcomes, scale=reward_range(state["plan"].template))
     held = held_out_effect(state)
     seeds = sorted({o.seed for o in outcomes})
     k = min(2, len(curve) // 2)

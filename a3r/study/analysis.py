@@ -50,6 +50,7 @@ __all__ = [
     "part_roles",
     "pass_at_k",
     "read_progress",
+    "reward_range",
     "shared_tasks",
     "summarise_rewards",
     "task_span",
@@ -177,6 +178,18 @@ def part_roles(template: str | None) -> dict[str, str]:
         return dict(templates.get_template(template).meta.reward_parts)
     except templates.TemplateError:
         return {}
+
+
+def reward_range(template: str | None) -> tuple[float, float] | None:
+    """The episode rewards a template's reward can pay (`templates.TemplateMeta.reward_range`), which
+    bound the intervals of reward effects (`a3r.study.effects`); ``None`` for a generated workflow or
+    an unknown template (its range is not known)."""
+    if template is None:
+        return None
+    try:
+        return templates.get_template(template).meta.reward_range
+    except templates.TemplateError:
+        return None
 
 
 def detect_part_exploits(parts: Mapping[str, Sequence[float]], roles: Mapping[str, str]) -> list[Diagnosis]:

@@ -40,6 +40,7 @@ META = TemplateMeta(
         "follow game rules (name a player by number, use potions correctly, keep one's role secret)",
         "reason about other players' statements and votes",
     ),
+    reward_range=(-1.0, 1.0),
     multi_agent=True,
     parameters=(
         ParamSpec(name="n_players", type="int", default=5, minimum=4, maximum=12,

@@ -32,6 +32,7 @@ META = TemplateMeta(
         "deception",
         "voting",
     ),
+    reward_range=(-1.0, 1.0),
     reward_parts={"win_rate": "goal", "leak_rate": "violation", "invalid_vote_rate": "violation"},
     capabilities=(
         "multi-turn chat with a system prompt",
