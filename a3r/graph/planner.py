@@ -221,7 +221,7 @@ def _research_step(state: ResearchState, ctx: RunContext) -> Command[Route]:
         # signal GRPO needs is not evidence of futility (a fresh user's 16-attempt preflight stopped a
         # study while its own test said "these attempts do not rule that rate out").
         if baseline.mean_reward <= 0.0 and signal is not None and not signal.stopped:
-            line += f"; no success yet, but not a stop: {signal.describe()}"
+            line += f"; a zero score, but not a stop: {signal.describe()}"
         ctx.say(line)
         if (
             (baseline.mean_reward <= 0.0 and signal is None) or (signal is not None and signal.stopped)
