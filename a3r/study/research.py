@@ -518,5 +518,3 @@ def fit_budget(
         else:
             dropped.append(value)
     return kept, dropped
-
-

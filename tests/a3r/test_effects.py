@@ -196,7 +196,7 @@ def test_intervals_respect_the_rewards_scale() -> None:
     assert clipped.high == 1.0 and -1.0 <= clipped.low < 0 and not clipped.too_few
     # a difference of held-out means of a reward in [-1, 1] lies in [-2, 2]; two seeds a side
     arms = two_sample_effect([0.9, -0.8], [-0.9, 0.7], unit="seeds", scale=(-1.0, 1.0))
-    assert arms.too_few or (-2.0 <= arms.low and arms.high <= 2.0)
+    assert arms.too_few or (arms.low >= -2.0 and arms.high <= 2.0)
     # a settled effect is untouched by its scale
     rising = [0.1 * t for t in range(10)]
     assert step_effect(rising, scale=(0.0, 1.0)).verdict == step_effect(rising).verdict

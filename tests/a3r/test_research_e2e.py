@@ -44,7 +44,10 @@ def test_research_reaches_its_zero_signal_verdict_within_budget(tmp_path: Path, 
     # that can decide (8 held-out tasks × 4 attempts planned), and the thread ends with the bound.
     test = SignalRule().test(4, 32)
     assert test.first_stop == 28
-    assert "stopped before the sweep: the untrained model gets too little signal for GRPO on arithmetic" in output
+    assert (
+        "stopped before the sweep: the untrained model gets too little signal for GRPO on arithmetic"
+        in output
+    )
     assert "held-out success rate below" in output and "scores zero" not in output
     assert "the test stopped after" in output and "of 32 planned attempts" in output
     assert "≥ 0.159" in output and "--force" in output
