@@ -279,7 +279,11 @@ def _measured_statement(c: ConfigVerdict, variable: str, template: str | None) -
     )
 
 
-def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> str:
+def _config_findings(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> None:
+    """One finding per configuration: "not run" with its reasons for one none of whose runs ran (no
+    claim, no identity: never reused as tested); else, about what the goal asks, its stability for a
+    min-stable question or only what was measured (the comparison's verdict is the conclusion's). A
+    later study reuses a configuration's runs through its finding."""
     plan = state["plan"]
     assert plan.sweep is not None
     variable = plan.sweep.variable
@@ -303,9 +307,6 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
                 hypothesis_id=hypothesis,
             )
             continue
-        # One finding per configuration (a later study reuses its runs through it), about what the goal
-        # asks: its stability for a min-stable question, else only what was measured (the comparison's
-        # verdict is the conclusion's).
         status = _config_status(c) if stability_goal else FindingStatus.unconfirmed
         ensure_finding(
             ctx,
@@ -335,6 +336,15 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
             run_ids=[i for i in c.run_ids if i in own],
             hypothesis_id=hypothesis,
         )
+
+
+def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> str:
+    plan = state["plan"]
+    assert plan.sweep is not None
+    variable = plan.sweep.variable
+    outcomes = state.get("outcomes", [])
+    own = {o.run_id for o in outcomes if o.stage != "prior"}  # reused runs stay linked to their own study
+    _config_findings(state, ctx, configs)
     if not configs:
         return "unconfirmed: no sweep run finished; no conclusion"
     all_ids = [i for c in configs for i in c.run_ids if i in own]
@@ -355,14 +365,14 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
         statement, status = _min_stable_conclusion(ran, variable, missing=missing)
     ensure_finding(
         ctx,
-        study_id,
+        state["study_id"],
         statement=statement,
         evidence={"configs": [c.model_dump() for c in configs]},
         confidence=LEVEL if status is not FindingStatus.unconfirmed else 0.3,
         status=status,
         seeds=seeds,
         run_ids=all_ids,
-        hypothesis_id=hypothesis,
+        hypothesis_id=first_hypothesis(state),
     )
     return statement
 
