@@ -157,6 +157,9 @@ class TemplateMeta(BaseModel):
     """The episode metrics (``Result.metrics``) the reward is made of, with their role: a3r's report
     draws a curve of each, and its analyst reads a ``violation`` that rises, or a ``shaping`` bonus
     that rises while the ``goal`` does not, as the reward being exploited."""
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    """The smallest and largest episode reward the template's reward can pay: a3r clips the intervals of
+    reward effects to what this range allows (`a3r.study.effects`)."""
     defaults_evidence: str | None = None
     """One line on where the defaults come from when measurements chose them (what was measured, and the
     file that holds the numbers); ``a3r vibe --dry-run`` prints it under the parameters."""

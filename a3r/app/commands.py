@@ -622,7 +622,7 @@ def research(
     ] = None,
     budget_minutes: BudgetOption = 60.0,
     force: Annotated[
-        bool, typer.Option("--force", help="Sweep even when the untrained model scores zero.")
+        bool, typer.Option("--force", help="Sweep even when the preflight finds too little signal for GRPO.")
     ] = False,
     eval_tasks: Annotated[
         int,

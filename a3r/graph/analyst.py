@@ -25,10 +25,10 @@ from a3r.study.analysis import (
     detect_reward_hacking,
     on_shared_tasks,
     part_roles,
+    reward_range,
 )
 from a3r.study.effects import LEVEL, EffectVerdict, step_effect, two_sample_effect
 from a3r.study.patches import PATCHABLE, check_allowed, unified_diff
-from a3r.study.plans import PatchDraft
 from a3r.study.runs import RunOutcome, RunSpec
 from memory import FindingStatus
 
@@ -101,8 +101,9 @@ def _held_out_check(state: ResearchState, outcome: RunOutcome) -> list[tuple[Dia
     )
     if not signs:
         return []
-    rise = step_effect([v for _, v in curve])
-    fall = two_sample_effect(base_on.rewards, after_on.rewards)
+    scale = reward_range(state["plan"].template)
+    rise = step_effect([v for _, v in curve], scale=scale)
+    fall = two_sample_effect(base_on.rewards, after_on.rewards, scale=scale)
     both = rise.verdict is EffectVerdict.confirmed and fall.verdict is EffectVerdict.confirmed
     status = FindingStatus.confirmed if both else FindingStatus.unconfirmed
     found = []
@@ -253,9 +254,3 @@ def _propose(
     )
     ctx.say(f"analyst: patch {review.patch_id} proposed for {review.file}: {review.rationale}")
     return review
-
-
-def draft_from_pending(workspace: Path, patch_id: int) -> PatchDraft:
-    """The stored draft of a proposed patch."""
-    data = json.loads(pending_patch_file(workspace, patch_id).read_text(encoding="utf-8"))
-    return PatchDraft(file=data["file"], new_content=data["new"], rationale="(stored)")

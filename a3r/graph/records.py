@@ -134,11 +134,6 @@ def ensure_finding(
     ).id
 
 
-def is_open(run: RunPublic) -> bool:
-    """Whether the run still needs a terminal status."""
-    return run.status is RunStatus.running
-
-
 def config_identity(plan: PlanDraft, model: str | None) -> dict[str, Any]:
     """What makes two studies' configurations the same experiment (seeds aside): the policy model,
     template, template parameters, the varied setting and every other training setting. Recorded in

@@ -14,21 +14,22 @@ from langgraph.runtime import Runtime
 from a3r.graph.context import RunContext
 from a3r.graph.records import config_identity, ensure_finding
 from a3r.graph.state import ResearchState, first_hypothesis
-from a3r.study.analysis import DiagnosisKind, on_shared_tasks, part_roles, task_span
+from a3r.study.analysis import DiagnosisKind, on_shared_tasks, part_roles, reward_range, task_span
 from a3r.study.design import STABLE_CONFIRM_SEEDS, ranked_by_held_out, seed_means
-from a3r.study.effects import LEVEL, Effect, EffectVerdict, curve_effect, two_sample_effect
+from a3r.study.effects import LEVEL, Effect, EffectVerdict, Scale, curve_effect, two_sample_effect
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
-from a3r.study.research import (
+from a3r.study.research import budget_note, spent_s
+from a3r.study.runs import RunOutcome
+from a3r.study.settings import value_text
+from a3r.study.stability import (
     ConfigVerdict,
-    budget_note,
     compared_tasks_text,
     min_stable_value,
     non_monotone,
+    not_run_reason,
     verdicts,
 )
-from a3r.study.runs import RunOutcome
-from a3r.study.settings import value_text
 from a3r.study.wording import counted, unit_noun
 from memory import ArtifactKind, FindingStatus, StudyStatus, StudyUpdate
 
@@ -47,15 +48,16 @@ def _cannot_learn(outcomes: list[RunOutcome]) -> str:
     return ""
 
 
-def train_effect(outcomes: list[RunOutcome]) -> Effect:
+def train_effect(outcomes: list[RunOutcome], *, scale: Scale | None = None) -> Effect:
     """The hypothesis' effect: the change of the mean train reward over training, per seed (a patched
-    run's continuations joined to its seed's curve), through `a3r.study.effects.curve_effect`."""
+    run's continuations joined to its seed's curve), through `a3r.study.effects.curve_effect`, its
+    interval bounded by the reward's range ``scale`` (`a3r.study.analysis.reward_range`)."""
     by_seed: dict[int, list[tuple[int, float]]] = {}
     for o in outcomes:
         by_seed.setdefault(o.seed, []).extend(o.curve)
     curves = [[v for _, v in sorted(points)] for points in by_seed.values()]
     why = _cannot_learn(outcomes) if outcomes else "no training run"
-    return curve_effect(curves, can_learn=not why, why_not=why)
+    return curve_effect(curves, can_learn=not why, why_not=why, scale=scale)
 
 
 def held_out_effect(state: ResearchState) -> tuple[Effect, str] | None:
@@ -80,7 +82,8 @@ def held_out_effect(state: ResearchState) -> tuple[Effect, str] | None:
             where += f"; before ran {before.tasks}, after {after.tasks}"
     if any(o.reward_patch is not None for o in outcomes):
         where += "; both scored by the reward as first written: the held-out evaluator is frozen, a patch does not change it"
-    return two_sample_effect(after_on.rewards, before_on.rewards), where
+    scale = reward_range(state["plan"].template)
+    return two_sample_effect(after_on.rewards, before_on.rewards, scale=scale), where
 
 
 _CONFIDENCE_OF = {
@@ -120,7 +123,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     curve = [point for o in outcomes for point in o.curve]
     study_id = state["study_id"]
     hypothesis = first_hypothesis(state)
-    effect = train_effect(outcomes)
+    effect = train_effect(outcomes, scale=reward_range(state["plan"].template))
     held = held_out_effect(state)
     seeds = sorted({o.seed for o in outcomes})
     k = min(2, len(curve) // 2)
@@ -247,14 +250,25 @@ def _mean_text(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ({len(values)} seed{'s' if len(values) != 1 else ''})"
 
 
-def _config_statement(c: ConfigVerdict, variable: str, status: FindingStatus) -> str:
-    """A min-stable study's finding on one configuration: its stability verdict and margin."""
-    verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
+def _not_run_statement(c: ConfigVerdict, variable: str, template: str | None) -> str:
+    """The record of a configuration none of whose runs ran: why, and no claim about it."""
     return (
-        f"{status.value}: {variable}={c.value:g} is {verdict} ({len(c.stable_seeds)}/{len(c.seeds)} seeds stable; "
-        f"last-k train reward {c.last_k_reward:.3f}, held-out p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}); "
-        f"margin over the threshold: {c.margin.describe() if c.margin else 'no step recorded'}"
+        f"not run: {variable}={value_text(variable, template, c.value)} gave no evidence, no claim is made about it "
+        f"({'; '.join(c.not_run)})"
     )
+
+
+def _config_statement(c: ConfigVerdict, variable: str, status: FindingStatus) -> str:
+    """A min-stable study's finding on one configuration that ran: its stability verdict over the seeds
+    that ran, what it compared, its margin, and the seeds that did not run."""
+    verdict = {True: "stable", False: "unstable", None: "undecided"}[c.stable]
+    text = (
+        f"{status.value}: {variable}={c.value:g} is {verdict} ({len(c.stable_seeds)}/{counted(len(c.seeds), 'seeds')} "
+        f"that ran stable; held-out p@1 {c.pass_at_1:.3f}, p@2 {c.pass_at_2:.3f}, mean reward {c.eval_mean_reward:.3f}); "
+        "held-out mean reward after − before training on the same tasks: "
+        + (c.margin.describe() if c.margin else "no held-out evaluation")
+    )
+    return text + (f"; not run: {'; '.join(c.not_run)}" if c.not_run else "")
 
 
 def _measured_statement(c: ConfigVerdict, variable: str, template: str | None) -> str:
@@ -265,7 +279,11 @@ def _measured_statement(c: ConfigVerdict, variable: str, template: str | None) -
     )
 
 
-def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> str:
+def _config_findings(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> None:
+    """One finding per configuration: "not run" with its reasons for one none of whose runs ran (no
+    claim, no identity: never reused as tested); else, about what the goal asks, its stability for a
+    min-stable question or only what was measured (the comparison's verdict is the conclusion's). A
+    later study reuses a configuration's runs through its finding."""
     plan = state["plan"]
     assert plan.sweep is not None
     variable = plan.sweep.variable
@@ -276,9 +294,19 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     own = {o.run_id for o in outcomes if o.stage != "prior"}  # reused runs stay linked to their own study
     stability_goal = plan.sweep.goal == "min_stable"
     for c in configs:
-        # One finding per configuration (a later study reuses its runs through it), about what the goal
-        # asks: its stability for a min-stable question, else only what was measured (the comparison's
-        # verdict is the conclusion's).
+        if not c.ran:
+            # no claim about what did not run; no identity either, so no later study reuses it as tested
+            ensure_finding(
+                ctx,
+                study_id,
+                statement=_not_run_statement(c, variable, plan.template),
+                evidence={"value": c.value, "runs": c.runs, "not_run": c.not_run},
+                confidence=0.0,
+                status=FindingStatus.unconfirmed,
+                run_ids=[i for i in c.run_ids if i in own],
+                hypothesis_id=hypothesis,
+            )
+            continue
         status = _config_status(c) if stability_goal else FindingStatus.unconfirmed
         ensure_finding(
             ctx,
@@ -308,51 +336,109 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
             run_ids=[i for i in c.run_ids if i in own],
             hypothesis_id=hypothesis,
         )
+
+
+def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[ConfigVerdict]) -> str:
+    plan = state["plan"]
+    assert plan.sweep is not None
+    variable = plan.sweep.variable
+    outcomes = state.get("outcomes", [])
+    own = {o.run_id for o in outcomes if o.stage != "prior"}  # reused runs stay linked to their own study
+    _config_findings(state, ctx, configs)
     if not configs:
         return "unconfirmed: no sweep run finished; no conclusion"
     all_ids = [i for c in configs for i in c.run_ids if i in own]
     seeds = sorted({s for c in configs for s in c.seeds})
-    if plan.sweep.goal in ("best", "a_vs_b", "effect_of"):
+    missing = _not_run_text(configs, variable, outcomes, budget_s=ctx.budget_s)
+    ran = [c for c in configs if c.ran]
+    if not ran:
+        statement, status = f"not answered: no configuration ran{missing}", FindingStatus.unconfirmed
+    elif plan.sweep.goal in ("best", "a_vs_b", "effect_of"):
         if plan.sweep.goal == "best":
-            statement, status = _best_conclusion(state, configs, variable)
+            statement, status = _best_conclusion(state, ran, variable)
         else:
-            statement, status = _comparison_conclusion(state, configs, variable, plan.sweep.goal)
+            statement, status = _comparison_conclusion(state, ran, variable, plan.sweep.goal)
         compared = compared_tasks_text(outcomes)
         statement += f". Compared on the same tasks: {compared}" if compared else ""
+        statement += missing
     else:
-        statement, status = _min_stable_conclusion(configs, variable)
+        statement, status = _min_stable_conclusion(ran, variable, missing=missing)
     ensure_finding(
         ctx,
-        study_id,
+        state["study_id"],
         statement=statement,
         evidence={"configs": [c.model_dump() for c in configs]},
         confidence=LEVEL if status is not FindingStatus.unconfirmed else 0.3,
         status=status,
         seeds=seeds,
         run_ids=all_ids,
-        hypothesis_id=hypothesis,
+        hypothesis_id=first_hypothesis(state),
     )
     return statement
 
 
-def _min_stable_conclusion(configs: list[ConfigVerdict], variable: str) -> tuple[str, FindingStatus]:
-    """The minimal-stable answer, confirmed only when every verdict it rests on clears the noise: the
-    chosen value's margin, the failure of the value below it, and no stable value below a failing one."""
+def _not_run_text(
+    configs: list[ConfigVerdict], variable: str, outcomes: list[RunOutcome], *, budget_s: float
+) -> str:
+    """The sentence a conclusion ends with when some configurations or seeds did not run: which and why,
+    and for budget stops the budget that would run them, from the measured per-run time ("" when
+    every run ran)."""
+    missing = [c for c in configs if c.not_run]
+    if not missing:
+        return ""
+    text = ". Not run (no claim is made about them): " + "; ".join(
+        f"{variable} = {c.value:g}" + (" (entirely)" if not c.ran else "") + f", {c.not_run_short}"
+        for c in missing
+    )
+    sweep = [o for o in outcomes if o.purpose == "sweep"]
+    cut = [o for o in sweep if o.status == "budget" and not_run_reason(o) is not None]
+    if not cut:
+        return text
+    ran = sorted(o.wall_s for o in sweep if not_run_reason(o) is None and o.wall_s > 0)
+    if not ran:
+        return (
+            text
+            + f". The budget stopped {counted(len(cut), 'runs')} before they could answer and no sweep run "
+            "completed, so no per-run time was measured: the dry run (--dry-run) names the budget the study needs"
+        )
+    per_run = ran[len(ran) // 2]
+    # what was spent, less the time the cut runs wasted, plus a measured run's time for each of them
+    needed = spent_s(outcomes) - sum(o.wall_s + o.overhead_s for o in cut) + len(cut) * per_run
+    return text + (
+        f". The budget ran out for {counted(len(cut), 'runs')}: at the {per_run:,.0f} s per run measured (median of the "
+        f"{counted(len(ran), 'runs')} that ran), --budget-minutes {math.ceil(needed / 60)} would have run them "
+        f"(this one had {budget_s / 60:g})"
+    )
+
+
+def _min_stable_conclusion(
+    configs: list[ConfigVerdict], variable: str, *, missing: str = ""
+) -> tuple[str, FindingStatus]:
+    """The minimal-stable answer over the configurations that ran (``missing``: the sentence on those
+    that did not), confirmed only when every verdict it rests on clears the noise: the chosen value's
+    margin, the failure of the value below it, and no stable value below a failing one. A study in which
+    nothing ran failed or stayed undecided answers nothing, and says so."""
+    configs = [c for c in configs if c.ran]
     tested = ", ".join(f"{c.value:g}" for c in configs)
     smallest = min_stable_value(configs)
     noisy = non_monotone(configs)
+    if smallest is None and not any(c.stable is False for c in configs):
+        return (
+            f"not answered: no configuration that ran ({tested or 'none'}) has a stability verdict yet{missing}",
+            FindingStatus.unconfirmed,
+        )
     if smallest is None:
         decided = [c for c in configs if c.stable is False]
         top = max(decided, key=lambda c: c.value) if decided else None
         settled = top is not None and top.settled
         status = FindingStatus.refuted if settled else FindingStatus.unconfirmed
         statement = (
-            f"{status.value}: no tested {variable} ({tested}) was stable on every seed (with every larger value "
+            f"{status.value}: no {variable} that ran ({tested}) was stable on every seed (with every larger value "
             "stable) under the pre-registered definition"
         )
         if not settled:
             statement += f"; the largest failing value's verdict is within noise: {_more_seeds(configs)}"
-        return statement, status
+        return statement + missing, status
     chosen = next(c for c in configs if c.value == smallest)
     below = [c for c in configs if c.value < smallest and c.stable is False]
     if below:
@@ -373,7 +459,7 @@ def _min_stable_conclusion(configs: list[ConfigVerdict], variable: str) -> tuple
             f"{smallest:g} only below {bound:.0%} (95%); >= {STABLE_CONFIRM_SEEDS} are needed to confirm it"
         )
     if chosen.margin is not None:
-        statement += f". Margin of {variable} = {smallest:g} over the threshold: {chosen.margin.describe()}"
+        statement += f". Held-out mean reward after − before training of {variable} = {smallest:g}: {chosen.margin.describe()}"
     if unsettled:
         statement += (
             f". Within noise: the verdict of {', '.join(f'{variable} = {c.value:g}' for c in unsettled)} "
@@ -384,7 +470,7 @@ def _min_stable_conclusion(configs: list[ConfigVerdict], variable: str) -> tuple
             f". Caution: {', '.join(f'{v:g}' for v in noisy)} also passed while a larger value failed — the verdicts "
             "are noisy at this budget (more seeds or steps needed)"
         )
-    return f"{status.value}: {statement}", status
+    return f"{status.value}: {statement}{missing}", status
 
 
 def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, object]:
@@ -401,7 +487,12 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
     baseline = state.get("baseline")
     configs: list[ConfigVerdict] = []
     if plan.kind == "research" and baseline is not None:
-        configs = verdicts(outcomes, baseline=baseline, criterion=plan.stability or StabilityCriterion())
+        configs = verdicts(
+            outcomes,
+            baseline=baseline,
+            criterion=plan.stability or StabilityCriterion(),
+            scale=reward_range(plan.template),
+        )
     conclusion = state.get("conclusion")
     stopped_early = conclusion is not None
     if conclusion is None:

@@ -29,6 +29,7 @@ import templates
 from a3r.study.effects import EffectVerdict, step_effect
 
 __all__ = [
+    "STOP_EXCEPTIONS",
     "Diagnosis",
     "DiagnosisKind",
     "EpisodeRecord",
@@ -49,6 +50,7 @@ __all__ = [
     "part_roles",
     "pass_at_k",
     "read_progress",
+    "reward_range",
     "shared_tasks",
     "summarise_rewards",
     "task_span",
@@ -176,6 +178,18 @@ def part_roles(template: str | None) -> dict[str, str]:
         return dict(templates.get_template(template).meta.reward_parts)
     except templates.TemplateError:
         return {}
+
+
+def reward_range(template: str | None) -> tuple[float, float] | None:
+    """The episode rewards a template's reward can pay (`templates.TemplateMeta.reward_range`), which
+    bound the intervals of reward effects (`a3r.study.effects`); ``None`` for a generated workflow or
+    an unknown template (its range is not known)."""
+    if template is None:
+        return None
+    try:
+        return templates.get_template(template).meta.reward_range
+    except templates.TemplateError:
+        return None
 
 
 def detect_part_exploits(parts: Mapping[str, Sequence[float]], roles: Mapping[str, str]) -> list[Diagnosis]:
@@ -382,16 +396,32 @@ def metric_series(rows: Sequence[Mapping[str, Any]], name: str) -> list[tuple[in
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):.*?(?:\n\S[^\n]*)", re.DOTALL)
 
+STOP_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "asyncio.exceptions.CancelledError", "CancelledError")
+"""Exceptions a process raises when a3r stops it (SIGINT, SIGTERM, a cancelled task): a traceback
+ending in one of them records our stop (the budget, a hang, an early stop), not the run's own failure,
+whatever state the process was in (importing at start-up, a smoke episode, a training step, an
+evaluation)."""
+
+
+def _own_failure(traceback: str) -> bool:
+    """Whether a traceback is the process's own failure, not the mark of a3r stopping it."""
+    last = traceback.strip().splitlines()[-1].strip() if traceback.strip() else ""
+    name = last.split(":", 1)[0].strip()
+    return name not in STOP_EXCEPTIONS
+
 
 def detect_crash(log_text: str, *, exit_code: int | None, agent_failures: int = 0) -> list[Diagnosis]:
     """A client crash: a non-zero exit code or agent failures, with the last traceback as evidence.
+
+    Tracebacks of a3r's own stop (`STOP_EXCEPTIONS`: a budget stop while the client was still
+    importing raises ``KeyboardInterrupt``) are not a crash and are left out.
 
     Args:
         log_text: The client's combined stdout/stderr.
         exit_code: The client's exit code (``None`` while running, or stopped by us).
         agent_failures: Episodes aborted because the workflow raised.
     """
-    tracebacks = _TRACEBACK.findall(log_text)
+    tracebacks = [tb for tb in _TRACEBACK.findall(log_text) if _own_failure(tb)]
     if exit_code in (None, 0) and agent_failures == 0 and not tracebacks:
         return []
     last = tracebacks[-1] if tracebacks else ""

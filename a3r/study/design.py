@@ -307,23 +307,14 @@ def replicate_additions(
         below = [c for c in configs if c.value < chosen and c.stable is False]
         deciding = [c for c in configs if c.value == chosen] + below[-1:]
         unsettled = [c for c in deciding if not c.settled or c.value == chosen]
-        threshold = baseline.mean_reward - criterion.delta
-        margins = [
-            [
-                statistics.fmean(v for _, v in o.curve[-criterion.last_k :]) - threshold
-                for o in outcomes
-                if o.purpose == "sweep" and o.value == c.value and o.curve
-            ]
-            for c in unsettled
-        ]
-        sd = _pooled_sd(margins)
+        sd = _pooled_sd([c.seed_margins for c in unsettled])  # held-out after − (before − δ), per seed
         n = max(
             seeds_per_arm(sd, delta, two_sample=False, cap=sweep.max_seeds),
             min(STABLE_CONFIRM_SEEDS, sweep.max_seeds),
         )
         arms = [c.value for c in unsettled]
         why = (
-            f"σ(last-k margin over seeds) = {sd:.3f}, effect to detect {delta:g}, one-sided margin test; the answer needs "
+            f"σ(held-out margin over seeds) = {sd:.3f}, effect to detect {delta:g}, one-sided margin test; the answer needs "
             f">= {STABLE_CONFIRM_SEEDS} stable seeds"
         )
     else:
@@ -698,7 +689,7 @@ def _preflight_sketch(
         note=(
             f"held-out evaluation of the untrained model (up to {preflight_episodes} attempts); a sequential "
             "futility test (a3r.study.sequential) stops the study early, after as few attempts as it takes, "
-            f"when its success rate is bounded below {SignalRule().min_rate(plan.training.group_size):.3f} "
+            f"when its success rate is bounded below {SignalRule().stop_rate(plan.training.group_size):.3f} "
             f"(too few groups of G = {plan.training.group_size} with a non-zero advantage to train on){cap}"
         ),
     )

@@ -31,6 +31,12 @@ Two sources of replication:
   the Atmospheric Sciences*, 3rd ed., 2011, eq. 5.12; for trends Santer et al. 2000), which sets both
   the standard error and the degrees of freedom.
 
+**The reward's scale.** Given the range of the values (a template's reward range,
+`templates.TemplateMeta.reward_range`), every interval is clipped to the effects that range allows (a
+change of a reward in [0, 1] lies in [−1, +1]); with fewer than `MIN_N_EFF` effective points an
+interval that would cover that whole range says nothing, and the effect reports "too few points" instead
+(a 6-step train-reward trend with n_eff 2.9 gave "95% CI −3.192 … +3.478" on a reward in [0, 1]).
+
 Pure functions of plain numbers (no I/O); rewards are in the task's reward units.
 """
 
@@ -51,9 +57,11 @@ from a3r.study.wording import counted, unit_noun
 __all__ = [
     "LEVEL",
     "MIN_EFFECT_SD",
+    "MIN_N_EFF",
     "MORE_REACH",
     "Effect",
     "EffectVerdict",
+    "Scale",
     "curve_effect",
     "effective_size",
     "lag1_autocorrelation",
@@ -80,6 +88,13 @@ MAX_RHO = 0.95
 
 MIN_STEPS = 4
 """Fewest steps of one run that `step_effect` judges (two per half)."""
+
+MIN_N_EFF = 5.0
+"""Fewest effective points whose interval is given even when it covers every effect the reward's range
+allows: below it such an interval is reported as too few points."""
+
+Scale = tuple[float, float]
+"""The range ``(low, high)`` a value (a reward) can take, in reward units."""
 
 Unit = Literal["seeds", "steps", "episodes"]
 
@@ -114,6 +129,8 @@ class Effect(BaseModel):
             settle it at the observed effect and noise (``more_needed`` is then ``None``).
         min_effect_basis: Where ``min_effect`` comes from when it is not ``MIN_EFFECT_SD`` × ``noise_sd``
             (e.g. a non-inferiority margin whose tolerance is already in the reference); "" for that rule.
+        bounds: The effects the reward's range allows (``None``: the range is unknown); ``low`` and
+            ``high`` lie within them.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -132,6 +149,7 @@ class Effect(BaseModel):
     note: str = ""
     min_effect_basis: str = ""
     out_of_reach: bool = False
+    bounds: Scale | None = None
 
     def describe(self, *, verdict: bool = True) -> str:
         """One line: the verdict first (unless ``verdict=False``), then the estimate, its interval, the
@@ -150,7 +168,7 @@ class Effect(BaseModel):
         interval = (
             f"{int(LEVEL * 100)}% CI {self.low:+.3f} … {self.high:+.3f}"
             if math.isfinite(self.low) and math.isfinite(self.high)
-            else "no interval"
+            else ("too few points for an interval" if self.too_few else "no interval")
         )
         floor = (
             f"{_number(self.min_effect)} ({self.min_effect_basis}); noise σ = {_number(self.noise_sd)}"
@@ -161,6 +179,26 @@ class Effect(BaseModel):
         if self.note:
             text += f"; {self.note}"
         return text + settle
+
+    @property
+    def too_few(self) -> bool:
+        """Whether the interval was withheld: fewer than `MIN_N_EFF` effective points, and it would have
+        covered every effect the reward's range allows."""
+        return self.note.startswith(_TOO_FEW)
+
+
+_TOO_FEW = "too few points"
+
+
+def _effect_bounds(scale: Scale | None, reference: float = math.nan) -> Scale | None:
+    """The effects a value range allows: a change or difference of two values in ``scale`` lies within
+    ± its width; a mean minus a fixed ``reference``, within ``scale`` shifted by it."""
+    if scale is None:
+        return None
+    low, high = scale
+    if math.isfinite(reference):
+        return low - reference, high - reference
+    return low - high, high - low
 
 
 def _number(value: float) -> str:
@@ -234,9 +272,12 @@ def _judge(
     min_effect_basis: str = "",
     can_learn: bool = True,
     why_not: str = "",
+    bounds: Scale | None = None,
 ) -> Effect:
     """Interval, minimum effect, verdict and the replication that would settle it; the verdict is
-    judged against the very ``min_effect`` the `Effect` carries (and `Effect.describe` prints)."""
+    judged against the very ``min_effect`` the `Effect` carries (and `Effect.describe` prints). With
+    ``bounds`` the interval is clipped to them, and withheld (too few points) when it covers them
+    entirely on fewer than `MIN_N_EFF` effective points."""
     floor = MIN_EFFECT_SD * noise_sd if min_effect is None else min_effect
     basis = "" if min_effect is None else (min_effect_basis or "given, not derived from σ")
     verdict, note, more, out_of_reach = EffectVerdict.unconfirmed, "", None, False
@@ -250,7 +291,15 @@ def _judge(
     else:
         half = _quantile(df) * se
         low, high = estimate - half, estimate + half
-        if low > floor:
+        if bounds is not None:
+            low, high = max(low, bounds[0]), min(high, bounds[1])
+        if bounds is not None and n_eff < MIN_N_EFF and low <= bounds[0] and high >= bounds[1]:
+            low = high = math.nan
+            note = (
+                f"{_TOO_FEW}: n_eff {n_eff:.1f} < {MIN_N_EFF:g}, and the {int(LEVEL * 100)}% interval ± {half:.3f} "
+                f"would cover every effect the reward's range allows ({bounds[0]:+.3f} … {bounds[1]:+.3f})"
+            )
+        elif low > floor:
             verdict = EffectVerdict.confirmed
         elif high < floor:
             verdict = EffectVerdict.refuted
@@ -261,7 +310,7 @@ def _judge(
             more = _more_needed(gap=abs(estimate - floor), se=se, df=df, n=n, n_eff=n_eff)
             if more is None or more > MORE_REACH * n:
                 more, out_of_reach = None, True
-                note = (
+                note = note or (
                     f"more {unit} are unlikely to settle it at this effect size (it would take more than "
                     f"{MORE_REACH * n} more, {MORE_REACH}× the {counted(n, unit)} run)"
                 )
@@ -280,6 +329,7 @@ def _judge(
         note=note,
         min_effect_basis=basis,
         out_of_reach=out_of_reach,
+        bounds=bounds,
     )
 
 
@@ -333,7 +383,12 @@ def _undecided(n: int, unit: Unit, note: str) -> Effect:
 
 
 def step_effect(
-    series: Sequence[float], *, can_learn: bool = True, why_not: str = "", min_effect: float | None = None
+    series: Sequence[float],
+    *,
+    can_learn: bool = True,
+    why_not: str = "",
+    min_effect: float | None = None,
+    scale: Scale | None = None,
 ) -> Effect:
     """Change of one run's per-step series along its least-squares trend, over steps with the
     autocorrelation handled (Santer et al. 2000, "Statistical significance of trends and trend
@@ -350,6 +405,7 @@ def step_effect(
         can_learn: ``False`` caps the verdict at unconfirmed (a run that cannot learn is never confirmed).
         why_not: Why it cannot learn (shown in the note).
         min_effect: Override of the minimum effect (default ``MIN_EFFECT_SD`` × σ).
+        scale: The values' range (the reward's), which bounds the change (module docstring).
 
     Returns:
         The effect; unconfirmed with a note when fewer than `MIN_STEPS` steps are finite.
@@ -380,6 +436,7 @@ def step_effect(
         min_effect=min_effect,
         can_learn=can_learn,
         why_not=why_not,
+        bounds=_effect_bounds(scale),
     )
 
 
@@ -390,6 +447,7 @@ def level_effect(
     min_effect: float | None = None,
     min_effect_basis: str = "",
     noise_sd: float | None = None,
+    scale: Scale | None = None,
 ) -> Effect:
     """Mean of one run's per-step series minus a fixed ``reference`` (e.g. the last k steps' reward
     against the stability threshold), with the autocorrelation handled as in `step_effect`.
@@ -400,6 +458,7 @@ def level_effect(
         min_effect: Override of the minimum effect.
         min_effect_basis: Where the override comes from (printed by `Effect.describe`).
         noise_sd: σ to set the minimum effect from (default: the series' own standard deviation).
+        scale: The values' range, which bounds the mean minus ``reference``.
     """
     values = [v for v in series if math.isfinite(v)]
     if len(values) < 2:
@@ -419,6 +478,7 @@ def level_effect(
         autocorrelation=rho,
         min_effect=min_effect,
         min_effect_basis=min_effect_basis,
+        bounds=_effect_bounds(scale, reference),
     )
 
 
@@ -430,6 +490,7 @@ def seed_effect(
     min_effect_basis: str = "",
     can_learn: bool = True,
     why_not: str = "",
+    scale: Scale | None = None,
 ) -> Effect:
     """An effect replicated over seeds: mean of the per-seed estimates, Student's t over seeds.
 
@@ -441,6 +502,8 @@ def seed_effect(
         min_effect_basis: Where the override comes from (printed by `Effect.describe`).
         can_learn: ``False`` caps the verdict at unconfirmed.
         why_not: Why it cannot learn.
+        scale: The range of the rewards behind each estimate (a change or a difference of them), which
+            bounds the effect to ± its width.
 
     Returns:
         The effect; unconfirmed with a note for fewer than two seeds.
@@ -461,6 +524,7 @@ def seed_effect(
         min_effect_basis=min_effect_basis,
         can_learn=can_learn,
         why_not=why_not,
+        bounds=_effect_bounds(scale),
     )
 
 
@@ -471,6 +535,8 @@ def two_sample_effect(
     min_effect: float | None = None,
     unit: Unit = "episodes",
     sides: tuple[str, str] = ("after", "before"),
+    min_effect_basis: str = "",
+    scale: Scale | None = None,
 ) -> Effect:
     """Mean of ``after`` minus mean of ``before`` over independent replicates (e.g. held-out rewards
     after vs before training over episodes, or two arms' per-seed means over seeds): Welch's t
@@ -484,6 +550,8 @@ def two_sample_effect(
         min_effect: Override of the minimum effect.
         unit: What one value is (an episode's reward, a seed's mean).
         sides: Names of the two samples, for the note when one has fewer than 2 values.
+        min_effect_basis: Where the override comes from (printed by `Effect.describe`).
+        scale: The values' range, which bounds the difference to ± its width.
 
     Returns:
         The effect; unconfirmed and not estimated when a side has fewer than 2 finite values (the
@@ -513,10 +581,18 @@ def two_sample_effect(
         n_eff=float(len(a) + len(b)),
         noise_sd=pooled,
         min_effect=min_effect,
+        min_effect_basis=min_effect_basis,
+        bounds=_effect_bounds(scale),
     )
 
 
-def curve_effect(curves: Sequence[Sequence[float]], *, can_learn: bool = True, why_not: str = "") -> Effect:
+def curve_effect(
+    curves: Sequence[Sequence[float]],
+    *,
+    can_learn: bool = True,
+    why_not: str = "",
+    scale: Scale | None = None,
+) -> Effect:
     """The change of a per-step series (its fitted trend over the run) over whatever replication exists:
     over seeds (`seed_effect` of each seed's `step_effect` estimate, σ = the pooled within-run noise)
     when two or more seeds have at least `MIN_STEPS` steps, else over the steps of the one run
@@ -526,12 +602,15 @@ def curve_effect(curves: Sequence[Sequence[float]], *, can_learn: bool = True, w
         curves: One per-step series per seed.
         can_learn: ``False`` caps the verdict at unconfirmed.
         why_not: Why the runs cannot learn.
+        scale: The reward's range, which bounds the change (module docstring).
     """
-    judged = [step_effect(c, can_learn=can_learn, why_not=why_not) for c in curves]
+    judged = [step_effect(c, can_learn=can_learn, why_not=why_not, scale=scale) for c in curves]
     usable = [e for e in judged if math.isfinite(e.estimate)]
     if len(usable) >= 2:
         noise = math.sqrt(statistics.fmean(e.noise_sd**2 for e in usable))
-        return seed_effect([e.estimate for e in usable], noise_sd=noise, can_learn=can_learn, why_not=why_not)
+        return seed_effect(
+            [e.estimate for e in usable], noise_sd=noise, can_learn=can_learn, why_not=why_not, scale=scale
+        )
     if usable:
         return usable[0]
     longest = max(judged, key=lambda e: e.n, default=None)

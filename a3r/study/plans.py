@@ -90,16 +90,19 @@ class HypothesisDraft(BaseModel):
 class StabilityCriterion(BaseModel):
     """Operational definition of a *stable* training run (pre-registered with the plan).
 
-    A run is stable when (1) it finished without a crash or hang, (2) the mean training reward over
-    its last ``last_k`` steps is at least ``baseline - delta`` (``baseline``: the untrained model's
-    mean reward on the same task, measured by the preflight evaluation), and (3) no collapse was
-    detected: the policy entropy, where reported, stays above ``entropy_min`` and the KL to the
-    reference below ``kl_max``, and the reward never drops by more than ``drop_max`` between the first
-    and second half of the run. A configuration is stable when every one of at least ``min_seeds``
-    seeds is stable.
+    A run is stable when (1) it finished without a crash or hang once training began, (2) its held-out
+    mean reward after training is at least the untrained model's held-out mean reward on the same
+    held-out tasks (the preflight) − ``delta``: held-out against held-out, like for like (a run without
+    a held-out evaluation is compared with itself: its train reward over its last ``last_k`` steps
+    against its first ``last_k`` − ``delta``), and (3) no collapse was detected: the policy entropy,
+    where reported, stays above ``entropy_min`` and the KL to the reference below ``kl_max``, and the
+    reward never drops by more than ``drop_max`` between the first and second half of the run. A
+    configuration is stable when every one of at least ``min_seeds`` seeds that ran is stable; a run
+    that did not run (never started, or stopped before it trained or was evaluated) is no evidence
+    either way (`a3r.study.stability`).
 
     Attributes:
-        last_k: Steps averaged at the end of a run.
+        last_k: Steps averaged at the end of a run (shown; judged only without a held-out evaluation).
         delta: Tolerated loss of reward below the baseline (reward units, 0..1 for 0/1 rewards).
         drop_max: Largest tolerated drop of mean reward from the first to the second half.
         entropy_min: Entropy floor in nats per token (collapse below).
@@ -116,14 +119,31 @@ class StabilityCriterion(BaseModel):
     kl_max: float = Field(default=1.0, gt=0)
     min_seeds: int = Field(default=2, ge=1)
 
-    def describe(self) -> str:
-        """The definition as one sentence, for the study's hypotheses and the report."""
+    def describe(
+        self, *, tasks: int | None = None, after: int | None = None, before: int | None = None
+    ) -> str:
+        """The definition as one sentence, for the study's hypotheses, the plan and the report: what is
+        compared, with its n when known (``tasks`` held-out tasks, ``after`` attempts of the evaluation
+        after training, ``before`` of the untrained model's)."""
+        n = (
+            f"n = {counted(tasks, 'tasks')}"
+            + (
+                f": {after} attempts after, {before} before"
+                if after is not None and before is not None
+                else ""
+            )
+            if tasks is not None
+            else "n = the held-out tasks and attempts both evaluations ran, stated with each verdict"
+        )
         return (
-            f"a run is stable iff it ends without crash or hang, its mean training reward over the last "
-            f"{counted(self.last_k, 'steps')} is >= baseline - {self.delta:g}, its reward does not drop by more than "
+            f"a run is stable iff it ends without crash or hang once training began, its held-out mean reward after "
+            f"training is >= the untrained model's held-out mean reward on the same held-out tasks - {self.delta:g} "
+            f"({n}; without a held-out evaluation: its train reward over its last {counted(self.last_k, 'steps')} "
+            f">= its first {counted(self.last_k, 'steps')} - {self.delta:g}), its reward does not drop by more than "
             f"{self.drop_max:g} from the first to the second half, entropy (where reported) stays >= "
             f"{self.entropy_min:g} and KL <= {self.kl_max:g}; a configuration is stable iff all of >= "
-            f"{self.min_seeds} seeds are stable"
+            f"{self.min_seeds} seeds that ran are stable, and one none of whose runs ran is not run, never stable "
+            "or unstable"
         )
 
     def window_warning(self, steps: int) -> str | None:

@@ -316,9 +316,8 @@ def write_report(
                 "|---|---|---|---|---|---|",
             ]
         for c in configs:
-            verdict = {True: "yes", False: "no", None: "undecided"}[c.stable]
-            stable = f" {c.stable_seeds} | {verdict} |" if stability else ""
-            why = f" {'; '.join(c.reasons)[:300]} |" if stability else ""
+            stable = f" {c.stable_seeds} | {c.stable_text} |" if stability else ""
+            why = f" {'; '.join(c.reasons + c.not_run)[:300]} |" if stability else ""
             lines.append(
                 f"| {value_text(name, plan.template, c.value)} | {c.seeds} |{stable} {_fmt(c.last_k_reward)} | {_fmt(c.pass_at_1)} | "
                 f"{_fmt(c.pass_at_2)} | {_fmt(c.eval_mean_reward)} |{why}"

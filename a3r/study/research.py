@@ -1,5 +1,7 @@
-"""Research scheduling and verdicts: the staged sweep, budget fitting, stability per run and per
-configuration, and the conclusion. Pure functions over plans and run outcomes (no I/O).
+"""Research scheduling: the staged sweep and budget fitting. Pure functions over plans and run
+outcomes (no I/O). The verdicts (stability per run and per configuration, held-out comparisons, the
+minimal stable value) are `a3r.study.stability`'s, named here too for the callers that import them
+from this module.
 
 Stages: ``preflight`` (held-out evaluation of the untrained model) → ``coarse`` (the plan's values,
 powers of two for sizes, every value on every seed) → ``refine`` (for a minimal-stable question: the
@@ -10,19 +12,29 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-from a3r.study.analysis import DiagnosisKind, RewardSummary, on_shared_tasks, task_span
-from a3r.study.effects import MIN_STEPS, Effect, level_effect, seed_effect
+from a3r.study.effects import MIN_STEPS
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings
 from a3r.study.price import SERVER_OVERHEAD_S, UPDATE_SHARE, estimate_run_s, step_s
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.settings import resolve_setting
-from a3r.study.wording import counted, unit_noun
+from a3r.study.stability import (
+    ConfigVerdict,
+    Verdict,
+    compared_evals,
+    compared_tasks_text,
+    judge_run,
+    min_stable_value,
+    non_monotone,
+    refine_values,
+    stability_margin,
+    verdicts,
+)
+from a3r.study.wording import counted
 
 __all__ = [
     "EVAL_BUDGET_SHARE",
@@ -474,76 +486,6 @@ def recheck_steps(*, step: int, target: int, seconds_per_step: float, time_left_
     )
 
 
-class Verdict(BaseModel):
-    """Stability of one run under the criterion, with the reasons when unstable.
-
-    Attributes:
-        key: The run's key.
-        stable: Whether every rule of the criterion held.
-        reasons: Why not.
-        last_k_reward: Mean train reward over the last k steps.
-        hard: Unstable for a reason noise cannot explain (the run did not finish, crashed, hung or
-            collapsed), not only a last-k reward below the threshold.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    key: str
-    stable: bool
-    reasons: list[str] = Field(default_factory=list)
-    last_k_reward: float = math.nan
-    hard: bool = False
-
-
-class ConfigVerdict(BaseModel):
-    """One swept configuration over its seeds.
-
-    Attributes:
-        value: The swept value.
-        runs: Run keys.
-        run_ids: Store run ids.
-        seeds: Seeds with a finished judgement.
-        stable_seeds: Seeds judged stable.
-        stable: ``True`` when >= ``min_seeds`` seeds ran and all are stable, ``False`` when any seed is
-            unstable, ``None`` when too few seeds ran.
-        last_k_reward: Mean over seeds of the last-k-steps train reward.
-        pass_at_1: Mean over seeds of held-out pass@1.
-        pass_at_2: Mean over seeds of held-out pass@2.
-        eval_mean_reward: Mean over seeds of held-out mean reward.
-        reasons: Why seeds were unstable.
-        margin: Last-k train reward minus the stability threshold (baseline − δ), with its interval over
-            seeds (over the last k steps for one seed): a non-inferiority margin, so its minimum effect
-            is 0 (δ is the pre-registered tolerance). ``None`` when no seed recorded a step.
-        hard_failure: Some seed was unstable for a reason noise cannot explain (`Verdict.hard`).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    value: float
-    runs: list[str]
-    run_ids: list[int]
-    seeds: list[int]
-    stable_seeds: list[int]
-    stable: bool | None
-    last_k_reward: float
-    pass_at_1: float
-    pass_at_2: float
-    eval_mean_reward: float
-    reasons: list[str]
-    margin: Effect | None = None
-    hard_failure: bool = False
-
-    @property
-    def settled(self) -> bool:
-        """Whether the stability verdict clears the noise: stable with a confirmed margin, or unstable
-        by a hard failure or a refuted margin."""
-        if self.stable is True:
-            return self.margin is not None and self.margin.verdict.value == "confirmed"
-        if self.stable is False:
-            return self.hard_failure or (self.margin is not None and self.margin.verdict.value == "refuted")
-        return False
-
-
 def initial_queue(plan: PlanDraft) -> list[RunSpec]:
     """First runs of a plan: research → the preflight; train → a smoke run, then training per seed."""
     stability = plan.stability or StabilityCriterion()
@@ -648,185 +590,3 @@ def fit_budget(
         else:
             dropped.append(value)
     return kept, dropped
-
-
-def judge_run(outcome: RunOutcome, baseline: float, criterion: StabilityCriterion) -> Verdict:
-    """Apply the operational definition of stability (`StabilityCriterion`) to one run."""
-    reasons: list[str] = []
-    hard = False
-    if outcome.status != "finished":
-        reasons.append(f"run ended {outcome.status}: {outcome.reason}")
-        hard = True
-    tail = [v for _, v in outcome.curve[-criterion.last_k :]]
-    last_k = statistics.fmean(tail) if tail else math.nan
-    if not tail:
-        reasons.append("no trainer step recorded")
-    elif last_k < baseline - criterion.delta:
-        reasons.append(
-            f"last-{len(tail)}-steps reward {last_k:.3f} < baseline {baseline:.3f} - {criterion.delta:g}"
-        )
-    for diagnosis in outcome.diagnoses:
-        if diagnosis.kind in (DiagnosisKind.collapse, DiagnosisKind.crash, DiagnosisKind.hang):
-            reasons.append(diagnosis.summary)
-            hard = True
-    return Verdict(key=outcome.key, stable=not reasons, reasons=reasons, last_k_reward=last_k, hard=hard)
-
-
-def stability_margin(
-    outcomes: Sequence[RunOutcome], *, threshold: float, criterion: StabilityCriterion
-) -> Effect | None:
-    """Last-k train reward minus ``threshold`` (baseline − δ) of one configuration's runs, through
-    `a3r.study.effects`: over seeds (`seed_effect`, σ = the runs' pooled per-step noise) with two or
-    more seeds, else over the last k steps of the one run (`level_effect`). The minimum effect is 0:
-    this is a non-inferiority margin whose tolerance δ was pre-registered.
-
-    Returns:
-        The margin, or ``None`` when no run recorded a step.
-    """
-    tails = [[v for _, v in o.curve[-criterion.last_k :]] for o in outcomes if o.curve]
-    if not tails:
-        return None
-    basis = (
-        f"a non-inferiority margin: the threshold already allows the pre-registered δ = {criterion.delta:g}"
-    )
-    if len(tails) == 1:
-        return level_effect(tails[0], threshold, min_effect=0.0, min_effect_basis=basis)
-    spreads = [statistics.variance([v for _, v in o.curve]) for o in outcomes if len(o.curve) >= 2]
-    noise = math.sqrt(statistics.fmean(spreads)) if spreads else None
-    return seed_effect(
-        [statistics.fmean(t) - threshold for t in tails],
-        noise_sd=noise,
-        min_effect=0.0,
-        min_effect_basis=basis,
-    )
-
-
-def _mean(values: Sequence[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return statistics.fmean(finite) if finite else math.nan
-
-
-def compared_evals(outcomes: Sequence[RunOutcome]) -> tuple[dict[int, RewardSummary], frozenset[str] | None]:
-    """The held-out evaluations of the evaluated sweep runs, each restricted to the tasks all of them
-    ran (`a3r.study.analysis.on_shared_tasks`): configurations, arms and seeds are compared on the same
-    held-out tasks even when some runs evaluated more (a prior study's runs, a different budget).
-
-    Returns:
-        ``({index of the run in outcomes: its restricted evaluation}, the shared task ids)``; the task
-        ids are ``None`` when a run kept no rewards per task (its summary is then used unrestricted).
-    """
-    indices = [i for i, o in enumerate(outcomes) if o.purpose == "sweep" and o.eval is not None]
-    restricted, tasks = on_shared_tasks([e for i in indices if (e := outcomes[i].eval) is not None])
-    return dict(zip(indices, restricted, strict=True)), tasks
-
-
-def compared_tasks_text(outcomes: Sequence[RunOutcome], baseline: RewardSummary | None = None) -> str:
-    """Which held-out tasks the configurations were compared on, in one sentence ("" without an
-    evaluated sweep run): their number and ids, and those of the runs or the baseline that ran more."""
-    evaluated = [o.eval for o in outcomes if o.purpose == "sweep" and o.eval is not None]
-    if not evaluated:
-        return ""
-    _, tasks = compared_evals(outcomes)
-    if tasks is None:
-        counts = sorted({e.tasks for e in evaluated})
-        return (
-            "held-out comparisons use each run's own tasks (some runs kept no rewards per task); runs "
-            f"evaluated {' or '.join(str(c) for c in counts)} {unit_noun(max(counts), 'tasks')}"
-        )
-    text = f"held-out numbers of the configurations are over the {len(tasks)} task(s) every evaluated run ran ({task_span(tasks)})"
-    more = sorted({e.tasks for e in evaluated if e.tasks > len(tasks)})
-    if more:
-        text += f"; runs that evaluated {' or '.join(str(m) for m in more)} {unit_noun(max(more), 'tasks')} are compared on these only"
-    if baseline is not None and baseline.tasks != len(tasks):
-        text += (
-            f"; the untrained baseline (preflight) ran {counted(baseline.tasks, 'tasks')}, and its numbers over them are not "
-            "a comparison with the trained runs"
-        )
-    return text
-
-
-def verdicts(
-    outcomes: Sequence[RunOutcome], *, baseline: RewardSummary, criterion: StabilityCriterion
-) -> list[ConfigVerdict]:
-    """Per swept value: the seeds' verdicts and held-out p@1/p@2/mean reward (over the held-out tasks
-    every evaluated run ran: `compared_evals`), ascending by value."""
-    shared, _ = compared_evals(outcomes)
-    evaluation = {id(outcomes[i]): e for i, e in shared.items()}
-    grouped: dict[float, list[tuple[RunOutcome, RunOutcome, Verdict]]] = defaultdict(list)
-    for outcome in outcomes:
-        if outcome.purpose != "sweep" or outcome.value is None:
-            continue
-        grouped[outcome.value].append((outcome, outcome, judge_run(outcome, baseline.mean_reward, criterion)))
-    result: list[ConfigVerdict] = []
-    for value in sorted(grouped):
-        rows = grouped[value]
-        seeds = [spec.seed for spec, _, _ in rows]
-        stable_seeds = [spec.seed for spec, _, v in rows if v.stable]
-        if any(not v.stable for _, _, v in rows):
-            stable: bool | None = False
-        elif len(set(seeds)) >= criterion.min_seeds:
-            stable = True
-        else:
-            stable = None
-        evals = [evaluation[id(o)] for _, o, _ in rows if id(o) in evaluation]
-        result.append(
-            ConfigVerdict(
-                value=value,
-                runs=[o.key for _, o, _ in rows],
-                run_ids=[o.run_id for _, o, _ in rows],
-                seeds=seeds,
-                stable_seeds=stable_seeds,
-                stable=stable,
-                last_k_reward=_mean([v.last_k_reward for _, _, v in rows]),
-                pass_at_1=_mean([e.pass_at_1 for e in evals]),
-                pass_at_2=_mean([e.pass_at_2 for e in evals]),
-                eval_mean_reward=_mean([e.mean_reward for e in evals]),
-                reasons=[f"seed {spec.seed}: {r}" for spec, _, v in rows for r in v.reasons],
-                margin=stability_margin(
-                    [o for _, o, _ in rows],
-                    threshold=baseline.mean_reward - criterion.delta,
-                    criterion=criterion,
-                ),
-                hard_failure=any(v.hard for _, _, v in rows),
-            )
-        )
-    return result
-
-
-def min_stable_value(configs: Sequence[ConfigVerdict]) -> float | None:
-    """The smallest tested value from which every larger tested value is stable (undecided values
-    neither count for nor against), or ``None`` when the largest decided value is unstable.
-
-    Stability is taken as monotone in the swept size: a stable value with an unstable one above it
-    does not count (see `non_monotone`)."""
-    decided = sorted((c for c in configs if c.stable is not None), key=lambda c: c.value)
-    answer: float | None = None
-    for config in reversed(decided):
-        if not config.stable:
-            break
-        answer = config.value
-    return answer
-
-
-def non_monotone(configs: Sequence[ConfigVerdict]) -> list[float]:
-    """Stable values below the largest unstable value (evidence that the verdicts are noisy)."""
-    unstable = [c.value for c in configs if c.stable is False]
-    if not unstable:
-        return []
-    return [c.value for c in configs if c.stable and c.value < max(unstable)]
-
-
-def refine_values(configs: Sequence[ConfigVerdict], tested: Sequence[float]) -> list[float]:
-    """For a minimal-stable question: the integer midpoint between `min_stable_value` and the largest
-    unstable value below it, if one exists and was not tested yet."""
-    smallest = min_stable_value(configs)
-    if smallest is None:
-        return []
-    below = [c.value for c in configs if c.stable is False and c.value < smallest]
-    if not below:
-        return []
-    low = max(below)
-    middle = math.floor((low + smallest) / 2)
-    if low < middle < smallest and middle not in tested:
-        return [float(middle)]
-    return []

@@ -20,6 +20,16 @@ Success rates differ between tasks; by Jensen's inequality ((1 − p)^G is conve
 tasks of π(p_t, G) is at most 1 − (1 − p̄)^G, so a *mean* success rate p̄ below p_min already implies
 that fewer than a share q of the groups are informative, however the rate varies between tasks.
 
+**The indifference zone.** A test that stops whenever the success rate is shown below p_min stops a
+task that sits just below it in some preflights and not in others: the untrained arithmetic model
+(success rate 0.11–0.16 across preflights, p_min = 0.159 for G = 4) stopped one study and swept in the
+next. The test therefore stops only when the rate is shown below a lower rate p_stop, the p_min of
+a share ``s·q`` of informative groups (`SignalRule.stop_share`, default 0.7: p_stop = 0.102 for G = 4,
+q = 1/2). Between p_stop and p_min the signal is marginal: the study goes on (a task at p_stop or above
+goes on with probability ≥ 1 − α), and the preflight line says the rate may be below p_min. Simulated
+through this test (bench/preflight_flips.py), 64 attempts at 0.11–0.16 go on in ≥ 96% of preflights;
+a model with no success stops after 32.
+
 **The bound.** x successes in n attempts bound the success rate from above by the exact one-sided
 Clopper–Pearson limit at confidence 1 − α: the p with P(X ≤ x | n, p) = α, i.e. the 1 − α quantile of
 Beta(x + 1, n − x) (Clopper & Pearson 1934, Biometrika 26:404). With no success it is
@@ -28,11 +38,11 @@ Beta(x + 1, n − x) (Clopper & Pearson 1934, Biometrika 26:404). With no succes
 **The sequential test.** The preflight looks after every attempt, so a fixed-n bound checked n times
 would stop a trainable task more often than α. The stopping boundary is therefore calibrated exactly:
 stop after n attempts when the successes are at most b_n, where b_n is the largest x with
-P(X_n ≤ x | p_min) ≤ a, and the nominal level a ≤ α is the largest for which a task with success rate
-p_min crosses the boundary within the planned N attempts with probability at most α (computed by
+P(X_n ≤ x | p_stop) ≤ a, and the nominal level a ≤ α is the largest for which a task with success rate
+p_stop crosses the boundary within the planned N attempts with probability at most α (computed by
 dynamic programming over the binomial paths; a repeated-significance design with a constant nominal
-level, Armitage, McPherson & Rowe 1969, J. R. Stat. Soc. A 132:235). So a trainable task is stopped
-with probability at most α, and an untrainable one (all attempts fail) stops after
+level, Armitage, McPherson & Rowe 1969, J. R. Stat. Soc. A 132:235). So a task at p_stop or above (a
+trainable one a fortiori) is stopped with probability at most α, and an untrainable one (all attempts fail) stops after
 `FutilityTest.first_stop` attempts.
 
 Attempts are counted in the order they were *started* (the evaluator spreads them round-robin over
@@ -110,16 +120,25 @@ class SignalRule(BaseModel):
         confidence: 1 − α: a trainable task is stopped with probability at most α.
         min_informative: q, the share of GRPO groups that must carry a non-zero advantage for the task
             to count as trainable.
+        stop_share: s: the test stops only when fewer than s·q of the groups would be informative (the
+            rate is shown below p_stop = p_min at s·q); rates between p_stop and p_min are the
+            indifference zone, where the study goes on (module docstring).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     min_informative: float = Field(default=0.5, gt=0.0, lt=1.0)
+    stop_share: float = Field(default=0.7, gt=0.0, le=1.0)
 
     def min_rate(self, group_size: int) -> float:
         """p_min for groups of ``group_size`` (`min_success_rate`)."""
         return min_success_rate(group_size, self.min_informative)
+
+    def stop_rate(self, group_size: int) -> float:
+        """p_stop for groups of ``group_size``: the rate the test must show the success rate below to
+        stop (`min_success_rate` at ``stop_share`` × q)."""
+        return min_success_rate(group_size, self.stop_share * self.min_informative)
 
     def test(self, group_size: int, planned: int) -> FutilityTest:
         """The calibrated sequential test over at most ``planned`` attempts for groups of ``group_size``.
@@ -129,10 +148,16 @@ class SignalRule(BaseModel):
         """
         if planned < 1:
             raise ValueError(f"a sequential test needs at least 1 planned attempt, got {planned}")
-        p_min = self.min_rate(group_size)
-        nominal, boundary = _calibrate(p_min, planned, 1.0 - self.confidence)
+        p_stop = self.stop_rate(group_size)
+        nominal, boundary = _calibrate(p_stop, planned, 1.0 - self.confidence)
         return FutilityTest(
-            rule=self, group_size=group_size, planned=planned, p_min=p_min, nominal=nominal, boundary=boundary
+            rule=self,
+            group_size=group_size,
+            planned=planned,
+            p_min=self.min_rate(group_size),
+            p_stop=p_stop,
+            nominal=nominal,
+            boundary=boundary,
         )
 
 
@@ -195,8 +220,11 @@ class SignalCheck(BaseModel):
         min_rate: p_min = 1 − (1 − q)^(1/G).
         upper: The exact Clopper–Pearson upper bound on the success rate at level a: the success rate is
             below it with confidence 1 − α over every look.
-        stopped: The boundary was crossed (``upper`` < ``min_rate``): the task is untrainable at this G.
+        stopped: The boundary was crossed (``upper`` < ``stop_rate``): too little signal at this G.
         first_stop: The fewest attempts after which the test can stop (``None``: never within N).
+        stop_rate: p_stop, the rate the test stops below (``None`` in checks recorded before the
+            indifference zone: they stopped below ``min_rate``).
+        stop_share: s, the share of q below which it stops.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -212,9 +240,20 @@ class SignalCheck(BaseModel):
     upper: float
     stopped: bool
     first_stop: int | None = None
+    stop_rate: float | None = None
+    stop_share: float = 1.0
+
+    def headline(self) -> str:
+        """What the test measured, in a few words: the bound on the success rate and the counts, e.g.
+        "held-out success rate below 0.089 at 95% (0 of 32 attempts earned a reward)"; never a claim
+        that the model scores zero, which no finite number of attempts shows."""
+        return (
+            f"held-out success rate below {self.upper:.3f} at {self.confidence:.0%} "
+            f"({self.successes} of {self.attempts} attempts earned a reward)"
+        )
 
     def describe(self) -> str:
-        """One sentence: the counts, the bound, what GRPO needs, and whether the test stopped."""
+        """One sentence: the counts, the bound, what GRPO needs, where the test stops, and whether it did."""
         head = (
             f"{self.successes} of {self.attempts} held-out attempts earned a reward: the success rate is below "
             f"{self.upper:.3f} at {self.confidence:.0%} confidence (exact Clopper–Pearson bound at the sequential "
@@ -226,16 +265,28 @@ class SignalCheck(BaseModel):
             f"≥ {self.min_informative:g} only at a success rate ≥ {self.min_rate:.3f} "
             f"(1 − (1 − p)^G ≥ {self.min_informative:g})"
         )
+        stop = self.min_rate if self.stop_rate is None else self.stop_rate
+        zone = (
+            f"; the test stops only below {stop:.3f}, where fewer than {self.stop_share * self.min_informative:.2g} "
+            f"of the groups are informative (between {stop:.3f} and {self.min_rate:.3f} the signal is marginal "
+            "and the study goes on)"
+            if self.stop_rate is not None and self.stop_rate < self.min_rate
+            else ""
+        )
         if self.stopped:
-            return (
-                f"{head}; {need}: the test stopped after {self.attempts} of {self.planned} planned attempts"
-            )
+            return f"{head}; {need}{zone}: the test stopped after {self.attempts} of {self.planned} planned attempts"
         later = (
             f"it can stop after {self.first_stop} attempts without a success"
             if self.first_stop is not None
             else f"{self.planned} attempts are too few for it to ever stop"
         )
-        return f"{head}; {need}; these attempts do not rule that rate out ({later})"
+        ruled = (
+            f"these attempts do not rule out a rate of {stop:.3f} ({later})"
+            if self.upper >= self.min_rate or self.stop_rate is None
+            else f"the rate may be below {self.min_rate:.3f}, but these attempts do not rule out {stop:.3f}: "
+            f"marginal signal, the study goes on ({later})"
+        )
+        return f"{head}; {need}{zone}; {ruled}"
 
 
 @dataclass(frozen=True)
@@ -246,7 +297,8 @@ class FutilityTest:
         rule: The rule it was built from.
         group_size: G.
         planned: N, the most attempts it looks at.
-        p_min: The success rate it guards (a task at p_min is stopped with probability ≤ α).
+        p_min: The success rate GRPO needs (`min_success_rate`).
+        p_stop: The rate it stops below (a task at p_stop or above is stopped with probability ≤ α).
         nominal: a, the per-look level of the boundary.
         boundary: b_n for n = 1..N: stop when the successes among the first n attempts are ≤ b_n.
     """
@@ -255,6 +307,7 @@ class FutilityTest:
     group_size: int
     planned: int
     p_min: float
+    p_stop: float
     nominal: float
     boundary: tuple[int, ...]
 
@@ -285,9 +338,28 @@ class FutilityTest:
             upper=upper_bound(successes, attempts, 1.0 - self.nominal) if self.nominal > 0 else 1.0,
             stopped=n >= 1 and successes <= self.boundary[n - 1],
             first_stop=self.first_stop,
+            stop_rate=self.p_stop,
+            stop_share=self.rule.stop_share,
         )
 
     def error_rate(self, p: float | None = None) -> float:
         """P(the test stops within ``planned`` attempts) for a task with success rate ``p`` (default
-        p_min: the test's type-I error, ≤ α)."""
-        return _crossing(self.p_min if p is None else p, self.boundary)
+        p_stop: the test's type-I error, ≤ α)."""
+        return _crossing(self.p_stop if p is None else p, self.boundary)
+
+    def run(self, outcomes: Sequence[bool]) -> SignalCheck:
+        """The test over attempts in start order, looking after each one as a preflight does: the check
+        at the first look that stops, else after the last (at most ``planned``) attempt.
+
+        Raises:
+            ValueError: No attempt.
+        """
+        if not outcomes:
+            raise ValueError("the test needs at least one attempt")
+        successes = 0
+        seen = outcomes[: self.planned]
+        for n, success in enumerate(seen, start=1):
+            successes += bool(success)
+            if successes <= self.boundary[n - 1]:
+                return self.check(successes, n)
+        return self.check(successes, len(seen))

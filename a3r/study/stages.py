@@ -209,11 +209,13 @@ def _no_signal(
 ) -> str:
     """The conclusion of a study stopped before its sweep for lack of signal."""
     if signal is not None and signal.stopped:
-        what = "scores zero" if baseline.mean_reward <= 0.0 else "gets too little signal for GRPO"
-        head = f"the untrained model {what} on {plan.template} ({signal.describe()})"
+        head = (
+            f"the untrained model gets too little signal for GRPO on {plan.template}: "
+            f"{signal.headline()} ({signal.describe()})"
+        )
     else:
         head = (
-            f"the untrained model scores zero on {plan.template}: no held-out attempt earned a reward, "
+            f"no held-out attempt of the untrained model earned a reward on {plan.template}, "
             "so GRPO would see only zero-signal groups"
             + (f" ({signal.describe()})" if signal is not None else f" (0 of {baseline.episodes} attempts)")
         )

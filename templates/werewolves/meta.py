@@ -43,6 +43,7 @@ META = TemplateMeta(
         "follow game rules (name a player by number, use potions correctly, keep one's role secret)",
         "reason about other players' statements and votes",
     ),
+    reward_range=(-1.0, 1.0),
     multi_agent=True,
     parameters=(
         _params.players(5, 4, 12, "Players per game (5: sized for CPU runs; 7-9 for the classic game)."),

@@ -36,6 +36,7 @@ META = TemplateMeta(
         "deception",
         "voting",
     ),
+    reward_range=(-1.0, 1.0),
     reward_parts={"win_rate": "goal", "leak_rate": "violation", "invalid_vote_rate": "violation"},
     reward_weights={"leak_rate": "leak_penalty", "invalid_vote_rate": "invalid_vote_penalty"},
     reward_patch_reason=(

@@ -177,3 +177,34 @@ def test_a_degenerate_interval_is_never_settled() -> None:
     assert (
         seed_effect([-0.325, -0.326, -0.324], noise_sd=0.1, min_effect=0.0).verdict is EffectVerdict.refuted
     )
+
+
+def test_intervals_respect_the_rewards_scale() -> None:
+    # issue 33 (6): a 6-step train-reward trend on a reward in [0, 1] had "95% CI −3.192 … +3.478"
+    from a3r.study.effects import MIN_N_EFF, two_sample_effect
+
+    series = [0.125, 0.5, 0.5, 0.125, 0.25, 0.5]
+    raw = step_effect(series)
+    assert raw.n_eff < MIN_N_EFF and raw.high - raw.low > 2  # wider than every change [0, 1] allows
+    bounded = step_effect(series, scale=(0.0, 1.0))
+    assert bounded.too_few and math.isnan(bounded.low) and bounded.verdict is EffectVerdict.unconfirmed
+    text = bounded.describe()
+    assert "too few points for an interval" in text and "CI" not in text
+    assert f"{bounded.estimate:+.3f}" in text and "n_eff 3.2" in text
+    # an interval wider than the range on one side only is clipped to it, never wider than the range
+    clipped = step_effect([0.0, 0.5, 0.0, 0.5, 0.25, 0.5], scale=(0.0, 1.0))
+    assert clipped.high == 1.0 and -1.0 <= clipped.low < 0 and not clipped.too_few
+    # a difference of held-out means of a reward in [-1, 1] lies in [-2, 2]; two seeds a side
+    arms = two_sample_effect([0.9, -0.8], [-0.9, 0.7], unit="seeds", scale=(-1.0, 1.0))
+    assert arms.too_few or (arms.low >= -2.0 and arms.high <= 2.0)
+    # a settled effect is untouched by its scale
+    rising = [0.1 * t for t in range(10)]
+    assert step_effect(rising, scale=(0.0, 1.0)).verdict == step_effect(rising).verdict
+
+
+def test_templates_know_their_reward_range() -> None:
+    from a3r.study.analysis import reward_range
+
+    assert reward_range("arithmetic") == (0.0, 1.0)
+    assert reward_range("who_is_the_spy") == (-1.0, 1.0)
+    assert reward_range(None) is None and reward_range("no-such-template") is None

@@ -9,7 +9,7 @@ import pytest
 
 from a3r.errors import PatchConflict, PatchNotAllowed
 from a3r.providers import OfflineProvider
-from a3r.study.analysis import Diagnosis, DiagnosisKind, RewardSummary
+from a3r.study.analysis import Diagnosis, DiagnosisKind, RewardSummary, summarise_rewards
 from a3r.study.patches import apply_patch, check_allowed, unified_diff
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import joined_parts, plot_rewards, write_report
@@ -63,9 +63,26 @@ def test_apply_patch_is_idempotent_and_detects_conflicts(tmp_path: Path) -> None
         apply_patch(tmp_path, "workflow.py", base="A = 1\n", new="A = 3\n")
 
 
+TASKS = [f"t{i}" for i in range(8)]
+
+
+def _heldout(level: float) -> dict[str, list[float]]:
+    """Held-out rewards on the 8 tasks × 2 attempts whose mean is ``level``."""
+    return {task: [level + 0.05, level - 0.05] for task in TASKS}
+
+
 def _outcome(
-    key: str, value: float, seed: int, curve: list[float], status: str = "finished", **extra: object
+    key: str,
+    value: float,
+    seed: int,
+    curve: list[float],
+    status: str = "finished",
+    heldout: float | None = None,
+    **extra: object,
 ) -> RunOutcome:
+    """A sweep run with its train-reward curve and its held-out evaluation after training (on the
+    baseline's tasks), whose mean is ``heldout`` (default: the curve's last reward)."""
+    level = curve[-1] if heldout is None and curve else heldout
     return RunOutcome(
         key=key,
         run_id=seed + int(value) * 10,
@@ -74,12 +91,22 @@ def _outcome(
         value=value,
         status=status,  # type: ignore[arg-type]
         reason="",
+        steps=len(curve),
         curve=[(i + 1, v) for i, v in enumerate(curve)],
+        eval=summarise_rewards(_heldout(level), keep_tasks=True) if level is not None else None,
         **extra,  # type: ignore[arg-type]
     )
 
 
-BASELINE = RewardSummary(tasks=8, episodes=16, mean_reward=0.3, pass_at_1=0.3, pass_at_2=0.45)
+BASELINE = RewardSummary(
+    tasks=8,
+    episodes=16,
+    mean_reward=0.3,
+    pass_at_1=0.3,
+    pass_at_2=0.45,
+    rewards=[r for rs in _heldout(0.3).values() for r in rs],
+    task_rewards=_heldout(0.3),
+)
 
 
 def test_research_plan_queue_and_sweep() -> None:
@@ -110,9 +137,9 @@ def test_stability_verdicts_and_refinement() -> None:
         _outcome("b4s1", 4, 1, [0.3, 0.3, 0.3]),
         _outcome("b8s0", 8, 0, [0.3, 0.3, 0.3]),
     ]
-    unstable = judge_run(outcomes[0], BASELINE.mean_reward, criterion)
-    assert not unstable.stable and "< baseline" in unstable.reasons[0]
-    assert judge_run(_outcome("h", 4, 0, [0.5], status="hung"), 0.3, criterion).stable is False
+    unstable = judge_run(outcomes[0], BASELINE, criterion)
+    assert not unstable.stable and "below before − 0.05" in unstable.reasons[0]
+    assert judge_run(_outcome("h", 4, 0, [0.5], status="hung"), BASELINE, criterion).stable is False
     configs = verdicts(outcomes, baseline=BASELINE, criterion=criterion)
     assert [(c.value, c.stable) for c in configs] == [(1, False), (2, False), (4, True), (8, None)]
     assert configs[2].stable_seeds == [0, 1]
@@ -158,7 +185,10 @@ def test_research_conclusions_are_confirmed_only_when_they_clear_the_noise() -> 
     # over identical seeds would not count): confirmed.
     clear = verdicts(
         [_outcome(f"b1s{seed}", 1, seed, [0.3], status="crashed") for seed in range(4)]
-        + [_outcome(f"b2s{seed}", 2, seed, [0.3, 0.5 + 0.01 * seed, 0.52]) for seed in range(4)],
+        + [
+            _outcome(f"b2s{seed}", 2, seed, [0.3, 0.5 + 0.01 * seed, 0.52], heldout=0.5 + 0.01 * seed)
+            for seed in range(4)
+        ],
         baseline=BASELINE,
         criterion=StabilityCriterion(last_k=2, delta=0.05, min_seeds=2),
     )

@@ -62,13 +62,13 @@ def test_the_evaluator_stops_once_the_attempts_rule_out_enough_signal(tmp_path: 
     )
     test = SignalRule().test(4, 64)
     signal = result["signal"]
-    assert test.first_stop == 23 and signal["stopped"] and signal["planned"] == 64
-    # The look that stopped saw the first ≥ 23 attempts in start order; the ones under way then were
+    assert test.first_stop == 32 and signal["stopped"] and signal["planned"] == 64
+    # The look that stopped saw the first ≥ 32 attempts in start order; the ones under way then were
     # cancelled and left no record.
-    assert 23 <= signal["attempts"] < 23 + 8 and signal["successes"] == 0
+    assert 32 <= signal["attempts"] < 32 + 8 and signal["successes"] == 0
     records = _records(out)
     assert result["ended"] == len(records) < 64 and result["attempts"] == 64
-    assert {r["order"] for r in records} >= set(range(23))
+    assert {r["order"] for r in records} >= set(range(32))
     assert all(r["status"] == "finished" and r["seconds"] >= 0 for r in records)
     # Round-robin start order: the first 16 attempts are one per task.
     first = sorted((r for r in records if r["order"] < 16), key=lambda r: r["order"])
@@ -134,11 +134,19 @@ def _preflight_state(store: Store, rewards: list[float], *, with_check: bool) ->
 
 def test_the_planner_concludes_with_the_bound(tmp_path: Path, store: Store) -> None:
     ctx = offline_context(tmp_path, store)
-    stop = planner(_preflight_state(store, [0.0] * 22, with_check=True), Runtime(context=ctx))  # type: ignore[arg-type]
+    stop = planner(_preflight_state(store, [0.0] * 32, with_check=True), Runtime(context=ctx))  # type: ignore[arg-type]
     assert stop.goto == "reporter"
     text = stop.update["conclusion"]  # type: ignore[index]
-    assert text.startswith("stopped before the sweep: the untrained model scores zero on arithmetic (0 of 22")
-    assert "below 0.1" in text and "≥ 0.159" in text and "stopped after 22 of 60 planned attempts" in text
+    # the bound it measured, never "scores zero" (issue 33, 7)
+    assert (
+        text.startswith(
+            "stopped before the sweep: the untrained model gets too little signal for GRPO on arithmetic: held-out "
+            "success rate below 0.1"
+        )
+        and "at 95% (0 of 32 attempts earned a reward)" in text
+    )
+    assert "scores zero" not in text
+    assert "below 0.102" in text and "≥ 0.159" in text and "stopped after 32 of 60 planned attempts" in text
     assert "--force" in text and "Note: 12 of 22 held-out attempts failed" in text
     assert "12 ran past the 300 s episode time limit" in text
     assert "few-shot examples on" not in text  # the plan has them on already (a fresh user was told to)
@@ -218,7 +226,7 @@ def test_the_verdict_says_how_many_attempts_the_budget_cut(tmp_path: Path, store
         "uncut_signal": SignalRule().test(4, 64).check(0, 11).model_dump(),
     }
     cut = _cut_note(summary)
-    state = _preflight_state(store, [0.0] * 23, with_check=True)
+    state = _preflight_state(store, [0.0] * 32, with_check=True)
     state["outcomes"] = [
         o.model_copy(
             update={
@@ -231,7 +239,7 @@ def test_the_verdict_says_how_many_attempts_the_budget_cut(tmp_path: Path, store
     ctx = offline_context(tmp_path, store)
     stop = planner(state, Runtime(context=ctx))  # type: ignore[arg-type]
     text = stop.update["conclusion"]  # type: ignore[index]
-    assert "stopped after 23 of 60 planned attempts" in text
+    assert "stopped after 32 of 60 planned attempts" in text
     assert (
         "Note: 12 of 23 held-out attempts failed and count as incorrect (12 cut at the evaluation's time budget): "
         "12 of 23 attempts were cut at 262 s by the preflight's 271 s time budget after ≈ 869 completion tokens "

@@ -348,8 +348,8 @@ def test_trainer_serve_options_become_training_settings(tmp_path: Path) -> None:
 
 
 def test_an_unstable_value_with_identical_zero_rewards_is_not_settled() -> None:
-    """Every train reward exactly 0 on both seeds: unstable, but the margin's interval is degenerate,
-    so the verdict is not settled (the finding stays unconfirmed)."""
+    """Every held-out reward after training exactly 0 on both seeds: unstable, but the margin's interval
+    is degenerate, so the verdict is not settled (the finding stays unconfirmed)."""
     from a3r.graph import RunOutcome
     from a3r.study.analysis import RewardSummary
     from a3r.study.plans import StabilityCriterion
@@ -366,6 +366,9 @@ def test_an_unstable_value_with_identical_zero_rewards_is_not_settled() -> None:
             seed=seed,
             value=1.0,
             curve=[(1, 0.0)],
+            eval=RewardSummary(
+                tasks=2, episodes=4, mean_reward=0.0, pass_at_1=0.0, pass_at_2=0.0, rewards=[0.0] * 4
+            ),
         )
         for seed in (0, 1)
     ]

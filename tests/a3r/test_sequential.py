@@ -79,18 +79,56 @@ def test_the_crossing_probability_matches_simulation() -> None:
 
 def test_no_success_stops_at_the_first_possible_look() -> None:
     test = SignalRule().test(4, 60)
-    assert test.first_stop == 22
-    assert not test.check(0, 21).stopped and test.check(0, 22).stopped
-    stop = test.check(0, 22)
-    assert stop.upper < stop.min_rate == pytest.approx(0.1591, abs=1e-4)
-    assert stop.upper == pytest.approx(upper_bound(0, 22, 1 - test.nominal))
+    # the stop is calibrated at p_stop (the indifference zone's lower end), not p_min: 32 looks, not 22
+    assert test.first_stop == 32
+    assert not test.check(0, 31).stopped and test.check(0, 32).stopped
+    stop = test.check(0, 32)
+    assert stop.upper < stop.stop_rate == pytest.approx(0.1021, abs=1e-4)
+    assert stop.min_rate == pytest.approx(0.1591, abs=1e-4)
+    assert stop.upper == pytest.approx(upper_bound(0, 32, 1 - test.nominal))
     text = stop.describe()
-    assert "0 of 22 held-out attempts" in text and f"{stop.upper:.3f}" in text and "0.159" in text
-    assert "G = 4" in text and "stopped after 22 of 60 planned attempts" in text
+    assert "0 of 32 held-out attempts" in text and f"{stop.upper:.3f}" in text and "0.159" in text
+    assert "G = 4" in text and "stopped after 32 of 60 planned attempts" in text
     # One success needs more evidence; a clearly trainable rate is never stopped.
-    assert test.boundary[21] == 0 and not test.check(1, 30).stopped and test.check(1, 40).stopped
+    assert test.boundary[31] == 0 and not test.check(1, 40).stopped and test.check(1, 50).stopped
     assert test.error_rate(0.4) < 1e-4 and test.error_rate(0.0) == 1.0
     assert not test.check(20, 60).stopped
+
+
+def test_the_wording_states_the_bound_never_a_zero_score() -> None:
+    test = SignalRule().test(4, 64)
+    stop = test.run([False] * 64)
+    assert stop.stopped and stop.attempts == test.first_stop
+    assert stop.headline() == (
+        f"held-out success rate below {stop.upper:.3f} at 95% (0 of {stop.attempts} attempts earned a reward)"
+    )
+    for text in (stop.headline(), stop.describe()):
+        assert "scores zero" not in text and "scores 0" not in text
+    marginal = test.check(3, 64)  # 0.047: the rate may be below p_min, but is not shown below p_stop
+    assert not marginal.stopped and "marginal signal, the study goes on" in marginal.describe()
+
+
+def _go_rate(p: float, *, preflights: int, planned: int, seed: int) -> float:
+    """Share of simulated preflights (Bernoulli(p) attempts in start order through the real test) that
+    do not stop, i.e. go on to the sweep."""
+    rng = np.random.default_rng(seed)
+    test = SignalRule().test(4, planned)
+    goes = sum(not test.run(list(rng.random(planned) < p)).stopped for _ in range(preflights))
+    return goes / preflights
+
+
+def test_the_decision_at_the_boundary_does_not_flip() -> None:
+    # issue 33 (7): the untrained arithmetic model succeeds in 0.11–0.16 of attempts, at p_min = 0.159;
+    # 16 held-out tasks × 4 attempts must go on to the sweep in at least 9 of 10 preflights
+    assert _go_rate(0.13, preflights=200, planned=64, seed=7) >= 0.9
+    assert _go_rate(0.11, preflights=200, planned=64, seed=8) >= 0.9
+    # and the exact probability agrees over the whole range, and over more attempts
+    for planned in (64, 128, 256):
+        test = SignalRule().test(4, planned)
+        for p in (0.11, 0.13, 0.16):
+            assert 1 - test.error_rate(p) >= 0.95
+    # a model that never succeeds still stops
+    assert _go_rate(0.0, preflights=20, planned=64, seed=9) == 0.0
 
 
 def test_too_few_attempts_never_stop_and_say_so() -> None:

@@ -1,0 +1,109 @@
+"""A budget stop is a cancellation in every state a run can be in (issue 33, part 2): while its client
+is still starting (importing), during a smoke or training episode, and during a held-out evaluation.
+The processes are real subprocesses stopped the way the runner stops them (`ManagedProcess.stop`,
+SIGINT); their logs then hold a ``KeyboardInterrupt`` traceback, which is our stop, not a crash.
+Crashes stay the run's own failures, with their traceback."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from a3r.study.analysis import DiagnosisKind, detect_all, detect_crash
+from a3r.study.runs import STORE_STATUS, RunOutcome, status_text
+from a3r.swarmops.monitoring import Observation, RunWatch, WatchRules, judge
+from a3r.swarmops.processes import launch
+from memory import RunStatus
+
+# Each program prints a marker once it is in the state, then waits there until it is stopped.
+_STATES = {
+    # a client still importing its libraries when the budget ends (the H200 study's B = 2 seed 1)
+    "start-up": "import time\nprint('importing', flush=True)\ntime.sleep(60)\n",
+    # an episode under way in the client's event loop (smoke and training runs run the same loop)
+    "smoke": (
+        "import asyncio\nasync def episode():\n    print('episode', flush=True)\n    await asyncio.sleep(60)\n"
+        "asyncio.run(episode())\n"
+    ),
+    "training": (
+        "import asyncio\nasync def step():\n    while True:\n        print('step', flush=True)\n"
+        "        await asyncio.sleep(0.2)\nasyncio.run(step())\n"
+    ),
+    # the held-out evaluator's attempts under way at once (`a3r.swarmops.evaluate` runs them as tasks)
+    "evaluation": (
+        "import asyncio\nasync def attempts():\n    print('attempt', flush=True)\n"
+        "    await asyncio.gather(*(asyncio.sleep(60) for _ in range(4)))\n"
+        "asyncio.run(attempts())\n"
+    ),
+}
+
+
+def _stopped_log(tmp_path: Path, state: str) -> str:
+    proc = launch(state, [sys.executable, "-c", _STATES[state]], log_path=tmp_path / f"{state}.log")
+    deadline = time.monotonic() + 30
+    while not proc.log_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.log_text().strip(), "the child never reached its state"
+    proc.stop(grace_s=10)
+    return proc.log_text()
+
+
+@pytest.mark.parametrize("state", sorted(_STATES))
+def test_a_budget_stop_in_every_state_is_no_crash(tmp_path: Path, state: str) -> None:
+    log = _stopped_log(tmp_path, state)
+    assert "Traceback" in log and ("KeyboardInterrupt" in log or "CancelledError" in log), log
+    # the runner passes no exit code for a run it stopped itself (`execution._conclude`)
+    found = detect_all(rows=[], episodes=[], group_size=4, log_text=log, exit_code=None)
+    assert [d for d in found if d.kind is DiagnosisKind.crash] == []
+
+
+def test_the_runs_own_failure_is_still_a_crash_with_its_traceback(tmp_path: Path) -> None:
+    proc = launch(
+        "client",
+        [sys.executable, "-c", "import json\njson.loads('{not json')\n"],
+        log_path=tmp_path / "own.log",
+    )
+    code = proc.wait(30)
+    (crash,) = detect_crash(proc.log_text(), exit_code=code)
+    assert "JSONDecodeError" in crash.summary
+    assert "JSONDecodeError" in str(crash.evidence["traceback_tail"])
+    # a stop after an own failure keeps the own failure
+    both = proc.log_text() + 'Traceback (most recent call last):\n  File "x", line 1\nKeyboardInterrupt\n'
+    (kept,) = detect_crash(both, exit_code=None)
+    assert "JSONDecodeError" in kept.summary and kept.evidence["tracebacks"] == 1
+
+
+@pytest.mark.parametrize(
+    ("state", "target", "observation"),
+    [
+        # start-up: the client has shown no sign of life yet
+        ("start-up", 5, Observation(now=50.0, step=0, finished=0)),
+        # smoke: no step target, episodes flow
+        ("smoke", None, Observation(now=50.0, step=0, finished=3)),
+        # training: a step is under way on the server
+        ("training", 5, Observation(now=50.0, step=2, finished=9, state="training")),
+    ],
+)
+def test_the_watch_ends_every_state_as_a_budget_cancellation(
+    state: str, target: int | None, observation: Observation
+) -> None:
+    rules = WatchRules(hang_after_s=600.0, budget_s=40.0, target=target)
+    watch = RunWatch.begin(started=0.0, now=0.0, step=0, cpu_s=None)
+    end = judge(watch, observation, rules).end
+    assert end is not None and end.status == "budget", (state, end)
+    assert STORE_STATUS[end.status] is RunStatus.cancelled
+    assert status_text(end.status) == "cancelled (budget)"
+
+
+def test_a_preflight_evaluation_the_budget_stopped_is_a_cancellation() -> None:
+    from a3r.swarmops.execution import _Evaluation, _preflight_end
+
+    status, reason = _preflight_end(
+        _Evaluation(None, "evaluation stopped after 30 s", 30.0, None, timed_out=True)
+    )
+    assert status == "budget" and STORE_STATUS[status] is RunStatus.cancelled
+    assert reason.startswith("the budget stopped it")
+    outcome = RunOutcome(key="preflight", run_id=1, purpose="preflight", status=status, reason=reason)
+    assert status_text(outcome.status) == "cancelled (budget)"
