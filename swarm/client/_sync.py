@@ -118,19 +118,24 @@ def _blocking(
     def call(self: SwarmClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._run(method(self._core, *args, **kwargs))
 
-    functools.update_wrapper(call, method)
-    call.__qualname__ = f"SwarmClient.{method.__name__}"
-    return call
+    return _named_after(method, call)
 
 
 def _opens_episode(
     method: Callable[Concatenate[AsyncSwarmClient, P], Coroutine[Any, Any, AsyncEpisode]],
 ) -> Callable[Concatenate[SwarmClient, P], Episode]:
     """:func:`_blocking` for a method that opens an episode: the answer is the blocking :class:`Episode`."""
+    opened = _blocking(method)
 
     def call(self: SwarmClient, /, *args: P.args, **kwargs: P.kwargs) -> Episode:
-        return Episode(self, self._run(method(self._core, *args, **kwargs)))
+        return Episode(self, opened(self, *args, **kwargs))
 
+    return _named_after(method, call)
+
+
+def _named_after(method: Callable[..., Any], call: Callable[P, T]) -> Callable[P, T]:
+    """``call`` with ``method``'s name, docstring and signature (``help``), as a :class:`SwarmClient`
+    method."""
     functools.update_wrapper(call, method)
     call.__qualname__ = f"SwarmClient.{method.__name__}"
     return call
@@ -211,22 +216,8 @@ class SwarmClient:
         )
         self._loop = _PrivateLoop(f"swarm-client {self._core.url}", self._core._reconnect)
         self._stop_loop = weakref.finalize(self, self._loop.close)
-
-    @property
-    def url(self) -> str:
-        return self._core.url
-
-    @property
-    def client_id(self) -> str:
-        return self._core.client_id
-
-    @property
-    def retry(self) -> RetryPolicy:
-        return self._core.retry
-
-    @property
-    def timeouts(self) -> Timeouts:
-        return self._core.timeouts
+        self.url, self.client_id, self.retry = self._core.url, self._core.client_id, self._core.retry
+        self.timeouts: Timeouts = self._core.timeouts
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r})"
