@@ -78,6 +78,19 @@ def _parameters(model: type[FlagOptions]) -> list[inspect.Parameter]:
     return params
 
 
+def _admin_token(given: str | None) -> str | None:
+    """``--admin-token``, else env ``SWARM_ADMIN_TOKEN`` (an empty one given is a mistake: exit 1)."""
+    if given is not None and not given.strip():
+        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
+    return given or os.environ.get("SWARM_ADMIN_TOKEN")
+
+
+_AdminToken = Annotated[
+    str | None, typer.Option(help="Admin token (or env SWARM_ADMIN_TOKEN).", show_default=False)
+]
+_ServerUrl = Annotated[str, typer.Argument(help="Server root, e.g. http://127.0.0.1:8000")]
+
+
 def _given(values: dict[str, Any]) -> dict[str, Any]:
     """The options given on the command line (Typer's ``None``: left out, the model's default holds)."""
     return {k: v for k, v in values.items() if v is not None}
@@ -91,10 +104,7 @@ def serve(**values: Any) -> None:
     from swarm.server.http_protocol import http_protocol
 
     check = values.pop("check")
-    token = values.pop("admin_token")
-    if token is not None and not token.strip():
-        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
-    token = token or os.environ.get("SWARM_ADMIN_TOKEN")
+    token = _admin_token(values.pop("admin_token"))
     client_tokens = values.pop("client_token") or []
     if (
         not client_tokens
@@ -212,10 +222,8 @@ def _load_engine(config: Any) -> Any:
 
 @app.command()
 def status(
-    url: Annotated[str, typer.Argument(help="Server root, e.g. http://127.0.0.1:8000")],
-    admin_token: Annotated[
-        str | None, typer.Option(help="Admin token (or env SWARM_ADMIN_TOKEN).", show_default=False)
-    ] = None,
+    url: _ServerUrl,
+    admin_token: _AdminToken = None,
 ) -> None:
     """Print a server's state, policy version and episode counts."""
     import httpx
@@ -223,9 +231,7 @@ def status(
 
     from swarm.client import RetryPolicy, SwarmClient
 
-    if admin_token is not None and not admin_token.strip():
-        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
-    token = admin_token or os.environ.get("SWARM_ADMIN_TOKEN")
+    token = _admin_token(admin_token)
     try:
         with SwarmClient(url, admin_token=token, retry=RetryPolicy(attempts=2, deadline_s=10)) as client:
             view = client.status()
@@ -367,10 +373,8 @@ def _summary_table(summary: RunSummary, state: Path) -> Table:
 
 @app.command()
 def top(
-    url: Annotated[str, typer.Argument(help="Server root, e.g. http://127.0.0.1:8000")],
-    admin_token: Annotated[
-        str | None, typer.Option(help="Admin token (or env SWARM_ADMIN_TOKEN).", show_default=False)
-    ] = None,
+    url: _ServerUrl,
+    admin_token: _AdminToken = None,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
     once: Annotated[
         bool, typer.Option("--once", help="Print one frame and exit (the default when not on a terminal).")
@@ -384,9 +388,7 @@ def top(
     from swarm.client import RetryPolicy, SwarmClient
     from swarm.client._dashboard import poll, render
 
-    if admin_token is not None and not admin_token.strip():
-        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
-    token = admin_token or os.environ.get("SWARM_ADMIN_TOKEN")
+    token = _admin_token(admin_token)
     out = Console()
     retry = RetryPolicy(attempts=1, deadline_s=5)
     with SwarmClient(url, admin_token=token, retry=retry, timeout_s=5.0) as client:
