@@ -1,7 +1,7 @@
 """``swarm serve``'s options: one flat model whose fields are the command's flags (names, defaults, help).
 
-:class:`FlagOptions` is that kind of model in general (also ``swarm run``'s :class:`RunOptions`, in
-``swarm.client``): fields declared with :func:`option` carry their ``--help`` text, how the command line
+:class:`FlagOptions` is that kind of model in general (also ``swarm run``'s ``RunOptions``, in
+``swarm/run_options.py``): fields declared with :func:`option` carry their ``--help`` text, how the command line
 shows them (:class:`CliSpec`) and the configuration field they set, from which a validation error of the
 configuration is traced back to the flag to fix. ``swarm``'s commands generate their Typer signatures
 from these fields (``swarm/cli.py``).
@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
@@ -93,7 +93,7 @@ def cli_spec(info: FieldInfo) -> CliSpec:
     """The :class:`CliSpec` of a field declared with :func:`option` (empty when it has none)."""
     extra = info.json_schema_extra
     spec = extra.get("cli") if isinstance(extra, dict) else None
-    return CliSpec(**spec) if isinstance(spec, dict) else CliSpec()  # type: ignore[typeddict-item]
+    return cast(CliSpec, spec) if isinstance(spec, dict) else CliSpec()
 
 
 class FlagOptions(BaseModel):
