@@ -12,14 +12,21 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_origin
 
 import typer
+from pydantic import SecretStr
 from rich.console import Console
 from rich.markup import escape
 
 from swarm.errors import SwarmError
-from swarm.serve_options import ServeOptions, check_device
+from swarm.run_options import RunOptions, RunOptionsError
+from swarm.serve_options import FlagOptions, ServeOptions, check_device, cli_spec
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from swarm.client import RunSummary
 
 KEEP_ALIVE_S = 75
 """Seconds an idle HTTP connection stays open (nginx's default; above httpx's 5 s pool expiry)."""
@@ -41,36 +48,52 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=1)
 
 
-def _serve_parameters() -> list[inspect.Parameter]:
-    """``swarm serve``'s Typer parameters, one per :class:`ServeOptions` field (name, default and help
-    come from the model), then ``--check``."""
+def _parameters(model: type[FlagOptions]) -> list[inspect.Parameter]:
+    """A command's Typer parameters, one per field of its options model: name, default (none: required)
+    and help come from the field, the rest from its :class:`CliSpec`. On the command line a secret is
+    text and a list is ``None`` when not given (Typer's repeatable option)."""
     params = []
-    for name, info in ServeOptions.model_fields.items():
+    for name, info in model.model_fields.items():
+        spec = cli_spec(info)
         kind: Any = info.annotation
-        default = info.default
-        extra: dict[str, Any] = {}
-        if name == "admin_token":  # a secret: typed as text here, never shown as a default
-            kind, extra["show_default"] = str | None, False
-        elif name == "quota":
-            kind, default = list[str] | None, None
-        elif name == "client_token":  # secrets: never shown as a default
-            kind, default, extra["show_default"] = list[str] | None, None, False
-        elif name == "lora_rank":
-            extra["min"] = 0
-        decls = ("--train/--no-train",) if name == "train" else ()
-        option = typer.Option(*decls, help=info.description, **extra)
+        default = inspect.Parameter.empty if info.is_required() else info.default
+        if kind == SecretStr | None:
+            kind = str | None
+        elif get_origin(kind) is list and default == []:
+            kind, default = kind | None, None
+        extra: dict[str, Any] = {"show_default": False} if spec.get("secret") else {}
+        if "min" in spec:
+            extra["min"] = spec["min"]
+        if "envvar" in spec:
+            extra.update(envvar=spec["envvar"], show_envvar=True)
+        if spec.get("argument"):
+            param: Any = typer.Argument(help=info.description)
+        else:
+            param = typer.Option(*spec.get("decls", ()), help=info.description, **extra)
         params.append(
             inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option]
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, param]
             )
         )
-    check = typer.Option("--check", help="Only validate the options (no model load, nothing written).")
-    params.append(
-        inspect.Parameter(
-            "check", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, check]
-        )
-    )
     return params
+
+
+def _admin_token(given: str | None) -> str | None:
+    """``--admin-token``, else env ``SWARM_ADMIN_TOKEN`` (an empty one given is a mistake: exit 1)."""
+    if given is not None and not given.strip():
+        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
+    return given or os.environ.get("SWARM_ADMIN_TOKEN")
+
+
+_AdminToken = Annotated[
+    str | None, typer.Option(help="Admin token (or env SWARM_ADMIN_TOKEN).", show_default=False)
+]
+_ServerUrl = Annotated[str, typer.Argument(help="Server root, e.g. http://127.0.0.1:8000")]
+
+
+def _given(values: dict[str, Any]) -> dict[str, Any]:
+    """The options given on the command line (Typer's ``None``: left out, the model's default holds)."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def serve(**values: Any) -> None:
@@ -81,10 +104,7 @@ def serve(**values: Any) -> None:
     from swarm.server.http_protocol import http_protocol
 
     check = values.pop("check")
-    token = values.pop("admin_token")
-    if token is not None and not token.strip():
-        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
-    token = token or os.environ.get("SWARM_ADMIN_TOKEN")
+    token = _admin_token(values.pop("admin_token"))
     client_tokens = values.pop("client_token") or []
     if (
         not client_tokens
@@ -93,11 +113,7 @@ def serve(**values: Any) -> None:
     ):
         client_tokens = [os.environ["SWARM_CLIENT_TOKEN"]]
     options = ServeOptions.model_validate(
-        {
-            **{k: v for k, v in values.items() if v is not None},
-            "admin_token": token,
-            "client_token": client_tokens,
-        }
+        {**_given(values), "admin_token": token, "client_token": client_tokens}
     )
     try:
         config = options.check()
@@ -143,7 +159,15 @@ def serve(**values: Any) -> None:
         engine.close()
 
 
-serve.__signature__ = inspect.Signature(_serve_parameters())  # type: ignore[attr-defined]
+_CHECK = typer.Option("--check", help="Only validate the options (no model load, nothing written).")
+serve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        *_parameters(ServeOptions),
+        inspect.Parameter(
+            "check", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, _CHECK]
+        ),
+    ]
+)
 app.command()(serve)
 
 
@@ -198,10 +222,8 @@ def _load_engine(config: Any) -> Any:
 
 @app.command()
 def status(
-    url: Annotated[str, typer.Argument(help="Server root, e.g. http://127.0.0.1:8000")],
-    admin_token: Annotated[
-        str | None, typer.Option(help="Admin token (or env SWARM_ADMIN_TOKEN).", show_default=False)
-    ] = None,
+    url: _ServerUrl,
+    admin_token: _AdminToken = None,
 ) -> None:
     """Print a server's state, policy version and episode counts."""
     import httpx
@@ -209,9 +231,7 @@ def status(
 
     from swarm.client import RetryPolicy, SwarmClient
 
-    if admin_token is not None and not admin_token.strip():
-        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
-    token = admin_token or os.environ.get("SWARM_ADMIN_TOKEN")
+    token = _admin_token(admin_token)
     try:
         with SwarmClient(url, admin_token=token, retry=RetryPolicy(attempts=2, deadline_s=10)) as client:
             view = client.status()
@@ -236,23 +256,6 @@ def status(
     Console().print(table)
 
 
-def _parse_servers(servers: list[str]) -> dict[str, str]:
-    """``URL`` (one server, named ``default``) or ``NAME=URL`` per server (multi-model)."""
-    parsed: dict[str, str] = {}
-    for spec in servers:
-        name, sep, url = spec.partition("=")
-        if not sep:
-            name, url = "default", spec
-        if not url.startswith(("http://", "https://")):
-            raise fail(f"--server {spec}: expected URL or NAME=URL with an http(s):// URL")
-        if name in parsed:
-            raise fail(f"--server {spec}: the name {name!r} is given twice (use NAME=URL for each server)")
-        parsed[name] = url
-    if "default" in parsed and len(parsed) > 1:
-        raise fail("--server: name every server (NAME=URL) when there are several")
-    return parsed
-
-
 def _reachable(url: str) -> None:
     """Fail with one line when nothing answers HTTP at ``url`` (any answer, even 404, is fine)."""
     import httpx
@@ -270,143 +273,56 @@ def _reachable(url: str) -> None:
     raise fail(f"cannot reach {url}: {type(error).__name__}: {error}")
 
 
-_RUN_OPTIONS = {
-    "heartbeat_s": "heartbeat",
-    "episode_timeout_s": "episode-timeout",
-    "trainable_agents": "trainable-agent",
-}
-"""`RunnerConfig` fields whose ``swarm run`` option has another name."""
-
-
-@app.command()
-def run(
-    workflow: Annotated[
-        str, typer.Argument(help="Workflow file (async def run(task, llm)), or FILE.py:Name.")
-    ],
-    server: Annotated[
-        list[str],
-        typer.Option(help="Server URL; repeat as NAME=URL for multi-model workflows (llm is then a dict)."),
-    ],
-    dataset: Annotated[
-        str, typer.Option(help="Tasks: JSONL file, saved HF dataset dir, or FILE.py:function.")
-    ],
-    group_size: Annotated[int, typer.Option(help="G: episodes per task (one GRPO group).")] = 4,
-    concurrency: Annotated[int, typer.Option(help="N: most episodes at once.")] = 8,
-    epochs: Annotated[int, typer.Option(help="Passes over the dataset.")] = 1,
-    max_tasks: Annotated[int | None, typer.Option(help="Use only the first M tasks.")] = None,
-    split: Annotated[str | None, typer.Option(help="Split of a saved HF DatasetDict.")] = None,
-    eval_dataset: Annotated[str | None, typer.Option(help="Eval tasks (same formats as --dataset).")] = None,
-    eval_every: Annotated[int | None, typer.Option(help="Eval round after every K train tasks.")] = None,
-    eval_group_size: Annotated[int, typer.Option(help="Episodes per eval task.")] = 1,
-    family: Annotated[str | None, typer.Option(help="Task family for cocktail quotas.")] = None,
-    trainable_agent: Annotated[
-        list[str] | None, typer.Option(help="Agent whose calls are trained (repeat; default: all).")
-    ] = None,
-    client_id: Annotated[
-        str | None, typer.Option(help="Client id (default: runner-<workflow name>).")
-    ] = None,
-    state_dir: Annotated[
-        Path | None, typer.Option(help="Resume file folder (default: .swarm/runs/<workflow name>).")
-    ] = None,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Forget earlier progress in the state dir.")] = False,
-    rerun_aborted: Annotated[
-        bool, typer.Option("--rerun-aborted", help="Resume: run again the episodes the workflow failed.")
-    ] = False,
-    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats of a running episode.")] = 30.0,
-    episode_timeout: Annotated[
-        float | None,
-        typer.Option(help="Seconds a workflow may run; then its episode is aborted and re-run (infra)."),
-    ] = None,
-    infra_retries: Annotated[int, typer.Option(help="Re-runs of an infra-failed episode.")] = 2,
-    vote_every: Annotated[
-        int | None,
-        typer.Option(
-            help="Voting batch policies: vote ready after every K train tasks (a round), heartbeat the "
-            "client, and leave at the end."
-        ),
-    ] = None,
-    progress: Annotated[bool, typer.Option(help="Draw the live progress bar.")] = True,
-    client_token: Annotated[
-        str | None,
-        typer.Option(
-            envvar="SWARM_CLIENT_TOKEN",
-            show_envvar=True,
-            show_default=False,
-            help="Client token of servers started with --client-token.",
-        ),
-    ] = None,
-) -> None:
+def run(**values: Any) -> None:
     """Roll a workflow out over a dataset: G episodes per task, N at a time; resumable (--state-dir)."""
     import asyncio
-
-    from pydantic import ValidationError
-    from rich.table import Table
 
     from swarm.client import (
         AsyncSwarmClient,
         DatasetError,
         ProgressLog,
         Runner,
-        RunnerConfig,
         RunnerError,
         TaskSet,
         WorkflowLoadError,
         load_workflow,
     )
 
-    servers = _parse_servers(server)
-    if eval_every is not None and eval_dataset is None:
-        raise fail("--eval-every needs --eval-dataset")
+    options = RunOptions.model_validate(_given(values))
     try:
-        fn = load_workflow(workflow)
-        tasks = TaskSet(dataset, split=split)
-        eval_tasks = TaskSet(eval_dataset, split=split) if eval_dataset is not None else None
-    except (WorkflowLoadError, DatasetError) as exc:
-        raise fail(str(exc)) from None
-    stem = Path(workflow.split(":")[0]).stem
-    state = state_dir if state_dir is not None else Path(".swarm") / "runs" / stem
-    if fresh:
-        (state / ProgressLog.FILE).unlink(missing_ok=True)
-    try:
-        config = RunnerConfig(
-            group_size=group_size,
-            concurrency=concurrency,
-            epochs=epochs,
-            max_tasks=max_tasks,
-            eval_every=eval_every,
-            eval_group_size=eval_group_size,
-            family=family,
-            trainable_agents=trainable_agent or None,
-            client_id=client_id or f"runner-{stem}",
-            heartbeat_s=heartbeat,
-            episode_timeout_s=episode_timeout,
-            infra_retries=infra_retries,
-            vote_every=vote_every,
-            state_dir=state,
-            rerun_aborted=rerun_aborted,
+        servers = options.check()
+        fn = load_workflow(options.workflow)
+        tasks = TaskSet(options.dataset, split=options.split)
+        eval_tasks = (
+            None if options.eval_dataset is None else TaskSet(options.eval_dataset, split=options.split)
         )
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = str(err["loc"][0])
-        option = _RUN_OPTIONS.get(field, field.replace("_", "-"))
-        raise fail(f"--{option}: {err['msg']}") from None
-
+        config = options.runner_config()
+    except (RunOptionsError, WorkflowLoadError, DatasetError) as exc:
+        raise fail(str(exc)) from None
+    if options.fresh:
+        (options.state_path / ProgressLog.FILE).unlink(missing_ok=True)
     for url in servers.values():
         _reachable(url)
 
-    async def go() -> Any:
+    async def go() -> RunSummary:
         clients = {
             name: AsyncSwarmClient(
                 url,
                 client_id=config.client_id,
-                client_token=client_token or None,
+                client_token=options.client_token or None,
                 retry=Runner.default_retry(),
             )
             for name, url in servers.items()
         }
         try:
             runner = Runner(
-                fn, clients, tasks, config, eval_dataset=eval_tasks, console=console, show_progress=progress
+                fn,
+                clients,
+                tasks,
+                config,
+                eval_dataset=eval_tasks,
+                console=console,
+                show_progress=options.progress,
             )
             return await runner.run()
         finally:
@@ -420,32 +336,45 @@ def run(
     except KeyboardInterrupt:  # Ctrl-C, or a supervisor (a3r) stopping the client: not an error
         console.print("stopped: interrupted; run the same command again to resume", highlight=False)
         raise typer.Exit(code=130) from None
-    table = Table(title="swarm run", show_header=False)
-    table.add_row("finished", str(summary.finished))
-    table.add_row("agent failures", str(summary.agent_failures))
-    table.add_row("infra failures", str(summary.infra_failures))
-    if summary.partial_finishes:
-        table.add_row("partial finishes", str(summary.partial_finishes))
-    if summary.votes:
-        table.add_row("readiness votes", str(summary.votes))
-    table.add_row("resumed (skipped)", str(summary.resumed))
-    table.add_row("tasks done", str(summary.tasks_done))
-    table.add_row("train reward mean", f"{summary.train_reward_mean:.4f}" if summary.train_rewards else "-")
-    for round_ in sorted(summary.eval_rewards):
-        table.add_row(f"eval round {round_} reward", f"{summary.eval_reward_mean(round_):.4f}")
-    table.add_row("state dir", str(state))
-    Console().print(table)
+    Console().print(_summary_table(summary, options.state_path))
     failed = summary.agent_failures + summary.infra_failures + summary.partial_finishes
     if summary.finished == 0 and failed:
         raise fail(f"no episode finished ({failed} failed; the reasons are printed above)")
 
 
+run.__signature__ = inspect.Signature(_parameters(RunOptions))  # type: ignore[attr-defined]
+app.command()(run)
+
+
+def _summary_table(summary: RunSummary, state: Path) -> Table:
+    """``swarm run``'s closing table: episode counts, rewards and the state dir."""
+    from rich.table import Table
+
+    table = Table(title="swarm run", show_header=False)
+    rows = [
+        ("finished", summary.finished),
+        ("agent failures", summary.agent_failures),
+        ("infra failures", summary.infra_failures),
+        *([("partial finishes", summary.partial_finishes)] if summary.partial_finishes else []),
+        *([("readiness votes", summary.votes)] if summary.votes else []),
+        ("resumed (skipped)", summary.resumed),
+        ("tasks done", summary.tasks_done),
+        ("train reward mean", f"{summary.train_reward_mean:.4f}" if summary.train_rewards else "-"),
+        *(
+            (f"eval round {r} reward", f"{summary.eval_reward_mean(r):.4f}")
+            for r in sorted(summary.eval_rewards)
+        ),
+        ("state dir", state),
+    ]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    return table
+
+
 @app.command()
 def top(
-    url: Annotated[str, typer.Argument(help="Server root, e.g. http://127.0.0.1:8000")],
-    admin_token: Annotated[
-        str | None, typer.Option(help="Admin token (or env SWARM_ADMIN_TOKEN).", show_default=False)
-    ] = None,
+    url: _ServerUrl,
+    admin_token: _AdminToken = None,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
     once: Annotated[
         bool, typer.Option("--once", help="Print one frame and exit (the default when not on a terminal).")
@@ -459,9 +388,7 @@ def top(
     from swarm.client import RetryPolicy, SwarmClient
     from swarm.client._dashboard import poll, render
 
-    if admin_token is not None and not admin_token.strip():
-        raise fail("--admin-token: empty (leave it out to keep control routes open to loopback only)")
-    token = admin_token or os.environ.get("SWARM_ADMIN_TOKEN")
+    token = _admin_token(admin_token)
     out = Console()
     retry = RetryPolicy(attempts=1, deadline_s=5)
     with SwarmClient(url, admin_token=token, retry=retry, timeout_s=5.0) as client:

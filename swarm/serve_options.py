@@ -1,5 +1,11 @@
 """``swarm serve``'s options: one flat model whose fields are the command's flags (names, defaults, help).
 
+:class:`FlagOptions` is that kind of model in general (also ``swarm run``'s ``RunOptions``, in
+``swarm/run_options.py``): fields declared with :func:`option` carry their ``--help`` text, how the command line
+shows them (:class:`CliSpec`) and the configuration field they set, from which a validation error of the
+configuration is traced back to the flag to fix. ``swarm``'s commands generate their Typer signatures
+from these fields (``swarm/cli.py``).
+
 :class:`ServeOptions` is the small command-line config that builds the full :class:`swarm.config.ServerConfig`
 (as tinker-cookbook's recipes build ``train.Config`` from a ``CLIConfig``): ``swarm serve``'s Typer
 signature is generated from its fields, and a3r validates its ``--serve-option`` items with it in process
@@ -17,9 +23,10 @@ import tempfile
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 
 from swarm.errors import ConfigError, SwarmError
 from swarm.protocol import MIN_TOKEN_CHARS
@@ -27,7 +34,16 @@ from swarm.protocol import MIN_TOKEN_CHARS
 if TYPE_CHECKING:
     from swarm.config import ServerConfig, TrainingConfig
 
-__all__ = ["LogLevel", "ServeOptions", "ServeOptionsError", "check_device"]
+__all__ = [
+    "CliSpec",
+    "FlagOptions",
+    "LogLevel",
+    "ServeOptions",
+    "ServeOptionsError",
+    "check_device",
+    "cli_spec",
+    "option",
+]
 
 
 class LogLevel(StrEnum):
@@ -43,13 +59,95 @@ class ServeOptionsError(ConfigError):
     """``swarm serve`` options that cannot run a server; the message names the option (``--lr: …``)."""
 
 
-def _option(default: Any, help: str, *, to: str | None = None, **constraints: Any) -> Any:
-    """A :class:`ServeOptions` field: its default, its ``--help`` text and the dotted path of the
-    :class:`ServerConfig` field it sets (``to``), from which validation errors are traced back to it."""
-    return Field(default, description=help, json_schema_extra={"to": to} if to else None, **constraints)
+class CliSpec(TypedDict, total=False):
+    """How the command line shows one option beyond its name, default and help (all optional)."""
+
+    decls: list[str]
+    """Typer's parameter declarations instead of the generated ``--name`` (e.g. ``["--fresh"]``: a flag
+    without ``--no-fresh``)."""
+    argument: bool
+    """A positional argument, not an option."""
+    secret: bool
+    """A secret: its default is never shown, nor is it written by :meth:`ServeOptions.argv`."""
+    min: int
+    """Smallest value the command line accepts (a usage error below)."""
+    envvar: str
+    """Environment variable read when the option is not given (shown in ``--help``)."""
 
 
-class ServeOptions(BaseModel):
+def option(
+    default: Any, help: str, *, to: str | None = None, cli: CliSpec | None = None, **constraints: Any
+) -> Any:
+    """A field of a :class:`FlagOptions` model: its default (``...``: required), its ``--help`` text, the
+    dotted path of the configuration field it sets (``to``), from which validation errors are traced back
+    to it, and how the command line shows it (``cli``)."""
+    extra: dict[str, Any] = {}
+    if to:
+        extra["to"] = to
+    if cli:
+        extra["cli"] = dict(cli)
+    return Field(default, description=help, json_schema_extra=extra or None, **constraints)
+
+
+def cli_spec(info: FieldInfo) -> CliSpec:
+    """The :class:`CliSpec` of a field declared with :func:`option` (empty when it has none)."""
+    extra = info.json_schema_extra
+    spec = extra.get("cli") if isinstance(extra, dict) else None
+    return cast(CliSpec, spec) if isinstance(spec, dict) else CliSpec()
+
+
+class FlagOptions(BaseModel):
+    """A command's options as one flat model, one field per flag (``max_staleness`` is
+    ``--max-staleness``), each declared with :func:`option`; subclasses build their configuration and
+    report its errors with :meth:`flags_at`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: ClassVar[type[ConfigError]] = ConfigError
+    """What this model's checks raise (a one-line message naming the flag)."""
+
+    @staticmethod
+    def flag(name: str) -> str:
+        """The command-line flag of field ``name`` (``max_staleness`` → ``--max-staleness``)."""
+        return "--" + name.replace("_", "-")
+
+    @classmethod
+    def targets(cls) -> list[tuple[str, tuple[str, ...]]]:
+        """(field name, path in the configuration) of every field that sets one (``to``), in field order."""
+        out = []
+        for name, info in cls.model_fields.items():
+            extra = info.json_schema_extra
+            if isinstance(extra, dict) and isinstance(extra.get("to"), str):
+                out.append((name, tuple(str(extra["to"]).split("."))))
+        return out
+
+    @classmethod
+    def flags_at(cls, loc: tuple[str, ...]) -> str:
+        """The flag(s) to fix for a configuration error at ``loc``: the options that set a field inside
+        ``loc`` (``--batch-policy/--batch-size/--group-size`` for a cross-field batch check), else the
+        option whose field contains it; ``""`` for a check of the whole configuration or of a section
+        that more than three options set (its message names the flags itself)."""
+        if not loc:
+            return ""
+        targets = cls.targets()
+        inside = [name for name, path in targets if path[: len(loc)] == loc]
+        if not inside:
+            around = [(len(path), name) for name, path in targets if loc[: len(path)] == path]
+            inside = [max(around)[1]] if around else []
+        if len(inside) > 3:  # a check across a whole section (e.g. training): its message names the flags
+            return ""
+        return "/".join(cls.flag(name) for name in inside) or ".".join(loc)
+
+    @classmethod
+    def invalid(cls, exc: ValidationError) -> ConfigError:
+        """The first error of validating the configuration, as one line naming the flag(s) to fix."""
+        err = exc.errors()[0]
+        where = cls.flags_at(tuple(str(p) for p in err["loc"]))
+        message = str(err["msg"]).removeprefix("Value error, ")
+        return cls.error(f"{where}: {message}" if where else message)
+
+
+class ServeOptions(FlagOptions):
     """``swarm serve``'s options, one field per flag (``max_staleness`` is ``--max-staleness``): the one
     place their names, defaults and help live. The CLI's signature is generated from these fields, and
     a3r builds one to validate its ``--serve-option`` items in process and to start servers (:meth:`argv`).
@@ -58,190 +156,191 @@ class ServeOptions(BaseModel):
     :class:`ServerConfig` and reports what is wrong in one line naming the flag.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    error: ClassVar[type[ConfigError]] = ServeOptionsError
 
-    model: str | None = _option(
+    model: str | None = option(
         None, "Local HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct).", to="model"
     )
-    host: str = _option("127.0.0.1", "Interface to bind.", to="host")
-    port: int = _option(8000, "TCP port (0 picks a free one).", to="port")
-    run_dir: Path = _option(
+    host: str = option("127.0.0.1", "Interface to bind.", to="host")
+    port: int = option(8000, "TCP port (0 picks a free one).", to="port")
+    run_dir: Path = option(
         Path("runs/default"),
         "Pool database, checkpoints, metrics and logs; reuse it to resume.",
         to="run_dir",
     )
-    admin_token: SecretStr | None = _option(
-        None, "Bearer token for control routes (or env SWARM_ADMIN_TOKEN).", to="admin_token"
+    admin_token: SecretStr | None = option(
+        None,
+        "Bearer token for control routes (or env SWARM_ADMIN_TOKEN).",
+        to="admin_token",
+        cli={"secret": True},
     )
-    client_token: list[str] = _option(
+    client_token: list[str] = option(
         [],
         "Client token, repeatable: NAME=TOKEN or TOKEN (or env SWARM_CLIENT_TOKEN). With any, beginning an "
         "episode needs one, and an episode is finished or read only with its key or the token that began it.",
         to="client_tokens",
+        cli={"secret": True},
     )
-    client_tokens_file: Path | None = _option(
+    client_tokens_file: Path | None = option(
         None, "File of client tokens, one NAME=TOKEN or TOKEN a line ('#' starts a comment)."
     )
-    max_open_episodes: int | None = _option(
+    max_open_episodes: int | None = option(
         None,
         "Most episodes one client token may hold open (429 beyond).",
         to="limits.open_episodes_per_token",
     )
-    max_requests_per_s: float | None = _option(
+    max_requests_per_s: float | None = option(
         None,
         "Begins + chat completions per second per client token (429 + Retry-After beyond).",
         to="limits.requests_per_s_per_token",
     )
-    max_body_bytes: int = _option(
+    max_body_bytes: int = option(
         8 * 1024 * 1024, "Largest request body in bytes (413).", to="limits.max_body_bytes"
     )
-    max_request_tokens: int | None = _option(
+    max_request_tokens: int | None = option(
         None, "Largest max_tokens a chat request may ask for (422).", to="limits.max_tokens"
     )
-    max_n: int = _option(16, "Largest n (choices) of a chat request (422).", to="limits.max_n")
-    max_messages: int = _option(2048, "Most messages in a chat request (422).", to="limits.max_messages")
-    max_event_subscribers: int = _option(
+    max_n: int = option(16, "Largest n (choices) of a chat request (422).", to="limits.max_n")
+    max_messages: int = option(2048, "Most messages in a chat request (422).", to="limits.max_messages")
+    max_event_subscribers: int = option(
         64, "Most clients following the event stream at once (503).", to="limits.max_event_subscribers"
     )
-    dtype: str = _option(
+    dtype: str = option(
         "float32",
         "Weights: float32 | bfloat16 | float16 | auto (bf16 for LoRA where fast); full FT needs float32.",
         to="dtype",
     )
-    mixed_precision: str = _option(
+    mixed_precision: str = option(
         "no",
         "Compute: no (float32-exact logprobs) | bf16 | fp16 | auto (bf16 where fast).",
         to="mixed_precision",
     )
-    device: str = _option("cpu", "torch device, e.g. cpu or cuda", to="device")
-    engine: str = _option(
+    device: str = option("cpu", "torch device, e.g. cpu or cuda", to="device")
+    engine: str = option(
         "hf",
         "Inference engine: hf (transformers; static batches) | vllm (vLLM on a CUDA GPU, continuous "
         "batching; needs the project's vllm extra and --device cuda for the trainer beside it).",
         to="engine",
     )
-    gpu_memory_utilization: float = _option(
+    gpu_memory_utilization: float = option(
         0.3,
         "vllm: fraction of the GPU's memory vLLM takes for weights and KV cache (the trainer uses the "
         "rest; the KV cache is released during each step).",
         to="gpu_memory_utilization",
     )
-    trainer: str = _option(
+    trainer: str = option(
         "torch",
         "Trainer backend: torch (in this process, on --device) | verl (verl's FSDP actor in a Ray worker "
         "group; needs the project's verl extra and CUDA GPUs; full fine-tuning).",
         to="training.backend",
     )
-    trainer_gpus: int = _option(
+    trainer_gpus: int = option(
         1, "verl: GPUs per node for the FSDP actor.", to="training.verl.n_gpus_per_node"
     )
-    trainer_nodes: int = _option(
+    trainer_nodes: int = option(
         1, "verl: nodes of the Ray cluster the actor spans.", to="training.verl.nnodes"
     )
-    ray_address: str | None = _option(
+    ray_address: str | None = option(
         None,
         "verl: Ray cluster to join ('auto' on a cluster node; default: start a local Ray).",
         to="training.verl.ray_address",
     )
-    max_batch_size: int = _option(32, "Most sequences sampled together.", to="max_batch_size")
-    threads: int | None = _option(
+    max_batch_size: int = option(32, "Most sequences sampled together.", to="max_batch_size")
+    threads: int | None = option(
         None, "torch CPU threads (default: one per core; 1 on a shared machine).", to="torch_threads"
     )
-    episode_timeout: float = _option(
+    episode_timeout: float = option(
         600.0, "Reclaim open episodes idle this many seconds.", to="episode_timeout_s"
     )
-    prepare_timeout: float = _option(
+    prepare_timeout: float = option(
         60.0,
         "Multi-server finish: resolve a member still prepared this many seconds after it was stored (the "
         "primary aborts, a secondary follows its primary).",
         to="prepare_timeout_s",
     )
-    train: bool = _option(True, "Train on pooled episodes (or only serve and record).", to="training.enabled")
-    batch_policy: str = _option(
+    train: bool = option(True, "Train on pooled episodes (or only serve and record).", to="training.enabled")
+    batch_policy: str = option(
         "tasks",
         "episodes | tasks | informative_tasks | all_clients_ready | any_client_ready",
         to="training.batch.policy",
     )
-    batch_size: int = _option(
+    batch_size: int = option(
         8,
         "B: groups (tasks) per step, or episodes/G for the episodes policy.",
         to="training.batch.batch_size",
     )
-    group_size: int = _option(8, "G: episodes per task (GRPO group).", to="training.batch.group_size")
-    lr: float = _option(1e-5, "AdamW learning rate.", to="training.trainer.lr")
-    lora_rank: int = _option(0, "LoRA rank; 0 trains all weights.", to="training.trainer.lora.r", ge=0)
-    kl_coef: float = _option(
+    group_size: int = option(8, "G: episodes per task (GRPO group).", to="training.batch.group_size")
+    lr: float = option(1e-5, "AdamW learning rate.", to="training.trainer.lr")
+    lora_rank: int = option(
+        0, "LoRA rank; 0 trains all weights.", to="training.trainer.lora.r", cli={"min": 0}, ge=0
+    )
+    kl_coef: float = option(
         0.0, "β of the KL penalty to the reference policy.", to="training.trainer.kl_coef"
     )
-    clip_eps: float = _option(
+    clip_eps: float = option(
         0.2,
         "ε of the PPO clip ratio range [1 − ε, 1 + ε] (sets ε_low and ε_high).",
         to="training.trainer.clip_eps_low",
         ge=0.0,
         lt=1.0,
     )
-    ppo_epochs: int = _option(1, "Passes over each batch per step.", to="training.trainer.ppo_epochs", ge=1)
-    minibatches: int = _option(
+    ppo_epochs: int = option(1, "Passes over each batch per step.", to="training.trainer.ppo_epochs", ge=1)
+    minibatches: int = option(
         1,
         "Optimizer updates per pass (the batch is split into this many).",
         to="training.trainer.minibatches",
         ge=1,
     )
-    tis_cap: float | None = _option(
+    tis_cap: float | None = option(
         None,
         "C of truncated importance sampling min(π_old/μ, C) against sampler mismatch (off).",
         to="training.trainer.tis_cap",
     )
-    micro_batch_size: int = _option(
+    micro_batch_size: int = option(
         4, "Sequences per forward/backward pass.", to="training.trainer.micro_batch_size"
     )
-    checkpoint_every: int | None = _option(
+    checkpoint_every: int | None = option(
         None,
         "Save a checkpoint every N steps (default: 1 with LoRA, 5 for full fine-tuning).",
         to="training.checkpoint_every",
     )
-    max_steps: int | None = _option(
+    max_steps: int | None = option(
         None, "Stop training after N steps (keep serving).", to="training.max_steps"
     )
-    drain_timeout: float = _option(
+    drain_timeout: float = option(
         120.0, "Seconds open episodes may finish once a batch is ready.", to="training.drain_timeout_s"
     )
-    merge: str = _option(
+    merge: str = option(
         "token",
         "token | text: join calls into samples by exact token prefix, or also when the rendered text "
         "continues (templates that strip <think> from earlier turns).",
         to="training.merge",
     )
-    max_staleness: int | None = _option(
+    max_staleness: int | None = option(
         None,
         "Asynchronous training: no drain; episodes admitted during steps while at most (K+1)·B·G are ahead "
         "of the trainer; open episodes K versions behind are aborted (pair with --tis-cap). Default: "
         "synchronous.",
         to="training.max_staleness",
     )
-    client_timeout: float = _option(
+    client_timeout: float = option(
         120.0,
         "Voting policies: a client silent this many seconds (no episode, heartbeat or vote) stops counting "
         "as active, so a dead client stops blocking all_clients_ready.",
         to="training.client_timeout_s",
     )
-    quota: list[str] = _option(
+    quota: list[str] = option(
         [], "Family share, repeatable: --quota math=0.4 --quota code=0.6", to="training.quotas"
     )
-    training_config: Path | None = _option(
+    training_config: Path | None = option(
         None, "JSON file with a full TrainingConfig (overrides the options above)."
     )
-    log_level: LogLevel = _option(LogLevel.info, "Server log level.")
-    access_log: bool = _option(
+    log_level: LogLevel = option(LogLevel.info, "Server log level.")
+    access_log: bool = option(
         False,
         "Log every HTTP request (uvicorn's access log, on stdout). Off by default: it costs about 7 % of "
         "the server's CPU per episode; episodes, steps and errors are logged either way.",
     )
-
-    @staticmethod
-    def flag(name: str) -> str:
-        """The command-line flag of field ``name`` (``max_staleness`` → ``--max-staleness``)."""
-        return "--" + name.replace("_", "-")
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any]) -> ServeOptions:
@@ -329,14 +428,11 @@ class ServeOptions(BaseModel):
             values["training"] = self._training()
             return ServerConfig.model_validate(values)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = tuple(str(p) for p in err["loc"])
-            if exc.title == "TrainingConfig":  # a --training-config file, validated on its own
-                where = f"--training-config {self.training_config}: {'.'.join(loc)}"
-            else:
-                where = _flags_at(loc)
-            message = str(err["msg"]).removeprefix("Value error, ")
-            raise ServeOptionsError(f"{where}: {message}" if where else message) from None
+            if exc.title != "TrainingConfig":
+                raise self.invalid(exc) from None
+            err = exc.errors()[0]  # a --training-config file, validated on its own
+            where = f"--training-config {self.training_config}: {'.'.join(str(p) for p in err['loc'])}"
+            raise ServeOptionsError(f"{where}: {str(err['msg']).removeprefix('Value error, ')}") from None
 
     def _training(self) -> TrainingConfig | dict[str, Any]:
         """The training section: the ``--training-config`` file, else the options (plain values)."""
@@ -455,37 +551,12 @@ class ServeOptions(BaseModel):
         return config
 
 
-_SECRETS = frozenset({"admin_token", "client_token"})
+_SECRETS = frozenset(name for name, info in ServeOptions.model_fields.items() if cli_spec(info).get("secret"))
 """Options never written into :meth:`ServeOptions.argv` (they travel in the environment)."""
-_LISTS = frozenset({"quota", "client_token"})
+_LISTS = frozenset(
+    name for name, info in ServeOptions.model_fields.items() if get_origin(info.annotation) is list
+)
 """Repeatable options."""
-
-
-def _targets() -> list[tuple[str, tuple[str, ...]]]:
-    """(field name, path in ServerConfig) of every ServeOptions field that sets one, in field order."""
-    out = []
-    for name, info in ServeOptions.model_fields.items():
-        extra = info.json_schema_extra
-        if isinstance(extra, dict) and isinstance(extra.get("to"), str):
-            out.append((name, tuple(str(extra["to"]).split("."))))
-    return out
-
-
-def _flags_at(loc: tuple[str, ...]) -> str:
-    """The flag(s) to fix for a ServerConfig error at ``loc``: the options that set a field inside
-    ``loc`` (``--batch-policy/--batch-size/--group-size`` for a cross-field batch check), else the
-    option whose field contains it; ``""`` for a check of the whole configuration or of a section
-    that more than three options set (its message names the flags itself)."""
-    if not loc:
-        return ""
-    targets = _targets()
-    inside = [name for name, path in targets if path[: len(loc)] == loc]
-    if not inside:
-        around = [(len(path), name) for name, path in targets if loc[: len(path)] == path]
-        inside = [max(around)[1]] if around else []
-    if len(inside) > 3:  # a check across a whole section (e.g. training): its message names the flags
-        return ""
-    return "/".join(ServeOptions.flag(name) for name in inside) or ".".join(loc)
 
 
 def check_device(device: str) -> None:

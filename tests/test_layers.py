@@ -40,6 +40,7 @@ A3R_LAYERS: Layers = (
 SWARM_LAYERS: Layers = (
     ("swarm", "swarm.cli"),
     ("swarm.server",),
+    ("swarm.run_options",),  # swarm run's flags; builds the RunnerConfig (imports the client when called)
     ("swarm.client",),  # the HTTP client and runner: never imports the server
     ("swarm.serve_options",),  # swarm serve's flags; builds the ServerConfig (imports it when called)
     ("swarm.engine.factory",),  # builds the engine a ServerConfig names: above the config it reads

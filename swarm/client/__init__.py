@@ -1,6 +1,7 @@
 """Swarm clients: open episodes on swarm servers and run agent workflows in them.
 
-- :class:`SwarmClient` / :class:`AsyncSwarmClient`: begin, finish, abort and heartbeat episodes.
+- :class:`AsyncSwarmClient`: begin, finish, abort and heartbeat episodes, read and steer a server;
+  :class:`SwarmClient` is its blocking face (the same client run on a private event loop).
 - :class:`MultiEpisode`: one rollout over several servers, finished or aborted together.
 - :class:`Runner` (``swarm run``): a workflow file over a dataset, G episodes per task, N at a time,
   with resume, eval rounds and infrastructure-failure handling.
@@ -13,7 +14,7 @@
   console script whose usage mistakes read as one ``error:`` line.
 """
 
-from swarm.client._client import AsyncEpisode, AsyncSwarmClient, Episode, RetryPolicy, SwarmClient
+from swarm.client._client import AsyncEpisode, AsyncSwarmClient, RetryPolicy
 from swarm.client._datasets import Task, TaskSet
 from swarm.client._errors import (
     DatasetError,
@@ -29,6 +30,7 @@ from swarm.client._models import check_model_path, load_tokenizer
 from swarm.client._multi import MultiEpisode
 from swarm.client._progress import ProgressLog
 from swarm.client._runner import Runner, RunnerConfig, RunSummary, run_workflow
+from swarm.client._sync import Episode, SwarmClient
 from swarm.client.workflow import LLM, Result
 
 # Re-exported, not defined here (so not in __all__): what a program driving servers (a3r) needs besides the

@@ -1,6 +1,9 @@
-"""``SwarmClient`` / ``AsyncSwarmClient``: begin, finish and abort episodes over HTTP.
+"""``AsyncSwarmClient``: the one implementation of the swarm client (episodes and control routes over HTTP).
 
-Request building and answer parsing live in :class:`_BaseClient`; the sync and async faces only send.
+Every request is built, sent, retried and parsed here; :class:`~swarm.client.SwarmClient` is a blocking
+face that runs this same client on a private event loop (`swarm.client._sync`), so both faces share one
+set of timeouts (:class:`Timeouts`), one retry policy and one set of error types.
+
 Transient failures (connection errors, 429, 502/503/504) are retried with exponential backoff
 (tenacity). An answer with ``Retry-After`` (a full quota, a training step, a paused server) is waited
 out for exactly that long and does not use up an attempt: only ``RetryPolicy.deadline_s`` bounds how
@@ -10,20 +13,14 @@ long a client keeps coming back to a busy server.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 from pydantic import TypeAdapter
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from swarm.client._failures import FailureKind, classify_failure
 from swarm.client._sse import parse_sse
@@ -56,6 +53,44 @@ from swarm.protocol import (
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 _METRICS = TypeAdapter(list[ServerStepMetrics])
 _TOKENS = TypeAdapter(list[ClientTokenView])
+_MAX_REASON_CHARS = 4000
+"""An abort's reason is cut to this many characters (the server's limit)."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long one HTTP request of a swarm client may take, in seconds, by phase (httpx's four).
+
+    The same for the blocking and the async client. ``timeout_s=`` of either client sets all four to one
+    value (:meth:`uniform`).
+    """
+
+    connect_s: float = 10.0
+    """Opening a connection: a server that is up accepts at once and one that is down refuses at once;
+    this covers a few lost SYNs on a loaded machine (then the request is retried as transient)."""
+    read_s: float = 600.0
+    """Waiting for the answer once the request is sent: a finish returns once its episode is committed
+    to the pool and a checkpoint waits for a running training step, so this is long; a hung server is
+    bounded by :class:`RetryPolicy` and the server's own episode timeouts."""
+    write_s: float = 60.0
+    """Sending the request body (at most the server's ``--max-body-bytes``, 8 MiB by default)."""
+    pool_s: float = 600.0
+    """Waiting for a free connection of the client's pool (``MAX_CONNECTIONS``), which the runner's N
+    concurrent episodes share."""
+
+    @classmethod
+    def uniform(cls, seconds: float) -> Timeouts:
+        """Every phase bounded by ``seconds`` (a client's ``timeout_s=``)."""
+        return cls(connect_s=seconds, read_s=seconds, write_s=seconds, pool_s=seconds)
+
+    def to_httpx(self) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s)
+
+
+MAX_CONNECTIONS = 1000
+"""Most connections one client holds open to its server (the runner runs up to N episodes at once)."""
+MAX_KEEPALIVE_CONNECTIONS = 200
+"""Most idle connections kept for reuse."""
 
 
 @dataclass(frozen=True)
@@ -136,111 +171,55 @@ def _bearer(secret: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"} if secret else {}
 
 
-class _BaseClient:
-    """Credentials (docs/ARCHITECTURE.md §Credentials and limits): the admin token goes to control
-    routes; begin sends the client token (else the admin token); an episode's routes send its episode key
-    while this client knows it (from its own begin), else the client token, else the admin token."""
+def _check_status(response: httpx.Response) -> None:
+    """Return on a success answer.
 
-    client_id: str
-
-    def __init__(
-        self, url: str, admin_token: str | None, retry: RetryPolicy, client_token: str | None
-    ) -> None:
-        self.url = url.rstrip("/")
-        self.retry = retry
-        self._headers = _bearer(admin_token)
-        self._begin_headers = _bearer(client_token or admin_token)
-        self._keys: dict[str, str] = {}
-        """Episode keys of the episodes this client began and has not ended, by episode id."""
-
-    def _episode_headers(self, episode_id: str) -> dict[str, str]:
-        key = self._keys.get(episode_id)
-        return _bearer(key) if key is not None else self._begin_headers
-
-    def _began(self, body: Any) -> EpisodeCreated:
-        created = EpisodeCreated.model_validate(body)
-        self._keys[created.episode_id] = created.api_key
-        return created
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(url={self.url!r})"
-
-    @staticmethod
-    def _check(response: httpx.Response) -> Any:
-        """The JSON body of a success answer.
-
-        Raises:
-            ClientError: the server answered an error (its ``{"error": ...}`` message, status and type).
-        """
-        _BaseClient._check_status(response)
-        return response.json()
-
-    @staticmethod
-    def _check_status(response: httpx.Response) -> None:
-        if response.is_success:
-            return
-        try:
-            error = response.json().get("error", {})
-            message, kind = error.get("message", response.text), error.get("type", "")
-        except ValueError:
-            message, kind = response.text, ""
-        raise ClientError(
-            f"{response.request.method} {response.request.url.path} → {response.status_code}: {message}",
-            status_code=response.status_code,
-            error_type=kind,
-            url=str(response.request.url),
-            retry_after_s=_parse_retry_after(response.headers.get("retry-after")),
-        )
-
-    def _client_path(self, action: str = "") -> str:
-        """``/api/v1/clients/{client_id}[/action]`` with the id percent-encoded."""
-        path = "/api/v1/clients/" + quote(self.client_id, safe="")
-        return f"{path}/{action}" if action else path
-
-    def _retry_kwargs(self) -> dict[str, Any]:
-        return {
-            "retry": retry_if_exception(_is_transient),
-            "stop": _RetryStop(self.retry),
-            "wait": _RetryWait(self.retry),
-            "reraise": True,
-        }
-
-    @staticmethod
-    def _begin_body(
-        task_id: str,
-        client_id: str,
-        kind: EpisodeKind | str,
-        family: str | None,
-        metadata: dict[str, Any] | None,
-        trainable_agents: list[str] | None,
-    ) -> dict[str, Any]:
-        return EpisodeCreate(
-            task_id=task_id,
-            client_id=client_id,
-            kind=EpisodeKind(kind),
-            family=family,
-            metadata=metadata or {},
-            trainable_agents=trainable_agents,
-        ).model_dump(mode="json")
-
-    @staticmethod
-    def _events(response: httpx.Response) -> list[Event]:
-        _BaseClient._check_status(response)
-        return [Event.model_validate(data) for data in parse_sse(response.text)]
-
-    @staticmethod
-    def _finish_body(result: float | Result) -> dict[str, Any]:
-        if isinstance(result, Result):
-            return EpisodeFinish(
-                reward=result.reward, agent_rewards=result.agent_rewards, metrics=result.metrics
-            ).model_dump()
-        return EpisodeFinish(reward=float(result)).model_dump()
+    Raises:
+        ClientError: the server answered an error (its ``{"error": ...}`` message, status and type, and
+            its ``Retry-After`` in seconds when it sent one).
+    """
+    if response.is_success:
+        return
+    try:
+        error = response.json().get("error", {})
+        message, kind = error.get("message", response.text), error.get("type", "")
+    except ValueError:
+        message, kind = response.text, ""
+    raise ClientError(
+        f"{response.request.method} {response.request.url.path} → {response.status_code}: {message}",
+        status_code=response.status_code,
+        error_type=kind,
+        url=str(response.request.url),
+        retry_after_s=_parse_retry_after(response.headers.get("retry-after")),
+    )
 
 
-class _EpisodeBase:
-    """What an open episode knows: its id, endpoint, secret key and model (shared by both faces)."""
+def _json(response: httpx.Response) -> Any:
+    """The JSON body of a success answer (raises :class:`ClientError` for an error answer)."""
+    _check_status(response)
+    return response.json()
 
-    def __init__(self, created: EpisodeCreated) -> None:
+
+def _events(response: httpx.Response) -> list[Event]:
+    """The events of a non-following ``GET /api/v1/events`` answer (server-sent events)."""
+    _check_status(response)
+    return [Event.model_validate(data) for data in parse_sse(response.text)]
+
+
+def _finish_body(result: float | Result) -> dict[str, Any]:
+    if isinstance(result, Result):
+        return EpisodeFinish(
+            reward=result.reward, agent_rewards=result.agent_rewards, metrics=result.metrics
+        ).model_dump()
+    return EpisodeFinish(reward=float(result)).model_dump()
+
+
+class AsyncEpisode:
+    """An open episode: its id, endpoint, secret key and model; ``llm`` is what an OpenAI-compatible agent
+    needs. ``ended`` turns true once this client has finished or aborted it."""
+
+    def __init__(self, client: AsyncSwarmClient, created: EpisodeCreated) -> None:
+        self._client = client
         self.id = created.episode_id
         self.base_url = created.base_url
         self.api_key = created.api_key
@@ -251,29 +230,27 @@ class _EpisodeBase:
     def __repr__(self) -> str:  # never shows the key
         return f"{type(self).__name__}(id={self.id!r}, base_url={self.base_url!r}, ended={self.ended})"
 
-
-class Episode(_EpisodeBase):
-    """An open episode (sync). ``llm`` is what an OpenAI-compatible agent needs."""
-
-    def __init__(self, client: SwarmClient, created: EpisodeCreated) -> None:
-        super().__init__(created)
-        self._client = client
-
-    def finish(self, reward: float | Result) -> None:
+    async def finish(self, reward: float | Result) -> None:
         """End with a reward (or a :class:`Result`); committed server-side when this returns."""
-        self._client.finish(self.id, reward)
+        await self._client.finish(self.id, reward)
         self.ended = True
 
-    def abort(self, reason: str = "aborted by client", *, infra_failure: bool = False) -> None:
-        self._client.abort(self.id, reason, infra_failure=infra_failure)
+    async def abort(self, reason: str = "aborted by client", *, infra_failure: bool = False) -> None:
+        """End without a reward (``infra_failure``: not the agent's fault, kept out of its group)."""
+        await self._client.abort(self.id, reason, infra_failure=infra_failure)
         self.ended = True
 
-    def heartbeat(self) -> None:
-        self._client.heartbeat(self.id)
+    async def heartbeat(self) -> None:
+        """Keep the episode from being reclaimed by the server's episode timeout."""
+        await self._client.heartbeat(self.id)
 
 
-class SwarmClient(_BaseClient):
-    """Blocking client of one swarm server.
+class AsyncSwarmClient:
+    """Client of one swarm server (async; :class:`~swarm.client.SwarmClient` is its blocking face).
+
+    Credentials (docs/ARCHITECTURE.md §Credentials and limits): the admin token goes to control routes;
+    begin sends the client token (else the admin token); an episode's routes send its episode key while
+    this client knows it (from its own begin), else the client token, else the admin token.
 
     Args:
         url: server root, e.g. ``http://127.0.0.1:8000``.
@@ -281,7 +258,10 @@ class SwarmClient(_BaseClient):
         client_token: begins episodes on a server with client tokens (and finishes or reads the
             episodes it began).
         client_id: reported with every episode (for ``all_clients_ready`` votes and ``swarm top``).
-        timeout_s: per-request timeout in seconds.
+        timeout_s: bound every phase of a request (connect, read, write, pool) by this many seconds;
+            default: :class:`Timeouts`.
+        retry: how transient failures are retried (default: :class:`RetryPolicy`).
+        transport: an httpx async transport to send through (tests: ``httpx.MockTransport``).
     """
 
     def __init__(
@@ -291,254 +271,37 @@ class SwarmClient(_BaseClient):
         admin_token: str | None = None,
         client_token: str | None = None,
         client_id: str = "anonymous",
-        timeout_s: float = 60.0,
-        retry: RetryPolicy | None = None,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(url, admin_token, retry or RetryPolicy(), client_token)
-        self.client_id = client_id
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> SwarmClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        json: Any = None,
-        admin: bool = False,
-        params: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> Any:
-        headers = self._headers if admin else (headers or {})
-        for attempt in Retrying(**self._retry_kwargs()):
-            with attempt:
-                return self._check(
-                    self._http.request(method, path, json=json, params=params, headers=headers)
-                )
-        raise AssertionError("unreachable")  # pragma: no cover - tenacity reraises
-
-    def begin(
-        self,
-        task_id: str,
-        *,
-        kind: EpisodeKind | str = EpisodeKind.TRAIN,
-        family: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        trainable_agents: list[str] | None = None,
-    ) -> Episode:
-        body = self._begin_body(task_id, self.client_id, kind, family, metadata, trainable_agents)
-        answer = self._request("POST", "/api/v1/episodes", body, headers=self._begin_headers)
-        return Episode(self, self._began(answer))
-
-    def finish(self, episode_id: str, reward: float | Result) -> None:
-        path = f"/api/v1/episodes/{episode_id}/finish"
-        self._request("POST", path, self._finish_body(reward), headers=self._episode_headers(episode_id))
-        self._keys.pop(episode_id, None)
-
-    def abort(
-        self, episode_id: str, reason: str = "aborted by client", *, infra_failure: bool = False
-    ) -> None:
-        body = EpisodeAbort(reason=reason[:4000], infra_failure=infra_failure).model_dump()
-        path = f"/api/v1/episodes/{episode_id}/abort"
-        self._request("POST", path, body, headers=self._episode_headers(episode_id))
-        self._keys.pop(episode_id, None)
-
-    def heartbeat(self, episode_id: str) -> None:
-        path = f"/api/v1/episodes/{episode_id}/heartbeat"
-        self._request("POST", path, headers=self._episode_headers(episode_id))
-
-    def get_episode(self, episode_id: str) -> EpisodeView:
-        headers = self._episode_headers(episode_id) or self._headers
-        return EpisodeView.model_validate(
-            self._request("GET", f"/api/v1/episodes/{episode_id}", headers=headers)
-        )
-
-    def status(self) -> StatusView:
-        return StatusView.model_validate(self._request("GET", "/api/v1/status", admin=True))
-
-    def metrics(self, since_step: int = 0) -> list[ServerStepMetrics]:
-        """Per-step training metrics after policy version ``since_step`` (``GET /api/v1/metrics``),
-        oldest first; empty while no step has run or when the server only serves.
-
-        Raises:
-            ClientError: the server answered an error (401/403 without the admin token).
-            httpx.TransportError: the server could not be reached (after the retries).
-        """
-        body = self._request("GET", "/api/v1/metrics", params={"since_step": since_step}, admin=True)
-        return _METRICS.validate_python(body)
-
-    def events(self, since: int = 0) -> list[Event]:
-        """The server's buffered events after sequence number ``since`` (``GET /api/v1/events`` without
-        following), oldest first. Pass the last ``seq`` seen to read only new ones; a restarted server
-        numbers from 1 again.
-
-        Raises:
-            ClientError: the server answered an error (401/403 without the admin token).
-            httpx.TransportError: the server could not be reached (after the retries).
-        """
-        params: dict[str, int | str] = {"since": since, "follow": "false"}
-        for attempt in Retrying(**self._retry_kwargs()):
-            with attempt:
-                return self._events(self._http.get("/api/v1/events", params=params, headers=self._headers))
-        raise AssertionError("unreachable")  # pragma: no cover - tenacity reraises
-
-    def config(self) -> ConfigView:
-        """The configuration the server's next step will use (``GET /api/v1/config``).
-
-        Raises:
-            ClientError: 409 when the server does not train (inference mode).
-        """
-        return ConfigView.model_validate(self._request("GET", "/api/v1/config", admin=True))
-
-    def patch_config(self, **changes: Any) -> ConfigChanged:
-        """Change live settings (``PATCH /api/v1/config``), e.g. ``quotas={"math": 0.5, "code": 0.5}``;
-        they take effect from the next step.
-
-        Args:
-            changes: fields of :class:`~swarm.protocol.ConfigPatch`.
-
-        Raises:
-            ClientError: 422 for an unknown field, a bad value or an invalid combination; 409 when the
-                server does not train.
-        """
-        body = self._request("PATCH", "/api/v1/config", changes, admin=True)
-        return ConfigChanged.model_validate(body)
-
-    def checkpoint(self) -> CheckpointSaved:
-        """Save a checkpoint now (``POST /api/v1/checkpoint``; waits for a running step to end).
-
-        Raises:
-            ClientError: 409 when the server does not train (inference mode).
-        """
-        return CheckpointSaved.model_validate(self._request("POST", "/api/v1/checkpoint", admin=True))
-
-    def client_tokens(self) -> list[ClientTokenView]:
-        """The server's client tokens by name, with their open episodes (admin; never the secrets)."""
-        return _TOKENS.validate_python(self._request("GET", "/api/v1/client-tokens", admin=True))
-
-    def add_client_token(self, name: str, token: str | None = None) -> ClientTokenCreated:
-        """Add a client token live (admin); ``token=None`` lets the server mint one (the answer has it).
-
-        Raises:
-            ClientError: 409 when the name or the secret is taken.
-        """
-        body = ClientTokenCreate(name=name, token=token).model_dump(exclude_none=True)
-        return ClientTokenCreated.model_validate(
-            self._request("POST", "/api/v1/client-tokens", body, admin=True)
-        )
-
-    def revoke_client_token(self, name: str) -> ClientTokenRevoked:
-        """Revoke a client token live (admin).
-
-        Raises:
-            ClientError: 404 when no token has this name.
-        """
-        answer = self._request("DELETE", f"/api/v1/client-tokens/{name}", admin=True)
-        return ClientTokenRevoked.model_validate(answer)
-
-    def vote_ready(self, ready: bool = True) -> VoteCast:
-        """Vote that this client's round is done (``POST /api/v1/clients/{client_id}/ready``), for the
-        ``all_clients_ready`` / ``any_client_ready`` batch policies; ``ready=False`` withdraws the vote.
-        Votes are cleared by the step they produce. No admin token needed.
-
-        Raises:
-            ClientError: 409 when the server does not train (inference mode).
-        """
-        body = self._request(
-            "POST", self._client_path("ready"), Vote(ready=ready).model_dump(), headers=self._begin_headers
-        )
-        return VoteCast.model_validate(body)
-
-    def client_heartbeat(self) -> ClientState:
-        """Keep this client active for the voting policies while it has no episode open
-        (``POST /api/v1/clients/{client_id}/heartbeat``).
-
-        Raises:
-            ClientError: 409 when the server does not train (inference mode).
-        """
-        return ClientState.model_validate(
-            self._request("POST", self._client_path("heartbeat"), headers=self._begin_headers)
-        )
-
-    def leave(self) -> ClientState:
-        """Say goodbye (``DELETE /api/v1/clients/{client_id}``): this client and its vote stop counting for
-        the voting policies; its finished episodes are still trained.
-
-        Raises:
-            ClientError: 409 when the server does not train (inference mode).
-        """
-        return ClientState.model_validate(
-            self._request("DELETE", self._client_path(), headers=self._begin_headers)
-        )
-
-    @contextlib.contextmanager
-    def episode(self, task_id: str, **kwargs: Any) -> Iterator[Episode]:
-        """Open an episode for the block; an exception inside aborts it (and is re-raised).
-
-        The abort is an infrastructure failure (``infra_failure=true``) when the exception is one (see
-        :func:`swarm.client.classify_failure`) or the block was cancelled/interrupted.
-
-        Leaving the block without ``ep.finish(...)`` aborts the episode too: an episode never stays open.
-        """
-        ep = self.begin(task_id, **kwargs)
-        try:
-            yield ep
-        except BaseException as exc:
-            if not ep.ended:
-                with contextlib.suppress(ClientError, httpx.TransportError):
-                    ep.abort(f"{type(exc).__name__}: {exc}", infra_failure=_is_infra(exc, ep.base_url))
-            raise
-        if not ep.ended:
-            ep.abort("the episode block ended without finish()")
-
-
-class AsyncEpisode(_EpisodeBase):
-    """An open episode (async)."""
-
-    def __init__(self, client: AsyncSwarmClient, created: EpisodeCreated) -> None:
-        super().__init__(created)
-        self._client = client
-
-    async def finish(self, reward: float | Result) -> None:
-        await self._client.finish(self.id, reward)
-        self.ended = True
-
-    async def abort(self, reason: str = "aborted by client", *, infra_failure: bool = False) -> None:
-        await self._client.abort(self.id, reason, infra_failure=infra_failure)
-        self.ended = True
-
-    async def heartbeat(self) -> None:
-        await self._client.heartbeat(self.id)
-
-
-class AsyncSwarmClient(_BaseClient):
-    """Async twin of :class:`SwarmClient` (same arguments)."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        admin_token: str | None = None,
-        client_token: str | None = None,
-        client_id: str = "anonymous",
-        timeout_s: float = 600.0,
+        timeout_s: float | None = None,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(url, admin_token, retry or RetryPolicy(), client_token)
+        self.url = url.rstrip("/")
         self.client_id = client_id
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-        self._http = httpx.AsyncClient(
-            base_url=self.url, timeout=timeout_s, transport=transport, limits=limits
+        self.retry = retry or RetryPolicy()
+        self.timeouts = Timeouts() if timeout_s is None else Timeouts.uniform(timeout_s)
+        self._transport = transport
+        self._headers = _bearer(admin_token)
+        self._begin_headers = _bearer(client_token or admin_token)
+        self._keys: dict[str, str] = {}
+        """Episode keys of the episodes this client began and has not ended, by episode id."""
+        self._http = self._connect()
+
+    def _connect(self) -> httpx.AsyncClient:
+        """A fresh connection pool (the blocking face makes a new one in a forked child)."""
+        limits = httpx.Limits(
+            max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS
         )
+        return httpx.AsyncClient(
+            base_url=self.url, timeout=self.timeouts.to_httpx(), transport=self._transport, limits=limits
+        )
+
+    def _reconnect(self) -> None:
+        """A new connection pool in a forked child; the parent's is dropped unclosed (its sockets are
+        the parent's)."""
+        self._http = self._connect()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r})"
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -549,21 +312,49 @@ class AsyncSwarmClient(_BaseClient):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    def _episode_headers(self, episode_id: str) -> dict[str, str]:
+        key = self._keys.get(episode_id)
+        return _bearer(key) if key is not None else self._begin_headers
+
+    def _client_path(self, action: str = "") -> str:
+        """``/api/v1/clients/{client_id}[/action]`` with the id percent-encoded."""
+        path = "/api/v1/clients/" + quote(self.client_id, safe="")
+        return f"{path}/{action}" if action else path
+
     async def _request(
         self,
         method: str,
         path: str,
         json: Any = None,
+        *,
         admin: bool = False,
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
+        parse: Callable[[httpx.Response], Any] = _json,
     ) -> Any:
+        """Send one request (retried per :attr:`retry`) and parse its answer.
+
+        Raises:
+            ClientError: the server answered an error (after the retries for a transient one).
+            httpx.TransportError: the server could not be reached (after the retries).
+        """
         headers = self._headers if admin else (headers or {})
-        async for attempt in AsyncRetrying(**self._retry_kwargs()):
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_is_transient),
+            stop=_RetryStop(self.retry),
+            wait=_RetryWait(self.retry),
+            reraise=True,
+        )
+        async for attempt in retrying:
             with attempt:
                 response = await self._http.request(method, path, json=json, params=params, headers=headers)
-                return self._check(response)
-        raise AssertionError("unreachable")  # pragma: no cover
+                return parse(response)
+        raise AssertionError("unreachable")  # pragma: no cover - tenacity reraises
+
+    async def _episode_request(self, episode_id: str, action: str, body: Any = None) -> None:
+        """``POST /api/v1/episodes/{episode_id}/{action}`` with the episode's credential."""
+        path = f"/api/v1/episodes/{episode_id}/{action}"
+        await self._request("POST", path, body, headers=self._episode_headers(episode_id))
 
     async def begin(
         self,
@@ -574,28 +365,42 @@ class AsyncSwarmClient(_BaseClient):
         metadata: dict[str, Any] | None = None,
         trainable_agents: list[str] | None = None,
     ) -> AsyncEpisode:
-        body = self._begin_body(task_id, self.client_id, kind, family, metadata, trainable_agents)
+        """Open an episode of task ``task_id`` (``POST /api/v1/episodes``); the server groups episodes by
+        task id (GRPO).
+
+        Raises:
+            ClientError: 422 for an invalid request, 429 when a quota stays full (after the retries),
+                401/403 without a valid token.
+        """
+        body = EpisodeCreate(
+            task_id=task_id,
+            client_id=self.client_id,
+            kind=EpisodeKind(kind),
+            family=family,
+            metadata=metadata or {},
+            trainable_agents=trainable_agents,
+        ).model_dump(mode="json")
         answer = await self._request("POST", "/api/v1/episodes", body, headers=self._begin_headers)
-        return AsyncEpisode(self, self._began(answer))
+        created = EpisodeCreated.model_validate(answer)
+        self._keys[created.episode_id] = created.api_key
+        return AsyncEpisode(self, created)
 
     async def finish(self, episode_id: str, reward: float | Result) -> None:
-        path = f"/api/v1/episodes/{episode_id}/finish"
-        await self._request(
-            "POST", path, self._finish_body(reward), headers=self._episode_headers(episode_id)
-        )
+        """End an episode with its reward (``POST …/finish``); committed server-side when this returns."""
+        await self._episode_request(episode_id, "finish", _finish_body(reward))
         self._keys.pop(episode_id, None)
 
     async def abort(
         self, episode_id: str, reason: str = "aborted by client", *, infra_failure: bool = False
     ) -> None:
-        body = EpisodeAbort(reason=reason[:4000], infra_failure=infra_failure).model_dump()
-        path = f"/api/v1/episodes/{episode_id}/abort"
-        await self._request("POST", path, body, headers=self._episode_headers(episode_id))
+        """End an episode without a reward (``POST …/abort``; the reason is cut to 4000 characters)."""
+        body = EpisodeAbort(reason=reason[:_MAX_REASON_CHARS], infra_failure=infra_failure).model_dump()
+        await self._episode_request(episode_id, "abort", body)
         self._keys.pop(episode_id, None)
 
     async def heartbeat(self, episode_id: str) -> None:
-        path = f"/api/v1/episodes/{episode_id}/heartbeat"
-        await self._request("POST", path, headers=self._episode_headers(episode_id))
+        """Keep an open episode from being reclaimed (``POST …/heartbeat``)."""
+        await self._episode_request(episode_id, "heartbeat")
 
     async def prepare(
         self,
@@ -614,13 +419,12 @@ class AsyncSwarmClient(_BaseClient):
             ClientError: 409 when the episode has ended otherwise, 404 when the server does not know it.
         """
         body = EpisodePrepare(
-            **self._finish_body(reward),
+            **_finish_body(reward),
             txn_id=txn_id,
             primary_url=primary_url,
             primary_episode_id=primary_episode_id,
         ).model_dump()
-        path = f"/api/v1/episodes/{episode_id}/prepare"
-        await self._request("POST", path, body, headers=self._episode_headers(episode_id))
+        await self._episode_request(episode_id, "prepare", body)
 
     async def commit(self, episode_id: str, txn_id: str) -> None:
         """Phase two (``POST …/commit``): the prepared episode becomes finished; idempotent.
@@ -628,82 +432,141 @@ class AsyncSwarmClient(_BaseClient):
         Raises:
             ClientError: 409 when the transaction was aborted on that server.
         """
-        body = EpisodeCommit(txn_id=txn_id).model_dump()
-        path = f"/api/v1/episodes/{episode_id}/commit"
-        await self._request("POST", path, body, headers=self._episode_headers(episode_id))
+        await self._episode_request(episode_id, "commit", EpisodeCommit(txn_id=txn_id).model_dump())
         self._keys.pop(episode_id, None)
 
     async def get_episode(self, episode_id: str) -> EpisodeView:
+        """An episode's state (``GET /api/v1/episodes/{episode_id}``; its key, else the client token,
+        else the admin token)."""
         headers = self._episode_headers(episode_id) or self._headers
         answer = await self._request("GET", f"/api/v1/episodes/{episode_id}", headers=headers)
         return EpisodeView.model_validate(answer)
 
     async def status(self) -> StatusView:
+        """The server's state, policy version and episode counts (``GET /api/v1/status``)."""
         return StatusView.model_validate(await self._request("GET", "/api/v1/status", admin=True))
 
     async def metrics(self, since_step: int = 0) -> list[ServerStepMetrics]:
-        """Async :meth:`SwarmClient.metrics`."""
+        """Per-step training metrics after policy version ``since_step`` (``GET /api/v1/metrics``),
+        oldest first; empty while no step has run or when the server only serves.
+
+        Raises:
+            ClientError: the server answered an error (401/403 without the admin token).
+            httpx.TransportError: the server could not be reached (after the retries).
+        """
         body = await self._request("GET", "/api/v1/metrics", params={"since_step": since_step}, admin=True)
         return _METRICS.validate_python(body)
 
     async def events(self, since: int = 0) -> list[Event]:
-        """Async :meth:`SwarmClient.events`."""
-        params: dict[str, int | str] = {"since": since, "follow": "false"}
-        async for attempt in AsyncRetrying(**self._retry_kwargs()):
-            with attempt:
-                response = await self._http.get("/api/v1/events", params=params, headers=self._headers)
-                return self._events(response)
-        raise AssertionError("unreachable")  # pragma: no cover
+        """The server's buffered events after sequence number ``since`` (``GET /api/v1/events`` without
+        following), oldest first. Pass the last ``seq`` seen to read only new ones; a restarted server
+        numbers from 1 again.
+
+        Raises:
+            ClientError: the server answered an error (401/403 without the admin token).
+            httpx.TransportError: the server could not be reached (after the retries).
+        """
+        params: dict[str, Any] = {"since": since, "follow": "false"}
+        events: list[Event] = await self._request(
+            "GET", "/api/v1/events", params=params, admin=True, parse=_events
+        )
+        return events
 
     async def config(self) -> ConfigView:
-        """Async :meth:`SwarmClient.config`."""
+        """The configuration the server's next step will use (``GET /api/v1/config``).
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
         return ConfigView.model_validate(await self._request("GET", "/api/v1/config", admin=True))
 
-    async def patch_config(self, **changes: Any) -> ConfigChanged:
-        """Async :meth:`SwarmClient.patch_config`."""
+    async def patch_config(self, /, **changes: Any) -> ConfigChanged:
+        """Change live settings (``PATCH /api/v1/config``), e.g. ``quotas={"math": 0.5, "code": 0.5}``;
+        they take effect from the next step.
+
+        Args:
+            changes: fields of :class:`~swarm.protocol.ConfigPatch`.
+
+        Raises:
+            ClientError: 422 for an unknown field, a bad value or an invalid combination; 409 when the
+                server does not train.
+        """
         body = await self._request("PATCH", "/api/v1/config", changes, admin=True)
         return ConfigChanged.model_validate(body)
 
     async def checkpoint(self) -> CheckpointSaved:
-        """Async :meth:`SwarmClient.checkpoint`."""
+        """Save a checkpoint now (``POST /api/v1/checkpoint``; waits for a running step to end).
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
         return CheckpointSaved.model_validate(await self._request("POST", "/api/v1/checkpoint", admin=True))
 
     async def client_tokens(self) -> list[ClientTokenView]:
-        """Async :meth:`SwarmClient.client_tokens`."""
+        """The server's client tokens by name, with their open episodes (admin; never the secrets)."""
         return _TOKENS.validate_python(await self._request("GET", "/api/v1/client-tokens", admin=True))
 
     async def add_client_token(self, name: str, token: str | None = None) -> ClientTokenCreated:
-        """Async :meth:`SwarmClient.add_client_token`."""
+        """Add a client token live (admin); ``token=None`` lets the server mint one (the answer has it).
+
+        Raises:
+            ClientError: 409 when the name or the secret is taken.
+        """
         body = ClientTokenCreate(name=name, token=token).model_dump(exclude_none=True)
         answer = await self._request("POST", "/api/v1/client-tokens", body, admin=True)
         return ClientTokenCreated.model_validate(answer)
 
     async def revoke_client_token(self, name: str) -> ClientTokenRevoked:
-        """Async :meth:`SwarmClient.revoke_client_token`."""
+        """Revoke a client token live (admin).
+
+        Raises:
+            ClientError: 404 when no token has this name.
+        """
         answer = await self._request("DELETE", f"/api/v1/client-tokens/{name}", admin=True)
         return ClientTokenRevoked.model_validate(answer)
 
     async def vote_ready(self, ready: bool = True) -> VoteCast:
-        """Async :meth:`SwarmClient.vote_ready`."""
-        path = self._client_path("ready")
-        return VoteCast.model_validate(
-            await self._request("POST", path, Vote(ready=ready).model_dump(), headers=self._begin_headers)
-        )
+        """Vote that this client's round is done (``POST /api/v1/clients/{client_id}/ready``), for the
+        ``all_clients_ready`` / ``any_client_ready`` batch policies; ``ready=False`` withdraws the vote.
+        Votes are cleared by the step they produce. No admin token needed.
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        body = Vote(ready=ready).model_dump()
+        answer = await self._request("POST", self._client_path("ready"), body, headers=self._begin_headers)
+        return VoteCast.model_validate(answer)
 
     async def client_heartbeat(self) -> ClientState:
-        """Async :meth:`SwarmClient.client_heartbeat`."""
-        path = self._client_path("heartbeat")
-        return ClientState.model_validate(await self._request("POST", path, headers=self._begin_headers))
+        """Keep this client active for the voting policies while it has no episode open
+        (``POST /api/v1/clients/{client_id}/heartbeat``).
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        answer = await self._request("POST", self._client_path("heartbeat"), headers=self._begin_headers)
+        return ClientState.model_validate(answer)
 
     async def leave(self) -> ClientState:
-        """Async :meth:`SwarmClient.leave`."""
-        return ClientState.model_validate(
-            await self._request("DELETE", self._client_path(), headers=self._begin_headers)
-        )
+        """Say goodbye (``DELETE /api/v1/clients/{client_id}``): this client and its vote stop counting for
+        the voting policies; its finished episodes are still trained.
+
+        Raises:
+            ClientError: 409 when the server does not train (inference mode).
+        """
+        answer = await self._request("DELETE", self._client_path(), headers=self._begin_headers)
+        return ClientState.model_validate(answer)
 
     @contextlib.asynccontextmanager
     async def episode(self, task_id: str, **kwargs: Any) -> AsyncIterator[AsyncEpisode]:
-        """Async :meth:`SwarmClient.episode`: an exception inside aborts the episode."""
+        """Open an episode for the block (arguments of :meth:`begin`); an exception inside aborts it (and
+        is re-raised).
+
+        The abort is an infrastructure failure (``infra_failure=true``) when the exception is one (see
+        :func:`swarm.client.classify_failure`) or the block was cancelled/interrupted.
+
+        Leaving the block without ``ep.finish(...)`` aborts the episode too: an episode never stays open.
+        """
         ep = await self.begin(task_id, **kwargs)
         try:
             yield ep

@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from swarm.client._client import SwarmClient
+from swarm.client._sync import SwarmClient
 from swarm.errors import ClientError, SwarmError
 from swarm.protocol import ServerStepMetrics, StatusView
 

@@ -122,6 +122,3 @@ class ProgressLog:
             row["metrics"] = metrics
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
-
-    def done_count(self) -> int:
-        return sum(1 for r in self._slots.values() if r.status in DONE_STATUSES)

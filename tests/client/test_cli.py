@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from swarm.cli import app
 from swarm.protocol import EpisodeStatus
+from swarm.run_options import RunOptions, RunOptionsError
 from tests.client.conftest import CHAT_WORKFLOW, episodes_of, write_jsonl, write_workflow
 
 cli = CliRunner()
@@ -135,3 +137,32 @@ def test_a_run_where_no_episode_finishes_exits_1(client_server, tmp_path: Path) 
     assert result.exit_code == 1, result.output
     assert "error: no episode finished (1 failed; the reasons are printed above)" in result.output
     assert "train reward mean │ -" in result.output or "train reward mean  -" in result.output
+
+
+def test_run_is_generated_from_its_options_model() -> None:
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    params = {p.name: p for p in command.params}
+    assert list(params) == list(RunOptions.model_fields)
+    for name, info in RunOptions.model_fields.items():
+        assert params[name].help == info.description, name
+    assert params["group_size"].default == 4 and params["server"].required and params["dataset"].required
+    assert params["fresh"].opts == ["--fresh"] and params["client_token"].envvar == "SWARM_CLIENT_TOKEN"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"server": ["a=http://x", "a=http://y"]}, "--server a=http://y: the name 'a' is given twice"),
+        ({"server": ["http://x", "b=http://y"]}, "--server: name every server (NAME=URL)"),
+        ({"infra_retries": -1}, "--infra-retries: Input should be greater than or equal to 0"),
+        ({"trainable_agent": ["a", ""], "max_tasks": 0}, "--max-tasks: Input should be greater than"),
+    ],
+)
+def test_run_options_name_the_flag(values: dict[str, object], message: str) -> None:
+    options = RunOptions.model_validate(
+        {"workflow": "w.py:Agent", "server": ["http://x"], "dataset": "d", **values}
+    )
+    with pytest.raises(RunOptionsError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        options.check()
+        options.runner_config()
+    assert options.workflow_name == "w"
