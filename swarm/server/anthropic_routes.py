@@ -19,9 +19,9 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
+import swarm.server.anthropic_format as fmt
 from swarm.engine.base import SampledToken, TokenCallback
 from swarm.errors import SwarmError
-from swarm.server import anthropic_format as fmt
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
 from swarm.server.deps import RuntimeDep

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from swarm.errors import RequestError, Unavailable
 from swarm.protocol import ChatCompletionRequest, ErrorBody, ErrorDetail, Limits
-from swarm.server import anthropic_format
+from swarm.server.anthropic_format import error_body
 
 
 @dataclass
@@ -154,7 +154,7 @@ def _too_large_message(limit: int) -> str:
 async def _too_large(scope: Scope, send: Send, limit: int) -> None:
     message = _too_large_message(limit)
     if str(scope.get("path", "")).startswith("/v1/messages"):  # Anthropic's routes answer in its shape
-        content: dict[str, object] = anthropic_format.error_body(413, message)
+        content: dict[str, object] = error_body(413, message)
     else:
         content = ErrorBody(error=ErrorDetail(type="request_too_large", message=message)).model_dump(
             exclude_none=True
