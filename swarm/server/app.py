@@ -104,7 +104,7 @@ async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
 def _body_limit(scope: Scope) -> int | None:
     """The runtime's current body-size limit (``None`` before the lifespan has built the runtime)."""
     runtime: SwarmRuntime | None = getattr(scope["app"].state, "runtime", None)
-    return None if runtime is None else runtime.limits.max_body_bytes
+    return None if runtime is None else runtime.limits.limits.max_body_bytes
 
 
 HOT_PATHS = frozenset(

@@ -1,9 +1,9 @@
 """One chat request of an episode as the server records it, apart from any wire format.
 
 A request is checked and rendered into a `PreparedCall`; the engine samples it; each sampled choice
-becomes one `CallRecord` of the episode. The runtime answers with a `ChatResult` (the records, the
-engine's completions and what a response needs); `swarm.server.openai_format` turns that into the
-OpenAI wire format.
+becomes one `CallRecord` of the episode. `swarm.server.chat_service.ChatService` does this for the chat
+routes and answers with a `ChatResult` (the records, the engine's completions and what a response needs);
+`swarm.server.openai_format` and `swarm.server.anthropic_format` turn that into their wire formats.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from swarm.tracking.toolcalls import parse_tool_calls
 
 @dataclass(frozen=True)
 class PreparedCall:
-    """A checked, rendered chat request (`SwarmRuntime.prepare_chat`), ready to be sampled."""
+    """A checked, rendered chat request (`swarm.server.chat_service.ChatService.prepare`), ready to be sampled."""
 
     arrived: float
     """Unix time (s) the request arrived."""
@@ -85,13 +85,17 @@ def agent_for(request: ChatCompletionRequest, model_name: str) -> str:
     )
 
 
-def sampling_for(request: ChatCompletionRequest, defaults: SamplingDefaults) -> SamplingParams:
+def sampling_for(
+    request: ChatCompletionRequest, defaults: SamplingDefaults, max_tokens: int
+) -> SamplingParams:
     """The request's sampling parameters, the server's defaults where it leaves them out.
+
+    Args:
+        max_tokens: what `swarm.server.limits.max_tokens_for` ruled for this request.
 
     Raises:
         RequestError: ``top_logprobs`` without ``logprobs=true`` (400).
     """
-    max_tokens = request.max_completion_tokens or request.max_tokens or defaults.max_tokens
     top_k = request.top_logprobs or 0
     if top_k and not request.logprobs:
         raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
