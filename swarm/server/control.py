@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.config import ServerConfig
@@ -38,56 +39,34 @@ Subscription = tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]
 """A live event follower's handle (`EventLog.subscribe`)."""
 
 
+@dataclass(kw_only=True, eq=False)
 class ControlService:
-    """The control routes' service (`swarm.server.deps.ControlDep`).
+    """The control routes' service (`swarm.server.deps.ControlDep`)."""
 
-    Args:
-        config: the server's configuration (sampling defaults, run dir).
-        model_name: the served model.
-        episodes: the open-episode table (counts, clients, a client token's open episodes).
-        pool: the stored episodes (counts).
-        phase: the state machine (pause, resume, state).
-        limits: the limits in force and the request rates.
-        credentials: the admin token and client tokens.
-        events: the server's event log (followers, and the changes logged here).
-        training: the training loop (``None``: inference mode).
-        policy_version: the policy version being served (completed trainer steps).
-        started: Unix time (s) the server started (its uptime counts from there).
-    """
-
-    def __init__(
-        self,
-        *,
-        config: ServerConfig,
-        model_name: str,
-        episodes: OpenEpisodes,
-        pool: Pool,
-        phase: Phase,
-        limits: ClientLimits,
-        credentials: Credentials,
-        events: EventLog,
-        training: TrainingLoop | None,
-        policy_version: Callable[[], int],
-        started: float,
-    ) -> None:
-        self.config = config
-        self.model_name = model_name
-        self.episodes = episodes
-        self.pool = pool
-        self.phase = phase
-        self.limits = limits
-        self.credentials = credentials
-        self.events = events
-        self._training = training
-        self.policy_version = policy_version
-        self.started = started
+    config: ServerConfig
+    """The server's configuration (sampling defaults, run dir)."""
+    model_name: str
+    episodes: OpenEpisodes
+    """The open-episode table (counts, clients, a client token's open episodes)."""
+    pool: Pool
+    phase: Phase
+    limits: ClientLimits
+    credentials: Credentials
+    events: EventLog
+    """The server's event log (followers, and the changes logged here)."""
+    training_loop: TrainingLoop | None
+    """The training loop (``None``: inference mode; `training` answers 409 then)."""
+    policy_version: Callable[[], int]
+    """The policy version being served (completed trainer steps)."""
+    started: float
+    """Unix time (s) the server started (its uptime counts from there)."""
 
     # -- state ------------------------------------------------------------------------------------------
     def status(self) -> StatusView:
         """Engine state, policy version, model, episode counts and the clients the voting policies see."""
         stored = self.pool.counts()
         counts = EpisodeCounts(**{**stored.model_dump(), "open": len(self.episodes)})
-        training = self._training
+        training = self.training_loop
         return StatusView(
             state=self.phase.state,
             step=self.policy_version(),
@@ -109,17 +88,17 @@ class ControlService:
     def resume(self) -> None:
         if self.phase.resume():
             self.events.emit("server.resumed", "resumed")
-        if self._training is not None:
-            self._training.wake()
+        if self.training_loop is not None:
+            self.training_loop.wake()
 
     # -- configuration ------------------------------------------------------------------------------------
     def config_view(self) -> ConfigView:
         """The configuration the next step will use and the limits in force (in inference mode: the
         sampling defaults and the limits, with an empty ``training``)."""
         limits = self.limits.limits
-        if self._training is None:
+        if self.training_loop is None:
             return ConfigView(training={}, sampling=self.config.sampling, limits=limits)
-        return ConfigView.model_validate({**self._training.effective_config(), "limits": limits})
+        return ConfigView.model_validate({**self.training_loop.effective_config(), "limits": limits})
 
     def patch_config(self, body: ConfigPatch) -> ConfigChanged:
         """Apply a live config change: limits at once, the rest from the next step (`TrainingLoop.apply`).
@@ -177,11 +156,11 @@ class ControlService:
         Raises:
             RequestError: training is disabled on this server (409).
         """
-        if self._training is None:
+        if self.training_loop is None:
             raise RequestError(
                 "training is disabled on this server (started in inference mode)", status_code=409
             )
-        return self._training
+        return self.training_loop
 
     def client_state(self, client_id: str) -> ClientState:
         """Whether ``client_id`` counts for the voting policies, and its vote.
@@ -196,9 +175,9 @@ class ControlService:
 
     def metrics(self, since_step: int) -> list[ServerStepMetrics]:
         """Per-step training metrics after ``since_step``, oldest first (empty in inference mode)."""
-        if self._training is None:
+        if self.training_loop is None:
             return []
-        return [m for m in self._training.history if m.step > since_step]
+        return [m for m in self.training_loop.history if m.step > since_step]
 
     async def checkpoint(self) -> CheckpointSaved:
         """Save weights, optimizer state and step now (waits for a running step to end).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -24,7 +24,6 @@ from swarm.protocol import (
     ConfigChanged,
     ConfigPatch,
     ConfigView,
-    ErrorBody,
     Event,
     ServerStepMetrics,
     StatusView,
@@ -33,41 +32,33 @@ from swarm.protocol import (
 )
 from swarm.server.auth import require_admin, require_client
 from swarm.server.control import Subscription
-from swarm.server.deps import ControlDep, json_errors
+from swarm.server.deps import ControlDep, error_models, json_errors
 
 router = APIRouter(
     prefix="/api/v1",
     tags=["control"],
     dependencies=[Depends(require_admin)],
-    responses={
-        401: {"model": ErrorBody, "description": "Missing or wrong admin token."},
-        403: {
-            "model": ErrorBody,
-            "description": "A wrong admin token, an episode key or a client token, or no admin token "
-            "configured and a caller from another host.",
-        },
-    },
+    responses=error_models(
+        (401, "Missing or wrong admin token."),
+        (
+            403,
+            "A wrong admin token, an episode key or a client token, or no admin token configured and a "
+            "caller from another host.",
+        ),
+    ),
 )
 votes_router = APIRouter(
     prefix="/api/v1/clients",
     tags=["episodes"],
     dependencies=[Depends(require_client)],
-    responses={
-        401: {"model": ErrorBody, "description": "No client token, on a server with client tokens."},
-        403: {
-            "model": ErrorBody,
-            "description": "A wrong client token (unknown or revoked) or an episode key.",
-        },
-        429: {
-            "model": ErrorBody,
-            "description": "The client token's request rate is reached; see Retry-After.",
-        },
-    },
+    responses=error_models(
+        (401, "No client token, on a server with client tokens."),
+        (403, "A wrong client token (unknown or revoked) or an episode key."),
+        (429, "The client token's request rate is reached; see Retry-After."),
+    ),
 )
 
-_NO_TRAINING: dict[int | str, dict[str, Any]] = {
-    409: {"model": ErrorBody, "description": "Training is disabled on this server."}
-}
+_NO_TRAINING = error_models((409, "Training is disabled on this server."))
 
 
 def _sse(event: Event) -> ServerSentEvent:
@@ -172,7 +163,7 @@ def client_tokens(control: ControlDep) -> list[ClientTokenView]:
 @router.post(
     "/client-tokens",
     status_code=201,
-    responses={409: {"model": ErrorBody, "description": "The name or the secret is already in use."}},
+    responses=error_models((409, "The name or the secret is already in use.")),
 )
 def add_client_token(body: ClientTokenCreate, control: ControlDep) -> ClientTokenCreated:
     """Add a client token at once (the server mints one when ``token`` is left out); from now on every
@@ -182,7 +173,7 @@ def add_client_token(body: ClientTokenCreate, control: ControlDep) -> ClientToke
 
 @router.delete(
     "/client-tokens/{name}",
-    responses={404: {"model": ErrorBody, "description": "No client token has this name."}},
+    responses=error_models((404, "No client token has this name.")),
 )
 def revoke_client_token(name: str, control: ControlDep) -> ClientTokenRevoked:
     """Revoke a client token at once: it no longer begins, finishes or reads anything (its open episodes

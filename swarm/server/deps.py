@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from swarm.protocol import ErrorBody
 from swarm.server.chat_service import ChatService
 from swarm.server.control import ControlService
 from swarm.server.episode_service import EpisodeService
@@ -39,6 +40,12 @@ async def get_control(request: Request) -> ControlService:
 EpisodesDep = Annotated[EpisodeService, Depends(get_episodes)]
 ChatDep = Annotated[ChatService, Depends(get_chat)]
 ControlDep = Annotated[ControlService, Depends(get_control)]
+
+
+def error_models(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` declaring each ``(status, description)`` as an
+    :class:`~swarm.protocol.ErrorBody` in the route's own (JSON) media type."""
+    return {status: {"model": ErrorBody, "description": description} for status, description in answers}
 
 
 def json_errors(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:

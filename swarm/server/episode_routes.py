@@ -12,8 +12,6 @@ thread (pool commits take about a millisecond).
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Request
 
 from swarm.protocol import (
@@ -25,29 +23,24 @@ from swarm.protocol import (
     EpisodeFinish,
     EpisodePrepare,
     EpisodeView,
-    ErrorBody,
 )
 from swarm.server.auth import OwnerDep, check_episode_access
-from swarm.server.deps import EpisodesDep
+from swarm.server.deps import EpisodesDep, error_models
 from swarm.server.lean_route import LeanRoute
 
-_AUTH: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "No credential, on a server with client tokens."},
-    403: {"model": ErrorBody, "description": "A wrong credential: unknown, revoked, or another episode's."},
-}
-_EPISODE: dict[int | str, dict[str, Any]] = {
-    **_AUTH,
-    404: {"model": ErrorBody, "description": "No such episode."},
-}
-_ENDED: dict[int | str, dict[str, Any]] = {
-    **_EPISODE,
-    409: {"model": ErrorBody, "description": "The episode has ended, or (finish) a call of it is running."},
-}
-_BUSY: dict[int | str, dict[str, Any]] = {
-    **_AUTH,
-    429: {"model": ErrorBody, "description": "A quota or a client token's limit is full; see Retry-After."},
-    503: {"model": ErrorBody, "description": "Paused, draining or training; see Retry-After."},
-}
+_AUTH = (
+    (401, "No credential, on a server with client tokens."),
+    (403, "A wrong credential: unknown, revoked, or another episode's."),
+)
+_EPISODE = error_models(*_AUTH, (404, "No such episode."))
+_ENDED = error_models(
+    *_AUTH, (404, "No such episode."), (409, "The episode has ended, or (finish) a call of it is running.")
+)
+_BUSY = error_models(
+    *_AUTH,
+    (429, "A quota or a client token's limit is full; see Retry-After."),
+    (503, "Paused, draining or training; see Retry-After."),
+)
 
 router = APIRouter(prefix="/api/v1/episodes", tags=["episodes"], route_class=LeanRoute)
 episode_router = APIRouter(
@@ -86,7 +79,7 @@ async def prepare_episode(episode_id: str, body: EpisodePrepare, episodes: Episo
 async def commit_episode(episode_id: str, body: EpisodeCommit, episodes: EpisodesDep) -> Ack:
     """Phase two: the prepared episode becomes ``finished`` (idempotent); 409 when its transaction was
     aborted here."""
-    stored = episodes.commit(episode_id, body)
+    stored = episodes.commit(episode_id, body.txn_id)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 

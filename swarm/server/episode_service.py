@@ -9,6 +9,7 @@ each part keeps its own state. Everything here runs on the event loop thread.
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -17,7 +18,6 @@ from swarm.errors import EpisodeNotFound, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.protocol import (
     EpisodeAbort,
-    EpisodeCommit,
     EpisodeCreate,
     EpisodeCreated,
     EpisodeFinish,
@@ -34,49 +34,29 @@ from swarm.server.training import TrainingLoop
 from swarm.tracking.merge import MergeMode, build_samples
 
 
+@dataclass(kw_only=True, eq=False)
 class EpisodeService:
     """The episode routes' service (`swarm.server.deps.EpisodesDep`); also what the credential checks
-    read (`swarm.server.auth.Guarded`).
+    read (`swarm.server.auth.Guarded`)."""
 
-    Args:
-        episodes: the open-episode table.
-        pool: the stored episodes.
-        phase: the server's state machine (begin is refused unless it admits episodes).
-        limits: the limits in force and the request rates.
-        credentials: the admin token and client tokens.
-        training: the training loop (``None``: inference mode), for its admission and client liveness.
-        model_name: the served model, handed back at begin.
-        public_url: the server's public URL, when configured (else the base URL is read from the request).
-        merge: how an episode's calls are merged into samples for its record.
-        detokenizer: decodes the samples' tokens.
-    """
-
-    def __init__(
-        self,
-        *,
-        episodes: OpenEpisodes,
-        pool: Pool,
-        phase: Phase,
-        limits: ClientLimits,
-        credentials: Credentials,
-        training: TrainingLoop | None,
-        model_name: str,
-        public_url: str | None,
-        merge: MergeMode,
-        detokenizer: TokenizerDetokenizer,
-    ) -> None:
-        self.episodes = episodes
-        self.pool = pool
-        self.phase = phase
-        self.limits = limits
-        self.credentials = credentials
-        self.training = training
-        self.model_name = model_name
-        self.public_url = public_url
-        self.merge = merge
-        self.detokenizer = detokenizer
-        self._base_urls: dict[tuple[Any, ...], str] = {}
-        """OpenAI base URLs handed out at begin, by the request parts they are built from (a memo)."""
+    episodes: OpenEpisodes
+    pool: Pool
+    """The stored episodes."""
+    phase: Phase
+    """The server's state machine (begin is refused unless it admits episodes)."""
+    limits: ClientLimits
+    credentials: Credentials
+    training: TrainingLoop | None
+    """The training loop (``None``: inference mode), for its admission and client liveness."""
+    model_name: str
+    """The served model, handed back at begin."""
+    public_url: str | None
+    """The server's public URL, when configured (else the base URL is read from the request)."""
+    merge: MergeMode
+    """How an episode's calls are merged into samples for its record."""
+    detokenizer: TokenizerDetokenizer
+    _base_urls: dict[tuple[Any, ...], str] = field(default_factory=dict, init=False)
+    """OpenAI base URLs handed out at begin, by the request parts they are built from (a memo)."""
 
     # -- begin ------------------------------------------------------------------------------------------
     def begin(self, body: EpisodeCreate, base_url: str, owner: Owner | None = None) -> EpisodeCreated:
@@ -166,9 +146,9 @@ class EpisodeService:
         """Phase one of a multi-server finish (`OpenEpisodes.prepare`)."""
         return self._touched(self.episodes.prepare(episode_id, body))
 
-    def commit(self, episode_id: str, body: EpisodeCommit) -> StoredEpisode:
+    def commit(self, episode_id: str, txn_id: str) -> StoredEpisode:
         """Phase two of a multi-server finish (`OpenEpisodes.commit`)."""
-        return self._touched(self.episodes.commit(episode_id, body.txn_id))
+        return self._touched(self.episodes.commit(episode_id, txn_id))
 
     def _touched(self, stored: StoredEpisode) -> StoredEpisode:
         self._touch(stored.client_id)

@@ -199,6 +199,10 @@ class _Plan:
         return values
 
 
+_SERIALIZE_SETTINGS = ("include", "exclude", "by_alias", "exclude_unset", "exclude_defaults", "exclude_none")
+"""The route's ``response_model_<name>`` settings, passed to FastAPI's ``serialize_response`` as ``<name>``."""
+
+
 def _validated(param: Any, value: Any, loc: tuple[str, ...]) -> Any:
     checked, errors = param.validate(value, {}, loc=loc)
     if errors:
@@ -264,6 +268,7 @@ class LeanRoute(APIRoute):
         the endpoint has run)."""
         status_code = self.status_code
         response_field = self.response_field
+        settings = {name: getattr(self, f"response_model_{name}") for name in _SERIALIZE_SETTINGS}
 
         async def serve(request: Request) -> Response | None:
             if request.app.dependency_overrides:
@@ -295,15 +300,7 @@ class LeanRoute(APIRoute):
             if isinstance(raw_response, Response):
                 return raw_response
             content = await serialize_response(
-                field=response_field,
-                response_content=raw_response,
-                include=self.response_model_include,
-                exclude=self.response_model_exclude,
-                by_alias=self.response_model_by_alias,
-                exclude_unset=self.response_model_exclude_unset,
-                exclude_defaults=self.response_model_exclude_defaults,
-                exclude_none=self.response_model_exclude_none,
-                dump_json=True,
+                field=response_field, response_content=raw_response, dump_json=True, **settings
             )
             code = sub_response.status_code or status_code
             response = Response(content=content, media_type="application/json", status_code=code or 200)

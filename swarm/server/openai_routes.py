@@ -10,10 +10,10 @@ from fastapi import APIRouter, Response
 from fastapi.sse import EventSourceResponse
 
 from swarm.engine.base import TokenCallback
-from swarm.protocol import ChatCompletion, ChatCompletionRequest, ErrorBody, ModelCard, ModelList
+from swarm.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
-from swarm.server.deps import ChatDep
+from swarm.server.deps import ChatDep, error_models
 from swarm.server.lean_route import LeanRoute
 from swarm.server.openai_format import ResponseHeader, chat_completion
 from swarm.server.streaming import LiveStream, encode_events, live_events, replay_events
@@ -33,14 +33,13 @@ _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
         "ending with `data: [DONE]`.",
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     },
-    400: {
-        "model": ErrorBody,
-        "description": "Messages the chat template cannot render, or a prompt too long.",
-    },
-    401: {"model": ErrorBody, "description": "No episode key, or the key of an episode that has ended."},
-    404: {"model": ErrorBody, "description": "A model this server does not serve."},
-    409: {"model": ErrorBody, "description": "The episode ended while the call was sampled."},
-    429: {"model": ErrorBody, "description": "The client token's request rate is spent; see Retry-After."},
+    **error_models(
+        (400, "Messages the chat template cannot render, or a prompt too long."),
+        (401, "No episode key, or the key of an episode that has ended."),
+        (404, "A model this server does not serve."),
+        (409, "The episode ended while the call was sampled."),
+        (429, "The client token's request rate is spent; see Retry-After."),
+    ),
 }
 
 

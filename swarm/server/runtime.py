@@ -120,7 +120,7 @@ class SwarmRuntime:
             limits=self.limits,
             credentials=self.credentials,
             events=self.events,
-            training=self.training,
+            training_loop=self.training,
             policy_version=lambda: self.step,
             started=self.started,
         )
