@@ -322,6 +322,13 @@ def test_a_planted_cycle_is_reported() -> None:
     assert cycles(_edges("a3r.app.cli -> a3r.graph", "a3r.graph -> a3r.study.runs")) == []
 
 
+def plant(root: Path, files: Mapping[str, str]) -> None:
+    """Write ``files`` (relative path → text) under ``root``."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def test_a_planted_file_with_a_function_local_back_import(tmp_path: Path) -> None:
     """A real file tree: a lower layer imports a higher one inside a function (the lazy-import trick
     that hid the old back-imports) and through a relative import."""
@@ -337,9 +344,7 @@ def test_a_planted_file_with_a_function_local_back_import(tmp_path: Path) -> Non
             "    from ..graph import nodes  # and relative\n"
         ),
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    plant(tmp_path, files)
     edges = import_graph(tmp_path, ("a3r",))
     assert Edge("a3r.study.runs", "a3r.graph.nodes", 4) in edges
     assert Edge("a3r.study.runs", "a3r.graph.nodes", 5) in edges
@@ -359,9 +364,7 @@ def test_a_planted_package_face_loop(tmp_path: Path) -> None:
         "swarm/server/limits.py": "from swarm.server import fmt\n\nclass BodySizeLimit: ...\n",
         "swarm/server/fmt.py": "",
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    plant(tmp_path, files)
     edges = import_graph(tmp_path, ("swarm",))
     assert Edge("swarm.server.limits", "swarm.server", 1) in edges
     assert Edge("swarm.server.limits", "swarm.server.fmt", 1) in edges
