@@ -41,7 +41,7 @@ def check_prompt_fits(prompt_ids: list[int], max_context: int) -> None:
 
 def max_new_tokens(max_tokens: int, prompt_len: int, max_context: int) -> int:
     """How many tokens a completion may have: the ``max_tokens`` asked for (`SamplingParams.max_tokens`,
-    whose server rules are `swarm.server.limits.max_tokens_for`), clipped to the room the context window
+    whose server rules are `swarm.server.chat_service.max_tokens_for`), clipped to the room the context window
     leaves after the prompt, and at least 1 (`check_prompt_fits` refuses a prompt that leaves none).
 
     Args:

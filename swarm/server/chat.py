@@ -2,7 +2,7 @@
 
 A request is checked and rendered into a `PreparedCall`; the engine samples it; each sampled choice
 becomes one `CallRecord` of the episode. `swarm.server.chat_service.ChatService` does this for the chat
-routes and answers with a `ChatResult` (the records, the engine's completions and what a response needs);
+routes (its module also holds the request's sampling rules, ``max_tokens``'s among them) and answers with a `ChatResult` (the records, the engine's completions and what a response needs);
 `swarm.server.openai_format` and `swarm.server.anthropic_format` turn that into their wire formats.
 """
 
@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from swarm.config import SamplingDefaults
 from swarm.engine.base import Completion, SamplingParams
 from swarm.errors import RequestError, quoted
 from swarm.protocol import ChatCompletionRequest
@@ -82,31 +81,6 @@ def agent_for(request: ChatCompletionRequest, model_name: str) -> str:
         f"model {quoted(model)} is not served here; use {model_name!r} (or '{prefix}<agent>')",
         status_code=404,
         param="model",
-    )
-
-
-def sampling_for(
-    request: ChatCompletionRequest, defaults: SamplingDefaults, max_tokens: int
-) -> SamplingParams:
-    """The request's sampling parameters, the server's defaults where it leaves them out.
-
-    Args:
-        max_tokens: what `swarm.server.limits.max_tokens_for` ruled for this request.
-
-    Raises:
-        RequestError: ``top_logprobs`` without ``logprobs=true`` (400).
-    """
-    top_k = request.top_logprobs or 0
-    if top_k and not request.logprobs:
-        raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-    return SamplingParams(
-        temperature=defaults.temperature if request.temperature is None else request.temperature,
-        top_p=defaults.top_p if request.top_p is None else request.top_p,
-        max_tokens=max_tokens,
-        stop=tuple(request.stop or ()),  # the validator turned a string into a list
-        seed=request.seed,
-        n=request.n,
-        top_logprobs=top_k,
     )
 
 

@@ -1,6 +1,7 @@
 """What the chat routes of both wire formats do: check, render, sample and record one chat call of an open
-episode (`ChatService`; the pure parts, `PreparedCall`, `ChatResult` and the call record, are
-`swarm.server.chat`).
+episode (`ChatService`), and the request's sampling rules: `max_tokens_for` (every server rule of
+``max_tokens``) and `sampling_for`. The pure parts, `PreparedCall`, `ChatResult` and the call record, are
+`swarm.server.chat`.
 """
 
 from __future__ import annotations
@@ -11,16 +12,69 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from swarm.config import SamplingDefaults
-from swarm.engine.base import Engine, TokenCallback
+from swarm.engine.base import Engine, SamplingParams, TokenCallback
+from swarm.errors import RequestError
 from swarm.protocol import ChatCompletionRequest
-from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call, sampling_for
+from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call
 from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisode, OpenEpisodes
-from swarm.server.limits import ClientLimits
+from swarm.server.limits import ClientLimits, check_chat_request
 from swarm.tracking.records import CallRecord
 from swarm.tracking.render import PromptRenderer
 
 T = TypeVar("T")
+
+
+def max_tokens_for(request: ChatCompletionRequest, default: int, cap: int | None) -> int:
+    """Every server rule of a chat call's ``max_tokens``, in one place (both wire formats: an Anthropic
+    request's ``max_tokens`` arrives as the chat request's, `anthropic_format.to_chat_request`). The
+    engine clips the result to the context window (`swarm.engine.limits.max_new_tokens`).
+
+    Args:
+        request: the chat request (``max_completion_tokens`` wins over ``max_tokens``).
+        default: the server's default (`SamplingDefaults.max_tokens`), for a request that names neither.
+        cap: ``Limits.max_tokens`` (``None``: no cap); a default above it is lowered to it.
+
+    Returns:
+        The number of completion tokens to sample at most (>= 1).
+
+    Raises:
+        RequestError: ``max_tokens`` or ``max_completion_tokens`` above ``cap`` (422 naming the field).
+    """
+    if cap is None:
+        return request.max_completion_tokens or request.max_tokens or default
+    for field in ("max_tokens", "max_completion_tokens"):
+        asked = getattr(request, field)
+        if asked is not None and asked > cap:
+            raise RequestError(
+                f"{field}: {asked} is above this server's cap of {cap}", status_code=422, param=field
+            )
+    return request.max_completion_tokens or request.max_tokens or min(default, cap)
+
+
+def sampling_for(
+    request: ChatCompletionRequest, defaults: SamplingDefaults, max_tokens: int
+) -> SamplingParams:
+    """The request's sampling parameters, the server's defaults where it leaves them out.
+
+    Args:
+        max_tokens: what `max_tokens_for` ruled for this request.
+
+    Raises:
+        RequestError: ``top_logprobs`` without ``logprobs=true`` (400).
+    """
+    top_k = request.top_logprobs or 0
+    if top_k and not request.logprobs:
+        raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+    return SamplingParams(
+        temperature=defaults.temperature if request.temperature is None else request.temperature,
+        top_p=defaults.top_p if request.top_p is None else request.top_p,
+        max_tokens=max_tokens,
+        stop=tuple(request.stop or ()),  # the validator turned a string into a list
+        seed=request.seed,
+        n=request.n,
+        top_logprobs=top_k,
+    )
 
 
 class ChatService:
@@ -55,6 +109,23 @@ class ChatService:
         self.policy_version = policy_version
         self._tasks: set[asyncio.Task[Any]] = set()
 
+    def _admit(self, episode: OpenEpisode, request: ChatCompletionRequest) -> int:
+        """Check a chat call before anything is rendered: the request caps (`check_chat_request`), its
+        ``max_tokens`` (`max_tokens_for`), then the owner's request rate (`ClientLimits.take`).
+
+        Returns:
+            The ``max_tokens`` the call samples with.
+
+        Raises:
+            RequestError: a field over its cap (422).
+            Unavailable: the owner's client token is over its request rate (429 + Retry-After).
+        """
+        limits = self.limits.limits
+        check_chat_request(limits, request)
+        max_tokens = max_tokens_for(request, self.defaults.max_tokens, limits.max_tokens)
+        self.limits.take(episode.owner)
+        return max_tokens
+
     def count_prompt_tokens(self, episode: OpenEpisode, request: ChatCompletionRequest) -> int:
         """The prompt length ``request`` would have as the episode's next call: rendered and spliced as
         `prepare` does, under the same caps and request rate; nothing is sampled or recorded.
@@ -63,7 +134,7 @@ class ChatService:
             RequestError: unknown model, unrenderable messages (400/404) or a field over its cap (422).
             Unavailable: the owner's client token is over its request rate (429 + Retry-After).
         """
-        self.limits.admit_call(episode.owner, request, self.defaults.max_tokens)
+        self._admit(episode, request)
         agent = agent_for(request, self.model_name)
         rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
         return len(rendered.prompt_ids)
@@ -77,7 +148,7 @@ class ChatService:
             Unavailable: the owner's client token is over its request rate (429 + Retry-After).
         """
         arrived = time.time()
-        max_tokens = self.limits.admit_call(episode.owner, request, self.defaults.max_tokens)
+        max_tokens = self._admit(episode, request)
         agent = agent_for(request, self.model_name)
         params = sampling_for(request, self.defaults, max_tokens)
         rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)

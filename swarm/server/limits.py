@@ -2,8 +2,8 @@
 of a chat request (docs/ARCHITECTURE.md §Credentials and limits).
 
 `ClientLimits` owns the limits in force, which may be replaced live (``PATCH /api/v1/config``); everything
-here reads them when it checks, so a change applies to the next request. `max_tokens_for` is the one home
-of a chat call's ``max_tokens`` rules.
+here reads them when it checks, so a change applies to the next request. A chat call's ``max_tokens``
+(its cap included) is ruled in one place, `swarm.server.chat_service.max_tokens_for`.
 """
 
 from __future__ import annotations
@@ -108,22 +108,6 @@ class ClientLimits:
                 status_code=429,
             )
 
-    def admit_call(self, owner: str | None, request: ChatCompletionRequest, default_max_tokens: int) -> int:
-        """Check a chat call before anything is rendered: the request caps (`check_chat_request`), its
-        ``max_tokens`` (`max_tokens_for`), then the owner's request rate (`take`).
-
-        Returns:
-            The ``max_tokens`` the call samples with.
-
-        Raises:
-            RequestError: a field over its cap (422).
-            Unavailable: the owner's client token is over its request rate (429 + Retry-After).
-        """
-        check_chat_request(self.limits, request)
-        max_tokens = max_tokens_for(request, default_max_tokens, self.limits.max_tokens)
-        self.take(owner)
-        return max_tokens
-
     def checked(self, patch: LimitsPatch) -> Limits:
         """The limits ``patch`` would set (nothing changes).
 
@@ -152,7 +136,8 @@ class ClientLimits:
 
 
 def check_chat_request(limits: Limits, request: ChatCompletionRequest) -> None:
-    """The message-count and ``n`` caps of a chat completion request (``max_tokens``: `max_tokens_for`).
+    """The message-count and ``n`` caps of a chat completion request (its ``max_tokens``:
+    `swarm.server.chat_service.max_tokens_for`).
 
     Raises:
         RequestError: 422 naming the field over its cap.
@@ -167,33 +152,6 @@ def check_chat_request(limits: Limits, request: ChatCompletionRequest) -> None:
         raise RequestError(
             f"n: {request.n} is above this server's cap of {limits.max_n}", status_code=422, param="n"
         )
-
-
-def max_tokens_for(request: ChatCompletionRequest, default: int, cap: int | None) -> int:
-    """Every server rule of a chat call's ``max_tokens``, in one place (both wire formats: an Anthropic
-    request's ``max_tokens`` arrives as the chat request's, `anthropic_format.to_chat_request`). The
-    engine clips the result to the context window (`swarm.engine.limits.max_new_tokens`).
-
-    Args:
-        request: the chat request (``max_completion_tokens`` wins over ``max_tokens``).
-        default: the server's default (`SamplingDefaults.max_tokens`), for a request that names neither.
-        cap: ``Limits.max_tokens`` (``None``: no cap); a default above it is lowered to it.
-
-    Returns:
-        The number of completion tokens to sample at most (>= 1).
-
-    Raises:
-        RequestError: ``max_tokens`` or ``max_completion_tokens`` above ``cap`` (422 naming the field).
-    """
-    if cap is None:
-        return request.max_completion_tokens or request.max_tokens or default
-    for field in ("max_tokens", "max_completion_tokens"):
-        asked = getattr(request, field)
-        if asked is not None and asked > cap:
-            raise RequestError(
-                f"{field}: {asked} is above this server's cap of {cap}", status_code=422, param=field
-            )
-    return request.max_completion_tokens or request.max_tokens or min(default, cap)
 
 
 class BodySizeLimit:

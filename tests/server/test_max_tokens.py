@@ -9,7 +9,7 @@ from swarm.engine.limits import max_new_tokens
 from swarm.errors import RequestError
 from swarm.protocol import ChatCompletionRequest
 from swarm.server.anthropic_format import MessagesRequest, to_chat_request
-from swarm.server.limits import max_tokens_for
+from swarm.server.chat_service import max_tokens_for
 
 HI = [{"role": "user", "content": "hi"}]
 
