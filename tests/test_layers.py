@@ -371,3 +371,14 @@ def test_a_planted_package_face_loop(tmp_path: Path) -> None:
     assert cycles(edges) == [frozenset({"swarm.server", "swarm.server.app", "swarm.server.limits"})]
     (tmp_path / "swarm/server/__init__.py").write_text('"""A face that imports nothing."""\n')
     assert cycles(import_graph(tmp_path, ("swarm",))) == []
+
+
+def test_no_route_module_sees_the_runtime(tree: list[Edge]) -> None:
+    """Routes depend on one narrow service each (`swarm.server.deps`), never on the whole runtime: no
+    route module imports it or reads it from the app's state."""
+    routes = sorted((ROOT / "swarm" / "server").glob("*_routes.py"))
+    assert len(routes) >= 4
+    names = {module_name(path, ROOT) for path in routes}
+    assert not [e for e in tree if e.importer in names and e.imported == "swarm.server.runtime"]
+    for path in routes:
+        assert "state.runtime" not in path.read_text(encoding="utf-8"), path.name
