@@ -94,10 +94,13 @@ def source_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
 def imports_of(name: str, path: Path, modules: Iterable[str], packages: Iterable[str]) -> list[Edge]:
     """Every import of ``packages`` by module ``name`` (file ``path``), wherever it stands in the file.
 
-    ``from X import Y`` is an import of ``X.Y`` when that is a module, else of ``X``; relative imports
-    are resolved against ``name``.
+    ``from X import Y`` is an import of ``X.Y`` when that is a module, else of ``X``; when ``X`` is a
+    package it is also an import of ``X`` itself (its ``__init__`` runs first: a package-face import,
+    ``from swarm.server import limits``, runs whatever the package's face imports). Relative imports are
+    resolved against ``name``.
     """
     known = set(modules)
+    faces = {m.rsplit(".", 1)[0] for m in known if "." in m} & known  # packages (an __init__ in the tree)
     roots = tuple(packages)
     is_package = path.name == "__init__.py"
     edges: list[Edge] = []
@@ -113,6 +116,8 @@ def imports_of(name: str, path: Path, modules: Iterable[str], packages: Iterable
             else:
                 source = node.module or ""
             targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source for a in node.names]
+            if source in faces and source != name:
+                targets.append(source)  # a package's face: its __init__ runs before any of its names
         for target in targets:
             if target.split(".")[0] in roots:
                 edges.append(Edge(name, target, node.lineno))
@@ -202,6 +207,7 @@ def violations(
     """Every import that runs back up a layer, crosses to a peer, or leaves its package other than
     through `OUTSIDE`, as one line each (``file:line importer -> imported: rule``)."""
     found: list[str] = []
+    reported: set[tuple[str, int, str]] = set()
     for e in edges:
         src_pkg, dst_pkg = e.importer.split(".")[0], e.imported.split(".")[0]
         where = f"{e.importer}:{e.line} {e.importer} -> {e.imported}"
@@ -218,8 +224,9 @@ def violations(
             missing = e.importer if src is None else e.imported
             found.append(f"{where}: {missing} is in no layer (add it to the layers)")
             continue
-        if src[1] == dst[1]:
-            continue
+        if src[1] == dst[1] or (e.importer, e.line, dst[1]) in reported:
+            continue  # one line per import statement and unit (``from P import m``: P's face and P.m)
+        reported.add((e.importer, e.line, dst[1]))
         if dst[0] < src[0]:
             found.append(f"{where}: runs back up from layer {src[1]} to {dst[1]}")
         elif dst[0] == src[0]:
@@ -317,6 +324,13 @@ def test_a_planted_cycle_is_reported() -> None:
     assert cycles(_edges("a3r.app.cli -> a3r.graph", "a3r.graph -> a3r.study.runs")) == []
 
 
+def plant(root: Path, files: Mapping[str, str]) -> None:
+    """Write ``files`` (relative path → text) under ``root``."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def test_a_planted_file_with_a_function_local_back_import(tmp_path: Path) -> None:
     """A real file tree: a lower layer imports a higher one inside a function (the lazy-import trick
     that hid the old back-imports) and through a relative import."""
@@ -332,12 +346,41 @@ def test_a_planted_file_with_a_function_local_back_import(tmp_path: Path) -> Non
             "    from ..graph import nodes  # and relative\n"
         ),
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    plant(tmp_path, files)
     edges = import_graph(tmp_path, ("a3r",))
     assert Edge("a3r.study.runs", "a3r.graph.nodes", 4) in edges
     assert Edge("a3r.study.runs", "a3r.graph.nodes", 5) in edges
     found = violations(edges)
     assert len(found) == 2 and all("runs back up from layer a3r.study to a3r.graph" in f for f in found)
-    assert cycles(edges) == [frozenset({"a3r.graph.nodes", "a3r.study.runs"})]
+    # ``from ..graph import nodes`` runs the package face ``a3r.graph`` too, which imports ``nodes``
+    assert cycles(edges) == [frozenset({"a3r.graph", "a3r.graph.nodes", "a3r.study.runs"})]
+
+
+def test_a_planted_package_face_loop(tmp_path: Path) -> None:
+    """``from swarm.server import fmt`` runs ``swarm/server/__init__`` first: when that face imports the
+    app, which imports the importer, the loop is reported though every named module is a leaf."""
+    files = {
+        "swarm/__init__.py": "",
+        "swarm/server/__init__.py": "from swarm.server.app import create_app\n",
+        "swarm/server/app.py": "from swarm.server.limits import BodySizeLimit\n\ndef create_app(): ...\n",
+        "swarm/server/limits.py": "from swarm.server import fmt\n\nclass BodySizeLimit: ...\n",
+        "swarm/server/fmt.py": "",
+    }
+    plant(tmp_path, files)
+    edges = import_graph(tmp_path, ("swarm",))
+    assert Edge("swarm.server.limits", "swarm.server", 1) in edges
+    assert Edge("swarm.server.limits", "swarm.server.fmt", 1) in edges
+    assert cycles(edges) == [frozenset({"swarm.server", "swarm.server.app", "swarm.server.limits"})]
+    (tmp_path / "swarm/server/__init__.py").write_text('"""A face that imports nothing."""\n')
+    assert cycles(import_graph(tmp_path, ("swarm",))) == []
+
+
+def test_no_route_module_sees_the_runtime(tree: list[Edge]) -> None:
+    """Routes depend on one narrow service each (`swarm.server.deps`), never on the whole runtime: no
+    route module imports it or reads it from the app's state."""
+    routes = sorted((ROOT / "swarm" / "server").glob("*_routes.py"))
+    assert len(routes) >= 4
+    names = {module_name(path, ROOT) for path in routes}
+    assert not [e for e in tree if e.importer in names and e.imported == "swarm.server.runtime"]
+    for path in routes:
+        assert "state.runtime" not in path.read_text(encoding="utf-8"), path.name

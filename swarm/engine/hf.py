@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
-from swarm.engine.limits import check_prompt_fits, end_of_turn_ids
+from swarm.engine.limits import check_prompt_fits, end_of_turn_ids, max_new_tokens
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import FinishReason
@@ -265,9 +265,9 @@ class HFEngine:
     def _make_rows(self, jobs: list[_Job]) -> list[_Row]:
         rows: list[_Row] = []
         for job in jobs:
-            room = self.max_context - len(job.prompt_ids)
+            max_new = max_new_tokens(job.params.max_tokens, len(job.prompt_ids), self.max_context)
             for choice in range(job.params.n):
-                rows.append(_Row(job, choice, None, max_new=max(1, min(job.params.max_tokens, room))))
+                rows.append(_Row(job, choice, None, max_new=max_new))
         return rows
 
     @torch.no_grad()

@@ -1,4 +1,5 @@
-"""Where a completion must end, shared by every engine: the end-of-turn ids and the context window."""
+"""Where a completion must end, shared by every engine: the end-of-turn ids and the context window
+(`check_prompt_fits` before sampling, `max_new_tokens` for the sampling itself)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,16 @@ def check_prompt_fits(prompt_ids: list[int], max_context: int) -> None:
             f"the prompt is {len(prompt_ids)} tokens but the context window is {max_context} "
             "tokens (prompt + at least one completion token must fit)"
         )
+
+
+def max_new_tokens(max_tokens: int, prompt_len: int, max_context: int) -> int:
+    """How many tokens a completion may have: the ``max_tokens`` asked for (`SamplingParams.max_tokens`,
+    whose server rules are `swarm.server.chat_service.max_tokens_for`), clipped to the room the context window
+    leaves after the prompt, and at least 1 (`check_prompt_fits` refuses a prompt that leaves none).
+
+    Args:
+        max_tokens: completion tokens asked for (>= 1).
+        prompt_len: prompt length in tokens.
+        max_context: the model's context window in tokens.
+    """
+    return max(1, min(max_tokens, max_context - prompt_len))

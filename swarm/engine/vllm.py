@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import torch
 
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
-from swarm.engine.limits import check_prompt_fits, end_of_turn_ids
+from swarm.engine.limits import check_prompt_fits, end_of_turn_ids, max_new_tokens
 from swarm.engine.model_loading import ModelSource, load_model
 from swarm.errors import ModelLoadError
 from swarm.tracking.records import FinishReason
@@ -332,7 +332,7 @@ class VLLMEngine:
         try:
             started = time.perf_counter()
             version = self.policy_version
-            max_new = max(1, min(params.max_tokens, self.max_context - len(prompt_ids)))
+            max_new = max_new_tokens(params.max_tokens, len(prompt_ids), self.max_context)
             rows = [self._sample(prompt_ids, params, choice, max_new, on_token) for choice in range(params.n)]
             completions = list(await asyncio.gather(*rows))
             elapsed = time.perf_counter() - started

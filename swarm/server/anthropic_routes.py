@@ -2,7 +2,7 @@
 ``POST /v1/messages/count_tokens``.
 
 A Messages request is mapped onto the internal chat request (`anthropic_format.to_chat_request`) and
-sampled and recorded by `SwarmRuntime.chat`, exactly like a chat completion: same renderer, same
+sampled and recorded by `ChatService.answer`, exactly like a chat completion: same renderer, same
 splicing, same call records, same merged samples. Errors on this route have Anthropic's shape
 (``{"type": "error", "error": {...}}``, set in `swarm.server.app`). The episode key is accepted as
 ``x-api-key`` (the SDK's ``api_key``) or as a bearer token (its ``auth_token``).
@@ -19,12 +19,12 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
+import swarm.server.anthropic_format as fmt
 from swarm.engine.base import SampledToken, TokenCallback
 from swarm.errors import SwarmError
-from swarm.server import anthropic_format as fmt
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
-from swarm.server.deps import RuntimeDep
+from swarm.server.deps import ChatDep
 from swarm.server.openai_format import ChoiceText
 from swarm.server.streaming import encode_events, live_call
 
@@ -70,7 +70,7 @@ async def _replayed(events: Iterable[fmt.Event]) -> AsyncGenerator[ServerSentEve
 
 @router.post("/messages", response_model=fmt.Message)
 async def create_message(
-    body: fmt.MessagesRequest, runtime: RuntimeDep, episode: MessagesEpisodeDep, response: Response
+    body: fmt.MessagesRequest, chat: ChatDep, episode: MessagesEpisodeDep, response: Response
 ) -> fmt.Message | EventSourceResponse:
     """Sample a message inside the episode that owns the key, recording it token-exactly.
 
@@ -82,13 +82,13 @@ async def create_message(
     request = fmt.to_chat_request(body)
     message_id = fmt.new_message_id()
     stop = tuple(body.stop_sequences or ())
-    stop_ids = runtime.engine.stop_ids
-    detokenizer = runtime.detokenizer
+    stop_ids = chat.engine.stop_ids
+    detokenizer = chat.detokenizer
     if body.stream and (not request.tools or request.tool_choice == "none"):
-        prepared = runtime.prepare_chat(episode, request)  # bad requests fail before the first byte
+        prepared = chat.prepare(episode, request)  # bad requests fail before the first byte
 
         def start(on_token: TokenCallback) -> asyncio.Future[ChatResult]:
-            return runtime.spawn(runtime.chat(episode, request, prepared=prepared, on_token=on_token))
+            return chat.spawn(chat.answer(episode, request, prepared=prepared, on_token=on_token))
 
         async def consume(
             tokens: asyncio.Queue[SampledToken | None], call: asyncio.Future[ChatResult]
@@ -116,7 +116,7 @@ async def create_message(
                 yield _sse(event)
 
         return EventSourceResponse(encode_events(live_call(start, consume)))
-    result = await runtime.chat(episode, request)
+    result = await chat.answer(episode, request)
     answer = fmt.message(
         result, message_id=message_id, model=body.model, detokenizer=detokenizer, stop=stop, stop_ids=stop_ids
     )
@@ -129,8 +129,8 @@ async def create_message(
 
 @router.post("/messages/count_tokens", response_model=fmt.TokenCount)
 async def count_tokens(
-    body: fmt.CountTokensRequest, runtime: RuntimeDep, episode: MessagesEpisodeDep
+    body: fmt.CountTokensRequest, chat: ChatDep, episode: MessagesEpisodeDep
 ) -> fmt.TokenCount:
     """The prompt length a Messages request would have in this episode (rendered and spliced exactly as
     `create_message` would, under the same caps and request rate; nothing is sampled or recorded)."""
-    return fmt.TokenCount(input_tokens=runtime.count_prompt_tokens(episode, fmt.to_chat_request(body)))
+    return fmt.TokenCount(input_tokens=chat.count_prompt_tokens(episode, fmt.to_chat_request(body)))

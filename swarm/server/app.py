@@ -22,7 +22,7 @@ from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server import anthropic_format, anthropic_routes, control_routes, episode_routes, openai_routes
 from swarm.server.deps import json_errors
-from swarm.server.lean_route import HotRoutes, replayed
+from swarm.server.lean_route import HotRoutes, lean_routes_on, replayed
 from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
 
@@ -104,7 +104,7 @@ async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
 def _body_limit(scope: Scope) -> int | None:
     """The runtime's current body-size limit (``None`` before the lifespan has built the runtime)."""
     runtime: SwarmRuntime | None = getattr(scope["app"].state, "runtime", None)
-    return None if runtime is None else runtime.limits.max_body_bytes
+    return None if runtime is None else runtime.limits.limits.max_body_bytes
 
 
 HOT_PATHS = frozenset(
@@ -130,7 +130,8 @@ class SwarmApp(FastAPI):
     ``ExceptionTelemetryMiddleware`` (telemetry is off, see `create_app`) and its
     ``AppBodyLimitMiddleware`` (the short stack is only used when FastAPI's ``max_body_size`` is unset).
     A request the plan declines (invalid, unusual, a wrong credential) is handed to the full app with its
-    body replayed, so FastAPI answers it exactly as before.
+    body replayed, so FastAPI answers it exactly as before. Outside the tested framework versions
+    (`lean_routes_on`) there is no short stack: every request takes the full app.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -140,7 +141,8 @@ class SwarmApp(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
-        self._hot_stack = None if getattr(self, "max_body_size", None) is not None else self._short_stack()
+        own_limit = getattr(self, "max_body_size", None) is not None
+        self._hot_stack = None if own_limit or not lean_routes_on() else self._short_stack()
         return stack
 
     def _short_stack(self) -> ASGIApp:

@@ -31,7 +31,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
 from swarm.errors import AuthError, RequestError
-from swarm.server.episodes import KEY_PREFIX, OpenEpisode
+from swarm.server.episodes import KEY_PREFIX, OpenEpisode, OpenEpisodes
 
 MINTED_PREFIX = "swc-"
 """Prefix of the client tokens the server mints (``POST /api/v1/client-tokens`` without a token)."""
@@ -218,14 +218,13 @@ class Credentials:
 
 # -- FastAPI dependencies ------------------------------------------------------------------------------------
 class Guarded(Protocol):
-    """What the dependencies below need of the server runtime (`SwarmRuntime`, which imports this
-    module, so it is named structurally here)."""
+    """What the dependencies below need of the server (`swarm.server.episode_service.EpisodeService`,
+    which imports this module, so it is named structurally here)."""
 
     credentials: Credentials
+    episodes: OpenEpisodes
 
     def episode_credentials(self, episode_id: str) -> tuple[str | None, str | None]: ...
-
-    def episode_for_key(self, key: str) -> OpenEpisode: ...
 
 
 _bearer = HTTPBearer(auto_error=False)
@@ -233,11 +232,11 @@ BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 def _guarded(request: Request) -> Guarded:
-    """The server runtime of a request. Read here rather than declared as a dependency of its own: each
-    dependency is one more ``solve_dependencies`` pass per request, and these run on every request of
-    the hot path (begin, completion, finish)."""
-    runtime: Guarded = request.app.state.runtime
-    return runtime
+    """The episode service of a request's server. Read here rather than declared as a dependency of its
+    own: each dependency is one more ``solve_dependencies`` pass per request, and these run on every
+    request of the hot path (begin, completion, finish)."""
+    service: Guarded = request.app.state.runtime.episode_service
+    return service
 
 
 def _secret(credentials: HTTPAuthorizationCredentials | None) -> str | None:
@@ -267,12 +266,12 @@ async def require_client(request: Request, credentials: BearerDep) -> None:
 async def check_episode_access(episode_id: str, request: Request, credentials: BearerDep) -> None:
     """Episode routes: :meth:`Credentials.episode` for the episode in the path (404 when there is none;
     the credential is checked first, so an unknown id tells a caller without one nothing)."""
-    runtime = _guarded(request)
+    server = _guarded(request)
     secret = _secret(credentials)
-    if secret is None and runtime.credentials.required:
-        runtime.credentials.episode(None, episode_id, None, None)
-    key_digest, owner = runtime.episode_credentials(episode_id)
-    runtime.credentials.episode(secret, episode_id, key_digest, owner)
+    if secret is None and server.credentials.required:
+        server.credentials.episode(None, episode_id, None, None)
+    key_digest, owner = server.episode_credentials(episode_id)
+    server.credentials.episode(secret, episode_id, key_digest, owner)
 
 
 async def get_episode(
@@ -280,7 +279,7 @@ async def get_episode(
 ) -> OpenEpisode:
     """The open episode named by its key: ``Authorization: Bearer <episode key>`` (OpenAI SDKs) or
     ``x-api-key: <episode key>`` (Anthropic SDKs); 401 otherwise."""
-    runtime = _guarded(request)
+    server = _guarded(request)
     key = _secret(credentials) or x_api_key
     if key is None:
         raise AuthError(
@@ -288,14 +287,14 @@ async def get_episode(
             "(or 'x-api-key: <api_key>' from an Anthropic SDK)"
         )
     if not key.startswith(KEY_PREFIX) and (
-        runtime.credentials.is_admin(key) or runtime.credentials.client_name(key) is not None
+        server.credentials.is_admin(key) or server.credentials.client_name(key) is not None
     ):
         raise AuthError(
             "client and admin tokens cannot sample completions; use the api_key of the episode "
             "(from POST /api/v1/episodes)",
             status_code=403,
         )
-    return runtime.episode_for_key(key)
+    return server.episodes.for_key(key)
 
 
 EpisodeDep = Annotated[OpenEpisode, Depends(get_episode)]

@@ -1,9 +1,9 @@
 """One chat request of an episode as the server records it, apart from any wire format.
 
 A request is checked and rendered into a `PreparedCall`; the engine samples it; each sampled choice
-becomes one `CallRecord` of the episode. The runtime answers with a `ChatResult` (the records, the
-engine's completions and what a response needs); `swarm.server.openai_format` turns that into the
-OpenAI wire format.
+becomes one `CallRecord` of the episode. `swarm.server.chat_service.ChatService` does this for the chat
+routes (its module also holds the request's sampling rules, ``max_tokens``'s among them) and answers with a `ChatResult` (the records, the engine's completions and what a response needs);
+`swarm.server.openai_format` and `swarm.server.anthropic_format` turn that into their wire formats.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from swarm.config import SamplingDefaults
 from swarm.engine.base import Completion, SamplingParams
 from swarm.errors import RequestError, quoted
 from swarm.protocol import ChatCompletionRequest
@@ -23,7 +22,7 @@ from swarm.tracking.toolcalls import parse_tool_calls
 
 @dataclass(frozen=True)
 class PreparedCall:
-    """A checked, rendered chat request (`SwarmRuntime.prepare_chat`), ready to be sampled."""
+    """A checked, rendered chat request (`swarm.server.chat_service.ChatService.prepare`), ready to be sampled."""
 
     arrived: float
     """Unix time (s) the request arrived."""
@@ -82,27 +81,6 @@ def agent_for(request: ChatCompletionRequest, model_name: str) -> str:
         f"model {quoted(model)} is not served here; use {model_name!r} (or '{prefix}<agent>')",
         status_code=404,
         param="model",
-    )
-
-
-def sampling_for(request: ChatCompletionRequest, defaults: SamplingDefaults) -> SamplingParams:
-    """The request's sampling parameters, the server's defaults where it leaves them out.
-
-    Raises:
-        RequestError: ``top_logprobs`` without ``logprobs=true`` (400).
-    """
-    max_tokens = request.max_completion_tokens or request.max_tokens or defaults.max_tokens
-    top_k = request.top_logprobs or 0
-    if top_k and not request.logprobs:
-        raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-    return SamplingParams(
-        temperature=defaults.temperature if request.temperature is None else request.temperature,
-        top_p=defaults.top_p if request.top_p is None else request.top_p,
-        max_tokens=max_tokens,
-        stop=tuple(request.stop or ()),  # the validator turned a string into a list
-        seed=request.seed,
-        n=request.n,
-        top_logprobs=top_k,
     )
 
 

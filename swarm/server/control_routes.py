@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from swarm.errors import RequestError, Unavailable
 from swarm.protocol import (
     CheckpointSaved,
     ClientState,
@@ -25,7 +24,6 @@ from swarm.protocol import (
     ConfigChanged,
     ConfigPatch,
     ConfigView,
-    ErrorBody,
     Event,
     ServerStepMetrics,
     StatusView,
@@ -33,42 +31,34 @@ from swarm.protocol import (
     VoteCast,
 )
 from swarm.server.auth import require_admin, require_client
-from swarm.server.deps import RuntimeDep, json_errors
-from swarm.server.training import TrainingLoop
+from swarm.server.control import Subscription
+from swarm.server.deps import ControlDep, error_models, json_errors
 
 router = APIRouter(
     prefix="/api/v1",
     tags=["control"],
     dependencies=[Depends(require_admin)],
-    responses={
-        401: {"model": ErrorBody, "description": "Missing or wrong admin token."},
-        403: {
-            "model": ErrorBody,
-            "description": "A wrong admin token, an episode key or a client token, or no admin token "
-            "configured and a caller from another host.",
-        },
-    },
+    responses=error_models(
+        (401, "Missing or wrong admin token."),
+        (
+            403,
+            "A wrong admin token, an episode key or a client token, or no admin token configured and a "
+            "caller from another host.",
+        ),
+    ),
 )
 votes_router = APIRouter(
     prefix="/api/v1/clients",
     tags=["episodes"],
     dependencies=[Depends(require_client)],
-    responses={
-        401: {"model": ErrorBody, "description": "No client token, on a server with client tokens."},
-        403: {
-            "model": ErrorBody,
-            "description": "A wrong client token (unknown or revoked) or an episode key.",
-        },
-        429: {
-            "model": ErrorBody,
-            "description": "The client token's request rate is reached; see Retry-After.",
-        },
-    },
+    responses=error_models(
+        (401, "No client token, on a server with client tokens."),
+        (403, "A wrong client token (unknown or revoked) or an episode key."),
+        (429, "The client token's request rate is reached; see Retry-After."),
+    ),
 )
 
-_NO_TRAINING: dict[int | str, dict[str, Any]] = {
-    409: {"model": ErrorBody, "description": "Training is disabled on this server."}
-}
+_NO_TRAINING = error_models((409, "Training is disabled on this server."))
 
 
 def _sse(event: Event) -> ServerSentEvent:
@@ -76,15 +66,12 @@ def _sse(event: Event) -> ServerSentEvent:
 
 
 @router.get("/status")
-def status(runtime: RuntimeDep) -> StatusView:
+def status(control: ControlDep) -> StatusView:
     """Engine state, policy version, model and episode counts."""
-    return runtime.status()
+    return control.status()
 
 
-Subscription = tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]
-
-
-async def _event_subscription(runtime: RuntimeDep, follow: bool = True) -> AsyncIterator[Subscription | None]:
+async def _event_subscription(control: ControlDep, follow: bool = True) -> AsyncIterator[Subscription | None]:
     """A live follower's subscription, taken before the stream starts and held until the response ends.
 
     The check and the subscription happen in one step on the event loop, so simultaneous connects
@@ -96,14 +83,11 @@ async def _event_subscription(runtime: RuntimeDep, follow: bool = True) -> Async
     if not follow:
         yield None
         return
-    cap = runtime.limits.max_event_subscribers
-    if runtime.events.subscribers() >= cap:
-        raise Unavailable(f"{cap} clients already follow the events, this server's limit", retry_after_s=5.0)
-    handle = runtime.events.subscribe()
+    handle = control.follow()
     try:
         yield handle
     finally:
-        runtime.events.unsubscribe(handle)
+        control.events.unsubscribe(handle)
 
 
 @router.get(
@@ -116,7 +100,7 @@ async def _event_subscription(runtime: RuntimeDep, follow: bool = True) -> Async
     ),
 )
 async def events(
-    runtime: RuntimeDep,
+    control: ControlDep,
     handle: Annotated[Subscription | None, Depends(_event_subscription)],
     since: int = 0,
     follow: bool = True,
@@ -124,7 +108,7 @@ async def events(
     """Server-sent events, each an :class:`~swarm.protocol.Event` as JSON ``data`` (``event`` = its kind,
     ``id`` = its seq): buffered events after ``since``, then live ones while ``follow`` is true."""
     last = since
-    for event in runtime.events.recent(since):
+    for event in control.events.recent(since):
         last = event.seq
         yield _sse(event)
     if handle is None:
@@ -142,129 +126,97 @@ async def events(
         yield _sse(event)
 
 
-def _training(runtime: RuntimeDep) -> TrainingLoop:
-    if runtime.training is None:
-        raise RequestError("training is disabled on this server (started in inference mode)", status_code=409)
-    return runtime.training
-
-
 @router.get("/metrics")
-def metrics(runtime: RuntimeDep, since_step: int = 0) -> list[ServerStepMetrics]:
+def metrics(control: ControlDep, since_step: int = 0) -> list[ServerStepMetrics]:
     """Per-step training metrics after ``since_step``, oldest first (the rows of ``metrics.jsonl``;
     empty on a server in inference mode)."""
-    if runtime.training is None:
-        return []
-    return [m for m in runtime.training.history if m.step > since_step]
-
-
-def _config_view(runtime: RuntimeDep) -> ConfigView:
-    if runtime.training is None:  # inference mode: no training section, the limits still apply
-        return ConfigView(training={}, sampling=runtime.config.sampling, limits=runtime.limits)
-    return ConfigView.model_validate({**runtime.training.effective_config(), "limits": runtime.limits})
+    return control.metrics(since_step)
 
 
 @router.get("/config")
-def get_config(runtime: RuntimeDep) -> ConfigView:
+def get_config(control: ControlDep) -> ConfigView:
     """The configuration the next step will use, and the limits in force (on a server in inference
     mode: the sampling defaults and the limits, which stay patchable, with an empty ``training``)."""
-    return _config_view(runtime)
+    return control.config_view()
 
 
 @router.patch("/config", responses=_NO_TRAINING)
-def patch_config(body: ConfigPatch, runtime: RuntimeDep) -> ConfigChanged:
+def patch_config(body: ConfigPatch, control: ControlDep) -> ConfigChanged:
     """Change lr, batch policy/size, group size, temperature, clip range, KL coefficient… live.
 
     Validated at once (422 on an invalid combination), effective from the next step, logged as a
     ``config.changed`` event. ``limits`` changes (:class:`~swarm.protocol.LimitsPatch`) apply at once,
     on a server in inference mode too (409 there for any other field).
     """
-    rest = ConfigPatch.model_validate(body.model_dump(exclude_unset=True, exclude={"limits"}))
-    training = _training(runtime) if rest.model_fields_set or body.limits is None else None
-    if body.limits is not None:
-        runtime.checked_limits(body.limits)  # a bad limit fails the whole patch before anything changes
-    changed = training.apply(rest) if training is not None and rest.model_fields_set else {}
-    if body.limits is not None:
-        changed["limits"] = runtime.set_limits(body.limits)
-    return ConfigChanged(changed=changed, config=_config_view(runtime))
+    return control.patch_config(body)
 
 
 @router.get("/client-tokens")
-def client_tokens(runtime: RuntimeDep) -> list[ClientTokenView]:
+def client_tokens(control: ControlDep) -> list[ClientTokenView]:
     """The client tokens that work now, by name, with their open episodes (never the secrets)."""
     return [
-        ClientTokenView(name=name, open_episodes=runtime.episodes.open_by(name))
-        for name in runtime.credentials.names()
+        ClientTokenView(name=name, open_episodes=control.episodes.open_by(name))
+        for name in control.credentials.names()
     ]
 
 
 @router.post(
     "/client-tokens",
     status_code=201,
-    responses={409: {"model": ErrorBody, "description": "The name or the secret is already in use."}},
+    responses=error_models((409, "The name or the secret is already in use.")),
 )
-def add_client_token(body: ClientTokenCreate, runtime: RuntimeDep) -> ClientTokenCreated:
+def add_client_token(body: ClientTokenCreate, control: ControlDep) -> ClientTokenCreated:
     """Add a client token at once (the server mints one when ``token`` is left out); from now on every
     begin needs a client token. The answer is the only place the server ever shows it."""
-    return ClientTokenCreated(name=body.name, token=runtime.add_client_token(body.name, body.token))
+    return ClientTokenCreated(name=body.name, token=control.add_client_token(body.name, body.token))
 
 
 @router.delete(
     "/client-tokens/{name}",
-    responses={404: {"model": ErrorBody, "description": "No client token has this name."}},
+    responses=error_models((404, "No client token has this name.")),
 )
-def revoke_client_token(name: str, runtime: RuntimeDep) -> ClientTokenRevoked:
+def revoke_client_token(name: str, control: ControlDep) -> ClientTokenRevoked:
     """Revoke a client token at once: it no longer begins, finishes or reads anything (its open episodes
     keep their episode keys until they end)."""
-    return ClientTokenRevoked(name=name, open_episodes=runtime.revoke_client_token(name))
+    return ClientTokenRevoked(name=name, open_episodes=control.revoke_client_token(name))
 
 
 @router.post("/pause")
-def pause(runtime: RuntimeDep) -> StatusView:
+def pause(control: ControlDep) -> StatusView:
     """No new episodes and no training until resumed; open episodes keep being served."""
-    runtime.pause()
-    return runtime.status()
+    control.pause()
+    return control.status()
 
 
 @router.post("/resume")
-def resume(runtime: RuntimeDep) -> StatusView:
-    runtime.resume()
-    return runtime.status()
+def resume(control: ControlDep) -> StatusView:
+    control.resume()
+    return control.status()
 
 
 @router.post("/checkpoint", responses=_NO_TRAINING)
-async def checkpoint(runtime: RuntimeDep) -> CheckpointSaved:
+async def checkpoint(control: ControlDep) -> CheckpointSaved:
     """Save weights, optimizer state and step now (waits for a running step to end)."""
-    step = await asyncio.to_thread(_training(runtime).checkpoint)
-    return CheckpointSaved(step=step, path=str(runtime.config.run_dir / "checkpoints" / f"step-{step:06d}"))
+    return await control.checkpoint()
 
 
 @votes_router.post("/{client_id}/ready", responses=_NO_TRAINING)
-async def vote(client_id: str, body: Vote, runtime: RuntimeDep) -> VoteCast:
+async def vote(client_id: str, body: Vote, control: ControlDep) -> VoteCast:
     """A client's readiness vote for the ``all_clients_ready`` / ``any_client_ready`` batch policies."""
-    _training(runtime).vote(client_id, body.ready)
+    control.training().vote(client_id, body.ready)
     return VoteCast(client_id=client_id, ready=body.ready)
 
 
-def _client_state(training: TrainingLoop, client_id: str) -> ClientState:
-    return ClientState(
-        client_id=client_id,
-        active=client_id in training.votes.active(),
-        ready=client_id in training.votes.ready(),
-    )
-
-
 @votes_router.post("/{client_id}/heartbeat", responses=_NO_TRAINING)
-async def client_heartbeat(client_id: str, runtime: RuntimeDep) -> ClientState:
+async def client_heartbeat(client_id: str, control: ControlDep) -> ClientState:
     """A client's sign of life between episodes: it stays active for the voting policies (a client silent
     for the server's client timeout stops counting, so a dead one cannot block ``all_clients_ready``)."""
-    training = _training(runtime)
-    training.touch(client_id)
-    return _client_state(training, client_id)
+    control.training().touch(client_id)
+    return control.client_state(client_id)
 
 
 @votes_router.delete("/{client_id}", responses=_NO_TRAINING)
-async def client_leave(client_id: str, runtime: RuntimeDep) -> ClientState:
+async def client_leave(client_id: str, control: ControlDep) -> ClientState:
     """A client says goodbye: it and its vote no longer count (its finished episodes are still trained)."""
-    training = _training(runtime)
-    training.leave(client_id)
-    return _client_state(training, client_id)
+    control.training().leave(client_id)
+    return control.client_state(client_id)

@@ -1,5 +1,10 @@
-"""Shared FastAPI pieces: the dependency on the server runtime (an ``Annotated`` alias) and the OpenAPI
-declaration of JSON error answers (credentials are `swarm.server.auth`)."""
+"""Shared FastAPI pieces: the services routes depend on (``Annotated`` aliases, one per service) and the
+OpenAPI declaration of JSON error answers (credentials are `swarm.server.auth`).
+
+A route names the one service it uses, never the whole runtime: `EpisodesDep` (begin, finish, abort,
+records), `ChatDep` (chat calls of both wire formats) or `ControlDep` (status, config, tokens, events,
+votes, checkpoints). Each is read from the runtime the app's lifespan built (``app.state.runtime``).
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,40 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from swarm.server.runtime import SwarmRuntime
+from swarm.protocol import ErrorBody
+from swarm.server.chat_service import ChatService
+from swarm.server.control import ControlService
+from swarm.server.episode_service import EpisodeService
+
+# Every dependency here is async on purpose (those of the hot routes above all): FastAPI runs a sync
+# dependency in its thread pool, a thread hop per request that cost ~30 % of the server CPU of begin +
+# finish. Each is one attribute read, as the runtime dependency it replaces was.
 
 
-async def get_runtime(request: Request) -> SwarmRuntime:
-    # async on purpose (every dependency of the hot routes): FastAPI runs a sync dependency in its
-    # thread pool, a thread hop per request that cost ~30 % of the server CPU of begin + finish.
-    runtime: SwarmRuntime = request.app.state.runtime
-    return runtime
+async def get_episodes(request: Request) -> EpisodeService:
+    service: EpisodeService = request.app.state.runtime.episode_service
+    return service
 
 
-RuntimeDep = Annotated[SwarmRuntime, Depends(get_runtime)]
+async def get_chat(request: Request) -> ChatService:
+    service: ChatService = request.app.state.runtime.chat
+    return service
+
+
+async def get_control(request: Request) -> ControlService:
+    service: ControlService = request.app.state.runtime.control
+    return service
+
+
+EpisodesDep = Annotated[EpisodeService, Depends(get_episodes)]
+ChatDep = Annotated[ChatService, Depends(get_chat)]
+ControlDep = Annotated[ControlService, Depends(get_control)]
+
+
+def error_models(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` declaring each ``(status, description)`` as an
+    :class:`~swarm.protocol.ErrorBody` in the route's own (JSON) media type."""
+    return {status: {"model": ErrorBody, "description": description} for status, description in answers}
 
 
 def json_errors(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:

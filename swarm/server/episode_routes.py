@@ -5,13 +5,12 @@ finished, aborted, heartbeated and read only with its episode key, the client to
 admin token (401 without a credential, 403 with a wrong one). A server without client tokens trusts its
 network: these routes then need no credential, but a credential that is sent must be the right one.
 
-Routes are ``async def``: they run on the event loop like the completion route, so the runtime's
-episode table is only ever touched from one thread (pool commits take about a millisecond).
+Every route depends on the episode service (`swarm.server.deps.EpisodesDep`). Routes are ``async def``:
+they run on the event loop like the completion route, so the episode table is only ever touched from one
+thread (pool commits take about a millisecond).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
@@ -24,29 +23,24 @@ from swarm.protocol import (
     EpisodeFinish,
     EpisodePrepare,
     EpisodeView,
-    ErrorBody,
 )
 from swarm.server.auth import OwnerDep, check_episode_access
-from swarm.server.deps import RuntimeDep
+from swarm.server.deps import EpisodesDep, error_models
 from swarm.server.lean_route import LeanRoute
 
-_AUTH: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "No credential, on a server with client tokens."},
-    403: {"model": ErrorBody, "description": "A wrong credential: unknown, revoked, or another episode's."},
-}
-_EPISODE: dict[int | str, dict[str, Any]] = {
-    **_AUTH,
-    404: {"model": ErrorBody, "description": "No such episode."},
-}
-_ENDED: dict[int | str, dict[str, Any]] = {
-    **_EPISODE,
-    409: {"model": ErrorBody, "description": "The episode has ended, or (finish) a call of it is running."},
-}
-_BUSY: dict[int | str, dict[str, Any]] = {
-    **_AUTH,
-    429: {"model": ErrorBody, "description": "A quota or a client token's limit is full; see Retry-After."},
-    503: {"model": ErrorBody, "description": "Paused, draining or training; see Retry-After."},
-}
+_AUTH = (
+    (401, "No credential, on a server with client tokens."),
+    (403, "A wrong credential: unknown, revoked, or another episode's."),
+)
+_EPISODE = error_models(*_AUTH, (404, "No such episode."))
+_ENDED = error_models(
+    *_AUTH, (404, "No such episode."), (409, "The episode has ended, or (finish) a call of it is running.")
+)
+_BUSY = error_models(
+    *_AUTH,
+    (429, "A quota or a client token's limit is full; see Retry-After."),
+    (503, "Paused, draining or training; see Retry-After."),
+)
 
 router = APIRouter(prefix="/api/v1/episodes", tags=["episodes"], route_class=LeanRoute)
 episode_router = APIRouter(
@@ -57,85 +51,64 @@ episode_router = APIRouter(
 )
 
 
-def _base_url(runtime: RuntimeDep, request: Request) -> str:
-    if runtime.config.public_url:
-        return runtime.config.public_url.rstrip("/") + "/v1"
-    # Starlette builds the base URL from these parts of the request (a URL object per request otherwise)
-    scope = request.scope
-    host = next((value for key, value in scope["headers"] if key == b"host"), None)
-    parts = (
-        scope.get("scheme"),
-        scope.get("server"),
-        host,
-        scope.get("app_root_path"),
-        scope.get("root_path"),
-    )
-    url = runtime.base_urls.get(parts)
-    if url is None:
-        url = str(request.base_url).rstrip("/") + "/v1"
-        if len(runtime.base_urls) < 64:  # a few addresses of this server; never grown by odd Host headers
-            runtime.base_urls[parts] = url
-    return url
-
-
 @router.post("", status_code=201, responses=_BUSY)
 async def begin_episode(
-    body: EpisodeCreate, runtime: RuntimeDep, owner: OwnerDep, request: Request
+    body: EpisodeCreate, episodes: EpisodesDep, owner: OwnerDep, request: Request
 ) -> EpisodeCreated:
     """Open an episode (with a client token where the server has any); the answer's ``api_key`` records
     every completion made with it and finishes, aborts or reads this episode only."""
-    return runtime.begin(body, _base_url(runtime, request), owner)
+    return episodes.begin(body, episodes.base_url(request), owner)
 
 
 @episode_router.post("/{episode_id}/finish", responses=_ENDED)
-async def finish_episode(episode_id: str, body: EpisodeFinish, runtime: RuntimeDep) -> Ack:
+async def finish_episode(episode_id: str, body: EpisodeFinish, episodes: EpisodesDep) -> Ack:
     """End the episode with its reward; committed to the pool before the answer is sent."""
-    stored = await runtime.finish(episode_id, body)
+    stored = await episodes.finish(episode_id, body)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
 @episode_router.post("/{episode_id}/prepare", responses=_ENDED)
-async def prepare_episode(episode_id: str, body: EpisodePrepare, runtime: RuntimeDep) -> Ack:
+async def prepare_episode(episode_id: str, body: EpisodePrepare, episodes: EpisodesDep) -> Ack:
     """Phase one of a multi-server finish: store the episode ``prepared`` with its reward (committed to the
     pool, not trainable until ``commit``); repeating it with the same ``txn_id`` answers again."""
-    stored = runtime.prepare(episode_id, body)
+    stored = episodes.prepare(episode_id, body)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
 @episode_router.post("/{episode_id}/commit", responses=_ENDED)
-async def commit_episode(episode_id: str, body: EpisodeCommit, runtime: RuntimeDep) -> Ack:
+async def commit_episode(episode_id: str, body: EpisodeCommit, episodes: EpisodesDep) -> Ack:
     """Phase two: the prepared episode becomes ``finished`` (idempotent); 409 when its transaction was
     aborted here."""
-    stored = runtime.commit(episode_id, body)
+    stored = episodes.commit(episode_id, body.txn_id)
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
 @episode_router.post("/{episode_id}/abort", responses=_ENDED)
-async def abort_episode(episode_id: str, runtime: RuntimeDep, body: EpisodeAbort | None = None) -> Ack:
+async def abort_episode(episode_id: str, episodes: EpisodesDep, body: EpisodeAbort | None = None) -> Ack:
     """End the episode without a reward (``infra_failure=true`` keeps it out of group statistics).
 
     The body is optional: no body aborts with reason "aborted by client", not as an infra failure.
     """
-    stored = runtime.abort(episode_id, body or EpisodeAbort())
+    stored = episodes.abort(episode_id, body or EpisodeAbort())
     return Ack(episode_id=stored.id, status=stored.status.value)
 
 
 @episode_router.post("/{episode_id}/heartbeat", responses=_ENDED)
-async def heartbeat(episode_id: str, runtime: RuntimeDep) -> Ack:
+async def heartbeat(episode_id: str, episodes: EpisodesDep) -> Ack:
     """Keep a slow episode from being reclaimed as idle."""
-    runtime.heartbeat(episode_id)
+    episodes.heartbeat(episode_id)
     return Ack(episode_id=episode_id, status="open")
 
 
 @router.get("/{episode_id}/transactions/{txn_id}", responses=_EPISODE)
-async def transaction_status(episode_id: str, txn_id: str, runtime: RuntimeDep) -> Ack:
+async def transaction_status(episode_id: str, txn_id: str, episodes: EpisodesDep) -> Ack:
     """A member's status in a multi-server finish, for the other members' servers resolving a stale
     prepare (docs/ARCHITECTURE.md §Multi-server finish). The transaction id is the credential: only an
     episode prepared with it answers, and only its status (404 otherwise)."""
-    return Ack(episode_id=episode_id, status=runtime.transaction_status(episode_id, txn_id))
+    return Ack(episode_id=episode_id, status=episodes.transaction_status(episode_id, txn_id))
 
 
 @episode_router.get("/{episode_id}", responses=_EPISODE)
-async def get_episode(episode_id: str, runtime: RuntimeDep) -> EpisodeView:
+async def get_episode(episode_id: str, episodes: EpisodesDep) -> EpisodeView:
     """Token-level record: every call (prompt ids, completion ids, logprobs, …) and the merged samples."""
-    return runtime.view(episode_id)
+    return episodes.view(episode_id)

@@ -1,6 +1,8 @@
-"""The open episodes of one server: their secret keys, begin/end, idle reclaim and bulk aborts.
+"""The open episodes of one server: their secret keys, begin/end, a call's bookkeeping, idle reclaim and
+bulk aborts.
 
-`OpenEpisodes` is the one owner of the open-episode table and of the key table (SHA-256 digests of the
+`OpenEpisodes` is the one owner of the open-episode table, of every open episode's state (its calls, the
+calls in flight, when it was last seen) and of the key table (SHA-256 digests of the
 episode keys; a key itself is never stored). Ending an episode commits it to the pool, cancels its
 calls still being sampled, tells every on-end listener (the training loop indexes it) and logs an
 ``episode.<status>`` event. Everything here runs on the event loop thread.
@@ -15,7 +17,7 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +38,15 @@ EndListener = Callable[[StoredEpisode, list[CallRecord]], None]
 
 def _key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _outcome(body: EpisodeFinish | EpisodePrepare) -> dict[str, Any]:
+    """The stored fields a finish or a prepare reports: the reward, per-agent rewards and metrics."""
+    return {"reward": body.reward, "agent_rewards": body.agent_rewards, "metrics": body.metrics}
+
+
+def _ended_while_called(episode: OpenEpisode) -> EpisodeStateError:
+    return EpisodeStateError(episode.id, f"episode {episode.id} ended while this call was running")
 
 
 @dataclass
@@ -167,6 +178,48 @@ class OpenEpisodes:
         """Keep an episode from being reclaimed as idle (raises like :meth:`require`)."""
         self.require(episode_id).last_seen = time.time()
 
+    # -- a call's bookkeeping ------------------------------------------------------------------------------
+    async def sample(
+        self, episode: OpenEpisode, arrived: float, work: Coroutine[Any, Any, list[Completion]]
+    ) -> list[Completion]:
+        """Run one call's sampling (``work``, e.g. ``engine.generate(...)``) as part of ``episode``: while
+        it runs the episode counts it as busy (never finished, 409, nor reclaimed) and holds its task in
+        ``sampling``, which ending the episode cancels; ``last_seen`` is ``arrived`` meanwhile and the end
+        of the call after.
+
+        Raises:
+            EpisodeStateError: the episode ended while the call was sampled (409).
+            asyncio.CancelledError: the caller was cancelled (the engine request is aborted).
+        """
+        episode.busy += 1
+        episode.last_seen = arrived
+        generation = asyncio.ensure_future(work)
+        episode.sampling.add(generation)
+        try:
+            return await generation
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if episode.id not in self._open and not (current is not None and current.cancelling()):
+                raise _ended_while_called(episode) from None  # ending cancelled it, not our caller
+            raise
+        finally:
+            episode.sampling.discard(generation)
+            episode.busy -= 1
+            episode.last_seen = time.time()
+
+    def record(self, episode: OpenEpisode, build: Callable[[int], list[CallRecord]]) -> list[CallRecord]:
+        """Append a sampled call's records to ``episode``: ``build(first)`` makes them, ``first`` being the
+        index the first one takes in the episode.
+
+        Raises:
+            EpisodeStateError: the episode ended (or was reclaimed) meanwhile: nothing is recorded (409).
+        """
+        if episode.id not in self._open:
+            raise _ended_while_called(episode)
+        records = build(len(episode.calls))
+        episode.calls.extend(records)
+        return records
+
     def finish(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
         """End an episode with its reward; it is committed to the pool before this returns.
 
@@ -177,13 +230,7 @@ class OpenEpisodes:
         """
         episode = self.require(episode_id)
         self._check_idle(episode)
-        return self.end(
-            episode,
-            EpisodeStatus.FINISHED,
-            reward=body.reward,
-            agent_rewards=body.agent_rewards,
-            metrics=body.metrics,
-        )
+        return self.end(episode, EpisodeStatus.FINISHED, **_outcome(body))
 
     async def finish_committed(self, episode_id: str, body: EpisodeFinish) -> StoredEpisode:
         """As :meth:`finish`, with the pool commit on the `PoolWriter` thread (when there is one): the
@@ -202,13 +249,7 @@ class OpenEpisodes:
             return self.finish(episode_id, body)
         episode = self.require(episode_id)
         self._check_idle(episode)
-        stored = self._detach(
-            episode,
-            EpisodeStatus.FINISHED,
-            reward=body.reward,
-            agent_rewards=body.agent_rewards,
-            metrics=body.metrics,
-        )
+        stored = self._detach(episode, EpisodeStatus.FINISHED, **_outcome(body))
         try:
             done = asyncio.wrap_future(self.writer.submit(stored, episode.calls))
         except BaseException:
@@ -247,14 +288,7 @@ class OpenEpisodes:
             "primary_url": body.primary_url,
             "primary_episode_id": body.primary_episode_id,
         }
-        return self.end(
-            episode,
-            EpisodeStatus.PREPARED,
-            reward=body.reward,
-            agent_rewards=body.agent_rewards,
-            metrics=body.metrics,
-            txn=txn,
-        )
+        return self.end(episode, EpisodeStatus.PREPARED, **_outcome(body), txn=txn)
 
     def commit(self, episode_id: str, txn_id: str) -> StoredEpisode:
         """Phase two: a ``prepared`` episode of ``txn_id`` becomes ``finished`` (idempotent: committing a

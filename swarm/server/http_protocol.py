@@ -10,14 +10,17 @@ with nothing after it in the same turn of the event loop (a response without a b
 interim response) is sent at the end of that turn. The bytes on the wire and their order are unchanged.
 
 This touches uvicorn internals (``HttpToolsProtocol.connection_made`` keeping the transport it is given in
-``self.transport``, and ``RequestResponseCycle`` writing the head alone), checked for uvicorn 0.54;
-:func:`http_protocol` falls back to uvicorn's ``"auto"`` when httptools' protocol cannot be imported.
+``self.transport``, and ``RequestResponseCycle`` writing the head alone), tested on the uvicorn versions
+of `swarm.server.framework.TESTED`; :func:`http_protocol` falls back to uvicorn's ``"auto"`` when
+httptools' protocol cannot be imported or uvicorn is outside that range (with one log line).
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
+
+from swarm.server.framework import PROTOCOL, fast_path
 
 _HEAD_START = b"HTTP/1.1 "
 _HEAD_END = b"\r\n\r\n"
@@ -80,5 +83,8 @@ if HttpToolsProtocol is not None:
 
 def http_protocol() -> type[asyncio.Protocol] | str:
     """The ``http`` argument for ``uvicorn.run``/``uvicorn.Config``: the coalescing httptools protocol,
-    or ``"auto"`` where uvicorn's httptools implementation is not available."""
-    return "auto" if HttpToolsProtocol is None else SwarmHttpProtocol
+    or ``"auto"`` where uvicorn's httptools implementation is not available or uvicorn is outside its
+    tested versions (`swarm.server.framework`)."""
+    if HttpToolsProtocol is None or not fast_path(PROTOCOL, "coalescing HTTP protocol"):
+        return "auto"
+    return SwarmHttpProtocol

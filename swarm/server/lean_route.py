@@ -19,6 +19,9 @@ What is the same as FastAPI's handler, by construction:
   and handed to FastAPI, see below);
 - dependencies run in declaration order, sub-dependencies first, once per request each (FastAPI's cache).
 
+Where FastAPI or Starlette is outside the versions this module was tested on, or an internal it uses
+cannot be imported, every route is FastAPI's own (`lean_routes_on`, `swarm.server.framework`).
+
 What falls back to FastAPI's handler, on the same request (its body is cached by Starlette): a route with
 any other shape (query or cookie parameters, generator or sync dependencies, security scopes, background
 tasks, an optional or embedded body, a non-JSON body) is served by FastAPI alone; per request, a body that
@@ -36,16 +39,35 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import params
-from fastapi.datastructures import DefaultPlaceholder
-from fastapi.dependencies.models import Dependant
-from fastapi.routing import APIRoute, serialize_response
-from fastapi.utils import is_body_allowed_for_status_code
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
+
+from swarm.server.framework import ROUTES, fast_path
+
+try:  # FastAPI internals (tested range: `swarm.server.framework.TESTED`); never an import failure
+    from fastapi import params
+    from fastapi.datastructures import DefaultPlaceholder
+    from fastapi.dependencies.models import Dependant
+    from fastapi.routing import serialize_response
+    from fastapi.utils import is_body_allowed_for_status_code
+except ImportError:  # pragma: no cover - an untested FastAPI moved them: every route is FastAPI's own
+    INTERNALS = False
+else:
+    INTERNALS = True
+
+WHAT = "lean routes"
+"""The name `fast_path` logs when the lean and hot routes are off."""
+
+
+def lean_routes_on() -> bool:
+    """Whether `LeanRoute` and `HotRoutes` may run: FastAPI's internals imported here and FastAPI and
+    Starlette in their tested ranges (`swarm.server.framework`); else FastAPI's own path serves."""
+    return INTERNALS and fast_path(ROUTES, WHAT)
+
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -177,6 +199,10 @@ class _Plan:
         return values
 
 
+_SERIALIZE_SETTINGS = ("include", "exclude", "by_alias", "exclude_unset", "exclude_defaults", "exclude_none")
+"""The route's ``response_model_<name>`` settings, passed to FastAPI's ``serialize_response`` as ``<name>``."""
+
+
 def _validated(param: Any, value: Any, loc: tuple[str, ...]) -> Any:
     checked, errors = param.validate(value, {}, loc=loc)
     if errors:
@@ -198,6 +224,8 @@ class LeanRoute(APIRoute):
 
     def get_route_handler(self) -> Handler:
         fastapi_handler = super().get_route_handler()
+        if not lean_routes_on():
+            return fastapi_handler
         effective = self._effective()
         plan = _Plan.of(getattr(effective, "dependant", self.dependant), top=True)
         default_class = isinstance(self.response_class, DefaultPlaceholder)
@@ -240,6 +268,7 @@ class LeanRoute(APIRoute):
         the endpoint has run)."""
         status_code = self.status_code
         response_field = self.response_field
+        settings = {name: getattr(self, f"response_model_{name}") for name in _SERIALIZE_SETTINGS}
 
         async def serve(request: Request) -> Response | None:
             if request.app.dependency_overrides:
@@ -271,15 +300,7 @@ class LeanRoute(APIRoute):
             if isinstance(raw_response, Response):
                 return raw_response
             content = await serialize_response(
-                field=response_field,
-                response_content=raw_response,
-                include=self.response_model_include,
-                exclude=self.response_model_exclude,
-                by_alias=self.response_model_by_alias,
-                exclude_unset=self.response_model_exclude_unset,
-                exclude_defaults=self.response_model_exclude_defaults,
-                exclude_none=self.response_model_exclude_none,
-                dump_json=True,
+                field=response_field, response_content=raw_response, dump_json=True, **settings
             )
             code = sub_response.status_code or status_code
             response = Response(content=content, media_type="application/json", status_code=code or 200)

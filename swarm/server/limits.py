@@ -1,8 +1,9 @@
 """Enforcing :class:`swarm.protocol.Limits`: per-token request rates, the request body size and the caps
 of a chat request (docs/ARCHITECTURE.md §Credentials and limits).
 
-The limits object is the runtime's and may be replaced live (``PATCH /api/v1/config``); everything here
-reads it when it checks, so a change applies to the next request.
+`ClientLimits` owns the limits in force, which may be replaced live (``PATCH /api/v1/config``); everything
+here reads them when it checks, so a change applies to the next request. A chat call's ``max_tokens``
+(its cap included) is ruled in one place, `swarm.server.chat_service.max_tokens_for`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from swarm.errors import RequestError, Unavailable
-from swarm.protocol import ChatCompletionRequest, ErrorBody, ErrorDetail, Limits
-from swarm.server import anthropic_format
+from swarm.protocol import ChatCompletionRequest, ErrorBody, ErrorDetail, Limits, LimitsPatch
+from swarm.server.anthropic_format import error_body
 
 
 @dataclass
@@ -69,8 +71,73 @@ class RequestRates:
         self._buckets.pop(owner, None)
 
 
+class ClientLimits:
+    """The limits in force and the per-token request rates: one owner for both, read by begin and every
+    chat call and replaced whole by the control routes (``PATCH /api/v1/config``).
+
+    Args:
+        limits: the limits at start (`ServerConfig.limits`).
+    """
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        """The limits in force (replaced whole by :meth:`replace`)."""
+        self.rates = RequestRates()
+
+    def take(self, owner: str | None) -> None:
+        """Count one request (a begin or a chat call) of the client token named ``owner``; nothing for
+        ``None`` (no token) or the admin.
+
+        Raises:
+            Unavailable: the token is over its request rate (429 + Retry-After).
+        """
+        if owner is not None and owner != "admin":
+            self.rates.take(owner, self.limits.requests_per_s_per_token)
+
+    def check_open(self, owner: str, open_now: int) -> None:
+        """Whether the client token ``owner``, with ``open_now`` episodes open, may open one more.
+
+        Raises:
+            Unavailable: it is at its open-episode limit (429 + Retry-After).
+        """
+        cap = self.limits.open_episodes_per_token
+        if cap is not None and open_now >= cap:
+            raise Unavailable(
+                f"client token {owner!r} has {cap} episodes open, its limit; finish or abort one first",
+                retry_after_s=1.0,
+                status_code=429,
+            )
+
+    def checked(self, patch: LimitsPatch) -> Limits:
+        """The limits ``patch`` would set (nothing changes).
+
+        Raises:
+            RequestError: a value is invalid (422 naming it).
+        """
+        try:
+            return patch.applied_to(self.limits)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise RequestError(
+                f"invalid config change: limits.{where}: {first['msg']}", status_code=422, param="limits"
+            ) from None
+        except ValueError as exc:
+            raise RequestError(f"invalid config change: {exc}", status_code=422, param="limits") from None
+
+    def replace(self, patch: LimitsPatch) -> dict[str, object]:
+        """Apply ``patch`` at once; returns the fields it changed.
+
+        Raises:
+            RequestError: a value is invalid (422 naming it).
+        """
+        self.limits = self.checked(patch)
+        return patch.model_dump(exclude_unset=True)
+
+
 def check_chat_request(limits: Limits, request: ChatCompletionRequest) -> None:
-    """The per-request caps of a chat completion request.
+    """The message-count and ``n`` caps of a chat completion request (its ``max_tokens``:
+    `swarm.server.chat_service.max_tokens_for`).
 
     Raises:
         RequestError: 422 naming the field over its cap.
@@ -85,15 +152,6 @@ def check_chat_request(limits: Limits, request: ChatCompletionRequest) -> None:
         raise RequestError(
             f"n: {request.n} is above this server's cap of {limits.max_n}", status_code=422, param="n"
         )
-    if limits.max_tokens is not None:
-        for field in ("max_tokens", "max_completion_tokens"):
-            asked = getattr(request, field)
-            if asked is not None and asked > limits.max_tokens:
-                raise RequestError(
-                    f"{field}: {asked} is above this server's cap of {limits.max_tokens}",
-                    status_code=422,
-                    param=field,
-                )
 
 
 class BodySizeLimit:
@@ -154,7 +212,7 @@ def _too_large_message(limit: int) -> str:
 async def _too_large(scope: Scope, send: Send, limit: int) -> None:
     message = _too_large_message(limit)
     if str(scope.get("path", "")).startswith("/v1/messages"):  # Anthropic's routes answer in its shape
-        content: dict[str, object] = anthropic_format.error_body(413, message)
+        content: dict[str, object] = error_body(413, message)
     else:
         content = ErrorBody(error=ErrorDetail(type="request_too_large", message=message)).model_dump(
             exclude_none=True

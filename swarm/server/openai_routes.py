@@ -10,10 +10,10 @@ from fastapi import APIRouter, Response
 from fastapi.sse import EventSourceResponse
 
 from swarm.engine.base import TokenCallback
-from swarm.protocol import ChatCompletion, ChatCompletionRequest, ErrorBody, ModelCard, ModelList
+from swarm.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
-from swarm.server.deps import RuntimeDep
+from swarm.server.deps import ChatDep, error_models
 from swarm.server.lean_route import LeanRoute
 from swarm.server.openai_format import ResponseHeader, chat_completion
 from swarm.server.streaming import LiveStream, encode_events, live_events, replay_events
@@ -22,9 +22,9 @@ router = APIRouter(prefix="/v1", tags=["openai"], route_class=LeanRoute)
 
 
 @router.get("/models")
-def list_models(runtime: RuntimeDep) -> ModelList:
+def list_models(chat: ChatDep) -> ModelList:
     """The served model (agents are addressed as ``<model>:<agent>`` or with the ``user`` field)."""
-    return ModelList(data=[ModelCard(id=runtime.model_name)])
+    return ModelList(data=[ModelCard(id=chat.model_name)])
 
 
 _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -33,20 +33,19 @@ _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
         "ending with `data: [DONE]`.",
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     },
-    400: {
-        "model": ErrorBody,
-        "description": "Messages the chat template cannot render, or a prompt too long.",
-    },
-    401: {"model": ErrorBody, "description": "No episode key, or the key of an episode that has ended."},
-    404: {"model": ErrorBody, "description": "A model this server does not serve."},
-    409: {"model": ErrorBody, "description": "The episode ended while the call was sampled."},
-    429: {"model": ErrorBody, "description": "The client token's request rate is spent; see Retry-After."},
+    **error_models(
+        (400, "Messages the chat template cannot render, or a prompt too long."),
+        (401, "No episode key, or the key of an episode that has ended."),
+        (404, "A model this server does not serve."),
+        (409, "The episode ended while the call was sampled."),
+        (429, "The client token's request rate is spent; see Retry-After."),
+    ),
 }
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_CHAT_ERRORS)
 async def chat_completions(
-    body: ChatCompletionRequest, runtime: RuntimeDep, episode: EpisodeDep, response: Response
+    body: ChatCompletionRequest, chat: ChatDep, episode: EpisodeDep, response: Response
 ) -> ChatCompletion | EventSourceResponse:
     """Sample a chat completion inside the episode that owns the bearer key, recording it token-exactly.
 
@@ -57,26 +56,26 @@ async def chat_completions(
     """
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
     if body.stream and (not body.tools or body.tool_choice == "none"):
-        prepared = runtime.prepare_chat(episode, body)  # bad requests fail before the first byte
+        prepared = chat.prepare(episode, body)  # bad requests fail before the first byte
 
         def start(on_token: TokenCallback) -> asyncio.Future[ChatResult]:
-            return runtime.spawn(runtime.chat(episode, body, prepared=prepared, on_token=on_token))
+            return chat.spawn(chat.answer(episode, body, prepared=prepared, on_token=on_token))
 
         stream = LiveStream(
-            header=ResponseHeader.new(body.model, runtime.step, time.time()),
+            header=ResponseHeader.new(body.model, chat.policy_version(), time.time()),
             n=prepared.params.n,
             stop=prepared.params.stop,
-            stop_ids=runtime.engine.stop_ids,
-            detokenizer=runtime.detokenizer,
+            stop_ids=chat.engine.stop_ids,
+            detokenizer=chat.detokenizer,
             logprobs=body.logprobs,
             include_usage=include_usage,
         )
         return EventSourceResponse(encode_events(live_events(start, stream)))
-    result = await runtime.chat(episode, body)
+    result = await chat.answer(episode, body)
     header = ResponseHeader.new(body.model, result.policy_version, result.created_at)
-    completion = chat_completion(result, header, logprobs=body.logprobs, detokenizer=runtime.detokenizer)
+    completion = chat_completion(result, header, logprobs=body.logprobs, detokenizer=chat.detokenizer)
     if not body.stream:
         response.headers["Server-Timing"] = result.server_timing(time.time())
         return completion
-    events = replay_events(completion, result.records, runtime.detokenizer, include_usage=include_usage)
+    events = replay_events(completion, result.records, chat.detokenizer, include_usage=include_usage)
     return EventSourceResponse(encode_events(events))

@@ -1,0 +1,227 @@
+"""What the chat routes of both wire formats do: check, render, sample and record one chat call of an open
+episode (`ChatService`), and the request's sampling rules: `max_tokens_for` (every server rule of
+``max_tokens``) and `sampling_for`. The pure parts, `PreparedCall`, `ChatResult` and the call record, are
+`swarm.server.chat`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from swarm.config import SamplingDefaults
+from swarm.engine.base import Engine, SamplingParams, TokenCallback
+from swarm.errors import RequestError
+from swarm.protocol import ChatCompletionRequest
+from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call
+from swarm.server.detokenizer import TokenizerDetokenizer
+from swarm.server.episodes import OpenEpisode, OpenEpisodes
+from swarm.server.limits import ClientLimits, check_chat_request
+from swarm.tracking.records import CallRecord
+from swarm.tracking.render import PromptRenderer
+
+T = TypeVar("T")
+
+
+def max_tokens_for(request: ChatCompletionRequest, default: int, cap: int | None) -> int:
+    """Every server rule of a chat call's ``max_tokens``, in one place (both wire formats: an Anthropic
+    request's ``max_tokens`` arrives as the chat request's, `anthropic_format.to_chat_request`). The
+    engine clips the result to the context window (`swarm.engine.limits.max_new_tokens`).
+
+    Args:
+        request: the chat request (``max_completion_tokens`` wins over ``max_tokens``).
+        default: the server's default (`SamplingDefaults.max_tokens`), for a request that names neither.
+        cap: ``Limits.max_tokens`` (``None``: no cap); a default above it is lowered to it.
+
+    Returns:
+        The number of completion tokens to sample at most (>= 1).
+
+    Raises:
+        RequestError: ``max_tokens`` or ``max_completion_tokens`` above ``cap`` (422 naming the field).
+    """
+    if cap is None:
+        return request.max_completion_tokens or request.max_tokens or default
+    for field in ("max_tokens", "max_completion_tokens"):
+        asked = getattr(request, field)
+        if asked is not None and asked > cap:
+            raise RequestError(
+                f"{field}: {asked} is above this server's cap of {cap}", status_code=422, param=field
+            )
+    return request.max_completion_tokens or request.max_tokens or min(default, cap)
+
+
+def sampling_for(
+    request: ChatCompletionRequest, defaults: SamplingDefaults, max_tokens: int
+) -> SamplingParams:
+    """The request's sampling parameters, the server's defaults where it leaves them out.
+
+    Args:
+        max_tokens: what `max_tokens_for` ruled for this request.
+
+    Raises:
+        RequestError: ``top_logprobs`` without ``logprobs=true`` (400).
+    """
+    top_k = request.top_logprobs or 0
+    if top_k and not request.logprobs:
+        raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+    return SamplingParams(
+        temperature=defaults.temperature if request.temperature is None else request.temperature,
+        top_p=defaults.top_p if request.top_p is None else request.top_p,
+        max_tokens=max_tokens,
+        stop=tuple(request.stop or ()),  # the validator turned a string into a list
+        seed=request.seed,
+        n=request.n,
+        top_logprobs=top_k,
+    )
+
+
+class ChatService:
+    """The chat calls of open episodes (both wire formats): checked, rendered, sampled and recorded.
+
+    What the chat routes depend on (`swarm.server.deps.ChatDep`); the episode's own state is written by
+    `OpenEpisodes` (`sample`, `record`), the limits are `ClientLimits`'.
+
+    Args:
+        engine: samples token ids (``check_prompt``, ``generate``; ``stop_ids`` for streamed answers).
+        episodes: the open-episode table.
+        limits: the limits in force and the request rates.
+        defaults: the server's sampling defaults.
+        policy_version: the policy version being served (completed trainer steps).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        episodes: OpenEpisodes,
+        limits: ClientLimits,
+        defaults: SamplingDefaults,
+        policy_version: Callable[[], int],
+    ) -> None:
+        self.engine = engine
+        self.model_name = engine.model_name
+        self.renderer = PromptRenderer(engine.tokenizer)
+        self.detokenizer = TokenizerDetokenizer(engine.tokenizer)
+        self.episodes = episodes
+        self.limits = limits
+        self.defaults = defaults
+        self.policy_version = policy_version
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _admit(self, episode: OpenEpisode, request: ChatCompletionRequest) -> int:
+        """Check a chat call before anything is rendered: the request caps (`check_chat_request`), its
+        ``max_tokens`` (`max_tokens_for`), then the owner's request rate (`ClientLimits.take`).
+
+        Returns:
+            The ``max_tokens`` the call samples with.
+
+        Raises:
+            RequestError: a field over its cap (422).
+            Unavailable: the owner's client token is over its request rate (429 + Retry-After).
+        """
+        limits = self.limits.limits
+        check_chat_request(limits, request)
+        max_tokens = max_tokens_for(request, self.defaults.max_tokens, limits.max_tokens)
+        self.limits.take(episode.owner)
+        return max_tokens
+
+    def count_prompt_tokens(self, episode: OpenEpisode, request: ChatCompletionRequest) -> int:
+        """The prompt length ``request`` would have as the episode's next call: rendered and spliced as
+        `prepare` does, under the same caps and request rate; nothing is sampled or recorded.
+
+        Raises:
+            RequestError: unknown model, unrenderable messages (400/404) or a field over its cap (422).
+            Unavailable: the owner's client token is over its request rate (429 + Retry-After).
+        """
+        self._admit(episode, request)
+        agent = agent_for(request, self.model_name)
+        rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
+        return len(rendered.prompt_ids)
+
+    def prepare(self, episode: OpenEpisode, request: ChatCompletionRequest) -> PreparedCall:
+        """Check and render one chat request of an open episode (nothing sampled or recorded yet).
+
+        Raises:
+            RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404);
+                a field over its cap (422).
+            Unavailable: the owner's client token is over its request rate (429 + Retry-After).
+        """
+        arrived = time.time()
+        max_tokens = self._admit(episode, request)
+        agent = agent_for(request, self.model_name)
+        params = sampling_for(request, self.defaults, max_tokens)
+        rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
+        self.engine.check_prompt(rendered.prompt_ids)
+        parse_tools = bool(request.tools) and request.tool_choice != "none"
+        return PreparedCall(
+            arrived=arrived, agent=agent, params=params, rendered=rendered, parse_tools=parse_tools
+        )
+
+    async def answer(
+        self,
+        episode: OpenEpisode,
+        request: ChatCompletionRequest,
+        *,
+        prepared: PreparedCall | None = None,
+        on_token: TokenCallback | None = None,
+    ) -> ChatResult:
+        """Render, sample and record one chat request of an open episode.
+
+        Args:
+            prepared: `prepare`'s result, when the caller checked the request before (a streaming
+                response must fail with an HTTP error before its first byte).
+            on_token: sees every token as it is sampled, on the engine's thread (`Engine.generate`).
+
+        Returns:
+            The call records (one per choice, appended to the episode) and the engine's completions.
+
+        Raises:
+            RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
+            EpisodeStateError: the episode ended while the call was sampled (nothing is recorded).
+        """
+        if prepared is None:
+            prepared = self.prepare(episode, request)
+        prompt_ids = prepared.rendered.prompt_ids
+        queued = time.time()
+        handed = time.perf_counter()
+        generation = self.engine.generate(prompt_ids, prepared.params, on_token)
+        completions = await self.episodes.sample(episode, prepared.arrived, generation)
+        engine_s = time.perf_counter() - handed
+        trainable = episode.is_trainable(prepared.agent)
+
+        def build(first: int) -> list[CallRecord]:
+            return [
+                record_call(
+                    prepared,
+                    completion,
+                    index=first + i,
+                    trainable=trainable,
+                    salt=f"{episode.id}:{first + i}",
+                    queued=queued,
+                )
+                for i, completion in enumerate(completions)
+            ]
+
+        records = self.episodes.record(episode, build)
+        return ChatResult(
+            records=records,
+            completions=completions,
+            prompt_tokens=len(prompt_ids),
+            agent=prepared.agent,
+            policy_version=self.policy_version(),
+            created_at=time.time(),
+            arrived=prepared.arrived,
+            engine_s=engine_s,
+        )
+
+    def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` as a task held until it ends (e.g. a streamed call's recording, which must finish
+        even when its client has gone)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        # Its outcome may have no reader left (a client that went away): retrieve it, so asyncio does
+        # not report an exception nobody retrieved.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
