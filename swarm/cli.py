@@ -7,6 +7,7 @@ end with exit code 1 and one readable line, never a traceback (usage mistakes: e
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import logging
 import os
@@ -19,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from swarm.errors import SwarmError
-from swarm.serve_options import ServeOptions, check_device
+from swarm.serve_options import PlainHelpCommand, ServeOptions, check_device
 
 KEEP_ALIVE_S = 75
 """Seconds an idle HTTP connection stays open (nginx's default; above httpx's 5 s pool expiry)."""
@@ -32,6 +33,22 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(stderr=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:  # swarm ships in the a3r distribution
+        typer.echo(f"swarm {importlib.metadata.version('a3r')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Serve an LLM behind an OpenAI-compatible API, record episodes token-exactly and train it with RL."""
 
 
 def fail(message: str) -> typer.Exit:
@@ -144,7 +161,7 @@ def serve(**values: Any) -> None:
 
 
 serve.__signature__ = inspect.Signature(_serve_parameters())  # type: ignore[attr-defined]
-app.command()(serve)
+app.command(cls=PlainHelpCommand)(serve)
 
 
 def _startup_line(config: Any, engine: Any) -> str:

@@ -18,21 +18,87 @@ stderr, never a traceback.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import enum
+import importlib.metadata
+import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.table import Table
 
-from memory import DEFAULT_PATH, FindingStatus, RunStatus, Store, StoreError, render_markdown
-from swarm.client.console_script import run_console_script
+from a3r.study.run_status import STORE_STATUS
+from a3r.study.wording import counted
+from memory import DEFAULT_PATH, FindingStatus, RunStatus  # plain enums: no database layer loaded
+
+if TYPE_CHECKING:
+    from memory import Store
 
 __all__ = ["app", "main"]
+
+_RESEARCH_MODULE = "a3r.app.commands"
+_RESEARCH_COMMANDS = ("vibe", "research", "resume")
+"""Commands defined in `a3r.app.commands`, imported only when one of them runs (or shows its own help):
+that module loads the research agent (LangGraph, SciPy, Matplotlib), seconds that ``a3r --help``, a typo
+and the store commands must not pay."""
+
+
+def _docstrings(module: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The docstrings of the functions ``names`` in ``module``'s source, read without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return {}
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    return {
+        node.name: ast.get_docstring(node) or ""
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name in names
+    }
+
+
+class _LazyGroup(typer.core.TyperGroup):
+    """The ``a3r`` group: the research commands are listed from their docstrings and imported on use.
+
+    Until one of them is resolved, each is a placeholder holding its help text, so the listing, the
+    "did you mean" hint of a typo and the store commands never import `a3r.app.commands`.
+    """
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self._listing = False
+        for name, doc in _docstrings(_RESEARCH_MODULE, _RESEARCH_COMMANDS).items():
+            self.commands[name] = typer.core.TyperCommand(name, help=doc)
+        self._placeholders = set(_RESEARCH_COMMANDS) & set(self.commands)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in self._placeholders and not self._listing:
+            self._load_research_commands()
+        return super().get_command(ctx, cmd_name)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def _load_research_commands(self) -> None:
+        from a3r.app.commands import register
+
+        research = typer.Typer()
+        research.callback()(lambda: None)  # a group even with one command
+        register(research)
+        loaded = typer.main.get_group(research)
+        for name in self._placeholders:
+            self.commands[name] = loaded.commands[name]
+        self._placeholders = set()
+
 
 app = typer.Typer(
     name="a3r",
@@ -40,7 +106,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_LazyGroup,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"a3r {importlib.metadata.version('a3r')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """A3R: agentic RL of LLMs, run by an autonomous research agent."""
+
 
 StoreOption = Annotated[
     str,
@@ -71,6 +155,8 @@ def _fail(message: str) -> typer.Exit:
 @contextlib.contextmanager
 def _open_store(location: str) -> Iterator[Store]:
     """Open an existing store; store errors raised inside the block become one line and exit code 1."""
+    from memory import Store, StoreError
+
     try:
         with Store(location, create=False) as store:
             yield store
@@ -110,19 +196,32 @@ KEY_METRICS = (
 are in ``a3r export``)."""
 
 
+NOISE_FLOOR = 1e-9
+"""Values smaller than this in magnitude print as 0: a mean reward of ``1.388e-17`` is float rounding of
+zero, not a measurement."""
+
+
+def number_text(value: float) -> str:
+    """A metric value at a readable precision: whole numbers without a point (``12``), float noise as
+    ``0``, everything else with four significant digits (``0.6667``, ``1.5e-05``)."""
+    if abs(value) < NOISE_FLOOR:
+        return "0"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.4g}"
+
+
 def _metrics_text(values: dict[str, float] | None) -> str:
     values = values or {}
     shown = [name for name in KEY_METRICS if name in values]
     shown += [n for n in values if n not in KEY_METRICS and ("reward" in n or n.startswith("eval"))]
-    text = "  ".join(f"{name}={values[name]:.4g}" for name in shown)
+    text = "  ".join(f"{name}={number_text(values[name])}" for name in shown)
     hidden = len(values) - len(shown)
     return text + (f"  (+{hidden} in a3r export)" if hidden else "")
 
 
 def _status_text(status: str, error: str | None) -> str:
     """The store's status with how a3r says the run ended (``cancelled (budget)``), as the report does."""
-    from a3r.study.runs import STORE_STATUS  # here: the store commands start without a3r's research layer
-
     ended = (error or "").split(":", 1)[0]
     return f"{status} ({ended})" if ended in STORE_STATUS and ended != status else status
 
@@ -157,6 +256,11 @@ def runs(
     Console(soft_wrap=False, width=200).print(table)
 
 
+def _ids_text(ids: list[int], unit: str) -> str:
+    """``2 seeds: 0,1``: a count first, so a lone seed ``0`` does not read as "no seeds"."""
+    return f"{counted(len(ids), unit)}: {','.join(map(str, ids))}" if ids else "none"
+
+
 @app.command()
 def findings(
     store: StoreOption = _DEFAULT_STORE,
@@ -184,7 +288,7 @@ def findings(
             row.status.value,
             f"{row.confidence:.2f}",
             row.statement,
-            ",".join(map(str, row.seeds)),
+            _ids_text(row.seeds, "seeds"),
             ",".join(map(str, row.run_ids)),
         )
     Console(soft_wrap=False, width=200).print(table)
@@ -205,6 +309,8 @@ def export(
     if format is ExportFormat.json:
         text = json.dumps(exported.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
     else:
+        from memory import render_markdown
+
         text = render_markdown(exported)
     if out is None:
         typer.echo(text, nl=False)
@@ -259,13 +365,10 @@ def tui(
         )
 
 
-from a3r.app.commands import register as _register_research_commands  # noqa: E402
-
-_register_research_commands(app)  # vibe, research, resume
-
-
 def main() -> None:
     """Entry point of the ``a3r`` console script."""
+    from swarm.client.console_script import run_console_script
+
     run_console_script(app, prog_name="a3r")
 
 
