@@ -32,7 +32,9 @@ import typer
 import typer.core
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from a3r.study.headline import headline
 from a3r.study.run_status import STORE_STATUS
 from a3r.study.wording import counted
 from memory import DEFAULT_PATH, FindingStatus, RunStatus  # plain enums: no database layer loaded
@@ -271,23 +273,37 @@ def findings(
 ) -> None:
     """List findings with their status, confidence, seeds and evidence runs."""
     rows = []
+    studies = {}
     if not _no_store_yet(store):
         with _open_store(store) as opened:
             # get_study raises NotFound for an unknown study, reported as one line by _open_store.
-            study_ids = (
-                [opened.get_study(study).id] if study is not None else [s.id for s in opened.studies()]
-            )
-            rows = [row for study_id in study_ids for row in opened.findings(study_id, status=status)]
+            studies = {
+                s.id: s for s in ([opened.get_study(study)] if study is not None else opened.studies())
+            }
+            rows = [row for study_id in studies for row in opened.findings(study_id, status=status)]
     table = Table(title="Findings")
-    for column in ("finding", "study", "status", "confidence", "statement", "seeds", "runs"):
+    for column in (
+        "finding",
+        "study",
+        "status",
+        "confidence",
+        "verdict, then its derivation",
+        "seeds",
+        "runs",
+    ):
         table.add_column(column, overflow="fold")
     for row in rows:
+        asked = studies[row.study_id]
+        line = headline(row.statement, row.evidence, question=asked.question, kind=asked.kind)
+        text = Text(line, style="bold")
+        if line != row.statement:
+            text.append("\n" + row.statement, style="dim")
         table.add_row(
             str(row.id),
             str(row.study_id),
             row.status.value,
             f"{row.confidence:.2f}",
-            row.statement,
+            text,
             _ids_text(row.seeds, "seeds"),
             ",".join(map(str, row.run_ids)),
         )

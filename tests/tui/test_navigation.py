@@ -115,3 +115,26 @@ async def test_study_findings_are_filtered(store: Store, seeded: Seeded, config:
         await pilot.pause(0.3)
         assert cells(app, "#findings") == []
         assert "no finding yet" in text_of(app, "#finding")
+
+
+async def test_a_finding_reads_as_its_plain_line_and_its_evidence_without_nan(
+    store: Store, seeded: Seeded, config: TuiConfig
+) -> None:
+    """Found by a fresh user: a finding's detail was raw JSON with ``NaN``."""
+    import json
+
+    effect = {"estimate": 0.1, "low": 0.04, "high": 0.16, "verdict": "confirmed", "n": 16, "unit": "episodes"}
+    evidence = {"curve": [[1, 0.2], [2, 0.3]], "effect": effect, "noise": float("nan")}
+    store.add_finding(
+        seeded.other_study_id, statement="a long derivation", confidence=0.9, evidence=json.dumps(evidence)
+    )
+    app = A3RApp(store, config=config)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f")
+        await wait_for(pilot, lambda: len(cells(app, "#findings")) == 2)
+        row = cells(app, "#findings")[1]
+        assert row[4].startswith("train reward change: +0.100 (95% CI +0.040")
+        await pilot.press("down")
+        detail = text_of(app, "#finding")
+        assert "a long derivation" in detail and "curve: 2 points" in detail and "noise: –" in detail
+        assert "NaN" not in detail and "nan" not in detail
