@@ -19,7 +19,7 @@ from a3r.app.tui._episode_screen import EpisodeScreen
 from a3r.app.tui._patch_screen import PatchScreen
 from a3r.app.tui._run_screen import RunScreen
 from a3r.app.tui._token_view import TRAINED_STYLES, render_tokens
-from memory import Store
+from memory import RunUpdate, Store
 from swarm.batch import BatchConfig, BatchPolicy
 from swarm.client import SwarmClient
 from swarm.config import TrainingConfig
@@ -236,3 +236,49 @@ async def test_server_slower_than_the_refresh_is_still_shown(store: Store) -> No
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+async def test_a_finished_run_is_read_from_its_run_dir(
+    store: Store, trained_server: tuple[LiveServer, list[ServerStepMetrics]]
+) -> None:
+    """Found by a fresh user: after an a3r run ended its episodes were in its server's pool.db, and the
+    TUI showed none. An ended run with a run dir is read from there (pool.db, metrics.jsonl)."""
+    live, _ = trained_server
+    study_id, run_id = _study_with_run(store, f"http://127.0.0.1:{free_port()}")  # its server is gone
+    store.update_run(run_id, RunUpdate(run_dir=str(live.config.run_dir)))
+    store.finish_run(run_id)
+    app = A3RApp(store, config=TuiConfig(refresh_s=0.5, request_timeout_s=2.0), study_id=study_id)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(cells(app, "#runs")) == 1)
+        await pilot.press("enter")
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        await wait_for(pilot, lambda: len(cells(app, "#episodes")) == 4, timeout_s=20)
+        assert [row[1] for row in cells(app, "#episodes")] == ["count-2", "count-2", "count-1", "count-1"]
+        assert "ended read from" in text_of(app, "#live-status") and "2 steps" in text_of(app, "#live-status")
+        assert screen.query_one("#live-curve", RewardCurve).values == (0.5, 0.5)
+        await pilot.press("enter")
+        view = app.screen.query_one(TokenView)
+        await wait_for(pilot, lambda: view.sequences, timeout_s=20)
+        (call,) = view.sequences  # read from the pool: the episode's call, ids and logprobs included
+        assert (
+            call.ids
+            and call.trained > 0
+            and all(lp < 0 for lp, m in zip(call.logprobs, call.loss_mask, strict=True) if m)
+        )
+        assert "token 1/" in text_of(app, "#token-line")
+
+
+def test_the_admin_token_file_is_the_owners_only(tmp_path: Any) -> None:
+    from a3r.app.tui._context import TuiContext
+    from a3r.swarmops.credentials import TOKEN_FILE, read_admin_token, write_admin_token
+
+    path = write_admin_token(tmp_path, "s3cret-token")
+    assert path.name == TOKEN_FILE and (path.stat().st_mode & 0o777) == 0o600
+    assert read_admin_token(tmp_path) == "s3cret-token" and read_admin_token(None) is None
+    context = TuiContext(store=None, config=TuiConfig())  # type: ignore[arg-type]
+    assert context.admin_token_for(str(tmp_path)) == "s3cret-token"
+    given = TuiContext(store=None, config=TuiConfig(admin_token="from-the-flag-123456"))  # type: ignore[arg-type]
+    assert given.admin_token_for(str(tmp_path)) == "from-the-flag-123456"
+    path.chmod(0o644)  # readable by others: not trusted
+    assert read_admin_token(tmp_path) is None
