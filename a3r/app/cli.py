@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from a3r.app.metric_text import KEY_METRICS, number_text
 from a3r.study.headline import headline
 from a3r.study.run_status import STORE_STATUS
 from a3r.study.wording import counted
@@ -176,41 +177,6 @@ def _no_store_yet(location: str) -> bool:
         f"nothing recorded yet: no store at {location} (a3r vibe / a3r research create it)", style="dim"
     )
     return True
-
-
-KEY_METRICS = (
-    "reward_mean",
-    "eval/mean_reward",
-    "eval/pass_at_1",
-    "eval/pass_at_2",
-    "episodes/mean_reward",
-    "loss",
-    "kl",
-    "entropy",
-    "grad_norm",
-    "clip_frac",
-    "tis_weight_mean",
-    "staleness_mean",
-    "steps",
-    "wall_s",
-)
-"""The metrics a run listing shows first, in this order; then any other reward or eval metric (all of them
-are in ``a3r export``)."""
-
-
-NOISE_FLOOR = 1e-9
-"""Values smaller than this in magnitude print as 0: a mean reward of ``1.388e-17`` is float rounding of
-zero, not a measurement."""
-
-
-def number_text(value: float) -> str:
-    """A metric value at a readable precision: whole numbers without a point (``12``), float noise as
-    ``0``, everything else with four significant digits (``0.6667``, ``1.5e-05``)."""
-    if abs(value) < NOISE_FLOOR:
-        return "0"
-    if float(value).is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return f"{value:.4g}"
 
 
 def _metrics_text(values: dict[str, float] | None) -> str:
@@ -373,6 +339,8 @@ def tui(
         problem = exc.errors()[0]
         flag = {"refresh_s": "--refresh", "reviewer": "--reviewer"}.get(str(problem["loc"][0]), "option")
         raise _fail(f"invalid {flag}: {problem['msg']}") from None
+    if store == _DEFAULT_STORE and _no_store_yet(store):  # a fresh folder: say what creates one
+        return
     with _open_store(store) as opened:
         if study is not None:
             opened.get_study(study)  # NotFound becomes one line

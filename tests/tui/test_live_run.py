@@ -137,14 +137,20 @@ async def test_live_run_and_episode_tokens(
         assert "finished" in info and "reward 0.25" in info and "1 calls, 1 samples" in info
 
 
+async def _open_the_run(pilot: Any, app: A3RApp) -> RunScreen:
+    """From the study screen, open its only run."""
+    await wait_for(pilot, lambda: len(cells(app, "#runs")) == 1)
+    await pilot.press("enter")
+    screen = app.screen
+    assert isinstance(screen, RunScreen)
+    return screen
+
+
 async def test_unreachable_server_is_reported(store: Store) -> None:
     study_id, _ = _study_with_run(store, f"http://127.0.0.1:{free_port()}")
     app = A3RApp(store, config=TuiConfig(refresh_s=0.5, request_timeout_s=2.0), study_id=study_id)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(cells(app, "#runs")) == 1)
-        await pilot.press("enter")
-        screen = app.screen
-        assert isinstance(screen, RunScreen)
+        screen = await _open_the_run(pilot, app)
         await wait_for(pilot, lambda: screen.live is not None)
         assert "cannot reach http://127.0.0.1:" in text_of(app, "#live-status")
         assert screen.query_one("#live-curve", RewardCurve).title_text.endswith("server unreachable")
@@ -249,10 +255,7 @@ async def test_a_finished_run_is_read_from_its_run_dir(
     store.finish_run(run_id)
     app = A3RApp(store, config=TuiConfig(refresh_s=0.5, request_timeout_s=2.0), study_id=study_id)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(cells(app, "#runs")) == 1)
-        await pilot.press("enter")
-        screen = app.screen
-        assert isinstance(screen, RunScreen)
+        screen = await _open_the_run(pilot, app)
         await wait_for(pilot, lambda: len(cells(app, "#episodes")) == 4, timeout_s=20)
         assert [row[1] for row in cells(app, "#episodes")] == ["count-2", "count-2", "count-1", "count-1"]
         assert "ended read from" in text_of(app, "#live-status") and "2 steps" in text_of(app, "#live-status")

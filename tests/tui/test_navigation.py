@@ -31,14 +31,14 @@ async def test_studies_to_study_to_run(store: Store, seeded: Seeded, config: Tui
         assert isinstance(app.screen, StudyScreen) and app.screen.study_id == seeded.study_id
         await wait_for(pilot, lambda: len(cells(app, "#runs")) == 2)
         runs = cells(app, "#runs")
-        assert [row[:5] for row in runs] == [
-            [str(seeded.run_ids[0]), "kl-0.05", "0", "running", "3"],
-            [str(seeded.run_ids[1]), "kl-0.05", "1", "failed", "3"],
+        assert [row[:6] for row in runs] == [
+            [str(seeded.run_ids[0]), "kl-seed0", "kl-0.05", "0", "running", "3"],
+            [str(seeded.run_ids[1]), "kl-seed1", "kl-0.05", "1", "failed", "3"],
         ]
-        assert "reward/mean=0.5" in runs[0][5]
+        assert "reward/mean=0.5" in runs[0][6]
         curve = app.screen.query_one(RewardCurve)
         await wait_for(pilot, lambda: curve.values == (0.1, 0.2, 0.35, 0.5))
-        assert curve.metric == f"run {seeded.run_ids[0]} reward/mean"
+        assert curve.metric == f"run {seeded.run_ids[0]} (kl-seed0) reward/mean"
         await pilot.press("down")  # the curve follows the highlighted run
         await wait_for(pilot, lambda: curve.values == (0.1, 0.05, 0.0, 0.0))
 
@@ -76,7 +76,7 @@ async def test_refresh_shows_new_runs_metrics_and_events(
         store.log_metrics(new_run.id, step=7, metrics={"reward/mean": 0.9})
         store.log_event("seed 2 started", run_id=new_run.id)
         await wait_for(pilot, lambda: len(cells(app, "#runs")) == 3)
-        assert cells(app, "#runs")[2][:5] == [str(new_run.id), "kl-0.05", "2", "running", "7"]
+        assert cells(app, "#runs")[2][:6] == [str(new_run.id), "", "kl-0.05", "2", "running", "7"]
         await pilot.press("3")
         log = app.screen.query_one("#events", RichLog)
         await wait_for(pilot, lambda: any("seed 2 started" in str(line.text) for line in log.lines))
