@@ -113,7 +113,9 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     # The training run was sized to the budget from the smoke run's speed, and the report says so; it
     # leads with the verdict and splits the reward into its parts (arithmetic: format_ok, correct).
     assert state["sizing"].startswith("budget: the smoke run measured") and state["sizing"] in text
-    assert text.index("**Verdict.** hypothesis ") < text.index("## Plan")
+    # the verdict's one plain line first, then the conclusion it was read from (issue 34)
+    verdict = text.index("**Verdict.** train reward change: ")
+    assert verdict < text.index("Derivation: hypothesis ") < text.index("## Plan")
     assert "## Reward parts" in text and "| format_ok | seed 0 |" in text and "| correct | seed 0 |" in text
     assert (report.parent / "reward_parts.png").exists()
     assert (report.parent / "reward_curves.png").exists()

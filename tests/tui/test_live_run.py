@@ -285,3 +285,40 @@ def test_the_admin_token_file_is_the_owners_only(tmp_path: Any) -> None:
     assert given.admin_token_for(str(tmp_path)) == "from-the-flag-123456"
     path.chmod(0o644)  # readable by others: not trusted
     assert read_admin_token(tmp_path) is None
+
+
+async def test_screenshots_of_the_main_screens(
+    store: Store, trained_server: tuple[LiveServer, list[ServerStepMetrics]], tokenizer: Any, tmp_path: Any
+) -> None:
+    """SVG screenshots of the studies, study, run and token screens over a real trained run (read from
+    its run dir). ``A3R_SCREENSHOTS=docs/tui`` writes them there (the README shows them)."""
+    import os
+    from pathlib import Path
+
+    folder = Path(os.environ.get("A3R_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    live, _ = trained_server
+    _, run_id = _study_with_run(store, live.url)
+    store.update_run(run_id, RunUpdate(name="train-s0", run_dir=str(live.config.run_dir)))
+    store.finish_run(run_id, final_metrics={"reward_mean": 0.5, "steps": 2})
+    config = TuiConfig(refresh_s=0.5, request_timeout_s=2.0)
+    app = A3RApp(store, config=config, detokenize=HFDetokenizer.from_tokenizer(tokenizer))
+    shots = []
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: cells(app, "#studies"))
+        shots.append(app.save_screenshot("studies.svg", str(folder)))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: cells(app, "#runs"))
+        shots.append(app.save_screenshot("study.svg", str(folder)))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(cells(app, "#episodes")) == 4, timeout_s=20)
+        shots.append(app.save_screenshot("run.svg", str(folder)))
+        await pilot.press("enter")
+        view = app.screen.query_one(TokenView)
+        await wait_for(pilot, lambda: view.sequences, timeout_s=20)
+        await pilot.press(*["right"] * (len(view.sequences[0].pieces) - 2))  # onto a completion token
+        await pilot.pause()
+        shots.append(app.save_screenshot("tokens.svg", str(folder)))
+    texts = [Path(shot).read_text(encoding="utf-8") for shot in shots]
+    assert all(text.startswith("<svg") for text in texts)
+    assert "train-s0" in texts[1] and "count-2" in texts[2] and "logprob" in texts[3]

@@ -116,7 +116,10 @@ def token_sequences(
                 ids=tuple(sample.input_ids),
             )
         )
-    return sequences or _call_sequences(episode, pieces_of, "; not merged yet")
+    if sequences:
+        return sequences
+    open_ = episode.status.value in ("open", "prepared")
+    return _call_sequences(episode, pieces_of, "; not merged yet" if open_ else "; no merged samples stored")
 
 
 def trained_style(logprob: float, position: int) -> str:
