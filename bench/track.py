@@ -458,7 +458,8 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark(
         "spy",
         "who-is-the-spy games (templates/who_is_the_spy, 3 players, 1 round, greedy) played by the "
-        "embedded model through a real in-process server; the reward and its parts",
+        "embedded model through a real in-process server; the mean reward per game (its parts are in "
+        "each run's final metrics, not drawn)",
         "reward_mean", True, 0.10, "reward", measure_spy, "game",
     ),
 )  # fmt: skip
@@ -641,6 +642,24 @@ def verdict_table(rows: list[Verdict], k: float) -> Table:
 
 
 # -- CLI -------------------------------------------------------------------------------------------------
+def _scratch_store() -> str:
+    """A store in a temporary folder removed at exit: where ``--report-only --history`` without
+    ``--store`` loads the history, so that no store the user did not name is written."""
+    scratch = tempfile.mkdtemp(prefix="track-report-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return str(Path(scratch) / "history.db")
+
+
+def _say_off_head(rows: list[Verdict], head: str | None) -> None:
+    """Name the benchmarks judged on another commit than the checked-out one (it has no runs of them)."""
+    off_head = sorted({v.benchmark for v in rows if head and v.commit != head})
+    if head and off_head:
+        console.print(
+            f"[yellow]the checked-out commit {head[:10]} has no runs of {', '.join(off_head)}: "
+            "judged their latest commit[/]"
+        )
+
+
 def _checked_out_commit() -> str | None:
     """The commit checked out in the tree whose ``swarm`` is measured (``None`` outside git)."""
     from a3r.study.provenance import collect_provenance
@@ -798,9 +817,7 @@ def main(
     if code is not None:
         _use_code(code)
     if report_only and histories and store is None:  # never write a history into a store not given
-        scratch = tempfile.mkdtemp(prefix="track-report-")
-        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-        store = str(Path(scratch) / "history.db")
+        store = _scratch_store()
     try:
         with Store(store) as db:
             study_id = None
@@ -815,12 +832,7 @@ def main(
             history = load_history(db)
             head = _checked_out_commit() if report_only else None
             rows = verdicts(history, benchmarks, new, k=k, min_history=min_history, checked_out=head)
-            off_head = sorted({v.benchmark for v in rows if head and v.commit != head})
-            if off_head:
-                console.print(
-                    f"[yellow]the checked-out commit {head[:10]} has no runs of {', '.join(off_head)}: "
-                    "judged their latest commit[/]"
-                )
+            _say_off_head(rows, head)
             console.print(verdict_table(rows, k))
             if report_only:
                 judged = {v.benchmark for v in rows}

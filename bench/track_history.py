@@ -65,7 +65,9 @@ class Status(enum.StrEnum):
     ok = "ok"
     regression = "regression"
     improvement = "improvement"
-    no_history = "no history"
+    no_history = "no comparable history"
+    """Fewer than ``min_history`` earlier runs of the same mode, sizes and machine (the chart may show
+    runs of other modes or sizes: those are not compared)."""
     not_comparable = "not comparable (load)"
     """Beyond the band, but the candidate ran at a machine load `LOAD_RATIO` times unlike its history's:
     for a timing metric that says more about the machine than the code."""
