@@ -20,10 +20,12 @@ from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.app.tui._reward_curve import RewardCurve
 from a3r.app.tui._run_screen import RunScreen
 from a3r.app.tui._tables import Cell, refill, selected_key
+from a3r.study.headline import headline
 from memory import (
     CodeArtifactPublic,
     EventPublic,
     ExperimentPublic,
+    FindingPublic,
     HypothesisPublic,
     RunWithMetrics,
     StudyPublic,
@@ -53,6 +55,7 @@ class _Snapshot:
     artifacts: list[CodeArtifactPublic]
     runs: list[RunWithMetrics]
     events: list[EventPublic]
+    findings: list[FindingPublic]
 
 
 class StudyScreen(PollingScreen):
@@ -145,6 +148,7 @@ class StudyScreen(PollingScreen):
             )
             if self._last_event_id is not None
             else store.events(study_id=self.study_id)[-self.ctx.config.event_tail :],
+            findings=store.findings(self.study_id),
         )
 
     @work(exclusive=True, group=RELOAD_GROUP)
@@ -223,8 +227,13 @@ def _plan(snapshot: _Snapshot) -> RenderableType:
         Text.assemble(("Question ", "bold"), study.question),
         Text.assemble(("Status ", "bold"), f"{study.status.value} ({study.kind})"),
     ]
-    if study.conclusion:
-        parts.append(Text.assemble(("Conclusion ", "bold"), study.conclusion))
+    if study.conclusion:  # the one plain line first, the conclusion it was read from below it
+        finding = next((f for f in snapshot.findings if f.statement == study.conclusion), None)
+        evidence = finding.evidence if finding is not None else None
+        line = headline(study.conclusion, evidence, question=study.question, kind=study.kind)
+        parts.append(Text.assemble(("Verdict ", "bold"), (line, "bold")))
+        if line != study.conclusion:
+            parts.append(Text.assemble(("Derivation ", "bold"), (study.conclusion, "dim")))
     parts.append(Text("Hypotheses", style="bold underline"))
     for h in snapshot.hypotheses:
         parts.append(Text(f"H{h.id}. {h.statement}"))
