@@ -167,6 +167,8 @@ class Benchmark:
         curve: Per-step metric drawn on the dashboard.
         measure: ``(settings, seed) -> Measurement``.
         step: What one step of ``curve`` is (the dashboard's x axis).
+        load_sensitive: ``metric`` is a timing that the machine's load moves (tokens/s, CPU seconds):
+            runs at very different loads are not compared (`track_history.LOAD_RATIO`).
     """
 
     name: str
@@ -177,6 +179,7 @@ class Benchmark:
     curve: str
     measure: Callable[[SuiteSettings, int], Measurement]
     step: str = "step"
+    load_sensitive: bool = False
 
 
 # -- the benchmarks --------------------------------------------------------------------------------------
@@ -444,18 +447,19 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark(
         "throughput",
         "generated tokens/s of concurrent episodes through a real in-process server (hf engine)",
-        "tokens_per_s", True, 0.15, "tokens_per_s", measure_throughput, "concurrency level",
+        "tokens_per_s", True, 0.15, "tokens_per_s", measure_throughput, "concurrency level", True,
     ),
     Benchmark(
         "update",
         "one GRPO update of TorchTrainer, SmolLM2-135M shape, fp32, 1 thread (bench/train_step.py); "
         "judged on process CPU seconds per step, steadier than wall time on a shared machine",
-        "cpu_s", False, 0.15, "cpu_s", measure_update, "timed repeat",
+        "cpu_s", False, 0.15, "cpu_s", measure_update, "timed repeat", True,
     ),
     Benchmark(
         "spy",
         "who-is-the-spy games (templates/who_is_the_spy, 3 players, 1 round, greedy) played by the "
-        "embedded model through a real in-process server; the reward and its parts",
+        "embedded model through a real in-process server; the mean reward per game (its parts are in "
+        "each run's final metrics, not drawn)",
         "reward_mean", True, 0.10, "reward", measure_spy, "game",
     ),
 )  # fmt: skip
@@ -588,16 +592,18 @@ def verdicts(
     *,
     k: float,
     min_history: int,
+    checked_out: str | None = None,
 ) -> list[Verdict]:
-    """The rule for each benchmark: its new runs, or else its latest commit's runs against those before."""
+    """The rule for each benchmark: its new runs, or else (``--report-only``) the runs of the
+    ``checked_out`` commit, or of the latest commit when that one has none, against those before."""
     out = []
     for bench in benchmarks:
         ids = new.get(bench.name)
-        if not ids:  # report-only: the latest commit of this benchmark is the candidate
+        if not ids:  # report-only: the checked-out commit is the candidate (else the latest one run)
             runs = [r for r in history.runs.get(bench.name, []) if r.value(bench.metric) is not None]
             if not runs:
                 continue
-            last = runs[-1]
+            last = next((r for r in reversed(runs) if r.commit == checked_out), runs[-1])
             ids = [r.run.id for r in runs if r.commit == last.commit and r.mode == last.mode]
         out.append(
             history.verdict(
@@ -608,6 +614,7 @@ def verdicts(
                 k=k,
                 min_relative=bench.min_relative,
                 min_history=min_history,
+                load_sensitive=bench.load_sensitive,
             )
         )
     return out
@@ -618,6 +625,7 @@ STATUS_STYLE = {
     Status.improvement: "cyan",
     Status.regression: "bold red",
     Status.no_history: "yellow",
+    Status.not_comparable: "magenta",
 }
 
 
@@ -634,6 +642,31 @@ def verdict_table(rows: list[Verdict], k: float) -> Table:
 
 
 # -- CLI -------------------------------------------------------------------------------------------------
+def _scratch_store() -> str:
+    """A store in a temporary folder removed at exit: where ``--report-only --history`` without
+    ``--store`` loads the history, so that no store the user did not name is written."""
+    scratch = tempfile.mkdtemp(prefix="track-report-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return str(Path(scratch) / "history.db")
+
+
+def _say_off_head(rows: list[Verdict], head: str | None) -> None:
+    """Name the benchmarks judged on another commit than the checked-out one (it has no runs of them)."""
+    off_head = sorted({v.benchmark for v in rows if head and v.commit != head})
+    if head and off_head:
+        console.print(
+            f"[yellow]the checked-out commit {head[:10]} has no runs of {', '.join(off_head)}: "
+            "judged their latest commit[/]"
+        )
+
+
+def _checked_out_commit() -> str | None:
+    """The commit checked out in the tree whose ``swarm`` is measured (``None`` outside git)."""
+    from a3r.study.provenance import collect_provenance
+
+    return collect_provenance(_swarm_root()).git_commit
+
+
 def settings_from(base: SuiteSettings, assignments: list[str]) -> SuiteSettings:
     """``base`` with ``NAME=VALUE`` assignments applied (values parsed as JSON, else taken as text).
 
@@ -783,6 +816,8 @@ def main(
         raise typer.Exit(2) from None
     if code is not None:
         _use_code(code)
+    if report_only and histories and store is None:  # never write a history into a store not given
+        store = _scratch_store()
     try:
         with Store(store) as db:
             study_id = None
@@ -795,7 +830,9 @@ def main(
                 else run_suite(db, benchmarks, seed_list, settings, "quick" if quick else "full", study_id)
             )
             history = load_history(db)
-            rows = verdicts(history, benchmarks, new, k=k, min_history=min_history)
+            head = _checked_out_commit() if report_only else None
+            rows = verdicts(history, benchmarks, new, k=k, min_history=min_history, checked_out=head)
+            _say_off_head(rows, head)
             console.print(verdict_table(rows, k))
             if report_only:
                 judged = {v.benchmark for v in rows}

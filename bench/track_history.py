@@ -22,6 +22,7 @@ timing needs a real effect). An improvement is the same test in the good directi
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import statistics
@@ -64,7 +65,17 @@ class Status(enum.StrEnum):
     ok = "ok"
     regression = "regression"
     improvement = "improvement"
-    no_history = "no history"
+    no_history = "no comparable history"
+    """Fewer than ``min_history`` earlier runs of the same mode, sizes and machine (the chart may show
+    runs of other modes or sizes: those are not compared)."""
+    not_comparable = "not comparable (load)"
+    """Beyond the band, but the candidate ran at a machine load `LOAD_RATIO` times unlike its history's:
+    for a timing metric that says more about the machine than the code."""
+
+
+LOAD_RATIO = 2.0
+"""Candidate and history whose mean load per core (1-minute load average / cores, recorded with each
+run) differ by more than this factor are not compared on a timing metric."""
 
 
 @dataclass(frozen=True)
@@ -352,6 +363,22 @@ class TrackRun:
     def value(self, metric: str) -> float | None:
         return (self.run.final_metrics or {}).get(metric)
 
+    @property
+    def load(self) -> float | None:
+        """The machine's 1-minute load average per core when the run started (``None`` if not recorded)."""
+        load = self.run.config.get("load_avg_1m")
+        cores = self.run.config.get("provenance", {}).get("machine", {}).get("cores") or 1
+        return float(load) / float(cores) if isinstance(load, int | float) else None
+
+
+def _load_mismatch(new: Sequence[TrackRun], earlier: Sequence[TrackRun]) -> bool:
+    """Whether the mean load per core of ``new`` and of ``earlier`` differ by more than `LOAD_RATIO`."""
+    loads = [[x for r in runs if (x := r.load) is not None] for runs in (new, earlier)]
+    if not all(loads):
+        return False
+    a, b = (max(statistics.fmean(x), 0.05) for x in loads)  # an idle machine: 0.05 per core, not 0
+    return max(a, b) / min(a, b) > LOAD_RATIO
+
 
 @dataclass
 class History:
@@ -386,9 +413,13 @@ class History:
         k: float,
         min_relative: float,
         min_history: int = 3,
+        load_sensitive: bool = False,
     ) -> Verdict:
         """The rule for the runs ``new_run_ids`` against earlier commits' runs of the same mode, sizes
         (the benchmark's own part of ``config["settings"]``, `benchmark_settings`) and machine.
+
+        For a ``load_sensitive`` (timing) metric, a change beyond the band is `Status.not_comparable`
+        when the candidate's machine load differs from its history's by more than `LOAD_RATIO`.
 
         Raises:
             ValueError: None of ``new_run_ids`` is a finished run of ``benchmark`` with ``metric``.
@@ -407,7 +438,7 @@ class History:
             and r.run.started_at < first
             and r.value(metric) is not None
         ]
-        return judge(
+        verdict = judge(
             benchmark,
             metric,
             [v for r in new_runs if (v := r.value(metric)) is not None],
@@ -419,6 +450,10 @@ class History:
             history_commits=len({r.commit for r in earlier}),
             commit=like.commit,
         )
+        beyond = verdict.status in (Status.improvement, Status.regression)
+        if load_sensitive and beyond and _load_mismatch(new_runs, earlier):
+            return dataclasses.replace(verdict, status=Status.not_comparable)
+        return verdict
 
 
 def load_history(store: Store) -> History:

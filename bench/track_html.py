@@ -1,7 +1,9 @@
 """The tracking dashboard: one static HTML page (no JavaScript, no network) that names the candidate
-commit (the one judged) at the top and has, per benchmark, its per-step curve for each commit (each
+commit (the one judged) at the top and has, per benchmark and suite mode (quick and full runs are
+never drawn together, as they are never judged together), its per-step curve for each commit (each
 commit its own colour and marker, offset sideways so equal curves stay visible, the legend listing its
-primary metric) and its primary metric per commit (inline SVG drawn by matplotlib), the table of
+primary metric; points of independent episodes, games or repeats are not joined) and its primary metric
+per commit (inline SVG drawn by matplotlib), the table of
 versions (commit, dirty flag, mode, machine, package versions, backend) and the verdicts (with the
 judged commit) with the regressions flagged.
 """
@@ -36,6 +38,7 @@ th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
 th { background: #f2f2f2; }
 .regression { background: #fdd; font-weight: bold; }
 .improvement { background: #dfd; }
+tr[class^='not-comparable'] { background: #eee; font-style: italic; }
 .bench { margin: 2em 0; }
 .plot svg { max-width: 100%; height: auto; }
 code { font-size: 0.95em; }
@@ -47,57 +50,84 @@ def _short(commit: str) -> str:
     return commit[:10]
 
 
-def _plot(bench: Any, runs: list[TrackRun], history: History, metric_history: dict[int, list[float]]) -> str:
-    """SVG of two panels: the per-step curve (mean over seeds) per commit, and the metric per commit."""
-    import matplotlib
+INDEPENDENT_STEPS = frozenset({"episode", "game", "timed repeat"})
+"""Curve x axes whose points are independent draws (episodes, games, repeats), not a time series: drawn
+as points, never joined by a line."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _plot_mode(
+    axes: Any,
+    bench: Any,
+    runs: list[TrackRun],
+    history: History,
+    metric_history: dict[int, list[float]],
+    mode: str,
+    *,
+    first: bool = True,
+) -> None:
+    """One row of the figure: ``mode``'s runs only (verdicts compare within a mode, so do the charts)."""
     from matplotlib.ticker import MaxNLocator
 
+    left, right = axes
     order = [c for c in history.commits() if any(r.commit == c for r in runs)][-MAX_COMMITS:]
     values = {
         commit: [v for r in runs if r.commit == commit and (v := r.value(bench.metric)) is not None]
         for commit in order
     }
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "track", "font.size": 9}):
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
-        for index, commit in enumerate(order):
-            curves = [
-                metric_history[r.run.id] for r in runs if r.commit == commit and metric_history.get(r.run.id)
-            ]
-            if not curves:
-                continue
-            length = min(len(c) for c in curves)
-            mean = [statistics.fmean(c[i] for c in curves) for i in range(length)]
-            shift = (index - (len(order) - 1) / 2) * DODGE
-            label = _short(commit) + (
-                f" · {bench.metric} {statistics.median(values[commit]):.4g}" if values[commit] else ""
+    step = getattr(bench, "step", "step")
+    joined = step not in INDEPENDENT_STEPS
+    for index, commit in enumerate(order):
+        curves = [
+            metric_history[r.run.id] for r in runs if r.commit == commit and metric_history.get(r.run.id)
+        ]
+        if not curves:
+            continue
+        length = min(len(c) for c in curves)
+        mean = [statistics.fmean(c[i] for c in curves) for i in range(length)]
+        shift = (index - (len(order) - 1) / 2) * DODGE
+        label = _short(commit) + (
+            f" · {bench.metric} {statistics.median(values[commit]):.4g}" if values[commit] else ""
+        )
+        (line,) = left.plot(
+            [step_ + shift for step_ in range(1, length + 1)], mean, marker=MARKERS[index % len(MARKERS)],
+            ms=4, lw=1.2 if joined else 0, color=f"C{index % 10}", label=label,
+        )  # fmt: skip
+        line.set_gid(f"curve-{bench.name}-{_short(commit)}" + ("" if first else f"-{mode}"))
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
+    left.set_xlabel(step + (" (commits offset sideways)" if len(order) > 1 else ""))
+    left.set_ylabel(bench.curve)
+    each = "" if joined else ", independent draws: not joined"
+    left.set_title(f"{bench.name} [{mode}]: {bench.curve} per {step} (mean over seeds{each})")
+    if order:
+        left.legend(fontsize=7, loc="best", title=f"commit · {bench.metric} (median)", title_fontsize=7)
+    for index, commit in enumerate(order):
+        right.scatter(
+            [index] * len(values[commit]), values[commit], color=f"C{index % 10}", s=18,
+            marker=MARKERS[index % len(MARKERS)],
+        )  # fmt: skip
+        if values[commit]:
+            right.plot(
+                [index - 0.3, index + 0.3], [statistics.median(values[commit])] * 2, color="black", lw=1
             )
-            (line,) = left.plot(
-                [step + shift for step in range(1, length + 1)], mean, marker=MARKERS[index % len(MARKERS)],
-                ms=4, lw=1.2, color=f"C{index % 10}", label=label,
-            )  # fmt: skip
-            line.set_gid(f"curve-{bench.name}-{_short(commit)}")
-        left.xaxis.set_major_locator(MaxNLocator(integer=True))
-        step = getattr(bench, "step", "step")
-        left.set_xlabel(step + (" (commits offset sideways)" if len(order) > 1 else ""))
-        left.set_ylabel(bench.curve)
-        left.set_title(f"{bench.name}: {bench.curve} per {step} (mean over seeds)")
-        if order:
-            left.legend(fontsize=7, loc="best", title=f"commit · {bench.metric} (median)", title_fontsize=7)
-        for index, commit in enumerate(order):
-            right.scatter(
-                [index] * len(values[commit]), values[commit], color=f"C{index % 10}", s=18,
-                marker=MARKERS[index % len(MARKERS)],
-            )  # fmt: skip
-            if values[commit]:
-                right.plot(
-                    [index - 0.3, index + 0.3], [statistics.median(values[commit])] * 2, color="black", lw=1
-                )
-        right.set_xticks(range(len(order)), [_short(c) for c in order], rotation=30, fontsize=7)
-        better = "higher" if bench.higher_is_better else "lower"
-        right.set_title(f"{bench.metric} per commit ({better} is better; bar = median)")
+    right.set_xticks(range(len(order)), [_short(c) for c in order], rotation=30, fontsize=7)
+    better = "higher" if bench.higher_is_better else "lower"
+    right.set_title(f"{bench.metric} per commit [{mode}] ({better} is better; bar = median)")
+
+
+def _plot(bench: Any, runs: list[TrackRun], history: History, metric_history: dict[int, list[float]]) -> str:
+    """SVG with one row per suite mode (quick, full: never mixed, as in the verdicts), each of two
+    panels: the per-step curve (mean over seeds) per commit, and the metric per commit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = sorted({r.mode for r in runs})
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "track", "font.size": 9}):
+        fig, axes = plt.subplots(len(modes), 2, figsize=(10, 3.2 * len(modes)), squeeze=False)
+        for index, (row, mode) in enumerate(zip(axes, modes, strict=True)):
+            of_mode = [r for r in runs if r.mode == mode]
+            _plot_mode(row, bench, of_mode, history, metric_history, mode, first=index == 0)
         fig.tight_layout()
         buffer = io.StringIO()
         fig.savefig(buffer, format="svg", metadata=dict.fromkeys(("Creator", "Date", "Format", "Type")))

@@ -21,42 +21,90 @@ Example:
     ...     store.log_metrics(run.id, step=1, metrics={"reward/mean": 0.4})
 """
 
-from memory._db import DEFAULT_PATH
-from memory._errors import (
-    IntegrityViolation,
-    InvalidInput,
-    InvalidTransition,
-    NotFound,
-    PreregistrationError,
-    SchemaVersionError,
-    StoreConfigError,
-    StoreError,
-    StoreUnavailable,
-)
-from memory._export import ExperimentExport, MetricPointExport, RunExport, StudyExport, render_markdown
-from memory._models import (
-    ArtifactKind,
-    CodeArtifactPublic,
-    EventLevel,
-    EventPublic,
-    ExperimentPublic,
-    FindingPublic,
-    FindingStatus,
-    FindingUpdate,
-    HypothesisPublic,
-    MetricPointPublic,
-    PatchPublic,
-    PatchStatus,
-    RunPublic,
-    RunStatus,
-    RunUpdate,
-    RunWithMetrics,
-    StudyPublic,
-    StudyStatus,
-    StudyUpdate,
-)
-from memory._secrets import REDACTED, scrub, scrub_text
-from memory._store import Store, StoreConfig
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memory._db import DEFAULT_PATH
+    from memory._errors import (
+        IntegrityViolation,
+        InvalidInput,
+        InvalidTransition,
+        NotFound,
+        PreregistrationError,
+        SchemaVersionError,
+        StoreConfigError,
+        StoreError,
+        StoreUnavailable,
+    )
+    from memory._export import ExperimentExport, MetricPointExport, RunExport, StudyExport, render_markdown
+    from memory._models import (
+        ArtifactKind,
+        CodeArtifactPublic,
+        EventLevel,
+        EventPublic,
+        ExperimentPublic,
+        FindingPublic,
+        FindingStatus,
+        FindingUpdate,
+        HypothesisPublic,
+        MetricPointPublic,
+        PatchPublic,
+        PatchStatus,
+        RunPublic,
+        RunStatus,
+        RunUpdate,
+        RunWithMetrics,
+        StudyPublic,
+        StudyStatus,
+        StudyUpdate,
+    )
+    from memory._secrets import REDACTED, scrub, scrub_text
+    from memory._store import Store, StoreConfig
+
+_SOURCES: dict[str, str] = {
+    "ArtifactKind": "memory._vocabulary",
+    "CodeArtifactPublic": "memory._models",
+    "DEFAULT_PATH": "memory._vocabulary",
+    "EventLevel": "memory._vocabulary",
+    "EventPublic": "memory._models",
+    "ExperimentExport": "memory._export",
+    "ExperimentPublic": "memory._models",
+    "FindingPublic": "memory._models",
+    "FindingStatus": "memory._vocabulary",
+    "FindingUpdate": "memory._models",
+    "HypothesisPublic": "memory._models",
+    "IntegrityViolation": "memory._errors",
+    "InvalidInput": "memory._errors",
+    "InvalidTransition": "memory._errors",
+    "MetricPointExport": "memory._export",
+    "MetricPointPublic": "memory._models",
+    "NotFound": "memory._errors",
+    "PatchPublic": "memory._models",
+    "PatchStatus": "memory._vocabulary",
+    "PreregistrationError": "memory._errors",
+    "REDACTED": "memory._secrets",
+    "RunExport": "memory._export",
+    "RunPublic": "memory._models",
+    "RunStatus": "memory._vocabulary",
+    "RunUpdate": "memory._models",
+    "RunWithMetrics": "memory._models",
+    "SchemaVersionError": "memory._errors",
+    "Store": "memory._store",
+    "StoreConfig": "memory._store",
+    "StoreConfigError": "memory._errors",
+    "StoreError": "memory._errors",
+    "StoreUnavailable": "memory._errors",
+    "StudyExport": "memory._export",
+    "StudyPublic": "memory._models",
+    "StudyStatus": "memory._vocabulary",
+    "StudyUpdate": "memory._models",
+    "render_markdown": "memory._export",
+    "scrub": "memory._secrets",
+    "scrub_text": "memory._secrets",
+}
+"""Where each public name is defined: imported on first use (PEP 562), so ``import memory`` is cheap and
+command lines that never open a store (``a3r --help``) do not load SQLAlchemy and Alembic."""
 
 __all__ = [
     "DEFAULT_PATH",
@@ -99,3 +147,17 @@ __all__ = [
     "scrub",
     "scrub_text",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first access and cache the name in this package."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'memory' has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -35,6 +35,7 @@ from memory._errors import (
     StoreError,
     StoreUnavailable,
 )
+from memory._vocabulary import DEFAULT_PATH
 
 __all__ = [
     "DEFAULT_PATH",
@@ -47,9 +48,6 @@ __all__ = [
     "translate_errors",
     "upgrade",
 ]
-
-DEFAULT_PATH = Path(".a3r") / "memory.db"
-"""Where the store lives when no location is configured (relative to the working directory)."""
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 _WRITE_OPTION = "memory_write"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -18,7 +21,13 @@ from memory._models import (
     StudyPublic,
 )
 
-__all__ = ["ExperimentExport", "MetricPointExport", "RunExport", "StudyExport", "render_markdown"]
+__all__ = [
+    "ExperimentExport",
+    "MetricPointExport",
+    "RunExport",
+    "StudyExport",
+    "render_markdown",
+]
 
 
 class MetricPointExport(BaseModel):
@@ -86,13 +95,58 @@ def _fence(content: str) -> str:
     return "`" * max(3, longest + 1)
 
 
-def render_markdown(export: StudyExport) -> str:
-    """Render a study export as a Markdown report.
+def _finite(value: object) -> object:
+    """``value`` with every NaN or infinite float inside it replaced by ``None`` (JSON's ``null``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
-    Sections: question and status, hypotheses (with decision rules), experiments with a table of
-    runs and their final/latest metrics, findings, patches, the latest version of each artifact, and
-    warnings/errors from the event log.
+
+def _finite_json(value: object, **dumps: Any) -> str:
+    """``json.dumps`` of ``value`` with NaN and infinities written as ``null``: always valid JSON.
+
+    Python's ``json`` writes ``NaN`` by default, which no strict JSON reader (browsers, ``jq``) accepts.
+    ``dumps`` are `json.dumps`'s keyword arguments (``indent``, ``ensure_ascii``).
     """
+    return json.dumps(_finite(value), allow_nan=False, **dumps)
+
+
+def _evidence_text(evidence: str) -> str:
+    """A finding's evidence for the report: JSON evidence re-written without NaN, other text as it is."""
+    try:
+        parsed = json.loads(evidence)
+    except ValueError:
+        return evidence
+    return _finite_json(parsed, ensure_ascii=False) if isinstance(parsed, dict | list) else evidence
+
+
+INLINE_DATA_LINES = 20
+"""A data artifact (``tasks.jsonl``) longer than this is summarised in the Markdown report (line count,
+first lines); the JSON export keeps every line."""
+
+
+def _artifact_section(artifact: CodeArtifactPublic, study_id: int) -> list[str]:
+    content = artifact.content.rstrip("\n")
+    lines = content.splitlines()
+    title = f"### {artifact.name} v{artifact.version} ({artifact.kind.value}, sha256 {artifact.sha256[:12]})"
+    note: list[str] = []
+    if artifact.kind.value == "data" and len(lines) > INLINE_DATA_LINES:
+        note = [
+            f"{len(lines)} lines; the first {INLINE_DATA_LINES} below, all of them in "
+            f"`a3r export {study_id} --format json`.",
+            "",
+        ]
+        content = "\n".join(lines[:INLINE_DATA_LINES])
+    fence = _fence(content)
+    language = "python" if artifact.name.endswith(".py") else ""
+    return [title, "", *note, f"{fence}{language}", content, fence, ""]
+
+
+def _header(export: StudyExport) -> list[str]:
     study = export.study
     out = [f"# Study {study.id}: {study.question}", ""]
     out += [
@@ -104,7 +158,6 @@ def render_markdown(export: StudyExport) -> str:
     ]
     if study.conclusion:
         out += ["## Conclusion", "", study.conclusion, ""]
-
     out += ["## Hypotheses", ""]
     if not export.hypotheses:
         out += ["None registered.", ""]
@@ -117,8 +170,11 @@ def render_markdown(export: StudyExport) -> str:
             f"- Decision rule: {hypothesis.decision_rule}",
             "",
         ]
+    return out
 
-    out += ["## Experiments", ""]
+
+def _experiments(export: StudyExport) -> list[str]:
+    out = ["## Experiments", ""]
     if not export.experiments:
         out += ["None.", ""]
     for experiment in export.experiments:
@@ -126,25 +182,28 @@ def render_markdown(export: StudyExport) -> str:
         out += [f"### E{experiment.id}: {experiment.name}{tests}", ""]
         if experiment.description:
             out += [experiment.description, ""]
-        if experiment.runs:
-            out += _table(
-                ["run", "name", "seed", "status", "final metrics", "latest metrics (step)"],
-                [
-                    [
-                        run.id,
-                        run.name,
-                        run.seed,
-                        run.status.value,
-                        _metrics(run.final_metrics),
-                        f"{_metrics(run.latest_metrics)} ({run.latest_step})" if run.latest_metrics else "",
-                    ]
-                    for run in experiment.runs
-                ],
-            )
-        else:
+        if not experiment.runs:
             out += ["No runs.", ""]
+            continue
+        out += _table(
+            ["run", "name", "seed", "status", "final metrics", "latest metrics (step)"],
+            [
+                [
+                    run.id,
+                    run.name,
+                    run.seed,
+                    run.status.value,
+                    _metrics(run.final_metrics),
+                    f"{_metrics(run.latest_metrics)} ({run.latest_step})" if run.latest_metrics else "",
+                ]
+                for run in experiment.runs
+            ],
+        )
+    return out
 
-    out += ["## Findings", ""]
+
+def _findings_and_patches(export: StudyExport) -> list[str]:
+    out = ["## Findings", ""]
     if not export.findings:
         out += ["None.", ""]
     for finding in export.findings:
@@ -154,10 +213,8 @@ def render_markdown(export: StudyExport) -> str:
             + (f"; seeds {', '.join(map(str, finding.seeds))}" if finding.seeds else "")
         ]
         if finding.evidence:
-            out += [f"  - Evidence: {finding.evidence}"]
-    out += [""]
-
-    out += ["## Patches", ""]
+            out += [f"  - Evidence: {_evidence_text(finding.evidence)}"]
+    out += ["", "## Patches", ""]
     if export.patches:
         out += _table(
             ["patch", "artifact", "base", "status", "decided by", "rationale"],
@@ -168,24 +225,24 @@ def render_markdown(export: StudyExport) -> str:
         )
     else:
         out += ["None.", ""]
+    return out
 
-    latest: dict[str, CodeArtifactPublic] = {}
-    for artifact in export.artifacts:
-        latest[artifact.name] = artifact
+
+def render_markdown(export: StudyExport) -> str:
+    """Render a study export as a Markdown report.
+
+    Sections: question and status, hypotheses (with decision rules), experiments with a table of
+    runs and their final/latest metrics, findings (JSON evidence without NaN), patches, the latest
+    version of each artifact (a long data file such as ``tasks.jsonl`` summarised: its line count and
+    first `INLINE_DATA_LINES` lines), and warnings/errors from the event log.
+    """
+    out = [*_header(export), *_experiments(export), *_findings_and_patches(export)]
+    latest = {artifact.name: artifact for artifact in export.artifacts}  # the last version of each name
     out += ["## Artifacts", ""]
     if not latest:
         out += ["None.", ""]
     for artifact in latest.values():
-        fence = _fence(artifact.content)
-        out += [
-            f"### {artifact.name} v{artifact.version} ({artifact.kind.value}, sha256 {artifact.sha256[:12]})",
-            "",
-            f"{fence}{'python' if artifact.name.endswith('.py') else ''}",
-            artifact.content.rstrip("\n"),
-            fence,
-            "",
-        ]
-
+        out += _artifact_section(artifact, export.study.id)
     notable = [event for event in export.events if event.level.value in ("warning", "error")]
     if notable:
         out += ["## Warnings and errors", ""]

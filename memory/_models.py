@@ -29,6 +29,7 @@ from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
 from memory._secrets import ScrubbedJSON, ScrubbedString, ScrubbedText
+from memory._vocabulary import ArtifactKind, EventLevel, FindingStatus, PatchStatus, RunStatus, StudyStatus
 
 __all__ = [
     "ArtifactKind",
@@ -101,76 +102,6 @@ def _str_enum(enum_cls: type[enum.Enum]) -> sa.Enum:
 
 def _json(nullable: bool = False) -> Any:
     return ScrubbedJSON(none_as_null=True) if nullable else ScrubbedJSON()
-
-
-class StudyStatus(enum.StrEnum):
-    """Lifecycle of a study."""
-
-    open = "open"
-    """Registered; experiments are being planned or run."""
-    concluded = "concluded"
-    """Finished with a conclusion."""
-    abandoned = "abandoned"
-    """Stopped without a conclusion (e.g. the question was ill-posed)."""
-
-
-class RunStatus(enum.StrEnum):
-    """Lifecycle of a run: ``running`` then one of the three terminal states."""
-
-    running = "running"
-    """Started and not yet finished."""
-    finished = "finished"
-    """Completed; ``final_metrics`` holds its results."""
-    failed = "failed"
-    """Crashed or was killed; ``error`` says why."""
-    cancelled = "cancelled"
-    """Stopped on purpose before completion."""
-
-
-class ArtifactKind(enum.StrEnum):
-    """What a code artifact is."""
-
-    workflow = "workflow"
-    """Agent workflow code run by the client for each episode."""
-    reward = "reward"
-    """Reward function scoring episodes."""
-    data = "data"
-    """Dataset builder."""
-    report = "report"
-    """A written report (Markdown)."""
-
-
-class PatchStatus(enum.StrEnum):
-    """Lifecycle of a patch: ``pending`` → ``approved`` → ``applied``, or ``pending`` → ``rejected``."""
-
-    pending = "pending"
-    """Proposed; waiting for a human (or policy) decision."""
-    approved = "approved"
-    """Accepted; not yet applied to the artifact."""
-    rejected = "rejected"
-    """Refused; final."""
-    applied = "applied"
-    """Applied; a new artifact version holds the result. Final."""
-
-
-class FindingStatus(enum.StrEnum):
-    """How far a finding is established."""
-
-    unconfirmed = "unconfirmed"
-    """Seen, not yet replicated."""
-    confirmed = "confirmed"
-    """Replicated across seeds as the decision rule demands."""
-    refuted = "refuted"
-    """Contradicted by later evidence."""
-
-
-class EventLevel(enum.StrEnum):
-    """Severity of an event (the ``logging`` levels)."""
-
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
 
 
 # ----------------------------------------------------------------------------------------- Study

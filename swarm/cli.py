@@ -7,6 +7,7 @@ end with exit code 1 and one readable line, never a traceback (usage mistakes: e
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import logging
 import os
@@ -21,7 +22,7 @@ from rich.markup import escape
 
 from swarm.errors import SwarmError
 from swarm.run_options import RunOptions, RunOptionsError
-from swarm.serve_options import FlagOptions, ServeOptions, check_device, cli_spec
+from swarm.serve_options import FlagOptions, PlainHelpCommand, ServeOptions, check_device, cli_spec
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -39,6 +40,22 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(stderr=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:  # swarm ships in the a3r distribution
+        typer.echo(f"swarm {importlib.metadata.version('a3r')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Serve an LLM behind an OpenAI-compatible API, record episodes token-exactly and train it with RL."""
 
 
 def fail(message: str) -> typer.Exit:
@@ -168,7 +185,7 @@ serve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         ),
     ]
 )
-app.command()(serve)
+app.command(cls=PlainHelpCommand)(serve)
 
 
 def _startup_line(config: Any, engine: Any) -> str:

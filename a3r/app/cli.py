@@ -18,21 +18,90 @@ stderr, never a traceback.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import enum
+import importlib.metadata
+import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from memory import DEFAULT_PATH, FindingStatus, RunStatus, Store, StoreError, render_markdown
-from swarm.client.console_script import run_console_script
+from a3r.app.metric_text import KEY_METRICS, number_text
+from a3r.study.headline import headline
+from a3r.study.run_status import STORE_STATUS
+from a3r.study.wording import counted
+from memory import DEFAULT_PATH, FindingStatus, RunStatus  # plain enums: no database layer loaded
+
+if TYPE_CHECKING:
+    from memory import Store
 
 __all__ = ["app", "main"]
+
+_RESEARCH_MODULE = "a3r.app.commands"
+_RESEARCH_COMMANDS = ("vibe", "research", "resume")
+"""Commands defined in `a3r.app.commands`, imported only when one of them runs (or shows its own help):
+that module loads the research agent (LangGraph, SciPy, Matplotlib), seconds that ``a3r --help``, a typo
+and the store commands must not pay."""
+
+
+def _docstrings(module: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The docstrings of the functions ``names`` in ``module``'s source, read without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return {}
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    return {
+        node.name: ast.get_docstring(node) or ""
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name in names
+    }
+
+
+class _LazyGroup(typer.core.TyperGroup):
+    """The ``a3r`` group: the research commands are listed from their docstrings and imported on use.
+
+    Until one of them is resolved, each is a placeholder holding its help text, so the listing, the
+    "did you mean" hint of a typo and the store commands never import `a3r.app.commands`.
+    """
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self._listing = False
+        for name, doc in _docstrings(_RESEARCH_MODULE, _RESEARCH_COMMANDS).items():
+            self.commands[name] = typer.core.TyperCommand(name, help=doc)
+        self._placeholders = set(_RESEARCH_COMMANDS) & set(self.commands)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in self._placeholders and not self._listing:
+            self._load_research_commands()
+        return super().get_command(ctx, cmd_name)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def _load_research_commands(self) -> None:
+        from a3r.app.commands import register
+
+        research = typer.Typer()
+        research.callback()(lambda: None)  # a group even with one command
+        register(research)
+        loaded = typer.main.get_group(research)
+        for name in self._placeholders:
+            self.commands[name] = loaded.commands[name]
+        self._placeholders = set()
+
 
 app = typer.Typer(
     name="a3r",
@@ -40,7 +109,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_LazyGroup,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"a3r {importlib.metadata.version('a3r')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """A3R: agentic RL of LLMs, run by an autonomous research agent."""
+
 
 StoreOption = Annotated[
     str,
@@ -71,6 +158,8 @@ def _fail(message: str) -> typer.Exit:
 @contextlib.contextmanager
 def _open_store(location: str) -> Iterator[Store]:
     """Open an existing store; store errors raised inside the block become one line and exit code 1."""
+    from memory import Store, StoreError
+
     try:
         with Store(location, create=False) as store:
             yield store
@@ -90,39 +179,17 @@ def _no_store_yet(location: str) -> bool:
     return True
 
 
-KEY_METRICS = (
-    "reward_mean",
-    "eval/mean_reward",
-    "eval/pass_at_1",
-    "eval/pass_at_2",
-    "episodes/mean_reward",
-    "loss",
-    "kl",
-    "entropy",
-    "grad_norm",
-    "clip_frac",
-    "tis_weight_mean",
-    "staleness_mean",
-    "steps",
-    "wall_s",
-)
-"""The metrics a run listing shows first, in this order; then any other reward or eval metric (all of them
-are in ``a3r export``)."""
-
-
 def _metrics_text(values: dict[str, float] | None) -> str:
     values = values or {}
     shown = [name for name in KEY_METRICS if name in values]
     shown += [n for n in values if n not in KEY_METRICS and ("reward" in n or n.startswith("eval"))]
-    text = "  ".join(f"{name}={values[name]:.4g}" for name in shown)
+    text = "  ".join(f"{name}={number_text(values[name])}" for name in shown)
     hidden = len(values) - len(shown)
     return text + (f"  (+{hidden} in a3r export)" if hidden else "")
 
 
 def _status_text(status: str, error: str | None) -> str:
     """The store's status with how a3r says the run ended (``cancelled (budget)``), as the report does."""
-    from a3r.study.runs import STORE_STATUS  # here: the store commands start without a3r's research layer
-
     ended = (error or "").split(":", 1)[0]
     return f"{status} ({ended})" if ended in STORE_STATUS and ended != status else status
 
@@ -157,6 +224,11 @@ def runs(
     Console(soft_wrap=False, width=200).print(table)
 
 
+def _ids_text(ids: list[int], unit: str) -> str:
+    """``2 seeds: 0,1``: a count first, so a lone seed ``0`` does not read as "no seeds"."""
+    return f"{counted(len(ids), unit)}: {','.join(map(str, ids))}" if ids else "none"
+
+
 @app.command()
 def findings(
     store: StoreOption = _DEFAULT_STORE,
@@ -167,24 +239,38 @@ def findings(
 ) -> None:
     """List findings with their status, confidence, seeds and evidence runs."""
     rows = []
+    studies = {}
     if not _no_store_yet(store):
         with _open_store(store) as opened:
             # get_study raises NotFound for an unknown study, reported as one line by _open_store.
-            study_ids = (
-                [opened.get_study(study).id] if study is not None else [s.id for s in opened.studies()]
-            )
-            rows = [row for study_id in study_ids for row in opened.findings(study_id, status=status)]
+            studies = {
+                s.id: s for s in ([opened.get_study(study)] if study is not None else opened.studies())
+            }
+            rows = [row for study_id in studies for row in opened.findings(study_id, status=status)]
     table = Table(title="Findings")
-    for column in ("finding", "study", "status", "confidence", "statement", "seeds", "runs"):
+    for column in (
+        "finding",
+        "study",
+        "status",
+        "confidence",
+        "verdict, then its derivation",
+        "seeds",
+        "runs",
+    ):
         table.add_column(column, overflow="fold")
     for row in rows:
+        asked = studies[row.study_id]
+        line = headline(row.statement, row.evidence, question=asked.question, kind=asked.kind)
+        text = Text(line, style="bold")
+        if line != row.statement:
+            text.append("\n" + row.statement, style="dim")
         table.add_row(
             str(row.id),
             str(row.study_id),
             row.status.value,
             f"{row.confidence:.2f}",
-            row.statement,
-            ",".join(map(str, row.seeds)),
+            text,
+            _ids_text(row.seeds, "seeds"),
             ",".join(map(str, row.run_ids)),
         )
     Console(soft_wrap=False, width=200).print(table)
@@ -205,6 +291,8 @@ def export(
     if format is ExportFormat.json:
         text = json.dumps(exported.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
     else:
+        from memory import render_markdown
+
         text = render_markdown(exported)
     if out is None:
         typer.echo(text, nl=False)
@@ -251,6 +339,8 @@ def tui(
         problem = exc.errors()[0]
         flag = {"refresh_s": "--refresh", "reviewer": "--reviewer"}.get(str(problem["loc"][0]), "option")
         raise _fail(f"invalid {flag}: {problem['msg']}") from None
+    if store == _DEFAULT_STORE and _no_store_yet(store):  # a fresh folder: say what creates one
+        return
     with _open_store(store) as opened:
         if study is not None:
             opened.get_study(study)  # NotFound becomes one line
@@ -259,13 +349,10 @@ def tui(
         )
 
 
-from a3r.app.commands import register as _register_research_commands  # noqa: E402
-
-_register_research_commands(app)  # vibe, research, resume
-
-
 def main() -> None:
     """Entry point of the ``a3r`` console script."""
+    from swarm.client.console_script import run_console_script
+
     run_console_script(app, prog_name="a3r")
 
 

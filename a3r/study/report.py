@@ -1,5 +1,8 @@
-"""The study report: Markdown with PNG plots (matplotlib, Agg backend). Every number comes from the
-recorded run outcomes (the swarm API and client records) and the store.
+"""The study report: Markdown with PNG plots (`a3r.study.plots`). Every number comes from the recorded
+run outcomes (the swarm API and client records) and the store.
+
+The report opens with one plain line (`a3r.study.headline`): what changed, by how much, its interval,
+whether it is confirmed and what would settle it; the full derivation follows below it.
 """
 
 from __future__ import annotations
@@ -9,20 +12,20 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from a3r.study.analysis import RewardSummary
+from a3r.study.analysis import RewardSummary, part_roles
 from a3r.study.effects import Effect, step_effect
+from a3r.study.headline import headline
 from a3r.study.plans import PlanDraft, training_line
+from a3r.study.plots import plot_held_out, plot_parts, plot_rewards, plot_sweep
 from a3r.study.research import ConfigVerdict
 from a3r.study.runs import RunOutcome, status_text
 from a3r.study.settings import value_text
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_report"]
+
+_EMPTY = ("–", "0.000")
+"""Cells that carry no information: a column whose every cell is one of these is left out of a table."""
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -37,37 +40,6 @@ def _mean_se(summary: RewardSummary | None) -> str:
     if len(rewards) < 2:
         return _fmt(summary.mean_reward)
     return f"{_fmt(summary.mean_reward)} ± {statistics.stdev(rewards) / math.sqrt(len(rewards)):.3f}"
-
-
-def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
-    """Reward curves: mean train reward per trainer step (or per group when no step ran), one line per run.
-
-    Returns:
-        The PNG path, or ``None`` when no run has a curve.
-    """
-    drawable = [o for o in outcomes if o.curve or o.episode_curve]
-    if not drawable:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for o in drawable:
-        if o.curve:
-            ax.plot([s for s, _ in o.curve], [v for _, v in o.curve], marker="o", label=f"{o.key} (per step)")
-        else:
-            ax.plot(
-                range(1, len(o.episode_curve) + 1),
-                o.episode_curve,
-                marker=".",
-                linestyle="--",
-                label=f"{o.key} (per group)",
-            )
-    ax.set_xlabel("trainer step (or group index)")
-    ax.set_ylabel("mean train reward")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 def joined_parts(
@@ -91,31 +63,6 @@ def joined_parts(
             if not names or name in names:
                 joined.setdefault(label, {}).setdefault(name, []).extend(points)
     return joined
-
-
-def plot_parts(parts: dict[str, dict[str, list[float]]], path: Path) -> Path | None:
-    """One panel per reward part, one line per configuration and seed (`joined_parts`): its mean per
-    B·G train episodes (≈ one step).
-
-    Returns:
-        The PNG path, or ``None`` when no part was recorded.
-    """
-    names = sorted({name for curves in parts.values() for name in curves})
-    if not names:
-        return None
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), dpi=110, squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
-        for label, curves in parts.items():
-            if name in curves:
-                ax.plot(range(1, len(curves[name]) + 1), curves[name], marker="o", label=label)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("batch of B·G train episodes (≈ step)", fontsize=7)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 def _reading(effect: Effect) -> str:
@@ -147,101 +94,30 @@ def _parts_table(parts: dict[str, dict[str, list[float]]]) -> list[str]:
     return lines
 
 
-def plot_sweep(
-    configs: Sequence[ConfigVerdict],
-    variable: str,
-    baseline: RewardSummary | None,
-    path: Path,
-    *,
-    stability: bool = True,
-    template: str | None = None,
-) -> Path | None:
-    """Held-out p@1, p@2 and last-k train reward per swept value, stable values marked when
-    ``stability`` (a min-stable question); a switch's values are labelled true/false (``template``:
-    the study's, to resolve the setting).
-
-    Returns:
-        The PNG path, or ``None`` when no configuration has a finite number to plot (every run failed
-        to start, say): the report says what happened without a figure.
-    """
-    series = [
-        ("train reward, last k steps", "o", [c.last_k_reward for c in configs]),
-        ("held-out p@1", "s", [c.pass_at_1 for c in configs]),
-        ("held-out p@2", "^", [c.pass_at_2 for c in configs]),
-    ]
-    if not any(math.isfinite(y) for _, _, ys in series for y in ys):
-        return None
-    xs = [c.value for c in configs]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for label, marker, ys in series:
-        ax.plot(xs, ys, marker=marker, label=label)
-    if baseline is not None and math.isfinite(baseline.mean_reward):
-        ax.axhline(baseline.mean_reward, color="grey", linestyle=":", label="untrained baseline")
-    for c in configs:
-        if c.stable and stability:
-            ax.axvline(c.value, color="green", alpha=0.15)
-    if variable in ("batch_size", "group_size", "lr") and min(xs) > 0:
-        ax.set_xscale("log", base=2 if variable != "lr" else 10)
-        ax.set_xlim(min(xs) / 1.5, max(xs) * 1.5)  # from the values, not from the finite points alone
-    labels = [value_text(variable, template, x) for x in xs]
-    if any(label in ("true", "false") for label in labels):
-        ax.set_xticks(xs, labels)
-    ax.set_xlabel(variable + (" (green: stable on every seed)" if stability else ""))
-    ax.set_ylabel("reward / pass rate")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+def _table(columns: Sequence[tuple[str, Sequence[str]]], *, droppable: Sequence[str] = ()) -> list[str]:
+    """A Markdown table from ``(header, cells)`` columns; a ``droppable`` column whose cells are all empty
+    or 0.000 (p@1 of a task nobody solves) is left out, and a line under the table says so."""
+    dropped = [h for h, cells in columns if h in droppable and cells and all(c in _EMPTY for c in cells)]
+    kept = [(h, cells) for h, cells in columns if h not in dropped]
+    lines = ["| " + " | ".join(h for h, _ in kept) + " |", "|" + "---|" * len(kept)]
+    lines += ["| " + " | ".join(row) + " |" for row in zip(*(cells for _, cells in kept), strict=True)]
+    if dropped:
+        lines += ["", f"_Not shown: {', '.join(dropped)} (0.000 or – in every row)._"]
+    return lines
 
 
-def write_report(
-    folder: Path,
-    *,
-    study: StudyPublic,
-    plan: PlanDraft,
-    hypotheses: Sequence[HypothesisPublic],
-    outcomes: Sequence[RunOutcome],
-    baseline: RewardSummary | None,
-    configs: Sequence[ConfigVerdict],
-    findings: Sequence[FindingPublic],
-    patches: Sequence[PatchPublic],
-    conclusion: str,
-    reward_parts: Sequence[str] = (),
-    notes: Sequence[str] = (),
-    reused: Mapping[int, str] | None = None,
-) -> Path:
-    """Write ``report.md`` (and ``reward_curves.png``, ``reward_parts.png``, ``sweep.png``) into ``folder``.
-
-    Args:
-        reward_parts: The template's reward parts (episode metric names) to draw; every recorded
-            part when empty.
-        notes: Lines on how the runs were fitted to the budget (`a3r.study.research.size_training`) and
-            what the thread's time came to against it (`a3r.study.research.budget_note`).
-        reused: Where a run reused from an earlier study came from (``study 3, finding #5``), by its run id:
-            its row says so and has no wall time of this study.
-
-    Returns:
-        The Markdown path.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    curves = plot_rewards(outcomes, folder / "reward_curves.png")
-    # stability verdicts belong to a min-stable question; the other goals compare held-out rewards
-    stability = plan.sweep is not None and plan.sweep.goal == "min_stable"
-    sweep = plot_sweep(
-        configs,
-        plan.sweep.variable if plan.sweep else "value",
-        baseline,
-        folder / "sweep.png",
-        stability=stability,
-        template=plan.template,
+def _verdict(study: StudyPublic, conclusion: str, findings: Sequence[FindingPublic]) -> list[str]:
+    """The one plain line, then the conclusion it was read from (when it says more) and how verdicts
+    are reached."""
+    finding = next((f for f in findings if f.statement == conclusion), None)
+    line = headline(
+        conclusion, finding.evidence if finding else None, question=study.question, kind=study.kind
     )
-    lines = [
-        f"# Study {study.id}: {study.question}",
-        "",
-        f"**Verdict.** {conclusion}",
-        "",
+    lines = [f"**Verdict.** {line}", ""]
+    if line != conclusion:
+        lines += [f"Derivation: {conclusion}", ""]
+    return [
+        *lines,
         (
             "_Verdicts come from `a3r.study.effects`: confirmed only when the effect's 95% confidence interval "
             "(over seeds, or over steps with their autocorrelation handled) clears the minimum effect "
@@ -251,6 +127,11 @@ def write_report(
             "replicate stage's seeds._"
         ),
         "",
+    ]
+
+
+def _plan(plan: PlanDraft, notes: Sequence[str], hypotheses: Sequence[HypothesisPublic]) -> list[str]:
+    lines = [
         "## Plan",
         f"- objective: {plan.objective}",
         f"- template: `{plan.template}`; parameters: `{plan.params}`",
@@ -277,6 +158,13 @@ def write_report(
         lines.append(
             f"- ({h.registered_at:%Y-%m-%d %H:%M:%S} UTC) **{h.statement}** — expected: {h.expected_outcome}; decision rule: {h.decision_rule}"
         )
+    return lines
+
+
+def _runs(
+    outcomes: Sequence[RunOutcome], baseline: RewardSummary | None, reused: Mapping[int, str] | None
+) -> list[str]:
+    lines: list[str] = []
     if baseline is not None:
         lines += [
             "",
@@ -285,68 +173,102 @@ def write_report(
             f"n = {baseline.tasks} tasks, {baseline.episodes} attempts: mean reward {_fmt(baseline.mean_reward)}, "
             f"p@1 {_fmt(baseline.pass_at_1)}, p@2 {_fmt(baseline.pass_at_2)}.",
         ]
-    lines += [
-        "",
-        "## Runs",
-        "",
-        "| run | status | steps | train episodes | wall s | last reward | held-out n (tasks / attempts) | held-out p@1 | held-out p@2 | held-out mean ± SE |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for o in outcomes:
         last = o.curve[-1][1] if o.curve else (o.episode_curve[-1] if o.episode_curve else math.nan)
         e = o.eval
         origin = (reused or {}).get(o.run_id)
         status = status_text(o.status) + (f", reused from {origin}" if origin else "")
-        lines.append(
-            f"| {o.key} | {status} | {o.steps} | {o.episodes} | {'–' if origin else f'{o.wall_s:.0f}'} | {_fmt(last)} | "
-            f"{f'{e.tasks} / {e.episodes}' if e else '–'} | "
-            f"{_fmt(e.pass_at_1 if e else None)} | {_fmt(e.pass_at_2 if e else None)} | {_mean_se(e)} |"
-        )
-    if configs:
-        name = plan.sweep.variable if plan.sweep else "value"
-        lines += ["", "## Configurations", ""]
-        if stability:
-            lines += [
-                f"| {name} | seeds | stable seeds | stable | last-k train reward | p@1 | p@2 | mean reward | why unstable |",
-                "|---|---|---|---|---|---|---|---|---|",
-            ]
-        else:
-            lines += [
-                f"| {name} | seeds | last-k train reward | held-out p@1 | held-out p@2 | held-out mean reward |",
-                "|---|---|---|---|---|---|",
-            ]
-        for c in configs:
-            stable = f" {c.stable_seeds} | {c.stable_text} |" if stability else ""
-            why = f" {'; '.join(c.reasons + c.not_run)[:300]} |" if stability else ""
-            lines.append(
-                f"| {value_text(name, plan.template, c.value)} | {c.seeds} |{stable} {_fmt(c.last_k_reward)} | {_fmt(c.pass_at_1)} | "
-                f"{_fmt(c.pass_at_2)} | {_fmt(c.eval_mean_reward)} |{why}"
-            )
+        held_out = [f"{e.tasks} / {e.episodes}" if e else "–", _fmt(e.pass_at_1 if e else None)]
+        wall = "–" if origin else f"{o.wall_s:.0f}"
+        row = [o.key, status, str(o.steps), str(o.episodes), wall, _fmt(last), *held_out]
+        rows.append([*row, _fmt(e.pass_at_2 if e else None), _mean_se(e)])
+    header = ["run", "status", "steps", "train episodes", "wall s", "last reward"]
+    header += ["held-out n (tasks / attempts)", "held-out p@1", "held-out p@2", "held-out mean ± SE"]
+    columns = [(h, [row[i] for row in rows]) for i, h in enumerate(header)]
+    return [*lines, "", "## Runs", "", *_table(columns, droppable=("held-out p@1", "held-out p@2"))]
+
+
+def _configurations(
+    configs: Sequence[ConfigVerdict], name: str, template: str | None, stability: bool
+) -> list[str]:
+    columns: list[tuple[str, list[str]]] = [
+        (name, [value_text(name, template, c.value) for c in configs]),
+        ("seeds", [str(c.seeds) for c in configs]),
+    ]
+    if stability:
+        columns += [
+            ("stable seeds", [str(c.stable_seeds) for c in configs]),
+            ("stable", [c.stable_text for c in configs]),
+        ]
+    columns += [
+        ("last-k train reward", [_fmt(c.last_k_reward) for c in configs]),
+        ("held-out p@1" if not stability else "p@1", [_fmt(c.pass_at_1) for c in configs]),
+        ("held-out p@2" if not stability else "p@2", [_fmt(c.pass_at_2) for c in configs]),
+        (
+            "held-out mean reward" if not stability else "mean reward",
+            [_fmt(c.eval_mean_reward) for c in configs],
+        ),
+    ]
+    if stability:
+        columns.append(("why unstable", ["; ".join(c.reasons + c.not_run)[:300] for c in configs]))
+    droppable = ("held-out p@1", "held-out p@2", "p@1", "p@2")
+    return ["", "## Configurations", "", *_table(columns, droppable=droppable)]
+
+
+def _figures(
+    folder: Path,
+    plan: PlanDraft,
+    outcomes: Sequence[RunOutcome],
+    baseline: RewardSummary | None,
+    reward_parts: Sequence[str],
+) -> list[str]:
+    """The held-out before/after, reward-curve and reward-part figures with their Markdown."""
+    lines: list[str] = []
+    held_out = plot_held_out(outcomes, baseline, folder / "held_out.png")
+    if held_out is not None:
+        lines += [
+            "",
+            "## Held-out reward before and after training",
+            "",
+            f"![held-out before and after]({held_out.name})",
+        ]
+    curves = plot_rewards(outcomes, folder / "reward_curves.png")
     if curves is not None:
         lines += ["", "## Reward curves", "", f"![reward curves]({curves.name})"]
     parts = joined_parts(
         outcomes, reward_parts, plan.sweep.variable if plan.sweep else "value", plan.template
     )
-    parts_png = plot_parts(parts, folder / "reward_parts.png")
+    parts_png = plot_parts(parts, folder / "reward_parts.png", part_roles(plan.template))
     if parts_png is not None:
         lines += [
             "",
             "## Reward parts",
             "",
             "The reward split into its parts (the workflow's episode metrics), the mean of each per B·G "
-            "train episodes, per configuration and seed:",
+            "train episodes, per configuration and seed (a rate on a fixed 0–1 scale; the good direction "
+            "in each panel's title):",
             "",
             f"![reward parts]({parts_png.name})",
             "",
             *_parts_table(parts),
         ]
-    if sweep is not None:
-        lines += ["", "## Sweep", "", f"![sweep]({sweep.name})"]
+    return lines
+
+
+def _findings_and_patches(
+    findings: Sequence[FindingPublic], patches: Sequence[PatchPublic], study: StudyPublic
+) -> list[str]:
+    lines: list[str] = []
     if findings:
         lines += ["", "## Findings", ""]
         for f in findings:
+            line = headline(f.statement, f.evidence, question=study.question, kind=study.kind)
+            derivation = f" — {f.statement}" if line != f.statement else ""
+            seeds = ",".join(map(str, f.seeds)) or "none"
+            runs = ",".join(map(str, f.run_ids)) or "none"
             lines.append(
-                f"- [{f.status.value}, confidence {f.confidence:.2f}, seeds {f.seeds}, runs {f.run_ids}] {f.statement}"
+                f"- **{line}** [{f.status.value}, confidence {f.confidence:.2f}, seeds {seeds}, runs {runs}]{derivation}"
             )
     if patches:
         lines += ["", "## Patches", ""]
@@ -360,6 +282,57 @@ def write_report(
                 p.diff.rstrip()[:4000],
                 "```",
             ]
+    return lines
+
+
+def write_report(
+    folder: Path,
+    *,
+    study: StudyPublic,
+    plan: PlanDraft,
+    hypotheses: Sequence[HypothesisPublic],
+    outcomes: Sequence[RunOutcome],
+    baseline: RewardSummary | None,
+    configs: Sequence[ConfigVerdict],
+    findings: Sequence[FindingPublic],
+    patches: Sequence[PatchPublic],
+    conclusion: str,
+    reward_parts: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    reused: Mapping[int, str] | None = None,
+) -> Path:
+    """Write ``report.md`` (and ``held_out.png``, ``reward_curves.png``, ``reward_parts.png``,
+    ``sweep.png``) into ``folder``.
+
+    Args:
+        conclusion: The study's conclusion; the report opens with its one plain line (read from the
+            finding of the same statement, `a3r.study.headline`) and shows the conclusion below it.
+        reward_parts: The template's reward parts (episode metric names) to draw; every recorded
+            part when empty.
+        notes: Lines on how the runs were fitted to the budget (`a3r.study.research.size_training`) and
+            what the thread's time came to against it (`a3r.study.research.budget_note`).
+        reused: Where a run reused from an earlier study came from (``study 3, finding #5``), by its run id:
+            its row says so and has no wall time of this study.
+
+    Returns:
+        The Markdown path.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    # stability verdicts belong to a min-stable question; the other goals compare held-out rewards
+    stability = plan.sweep is not None and plan.sweep.goal == "min_stable"
+    variable = plan.sweep.variable if plan.sweep else "value"
+    sweep = plot_sweep(
+        configs, variable, baseline, folder / "sweep.png", stability=stability, template=plan.template
+    )
+    lines = [f"# Study {study.id}: {study.question}", "", *_verdict(study, conclusion, findings)]
+    lines += _plan(plan, notes, hypotheses)
+    lines += _runs(outcomes, baseline, reused)
+    if configs:
+        lines += _configurations(configs, variable, plan.template, stability)
+    lines += _figures(folder, plan, outcomes, baseline, reward_parts)
+    if sweep is not None:
+        lines += ["", "## Sweep", "", f"![sweep]({sweep.name})"]
+    lines += _findings_and_patches(findings, patches, study)
     path = folder / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

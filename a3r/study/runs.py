@@ -12,30 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from a3r.study.analysis import Diagnosis, RewardSummary
 from a3r.study.plans import StabilityCriterion, TrainingSettings
+from a3r.study.run_status import STORE_STATUS, RunStatusName, status_text
 from a3r.study.sequential import SignalCheck
-from memory import RunStatus
 
 __all__ = ["STORE_STATUS", "Resizing", "RunOutcome", "RunPurpose", "RunSpec", "RunStatusName", "status_text"]
 
 RunPurpose = Literal["preflight", "smoke", "train", "sweep"]
-RunStatusName = Literal["finished", "crashed", "hung", "budget", "failed_to_start", "needs_attention"]
-
-STORE_STATUS: dict[str, RunStatus] = {
-    "finished": RunStatus.finished,
-    "needs_attention": RunStatus.cancelled,
-    "budget": RunStatus.cancelled,
-    "crashed": RunStatus.failed,
-    "hung": RunStatus.failed,
-    "failed_to_start": RunStatus.failed,
-}
-"""The store's status of a run by how it ended (the store knows only finished, failed, cancelled)."""
-
-
-def status_text(name: RunStatusName) -> str:
-    """How a run ended as the store and a3r both say it, e.g. ``cancelled (budget)``, so the report
-    and ``a3r runs`` agree."""
-    store = STORE_STATUS[name].value
-    return store if store == name else f"{store} ({name})"
 
 
 class Resizing(BaseModel):

@@ -62,6 +62,7 @@ from a3r.swarmops.processes import (
     start_server,
     swarm_command,
 )
+from memory import RunUpdate
 from swarm.client import ClientError, Event, ServeOptions, ServeOptionsError, ServerStepMetrics, StatusView
 
 __all__ = [
@@ -637,6 +638,9 @@ def execute_run(
             reason=str(exc),
             run_dir=str(run_dir),
         )
+    # where the TUI follows the run: live from this server, and afterwards from its run dir
+    server_dir = None if handle.process is None else str(ws.server_dir(spec.server_key or spec.key))
+    ctx.store.update_run(run_id, RunUpdate(server_url=handle.url, run_dir=server_dir))
     api = _Control(handle)
     outcome: RunOutcome | None = None
     try:

@@ -30,6 +30,7 @@ from typing import IO
 import httpx
 
 from a3r.errors import SwarmProcessError
+from a3r.swarmops.credentials import write_admin_token
 from swarm.client import ClientError, RetryPolicy, ServeOptions, SwarmClient
 
 __all__ = [
@@ -295,6 +296,7 @@ def start_server(
         log_path=run_dir.parent / f"{run_dir.name}.server.log",
         env={"SWARM_ADMIN_TOKEN": token, "SWARM_CLIENT_TOKEN": client_token},
     )
+    write_admin_token(run_dir, token)  # 0600: for `a3r tui` of the same user, no one else
     handle = ServerHandle(
         url=f"http://127.0.0.1:{port}", admin_token=token, process=process, client_token=client_token
     )

@@ -79,6 +79,11 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     runs = store.study_runs(study_id)
     assert [r.name for r in runs] == ["smoke", "train-s0", f"train-s0-p{review.patch_id}"]
     assert [r.status for r in runs] == [RunStatus.finished, RunStatus.cancelled, RunStatus.finished]
+    # a3r records where each run's server is, and its server's run dir (pool, metrics, a 0600 admin token
+    # for the TUI): a3r tui follows every run it starts, live and afterwards
+    assert all(r.server_url and r.server_url.startswith("http://127.0.0.1:") for r in runs)
+    assert all(r.run_dir and (Path(r.run_dir) / "pool.db").is_file() for r in runs)
+    assert all((Path(str(r.run_dir)) / "admin.token").stat().st_mode & 0o777 == 0o600 for r in runs)
     assert store.get_patch(review.patch_id).status is PatchStatus.applied
     workflow_versions = [a for a in store.artifacts(study_id) if a.name == "workflow.py"]
     assert [a.version for a in workflow_versions] == [1, 2]
@@ -108,7 +113,9 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     # The training run was sized to the budget from the smoke run's speed, and the report says so; it
     # leads with the verdict and splits the reward into its parts (arithmetic: format_ok, correct).
     assert state["sizing"].startswith("budget: the smoke run measured") and state["sizing"] in text
-    assert text.index("**Verdict.** hypothesis ") < text.index("## Plan")
+    # the verdict's one plain line first, then the conclusion it was read from (issue 34)
+    verdict = text.index("**Verdict.** train reward change: ")
+    assert verdict < text.index("Derivation: hypothesis ") < text.index("## Plan")
     assert "## Reward parts" in text and "| format_ok | seed 0 |" in text and "| correct | seed 0 |" in text
     assert (report.parent / "reward_parts.png").exists()
     assert (report.parent / "reward_curves.png").exists()

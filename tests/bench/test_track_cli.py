@@ -234,3 +234,23 @@ def test_report_only_refuses_options_that_would_do_nothing(tmp_path: Path) -> No
     done = _track("--report-only", "--only", "spy", "--store", str(db))
     assert done.returncode == 0, done.stderr
     assert "no spy runs in this store" in done.stdout
+
+
+def test_report_only_writes_no_store_it_was_not_given_and_names_the_checked_out_commit(
+    tmp_path: Path,
+) -> None:
+    """Found by a fresh user: ``--report-only --history …`` wrote a study with 33 runs into the user's
+    ``.a3r/memory.db``, and judged the history's latest commit as if it were the checked-out one."""
+    history_file = ROOT / "bench" / "history" / "track.json"
+    done = subprocess.run(
+        [sys.executable, str(TRACK), "--report-only", "--history", str(history_file)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / ".a3r").exists()  # the history went to a scratch store, deleted at exit
+    text = " ".join(done.stdout.split())
+    assert "the checked-out commit" in text and "judged their latest commit" in text

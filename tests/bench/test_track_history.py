@@ -23,9 +23,12 @@ COMMIT_A, COMMIT_B, COMMIT_C = "a" * 40, "b" * 40, "c" * 40
 MACHINE = {"cpu": "Test CPU", "cores": 2}
 
 
-def _config(mode: str = "quick", cpu: str = "Test CPU", calls: int = 12, **other: Any) -> dict[str, Any]:
+def _config(
+    mode: str = "quick", cpu: str = "Test CPU", calls: int = 12, load_avg_1m: float = 1.0, **other: Any
+) -> dict[str, Any]:
     return {
         "mode": mode,
+        "load_avg_1m": load_avg_1m,
         "settings": {"threads": 2, "merge_calls": calls, "update_seqs": 8, **other},
         "dirty": False,
         "provenance": {"versions": {"torch": "2.13.0"}, "machine": {**MACHINE, "cpu": cpu}},
@@ -196,3 +199,20 @@ def test_a_history_file_of_another_kind_or_not_an_export_is_refused(tmp_path: Pa
             import_history(store, tmp_path / "research.json")
         with pytest.raises(HistoryFileError, match=r"missing\.json: No such file"):
             import_history(store, tmp_path / "missing.json")
+
+
+def test_a_timing_measured_at_a_very_different_load_is_not_comparable(tmp_path: Path) -> None:
+    """Found on the dashboard: "+3096.9 % improvement" in throughput compared runs at load 8–9 with one
+    at 1.3. A load-sensitive metric beyond the band at > 2× the history's load per core is not judged."""
+    with Store(tmp_path / "track.db") as store:
+        for commit, seed in ((COMMIT_A, 0), (COMMIT_A, 1), (COMMIT_B, 0)):
+            _record(store, commit, seed, 9.3, load_avg_1m=8.5)
+        fast = [_record(store, COMMIT_C, 0, 30.0, load_avg_1m=1.3)]
+        history = load_history(store)
+        judged = {"higher_is_better": True, "k": 3.0, "min_relative": 0.01}
+        assert history.verdict("merge", "tokens_ratio", fast, **judged).status is Status.improvement
+        loaded = history.verdict("merge", "tokens_ratio", fast, load_sensitive=True, **judged)
+        assert loaded.status is Status.not_comparable and loaded.status.value == "not comparable (load)"
+        same_load = [_record(store, COMMIT_C, 1, 30.0, load_avg_1m=7.0)]
+        v = load_history(store).verdict("merge", "tokens_ratio", same_load, load_sensitive=True, **judged)
+        assert v.status is Status.improvement  # 7.0 vs 8.5: comparable

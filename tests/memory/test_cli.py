@@ -127,3 +127,32 @@ def test_default_store_is_in_the_working_directory(tmp_path: Path, monkeypatch: 
     assert (tmp_path / ".a3r" / "memory.db").exists()
     result = runner.invoke(app, ["export", "1"])
     assert result.exit_code == 0 and "in cwd" in result.output
+
+
+def test_numbers_and_seed_lists_read_plainly(store: Store, store_url: str) -> None:
+    study = store.create_study("precision")
+    experiment = store.create_experiment(study.id, "e")
+    run = store.start_run(experiment.id, name="noise", seed=0)
+    store.log_metrics(run.id, 3, {"reward_mean": 1.388e-17, "steps": 12.0, "eval/pass_at_1": 2 / 3})
+    store.add_finding(study.id, statement="one seed", confidence=0.5, seeds=[0], run_ids=[run.id])
+    listed = runner.invoke(app, ["runs", "--store", store_url], env={"COLUMNS": "200"})
+    assert "reward_mean=0 " in listed.output and "e-17" not in listed.output
+    assert "steps=12 " in listed.output and "eval/pass_at_1=0.6667" in listed.output
+    found = runner.invoke(app, ["findings", "--store", store_url], env={"COLUMNS": "200"})
+    assert "1 seed: 0" in found.output
+
+
+def test_markdown_export_has_valid_json_evidence_and_summarises_long_data(
+    store: Store, store_url: str
+) -> None:
+    study = store.create_study("export")
+    evidence = json.dumps({"effect": {"low": float("nan"), "high": 0.5}})  # json writes NaN by default
+    store.add_finding(study.id, statement="s", confidence=0.5, evidence=evidence)
+    tasks = "".join(json.dumps({"task": i}) + "\n" for i in range(327))
+    store.add_artifact(study.id, "data", "tasks.jsonl", tasks)
+    markdown = runner.invoke(app, ["export", str(study.id), "--store", store_url]).output
+    assert "NaN" not in markdown and '"low": null' in markdown
+    assert "327 lines" in markdown and f"a3r export {study.id} --format json" in markdown
+    assert '{"task": 19}' in markdown and '{"task": 20}' not in markdown
+    data = json.loads(runner.invoke(app, ["export", str(study.id), "-s", store_url, "-f", "json"]).output)
+    assert data["artifacts"][0]["content"] == tasks  # the JSON export keeps every line

@@ -16,6 +16,7 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from a3r.app.cli import app
@@ -31,6 +32,16 @@ def test_missing_store_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert result.output.count("\n") == 1 and result.output.startswith("error: ")
     assert "Traceback" not in result.output
+
+
+def test_tui_in_a_folder_without_a_store_says_what_creates_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a fresh user: ``a3r tui`` in a new folder printed "Error: store … not found", exit 1."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["tui"])
+    assert result.exit_code == 0 and "nothing recorded yet" in result.output and "a3r vibe" in result.output
+    assert not (tmp_path / ".a3r").exists()
 
 
 def test_bad_options_are_one_line(store: Store, seeded: Seeded) -> None:

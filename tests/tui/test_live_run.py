@@ -19,7 +19,7 @@ from a3r.app.tui._episode_screen import EpisodeScreen
 from a3r.app.tui._patch_screen import PatchScreen
 from a3r.app.tui._run_screen import RunScreen
 from a3r.app.tui._token_view import TRAINED_STYLES, render_tokens
-from memory import Store
+from memory import RunUpdate, Store
 from swarm.batch import BatchConfig, BatchPolicy
 from swarm.client import SwarmClient
 from swarm.config import TrainingConfig
@@ -137,14 +137,20 @@ async def test_live_run_and_episode_tokens(
         assert "finished" in info and "reward 0.25" in info and "1 calls, 1 samples" in info
 
 
+async def _open_the_run(pilot: Any, app: A3RApp) -> RunScreen:
+    """From the study screen, open its only run."""
+    await wait_for(pilot, lambda: len(cells(app, "#runs")) == 1)
+    await pilot.press("enter")
+    screen = app.screen
+    assert isinstance(screen, RunScreen)
+    return screen
+
+
 async def test_unreachable_server_is_reported(store: Store) -> None:
     study_id, _ = _study_with_run(store, f"http://127.0.0.1:{free_port()}")
     app = A3RApp(store, config=TuiConfig(refresh_s=0.5, request_timeout_s=2.0), study_id=study_id)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(cells(app, "#runs")) == 1)
-        await pilot.press("enter")
-        screen = app.screen
-        assert isinstance(screen, RunScreen)
+        screen = await _open_the_run(pilot, app)
         await wait_for(pilot, lambda: screen.live is not None)
         assert "cannot reach http://127.0.0.1:" in text_of(app, "#live-status")
         assert screen.query_one("#live-curve", RewardCurve).title_text.endswith("server unreachable")
@@ -236,3 +242,83 @@ async def test_server_slower_than_the_refresh_is_still_shown(store: Store) -> No
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+async def test_a_finished_run_is_read_from_its_run_dir(
+    store: Store, trained_server: tuple[LiveServer, list[ServerStepMetrics]]
+) -> None:
+    """Found by a fresh user: after an a3r run ended its episodes were in its server's pool.db, and the
+    TUI showed none. An ended run with a run dir is read from there (pool.db, metrics.jsonl)."""
+    live, _ = trained_server
+    study_id, run_id = _study_with_run(store, f"http://127.0.0.1:{free_port()}")  # its server is gone
+    store.update_run(run_id, RunUpdate(run_dir=str(live.config.run_dir)))
+    store.finish_run(run_id)
+    app = A3RApp(store, config=TuiConfig(refresh_s=0.5, request_timeout_s=2.0), study_id=study_id)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _open_the_run(pilot, app)
+        await wait_for(pilot, lambda: len(cells(app, "#episodes")) == 4, timeout_s=20)
+        assert [row[1] for row in cells(app, "#episodes")] == ["count-2", "count-2", "count-1", "count-1"]
+        assert "ended read from" in text_of(app, "#live-status") and "2 steps" in text_of(app, "#live-status")
+        assert screen.query_one("#live-curve", RewardCurve).values == (0.5, 0.5)
+        await pilot.press("enter")
+        view = app.screen.query_one(TokenView)
+        await wait_for(pilot, lambda: view.sequences, timeout_s=20)
+        (call,) = view.sequences  # read from the pool: the episode's call, ids and logprobs included
+        assert (
+            call.ids
+            and call.trained > 0
+            and all(lp < 0 for lp, m in zip(call.logprobs, call.loss_mask, strict=True) if m)
+        )
+        assert "token 1/" in text_of(app, "#token-line")
+
+
+def test_the_admin_token_file_is_the_owners_only(tmp_path: Any) -> None:
+    from a3r.app.tui._context import TuiContext
+    from a3r.swarmops.credentials import TOKEN_FILE, read_admin_token, write_admin_token
+
+    path = write_admin_token(tmp_path, "s3cret-token")
+    assert path.name == TOKEN_FILE and (path.stat().st_mode & 0o777) == 0o600
+    assert read_admin_token(tmp_path) == "s3cret-token" and read_admin_token(None) is None
+    context = TuiContext(store=None, config=TuiConfig())  # type: ignore[arg-type]
+    assert context.admin_token_for(str(tmp_path)) == "s3cret-token"
+    given = TuiContext(store=None, config=TuiConfig(admin_token="from-the-flag-123456"))  # type: ignore[arg-type]
+    assert given.admin_token_for(str(tmp_path)) == "from-the-flag-123456"
+    path.chmod(0o644)  # readable by others: not trusted
+    assert read_admin_token(tmp_path) is None
+
+
+async def test_screenshots_of_the_main_screens(
+    store: Store, trained_server: tuple[LiveServer, list[ServerStepMetrics]], tokenizer: Any, tmp_path: Any
+) -> None:
+    """SVG screenshots of the studies, study, run and token screens over a real trained run (read from
+    its run dir). ``A3R_SCREENSHOTS=docs/tui`` writes them there (the README shows them)."""
+    import os
+    from pathlib import Path
+
+    folder = Path(os.environ.get("A3R_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    live, _ = trained_server
+    _, run_id = _study_with_run(store, live.url)
+    store.update_run(run_id, RunUpdate(name="train-s0", run_dir=str(live.config.run_dir)))
+    store.finish_run(run_id, final_metrics={"reward_mean": 0.5, "steps": 2})
+    config = TuiConfig(refresh_s=0.5, request_timeout_s=2.0)
+    app = A3RApp(store, config=config, detokenize=HFDetokenizer.from_tokenizer(tokenizer))
+    shots = []
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: cells(app, "#studies"))
+        shots.append(app.save_screenshot("studies.svg", str(folder)))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: cells(app, "#runs"))
+        shots.append(app.save_screenshot("study.svg", str(folder)))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(cells(app, "#episodes")) == 4, timeout_s=20)
+        shots.append(app.save_screenshot("run.svg", str(folder)))
+        await pilot.press("enter")
+        view = app.screen.query_one(TokenView)
+        await wait_for(pilot, lambda: view.sequences, timeout_s=20)
+        await pilot.press(*["right"] * (len(view.sequences[0].pieces) - 2))  # onto a completion token
+        await pilot.pause()
+        shots.append(app.save_screenshot("tokens.svg", str(folder)))
+    texts = [Path(shot).read_text(encoding="utf-8") for shot in shots]
+    assert all(text.startswith("<svg") for text in texts)
+    assert "train-s0" in texts[1] and "count-2" in texts[2] and "logprob" in texts[3]

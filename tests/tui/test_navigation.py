@@ -31,14 +31,14 @@ async def test_studies_to_study_to_run(store: Store, seeded: Seeded, config: Tui
         assert isinstance(app.screen, StudyScreen) and app.screen.study_id == seeded.study_id
         await wait_for(pilot, lambda: len(cells(app, "#runs")) == 2)
         runs = cells(app, "#runs")
-        assert [row[:5] for row in runs] == [
-            [str(seeded.run_ids[0]), "kl-0.05", "0", "running", "3"],
-            [str(seeded.run_ids[1]), "kl-0.05", "1", "failed", "3"],
+        assert [row[:6] for row in runs] == [
+            [str(seeded.run_ids[0]), "kl-seed0", "kl-0.05", "0", "running", "3"],
+            [str(seeded.run_ids[1]), "kl-seed1", "kl-0.05", "1", "failed", "3"],
         ]
-        assert "reward/mean=0.5" in runs[0][5]
+        assert "reward/mean=0.5" in runs[0][6]
         curve = app.screen.query_one(RewardCurve)
         await wait_for(pilot, lambda: curve.values == (0.1, 0.2, 0.35, 0.5))
-        assert curve.metric == f"run {seeded.run_ids[0]} reward/mean"
+        assert curve.metric == f"run {seeded.run_ids[0]} (kl-seed0) reward/mean"
         await pilot.press("down")  # the curve follows the highlighted run
         await wait_for(pilot, lambda: curve.values == (0.1, 0.05, 0.0, 0.0))
 
@@ -76,7 +76,7 @@ async def test_refresh_shows_new_runs_metrics_and_events(
         store.log_metrics(new_run.id, step=7, metrics={"reward/mean": 0.9})
         store.log_event("seed 2 started", run_id=new_run.id)
         await wait_for(pilot, lambda: len(cells(app, "#runs")) == 3)
-        assert cells(app, "#runs")[2][:5] == [str(new_run.id), "kl-0.05", "2", "running", "7"]
+        assert cells(app, "#runs")[2][:6] == [str(new_run.id), "", "kl-0.05", "2", "running", "7"]
         await pilot.press("3")
         log = app.screen.query_one("#events", RichLog)
         await wait_for(pilot, lambda: any("seed 2 started" in str(line.text) for line in log.lines))
@@ -115,3 +115,47 @@ async def test_study_findings_are_filtered(store: Store, seeded: Seeded, config:
         await pilot.pause(0.3)
         assert cells(app, "#findings") == []
         assert "no finding yet" in text_of(app, "#finding")
+
+
+async def test_a_finding_reads_as_its_plain_line_and_its_evidence_without_nan(
+    store: Store, seeded: Seeded, config: TuiConfig
+) -> None:
+    """Found by a fresh user: a finding's detail was raw JSON with ``NaN``."""
+    import json
+
+    effect = {"estimate": 0.1, "low": 0.04, "high": 0.16, "verdict": "confirmed", "n": 16, "unit": "episodes"}
+    evidence = {"curve": [[1, 0.2], [2, 0.3]], "effect": effect, "noise": float("nan")}
+    store.add_finding(
+        seeded.other_study_id, statement="a long derivation", confidence=0.9, evidence=json.dumps(evidence)
+    )
+    app = A3RApp(store, config=config)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f")
+        await wait_for(pilot, lambda: len(cells(app, "#findings")) == 2)
+        row = cells(app, "#findings")[1]
+        assert row[4].startswith("train reward change: +0.100 (95% CI +0.040")
+        await pilot.press("down")
+        detail = text_of(app, "#finding")
+        assert "a long derivation" in detail and "curve: 2 points" in detail and "noise: –" in detail
+        assert "NaN" not in detail and "nan" not in detail
+
+
+async def test_a_concluded_study_opens_with_its_one_plain_line(
+    store: Store, seeded: Seeded, config: TuiConfig
+) -> None:
+    import json
+
+    from memory import StudyUpdate
+
+    effect = {"estimate": 0.2, "low": 0.1, "high": 0.3, "verdict": "confirmed", "n": 3, "unit": "seeds"}
+    conclusion = "hypothesis confirmed: a long derivation with every number in it"
+    store.add_finding(
+        seeded.study_id, statement=conclusion, confidence=0.95, evidence=json.dumps({"effect": effect})
+    )
+    store.update_study(seeded.study_id, StudyUpdate(conclusion=conclusion))
+    app = A3RApp(store, config=config, study_id=seeded.study_id)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "Verdict" in text_of(app, "#plan-text"))
+        plan = " ".join(text_of(app, "#plan-text").split())
+        assert "Verdict train reward change: +0.200 (95% CI +0.100 … +0.300), confirmed" in plan
+        assert plan.index("Verdict") < plan.index("Derivation hypothesis confirmed: a long derivation")

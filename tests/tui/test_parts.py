@@ -27,6 +27,7 @@ from a3r.app.tui._episode_screen import episode_pieces
 from a3r.app.tui._evidence import cited_metrics
 from a3r.app.tui._metric_names import reward_history, reward_metric
 from a3r.app.tui._swarm import LiveRun
+from a3r.app.tui._token_view import TokenView
 from memory import Store
 from swarm.client._sse import parse_sse
 from swarm.protocol import EpisodeKind, EpisodeStatus, EpisodeView
@@ -208,3 +209,50 @@ def test_reward_history(store: Store, seeded: Seeded) -> None:
     for step, value in enumerate([0.3, 0.1]):
         store.log_metrics(other.id, step=step, metrics={"loss": 1.0 - step, "task_reward_avg": value})
     assert reward_history(store, other.id) == ("task_reward_avg", [0.3, 0.1])
+
+
+def test_tokens_show_ids_mask_and_logprob_bands() -> None:
+    from a3r.app.tui._token_view import CURSOR_STYLE, LOGPROB_BANDS, render_tokens, token_line
+
+    episode = _open_episode()
+    first, _ = token_sequences(episode, episode_pieces(episode, None))
+    assert first.ids == (1, 2, 3, 4, 5)
+    assert [
+        s.title.split(" (")[0] for s in token_sequences(episode, {i: "x" for i in range(1, 8)}, by="calls")
+    ] == [
+        "call 0",
+        "call 1",
+    ]
+    sure = first.__class__(
+        title="t", pieces=("a", "b", "c"), loss_mask=(0, 1, 1), logprobs=(0.0, -0.01, -3.0), ids=(7, 8, 9)
+    )
+    text = render_tokens(sure, cursor=2)
+    styles = [str(span.style) for span in text.spans]
+    assert LOGPROB_BANDS[0][2][1] in styles  # p 0.99: the surest band
+    assert LOGPROB_BANDS[-1][2][0] in styles  # p 0.05: the least sure band
+    assert CURSOR_STYLE in styles
+    assert token_line(sure, 2).plain == "token 3/3 · id 9 · 'c' · trained · logprob -3.000 (p 0.050)"
+    assert token_line(sure, 0).plain == "token 1/3 · id 7 · 'a' · context (not trained: no logprob)"
+
+
+class _TokensApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield TokenView()
+
+
+async def test_token_view_cursor_walks_the_tokens() -> None:
+    episode = _open_episode()
+    app = _TokensApp()
+    async with app.run_test(size=(80, 12)) as pilot:
+        view = app.query_one(TokenView)
+        view.focus()
+        view.show(token_sequences(episode, episode_pieces(episode, None)))
+        await pilot.pause()
+        await pilot.press("right", "right", "right")
+        assert view.cursor == 3
+        line = str(app.query_one("#token-line").render())
+        assert "token 4/5 · id 4 · '⟨4⟩' · trained · logprob -0.100" in line
+        await pilot.press("end")
+        assert view.cursor == 4
+        await pilot.press("right_square_bracket")  # the next sequence starts at its first token
+        assert view.index == 1 and view.cursor == 0

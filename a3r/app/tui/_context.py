@@ -12,6 +12,7 @@ from typing import TypeVar
 from a3r.app.tui._config import TuiConfig
 from a3r.app.tui._decision import Decision, DecisionHook
 from a3r.app.tui._tokens import Detokenizer
+from a3r.swarmops.credentials import read_admin_token
 from memory import PatchPublic, Store
 
 __all__ = ["DecisionHookError", "TuiContext"]
@@ -45,6 +46,12 @@ class TuiContext:
     config: TuiConfig
     detokenize: Detokenizer | None = None
     on_decision: DecisionHook | None = None
+
+    def admin_token_for(self, run_dir: str | None) -> str | None:
+        """The admin token for a run's server: ``--admin-token`` (or ``SWARM_ADMIN_TOKEN``) when given,
+        else the one a3r wrote, mode 0600, into the run's server dir (`a3r.swarmops.credentials`)."""
+        token = self.config.admin_token
+        return token.get_secret_value() if token is not None else read_admin_token(run_dir)
 
     async def decide(self, patch_id: int, decision: Decision) -> PatchPublic:
         """Record a decision in the store (in a worker thread) and log it as a study event.

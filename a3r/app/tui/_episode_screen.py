@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import ClassVar
+import sqlite3
+from typing import ClassVar, Literal
 
 import httpx
 from rich.text import Text
@@ -15,6 +16,7 @@ from textual.widgets import Footer, Header, Static
 
 from a3r.app.tui._context import TuiContext
 from a3r.app.tui._polling import on_stack
+from a3r.app.tui._run_dir import RunDirReader
 from a3r.app.tui._swarm import RunMonitor
 from a3r.app.tui._token_view import TokenView, token_sequences
 from a3r.app.tui._tokens import Detokenizer
@@ -47,13 +49,18 @@ class EpisodeScreen(Screen[None]):
     | key    | action             |
     |--------|--------------------|
     | ] [    | next / previous sequence (sample, or call before merging) |
+    | ← →    | previous / next token (its id, piece, mask and logprob below the title) |
+    | c      | samples ⇄ calls    |
     | g      | fetch again        |
     | Escape | back               |
 
     Args:
         ctx: The session context (its detokenizer turns ids into text).
-        server_url: The server that recorded the episode.
+        server_url: The server that recorded the episode; ``None``: read it from ``run_dir`` (a stopped
+            server's pool).
         episode_id: The episode.
+        run_dir: The server's run dir (``Run.run_dir``): where a3r keeps its admin token, and the pool
+            of a finished run.
     """
 
     DEFAULT_CSS = """
@@ -67,20 +74,26 @@ class EpisodeScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "app.pop_screen", "Back"),
         Binding("g", "fetch", "Fetch again"),
+        Binding("c", "toggle_view", "Samples/calls"),
     ]
 
-    def __init__(self, ctx: TuiContext, server_url: str, episode_id: str) -> None:
+    def __init__(
+        self, ctx: TuiContext, server_url: str | None, episode_id: str, *, run_dir: str | None = None
+    ) -> None:
         super().__init__()
         self.ctx = ctx
         self.episode_id = episode_id
-        token = ctx.config.admin_token
-        self.monitor = RunMonitor(
-            server_url,
-            admin_token=token.get_secret_value() if token is not None else None,
-            timeout_s=ctx.config.request_timeout_s,
+        self.monitor: RunMonitor | RunDirReader = (
+            RunDirReader(run_dir or ".")
+            if server_url is None
+            else RunMonitor(
+                server_url, admin_token=ctx.admin_token_for(run_dir), timeout_s=ctx.config.request_timeout_s
+            )
         )
         self.title = f"Episode {episode_id}"
         self.episode: EpisodeView | None = None
+        self.by: Literal["samples", "calls"] = "samples"
+        self._pieces: dict[int, str] = {}
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -104,7 +117,7 @@ class EpisodeScreen(Screen[None]):
         info = self.query_one("#episode-info", Static)
         try:
             episode = await self.monitor.episode(self.episode_id)
-        except (httpx.HTTPError, SwarmError) as exc:
+        except (httpx.HTTPError, SwarmError, LookupError, sqlite3.Error) as exc:
             if on_stack(self):
                 info.update(Text(f"cannot fetch {self.episode_id}: {exc}", style="bold red"))
             return
@@ -124,4 +137,12 @@ class EpisodeScreen(Screen[None]):
                 f"{len(episode.samples)} samples · merge ratio {episode.merge.merge_ratio:.2f}",
             )
         )
-        self.query_one(TokenView).show(token_sequences(episode, pieces))
+        self._pieces = pieces
+        self.query_one(TokenView).show(token_sequences(episode, pieces, by=self.by))
+
+    def action_toggle_view(self) -> None:
+        """Show the episode's calls one by one, or its merged samples (what the trainer trains on)."""
+        if self.episode is None:
+            return
+        self.by = "calls" if self.by == "samples" else "samples"
+        self.query_one(TokenView).show(token_sequences(self.episode, self._pieces, by=self.by))

@@ -13,11 +13,16 @@ from textual.widgets import DataTable, Footer, Header, Static
 from a3r.app.tui._context import TuiContext
 from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.app.tui._tables import Cell, refill
+from a3r.study.headline import evidence_lines, headline
 from memory import FindingPublic
 
 __all__ = ["FindingsScreen"]
 
 _STATUS_STYLE = {"confirmed": "bold green", "refuted": "red", "unconfirmed": "yellow"}
+
+
+def _cut(text: str, room: int) -> str:
+    return text if len(text) <= room else text[: room - 1] + "…"
 
 
 class FindingsScreen(PollingScreen):
@@ -39,7 +44,7 @@ class FindingsScreen(PollingScreen):
     }
     FindingsScreen #finding {
         height: auto;
-        max-height: 8;
+        max-height: 14;
         border-top: solid $primary-darken-2;
         padding: 0 1;
     }
@@ -52,6 +57,7 @@ class FindingsScreen(PollingScreen):
         self.study_id = study_id
         self.title = "Findings" + (f" of study {study_id}" if study_id is not None else "")
         self._findings: dict[str, FindingPublic] = {}
+        self._lines: dict[str, str] = {}  # the one plain line of each finding (`a3r.study.headline`)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -61,19 +67,28 @@ class FindingsScreen(PollingScreen):
 
     def on_mount(self) -> None:
         table: DataTable[Cell] = self.query_one("#findings", DataTable)
-        table.add_columns("id", "study", "status", "conf", "statement")
+        table.add_columns("id", "study", "status", "conf", "verdict")
 
-    def _read(self) -> list[FindingPublic]:
+    def _read(self) -> tuple[list[FindingPublic], dict[str, str]]:
         store = self.ctx.store
-        ids = [self.study_id] if self.study_id is not None else [s.id for s in store.studies()]
-        return [finding for study_id in ids for finding in store.findings(study_id)]
+        studies = [store.get_study(self.study_id)] if self.study_id is not None else store.studies()
+        findings = [finding for study in studies for finding in store.findings(study.id)]
+        asked = {study.id: study for study in studies}
+        lines = {
+            str(f.id): headline(
+                f.statement, f.evidence, question=asked[f.study_id].question, kind=asked[f.study_id].kind
+            )
+            for f in findings
+        }
+        return findings, lines
 
     @work(exclusive=True, group=RELOAD_GROUP)
     async def reload(self) -> None:
         """Re-read the findings (a store read in a worker thread)."""
-        findings = await read_store(self, self._read)
-        if findings is None:
+        read = await read_store(self, self._read)
+        if read is None:
             return
+        findings, self._lines = read
         self._findings = {str(f.id): f for f in findings}
         room = max(20, self.size.width - 36)  # the statement column; the full text shows below
         table: DataTable[Cell] = self.query_one("#findings", DataTable)
@@ -87,7 +102,7 @@ class FindingsScreen(PollingScreen):
                         str(f.study_id),
                         Text(f.status.value, style=_STATUS_STYLE.get(f.status.value, "")),
                         f"{f.confidence:.2f}",
-                        f.statement if len(f.statement) <= room else f.statement[: room - 1] + "…",
+                        _cut(self._lines[str(f.id)], room),
                     ),
                 )
                 for f in findings
@@ -107,10 +122,13 @@ class FindingsScreen(PollingScreen):
             return
         seeds = ", ".join(map(str, finding.seeds)) or "none"
         runs = ", ".join(map(str, finding.run_ids)) or "none"
+        line = self._lines.get(str(finding.id), finding.statement)
+        evidence = "".join(f"\n· {item}" for item in evidence_lines(finding.evidence or ""))
         self.query_one("#finding", Static).update(
             Text.assemble(
-                (finding.statement, "bold"),
-                f"\n{finding.evidence}" if finding.evidence else "",
+                (line, "bold"),
+                f"\n{finding.statement}" if line != finding.statement else "",
+                (evidence, "dim"),
                 f"\nseeds {seeds} · evidence runs {runs}",
                 f" · hypothesis H{finding.hypothesis_id}" if finding.hypothesis_id is not None else "",
             )

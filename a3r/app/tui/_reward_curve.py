@@ -1,4 +1,5 @@
-"""`RewardCurve`: a metric's history drawn as a sparkline with its last, lowest and highest value."""
+"""`RewardCurve`: a metric's history drawn as a sparkline, with its y axis (highest value at the top,
+lowest at the bottom) beside it and its last, lowest and highest value and step count above it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import statistics
 from collections.abc import Sequence
 
 from textual.app import ComposeResult
+from textual.containers import Horizontal
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Label, Sparkline
@@ -36,7 +38,17 @@ class RewardCurve(Widget):
         height: 1;
         color: $text-muted;
     }
-    RewardCurve > Sparkline {
+    RewardCurve > Horizontal {
+        height: 3;
+    }
+    RewardCurve #axis {
+        width: auto;
+        max-width: 9;
+        height: 3;
+        color: $text-muted;
+        padding: 0 1 0 0;
+    }
+    RewardCurve Sparkline {
         height: 3;
         width: 1fr;
     }
@@ -48,7 +60,9 @@ class RewardCurve(Widget):
 
     def compose(self) -> ComposeResult:
         yield Label(id="title")
-        yield Sparkline([], summary_function=statistics.fmean, id="curve")
+        with Horizontal():
+            yield Label(id="axis")
+            yield Sparkline([], summary_function=statistics.fmean, id="curve")
 
     def on_mount(self) -> None:
         self._redraw()
@@ -79,4 +93,12 @@ class RewardCurve(Widget):
         if not self.is_mounted:
             return
         self.query_one("#title", Label).update(self.title_text)
+        self.query_one("#axis", Label).update(self.axis_text)
         self.query_one("#curve", Sparkline).data = list(self.values)
+
+    @property
+    def axis_text(self) -> str:
+        """The y axis beside the curve: its highest value on the top line, its lowest on the bottom."""
+        if not self.values:
+            return ""
+        return f"{max(self.values):.3g}\n\n{min(self.values):.3g}"

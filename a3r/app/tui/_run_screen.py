@@ -16,9 +16,10 @@ from a3r.app.tui._episode_screen import EpisodeScreen
 from a3r.app.tui._metric_names import reward_history, reward_metric
 from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, on_stack, read_store
 from a3r.app.tui._reward_curve import RewardCurve
+from a3r.app.tui._run_dir import RunDirReader
 from a3r.app.tui._swarm import LiveRun, RunMonitor
 from a3r.app.tui._tables import Cell, refill
-from memory import RunPublic
+from memory import RunPublic, RunStatus
 
 __all__ = ["RunScreen"]
 
@@ -66,8 +67,9 @@ class RunScreen(PollingScreen):
         super().__init__(ctx)
         self.run_id = run_id
         self.title = f"Run {run_id}"
-        self.monitor: RunMonitor | None = None
+        self.monitor: RunMonitor | RunDirReader | None = None
         self.live: LiveRun | None = None
+        self.run_dir: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -111,26 +113,45 @@ class RunScreen(PollingScreen):
             info.append(f"\nerror: {run.error}", style="red")
         self.query_one("#run-info", Static).update(info)
         self.query_one("#stored-curve", RewardCurve).show(f"stored {name}", values)
-        if run.server_url is None:
+        monitor = await self._source(run)
+        if monitor is None:
             self.query_one("#live-curve", RewardCurve).placeholder = "no server recorded"
             self.query_one("#live-status", Static).update("no live data: the run recorded no server")
             return
-        if self.monitor is None:
-            token = self.ctx.config.admin_token
-            self.monitor = RunMonitor(
-                run.server_url,
-                admin_token=token.get_secret_value() if token is not None else None,
-                timeout_s=self.ctx.config.request_timeout_s,
-            )
-        live = await self.monitor.poll()
+        live = await monitor.poll()
         if on_stack(self):
             self.show_live(live)
+
+    async def _source(self, run: RunPublic) -> RunMonitor | RunDirReader | None:
+        """Where the run's data comes from: its server while it runs, its server's run dir once it ended
+        (switching when it ends), else the recorded server; ``None`` when the run recorded neither."""
+        ended = run.status is not RunStatus.running and RunDirReader.holds_a_run(run.run_dir)
+        if ended and not isinstance(self.monitor, RunDirReader):
+            if self.monitor is not None:
+                await self.monitor.aclose()
+            self.monitor = RunDirReader(str(run.run_dir))
+        elif self.monitor is None and run.server_url is not None:
+            self.monitor = RunMonitor(
+                run.server_url,
+                admin_token=self.ctx.admin_token_for(run.run_dir),
+                timeout_s=self.ctx.config.request_timeout_s,
+            )
+        self.run_dir = run.run_dir
+        return self.monitor
 
     def show_live(self, live: LiveRun) -> None:
         """Draw one poll of the server."""
         self.live = live
         status = self.query_one("#live-status", Static)
-        if live.status is None:
+        if live.status is None and isinstance(self.monitor, RunDirReader):
+            steps = len(live.metrics or [])
+            line = Text.assemble(
+                ("ended ", "bold"), f"read from {self.monitor.url}: {steps} steps, newest episodes below"
+            )
+            if live.error:
+                line.append(f"\n{live.error}", style="red")
+            status.update(line)
+        elif live.status is None:
             status.update(Text(live.error or "no answer", style="bold red"))
         else:
             st = live.status
@@ -173,5 +194,7 @@ class RunScreen(PollingScreen):
 
     @on(DataTable.RowSelected, "#episodes")
     def _selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key.value is not None and self.monitor is not None:
-            self.app.push_screen(EpisodeScreen(self.ctx, self.monitor.url, event.row_key.value))
+        if event.row_key.value is None or self.monitor is None:
+            return
+        url = None if isinstance(self.monitor, RunDirReader) else self.monitor.url
+        self.app.push_screen(EpisodeScreen(self.ctx, url, event.row_key.value, run_dir=self.run_dir))

@@ -13,16 +13,19 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Footer, Header, RichLog, Static, TabbedContent, TabPane
 
+from a3r.app.metric_text import KEY_METRICS, number_text
 from a3r.app.tui._context import TuiContext
 from a3r.app.tui._metric_names import reward_history
 from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.app.tui._reward_curve import RewardCurve
 from a3r.app.tui._run_screen import RunScreen
 from a3r.app.tui._tables import Cell, refill, selected_key
+from a3r.study.headline import headline
 from memory import (
     CodeArtifactPublic,
     EventPublic,
     ExperimentPublic,
+    FindingPublic,
     HypothesisPublic,
     RunWithMetrics,
     StudyPublic,
@@ -34,8 +37,13 @@ _LEVEL_STYLE = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold 
 
 
 def metrics_text(values: dict[str, float] | None, width: int = 40) -> str:
-    """``name=value`` pairs (4 significant digits), cut to ``width`` characters."""
-    text = "  ".join(f"{name}={value:.4g}" for name, value in (values or {}).items())
+    """``name=value`` pairs, the key metrics first (`a3r.app.metric_text.KEY_METRICS`' order: reward, eval,
+    loss, kl …, then the rest by name), each at a readable precision (`a3r.app.metric_text.number_text`), cut
+    to ``width`` characters."""
+    values = values or {}
+    first = [name for name in KEY_METRICS if name in values]
+    names = first + sorted(name for name in values if name not in first)
+    text = "  ".join(f"{name}={number_text(values[name])}" for name in names)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -47,6 +55,7 @@ class _Snapshot:
     artifacts: list[CodeArtifactPublic]
     runs: list[RunWithMetrics]
     events: list[EventPublic]
+    findings: list[FindingPublic]
 
 
 class StudyScreen(PollingScreen):
@@ -104,8 +113,8 @@ class StudyScreen(PollingScreen):
 
     def on_mount(self) -> None:
         table: DataTable[Cell] = self.query_one("#runs", DataTable)
-        table.add_columns("run", "experiment", "seed", "status", "step", "latest metrics")
-        self.query_one(RewardCurve).placeholder = "select a run"
+        table.add_columns("run", "name", "experiment", "seed", "status", "step", "latest metrics")
+        self.query_one(RewardCurve).placeholder = "no run yet"
         table.focus()
 
     def action_tab(self, tab: str) -> None:
@@ -139,6 +148,7 @@ class StudyScreen(PollingScreen):
             )
             if self._last_event_id is not None
             else store.events(study_id=self.study_id)[-self.ctx.config.event_tail :],
+            findings=store.findings(self.study_id),
         )
 
     @work(exclusive=True, group=RELOAD_GROUP)
@@ -152,6 +162,7 @@ class StudyScreen(PollingScreen):
         experiments = {exp.id: exp.name for exp in snapshot.experiments}
         self._runs = {str(run.id): run for run in snapshot.runs}
         table: DataTable[Cell] = self.query_one("#runs", DataTable)
+        room = max(40, self.size.width - 60)  # what the other columns leave of the screen's width
         refill(
             table,
             (
@@ -159,11 +170,12 @@ class StudyScreen(PollingScreen):
                     str(run.id),
                     (
                         str(run.id),
+                        run.name or "",
                         experiments.get(run.experiment_id, str(run.experiment_id)),
                         "" if run.seed is None else str(run.seed),
                         _status_text(run),
                         "" if run.latest_step is None else str(run.latest_step),
-                        metrics_text(run.latest_metrics or run.final_metrics),
+                        metrics_text(run.latest_metrics or run.final_metrics, room),
                     ),
                 )
                 for run in snapshot.runs
@@ -191,14 +203,17 @@ class StudyScreen(PollingScreen):
         """Draw the reward curve of one run from its metric history in the store."""
         curve = self.query_one(RewardCurve)
         if run_key is None:
-            curve.show("reward", [])
+            curve.show("reward", [])  # no run in the table: the placeholder says so
             return
         run_id = int(run_key)
         read = await read_store(self, lambda: reward_history(self.ctx.store, run_id))
         if read is None:
             return
         name, values = read
-        curve.show(f"run {run_id} {name}", values)
+        run = self._runs.get(run_key)
+        label = f"run {run_id}" + (f" ({run.name})" if run is not None and run.name else "")
+        curve.placeholder = "no metric recorded yet"
+        curve.show(f"{label} {name}", values)
 
 
 def _status_text(run: RunWithMetrics) -> Text:
@@ -212,8 +227,13 @@ def _plan(snapshot: _Snapshot) -> RenderableType:
         Text.assemble(("Question ", "bold"), study.question),
         Text.assemble(("Status ", "bold"), f"{study.status.value} ({study.kind})"),
     ]
-    if study.conclusion:
-        parts.append(Text.assemble(("Conclusion ", "bold"), study.conclusion))
+    if study.conclusion:  # the one plain line first, the conclusion it was read from below it
+        finding = next((f for f in snapshot.findings if f.statement == study.conclusion), None)
+        evidence = finding.evidence if finding is not None else None
+        line = headline(study.conclusion, evidence, question=study.question, kind=study.kind)
+        parts.append(Text.assemble(("Verdict ", "bold"), (line, "bold")))
+        if line != study.conclusion:
+            parts.append(Text.assemble(("Derivation ", "bold"), (study.conclusion, "dim")))
     parts.append(Text("Hypotheses", style="bold underline"))
     for h in snapshot.hypotheses:
         parts.append(Text(f"H{h.id}. {h.statement}"))

@@ -1,10 +1,17 @@
-"""`TokenView`: the tokens of an episode coloured by loss mask (what the trainer trains on)."""
+"""`TokenView`: the tokens of an episode, each with its id, text piece, loss mask and logprob.
+
+Trained tokens (loss mask 1) are coloured by their behaviour logprob (green where the policy was sure,
+red where it was not); context tokens are grey. A cursor selects one token, whose id, piece, mask and
+logprob the line under the title spells out. Sequences are the episode's merged samples (what the
+trainer sees) or its calls one by one (OpenAI and Anthropic calls alike: both are recorded as token ids).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -18,9 +25,18 @@ from swarm.client import EpisodeView
 
 __all__ = ["TokenSequence", "TokenView", "token_sequences"]
 
-TRAINED_STYLES = ("black on green3", "black on dark_sea_green2")
-"""Tokens with loss mask 1 (targets whose log-probability the trainer trains), alternating so that
-neighbouring tokens stay distinguishable."""
+LOGPROB_BANDS: tuple[tuple[float, str, tuple[str, str]], ...] = (
+    (math.log(0.9), "p ≥ 0.9", ("black on green3", "black on dark_sea_green2")),
+    (math.log(0.5), "p ≥ 0.5", ("black on yellow3", "black on khaki1")),
+    (math.log(0.1), "p ≥ 0.1", ("black on orange3", "black on light_salmon1")),
+    (-math.inf, "p < 0.1", ("white on red3", "white on indian_red")),
+)
+"""Bands of a trained token's behaviour logprob: the lowest logprob of the band, its label, and its
+two styles (alternating so that neighbouring tokens stay distinguishable)."""
+TRAINED_STYLES = tuple(style for _, _, styles in LOGPROB_BANDS for style in styles)
+"""Every style of a token with loss mask 1 (a target whose log-probability the trainer trains)."""
+CURSOR_STYLE = "reverse bold"
+"""Laid over the selected token."""
 CONTEXT_STYLES = ("grey70", "grey50")
 """Tokens with loss mask 0 (prompt, tool output, other agents' turns: context only), alternating."""
 
@@ -32,6 +48,7 @@ class TokenSequence:
     Attributes:
         title: What the sequence is, e.g. ``"sample 0 (calls 0-2, agent default)"``.
         pieces: Text of each token, shape (T,).
+        ids: Token id of each token, shape (T,).
         loss_mask: 1 where the token is trained, else 0; shape (T,).
         logprobs: Behaviour logprob of each token (natural log; 0.0 outside the mask); shape (T,).
     """
@@ -40,6 +57,7 @@ class TokenSequence:
     pieces: tuple[str, ...]
     loss_mask: tuple[int, ...]
     logprobs: tuple[float, ...]
+    ids: tuple[int, ...] = ()
 
     @property
     def trained(self) -> int:
@@ -47,8 +65,27 @@ class TokenSequence:
         return sum(1 for m in self.loss_mask if m)
 
 
-def token_sequences(episode: EpisodeView, pieces_of: dict[int, str]) -> list[TokenSequence]:
-    """The episode's merged samples (what the trainer sees) as drawable sequences.
+def _call_sequences(episode: EpisodeView, pieces_of: dict[int, str], note: str) -> list[TokenSequence]:
+    sequences = []
+    for call in episode.calls:
+        trained = 1 if call.trainable else 0
+        ids = (*call.prompt_ids, *call.completion_ids)
+        sequences.append(
+            TokenSequence(
+                title=f"call {call.index} (agent {call.agent}, {call.finish_reason.value}{note})",
+                pieces=tuple(pieces_of[i] for i in ids),
+                loss_mask=(0,) * len(call.prompt_ids) + (trained,) * len(call.completion_ids),
+                logprobs=(0.0,) * len(call.prompt_ids) + tuple(call.logprobs),
+                ids=tuple(ids),
+            )
+        )
+    return sequences
+
+
+def token_sequences(
+    episode: EpisodeView, pieces_of: dict[int, str], *, by: Literal["samples", "calls"] = "samples"
+) -> list[TokenSequence]:
+    """The episode's merged samples (what the trainer sees), or its calls, as drawable sequences.
 
     An episode that has no samples yet (still open, or aborted) shows its calls instead: each call's
     prompt as context and, for trainable agents, its completion as trained.
@@ -56,10 +93,13 @@ def token_sequences(episode: EpisodeView, pieces_of: dict[int, str]) -> list[Tok
     Args:
         episode: ``GET /api/v1/episodes/{id}``.
         pieces_of: Text piece of every token id occurring in the episode.
+        by: ``samples`` (the merged sequences the trainer trains on) or ``calls`` (each model call).
 
     Raises:
         KeyError: A token id has no piece in ``pieces_of``.
     """
+    if by == "calls":
+        return _call_sequences(episode, pieces_of, "")
     sequences = []
     for sample in episode.samples:
         span = (
@@ -73,45 +113,73 @@ def token_sequences(episode: EpisodeView, pieces_of: dict[int, str]) -> list[Tok
                 pieces=tuple(pieces_of[i] for i in sample.input_ids),
                 loss_mask=tuple(sample.loss_mask),
                 logprobs=tuple(sample.behaviour_logprobs),
+                ids=tuple(sample.input_ids),
             )
         )
     if sequences:
         return sequences
-    for call in episode.calls:
-        trained = 1 if call.trainable else 0
-        sequences.append(
-            TokenSequence(
-                title=f"call {call.index} (agent {call.agent}, {call.finish_reason.value}; not merged yet)",
-                pieces=tuple(pieces_of[i] for i in (*call.prompt_ids, *call.completion_ids)),
-                loss_mask=(0,) * len(call.prompt_ids) + (trained,) * len(call.completion_ids),
-                logprobs=(0.0,) * len(call.prompt_ids) + tuple(call.logprobs),
-            )
-        )
-    return sequences
+    open_ = episode.status.value in ("open", "prepared")
+    return _call_sequences(episode, pieces_of, "; not merged yet" if open_ else "; no merged samples stored")
 
 
-def render_tokens(sequence: TokenSequence) -> Text:
-    """Rich text of a sequence: trained tokens highlighted, context tokens grey, each token's shade
-    alternating with its neighbour's; newlines shown as ↵."""
+def trained_style(logprob: float, position: int) -> str:
+    """The style of a trained token: its logprob's band (`LOGPROB_BANDS`), alternating by position."""
+    for floor, _, styles in LOGPROB_BANDS:
+        if logprob >= floor:
+            return styles[position % 2]
+    return LOGPROB_BANDS[-1][2][position % 2]  # nan
+
+
+def render_tokens(sequence: TokenSequence, cursor: int | None = None) -> Text:
+    """Rich text of a sequence: trained tokens coloured by logprob, context tokens grey, each token's
+    shade alternating with its neighbour's; newlines shown as ↵; the token at ``cursor`` reversed."""
     text = Text()
     for position, (piece, mask) in enumerate(zip(sequence.pieces, sequence.loss_mask, strict=True)):
-        styles = TRAINED_STYLES if mask else CONTEXT_STYLES
-        text.append(piece.replace("\n", "↵\n"), style=styles[position % 2])
+        logprob = sequence.logprobs[position]
+        style = trained_style(logprob, position) if mask else CONTEXT_STYLES[position % 2]
+        start = len(text)
+        text.append(piece.replace("\n", "↵\n"), style=style)
+        if position == cursor:
+            text.stylize(CURSOR_STYLE, start, max(start + 1, len(text)))
     return text
 
 
+def token_line(sequence: TokenSequence, position: int) -> Text:
+    """One line on the token at ``position``: its index, id, piece, loss mask and logprob."""
+    piece = sequence.pieces[position]
+    token_id = sequence.ids[position] if sequence.ids else None
+    mask = sequence.loss_mask[position]
+    logprob = sequence.logprobs[position]
+    parts: list[str | tuple[str, str]] = [
+        f"token {position + 1}/{len(sequence.pieces)} · id {'?' if token_id is None else token_id} · ",
+        (repr(piece), "bold"),
+        " · ",
+    ]
+    if mask:
+        parts += [
+            ("trained", trained_style(logprob, 0)),
+            f" · logprob {logprob:.3f} (p {math.exp(logprob):.3f})",
+        ]
+    else:
+        parts += [("context", CONTEXT_STYLES[0]), " (not trained: no logprob)"]
+    return Text.assemble(*parts)
+
+
 class TokenView(VerticalScroll, can_focus=True):
-    """Token-level view of one episode, one sequence at a time, coloured by loss mask.
+    """Token-level view of one episode, one sequence at a time, coloured by loss mask and logprob.
 
     | key | action            |
     |-----|-------------------|
     | ]   | next sequence     |
     | [   | previous sequence |
+    | ← → | previous / next token (the line under the title describes it) |
+    | Home End | first / last token |
     | ↑ ↓ PgUp PgDn | scroll  |
 
     Reactive attributes:
         sequences: What to show (`token_sequences` builds them from an episode).
         index: Which sequence is shown.
+        cursor: Which token of it is selected.
     """
 
     DEFAULT_CSS = """
@@ -131,6 +199,10 @@ class TokenView(VerticalScroll, can_focus=True):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("right_square_bracket", "step(1)", "Next seq"),
         Binding("left_square_bracket", "step(-1)", "Prev seq"),
+        Binding("right", "move(1)", "Next token", show=False),
+        Binding("left", "move(-1)", "Prev token", show=False),
+        Binding("home", "move(-1000000000)", "First token", show=False),
+        Binding("end", "move(1000000000)", "Last token", show=False),
     ]
 
     class SequenceChanged(Message):
@@ -143,9 +215,11 @@ class TokenView(VerticalScroll, can_focus=True):
 
     sequences: reactive[tuple[TokenSequence, ...]] = reactive(tuple)
     index: reactive[int] = reactive(0)
+    cursor: reactive[int] = reactive(0)
 
     def compose(self) -> ComposeResult:
         yield Static(id="token-head")
+        yield Static(id="token-line")
         yield Static(id="token-body")
 
     def on_mount(self) -> None:
@@ -163,32 +237,50 @@ class TokenView(VerticalScroll, can_focus=True):
         self._redraw()
 
     def watch_index(self, index: int) -> None:
+        self.cursor = 0
         self._redraw()
         self.post_message(self.SequenceChanged(self, index))
 
+    def validate_cursor(self, cursor: int) -> int:
+        shown = self.current
+        return max(0, min(cursor, len(shown.pieces) - 1)) if shown is not None else 0
+
+    def watch_cursor(self) -> None:
+        self._redraw(scroll=False)
+
     def action_step(self, delta: int) -> None:
         self.index += delta
+
+    def action_move(self, delta: int) -> None:
+        self.cursor += delta
 
     @property
     def current(self) -> TokenSequence | None:
         """The sequence shown, if any."""
         return self.sequences[self.index] if self.sequences else None
 
-    def _redraw(self) -> None:
+    def _redraw(self, *, scroll: bool = True) -> None:
         if not self.is_mounted:
             return
         head, body = self.query_one("#token-head", Static), self.query_one("#token-body", Static)
+        line = self.query_one("#token-line", Static)
         shown = self.current
-        if shown is None:
+        if shown is None or not shown.pieces:
             head.update("no tokens")
+            line.update("")
             body.update("")
             return
+        bands = [(f" {label} ", styles[0]) for _, label, styles in LOGPROB_BANDS]
         legend = Text.assemble(
-            f"{self.index + 1}/{len(self.sequences)} {shown.title} · {len(shown.pieces)} tokens, ",
-            (f"{shown.trained} trained", TRAINED_STYLES[0]),
+            f"{self.index + 1}/{len(self.sequences)} {shown.title} · {len(shown.pieces)} tokens, "
+            f"{shown.trained} trained, by logprob:",
+            *bands,
             " / ",
             ("context", CONTEXT_STYLES[0]),
         )
         head.update(legend)
-        body.update(render_tokens(shown))
-        self.scroll_home(animate=False)
+        cursor = min(self.cursor, len(shown.pieces) - 1)
+        line.update(token_line(shown, cursor))
+        body.update(render_tokens(shown, cursor))
+        if scroll:
+            self.scroll_home(animate=False)

@@ -1,0 +1,124 @@
+"""A finished run read from its server's run dir: the episodes of ``pool.db`` and the per-step rows of
+``metrics.jsonl`` (the same data the live server serves), so the TUI shows a run after its server stopped.
+
+The pool is opened read-only (SQLite ``mode=ro``): the TUI never writes a run dir. Episodes come back
+with their calls (token ids, loss mask, logprobs); merged samples are built by the server only, so a
+finished run's token view shows its calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from a3r.app.tui._swarm import EpisodeSummary, LiveRun
+from swarm.client import EpisodeView
+
+__all__ = ["POOL_FILE", "RunDirReader"]
+
+POOL_FILE = "pool.db"
+"""The server's episode pool in its run dir."""
+METRICS_FILE = "metrics.jsonl"
+"""The server's per-step training metrics in its run dir, one JSON row a step."""
+
+
+class RunDirReader:
+    """Reads a stopped server's run dir with the interface of `a3r.app.tui._swarm.RunMonitor`.
+
+    Args:
+        server_dir: The server's run dir (``.a3r/studies/N/servers/<name>``, ``Run.run_dir``).
+        keep: How many of the newest episodes a poll lists.
+    """
+
+    def __init__(self, server_dir: str | Path, *, keep: int = 100) -> None:
+        self.server_dir = Path(server_dir)
+        self.url = str(self.server_dir)
+        self._keep = keep
+
+    @staticmethod
+    def holds_a_run(server_dir: str | Path | None) -> bool:
+        """Whether ``server_dir`` has an episode pool to read."""
+        return bool(server_dir) and (Path(str(server_dir)) / POOL_FILE).is_file()
+
+    async def aclose(self) -> None:
+        """Nothing to close: every read opens and closes the pool."""
+
+    async def poll(self) -> LiveRun:
+        """The newest episodes and every metric row; ``error`` set when the files cannot be read."""
+        return await asyncio.to_thread(self._poll)
+
+    async def episode(self, episode_id: str) -> EpisodeView:
+        """One episode with its calls.
+
+        Raises:
+            LookupError: No such episode in the pool.
+            sqlite3.Error: The pool cannot be read.
+        """
+        return await asyncio.to_thread(self._episode, episode_id)
+
+    def _connect(self) -> contextlib.closing[sqlite3.Connection]:
+        uri = f"{(self.server_dir / POOL_FILE).resolve().as_uri()}?mode=ro"
+        return contextlib.closing(sqlite3.connect(uri, uri=True))
+
+    def _poll(self) -> LiveRun:
+        live = LiveRun(metrics=self._metrics())
+        try:
+            with self._connect() as db:
+                rows = db.execute(
+                    "SELECT id, task_id, status, reward FROM episodes ORDER BY seq DESC LIMIT ?",
+                    (self._keep,),
+                ).fetchall()
+        except sqlite3.Error as exc:
+            live.error = f"{self.server_dir / POOL_FILE}: {exc}"
+            return live
+        live.episodes = [EpisodeSummary(episode_id=i, task_id=t, status=s, reward=r) for i, t, s, r in rows]
+        return live
+
+    def _metrics(self) -> list[dict[str, Any]] | None:
+        path = self.server_dir / METRICS_FILE
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return None
+        rows = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if isinstance(row, dict):
+                    rows.append(row)
+        return rows
+
+    def _episode(self, episode_id: str) -> EpisodeView:
+        with self._connect() as db:
+            db.row_factory = sqlite3.Row
+            row = db.execute("SELECT * FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+            if row is None:
+                raise LookupError(f"episode {episode_id} is not in {self.server_dir / POOL_FILE}")
+            calls = db.execute(
+                "SELECT record FROM calls WHERE episode_id = ? ORDER BY idx", (episode_id,)
+            ).fetchall()
+        try:
+            return EpisodeView.model_validate(
+                {
+                    "episode_id": row["id"],
+                    "task_id": row["task_id"],
+                    "client_id": row["client_id"],
+                    "kind": row["kind"],
+                    "family": row["family"],
+                    "status": row["status"],
+                    "reward": row["reward"],
+                    "reason": row["reason"],
+                    "created_at": row["created_at"],
+                    "finished_at": row["finished_at"],
+                    "trained_step": row["trained_step"],
+                    "calls": [json.loads(record) for (record,) in calls],
+                }
+            )
+        except ValidationError as exc:
+            raise LookupError(f"episode {episode_id}: unreadable record ({exc.errors()[0]['msg']})") from None
