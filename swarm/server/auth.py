@@ -20,16 +20,20 @@ FastAPI dependencies routes declare.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Header, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
+from starlette.routing import BaseRoute
 
 from swarm.errors import AuthError, RequestError
 from swarm.server.episodes import KEY_PREFIX, OpenEpisode, OpenEpisodes
@@ -127,6 +131,11 @@ class Credentials:
         del self._by_digest[hashed]
 
     # -- checks --------------------------------------------------------------------------------------------
+    @property
+    def has_admin(self) -> bool:
+        """Whether an admin token is configured (else control routes answer loopback peers only)."""
+        return self._admin is not None
+
     def is_admin(self, secret: str) -> bool:
         """Whether ``secret`` is the admin token (constant time)."""
         return self._admin is not None and same_digest(digest(secret), self._admin)
@@ -301,3 +310,39 @@ async def get_episode(
 
 
 EpisodeDep = Annotated[OpenEpisode, Depends(get_episode)]
+
+
+# -- the OpenAPI document ------------------------------------------------------------------------------------
+def optional_security(
+    openapi: dict[str, Any], routes: Iterable[BaseRoute], credentials: Credentials
+) -> dict[str, Any]:
+    """``openapi`` as this server enforces it: each operation whose credential the server does not require
+    also lists the empty security requirement (``{}``: no credential). Those are begin and the client routes
+    on a server without client tokens, and the control routes on a server without an admin token (loopback
+    peers only). Episode and completion routes always need a credential. ``openapi`` is not modified.
+    """
+    optional: set[Any] = set()
+    if not credentials.required:
+        optional |= {get_owner, require_client}
+    if not credentials.has_admin:
+        optional.add(require_admin)
+    if not optional:
+        return openapi
+    document = copy.deepcopy(openapi)
+    for route in routes:
+        if not isinstance(route, APIRoute) or not optional & _calls(route.dependant):
+            continue
+        for method in route.methods:
+            operation = document["paths"].get(route.path_format, {}).get(method.lower())
+            if operation is not None and {} not in operation.setdefault("security", []):
+                operation["security"].append({})
+    return document
+
+
+def _calls(dependant: Dependant) -> set[Any]:
+    """Every dependency callable of ``dependant``, sub-dependencies included."""
+    calls = set()
+    for sub in dependant.dependencies:
+        calls.add(sub.call)
+        calls |= _calls(sub)
+    return calls
