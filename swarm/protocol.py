@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -521,6 +521,30 @@ class SamplingDefaults(BaseModel):
     """Completion cap when the request gives none."""
 
 
+class _JsonIntegers(BaseModel):
+    """A live-config patch whose integer fields take integers as JSON Schema counts them: ``4`` or
+    ``4.0`` (the OpenAPI ``type: integer`` lets a client send either), not ``4.5``, ``true`` or ``"4"``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_floats(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {
+            name: int(value)
+            if isinstance(value, float) and value.is_integer() and name in _integer_fields(cls)
+            else value
+            for name, value in data.items()
+        }
+
+
+def _integer_fields(model: type[BaseModel]) -> frozenset[str]:
+    """Fields of ``model`` typed ``StrictInt`` (or ``StrictInt | None``)."""
+    return frozenset(
+        name for name, field in model.model_fields.items() if StrictInt in (get_args(field.annotation) or ())
+    )
+
+
 class Limits(BaseModel):
     """What one client may take from a server (docs/ARCHITECTURE.md §Credentials and limits).
 
@@ -550,7 +574,7 @@ class Limits(BaseModel):
     """Most clients following ``GET /api/v1/events`` at once."""
 
 
-class LimitsPatch(BaseModel):
+class LimitsPatch(_JsonIntegers):
     """The ``limits`` of a ``PATCH /api/v1/config``: a field left out keeps its value; ``null`` lifts a
     limit that can be off (``open_episodes_per_token``, ``requests_per_s_per_token``, ``max_tokens``)."""
 
@@ -621,7 +645,7 @@ class ConfigView(BaseModel):
     """What one client may take (:class:`Limits`)."""
 
 
-class ConfigPatch(BaseModel):
+class ConfigPatch(_JsonIntegers):
     """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step.
 
     A field left out keeps its value; an explicit ``null`` is refused (422) rather than ignored, and so

@@ -158,7 +158,10 @@ class SwarmApp(FastAPI):
     def openapi(self) -> dict[str, Any]:
         """The OpenAPI document as this server enforces credentials now (`auth.optional_security`: which
         operations need none depends on its tokens, and a client token added live changes it)."""
+        first = self.openapi_schema is None
         document = super().openapi()
+        if first:
+            _link_begin(document)
         runtime: SwarmRuntime | None = getattr(self.state, "runtime", None)
         if runtime is None:
             return document
@@ -204,6 +207,31 @@ class SwarmApp(FastAPI):
             receive = replayed(body, receive)  # the plan declined: the full app answers
         scope[HotRoutes.SCOPE_KEY] = self.hot_routes  # a lean handler the router reaches registers here
         await super().__call__(scope, receive, send)
+
+
+BEGIN_LINKS = {
+    "chat": ("post", "/v1/chat/completions", {"header.x-api-key": "$response.body#/api_key"}),
+    "messages": ("post", "/v1/messages", {"header.x-api-key": "$response.body#/api_key"}),
+    "finish": (
+        "post",
+        "/api/v1/episodes/{episode_id}/finish",
+        {"path.episode_id": "$response.body#/episode_id"},
+    ),
+}
+"""OpenAPI links of begin's answer (what an episode goes on to do): its key samples completions, its id
+finishes it. Tools that follow links (schemathesis's stateful phase) chain begin → chat → finish."""
+
+
+def _link_begin(document: dict[str, Any]) -> None:
+    """Add `BEGIN_LINKS` to begin's 201 answer in ``document`` (in place)."""
+    links = {}
+    for name, (method, path, parameters) in BEGIN_LINKS.items():
+        target = document["paths"].get(path, {}).get(method)
+        if target is not None and "operationId" in target:
+            links[name] = {"operationId": target["operationId"], "parameters": parameters}
+    begin = document["paths"].get("/api/v1/episodes", {}).get("post")
+    if begin is not None and "201" in begin["responses"]:
+        begin["responses"]["201"]["links"] = links
 
 
 def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool = False) -> FastAPI:
