@@ -26,6 +26,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from swarm.tracking.merge import MergeStats
 from swarm.tracking.messages import ChatMessage as ChatMessage
@@ -371,7 +372,7 @@ class EpisodeFinish(_Strict):
     """Numbers the client measured, by name (JSON numbers: ``true`` or ``"1"`` are refused)."""
 
 
-_PRIMARY_NAMED_WHOLE = {
+_PRIMARY_NAMED_WHOLE: JsonDict = {
     "anyOf": [
         {
             "properties": {"primary_url": {"type": "string"}, "primary_episode_id": {"type": "string"}},

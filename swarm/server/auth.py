@@ -332,7 +332,7 @@ def optional_security(
     for route in routes:
         if not isinstance(route, APIRoute) or not optional & _calls(route.dependant):
             continue
-        for method in route.methods:
+        for method in route.methods or ():
             operation = document["paths"].get(route.path_format, {}).get(method.lower())
             if operation is not None and {} not in operation.setdefault("security", []):
                 operation["security"].append({})

@@ -106,10 +106,11 @@ if HttpToolsProtocol is not None:
         # -- errors before the app, in JSON ---------------------------------------------------------------
         def send_400_response(self, msg: str) -> None:
             self._cancel_request_timer()
-            message = "invalid HTTP request: its request line or headers cannot be parsed (" + msg.rstrip(".")
-            self._answer_and_close(
-                400, "invalid_request_error", message + ", e.g. a non-numeric Content-Length)"
+            message = (  # uvicorn's ``msg`` is always "Invalid HTTP request received."
+                "invalid HTTP request: the request line or a header cannot be parsed (e.g. a non-numeric or "
+                "repeated Content-Length, or a header name with a space)"
             )
+            self._answer_and_close(400, "invalid_request_error", message)
 
         def _answer_and_close(self, status: int, kind: str, message: str) -> None:
             body = ErrorBody(error=ErrorDetail(type=kind, message=message)).model_dump_json(exclude_none=True)

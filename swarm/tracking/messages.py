@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from swarm.tracking.errors import PromptError
 
@@ -55,7 +56,7 @@ class TextPart(BaseModel):
     text: str
 
 
-_CONTENT_OR_TOOL_CALLS = {
+_CONTENT_OR_TOOL_CALLS: JsonDict = {
     "anyOf": [
         {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
         {
