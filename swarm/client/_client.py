@@ -256,7 +256,8 @@ class AsyncSwarmClient:
 
     Credentials (docs/ARCHITECTURE.md §Credentials and limits): the admin token goes to control routes;
     begin sends the client token (else the admin token); an episode's routes send its episode key while
-    this client knows it (from its own begin), else the client token, else the admin token.
+    this client knows it (from its own begin, kept after the episode ends), else the client token, else
+    the admin token.
 
     Args:
         url: server root, e.g. ``http://127.0.0.1:8000``.
