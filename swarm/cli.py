@@ -119,6 +119,8 @@ def serve(**values: Any) -> None:
 
     from swarm.server.app import create_app
     from swarm.server.http_protocol import http_protocol
+    from swarm.server.shutdown import reap_children
+    from swarm.server.shutdown import run as run_server
 
     check = values.pop("check")
     token = _admin_token(values.pop("admin_token"))
@@ -157,13 +159,19 @@ def serve(**values: Any) -> None:
     except SwarmError as exc:
         raise fail(str(exc)) from None
     console.print(_startup_line(config, engine), highlight=False, soft_wrap=True)
+
     # Idle keep-alive connections outlive the clients' (httpx drops its idle ones after 5 s): with
     # uvicorn's default of 5 s both sides close at once, and a client reusing a connection as the server
     # closes it gets a ReadError.
-    # The app owns the engine: its shutdown closes it, before uvicorn re-raises a caught SIGTERM (which
-    # ends the process at once); the `finally` covers an app that never started.
-    try:
-        uvicorn.run(
+    # The app owns the engine: its shutdown closes it. Before uvicorn re-raises a caught SIGTERM (which
+    # ends the process at once) the exit hook closes it again (an app that never started, a second
+    # Ctrl-C that skipped the shutdown) and ends every child process (`swarm.server.shutdown`).
+    def on_exit() -> None:
+        engine.close()
+        reap_children()
+
+    run_server(
+        uvicorn.Config(
             create_app(config, engine=engine, owns_engine=True),
             http=http_protocol(),
             host=host,
@@ -171,9 +179,9 @@ def serve(**values: Any) -> None:
             log_level=options.log_level.value,
             access_log=options.access_log,
             timeout_keep_alive=KEEP_ALIVE_S,
-        )
-    finally:
-        engine.close()
+        ),
+        on_exit,
+    )
 
 
 _CHECK = typer.Option("--check", help="Only validate the options (no model load, nothing written).")

@@ -11,10 +11,9 @@ The training vocabulary on the wire (``LossAggregation``, ``StepMetrics``, ``Ste
 
 from __future__ import annotations
 
-import math
 import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -27,6 +26,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from swarm.tracking.merge import MergeStats
 from swarm.tracking.messages import ChatMessage as ChatMessage
@@ -357,26 +357,38 @@ MAX_REWARD = 1e9
 deviation to inf, which zeroed every advantage of the group without a word."""
 
 
+Reward = Annotated[StrictFloat, Field(ge=-MAX_REWARD, le=MAX_REWARD, allow_inf_nan=False)]
+"""A JSON number (not ``true`` or ``"1"``), finite, at most `MAX_REWARD` in magnitude (the bounds are in the
+OpenAPI schema too)."""
+
+
 class EpisodeFinish(_Strict):
     """``POST /api/v1/episodes/{id}/finish``."""
 
-    reward: StrictFloat = Field(ge=-MAX_REWARD, le=MAX_REWARD, allow_inf_nan=False)
-    """A JSON number (not ``true`` or ``"1"``), finite, at most `MAX_REWARD` in magnitude."""
-    agent_rewards: dict[str, StrictFloat] = Field(default_factory=dict)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    reward: Reward
+    agent_rewards: dict[str, Reward] = Field(default_factory=dict)
+    """Per-agent rewards, each bounded as ``reward``."""
+    metrics: dict[str, StrictFloat] = Field(default_factory=dict)
+    """Numbers the client measured, by name (JSON numbers: ``true`` or ``"1"`` are refused)."""
 
-    @field_validator("agent_rewards")
-    @classmethod
-    def _finite_agents(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {agent: r for agent, r in v.items() if not math.isfinite(r) or abs(r) > MAX_REWARD}
-        if bad:
-            raise ValueError(f"agent rewards must be finite numbers within ±{MAX_REWARD:g}, got {bad}")
-        return v
+
+_PRIMARY_NAMED_WHOLE: JsonDict = {
+    "anyOf": [
+        {
+            "properties": {"primary_url": {"type": "string"}, "primary_episode_id": {"type": "string"}},
+            "required": ["primary_url", "primary_episode_id"],
+        },
+        {"properties": {"primary_url": {"type": "null"}, "primary_episode_id": {"type": "null"}}},
+    ]
+}
+"""`EpisodePrepare`'s rule that the primary is named whole, or not at all, in its JSON schema."""
 
 
 class EpisodePrepare(EpisodeFinish):
     """``POST /api/v1/episodes/{id}/prepare``: phase one of a multi-server finish (docs/ARCHITECTURE.md
     §Multi-server finish). The episode is stored ``prepared`` with its reward, not yet trainable."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_PRIMARY_NAMED_WHOLE)
 
     txn_id: str = Field(min_length=1, max_length=128)
     """The transaction shared by every member of the multi-server episode."""
@@ -405,7 +417,7 @@ class EpisodeAbort(_Strict):
     """``POST /api/v1/episodes/{id}/abort``."""
 
     reason: str = Field(default="aborted by client", max_length=4000)
-    infra_failure: bool = False
+    infra_failure: StrictBool = False
     """True when the failure was not the agent's (timeouts, outside services): excluded from groups."""
 
 
@@ -510,6 +522,30 @@ class SamplingDefaults(BaseModel):
     """Completion cap when the request gives none."""
 
 
+class _JsonIntegers(BaseModel):
+    """A live-config patch whose integer fields take integers as JSON Schema counts them: ``4`` or
+    ``4.0`` (the OpenAPI ``type: integer`` lets a client send either), not ``4.5``, ``true`` or ``"4"``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_floats(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {
+            name: int(value)
+            if isinstance(value, float) and value.is_integer() and name in _integer_fields(cls)
+            else value
+            for name, value in data.items()
+        }
+
+
+def _integer_fields(model: type[BaseModel]) -> frozenset[str]:
+    """Fields of ``model`` typed ``StrictInt`` (or ``StrictInt | None``)."""
+    return frozenset(
+        name for name, field in model.model_fields.items() if StrictInt in (get_args(field.annotation) or ())
+    )
+
+
 class Limits(BaseModel):
     """What one client may take from a server (docs/ARCHITECTURE.md §Credentials and limits).
 
@@ -539,14 +575,14 @@ class Limits(BaseModel):
     """Most clients following ``GET /api/v1/events`` at once."""
 
 
-class LimitsPatch(BaseModel):
+class LimitsPatch(_JsonIntegers):
     """The ``limits`` of a ``PATCH /api/v1/config``: a field left out keeps its value; ``null`` lifts a
     limit that can be off (``open_episodes_per_token``, ``requests_per_s_per_token``, ``max_tokens``)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     open_episodes_per_token: StrictInt | None = Field(default=None, ge=1)
-    requests_per_s_per_token: StrictFloat | StrictInt | None = Field(default=None, gt=0.0)
+    requests_per_s_per_token: StrictFloat | None = Field(default=None, gt=0.0)  # a JSON integer is a float
     max_body_bytes: StrictInt | None = Field(default=None, ge=1024)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     max_n: StrictInt | None = Field(default=None, ge=1, le=16)
@@ -610,7 +646,7 @@ class ConfigView(BaseModel):
     """What one client may take (:class:`Limits`)."""
 
 
-class ConfigPatch(BaseModel):
+class ConfigPatch(_JsonIntegers):
     """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step.
 
     A field left out keeps its value; an explicit ``null`` is refused (422) rather than ignored, and so

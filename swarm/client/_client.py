@@ -13,6 +13,7 @@ long a client keeps coming back to a busy server.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -167,6 +168,11 @@ def _is_infra(exc: BaseException, base_url: str) -> bool:
     return classify_failure(exc, (base_url,)) is FailureKind.INFRA
 
 
+KEYS_KEPT = 65536
+"""Episode keys a client keeps (about 100 bytes each); an older episode is reached with the client or admin
+token."""
+
+
 def _bearer(secret: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"} if secret else {}
 
@@ -250,7 +256,8 @@ class AsyncSwarmClient:
 
     Credentials (docs/ARCHITECTURE.md §Credentials and limits): the admin token goes to control routes;
     begin sends the client token (else the admin token); an episode's routes send its episode key while
-    this client knows it (from its own begin), else the client token, else the admin token.
+    this client knows it (from its own begin, kept after the episode ends), else the client token, else
+    the admin token.
 
     Args:
         url: server root, e.g. ``http://127.0.0.1:8000``.
@@ -282,8 +289,9 @@ class AsyncSwarmClient:
         self._transport = transport
         self._headers = _bearer(admin_token)
         self._begin_headers = _bearer(client_token or admin_token)
-        self._keys: dict[str, str] = {}
-        """Episode keys of the episodes this client began and has not ended, by episode id."""
+        self._keys: OrderedDict[str, str] = OrderedDict()
+        """Episode keys of the last `KEYS_KEPT` episodes this client began, by episode id (kept after they
+        end: the key is what reads an ended episode on a server without client tokens)."""
         self._http = self._connect()
 
     def _connect(self) -> httpx.AsyncClient:
@@ -383,12 +391,13 @@ class AsyncSwarmClient:
         answer = await self._request("POST", "/api/v1/episodes", body, headers=self._begin_headers)
         created = EpisodeCreated.model_validate(answer)
         self._keys[created.episode_id] = created.api_key
+        if len(self._keys) > KEYS_KEPT:
+            self._keys.popitem(last=False)
         return AsyncEpisode(self, created)
 
     async def finish(self, episode_id: str, reward: float | Result) -> None:
         """End an episode with its reward (``POST …/finish``); committed server-side when this returns."""
         await self._episode_request(episode_id, "finish", _finish_body(reward))
-        self._keys.pop(episode_id, None)
 
     async def abort(
         self, episode_id: str, reason: str = "aborted by client", *, infra_failure: bool = False
@@ -396,7 +405,6 @@ class AsyncSwarmClient:
         """End an episode without a reward (``POST …/abort``; the reason is cut to 4000 characters)."""
         body = EpisodeAbort(reason=reason[:_MAX_REASON_CHARS], infra_failure=infra_failure).model_dump()
         await self._episode_request(episode_id, "abort", body)
-        self._keys.pop(episode_id, None)
 
     async def heartbeat(self, episode_id: str) -> None:
         """Keep an open episode from being reclaimed (``POST …/heartbeat``)."""
@@ -433,12 +441,15 @@ class AsyncSwarmClient:
             ClientError: 409 when the transaction was aborted on that server.
         """
         await self._episode_request(episode_id, "commit", EpisodeCommit(txn_id=txn_id).model_dump())
-        self._keys.pop(episode_id, None)
 
-    async def get_episode(self, episode_id: str) -> EpisodeView:
-        """An episode's state (``GET /api/v1/episodes/{episode_id}``; its key, else the client token,
-        else the admin token)."""
-        headers = self._episode_headers(episode_id) or self._headers
+    async def get_episode(self, episode_id: str, *, api_key: str | None = None) -> EpisodeView:
+        """An episode's state (``GET /api/v1/episodes/{episode_id}``), read with ``api_key`` (the episode's
+        key), else the key this client got when it began it, else the client token, else the admin token.
+
+        Raises:
+            ClientError: 401 without a credential, 403 with a wrong one, 404 for an unknown episode.
+        """
+        headers = _bearer(api_key) or self._episode_headers(episode_id) or self._headers
         answer = await self._request("GET", f"/api/v1/episodes/{episode_id}", headers=headers)
         return EpisodeView.model_validate(answer)
 

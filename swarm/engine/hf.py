@@ -39,6 +39,8 @@ class _Job:
     params: SamplingParams
     on_token: TokenCallback | None = None
     future: concurrent.futures.Future[list[Completion]] = field(default_factory=concurrent.futures.Future)
+    announced: bool = False
+    """Whether a token of it was handed to ``on_token`` (it cannot be sampled again unseen)."""
 
 
 @dataclass
@@ -243,7 +245,7 @@ class HFEngine:
                         continue
                     started = time.monotonic()
                     self._first_answer_mark = None
-                    self._generate_batch(jobs)  # resolves each job's future as soon as its rows end
+                    self._generate_isolated(jobs)  # resolves each job's future as soon as its rows end
                     ended = time.monotonic()
                 untrimmed = self._on_cpu()
                 with self._queued_lock:
@@ -259,8 +261,37 @@ class HFEngine:
                 regroup_until = ended + min(self.regroup_max_s, self.regroup_fraction * (ended - started))
             except BaseException as exc:  # hand the failure to every waiting request
                 for job in jobs:
-                    with contextlib.suppress(concurrent.futures.InvalidStateError):
-                        job.future.set_exception(exc)
+                    self._fail(job, exc)
+
+    def _generate_isolated(self, jobs: list[_Job]) -> None:
+        """:meth:`_generate_batch`, with an engine error confined to the request that causes it.
+
+        When a batch of several requests fails, each request it left unanswered runs again alone and only
+        one that fails alone gets the error: a bad request (a token id beyond the vocabulary, a row that
+        runs out of memory) fails by itself instead of failing every client batched with it. A request
+        whose first tokens were already streamed (``on_token``) cannot be sampled again unseen, so it gets
+        the batch's error. Errors that are not ``Exception`` (interrupts) fail every request.
+        """
+        try:
+            self._generate_batch(jobs)
+            return
+        except Exception as exc:
+            if len(jobs) == 1:
+                raise
+            failure = exc
+        for job in [job for job in jobs if not job.future.done()]:
+            if job.announced:
+                self._fail(job, failure)
+                continue
+            try:
+                self._generate_batch([job])
+            except Exception as alone:
+                self._fail(job, alone)
+
+    @staticmethod
+    def _fail(job: _Job, exc: BaseException) -> None:
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+            job.future.set_exception(exc)
 
     def _make_rows(self, jobs: list[_Job]) -> list[_Row]:
         rows: list[_Row] = []
@@ -387,6 +418,7 @@ class HFEngine:
             top_logprobs=tuple(row.top[-1]) if row.top else (),
             last=row.finish is not None,
         )
+        job.announced = True
         try:
             job.on_token(token)
         except Exception:  # a listener that fails (its loop closed) must not break the batch

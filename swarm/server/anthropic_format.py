@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from swarm.errors import RequestError
 from swarm.protocol import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall, check_unicode
@@ -85,7 +86,7 @@ class MessageParam(_Strict):
         if isinstance(v, list):
             for i, block in enumerate(v):
                 kind = block.get("type") if isinstance(block, Mapping) else None
-                if kind not in _BLOCK_TYPES:
+                if not isinstance(kind, str) or kind not in _BLOCK_TYPES:  # {} is not hashable
                     raise ValueError(
                         f"content[{i}]: {kind!r} blocks are not supported (only text, tool_use and "
                         "tool_result)"
@@ -122,7 +123,8 @@ class ToolParam(_Strict):
 
 
 class ToolChoiceParam(_Strict):
-    type: Literal["auto", "none", "any", "tool"]
+    type: Literal["auto", "none"] | SkipJsonSchema[Literal["any", "tool"]]
+    """"any" and "tool" are parsed to be refused with a reason (the sampler cannot force a tool call)."""
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
@@ -149,12 +151,14 @@ class MessagesRequest(_Strict):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     """Sent by raw clients and older SDKs (newer SDKs pass it with ``extra_body``)."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = None
-    """Refused: the sampler has no top-k."""
-    stop_sequences: list[str] | None = None
+    top_k: SkipJsonSchema[int] | None = None
+    """Refused: the sampler has no top-k (an integer is parsed for the message; the schema says null)."""
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, max_length=4)
     metadata: MetadataParam | None = None
     stream: bool = False
-    thinking: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"properties": {"type": {"const": "disabled"}}, "required": ["type"]}
+    )
     """Accepted only as ``{"type": "disabled"}``: thinking is whatever the chat template renders."""
     service_tier: Literal["auto", "standard_only"] | None = None
     """Accepted and ignored (one tier here)."""
@@ -176,13 +180,6 @@ class MessagesRequest(_Strict):
                 "not supported: extended thinking has no budget here; a thinking model thinks as its chat "
                 "template says (send {'type': 'disabled'} or leave it out)"
             )
-        return v
-
-    @field_validator("stop_sequences")
-    @classmethod
-    def _stops(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None and (len(v) > 4 or any(not s for s in v)):
-            raise ValueError("stop_sequences takes up to 4 non-empty strings")
         return v
 
 

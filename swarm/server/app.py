@@ -21,6 +21,7 @@ from swarm.engine.base import Engine
 from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server import anthropic_format, anthropic_routes, control_routes, episode_routes, openai_routes
+from swarm.server.auth import optional_security
 from swarm.server.deps import json_errors
 from swarm.server.lean_route import HotRoutes, lean_routes_on, replayed
 from swarm.server.limits import BodySizeLimit
@@ -93,8 +94,22 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         return _error(
             request, 422, "invalid_request_error", "the body is not valid JSON (it cannot be decoded)"
         )
-    kinds = {404: "not_found", 413: "request_too_large"}
-    return _error(request, exc.status_code, kinds.get(exc.status_code, "http_error"), str(exc.detail))
+    kinds = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # RFC 9110: every method the resource has, not only the matched route's
+        headers["Allow"] = ", ".join(_allowed_methods(request))
+    kind = kinds.get(exc.status_code, "http_error")
+    return _error(request, exc.status_code, kind, str(exc.detail), headers=headers or None)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods of every route whose path matches the request's (HEAD with GET, as Starlette serves)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        regex, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and route_methods and regex.match(request.scope["path"]):
+            methods |= route_methods
+    return sorted(methods)
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
@@ -138,6 +153,23 @@ class SwarmApp(FastAPI):
         super().__init__(**kwargs)
         self.hot_routes = HotRoutes(HOT_PATHS)
         self._hot_stack: ASGIApp | None = None
+        self._documents: dict[tuple[bool, bool], dict[str, Any]] = {}
+
+    def openapi(self) -> dict[str, Any]:
+        """The OpenAPI document as this server enforces credentials now (`auth.optional_security`: which
+        operations need none depends on its tokens, and a client token added live changes it)."""
+        first = self.openapi_schema is None
+        document = super().openapi()
+        if first:
+            _link_begin(document)
+        runtime: SwarmRuntime | None = getattr(self.state, "runtime", None)
+        if runtime is None:
+            return document
+        credentials = runtime.credentials
+        key = (credentials.required, credentials.has_admin)
+        if key not in self._documents:
+            self._documents[key] = optional_security(document, self.routes, credentials)
+        return self._documents[key]
 
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
@@ -175,6 +207,31 @@ class SwarmApp(FastAPI):
             receive = replayed(body, receive)  # the plan declined: the full app answers
         scope[HotRoutes.SCOPE_KEY] = self.hot_routes  # a lean handler the router reaches registers here
         await super().__call__(scope, receive, send)
+
+
+BEGIN_LINKS = {
+    "chat": ("post", "/v1/chat/completions", {"header.x-api-key": "$response.body#/api_key"}),
+    "messages": ("post", "/v1/messages", {"header.x-api-key": "$response.body#/api_key"}),
+    "finish": (
+        "post",
+        "/api/v1/episodes/{episode_id}/finish",
+        {"path.episode_id": "$response.body#/episode_id"},
+    ),
+}
+"""OpenAPI links of begin's answer (what an episode goes on to do): its key samples completions, its id
+finishes it. Tools that follow links (schemathesis's stateful phase) chain begin → chat → finish."""
+
+
+def _link_begin(document: dict[str, Any]) -> None:
+    """Add `BEGIN_LINKS` to begin's 201 answer in ``document`` (in place)."""
+    links = {}
+    for name, (method, path, parameters) in BEGIN_LINKS.items():
+        target = document["paths"].get(path, {}).get(method)
+        if target is not None and "operationId" in target:
+            links[name] = {"operationId": target["operationId"], "parameters": parameters}
+    begin = document["paths"].get("/api/v1/episodes", {}).get("post")
+    if begin is not None and "201" in begin["responses"]:
+        begin["responses"]["201"]["links"] = links
 
 
 def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool = False) -> FastAPI:

@@ -5,7 +5,8 @@ Three roles (docs/ARCHITECTURE.md §Credentials and limits):
 - the **admin token** guards the control routes (and may also act on any episode);
 - a **client token** begins episodes; with any configured, beginning needs one;
 - an **episode key** (``sk-swarm-…``, minted by begin) samples completions of its episode; it, the client
-  token that began the episode, or the admin token finishes, aborts, heartbeats and reads that episode.
+  token that began the episode, or the admin token finishes, aborts, heartbeats and reads that episode,
+  and nothing else does: a caller without a credential is never an episode's owner, on any server.
 
 Every credential arrives as ``Authorization: Bearer <secret>`` (an episode key may also come as
 ``x-api-key``, the Anthropic SDK's header). A missing credential is a 401, a wrong one a 403, and each
@@ -19,16 +20,20 @@ FastAPI dependencies routes declare.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Header, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
+from starlette.routing import BaseRoute
 
 from swarm.errors import AuthError, RequestError
 from swarm.server.episodes import KEY_PREFIX, OpenEpisode, OpenEpisodes
@@ -38,6 +43,9 @@ MINTED_PREFIX = "swc-"
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
 """Peers that count as this machine (``testclient`` is Starlette's in-process test peer)."""
+
+ADMIN_OWNER = "admin"
+"""The owner recorded for an episode begun with the admin token (a client token of that name owns none)."""
 
 _EPISODE_CREDENTIAL = "the episode's api_key, the client token that began it, or the admin token"
 
@@ -123,6 +131,11 @@ class Credentials:
         del self._by_digest[hashed]
 
     # -- checks --------------------------------------------------------------------------------------------
+    @property
+    def has_admin(self) -> bool:
+        """Whether an admin token is configured (else control routes answer loopback peers only)."""
+        return self._admin is not None
+
     def is_admin(self, secret: str) -> bool:
         """Whether ``secret`` is the admin token (constant time)."""
         return self._admin is not None and same_digest(digest(secret), self._admin)
@@ -174,7 +187,7 @@ class Credentials:
                 f"an episode API key cannot be used for {action}; use a client token", status_code=403
             )
         if secret is not None and self.is_admin(secret):
-            return Owner("admin")
+            return Owner(ADMIN_OWNER)
         if not self.required:
             return Owner(None)  # a trusted network: whatever a client sends is not checked
         if secret is None:
@@ -189,16 +202,16 @@ class Credentials:
 
     def episode(self, secret: str | None, episode_id: str, key_digest: str | None, owner: str | None) -> None:
         """Allow finishing, aborting, heartbeating or reading episode ``episode_id``, whose key has
-        ``key_digest`` and which ``owner`` began.
+        ``key_digest`` and which ``owner`` began: only its episode key, the admin token, or the client token
+        that began it. A caller without a credential is never an owner, whatever the server's token
+        settings (an episode begun without a client token has no owner but its key and the admin).
 
         Raises:
-            AuthError: 401 without a credential where client tokens are required; 403 for another
-                episode's key, a client token that did not begin this episode, or a wrong token.
+            AuthError: 401 without a credential; 403 for another episode's key, a client token that did not
+                begin this episode, or any other secret.
         """
         if secret is None:
-            if self.required:
-                raise AuthError(f"missing credential for episode {episode_id}: send {_EPISODE_CREDENTIAL}")
-            return
+            raise AuthError(f"missing credential for episode {episode_id}: send {_EPISODE_CREDENTIAL}")
         if secret.startswith(KEY_PREFIX):
             if key_digest is not None and same_digest(digest(secret), key_digest):
                 return
@@ -207,13 +220,12 @@ class Credentials:
             return
         name = self.client_name(secret)
         if name is not None:
-            if owner == name:
+            if owner == name and owner != ADMIN_OWNER:
                 return
             raise AuthError(f"client token {name!r} did not begin episode {episode_id}", status_code=403)
-        if self.required:
-            raise AuthError(
-                f"wrong credential for episode {episode_id}: send {_EPISODE_CREDENTIAL}", status_code=403
-            )
+        raise AuthError(
+            f"wrong credential for episode {episode_id}: send {_EPISODE_CREDENTIAL}", status_code=403
+        )
 
 
 # -- FastAPI dependencies ------------------------------------------------------------------------------------
@@ -265,10 +277,10 @@ async def require_client(request: Request, credentials: BearerDep) -> None:
 
 async def check_episode_access(episode_id: str, request: Request, credentials: BearerDep) -> None:
     """Episode routes: :meth:`Credentials.episode` for the episode in the path (404 when there is none;
-    the credential is checked first, so an unknown id tells a caller without one nothing)."""
+    a missing credential is refused first, so an unknown id tells a caller without one nothing)."""
     server = _guarded(request)
     secret = _secret(credentials)
-    if secret is None and server.credentials.required:
+    if secret is None:
         server.credentials.episode(None, episode_id, None, None)
     key_digest, owner = server.episode_credentials(episode_id)
     server.credentials.episode(secret, episode_id, key_digest, owner)
@@ -298,3 +310,39 @@ async def get_episode(
 
 
 EpisodeDep = Annotated[OpenEpisode, Depends(get_episode)]
+
+
+# -- the OpenAPI document ------------------------------------------------------------------------------------
+def optional_security(
+    openapi: dict[str, Any], routes: Iterable[BaseRoute], credentials: Credentials
+) -> dict[str, Any]:
+    """``openapi`` as this server enforces it: each operation whose credential the server does not require
+    also lists the empty security requirement (``{}``: no credential). Those are begin and the client routes
+    on a server without client tokens, and the control routes on a server without an admin token (loopback
+    peers only). Episode and completion routes always need a credential. ``openapi`` is not modified.
+    """
+    optional: set[Any] = set()
+    if not credentials.required:
+        optional |= {get_owner, require_client}
+    if not credentials.has_admin:
+        optional.add(require_admin)
+    if not optional:
+        return openapi
+    document = copy.deepcopy(openapi)
+    for route in routes:
+        if not isinstance(route, APIRoute) or not optional & _calls(route.dependant):
+            continue
+        for method in route.methods or ():
+            operation = document["paths"].get(route.path_format, {}).get(method.lower())
+            if operation is not None and {} not in operation.setdefault("security", []):
+                operation["security"].append({})
+    return document
+
+
+def _calls(dependant: Dependant) -> set[Any]:
+    """Every dependency callable of ``dependant``, sub-dependencies included."""
+    calls = set()
+    for sub in dependant.dependencies:
+        calls.add(sub.call)
+        calls |= _calls(sub)
+    return calls

@@ -1,9 +1,8 @@
 """Episode routes: begin, finish, abort, heartbeat and the token-level record.
 
-Credentials (`swarm.server.auth`): on a server with client tokens, beginning needs one, and an episode is
-finished, aborted, heartbeated and read only with its episode key, the client token that began it or the
-admin token (401 without a credential, 403 with a wrong one). A server without client tokens trusts its
-network: these routes then need no credential, but a credential that is sent must be the right one.
+Credentials (`swarm.server.auth`): on a server with client tokens, beginning needs one; on every server an
+episode is finished, aborted, heartbeated and read only with its episode key, the client token that began
+it or the admin token (401 without a credential, 403 with a wrong one).
 
 Every route depends on the episode service (`swarm.server.deps.EpisodesDep`). Routes are ``async def``:
 they run on the event loop like the completion route, so the episode table is only ever touched from one
@@ -29,7 +28,7 @@ from swarm.server.deps import EpisodesDep, error_models
 from swarm.server.lean_route import LeanRoute
 
 _AUTH = (
-    (401, "No credential, on a server with client tokens."),
+    (401, "No credential (begin: on a server with client tokens)."),
     (403, "A wrong credential: unknown, revoked, or another episode's."),
 )
 _EPISODE = error_models(*_AUTH, (404, "No such episode."))

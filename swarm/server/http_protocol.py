@@ -1,4 +1,13 @@
-"""uvicorn's httptools protocol with each response's head and body sent in one socket write.
+"""uvicorn's httptools protocol with each response's head and body sent in one socket write, JSON answers
+to the requests uvicorn refuses before the app, and a bound on the time to receive a request.
+
+Errors before the app: a request line or header httptools cannot parse (a non-numeric or conflicting
+``Content-Length``, a bad header name) got uvicorn's plain-text "400 Invalid HTTP request received"; here it
+is a JSON :class:`~swarm.protocol.ErrorBody` like every other error. A request not received whole within
+``request_timeout_s`` (headers that never end, a ``Content-Length`` longer than the body sent, a body
+trickled byte by byte) is answered 408 in the same shape and its connection closed, and so is a connection
+that sends nothing for that long; uvicorn would wait forever (its keep-alive timeout only runs between
+requests). The app then sees the client gone (``http.disconnect``) and its answer is dropped.
 
 Why: uvicorn writes a response's status line and headers as soon as the app sends
 ``http.response.start`` and the body at ``http.response.body``: two ``send`` system calls (and two TCP
@@ -20,7 +29,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server.framework import PROTOCOL, fast_path
+
+REQUEST_TIMEOUT_S = 60.0
+"""Longest time a request may take to arrive whole, from its first byte (or the connection's start) to its
+last (seconds); the largest body the server takes (``max_body_bytes``) needs far less on any working link."""
 
 _HEAD_START = b"HTTP/1.1 "
 _HEAD_END = b"\r\n\r\n"
@@ -74,11 +88,85 @@ except ImportError:  # httptools missing: uvicorn chooses its own (h11)
 if HttpToolsProtocol is not None:
 
     class SwarmHttpProtocol(HttpToolsProtocol):
-        """uvicorn's ``HttpToolsProtocol`` writing each response's head and body at once."""
+        """uvicorn's ``HttpToolsProtocol`` writing each response's head and body at once, answering what it
+        refuses before the app in JSON, and timing out requests that do not arrive (module docstring)."""
+
+        request_timeout_s: float = REQUEST_TIMEOUT_S
+        """See `REQUEST_TIMEOUT_S` (a subclass may set another)."""
+
+        _request_timer: asyncio.TimerHandle | None = None
+        _receiving = False  # a request has begun and not yet been received whole
+        _headers_done = False  # ... and its headers were complete (``self.cycle`` is its own)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self.transport = _CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
+            self._arm_request_timer()  # a connection that sends nothing is closed too
+
+        # -- errors before the app, in JSON ---------------------------------------------------------------
+        def send_400_response(self, msg: str) -> None:
+            self._cancel_request_timer()
+            message = (  # uvicorn's ``msg`` is always "Invalid HTTP request received."
+                "invalid HTTP request: the request line or a header cannot be parsed (e.g. a non-numeric or "
+                "repeated Content-Length, or a header name with a space)"
+            )
+            self._answer_and_close(400, "invalid_request_error", message)
+
+        def _answer_and_close(self, status: int, kind: str, message: str) -> None:
+            body = ErrorBody(error=ErrorDetail(type=kind, message=message)).model_dump_json(exclude_none=True)
+            head = [_STATUS_LINES[status]]
+            for name, value in self.server_state.default_headers:
+                head.extend([name, b": ", value, b"\r\n"])
+            head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+            head.append(b"connection: close\r\n\r\n")
+            self.transport.write(b"".join(head) + body.encode())
+            self.transport.close()
+
+        # -- the request timeout ----------------------------------------------------------------------------
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._receiving, self._headers_done = True, False
+            self._arm_request_timer()
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._headers_done = True
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._receiving = False
+            self._cancel_request_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_request_timer()
+            super().connection_lost(exc)
+
+        def _arm_request_timer(self) -> None:
+            self._cancel_request_timer()
+            self._request_timer = self.loop.call_later(self.request_timeout_s, self._request_timed_out)
+
+        def _cancel_request_timer(self) -> None:
+            if self._request_timer is not None:
+                self._request_timer.cancel()
+                self._request_timer = None
+
+        def _request_timed_out(self) -> None:
+            self._request_timer = None
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle if self._headers_done else None
+            if cycle is not None:  # the app waits for the rest of the body: it sees the client gone
+                cycle.disconnected = True
+                cycle.message_event.set()
+            if self._receiving and (cycle is None or not cycle.response_started):
+                message = f"the request did not arrive whole within {self.request_timeout_s:g} s"
+                self._answer_and_close(
+                    408, "request_timeout", message + " (a body shorter than its Content-Length?)"
+                )
+            else:  # nothing was sent, or the app has answered already
+                self.transport.close()
+
+    _STATUS_LINES = {400: b"HTTP/1.1 400 Bad Request\r\n", 408: b"HTTP/1.1 408 Request Timeout\r\n"}
 
 
 def http_protocol() -> type[asyncio.Protocol] | str:

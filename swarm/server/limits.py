@@ -8,7 +8,6 @@ here reads them when it checks, so a change applies to the next request. A chat 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from swarm.errors import RequestError, Unavailable
@@ -186,7 +186,7 @@ class BodySizeLimit:
                 chunked = True
         if declared is not None and declared.isdigit():
             if int(declared) > limit:
-                await _too_large(scope, send, limit)
+                await _too_large(scope, receive, send, limit)
                 return
             if not chunked:  # the server delivers exactly the declared length: nothing to count
                 await self.app(scope, receive, send)
@@ -209,7 +209,7 @@ def _too_large_message(limit: int) -> str:
     return f"the request body is larger than this server's limit of {limit} bytes"
 
 
-async def _too_large(scope: Scope, send: Send, limit: int) -> None:
+async def _too_large(scope: Scope, receive: Receive, send: Send, limit: int) -> None:
     message = _too_large_message(limit)
     if str(scope.get("path", "")).startswith("/v1/messages"):  # Anthropic's routes answer in its shape
         content: dict[str, object] = error_body(413, message)
@@ -217,7 +217,4 @@ async def _too_large(scope: Scope, send: Send, limit: int) -> None:
         content = ErrorBody(error=ErrorDetail(type="request_too_large", message=message)).model_dump(
             exclude_none=True
         )
-    payload = json.dumps(content).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    await JSONResponse(content, status_code=413)(scope, receive, send)  # rendered as every other error

@@ -36,6 +36,7 @@ _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
     **error_models(
         (400, "Messages the chat template cannot render, or a prompt too long."),
         (401, "No episode key, or the key of an episode that has ended."),
+        (403, "A client or admin token instead of an episode key."),
         (404, "A model this server does not serve."),
         (409, "The episode ended while the call was sampled."),
         (429, "The client token's request rate is spent; see Retry-After."),

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from swarm.tracking.errors import PromptError
 
@@ -55,10 +56,22 @@ class TextPart(BaseModel):
     text: str
 
 
+_CONTENT_OR_TOOL_CALLS: JsonDict = {
+    "anyOf": [
+        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        {
+            "required": ["role", "tool_calls"],
+            "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}},
+        },
+    ]
+}
+"""`ChatMessage`'s rule that a message has content, or is an assistant's tool calls, in its JSON schema."""
+
+
 class ChatMessage(BaseModel):
     """One message of the conversation (request side; unknown fields are kept and ignored)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_CONTENT_OR_TOOL_CALLS)
 
     role: Role
     content: str | list[TextPart] | None = None

@@ -8,11 +8,13 @@ B but not trained (not in ``trainable_agents``), so B's loss covers exactly the 
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from swarm.batch import BatchConfig
 from swarm.client import SwarmClient, load_workflow, run_workflow
@@ -24,6 +26,7 @@ from tests.client.conftest import episodes_of
 from tests.conftest import LiveServer, build_tiny_model, make_server, wait_for
 
 TEAMS = {"werewolves": {"werewolf_1"}, "village": {"seer_1", "witch_1", "hunter_1", "villager_1"}}
+ADMIN = secrets.token_urlsafe(16)
 TRAINED = ["werewolf_1", "seer_1", "witch_1", "hunter_1"]
 
 
@@ -35,7 +38,7 @@ def team_servers(tmp_path: Path, embedded_source: Any, tokenizer: Any) -> Iterat
     for seed, team in enumerate(TEAMS, start=10):
         engine = HFEngine(build_tiny_model(embedded_source, seed=seed), tokenizer, f"tiny-{team}")
         engines.append(engine)
-        servers[team] = make_server(tmp_path / team, engine, training=training)
+        servers[team] = make_server(tmp_path / team, engine, training=training, admin_token=SecretStr(ADMIN))
     try:
         yield servers
     finally:
@@ -69,7 +72,7 @@ def test_two_models_train_together_each_on_its_own_agents(
     assert summary.finished == 2 and summary.infra_failures == summary.agent_failures == 0
 
     for team, server in team_servers.items():
-        with SwarmClient(server.url) as client:
+        with SwarmClient(server.url, admin_token=ADMIN) as client:  # reads episodes it did not begin
             wait_for(lambda client=client: client.status().step >= 1, 120, f"a step on the {team} server")
             (step,) = client.metrics()
             episodes = episodes_of(server, "teams")

@@ -40,17 +40,23 @@ def error(r: httpx.Response, status: int, *words: str) -> str:
     return message
 
 
-@pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory, tiny_engine: Any) -> Iterator[LiveServer]:
+def serving(tmp: Path, engine: Any, client_tokens: dict[str, str]) -> Iterator[LiveServer]:
+    """A server in inference mode with the admin token and ``client_tokens`` (name → token)."""
+    tokens = {name: SecretStr(token) for name, token in client_tokens.items()}
     live = make_server(
-        tmp_path_factory.mktemp("guarded"),
-        tiny_engine,
+        tmp,
+        engine,
         training=TrainingConfig(enabled=False),
         admin_token=SecretStr(ADMIN),
-        client_tokens={"alice": SecretStr(ALICE), "bob": SecretStr(BOB)},
+        client_tokens=tokens,
     )
     yield live
     live.stop()
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory, tiny_engine: Any) -> Iterator[LiveServer]:
+    yield from serving(tmp_path_factory.mktemp("guarded"), tiny_engine, {"alice": ALICE, "bob": BOB})
 
 
 def begin(url: str, headers: dict[str, str], task: str = "t") -> httpx.Response:
@@ -105,6 +111,47 @@ def test_an_episode_answers_only_its_key_its_owner_or_the_admin(guarded: LiveSer
     )
 
 
+@pytest.fixture(scope="module")
+def admin_only(tmp_path_factory: pytest.TempPathFactory, tiny_engine: Any) -> Iterator[LiveServer]:
+    """A server with an admin token and no client token (how a3r and most users start one)."""
+    yield from serving(tmp_path_factory.mktemp("admin-only"), tiny_engine, {})
+
+
+@pytest.mark.parametrize("began_with", ["admin", "nothing"])
+def test_without_client_tokens_an_episode_still_answers_only_its_key_or_the_admin(
+    admin_only: LiveServer, began_with: str
+) -> None:
+    """No credential is never an owner: read, finish, abort and heartbeat are 401 without one (the
+    episode's prompts, completions and reward stay private, nobody sets its reward), 403 with another
+    episode's key or any other secret, and work with the episode's key or the admin token."""
+    url = admin_only.url
+    mine = begin(url, bearer(ADMIN) if began_with == "admin" else {}).json()
+    other = begin(url, {}).json()
+    eid, key = mine["episode_id"], mine["api_key"]
+    base = f"{url}/api/v1/episodes/{eid}"
+    calls = {
+        "read": lambda h: httpx.get(base, headers=h),
+        "heartbeat": lambda h: httpx.post(f"{base}/heartbeat", headers=h),
+        "finish": lambda h: httpx.post(f"{base}/finish", json={"reward": 1.0}, headers=h),
+        "abort": lambda h: httpx.post(f"{base}/abort", headers=h),
+    }
+    for call in calls.values():
+        error(call({}), 401, "missing credential", eid)
+        error(call(bearer(other["api_key"])), 403, "does not belong")
+        error(call(bearer("guess-" + secrets.token_hex(8))), 403, "wrong credential")
+    error(httpx.get(f"{url}/api/v1/episodes/ep-nope"), 401)  # no credential learns nothing about ids
+    assert calls["heartbeat"](bearer(key)).status_code == 200
+    assert calls["read"](bearer(key)).json()["status"] == "open"
+    assert calls["heartbeat"](bearer(ADMIN)).status_code == 200
+    assert calls["finish"](bearer(key)).json()["status"] == "finished"
+    assert calls["read"](bearer(ADMIN)).json()["reward"] == 1.0
+    assert calls["abort"](bearer(ADMIN)).status_code == 409  # ended: past the credential check
+    aborted = httpx.post(
+        f"{url}/api/v1/episodes/{other['episode_id']}/abort", headers=bearer(other["api_key"])
+    )
+    assert aborted.json()["status"] == "aborted"
+
+
 def test_control_routes_refuse_client_tokens_and_tell_missing_from_wrong(guarded: LiveServer) -> None:
     status = f"{guarded.url}/api/v1/status"
     error(httpx.get(status), 401, "missing admin token")
@@ -119,7 +166,7 @@ def test_the_client_library_passes_the_tokens(guarded: LiveServer) -> None:
             ep.heartbeat()
             assert client.get_episode(ep.id).status == "open"
             ep.finish(1.0)
-        assert client.get_episode(ep.id).reward == 1.0  # read with the client token once the key is gone
+        assert client.get_episode(ep.id).reward == 1.0  # read with the key, kept after the finish
     with SwarmClient(guarded.url) as anonymous, pytest.raises(ClientError) as info:
         anonymous.begin("nope")
     assert info.value.status_code == 401 and "client token" in str(info.value)

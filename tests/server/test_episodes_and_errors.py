@@ -71,7 +71,7 @@ def test_bad_requests_get_json_errors_and_server_keeps_serving(server: Any, ep: 
     ok = chat(url, key, {"model": model, "messages": QUESTION, "max_tokens": 4})
     assert ok.status_code == 200
     with SwarmClient(server.url) as client:
-        assert len(client.get_episode(ep.id).calls) == 1
+        assert len(client.get_episode(ep.id, api_key=key).calls) == 1
 
 
 def test_finished_episode_key_is_refused_and_episode_is_durable(tmp_path: Path, tiny_engine: Any) -> None:
@@ -90,7 +90,7 @@ def test_finished_episode_key_is_refused_and_episode_is_durable(tmp_path: Path, 
             assert info.value.status_code == 409
         live.restart()  # a new process state over the same run dir
         with SwarmClient(live.url) as client:
-            after = client.get_episode(ep.id)
+            after = client.get_episode(ep.id, api_key=ep.api_key)
             assert client.status().episodes.finished == 1
         assert after.calls == before.calls and after.reward == 0.75
     finally:
@@ -107,10 +107,11 @@ def test_abort_kinds_heartbeat_and_unknown_episode(server: Any) -> None:
             raise ValueError("boom")
         view = client.get_episode(b.id)
         assert view.status == "aborted" and "boom" in (view.reason or "")
-        with pytest.raises(ClientError) as info:
-            client.get_episode("ep-nope")
+        with pytest.raises(ClientError) as info:  # with a credential: without one, any id is a 401
+            client.get_episode("ep-nope", api_key=a.api_key)
         assert info.value.status_code == 404
-        unknown = httpx.get(f"{server.url}/api/v1/episodes/{'e' * 4000}")
+        key = {"Authorization": f"Bearer {a.api_key}"}
+        unknown = httpx.get(f"{server.url}/api/v1/episodes/{'e' * 4000}", headers=key)
         assert unknown.status_code == 404 and len(unknown.json()["error"]["message"]) < 300, unknown.text
         assert_error(httpx.post(f"{server.url}/api/v1/episodes", json={"task_id": ""}), 422)
         assert_error(httpx.post(f"{server.url}/api/v1/episodes", json={"task_id": "x", "typo_field": 1}), 422)
@@ -123,7 +124,7 @@ def test_nonfinite_reward_is_rejected_and_episode_stays_open(server: Any) -> Non
             r = httpx.post(
                 f"{server.url}/api/v1/episodes/{ep.id}/finish",
                 content=body,
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {ep.api_key}"},
             )
             assert r.status_code == 422
             # says what is wrong (it said "less than or equal to 1000000000" for NaN)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import select
 import socket
 import threading
 import time
@@ -16,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from swarm.server.http_protocol import http_protocol
+from swarm.server.http_protocol import SwarmHttpProtocol, http_protocol
 from tests.conftest import free_port
 
 
@@ -118,3 +120,80 @@ def test_a_head_nothing_follows_goes_out_at_the_end_of_the_turn() -> None:
             while chunk := sock.recv(65536):
                 answer += chunk
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"echo":"{}","ok":true}')
+
+
+class _Quick(SwarmHttpProtocol):
+    request_timeout_s = 0.5
+
+
+def _answer(port: int, data: bytes, *, timeout_s: float = 5.0) -> tuple[bytes, float]:
+    """What the server sends on one connection after ``data`` until it closes it, and how long it took."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        if data:
+            sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):  # a socket timeout fails the test: the server kept it open
+            out += chunk
+    return out, time.monotonic() - started
+
+
+def _json_error(answer: bytes, status: int, kind: str) -> str:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0].startswith(f"HTTP/1.1 {status} "), answer
+    assert "content-type: application/json" in lines and "connection: close" in lines, lines
+    error = json.loads(body)["error"]
+    assert error["type"] == kind and body == json.dumps({"error": error}, separators=(",", ":")).encode()
+    return str(error["message"])
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n{}",
+        b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\ncontent-length: 5\r\n\r\n{}",
+        b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: -1\r\n\r\n",
+        b"GET /empty HTTP/1.1\r\nbad header: x\r\n\r\n",
+        b"NOT-HTTP\r\n\r\n",
+    ],
+    ids=["non-numeric", "two-lengths", "negative", "bad-header-name", "garbage"],
+)
+def test_requests_refused_before_the_app_get_json_errors(request_bytes: bytes) -> None:
+    for port in _serve(http_protocol()):
+        answer, _ = _answer(port, request_bytes)
+    assert "invalid HTTP request" in _json_error(answer, 400, "invalid_request_error")
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n{}", 408),  # a short body
+        (b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-le", 408),  # headers that never end
+        (b"", None),  # a connection that sends nothing: closed without an answer
+    ],
+    ids=["short-body", "partial-headers", "silent"],
+)
+def test_a_request_that_does_not_arrive_times_out_and_closes(
+    request_bytes: bytes, status: int | None
+) -> None:
+    for port in _serve(_Quick):
+        answer, took = _answer(port, request_bytes)
+        assert 0.4 < took < 3.0
+        if status is None:
+            assert answer == b""
+        else:
+            assert "did not arrive whole within 0.5 s" in _json_error(answer, status, "request_timeout")
+
+
+def test_a_body_trickled_byte_by_byte_is_cut_at_the_same_bound() -> None:
+    for port in _serve(_Quick):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n")
+            started, out = time.monotonic(), b""
+            while not select.select([sock], [], [], 0.05)[0]:  # a byte every 50 ms until the server answers
+                assert time.monotonic() - started < 3.0, "the server kept waiting for the body"
+                sock.sendall(b"x")
+            while chunk := sock.recv(65536):
+                out += chunk
+    assert "did not arrive whole" in _json_error(out, 408, "request_timeout")

@@ -77,7 +77,9 @@ def test_seed_is_reproducible_and_n_choices(server: Any) -> None:
     assert a.choices[0].message.content == b.choices[0].message.content
     assert len(many.choices) == 3 and [c.index for c in many.choices] == [0, 1, 2]
     with SwarmClient(server.url) as client:
-        assert len(client.get_episode(ep.id).calls) == 5  # every choice is its own call record
+        assert (
+            len(client.get_episode(ep.id, api_key=ep.api_key).calls) == 5
+        )  # every choice is its own call record
 
 
 def test_max_tokens_gives_length_and_stop_strings_cut_text(server: Any, tokenizer: Any) -> None:
@@ -208,18 +210,19 @@ def test_episode_bodies_are_checked_and_abort_needs_none(server: Any) -> None:
     with SwarmClient(server.url) as client:
         ep = client.begin("bodies")
         finish = f"{server.url}/api/v1/episodes/{ep.id}/finish"
+        key = {"Authorization": f"Bearer {ep.api_key}"}
         for body, param in [
             ({"reward": "1"}, "reward"),
             ({"reward": True}, "reward"),
             ({"reward": 1e300}, "reward"),
         ]:
-            refused = httpx.post(finish, json=body)
+            refused = httpx.post(finish, json=body, headers=key)
             assert refused.status_code == 422 and refused.json()["error"]["param"] == param, body
-        garbage = httpx.post(finish, content=b"not json", headers={"content-type": "application/json"})
+        garbage = httpx.post(finish, content=b"not json", headers={**key, "content-type": "application/json"})
         assert (
             garbage.status_code == 422 and "the body is not valid JSON" in garbage.json()["error"]["message"]
         )
-        aborted = httpx.post(f"{server.url}/api/v1/episodes/{ep.id}/abort")  # no body at all
+        aborted = httpx.post(f"{server.url}/api/v1/episodes/{ep.id}/abort", headers=key)  # no body at all
         assert aborted.status_code == 200 and aborted.json()["status"] == "aborted"
         assert client.get_episode(ep.id).reason == "aborted by client"
 

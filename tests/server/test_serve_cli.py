@@ -192,3 +192,56 @@ def test_a_stopped_server_closes_its_engine(
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert [e["message"] for e in events if e["kind"] == "engine.closed"] == [f"{engine} engine closed"]
     assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
+
+
+SERVER_WITH_CHILDREN = """
+import multiprocessing, subprocess, sys, time, uvicorn
+from swarm.server.shutdown import reap_children, run
+
+children = []
+
+async def app(scope, receive, send):  # an ASGI app whose lifespan starts children of three kinds
+    assert scope["type"] == "lifespan"
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            spawned = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,))
+            spawned.start()  # a spawned process also starts multiprocessing's resource tracker
+            children.append(spawned)
+            children.append(subprocess.Popen(["sleep", "600"]))
+            deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(600)"
+            children.append(subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE))
+            children[-1].stdout.readline()  # it ignores SIGTERM from now on
+            await send({"type": "lifespan.startup.complete"})
+            print("ready", flush=True)
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+def on_exit():
+    print("killed", len(reap_children(timeout_s=1.0)), flush=True)
+
+if __name__ == "__main__":
+    run(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"), on_exit)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_server_reaps_every_child_before_it_exits(tmp_path: Path, sig: signal.Signals) -> None:
+    """The exit hook of `swarm serve` (`swarm.server.shutdown`) runs after the app's shutdown and before
+    uvicorn re-raises the signal: a spawned process, multiprocessing's resource tracker (which ignores
+    SIGTERM and lingered after vLLM servers), a plain subprocess and one that ignores SIGTERM (killed
+    after the bound) are all gone, and reaped, when the server's process has exited."""
+    script = tmp_path / "server_with_children.py"
+    script.write_text(SERVER_WITH_CHILDREN)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        children = _children(proc.pid)
+        assert len(children) == 4, children  # the three children and the resource tracker
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) in (0, -sig)
+        assert proc.stdout.read().split() == ["killed", "1"]  # the one that ignores SIGTERM
+        assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
+    finally:
+        proc.kill()

@@ -143,7 +143,12 @@ def test_a_client_that_leaves_mid_stream_cancels_its_call(server: Any, tiny_engi
         # Finishing is refused while the call runs (409) and accepted once it is cancelled; the engine
         # stops the row (it would sample 4000 tokens otherwise) and nothing is recorded.
         finish = f"{server.url}/api/v1/episodes/{ep.id}/finish"
-        wait_for(lambda: httpx.post(finish, json={"reward": 1.0}).status_code == 200, 20, "the call to end")
+        key = {"Authorization": f"Bearer {ep.api_key}"}
+        wait_for(
+            lambda: httpx.post(finish, json={"reward": 1.0}, headers=key).status_code == 200,
+            20,
+            "the call to end",
+        )
         assert tiny_engine.lock.acquire(timeout=5)
         tiny_engine.lock.release()
         assert client.get_episode(ep.id).calls == []
@@ -155,7 +160,11 @@ def test_finishing_an_episode_while_its_call_streams_is_refused_and_loses_nothin
         response = _stream(ep, max_tokens=300, temperature=1.0, seed=6)
         stream = _events(response)
         list(_take_until_first_text(stream))
-        early = httpx.post(f"{server.url}/api/v1/episodes/{ep.id}/finish", json={"reward": 1.0})
+        early = httpx.post(
+            f"{server.url}/api/v1/episodes/{ep.id}/finish",
+            json={"reward": 1.0},
+            headers={"Authorization": f"Bearer {ep.api_key}"},
+        )
         assert early.status_code == 409 and "still being sampled" in early.json()["error"]["message"]
         rest = list(stream)  # the answer completes and is recorded
         response.close()

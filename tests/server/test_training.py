@@ -33,8 +33,13 @@ def probe(client: SwarmClient) -> tuple[str, float]:
     return token.token, token.logprob
 
 
+KEYS: dict[str, str] = {}
+"""Episode keys by episode id, for reading an episode from a later client (a restarted server's)."""
+
+
 def rollout(client: SwarmClient, task_id: str, reward: float, max_tokens: int = 6) -> str:
     with client.episode(task_id) as ep:
+        KEYS[ep.id] = ep.api_key
         OpenAI(base_url=ep.base_url, api_key=ep.api_key).chat.completions.create(
             model=ep.model, messages=QUESTION, max_tokens=max_tokens, temperature=1.0
         )
@@ -298,7 +303,10 @@ def test_kill_9_while_rolling_and_while_training_loses_nothing(
             assert status.step in (1, 2) and status.episodes.finished == 4
             assert status.episodes.pending + status.episodes.trained == 4 and status.episodes.trained >= 2
             wait_for(lambda: client.status().step == 2, 60, "step 2 after restart")
-            trained = {eid: client.get_episode(eid).trained_step for eid in [*first, third, fourth]}
+            trained = {
+                eid: client.get_episode(eid, api_key=KEYS[eid]).trained_step
+                for eid in [*first, third, fourth]
+            }
         assert trained == {first[0]: 1, first[1]: 1, third: 2, fourth: 2}  # each trained exactly once
         steps = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
         assert len(steps) == 2

@@ -4,6 +4,7 @@ an episode with loss-mask colouring; a server that is down is reported without b
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from pydantic import SecretStr
 
 from a3r.app.tui import A3RApp, HFDetokenizer, PatchView, RewardCurve, TokenView, TuiConfig
 from a3r.app.tui._episode_screen import EpisodeScreen
@@ -30,6 +32,8 @@ from tests.conftest import LiveServer, build_tiny_model, free_port, make_server
 from tests.tui.conftest import cells, text_of, wait_for
 
 SIZE = (80, 24)
+ADMIN = secrets.token_urlsafe(16)
+"""The server's admin token: the TUI reads episodes it did not begin with it."""
 QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Count to three."}]
 
 
@@ -44,9 +48,11 @@ def trained_server(
         batch=BatchConfig(policy=BatchPolicy.EPISODES, batch_size=1, group_size=2),
         trainer=TrainerConfig(lr=1e-3),
     )
-    live = make_server(tmp_path_factory.mktemp("tui-server"), engine, training=training)
+    live = make_server(
+        tmp_path_factory.mktemp("tui-server"), engine, training=training, admin_token=SecretStr(ADMIN)
+    )
     try:
-        with SwarmClient(live.url) as client:
+        with SwarmClient(live.url, admin_token=ADMIN) as client:
             for step, rewards in enumerate(((1.0, 0.0), (0.75, 0.25)), start=1):
                 for reward in rewards:
                     with client.episode(f"count-{step}") as ep:
@@ -89,7 +95,7 @@ async def test_live_run_and_episode_tokens(
     live, metrics = trained_server
     assert [m.reward_mean for m in metrics] == [0.5, 0.5]
     study_id, run_id = _study_with_run(store, live.url)
-    config = TuiConfig(refresh_s=0.5, reviewer="ada")
+    config = TuiConfig(refresh_s=0.5, reviewer="ada", admin_token=SecretStr(ADMIN))  # reads any episode
     app = A3RApp(store, config=config, study_id=study_id, detokenize=HFDetokenizer.from_tokenizer(tokenizer))
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: len(cells(app, "#runs")) == 1)
@@ -119,7 +125,7 @@ async def test_live_run_and_episode_tokens(
         assert isinstance(episode_screen, EpisodeScreen) and episode_screen.episode_id == episode_id
         view = episode_screen.query_one(TokenView)
         await wait_for(pilot, lambda: view.sequences, timeout_s=20)
-        with SwarmClient(live.url) as client:
+        with SwarmClient(live.url, admin_token=ADMIN) as client:
             record = client.get_episode(episode_id)
         (sample,) = record.samples
         (shown,) = view.sequences
@@ -165,7 +171,8 @@ async def test_cited_episode_opens_from_the_patch_review(
 ) -> None:
     live, _ = trained_server
     study_id, run_id = _study_with_run(store, live.url)
-    app = A3RApp(store, config=TuiConfig(refresh_s=0.5), detokenize=HFDetokenizer.from_tokenizer(tokenizer))
+    config = TuiConfig(refresh_s=0.5, admin_token=SecretStr(ADMIN))
+    app = A3RApp(store, config=config, detokenize=HFDetokenizer.from_tokenizer(tokenizer))
     async with app.run_test(size=SIZE) as pilot:
         # Find an episode id through the run screen, as a reviewer would.
         await app.push_screen(RunScreen(app.ctx, run_id))
