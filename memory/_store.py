@@ -67,6 +67,8 @@ __all__ = ["Store", "StoreConfig"]
 
 _M = TypeVar("_M", bound=BaseModel)
 _T = TypeVar("_T")
+# The rows an import writes and looks up by natural key (each has an autoincrement ``id``).
+_Row = Hypothesis | Experiment | Run | Finding | CodeArtifact
 
 
 class StoreConfig(BaseModel):
@@ -1134,29 +1136,25 @@ class Store:
             hypotheses: dict[int, int] = {}
             for hypothesis in export.hypotheses:
                 registered = _aware(hypothesis.registered_at)
-                found = (
-                    session.exec(
-                        select(Hypothesis.id).where(
-                            Hypothesis.study_id == study_id,
-                            Hypothesis.statement == hypothesis.statement,
-                            Hypothesis.registered_at == registered,
-                        )
-                    ).first()
-                    if merging
-                    else None
+                found = _existing_id(
+                    session,
+                    merging,
+                    Hypothesis,
+                    study_id=study_id,
+                    statement=hypothesis.statement,
+                    registered_at=registered,
                 )
                 if found is None:
-                    row = Hypothesis(
-                        study_id=study_id,
-                        statement=hypothesis.statement,
-                        expected_outcome=hypothesis.expected_outcome,
-                        decision_rule=hypothesis.decision_rule,
-                        registered_at=registered,
+                    found = _inserted_id(
+                        session,
+                        Hypothesis(
+                            study_id=study_id,
+                            statement=hypothesis.statement,
+                            expected_outcome=hypothesis.expected_outcome,
+                            decision_rule=hypothesis.decision_rule,
+                            registered_at=registered,
+                        ),
                     )
-                    session.add(row)
-                    session.flush()
-                    found = row.id
-                assert found is not None
                 hypotheses[hypothesis.id] = found
 
             runs: dict[int, int] = {}
@@ -1164,17 +1162,13 @@ class Store:
             for experiment in export.experiments:
                 experiment_id = self._import_experiment(session, study_id, experiment, hypotheses, merging)
                 for run in experiment.runs:
-                    started = _aware(run.started_at)
-                    found = (
-                        session.exec(
-                            select(Run.id).where(
-                                Run.experiment_id == experiment_id,
-                                Run.name == run.name,
-                                Run.started_at == started,
-                            )
-                        ).first()
-                        if merging
-                        else None
+                    found = _existing_id(
+                        session,
+                        merging,
+                        Run,
+                        experiment_id=experiment_id,
+                        name=run.name,
+                        started_at=_aware(run.started_at),
                     )
                     if found is None:
                         found = self._import_run(session, experiment_id, run)
@@ -1184,25 +1178,25 @@ class Store:
             if not merging:
                 self._import_artifacts(session, study_id, export)
                 for finding in export.findings:
-                    finding_row = Finding(
-                        study_id=study_id,
-                        statement=finding.statement,
-                        evidence=finding.evidence,
-                        confidence=finding.confidence,
-                        status=finding.status,
-                        seeds=list(finding.seeds),
-                        hypothesis_id=None
-                        if finding.hypothesis_id is None
-                        else _mapped(hypotheses, finding.hypothesis_id, "hypothesis"),
-                        created_at=_aware(finding.created_at),
-                        updated_at=_aware(finding.updated_at),
+                    finding_id = _inserted_id(
+                        session,
+                        Finding(
+                            study_id=study_id,
+                            statement=finding.statement,
+                            evidence=finding.evidence,
+                            confidence=finding.confidence,
+                            status=finding.status,
+                            seeds=list(finding.seeds),
+                            hypothesis_id=None
+                            if finding.hypothesis_id is None
+                            else _mapped(hypotheses, finding.hypothesis_id, "hypothesis"),
+                            created_at=_aware(finding.created_at),
+                            updated_at=_aware(finding.updated_at),
+                        ),
                     )
-                    session.add(finding_row)
-                    session.flush()
-                    assert finding_row.id is not None
                     for evidence in finding.run_ids:
                         session.add(
-                            FindingEvidence(finding_id=finding_row.id, run_id=_mapped(runs, evidence, "run"))
+                            FindingEvidence(finding_id=finding_id, run_id=_mapped(runs, evidence, "run"))
                         )
             for event in export.events:
                 event_run = None if event.run_id is None else _mapped(runs, event.run_id, "run")
@@ -1231,53 +1225,47 @@ class Store:
         merging: bool,
     ) -> int:
         created = _aware(experiment.created_at)
-        if merging:
-            found = session.exec(
-                select(Experiment.id).where(
-                    Experiment.study_id == study_id,
-                    Experiment.name == experiment.name,
-                    Experiment.created_at == created,
-                )
-            ).first()
-            if found is not None:
-                return found
-        row = Experiment(
-            study_id=study_id,
-            name=experiment.name,
-            description=experiment.description,
-            template=experiment.template,
-            hypothesis_id=None
-            if experiment.hypothesis_id is None
-            else _mapped(hypotheses, experiment.hypothesis_id, "hypothesis"),
-            created_at=created,
+        found = _existing_id(
+            session, merging, Experiment, study_id=study_id, name=experiment.name, created_at=created
         )
-        session.add(row)
-        session.flush()
-        assert row.id is not None
-        return row.id
+        if found is not None:
+            return found
+        return _inserted_id(
+            session,
+            Experiment(
+                study_id=study_id,
+                name=experiment.name,
+                description=experiment.description,
+                template=experiment.template,
+                hypothesis_id=None
+                if experiment.hypothesis_id is None
+                else _mapped(hypotheses, experiment.hypothesis_id, "hypothesis"),
+                created_at=created,
+            ),
+        )
 
     @staticmethod
     def _import_run(session: Session, experiment_id: int, run: RunExport) -> int:
-        row = Run(
-            experiment_id=experiment_id,
-            name=run.name,
-            config=dict(run.config),
-            seed=run.seed,
-            server_url=run.server_url,
-            run_dir=run.run_dir,
-            git_commit=run.git_commit,
-            status=run.status,
-            final_metrics=None if run.final_metrics is None else _finite_metrics(run.final_metrics),
-            error=run.error,
-            started_at=_aware(run.started_at),
-            finished_at=None if run.finished_at is None else _aware(run.finished_at),
+        run_id = _inserted_id(
+            session,
+            Run(
+                experiment_id=experiment_id,
+                name=run.name,
+                config=dict(run.config),
+                seed=run.seed,
+                server_url=run.server_url,
+                run_dir=run.run_dir,
+                git_commit=run.git_commit,
+                status=run.status,
+                final_metrics=None if run.final_metrics is None else _finite_metrics(run.final_metrics),
+                error=run.error,
+                started_at=_aware(run.started_at),
+                finished_at=None if run.finished_at is None else _aware(run.finished_at),
+            ),
         )
-        session.add(row)
-        session.flush()
-        assert row.id is not None
         session.add_all(
             MetricPoint(
-                run_id=row.id,
+                run_id=run_id,
                 step=point.step,
                 name=point.name,
                 value=_finite_metrics({point.name: point.value})[point.name],
@@ -1285,25 +1273,24 @@ class Store:
             )
             for point in run.metric_points
         )
-        return row.id
+        return run_id
 
     @staticmethod
     def _import_artifacts(session: Session, study_id: int, export: StudyExport) -> None:
         artifacts: dict[int, int] = {}
         for artifact in sorted(export.artifacts, key=lambda a: a.id):
-            row = CodeArtifact(
-                study_id=study_id,
-                kind=artifact.kind,
-                name=artifact.name,
-                version=artifact.version,
-                content=artifact.content,
-                sha256=artifact.sha256,
-                created_at=_aware(artifact.created_at),
+            artifacts[artifact.id] = _inserted_id(
+                session,
+                CodeArtifact(
+                    study_id=study_id,
+                    kind=artifact.kind,
+                    name=artifact.name,
+                    version=artifact.version,
+                    content=artifact.content,
+                    sha256=artifact.sha256,
+                    created_at=_aware(artifact.created_at),
+                ),
             )
-            session.add(row)
-            session.flush()
-            assert row.id is not None
-            artifacts[artifact.id] = row.id
         for patch in export.patches:
             session.add(
                 Patch(
@@ -1323,6 +1310,27 @@ class Store:
                     created_at=_aware(patch.created_at),
                 )
             )
+
+
+def _existing_id(session: Session, merging: bool, model: type[_Row], **key: object) -> int | None:
+    """The id of the ``model`` row whose columns equal ``key`` (the record's natural key), or None.
+
+    Only a merging import looks (a fresh study has no rows yet): None when ``merging`` is False.
+    """
+    if not merging:
+        return None
+    found: int | None = session.exec(
+        select(model.id).where(*(getattr(model, column) == value for column, value in key.items()))
+    ).first()
+    return found
+
+
+def _inserted_id(session: Session, row: _Row) -> int:
+    """Adds ``row`` to the session and returns the id the database gave it (flushed, not committed)."""
+    session.add(row)
+    session.flush()
+    assert row.id is not None
+    return row.id
 
 
 def _aware(moment: datetime) -> datetime:
