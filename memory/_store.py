@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import func, update
-from sqlmodel import Session, col, select
+from sqlmodel import Session, SQLModel, col, select
 
 from memory._db import Engines, current_revision, make_engines, resolve_url, translate_errors, upgrade
 from memory._errors import InvalidInput, InvalidTransition, NotFound, PreregistrationError
@@ -217,10 +217,7 @@ class Store:
         data = _validated(StudyCreate, question=question, kind=kind)
         with self._write() as session:
             study = Study.model_validate(data)
-            session.add(study)
-            session.commit()
-            session.refresh(study)
-            return StudyPublic.model_validate(study)
+            return _committed(session, study, StudyPublic)
 
     def get_study(self, study_id: int) -> StudyPublic:
         """The study with this id.
@@ -247,10 +244,7 @@ class Store:
         with self._write() as session:
             study = self._get(session, Study, study_id, lock=True)
             study.sqlmodel_update({**data.model_dump(exclude_unset=True), "updated_at": utcnow()})
-            session.add(study)
-            session.commit()
-            session.refresh(study)
-            return StudyPublic.model_validate(study)
+            return _committed(session, study, StudyPublic)
 
     # ----------------------------------------------------------------------------- hypotheses
     def register_hypothesis(
@@ -351,10 +345,7 @@ class Store:
             experiment = Experiment.model_validate(
                 data, update={"study_id": study_id, "hypothesis_id": hypothesis_id}
             )
-            session.add(experiment)
-            session.commit()
-            session.refresh(experiment)
-            return ExperimentPublic.model_validate(experiment)
+            return _committed(session, experiment, ExperimentPublic)
 
     def set_experiment_hypothesis(self, experiment_id: int, hypothesis_id: int) -> ExperimentPublic:
         """Make an existing experiment test a registered hypothesis (only before its first run).
@@ -417,10 +408,7 @@ class Store:
             # Locked so that a concurrent hypothesis registration sees this run (pre-registration).
             self._get(session, Experiment, experiment_id, lock=True)
             run = Run.model_validate(data, update={"experiment_id": experiment_id})
-            session.add(run)
-            session.commit()
-            session.refresh(run)
-            return RunPublic.model_validate(run)
+            return _committed(session, run, RunPublic)
 
     def get_run(self, run_id: int) -> RunPublic:
         """The run with this id.
@@ -441,10 +429,7 @@ class Store:
         with self._write() as session:
             run = self._get(session, Run, run_id, lock=True)
             run.sqlmodel_update(data.model_dump(exclude_unset=True))
-            session.add(run)
-            session.commit()
-            session.refresh(run)
-            return RunPublic.model_validate(run)
+            return _committed(session, run, RunPublic)
 
     def finish_run(
         self,
@@ -1003,10 +988,7 @@ class Store:
             elif study_id is not None:
                 self._get(session, Study, study_id)
             event = Event(study_id=study_id, run_id=run_id, level=event_level, message=message)
-            session.add(event)
-            session.commit()
-            session.refresh(event)
-            return EventPublic.model_validate(event)
+            return _committed(session, event, EventPublic)
 
     def events(
         self,
@@ -1310,6 +1292,14 @@ class Store:
                     created_at=_aware(patch.created_at),
                 )
             )
+
+
+def _committed(session: Session, row: SQLModel, public: type[_M]) -> _M:
+    """Adds ``row``, commits the session and returns the stored row (defaults and ids filled in) as ``public``."""
+    session.add(row)
+    session.commit()
+    session.refresh(row)
+    return public.model_validate(row)
 
 
 def _existing_id(session: Session, merging: bool, model: type[_Row], **key: object) -> int | None:
