@@ -26,10 +26,10 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from swarm.errors import RequestError
-from swarm.protocol import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall, check_unicode
+from swarm.protocol import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall, UnicodeBody, only_type
 from swarm.server.chat import ChatResult
 from swarm.server.detokenizer import Detokenizer
 from swarm.server.openai_format import text_pieces
@@ -131,14 +131,8 @@ class MetadataParam(_Strict):
     user_id: str | None = None
 
 
-class MessagesRequest(_Strict):
+class MessagesRequest(_Strict, UnicodeBody):
     """``POST /v1/messages`` body (Anthropic Messages API; unknown fields refused, naming the field)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_is_unicode(cls, data: Any) -> Any:
-        check_unicode(data)
-        return data
 
     model: str
     max_tokens: int = Field(ge=1)
@@ -171,12 +165,11 @@ class MessagesRequest(_Strict):
     @field_validator("thinking")
     @classmethod
     def _no_thinking(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "disabled":
-            raise ValueError(
-                "not supported: extended thinking has no budget here; a thinking model thinks as its chat "
-                "template says (send {'type': 'disabled'} or leave it out)"
-            )
-        return v
+        refusal = (
+            "extended thinking has no budget here; a thinking model thinks as its chat template says "
+            "(send {'type': 'disabled'} or leave it out)"
+        )
+        return only_type(v, "disabled", refusal)
 
     @field_validator("stop_sequences")
     @classmethod
