@@ -2,14 +2,9 @@
 # Make sure Debian's chromium is installed for the dashboard's browser test
 # (tests/bench/test_track_html.py loads bench/track.py's page headless and checks a screenshot).
 set -euo pipefail
+# shellcheck source=.ci/apt.sh
+source "$(dirname "$0")/apt.sh"
 if ! command -v chromium >/dev/null; then
-    echo "chromium.sh: installing Debian's chromium" >&2
-    sudo=""
-    if [[ "$(id -u)" != 0 ]]; then sudo="sudo"; fi
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-cache policy chromium | grep -q 'Candidate: [0-9]'; then
-        ${sudo} apt-get update -qq
-    fi
-    ${sudo} apt-get install -y -qq --no-install-recommends chromium >/dev/null
+    apt_install chromium.sh chromium
 fi
 echo "chromium.sh: $(chromium --version 2>/dev/null || echo 'chromium (version unreadable)')"

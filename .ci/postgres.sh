@@ -6,19 +6,14 @@
 # server binaries when they are missing and checks that they run. With --url it also starts a
 # cluster under $A3R_PG_DIR (default /tmp/a3r-postgres) and prints its SQLAlchemy URL, for manual use.
 set -euo pipefail
+# shellcheck source=.ci/apt.sh
+source "$(dirname "$0")/apt.sh"
 
 bindir() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 
 dir="$(bindir || true)"
 if [[ -z "${dir}" || ! -x "${dir}/pg_ctl" || ! -x "${dir}/initdb" ]]; then
-    echo "postgres.sh: installing Debian's postgresql" >&2
-    sudo=""
-    if [[ "$(id -u)" != 0 ]]; then sudo="sudo"; fi
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-cache policy postgresql | grep -q 'Candidate: [0-9]'; then
-        ${sudo} apt-get update -qq
-    fi
-    ${sudo} apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    apt_install postgres.sh postgresql
     dir="$(bindir)"
 fi
 echo "postgres.sh: $("${dir}/postgres" --version) in ${dir}"

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import func, update
-from sqlmodel import Session, col, select
+from sqlmodel import Session, SQLModel, col, select
 
 from memory._db import Engines, current_revision, make_engines, resolve_url, translate_errors, upgrade
 from memory._errors import InvalidInput, InvalidTransition, NotFound, PreregistrationError
@@ -67,6 +67,8 @@ __all__ = ["Store", "StoreConfig"]
 
 _M = TypeVar("_M", bound=BaseModel)
 _T = TypeVar("_T")
+# The rows an import writes and looks up by natural key (each has an autoincrement ``id``).
+_Row = Hypothesis | Experiment | Run | Finding | CodeArtifact
 
 
 class StoreConfig(BaseModel):
@@ -215,10 +217,7 @@ class Store:
         data = _validated(StudyCreate, question=question, kind=kind)
         with self._write() as session:
             study = Study.model_validate(data)
-            session.add(study)
-            session.commit()
-            session.refresh(study)
-            return StudyPublic.model_validate(study)
+            return _committed(session, study, StudyPublic)
 
     def get_study(self, study_id: int) -> StudyPublic:
         """The study with this id.
@@ -245,10 +244,7 @@ class Store:
         with self._write() as session:
             study = self._get(session, Study, study_id, lock=True)
             study.sqlmodel_update({**data.model_dump(exclude_unset=True), "updated_at": utcnow()})
-            session.add(study)
-            session.commit()
-            session.refresh(study)
-            return StudyPublic.model_validate(study)
+            return _committed(session, study, StudyPublic)
 
     # ----------------------------------------------------------------------------- hypotheses
     def register_hypothesis(
@@ -349,10 +345,7 @@ class Store:
             experiment = Experiment.model_validate(
                 data, update={"study_id": study_id, "hypothesis_id": hypothesis_id}
             )
-            session.add(experiment)
-            session.commit()
-            session.refresh(experiment)
-            return ExperimentPublic.model_validate(experiment)
+            return _committed(session, experiment, ExperimentPublic)
 
     def set_experiment_hypothesis(self, experiment_id: int, hypothesis_id: int) -> ExperimentPublic:
         """Make an existing experiment test a registered hypothesis (only before its first run).
@@ -415,10 +408,7 @@ class Store:
             # Locked so that a concurrent hypothesis registration sees this run (pre-registration).
             self._get(session, Experiment, experiment_id, lock=True)
             run = Run.model_validate(data, update={"experiment_id": experiment_id})
-            session.add(run)
-            session.commit()
-            session.refresh(run)
-            return RunPublic.model_validate(run)
+            return _committed(session, run, RunPublic)
 
     def get_run(self, run_id: int) -> RunPublic:
         """The run with this id.
@@ -439,10 +429,7 @@ class Store:
         with self._write() as session:
             run = self._get(session, Run, run_id, lock=True)
             run.sqlmodel_update(data.model_dump(exclude_unset=True))
-            session.add(run)
-            session.commit()
-            session.refresh(run)
-            return RunPublic.model_validate(run)
+            return _committed(session, run, RunPublic)
 
     def finish_run(
         self,
@@ -1001,10 +988,7 @@ class Store:
             elif study_id is not None:
                 self._get(session, Study, study_id)
             event = Event(study_id=study_id, run_id=run_id, level=event_level, message=message)
-            session.add(event)
-            session.commit()
-            session.refresh(event)
-            return EventPublic.model_validate(event)
+            return _committed(session, event, EventPublic)
 
     def events(
         self,
@@ -1134,29 +1118,25 @@ class Store:
             hypotheses: dict[int, int] = {}
             for hypothesis in export.hypotheses:
                 registered = _aware(hypothesis.registered_at)
-                found = (
-                    session.exec(
-                        select(Hypothesis.id).where(
-                            Hypothesis.study_id == study_id,
-                            Hypothesis.statement == hypothesis.statement,
-                            Hypothesis.registered_at == registered,
-                        )
-                    ).first()
-                    if merging
-                    else None
+                found = _existing_id(
+                    session,
+                    merging,
+                    Hypothesis,
+                    study_id=study_id,
+                    statement=hypothesis.statement,
+                    registered_at=registered,
                 )
                 if found is None:
-                    row = Hypothesis(
-                        study_id=study_id,
-                        statement=hypothesis.statement,
-                        expected_outcome=hypothesis.expected_outcome,
-                        decision_rule=hypothesis.decision_rule,
-                        registered_at=registered,
+                    found = _inserted_id(
+                        session,
+                        Hypothesis(
+                            study_id=study_id,
+                            statement=hypothesis.statement,
+                            expected_outcome=hypothesis.expected_outcome,
+                            decision_rule=hypothesis.decision_rule,
+                            registered_at=registered,
+                        ),
                     )
-                    session.add(row)
-                    session.flush()
-                    found = row.id
-                assert found is not None
                 hypotheses[hypothesis.id] = found
 
             runs: dict[int, int] = {}
@@ -1164,17 +1144,13 @@ class Store:
             for experiment in export.experiments:
                 experiment_id = self._import_experiment(session, study_id, experiment, hypotheses, merging)
                 for run in experiment.runs:
-                    started = _aware(run.started_at)
-                    found = (
-                        session.exec(
-                            select(Run.id).where(
-                                Run.experiment_id == experiment_id,
-                                Run.name == run.name,
-                                Run.started_at == started,
-                            )
-                        ).first()
-                        if merging
-                        else None
+                    found = _existing_id(
+                        session,
+                        merging,
+                        Run,
+                        experiment_id=experiment_id,
+                        name=run.name,
+                        started_at=_aware(run.started_at),
                     )
                     if found is None:
                         found = self._import_run(session, experiment_id, run)
@@ -1184,25 +1160,25 @@ class Store:
             if not merging:
                 self._import_artifacts(session, study_id, export)
                 for finding in export.findings:
-                    finding_row = Finding(
-                        study_id=study_id,
-                        statement=finding.statement,
-                        evidence=finding.evidence,
-                        confidence=finding.confidence,
-                        status=finding.status,
-                        seeds=list(finding.seeds),
-                        hypothesis_id=None
-                        if finding.hypothesis_id is None
-                        else _mapped(hypotheses, finding.hypothesis_id, "hypothesis"),
-                        created_at=_aware(finding.created_at),
-                        updated_at=_aware(finding.updated_at),
+                    finding_id = _inserted_id(
+                        session,
+                        Finding(
+                            study_id=study_id,
+                            statement=finding.statement,
+                            evidence=finding.evidence,
+                            confidence=finding.confidence,
+                            status=finding.status,
+                            seeds=list(finding.seeds),
+                            hypothesis_id=None
+                            if finding.hypothesis_id is None
+                            else _mapped(hypotheses, finding.hypothesis_id, "hypothesis"),
+                            created_at=_aware(finding.created_at),
+                            updated_at=_aware(finding.updated_at),
+                        ),
                     )
-                    session.add(finding_row)
-                    session.flush()
-                    assert finding_row.id is not None
                     for evidence in finding.run_ids:
                         session.add(
-                            FindingEvidence(finding_id=finding_row.id, run_id=_mapped(runs, evidence, "run"))
+                            FindingEvidence(finding_id=finding_id, run_id=_mapped(runs, evidence, "run"))
                         )
             for event in export.events:
                 event_run = None if event.run_id is None else _mapped(runs, event.run_id, "run")
@@ -1231,53 +1207,47 @@ class Store:
         merging: bool,
     ) -> int:
         created = _aware(experiment.created_at)
-        if merging:
-            found = session.exec(
-                select(Experiment.id).where(
-                    Experiment.study_id == study_id,
-                    Experiment.name == experiment.name,
-                    Experiment.created_at == created,
-                )
-            ).first()
-            if found is not None:
-                return found
-        row = Experiment(
-            study_id=study_id,
-            name=experiment.name,
-            description=experiment.description,
-            template=experiment.template,
-            hypothesis_id=None
-            if experiment.hypothesis_id is None
-            else _mapped(hypotheses, experiment.hypothesis_id, "hypothesis"),
-            created_at=created,
+        found = _existing_id(
+            session, merging, Experiment, study_id=study_id, name=experiment.name, created_at=created
         )
-        session.add(row)
-        session.flush()
-        assert row.id is not None
-        return row.id
+        if found is not None:
+            return found
+        return _inserted_id(
+            session,
+            Experiment(
+                study_id=study_id,
+                name=experiment.name,
+                description=experiment.description,
+                template=experiment.template,
+                hypothesis_id=None
+                if experiment.hypothesis_id is None
+                else _mapped(hypotheses, experiment.hypothesis_id, "hypothesis"),
+                created_at=created,
+            ),
+        )
 
     @staticmethod
     def _import_run(session: Session, experiment_id: int, run: RunExport) -> int:
-        row = Run(
-            experiment_id=experiment_id,
-            name=run.name,
-            config=dict(run.config),
-            seed=run.seed,
-            server_url=run.server_url,
-            run_dir=run.run_dir,
-            git_commit=run.git_commit,
-            status=run.status,
-            final_metrics=None if run.final_metrics is None else _finite_metrics(run.final_metrics),
-            error=run.error,
-            started_at=_aware(run.started_at),
-            finished_at=None if run.finished_at is None else _aware(run.finished_at),
+        run_id = _inserted_id(
+            session,
+            Run(
+                experiment_id=experiment_id,
+                name=run.name,
+                config=dict(run.config),
+                seed=run.seed,
+                server_url=run.server_url,
+                run_dir=run.run_dir,
+                git_commit=run.git_commit,
+                status=run.status,
+                final_metrics=None if run.final_metrics is None else _finite_metrics(run.final_metrics),
+                error=run.error,
+                started_at=_aware(run.started_at),
+                finished_at=None if run.finished_at is None else _aware(run.finished_at),
+            ),
         )
-        session.add(row)
-        session.flush()
-        assert row.id is not None
         session.add_all(
             MetricPoint(
-                run_id=row.id,
+                run_id=run_id,
                 step=point.step,
                 name=point.name,
                 value=_finite_metrics({point.name: point.value})[point.name],
@@ -1285,25 +1255,24 @@ class Store:
             )
             for point in run.metric_points
         )
-        return row.id
+        return run_id
 
     @staticmethod
     def _import_artifacts(session: Session, study_id: int, export: StudyExport) -> None:
         artifacts: dict[int, int] = {}
         for artifact in sorted(export.artifacts, key=lambda a: a.id):
-            row = CodeArtifact(
-                study_id=study_id,
-                kind=artifact.kind,
-                name=artifact.name,
-                version=artifact.version,
-                content=artifact.content,
-                sha256=artifact.sha256,
-                created_at=_aware(artifact.created_at),
+            artifacts[artifact.id] = _inserted_id(
+                session,
+                CodeArtifact(
+                    study_id=study_id,
+                    kind=artifact.kind,
+                    name=artifact.name,
+                    version=artifact.version,
+                    content=artifact.content,
+                    sha256=artifact.sha256,
+                    created_at=_aware(artifact.created_at),
+                ),
             )
-            session.add(row)
-            session.flush()
-            assert row.id is not None
-            artifacts[artifact.id] = row.id
         for patch in export.patches:
             session.add(
                 Patch(
@@ -1323,6 +1292,35 @@ class Store:
                     created_at=_aware(patch.created_at),
                 )
             )
+
+
+def _committed(session: Session, row: SQLModel, public: type[_M]) -> _M:
+    """Adds ``row``, commits the session and returns the stored row (defaults and ids filled in) as ``public``."""
+    session.add(row)
+    session.commit()
+    session.refresh(row)
+    return public.model_validate(row)
+
+
+def _existing_id(session: Session, merging: bool, model: type[_Row], **key: object) -> int | None:
+    """The id of the ``model`` row whose columns equal ``key`` (the record's natural key), or None.
+
+    Only a merging import looks (a fresh study has no rows yet): None when ``merging`` is False.
+    """
+    if not merging:
+        return None
+    found: int | None = session.exec(
+        select(model.id).where(*(getattr(model, column) == value for column, value in key.items()))
+    ).first()
+    return found
+
+
+def _inserted_id(session: Session, row: _Row) -> int:
+    """Adds ``row`` to the session and returns the id the database gave it (flushed, not committed)."""
+    session.add(row)
+    session.flush()
+    assert row.id is not None
+    return row.id
 
 
 def _aware(moment: datetime) -> datetime:

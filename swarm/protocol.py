@@ -96,16 +96,28 @@ def check_unicode(value: Any, where: str = "body") -> None:
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions`` body (OpenAI format; unknown fields ignored)."""
-
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+class UnicodeBody(BaseModel):
+    """Base of a request body model: the raw body is checked with `check_unicode` before validation."""
 
     @model_validator(mode="before")
     @classmethod
     def _text_is_unicode(cls, data: Any) -> Any:
         check_unicode(data)
         return data
+
+
+def only_type(value: dict[str, Any] | None, accepted: str, refusal: str) -> dict[str, Any] | None:
+    """A request option that is only accepted absent or as ``{"type": accepted, ...}``, for a field
+    validator: ``value`` itself, or ``ValueError("not supported: " + refusal)``."""
+    if value is not None and value.get("type") != accepted:
+        raise ValueError(f"not supported: {refusal}")
+    return value
+
+
+class ChatCompletionRequest(UnicodeBody):
+    """``POST /v1/chat/completions`` body (OpenAI format; unknown fields ignored)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
@@ -151,12 +163,12 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("response_format")
     @classmethod
     def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "text":
-            raise ValueError(
-                f"not supported: {v.get('type')!r} needs constrained decoding; ask for the format in the "
-                "prompt and parse the text (or use tools)"
-            )
-        return v
+        sent = None if v is None else v.get("type")
+        refusal = (
+            f"{sent!r} needs constrained decoding; ask for the format in the prompt and parse the text "
+            "(or use tools)"
+        )
+        return only_type(v, "text", refusal)
 
     @field_validator("tools")
     @classmethod

@@ -18,7 +18,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -521,26 +521,34 @@ def detect_collapse(
                 },
             )
         )
-    entropy = metric_series(rows, "entropy")
-    low = [(s, v) for s, v in entropy if v < entropy_min]
-    if low:
-        found.append(
-            Diagnosis(
-                kind=DiagnosisKind.collapse,
-                summary=f"entropy collapsed to {low[-1][1]:.4f} nats/token at step {low[-1][0]} (< {entropy_min:g})",
-                evidence={"entropy": round(low[-1][1], 6), "step": low[-1][0], "entropy_min": entropy_min},
+    # (metric, bound's name, bound, whether a value breaches it, summary of the last breach)
+    bounds: tuple[tuple[str, str, float, Callable[[float], bool], str], ...] = (
+        (
+            "entropy",
+            "entropy_min",
+            entropy_min,
+            lambda v: v < entropy_min,
+            "entropy collapsed to {value:.4f} nats/token at step {step} (< {bound:g})",
+        ),
+        (
+            "kl",
+            "kl_max",
+            kl_max,
+            lambda v: v > kl_max,
+            "KL reached {value:.3f} at step {step} (> {bound:g}): the policy diverges",
+        ),
+    )
+    for metric, bound_name, bound, breaches, summary in bounds:
+        breaching = [(s, v) for s, v in metric_series(rows, metric) if breaches(v)]
+        if breaching:
+            step, value = breaching[-1]
+            found.append(
+                Diagnosis(
+                    kind=DiagnosisKind.collapse,
+                    summary=summary.format(value=value, step=step, bound=bound),
+                    evidence={metric: round(value, 6), "step": step, bound_name: bound},
+                )
             )
-        )
-    kl = metric_series(rows, "kl")
-    high = [(s, v) for s, v in kl if v > kl_max]
-    if high:
-        found.append(
-            Diagnosis(
-                kind=DiagnosisKind.collapse,
-                summary=f"KL reached {high[-1][1]:.3f} at step {high[-1][0]} (> {kl_max:g}): the policy diverges",
-                evidence={"kl": round(high[-1][1], 6), "step": high[-1][0], "kl_max": kl_max},
-            )
-        )
     return found
 
 

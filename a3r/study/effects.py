@@ -46,6 +46,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
@@ -258,6 +259,19 @@ def _quantile(df: float) -> float:
     return float(student_t.ppf(0.5 + LEVEL / 2, max(df, 1.0)))
 
 
+@dataclass(frozen=True)
+class _Rule:
+    """How an estimate is judged, as the public effect functions pass it on to `_judge`: the minimum
+    effect (``None``: `MIN_EFFECT_SD` σ) and where it comes from, whether the runs can learn (``False``
+    caps the verdict at unconfirmed; ``why_not`` says why) and the bounds of the effect (`_effect_bounds`)."""
+
+    min_effect: float | None = None
+    min_effect_basis: str = ""
+    can_learn: bool = True
+    why_not: str = ""
+    bounds: Scale | None = None
+
+
 def _judge(
     *,
     estimate: float,
@@ -268,16 +282,14 @@ def _judge(
     n_eff: float,
     noise_sd: float,
     autocorrelation: float = math.nan,
-    min_effect: float | None = None,
-    min_effect_basis: str = "",
-    can_learn: bool = True,
-    why_not: str = "",
-    bounds: Scale | None = None,
+    rule: _Rule,
 ) -> Effect:
     """Interval, minimum effect, verdict and the replication that would settle it; the verdict is
     judged against the very ``min_effect`` the `Effect` carries (and `Effect.describe` prints). With
-    ``bounds`` the interval is clipped to them, and withheld (too few points) when it covers them
+    ``rule.bounds`` the interval is clipped to them, and withheld (too few points) when it covers them
     entirely on fewer than `MIN_N_EFF` effective points."""
+    min_effect, can_learn, why_not, bounds = rule.min_effect, rule.can_learn, rule.why_not, rule.bounds
+    min_effect_basis = rule.min_effect_basis
     floor = MIN_EFFECT_SD * noise_sd if min_effect is None else min_effect
     basis = "" if min_effect is None else (min_effect_basis or "given, not derived from σ")
     verdict, note, more, out_of_reach = EffectVerdict.unconfirmed, "", None, False
@@ -433,10 +445,7 @@ def step_effect(
         n_eff=n_e,
         noise_sd=math.sqrt(squares / (n - 2)),
         autocorrelation=rho,
-        min_effect=min_effect,
-        can_learn=can_learn,
-        why_not=why_not,
-        bounds=_effect_bounds(scale),
+        rule=_Rule(min_effect, can_learn=can_learn, why_not=why_not, bounds=_effect_bounds(scale)),
     )
 
 
@@ -476,9 +485,7 @@ def level_effect(
         n_eff=n_eff,
         noise_sd=sigma if noise_sd is None else noise_sd,
         autocorrelation=rho,
-        min_effect=min_effect,
-        min_effect_basis=min_effect_basis,
-        bounds=_effect_bounds(scale, reference),
+        rule=_Rule(min_effect, min_effect_basis, bounds=_effect_bounds(scale, reference)),
     )
 
 
@@ -520,11 +527,7 @@ def seed_effect(
         unit="seeds",
         n_eff=float(len(values)),
         noise_sd=sd if noise_sd is None else noise_sd,
-        min_effect=min_effect,
-        min_effect_basis=min_effect_basis,
-        can_learn=can_learn,
-        why_not=why_not,
-        bounds=_effect_bounds(scale),
+        rule=_Rule(min_effect, min_effect_basis, can_learn, why_not, _effect_bounds(scale)),
     )
 
 
@@ -580,9 +583,7 @@ def two_sample_effect(
         unit=unit,
         n_eff=float(len(a) + len(b)),
         noise_sd=pooled,
-        min_effect=min_effect,
-        min_effect_basis=min_effect_basis,
-        bounds=_effect_bounds(scale),
+        rule=_Rule(min_effect, min_effect_basis, bounds=_effect_bounds(scale)),
     )
 
 

@@ -26,11 +26,11 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from swarm.errors import RequestError
-from swarm.protocol import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall, check_unicode
+from swarm.protocol import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall, UnicodeBody, only_type
 from swarm.server.chat import ChatResult
 from swarm.server.detokenizer import Detokenizer
 from swarm.server.openai_format import text_pieces
@@ -133,14 +133,8 @@ class MetadataParam(_Strict):
     user_id: str | None = None
 
 
-class MessagesRequest(_Strict):
+class MessagesRequest(_Strict, UnicodeBody):
     """``POST /v1/messages`` body (Anthropic Messages API; unknown fields refused, naming the field)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_is_unicode(cls, data: Any) -> Any:
-        check_unicode(data)
-        return data
 
     model: str
     max_tokens: int = Field(ge=1)
@@ -175,12 +169,11 @@ class MessagesRequest(_Strict):
     @field_validator("thinking")
     @classmethod
     def _no_thinking(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "disabled":
-            raise ValueError(
-                "not supported: extended thinking has no budget here; a thinking model thinks as its chat "
-                "template says (send {'type': 'disabled'} or leave it out)"
-            )
-        return v
+        refusal = (
+            "extended thinking has no budget here; a thinking model thinks as its chat template says "
+            "(send {'type': 'disabled'} or leave it out)"
+        )
+        return only_type(v, "disabled", refusal)
 
 
 class CountTokensRequest(MessagesRequest):
@@ -199,44 +192,53 @@ def _system_text(system: str | list[TextBlockParam]) -> str:
     return system if isinstance(system, str) else "\n".join(block.text for block in system)
 
 
-def _user_messages(position: int, content: str | list[ContentBlockParam]) -> list[ChatMessage]:
+_MISPLACED: dict[str, tuple[type[ContentBlockParam], str]] = {
+    "user": (ToolUseBlockParam, "tool_use blocks belong in assistant messages"),
+    "assistant": (ToolResultBlockParam, "tool_result blocks belong in user messages"),
+}
+"""Per role, the block kind that belongs to the other role, and what the 400 says."""
+
+
+def _blocks(position: int, role: str, content: str | list[ContentBlockParam]) -> list[ContentBlockParam]:
+    """The content of message ``position`` as blocks (a string is one text block).
+
+    Raises:
+        RequestError: A block of the other role (``param``: ``messages.<position>.content.<i>``).
+    """
     if isinstance(content, str):
-        return [ChatMessage(role="user", content=content)]
+        return [TextBlockParam(type="text", text=content)]
+    misplaced, why = _MISPLACED[role]
+    for i, block in enumerate(content):
+        if isinstance(block, misplaced):
+            raise RequestError(why, param=f"messages.{position}.content.{i}")
+    return content
+
+
+def _user_messages(position: int, content: str | list[ContentBlockParam]) -> list[ChatMessage]:
     out: list[ChatMessage] = []
     texts: list[str] = []
-    for i, block in enumerate(content):
-        if isinstance(block, TextBlockParam):
-            texts.append(block.text)
-        elif isinstance(block, ToolResultBlockParam):
+    for block in _blocks(position, "user", content):
+        if isinstance(block, ToolResultBlockParam):
             if texts:
                 out.append(ChatMessage(role="user", content="\n".join(texts)))
                 texts = []
             out.append(ChatMessage(role="tool", content=block.text(), tool_call_id=block.tool_use_id))
-        else:
-            raise RequestError(
-                "tool_use blocks belong in assistant messages",
-                param=f"messages.{position}.content.{i}",
-            )
+        elif isinstance(block, TextBlockParam):
+            texts.append(block.text)
     if texts or not out:
         out.append(ChatMessage(role="user", content="\n".join(texts)))
     return out
 
 
 def _assistant_message(position: int, content: str | list[ContentBlockParam]) -> ChatMessage:
-    if isinstance(content, str):
-        return ChatMessage(role="assistant", content=content)
     texts: list[str] = []
     calls: list[ToolCall] = []
-    for i, block in enumerate(content):
-        if isinstance(block, TextBlockParam):
-            texts.append(block.text)
-        elif isinstance(block, ToolUseBlockParam):
+    for block in _blocks(position, "assistant", content):
+        if isinstance(block, ToolUseBlockParam):
             arguments = json.dumps(block.input, ensure_ascii=False)
             calls.append(ToolCall(id=block.id, function=FunctionCall(name=block.name, arguments=arguments)))
-        else:
-            raise RequestError(
-                "tool_result blocks belong in user messages", param=f"messages.{position}.content.{i}"
-            )
+        elif isinstance(block, TextBlockParam):
+            texts.append(block.text)
     text = "\n".join(texts)
     return ChatMessage(
         role="assistant", content=text if text or not calls else None, tool_calls=calls or None
