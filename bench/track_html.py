@@ -97,7 +97,9 @@ def _plot_mode(
     left.set_xlabel(step + (" (commits offset sideways)" if len(order) > 1 else ""))
     left.set_ylabel(bench.curve)
     each = "" if joined else ", independent draws: not joined"
-    left.set_title(f"{bench.name} [{mode}]: {bench.curve} per {step} (mean over seeds{each})")
+    # two lines each: the browser's font (SVG text is not embedded) is wider than matplotlib's, and one
+    # line ran past the panel into the next one's title
+    left.set_title(f"{bench.name} [{mode}]: {bench.curve} per {step}\n(mean over seeds{each})")
     if order:
         left.legend(fontsize=7, loc="best", title=f"commit · {bench.metric} (median)", title_fontsize=7)
     for index, commit in enumerate(order):
@@ -111,7 +113,7 @@ def _plot_mode(
             )
     right.set_xticks(range(len(order)), [_short(c) for c in order], rotation=30, fontsize=7)
     better = "higher" if bench.higher_is_better else "lower"
-    right.set_title(f"{bench.metric} per commit [{mode}] ({better} is better; bar = median)")
+    right.set_title(f"{bench.metric} per commit [{mode}]\n({better} is better; bar = median)")
 
 
 def _plot(bench: Any, runs: list[TrackRun], history: History, metric_history: dict[int, list[float]]) -> str:

@@ -111,10 +111,11 @@ def test_the_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     red_row = int(((r > 245) & (g > 215) & (g < 230) & (b > 215) & (b < 230)).sum())  # #fdd background
     assert red_row > 1000, "the regression row is not highlighted"
-    # Each commit's colour (matplotlib's C0, C1, C2) covers whole curves, not just its legend entry and
-    # dots: the first two commits' equal curves (merge, update) are not hidden under the last one's
-    # (drawn on top of one another, the first commit's blue came to ~230 pixels).
+    # Each commit's colour (matplotlib's C0, C1, C2) shows all its points, not just its legend entry: the
+    # first two commits' equal points (merge, update) are not hidden under the last one's. Episodes and
+    # timed repeats are independent draws, drawn as points, not joined: ~355, ~450 and ~310 pixels; drawn
+    # on top of one another (no sideways offset) the first commit's blue came to ~190 pixels.
     colours = {"C0": (0x1F, 0x77, 0xB4), "C1": (0xFF, 0x7F, 0x0E), "C2": (0x2C, 0xA0, 0x2C)}
     for name, colour in colours.items():
         near = (abs(r - colour[0]) < 40) & (abs(g - colour[1]) < 40) & (abs(b - colour[2]) < 40)
-        assert int(near.sum()) > 600, f"commit {name}'s curves are not visible"
+        assert int(near.sum()) > 250, f"commit {name}'s points are not visible"
