@@ -197,7 +197,7 @@ class ServeOptions(BaseModel):
     )
     checkpoint_every: int | None = _option(
         None,
-        "Save a checkpoint every N steps (default: 1 with LoRA, 5 for full fine-tuning).",
+        "Save a checkpoint every N steps (written in the background; 1 loses no step on a crash).",
         to="training.checkpoint_every",
     )
     max_steps: int | None = _option(

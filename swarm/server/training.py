@@ -50,7 +50,15 @@ from swarm.pool import Pool
 from swarm.precision import MixedPrecision
 from swarm.protocol import ConfigPatch, EngineState, EpisodeKind, SamplingDefaults, ServerStepMetrics
 from swarm.server.admission import AdmissionControl
-from swarm.server.checkpoints import checkpoint_now, latest_checkpoint, resume
+from swarm.server.checkpoints import (
+    CheckpointWriter,
+    JournalEntry,
+    checkpoint_now,
+    latest_checkpoint,
+    resume,
+    snapshot,
+    write_journal,
+)
 from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisodes
 from swarm.server.events import EventLog
@@ -143,8 +151,12 @@ class TrainingLoop:
             config, engine, run_dir=run_dir, model_dir=model_dir, mixed_precision=mixed_precision
         )
         self._wakeup: asyncio.Event | None = None
+        self._writer = CheckpointWriter(run_dir, self.trainer.model, engine.tokenizer, events=events)
         self.steps = StepHistory(run_dir / "metrics.jsonl")
-        self.step = resume(run_dir, self.trainer, pool, self.steps, events)
+        keep = config.keep_checkpoints
+        self.step = resume(
+            run_dir, self.trainer, pool, self.steps, events, tokenizer=engine.tokenizer, keep=keep
+        )
         """The last completed step: the policy version being sampled once its update is visible."""
         with engine.pause():  # with LoRA the engine samples the merged copy (or the adapters)
             engine.load_weights(self.trainer.sampling_model, self.step)
@@ -196,6 +208,7 @@ class TrainingLoop:
         A step already checkpointed (the last step of ``max_steps``, or a repeated request) is not
         written or logged again: no update happened since, so the checkpoint on disk is this state."""
         with self.engine.pause():
+            self._writer.wait()
             latest = latest_checkpoint(self.run_dir)
             if latest is None or latest[0] != self.trainer.step_count:
                 self._checkpoint()
@@ -206,19 +219,22 @@ class TrainingLoop:
         """Background task: wait for wake-ups, train whenever the batch policy is satisfied."""
         self._wakeup = asyncio.Event()
         self._wakeup.set()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=self.admission.recheck_s())
-            await asyncio.sleep(0.02)  # coalesce a burst of finishes into one batch check
-            self._wakeup.clear()
-            try:
-                await self._maybe_step()
-            except Exception as exc:  # a failed step must not kill the server: report it and keep serving
-                self.phase.end_step()
-                self.events.emit(
-                    "train.failed", f"training step failed: {type(exc).__name__}: {exc}", level="error"
-                )
-                await asyncio.sleep(1.0)
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=self.admission.recheck_s())
+                await asyncio.sleep(0.02)  # coalesce a burst of finishes into one batch check
+                self._wakeup.clear()
+                try:
+                    await self._maybe_step()
+                except Exception as exc:  # a failed step must not kill the server: report it, keep serving
+                    self.phase.end_step()
+                    self.events.emit(
+                        "train.failed", f"training step failed: {type(exc).__name__}: {exc}", level="error"
+                    )
+                    await asyncio.sleep(1.0)
+        finally:
+            await asyncio.to_thread(self._writer.wait)  # a stopping server finishes its checkpoint
 
     def _can_train(self) -> bool:
         if not self.config.enabled or self.phase.state is EngineState.PAUSED:
@@ -303,12 +319,13 @@ class TrainingLoop:
             finally:
                 self.engine.restore_memory()
             step = self.trainer.step_count
+            # Crash safety (docs/ARCHITECTURE.md): the step's snapshot and journal entry exist before it
+            # is published (served, episodes consumed, metrics row, step counter); the checkpoint is
+            # written in the background, and a restart replays a journaled step it did not reach.
+            checkpoint_s = self._checkpoint_in_background(batch) if self._checkpoint_due(step) else 0.0
             self.engine.load_weights(self.trainer.sampling_model, step)  # waiting calls sample `step`
-            # Order matters for crash safety: consumed before the checkpoint (a crash in between rewinds
-            # them at restart), and the new step made visible last.
             self.admission.consumed(batch.consumed, step)
             self.admission.new_window()
-            checkpoint_s = self._checkpoint() if self._checkpoint_due(step) else 0.0
         metrics = self.steps.record(
             base, batch, policy=self.config.batch.policy.value, drain=drain, checkpoint_s=checkpoint_s
         )
@@ -323,6 +340,17 @@ class TrainingLoop:
     def _checkpoint_due(self, step: int) -> bool:
         every, last = self.config.checkpoint_every, self.config.max_steps
         return step % every == 0 or (last is not None and step >= last)
+
+    def _checkpoint_in_background(self, batch: StepBatch) -> float:
+        """Snapshot the step to CPU memory and journal its batch (synchronous, after the previous write
+        ended), then write the checkpoint in the background; returns the synchronous seconds."""
+        started = time.perf_counter()
+        self._writer.wait()
+        snap = snapshot(self.trainer)
+        config = self.trainer.config.model_dump()
+        write_journal(self.run_dir, JournalEntry(snap.step, batch, config, self.config.batch.policy.value))
+        self._writer.write(snap, keep=self.config.keep_checkpoints)
+        return time.perf_counter() - started
 
     def _checkpoint(self) -> float:
         return checkpoint_now(
