@@ -194,6 +194,17 @@ class CheckpointWriter:
             self._thread.join()
             self._thread = None
 
+    def checkpoint(self, trainer: TrainerBackend, batch: StepBatch, *, policy: str, keep: int) -> float:
+        """Checkpoint the step ``trainer`` just took on ``batch``: wait for the previous write, take the
+        `snapshot`, journal the step (`write_journal`), start the write; returns the seconds spent here
+        (the step's synchronous cost; the write's own time is in its ``checkpoint.saved`` event)."""
+        started = time.perf_counter()
+        self.wait()
+        snap = snapshot(trainer)
+        write_journal(self.run_dir, JournalEntry(snap.step, batch, trainer.config.model_dump(), policy))
+        self.write(snap, keep=keep)
+        return time.perf_counter() - started
+
     def write(self, snap: Snapshot, *, keep: int) -> None:
         """Start writing ``snap`` in the background (after the previous write ends), then keep the
         newest ``keep`` checkpoints."""

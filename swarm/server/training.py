@@ -52,12 +52,9 @@ from swarm.protocol import ConfigPatch, EngineState, EpisodeKind, SamplingDefaul
 from swarm.server.admission import AdmissionControl
 from swarm.server.checkpoints import (
     CheckpointWriter,
-    JournalEntry,
     checkpoint_now,
     latest_checkpoint,
     resume,
-    snapshot,
-    write_journal,
 )
 from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisodes
@@ -322,7 +319,14 @@ class TrainingLoop:
             # Crash safety (docs/ARCHITECTURE.md): the step's snapshot and journal entry exist before it
             # is published (served, episodes consumed, metrics row, step counter); the checkpoint is
             # written in the background, and a restart replays a journaled step it did not reach.
-            checkpoint_s = self._checkpoint_in_background(batch) if self._checkpoint_due(step) else 0.0
+            checkpoint_s = 0.0
+            if self._checkpoint_due(step):
+                checkpoint_s = self._writer.checkpoint(
+                    self.trainer,
+                    batch,
+                    policy=self.config.batch.policy.value,
+                    keep=self.config.keep_checkpoints,
+                )
             self.engine.load_weights(self.trainer.sampling_model, step)  # waiting calls sample `step`
             self.admission.consumed(batch.consumed, step)
             self.admission.new_window()
@@ -340,17 +344,6 @@ class TrainingLoop:
     def _checkpoint_due(self, step: int) -> bool:
         every, last = self.config.checkpoint_every, self.config.max_steps
         return step % every == 0 or (last is not None and step >= last)
-
-    def _checkpoint_in_background(self, batch: StepBatch) -> float:
-        """Snapshot the step to CPU memory and journal its batch (synchronous, after the previous write
-        ended), then write the checkpoint in the background; returns the synchronous seconds."""
-        started = time.perf_counter()
-        self._writer.wait()
-        snap = snapshot(self.trainer)
-        config = self.trainer.config.model_dump()
-        write_journal(self.run_dir, JournalEntry(snap.step, batch, config, self.config.batch.policy.value))
-        self._writer.write(snap, keep=self.config.keep_checkpoints)
-        return time.perf_counter() - started
 
     def _checkpoint(self) -> float:
         return checkpoint_now(
