@@ -154,7 +154,13 @@ def snapshot(trainer: TrainerBackend) -> Snapshot:
     (what its checkpoint stores)."""
     model = trainer.model
     lora = hasattr(model, "peft_config")
-    weights = {k: _cpu_copy(v) for k, v in model.state_dict().items() if not lora or "lora_" in k}
+    weights: dict[str, torch.Tensor] = {}
+    copies: dict[int, torch.Tensor] = {}  # tied tensors (embeddings and head) are copied once
+    for name, tensor in model.state_dict().items():
+        if not lora or "lora_" in name:
+            if tensor.data_ptr() not in copies:
+                copies[tensor.data_ptr()] = _cpu_copy(tensor)
+            weights[name] = copies[tensor.data_ptr()]
     return Snapshot(trainer.step_count, weights, _cpu_copy(trainer.state_dict()))
 
 
@@ -319,12 +325,14 @@ def resume(
     replayed = _replay(run_dir, step, trainer, pool, history)
     if replayed:
         step = replayed[-1]
-        save_checkpoint(run_dir, step, trainer.model, tokenizer, trainer.state_dict(), keep)
+        save_checkpoint(run_dir, step, trainer.model, tokenizer, trainer.state_dict(), keep)  # prunes them
         events.emit(
             "checkpoint.replayed",
             f"step {_span(replayed)} replayed from the journal (its checkpoint was being written)",
             steps=replayed,
         )
+    for _, entry in _journal(run_dir):  # beyond a gap: their steps are rewound below, never replayed
+        entry.unlink()
     lost = set(pool.trained_steps_after(step))
     rewound = pool.rewind(step)
     if rewound:
