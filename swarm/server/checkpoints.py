@@ -8,11 +8,14 @@ written into a temporary folder and renamed into place, so a crash never leaves 
 
 :func:`resume` is the restart half of crash safety (docs/ARCHITECTURE.md §Crash safety): the newest
 checkpoint is loaded, the pool forgets what later steps consumed, and the metrics rows of those steps
-are dropped; :func:`checkpoint_now` is the save half, with its event.
+are dropped; :func:`checkpoint_now` is the save half, with its event. A training step checkpoints
+through :class:`CheckpointWriter`: a CPU `snapshot`, a journal entry (``checkpoints/journal/``, the
+step's batch: a restart replays it if the checkpoint did not reach the disk) and a background write.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -191,7 +194,8 @@ class CheckpointWriter:
     """
 
     def __init__(self, run_dir: Path, model: Any, tokenizer: Any, *, events: EventLog) -> None:
-        self.run_dir, self.model, self.tokenizer, self.events = run_dir, model, tokenizer, events
+        self.run_dir, self.model, self.events = run_dir, model, events
+        self.tokenizer = copy.deepcopy(tokenizer)  # the engine's may be encoding while this one saves
         self._thread: threading.Thread | None = None
 
     def wait(self) -> None:
