@@ -150,31 +150,39 @@ class Snapshot:
     """`TrainerBackend.state_dict` with every tensor copied to CPU."""
 
 
-def snapshot(trainer: TrainerBackend) -> Snapshot:
+def snapshot(trainer: TrainerBackend, reuse: Snapshot | None = None) -> Snapshot:
     """Copy the trainer's weights and state to CPU memory (synchronous: a memory copy, no file).
 
     Shapes and dtypes are the live tensors'; a LoRA model's snapshot holds its ``lora_`` tensors only
-    (what its checkpoint stores)."""
+    (what its checkpoint stores). ``reuse``: a previous snapshot nobody reads any more (its write
+    ended), whose tensors are overwritten where names, shapes and dtypes match (no new allocation)."""
     model = trainer.model
     lora = hasattr(model, "peft_config")
+    old = reuse.weights if reuse is not None else {}
     weights: dict[str, torch.Tensor] = {}
     copies: dict[int, torch.Tensor] = {}  # tied tensors (embeddings and head) are copied once
     for name, tensor in model.state_dict().items():
         if not lora or "lora_" in name:
             if tensor.data_ptr() not in copies:
-                copies[tensor.data_ptr()] = _cpu_copy(tensor)
+                copies[tensor.data_ptr()] = _cpu_copy(tensor, old.get(name))
             weights[name] = copies[tensor.data_ptr()]
-    return Snapshot(trainer.step_count, weights, _cpu_copy(trainer.state_dict()))
+    state = _cpu_copy(trainer.state_dict(), reuse.trainer_state if reuse is not None else None)
+    return Snapshot(trainer.step_count, weights, state)
 
 
-def _cpu_copy(value: Any) -> Any:
-    """``value`` with every tensor inside dicts, lists and tuples copied to CPU (a fresh copy)."""
+def _cpu_copy(value: Any, into: Any = None) -> Any:
+    """``value`` with every tensor inside dicts, lists and tuples copied to CPU: into the matching
+    tensor of ``into`` (same structure, shape and dtype) where there is one, else a fresh copy."""
     if isinstance(value, torch.Tensor):
+        if isinstance(into, torch.Tensor) and into.shape == value.shape and into.dtype == value.dtype:
+            return into.copy_(value.detach())
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
-        return {k: _cpu_copy(v) for k, v in value.items()}
+        found = into if isinstance(into, dict) else {}
+        return {k: _cpu_copy(v, found.get(k)) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_cpu_copy(v) for v in value)
+        same = isinstance(into, list | tuple) and len(into) == len(value)
+        return type(value)(_cpu_copy(v, into[i] if same else None) for i, v in enumerate(value))
     return value
 
 
@@ -182,7 +190,8 @@ class CheckpointWriter:
     """Writes `Snapshot` s with `save_checkpoint` in a background thread, one at a time.
 
     At most one snapshot is in flight: :meth:`write` first waits for the previous write, so memory
-    holds at most one snapshot besides the live state. The thread is not a daemon: a process that
+    holds at most one snapshot besides the live state, and :meth:`checkpoint` copies each step into
+    the previous step's buffers (no allocation after the first). The thread is not a daemon: a process that
     exits normally finishes the write first. A failed write is logged (``checkpoint.failed``) and
     leaves the previous checkpoint and the journal in place (a restart replays from them).
 
@@ -197,6 +206,7 @@ class CheckpointWriter:
         self.run_dir, self.model, self.events = run_dir, model, events
         self.tokenizer = copy.deepcopy(tokenizer)  # the engine's may be encoding while this one saves
         self._thread: threading.Thread | None = None
+        self._spare: Snapshot | None = None
 
     def wait(self) -> None:
         """Return once no write is in flight (its checkpoint is on disk, or it failed)."""
@@ -210,7 +220,7 @@ class CheckpointWriter:
         (the step's synchronous cost; the write's own time is in its ``checkpoint.saved`` event)."""
         started = time.perf_counter()
         self.wait()
-        snap = snapshot(trainer)
+        snap = self._spare = snapshot(trainer, self._spare)  # the previous one's buffers: its write ended
         write_journal(self.run_dir, JournalEntry(snap.step, batch, trainer.config.model_dump(), policy))
         self.write(snap, keep=keep)
         return time.perf_counter() - started

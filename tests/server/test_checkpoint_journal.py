@@ -89,3 +89,6 @@ def test_a_snapshot_is_a_copy_the_next_step_does_not_change(embedded_source: Any
     assert snap.step == 1 and all(torch.equal(v, before[k]) for k, v in snap.weights.items())
     exp_avg = snap.trainer_state["optimizer"]["state"][0]["exp_avg"]
     assert not torch.equal(exp_avg, trainer.state_dict()["optimizer"]["state"][0]["exp_avg"])
+    again = snapshot(trainer, reuse=snap)  # the next step's copy goes into the same buffers
+    live = trainer.model.state_dict()
+    assert all(again.weights[k] is v and torch.equal(v, live[k]) for k, v in snap.weights.items())
