@@ -29,8 +29,9 @@ failures (excluded from groups, never trained). During ``training`` generation i
 Crash safety: an episode is marked consumed (``trained_step``) only after the step's update. On restart
 the newest checkpoint is loaded and :meth:`Pool.rewind` un-marks episodes consumed by later steps
 (their update was lost with the process), so each pooled episode trains exactly once for the persisted
-policy line, and the step counter continues from the checkpoint (``checkpoint_every=1`` makes that the
-last completed step).
+policy line. At ``checkpoint_every=1`` (the default) a step is journaled and snapshotted before it is
+published and its checkpoint is written in the background; a restart replays a journaled step whose
+checkpoint did not reach the disk, so the step counter never goes back (`swarm.server.checkpoints`).
 """
 
 from __future__ import annotations
