@@ -1,5 +1,6 @@
-"""Benchmark: what a checkpoint costs, LoRA adapters vs full fine-tuning (why LoRA servers checkpoint
-every step by default and full fine-tuning every 5).
+"""Benchmark: what a checkpoint costs, LoRA adapters vs full fine-tuning, and what checkpointing every
+step adds to a full fine-tuning step: the background path the server takes vs no checkpoint vs the old
+blocking write.
 
 For the embedded SmolLM2-135M, a trainer (`swarm.train.TorchTrainer`) takes one GRPO step on a small
 random batch (so AdamW's state exists), then `swarm.server.checkpoints.save_checkpoint` writes the
@@ -7,7 +8,19 @@ checkpoint the server would write (weights or adapters, optimizer state, step, t
 times into a fresh run dir. Reported per mode: median and min/max seconds per checkpoint, its size on
 disk, the median step time, and the checkpoint's cost as a share of one step.
 
-Run: ``.venv/bin/python bench/checkpoint.py`` (≈ 1 min on 2 CPU cores).
+Step overhead (full fine-tuning, ``--rounds`` rounds): each round runs ``--block`` consecutive steps of
+each path, in a shuffled order, on one trainer: ``none`` (the step only), ``blocking`` (the step, then
+`save_checkpoint`, as the server did before) and ``background`` (the step, then
+`CheckpointWriter.checkpoint`: wait for the previous write, snapshot to CPU memory, journal, write in a
+thread that competes with the next step for the CPU). A path's time per step is the step plus what the
+training thread spent on the checkpoint; a background block ends by waiting for its last write
+(uncounted: in a server that write overlaps sampling). Reported: medians per path and the median of
+the paired per-round differences against ``none``.
+
+``--device cuda --dtype bfloat16 --model DIR`` runs the overhead on a GPU (1.5B shape: see
+bench/README.md §checkpoint.py).
+
+Run: ``.venv/bin/python bench/checkpoint.py`` (≈ 1 min on 2 CPU cores; the overhead rounds more).
 """
 
 from __future__ import annotations
@@ -81,14 +94,125 @@ def measure(lora: bool, repeats: int, steps: int) -> dict[str, float]:
     }
 
 
+PATHS = ("none", "blocking", "background")
+
+
+def _journal_batch(samples: list[Any], advantages: list[float]) -> Any:
+    """The `StepBatch` the server would journal for ``samples`` (one episode per sample, one group)."""
+    from swarm.batch import Batch
+    from swarm.server.step_batch import StepBatch
+    from swarm.tracking.merge import MergeStats
+
+    ids = [s.episode_id for s in samples]
+    batch = Batch(episode_ids=ids, groups={"t": ids}, rewards=dict.fromkeys(ids, 1.0), reason="bench")
+    return StepBatch(batch, samples, advantages, MergeStats(), [0] * len(ids))
+
+
+def measure_overhead(
+    rounds: int, block: int, model_dir: str | None, device: str, dtype: str
+) -> dict[str, Any]:
+    """Seconds per full fine-tuning step on each of `PATHS`, paired by round (see the module docstring)."""
+    import random
+
+    import torch
+
+    from swarm.engine import load_model, resolve_model
+    from swarm.server.checkpoints import CheckpointWriter, save_checkpoint
+    from swarm.server.events import EventLog
+    from swarm.train import TorchTrainer, TrainerConfig
+
+    torch.manual_seed(SEED)
+    source = resolve_model(model_dir)
+    model, tokenizer = load_model(source, dtype=dtype, device=device)
+    trainer = TorchTrainer(model, TrainerConfig(lr=1e-5, micro_batch_size=4), pad_token_id=0)
+    samples, advantages = _samples(4, 64, 32)
+    batch = _journal_batch(samples, advantages)
+    run_dir = Path(tempfile.mkdtemp(prefix="swarm-ckpt-overhead-"))
+    writer = CheckpointWriter(run_dir, trainer.model, tokenizer, events=EventLog(run_dir / "events.jsonl"))
+    trainer.step(samples, advantages)  # warm-up: AdamW's state exists from here on
+    times: dict[str, list[list[float]]] = {path: [] for path in PATHS}
+    wait_s: list[float] = []  # background: waiting for the previous write
+    sync_s: list[float] = []  # background: snapshot + journal + starting the thread
+    order = random.Random(SEED)
+    try:
+        for _ in range(rounds):
+            for path in order.sample(PATHS, len(PATHS)):
+                block_s = []
+                for _ in range(block):
+                    started = time.perf_counter()
+                    trainer.step(samples, advantages)
+                    if path == "blocking":
+                        save_checkpoint(
+                            run_dir, trainer.step_count, trainer.model, tokenizer, trainer.state_dict(), 2
+                        )
+                    elif path == "background":
+                        waited = time.perf_counter()
+                        writer.wait()  # (also inside checkpoint: timed apart here)
+                        wait_s.append(time.perf_counter() - waited)
+                        sync_s.append(writer.checkpoint(trainer, batch, policy="bench", keep=2))
+                    if device.startswith("cuda"):
+                        torch.cuda.synchronize()
+                    block_s.append(time.perf_counter() - started)
+                writer.wait()
+                times[path].append(block_s)
+    finally:
+        writer.wait()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    flat = {path: [t for block_s in times[path] for t in block_s] for path in PATHS}
+    rounds_median = {path: [statistics.median(b) for b in times[path]] for path in PATHS}
+    return {
+        "model": source.name,
+        "median": {path: statistics.median(flat[path]) for path in PATHS},
+        "paired": {
+            path: statistics.median(
+                r - n for r, n in zip(rounds_median[path], rounds_median["none"], strict=True)
+            )
+            for path in PATHS
+        },
+        "steps": {path: len(flat[path]) for path in PATHS},
+        "snapshot_s": statistics.median(sync_s),
+        "wait_s": statistics.median(wait_s),
+    }
+
+
+def _overhead_table(r: dict[str, Any], rounds: int, block: int) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title=f"step time with a checkpoint every step, {r['model']}, {rounds} rounds × {block} steps"
+    )
+    for column in ("path", "s per step (median)", "extra s (paired median)", "extra / step"):
+        table.add_column(column, justify="right")
+    none = r["median"]["none"]
+    for path in PATHS:
+        extra = r["paired"][path]
+        table.add_row(path, f"{r['median'][path]:.3f}", f"{extra:+.3f}", f"{extra / none:+.1%}")
+    table.caption = (
+        f"background, medians: snapshot + journal {r['snapshot_s']:.3f} s (the step's cost when the "
+        f"previous write has ended), waiting for the previous write {r['wait_s']:.3f} s"
+    )
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="checkpoints written per mode")
     parser.add_argument("--steps", type=int, default=3, help="trainer steps timed per mode")
+    parser.add_argument("--rounds", type=int, default=3, help="step-overhead rounds (0: skip)")
+    parser.add_argument("--block", type=int, default=2, help="consecutive steps per path in a round")
+    parser.add_argument("--overhead-only", action="store_true", help="skip the LoRA vs full table")
+    parser.add_argument("--model", default=None, help="Hugging Face directory (default: the embedded model)")
+    parser.add_argument("--device", default="cpu", help="torch device of the overhead rounds")
+    parser.add_argument("--dtype", default="float32", help="weights' dtype in the overhead rounds")
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
 
+    if args.rounds:
+        overhead = measure_overhead(args.rounds, args.block, args.model, args.device, args.dtype)
+        Console().print(_overhead_table(overhead, args.rounds, args.block))
+    if args.overhead_only:
+        return
     results = {name: measure(name == "LoRA r16", args.repeats, args.steps) for name in ("full", "LoRA r16")}
     table = Table(title=f"checkpoint cost, SmolLM2-135M, median of {args.repeats} (min-max)")
     for column in ("mode", "checkpoint s", "size MB", "step s (median)", "checkpoint / step"):

@@ -70,20 +70,15 @@ class TrainingConfig(BaseModel):
     """Liveness for the ``*_client_ready`` policies: a client not seen (episode begun or ended, episode or
     client heartbeat, vote) for this many seconds stops counting as active, so a dead client stops
     blocking ``all_clients_ready``. ``None``: clients stay active until they leave."""
-    checkpoint_every: int = Field(default=5, ge=1)
-    """Save weights + optimizer + step every N steps (and on ``POST /api/v1/checkpoint``). Left unset, 1
-    with LoRA (an adapter and its optimizer state are small: ``bench/checkpoint.py``) and 5 for full
-    fine-tuning; a crash redoes the steps since the last checkpoint (``train.rewound``)."""
+    checkpoint_every: int = Field(default=1, ge=1)
+    """Save weights + optimizer + step every N steps (and on ``POST /api/v1/checkpoint``). A checkpoint is
+    snapshotted to CPU memory and written in the background (its step journaled meanwhile), so every
+    step costs a memory copy (``bench/checkpoint.py``) and a crash loses no step; with N > 1 a crash
+    redoes the steps since the last checkpoint (``train.rewound``)."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """How many recent checkpoints to keep on disk."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop training (keep serving) after this many policy versions."""
-
-    @model_validator(mode="after")
-    def _lora_checkpoints_every_step(self) -> TrainingConfig:
-        if "checkpoint_every" not in self.model_fields_set and self.trainer.lora is not None:
-            self.checkpoint_every = 1
-        return self
 
     @model_validator(mode="after")
     def _weighting_matches_aggregation(self) -> TrainingConfig:

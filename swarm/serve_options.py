@@ -317,7 +317,7 @@ class ServeOptions(FlagOptions):
     )
     checkpoint_every: int | None = option(
         None,
-        "Save a checkpoint every N steps (default: 1 with LoRA, 5 for full fine-tuning).",
+        "Save a checkpoint every N steps (written in the background; 1 loses no step on a crash).",
         to="training.checkpoint_every",
     )
     max_steps: int | None = option(

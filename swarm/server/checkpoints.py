@@ -8,17 +8,22 @@ written into a temporary folder and renamed into place, so a crash never leaves 
 
 :func:`resume` is the restart half of crash safety (docs/ARCHITECTURE.md §Crash safety): the newest
 checkpoint is loaded, the pool forgets what later steps consumed, and the metrics rows of those steps
-are dropped; :func:`checkpoint_now` is the save half, with its event.
+are dropped; :func:`checkpoint_now` is the save half, with its event. A training step checkpoints
+through :class:`CheckpointWriter`: a CPU `snapshot`, a journal entry (``checkpoints/journal/``, the
+step's batch: a restart replays it if the checkpoint did not reach the disk) and a background write.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
 import shutil
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +31,8 @@ import torch
 
 from swarm.pool import Pool
 from swarm.server.events import EventLog
-from swarm.server.step_history import StepHistory
+from swarm.server.step_batch import StepBatch
+from swarm.server.step_history import Drain, StepHistory
 from swarm.train import TrainerBackend
 
 _NAME = re.compile(r"^step-(\d+)$")
@@ -48,15 +54,26 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], keep: int
+    run_dir: Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    trainer_state: dict[str, Any],
+    keep: int,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically and prune all but the newest ``keep``; returns its path."""
+    """Write checkpoint ``step`` atomically and prune all but the newest ``keep`` (and the journal
+    entries they cover); returns its path.
+
+    ``weights`` (a `Snapshot`'s) replaces ``model``'s live tensors, so the model may go on training
+    while this runs in another thread; ``model`` then only provides its config and file layout."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}.", dir=root))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        extra = {} if weights is None else {"state_dict": weights}
+        model.save_pretrained(tmp, safe_serialization=True, **extra)
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, tmp / "trainer_state.pt")
         (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time()}))
@@ -72,6 +89,9 @@ def save_checkpoint(
     )
     for _, old in complete[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    for done, entry in _journal(run_dir):
+        if done <= step:
+            entry.unlink(missing_ok=True)
     return final
 
 
@@ -116,14 +136,198 @@ def checkpoint_now(
     return elapsed
 
 
-def resume(run_dir: Path, trainer: TrainerBackend, pool: Pool, history: StepHistory, events: EventLog) -> int:
-    """Restart where the run's last checkpoint left it; returns that step (0: none, a fresh run).
+# -- the background checkpoint: snapshot, journal, writer -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A step's state copied to CPU memory: what `CheckpointWriter` writes while training goes on."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+    """The model's tensors (LoRA: the adapters' only), by state-dict name, CPU copies."""
+    trainer_state: dict[str, Any]
+    """`TrainerBackend.state_dict` with every tensor copied to CPU."""
+
+
+def snapshot(trainer: TrainerBackend, reuse: Snapshot | None = None) -> Snapshot:
+    """Copy the trainer's weights and state to CPU memory (synchronous: a memory copy, no file).
+
+    Shapes and dtypes are the live tensors'; a LoRA model's snapshot holds its ``lora_`` tensors only
+    (what its checkpoint stores). ``reuse``: a previous snapshot nobody reads any more (its write
+    ended), whose tensors are overwritten where names, shapes and dtypes match (no new allocation)."""
+    model = trainer.model
+    lora = hasattr(model, "peft_config")
+    old = reuse.weights if reuse is not None else {}
+    weights: dict[str, torch.Tensor] = {}
+    copies: dict[int, torch.Tensor] = {}  # tied tensors (embeddings and head) are copied once
+    for name, tensor in model.state_dict().items():
+        if not lora or "lora_" in name:
+            if tensor.data_ptr() not in copies:
+                copies[tensor.data_ptr()] = _cpu_copy(tensor, old.get(name))
+            weights[name] = copies[tensor.data_ptr()]
+    state = _cpu_copy(trainer.state_dict(), reuse.trainer_state if reuse is not None else None)
+    return Snapshot(trainer.step_count, weights, state)
+
+
+def _cpu_copy(value: Any, into: Any = None) -> Any:
+    """``value`` with every tensor inside dicts, lists and tuples copied to CPU: into the matching
+    tensor of ``into`` (same structure, shape and dtype) where there is one, else a fresh copy."""
+    if isinstance(value, torch.Tensor):
+        if isinstance(into, torch.Tensor) and into.shape == value.shape and into.dtype == value.dtype:
+            return into.copy_(value.detach())
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        found = into if isinstance(into, dict) else {}
+        return {k: _cpu_copy(v, found.get(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        same = isinstance(into, list | tuple) and len(into) == len(value)
+        return type(value)(_cpu_copy(v, into[i] if same else None) for i, v in enumerate(value))
+    return value
+
+
+class CheckpointWriter:
+    """Writes `Snapshot` s with `save_checkpoint` in a background thread, one at a time.
+
+    At most one snapshot is in flight: :meth:`write` first waits for the previous write, so memory
+    holds at most one snapshot besides the live state, and :meth:`checkpoint` copies each step into
+    the previous step's buffers (no allocation after the first). The thread is not a daemon: a process that
+    exits normally finishes the write first. A failed write is logged (``checkpoint.failed``) and
+    leaves the previous checkpoint and the journal in place (a restart replays from them).
+
+    Args:
+        run_dir: holds ``checkpoints/``.
+        model: the trained model (its config and file layout; the tensors come from the snapshot).
+        tokenizer: saved with every checkpoint.
+        events: ``checkpoint.saved`` / ``checkpoint.failed`` go here.
+    """
+
+    def __init__(self, run_dir: Path, model: Any, tokenizer: Any, *, events: EventLog) -> None:
+        self.run_dir, self.model, self.events = run_dir, model, events
+        self.tokenizer = copy.deepcopy(tokenizer)  # the engine's may be encoding while this one saves
+        self._thread: threading.Thread | None = None
+        self._spare: Snapshot | None = None
+
+    def wait(self) -> None:
+        """Return once no write is in flight (its checkpoint is on disk, or it failed)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def checkpoint(self, trainer: TrainerBackend, batch: StepBatch, *, policy: str, keep: int) -> float:
+        """Checkpoint the step ``trainer`` just took on ``batch``: wait for the previous write, take the
+        `snapshot`, journal the step (`write_journal`), start the write; returns the seconds spent here
+        (the step's synchronous cost; the write's own time is in its ``checkpoint.saved`` event)."""
+        started = time.perf_counter()
+        self.wait()
+        snap = self._spare = snapshot(trainer, self._spare)  # the previous one's buffers: its write ended
+        write_journal(self.run_dir, JournalEntry(snap.step, batch, trainer.config.model_dump(), policy))
+        self.write(snap, keep=keep)
+        return time.perf_counter() - started
+
+    def write(self, snap: Snapshot, *, keep: int) -> None:
+        """Start writing ``snap`` in the background (after the previous write ends), then keep the
+        newest ``keep`` checkpoints."""
+        self.wait()
+        self._thread = threading.Thread(target=self._write, args=(snap, keep), name=f"checkpoint-{snap.step}")
+        self._thread.start()
+
+    def _write(self, snap: Snapshot, keep: int) -> None:
+        started = time.perf_counter()
+        try:
+            save_checkpoint(
+                self.run_dir, snap.step, self.model, self.tokenizer, snap.trainer_state, keep, snap.weights
+            )
+        except Exception as exc:  # reported; the journal still covers the step
+            self.events.emit(
+                "checkpoint.failed",
+                f"checkpoint step {snap.step} failed: {type(exc).__name__}: {exc}",
+                level="error",
+                step=snap.step,
+            )
+            return
+        elapsed = time.perf_counter() - started
+        self.events.emit(
+            "checkpoint.saved",
+            f"checkpoint step {snap.step} ({elapsed:.1f} s, in the background)",
+            step=snap.step,
+        )
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """What replays a step whose checkpoint was not yet on disk: its batch and the trainer's live config."""
+
+    step: int
+    batch: StepBatch
+    trainer_config: dict[str, Any]
+    """`TrainerConfig` fields as the step used them (live patches included)."""
+    policy: str
+    """The batch policy's name (the metrics row's ``batch_policy``)."""
+
+
+def write_journal(run_dir: Path, entry: JournalEntry) -> None:
+    """Record ``entry`` in ``checkpoints/journal/`` atomically (temp file + rename); a few kB to MB (the
+    batch's token ids), written before the step is published. `save_checkpoint` deletes the entries
+    its checkpoint covers."""
+    root = checkpoint_dir(run_dir) / "journal"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{entry.step:06d}.pt"
+    tmp = root / f".{final.name}.tmp"
+    torch.save(entry, tmp)
+    os.replace(tmp, final)
+
+
+def _journal(run_dir: Path) -> list[tuple[int, Path]]:
+    root = checkpoint_dir(run_dir) / "journal"
+    found = [(int(m.group(1)), p) for p in root.glob("step-*.pt") if (m := _NAME.match(p.stem))]
+    return sorted(found)
+
+
+def _replay(run_dir: Path, step: int, trainer: TrainerBackend, pool: Pool, history: StepHistory) -> list[int]:
+    """Redo the journaled steps after checkpoint ``step`` (contiguous from ``step + 1``) with their
+    batches and live config: the trainer reaches the step the previous process published, the
+    episodes stay marked by it, and a metrics row the crash cut off is written. Returns the steps."""
+    entries: list[JournalEntry] = []
+    for number, path in _journal(run_dir):
+        if number == step + len(entries) + 1:
+            entries.append(torch.load(path, map_location="cpu", weights_only=False))
+    if not entries:
+        return []
+    history.resume(entries[-1].step)
+    have = {row.step for row in history.rows}
+    for entry in entries:
+        live = {k: v for k, v in entry.trainer_config.items() if k in trainer.live_fields}
+        trainer.update_config(**live)
+        base = trainer.step(entry.batch.samples, entry.batch.advantages, rewards=entry.batch.rewards)
+        pool.mark_trained(entry.batch.consumed, entry.step)
+        if entry.step not in have:
+            history.record(base, entry.batch, policy=entry.policy, drain=Drain(), checkpoint_s=0.0)
+    trainer.sync_sampling_model()
+    return [entry.step for entry in entries]
+
+
+def resume(
+    run_dir: Path,
+    trainer: TrainerBackend,
+    pool: Pool,
+    history: StepHistory,
+    events: EventLog,
+    *,
+    tokenizer: Any,
+    keep: int,
+) -> int:
+    """Restart where the previous process left the run; returns that step (0: none, a fresh run).
 
     Loads the newest checkpoint into ``trainer`` (weights, sampling copy, optimizer and live config),
-    un-marks episodes consumed by later steps (`Pool.rewind`: their update died with the process, so
-    they are trained again), drops the later rows of ``history`` and sets ``history.rewound_steps`` to
-    the steps lost, each with its event.
+    then replays the journaled steps after it (`write_journal`: steps published while their checkpoint
+    was being written) and checkpoints the result, so a published step is never lost. Episodes consumed
+    by any later, unjournaled step are un-marked (`Pool.rewind`: their update died with the process,
+    so they are trained again), the later rows of ``history`` are dropped and ``history.rewound_steps``
+    holds those steps, each with its event. Half-written checkpoint folders are removed.
     """
+    for stale in checkpoint_dir(run_dir).glob(".step-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     latest = latest_checkpoint(run_dir)
     step = 0
     if latest is not None:
@@ -132,6 +336,17 @@ def resume(run_dir: Path, trainer: TrainerBackend, pool: Pool, history: StepHist
         trainer.sync_sampling_model()
         trainer.load_state_dict(load_trainer_state(path))
         events.emit("checkpoint.loaded", f"resumed from checkpoint step {step}", step=step)
+    replayed = _replay(run_dir, step, trainer, pool, history)
+    if replayed:
+        step = replayed[-1]
+        save_checkpoint(run_dir, step, trainer.model, tokenizer, trainer.state_dict(), keep)  # prunes them
+        events.emit(
+            "checkpoint.replayed",
+            f"step {_span(replayed)} replayed from the journal (its checkpoint was being written)",
+            steps=replayed,
+        )
+    for _, entry in _journal(run_dir):  # beyond a gap: their steps are rewound below, never replayed
+        entry.unlink()
     lost = set(pool.trained_steps_after(step))
     rewound = pool.rewind(step)
     if rewound:

@@ -29,8 +29,9 @@ failures (excluded from groups, never trained). During ``training`` generation i
 Crash safety: an episode is marked consumed (``trained_step``) only after the step's update. On restart
 the newest checkpoint is loaded and :meth:`Pool.rewind` un-marks episodes consumed by later steps
 (their update was lost with the process), so each pooled episode trains exactly once for the persisted
-policy line, and the step counter continues from the checkpoint (``checkpoint_every=1`` makes that the
-last completed step).
+policy line. At ``checkpoint_every=1`` (the default) a step is journaled and snapshotted before it is
+published and its checkpoint is written in the background; a restart replays a journaled step whose
+checkpoint did not reach the disk, so the step counter never goes back (`swarm.server.checkpoints`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ from swarm.pool import Pool
 from swarm.precision import MixedPrecision
 from swarm.protocol import ConfigPatch, EngineState, EpisodeKind, SamplingDefaults, ServerStepMetrics
 from swarm.server.admission import AdmissionControl
-from swarm.server.checkpoints import checkpoint_now, latest_checkpoint, resume
+from swarm.server.checkpoints import (
+    CheckpointWriter,
+    checkpoint_now,
+    latest_checkpoint,
+    resume,
+)
 from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisodes
 from swarm.server.events import EventLog
@@ -143,8 +149,12 @@ class TrainingLoop:
             config, engine, run_dir=run_dir, model_dir=model_dir, mixed_precision=mixed_precision
         )
         self._wakeup: asyncio.Event | None = None
+        self._writer = CheckpointWriter(run_dir, self.trainer.model, engine.tokenizer, events=events)
         self.steps = StepHistory(run_dir / "metrics.jsonl")
-        self.step = resume(run_dir, self.trainer, pool, self.steps, events)
+        keep = config.keep_checkpoints
+        self.step = resume(
+            run_dir, self.trainer, pool, self.steps, events, tokenizer=engine.tokenizer, keep=keep
+        )
         """The last completed step: the policy version being sampled once its update is visible."""
         with engine.pause():  # with LoRA the engine samples the merged copy (or the adapters)
             engine.load_weights(self.trainer.sampling_model, self.step)
@@ -196,6 +206,7 @@ class TrainingLoop:
         A step already checkpointed (the last step of ``max_steps``, or a repeated request) is not
         written or logged again: no update happened since, so the checkpoint on disk is this state."""
         with self.engine.pause():
+            self._writer.wait()
             latest = latest_checkpoint(self.run_dir)
             if latest is None or latest[0] != self.trainer.step_count:
                 self._checkpoint()
@@ -206,19 +217,22 @@ class TrainingLoop:
         """Background task: wait for wake-ups, train whenever the batch policy is satisfied."""
         self._wakeup = asyncio.Event()
         self._wakeup.set()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=self.admission.recheck_s())
-            await asyncio.sleep(0.02)  # coalesce a burst of finishes into one batch check
-            self._wakeup.clear()
-            try:
-                await self._maybe_step()
-            except Exception as exc:  # a failed step must not kill the server: report it and keep serving
-                self.phase.end_step()
-                self.events.emit(
-                    "train.failed", f"training step failed: {type(exc).__name__}: {exc}", level="error"
-                )
-                await asyncio.sleep(1.0)
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=self.admission.recheck_s())
+                await asyncio.sleep(0.02)  # coalesce a burst of finishes into one batch check
+                self._wakeup.clear()
+                try:
+                    await self._maybe_step()
+                except Exception as exc:  # a failed step must not kill the server: report it, keep serving
+                    self.phase.end_step()
+                    self.events.emit(
+                        "train.failed", f"training step failed: {type(exc).__name__}: {exc}", level="error"
+                    )
+                    await asyncio.sleep(1.0)
+        finally:
+            await asyncio.to_thread(self._writer.wait)  # a stopping server finishes its checkpoint
 
     def _can_train(self) -> bool:
         if not self.config.enabled or self.phase.state is EngineState.PAUSED:
@@ -303,12 +317,20 @@ class TrainingLoop:
             finally:
                 self.engine.restore_memory()
             step = self.trainer.step_count
+            # Crash safety (docs/ARCHITECTURE.md): the step's snapshot and journal entry exist before it
+            # is published (served, episodes consumed, metrics row, step counter); the checkpoint is
+            # written in the background, and a restart replays a journaled step it did not reach.
+            checkpoint_s = 0.0
+            if self._checkpoint_due(step):
+                checkpoint_s = self._writer.checkpoint(
+                    self.trainer,
+                    batch,
+                    policy=self.config.batch.policy.value,
+                    keep=self.config.keep_checkpoints,
+                )
             self.engine.load_weights(self.trainer.sampling_model, step)  # waiting calls sample `step`
-            # Order matters for crash safety: consumed before the checkpoint (a crash in between rewinds
-            # them at restart), and the new step made visible last.
             self.admission.consumed(batch.consumed, step)
             self.admission.new_window()
-            checkpoint_s = self._checkpoint() if self._checkpoint_due(step) else 0.0
         metrics = self.steps.record(
             base, batch, policy=self.config.batch.policy.value, drain=drain, checkpoint_s=checkpoint_s
         )

@@ -82,7 +82,8 @@ def test_a_step_updates_the_weights_generation_uses(tmp_path: Path, fresh_engine
         assert m["lr"] == lr and m["groups"] == 1
         run = tmp_path / "run"
         assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
-        assert (run / "checkpoints" / "step-000001" / "model.safetensors").exists()
+        checkpoint = run / "checkpoints" / "step-000001" / "model.safetensors"
+        wait_for(checkpoint.exists, what="checkpoint 1, written in the background")
         assert "train.step" in (run / "events.jsonl").read_text()
     finally:
         live.stop()
@@ -337,12 +338,12 @@ def test_a_rewind_is_an_event_and_a_metrics_row(tmp_path: Path, fresh_engine: An
         live.stop()
 
 
-def test_lora_checkpoints_every_step_unless_told_otherwise() -> None:
+def test_every_server_checkpoints_every_step_unless_told_otherwise() -> None:
     from swarm.serve_options import ServeOptions
 
     assert TrainingConfig(trainer=TrainerConfig(lora={"r": 4})).checkpoint_every == 1
-    assert TrainingConfig().checkpoint_every == 5
+    assert TrainingConfig().checkpoint_every == 1
     assert TrainingConfig(trainer=TrainerConfig(lora={"r": 4}), checkpoint_every=4).checkpoint_every == 4
     assert ServeOptions(lora_rank=8).to_server_config().training.checkpoint_every == 1
-    assert ServeOptions().to_server_config().training.checkpoint_every == 5
+    assert ServeOptions().to_server_config().training.checkpoint_every == 1
     assert ServeOptions(lora_rank=8, checkpoint_every=3).to_server_config().training.checkpoint_every == 3
