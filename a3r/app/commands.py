@@ -318,7 +318,8 @@ class SessionFlags:
     """The options ``a3r vibe`` and ``a3r research`` share (store, root, provider, provider model, base
     URL, ``--hang-after``, ``--serve-option``), declared once by `with_session_flags`.
 
-    Attributes are the options' values as typer parsed them (``hang_after`` in seconds).
+    Attributes are the options' values as typer parsed them; all but ``serve_option`` are the
+    `SessionSettings` fields of the same name (``hang_after_s``: ``--hang-after``, in seconds).
     """
 
     store: str = ".a3r/memory.db"
@@ -326,7 +327,7 @@ class SessionFlags:
     provider: ProviderKind = ProviderKind.offline
     provider_model: str | None = None
     base_url: str | None = None
-    hang_after: float = 180.0
+    hang_after_s: float = 180.0
     serve_option: list[str] | None = None
 
     def settings(
@@ -344,16 +345,8 @@ class SessionFlags:
             typer.Exit: A ``--serve-option`` that a3r sets itself or that ``swarm serve`` refuses (one line).
         """
         server_options = _serve_options(self.serve_option, options=training_options)
-        settings = SessionSettings(
-            store=self.store,
-            root=self.root,
-            provider=self.provider,
-            provider_model=self.provider_model,
-            base_url=self.base_url,
-            hang_after_s=self.hang_after,
-            server_options=server_options,
-            **fields,
-        )
+        same_named = {name: value for name, value in vars(self).items() if name != "serve_option"}
+        settings = SessionSettings(**same_named, server_options=server_options, **fields)
         return settings, _trainer_overrides(server_options)
 
 
