@@ -14,14 +14,17 @@ exit code 1 and one line on stderr.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
+import inspect
 import math
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,6 +313,85 @@ ServeOption = Annotated[
 ]
 
 
+@dataclass(frozen=True)
+class SessionFlags:
+    """The options ``a3r vibe`` and ``a3r research`` share (store, root, provider, provider model, base
+    URL, ``--hang-after``, ``--serve-option``), declared once by `with_session_flags`.
+
+    Attributes are the options' values as typer parsed them; all but ``serve_option`` are the
+    `SessionSettings` fields of the same name (``hang_after_s``: ``--hang-after``, in seconds).
+    """
+
+    store: str = ".a3r/memory.db"
+    root: Path = Path(".a3r")
+    provider: ProviderKind = ProviderKind.offline
+    provider_model: str | None = None
+    base_url: str | None = None
+    hang_after_s: float = 180.0
+    serve_option: list[str] | None = None
+
+    def settings(
+        self, training_options: tuple[str, ...], **fields: Any
+    ) -> tuple[SessionSettings, dict[str, Any]]:
+        """The thread's settings from these options and the command's own ``fields``, and the plan's
+        trainer overrides the ``--serve-option`` items carry.
+
+        Args:
+            training_options: The command's options that set the plan's training settings (named in
+                the error for a ``--serve-option`` that sets one of them).
+            **fields: Further `SessionSettings` fields (``model``, ``budget_minutes``, ...).
+
+        Raises:
+            typer.Exit: A ``--serve-option`` that a3r sets itself or that ``swarm serve`` refuses (one line).
+        """
+        server_options = _serve_options(self.serve_option, options=training_options)
+        same_named = {name: value for name, value in vars(self).items() if name != "serve_option"}
+        settings = SessionSettings(**same_named, server_options=server_options, **fields)
+        return settings, _trainer_overrides(server_options)
+
+
+_SESSION_PARAMETERS = [
+    inspect.Parameter(
+        field.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=option, default=field.default
+    )
+    for field, option in zip(
+        dataclasses.fields(SessionFlags),
+        (
+            StoreOption,
+            RootOption,
+            ProviderOption,
+            ProviderModelOption,
+            BaseUrlOption,
+            HangOption,
+            ServeOption,
+        ),
+        strict=True,
+    )
+]
+"""The `SessionFlags` fields as typer parameters: each field's option declaration and default."""
+
+
+def with_session_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """Declare the `SessionFlags` options on a typer command: its parameter ``flags: SessionFlags =
+    SessionFlags()`` becomes these options, in that place of its signature (so of its ``--help``), and the command is
+    called with them gathered in one `SessionFlags`."""
+    signature = inspect.signature(command, eval_str=True)
+    parameters = [
+        new
+        for old in signature.parameters.values()
+        for new in (_SESSION_PARAMETERS if old.name == "flags" else [old])
+    ]
+
+    @functools.wraps(command)
+    def wrapper(**options: Any) -> None:
+        flags = SessionFlags(**{p.name: options.pop(p.name) for p in _SESSION_PARAMETERS})
+        command(**options, flags=flags)
+
+    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+    return wrapper
+
+
 _MANAGED_SERVE_OPTIONS = {
     "model": "use --model",
     "port": "a3r picks a free port for every server",
@@ -408,6 +490,7 @@ def _check_serve_options(options: dict[str, Any]) -> None:
         raise _fail(f"--serve-option: swarm serve refuses it: {exc}") from None
 
 
+@with_session_flags
 def vibe(
     request: Annotated[str, typer.Argument(help='What to train, e.g. "train who-is-the-spy".')],
     model: ModelOption = None,
@@ -423,36 +506,22 @@ def vibe(
     ] = None,
     tui: Annotated[bool, typer.Option("--tui", help="Oversee the run in the TUI (approvals there).")] = False,
     wait: WaitOption = False,
-    store: StoreOption = ".a3r/memory.db",
-    root: RootOption = Path(".a3r"),
-    provider: ProviderOption = ProviderKind.offline,
-    provider_model: ProviderModelOption = None,
-    base_url: BaseUrlOption = None,
-    hang_after: HangOption = 180.0,
-    serve_option: ServeOption = None,
+    flags: SessionFlags = SessionFlags(),
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Print the plan and stop: nothing is started, written or stored."),
     ] = False,
 ) -> None:
     """Plan, code, smoke-test, train, monitor, patch (with approval) and report on one request."""
-    server_options = _serve_options(serve_option, options=VIBE_TRAINING_OPTIONS)
-    trainer = _trainer_overrides(server_options)
-    if server is not None:
-        _check_server(server)
-    settings = SessionSettings(
-        store=store,
-        root=root,
-        provider=provider,
-        provider_model=provider_model,
-        base_url=base_url,
+    settings, trainer = flags.settings(
+        VIBE_TRAINING_OPTIONS,
         model=model,
         server_url=server,
         auto_approve=auto_approve,
         budget_minutes=budget_minutes,
-        hang_after_s=hang_after,
-        server_options=server_options,
     )
+    if server is not None:
+        _check_server(server)
     overrides = trainer | {
         k: v
         for k, v in {"steps": steps, "batch_size": batch_size, "group_size": group_size}.items()
@@ -608,6 +677,7 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
         )
 
 
+@with_session_flags
 def research(
     question: Annotated[
         str, typer.Argument(help='A research question, e.g. "find min stable batch size on AIME".')
@@ -634,13 +704,7 @@ def research(
             "fixed dataset's tasks).",
         ),
     ] = 16,
-    store: StoreOption = ".a3r/memory.db",
-    root: RootOption = Path(".a3r"),
-    provider: ProviderOption = ProviderKind.offline,
-    provider_model: ProviderModelOption = None,
-    base_url: BaseUrlOption = None,
-    hang_after: HangOption = 180.0,
-    serve_option: ServeOption = None,
+    flags: SessionFlags = SessionFlags(),
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -651,19 +715,8 @@ def research(
     ] = False,
 ) -> None:
     """Answer a research question with a pre-registered, staged, multi-seed sweep."""
-    server_options = _serve_options(serve_option, options=RESEARCH_TRAINING_OPTIONS)
-    trainer = _trainer_overrides(server_options)
-    settings = SessionSettings(
-        store=store,
-        root=root,
-        provider=provider,
-        provider_model=provider_model,
-        base_url=base_url,
-        model=model,
-        budget_minutes=budget_minutes,
-        eval_tasks=eval_tasks,
-        hang_after_s=hang_after,
-        server_options=server_options,
+    settings, trainer = flags.settings(
+        RESEARCH_TRAINING_OPTIONS, model=model, budget_minutes=budget_minutes, eval_tasks=eval_tasks
     )
     overrides: dict[str, Any] = dict(trainer)
     if steps is not None:

@@ -41,7 +41,9 @@ Example:
     ...     A3RApp(store, config=TuiConfig(reviewer="ada"), on_decision=resume_thread).run()
 """
 
-from a3r.app.tui._app import A3RApp
+from typing import Unpack
+
+from a3r.app.tui._app import A3RApp, AppOptions
 from a3r.app.tui._config import TuiConfig
 from a3r.app.tui._context import DecisionHookError, TuiContext
 from a3r.app.tui._decision import Decision, DecisionHook
@@ -56,6 +58,7 @@ from memory import Store
 
 __all__ = [
     "A3RApp",
+    "AppOptions",
     "Decision",
     "DecisionDialog",
     "DecisionHook",
@@ -80,25 +83,10 @@ __all__ = [
 ]
 
 
-def run_tui(
-    store: Store,
-    *,
-    config: TuiConfig | None = None,
-    on_decision: DecisionHook | None = None,
-    detokenize: Detokenizer | None = None,
-    study_id: int | None = None,
-    approvals: bool = False,
-) -> None:
+def run_tui(store: Store, **options: Unpack[AppOptions]) -> None:
     """Run the TUI in the foreground until the user quits (for ``a3r vibe --tui`` / ``--tui`` options).
 
-    Arguments as for `A3RApp`. Run the research graph in another thread meanwhile; pass a function
-    resuming its thread as ``on_decision``.
+    Arguments as for `A3RApp` (keywords: `AppOptions`). Run the research graph in another thread
+    meanwhile; pass a function resuming its thread as ``on_decision``.
     """
-    A3RApp(
-        store,
-        config=config,
-        on_decision=on_decision,
-        detokenize=detokenize,
-        study_id=study_id,
-        approvals=approvals,
-    ).run()
+    A3RApp(store, **options).run()

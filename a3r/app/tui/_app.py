@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 from textual import work
 from textual.app import App
@@ -21,7 +21,18 @@ from a3r.app.tui._study_screen import StudyScreen
 from a3r.app.tui._tokens import Detokenizer
 from memory import InvalidTransition, PatchPublic, Store, StoreError
 
-__all__ = ["A3RApp"]
+__all__ = ["A3RApp", "AppOptions"]
+
+
+class AppOptions(TypedDict, total=False):
+    """The keyword arguments of `A3RApp` (their meaning is documented there), for functions that pass
+    them on (`a3r.app.tui.run_tui`)."""
+
+    config: TuiConfig | None
+    on_decision: DecisionHook | None
+    detokenize: Detokenizer | None
+    study_id: int | None
+    approvals: bool
 
 
 class A3RApp(App[None]):

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import ClassVar
 
 from textual import on, work
-from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Static
 
 from a3r.app.tui._context import TuiContext
 from a3r.app.tui._patch_screen import PatchScreen
-from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
-from a3r.app.tui._tables import Cell, refill
+from a3r.app.tui._polling import RELOAD_GROUP, read_store
+from a3r.app.tui._table_screen import StudyTableScreen
+from a3r.app.tui._tables import cut, refill
 from memory import PatchPublic
 
 __all__ = ["ApprovalsScreen", "age_text"]
@@ -28,17 +26,13 @@ def age_text(since: datetime, now: datetime | None = None) -> str:
     return f"{seconds}s"
 
 
-class ApprovalsScreen(PollingScreen):
-    """Pending patches, oldest first; Enter reviews one.
+class ApprovalsScreen(StudyTableScreen):
+    """Pending patches (of one study, or all), oldest first; Enter reviews one.
 
     | key    | action               |
     |--------|----------------------|
     | Enter  | review the patch     |
     | Escape | back                 |
-
-    Args:
-        ctx: The session context.
-        study_id: Only patches of this study (``None``: of every study).
     """
 
     DEFAULT_CSS = """
@@ -47,23 +41,14 @@ class ApprovalsScreen(PollingScreen):
     }
     """
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Back")]
+    TITLE_TEXT = "Pending approvals"
+    TABLE_ID = "pending"
+    COLUMNS = ("patch", "study", "artifact", "by", "age", "rationale")
+    NOTE = ("No patch waits for a decision.", "none-pending")
 
     def __init__(self, ctx: TuiContext, study_id: int | None = None) -> None:
-        super().__init__(ctx)
-        self.study_id = study_id
-        self.title = "Pending approvals" + (f" of study {study_id}" if study_id is not None else "")
+        super().__init__(ctx, study_id)
         self._patches: dict[str, PatchPublic] = {}
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Static("No patch waits for a decision.", id="none-pending")
-        yield DataTable(id="pending", cursor_type="row", zebra_stripes=True)
-        yield Footer()
-
-    def on_mount(self) -> None:
-        table: DataTable[Cell] = self.query_one("#pending", DataTable)
-        table.add_columns("patch", "study", "artifact", "by", "age", "rationale")
 
     @work(exclusive=True, group=RELOAD_GROUP)
     async def reload(self) -> None:
@@ -75,7 +60,7 @@ class ApprovalsScreen(PollingScreen):
         room = max(20, self.size.width - 50)  # the rationale's first line; the review shows it all
         self.query_one("#none-pending", Static).display = not patches
         refill(
-            self.query_one("#pending", DataTable),
+            self.table,
             (
                 (
                     str(p.id),
@@ -85,7 +70,7 @@ class ApprovalsScreen(PollingScreen):
                         f"{p.artifact_name} v{p.base_version}",
                         p.proposed_by,
                         age_text(p.created_at),
-                        _cut(p.rationale.splitlines()[0] if p.rationale else "", room),
+                        cut(p.rationale.splitlines()[0] if p.rationale else "", room),
                     ),
                 )
                 for p in patches
@@ -97,7 +82,3 @@ class ApprovalsScreen(PollingScreen):
         patch = self._patches.get(event.row_key.value or "")
         if patch is not None:
             self.app.push_screen(PatchScreen(self.ctx, patch))
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from rich.text import Text
 from textual import on, work
-from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Static
 
 from a3r.app.tui._context import TuiContext
-from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
-from a3r.app.tui._tables import Cell, refill
+from a3r.app.tui._polling import RELOAD_GROUP, read_store
+from a3r.app.tui._table_screen import StudyTableScreen
+from a3r.app.tui._tables import cut, refill
 from a3r.study.headline import evidence_lines, headline
 from memory import FindingPublic
 
@@ -21,21 +18,14 @@ __all__ = ["FindingsScreen"]
 _STATUS_STYLE = {"confirmed": "bold green", "refuted": "red", "unconfirmed": "yellow"}
 
 
-def _cut(text: str, room: int) -> str:
-    return text if len(text) <= room else text[: room - 1] + "…"
-
-
-class FindingsScreen(PollingScreen):
-    """Findings with status and confidence; the highlighted one is shown in full below the table.
+class FindingsScreen(StudyTableScreen):
+    """Findings (of one study, or all) with status and confidence; the highlighted one is shown in full
+    below the table.
 
     | key    | action |
     |--------|--------|
     | ↑ ↓    | choose |
     | Escape | back   |
-
-    Args:
-        ctx: The session context.
-        study_id: Only findings of this study (``None``: of every study).
     """
 
     DEFAULT_CSS = """
@@ -50,24 +40,15 @@ class FindingsScreen(PollingScreen):
     }
     """
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Back")]
+    TITLE_TEXT = "Findings"
+    TABLE_ID = "findings"
+    COLUMNS = ("id", "study", "status", "conf", "verdict")
+    DETAIL = ("no finding yet", "finding")
 
     def __init__(self, ctx: TuiContext, study_id: int | None = None) -> None:
-        super().__init__(ctx)
-        self.study_id = study_id
-        self.title = "Findings" + (f" of study {study_id}" if study_id is not None else "")
+        super().__init__(ctx, study_id)
         self._findings: dict[str, FindingPublic] = {}
         self._lines: dict[str, str] = {}  # the one plain line of each finding (`a3r.study.headline`)
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield DataTable(id="findings", cursor_type="row", zebra_stripes=True)
-        yield Static("no finding yet", id="finding")
-        yield Footer()
-
-    def on_mount(self) -> None:
-        table: DataTable[Cell] = self.query_one("#findings", DataTable)
-        table.add_columns("id", "study", "status", "conf", "verdict")
 
     def _read(self) -> tuple[list[FindingPublic], dict[str, str]]:
         store = self.ctx.store
@@ -91,7 +72,7 @@ class FindingsScreen(PollingScreen):
         findings, self._lines = read
         self._findings = {str(f.id): f for f in findings}
         room = max(20, self.size.width - 36)  # the statement column; the full text shows below
-        table: DataTable[Cell] = self.query_one("#findings", DataTable)
+        table = self.table
         refill(
             table,
             (
@@ -102,7 +83,7 @@ class FindingsScreen(PollingScreen):
                         str(f.study_id),
                         Text(f.status.value, style=_STATUS_STYLE.get(f.status.value, "")),
                         f"{f.confidence:.2f}",
-                        _cut(self._lines[str(f.id)], room),
+                        cut(self._lines[str(f.id)], room),
                     ),
                 )
                 for f in findings

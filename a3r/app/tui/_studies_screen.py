@@ -6,13 +6,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from textual import on, work
-from textual.app import ComposeResult
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Static
 
 from a3r.app.tui._context import TuiContext
-from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
+from a3r.app.tui._polling import RELOAD_GROUP, read_store
 from a3r.app.tui._study_screen import StudyScreen
-from a3r.app.tui._tables import Cell, refill
+from a3r.app.tui._table_screen import TableScreen
+from a3r.app.tui._tables import cut, refill
 from memory import RunStatus, StudyPublic
 
 __all__ = ["StudiesScreen"]
@@ -26,7 +26,7 @@ class _Snapshot:
     pending: Counter[int]
 
 
-class StudiesScreen(PollingScreen):
+class StudiesScreen(TableScreen):
     """The list of studies; Enter opens one.
 
     | key   | action                  |
@@ -37,20 +37,14 @@ class StudiesScreen(PollingScreen):
     | q     | quit                    |
     """
 
+    TABLE_ID = "studies"
+    COLUMNS = ("id", "status", "kind", "runs", "running", "pending", "question")
+    NOTE = ("No study yet: start one with `a3r research` or `a3r vibe`.", "empty")
+
     def __init__(self, ctx: TuiContext) -> None:
         super().__init__(ctx)
         self.title = "A3R"
         self.sub_title = "studies"
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Static("No study yet: start one with `a3r research` or `a3r vibe`.", id="empty")
-        yield DataTable(id="studies", cursor_type="row", zebra_stripes=True)
-        yield Footer()
-
-    def on_mount(self) -> None:
-        table: DataTable[Cell] = self.query_one("#studies", DataTable)
-        table.add_columns("id", "status", "kind", "runs", "running", "pending", "question")
 
     def _read(self) -> _Snapshot:
         store = self.ctx.store
@@ -73,7 +67,7 @@ class StudiesScreen(PollingScreen):
         self.sub_title = f"studies · {waiting} patch(es) await approval (p)" if waiting else "studies"
         room = max(20, self.size.width - 50)
         refill(
-            self.query_one("#studies", DataTable),
+            self.table,
             (
                 (
                     str(study.id),
@@ -84,7 +78,7 @@ class StudiesScreen(PollingScreen):
                         str(snapshot.runs[study.id]),
                         str(snapshot.running[study.id]),
                         str(snapshot.pending[study.id]),
-                        study.question if len(study.question) <= room else study.question[: room - 1] + "…",
+                        cut(study.question, room),
                     ),
                 )
                 for study in snapshot.studies

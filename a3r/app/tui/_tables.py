@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from rich.text import Text
 from textual.widgets import DataTable
 
-__all__ = ["Cell", "refill", "selected_key"]
+__all__ = ["Cell", "cut", "refill", "selected_key"]
 
 Cell = str | Text
 
@@ -34,3 +34,8 @@ def selected_key(table: DataTable[Cell]) -> str | None:
         return None
     row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
     return row_key.value
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` as it fits in ``width`` characters: cut with an ellipsis (``…``) when longer."""
+    return text if len(text) <= width else text[: width - 1] + "…"
