@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, get_origin
 
 import typer
+import typer.core
 from pydantic import SecretStr
 from rich.console import Console
 from rich.markup import escape
 
 from swarm.errors import SwarmError
 from swarm.run_options import RunOptions, RunOptionsError
-from swarm.serve_options import FlagOptions, PlainHelpCommand, ServeOptions, check_device, cli_spec
+from swarm.serve_options import FlagOptions, ServeOptions, check_device, cli_spec
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -31,6 +32,21 @@ if TYPE_CHECKING:
 
 KEEP_ALIVE_S = 75
 """Seconds an idle HTTP connection stays open (nginx's default; above httpx's 5 s pool expiry)."""
+
+
+class PlainHelpCommand(typer.core.TyperCommand):
+    """``swarm serve``'s command: its ``--help`` is click's plain listing (``--flag <type>  help``).
+
+    Typer's boxed table splits each option over four name columns and cuts long flag names
+    (``--max-open-episo…``) at 80 columns, and shows ``<bool>`` beside on/off flags; for a command with
+    this many flags the plain listing keeps every name whole and wraps only the help text.
+    """
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Write the usage, the docstring and one row per option (name and type, then wrapped help)."""
+        self.rich_markup_mode = None  # without a markup mode Typer uses click's plain formatter
+        super().format_help(ctx, formatter)
+
 
 app = typer.Typer(
     name="swarm",

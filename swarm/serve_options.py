@@ -25,7 +25,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast, get_origin
 
-import typer.core
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -39,7 +38,6 @@ __all__ = [
     "CliSpec",
     "FlagOptions",
     "LogLevel",
-    "PlainHelpCommand",
     "ServeOptions",
     "ServeOptionsError",
     "check_device",
@@ -55,20 +53,6 @@ class LogLevel(StrEnum):
     info = "info"
     warning = "warning"
     error = "error"
-
-
-class PlainHelpCommand(typer.core.TyperCommand):
-    """``swarm serve``'s command: its ``--help`` is click's plain listing (``--flag <type>  help``).
-
-    Typer's boxed table splits each option over four name columns and cuts long flag names
-    (``--max-open-episo…``) at 80 columns, and shows ``<bool>`` beside on/off flags; for a command with
-    this many flags the plain listing keeps every name whole and wraps only the help text.
-    """
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        """Write the usage, the docstring and one row per option (name and type, then wrapped help)."""
-        self.rich_markup_mode = None  # without a markup mode Typer uses click's plain formatter
-        super().format_help(ctx, formatter)
 
 
 class ServeOptionsError(ConfigError):

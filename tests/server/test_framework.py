@@ -66,7 +66,13 @@ def test_untested_versions_serve_through_the_standard_path(
                     headers={"Authorization": f"Bearer {episode['api_key']}"},
                 )
                 assert answer.status_code == 200, answer.text
-                finished = http.post(f"/api/v1/episodes/{episode['episode_id']}/finish", json={"reward": 1.0})
+                finished = http.post(
+                    f"/api/v1/episodes/{episode['episode_id']}/finish",
+                    json={"reward": 1.0},
+                    headers={
+                        "Authorization": f"Bearer {episode['api_key']}"
+                    },  # issue 35: no credential is a 401
+                )
                 assert finished.status_code == 200 and finished.json()["status"] == "finished"
         assert app.hot_routes.routes == [] and app._hot_stack is None
         assert live._server.config.http == "auto"  # type: ignore[union-attr]
