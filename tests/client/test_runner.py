@@ -185,8 +185,13 @@ def test_heartbeat_finds_a_lost_episode_and_cancels_the_workflow(client_server, 
         if not sabotaged:  # first attempt: the server loses the episode while the agent works
             episode_id = client_server.runtime.episode_for_key(llm.api_key).id
             sabotaged.append(episode_id)
-            async with AsyncSwarmClient(client_server.url) as other:
-                await other.abort(episode_id, "lost behind the runner's back", infra_failure=True)
+            async with httpx.AsyncClient(base_url=client_server.url) as other:  # with the key (issue 35)
+                ended_now = await other.post(
+                    f"/api/v1/episodes/{episode_id}/abort",
+                    json={"reason": "lost behind the runner's back", "infra_failure": True},
+                    headers={"Authorization": f"Bearer {llm.api_key}"},
+                )
+                ended_now.raise_for_status()
             await asyncio.sleep(30)
         return 1.0
 
@@ -231,8 +236,13 @@ def test_a_finish_refused_because_the_server_ended_the_episode_says_why(
         if not ended:  # the server ends the episode (as a staleness or drain abort would) mid-workflow
             episode_id = client_server.runtime.episode_for_key(llm.api_key).id
             ended.append(episode_id)
-            async with AsyncSwarmClient(client_server.url) as other:
-                await other.abort(episode_id, "too stale: a test says so", infra_failure=True)
+            async with httpx.AsyncClient(base_url=client_server.url) as other:  # with the key (issue 35)
+                ended_now = await other.post(
+                    f"/api/v1/episodes/{episode_id}/abort",
+                    json={"reason": "too stale: a test says so", "infra_failure": True},
+                    headers={"Authorization": f"Bearer {llm.api_key}"},
+                )
+                ended_now.raise_for_status()
         return 1.0
 
     out = io.StringIO()
