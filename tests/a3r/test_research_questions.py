@@ -262,7 +262,8 @@ def test_a_plan_serve_option_hint_names_options_the_command_has(
     a3r research does not have."""
     import typer.main
 
-    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    group = typer.main.get_command(app)
+    click_command = group.get_command(None, command)  # type: ignore[attr-defined]  # resolves the lazy command
     has = {opt for param in click_command.params for opt in param.opts}
     request = "train arithmetic" if command == "vibe" else "find the best kl on arithmetic"
     common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
