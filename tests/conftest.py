@@ -172,7 +172,8 @@ def serve_process(
     def up() -> bool:
         assert proc.poll() is None, "swarm serve exited"
         try:
-            return httpx.get(f"{url}/api/v1/status", timeout=1).status_code == 200
+            # 401: it answers, and wants the admin token the test started it with
+            return httpx.get(f"{url}/api/v1/status", timeout=1).status_code in (200, 401)
         except httpx.TransportError:
             return False
 

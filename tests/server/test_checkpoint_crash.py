@@ -25,13 +25,23 @@ from tests.server.test_training import rollout
 pytestmark = pytest.mark.slow
 
 
+ADMIN = "crash-test-admin-token"
+"""Reads the episodes back after restarts (issue 35: an episode answers only to its key or the admin)."""
+
+
 def _serve(model_dir: Path, run_dir: Path, port: int) -> subprocess.Popen[bytes]:
     flags = ["--batch-policy", "episodes", "--batch-size", "1", "--group-size", "2", "--lr", "1e-3"]
+    flags += ["--admin-token", ADMIN]
     return serve_process(model_dir, run_dir, port, *flags)
 
 
 def _rows(url: str) -> list[int]:
-    return [row["step"] for row in httpx.get(f"{url}/api/v1/metrics", timeout=5).json()]
+    return [
+        row["step"]
+        for row in httpx.get(
+            f"{url}/api/v1/metrics", timeout=5, headers={"Authorization": f"Bearer {ADMIN}"}
+        ).json()
+    ]
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -77,7 +87,7 @@ def test_kill_9_never_moves_the_step_counter_back(
 
     def restart() -> subprocess.Popen[bytes]:
         proc = _serve(model_dir, run_dir, port)
-        with SwarmClient(url) as client:
+        with SwarmClient(url, admin_token=ADMIN) as client:
             step = client.status().step
         assert step >= published, f"the step counter went back from {published} to {step}"
         assert _rows(url) == list(range(1, step + 1))
@@ -86,7 +96,7 @@ def test_kill_9_never_moves_the_step_counter_back(
     proc = _serve(model_dir, run_dir, port)
     try:
         # 1. killed right after step 1's metrics row appears
-        with SwarmClient(url) as client:
+        with SwarmClient(url, admin_token=ADMIN) as client:
             groups["a"] = [rollout(client, "a", 1.0), rollout(client, "a", 0.0)]
         wait_for(lambda: _rows(url) == [1], 60, "step 1's metrics row")
         _kill(proc)
@@ -98,23 +108,25 @@ def test_kill_9_never_moves_the_step_counter_back(
         caught, task = False, 0
         while not caught and task < 6:
             name, step = f"t{task}", published + 1
-            with SwarmClient(url) as client:
+            with SwarmClient(url, admin_token=ADMIN) as client:
                 groups[name] = [rollout(client, name, 1.0), rollout(client, name, 0.0)]
             caught = _stop_while_writing(proc, run_dir, step, 60)
             published = max(published, _step_on_disk(run_dir))
             proc = restart()
-            with SwarmClient(url) as client:  # journaled (or checkpointed): the step survived the kill
+            with SwarmClient(
+                url, admin_token=ADMIN
+            ) as client:  # journaled (or checkpointed): the step survived the kill
                 assert client.status().step == step
             published = step
             task += 1
         assert caught, "no kill landed inside a checkpoint write"
 
         # 3. killed while rolling, then one more step to see the server trains on
-        with SwarmClient(url) as client:
+        with SwarmClient(url, admin_token=ADMIN) as client:
             groups["z"] = [rollout(client, "z", 1.0)]
         _kill(proc)
         proc = restart()
-        with SwarmClient(url) as client:
+        with SwarmClient(url, admin_token=ADMIN) as client:
             groups["z"].append(rollout(client, "z", 0.0))
             wait_for(lambda: client.status().step == published + 1, 60, "the last step")
             trained = {
