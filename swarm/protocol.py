@@ -22,6 +22,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    ValidationInfo,
     computed_field,
     field_validator,
     model_validator,
@@ -114,6 +115,15 @@ def only_type(value: dict[str, Any] | None, accepted: str, refusal: str) -> dict
     return value
 
 
+_NOT_APPLIED = {
+    "presence_penalty": "penalties (send 0 or leave it out)",
+    "frequency_penalty": "penalties (send 0 or leave it out)",
+    "logit_bias": "logit bias (leave it out)",
+}
+"""Request options the sampler does not apply, accepted only falsy (0, empty, absent): what the refusal
+says the sampler applies none of."""
+
+
 class ChatCompletionRequest(UnicodeBody):
     """``POST /v1/chat/completions`` body (OpenAI format; unknown fields ignored)."""
 
@@ -146,18 +156,12 @@ class ChatCompletionRequest(UnicodeBody):
     response_format: dict[str, Any] | None = None
     """Accepted only as ``{"type": "text"}`` (no constrained decoding)."""
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator(*_NOT_APPLIED)
     @classmethod
-    def _no_penalty(cls, v: float | None) -> float | None:
+    def _not_applied(cls, v: Any, info: ValidationInfo) -> Any:
+        """A penalty or logit bias the sampler does not apply: accepted only as 0 / empty / absent."""
         if v:
-            raise ValueError("not supported: the sampler applies no penalties (send 0 or leave it out)")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("not supported: the sampler applies no logit bias (leave it out)")
+            raise ValueError(f"not supported: the sampler applies no {_NOT_APPLIED[info.field_name or '']}")
         return v
 
     @field_validator("response_format")
