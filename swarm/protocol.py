@@ -764,7 +764,7 @@ def _merge_field(name: str, doc: str) -> Any:
 
     get.__name__ = name
     get.__doc__ = doc
-    return computed_field(property(get), return_type=MergeStats.model_fields[name].annotation)
+    return computed_field(return_type=MergeStats.model_fields[name].annotation)(property(get))
 
 
 class ServerStepMetrics(StepMetrics):
