@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sized
 from datetime import datetime
 from typing import Any
 
@@ -146,6 +147,11 @@ def _artifact_section(artifact: CodeArtifactPublic, study_id: int) -> list[str]:
     return [title, "", *note, f"{fence}{language}", content, fence, ""]
 
 
+def _heading(title: str, items: Sized, *, empty: str = "None.") -> list[str]:
+    """A level-2 heading ``## title``, then ``empty`` as its paragraph when the section has no items."""
+    return [f"## {title}", ""] + ([empty, ""] if not items else [])
+
+
 def _header(export: StudyExport) -> list[str]:
     study = export.study
     out = [f"# Study {study.id}: {study.question}", ""]
@@ -158,9 +164,7 @@ def _header(export: StudyExport) -> list[str]:
     ]
     if study.conclusion:
         out += ["## Conclusion", "", study.conclusion, ""]
-    out += ["## Hypotheses", ""]
-    if not export.hypotheses:
-        out += ["None registered.", ""]
+    out += _heading("Hypotheses", export.hypotheses, empty="None registered.")
     for hypothesis in export.hypotheses:
         out += [
             f"### H{hypothesis.id}: {hypothesis.statement}",
@@ -174,9 +178,7 @@ def _header(export: StudyExport) -> list[str]:
 
 
 def _experiments(export: StudyExport) -> list[str]:
-    out = ["## Experiments", ""]
-    if not export.experiments:
-        out += ["None.", ""]
+    out = _heading("Experiments", export.experiments)
     for experiment in export.experiments:
         tests = f" (tests H{experiment.hypothesis_id})" if experiment.hypothesis_id else ""
         out += [f"### E{experiment.id}: {experiment.name}{tests}", ""]
@@ -203,9 +205,7 @@ def _experiments(export: StudyExport) -> list[str]:
 
 
 def _findings_and_patches(export: StudyExport) -> list[str]:
-    out = ["## Findings", ""]
-    if not export.findings:
-        out += ["None.", ""]
+    out = _heading("Findings", export.findings)
     for finding in export.findings:
         out += [
             f"- **{finding.status.value}** (confidence {finding.confidence:.2f}): {finding.statement}"
@@ -214,7 +214,7 @@ def _findings_and_patches(export: StudyExport) -> list[str]:
         ]
         if finding.evidence:
             out += [f"  - Evidence: {_evidence_text(finding.evidence)}"]
-    out += ["", "## Patches", ""]
+    out += ["", *_heading("Patches", export.patches)]
     if export.patches:
         out += _table(
             ["patch", "artifact", "base", "status", "decided by", "rationale"],
@@ -223,8 +223,6 @@ def _findings_and_patches(export: StudyExport) -> list[str]:
                 for p in export.patches
             ],
         )
-    else:
-        out += ["None.", ""]
     return out
 
 
@@ -238,9 +236,7 @@ def render_markdown(export: StudyExport) -> str:
     """
     out = [*_header(export), *_experiments(export), *_findings_and_patches(export)]
     latest = {artifact.name: artifact for artifact in export.artifacts}  # the last version of each name
-    out += ["## Artifacts", ""]
-    if not latest:
-        out += ["None.", ""]
+    out += _heading("Artifacts", latest)
     for artifact in latest.values():
         out += _artifact_section(artifact, export.study.id)
     notable = [event for event in export.events if event.level.value in ("warning", "error")]

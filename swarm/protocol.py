@@ -22,6 +22,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    ValidationInfo,
     computed_field,
     field_validator,
     model_validator,
@@ -114,6 +115,15 @@ def only_type(value: dict[str, Any] | None, accepted: str, refusal: str) -> dict
     return value
 
 
+_NOT_APPLIED = {
+    "presence_penalty": "penalties (send 0 or leave it out)",
+    "frequency_penalty": "penalties (send 0 or leave it out)",
+    "logit_bias": "logit bias (leave it out)",
+}
+"""Request options the sampler does not apply, accepted only falsy (0, empty, absent): what the refusal
+says the sampler applies none of."""
+
+
 class ChatCompletionRequest(UnicodeBody):
     """``POST /v1/chat/completions`` body (OpenAI format; unknown fields ignored)."""
 
@@ -146,18 +156,12 @@ class ChatCompletionRequest(UnicodeBody):
     response_format: dict[str, Any] | None = None
     """Accepted only as ``{"type": "text"}`` (no constrained decoding)."""
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator(*_NOT_APPLIED)
     @classmethod
-    def _no_penalty(cls, v: float | None) -> float | None:
+    def _not_applied(cls, v: Any, info: ValidationInfo) -> Any:
+        """A penalty or logit bias the sampler does not apply: accepted only as 0 / empty / absent."""
         if v:
-            raise ValueError("not supported: the sampler applies no penalties (send 0 or leave it out)")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("not supported: the sampler applies no logit bias (leave it out)")
+            raise ValueError(f"not supported: the sampler applies no {_NOT_APPLIED[info.field_name or '']}")
         return v
 
     @field_validator("response_format")
@@ -751,6 +755,18 @@ _WIRE_MERGE_FIELDS = (
 """The fields of a batch's `MergeStats` that a metrics row carries (at its top level, by these names)."""
 
 
+def _merge_field(name: str, doc: str) -> Any:
+    """A read-only computed field of `ServerStepMetrics` that serves ``self.merge.<name>`` (a `MergeStats`
+    field of `_WIRE_MERGE_FIELDS`) at the row's top level, typed as that field and documented by ``doc``."""
+
+    def get(self: ServerStepMetrics) -> Any:
+        return getattr(self.merge, name)
+
+    get.__name__ = name
+    get.__doc__ = doc
+    return computed_field(return_type=MergeStats.model_fields[name].annotation)(property(get))
+
+
 class ServerStepMetrics(StepMetrics):
     """A trainer step's metrics plus what the server knows about the batch: one row of
     ``GET /api/v1/metrics`` and one line of ``metrics.jsonl``.
@@ -790,47 +806,18 @@ class ServerStepMetrics(StepMetrics):
             return {**data, "merge": MergeStats(episodes=0, **merge)}
         return data
 
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def calls(self) -> int:
-        """Call records merged into the batch's samples."""
-        return self.merge.calls
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def merge_ratio(self) -> float:
-        """Calls per training sample."""
-        return self.merge.merge_ratio
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def prefix_breaks(self) -> dict[str, int]:
-        """Calls that extend no call of their agent token-exactly, by `PrefixBreak` cause."""
-        return self.merge.prefix_breaks
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def token_breaks(self) -> int:
-        """Calls that extend no call of their agent token-exactly (Σ ``prefix_breaks``)."""
-        return self.merge.token_breaks
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def text_merges(self) -> int:
-        """Calls joined to a chain by text only (``--merge text``)."""
-        return self.merge.text_merges
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def splices(self) -> int:
-        """Assistant spans reused token-exactly (drift repairs)."""
-        return self.merge.splices
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def tokens_saved(self) -> int:
-        """Prompt tokens not recomputed thanks to prefix merging."""
-        return self.merge.tokens_saved
+    # The seven `_WIRE_MERGE_FIELDS`, in that order: read-only passes through to :attr:`merge`.
+    calls = _merge_field("calls", "Call records merged into the batch's samples.")
+    merge_ratio = _merge_field("merge_ratio", "Calls per training sample.")
+    prefix_breaks = _merge_field(
+        "prefix_breaks", "Calls that extend no call of their agent token-exactly, by `PrefixBreak` cause."
+    )
+    token_breaks = _merge_field(
+        "token_breaks", "Calls that extend no call of their agent token-exactly (Σ ``prefix_breaks``)."
+    )
+    text_merges = _merge_field("text_merges", "Calls joined to a chain by text only (``--merge text``).")
+    splices = _merge_field("splices", "Assistant spans reused token-exactly (drift repairs).")
+    tokens_saved = _merge_field("tokens_saved", "Prompt tokens not recomputed thanks to prefix merging.")
 
 
 EventLevel = Literal["debug", "info", "warning", "error"]

@@ -31,20 +31,16 @@ __all__ = ["AdmissionControl", "summary"]
 _SIZED_POLICIES = frozenset({BatchPolicy.EPISODES, BatchPolicy.TASKS})
 
 
+_SAME_NAMED = tuple(name for name in EpisodeSummary.model_fields if name not in ("episode_id", "kind"))
+"""The fields of `EpisodeSummary` that a `StoredEpisode` holds under the same name (all but the id and the
+kind)."""
+
+
 def summary(ep: StoredEpisode) -> EpisodeSummary:
-    """What a batch policy and a step need of a pooled episode (no tokens)."""
+    """What a batch policy and a step need of a pooled episode (no tokens): its id, its kind as
+    ``"train"``/``"eval"`` and its `_SAME_NAMED` fields as they are."""
     kind: Literal["train", "eval"] = "train" if ep.kind is EpisodeKind.TRAIN else "eval"
-    return EpisodeSummary(
-        episode_id=ep.id,
-        task_id=ep.task_id,
-        client_id=ep.client_id,
-        family=ep.family,
-        kind=kind,
-        status=ep.status,
-        reward=ep.reward,
-        agent_rewards=ep.agent_rewards,
-        finished_at=ep.finished_at,
-    )
+    return EpisodeSummary(episode_id=ep.id, kind=kind, **{name: getattr(ep, name) for name in _SAME_NAMED})
 
 
 class AdmissionControl:
