@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from swarm.config import ServerConfig
@@ -102,14 +103,19 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(request, exc.status_code, kind, str(exc.detail), headers=headers or None)
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    """The methods of every route whose path matches the request's (HEAD with GET, as Starlette serves)."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        regex, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
-        if regex is not None and route_methods and regex.match(request.scope["path"]):
-            methods |= route_methods
-    return sorted(methods)
+    """The methods some route serves at the request's path , asked of
+    each route through Starlette's ``matches`` with the method swapped: FastAPI (0.16x) wraps included
+    routers in objects without ``path_regex``/``methods``, so reading those attributes found nothing."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

@@ -202,3 +202,21 @@ def test_lone_surrogates_are_refused_and_the_episode_still_ends(server: Any) -> 
             assert field in r.text and "surrogate" in r.text
         ep.finish(0.5)  # nothing was recorded, and the episode ends normally
         assert client.get_episode(ep.id).status == "finished"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("DELETE", "/api/v1/status", "GET"),
+        ("HEAD", "/api/v1/status", "GET"),  # FastAPI routes serve HEAD only where declared
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/api/v1/episodes", "POST"),
+    ],
+)
+def test_a_405_names_every_method_of_the_resource(server: Any, method: str, path: str, allowed: str) -> None:
+    """RFC 9110 §15.5.6: a 405 carries ``Allow`` with the resource's methods (found by a fresh user: the
+    header was empty, since FastAPI wraps included routers in objects the lookup did not read)."""
+    r = httpx.request(method, f"{server.url}{path}")
+    assert r.status_code == 405 and r.headers["allow"] == allowed
+    if method != "HEAD":  # a HEAD answer has no body
+        assert_error(r, 405, "method_not_allowed")
