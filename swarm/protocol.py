@@ -827,7 +827,8 @@ class Event(BaseModel):
     """One server log event (``GET /api/v1/events`` streams these as server-sent events)."""
 
     seq: int
-    """Monotonic number within this server process (SSE ``id``)."""
+    """Monotonic number within the run dir: a restarted server numbers on from the last event of
+    ``events.jsonl`` (SSE ``id``)."""
     time: float
     """Unix time in seconds."""
     level: EventLevel = "info"

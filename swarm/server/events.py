@@ -13,6 +13,24 @@ from typing import Any
 from swarm.protocol import Event, EventLevel
 
 
+def last_seq(path: Path, tail_bytes: int = 65536) -> int:
+    """The ``seq`` of the last whole event line of ``path`` (0 when there is none), so that a restarted
+    server numbers on from it: a follower resuming with ``since=`` then misses nothing after a restart.
+    Reads only the file's last ``tail_bytes``; a torn last line (a kill mid-write) is skipped."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail_bytes))
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["seq"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return 0
+
+
 class EventLog:
     """Thread-safe publisher: events are appended to ``path`` and fanned out to async subscribers.
 
@@ -26,11 +44,13 @@ class EventLog:
         self._ring: deque[Event] = deque(maxlen=capacity)
         self._lock = threading.Lock()
         self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]] = set()
-        self._seq = 0
+        self._seq = 0 if path is None else last_seq(path)
         self._file = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", encoding="utf-8")  # kept open: one write + flush per event
+            if self._file.tell() and not path.read_bytes().endswith(b"\n"):
+                self._file.write("\n")  # a torn last line (a kill mid-write) stays alone on its line
 
     def emit(self, kind: str, message: str, level: EventLevel = "info", **data: Any) -> Event:
         """Record an event (callable from any thread). Never pass secrets in ``message`` or ``data``."""

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from swarm.engine.base import Completion, SampledToken, TokenCallback
 from swarm.errors import EpisodeStateError
 from swarm.server.chat import ChatResult
 from swarm.server.detokenizer import TokenizerDetokenizer
+from swarm.server.events import EventLog, last_seq
 from swarm.server.openai_format import ResponseHeader
 from swarm.server.streaming import LiveStream, encode_events, live_events
 from swarm.tracking.records import CallRecord, FinishReason
@@ -99,3 +101,20 @@ async def test_closing_the_stream_early_cancels_the_call(tokenizer: Any) -> None
     assert b'"role":"assistant"' in first and not call.future.done()
     await encoded.aclose()  # the client went away
     assert call.future.cancelled()
+
+
+def test_a_restarted_event_log_numbers_on_from_its_file(tmp_path: Path) -> None:
+    """Found by a fresh user: every restart numbered events from 1 again, so ``events.jsonl`` held
+    duplicate ``seq`` values and a follower resuming with ``since=`` missed a restarted server's events."""
+    path = tmp_path / "events.jsonl"
+    first = EventLog(path)
+    assert [first.emit("a.b", "x").seq for _ in range(3)] == [1, 2, 3]
+    first.close()
+    with path.open("a", encoding="utf-8") as f:
+        f.write('{"seq": 4, "torn')  # a kill in the middle of a write
+    again = EventLog(path)
+    assert again.emit("a.b", "after the restart").seq == 4
+    assert [e.seq for e in again.recent(since=3)] == [4]
+    again.close()
+    assert json.loads(path.read_text(encoding="utf-8").splitlines()[-1])["seq"] == 4  # on a line of its own
+    assert last_seq(tmp_path / "missing.jsonl") == 0
