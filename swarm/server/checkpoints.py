@@ -122,6 +122,12 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def checkpoint_due(step: int, every: int, max_steps: int | None) -> bool:
+    """Whether step ``step`` is checkpointed: every ``every``-th step (``checkpoint_every``) and the last
+    one of ``max_steps``."""
+    return step % every == 0 or (max_steps is not None and step >= max_steps)
+
+
 def checkpoint_now(
     run_dir: Path, trainer: TrainerBackend, tokenizer: Any, *, keep: int, events: EventLog
 ) -> float:

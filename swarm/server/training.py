@@ -53,6 +53,7 @@ from swarm.protocol import ConfigPatch, EngineState, EpisodeKind, SamplingDefaul
 from swarm.server.admission import AdmissionControl
 from swarm.server.checkpoints import (
     CheckpointWriter,
+    checkpoint_due,
     checkpoint_now,
     latest_checkpoint,
     resume,
@@ -209,7 +210,10 @@ class TrainingLoop:
             self._writer.wait()
             latest = latest_checkpoint(self.run_dir)
             if latest is None or latest[0] != self.trainer.step_count:
-                self._checkpoint()
+                keep = self.config.keep_checkpoints
+                checkpoint_now(
+                    self.run_dir, self.trainer, self.engine.tokenizer, keep=keep, events=self.events
+                )
             return self.trainer.step_count
 
     # -- the loop --------------------------------------------------------------------------------------------
@@ -321,7 +325,7 @@ class TrainingLoop:
             # is published (served, episodes consumed, metrics row, step counter); the checkpoint is
             # written in the background, and a restart replays a journaled step it did not reach.
             checkpoint_s = 0.0
-            if self._checkpoint_due(step):
+            if checkpoint_due(step, self.config.checkpoint_every, self.config.max_steps):
                 checkpoint_s = self._writer.checkpoint(
                     self.trainer,
                     batch,
@@ -341,16 +345,3 @@ class TrainingLoop:
         """Consume a batch without an update (it would fail again) and say why."""
         self.admission.consumed(batch.consumed, self.step + 1)
         self.events.emit("train.skipped", message, level=level)
-
-    def _checkpoint_due(self, step: int) -> bool:
-        every, last = self.config.checkpoint_every, self.config.max_steps
-        return step % every == 0 or (last is not None and step >= last)
-
-    def _checkpoint(self) -> float:
-        return checkpoint_now(
-            self.run_dir,
-            self.trainer,
-            self.engine.tokenizer,
-            keep=self.config.keep_checkpoints,
-            events=self.events,
-        )
