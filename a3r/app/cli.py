@@ -201,12 +201,12 @@ def runs(
     status: Annotated[RunStatus | None, typer.Option("--status", help="Only runs with this status.")] = None,
 ) -> None:
     """List runs with their status, seed and latest metric values."""
-    rows = []
-    if not _no_store_yet(store):
-        with _open_store(store) as opened:
-            rows = opened.study_runs(study) if study is not None else opened.runs()
-            if status is not None:
-                rows = [row for row in rows if row.status is status]
+    if _no_store_yet(store):  # the one line says so; an empty table under it would only repeat it
+        return
+    with _open_store(store) as opened:
+        rows = opened.study_runs(study) if study is not None else opened.runs()
+        if status is not None:
+            rows = [row for row in rows if row.status is status]
     table = Table(title=f"Runs{f' of study {study}' if study is not None else ''}")
     for column in ("run", "study", "experiment", "name", "seed", "status", "step", "metrics"):
         table.add_column(column, overflow="fold")
@@ -238,15 +238,12 @@ def findings(
     ] = None,
 ) -> None:
     """List findings with their status, confidence, seeds and evidence runs."""
-    rows = []
-    studies = {}
-    if not _no_store_yet(store):
-        with _open_store(store) as opened:
-            # get_study raises NotFound for an unknown study, reported as one line by _open_store.
-            studies = {
-                s.id: s for s in ([opened.get_study(study)] if study is not None else opened.studies())
-            }
-            rows = [row for study_id in studies for row in opened.findings(study_id, status=status)]
+    if _no_store_yet(store):  # the one line says so; an empty table under it would only repeat it
+        return
+    with _open_store(store) as opened:
+        # get_study raises NotFound for an unknown study, reported as one line by _open_store.
+        studies = {s.id: s for s in ([opened.get_study(study)] if study is not None else opened.studies())}
+        rows = [row for study_id in studies for row in opened.findings(study_id, status=status)]
     table = Table(title="Findings")
     for column in (
         "finding",
