@@ -9,6 +9,7 @@ published step (replaying it from the journal when its checkpoint was not on dis
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -25,7 +26,7 @@ from tests.server.test_training import rollout
 pytestmark = pytest.mark.slow
 
 
-ADMIN = "crash-test-admin-token"
+ADMIN = secrets.token_urlsafe(16)  # a fresh admin token per run, never a literal
 """Reads the episodes back after restarts (issue 35: an episode answers only to its key or the admin)."""
 
 

@@ -288,8 +288,9 @@ def test_the_admin_token_file_is_the_owners_only(tmp_path: Any) -> None:
     assert read_admin_token(tmp_path) == "s3cret-token" and read_admin_token(None) is None
     context = TuiContext(store=None, config=TuiConfig())  # type: ignore[arg-type]
     assert context.admin_token_for(str(tmp_path)) == "s3cret-token"
-    given = TuiContext(store=None, config=TuiConfig(admin_token="from-the-flag-123456"))  # type: ignore[arg-type]
-    assert given.admin_token_for(str(tmp_path)) == "from-the-flag-123456"
+    flag = secrets.token_urlsafe(16)
+    given = TuiContext(store=None, config=TuiConfig(admin_token=flag))  # type: ignore[arg-type]
+    assert given.admin_token_for(str(tmp_path)) == flag
     path.chmod(0o644)  # readable by others: not trusted
     assert read_admin_token(tmp_path) is None
 
