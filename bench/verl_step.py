@@ -41,7 +41,8 @@ from rich.table import Table
 
 from swarm.engine import load_model, resolve_model
 from swarm.tracking.records import Sample
-from swarm.train import StepMetrics, TorchTrainer, TrainerConfig, VerlSettings, episode_advantages
+from swarm.train import StepMetrics, TorchTrainer, TrainerConfig, VerlSettings
+from swarm.train.losses import episode_advantages
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console(width=None if sys.stdout.isatty() else 150)

@@ -15,12 +15,13 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import func, update
 from sqlmodel import Session, SQLModel, col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from memory._db import Engines, current_revision, make_engines, resolve_url, translate_errors, upgrade
 from memory._errors import InvalidInput, InvalidTransition, NotFound, PreregistrationError
@@ -67,6 +68,7 @@ __all__ = ["Store", "StoreConfig"]
 
 _M = TypeVar("_M", bound=BaseModel)
 _T = TypeVar("_T")
+_S = TypeVar("_S", bound=SQLModel)
 # The rows an import writes and looks up by natural key (each has an autoincrement ``id``).
 _Row = Hypothesis | Experiment | Run | Finding | CodeArtifact
 
@@ -207,6 +209,27 @@ class Store:
             raise NotFound(table.__name__.lower(), key)
         return row
 
+    def _read_one(self, table: type[SQLModel], public: type[_M], key: int) -> _M:
+        """The public view of one row, by primary key, in a read session (`NotFound` if there is none)."""
+        with self._read() as session:
+            return public.model_validate(self._get(session, table, key))
+
+    def _read_all(self, public: type[_M], query: SelectOfScalar[Any]) -> list[_M]:
+        """The public views of the rows ``query`` selects, in its order, in a read session."""
+        with self._read() as session:
+            return [public.model_validate(row) for row in session.exec(query).all()]
+
+    def _update_row(
+        self, table: type[SQLModel], public: type[_M], key: int, changes: BaseModel, **stamps: Any
+    ) -> _M:
+        """Set the fields of ``changes`` that were set (validated again), plus ``stamps``, on one row under
+        a row lock, commit, and return its public view (`NotFound` if there is no such row)."""
+        data = _validated(type(changes), **changes.model_dump(exclude_unset=True))
+        with self._write() as session:
+            row = self._get(session, table, key, lock=True)
+            row.sqlmodel_update({**data.model_dump(exclude_unset=True), **stamps})
+            return _committed(session, row, public)
+
     # -------------------------------------------------------------------------------- studies
     def create_study(self, question: str, *, kind: str = "research") -> StudyPublic:
         """Register a study (a research question).
@@ -220,19 +243,12 @@ class Store:
             return _committed(session, study, StudyPublic)
 
     def get_study(self, study_id: int) -> StudyPublic:
-        """The study with this id.
-
-        Raises:
-            NotFound: No such study.
-        """
-        with self._read() as session:
-            return StudyPublic.model_validate(self._get(session, Study, study_id))
+        """The study with this id (raises `NotFound` if there is none)."""
+        return self._read_one(Study, StudyPublic, study_id)
 
     def studies(self) -> list[StudyPublic]:
         """All studies, oldest first."""
-        with self._read() as session:
-            rows = session.exec(select(Study).order_by(col(Study.id))).all()
-            return [StudyPublic.model_validate(row) for row in rows]
+        return self._read_all(StudyPublic, select(Study).order_by(col(Study.id)))
 
     def update_study(self, study_id: int, changes: StudyUpdate) -> StudyPublic:
         """Change the fields set in ``changes`` (e.g. ``StudyUpdate(status="concluded", conclusion=...)``).
@@ -240,11 +256,7 @@ class Store:
         Raises:
             NotFound: No such study.
         """
-        data = _validated(StudyUpdate, **changes.model_dump(exclude_unset=True))
-        with self._write() as session:
-            study = self._get(session, Study, study_id, lock=True)
-            study.sqlmodel_update({**data.model_dump(exclude_unset=True), "updated_at": utcnow()})
-            return _committed(session, study, StudyPublic)
+        return self._update_row(Study, StudyPublic, study_id, changes, updated_at=utcnow())
 
     # ----------------------------------------------------------------------------- hypotheses
     def register_hypothesis(
@@ -293,11 +305,8 @@ class Store:
 
     def hypotheses(self, study_id: int) -> list[HypothesisPublic]:
         """Hypotheses of a study in registration order."""
-        with self._read() as session:
-            rows = session.exec(
-                select(Hypothesis).where(Hypothesis.study_id == study_id).order_by(col(Hypothesis.id))
-            ).all()
-            return [HypothesisPublic.model_validate(row) for row in rows]
+        query = select(Hypothesis).where(Hypothesis.study_id == study_id)
+        return self._read_all(HypothesisPublic, query.order_by(col(Hypothesis.id)))
 
     def _attach_hypothesis(
         self, session: Session, experiment_id: int, hypothesis_id: int, study_id: int
@@ -362,11 +371,8 @@ class Store:
 
     def experiments(self, study_id: int) -> list[ExperimentPublic]:
         """Experiments of a study in creation order."""
-        with self._read() as session:
-            rows = session.exec(
-                select(Experiment).where(Experiment.study_id == study_id).order_by(col(Experiment.id))
-            ).all()
-            return [ExperimentPublic.model_validate(row) for row in rows]
+        query = select(Experiment).where(Experiment.study_id == study_id)
+        return self._read_all(ExperimentPublic, query.order_by(col(Experiment.id)))
 
     # ----------------------------------------------------------------------------------- runs
     def start_run(
@@ -411,13 +417,8 @@ class Store:
             return _committed(session, run, RunPublic)
 
     def get_run(self, run_id: int) -> RunPublic:
-        """The run with this id.
-
-        Raises:
-            NotFound: No such run.
-        """
-        with self._read() as session:
-            return RunPublic.model_validate(self._get(session, Run, run_id))
+        """The run with this id (raises `NotFound` if there is none)."""
+        return self._read_one(Run, RunPublic, run_id)
 
     def update_run(self, run_id: int, changes: RunUpdate) -> RunPublic:
         """Change the descriptive fields set in ``changes`` (name, config, seed, server, dir, commit).
@@ -425,11 +426,7 @@ class Store:
         Raises:
             NotFound: No such run.
         """
-        data = _validated(RunUpdate, **changes.model_dump(exclude_unset=True))
-        with self._write() as session:
-            run = self._get(session, Run, run_id, lock=True)
-            run.sqlmodel_update(data.model_dump(exclude_unset=True))
-            return _committed(session, run, RunPublic)
+        return self._update_row(Run, RunPublic, run_id, changes)
 
     def finish_run(
         self,
@@ -501,12 +498,10 @@ class Store:
 
     def metric_history(self, run_id: int, name: str | None = None) -> list[MetricPointPublic]:
         """Metric points of a run ordered by step (then insertion), optionally of one metric."""
-        with self._read() as session:
-            query = select(MetricPoint).where(MetricPoint.run_id == run_id)
-            if name is not None:
-                query = query.where(MetricPoint.name == name)
-            rows = session.exec(query.order_by(col(MetricPoint.step), col(MetricPoint.id))).all()
-            return [MetricPointPublic.model_validate(row) for row in rows]
+        query = select(MetricPoint).where(MetricPoint.run_id == run_id)
+        if name is not None:
+            query = query.where(MetricPoint.name == name)
+        return self._read_all(MetricPointPublic, query.order_by(col(MetricPoint.step), col(MetricPoint.id)))
 
     def runs(
         self, study_id: int | None = None, *, status: RunStatus | str | None = None
@@ -643,13 +638,8 @@ class Store:
         ).first()
 
     def get_artifact(self, artifact_id: int) -> CodeArtifactPublic:
-        """The artifact version with this id.
-
-        Raises:
-            NotFound: No such artifact.
-        """
-        with self._read() as session:
-            return CodeArtifactPublic.model_validate(self._get(session, CodeArtifact, artifact_id))
+        """The artifact version with this id (raises `NotFound` if there is none)."""
+        return self._read_one(CodeArtifact, CodeArtifactPublic, artifact_id)
 
     def latest_artifact(self, study_id: int, name: str) -> CodeArtifactPublic | None:
         """Newest version of a named artifact of a study, or ``None``."""
@@ -659,13 +649,10 @@ class Store:
 
     def artifacts(self, study_id: int) -> list[CodeArtifactPublic]:
         """All artifact versions of a study, by name then version."""
-        with self._read() as session:
-            rows = session.exec(
-                select(CodeArtifact)
-                .where(CodeArtifact.study_id == study_id)
-                .order_by(col(CodeArtifact.name), col(CodeArtifact.version))
-            ).all()
-            return [CodeArtifactPublic.model_validate(row) for row in rows]
+        query = select(CodeArtifact).where(CodeArtifact.study_id == study_id)
+        return self._read_all(
+            CodeArtifactPublic, query.order_by(col(CodeArtifact.name), col(CodeArtifact.version))
+        )
 
     # -------------------------------------------------------------------------------- patches
     def propose_patch(
@@ -763,11 +750,7 @@ class Store:
             return self._patch_public(session, patch_id)
 
     def get_patch(self, patch_id: int) -> PatchPublic:
-        """The patch with this id.
-
-        Raises:
-            NotFound: No such patch.
-        """
+        """The patch with this id (raises `NotFound` if there is none)."""
         with self._read() as session:
             return self._patch_public(session, patch_id)
 
@@ -932,15 +915,25 @@ class Store:
         self, session: Session, finding_id: int, study_id: int, run_ids: Iterable[int]
     ) -> None:
         for run_id in run_ids:
-            self._get(session, Run, run_id)
-            owner = session.exec(
-                select(Experiment.study_id)
-                .join(Run, col(Run.experiment_id) == Experiment.id)
-                .where(Run.id == run_id)
-            ).one()
-            if owner != study_id:
-                raise InvalidInput(f"run {run_id} belongs to study {owner}, not study {study_id}")
+            self._run_study(session, run_id, study_id)
             session.add(FindingEvidence(finding_id=finding_id, run_id=run_id))
+
+    def _run_study(self, session: Session, run_id: int, study_id: int | None = None) -> int:
+        """The study a run belongs to (through its experiment).
+
+        Raises:
+            NotFound: No such run.
+            InvalidInput: ``study_id`` is given and the run belongs to another study.
+        """
+        self._get(session, Run, run_id)
+        owner = session.exec(
+            select(Experiment.study_id)
+            .join(Run, col(Run.experiment_id) == Experiment.id)
+            .where(Run.id == run_id)
+        ).one()
+        if study_id is not None and owner != study_id:
+            raise InvalidInput(f"run {run_id} belongs to study {owner}, not study {study_id}")
+        return owner
 
     def _check_owner(self, session: Session, table: type[Hypothesis], key: int, study_id: int) -> None:
         row = self._get(session, table, key)
@@ -976,15 +969,7 @@ class Store:
             ) from None
         with self._write() as session:
             if run_id is not None:
-                self._get(session, Run, run_id)
-                owner = session.exec(
-                    select(Experiment.study_id)
-                    .join(Run, col(Run.experiment_id) == Experiment.id)
-                    .where(Run.id == run_id)
-                ).one()
-                if study_id is not None and study_id != owner:
-                    raise InvalidInput(f"run {run_id} belongs to study {owner}, not study {study_id}")
-                study_id = owner
+                study_id = self._run_study(session, run_id, study_id)
             elif study_id is not None:
                 self._get(session, Study, study_id)
             event = Event(study_id=study_id, run_id=run_id, level=event_level, message=message)
@@ -1102,14 +1087,7 @@ class Store:
             ).first()
             merging = study is not None
             if study is None:
-                study = Study(
-                    question=source.question,
-                    kind=source.kind,
-                    status=source.status,
-                    conclusion=source.conclusion,
-                    created_at=created,
-                    updated_at=_aware(source.updated_at),
-                )
+                study = _imported(Study, source)
                 session.add(study)
                 session.flush()
             assert study.id is not None
@@ -1127,16 +1105,7 @@ class Store:
                     registered_at=registered,
                 )
                 if found is None:
-                    found = _inserted_id(
-                        session,
-                        Hypothesis(
-                            study_id=study_id,
-                            statement=hypothesis.statement,
-                            expected_outcome=hypothesis.expected_outcome,
-                            decision_rule=hypothesis.decision_rule,
-                            registered_at=registered,
-                        ),
-                    )
+                    found = _inserted_id(session, _imported(Hypothesis, hypothesis, study_id=study_id))
                 hypotheses[hypothesis.id] = found
 
             runs: dict[int, int] = {}
@@ -1160,21 +1129,9 @@ class Store:
             if not merging:
                 self._import_artifacts(session, study_id, export)
                 for finding in export.findings:
+                    hypothesis_id = _mapped(hypotheses, finding.hypothesis_id, "hypothesis")
                     finding_id = _inserted_id(
-                        session,
-                        Finding(
-                            study_id=study_id,
-                            statement=finding.statement,
-                            evidence=finding.evidence,
-                            confidence=finding.confidence,
-                            status=finding.status,
-                            seeds=list(finding.seeds),
-                            hypothesis_id=None
-                            if finding.hypothesis_id is None
-                            else _mapped(hypotheses, finding.hypothesis_id, "hypothesis"),
-                            created_at=_aware(finding.created_at),
-                            updated_at=_aware(finding.updated_at),
-                        ),
+                        session, _imported(Finding, finding, study_id=study_id, hypothesis_id=hypothesis_id)
                     )
                     for evidence in finding.run_ids:
                         session.add(
@@ -1186,15 +1143,7 @@ class Store:
                     event.run_id is not None and event.run_id not in new_runs
                 ):
                     continue  # already in the store (merged import)
-                session.add(
-                    Event(
-                        study_id=study_id,
-                        run_id=event_run,
-                        created_at=_aware(event.created_at),
-                        level=event.level,
-                        message=event.message,
-                    )
-                )
+                session.add(_imported(Event, event, study_id=study_id, run_id=event_run))
             session.commit()
             return study_id
 
@@ -1212,46 +1161,21 @@ class Store:
         )
         if found is not None:
             return found
+        hypothesis_id = _mapped(hypotheses, experiment.hypothesis_id, "hypothesis")
         return _inserted_id(
-            session,
-            Experiment(
-                study_id=study_id,
-                name=experiment.name,
-                description=experiment.description,
-                template=experiment.template,
-                hypothesis_id=None
-                if experiment.hypothesis_id is None
-                else _mapped(hypotheses, experiment.hypothesis_id, "hypothesis"),
-                created_at=created,
-            ),
+            session, _imported(Experiment, experiment, study_id=study_id, hypothesis_id=hypothesis_id)
         )
 
     @staticmethod
     def _import_run(session: Session, experiment_id: int, run: RunExport) -> int:
-        run_id = _inserted_id(
-            session,
-            Run(
-                experiment_id=experiment_id,
-                name=run.name,
-                config=dict(run.config),
-                seed=run.seed,
-                server_url=run.server_url,
-                run_dir=run.run_dir,
-                git_commit=run.git_commit,
-                status=run.status,
-                final_metrics=None if run.final_metrics is None else _finite_metrics(run.final_metrics),
-                error=run.error,
-                started_at=_aware(run.started_at),
-                finished_at=None if run.finished_at is None else _aware(run.finished_at),
-            ),
-        )
+        final = None if run.final_metrics is None else _finite_metrics(run.final_metrics)
+        run_id = _inserted_id(session, _imported(Run, run, experiment_id=experiment_id, final_metrics=final))
         session.add_all(
-            MetricPoint(
+            _imported(
+                MetricPoint,
+                point,
                 run_id=run_id,
-                step=point.step,
-                name=point.name,
                 value=_finite_metrics({point.name: point.value})[point.name],
-                recorded_at=_aware(point.recorded_at),
             )
             for point in run.metric_points
         )
@@ -1262,34 +1186,15 @@ class Store:
         artifacts: dict[int, int] = {}
         for artifact in sorted(export.artifacts, key=lambda a: a.id):
             artifacts[artifact.id] = _inserted_id(
-                session,
-                CodeArtifact(
-                    study_id=study_id,
-                    kind=artifact.kind,
-                    name=artifact.name,
-                    version=artifact.version,
-                    content=artifact.content,
-                    sha256=artifact.sha256,
-                    created_at=_aware(artifact.created_at),
-                ),
+                session, _imported(CodeArtifact, artifact, study_id=study_id)
             )
         for patch in export.patches:
             session.add(
-                Patch(
+                _imported(
+                    Patch,
+                    patch,
                     artifact_id=_mapped(artifacts, patch.artifact_id, "artifact"),
-                    base_version=patch.base_version,
-                    diff=patch.diff,
-                    rationale=patch.rationale,
-                    proposed_by=patch.proposed_by,
-                    status=patch.status,
-                    decided_by=patch.decided_by,
-                    decided_at=None if patch.decided_at is None else _aware(patch.decided_at),
-                    note=patch.note,
-                    applied_at=None if patch.applied_at is None else _aware(patch.applied_at),
-                    result_artifact_id=None
-                    if patch.result_artifact_id is None
-                    else _mapped(artifacts, patch.result_artifact_id, "artifact"),
-                    created_at=_aware(patch.created_at),
+                    result_artifact_id=_mapped(artifacts, patch.result_artifact_id, "artifact"),
                 )
             )
 
@@ -1323,13 +1228,40 @@ def _inserted_id(session: Session, row: _Row) -> int:
     return row.id
 
 
+def _imported(table: type[_S], record: BaseModel, **links: object) -> _S:
+    """A new ``table`` row holding the exported ``record``'s fields of the same names (copied; its id
+    aside; timestamps made aware UTC), with ``links`` set over them: the re-mapped ids and values that
+    needed converting.
+
+    Raises:
+        ValueError: ``record`` has a reference (``…_id``) field that ``links`` does not re-map (a
+            programming error: an old id must never reach the new store).
+    """
+    columns = set(table.model_fields) - {"id"}
+    values = record.model_dump(include=columns)
+    stale = {name for name in values if name.endswith("_id")} - set(links)
+    if stale:
+        raise ValueError(f"{table.__name__}: the references {sorted(stale)} are not re-mapped")
+    values = {name: _aware(v) if isinstance(v, datetime) else v for name, v in values.items()}
+    return table(**{**values, **links})
+
+
 def _aware(moment: datetime) -> datetime:
     """An exported timestamp as the store writes them: aware UTC (a naive one, from SQLite, is UTC)."""
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def _mapped(ids: Mapping[int, int], old: int, record: str) -> int:
-    """The new id of an exported record's ``old`` id; `InvalidInput` when the export lacks it."""
+@overload
+def _mapped(ids: Mapping[int, int], old: int, record: str) -> int: ...
+@overload
+def _mapped(ids: Mapping[int, int], old: None, record: str) -> None: ...
+@overload
+def _mapped(ids: Mapping[int, int], old: int | None, record: str) -> int | None: ...
+def _mapped(ids: Mapping[int, int], old: int | None, record: str) -> int | None:
+    """The new id of an exported record's ``old`` id (``None`` for none); `InvalidInput` when the export
+    lacks it."""
+    if old is None:
+        return None
     try:
         return ids[old]
     except KeyError:

@@ -16,7 +16,7 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import quote
 
 import httpx
@@ -249,6 +249,17 @@ class AsyncEpisode:
     async def heartbeat(self) -> None:
         """Keep the episode from being reclaimed by the server's episode timeout."""
         await self._client.heartbeat(self.id)
+
+
+class ClientOptions(TypedDict, total=False):
+    """The keyword options of :class:`AsyncSwarmClient` (and of the blocking face, which forwards them)."""
+
+    admin_token: str | None
+    client_token: str | None
+    client_id: str
+    timeout_s: float | None
+    retry: RetryPolicy | None
+    transport: httpx.AsyncBaseTransport | None
 
 
 class AsyncSwarmClient:

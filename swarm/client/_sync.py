@@ -28,11 +28,9 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
-import httpx
-
-from swarm.client._client import AsyncEpisode, AsyncSwarmClient, RetryPolicy, Timeouts
+from swarm.client._client import AsyncEpisode, AsyncSwarmClient, ClientOptions, Timeouts
 from swarm.client.workflow import Result
 
 P = ParamSpec("P")
@@ -185,35 +183,13 @@ class SwarmClient:
 
     Args:
         url: server root, e.g. ``http://127.0.0.1:8000``.
-        admin_token: for control routes (status, config, client tokens); also acts as a client token.
-        client_token: begins episodes on a server with client tokens (and finishes or reads the
-            episodes it began).
-        client_id: reported with every episode (for ``all_clients_ready`` votes and ``swarm top``).
-        timeout_s: bound every phase of a request by this many seconds; default: ``Timeouts``.
-        retry: how transient failures are retried (default: :class:`~swarm.client.RetryPolicy`).
-        transport: an httpx *async* transport to send through (``httpx.MockTransport`` is both).
+        options: :class:`~swarm.client.AsyncSwarmClient`'s keyword options (tokens, ``client_id``,
+            ``timeout_s``, ``retry``); ``transport`` is an httpx *async* transport
+            (``httpx.MockTransport`` is both).
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        admin_token: str | None = None,
-        client_token: str | None = None,
-        client_id: str = "anonymous",
-        timeout_s: float | None = None,
-        retry: RetryPolicy | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self._core = AsyncSwarmClient(
-            url,
-            admin_token=admin_token,
-            client_token=client_token,
-            client_id=client_id,
-            timeout_s=timeout_s,
-            retry=retry,
-            transport=transport,
-        )
+    def __init__(self, url: str, **options: Unpack[ClientOptions]) -> None:
+        self._core = AsyncSwarmClient(url, **options)
         self._loop = _PrivateLoop(f"swarm-client {self._core.url}", self._core._reconnect)
         self._stop_loop = weakref.finalize(self, self._loop.close)
         self.url, self.client_id, self.retry = self._core.url, self._core.client_id, self._core.retry

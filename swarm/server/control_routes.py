@@ -8,8 +8,8 @@ need no admin token: clients cast them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -34,28 +34,32 @@ from swarm.server.auth import require_admin, require_client
 from swarm.server.control import Subscription
 from swarm.server.deps import ControlDep, error_models, json_errors
 
-router = APIRouter(
-    prefix="/api/v1",
-    tags=["control"],
-    dependencies=[Depends(require_admin)],
-    responses=error_models(
-        (401, "Missing or wrong admin token."),
-        (
-            403,
-            "A wrong admin token, an episode key or a client token, or no admin token configured and a "
-            "caller from another host.",
-        ),
+
+def _guarded_router(prefix: str, tag: str, guard: Callable[..., Any], *errors: tuple[int, str]) -> APIRouter:
+    """A router whose every route runs ``guard`` first and documents the statuses the guard sends."""
+    return APIRouter(
+        prefix=prefix, tags=[tag], dependencies=[Depends(guard)], responses=error_models(*errors)
+    )
+
+
+router = _guarded_router(
+    "/api/v1",
+    "control",
+    require_admin,
+    (401, "Missing or wrong admin token."),
+    (
+        403,
+        "A wrong admin token, an episode key or a client token, or no admin token configured and a "
+        "caller from another host.",
     ),
 )
-votes_router = APIRouter(
-    prefix="/api/v1/clients",
-    tags=["episodes"],
-    dependencies=[Depends(require_client)],
-    responses=error_models(
-        (401, "No client token, on a server with client tokens."),
-        (403, "A wrong client token (unknown or revoked) or an episode key."),
-        (429, "The client token's request rate is reached; see Retry-After."),
-    ),
+votes_router = _guarded_router(
+    "/api/v1/clients",
+    "episodes",
+    require_client,
+    (401, "No client token, on a server with client tokens."),
+    (403, "A wrong client token (unknown or revoked) or an episode key."),
+    (429, "The client token's request rate is reached; see Retry-After."),
 )
 
 _NO_TRAINING = error_models((409, "Training is disabled on this server."))

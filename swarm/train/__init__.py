@@ -1,8 +1,11 @@
-"""Training: GRPO/PPO losses and the embedded torch trainer backend.
+"""Training: the trainer backends (embedded torch, verl), their config and step metrics.
 
-Where a step sits in the server: docs/ARCHITECTURE.md §The training step.
+The GRPO/PPO formulas (advantages, clipped loss, KL) live in :mod:`swarm.train.losses` and are
+imported from there. Where a step sits in the server: docs/ARCHITECTURE.md §The training step.
 
 Typical use by the server, after :func:`swarm.batch.select_batch` returned a batch::
+
+    from swarm.train.losses import episode_advantages
 
     adv = episode_advantages(batch.groups, batch.rewards, normalize_std=True)
     metrics = trainer.step(samples, [adv[s.episode_id] for s in samples], rewards=list(batch.rewards.values()))
@@ -23,17 +26,6 @@ from swarm.train.metrics import MetricsLog, StepMetrics, StepTimings
 
 if TYPE_CHECKING:
     from swarm.train.backend import TrainerBackend
-    from swarm.train.losses import (
-        aggregate_loss,
-        entropy_from_logits,
-        episode_advantages,
-        grpo_advantages,
-        kl_k3,
-        loss_normalizer,
-        ppo_clip_loss,
-        selective_log_softmax,
-        truncated_importance_weights,
-    )
     from swarm.train.trainer import TorchTrainer, TrainerError
 
 __all__ = [
@@ -48,19 +40,10 @@ __all__ = [
     "TrainerConfig",
     "TrainerError",
     "VerlSettings",
-    "aggregate_loss",
-    "entropy_from_logits",
-    "episode_advantages",
-    "grpo_advantages",
-    "kl_k3",
-    "loss_normalizer",
-    "ppo_clip_loss",
-    "selective_log_softmax",
-    "truncated_importance_weights",
 ]
 
 
-_TORCH_MODULES = ("swarm.train.backend", "swarm.train.losses", "swarm.train.trainer")
+_TORCH_MODULES = ("swarm.train.backend", "swarm.train.trainer")
 """Where the names of ``__all__`` that need torch are defined."""
 
 

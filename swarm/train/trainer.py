@@ -452,7 +452,7 @@ class TorchTrainer:
         Args:
             samples: Training sequences (see :class:`swarm.tracking.records.Sample`).
             advantages: Advantage of each sample, aligned with ``samples`` (normally its episode's GRPO
-                advantage, :func:`swarm.train.episode_advantages`).
+                advantage, :func:`swarm.train.losses.episode_advantages`).
             rewards: Episode rewards of the batch, for the reward metrics only (one per episode).
 
         Returns:

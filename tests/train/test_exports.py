@@ -2,6 +2,7 @@
 
 import swarm.batch
 import swarm.train
+import swarm.train.losses
 
 
 def test_train_exports() -> None:
@@ -17,6 +18,14 @@ def test_train_exports() -> None:
         "TrainerConfig",
         "TrainerError",
         "VerlSettings",
+    ]
+    assert all(hasattr(swarm.train, name) for name in swarm.train.__all__)
+
+
+def test_losses_exports() -> None:
+    """The GRPO/PPO formulas have one front, swarm.train.losses (no longer re-exported by swarm.train)."""
+    assert {
+        "agent_advantages",
         "aggregate_loss",
         "entropy_from_logits",
         "episode_advantages",
@@ -26,8 +35,8 @@ def test_train_exports() -> None:
         "ppo_clip_loss",
         "selective_log_softmax",
         "truncated_importance_weights",
-    ]
-    assert all(hasattr(swarm.train, name) for name in swarm.train.__all__)
+    } <= set(swarm.train.losses.__all__)
+    assert all(hasattr(swarm.train.losses, name) for name in swarm.train.losses.__all__)
 
 
 def test_batch_exports() -> None:
