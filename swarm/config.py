@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.precision import MixedPrecision, resolve_dtype
-from swarm.protocol import MIN_TOKEN_CHARS, Limits, LossAggregation, SamplingDefaults
+from swarm.protocol import ADMIN_OWNER, MIN_TOKEN_CHARS, Limits, LossAggregation, SamplingDefaults
 from swarm.tracking.merge import LossWeighting, MergeMode
 from swarm.train.config import TrainerConfig, VerlSettings
 
@@ -172,6 +172,8 @@ class ServerConfig(BaseModel):
                 raise ValueError(
                     f"client token {name!r}: a token needs a name and at least {MIN_TOKEN_CHARS} characters"
                 )
+            if name == ADMIN_OWNER:
+                raise ValueError(f"client token {name!r}: the name is reserved for the admin token")
             if secret in seen or (
                 self.admin_token is not None and secret == self.admin_token.get_secret_value()
             ):

@@ -44,6 +44,9 @@ MIN_TOKEN_CHARS = 16
 a tokens file, the environment, or added live): 16 characters (≥ 96 bits as ``secrets.token_urlsafe``
 writes them)."""
 
+ADMIN_OWNER = "admin"
+"""The owner recorded for an episode begun with the admin token; no client token may take this name."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -36,6 +36,7 @@ from pydantic import SecretStr
 from starlette.routing import BaseRoute
 
 from swarm.errors import AuthError, RequestError
+from swarm.protocol import ADMIN_OWNER
 from swarm.server.episodes import KEY_PREFIX, OpenEpisode, OpenEpisodes
 
 MINTED_PREFIX = "swc-"
@@ -43,9 +44,6 @@ MINTED_PREFIX = "swc-"
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
 """Peers that count as this machine (``testclient`` is Starlette's in-process test peer)."""
-
-ADMIN_OWNER = "admin"
-"""The owner recorded for an episode begun with the admin token (a client token of that name owns none)."""
 
 _EPISODE_CREDENTIAL = "the episode's api_key, the client token that began it, or the admin token"
 
@@ -100,8 +98,15 @@ class Credentials:
         """Add a client token (``None`` mints a random one) and return it; from now on begins need one.
 
         Raises:
-            RequestError: the name is taken, or the secret is already a client or the admin token (409).
+            RequestError: the name is taken, or the secret is already a client or the admin token (409);
+                the name is `ADMIN_OWNER`, which names the admin token's episodes (422).
         """
+        if name == ADMIN_OWNER:
+            raise RequestError(
+                f"the client-token name {ADMIN_OWNER!r} is reserved for the admin token; choose another",
+                status_code=422,
+                param="name",
+            )
         if name in self._by_name:
             raise RequestError(f"a client token named {name!r} exists; revoke it first", status_code=409)
         secret = token if token is not None else MINTED_PREFIX + secrets.token_urlsafe(32)

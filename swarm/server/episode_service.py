@@ -17,6 +17,7 @@ from starlette.requests import Request
 from swarm.errors import EpisodeNotFound, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.protocol import (
+    ADMIN_OWNER,
     EpisodeAbort,
     EpisodeCreate,
     EpisodeCreated,
@@ -74,7 +75,7 @@ class EpisodeService:
                 Retry-After); a family quota is full (429) or, asynchronous, the trainer is too far
                 behind (503).
         """
-        name = owner.name if owner is not None and owner.name != "admin" else None
+        name = owner.name if owner is not None and owner.name != ADMIN_OWNER else None
         if name is not None:
             self.limits.check_open(name, self.episodes.open_by(name))
             self.limits.take(name)

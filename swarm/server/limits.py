@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from swarm.errors import RequestError, Unavailable
-from swarm.protocol import ChatCompletionRequest, ErrorBody, ErrorDetail, Limits, LimitsPatch
+from swarm.protocol import ADMIN_OWNER, ChatCompletionRequest, ErrorBody, ErrorDetail, Limits, LimitsPatch
 from swarm.server.anthropic_format import error_body
 
 
@@ -91,7 +91,7 @@ class ClientLimits:
         Raises:
             Unavailable: the token is over its request rate (429 + Retry-After).
         """
-        if owner is not None and owner != "admin":
+        if owner is not None and owner != ADMIN_OWNER:
             self.rates.take(owner, self.limits.requests_per_s_per_token)
 
     def check_open(self, owner: str, open_now: int) -> None:

@@ -172,6 +172,25 @@ def test_the_client_library_passes_the_tokens(guarded: LiveServer) -> None:
     assert info.value.status_code == 401 and "client token" in str(info.value)
 
 
+def test_no_client_token_may_be_named_like_the_admin(tmp_path: Path, tiny_engine: Any) -> None:
+    """Episodes begun with the admin token are owned by "admin", which skips the client-token limits: a
+    client token of that name would skip them too, so the name is refused at start and live."""
+    with pytest.raises(ValueError, match="reserved for the admin token"):
+        ServerConfig(admin_token=SecretStr(ADMIN), client_tokens={"admin": SecretStr(ALICE)})
+    live = make_server(
+        tmp_path, tiny_engine, training=TrainingConfig(enabled=False), admin_token=SecretStr(ADMIN)
+    )
+    try:
+        with SwarmClient(live.url, admin_token=ADMIN) as admin:
+            with pytest.raises(ClientError) as reserved:
+                admin.add_client_token("admin", ALICE)
+            assert reserved.value.status_code == 422 and "reserved" in str(reserved.value)
+            assert admin.client_tokens() == []
+        assert begin(live.url, {}).status_code == 201  # nothing was added: begins still need no token
+    finally:
+        live.stop()
+
+
 def test_tokens_are_added_and_revoked_live(tmp_path: Path, tiny_engine: Any) -> None:
     live = make_server(
         tmp_path, tiny_engine, training=TrainingConfig(enabled=False), admin_token=SecretStr(ADMIN)

@@ -57,6 +57,7 @@ runner = CliRunner()
             ["--client-token", "a=tok-1234567890ab", "--client-token", "a=tok-67890abcdefg"],
             "--client-token: the name 'a' is given twice",
         ),
+        (["--client-token", "admin=tok-1234567890ab"], "client token 'admin': the name is reserved"),
         (
             ["--client-tokens-file", "/nonexistent/tokens"],
             "--client-tokens-file /nonexistent/tokens: No such file",
