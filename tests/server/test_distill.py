@@ -122,3 +122,84 @@ def test_pure_distillation_trains_on_the_hand_computed_reverse_kl(
     assert distill["teacher_kl/default"] == pytest.approx(distill["teacher_kl"])
     assert distill["scored_frac"] == 1.0 and distill["unscored_episodes"] == 0
     assert distill["teacher_latency_s"] > 0
+
+
+def episode_kl_advantages(view: Any) -> list[float]:
+    """teacher − behaviour logprob at every trained token of an episode's samples."""
+    out = []
+    for sample in view.samples:
+        for t, trained in enumerate(sample.loss_mask):
+            if trained:
+                out.append(sample.teacher_logprobs[t] - sample.behaviour_logprobs[t])
+    return out
+
+
+def test_mixed_distillation_adds_the_live_coefficient_times_the_reverse_kl(
+    tmp_path: Path, teacher: LiveServer, student_engine: HFEngine
+) -> None:
+    live = make_server(tmp_path, student_engine, training=distill_config(teacher.url, mode="mixed", coef=0.5))
+    try:
+        changed = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": 2.0})
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["config"]["training"]["distill"]["coef"] == 2.0
+        refused = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": -1.0})
+        assert refused.status_code == 422
+        with SwarmClient(live.url) as client:
+            ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]
+            wait_for(lambda: client.status().step == 1, what="step 1")
+            views = [client.get_episode(i) for i in ids]
+        row = httpx.get(f"{live.url}/api/v1/metrics").json()[0]
+    finally:
+        live.stop()
+    # GRPO advantages of rewards (1, 0) in one group: ±0.5 / (0.5 + 1e-6)
+    task = {ids[0]: 0.5 / (0.5 + 1e-6), ids[1]: -0.5 / (0.5 + 1e-6)}
+    per_token = [task[v.episode_id] + 2.0 * a for v in views for a in episode_kl_advantages(v)]
+    assert row["adv_mean"] == pytest.approx(sum(per_token) / len(per_token), abs=1e-5)
+    assert row["adv_max"] == pytest.approx(max(per_token), abs=1e-5)
+
+
+def test_a_server_without_a_teacher_refuses_distill_coef(tmp_path: Path, student_engine: HFEngine) -> None:
+    live = make_server(tmp_path, student_engine, training=TrainingConfig())
+    try:
+        refused = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": 2.0})
+    finally:
+        live.stop()
+    assert refused.status_code == 422 and "--teacher" in refused.json()["error"]["message"]
+
+
+def test_a_teacher_outage_keeps_unscored_episodes_pooled_until_the_teacher_is_back(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
+) -> None:
+    teacher_engine = HFEngine(teacher_model, tokenizer, "tiny-teacher")
+    down = make_server(tmp_path / "teacher", teacher_engine, training=TrainingConfig(enabled=False))
+    config = distill_config(down.url, wait_s=3.0, retry_after_s=0.5, attempts=2, timeout_s=2.0)
+    live = make_server(tmp_path / "student", student_engine, training=config)
+    try:
+        with SwarmClient(live.url) as client:
+            first = rollout(client, "t1", 1.0)
+            wait_for(lambda: all(c.teacher_logprobs for c in client.get_episode(first).calls), what="scored")
+            down.stop()  # the teacher goes away
+            second = rollout(client, "t1", 0.0)
+            wait_for(lambda: client.status().step == 1, what="step 1 (on the scored episode only)")
+            assert client.get_episode(first).trained_step == 1
+            assert client.get_episode(second).trained_step is None  # left out, still pooled
+            assert all(c.teacher_logprobs is None for c in client.get_episode(second).calls)
+            row = httpx.get(f"{live.url}/api/v1/metrics").json()[0]
+            assert row["episodes"] == 1 and row["distill"]["unscored_episodes"] == 1
+            assert 0 < row["distill"]["scored_frac"] < 1
+            events = (tmp_path / "student" / "run" / "events.jsonl").read_text()
+            assert "distill.unscored" in events and second in events
+            down.start()  # the teacher is back (same port): the pooled episode is scored and trained
+            third = rollout(client, "t1", 0.5)
+            wait_for(lambda: client.status().step == 2, what="step 2")
+            assert (
+                client.get_episode(second).trained_step == 2 and client.get_episode(third).trained_step == 2
+            )
+            row = httpx.get(f"{live.url}/api/v1/metrics").json()[1]
+            assert row["episodes"] == 2 and row["distill"]["unscored_episodes"] == 0
+            assert row["distill"]["scored_frac"] == 1.0
+    finally:
+        live.stop()
+        if down._server is not None and not down._server.should_exit:
+            down.stop()
+        teacher_engine.close()
