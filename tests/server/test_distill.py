@@ -203,3 +203,195 @@ def test_a_teacher_outage_keeps_unscored_episodes_pooled_until_the_teacher_is_ba
         if down._server is not None and not down._server.should_exit:
             down.stop()
         teacher_engine.close()
+
+
+class VllmStandIn:
+    """A local stand-in for vLLM's OpenAI server (``vllm serve``) speaking its wire format for what the
+    teacher client uses: ``GET /v1/models``, ``POST /tokenize`` and ``POST /v1/completions`` with
+    ``prompt_logprobs`` (vLLM's ``CompletionResponseChoice.prompt_logprobs``: ``null`` for the first
+    position, then ``{"<id>": {"logprob", "rank", "decoded_token"}}`` with the position's own token and,
+    where it differs, the top-1 token). Logprobs come from a real model's forward pass.
+
+    Args:
+        model: the model whose logprobs it serves.
+        tokenizer: the tokenizer ``/tokenize`` uses; ``shift`` adds to every id (another tokenizer).
+        token: the bearer credential it wants.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, token: str, shift: int = 0) -> None:
+        import threading
+
+        import uvicorn
+        from fastapi import FastAPI, Header, HTTPException
+
+        from tests.conftest import free_port
+
+        self.requests: list[dict[str, Any]] = []
+        app = FastAPI()
+
+        def check(authorization: str | None) -> None:
+            if authorization != f"Bearer {token}":
+                raise HTTPException(401, "Unauthorized")
+
+        @app.get("/v1/models")
+        def models(authorization: str | None = Header(None)) -> dict[str, Any]:
+            check(authorization)
+            card = {
+                "id": "tiny-vllm",
+                "object": "model",
+                "created": 0,
+                "owned_by": "vllm",
+                "max_model_len": 8192,
+            }
+            return {"object": "list", "data": [card]}
+
+        @app.post("/tokenize")
+        def tokenize(body: dict[str, Any], authorization: str | None = Header(None)) -> dict[str, Any]:
+            check(authorization)
+            ids = tokenizer.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens", True))
+            ids = [i + shift for i in ids]
+            return {"count": len(ids), "max_model_len": 8192, "tokens": ids, "token_strs": None}
+
+        @app.post("/v1/completions")
+        def completions(body: dict[str, Any], authorization: str | None = Header(None)) -> dict[str, Any]:
+            check(authorization)
+            self.requests.append(body)
+            ids, k = body["prompt"], body["prompt_logprobs"]
+            assert isinstance(ids, list) and k == 0 and body["max_tokens"] >= 1
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+            positions: list[Any] = [None]
+            for i in range(1, len(ids)):
+                row = logprobs[i - 1]
+                entry = {
+                    str(ids[i]): {"logprob": float(row[ids[i]]), "rank": int((row > row[ids[i]]).sum()) + 1}
+                }
+                top = int(row.argmax())
+                entry.setdefault(str(top), {"logprob": float(row[top]), "rank": 1})
+                for value in entry.values():
+                    value["decoded_token"] = "x"
+                positions.append(entry)
+            choice = {
+                "index": 0,
+                "text": "x",
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "prompt_logprobs": positions,
+                "prompt_token_ids": None,
+            }
+            usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+            return {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "created": 0,
+                "model": "tiny-vllm",
+                "choices": [choice],
+                "usage": usage,
+            }
+
+        self.port = free_port()
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started, 30, "the vLLM stand-in")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"  # as users often write vLLM's URL
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def test_a_vllm_teacher_scores_through_prompt_logprobs(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
+) -> None:
+    import secrets
+
+    from pydantic import SecretStr
+
+    from swarm.config import ServerConfig
+    from tests.conftest import LiveServer, free_port
+
+    token = secrets.token_urlsafe(16)
+    vllm = VllmStandIn(teacher_model, tokenizer, token)
+    config = ServerConfig(
+        run_dir=tmp_path / "run",
+        port=free_port(),
+        training=distill_config(vllm.url),
+        teacher_token=SecretStr(token),
+    )
+    live = LiveServer(config, student_engine).start()
+    try:
+        with SwarmClient(live.url) as client:
+            ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]
+            wait_for(lambda: client.status().step == 1, what="step 1")
+            views = [client.get_episode(i) for i in ids]
+    finally:
+        live.stop()
+        vllm.stop()
+    assert vllm.requests and all(r["model"] == "tiny-vllm" for r in vllm.requests)
+    for view in views:
+        assert view.trained_step == 1
+        for call in view.calls:
+            expected = forward_logprobs(
+                teacher_model, [*call.prompt_ids, *call.completion_ids], len(call.prompt_ids)
+            )
+            assert call.teacher_logprobs == pytest.approx(expected, abs=1e-5)
+    events = (tmp_path / "run" / "events.jsonl").read_text()
+    assert "teacher.connected" in events and token not in events
+
+
+def test_a_teacher_with_another_tokenizer_or_credential_is_refused_at_start(
+    teacher_model: Any, tokenizer: Any, teacher: LiveServer
+) -> None:
+    import secrets
+
+    from pydantic import SecretStr
+
+    from swarm.server.teacher import TeacherError, TeacherMismatch, TeacherSettings, check_teacher
+
+    token = secrets.token_urlsafe(16)
+    other = VllmStandIn(teacher_model, tokenizer, token, shift=1)
+    try:
+        with pytest.raises(TeacherMismatch, match="another tokenizer"):
+            check_teacher(TeacherSettings(url=other.url, token=SecretStr(token)), tokenizer)
+        with pytest.raises(TeacherError, match="401") as refused:
+            check_teacher(TeacherSettings(url=other.url, token=SecretStr("wrong-" + token)), tokenizer)
+        assert token not in str(refused.value)
+    finally:
+        other.stop()
+    info = check_teacher(TeacherSettings(url=teacher.url), tokenizer)  # a swarm teacher: fingerprints
+    assert info.kind == "swarm" and info.model == "tiny-teacher"
+    fingerprint = httpx.post(f"{teacher.url}/tokenize", json={"prompt": "hi"}).json()["tokenizer_fingerprint"]
+    assert len(fingerprint) == 64
+
+
+def test_swarm_serve_refuses_a_tokenizer_mismatch_in_one_line_with_exit_2(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any
+) -> None:
+    import os
+    import secrets
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    token = secrets.token_urlsafe(16)
+    other = VllmStandIn(teacher_model, tokenizer, token, shift=1)
+    try:
+        cmd = [sys.executable, "-m", "swarm.cli", "serve", "--port", str(free_port()), "--threads", "1"]
+        cmd += ["--run-dir", str(tmp_path / "run"), "--teacher", other.url, "--distill", "mixed"]
+        done = subprocess.run(
+            cmd, env={**os.environ, "SWARM_TEACHER_TOKEN": token}, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        other.stop()
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert lines[-1].startswith("error: --teacher http://127.0.0.1:") and "another tokenizer" in lines[-1]
+    assert token not in done.stdout + done.stderr
