@@ -395,3 +395,46 @@ def test_swarm_serve_refuses_a_tokenizer_mismatch_in_one_line_with_exit_2(
     assert done.returncode == 2, done.stdout + done.stderr
     assert lines[-1].startswith("error: --teacher http://127.0.0.1:") and "another tokenizer" in lines[-1]
     assert token not in done.stdout + done.stderr
+
+
+def test_teacher_logprobs_are_stored_in_the_pool_and_not_scored_again_after_a_restart(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
+) -> None:
+    import secrets
+
+    from pydantic import SecretStr
+
+    from swarm.config import ServerConfig
+    from swarm.pool import Pool
+    from tests.conftest import LiveServer, free_port
+
+    token = secrets.token_urlsafe(16)
+    vllm = VllmStandIn(teacher_model, tokenizer, token)
+    config = ServerConfig(
+        run_dir=tmp_path / "run",
+        port=free_port(),
+        training=distill_config(vllm.url),
+        teacher_token=SecretStr(token),
+    )
+    live = LiveServer(config, student_engine).start()
+    try:
+        with SwarmClient(live.url) as client:
+            first = rollout(client, "t1", 1.0)
+            wait_for(lambda: len(vllm.requests) == 1, what="the first episode scored")
+            wait_for(lambda: client.get_episode(first).calls[0].teacher_logprobs is not None, what="stored")
+        live.restart()  # a new process would read the same pool
+        with SwarmClient(live.url) as client:
+            second = rollout(client, "t1", 0.0)
+            wait_for(lambda: client.status().step == 1, what="step 1")
+    finally:
+        live.stop()
+        vllm.stop()
+    assert len(vllm.requests) == 2  # one call each: the first episode was not scored again
+    pool = Pool(tmp_path / "run" / "pool.db")
+    try:
+        for eid in (first, second):
+            found = pool.get(eid)
+            assert found is not None and found[0].trained_step == 1
+            assert all(c.teacher_logprobs for c in found[1])
+    finally:
+        pool.close()
