@@ -321,7 +321,7 @@ class ModelList(BaseModel):
 class ScoreRequest(_Strict):
     """``POST /v1/score``: token ids whose prompt logprobs the served policy should give."""
 
-    token_ids: list[StrictInt] = Field(min_length=2)
+    token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(min_length=2)
     """The sequence, shape (T,): e.g. a call's ``prompt_ids + completion_ids``."""
     start: StrictInt = Field(ge=1)
     """First position scored (``len(prompt_ids)`` to score a completion); position 0 has no context."""
