@@ -438,3 +438,38 @@ def test_teacher_logprobs_are_stored_in_the_pool_and_not_scored_again_after_a_re
             assert all(c.teacher_logprobs for c in found[1])
     finally:
         pool.close()
+
+
+def test_the_score_route_takes_a_client_or_admin_token_never_an_episode_key(
+    tmp_path: Path, tiny_engine: HFEngine
+) -> None:
+    import secrets
+
+    from pydantic import SecretStr
+
+    admin, client = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    live = make_server(
+        tmp_path,
+        tiny_engine,
+        training=TrainingConfig(enabled=False),
+        admin_token=SecretStr(admin),
+        client_tokens={"lab": SecretStr(client)},
+    )
+    body = {"token_ids": [1, 2, 3], "start": 1}
+    try:
+        begun = httpx.post(
+            f"{live.url}/api/v1/episodes",
+            json={"task_id": "t"},
+            headers={"Authorization": f"Bearer {client}"},
+        )
+        key = begun.json()["api_key"]
+        answers = {
+            who: httpx.post(
+                f"{live.url}/v1/score", json=body, headers={"Authorization": f"Bearer {secret}"}
+            ).status_code
+            for who, secret in (("admin", admin), ("client", client), ("episode key", key))
+        }
+        answers["none"] = httpx.post(f"{live.url}/v1/score", json=body).status_code
+    finally:
+        live.stop()
+    assert answers == {"admin": 200, "client": 200, "episode key": 403, "none": 401}
