@@ -33,11 +33,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from swarm.errors import SwarmError
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import Sample
-from swarm.train.backend import Advantage
+from swarm.train.backend import Advantage, TrainBatch, TrainerBackend, TrainerError
 from swarm.train.config import LIVE_FIELDS, TrainerConfig
 from swarm.train.losses import (
     aggregate_loss,
@@ -52,13 +51,6 @@ from swarm.train.losses import (
 from swarm.train.metrics import StepMetrics, StepTimings
 
 __all__ = ["TorchTrainer", "TrainerError"]
-
-
-class TrainerError(SwarmError, ValueError):
-    """A trainer call got bad input (malformed samples, misaligned advantages, an impossible config change)."""
-
-    status_code = 400
-    error_type = "trainer_error"
 
 
 @dataclass
@@ -110,17 +102,6 @@ class _Totals:
                 self.sums[k] += v
 
 
-def _validate_advantage(i: int, s: Sample, advantage: Advantage) -> None:
-    values = [advantage] if isinstance(advantage, float | int) else list(advantage)
-    if not isinstance(advantage, float | int) and len(values) != len(s.input_ids):
-        raise TrainerError(
-            f"sample {i} (episode {s.episode_id!r}): {len(values)} per-token advantages for "
-            f"{len(s.input_ids)} tokens"
-        )
-    if not all(math.isfinite(a) for a in values):
-        raise TrainerError(f"sample {i} (episode {s.episode_id!r}): advantages must be finite")
-
-
 def advantage_values(samples: Sequence[Sample], advantages: Sequence[Advantage]) -> list[float]:
     """The advantages the step's statistics describe: a sample's scalar once, a per-token advantage at
     each of its trained tokens."""
@@ -133,22 +114,7 @@ def advantage_values(samples: Sequence[Sample], advantages: Sequence[Advantage])
     return out
 
 
-def _validate_sample(i: int, s: Sample) -> None:
-    T = len(s.input_ids)
-    if T < 2:
-        raise TrainerError(f"sample {i} (episode {s.episode_id!r}) has {T} tokens; at least 2 are needed")
-    if len(s.loss_mask) != T or len(s.behaviour_logprobs) != T:
-        raise TrainerError(
-            f"sample {i} (episode {s.episode_id!r}): input_ids, loss_mask and behaviour_logprobs must have "
-            f"the same length, got {T}, {len(s.loss_mask)}, {len(s.behaviour_logprobs)}"
-        )
-    if s.loss_mask[0]:
-        raise TrainerError(f"sample {i} (episode {s.episode_id!r}): the first token cannot be scored")
-    if s.weight < 0 or not math.isfinite(s.weight):
-        raise TrainerError(f"sample {i} (episode {s.episode_id!r}) has invalid weight {s.weight}")
-
-
-class TorchTrainer:
+class TorchTrainer(TrainerBackend):
     """GRPO/PPO trainer over a Hugging Face causal LM, with LoRA (peft) or full fine-tuning and AdamW.
 
     The objective is GRPO's (Shao et al. 2024, arXiv:2402.03300, eq. 3): PPO-clip (Schulman et al. 2017,
@@ -468,43 +434,19 @@ class TorchTrainer:
 
     # ----------------------------------------------------------------------------------------- the step
 
-    def step(
-        self,
-        samples: Sequence[Sample],
-        advantages: Sequence[Advantage],
-        rewards: Sequence[float] | None = None,
-    ) -> StepMetrics:
-        """Make one policy update (``ppo_epochs · minibatches`` optimizer steps) on a batch.
-
-        Args:
-            samples: Training sequences (see :class:`swarm.tracking.records.Sample`).
-            advantages: Advantage of each sample, aligned with ``samples`` (normally its episode's GRPO
-                advantage, :func:`swarm.train.losses.episode_advantages`), or of each of its tokens (shape (T,),
-                read where the loss mask is 1: on-policy distillation, `swarm.train.distill`).
-            rewards: Episode rewards of the batch, for the reward metrics only (one per episode).
-
-        Returns:
-            The step's metrics; the policy version (:attr:`step_count`) is incremented.
+    def _train(self, batch: TrainBatch) -> StepMetrics:
+        """Make one policy update (``ppo_epochs · minibatches`` optimizer steps) on a checked batch
+        (:meth:`TrainerBackend.step` checks it).
 
         Raises:
-            TrainerError: Empty batch, misaligned advantages, malformed samples, no scored token, a
-                non-finite advantage, or a non-finite gradient (that update is skipped; earlier updates of a
-                multi-update step stay applied and the step counter does not advance).
+            TrainerError: A non-finite gradient (that update is skipped; earlier updates of a multi-update
+                step stay applied and the step counter does not advance).
         """
         t_start = time.perf_counter()
-        if not samples:
-            raise TrainerError("cannot train on an empty batch")
-        if len(advantages) != len(samples):
-            raise TrainerError(f"got {len(advantages)} advantages for {len(samples)} samples")
-        for i, s in enumerate(samples):
-            _validate_sample(i, s)
-            _validate_advantage(i, s, advantages[i])
-        total_tokens = sum(sum(s.loss_mask[1:]) for s in samples)
-        if total_tokens == 0:
-            raise TrainerError("no sample has a scored token (all loss masks are 0)")
-
         try:
-            return self._step_checked(samples, advantages, rewards, int(total_tokens), t_start)
+            return self._step_checked(
+                batch.samples, batch.advantages, batch.rewards, batch.scored_tokens, t_start
+            )
         finally:
             # Whatever happened (including an exception mid-step), leave no stale gradient and eval mode.
             self.optimizer.zero_grad(set_to_none=True)

@@ -46,11 +46,10 @@ from torch import nn
 
 from swarm.errors import ConfigError
 from swarm.tracking.records import Sample
-from swarm.train.backend import Advantage
+from swarm.train.backend import TrainBatch, TrainerBackend, TrainerError
 from swarm.train.config import LossAggregation, TrainerConfig, VerlSettings
 from swarm.train.losses import batch_statistics, loss_normalizer
 from swarm.train.metrics import StepMetrics, StepTimings
-from swarm.train.trainer import TrainerError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -271,24 +270,13 @@ def _first_scored(
     Raises:
         TrainerError: see :func:`to_verl_batch`.
     """
-    if not samples:
-        raise TrainerError("cannot train on an empty batch")
-    if len(advantages) != len(samples):
-        raise TrainerError(f"got {len(advantages)} advantages for {len(samples)} samples")
+    TrainBatch.checked(samples, advantages)
     if multiple < 1 or minibatches < 1:
         raise TrainerError(f"multiple and minibatches must be ≥ 1, got {multiple}, {minibatches}")
     firsts: list[int] = []
-    for i, s in enumerate(samples):
-        T = len(s.input_ids)
-        if T < 2 or len(s.loss_mask) != T or len(s.behaviour_logprobs) != T or s.loss_mask[0]:
-            raise TrainerError(
-                f"sample {i} (episode {s.episode_id!r}): needs ≥ 2 tokens, equal lengths of input_ids, "
-                "loss_mask and behaviour_logprobs, and an unscored first token"
-            )
-        if not math.isfinite(advantages[i]) or s.weight < 0 or not math.isfinite(s.weight):
-            raise TrainerError(f"sample {i}: advantage {advantages[i]} / weight {s.weight} must be finite")
+    for s in samples:
         scored = [t for t, m in enumerate(s.loss_mask) if m]
-        firsts.append(scored[0] if scored else T - 1)
+        firsts.append(scored[0] if scored else len(s.input_ids) - 1)
     return firsts
 
 
@@ -556,7 +544,7 @@ def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -
     return len(state)
 
 
-class VerlTrainer:
+class VerlTrainer(TrainerBackend):
     """GRPO/PPO trainer backend driving verl's FSDP actor (and reference) through its Ray worker group.
 
     Same surface as :class:`~swarm.train.TorchTrainer` for the server's training loop (``step``,
@@ -710,22 +698,17 @@ class VerlTrainer:
         self._step = int(state["step"])
 
     # -- the step ----------------------------------------------------------------------------------------
-    def step(
-        self,
-        samples: Sequence[Sample],
-        advantages: Sequence[Advantage],
-        rewards: Sequence[float] | None = None,
-    ) -> StepMetrics:
+    def _train(self, batch: TrainBatch) -> StepMetrics:
         """One policy update on verl's actor, then its weights copied into :attr:`model`.
 
         Raises:
-            TrainerError: Bad input (see :func:`to_verl_batch`), per-token advantages (distillation runs
-                on the torch trainer for now) or a non-finite gradient norm.
+            TrainerError: Per-token advantages (distillation runs on the torch trainer for now) or a
+                non-finite gradient norm.
         """
-        scalars = [float(a) for a in advantages if isinstance(a, float | int)]
-        if len(scalars) != len(advantages):
+        scalars = [float(a) for a in batch.advantages if isinstance(a, float | int)]
+        if len(scalars) != len(batch.advantages):
             raise TrainerError("the verl trainer takes one advantage per sample; distil with --trainer torch")
-        return self._step_scalars(samples, scalars, rewards)
+        return self._step_scalars(batch.samples, scalars, batch.rewards)
 
     def _step_scalars(
         self, samples: Sequence[Sample], advantages: Sequence[float], rewards: Sequence[float] | None

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from swarm.train import (
+from swarm.train.losses import (
     LossAggregation,
     aggregate_loss,
     entropy_from_logits,
