@@ -35,7 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from a3r.app.metric_text import KEY_METRICS, number_text
-from a3r.study.headline import headline
+from a3r.study.headline import headline, verdict_label
 from a3r.study.run_status import STORE_STATUS
 from a3r.study.wording import counted
 from memory import DEFAULT_PATH, FindingStatus, RunStatus  # plain enums: no database layer loaded
@@ -257,14 +257,15 @@ def findings(
         table.add_column(column, overflow="fold")
     for row in rows:
         asked = studies[row.study_id]
-        line = headline(row.statement, row.evidence, question=asked.question, kind=asked.kind)
+        status = row.status.value
+        line = headline(row.statement, row.evidence, question=asked.question, kind=asked.kind, status=status)
         text = Text(line, style="bold")
         if line != row.statement:
             text.append("\n" + row.statement, style="dim")
         table.add_row(
             str(row.id),
             str(row.study_id),
-            row.status.value,
+            verdict_label(status, row.evidence),
             f"{row.confidence:.2f}",
             text,
             _ids_text(row.seeds, "seeds"),

@@ -135,6 +135,8 @@ def _drive(session: Session, step: Step, *, wait: bool) -> Step:
 def _finish(step: Step) -> None:
     if step.status == "done":
         _out.print(f"thread {step.thread_id} done — study {step.study_id}", markup=False)
+        if step.verdict:  # the one plain line first, the derivation below it
+            _out.print(f"verdict: {step.verdict}", markup=False)
         if step.conclusion:
             _out.print(f"conclusion: {step.conclusion}", markup=False)
         if step.report:

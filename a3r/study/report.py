@@ -14,7 +14,7 @@ from pathlib import Path
 
 from a3r.study.analysis import RewardSummary, part_roles
 from a3r.study.effects import Effect, step_effect
-from a3r.study.headline import headline
+from a3r.study.headline import conclusion_line, headline, verdict_label
 from a3r.study.plans import PlanDraft, training_line
 from a3r.study.plots import plot_held_out, plot_parts, plot_rewards, plot_sweep
 from a3r.study.research import ConfigVerdict
@@ -109,10 +109,7 @@ def _table(columns: Sequence[tuple[str, Sequence[str]]], *, droppable: Sequence[
 def _verdict(study: StudyPublic, conclusion: str, findings: Sequence[FindingPublic]) -> list[str]:
     """The one plain line, then the conclusion it was read from (when it says more) and how verdicts
     are reached."""
-    finding = next((f for f in findings if f.statement == conclusion), None)
-    line = headline(
-        conclusion, finding.evidence if finding else None, question=study.question, kind=study.kind
-    )
+    line = conclusion_line(conclusion, findings, question=study.question, kind=study.kind)
     lines = [f"**Verdict.** {line}", ""]
     if line != conclusion:
         lines += [f"Derivation: {conclusion}", ""]
@@ -263,12 +260,15 @@ def _findings_and_patches(
     if findings:
         lines += ["", "## Findings", ""]
         for f in findings:
-            line = headline(f.statement, f.evidence, question=study.question, kind=study.kind)
+            label = verdict_label(f.status.value, f.evidence)
+            line = headline(
+                f.statement, f.evidence, question=study.question, kind=study.kind, status=f.status.value
+            )
             derivation = f" — {f.statement}" if line != f.statement else ""
             seeds = ",".join(map(str, f.seeds)) or "none"
             runs = ",".join(map(str, f.run_ids)) or "none"
             lines.append(
-                f"- **{line}** [{f.status.value}, confidence {f.confidence:.2f}, seeds {seeds}, runs {runs}]{derivation}"
+                f"- **{line}** [{label}, confidence {f.confidence:.2f}, seeds {seeds}, runs {runs}]{derivation}"
             )
     if patches:
         lines += ["", "## Patches", ""]

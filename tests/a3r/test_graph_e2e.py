@@ -114,8 +114,13 @@ def test_vibe_offline_patch_approval_and_hot_swap(tmp_path: Path) -> None:
     # leads with the verdict and splits the reward into its parts (arithmetic: format_ok, correct).
     assert state["sizing"].startswith("budget: the smoke run measured") and state["sizing"] in text
     # the verdict's one plain line first, then the conclusion it was read from (issue 34)
-    verdict = text.index("**Verdict.** train reward change: ")
-    assert verdict < text.index("Derivation: hypothesis ") < text.index("## Plan")
+    line = text.splitlines()[2]  # under the title: "**Verdict.** <label>: train reward Δ …"
+    label, sep, _ = line.removeprefix("**Verdict.** ").partition(": train reward Δ ")
+    assert line.startswith("**Verdict.** ") and sep and len(line) - len("**Verdict.** ") <= 160
+    assert text.index(f"Derivation: hypothesis {label}: ") < text.index("## Plan")
+    # the held-out before/after (smoke evaluation, then after training) is the report's first figure
+    assert text.index("![held-out before and after](held_out.png)") < text.index("![reward curves]")
+    assert (report.parent / "held_out.png").read_bytes()[:4] == b"\x89PNG"
     assert "## Reward parts" in text and "| format_ok | seed 0 |" in text and "| correct | seed 0 |" in text
     assert (report.parent / "reward_parts.png").exists()
     assert (report.parent / "reward_curves.png").exists()

@@ -148,7 +148,7 @@ def test_a_configuration_with_one_seed_cancelled_is_judged_on_the_seed_that_ran(
     (finding,) = [f for f in findings if "batch_size=2 is" in f.statement]
     assert "is undecided (1/1 seed that ran stable" in finding.statement
     assert "; not run: seed 1: cancelled by the budget" in finding.statement
-    assert conclusion.startswith("not answered: no configuration that ran (2) has a stability verdict yet")
+    assert conclusion.startswith("unconfirmed: no configuration that ran (2) has a stability verdict yet")
 
 
 def test_what_did_not_run_and_why() -> None:

@@ -20,7 +20,7 @@ from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.app.tui._reward_curve import RewardCurve
 from a3r.app.tui._run_screen import RunScreen
 from a3r.app.tui._tables import Cell, refill, selected_key
-from a3r.study.headline import headline
+from a3r.study.headline import conclusion_line
 from memory import (
     CodeArtifactPublic,
     EventPublic,
@@ -228,9 +228,7 @@ def _plan(snapshot: _Snapshot) -> RenderableType:
         Text.assemble(("Status ", "bold"), f"{study.status.value} ({study.kind})"),
     ]
     if study.conclusion:  # the one plain line first, the conclusion it was read from below it
-        finding = next((f for f in snapshot.findings if f.statement == study.conclusion), None)
-        evidence = finding.evidence if finding is not None else None
-        line = headline(study.conclusion, evidence, question=study.question, kind=study.kind)
+        line = conclusion_line(study.conclusion, snapshot.findings, question=study.question, kind=study.kind)
         parts.append(Text.assemble(("Verdict ", "bold"), (line, "bold")))
         if line != study.conclusion:
             parts.append(Text.assemble(("Derivation ", "bold"), (study.conclusion, "dim")))
