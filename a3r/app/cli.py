@@ -38,7 +38,12 @@ from a3r.app.metric_text import KEY_METRICS, number_text
 from a3r.study.headline import headline, verdict_label
 from a3r.study.run_status import STORE_STATUS
 from a3r.study.wording import counted
-from memory import DEFAULT_PATH, FindingStatus, RunStatus  # plain enums: no database layer loaded
+from memory import (
+    DEFAULT_PATH,
+    NOT_METRICS,
+    FindingStatus,
+    RunStatus,
+)  # plain enums: no database layer loaded
 
 if TYPE_CHECKING:
     from memory import Store
@@ -180,7 +185,7 @@ def _no_store_yet(location: str) -> bool:
 
 
 def _metrics_text(values: dict[str, float] | None) -> str:
-    values = values or {}
+    values = {name: value for name, value in (values or {}).items() if name not in NOT_METRICS}
     shown = [name for name in KEY_METRICS if name in values]
     shown += [n for n in values if n not in KEY_METRICS and ("reward" in n or n.startswith("eval"))]
     text = "  ".join(f"{name}={number_text(values[name])}" for name in shown)

@@ -158,6 +158,14 @@ def _plan(plan: PlanDraft, notes: Sequence[str], hypotheses: Sequence[Hypothesis
     return lines
 
 
+def _episodes_text(outcome: RunOutcome) -> str:
+    """The run's finished train episodes, the ones no step trained marked apart: ``16 (+3 untrained)``."""
+    trained = outcome.trained_episodes
+    if trained is None or trained >= outcome.episodes:
+        return str(outcome.episodes)
+    return f"{trained} (+{outcome.episodes - trained} untrained)"
+
+
 def _runs(
     outcomes: Sequence[RunOutcome], baseline: RewardSummary | None, reused: Mapping[int, str] | None
 ) -> list[str]:
@@ -178,7 +186,7 @@ def _runs(
         status = status_text(o.status) + (f", reused from {origin}" if origin else "")
         held_out = [f"{e.tasks} / {e.episodes}" if e else "–", _fmt(e.pass_at_1 if e else None)]
         wall = "–" if origin else f"{o.wall_s:.0f}"
-        row = [o.key, status, str(o.steps), str(o.episodes), wall, _fmt(last), *held_out]
+        row = [o.key, status, str(o.steps), _episodes_text(o), wall, _fmt(last), *held_out]
         rows.append([*row, _fmt(e.pass_at_2 if e else None), _mean_se(e)])
     header = ["run", "status", "steps", "train episodes", "wall s", "last reward"]
     header += ["held-out n (tasks / attempts)", "held-out p@1", "held-out p@2", "held-out mean ± SE"]
@@ -242,9 +250,10 @@ def _figures(
             "",
             "## Reward parts",
             "",
-            "The reward split into its parts (the workflow's episode metrics), the mean of each per B·G "
-            "train episodes, per configuration and seed (a rate on a fixed 0–1 scale; the good direction "
-            "in each panel's title):",
+            "The reward split into its parts (the workflow's episode metrics), the mean of each over the "
+            "episodes each trainer step trained, per configuration and seed (episodes that finished after "
+            "the last step took its batch trained nothing and are left out; a rate on a fixed 0–1 scale; "
+            "the good direction in each panel's title):",
             "",
             f"![reward parts]({parts_png.name})",
             "",

@@ -25,6 +25,7 @@ from a3r.study.analysis import (
     pass_at_k,
     read_progress,
     summarise_rewards,
+    trained_count,
 )
 
 
@@ -137,3 +138,23 @@ def test_reward_part_curves_average_each_metric_per_batch(tmp_path: Path) -> Non
     curves = part_curves(episodes, ["format_ok", "correct", "missing"], per_point=2)
     assert curves == {"format_ok": [0.0, 1.0, 1.0], "correct": [0.0, 0.0, 1.0]}
     assert part_curves(episodes, ["format_ok"], per_point=4) == {"format_ok": [0.5, 1.0]}  # 2 of 4 count
+
+
+def test_reward_parts_count_only_the_episodes_a_step_trained() -> None:
+    """Found by a fresh user: a 2-step run showed 3 points (19 finished episodes, 16 trained): the
+    episodes that finished after the last step took its batch trained nothing. With the steps' batch
+    sizes there is one point per step, and the untrained tail is counted apart."""
+    finished = [
+        EpisodeRecord(kind="train", round=0, task_id=f"t{i // 4}", member=i % 4, status="finished",
+                      reward=0.0, metrics={"win_rate": float(i % 2), "leak_rate": float(i >= 8)})
+        for i in range(21)
+    ]  # fmt: skip
+    aborted = EpisodeRecord(kind="train", round=0, task_id="x", member=0, status="aborted")
+    episodes = [*finished[:3], aborted, *finished[3:]]
+    per_step = [8, 8]  # ServerStepMetrics.episodes + episodes_dropped of steps 1 and 2
+    curves = part_curves(episodes, ["win_rate", "leak_rate"], per_point=8, per_step=per_step)
+    assert curves == {"win_rate": [0.5, 0.5], "leak_rate": [0.0, 1.0]}  # 2 steps: 2 points
+    assert len(part_curves(episodes, ["win_rate"], per_point=8)["win_rate"]) == 3  # B·G chunks: 8, 8, 5
+    assert trained_count(per_step, len(finished)) == 16
+    assert trained_count([8, 8, 8], 21) == 21  # never more than finished
+    assert part_curves(episodes, ["win_rate"], per_point=8, per_step=[]) == {}  # no step: nothing trained

@@ -399,10 +399,14 @@ def test_a_vibe_report_opens_with_one_plain_line_and_plots_the_held_out_evidence
             episode_curve=[0.2, 0.3],
             eval=_held_out({f"h{i}": 0.2 for i in range(4)}),
         ),
-        _trained([0.2, 0.3, 0.25], _held_out({f"h{i}": 0.3 for i in range(4)})),
+        _trained([0.2, 0.3, 0.25], _held_out({f"h{i}": 0.3 for i in range(4)})).model_copy(
+            update={"episodes": 19, "trained_episodes": 16}
+        ),
     ]
     result = _vibe_report(tmp_path, store, study, runs)
     report = Path(str(result["report"])).read_text(encoding="utf-8")
+    # 19 episodes finished, 16 of them in a step's batch: the untrained tail is counted apart
+    assert "| train-s0 | finished | 3 | 16 (+3 untrained) |" in report
     verdict = next(line for line in report.splitlines() if line.startswith("**Verdict.**"))
     line = verdict.removeprefix("**Verdict.** ")
     # the judged effect (3 steps are too few to estimate a trend) with its verdict, the held-out

@@ -22,6 +22,7 @@ from a3r.app.tui._run_screen import RunScreen
 from a3r.app.tui._tables import Cell, refill, selected_key
 from a3r.study.headline import conclusion_line
 from memory import (
+    NOT_METRICS,
     CodeArtifactPublic,
     EventPublic,
     ExperimentPublic,
@@ -39,8 +40,8 @@ _LEVEL_STYLE = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold 
 def metrics_text(values: dict[str, float] | None, width: int = 40) -> str:
     """``name=value`` pairs, the key metrics first (`a3r.app.metric_text.KEY_METRICS`' order: reward, eval,
     loss, kl …, then the rest by name), each at a readable precision (`a3r.app.metric_text.number_text`), cut
-    to ``width`` characters."""
-    values = values or {}
+    to ``width`` characters; fields that are not measurements (`memory.NOT_METRICS`) left out."""
+    values = {name: value for name, value in (values or {}).items() if name not in NOT_METRICS}
     first = [name for name in KEY_METRICS if name in values]
     names = first + sorted(name for name in values if name not in first)
     text = "  ".join(f"{name}={number_text(values[name])}" for name in names)
