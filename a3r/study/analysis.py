@@ -52,6 +52,7 @@ __all__ = [
     "read_progress",
     "reward_range",
     "shared_tasks",
+    "step_parts",
     "summarise_rewards",
     "task_span",
     "trained_count",
@@ -188,28 +189,45 @@ def trained_count(per_step: Sequence[int], finished: int) -> int:
     return min(sum(max(0, n) for n in per_step), finished)
 
 
-def _step_part_curves(
-    episodes: Iterable[EpisodeRecord], names: Sequence[str], per_step: Sequence[int]
+def step_parts(
+    trained: Iterable[tuple[int, Mapping[str, float]]], names: Sequence[str]
 ) -> dict[str, list[float]]:
-    """`part_curves` with one point per trainer step (see there)."""
-    rows = [ep.metrics for ep in episodes if ep.kind == "train" and ep.status == "finished"]
-    batches: list[list[dict[str, float]]] = []
-    start = 0
-    for n in per_step:
-        batch = rows[start : start + max(0, n)]
-        start += max(0, n)
-        if batch:
-            batches.append(batch)
+    """Curves of the reward's parts, one point per trainer step: the mean of each named metric over the
+    episodes the step trained.
+
+    Args:
+        trained: ``(step, episode metrics)`` per trained episode (`a3r.swarmops.trained.trained_metrics`).
+        names: Metric names; names no trained episode reported are left out.
+
+    Returns:
+        Name → means in step order, shape (steps with a value,).
+    """
+    by_step: dict[int, list[Mapping[str, float]]] = defaultdict(list)
+    for step, metrics in trained:
+        by_step[step].append(metrics)
     curves: dict[str, list[float]] = {}
     for name in names:
         points = []
-        for batch in batches:
-            values = [row[name] for row in batch if name in row and math.isfinite(row[name])]
+        for step in sorted(by_step):
+            values = [m[name] for m in by_step[step] if name in m and math.isfinite(m[name])]
             if values:
                 points.append(statistics.fmean(values))
         if points:
             curves[name] = points
     return curves
+
+
+def _step_part_curves(
+    episodes: Iterable[EpisodeRecord], names: Sequence[str], per_step: Sequence[int]
+) -> dict[str, list[float]]:
+    """`part_curves` with one point per trainer step (see there)."""
+    rows = [ep.metrics for ep in episodes if ep.kind == "train" and ep.status == "finished"]
+    trained: list[tuple[int, Mapping[str, float]]] = []
+    start = 0
+    for step, n in enumerate(per_step):
+        trained += [(step, row) for row in rows[start : start + max(0, n)]]
+        start += max(0, n)
+    return step_parts(trained, names)
 
 
 def part_roles(template: str | None) -> dict[str, str]:

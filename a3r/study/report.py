@@ -127,7 +127,26 @@ def _verdict(study: StudyPublic, conclusion: str, findings: Sequence[FindingPubl
     ]
 
 
-def _plan(plan: PlanDraft, notes: Sequence[str], hypotheses: Sequence[HypothesisPublic]) -> list[str]:
+def stability_n(outcomes: Sequence[RunOutcome], baseline: RewardSummary | None) -> dict[str, int]:
+    """The n the stability definition compared, for `StabilityCriterion.describe`: held-out tasks, attempts
+    after training and before (the untrained model's), when every evaluated run shares them; empty
+    (the definition then says n is stated with each verdict) otherwise."""
+    evals = [o.eval for o in outcomes if o.purpose in ("train", "sweep") and o.eval is not None]
+    if baseline is None or not evals:
+        return {}
+    tasks = {e.tasks for e in evals} | {baseline.tasks}
+    after = {e.episodes for e in evals}
+    if len(tasks) != 1 or len(after) != 1:
+        return {}
+    return {"tasks": tasks.pop(), "after": after.pop(), "before": baseline.episodes}
+
+
+def _plan(
+    plan: PlanDraft,
+    notes: Sequence[str],
+    hypotheses: Sequence[HypothesisPublic],
+    n: Mapping[str, int] | None = None,
+) -> list[str]:
     lines = [
         "## Plan",
         f"- objective: {plan.objective}",
@@ -148,7 +167,7 @@ def _plan(plan: PlanDraft, notes: Sequence[str], hypotheses: Sequence[Hypothesis
             f"- sweep: `{spec.variable}` ∈ {_values(spec.coarse, spec.variable, plan.template)} ({stages}), to {goal}"
         )
     if plan.stability is not None:
-        lines.append(f"- operational definition: {plan.stability.describe()}")
+        lines.append(f"- operational definition: {plan.stability.describe(**(n or {}))}")
     lines += [f"- {note}" for note in notes]
     lines += ["", "## Pre-registered hypotheses", ""]
     for h in hypotheses:
@@ -191,7 +210,14 @@ def _runs(
     header = ["run", "status", "steps", "train episodes", "wall s", "last reward"]
     header += ["held-out n (tasks / attempts)", "held-out p@1", "held-out p@2", "held-out mean ± SE"]
     columns = [(h, [row[i] for row in rows]) for i, h in enumerate(header)]
-    return [*lines, "", "## Runs", "", *_table(columns, droppable=("held-out p@1", "held-out p@2"))]
+    table = _table(columns, droppable=("held-out p@1", "held-out p@2"))
+    if any("untrained)" in row[3] for row in rows):
+        table += [
+            "",
+            "_untrained: episodes that finished after the run's last step took its batch (no step of the run "
+            "trained them; a continuation on the same server may)._",
+        ]
+    return [*lines, "", "## Runs", "", *table]
 
 
 def _configurations(
@@ -334,7 +360,7 @@ def write_report(
         configs, variable, baseline, folder / "sweep.png", stability=stability, template=plan.template
     )
     lines = [f"# Study {study.id}: {study.question}", "", *_verdict(study, conclusion, findings)]
-    lines += _plan(plan, notes, hypotheses)
+    lines += _plan(plan, notes, hypotheses, stability_n(outcomes, baseline))
     lines += _runs(outcomes, baseline, reused)
     if configs:
         lines += _configurations(configs, variable, plan.template, stability)

@@ -38,6 +38,7 @@ from a3r.study.analysis import (
     metric_series,
     part_curves,
     read_progress,
+    step_parts,
     summarise_rewards,
     trained_count,
 )
@@ -63,6 +64,7 @@ from a3r.swarmops.processes import (
     start_server,
     swarm_command,
 )
+from a3r.swarmops.trained import trained_metrics
 from memory import NOT_METRICS, RunUpdate
 from swarm.client import ClientError, Event, ServeOptions, ServeOptionsError, ServerStepMetrics, StatusView
 
@@ -1133,14 +1135,30 @@ def _outcome(
         run_dir=str(run.run_dir),
         seconds_per_episode=client_s / finished_eps if finished_eps else math.nan,
         seconds_per_step=seconds_per_step,
-        parts=part_curves(
-            episodes,
-            metric_names,
-            per_point=spec.settings.batch_size * spec.settings.group_size,
-            per_step=per_step,
-        ),
+        parts=_parts(run, episodes, metric_names, per_step=per_step, start_step=start_step),
         eval_s=eval_s,
     )
+
+
+def _parts(
+    run: _Run,
+    episodes: list[EpisodeRecord],
+    names: list[str],
+    *,
+    per_step: list[int] | None,
+    start_step: int,
+) -> dict[str, list[float]]:
+    """The run's reward-part curves: one point per step it trained, over the episodes the step took,
+    read from the pool of a server of ours (`a3r.swarmops.trained`); else from the client's records in
+    order, as many per step as the step consumed; a smoke run's per B·G episodes."""
+    spec = run.spec
+    if per_step is None:
+        return part_curves(episodes, names, per_point=spec.settings.batch_size * spec.settings.group_size)
+    if run.handle.process is not None:
+        trained = trained_metrics(run.ws.server_dir(spec.server_key or spec.key), after_step=start_step)
+        if trained is not None:
+            return step_parts(trained, names)
+    return part_curves(episodes, names, per_point=1, per_step=per_step)
 
 
 def _smoke_heldout(run: _Run, seconds_per_episode: float, available: int) -> int:
