@@ -262,15 +262,15 @@ def findings(
         table.add_column(column, overflow="fold")
     for row in rows:
         asked = studies[row.study_id]
-        status = row.status.value
-        line = headline(row.statement, row.evidence, question=asked.question, kind=asked.kind, status=status)
+        stored = row.status.value
+        line = headline(row.statement, row.evidence, question=asked.question, kind=asked.kind, status=stored)
         text = Text(line, style="bold")
         if line != row.statement:
             text.append("\n" + row.statement, style="dim")
         table.add_row(
             str(row.id),
             str(row.study_id),
-            verdict_label(status, row.evidence),
+            verdict_label(stored, row.evidence),
             f"{row.confidence:.2f}",
             text,
             _ids_text(row.seeds, "seeds"),

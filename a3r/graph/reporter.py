@@ -133,7 +133,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         first = statistics.fmean(v for _, v in curve[:k])
         last = statistics.fmean(v for _, v in curve[-k:])
         change = f"; mean train reward {first:.3f} (first {counted(k, 'steps')}) → {last:.3f} (last {counted(k, 'steps')})"
-    evidence = {
+    evidence: dict[str, object] = {
         "curve": curve,
         "effect": effect.model_dump(),
         "held_out_effect": held[0].model_dump() if held else None,

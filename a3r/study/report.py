@@ -167,7 +167,9 @@ def _plan(
             f"- sweep: `{spec.variable}` ∈ {_values(spec.coarse, spec.variable, plan.template)} ({stages}), to {goal}"
         )
     if plan.stability is not None:
-        lines.append(f"- operational definition: {plan.stability.describe(**(n or {}))}")
+        n = n or {}
+        compared = plan.stability.describe(tasks=n.get("tasks"), after=n.get("after"), before=n.get("before"))
+        lines.append(f"- operational definition: {compared}")
     lines += [f"- {note}" for note in notes]
     lines += ["", "## Pre-registered hypotheses", ""]
     for h in hypotheses:
