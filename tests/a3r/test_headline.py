@@ -9,6 +9,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -167,3 +168,23 @@ def test_every_surface_prints_the_one_label(tmp_path: Path) -> None:
     for finding_id, label in expected.items():
         row = next(r for r in table.output.splitlines() if re.match(rf"^│ {finding_id} +│", r))
         assert f"│ {label}" in row, row
+
+
+def test_a_thread_ends_with_its_verdict_line_before_its_conclusion(tmp_path: Path, capsys: Any) -> None:
+    """``a3r vibe`` / ``research`` print the one plain line first (the study's conclusion finding, read
+    by `conclusion_line` as the report and the TUI read it), then the derivation."""
+    from a3r.app.commands import _finish
+    from a3r.app.session import Step
+    from a3r.study.headline import conclusion_line
+
+    conclusion = "hypothesis unconfirmed, held-out refuted: a derivation with every number in it"
+    evidence = LABEL_CASES["unconfirmed, held-out refuted"][1]
+    with Store(tmp_path / "memory.db") as store:
+        study = store.create_study("train arithmetic", kind="vibe")
+        store.add_finding(study.id, statement=conclusion, evidence=json.dumps(evidence), confidence=0.3)
+        verdict = conclusion_line(conclusion, store.findings(study.id), question=study.question, kind="vibe")
+    assert verdict.startswith("unconfirmed, held-out refuted: train reward Δ ") and len(verdict) <= MAX_CHARS
+    assert conclusion_line("no finding of it", [], question="q", kind="vibe") == "no finding of it"
+    _finish(Step(thread_id="t", status="done", conclusion=conclusion, verdict=verdict, study_id=study.id))
+    out = capsys.readouterr().out
+    assert out.index(f"verdict: {verdict}") < out.index(f"conclusion: {conclusion}")
