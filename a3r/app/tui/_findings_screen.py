@@ -81,7 +81,10 @@ class FindingsScreen(StudyTableScreen):
             return
         findings, self._lines = read
         self._findings = {str(f.id): f for f in findings}
-        room = max(20, self.size.width - 36)  # the statement column; the full text shows below
+        labels = [_status_cell(f) for f in findings]
+        # the verdict column: what the id, study, status (its longest label) and conf columns leave; the
+        # full line shows below
+        room = max(20, self.size.width - 25 - max((len(label) for label in labels), default=11))
         table = self.table
         refill(
             table,
@@ -91,12 +94,12 @@ class FindingsScreen(StudyTableScreen):
                     (
                         str(f.id),
                         str(f.study_id),
-                        _status_cell(f),
+                        label,
                         f"{f.confidence:.2f}",
                         cut(self._lines[str(f.id)], room),
                     ),
                 )
-                for f in findings
+                for f, label in zip(findings, labels, strict=True)
             ),
         )
         if table.row_count:
