@@ -61,11 +61,13 @@ if TYPE_CHECKING:
     )
     from memory._secrets import REDACTED, scrub, scrub_text
     from memory._store import Store, StoreConfig
+    from memory._vocabulary import NOT_METRICS
 
 _SOURCES: dict[str, str] = {
     "ArtifactKind": "memory._vocabulary",
     "CodeArtifactPublic": "memory._models",
     "DEFAULT_PATH": "memory._vocabulary",
+    "NOT_METRICS": "memory._vocabulary",
     "EventLevel": "memory._vocabulary",
     "EventPublic": "memory._models",
     "ExperimentExport": "memory._export",
@@ -108,6 +110,7 @@ command lines that never open a store (``a3r --help``) do not load SQLAlchemy an
 
 __all__ = [
     "DEFAULT_PATH",
+    "NOT_METRICS",
     "REDACTED",
     "ArtifactKind",
     "CodeArtifactPublic",

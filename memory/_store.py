@@ -63,6 +63,7 @@ from memory._models import (
     utcnow,
 )
 from memory._secrets import scrub_text
+from memory._vocabulary import NOT_METRICS
 
 __all__ = ["Store", "StoreConfig"]
 
@@ -1010,7 +1011,14 @@ class Store:
         study = self.get_study(study_id)
         points = self._study_points(study_id)
         runs = [
-            RunExport.model_validate(run.model_dump(), update={"metric_points": points.get(run.id, [])})
+            RunExport.model_validate(
+                run.model_dump(),
+                update={
+                    "metric_points": [p for p in points.get(run.id, []) if p.name not in NOT_METRICS],
+                    "latest_metrics": _measured(run.latest_metrics),
+                    "final_metrics": _measured(run.final_metrics),
+                },
+            )
             for run in self.runs(study_id)
         ]
         experiments = [
@@ -1266,6 +1274,12 @@ def _mapped(ids: Mapping[int, int], old: int | None, record: str) -> int | None:
         return ids[old]
     except KeyError:
         raise InvalidInput(f"the export references {record} {old}, which it does not hold") from None
+
+
+def _measured(metrics: Mapping[str, float] | None) -> dict[str, float] | None:
+    """``metrics`` without the fields that are not measurements (`NOT_METRICS`: a time stamp a store
+    written before that rule logged as one)."""
+    return None if metrics is None else {k: v for k, v in metrics.items() if k not in NOT_METRICS}
 
 
 def _finite_metrics(metrics: Mapping[str, float]) -> dict[str, float]:

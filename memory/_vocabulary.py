@@ -11,6 +11,7 @@ from pathlib import Path
 
 __all__ = [
     "DEFAULT_PATH",
+    "NOT_METRICS",
     "ArtifactKind",
     "EventLevel",
     "FindingStatus",
@@ -21,6 +22,11 @@ __all__ = [
 
 DEFAULT_PATH = Path(".a3r") / "memory.db"
 """Where the store lives when no location is configured (relative to the working directory)."""
+
+NOT_METRICS = frozenset({"created_at"})
+"""Numeric fields of a trainer's step row that are not measurements (``created_at``: a Unix time stamp):
+never logged as metrics, and left out where a store written before this shows a run's metrics
+(``a3r runs``, ``a3r export``)."""
 
 
 class StudyStatus(enum.StrEnum):

@@ -35,10 +35,15 @@ from rich.table import Table
 from rich.text import Text
 
 from a3r.app.metric_text import KEY_METRICS, number_text
-from a3r.study.headline import headline
+from a3r.study.headline import headline, verdict_label
 from a3r.study.run_status import STORE_STATUS
 from a3r.study.wording import counted
-from memory import DEFAULT_PATH, FindingStatus, RunStatus  # plain enums: no database layer loaded
+from memory import (
+    DEFAULT_PATH,
+    NOT_METRICS,
+    FindingStatus,
+    RunStatus,
+)  # plain enums: no database layer loaded
 
 if TYPE_CHECKING:
     from memory import Store
@@ -180,7 +185,7 @@ def _no_store_yet(location: str) -> bool:
 
 
 def _metrics_text(values: dict[str, float] | None) -> str:
-    values = values or {}
+    values = {name: value for name, value in (values or {}).items() if name not in NOT_METRICS}
     shown = [name for name in KEY_METRICS if name in values]
     shown += [n for n in values if n not in KEY_METRICS and ("reward" in n or n.startswith("eval"))]
     text = "  ".join(f"{name}={number_text(values[name])}" for name in shown)
@@ -257,14 +262,15 @@ def findings(
         table.add_column(column, overflow="fold")
     for row in rows:
         asked = studies[row.study_id]
-        line = headline(row.statement, row.evidence, question=asked.question, kind=asked.kind)
+        stored = row.status.value
+        line = headline(row.statement, row.evidence, question=asked.question, kind=asked.kind, status=stored)
         text = Text(line, style="bold")
         if line != row.statement:
             text.append("\n" + row.statement, style="dim")
         table.add_row(
             str(row.id),
             str(row.study_id),
-            row.status.value,
+            verdict_label(stored, row.evidence),
             f"{row.confidence:.2f}",
             text,
             _ids_text(row.seeds, "seeds"),

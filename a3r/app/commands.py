@@ -135,6 +135,8 @@ def _drive(session: Session, step: Step, *, wait: bool) -> Step:
 def _finish(step: Step) -> None:
     if step.status == "done":
         _out.print(f"thread {step.thread_id} done — study {step.study_id}", markup=False)
+        if step.verdict:  # the one plain line first, the derivation below it
+            _out.print(f"verdict: {step.verdict}", markup=False)
         if step.conclusion:
             _out.print(f"conclusion: {step.conclusion}", markup=False)
         if step.report:
@@ -894,7 +896,12 @@ def _finding_lines(found: _ResearchDesign) -> list[str]:
     for hypothesis in plan.hypotheses:
         lines += [f"  hypothesis: {hypothesis.statement}", f"    decision rule: {hypothesis.decision_rule}"]
     if plan.stability is not None:
-        lines.append(f"  stability: {plan.stability.describe()}")
+        from a3r.graph.context import RunContext
+
+        tasks = found.settings.eval_tasks  # what the plan asks for; the budget may cut attempts
+        n = {"tasks": tasks, "after": tasks * found.settings.eval_samples}
+        n["before"] = tasks * RunContext.preflight_samples
+        lines.append(f"  stability: {plan.stability.describe(**n, planned=True)}")
         short = plan.stability.window_warning(plan.training.steps)
         if short is not None:
             lines.append(f"  {short}")

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from a3r.errors import ThreadNotFound
 from a3r.graph import Ledger, PatchReview, RunContext, build_graph, open_checkpointer
 from a3r.providers import ProviderConfig, ProviderKind, make_provider
+from a3r.study.headline import conclusion_line
 from a3r.study.research import MAX_EVAL_TASKS
 from memory import PatchStatus, Store
 
@@ -91,6 +92,7 @@ class Step(BaseModel):
         status: ``done`` or ``waiting`` (a patch awaits a decision).
         review: The patch awaiting a decision.
         conclusion: The study's conclusion (done).
+        verdict: Its one plain line (`a3r.study.headline.conclusion_line`), printed before it (done).
         report: Path of the Markdown report (done).
         study_id: The thread's study.
     """
@@ -99,6 +101,7 @@ class Step(BaseModel):
     status: Literal["done", "waiting"]
     review: PatchReview | None = None
     conclusion: str | None = None
+    verdict: str | None = None
     report: str | None = None
     study_id: int | None = None
 
@@ -170,14 +173,24 @@ class Session:
                 if isinstance(item.value, PatchReview):
                     review = item.value
         waiting = review is not None
+        conclusion, study_id = values.get("conclusion"), values.get("study_id")
         return Step(
             thread_id=self.thread_id,
             status="waiting" if waiting else "done",
             review=review,
-            conclusion=values.get("conclusion"),
+            conclusion=conclusion,
+            verdict=self._verdict(conclusion, study_id) if not waiting else None,
             report=values.get("report"),
-            study_id=values.get("study_id"),
+            study_id=study_id,
         )
+
+    def _verdict(self, conclusion: str | None, study_id: int | None) -> str | None:
+        """The one plain line of the study's conclusion, from its finding in the store."""
+        if not conclusion or study_id is None:
+            return None
+        study = self.store.get_study(study_id)
+        findings = self.store.findings(study_id)
+        return conclusion_line(conclusion, findings, question=study.question, kind=study.kind)
 
     def exists(self) -> bool:
         """Whether the checkpointer knows this thread."""

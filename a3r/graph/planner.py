@@ -133,7 +133,9 @@ def _first_plan(state: ResearchState, ctx: RunContext) -> Command[Route]:
     hypothesis_ids = ensure_hypotheses(ctx, study_id, plan.hypotheses)
     line = f"plan ({ctx.provider.name}): {plan.objective}; template {plan.template}; {training_line(plan)}"
     if plan.stability is not None:
-        line += f"; stability: {plan.stability.describe()}"
+        n = {"tasks": ctx.eval_tasks, "after": ctx.eval_tasks * ctx.eval_samples}
+        n["before"] = ctx.eval_tasks * (ctx.preflight_samples if mode == "research" else ctx.eval_samples)
+        line += f"; stability: {plan.stability.describe(**n, planned=True)}"
     ctx.store.log_event(line, study_id=study_id)
     ctx.say(line)
     lines = [line]

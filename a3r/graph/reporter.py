@@ -17,6 +17,7 @@ from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.study.analysis import DiagnosisKind, on_shared_tasks, part_roles, reward_range, task_span
 from a3r.study.design import STABLE_CONFIRM_SEEDS, ranked_by_held_out, seed_means
 from a3r.study.effects import LEVEL, Effect, EffectVerdict, Scale, curve_effect, two_sample_effect
+from a3r.study.headline import NOT_RUN, verdict_label
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
 from a3r.study.research import budget_note, spent_s
@@ -132,8 +133,13 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         first = statistics.fmean(v for _, v in curve[:k])
         last = statistics.fmean(v for _, v in curve[-k:])
         change = f"; mean train reward {first:.3f} (first {counted(k, 'steps')}) → {last:.3f} (last {counted(k, 'steps')})"
+    evidence: dict[str, object] = {
+        "curve": curve,
+        "effect": effect.model_dump(),
+        "held_out_effect": held[0].model_dump() if held else None,
+    }
     statement = (
-        f"hypothesis {effect.verdict.value}: change of the mean train reward over "
+        f"hypothesis {verdict_label(effect.verdict.value, evidence)}: change of the mean train reward over "
         f"{counted(len({s for s, _ in curve}), 'steps')} of {state['plan'].template} on {len(seeds)} seed(s): "
         f"{effect.describe(verdict=False)}{change}{judged_on}"
     )
@@ -143,11 +149,7 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         ctx,
         study_id,
         statement=statement,
-        evidence={
-            "curve": curve,
-            "effect": effect.model_dump(),
-            "held_out_effect": held[0].model_dump() if held else None,
-        },
+        evidence=evidence,
         confidence=_CONFIDENCE_OF[effect.verdict],
         status=FindingStatus(effect.verdict.value),
         seeds=seeds,
@@ -352,7 +354,7 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     missing = _not_run_text(configs, variable, outcomes, budget_s=ctx.budget_s)
     ran = [c for c in configs if c.ran]
     if not ran:
-        statement, status = f"not answered: no configuration ran{missing}", FindingStatus.unconfirmed
+        statement, status = f"{NOT_RUN}: no configuration ran{missing}", FindingStatus.unconfirmed
     elif plan.sweep.goal in ("best", "a_vs_b", "effect_of"):
         if plan.sweep.goal == "best":
             statement, status = _best_conclusion(state, ran, variable)
@@ -424,7 +426,7 @@ def _min_stable_conclusion(
     noisy = non_monotone(configs)
     if smallest is None and not any(c.stable is False for c in configs):
         return (
-            f"not answered: no configuration that ran ({tested or 'none'}) has a stability verdict yet{missing}",
+            f"unconfirmed: no configuration that ran ({tested or 'none'}) has a stability verdict yet{missing}",
             FindingStatus.unconfirmed,
         )
     if smallest is None:

@@ -52,8 +52,10 @@ __all__ = [
     "read_progress",
     "reward_range",
     "shared_tasks",
+    "step_parts",
     "summarise_rewards",
     "task_span",
+    "trained_count",
 ]
 
 
@@ -143,20 +145,33 @@ def groups_of(episodes: Iterable[EpisodeRecord], kind: str = "train") -> dict[tu
 
 
 def part_curves(
-    episodes: Iterable[EpisodeRecord], names: Sequence[str], *, per_point: int
+    episodes: Iterable[EpisodeRecord],
+    names: Sequence[str],
+    *,
+    per_point: int,
+    per_step: Sequence[int] | None = None,
 ) -> dict[str, list[float]]:
-    """Curves of the reward's parts: the mean of each named episode metric over successive chunks of
-    ``per_point`` finished train episodes (in record order; ``per_point`` = B·G makes one point about
-    one trainer step's batch). A last, partial chunk counts when it holds at least half a chunk.
+    """Curves of the reward's parts: the mean of each named episode metric per trainer step, or over
+    successive chunks of ``per_point`` finished train episodes where the steps are not known.
+
+    With ``per_step`` (the episodes each trainer step consumed, in step order), point k is the mean over
+    the next ``per_step[k]`` finished train episodes in record order (≈ the episodes step k trained on),
+    one point per step; the episodes that finished after the last step's batch was taken (trained by no
+    step) are left out. Without it, chunks of ``per_point`` (``per_point`` = B·G makes one point about
+    one trainer step's batch), a last partial chunk counting when it holds at least half a chunk.
 
     Args:
         episodes: Client records (``progress.jsonl``).
         names: Metric names (a template's ``reward_parts``); names no episode reported are left out.
-        per_point: Episodes per point (>= 1).
+        per_point: Episodes per point (>= 1), where ``per_step`` is ``None``.
+        per_step: Episodes consumed by each trainer step (`swarm.protocol.ServerStepMetrics`:
+            ``episodes`` + ``episodes_dropped``), in step order.
 
     Returns:
         Name → means, shape (points,).
     """
+    if per_step is not None:
+        return _step_part_curves(episodes, names, per_step)
     size = max(1, per_point)
     rows = [ep.metrics for ep in episodes if ep.kind == "train" and ep.status == "finished" and ep.metrics]
     curves: dict[str, list[float]] = {}
@@ -167,6 +182,52 @@ def part_curves(
         if points:
             curves[name] = points
     return curves
+
+
+def trained_count(per_step: Sequence[int], finished: int) -> int:
+    """Finished train episodes that some trainer step consumed: ``Σ per_step``, at most ``finished``."""
+    return min(sum(max(0, n) for n in per_step), finished)
+
+
+def step_parts(
+    trained: Iterable[tuple[int, Mapping[str, float]]], names: Sequence[str]
+) -> dict[str, list[float]]:
+    """Curves of the reward's parts, one point per trainer step: the mean of each named metric over the
+    episodes the step trained.
+
+    Args:
+        trained: ``(step, episode metrics)`` per trained episode (`a3r.swarmops.trained.trained_metrics`).
+        names: Metric names; names no trained episode reported are left out.
+
+    Returns:
+        Name → means in step order, shape (steps with a value,).
+    """
+    by_step: dict[int, list[Mapping[str, float]]] = defaultdict(list)
+    for step, metrics in trained:
+        by_step[step].append(metrics)
+    curves: dict[str, list[float]] = {}
+    for name in names:
+        points = []
+        for step in sorted(by_step):
+            values = [m[name] for m in by_step[step] if name in m and math.isfinite(m[name])]
+            if values:
+                points.append(statistics.fmean(values))
+        if points:
+            curves[name] = points
+    return curves
+
+
+def _step_part_curves(
+    episodes: Iterable[EpisodeRecord], names: Sequence[str], per_step: Sequence[int]
+) -> dict[str, list[float]]:
+    """`part_curves` with one point per trainer step (see there)."""
+    rows = [ep.metrics for ep in episodes if ep.kind == "train" and ep.status == "finished"]
+    trained: list[tuple[int, Mapping[str, float]]] = []
+    start = 0
+    for step, n in enumerate(per_step):
+        trained += [(step, row) for row in rows[start : start + max(0, n)]]
+        start += max(0, n)
+    return step_parts(trained, names)
 
 
 def part_roles(template: str | None) -> dict[str, str]:

@@ -1,10 +1,15 @@
-"""The one plain line a person reads first: what changed, by how much, its interval, whether it is
-confirmed, and the command that would settle it (at most `MAX_CHARS` characters where the command fits).
+"""The one plain line a person reads first: its verdict label, what changed, by how much, its interval
+and the command that would settle it, in at most `MAX_CHARS` characters, command included.
 
 Built from a finding's evidence (the JSON the reporter records: ``held_out_effect`` and ``effect``, each an
-`a3r.study.effects.Effect` dumped to a dict), so the report, ``a3r findings`` and the TUI word it alike
-without loading the statistics (this module imports no SciPy). A finding without such evidence (a
-sweep's conclusion) gets the first clause of its statement, cut at `MAX_CHARS`.
+`a3r.study.effects.Effect` dumped to a dict), so the report, ``a3r findings``, the CLI's end of a thread and
+the TUI word it alike without loading the statistics (this module imports no SciPy). A finding without
+such evidence (a sweep's conclusion) gets the first clause of its statement.
+
+`verdict_label` is the one source of a finding's label (``confirmed``, ``refuted``, ``unconfirmed``, ``not
+run``, with the held-out verdict beside it where that differs: ``unconfirmed, held-out refuted``): the
+line, the vibe derivation (`a3r.graph.reporter`), the status columns of ``a3r findings``, the report's
+findings and the TUI all print it.
 """
 
 from __future__ import annotations
@@ -12,24 +17,99 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
-from a3r.study.wording import counted
+from a3r.study.wording import counted, unit_noun
 
-__all__ = ["MAX_CHARS", "evidence_lines", "headline", "settle_command"]
+if TYPE_CHECKING:
+    from memory import FindingPublic
+
+__all__ = [
+    "LABELS",
+    "MAX_CHARS",
+    "NOT_RUN",
+    "conclusion_line",
+    "evidence_lines",
+    "headline",
+    "settle_command",
+    "verdict_label",
+]
 
 MAX_CHARS = 160
-"""The most characters of the line before its command (the command is never cut: it must run)."""
+"""The most characters of the whole line, the settling command included."""
 
-_JUDGED = ("effect", "train reward change")
+NOT_RUN = "not run"
+"""The label of a finding nothing ran for (no trainer step, no configuration): no evidence either way."""
+LABELS = ("confirmed", "refuted", "unconfirmed", NOT_RUN)
+"""The verdict vocabulary, the first word(s) of every label (`verdict_label`)."""
+
+_JUDGED = ("effect", "train reward Δ")
 """The evidence key of the effect the finding's status was judged on, and how the line names it."""
-_HELD_OUT = ("held_out_effect", "held-out after − before")
-"""The held-out comparison, added to the line after the judged effect (or standing for it if alone)."""
+_HELD_OUT = ("held_out_effect", "held-out Δ")
+"""The held-out comparison (after − before), added to the line after the judged effect (or standing for
+it if alone)."""
 
 
 def _number(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else math.nan
+
+
+def _parsed(evidence: str | Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    parsed: Any = evidence
+    if isinstance(evidence, str):
+        try:
+            parsed = json.loads(evidence)
+        except ValueError:
+            return None
+    return parsed if isinstance(parsed, Mapping) else None
+
+
+def _effects(parsed: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """(judged effect, held-out effect) of a finding's evidence; the held-out stands as judged when it is
+    the only one."""
+    if parsed is None:
+        return None, None
+    judged, held_out = (parsed.get(key) for key in (_JUDGED[0], _HELD_OUT[0]))
+    judged = judged if isinstance(judged, Mapping) else None
+    held_out = held_out if isinstance(held_out, Mapping) else None
+    return (judged, held_out) if judged is not None else (held_out, None)
+
+
+def _estimated(effect: Mapping[str, Any] | None) -> bool:
+    return effect is not None and math.isfinite(_number(effect.get("estimate")))
+
+
+def _nothing_ran(parsed: Mapping[str, Any] | None, judged: Mapping[str, Any] | None, held_out: Any) -> bool:
+    """Whether the evidence says nothing ran: no trainer step behind the judged effect (and no held-out
+    comparison), a configuration none of whose runs ran, or a sweep none of whose configurations did."""
+    if parsed is None:
+        return False
+    if judged is not None:
+        return not _number(judged.get("n")) and not _estimated(judged) and not _estimated(held_out)
+    if parsed.get("not_run"):
+        return True
+    configs = parsed.get("configs")
+    return isinstance(configs, list) and not any(isinstance(c, Mapping) and c.get("seeds") for c in configs)
+
+
+def verdict_label(status: str, evidence: str | Mapping[str, Any] | None) -> str:
+    """A finding's verdict label, the one every surface prints (line, derivation, status columns).
+
+    Args:
+        status: The finding's stored status (`memory.FindingStatus` value: what its decision rule gave).
+        evidence: The finding's evidence: its JSON text, the parsed dict, or ``None``.
+
+    Returns:
+        ``not run`` when the evidence shows nothing ran; else ``status``, followed by the held-out
+        comparison's verdict where it differs from it (``unconfirmed, held-out refuted``).
+    """
+    parsed = _parsed(evidence)
+    judged, held_out = _effects(parsed)
+    if _nothing_ran(parsed, judged, held_out):
+        return NOT_RUN
+    held = held_out.get("verdict") if held_out is not None and _estimated(held_out) else None
+    return f"{status}, held-out {held}" if held and held != status else status
 
 
 def settle_command(effect: Mapping[str, Any], *, question: str, kind: str) -> str | None:
@@ -41,6 +121,16 @@ def settle_command(effect: Mapping[str, Any], *, question: str, kind: str) -> st
     --steps``); over seeds: the question replicated on ``n + more_needed`` seeds (``a3r research …
     --seeds``); over episodes (held-out attempts, no flag asks for more): ``≈ K more episodes``.
     """
+    command = _settle_parts(effect, kind=kind)
+    if command is None:
+        return None
+    head, tail = command
+    return f"{head} {shlex.quote(question)} {tail}" if head else tail
+
+
+def _settle_parts(effect: Mapping[str, Any], *, kind: str) -> tuple[str, str] | None:
+    """The settling command split around the question: (``a3r vibe``, ``--steps 24``); (``""``, the
+    whole text) where no command asks for it; ``None`` where nothing would settle it."""
     more = effect.get("more_needed")
     if effect.get("verdict") != "unconfirmed" or not isinstance(more, int) or more <= 0:
         return None
@@ -48,10 +138,112 @@ def settle_command(effect: Mapping[str, Any], *, question: str, kind: str) -> st
     total = more + (int(n) if math.isfinite(n) else 0)
     unit = str(effect.get("unit", ""))
     if unit == "steps" and kind != "research":
-        return f"a3r vibe {shlex.quote(question)} --steps {total}"
+        return "a3r vibe", f"--steps {total}"
     if unit == "seeds":
-        return f"a3r research {shlex.quote(question)} --seeds {max(total, 2)}"
-    return f"≈ {counted(more, unit)} more"
+        return "a3r research", f"--seeds {max(total, 2)}"
+    return "", f"≈ {more} more {unit_noun(more, unit)}"
+
+
+def _signed(value: float, digits: int) -> str:
+    return f"{value:+.{digits}f}"
+
+
+def _effect_text(what: str, effect: Mapping[str, Any], *, digits: int, ci: bool) -> str:
+    """``train reward Δ +0.120 (95% CI -0.050…+0.300)``: the estimate and its interval, no verdict (the
+    label carries it)."""
+    estimate, low, high = (_number(effect.get(k)) for k in ("estimate", "low", "high"))
+    if not math.isfinite(estimate):
+        return f"{what} not estimated"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{what} {_signed(estimate, digits)}"
+    interval = f"{_signed(low, digits)}…{_signed(high, digits)}"
+    return f"{what} {_signed(estimate, digits)} ({'95% CI ' if ci else ''}{interval})"
+
+
+def _first_clause(label: str, statement: str) -> str:
+    """The statement's first clause, cut at `MAX_CHARS`; a verdict word it starts with (``refuted: …``)
+    is replaced by ``label``, so the line never contradicts the finding's status."""
+    line = statement.split(". ")[0].split("; ")[0].strip()
+    word, sep, rest = line.partition(": ")
+    if sep and word in LABELS:
+        line = f"{label}: {rest}"
+    return line if len(line) <= MAX_CHARS else line[: MAX_CHARS - 1].rstrip() + "…"
+
+
+def _candidates(
+    label: str,
+    judged: tuple[str, Mapping[str, Any]],
+    held_out: Mapping[str, Any] | None,
+    settle: tuple[str, str] | None,
+    question: str,
+) -> Iterator[str]:
+    """The line from the most to the least detailed: three then two decimals, the held-out interval
+    without its repeated ``95% CI``; then the request in the command named, not quoted (a long request
+    would crowd out the numbers); last the held-out numbers left to the label."""
+    commands = [""]
+    if settle is not None:
+        head, tail = settle
+        commands = (
+            [f"; settle: {head} {shlex.quote(question)} {tail}", f"; settle: {head} <same request> {tail}"]
+            if head
+            else [f"; settle: {tail}"]
+        )
+    what, effect = judged
+    both: list[str] = []
+    alone: list[str] = []
+    for digits in (3, 2):
+        first = _effect_text(what, effect, digits=digits, ci=True)
+        alone.append(f"{label}: {first}")
+        if held_out is not None:
+            both += [
+                f"{label}: {first}; {_effect_text(_HELD_OUT[1], held_out, digits=digits, ci=ci)}"
+                for ci in (True, False)
+            ]
+    for body in (both, alone):
+        for command in commands:
+            yield from (text + command for text in body)
+
+
+def headline(
+    statement: str, evidence: str | Mapping[str, Any] | None, *, question: str, kind: str, status: str
+) -> str:
+    """The one plain line of a finding (or of a study's conclusion, with its finding's evidence).
+
+    Args:
+        statement: The finding's statement (the derivation, shown below the line).
+        evidence: The finding's evidence: its JSON text, the parsed dict, or ``None``.
+        question: The study's question or request (what the settling command asks again).
+        kind: The study's kind (``vibe``, ``research``): which command settles it.
+        status: The finding's stored status (`memory.FindingStatus` value), the base of its label.
+
+    Returns:
+        At most `MAX_CHARS` characters, led by `verdict_label`: e.g. ``confirmed: train reward Δ +0.310
+        (95% CI +0.120…+0.500); held-out Δ +0.220 (95% CI +0.146…+0.293)`` (Δ: the change over training
+        steps; held-out after − before); for an unconfirmed effect ``…;
+        settle: a3r vibe 'train who-is-the-spy' --steps 24`` (or ``…; settle: ≈ 40 more episodes`` where
+        no flag asks for them). A finding without effect evidence: its statement's first clause.
+    """
+    parsed = _parsed(evidence)
+    label = verdict_label(status, parsed)
+    judged, held_out = _effects(parsed)
+    if judged is None:
+        return _first_clause(label, statement)
+    what = _JUDGED[1] if parsed is not None and parsed.get(_JUDGED[0]) is judged else _HELD_OUT[1]
+    settle = _settle_parts(judged, kind=kind)
+    last = ""
+    for line in _candidates(label, (what, judged), held_out, settle, question):
+        if len(line) <= MAX_CHARS:
+            return line
+        last = line
+    return last[: MAX_CHARS - 1].rstrip() + "…"  # no form fits: unreachable for labels and numbers
+
+
+def conclusion_line(conclusion: str, findings: Iterable[FindingPublic], *, question: str, kind: str) -> str:
+    """The one plain line of a study's conclusion: `headline` of the finding recorded with the same
+    statement (its evidence and status), or of the bare conclusion (``unconfirmed``) when none was."""
+    finding = next((f for f in findings if f.statement == conclusion), None)
+    evidence, status = (finding.evidence, finding.status.value) if finding else (None, "unconfirmed")
+    return headline(conclusion, evidence, question=question, kind=kind, status=status)
 
 
 def _effect_line(what: str, effect: Mapping[str, Any], *, verdict: bool = True) -> str:
@@ -61,48 +253,6 @@ def _effect_line(what: str, effect: Mapping[str, Any], *, verdict: bool = True) 
         return f"{what}: not estimated{judged}"
     interval = f" (95% CI {low:+.3f} … {high:+.3f})" if math.isfinite(low) and math.isfinite(high) else ""
     return f"{what}: {estimate:+.3f}{interval}{judged}"
-
-
-def _first_clause(statement: str) -> str:
-    clause = statement.split(". ")[0].split("; ")[0].strip()
-    return clause if len(clause) <= MAX_CHARS else clause[: MAX_CHARS - 1].rstrip() + "…"
-
-
-def headline(statement: str, evidence: str | Mapping[str, Any] | None, *, question: str, kind: str) -> str:
-    """The one plain line of a finding (or of a study's conclusion, with its finding's evidence).
-
-    Args:
-        statement: The finding's statement (the derivation, shown below the line).
-        evidence: The finding's evidence: its JSON text, the parsed dict, or ``None``.
-        question: The study's question or request (what the settling command asks again).
-        kind: The study's kind (``vibe``, ``research``): which command settles it.
-
-    Returns:
-        E.g. ``train reward change: +0.31 (95% CI +0.12 … +0.50), confirmed; held-out after − before:
-        +0.220 (95% CI +0.146 … +0.293)`` (the verdict is the judged effect's, as the finding's status);
-        for an unconfirmed effect ``…; settle: a3r vibe 'train who-is-the-spy' --steps 24`` (or
-        ``…; settle: ≈ 40 more episodes`` where no flag asks for them).
-    """
-    parsed: Any = evidence
-    if isinstance(evidence, str):
-        try:
-            parsed = json.loads(evidence)
-        except ValueError:
-            parsed = None
-    if not isinstance(parsed, Mapping):
-        return _first_clause(statement)
-    judged, held_out = (parsed.get(key) for key in (_JUDGED[0], _HELD_OUT[0]))
-    if isinstance(judged, Mapping):
-        line = _effect_line(_JUDGED[1], judged)
-    elif isinstance(held_out, Mapping):
-        judged, held_out = held_out, None
-        line = _effect_line(_HELD_OUT[1], judged)
-    else:
-        return _first_clause(statement)
-    if isinstance(held_out, Mapping):
-        line += "; " + _effect_line(_HELD_OUT[1], held_out, verdict=False)
-    command = settle_command(judged, question=question, kind=kind)
-    return f"{line[:MAX_CHARS]}; settle: {command}" if command else line[:MAX_CHARS]
 
 
 def _value_text(value: Any) -> str:

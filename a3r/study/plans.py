@@ -120,13 +120,19 @@ class StabilityCriterion(BaseModel):
     min_seeds: int = Field(default=2, ge=1)
 
     def describe(
-        self, *, tasks: int | None = None, after: int | None = None, before: int | None = None
+        self,
+        *,
+        tasks: int | None = None,
+        after: int | None = None,
+        before: int | None = None,
+        planned: bool = False,
     ) -> str:
         """The definition as one sentence, for the study's hypotheses, the plan and the report: what is
         compared, with its n when known (``tasks`` held-out tasks, ``after`` attempts of the evaluation
-        after training, ``before`` of the untrained model's)."""
+        after training, ``before`` of the untrained model's); ``planned``: the numbers a plan asks for,
+        which the time budget may cut (``n = up to …``), not yet measured."""
         n = (
-            f"n = {counted(tasks, 'tasks')}"
+            f"n = {'up to ' if planned else ''}{counted(tasks, 'tasks')}"
             + (
                 f": {after} attempts after, {before} before"
                 if after is not None and before is not None

@@ -149,7 +149,7 @@ def plot_parts(
     parts: dict[str, dict[str, list[float]]], path: Path, roles: Mapping[str, str] | None = None
 ) -> Path | None:
     """One panel per reward part, one line per configuration and seed (`a3r.study.report.joined_parts`):
-    its mean per B·G train episodes (≈ one step). A rate is drawn on a fixed 0–1 scale (0.667 → 0.750
+    its mean over the episodes each trainer step trained, one point per step. A rate is drawn on a fixed 0–1 scale (0.667 → 0.750
     is a small move, and looks it); a part with a role has its good direction in the title.
 
     Args:
@@ -168,7 +168,7 @@ def plot_parts(
                 ax.plot(range(1, len(curves[name]) + 1), curves[name], marker="o", label=label)
         good = GOOD_DIRECTION.get((roles or {}).get(name, ""), "")
         ax.set_title(f"{name}\n{good}" if good else name, fontsize=9)
-        ax.set_xlabel("batch of B·G train episodes (≈ step)", fontsize=7)
+        ax.set_xlabel("trainer step (its batch's episodes)", fontsize=7)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if _is_rate(parts, name):
             ax.set_ylim(-0.03, 1.03)

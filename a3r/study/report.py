@@ -14,7 +14,7 @@ from pathlib import Path
 
 from a3r.study.analysis import RewardSummary, part_roles
 from a3r.study.effects import Effect, step_effect
-from a3r.study.headline import headline
+from a3r.study.headline import conclusion_line, headline, verdict_label
 from a3r.study.plans import PlanDraft, training_line
 from a3r.study.plots import plot_held_out, plot_parts, plot_rewards, plot_sweep
 from a3r.study.research import ConfigVerdict
@@ -109,10 +109,7 @@ def _table(columns: Sequence[tuple[str, Sequence[str]]], *, droppable: Sequence[
 def _verdict(study: StudyPublic, conclusion: str, findings: Sequence[FindingPublic]) -> list[str]:
     """The one plain line, then the conclusion it was read from (when it says more) and how verdicts
     are reached."""
-    finding = next((f for f in findings if f.statement == conclusion), None)
-    line = headline(
-        conclusion, finding.evidence if finding else None, question=study.question, kind=study.kind
-    )
+    line = conclusion_line(conclusion, findings, question=study.question, kind=study.kind)
     lines = [f"**Verdict.** {line}", ""]
     if line != conclusion:
         lines += [f"Derivation: {conclusion}", ""]
@@ -130,7 +127,26 @@ def _verdict(study: StudyPublic, conclusion: str, findings: Sequence[FindingPubl
     ]
 
 
-def _plan(plan: PlanDraft, notes: Sequence[str], hypotheses: Sequence[HypothesisPublic]) -> list[str]:
+def stability_n(outcomes: Sequence[RunOutcome], baseline: RewardSummary | None) -> dict[str, int]:
+    """The n the stability definition compared, for `StabilityCriterion.describe`: held-out tasks, attempts
+    after training and before (the untrained model's), when every evaluated run shares them; empty
+    (the definition then says n is stated with each verdict) otherwise."""
+    evals = [o.eval for o in outcomes if o.purpose in ("train", "sweep") and o.eval is not None]
+    if baseline is None or not evals:
+        return {}
+    tasks = {e.tasks for e in evals} | {baseline.tasks}
+    after = {e.episodes for e in evals}
+    if len(tasks) != 1 or len(after) != 1:
+        return {}
+    return {"tasks": tasks.pop(), "after": after.pop(), "before": baseline.episodes}
+
+
+def _plan(
+    plan: PlanDraft,
+    notes: Sequence[str],
+    hypotheses: Sequence[HypothesisPublic],
+    n: Mapping[str, int] | None = None,
+) -> list[str]:
     lines = [
         "## Plan",
         f"- objective: {plan.objective}",
@@ -151,7 +167,9 @@ def _plan(plan: PlanDraft, notes: Sequence[str], hypotheses: Sequence[Hypothesis
             f"- sweep: `{spec.variable}` ∈ {_values(spec.coarse, spec.variable, plan.template)} ({stages}), to {goal}"
         )
     if plan.stability is not None:
-        lines.append(f"- operational definition: {plan.stability.describe()}")
+        n = n or {}
+        compared = plan.stability.describe(tasks=n.get("tasks"), after=n.get("after"), before=n.get("before"))
+        lines.append(f"- operational definition: {compared}")
     lines += [f"- {note}" for note in notes]
     lines += ["", "## Pre-registered hypotheses", ""]
     for h in hypotheses:
@@ -159,6 +177,14 @@ def _plan(plan: PlanDraft, notes: Sequence[str], hypotheses: Sequence[Hypothesis
             f"- ({h.registered_at:%Y-%m-%d %H:%M:%S} UTC) **{h.statement}** — expected: {h.expected_outcome}; decision rule: {h.decision_rule}"
         )
     return lines
+
+
+def _episodes_text(outcome: RunOutcome) -> str:
+    """The run's finished train episodes, the ones no step trained marked apart: ``16 (+3 untrained)``."""
+    trained = outcome.trained_episodes
+    if trained is None or trained >= outcome.episodes:
+        return str(outcome.episodes)
+    return f"{trained} (+{outcome.episodes - trained} untrained)"
 
 
 def _runs(
@@ -181,12 +207,19 @@ def _runs(
         status = status_text(o.status) + (f", reused from {origin}" if origin else "")
         held_out = [f"{e.tasks} / {e.episodes}" if e else "–", _fmt(e.pass_at_1 if e else None)]
         wall = "–" if origin else f"{o.wall_s:.0f}"
-        row = [o.key, status, str(o.steps), str(o.episodes), wall, _fmt(last), *held_out]
+        row = [o.key, status, str(o.steps), _episodes_text(o), wall, _fmt(last), *held_out]
         rows.append([*row, _fmt(e.pass_at_2 if e else None), _mean_se(e)])
     header = ["run", "status", "steps", "train episodes", "wall s", "last reward"]
     header += ["held-out n (tasks / attempts)", "held-out p@1", "held-out p@2", "held-out mean ± SE"]
     columns = [(h, [row[i] for row in rows]) for i, h in enumerate(header)]
-    return [*lines, "", "## Runs", "", *_table(columns, droppable=("held-out p@1", "held-out p@2"))]
+    table = _table(columns, droppable=("held-out p@1", "held-out p@2"))
+    if any("untrained)" in row[3] for row in rows):
+        table += [
+            "",
+            "_untrained: episodes that finished after the run's last step took its batch (no step of the run "
+            "trained them; a continuation on the same server may)._",
+        ]
+    return [*lines, "", "## Runs", "", *table]
 
 
 def _configurations(
@@ -245,9 +278,10 @@ def _figures(
             "",
             "## Reward parts",
             "",
-            "The reward split into its parts (the workflow's episode metrics), the mean of each per B·G "
-            "train episodes, per configuration and seed (a rate on a fixed 0–1 scale; the good direction "
-            "in each panel's title):",
+            "The reward split into its parts (the workflow's episode metrics), the mean of each over the "
+            "episodes each trainer step trained, per configuration and seed (episodes that finished after "
+            "the last step took its batch trained nothing and are left out; a rate on a fixed 0–1 scale; "
+            "the good direction in each panel's title):",
             "",
             f"![reward parts]({parts_png.name})",
             "",
@@ -263,12 +297,15 @@ def _findings_and_patches(
     if findings:
         lines += ["", "## Findings", ""]
         for f in findings:
-            line = headline(f.statement, f.evidence, question=study.question, kind=study.kind)
+            label = verdict_label(f.status.value, f.evidence)
+            line = headline(
+                f.statement, f.evidence, question=study.question, kind=study.kind, status=f.status.value
+            )
             derivation = f" — {f.statement}" if line != f.statement else ""
             seeds = ",".join(map(str, f.seeds)) or "none"
             runs = ",".join(map(str, f.run_ids)) or "none"
             lines.append(
-                f"- **{line}** [{f.status.value}, confidence {f.confidence:.2f}, seeds {seeds}, runs {runs}]{derivation}"
+                f"- **{line}** [{label}, confidence {f.confidence:.2f}, seeds {seeds}, runs {runs}]{derivation}"
             )
     if patches:
         lines += ["", "## Patches", ""]
@@ -325,7 +362,7 @@ def write_report(
         configs, variable, baseline, folder / "sweep.png", stability=stability, template=plan.template
     )
     lines = [f"# Study {study.id}: {study.question}", "", *_verdict(study, conclusion, findings)]
-    lines += _plan(plan, notes, hypotheses)
+    lines += _plan(plan, notes, hypotheses, stability_n(outcomes, baseline))
     lines += _runs(outcomes, baseline, reused)
     if configs:
         lines += _configurations(configs, variable, plan.template, stability)

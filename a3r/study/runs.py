@@ -111,6 +111,9 @@ class RunOutcome(BaseModel):
         reason: One readable line.
         steps: Policy step reached on the server.
         episodes: Finished train episodes.
+        trained_episodes: Of those, the ones a trainer step of this run consumed (trained, or dropped
+            as zero-signal); the rest finished after the last batch was taken. ``None``: not counted
+            (a smoke run, an outcome recorded before this was).
         wall_s: Wall time in seconds.
         curve: ``(step, mean train reward)`` per trainer step (``GET /api/v1/metrics``).
         episode_curve: Mean reward of successive train groups (client records), for runs without steps.
@@ -123,8 +126,8 @@ class RunOutcome(BaseModel):
             episode (server start and evaluation left out; for budget scheduling).
         seconds_per_step: Measured trainer cadence (``nan`` without steps).
         eval_s: Seconds its held-out evaluation took (``nan`` when none ran).
-        parts: Curves of the reward's parts (`a3r.study.analysis.part_curves`: one point per B·G
-            train episodes), by metric name.
+        parts: Curves of the reward's parts (`a3r.study.analysis.part_curves`: one point per trainer
+            step, over the episodes it consumed), by metric name.
         signal: A preflight's sequential futility test after its last look (`a3r.study.sequential`).
         reward_patch: The spec's reward patch (``None``: the reward as first written).
         overhead_s: The thread's wall seconds around the run that ``wall_s`` leaves out, counted
@@ -145,6 +148,7 @@ class RunOutcome(BaseModel):
     reason: str
     steps: int = 0
     episodes: int = 0
+    trained_episodes: int | None = None
     wall_s: float = 0.0
     curve: list[tuple[int, float]] = Field(default_factory=list)
     episode_curve: list[float] = Field(default_factory=list)

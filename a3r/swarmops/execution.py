@@ -38,7 +38,9 @@ from a3r.study.analysis import (
     metric_series,
     part_curves,
     read_progress,
+    step_parts,
     summarise_rewards,
+    trained_count,
 )
 from a3r.study.price import SERVER_OVERHEAD_S
 from a3r.study.research import (
@@ -62,7 +64,8 @@ from a3r.swarmops.processes import (
     start_server,
     swarm_command,
 )
-from memory import RunUpdate
+from a3r.swarmops.trained import trained_metrics
+from memory import NOT_METRICS, RunUpdate
 from swarm.client import ClientError, Event, ServeOptions, ServeOptionsError, ServerStepMetrics, StatusView
 
 __all__ = [
@@ -193,12 +196,17 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def _numeric(metrics: ServerStepMetrics) -> dict[str, float]:
-    """A step's top-level numbers by name (finite only; the step itself left out), with the mean
-    completion length ``completion_tokens_mean`` = trained tokens per sample."""
+    """A step's top-level numbers by name (finite only; the step itself and its time stamp,
+    `memory.NOT_METRICS`, left out), with the mean completion length ``completion_tokens_mean`` = trained
+    tokens per sample."""
     values = {
         k: float(v)
         for k, v in metrics.model_dump().items()
-        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        if k != "step"
+        and k not in NOT_METRICS
+        and isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
     }
     if values.get("samples"):
         values["completion_tokens_mean"] = values.get("tokens", 0.0) / values["samples"]
@@ -1101,6 +1109,14 @@ def _outcome(
     train_groups = groups_of(episodes)
     finished_eps = sum(len(v) for v in train_groups.values())
     metric_names = sorted({name for ep in episodes for name in ep.metrics})
+    # the episodes each step of this run consumed (trained, or dropped as zero-signal): the parts'
+    # points, one per step; episodes that finished after the last batch was taken trained nothing (a
+    # smoke run trains nothing: its parts stay per B·G episodes)
+    per_step = (
+        None
+        if spec.purpose == "smoke"
+        else [row.episodes + row.episodes_dropped for row in rows if row.step > start_step]
+    )
     return RunOutcome(
         **spec.outcome_fields(),
         run_id=run.run_id,
@@ -1108,6 +1124,7 @@ def _outcome(
         reason=reason,
         steps=last_step,
         episodes=finished_eps,
+        trained_episodes=None if per_step is None else trained_count(per_step, finished_eps),
         wall_s=time.monotonic() - run.started,
         curve=[(s, v) for s, v in _reward_curve(rows) if s > start_step or spec.start_step == 0],
         episode_curve=[statistics.fmean(v) for v in train_groups.values() if v],
@@ -1118,11 +1135,30 @@ def _outcome(
         run_dir=str(run.run_dir),
         seconds_per_episode=client_s / finished_eps if finished_eps else math.nan,
         seconds_per_step=seconds_per_step,
-        parts=part_curves(
-            episodes, metric_names, per_point=spec.settings.batch_size * spec.settings.group_size
-        ),
+        parts=_parts(run, episodes, metric_names, per_step=per_step, start_step=start_step),
         eval_s=eval_s,
     )
+
+
+def _parts(
+    run: _Run,
+    episodes: list[EpisodeRecord],
+    names: list[str],
+    *,
+    per_step: list[int] | None,
+    start_step: int,
+) -> dict[str, list[float]]:
+    """The run's reward-part curves: one point per step it trained, over the episodes the step took,
+    read from the pool of a server of ours (`a3r.swarmops.trained`); else from the client's records in
+    order, as many per step as the step consumed; a smoke run's per B·G episodes."""
+    spec = run.spec
+    if per_step is None:
+        return part_curves(episodes, names, per_point=spec.settings.batch_size * spec.settings.group_size)
+    if run.handle.process is not None:
+        trained = trained_metrics(run.ws.server_dir(spec.server_key or spec.key), after_step=start_step)
+        if trained is not None:
+            return step_parts(trained, names)
+    return part_curves(episodes, names, per_point=1, per_step=per_step)
 
 
 def _smoke_heldout(run: _Run, seconds_per_episode: float, available: int) -> int:

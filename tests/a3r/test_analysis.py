@@ -24,7 +24,9 @@ from a3r.study.analysis import (
     part_curves,
     pass_at_k,
     read_progress,
+    step_parts,
     summarise_rewards,
+    trained_count,
 )
 
 
@@ -137,3 +139,52 @@ def test_reward_part_curves_average_each_metric_per_batch(tmp_path: Path) -> Non
     curves = part_curves(episodes, ["format_ok", "correct", "missing"], per_point=2)
     assert curves == {"format_ok": [0.0, 1.0, 1.0], "correct": [0.0, 0.0, 1.0]}
     assert part_curves(episodes, ["format_ok"], per_point=4) == {"format_ok": [0.5, 1.0]}  # 2 of 4 count
+
+
+def test_reward_parts_count_only_the_episodes_a_step_trained() -> None:
+    """Found by a fresh user: a 2-step run showed 3 points (19 finished episodes, 16 trained): the
+    episodes that finished after the last step took its batch trained nothing. With the steps' batch
+    sizes there is one point per step, and the untrained tail is counted apart."""
+    finished = [
+        EpisodeRecord(kind="train", round=0, task_id=f"t{i // 4}", member=i % 4, status="finished",
+                      reward=0.0, metrics={"win_rate": float(i % 2), "leak_rate": float(i >= 8)})
+        for i in range(21)
+    ]  # fmt: skip
+    aborted = EpisodeRecord(kind="train", round=0, task_id="x", member=0, status="aborted")
+    episodes = [*finished[:3], aborted, *finished[3:]]
+    per_step = [8, 8]  # ServerStepMetrics.episodes + episodes_dropped of steps 1 and 2
+    curves = part_curves(episodes, ["win_rate", "leak_rate"], per_point=8, per_step=per_step)
+    assert curves == {"win_rate": [0.5, 0.5], "leak_rate": [0.0, 1.0]}  # 2 steps: 2 points
+    assert len(part_curves(episodes, ["win_rate"], per_point=8)["win_rate"]) == 3  # B·G chunks: 8, 8, 5
+    assert trained_count(per_step, len(finished)) == 16
+    assert trained_count([8, 8, 8], 21) == 21  # never more than finished
+    assert part_curves(episodes, ["win_rate"], per_point=8, per_step=[]) == {}  # no step: nothing trained
+
+
+def test_reward_parts_from_the_pool_count_what_each_step_trained(tmp_path: Path) -> None:
+    """The pool records the step that consumed each episode: one point per step of the run (steps
+    after its start), the untrained tail (no ``trained_step``) and eval episodes left out."""
+    from a3r.swarmops.trained import trained_metrics
+    from swarm.pool import Pool, StoredEpisode
+    from swarm.protocol import EpisodeKind, EpisodeStatus
+
+    pool = Pool(tmp_path / "pool.db")
+    for i in range(10):
+        kind = EpisodeKind.EVAL if i == 9 else EpisodeKind.TRAIN
+        status = EpisodeStatus.ABORTED if i == 8 else EpisodeStatus.FINISHED
+        episode = StoredEpisode(id=f"e{i}", task_id=f"t{i // 2}", client_id="c", kind=kind, status=status,
+                                created_at=0.0, finished_at=1.0, metrics={"win_rate": float(i % 2 == 0 or i > 3)})  # fmt: skip
+        pool.add(episode, [])
+    pool.mark_trained(["e0", "e1"], 1)  # the previous run's step
+    pool.mark_trained(["e2", "e3"], 2)
+    pool.mark_trained(["e4", "e5", "e8"], 3)  # e6, e7 finished after the last batch: untrained
+    pool.close()
+    trained = trained_metrics(tmp_path, after_step=1)
+    assert trained == [
+        (2, {"win_rate": 1.0}),
+        (2, {"win_rate": 0.0}),
+        (3, {"win_rate": 1.0}),
+        (3, {"win_rate": 1.0}),
+    ]
+    assert step_parts(trained, ["win_rate", "missing"]) == {"win_rate": [0.5, 1.0]}
+    assert trained_metrics(tmp_path / "none", after_step=0) is None  # no pool: the caller falls back

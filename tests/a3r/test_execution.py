@@ -184,3 +184,19 @@ def test_a_sized_run_re_plans_back_up_to_the_steps_and_b_asked_for(tmp_path: Pat
     replans = [n for n in notes if "re-plan after step" in n]
     assert outcome.status == "finished" and outcome.steps == 4, (outcome.reason, notes)
     assert replans and "(all asked for)" in replans[0] and any("B 1 → 2" in n for n in replans)
+
+
+def test_a_step_rows_time_stamp_is_not_logged_as_a_metric() -> None:
+    """Found by a fresh user: ``created_at`` (the row's Unix time) was logged as a metric of every step."""
+    from a3r.swarmops.execution import _numeric
+    from swarm.protocol import ServerStepMetrics
+
+    row = ServerStepMetrics(
+        step=1, samples=2, episodes=2, tokens=10, adv_mean=0.0, adv_std=1.0, adv_min=-1.0, adv_max=1.0,
+        loss=0.1, policy_loss=0.1, clip_frac=0.0, entropy=1.0, grad_norm=1.0, grad_norm_max=1.0,
+        ratio_mean=1.0, logprob_drift_mean=0.0, logprob_drift_max=0.0, lr=1e-5, updates=1,
+        micro_batches=1, created_at=1764900000.5,
+    )  # fmt: skip
+    values = _numeric(row)
+    assert "created_at" not in values and "step" not in values
+    assert values["loss"] == 0.1 and values["completion_tokens_mean"] == 5.0

@@ -148,7 +148,7 @@ def test_a_configuration_with_one_seed_cancelled_is_judged_on_the_seed_that_ran(
     (finding,) = [f for f in findings if "batch_size=2 is" in f.statement]
     assert "is undecided (1/1 seed that ran stable" in finding.statement
     assert "; not run: seed 1: cancelled by the budget" in finding.statement
-    assert conclusion.startswith("not answered: no configuration that ran (2) has a stability verdict yet")
+    assert conclusion.startswith("unconfirmed: no configuration that ran (2) has a stability verdict yet")
 
 
 def test_what_did_not_run_and_why() -> None:
@@ -235,3 +235,26 @@ def test_the_operational_definition_says_what_it_compares_with_its_n() -> None:
     assert "(n = 16 tasks: 32 attempts after, 64 before;" in text
     assert "mean training reward over the last" not in text
     assert "n = the held-out tasks and attempts both evaluations ran" in StabilityCriterion().describe()
+
+
+def test_the_printed_definition_of_stable_carries_the_n_it_used(tmp_path: Path) -> None:
+    """From issue 33: the definition printed by the plan, the dry run and the report said "n = the held-out
+    tasks and attempts both evaluations ran" where the numbers were known. The report states the n its
+    runs compared; the dry run the n the plan asks for (up to: the budget may cut attempts)."""
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+    from a3r.study.report import stability_n
+
+    runs = [_run(1, 0), _run(1, 1), _run(2, 0, eval=None)]
+    assert stability_n(runs, BASELINE) == {"tasks": 16, "after": 64, "before": 64}
+    assert stability_n([*runs, _run(2, 1, eval=_evaluation(3, 2))], BASELINE) == {}  # n differs: per verdict
+    assert stability_n(runs, None) == {}
+    text = StabilityCriterion().describe(**stability_n(runs, BASELINE))
+    assert "(n = 16 tasks: 64 attempts after, 64 before;" in text
+    common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
+    question = "smallest stable batch_size on arithmetic"
+    result = CliRunner().invoke(app, ["research", question, "--eval-tasks", "8", *common])
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("  stability: ")]
+    assert "(n = up to 8 tasks: 16 attempts after, 32 before;" in line, line

@@ -399,19 +399,27 @@ def test_a_vibe_report_opens_with_one_plain_line_and_plots_the_held_out_evidence
             episode_curve=[0.2, 0.3],
             eval=_held_out({f"h{i}": 0.2 for i in range(4)}),
         ),
-        _trained([0.2, 0.3, 0.25], _held_out({f"h{i}": 0.3 for i in range(4)})),
+        _trained([0.2, 0.3, 0.25], _held_out({f"h{i}": 0.3 for i in range(4)})).model_copy(
+            update={"episodes": 19, "trained_episodes": 16}
+        ),
     ]
     result = _vibe_report(tmp_path, store, study, runs)
     report = Path(str(result["report"])).read_text(encoding="utf-8")
+    # 19 episodes finished, 16 of them in a step's batch: the untrained tail is counted apart
+    assert "| train-s0 | finished | 3 | 16 (+3 untrained) |" in report
     verdict = next(line for line in report.splitlines() if line.startswith("**Verdict.**"))
     line = verdict.removeprefix("**Verdict.** ")
     # the judged effect (3 steps are too few to estimate a trend) with its verdict, the held-out
     # comparison beside it, and the command that would settle it
     assert line == (
-        "train reward change: not estimated, unconfirmed; held-out after − before: +0.100 (95% CI +0.043 … "
-        "+0.157); settle: a3r vibe 'train arithmetic' --steps 4"
+        "unconfirmed, held-out confirmed: train reward Δ not estimated; held-out Δ +0.100 (95% CI "
+        "+0.043…+0.157); settle: a3r vibe 'train arithmetic' --steps 4"
     )
     assert f"Derivation: {result['conclusion']}" in report  # the whole derivation, below the line
+    # the derivation and the report's findings carry the same label as the line (one source)
+    assert str(result["conclusion"]).startswith("hypothesis unconfirmed, held-out confirmed: ")
+    assert "[unconfirmed, held-out confirmed, confidence" in report
+    assert report.splitlines()[2] == verdict  # the line opens the report, under its title
     assert "![held-out before and after](held_out.png)" in report
     assert (tmp_path / "ws" / "held_out.png").read_bytes()[:4] == b"\x89PNG"
     # no attempt reaches the correct threshold (1.0): p@1 and p@2 are 0 in every row, so not columns

@@ -156,3 +156,22 @@ def test_markdown_export_has_valid_json_evidence_and_summarises_long_data(
     assert '{"task": 19}' in markdown and '{"task": 20}' not in markdown
     data = json.loads(runner.invoke(app, ["export", str(study.id), "-s", store_url, "-f", "json"]).output)
     assert data["artifacts"][0]["content"] == tasks  # the JSON export keeps every line
+
+
+def test_a_time_stamp_is_not_shown_as_a_metric(store: Store, store_url: str) -> None:
+    """Found by a fresh user: ``a3r export`` showed ``created_at`` (a step row's Unix time) as a metric.
+    A store written before a3r stopped logging it keeps it; ``a3r runs`` and both exports leave it out."""
+    study = store.create_study("stamps")
+    run = store.start_run(store.create_experiment(study.id, "e").id, name="stamped", seed=0)
+    store.log_metrics(run.id, 1, {"reward_mean": 0.25, "created_at": 1764900000.5})
+    store.finish_run(run.id, final_metrics={"reward_mean": 0.5, "created_at": 1764900001.5})
+    markdown = runner.invoke(app, ["export", str(study.id), "--store", store_url])
+    assert markdown.exit_code == 0, markdown.output
+    assert "reward_mean=0.5" in markdown.output and "created_at" not in markdown.output
+    exported = json.loads(runner.invoke(app, ["export", str(study.id), "-s", store_url, "-f", "json"]).output)
+    (row,) = exported["experiments"][0]["runs"]
+    assert row["final_metrics"] == {"reward_mean": 0.5} and row["latest_metrics"] == {"reward_mean": 0.25}
+    assert [p["name"] for p in row["metric_points"]] == ["reward_mean"]
+    listed = runner.invoke(app, ["runs", "--store", store_url, "--study", str(study.id)])
+    assert "reward_mean=0.5" in listed.output and "created_at" not in listed.output
+    assert "in a3r export" not in listed.output  # no hidden metric left to point to

@@ -12,6 +12,7 @@ def test_exported_members() -> None:
     assert sorted(memory.__all__) == sorted(
         [
             "DEFAULT_PATH",
+            "NOT_METRICS",
             "REDACTED",
             "ArtifactKind",
             "CodeArtifactPublic",

@@ -133,7 +133,8 @@ async def test_a_finding_reads_as_its_plain_line_and_its_evidence_without_nan(
         await pilot.press("f")
         await wait_for(pilot, lambda: len(cells(app, "#findings")) == 2)
         row = cells(app, "#findings")[1]
-        assert row[4].startswith("train reward change: +0.100 (95% CI +0.040")
+        # the label is the finding's status (unconfirmed: stored so), the effect's numbers follow it
+        assert row[2] == "unconfirmed" and row[4].startswith("unconfirmed: train reward Δ +0.100 (95% CI")
         await pilot.press("down")
         detail = text_of(app, "#finding")
         assert "a long derivation" in detail and "curve: 2 points" in detail and "noise: –" in detail
@@ -150,12 +151,16 @@ async def test_a_concluded_study_opens_with_its_one_plain_line(
     effect = {"estimate": 0.2, "low": 0.1, "high": 0.3, "verdict": "confirmed", "n": 3, "unit": "seeds"}
     conclusion = "hypothesis confirmed: a long derivation with every number in it"
     store.add_finding(
-        seeded.study_id, statement=conclusion, confidence=0.95, evidence=json.dumps({"effect": effect})
+        seeded.study_id,
+        statement=conclusion,
+        confidence=0.95,
+        evidence=json.dumps({"effect": effect}),
+        status="confirmed",
     )
     store.update_study(seeded.study_id, StudyUpdate(conclusion=conclusion))
     app = A3RApp(store, config=config, study_id=seeded.study_id)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: "Verdict" in text_of(app, "#plan-text"))
         plan = " ".join(text_of(app, "#plan-text").split())
-        assert "Verdict train reward change: +0.200 (95% CI +0.100 … +0.300), confirmed" in plan
+        assert "Verdict confirmed: train reward Δ +0.200 (95% CI +0.100…+0.300)" in plan
         assert plan.index("Verdict") < plan.index("Derivation hypothesis confirmed: a long derivation")

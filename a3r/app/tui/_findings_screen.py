@@ -10,12 +10,18 @@ from a3r.app.tui._context import TuiContext
 from a3r.app.tui._polling import RELOAD_GROUP, read_store
 from a3r.app.tui._table_screen import StudyTableScreen
 from a3r.app.tui._tables import cut, refill
-from a3r.study.headline import evidence_lines, headline
+from a3r.study.headline import evidence_lines, headline, verdict_label
 from memory import FindingPublic
 
 __all__ = ["FindingsScreen"]
 
-_STATUS_STYLE = {"confirmed": "bold green", "refuted": "red", "unconfirmed": "yellow"}
+_STATUS_STYLE = {"confirmed": "bold green", "refuted": "red", "unconfirmed": "yellow", "not run": "dim"}
+
+
+def _status_cell(finding: FindingPublic) -> Text:
+    """The finding's verdict label (`a3r.study.headline.verdict_label`), coloured by its first word."""
+    label = verdict_label(finding.status.value, finding.evidence)
+    return Text(label, style=_STATUS_STYLE.get(label.split(",")[0], ""))
 
 
 class FindingsScreen(StudyTableScreen):
@@ -57,7 +63,11 @@ class FindingsScreen(StudyTableScreen):
         asked = {study.id: study for study in studies}
         lines = {
             str(f.id): headline(
-                f.statement, f.evidence, question=asked[f.study_id].question, kind=asked[f.study_id].kind
+                f.statement,
+                f.evidence,
+                question=asked[f.study_id].question,
+                kind=asked[f.study_id].kind,
+                status=f.status.value,
             )
             for f in findings
         }
@@ -71,7 +81,10 @@ class FindingsScreen(StudyTableScreen):
             return
         findings, self._lines = read
         self._findings = {str(f.id): f for f in findings}
-        room = max(20, self.size.width - 36)  # the statement column; the full text shows below
+        labels = [_status_cell(f) for f in findings]
+        # the verdict column: what the id, study, status (its longest label) and conf columns leave; the
+        # full line shows below
+        room = max(20, self.size.width - 25 - max((len(label) for label in labels), default=11))
         table = self.table
         refill(
             table,
@@ -81,12 +94,12 @@ class FindingsScreen(StudyTableScreen):
                     (
                         str(f.id),
                         str(f.study_id),
-                        Text(f.status.value, style=_STATUS_STYLE.get(f.status.value, "")),
+                        label,
                         f"{f.confidence:.2f}",
                         cut(self._lines[str(f.id)], room),
                     ),
                 )
-                for f in findings
+                for f, label in zip(findings, labels, strict=True)
             ),
         )
         if table.row_count:

@@ -18,12 +18,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from a3r.app.tui._swarm import EpisodeSummary, LiveRun
+from a3r.swarmops.trained import POOL_FILE
 from swarm.client import EpisodeView
 
 __all__ = ["POOL_FILE", "RunDirReader"]
 
-POOL_FILE = "pool.db"
-"""The server's episode pool in its run dir."""
 METRICS_FILE = "metrics.jsonl"
 """The server's per-step training metrics in its run dir, one JSON row a step."""
 

@@ -20,8 +20,9 @@ from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.app.tui._reward_curve import RewardCurve
 from a3r.app.tui._run_screen import RunScreen
 from a3r.app.tui._tables import Cell, refill, selected_key
-from a3r.study.headline import headline
+from a3r.study.headline import conclusion_line
 from memory import (
+    NOT_METRICS,
     CodeArtifactPublic,
     EventPublic,
     ExperimentPublic,
@@ -39,8 +40,8 @@ _LEVEL_STYLE = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold 
 def metrics_text(values: dict[str, float] | None, width: int = 40) -> str:
     """``name=value`` pairs, the key metrics first (`a3r.app.metric_text.KEY_METRICS`' order: reward, eval,
     loss, kl …, then the rest by name), each at a readable precision (`a3r.app.metric_text.number_text`), cut
-    to ``width`` characters."""
-    values = values or {}
+    to ``width`` characters; fields that are not measurements (`memory.NOT_METRICS`) left out."""
+    values = {name: value for name, value in (values or {}).items() if name not in NOT_METRICS}
     first = [name for name in KEY_METRICS if name in values]
     names = first + sorted(name for name in values if name not in first)
     text = "  ".join(f"{name}={number_text(values[name])}" for name in names)
@@ -228,9 +229,7 @@ def _plan(snapshot: _Snapshot) -> RenderableType:
         Text.assemble(("Status ", "bold"), f"{study.status.value} ({study.kind})"),
     ]
     if study.conclusion:  # the one plain line first, the conclusion it was read from below it
-        finding = next((f for f in snapshot.findings if f.statement == study.conclusion), None)
-        evidence = finding.evidence if finding is not None else None
-        line = headline(study.conclusion, evidence, question=study.question, kind=study.kind)
+        line = conclusion_line(study.conclusion, snapshot.findings, question=study.question, kind=study.kind)
         parts.append(Text.assemble(("Verdict ", "bold"), (line, "bold")))
         if line != study.conclusion:
             parts.append(Text.assemble(("Derivation ", "bold"), (study.conclusion, "dim")))
