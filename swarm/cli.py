@@ -7,7 +7,6 @@ end with exit code 1 and one readable line, never a traceback (usage mistakes: e
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import logging
 import os
@@ -21,6 +20,7 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.markup import escape
 
+from swarm.client.console_script import console_app
 from swarm.errors import SwarmError
 from swarm.run_options import RunOptions, RunOptionsError
 from swarm.serve_options import FlagOptions, ServeOptions, check_device, cli_spec
@@ -48,30 +48,11 @@ class PlainHelpCommand(typer.core.TyperCommand):
         super().format_help(ctx, formatter)
 
 
-app = typer.Typer(
-    name="swarm",
-    help="Serve an LLM behind an OpenAI-compatible API, record episodes token-exactly and train it with RL.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
+app = console_app(
+    "swarm",
+    "Serve an LLM behind an OpenAI-compatible API, record episodes token-exactly and train it with RL.",
 )
 console = Console(stderr=True)
-
-
-def _print_version(value: bool) -> None:
-    if value:  # swarm ships in the a3r distribution
-        typer.echo(f"swarm {importlib.metadata.version('a3r')}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _options(
-    version: Annotated[
-        bool,
-        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
-    ] = False,
-) -> None:
-    """Serve an LLM behind an OpenAI-compatible API, record episodes token-exactly and train it with RL."""
 
 
 def fail(message: str) -> typer.Exit:

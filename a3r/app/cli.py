@@ -44,6 +44,7 @@ from memory import (
     FindingStatus,
     RunStatus,
 )  # plain enums: no database layer loaded
+from swarm.client.console_script import console_app
 
 if TYPE_CHECKING:
     from memory import Store
@@ -108,30 +109,7 @@ class _LazyGroup(typer.core.TyperGroup):
         self._placeholders = set()
 
 
-app = typer.Typer(
-    name="a3r",
-    help="A3R: agentic RL of LLMs, run by an autonomous research agent.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    cls=_LazyGroup,
-)
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"a3r {importlib.metadata.version('a3r')}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _options(
-    version: Annotated[
-        bool,
-        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
-    ] = False,
-) -> None:
-    """A3R: agentic RL of LLMs, run by an autonomous research agent."""
+app = console_app("a3r", "A3R: agentic RL of LLMs, run by an autonomous research agent.", cls=_LazyGroup)
 
 
 StoreOption = Annotated[

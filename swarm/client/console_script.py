@@ -6,14 +6,58 @@ Not imported by ``swarm.client`` itself, so importing the client does not import
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["run_console_script"]
+__all__ = ["console_app", "run_console_script", "version_option"]
+
+
+def version_option(prog_name: str) -> Any:
+    """The eager ``--version`` option of a console script: prints ``<prog_name> <version>`` (the version
+    of the ``a3r`` distribution, which ships ``swarm`` too) and exits 0 before any command runs.
+
+    :func:`console_app` gives every app one.
+    """
+
+    def _print_version(value: bool) -> None:
+        if value:
+            typer.echo(f"{prog_name} {importlib.metadata.version('a3r')}")
+            raise typer.Exit()
+
+    return typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    )
+
+
+def console_app(name: str, help: str, **options: Any) -> typer.Typer:
+    """A Typer app built as the console scripts are: help when called without a command, no shell
+    completion install, plain tracebacks, and the eager ``--version`` of :func:`version_option`.
+
+    Args:
+        name: The program's name (``swarm``, ``a3r``).
+        help: The one-paragraph help shown above the commands.
+        options: More ``typer.Typer`` settings (e.g. ``cls``).
+    """
+    app = typer.Typer(
+        name=name,
+        help=help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        **options,
+    )
+
+    @app.callback(help=help)
+    # The option is the default, not in Annotated: annotations are strings in this module (PEP 563).
+    def _options(version: bool = version_option(name)) -> None:
+        del version  # handled by its eager callback
+
+    return app
 
 
 def run_console_script(typer_app: typer.Typer, *, prog_name: str) -> NoReturn:
