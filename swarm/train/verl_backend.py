@@ -36,7 +36,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from swarm.errors import ConfigError
+from swarm.errors import ConfigError, SwarmError
 from swarm.tracking.records import Sample
 from swarm.train.config import LossAggregation, TrainerConfig, VerlSettings
+from swarm.train.lora import add_adapters, merge_adapters
 from swarm.train.losses import batch_statistics, loss_normalizer
 from swarm.train.metrics import StepMetrics, StepTimings
 from swarm.train.trainer import TrainerError
@@ -63,6 +64,9 @@ __all__ = [
     "VerlUnavailable",
     "check_ray_address",
     "check_verl_available",
+    "load_adapter_state_dict",
+    "load_full_state_dict",
+    "ray_worker_group",
     "to_verl_batch",
     "verl_actor_config",
     "verl_loss_agg_mode",
@@ -73,6 +77,16 @@ VERL_LIVE_FIELDS: frozenset[str] = frozenset({"ppo_epochs", "minibatches"})
 
 VERL_VERSION = "0.9.1"
 """The verl release this module is written against (its worker API changes between minor versions)."""
+
+ADAPTER_KEY = "lora_"
+"""Substring of every LoRA tensor's state-dict name (peft)."""
+
+FSDP1_PREFIX = "_fsdp_wrapped_module."
+"""What FSDP1 inserts into state-dict names (FSDP2 keeps the module's own)."""
+
+VERL_LORA_DROPOUT = (
+    "--trainer verl: verl 0.9.1's FSDP LoRA adapters have no dropout; leave the LoRA dropout at 0"
+)
 
 INSTALL_HINT = (
     f'pip install -e ".[verl]" && pip install --no-deps verl=={VERL_VERSION} tensordict==0.10.0 pyvers==0.1.0 '
@@ -515,7 +529,93 @@ def _worker_class() -> type:
                     out[name] = full.to("cpu", copy=True)
             return out if rank0 else None
 
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def adapter_state_dict(self) -> dict[str, torch.Tensor] | None:
+            """The actor's LoRA tensors by peft state-dict name (``…q_proj.lora_A.default.weight``), full
+            and on CPU on rank 0 (every rank takes part in the gathers); ``None`` elsewhere."""
+            engine = self.actor.engine
+            rank0 = torch.distributed.get_rank() == 0
+            out = {}
+            with _resident(engine, optimizer=False):
+                for name, tensor in engine.module.state_dict().items():
+                    if ADAPTER_KEY in name:
+                        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+                        if rank0:
+                            out[name.replace(FSDP1_PREFIX, "")] = full.detach().to("cpu", copy=True)
+            return out if rank0 else None
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def load_adapter_state(self, state: Mapping[str, torch.Tensor]) -> None:
+            """Set the actor's LoRA tensors from full tensors by peft state-dict name (each rank keeps
+            its shard).
+
+            Raises:
+                ValueError: a name the actor's adapters lack, or adapters of the actor left unset.
+            """
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            engine = self.actor.engine
+            own = {n.replace(FSDP1_PREFIX, "") for n in engine.module.state_dict() if ADAPTER_KEY in n}
+            if own != set(state):
+                raise ValueError(
+                    f"LoRA adapters differ: the actor's lack {sorted(set(state) - own)[:3]}, "
+                    f"the server's lack {sorted(own - set(state))[:3]}"
+                )
+            with _resident(engine, optimizer=False):
+                set_model_state_dict(
+                    engine.module, dict(state), options=StateDictOptions(full_state_dict=True, strict=False)
+                )
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def optimizer_state(self) -> dict[str, Any] | None:
+            """The actor's AdamW state (unsharded: parameter names as keys, CPU tensors) and LR schedule on
+            rank 0; ``None`` elsewhere. Independent of the number of ranks, so a resume may use another."""
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            engine = self.actor.engine
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            with _resident(engine, optimizer=True):
+                optimizer = get_optimizer_state_dict(engine.module, engine.optimizer, options=options)
+            if torch.distributed.get_rank() != 0:
+                return None
+            return {"optimizer": optimizer, "lr_scheduler": engine.lr_scheduler.state_dict()}
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
+            """Restore :meth:`optimizer_state` output into this rank's shard of the optimizer."""
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            engine = self.actor.engine
+            with _resident(engine, optimizer=True):
+                set_optimizer_state_dict(
+                    engine.module,
+                    engine.optimizer,
+                    dict(state["optimizer"]),
+                    options=StateDictOptions(full_state_dict=True),
+                )
+            engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+
     return SwarmActorWorker
+
+
+class _resident:
+    """Context: the actor's parameters (and optimizer state) on the device while inside, offloaded again
+    after where verl's ``param_offload``/``optimizer_offload`` keep them on CPU between passes."""
+
+    def __init__(self, engine: Any, *, optimizer: bool) -> None:
+        self.engine = engine
+        self.model = bool(engine.is_param_offload_enabled)
+        self.optimizer = optimizer and bool(engine.is_optimizer_offload_enabled)
+
+    def __enter__(self) -> None:
+        from verl.utils.device import get_device_name
+
+        if self.model or self.optimizer:
+            self.engine.to(get_device_name(), model=self.model, optimizer=self.optimizer, grad=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.model or self.optimizer:
+            self.engine.to("cpu", model=self.model, optimizer=self.optimizer, grad=False)
 
 
 def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -> int:
@@ -555,6 +655,73 @@ def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -
     return len(state)
 
 
+def ray_worker_group(settings: VerlSettings, node: DictConfig, role: str) -> Any:
+    """verl's Ray worker group of ``settings.world_size`` FSDP ranks (``SwarmActorWorker``), started and
+    with its model built (``init_model``). Joins ``settings.ray_address`` or starts a local Ray.
+
+    Raises:
+        TrainerError: no CUDA GPU and no Ray address, an unreachable Ray address, or a Ray cluster with
+            fewer GPUs than the actor needs (Ray would otherwise wait forever for the placement group).
+    """
+    import ray
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    if settings.ray_address is None and not torch.cuda.is_available():
+        raise TrainerError(
+            "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
+            "(give a Ray cluster with GPUs through the verl settings' ray_address, or use --trainer torch)"
+        )
+    if settings.ray_address is not None:
+        check_ray_address(settings.ray_address)
+    if not ray.is_initialized():
+        forwarded = {k: os.environ[k] for k in RAY_FORWARDED_ENV if k in os.environ}
+        try:
+            ray.init(
+                address=settings.ray_address,
+                ignore_reinit_error=True,
+                runtime_env={"env_vars": forwarded} if forwarded else None,
+            )
+        except ConnectionError as exc:
+            raise TrainerError(f"--ray-address {settings.ray_address}: {exc}") from None
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if gpus < settings.world_size:
+        # Ray would wait forever for a placement group the cluster cannot fill.
+        raise TrainerError(
+            f"--trainer verl: the Ray cluster has {gpus:g} GPU(s) and the actor needs "
+            f"{settings.world_size} ({settings.nnodes} node(s) × {settings.n_gpus_per_node})"
+        )
+    pool = RayResourcePool(process_on_nodes=[settings.n_gpus_per_node] * settings.nnodes)
+    cls = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=node, role=role)
+    wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
+    wg.init_model()
+    return wg
+
+
+def load_adapter_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -> int:
+    """Copy the actor's gathered LoRA tensors into the server's peft-wrapped copy in place.
+
+    Returns:
+        Tensors copied.
+
+    Raises:
+        TrainerError: the two sets of adapter names differ, or a shape does.
+    """
+    own = {name: t for name, t in module.state_dict().items() if ADAPTER_KEY in name}
+    if set(own) != set(state):
+        raise TrainerError(
+            f"verl actor adapters differ from the served model's: {sorted(set(state) ^ set(own))[:3]}"
+        )
+    with torch.no_grad():
+        for name, value in state.items():
+            target = own[name]
+            if tuple(target.shape) != tuple(value.shape):
+                raise TrainerError(
+                    f"{name}: verl adapter shape {tuple(value.shape)} vs {tuple(target.shape)}"
+                )
+            target.copy_(value.to(device=target.device, dtype=target.dtype))
+    return len(state)
+
+
 class VerlTrainer:
     """GRPO/PPO trainer backend driving verl's FSDP actor (and reference) through its Ray worker group.
 
@@ -563,22 +730,28 @@ class VerlTrainer:
     ``state_dict``/``load_state_dict``, ``config``). The server keeps one Hugging Face copy of the weights
     (``module``, the engine's ``trainable_module()``): after every update the actor's gathered weights are
     copied into it, so the engine push and the checkpoints read it as they read the torch trainer's model.
+    With LoRA the copy gets the same adapters (`swarm.train.lora.add_adapters`), only the actor's adapter
+    tensors are gathered, and a merged sampling copy follows them as the torch trainer's does.
 
     Args:
         module: The server's Hugging Face model (receives the actor's weights after each step).
-        model_path: Hugging Face directory verl's actor loads (the same weights as ``module``).
-        config: Trainer hyper-parameters (full fine-tuning; ``lora`` is refused).
+        model_path: Hugging Face directory verl's actor loads (the same weights as ``module``; with LoRA
+            the base model's, never a checkpoint's adapter folder).
+        config: Trainer hyper-parameters (``lora``: verl's FSDP LoRA, ``lora_rank``; no dropout).
         pad_token_id: Fills padding.
         settings: Worker layout (GPUs, nodes, FSDP strategy, Ray address).
         compute_dtype: Compute dtype of the actor's forward passes (``float32`` or ``bfloat16``).
         start: Start Ray and the worker group now (``None``: when CUDA is visible or a Ray address is
             set; otherwise on the first step).
+        worker_group: Builds the started worker group from verl's ``actor_rollout_ref`` config and the
+            role (``"actor"`` or ``"actor_ref"``); default :func:`ray_worker_group` (verl's Ray worker group
+            on ``settings``' GPUs). The CPU tests pass one in-process worker.
 
     Raises:
         VerlUnavailable: verl is not installed.
-        TrainerError: LoRA (the merged gather is not wired yet); when the workers start, no CUDA GPU and no
-            Ray address, or a Ray cluster with fewer GPUs than ``settings.world_size`` (Ray would otherwise
-            wait forever for the placement group).
+        TrainerError: LoRA with dropout (verl's adapters have none); when the workers start, no CUDA GPU
+            and no Ray address, or a Ray cluster with fewer GPUs than ``settings.world_size`` (Ray would
+            otherwise wait forever for the placement group).
     """
 
     def __init__(
@@ -591,10 +764,14 @@ class VerlTrainer:
         settings: VerlSettings | None = None,
         compute_dtype: str = "float32",
         start: bool | None = None,
+        worker_group: Callable[[DictConfig, str], Any] | None = None,
     ) -> None:
         check_verl_available()
+        self._sampler: nn.Module | None = None
         if config.lora is not None:
-            raise TrainerError("--trainer verl trains all weights for now (no --lora-rank)")
+            if config.lora.dropout > 0:
+                raise TrainerError(VERL_LORA_DROPOUT)
+            module, self._sampler = add_adapters(module, config.lora)
         self._module = module
         self.model_path = Path(model_path)
         self.config = config
@@ -603,6 +780,9 @@ class VerlTrainer:
         self.compute_dtype = compute_dtype
         self._step = 0
         self._wg: Any = None
+        self._build_workers = worker_group
+        self._pending_optimizer: Mapping[str, Any] | None = None
+        """Optimizer state loaded before the workers started: handed to them when they do."""
         if (
             start is None
         ):  # start now wherever GPUs can be had: the caller's (main) thread, errors at start-up
@@ -612,36 +792,10 @@ class VerlTrainer:
 
     # -- worker group ------------------------------------------------------------------------------------
     def _workers(self) -> Any:
-        """The Ray worker group, started on first use (Ray, FSDP init and model load take a while)."""
+        """The worker group, started on first use (Ray, FSDP init and model load take a while); optimizer
+        state restored before it started is loaded into it."""
         if self._wg is not None:
             return self._wg
-        import ray
-        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-
-        if self.settings.ray_address is None and not torch.cuda.is_available():
-            raise TrainerError(
-                "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
-                "(give a Ray cluster with GPUs through the verl settings' ray_address, or use --trainer torch)"
-            )
-        if self.settings.ray_address is not None:
-            check_ray_address(self.settings.ray_address)
-        if not ray.is_initialized():
-            forwarded = {k: os.environ[k] for k in RAY_FORWARDED_ENV if k in os.environ}
-            try:
-                ray.init(
-                    address=self.settings.ray_address,
-                    ignore_reinit_error=True,
-                    runtime_env={"env_vars": forwarded} if forwarded else None,
-                )
-            except ConnectionError as exc:
-                raise TrainerError(f"--ray-address {self.settings.ray_address}: {exc}") from None
-        gpus = ray.cluster_resources().get("GPU", 0.0)
-        if gpus < self.settings.world_size:
-            # Ray would wait forever for a placement group the cluster cannot fill.
-            raise TrainerError(
-                f"--trainer verl: the Ray cluster has {gpus:g} GPU(s) and the actor needs "
-                f"{self.settings.world_size} ({self.settings.nnodes} node(s) × {self.settings.n_gpus_per_node})"
-            )
         node = verl_actor_config(
             self.model_path,
             self.config,
@@ -650,26 +804,42 @@ class VerlTrainer:
             compute_dtype=self.compute_dtype,
         )
         role = "actor_ref" if self.config.kl_coef > 0 else "actor"
-        pool = RayResourcePool(process_on_nodes=[self.settings.n_gpus_per_node] * self.settings.nnodes)
-        cls = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=node, role=role)
-        wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
-        wg.init_model()
+        if self._build_workers is not None:
+            wg = self._build_workers(node, role)
+        else:
+            wg = ray_worker_group(self.settings, node, role)
+        if self.config.lora is not None:  # the server's adapters (fresh, or a checkpoint's) seed the actor's
+            wg.load_adapter_state(
+                {k: v.detach().cpu() for k, v in self._module.state_dict().items() if ADAPTER_KEY in k}
+            )
+        if self._pending_optimizer is not None:
+            wg.load_optimizer_state(self._pending_optimizer)
+            self._pending_optimizer = None
         self._wg = wg
         return wg
 
     # -- TorchTrainer's surface --------------------------------------------------------------------------
     @property
     def model(self) -> nn.Module:
-        """The server's Hugging Face copy (checkpoints save it)."""
+        """The server's Hugging Face copy (checkpoints save it; with LoRA the peft-wrapped copy, whose
+        checkpoints hold the adapters)."""
         return self._module
 
     @property
     def sampling_model(self) -> nn.Module:
-        """What the engine serves: the same copy, refreshed from the actor after each step."""
-        return self._module
+        """What the engine serves: the copy, refreshed from the actor after each step (with LoRA and
+        ``merge_for_sampling``: the merged copy)."""
+        return self._module if self._sampler is None else self._sampler
 
     def sync_sampling_model(self) -> None:
-        """Nothing to merge: the copy holds full weights."""
+        """With LoRA's merged sampling copy: merge the copy's adapters into it (after every step and after
+        loading a checkpoint); otherwise nothing (the copy holds full weights)."""
+        if self._sampler is None:
+            return
+        try:
+            merge_adapters(self._module, self._sampler)
+        except SwarmError as exc:
+            raise TrainerError(str(exc)) from None
 
     @property
     def step_count(self) -> int:
@@ -700,13 +870,31 @@ class VerlTrainer:
         return self.config
 
     def state_dict(self) -> dict[str, Any]:
-        """Step and config (verl's optimizer state lives in its workers and is not checkpointed yet)."""
-        return {"step": self._step, "config": self.config.model_dump()}
+        """Step, config and verl's optimizer state (``verl_optimizer``: the actor's AdamW moments
+        unsharded to rank 0, keyed by parameter name, plus its LR schedule; gathered through Ray, 2 × the
+        trained parameters' float32 bytes). Without started workers (no step yet on this process) the
+        optimizer state restored by :meth:`load_state_dict`, if any, is passed on unchanged."""
+        state: dict[str, Any] = {"step": self._step, "config": self.config.model_dump()}
+        if self._wg is not None:
+            state["verl_optimizer"] = self._wg.optimizer_state()[0]
+        elif self._pending_optimizer is not None:
+            state["verl_optimizer"] = self._pending_optimizer
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the step; the actor is rebuilt from ``model_path`` on first use, so resuming with verl
-        needs ``model_path`` to be the checkpoint's folder (the server passes it)."""
+        """Restore the step and verl's optimizer state (into the workers now, or when they start), so a
+        resume continues AdamW. The weights come from the checkpoint folder: the actor is built from
+        ``model_path`` (full fine-tuning: the server passes the newest checkpoint's folder) and, with
+        LoRA, the adapters are pushed into the actor from the server's copy (loaded from the checkpoint
+        by the caller) before the next step."""
         self._step = int(state["step"])
+        optimizer = state.get("verl_optimizer")
+        if optimizer is None:
+            return
+        if self._wg is not None:
+            self._wg.load_optimizer_state(optimizer)
+        else:
+            self._pending_optimizer = optimizer
 
     # -- the step ----------------------------------------------------------------------------------------
     def step(
@@ -729,14 +917,19 @@ class VerlTrainer:
             pad_token_id=self.pad_token_id,
             loss_agg=cfg.loss_agg,
             norm_tokens=cfg.norm_tokens,
-            multiple=self.settings.world_size * cfg.minibatches,
+            # verl splits each rank's mini-batch into micro-batches of exactly micro_batch_size rows
+            multiple=self.settings.world_size * cfg.minibatches * cfg.micro_batch_size,
             minibatches=cfg.minibatches,
         )
         timings = StepTimings()
         old, entropy = self._old_and_ref_logprobs(wg, batch.data, timings)
         metrics = self._update_actor(wg, batch, timings)
         t0 = time.perf_counter()
-        load_full_state_dict(self._module, wg.full_state_dict()[0])
+        if self.config.lora is None:
+            load_full_state_dict(self._module, wg.full_state_dict()[0])
+        else:  # the adapters only: the base weights never change
+            load_adapter_state_dict(self._module, wg.adapter_state_dict()[0])
+            self.sync_sampling_model()
         timings.weight_sync_s = time.perf_counter() - t0
         self._step += 1
         timings.total_s = time.perf_counter() - t_start
