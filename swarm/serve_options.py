@@ -231,7 +231,7 @@ class ServeOptions(FlagOptions):
     trainer: str = option(
         "torch",
         "Trainer backend: torch (in this process, on --device) | verl (verl's FSDP actor in a Ray worker "
-        "group; needs the project's verl extra and CUDA GPUs; full fine-tuning).",
+        "group; needs the project's verl extra and CUDA GPUs; full fine-tuning or --lora-rank).",
         to="training.backend",
     )
     trainer_gpus: int = option(

@@ -82,8 +82,9 @@ def make_trainer(
     """The trainer backend ``config.backend`` names, updating ``engine.trainable_module()``.
 
     ``verl``: the actor loads the newest full checkpoint of ``run_dir`` when there is one (its weights
-    are the run's; the loop restores the step and the server's copy from it as for ``torch``), else
-    ``model_dir``; verl's optimizer state is not checkpointed yet, so AdamW restarts after a resume.
+    are the run's; the loop restores the step, the server's copy and verl's optimizer state from it as
+    for ``torch``), else ``model_dir``; with LoRA always ``model_dir`` (a checkpoint holds the adapters
+    only: the loop loads them into the server's copy, which hands them to the actor).
 
     Raises:
         ConfigError: ``verl`` without verl installed, or without ``model_dir``.
@@ -95,7 +96,7 @@ def make_trainer(
         )
     from swarm.train.verl_backend import VerlTrainer
 
-    latest = latest_checkpoint(run_dir)
+    latest = latest_checkpoint(run_dir) if config.trainer.lora is None else None
     source = latest[1] if latest is not None else model_dir
     if source is None:
         raise ConfigError("--trainer verl needs the model's Hugging Face directory")

@@ -644,6 +644,15 @@ def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -
     missing = sorted(set(own) - set(state) - tied)
     if missing:
         raise TrainerError(f"verl actor weights lack {missing[:3]} of the served model")
+    return _copy_into(own, state)
+
+
+def _copy_into(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> int:
+    """Copy each ``state`` tensor into ``own``'s of its name, in place (dtype and device of ``own`` kept).
+
+    Raises:
+        TrainerError: a shape mismatch.
+    """
     with torch.no_grad():
         for name, value in state.items():
             target = own[name]
@@ -711,15 +720,7 @@ def load_adapter_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]
         raise TrainerError(
             f"verl actor adapters differ from the served model's: {sorted(set(state) ^ set(own))[:3]}"
         )
-    with torch.no_grad():
-        for name, value in state.items():
-            target = own[name]
-            if tuple(target.shape) != tuple(value.shape):
-                raise TrainerError(
-                    f"{name}: verl adapter shape {tuple(value.shape)} vs {tuple(target.shape)}"
-                )
-            target.copy_(value.to(device=target.device, dtype=target.dtype))
-    return len(state)
+    return _copy_into(own, state)
 
 
 class VerlTrainer:

@@ -147,25 +147,21 @@ def asynchronous(folder: Path) -> dict[str, Any]:
     live = make_server(folder, engine, training=training, model=str(base))
     try:
         with SwarmClient(live.url) as client:
-
-            def step(task_id: str, n: int) -> None:
-                rollout(client, task_id, 1.0)
-                rollout(client, task_id, 0.0)
-                wait_for(lambda: client.status().step == n, 300, f"step {n}")
-
             straggler = client.begin("slow")
             _call(straggler)  # sampled by policy 0, stays open
-            step("a", 1)
-            open_after_step_1 = client.get_episode(straggler.id).status
-            step("b", 2)
-            view = client.get_episode(straggler.id)
+            views = []
+            for n, task_id in enumerate(("a", "b"), start=1):  # one group of 2 per step
+                for reward in (1.0, 0.0):
+                    rollout(client, task_id, reward)
+                wait_for(lambda n=n: client.status().step == n, 300, f"step {n}")
+                views.append(client.get_episode(straggler.id))
         metrics = httpx.get(f"{live.url}/api/v1/metrics").json()
         trainer = live.runtime.training.trainer
         actor = trainer._workers().full_state_dict()[0]
         served = engine.model.state_dict()
         return {
-            "open_after_step_1": open_after_step_1,
-            "straggler": [view.status, view.reason or ""],
+            "open_after_step_1": views[0].status,
+            "straggler": [views[1].status, views[1].reason or ""],
             "drain_s": [m["drain_s"] for m in metrics],
             "stale_aborted": [m["stale_aborted"] for m in metrics],
             "tis_weight_mean": [m["tis_weight_mean"] for m in metrics],
