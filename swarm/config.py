@@ -201,3 +201,14 @@ class ServerConfig(BaseModel):
                 "LoRA adapters (--lora-rank)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_direct_weight_sync(self) -> ServerConfig:
+        t = self.training
+        direct = t.enabled and t.backend == "verl" and t.verl.weight_sync == "direct"
+        if direct and (self.engine != "vllm" or t.trainer.lora is not None):
+            raise ValueError(
+                "--verl-weight-sync direct sends full weights into vLLM's workers: it needs --engine vllm "
+                "and full fine-tuning (LoRA's adapters are small: leave it at gather)"
+            )
+        return self

@@ -245,6 +245,12 @@ class ServeOptions(FlagOptions):
         "verl: Ray cluster to join ('auto' on a cluster node; default: start a local Ray).",
         to="training.verl.ray_address",
     )
+    verl_weight_sync: str = option(
+        "gather",
+        "verl: how weights reach the engine: gather (through Ray into the server's copy) | direct (CUDA IPC "
+        "buckets from the actor's GPU into vLLM, checksummed, time-bounded; --engine vllm).",
+        to="training.verl.weight_sync",
+    )
     max_batch_size: int = option(32, "Most sequences sampled together.", to="max_batch_size")
     threads: int | None = option(
         None, "torch CPU threads (default: one per core; 1 on a shared machine).", to="torch_threads"
@@ -466,6 +472,7 @@ class ServeOptions(FlagOptions):
                 "n_gpus_per_node": self.trainer_gpus,
                 "nnodes": self.trainer_nodes,
                 "ray_address": self.ray_address,
+                "weight_sync": self.verl_weight_sync,
             },
             "batch": {
                 "policy": self.batch_policy,

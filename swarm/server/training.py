@@ -333,7 +333,9 @@ class TrainingLoop:
                     policy=self.config.batch.policy.value,
                     keep=self.config.keep_checkpoints,
                 )
-            self.engine.load_weights(self.trainer.sampling_model, step)  # waiting calls sample `step`
+            push = getattr(self.trainer, "push_weights", None)  # verl's direct path sends its own weights
+            if push is None or not push(self.engine, step):
+                self.engine.load_weights(self.trainer.sampling_model, step)  # waiting calls sample `step`
             self.admission.consumed(batch.consumed, step)
             self.admission.new_window()
         metrics = self.steps.record(

@@ -51,6 +51,7 @@ from swarm.train.lora import add_adapters, merge_adapters
 from swarm.train.losses import batch_statistics, loss_normalizer
 from swarm.train.metrics import StepMetrics, StepTimings
 from swarm.train.trainer import TrainerError
+from swarm.train.weight_buckets import WeightSyncError, bounded, fingerprint, fingerprint_matches, pack_stream
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -530,6 +531,38 @@ def _worker_class() -> type:
             return out if rank0 else None
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def pack_weight_buckets(
+            self, dtype: str, bucket_bytes: int, ipc: bool
+        ) -> list[dict[str, Any]] | None:
+            """The direct weight path's sending side: every rank takes part in the gathers, rank 0 casts
+            the full tensors to ``dtype`` on its device and packs them into buckets (`pack_stream`), kept
+            alive until :meth:`release_weight_buckets`. Rank 0 returns, per bucket, its layout, its
+            fingerprint and its handle: CUDA IPC rebuild arguments (``ipc``; a few hundred bytes through
+            Ray, the bytes stay on the GPU), or the CPU buffer itself (the CPU tests). ``None`` elsewhere."""
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            params, _ = self.actor.engine.get_per_tensor_param()
+            if torch.distributed.get_rank() != 0:
+                for _ in params:  # each full tensor is a collective: take part, keep nothing
+                    pass
+                return None
+            self._buckets = []
+            out = []
+            for bucket, flat in pack_stream(params, dtype=getattr(torch, dtype), bucket_bytes=bucket_bytes):
+                self._buckets.append(flat)
+                handle = reduce_tensor(flat)[1] if ipc else flat
+                out.append({"bucket": bucket, "fingerprint": fingerprint(flat), "handle": handle})
+            return out
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def release_weight_buckets(self) -> None:
+            """Free the buckets of :meth:`pack_weight_buckets` (the engine has copied them)."""
+            self._buckets = []
+            from verl.utils.device import get_torch_device
+
+            get_torch_device().empty_cache()
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
         def adapter_state_dict(self) -> dict[str, torch.Tensor] | None:
             """The actor's LoRA tensors by peft state-dict name (``…q_proj.lora_A.default.weight``), full
             and on CPU on rank 0 (every rank takes part in the gathers); ``None`` elsewhere."""
@@ -782,6 +815,10 @@ class VerlTrainer:
         self._step = 0
         self._wg: Any = None
         self._build_workers = worker_group
+        self._copy_stale = False
+        """``direct`` weight sync: the actor moved on since the server's copy was last gathered."""
+        self.last_push: dict[str, float | int] = {}
+        """The last direct sync: ``pack_s``, ``load_s``, ``buckets``, ``bytes``."""
         self._pending_optimizer: Mapping[str, Any] | None = None
         """Optimizer state loaded before the workers started: handed to them when they do."""
         if (
@@ -823,14 +860,80 @@ class VerlTrainer:
     @property
     def model(self) -> nn.Module:
         """The server's Hugging Face copy (checkpoints save it; with LoRA the peft-wrapped copy, whose
-        checkpoints hold the adapters)."""
+        checkpoints hold the adapters). With ``weight_sync="direct"`` it is gathered from the actor here,
+        when read after a step (a checkpoint), instead of after every step."""
+        if self._copy_stale:
+            load_full_state_dict(self._module, self._workers().full_state_dict()[0])
+            self._copy_stale = False
         return self._module
+
+    @property
+    def direct(self) -> bool:
+        """Whether the engine receives the weights from the actor directly (:meth:`push_weights`)."""
+        return self.settings.weight_sync == "direct" and self.config.lora is None
 
     @property
     def sampling_model(self) -> nn.Module:
         """What the engine serves: the copy, refreshed from the actor after each step (with LoRA and
         ``merge_for_sampling``: the merged copy)."""
-        return self._module if self._sampler is None else self._sampler
+        return self.model if self._sampler is None else self._sampler
+
+    def push_weights(self, engine: Any, policy_version: int) -> bool:
+        """The direct weight path (``weight_sync="direct"``): the actor's weights into ``engine`` as
+        ``policy_version`` without a CPU or Ray object-store hop, then each bucket's fingerprint compared
+        between the actor and the engine. Returns ``False`` (nothing done: the caller loads
+        :attr:`sampling_model` as usual) under ``gather``. Times land in :attr:`last_push`.
+
+        ``engine`` needs ``load_weight_buckets(items, policy_version) -> fingerprints`` (the vLLM engine;
+        ``bucket_transport = "tensor"`` for a CPU receiver, default CUDA IPC).
+
+        Raises:
+            TrainerError: the engine cannot receive buckets.
+            WeightSyncError: a part took longer than ``weight_sync_timeout_s``, failed, or the engine's
+                fingerprints differ from the actor's.
+        """
+        if not self.direct:
+            return False
+        load = getattr(engine, "load_weight_buckets", None)
+        if load is None:
+            raise TrainerError(
+                f"--verl-weight-sync direct: the {type(engine).__name__} cannot receive buckets"
+            )
+        wg, timeout = self._workers(), self.settings.weight_sync_timeout_s
+        dtype = str(next(self._module.parameters()).dtype).removeprefix("torch.")
+        ipc = getattr(engine, "bucket_transport", "cuda_ipc") == "cuda_ipc"
+        t0 = time.perf_counter()
+        packed: list[dict[str, Any]] = bounded(
+            lambda: wg.pack_weight_buckets(dtype, self.settings.bucket_mb << 20, ipc)[0],
+            timeout_s=timeout,
+            what="packing the actor's weights",
+        )
+        t1 = time.perf_counter()
+        try:
+            received = bounded(
+                lambda: load([(p["bucket"], p["handle"]) for p in packed], policy_version),
+                timeout_s=timeout,
+                what="the engine's load",
+            )
+        finally:
+            wg.release_weight_buckets()
+        bad = [
+            i
+            for i, (p, r) in enumerate(zip(packed, received, strict=True))
+            if not fingerprint_matches(p["fingerprint"], r)
+        ]
+        if bad:
+            raise WeightSyncError(
+                f"weight sync: the engine received other bytes than the actor sent in bucket(s) {bad} "
+                f"of {len(packed)}"
+            )
+        self.last_push = {
+            "pack_s": t1 - t0,
+            "load_s": time.perf_counter() - t1,
+            "buckets": len(packed),
+            "bytes": sum(p["bucket"].nbytes for p in packed),
+        }
+        return True
 
     def sync_sampling_model(self) -> None:
         """With LoRA's merged sampling copy: merge the copy's adapters into it (after every step and after
@@ -926,7 +1029,9 @@ class VerlTrainer:
         old, entropy = self._old_and_ref_logprobs(wg, batch.data, timings)
         metrics = self._update_actor(wg, batch, timings)
         t0 = time.perf_counter()
-        if self.config.lora is None:
+        if self.direct:  # the engine gets the weights from the actor (push_weights); the copy on demand
+            self._copy_stale = True
+        elif self.config.lora is None:
             load_full_state_dict(self._module, wg.full_state_dict()[0])
         else:  # the adapters only: the base weights never change
             load_adapter_state_dict(self._module, wg.adapter_state_dict()[0])

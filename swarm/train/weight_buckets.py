@@ -13,7 +13,7 @@ Pure torch (no verl, no vLLM): the same code runs on the GPU and in the CPU test
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -30,7 +30,9 @@ __all__ = [
     "fingerprint",
     "fingerprint_matches",
     "pack",
+    "pack_stream",
     "plan_buckets",
+    "receive_buckets",
     "unpack",
 ]
 
@@ -120,7 +122,9 @@ def plan_buckets(
     return buckets
 
 
-def pack(bucket: Bucket, tensors: Mapping[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+def pack(
+    bucket: Bucket, tensors: Mapping[str, torch.Tensor], out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The bucket's flat buffer with each tensor cast into its place (on the tensors' device: a GPU
     tensor is cast on the GPU). Padding elements are 0.
 
@@ -142,6 +146,53 @@ def pack(bucket: Bucket, tensors: Mapping[str, torch.Tensor], out: torch.Tensor 
             raise ValueError(f"bucket tensor {e.name!r}: expected shape {e.shape}, got {got}")
         flat[e.offset : e.offset + e.numel].copy_(t.detach().reshape(-1))
     return flat
+
+
+def pack_stream(
+    named: Iterable[tuple[str, torch.Tensor]], *, dtype: torch.dtype, bucket_bytes: int
+) -> Iterator[tuple[Bucket, torch.Tensor]]:
+    """Pack tensors as they come (a generator of gathered tensors) into the buckets :func:`plan_buckets`
+    would lay out for them, yielding each ``(bucket, flat)`` as soon as it is full: only one bucket's
+    source tensors are held at a time.
+
+    Raises:
+        ValueError: see :func:`plan_buckets`.
+    """
+    pending: dict[str, torch.Tensor] = {}
+    for name, tensor in named:
+        plan = plan_buckets(
+            [*((n, tuple(t.shape)) for n, t in pending.items()), (name, tuple(tensor.shape))],
+            dtype=dtype,
+            bucket_bytes=bucket_bytes,
+        )
+        if len(plan) > 1:  # the new tensor does not fit: the pending ones make a bucket
+            yield plan[0], pack(plan[0], pending)
+            pending = {}
+        pending[name] = tensor
+    if pending:
+        (last,) = plan_buckets(
+            [(n, tuple(t.shape)) for n, t in pending.items()], dtype=dtype, bucket_bytes=1 << 62
+        )
+        yield last, pack(last, pending)
+
+
+def receive_buckets(
+    items: Sequence[tuple[Bucket, object]],
+    rebuild: Callable[[object], torch.Tensor],
+    load: Callable[[list[tuple[str, torch.Tensor]]], object],
+) -> list[tuple[float, float]]:
+    """The receiving side: each bucket's buffer rebuilt (vLLM's worker: from its CUDA IPC handle), its
+    :func:`fingerprint` taken, its tensors loaded (as views: ``load`` copies them into the model).
+
+    Returns:
+        The fingerprints, in order, for the sender to compare with its own.
+    """
+    prints = []
+    for bucket, handle in items:
+        flat = rebuild(handle)
+        prints.append(fingerprint(flat))
+        load(unpack(bucket, flat))
+    return prints
 
 
 def unpack(bucket: Bucket, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

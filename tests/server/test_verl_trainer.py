@@ -50,6 +50,17 @@ def test_verl_takes_lora_without_dropout() -> None:
         TrainingConfig(backend="verl", trainer=TrainerConfig(lora=LoraSettings(dropout=0.1)))
 
 
+def test_the_direct_weight_path_needs_vllm_and_full_weights() -> None:
+    flags = {"trainer": "verl", "verl-weight-sync": "direct"}
+    for extra in ({}, {"engine": "vllm", "lora-rank": "8"}):
+        with pytest.raises(ServeOptionsError) as caught:
+            ServeOptions.from_flags({**flags, **extra}).to_server_config()
+        assert "--verl-weight-sync direct sends full weights into vLLM's workers" in str(caught.value)
+        assert "\n" not in str(caught.value)
+    config = ServeOptions.from_flags({**flags, "engine": "vllm"}).to_server_config()
+    assert config.training.verl.weight_sync == "direct"
+
+
 def test_an_unreachable_ray_head_is_refused_in_one_line_instead_of_hanging() -> None:
     """ray.init retries an unreachable GCS for ever (and ignores SIGTERM off the main thread): the
     address is tried first, with a bounded TCP connect."""

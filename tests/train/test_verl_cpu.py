@@ -96,3 +96,20 @@ def test_a_verl_server_trains_asynchronously_with_max_staleness(tmp_path: Path) 
     assert r["drain_s"] == [0.0, 0.0] and r["stale_aborted"] == [0, 1]
     assert all(w is not None and w > 0 for w in r["tis_weight_mean"])
     assert r["served_vs_actor"] == 0.0 and r["served_changed"] > 1e-3
+
+
+def test_the_direct_weight_path_delivers_checked_buckets_and_fails_loudly(
+    scenario_results: Callable[[str], dict[str, Any]],
+) -> None:
+    """``--verl-weight-sync direct`` on the CPU: rank 0 packs the actor's weights into 1 MiB buckets, the
+    receiver runs vLLM's worker code (`receive_buckets`) with the buffers handed over where vLLM maps CUDA
+    IPC handles; the fingerprints match, the engine has the actor's weights exactly, and the server's copy
+    is gathered only when read. A corrupted bucket and a hung load end in WeightSyncError."""
+    r = scenario_results("direct")
+    assert r["pushed"] and r["receiver_version"] == 1
+    assert r["receiver_vs_actor"] == 0.0 and r["receiver_changed"] > 1e-3
+    assert r["copy_unchanged_after_step"] == 0.0  # no gather in the step …
+    assert r["copy_vs_actor_when_read"] == 0.0  # … until a checkpoint reads the copy
+    assert r["last_push"]["buckets"] >= 2 and r["last_push"]["bytes"] > 1 << 20
+    assert r["corrupt"].startswith("weight sync: the engine received other bytes than the actor sent")
+    assert "the engine's load took longer than 3 s" in r["hung"]

@@ -15,7 +15,9 @@ from swarm.train.weight_buckets import (
     fingerprint,
     fingerprint_matches,
     pack,
+    pack_stream,
     plan_buckets,
+    receive_buckets,
     unpack,
 )
 
@@ -95,3 +97,18 @@ def test_a_sync_that_hangs_fails_loudly_within_its_timeout() -> None:
     with pytest.raises(WeightSyncError, match="push failed: RuntimeError: NCCL error") as caught:
         bounded(broken, timeout_s=5, what="push")
     assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def test_streamed_packing_lays_out_what_the_plan_does_and_the_receiver_gets_it() -> None:
+    w = weights()
+    streamed = list(pack_stream(iter(w.items()), dtype=torch.bfloat16, bucket_bytes=1024))
+    planned = plan_buckets(specs(w), dtype=torch.bfloat16, bucket_bytes=1024)
+    assert [b for b, _ in streamed] == planned
+    received: dict[str, torch.Tensor] = {}
+    prints = receive_buckets(
+        [(b, flat) for b, flat in streamed],
+        rebuild=lambda handle: handle,  # the CPU transport: the buffer itself (vLLM: a CUDA IPC handle)
+        load=lambda views: received.update({n: v.clone() for n, v in views}),
+    )
+    assert prints == [fingerprint(flat) for _, flat in streamed]
+    assert all(torch.equal(received[n], t.to(torch.bfloat16)) for n, t in w.items())

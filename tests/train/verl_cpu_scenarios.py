@@ -178,3 +178,85 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "resume-lora": lambda folder: resume(folder, lora=True),
     "async": asynchronous,
 }
+
+
+class BucketReceiver:
+    """The receiving end of the direct weight path on the CPU: `receive_buckets` (the code vLLM's worker
+    runs) into a Hugging Face module, the buffers handed over as they are (``bucket_transport``) where
+    vLLM maps CUDA IPC handles. ``corrupt``/``delay_s`` make it fail the ways a real transfer can."""
+
+    bucket_transport = "tensor"
+
+    def __init__(self, module: Any, *, corrupt: bool = False, delay_s: float = 0.0) -> None:
+        self.module, self.corrupt, self.delay_s = module, corrupt, delay_s
+        self.policy_version = 0
+
+    def load_weight_buckets(
+        self, items: list[tuple[Any, Any]], policy_version: int
+    ) -> list[tuple[float, float]]:
+        import time
+
+        from swarm.train.weight_buckets import receive_buckets
+
+        time.sleep(self.delay_s)
+        own = self.module.state_dict()
+
+        def rebuild(flat: Any) -> torch.Tensor:
+            received = flat.clone()
+            if self.corrupt:
+                received[-1] += 1.0
+            return received
+
+        def load(views: list[tuple[str, torch.Tensor]]) -> None:
+            for name, view in views:
+                own[name].copy_(view)
+
+        prints = receive_buckets(items, rebuild, load)
+        self.policy_version = policy_version
+        return prints
+
+
+def direct(folder: Path) -> dict[str, Any]:
+    """``weight_sync="direct"``: after a step the actor's weights reach the receiver in buckets, checked by
+    fingerprint; the server's copy is gathered only when read; a corrupted or hung transfer fails loudly."""
+    from swarm.train import VerlSettings
+    from swarm.train.weight_buckets import WeightSyncError
+
+    base = folder / "base"
+    save_tiny_model(base)
+    settings = VerlSettings(weight_sync="direct", bucket_mb=1, weight_sync_timeout_s=3.0)
+    trainer = VerlTrainer(
+        _served(base), base, TrainerConfig(lr=1e-2), PAD, settings=settings, start=True,
+        worker_group=cpu_worker_group,
+    )  # fmt: skip
+    before = {k: v.clone() for k, v in trainer._module.state_dict().items()}
+    receiver = BucketReceiver(_served(base))
+    trainer.step(*BATCHES[0])
+    copy_unchanged = _max_diff({k: v.clone() for k, v in trainer._module.state_dict().items()}, before)
+    pushed = trainer.push_weights(receiver, 1)
+    actor = trainer._workers().full_state_dict()[0]
+    received = receiver.module.state_dict()
+    out: dict[str, Any] = {
+        "pushed": pushed,
+        "receiver_version": receiver.policy_version,
+        "receiver_vs_actor": max(float((received[k] - v).abs().max()) for k, v in actor.items()),
+        "receiver_changed": _max_diff(dict(received), before),
+        "copy_unchanged_after_step": copy_unchanged,
+        "last_push": trainer.last_push,
+        "copy_vs_actor_when_read": max(
+            float((trainer.model.state_dict()[k] - v).abs().max()) for k, v in actor.items()
+        ),
+    }
+    for name, bad in (
+        ("corrupt", BucketReceiver(_served(base), corrupt=True)),
+        ("hung", BucketReceiver(_served(base), delay_s=30)),
+    ):
+        try:
+            trainer.push_weights(bad, 2)
+            out[name] = "no error"
+        except WeightSyncError as exc:
+            out[name] = str(exc)
+    return out
+
+
+SCENARIOS["direct"] = direct
