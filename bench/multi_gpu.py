@@ -627,6 +627,8 @@ def check_args(a: dict[str, Any]) -> dict[str, Any] | None:
     """
     import importlib.util
 
+    if a["weight_sync"] not in ("gather", "direct"):
+        raise BenchError(f"--weight-sync is gather or direct, got {a['weight_sync']!r}")
     if a["lora_rank"] < 0 or (a["max_staleness"] is not None and a["max_staleness"] < 0):
         raise BenchError("--lora-rank and --max-staleness must be ≥ 0")
     for name in ("gpus", "steps", "groups", "completion", "checkpoint_every"):
@@ -702,6 +704,8 @@ def serve_argv(a: dict[str, Any], model_dir: Path, run_dir: Path, port: int) -> 
         # by default no checkpoint inside the measured steps (a 1.5B float32 one is 6 GB, 18 GB with AdamW)
         "--checkpoint-every", str(a["checkpoint_every"]),
     ]  # fmt: skip
+    if a["trainer"] == "verl" and a["weight_sync"] != "gather":
+        argv += ["--verl-weight-sync", a["weight_sync"]]
     if a["lora_rank"] > 0:
         argv += ["--lora-rank", str(a["lora_rank"])]
     if a["max_staleness"] is not None:
@@ -905,6 +909,9 @@ def main(
     completion: Annotated[int, typer.Option(help="Completion tokens per episode (max_tokens).")] = 256,
     micro_batch_size: Annotated[int, typer.Option(help="Sequences per forward/backward pass.")] = 8,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-6,
+    weight_sync: Annotated[
+        str, typer.Option(help="verl: gather | direct (swarm serve --verl-weight-sync).")
+    ] = "gather",
     lora_rank: Annotated[int, typer.Option(help="LoRA rank (swarm serve --lora-rank); 0: all weights.")] = 0,
     max_staleness: Annotated[
         int | None, typer.Option(help="Asynchronous training (swarm serve --max-staleness K, --tis-cap 2).")

@@ -42,6 +42,9 @@ ALIGN_BYTES = 256
 FINGERPRINT_PERIOD = 251
 """Period of the position weights of :func:`fingerprint` (a prime: a shift by less is seen)."""
 
+FINGERPRINT_CHUNK = 1 << 22
+"""Elements :func:`fingerprint` reduces at a time (its float64 scratch: 3 × 32 MiB)."""
+
 T = TypeVar("T")
 
 
@@ -213,9 +216,15 @@ def fingerprint(flat: torch.Tensor) -> tuple[float, float]:
     position weights ``w_i = 1 + (i mod 251)``. The plain sum sees changed values; the weighted one also
     sees moved ones (a shift, a swap of two tensors). Equal bytes give equal fingerprints on one device
     (the same reduction in the same order); compare across processes with :func:`fingerprint_matches`."""
-    x = flat.detach().reshape(-1).to(torch.float64)
-    weights = torch.arange(x.numel(), device=x.device, dtype=torch.int64) % FINGERPRINT_PERIOD + 1
-    return float(x.sum()), float((x * weights.to(torch.float64)).sum())
+    flat = flat.detach().reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=flat.device)
+    weighted = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for start in range(0, flat.numel(), FINGERPRINT_CHUNK):  # bounded scratch memory on the GPU
+        x = flat[start : start + FINGERPRINT_CHUNK].to(torch.float64)
+        i = torch.arange(start, start + x.numel(), device=x.device, dtype=torch.int64)
+        total += x.sum()
+        weighted += (x * (i % FINGERPRINT_PERIOD + 1).to(torch.float64)).sum()
+    return float(total), float(weighted)
 
 
 def fingerprint_matches(sent: tuple[float, float], received: tuple[float, float], rtol: float = 1e-9) -> bool:

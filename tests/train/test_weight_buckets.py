@@ -112,3 +112,12 @@ def test_streamed_packing_lays_out_what_the_plan_does_and_the_receiver_gets_it()
     )
     assert prints == [fingerprint(flat) for _, flat in streamed]
     assert all(torch.equal(received[n], t.to(torch.bfloat16)) for n, t in w.items())
+
+
+def test_the_fingerprint_is_the_same_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import swarm.train.weight_buckets as wb
+
+    flat = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    whole = fingerprint(flat)
+    monkeypatch.setattr(wb, "FINGERPRINT_CHUNK", 7)  # chunks that cut the position period anywhere
+    assert fingerprint_matches(whole, fingerprint(flat), rtol=1e-12)
