@@ -846,15 +846,18 @@ class VerlTrainer:
             wg = self._build_workers(node, role)
         else:
             wg = ray_worker_group(self.settings, node, role)
+        self._wg = wg
         if self.config.lora is not None:  # the server's adapters (fresh, or a checkpoint's) seed the actor's
-            wg.load_adapter_state(
-                {k: v.detach().cpu() for k, v in self._module.state_dict().items() if ADAPTER_KEY in k}
-            )
+            self._push_adapters()
         if self._pending_optimizer is not None:
             wg.load_optimizer_state(self._pending_optimizer)
             self._pending_optimizer = None
-        self._wg = wg
         return wg
+
+    def _push_adapters(self) -> None:
+        """The server's copy's LoRA tensors into the actor's adapters (started workers)."""
+        adapters = {k: v.detach().cpu() for k, v in self._module.state_dict().items() if ADAPTER_KEY in k}
+        self._wg.load_adapter_state(adapters)
 
     # -- TorchTrainer's surface --------------------------------------------------------------------------
     @property
@@ -989,9 +992,12 @@ class VerlTrainer:
         """Restore the step and verl's optimizer state (into the workers now, or when they start), so a
         resume continues AdamW. The weights come from the checkpoint folder: the actor is built from
         ``model_path`` (full fine-tuning: the server passes the newest checkpoint's folder) and, with
-        LoRA, the adapters are pushed into the actor from the server's copy (loaded from the checkpoint
-        by the caller) before the next step."""
+        LoRA, the adapters are pushed into the actor from the server's copy, which the caller loaded from
+        the checkpoint before this call (`swarm.server.checkpoints.resume` does): now if the workers
+        run, else when they start."""
         self._step = int(state["step"])
+        if self.config.lora is not None and self._wg is not None:  # started before the copy was loaded
+            self._push_adapters()
         optimizer = state.get("verl_optimizer")
         if optimizer is None:
             return

@@ -80,9 +80,15 @@ def resume(folder: Path, *, lora: bool = False) -> dict[str, Any]:
         "optimizer_saved": "verl_optimizer" in load_trainer_state(path),
         "checkpoint_files": sorted(p.name for p in path.iterdir()),
     }
-    for name, keep_optimizer in (("resumed", True), ("fresh_optimizer", False)):
+    # started at construction as on a GPU (the state is loaded into running workers), or on the first
+    # step (the state waits for them); and once without the optimizer state
+    for name, keep_optimizer, start in (
+        ("resumed", True, True),
+        ("resumed_lazy", True, False),
+        ("fresh_optimizer", False, True),
+    ):
         # the actor loads what make_trainer gives it: the checkpoint's folder, or with LoRA the base model
-        resumed = _trainer(base, base if lora else path, config, start=False)
+        resumed = _trainer(base, base if lora else path, config, start=start)
         load_weights(path, resumed.model)
         resumed.sync_sampling_model()
         saved = load_trainer_state(path)
@@ -92,7 +98,7 @@ def resume(folder: Path, *, lora: bool = False) -> dict[str, Any]:
         resumed.step(*BATCHES[1])
         out[f"{name}_vs_uninterrupted"] = _max_diff(_weights(resumed), uninterrupted)
         out[f"{name}_step"] = resumed.step_count
-        if lora and keep_optimizer:
+        if lora and name == "resumed":
             out.update(_lora_checks(resumed))
     return out
 
