@@ -12,7 +12,8 @@ A step, for samples ``s`` (token sequences with a loss mask) and their GRPO adva
    everything from there, with ``response_mask`` = our loss mask (a multi-turn sample keeps its tool and
    user tokens in the response, masked out, as verl's agent loop does). Our advantages are written into
    ``advantages``; verl never computes them. Rows are padded with zero-mask rows up to the multiple of
-   data-parallel size × mini-batches that verl's dispatch and data loader need; none is dropped.
+   data-parallel size × mini-batches × micro-batch rows (:func:`micro_batch_layout`) that verl's
+   dispatch, data loader and micro-batching need; none is dropped.
 2. The worker group recomputes π_θ_old (``compute_log_prob``) and, with KL, π_ref
    (``compute_ref_log_prob``); with ``tis_cap`` the truncated importance weights
    ``min(π_θ_old/μ, C)`` go in as ``rollout_is_weights``.
@@ -20,7 +21,13 @@ A step, for samples ``s`` (token sequences with a loss mask) and their GRPO adva
    optimizer; :class:`VerlTrainer` turns the returned metrics into our :class:`StepMetrics`.
 4. The actor's full state dict is gathered from FSDP to rank 0 and copied into the server's Hugging Face
    module (:attr:`VerlTrainer.sampling_model`), which the server then hands to ``Engine.load_weights``
-   (vLLM: CUDA IPC push) and to checkpoints.
+   (vLLM: CUDA IPC push) and to checkpoints. With LoRA only the adapters are gathered. With
+   ``VerlSettings.weight_sync = "direct"`` nothing is gathered: :meth:`VerlTrainer.push_weights` sends the
+   weights from the actor's GPU into vLLM in checksummed CUDA IPC buckets (`swarm.train.weight_buckets`)
+   and the copy is gathered only when a checkpoint reads it.
+
+Optimizer state: :meth:`VerlTrainer.state_dict` carries the actor's AdamW state (unsharded, by parameter
+name) into ``trainer_state.pt``; a resume loads it back, so AdamW continues.
 
 Loss parity (``tests/train/test_verl_parity.py``): our :func:`swarm.train.losses.aggregate_loss` has
 per-sample weights ``w_s`` and verl's ``agg_loss`` has none. Since ``-min(r·cÂ, clip(r)·cÂ) = c·(-min(rÂ,
@@ -67,6 +74,7 @@ __all__ = [
     "check_verl_available",
     "load_adapter_state_dict",
     "load_full_state_dict",
+    "micro_batch_layout",
     "ray_worker_group",
     "to_verl_batch",
     "verl_actor_config",
@@ -239,7 +247,7 @@ def to_verl_batch(
             response mask, so it is never trained.
         loss_agg: Our aggregation, mapped by :func:`verl_loss_agg_mode`.
         norm_tokens: L of ``seq_mean_token_sum_norm``.
-        multiple: Rows are padded to a multiple of this (data-parallel size × mini-batches).
+        multiple: Rows are padded to a multiple of this (the trainer passes :func:`micro_batch_layout`'s).
         minibatches: Optimizer updates per epoch (verl splits the rows into this many mini-batches;
             the normalisers are per mini-batch, exact for 1).
 
@@ -357,6 +365,22 @@ def _advantage_scale(
         ours /= norm_tokens  # verl divides by L itself (loss_scale_factor)
     verls = _verl_normalizer(mask64, loss_agg)
     return [float(w) * verls / ours if ours > 0 else 0.0 for w in weights_B[:n].tolist()]
+
+
+def micro_batch_layout(rows: int, ranks: int, minibatches: int, micro_batch_size: int) -> tuple[int, int]:
+    """How a batch of ``rows`` samples is padded and cut for verl: ``(multiple, micro)``.
+
+    verl cuts each rank's mini-batch into micro-batches of exactly ``micro`` rows and refuses a remainder.
+    With ``per`` = ⌈rows / (ranks · minibatches)⌉ rows per rank and mini-batch, ``k`` = ⌈per /
+    micro_batch_size⌉ passes are needed; ``micro`` = ⌈per / k⌉ ≤ ``micro_batch_size`` spreads the rows
+    evenly over them, so padding (to a multiple of ``multiple`` = ranks · minibatches · micro) adds fewer
+    than ``k`` rows per rank and mini-batch (a batch of 2 with micro-batches of 4: one pass of 2, not 2
+    padding rows).
+    """
+    per = -(-rows // (ranks * minibatches))
+    passes = -(-per // micro_batch_size)
+    micro = -(-per // passes)
+    return ranks * minibatches * micro, micro
 
 
 def worker_input(data: Any, **meta: Any) -> Any:
@@ -1021,19 +1045,21 @@ class VerlTrainer:
         t_start = time.perf_counter()
         cfg = self.config
         wg = self._workers()
+        multiple, micro = micro_batch_layout(
+            len(samples), self.settings.world_size, cfg.minibatches, cfg.micro_batch_size
+        )
         batch = to_verl_batch(
             samples,
             advantages,
             pad_token_id=self.pad_token_id,
             loss_agg=cfg.loss_agg,
             norm_tokens=cfg.norm_tokens,
-            # verl splits each rank's mini-batch into micro-batches of exactly micro_batch_size rows
-            multiple=self.settings.world_size * cfg.minibatches * cfg.micro_batch_size,
+            multiple=multiple,
             minibatches=cfg.minibatches,
         )
         timings = StepTimings()
-        old, entropy = self._old_and_ref_logprobs(wg, batch.data, timings)
-        metrics = self._update_actor(wg, batch, timings)
+        old, entropy = self._old_and_ref_logprobs(wg, batch.data, timings, micro)
+        metrics = self._update_actor(wg, batch, timings, micro)
         t0 = time.perf_counter()
         if self.direct:  # the engine gets the weights from the actor (push_weights); the copy on demand
             self._copy_stale = True
@@ -1045,16 +1071,19 @@ class VerlTrainer:
         timings.weight_sync_s = time.perf_counter() - t0
         self._step += 1
         timings.total_s = time.perf_counter() - t_start
-        return self._step_metrics(samples, advantages, rewards, batch.data, old, entropy, metrics, timings)
+        return self._step_metrics(
+            samples, advantages, rewards, batch.data, old, entropy, metrics, timings, micro
+        )
 
     def _old_and_ref_logprobs(
-        self, wg: Any, data: Any, timings: StepTimings
+        self, wg: Any, data: Any, timings: StepTimings, micro: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """π_θ_old and entropy of every response token, (B, R) each, written into ``data`` with π_ref
-        (``kl_coef > 0``) and the truncated importance weights (``tis_cap``)."""
+        (``kl_coef > 0``) and the truncated importance weights (``tis_cap``); ``micro`` rows a pass."""
         cfg = self.config
         t0 = time.perf_counter()
-        td = worker_input(data, calculate_entropy=True, compute_loss=False, temperature=cfg.temperature)
+        meta = {"compute_loss": False, "temperature": cfg.temperature, "micro_batch_size_per_gpu": micro}
+        td = worker_input(data, calculate_entropy=True, **meta)
         out = wg.compute_log_prob(td)
         old = response_values(out, "log_probs", td)
         entropy = response_values(out, "entropy", td)
@@ -1062,7 +1091,7 @@ class VerlTrainer:
         timings.old_logprobs_s = time.perf_counter() - t0
         if cfg.kl_coef > 0:
             t0 = time.perf_counter()
-            td = worker_input(data, calculate_entropy=False, compute_loss=False, temperature=cfg.temperature)
+            td = worker_input(data, calculate_entropy=False, **meta)
             data.batch["ref_log_prob"] = response_values(wg.compute_ref_log_prob(td), "log_probs", td)
             timings.ref_logprobs_s = time.perf_counter() - t0
         if cfg.tis_cap is not None:
@@ -1071,8 +1100,8 @@ class VerlTrainer:
             data.batch["rollout_is_weights"] = (old - behaviour).exp().clamp(max=cfg.tis_cap) * mask
         return old, entropy
 
-    def _update_actor(self, wg: Any, batch: VerlBatch, timings: StepTimings) -> Mapping[str, Any]:
-        """verl's ``update_actor`` on the batch; returns its metrics.
+    def _update_actor(self, wg: Any, batch: VerlBatch, timings: StepTimings, micro: int) -> Mapping[str, Any]:
+        """verl's ``update_actor`` on the batch, ``micro`` rows a forward/backward pass; returns its metrics.
 
         Raises:
             TrainerError: a non-finite gradient norm.
@@ -1092,6 +1121,7 @@ class VerlTrainer:
             dataloader_kwargs={"shuffle": False},
             compute_loss=True,
             temperature=cfg.temperature,
+            micro_batch_size_per_gpu=micro,
         )
         metrics: Mapping[str, Any] = tu.get(wg.update_actor(td), "metrics")
         timings.fwd_bwd_s = time.perf_counter() - t0
@@ -1110,6 +1140,7 @@ class VerlTrainer:
         entropy: torch.Tensor,
         metrics: Mapping[str, Any],
         timings: StepTimings,
+        micro: int,
     ) -> StepMetrics:
         cfg = self.config
         mask = data.batch["response_mask"].bool()
@@ -1144,8 +1175,7 @@ class VerlTrainer:
             lr=cfg.lr,
             updates=updates,
             # per rank: each of the world_size ranks runs this many micro-batches
-            micro_batches=updates
-            * -(-rows // (cfg.minibatches * self.settings.world_size * cfg.micro_batch_size)),
+            micro_batches=updates * -(-rows // (cfg.minibatches * self.settings.world_size * micro)),
             time_s=timings,
             created_at=time.time(),
         )
