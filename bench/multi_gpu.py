@@ -627,7 +627,11 @@ def check_args(a: dict[str, Any]) -> dict[str, Any] | None:
     """
     import importlib.util
 
-    for name in ("gpus", "steps", "groups", "completion"):
+    if a["weight_sync"] not in ("gather", "direct"):
+        raise BenchError(f"--weight-sync is gather or direct, got {a['weight_sync']!r}")
+    if a["lora_rank"] < 0 or (a["max_staleness"] is not None and a["max_staleness"] < 0):
+        raise BenchError("--lora-rank and --max-staleness must be ≥ 0")
+    for name in ("gpus", "steps", "groups", "completion", "checkpoint_every"):
         if a[name] < 1:
             raise BenchError(f"--{name} must be ≥ 1, got {a[name]}")
     if a["group_size"] < 2:
@@ -697,9 +701,15 @@ def serve_argv(a: dict[str, Any], model_dir: Path, run_dir: Path, port: int) -> 
         "--group-size", str(a["group_size"]),
         "--lr", str(a["lr"]),
         "--micro-batch-size", str(a["micro_batch_size"]),
-        # no checkpoint inside the measured steps (a 1.5B float32 one is 6 GB)
-        "--checkpoint-every", "1000000",
+        # by default no checkpoint inside the measured steps (a 1.5B float32 one is 6 GB, 18 GB with AdamW)
+        "--checkpoint-every", str(a["checkpoint_every"]),
     ]  # fmt: skip
+    if a["trainer"] == "verl" and a["weight_sync"] != "gather":
+        argv += ["--verl-weight-sync", a["weight_sync"]]
+    if a["lora_rank"] > 0:
+        argv += ["--lora-rank", str(a["lora_rank"])]
+    if a["max_staleness"] is not None:
+        argv += ["--max-staleness", str(a["max_staleness"]), "--tis-cap", "2.0"]
     if a["trainer"] == "verl":
         argv += ["--trainer-gpus", str(a["gpus"])]
     if a["engine"] == "vllm":
@@ -899,6 +909,16 @@ def main(
     completion: Annotated[int, typer.Option(help="Completion tokens per episode (max_tokens).")] = 256,
     micro_batch_size: Annotated[int, typer.Option(help="Sequences per forward/backward pass.")] = 8,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-6,
+    weight_sync: Annotated[
+        str, typer.Option(help="verl: gather | direct (swarm serve --verl-weight-sync).")
+    ] = "gather",
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank (swarm serve --lora-rank); 0: all weights.")] = 0,
+    max_staleness: Annotated[
+        int | None, typer.Option(help="Asynchronous training (swarm serve --max-staleness K, --tis-cap 2).")
+    ] = None,
+    checkpoint_every: Annotated[
+        int, typer.Option(help="swarm serve --checkpoint-every (default: none in the measured steps).")
+    ] = 1_000_000,
     gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM's share of GPU 0.")] = 0.3,
     seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
     budget: Annotated[

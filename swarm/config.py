@@ -70,7 +70,7 @@ class TrainingConfig(BaseModel):
     backend: Literal["torch", "verl"] = "torch"
     """Trainer backend: ``torch`` (:class:`swarm.train.TorchTrainer`, in the server's process on its
     device) or ``verl`` (verl's FSDP actor in a Ray worker group, ``swarm serve --trainer verl``; optional
-    extra, full fine-tuning only)."""
+    extra; full fine-tuning or LoRA without dropout)."""
     verl: VerlSettings = Field(default_factory=VerlSettings)
     """Worker layout of the ``verl`` backend (GPUs, nodes, Ray address)."""
     normalize_std: bool = True
@@ -115,8 +115,10 @@ class TrainingConfig(BaseModel):
         if "loss_agg" not in self.trainer.model_fields_set:  # not chosen: take the server's default
             self.trainer = self.trainer.model_copy(update={"loss_agg": LossAggregation.SEQ_MEAN_TOKEN_MEAN})
         check_weighting(self.loss_weighting, self.trainer.loss_agg)
-        if self.backend == "verl" and self.trainer.lora is not None:
-            raise ValueError("the verl trainer trains all weights for now: leave LoRA (--lora-rank) out")
+        if self.backend == "verl" and self.trainer.lora is not None and self.trainer.lora.dropout > 0:
+            raise ValueError(
+                "the verl trainer's LoRA adapters have no dropout (verl 0.9.1): set lora.dropout to 0"
+            )
         if self.backend == "verl" and self.distill is not None:
             raise ValueError("distillation (--teacher) needs per-token advantages: use --trainer torch")
         return self
@@ -234,5 +236,16 @@ class ServerConfig(BaseModel):
                 f"full fine-tuning of {self.dtype} weights loses AdamW updates below {self.dtype}'s "
                 "resolution: keep float32 weights (--dtype float32; add --mixed-precision bf16 for speed) or train "
                 "LoRA adapters (--lora-rank)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_direct_weight_sync(self) -> ServerConfig:
+        t = self.training
+        direct = t.enabled and t.backend == "verl" and t.verl.weight_sync == "direct"
+        if direct and (self.engine != "vllm" or t.trainer.lora is not None):
+            raise ValueError(
+                "--verl-weight-sync direct sends full weights into vLLM's workers: it needs --engine vllm "
+                "and full fine-tuning (LoRA's adapters are small: leave it at gather)"
             )
         return self

@@ -231,7 +231,7 @@ class ServeOptions(FlagOptions):
     trainer: str = option(
         "torch",
         "Trainer backend: torch (in this process, on --device) | verl (verl's FSDP actor in a Ray worker "
-        "group; needs the project's verl extra and CUDA GPUs; full fine-tuning).",
+        "group; needs the project's verl extra and CUDA GPUs; full fine-tuning or --lora-rank).",
         to="training.backend",
     )
     trainer_gpus: int = option(
@@ -244,6 +244,12 @@ class ServeOptions(FlagOptions):
         None,
         "verl: Ray cluster to join ('auto' on a cluster node; default: start a local Ray).",
         to="training.verl.ray_address",
+    )
+    verl_weight_sync: str = option(
+        "gather",
+        "verl: how weights reach the engine: gather (through Ray into the server's copy) | direct (CUDA IPC "
+        "buckets from the actor's GPU into vLLM, checksummed, time-bounded; --engine vllm).",
+        to="training.verl.weight_sync",
     )
     max_batch_size: int = option(32, "Most sequences sampled together.", to="max_batch_size")
     threads: int | None = option(
@@ -499,6 +505,7 @@ class ServeOptions(FlagOptions):
                 "n_gpus_per_node": self.trainer_gpus,
                 "nnodes": self.trainer_nodes,
                 "ray_address": self.ray_address,
+                "weight_sync": self.verl_weight_sync,
             },
             "batch": {
                 "policy": self.batch_policy,

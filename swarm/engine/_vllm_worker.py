@@ -41,12 +41,36 @@ class WeightReceiver:
             The number of tensors loaded.
         """
         items: list[tuple[str, tuple[Any, ...]]] = pickle.loads(payload)
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        weights = []
-        for name, args in items:
-            rebuilt = list(args)
-            rebuilt[DEVICE_INDEX_ARG] = index
-            weights.append((name, rebuild_cuda_tensor(*rebuilt)))
+        weights = [(name, self._rebuild(args)) for name, args in items]
         self.model_runner.model.load_weights(weights=weights)
         torch.cuda.synchronize(self.device)
         return len(weights)
+
+    def swarm_load_ipc_buckets(self, payload: bytes) -> list[tuple[float, float]]:
+        """Load flat weight buckets sent by verl's actor rank 0 on this GPU (the direct weight path).
+
+        Args:
+            payload: ``pickle.dumps(list[tuple[Bucket, tuple]])``: each bucket's layout
+                (`swarm.train.weight_buckets.Bucket`) and ``reduce_tensor(flat)[1]`` of its CUDA buffer,
+                which the actor keeps alive until this returns. From the server that started this engine
+                process, over vLLM's local IPC socket.
+
+        Returns:
+            Each buffer's fingerprint as read here, for the sender to compare with its own.
+        """
+        from swarm.train.weight_buckets import receive_buckets
+
+        items = pickle.loads(payload)
+        prints = receive_buckets(
+            items, self._rebuild, lambda views: self.model_runner.model.load_weights(weights=views)
+        )
+        torch.cuda.synchronize(self.device)
+        return prints
+
+    def _rebuild(self, args: Any) -> torch.Tensor:
+        """The sender's CUDA tensor mapped into this process (its device index rewritten to ours)."""
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        rebuilt = list(args)
+        rebuilt[DEVICE_INDEX_ARG] = index
+        tensor: torch.Tensor = rebuild_cuda_tensor(*rebuilt)
+        return tensor

@@ -319,18 +319,42 @@ class VLLMEngine:
         """
         from torch.multiprocessing.reductions import reduce_tensor
 
-        if self._sleeping:  # level-1 sleep restores its CPU copy on wake: wake the weights first
-            self._call(self._llm.wake_up(tags=["weights"]))
         keep = [(name, t if t.is_cuda else t.cuda()) for name, t in served_weights(module)]
         payload = pickle.dumps([(name, reduce_tensor(t)[1]) for name, t in keep])
         torch.cuda.synchronize()
-        self._call(self._llm.collective_rpc("swarm_load_ipc_weights", args=(payload,)))
+        self._push("swarm_load_ipc_weights", payload, policy_version)
         del keep
+
+    def load_weight_buckets(
+        self, items: list[tuple[Any, Any]], policy_version: int
+    ) -> list[tuple[float, float]]:
+        """Serve weights sent as flat buckets (`swarm.train.weight_buckets`) by another process on this
+        GPU, as ``policy_version``: verl's direct weight path, no module on this side.
+
+        Args:
+            items: ``(Bucket, rebuild args)`` per bucket: ``reduce_tensor(flat)[1]`` of the sender's CUDA
+                buffer, which the sender keeps alive until this returns.
+
+        Returns:
+            Each bucket's fingerprint as vLLM's worker read it (the sender compares them with its own).
+        """
+        results = self._push("swarm_load_ipc_buckets", pickle.dumps(items), policy_version)
+        prints: list[tuple[float, float]] = results[0]  # one worker per engine (no tensor parallelism)
+        return prints
+
+    def _push(self, method: str, payload: bytes, policy_version: int) -> list[Any]:
+        """Wake the weights if asleep, call the worker extension's ``method`` with ``payload``, reset the
+        prefix cache (cached prompts were computed with the old weights), wake the KV cache, record
+        ``policy_version``; returns each worker's result."""
+        if self._sleeping:  # level-1 sleep restores its CPU copy on wake: wake the weights first
+            self._call(self._llm.wake_up(tags=["weights"]))
+        results: list[Any] = self._call(self._llm.collective_rpc(method, args=(payload,)))
         self._call(self._llm.reset_prefix_cache())
         if self._sleeping:
             self._call(self._llm.wake_up(tags=["kv_cache"]))
             self._sleeping = False
         self.policy_version = policy_version
+        return results
 
     def close(self) -> None:
         """Shut vLLM's engine-core process down and stop the engine thread.

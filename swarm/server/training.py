@@ -84,8 +84,9 @@ def make_trainer(
     """The trainer backend ``config.backend`` names, updating ``engine.trainable_module()``.
 
     ``verl``: the actor loads the newest full checkpoint of ``run_dir`` when there is one (its weights
-    are the run's; the loop restores the step and the server's copy from it as for ``torch``), else
-    ``model_dir``; verl's optimizer state is not checkpointed yet, so AdamW restarts after a resume.
+    are the run's; the loop restores the step, the server's copy and verl's optimizer state from it as
+    for ``torch``), else ``model_dir``; with LoRA always ``model_dir`` (a checkpoint holds the adapters
+    only: the loop loads them into the server's copy, which hands them to the actor).
 
     Raises:
         ConfigError: ``verl`` without verl installed, or without ``model_dir``.
@@ -97,7 +98,7 @@ def make_trainer(
         )
     from swarm.train.verl_backend import VerlTrainer
 
-    latest = latest_checkpoint(run_dir)
+    latest = latest_checkpoint(run_dir) if config.trainer.lora is None else None
     source = latest[1] if latest is not None else model_dir
     if source is None:
         raise ConfigError("--trainer verl needs the model's Hugging Face directory")
@@ -374,7 +375,9 @@ class TrainingLoop:
                     policy=self.config.batch.policy.value,
                     keep=self.config.keep_checkpoints,
                 )
-            self.engine.load_weights(self.trainer.sampling_model, step)  # waiting calls sample `step`
+            push = getattr(self.trainer, "push_weights", None)  # verl's direct path sends its own weights
+            if push is None or not push(self.engine, step):
+                self.engine.load_weights(self.trainer.sampling_model, step)  # waiting calls sample `step`
             self.admission.consumed(batch.consumed, step)
             if self.scorer is not None:
                 self.scorer.forget(batch.consumed)

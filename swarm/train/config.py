@@ -159,6 +159,17 @@ class VerlSettings(BaseModel):
     """Recompute activations in the backward pass (less memory for long sequences)."""
     ray_address: str | None = None
     """``None``: start a local Ray instance; ``"auto"`` or ``"ray://HOST:10001"``: join that cluster."""
+    weight_sync: Literal["gather", "direct"] = "gather"
+    """How the actor's weights reach the engine after a step. ``gather``: into the server's Hugging Face
+    copy through Ray, which the engine then loads (every engine; the CPU path). ``direct``: rank 0 packs
+    them into buckets in the engine's dtype on its GPU and the vLLM engine maps them by CUDA IPC, each
+    bucket checksummed on both sides, each call bounded by ``weight_sync_timeout_s`` (vLLM on the actor's
+    GPU 0, full fine-tuning; the server's copy is gathered only when a checkpoint reads it)."""
+    weight_sync_timeout_s: float = Field(default=300.0, gt=0.0)
+    """Most seconds one part of a ``direct`` sync (the pack, the engine's load) may take; then the step
+    fails loudly (``WeightSyncError``) instead of hanging."""
+    bucket_mb: int = Field(default=512, ge=1)
+    """Most MiB of one ``direct`` bucket (the engine maps and loads one bucket at a time)."""
     overrides: tuple[str, ...] = ()
     """Further Hydra overrides of verl's ``ppo_trainer`` config, e.g.
     ``actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384``."""

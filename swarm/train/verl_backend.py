@@ -12,7 +12,8 @@ A step, for samples ``s`` (token sequences with a loss mask) and their GRPO adva
    everything from there, with ``response_mask`` = our loss mask (a multi-turn sample keeps its tool and
    user tokens in the response, masked out, as verl's agent loop does). Our advantages are written into
    ``advantages``; verl never computes them. Rows are padded with zero-mask rows up to the multiple of
-   data-parallel size × mini-batches that verl's dispatch and data loader need; none is dropped.
+   data-parallel size × mini-batches × micro-batch rows (:func:`micro_batch_layout`) that verl's
+   dispatch, data loader and micro-batching need; none is dropped.
 2. The worker group recomputes π_θ_old (``compute_log_prob``) and, with KL, π_ref
    (``compute_ref_log_prob``); with ``tis_cap`` the truncated importance weights
    ``min(π_θ_old/μ, C)`` go in as ``rollout_is_weights``.
@@ -20,7 +21,13 @@ A step, for samples ``s`` (token sequences with a loss mask) and their GRPO adva
    optimizer; :class:`VerlTrainer` turns the returned metrics into our :class:`StepMetrics`.
 4. The actor's full state dict is gathered from FSDP to rank 0 and copied into the server's Hugging Face
    module (:attr:`VerlTrainer.sampling_model`), which the server then hands to ``Engine.load_weights``
-   (vLLM: CUDA IPC push) and to checkpoints.
+   (vLLM: CUDA IPC push) and to checkpoints. With LoRA only the adapters are gathered. With
+   ``VerlSettings.weight_sync = "direct"`` nothing is gathered: :meth:`VerlTrainer.push_weights` sends the
+   weights from the actor's GPU into vLLM in checksummed CUDA IPC buckets (`swarm.train.weight_buckets`)
+   and the copy is gathered only when a checkpoint reads it.
+
+Optimizer state: :meth:`VerlTrainer.state_dict` carries the actor's AdamW state (unsharded, by parameter
+name) into ``trainer_state.pt``; a resume loads it back, so AdamW continues.
 
 Loss parity (``tests/train/test_verl_parity.py``): our :func:`swarm.train.losses.aggregate_loss` has
 per-sample weights ``w_s`` and verl's ``agg_loss`` has none. Since ``-min(r·cÂ, clip(r)·cÂ) = c·(-min(rÂ,
@@ -36,7 +43,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,8 +55,10 @@ from swarm.errors import ConfigError
 from swarm.tracking.records import Sample
 from swarm.train.backend import TrainBatch, TrainerBackend, TrainerError
 from swarm.train.config import LossAggregation, TrainerConfig, VerlSettings
+from swarm.train.lora import add_adapters, merge_adapters
 from swarm.train.losses import batch_statistics, loss_normalizer
 from swarm.train.metrics import StepMetrics, StepTimings
+from swarm.train.weight_buckets import WeightSyncError, bounded, fingerprint, fingerprint_matches, pack_stream
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -63,6 +72,10 @@ __all__ = [
     "VerlUnavailable",
     "check_ray_address",
     "check_verl_available",
+    "load_adapter_state_dict",
+    "load_full_state_dict",
+    "micro_batch_layout",
+    "ray_worker_group",
     "to_verl_batch",
     "verl_actor_config",
     "verl_loss_agg_mode",
@@ -73,6 +86,16 @@ VERL_LIVE_FIELDS: frozenset[str] = frozenset({"ppo_epochs", "minibatches"})
 
 VERL_VERSION = "0.9.1"
 """The verl release this module is written against (its worker API changes between minor versions)."""
+
+ADAPTER_KEY = "lora_"
+"""Substring of every LoRA tensor's state-dict name (peft)."""
+
+FSDP1_PREFIX = "_fsdp_wrapped_module."
+"""What FSDP1 inserts into state-dict names (FSDP2 keeps the module's own)."""
+
+VERL_LORA_DROPOUT = (
+    "--trainer verl: verl 0.9.1's FSDP LoRA adapters have no dropout; leave the LoRA dropout at 0"
+)
 
 INSTALL_HINT = (
     f'pip install -e ".[verl]" && pip install --no-deps verl=={VERL_VERSION} tensordict==0.10.0 pyvers==0.1.0 '
@@ -224,7 +247,7 @@ def to_verl_batch(
             response mask, so it is never trained.
         loss_agg: Our aggregation, mapped by :func:`verl_loss_agg_mode`.
         norm_tokens: L of ``seq_mean_token_sum_norm``.
-        multiple: Rows are padded to a multiple of this (data-parallel size × mini-batches).
+        multiple: Rows are padded to a multiple of this (the trainer passes :func:`micro_batch_layout`'s).
         minibatches: Optimizer updates per epoch (verl splits the rows into this many mini-batches;
             the normalisers are per mini-batch, exact for 1).
 
@@ -331,6 +354,22 @@ def _advantage_scale(
         ours /= norm_tokens  # verl divides by L itself (loss_scale_factor)
     verls = _verl_normalizer(mask64, loss_agg)
     return [float(w) * verls / ours if ours > 0 else 0.0 for w in weights_B[:n].tolist()]
+
+
+def micro_batch_layout(rows: int, ranks: int, minibatches: int, micro_batch_size: int) -> tuple[int, int]:
+    """How a batch of ``rows`` samples is padded and cut for verl: ``(multiple, micro)``.
+
+    verl cuts each rank's mini-batch into micro-batches of exactly ``micro`` rows and refuses a remainder.
+    With ``per`` = ⌈rows / (ranks · minibatches)⌉ rows per rank and mini-batch, ``k`` = ⌈per /
+    micro_batch_size⌉ passes are needed; ``micro`` = ⌈per / k⌉ ≤ ``micro_batch_size`` spreads the rows
+    evenly over them, so padding (to a multiple of ``multiple`` = ranks · minibatches · micro) adds fewer
+    than ``k`` rows per rank and mini-batch (a batch of 2 with micro-batches of 4: one pass of 2, not 2
+    padding rows).
+    """
+    per = -(-rows // (ranks * minibatches))
+    passes = -(-per // micro_batch_size)
+    micro = -(-per // passes)
+    return ranks * minibatches * micro, micro
 
 
 def worker_input(data: Any, **meta: Any) -> Any:
@@ -504,7 +543,125 @@ def _worker_class() -> type:
                     out[name] = full.to("cpu", copy=True)
             return out if rank0 else None
 
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def pack_weight_buckets(
+            self, dtype: str, bucket_bytes: int, ipc: bool
+        ) -> list[dict[str, Any]] | None:
+            """The direct weight path's sending side: every rank takes part in the gathers, rank 0 casts
+            the full tensors to ``dtype`` on its device and packs them into buckets (`pack_stream`), kept
+            alive until :meth:`release_weight_buckets`. Rank 0 returns, per bucket, its layout, its
+            fingerprint and its handle: CUDA IPC rebuild arguments (``ipc``; a few hundred bytes through
+            Ray, the bytes stay on the GPU), or the CPU buffer itself (the CPU tests). ``None`` elsewhere."""
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            params, _ = self.actor.engine.get_per_tensor_param()
+            if torch.distributed.get_rank() != 0:
+                for _ in params:  # each full tensor is a collective: take part, keep nothing
+                    pass
+                return None
+            self._buckets = []
+            out = []
+            for bucket, flat in pack_stream(params, dtype=getattr(torch, dtype), bucket_bytes=bucket_bytes):
+                self._buckets.append(flat)
+                handle = reduce_tensor(flat)[1] if ipc else flat
+                out.append({"bucket": bucket, "fingerprint": fingerprint(flat), "handle": handle})
+            return out
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def release_weight_buckets(self) -> None:
+            """Free the buckets of :meth:`pack_weight_buckets` (the engine has copied them)."""
+            self._buckets = []
+            from verl.utils.device import get_torch_device
+
+            get_torch_device().empty_cache()
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def adapter_state_dict(self) -> dict[str, torch.Tensor] | None:
+            """The actor's LoRA tensors by peft state-dict name (``…q_proj.lora_A.default.weight``), full
+            and on CPU on rank 0 (every rank takes part in the gathers); ``None`` elsewhere."""
+            engine = self.actor.engine
+            rank0 = torch.distributed.get_rank() == 0
+            out = {}
+            with _resident(engine, optimizer=False):
+                for name, tensor in engine.module.state_dict().items():
+                    if ADAPTER_KEY in name:
+                        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+                        if rank0:
+                            out[name.replace(FSDP1_PREFIX, "")] = full.detach().to("cpu", copy=True)
+            return out if rank0 else None
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def load_adapter_state(self, state: Mapping[str, torch.Tensor]) -> None:
+            """Set the actor's LoRA tensors from full tensors by peft state-dict name (each rank keeps
+            its shard).
+
+            Raises:
+                ValueError: a name the actor's adapters lack, or adapters of the actor left unset.
+            """
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            engine = self.actor.engine
+            own = {n.replace(FSDP1_PREFIX, "") for n in engine.module.state_dict() if ADAPTER_KEY in n}
+            if own != set(state):
+                raise ValueError(
+                    f"LoRA adapters differ: the actor's lack {sorted(set(state) - own)[:3]}, "
+                    f"the server's lack {sorted(own - set(state))[:3]}"
+                )
+            with _resident(engine, optimizer=False):
+                set_model_state_dict(
+                    engine.module, dict(state), options=StateDictOptions(full_state_dict=True, strict=False)
+                )
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def optimizer_state(self) -> dict[str, Any] | None:
+            """The actor's AdamW state (unsharded: parameter names as keys, CPU tensors) and LR schedule on
+            rank 0; ``None`` elsewhere. Independent of the number of ranks, so a resume may use another."""
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            engine = self.actor.engine
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            with _resident(engine, optimizer=True):
+                optimizer = get_optimizer_state_dict(engine.module, engine.optimizer, options=options)
+            if torch.distributed.get_rank() != 0:
+                return None
+            return {"optimizer": optimizer, "lr_scheduler": engine.lr_scheduler.state_dict()}
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
+            """Restore :meth:`optimizer_state` output into this rank's shard of the optimizer."""
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            engine = self.actor.engine
+            with _resident(engine, optimizer=True):
+                set_optimizer_state_dict(
+                    engine.module,
+                    engine.optimizer,
+                    dict(state["optimizer"]),
+                    options=StateDictOptions(full_state_dict=True),
+                )
+            engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+
     return SwarmActorWorker
+
+
+class _resident:
+    """Context: the actor's parameters (and optimizer state) on the device while inside, offloaded again
+    after where verl's ``param_offload``/``optimizer_offload`` keep them on CPU between passes."""
+
+    def __init__(self, engine: Any, *, optimizer: bool) -> None:
+        self.engine = engine
+        self.model = bool(engine.is_param_offload_enabled)
+        self.optimizer = optimizer and bool(engine.is_optimizer_offload_enabled)
+
+    def __enter__(self) -> None:
+        from verl.utils.device import get_device_name
+
+        if self.model or self.optimizer:
+            self.engine.to(get_device_name(), model=self.model, optimizer=self.optimizer, grad=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.model or self.optimizer:
+            self.engine.to("cpu", model=self.model, optimizer=self.optimizer, grad=False)
 
 
 def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -> int:
@@ -533,6 +690,15 @@ def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -
     missing = sorted(set(own) - set(state) - tied)
     if missing:
         raise TrainerError(f"verl actor weights lack {missing[:3]} of the served model")
+    return _copy_into(own, state)
+
+
+def _copy_into(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> int:
+    """Copy each ``state`` tensor into ``own``'s of its name, in place (dtype and device of ``own`` kept).
+
+    Raises:
+        TrainerError: a shape mismatch.
+    """
     with torch.no_grad():
         for name, value in state.items():
             target = own[name]
@@ -544,6 +710,65 @@ def load_full_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -
     return len(state)
 
 
+def ray_worker_group(settings: VerlSettings, node: DictConfig, role: str) -> Any:
+    """verl's Ray worker group of ``settings.world_size`` FSDP ranks (``SwarmActorWorker``), started and
+    with its model built (``init_model``). Joins ``settings.ray_address`` or starts a local Ray.
+
+    Raises:
+        TrainerError: no CUDA GPU and no Ray address, an unreachable Ray address, or a Ray cluster with
+            fewer GPUs than the actor needs (Ray would otherwise wait forever for the placement group).
+    """
+    import ray
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    if settings.ray_address is None and not torch.cuda.is_available():
+        raise TrainerError(
+            "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
+            "(give a Ray cluster with GPUs through the verl settings' ray_address, or use --trainer torch)"
+        )
+    if settings.ray_address is not None:
+        check_ray_address(settings.ray_address)
+    if not ray.is_initialized():
+        forwarded = {k: os.environ[k] for k in RAY_FORWARDED_ENV if k in os.environ}
+        try:
+            ray.init(
+                address=settings.ray_address,
+                ignore_reinit_error=True,
+                runtime_env={"env_vars": forwarded} if forwarded else None,
+            )
+        except ConnectionError as exc:
+            raise TrainerError(f"--ray-address {settings.ray_address}: {exc}") from None
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if gpus < settings.world_size:
+        # Ray would wait forever for a placement group the cluster cannot fill.
+        raise TrainerError(
+            f"--trainer verl: the Ray cluster has {gpus:g} GPU(s) and the actor needs "
+            f"{settings.world_size} ({settings.nnodes} node(s) × {settings.n_gpus_per_node})"
+        )
+    pool = RayResourcePool(process_on_nodes=[settings.n_gpus_per_node] * settings.nnodes)
+    cls = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=node, role=role)
+    wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
+    wg.init_model()
+    return wg
+
+
+def load_adapter_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor]) -> int:
+    """Copy the actor's gathered LoRA tensors into the server's peft-wrapped copy in place.
+
+    Returns:
+        Tensors copied.
+
+    Raises:
+        TrainerError: the two sets of adapter names differ, or a shape does.
+    """
+    own = {name: t for name, t in module.state_dict().items() if ADAPTER_KEY in name}
+    if set(own) != set(state):
+        raise TrainerError(
+            f"verl actor adapters differ from the served model's: {sorted(set(state) ^ set(own))[:3]}"
+        )
+    return _copy_into(own, state)
+
+
 class VerlTrainer(TrainerBackend):
     """GRPO/PPO trainer backend driving verl's FSDP actor (and reference) through its Ray worker group.
 
@@ -552,22 +777,28 @@ class VerlTrainer(TrainerBackend):
     ``state_dict``/``load_state_dict``, ``config``). The server keeps one Hugging Face copy of the weights
     (``module``, the engine's ``trainable_module()``): after every update the actor's gathered weights are
     copied into it, so the engine push and the checkpoints read it as they read the torch trainer's model.
+    With LoRA the copy gets the same adapters (`swarm.train.lora.add_adapters`), only the actor's adapter
+    tensors are gathered, and a merged sampling copy follows them as the torch trainer's does.
 
     Args:
         module: The server's Hugging Face model (receives the actor's weights after each step).
-        model_path: Hugging Face directory verl's actor loads (the same weights as ``module``).
-        config: Trainer hyper-parameters (full fine-tuning; ``lora`` is refused).
+        model_path: Hugging Face directory verl's actor loads (the same weights as ``module``; with LoRA
+            the base model's, never a checkpoint's adapter folder).
+        config: Trainer hyper-parameters (``lora``: verl's FSDP LoRA, ``lora_rank``; no dropout).
         pad_token_id: Fills padding.
         settings: Worker layout (GPUs, nodes, FSDP strategy, Ray address).
         compute_dtype: Compute dtype of the actor's forward passes (``float32`` or ``bfloat16``).
         start: Start Ray and the worker group now (``None``: when CUDA is visible or a Ray address is
             set; otherwise on the first step).
+        worker_group: Builds the started worker group from verl's ``actor_rollout_ref`` config and the
+            role (``"actor"`` or ``"actor_ref"``); default :func:`ray_worker_group` (verl's Ray worker group
+            on ``settings``' GPUs). The CPU tests pass one in-process worker.
 
     Raises:
         VerlUnavailable: verl is not installed.
-        TrainerError: LoRA (the merged gather is not wired yet); when the workers start, no CUDA GPU and no
-            Ray address, or a Ray cluster with fewer GPUs than ``settings.world_size`` (Ray would otherwise
-            wait forever for the placement group).
+        TrainerError: LoRA with dropout (verl's adapters have none); when the workers start, no CUDA GPU
+            and no Ray address, or a Ray cluster with fewer GPUs than ``settings.world_size`` (Ray would
+            otherwise wait forever for the placement group).
     """
 
     def __init__(
@@ -580,10 +811,14 @@ class VerlTrainer(TrainerBackend):
         settings: VerlSettings | None = None,
         compute_dtype: str = "float32",
         start: bool | None = None,
+        worker_group: Callable[[DictConfig, str], Any] | None = None,
     ) -> None:
         check_verl_available()
+        self._sampler: nn.Module | None = None
         if config.lora is not None:
-            raise TrainerError("--trainer verl trains all weights for now (no --lora-rank)")
+            if config.lora.dropout > 0:
+                raise TrainerError(VERL_LORA_DROPOUT)
+            module, self._sampler = add_adapters(module, config.lora)
         self._module = module
         self.model_path = Path(model_path)
         self.config = config
@@ -592,6 +827,13 @@ class VerlTrainer(TrainerBackend):
         self.compute_dtype = compute_dtype
         self._step = 0
         self._wg: Any = None
+        self._build_workers = worker_group
+        self._copy_stale = False
+        """``direct`` weight sync: the actor moved on since the server's copy was last gathered."""
+        self.last_push: dict[str, float | int] = {}
+        """The last direct sync: ``pack_s``, ``load_s``, ``buckets``, ``bytes``."""
+        self._pending_optimizer: Mapping[str, Any] | None = None
+        """Optimizer state loaded before the workers started: handed to them when they do."""
         if (
             start is None
         ):  # start now wherever GPUs can be had: the caller's (main) thread, errors at start-up
@@ -601,36 +843,10 @@ class VerlTrainer(TrainerBackend):
 
     # -- worker group ------------------------------------------------------------------------------------
     def _workers(self) -> Any:
-        """The Ray worker group, started on first use (Ray, FSDP init and model load take a while)."""
+        """The worker group, started on first use (Ray, FSDP init and model load take a while); optimizer
+        state restored before it started is loaded into it."""
         if self._wg is not None:
             return self._wg
-        import ray
-        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-
-        if self.settings.ray_address is None and not torch.cuda.is_available():
-            raise TrainerError(
-                "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
-                "(give a Ray cluster with GPUs through the verl settings' ray_address, or use --trainer torch)"
-            )
-        if self.settings.ray_address is not None:
-            check_ray_address(self.settings.ray_address)
-        if not ray.is_initialized():
-            forwarded = {k: os.environ[k] for k in RAY_FORWARDED_ENV if k in os.environ}
-            try:
-                ray.init(
-                    address=self.settings.ray_address,
-                    ignore_reinit_error=True,
-                    runtime_env={"env_vars": forwarded} if forwarded else None,
-                )
-            except ConnectionError as exc:
-                raise TrainerError(f"--ray-address {self.settings.ray_address}: {exc}") from None
-        gpus = ray.cluster_resources().get("GPU", 0.0)
-        if gpus < self.settings.world_size:
-            # Ray would wait forever for a placement group the cluster cannot fill.
-            raise TrainerError(
-                f"--trainer verl: the Ray cluster has {gpus:g} GPU(s) and the actor needs "
-                f"{self.settings.world_size} ({self.settings.nnodes} node(s) × {self.settings.n_gpus_per_node})"
-            )
         node = verl_actor_config(
             self.model_path,
             self.config,
@@ -639,26 +855,108 @@ class VerlTrainer(TrainerBackend):
             compute_dtype=self.compute_dtype,
         )
         role = "actor_ref" if self.config.kl_coef > 0 else "actor"
-        pool = RayResourcePool(process_on_nodes=[self.settings.n_gpus_per_node] * self.settings.nnodes)
-        cls = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=node, role=role)
-        wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
-        wg.init_model()
+        if self._build_workers is not None:
+            wg = self._build_workers(node, role)
+        else:
+            wg = ray_worker_group(self.settings, node, role)
         self._wg = wg
+        if self.config.lora is not None:  # the server's adapters (fresh, or a checkpoint's) seed the actor's
+            self._push_adapters()
+        if self._pending_optimizer is not None:
+            wg.load_optimizer_state(self._pending_optimizer)
+            self._pending_optimizer = None
         return wg
+
+    def _push_adapters(self) -> None:
+        """The server's copy's LoRA tensors into the actor's adapters (started workers)."""
+        adapters = {k: v.detach().cpu() for k, v in self._module.state_dict().items() if ADAPTER_KEY in k}
+        self._wg.load_adapter_state(adapters)
 
     # -- TorchTrainer's surface --------------------------------------------------------------------------
     @property
     def model(self) -> nn.Module:
-        """The server's Hugging Face copy (checkpoints save it)."""
+        """The server's Hugging Face copy (checkpoints save it; with LoRA the peft-wrapped copy, whose
+        checkpoints hold the adapters). With ``weight_sync="direct"`` it is gathered from the actor here,
+        when read after a step (a checkpoint), instead of after every step."""
+        if self._copy_stale:
+            load_full_state_dict(self._module, self._workers().full_state_dict()[0])
+            self._copy_stale = False
         return self._module
 
     @property
+    def direct(self) -> bool:
+        """Whether the engine receives the weights from the actor directly (:meth:`push_weights`)."""
+        return self.settings.weight_sync == "direct" and self.config.lora is None
+
+    @property
     def sampling_model(self) -> nn.Module:
-        """What the engine serves: the same copy, refreshed from the actor after each step."""
-        return self._module
+        """What the engine serves: the copy, refreshed from the actor after each step (with LoRA and
+        ``merge_for_sampling``: the merged copy)."""
+        return self.model if self._sampler is None else self._sampler
+
+    def push_weights(self, engine: Any, policy_version: int) -> bool:
+        """The direct weight path (``weight_sync="direct"``): the actor's weights into ``engine`` as
+        ``policy_version`` without a CPU or Ray object-store hop, then each bucket's fingerprint compared
+        between the actor and the engine. Returns ``False`` (nothing done: the caller loads
+        :attr:`sampling_model` as usual) under ``gather``. Times land in :attr:`last_push`.
+
+        ``engine`` needs ``load_weight_buckets(items, policy_version) -> fingerprints`` (the vLLM engine;
+        ``bucket_transport = "tensor"`` for a CPU receiver, default CUDA IPC).
+
+        Raises:
+            TrainerError: the engine cannot receive buckets.
+            WeightSyncError: a part took longer than ``weight_sync_timeout_s``, failed, or the engine's
+                fingerprints differ from the actor's.
+        """
+        if not self.direct:
+            return False
+        load = getattr(engine, "load_weight_buckets", None)
+        if load is None:
+            raise TrainerError(
+                f"--verl-weight-sync direct: the {type(engine).__name__} cannot receive buckets"
+            )
+        wg, timeout = self._workers(), self.settings.weight_sync_timeout_s
+        dtype = str(next(self._module.parameters()).dtype).removeprefix("torch.")
+        ipc = getattr(engine, "bucket_transport", "cuda_ipc") == "cuda_ipc"
+        t0 = time.perf_counter()
+        packed: list[dict[str, Any]] = bounded(
+            lambda: wg.pack_weight_buckets(dtype, self.settings.bucket_mb << 20, ipc)[0],
+            timeout_s=timeout,
+            what="packing the actor's weights",
+        )
+        t1 = time.perf_counter()
+        try:
+            received = bounded(
+                lambda: load([(p["bucket"], p["handle"]) for p in packed], policy_version),
+                timeout_s=timeout,
+                what="the engine's load",
+            )
+        finally:
+            wg.release_weight_buckets()
+        bad = [
+            i
+            for i, (p, r) in enumerate(zip(packed, received, strict=True))
+            if not fingerprint_matches(p["fingerprint"], r)
+        ]
+        if bad:
+            raise WeightSyncError(
+                f"weight sync: the engine received other bytes than the actor sent in bucket(s) {bad} "
+                f"of {len(packed)}"
+            )
+        self.last_push = {
+            "pack_s": t1 - t0,
+            "load_s": time.perf_counter() - t1,
+            "buckets": len(packed),
+            "bytes": sum(p["bucket"].nbytes for p in packed),
+        }
+        return True
 
     def sync_sampling_model(self) -> None:
-        """Nothing to merge: the copy holds full weights."""
+        """With LoRA's merged sampling copy: merge the copy's adapters into it (after every step and after
+        loading a checkpoint); otherwise nothing (the copy holds full weights)."""
+        if self._sampler is None:
+            return
+        merge_adapters(self._module, self._sampler)
 
     @property
     def step_count(self) -> int:
@@ -689,13 +987,34 @@ class VerlTrainer(TrainerBackend):
         return self.config
 
     def state_dict(self) -> dict[str, Any]:
-        """Step and config (verl's optimizer state lives in its workers and is not checkpointed yet)."""
-        return {"step": self._step, "config": self.config.model_dump()}
+        """Step, config and verl's optimizer state (``verl_optimizer``: the actor's AdamW moments
+        unsharded to rank 0, keyed by parameter name, plus its LR schedule; gathered through Ray, 2 × the
+        trained parameters' float32 bytes). Without started workers (no step yet on this process) the
+        optimizer state restored by :meth:`load_state_dict`, if any, is passed on unchanged."""
+        state: dict[str, Any] = {"step": self._step, "config": self.config.model_dump()}
+        if self._wg is not None:
+            state["verl_optimizer"] = self._wg.optimizer_state()[0]
+        elif self._pending_optimizer is not None:
+            state["verl_optimizer"] = self._pending_optimizer
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the step; the actor is rebuilt from ``model_path`` on first use, so resuming with verl
-        needs ``model_path`` to be the checkpoint's folder (the server passes it)."""
+        """Restore the step and verl's optimizer state (into the workers now, or when they start), so a
+        resume continues AdamW. The weights come from the checkpoint folder: the actor is built from
+        ``model_path`` (full fine-tuning: the server passes the newest checkpoint's folder) and, with
+        LoRA, the adapters are pushed into the actor from the server's copy, which the caller loaded from
+        the checkpoint before this call (`swarm.server.checkpoints.resume` does): now if the workers
+        run, else when they start."""
         self._step = int(state["step"])
+        if self.config.lora is not None and self._wg is not None:  # started before the copy was loaded
+            self._push_adapters()
+        optimizer = state.get("verl_optimizer")
+        if optimizer is None:
+            return
+        if self._wg is not None:
+            self._wg.load_optimizer_state(optimizer)
+        else:
+            self._pending_optimizer = optimizer
 
     # -- the step ----------------------------------------------------------------------------------------
     def _train(self, batch: TrainBatch) -> StepMetrics:
@@ -716,33 +1035,45 @@ class VerlTrainer(TrainerBackend):
         t_start = time.perf_counter()
         cfg = self.config
         wg = self._workers()
+        multiple, micro = micro_batch_layout(
+            len(samples), self.settings.world_size, cfg.minibatches, cfg.micro_batch_size
+        )
         batch = to_verl_batch(
             samples,
             advantages,
             pad_token_id=self.pad_token_id,
             loss_agg=cfg.loss_agg,
             norm_tokens=cfg.norm_tokens,
-            multiple=self.settings.world_size * cfg.minibatches,
+            multiple=multiple,
             minibatches=cfg.minibatches,
         )
         timings = StepTimings()
-        old, entropy = self._old_and_ref_logprobs(wg, batch.data, timings)
-        metrics = self._update_actor(wg, batch, timings)
+        old, entropy = self._old_and_ref_logprobs(wg, batch.data, timings, micro)
+        metrics = self._update_actor(wg, batch, timings, micro)
         t0 = time.perf_counter()
-        load_full_state_dict(self._module, wg.full_state_dict()[0])
+        if self.direct:  # the engine gets the weights from the actor (push_weights); the copy on demand
+            self._copy_stale = True
+        elif self.config.lora is None:
+            load_full_state_dict(self._module, wg.full_state_dict()[0])
+        else:  # the adapters only: the base weights never change
+            load_adapter_state_dict(self._module, wg.adapter_state_dict()[0])
+            self.sync_sampling_model()
         timings.weight_sync_s = time.perf_counter() - t0
         self._step += 1
         timings.total_s = time.perf_counter() - t_start
-        return self._step_metrics(samples, advantages, rewards, batch.data, old, entropy, metrics, timings)
+        return self._step_metrics(
+            samples, advantages, rewards, batch.data, old, entropy, metrics, timings, micro
+        )
 
     def _old_and_ref_logprobs(
-        self, wg: Any, data: Any, timings: StepTimings
+        self, wg: Any, data: Any, timings: StepTimings, micro: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """π_θ_old and entropy of every response token, (B, R) each, written into ``data`` with π_ref
-        (``kl_coef > 0``) and the truncated importance weights (``tis_cap``)."""
+        (``kl_coef > 0``) and the truncated importance weights (``tis_cap``); ``micro`` rows a pass."""
         cfg = self.config
         t0 = time.perf_counter()
-        td = worker_input(data, calculate_entropy=True, compute_loss=False, temperature=cfg.temperature)
+        meta = {"compute_loss": False, "temperature": cfg.temperature, "micro_batch_size_per_gpu": micro}
+        td = worker_input(data, calculate_entropy=True, **meta)
         out = wg.compute_log_prob(td)
         old = response_values(out, "log_probs", td)
         entropy = response_values(out, "entropy", td)
@@ -750,7 +1081,7 @@ class VerlTrainer(TrainerBackend):
         timings.old_logprobs_s = time.perf_counter() - t0
         if cfg.kl_coef > 0:
             t0 = time.perf_counter()
-            td = worker_input(data, calculate_entropy=False, compute_loss=False, temperature=cfg.temperature)
+            td = worker_input(data, calculate_entropy=False, **meta)
             data.batch["ref_log_prob"] = response_values(wg.compute_ref_log_prob(td), "log_probs", td)
             timings.ref_logprobs_s = time.perf_counter() - t0
         if cfg.tis_cap is not None:
@@ -759,8 +1090,8 @@ class VerlTrainer(TrainerBackend):
             data.batch["rollout_is_weights"] = (old - behaviour).exp().clamp(max=cfg.tis_cap) * mask
         return old, entropy
 
-    def _update_actor(self, wg: Any, batch: VerlBatch, timings: StepTimings) -> Mapping[str, Any]:
-        """verl's ``update_actor`` on the batch; returns its metrics.
+    def _update_actor(self, wg: Any, batch: VerlBatch, timings: StepTimings, micro: int) -> Mapping[str, Any]:
+        """verl's ``update_actor`` on the batch, ``micro`` rows a forward/backward pass; returns its metrics.
 
         Raises:
             TrainerError: a non-finite gradient norm.
@@ -780,6 +1111,7 @@ class VerlTrainer(TrainerBackend):
             dataloader_kwargs={"shuffle": False},
             compute_loss=True,
             temperature=cfg.temperature,
+            micro_batch_size_per_gpu=micro,
         )
         metrics: Mapping[str, Any] = tu.get(wg.update_actor(td), "metrics")
         timings.fwd_bwd_s = time.perf_counter() - t0
@@ -798,6 +1130,7 @@ class VerlTrainer(TrainerBackend):
         entropy: torch.Tensor,
         metrics: Mapping[str, Any],
         timings: StepTimings,
+        micro: int,
     ) -> StepMetrics:
         cfg = self.config
         mask = data.batch["response_mask"].bool()
@@ -832,8 +1165,7 @@ class VerlTrainer(TrainerBackend):
             lr=cfg.lr,
             updates=updates,
             # per rank: each of the world_size ranks runs this many micro-batches
-            micro_batches=updates
-            * -(-rows // (cfg.minibatches * self.settings.world_size * cfg.micro_batch_size)),
+            micro_batches=updates * -(-rows // (cfg.minibatches * self.settings.world_size * micro)),
             time_s=timings,
             created_at=time.time(),
         )

@@ -99,3 +99,24 @@ def test_bad_arguments_end_in_one_line(flags: list[str], message: str) -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
     assert message in done.stderr and done.stderr.strip().count("\n") == 0 and not done.stdout
+
+
+def test_the_served_command_carries_lora_staleness_and_checkpoints() -> None:
+    """The issue-37 runs (LoRA, asynchronous, optimizer-state checkpoints under verl) are flags of this
+    bench: they reach ``swarm serve`` as its own flags."""
+    a = {
+        "trainer": "verl", "engine": "vllm", "device": "cuda", "groups": 8, "group_size": 4, "lr": 1e-6,
+        "micro_batch_size": 8, "gpus": 1, "gpu_memory_utilization": 0.3,
+        "checkpoint_every": 2, "lora_rank": 16, "max_staleness": 1, "weight_sync": "direct",
+    }  # fmt: skip
+    argv = multi_gpu.serve_argv(a, Path("/m"), Path("/r"), 8000)
+    joined = " ".join(argv)
+    assert "--checkpoint-every 2" in joined and "--lora-rank 16" in joined
+    assert "--max-staleness 1 --tis-cap 2.0" in joined and "--trainer-gpus 1" in joined
+    assert "--verl-weight-sync direct" in joined
+    plain = " ".join(
+        multi_gpu.serve_argv(
+            {**a, "lora_rank": 0, "max_staleness": None, "weight_sync": "gather"}, Path("/m"), Path("/r"), 1
+        )
+    )
+    assert "--lora-rank" not in plain and "--max-staleness" not in plain and "--verl-weight-sync" not in plain

@@ -246,3 +246,43 @@ def test_new_weights_are_served_with_the_new_policy_version(engine: Any) -> None
         with engine.pause(), torch.no_grad():
             module.load_state_dict(saved)
             engine.load_weights(module, policy_version=engine.policy_version + 1)
+
+
+def test_weight_buckets_reach_vllm_by_cuda_ipc_and_are_served(engine: Any) -> None:
+    """verl's direct weight path on vLLM's side (`VLLMEngine.load_weight_buckets`): the weights packed in
+    flat buckets on this GPU, mapped by vLLM's worker through CUDA IPC handles, fingerprinted there (equal
+    to the sender's), loaded, and served as the new policy version. GPU only (the CPU tests run the same
+    receiving code, `receive_buckets`, with the buffers handed over as they are)."""
+    if _kind(engine) != "vllm":
+        pytest.skip("weight buckets are the vLLM engine's (CUDA IPC)")
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    from swarm.engine.vllm import served_weights
+    from swarm.train.weight_buckets import fingerprint, fingerprint_matches, pack_stream
+
+    prompt = _prompt(engine, "What is the capital of France?")
+    module = engine.trainable_module()
+    saved = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    try:
+        with engine.pause():
+            with torch.no_grad():
+                generator = torch.Generator(device="cpu").manual_seed(1)
+                for p in module.parameters():
+                    p.add_(torch.randn(p.shape, generator=generator).to(p.device, p.dtype) * 0.02)
+            buckets = list(pack_stream(served_weights(module), dtype=torch.float32, bucket_bytes=64 << 20))
+            assert len(buckets) > 1
+            prints = engine.load_weight_buckets(
+                [(b, reduce_tensor(flat)[1]) for b, flat in buckets], engine.policy_version + 1
+            )
+        assert all(
+            fingerprint_matches(fingerprint(flat), p) for (_, flat), p in zip(buckets, prints, strict=True)
+        )
+        (after,) = _generate(engine, prompt, SamplingParams(temperature=0.0, max_tokens=12))
+        assert after.policy_version == engine.policy_version
+        reference = _reference_logprobs(module, prompt, after.ids)
+        worst = max(abs(a - b) for a, b in zip(after.logprobs, reference, strict=True))
+        assert worst < LOGPROB_TOLERANCE["vllm"], worst
+    finally:
+        with engine.pause(), torch.no_grad():
+            module.load_state_dict(saved)
+            engine.load_weights(module, policy_version=engine.policy_version + 1)

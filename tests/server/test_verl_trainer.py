@@ -27,10 +27,6 @@ runner = CliRunner()
     ("flags", "message"),
     [
         ({"trainer": "banana"}, "--trainer: Input should be 'torch' or 'verl'"),
-        (  # a check across the training section names its own flag, not the section's 23
-            {"trainer": "verl", "lora-rank": "8"},
-            "the verl trainer trains all weights for now: leave LoRA (--lora-rank) out",
-        ),
         (
             {"trainer": "verl", "trainer-gpus": "0"},
             "--trainer-gpus: Input should be greater than or equal to 1",
@@ -42,6 +38,27 @@ def test_trainer_options_are_refused_in_one_line(flags: dict[str, str], message:
         ServeOptions.from_flags(flags).to_server_config()
     assert message in str(caught.value) and "\n" not in str(caught.value)
     assert str(caught.value).count("--") <= 2
+
+
+def test_verl_takes_lora_without_dropout() -> None:
+    """verl 0.9.1's FSDP LoRA (``lora_rank``) has no adapter dropout: LoRA is taken, dropout refused."""
+    from swarm.train import LoraSettings, TrainerConfig
+
+    training = ServeOptions.from_flags({"trainer": "verl", "lora-rank": "8"}).to_server_config().training
+    assert training.backend == "verl" and training.trainer.lora is not None and training.trainer.lora.r == 8
+    with pytest.raises(ValueError, match="LoRA adapters have no dropout"):
+        TrainingConfig(backend="verl", trainer=TrainerConfig(lora=LoraSettings(dropout=0.1)))
+
+
+def test_the_direct_weight_path_needs_vllm_and_full_weights() -> None:
+    flags = {"trainer": "verl", "verl-weight-sync": "direct"}
+    for extra in ({}, {"engine": "vllm", "lora-rank": "8"}):
+        with pytest.raises(ServeOptionsError) as caught:
+            ServeOptions.from_flags({**flags, **extra}).to_server_config()
+        assert "--verl-weight-sync direct sends full weights into vLLM's workers" in str(caught.value)
+        assert "\n" not in str(caught.value)
+    config = ServeOptions.from_flags({**flags, "engine": "vllm"}).to_server_config()
+    assert config.training.verl.weight_sync == "direct"
 
 
 def test_an_unreachable_ray_head_is_refused_in_one_line_instead_of_hanging() -> None:

@@ -422,3 +422,28 @@ def test_workers_without_a_gpu_fail_in_one_line_instead_of_waiting_for_one(
 
     with pytest.raises(TrainerError, match="needs CUDA GPUs and this machine has none"):
         VerlTrainer(make_model(), tmp_path, TrainerConfig(), PAD, start=True)
+
+
+@pytest.mark.parametrize(
+    ("rows", "ranks", "minibatches", "micro_batch_size", "layout"),
+    [
+        (2, 1, 1, 4, (2, 2)),  # B 1 × G 2 under the default micro-batch of 4: one pass of 2, no padding
+        (3, 1, 1, 4, (3, 3)),
+        (9, 1, 1, 4, (3, 3)),  # three passes of 3 rather than 4 + 4 + 1
+        (10, 1, 1, 4, (4, 4)),  # three passes of 4: 2 padding rows
+        (32, 1, 1, 8, (8, 8)),  # bench/multi_gpu.py's batch on one GPU
+        (32, 8, 1, 8, (32, 4)),  # … on eight: 4 rows a rank, no padding to 64
+        (12, 2, 2, 4, (12, 3)),
+    ],
+)
+def test_micro_batches_split_evenly_and_pad_only_the_remainder(
+    rows: int, ranks: int, minibatches: int, micro_batch_size: int, layout: tuple[int, int]
+) -> None:
+    from swarm.train.verl_backend import micro_batch_layout
+
+    multiple, micro = micro_batch_layout(rows, ranks, minibatches, micro_batch_size)
+    assert (multiple, micro) == layout and micro <= micro_batch_size
+    padded = -(-rows // multiple) * multiple
+    per_pass = padded // (ranks * minibatches)
+    assert per_pass % micro == 0  # verl's micro-batching divides every rank's mini-batch
+    assert padded - rows < ranks * minibatches * (per_pass // micro)  # less than a row per pass padded

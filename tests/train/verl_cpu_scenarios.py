@@ -1,0 +1,268 @@
+"""The scenarios `tests.train.verl_cpu` runs in its subprocess (verl's FSDP actor on the CPU).
+
+Each takes a scratch folder and returns a JSON-able dict of measurements; the assertions are in
+tests/train/test_verl_cpu.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarm.train import LoraSettings, TrainerConfig
+from swarm.train.verl_backend import VerlTrainer
+from tests.train.factories import PAD, make_sample
+from tests.train.verl_cpu import cpu_worker_group, save_tiny_model
+
+BATCHES = [
+    (
+        [make_sample("a0", 12, 5, seed=0), make_sample("a1", 9, 3, seed=1), make_sample("a2", 14, 4, seed=2)],
+        [1.0, -1.0, 0.5],
+    ),
+    (
+        [make_sample("b0", 10, 4, seed=3), make_sample("b1", 13, 6, seed=4), make_sample("b2", 8, 2, seed=5)],
+        [-0.5, 1.0, -0.8],
+    ),
+]
+"""Two steps' samples and advantages."""
+
+
+def _served(base: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(base).eval()
+
+
+def _trainer(base: Path, model_path: Path, config: TrainerConfig, start: bool) -> VerlTrainer:
+    torch.manual_seed(7)  # the served copy's LoRA initialisation (the actor takes it from there)
+    return VerlTrainer(_served(base), model_path, config, PAD, start=start, worker_group=cpu_worker_group)
+
+
+def _weights(trainer: VerlTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def resume(folder: Path, *, lora: bool = False) -> dict[str, Any]:
+    """Uninterrupted two steps vs one step, a checkpoint, a new actor from it, the second step; once
+    with the checkpoint's optimizer state, once without it (a fresh AdamW)."""
+    from transformers import AutoTokenizer
+
+    from swarm.server.checkpoints import load_trainer_state, load_weights, save_checkpoint
+
+    base = folder / "base"
+    save_tiny_model(base)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    config = TrainerConfig(lr=1e-3, lora=LoraSettings(r=4, alpha=8) if lora else None)
+
+    straight = _trainer(base, base, config, start=True)
+    before = _weights(straight)
+    straight.step(*BATCHES[0])
+    after_first = _weights(straight)
+    straight.step(*BATCHES[1])
+    uninterrupted = _weights(straight)
+
+    interrupted = _trainer(base, base, config, start=True)
+    interrupted.step(*BATCHES[0])
+    state = interrupted.state_dict()
+    path = save_checkpoint(folder / "run", 1, interrupted.model, tokenizer, state, keep=2)
+    out: dict[str, Any] = {
+        "first_step_vs_uninterrupted": _max_diff(_weights(interrupted), after_first),
+        "first_update": _max_diff(after_first, before),
+        "second_update": _max_diff(uninterrupted, after_first),
+        "optimizer_saved": "verl_optimizer" in load_trainer_state(path),
+        "checkpoint_files": sorted(p.name for p in path.iterdir()),
+    }
+    # started at construction as on a GPU (the state is loaded into running workers), or on the first
+    # step (the state waits for them); and once without the optimizer state
+    for name, keep_optimizer, start in (
+        ("resumed", True, True),
+        ("resumed_lazy", True, False),
+        ("fresh_optimizer", False, True),
+    ):
+        # the actor loads what make_trainer gives it: the checkpoint's folder, or with LoRA the base model
+        resumed = _trainer(base, base if lora else path, config, start=start)
+        load_weights(path, resumed.model)
+        resumed.sync_sampling_model()
+        saved = load_trainer_state(path)
+        if not keep_optimizer:
+            saved.pop("verl_optimizer")
+        resumed.load_state_dict(saved)
+        resumed.step(*BATCHES[1])
+        out[f"{name}_vs_uninterrupted"] = _max_diff(_weights(resumed), uninterrupted)
+        out[f"{name}_step"] = resumed.step_count
+        if lora and name == "resumed":
+            out.update(_lora_checks(resumed))
+    return out
+
+
+def _lora_checks(trainer: VerlTrainer) -> dict[str, Any]:
+    """The served copy holds the actor's adapters, they were trained, and the merged sampling copy
+    computes what the adapters do."""
+    actor = trainer._workers().adapter_state_dict()[0]
+    served = {k: v for k, v in trainer.model.state_dict().items() if "lora_" in k}
+    ids = torch.tensor([BATCHES[0][0][0].input_ids])
+    with torch.no_grad():
+        merged = trainer.sampling_model(ids).logits
+        adapters = trainer.model(ids).logits
+    return {
+        "adapter_names_match": sorted(actor) == sorted(served),
+        "actor_vs_served_adapters": _max_diff(actor, served),
+        "lora_B_max": max(float(v.abs().max()) for k, v in served.items() if "lora_B" in k),
+        "sampler_is_merged_copy": trainer.sampling_model is not trainer.model,
+        "merged_vs_adapter_logits": float((merged - adapters).abs().max()),
+        "trainable_in_actor": sum(
+            p.numel() for p in trainer._workers().worker.actor.engine.module.parameters() if p.requires_grad
+        ),
+        "adapter_numel": sum(v.numel() for v in served.values()),
+    }
+
+
+def asynchronous(folder: Path) -> dict[str, Any]:
+    """A live server, ``--trainer verl --max-staleness 1`` (TASKS, B = 1, G = 2): an episode open across
+    a step keeps running and is aborted as too stale by the next; the engine serves the actor's weights."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    import swarm.train.verl_backend as backend
+    from swarm.batch import BatchConfig, BatchPolicy
+    from swarm.client import SwarmClient
+    from swarm.config import TrainingConfig
+    from swarm.engine import HFEngine
+    from tests.conftest import make_server, wait_for
+    from tests.server.test_training import _call, rollout
+
+    base = folder / "base"
+    save_tiny_model(base)
+    backend.ray_worker_group = lambda settings, node, role: cpu_worker_group(node, role)  # no Ray here
+    training = TrainingConfig(
+        backend="verl",
+        max_staleness=1,
+        batch=BatchConfig(policy=BatchPolicy.TASKS, batch_size=1, group_size=2),
+        trainer=TrainerConfig(lr=1e-2, tis_cap=2.0),
+    )
+    engine = HFEngine(_served(base), AutoTokenizer.from_pretrained(base), "tiny-verl")
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    live = make_server(folder, engine, training=training, model=str(base))
+    try:
+        with SwarmClient(live.url) as client:
+            straggler = client.begin("slow")
+            _call(straggler)  # sampled by policy 0, stays open
+            views = []
+            for n, task_id in enumerate(("a", "b"), start=1):  # one group of 2 per step
+                for reward in (1.0, 0.0):
+                    rollout(client, task_id, reward)
+                wait_for(lambda n=n: client.status().step == n, 300, f"step {n}")
+                views.append(client.get_episode(straggler.id))
+        metrics = httpx.get(f"{live.url}/api/v1/metrics").json()
+        trainer = live.runtime.training.trainer
+        actor = trainer._workers().full_state_dict()[0]
+        served = engine.model.state_dict()
+        return {
+            "open_after_step_1": views[0].status,
+            "straggler": [views[1].status, views[1].reason or ""],
+            "drain_s": [m["drain_s"] for m in metrics],
+            "stale_aborted": [m["stale_aborted"] for m in metrics],
+            "tis_weight_mean": [m["tis_weight_mean"] for m in metrics],
+            "served_vs_actor": max(float((served[k] - v).abs().max()) for k, v in actor.items()),
+            "served_changed": _max_diff(dict(served), before),
+        }
+    finally:
+        live.stop()
+        engine.close()
+
+
+SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
+    "resume": resume,
+    "resume-lora": lambda folder: resume(folder, lora=True),
+    "async": asynchronous,
+}
+
+
+class BucketReceiver:
+    """The receiving end of the direct weight path on the CPU: `receive_buckets` (the code vLLM's worker
+    runs) into a Hugging Face module, the buffers handed over as they are (``bucket_transport``) where
+    vLLM maps CUDA IPC handles. ``corrupt``/``delay_s`` make it fail the ways a real transfer can."""
+
+    bucket_transport = "tensor"
+
+    def __init__(self, module: Any, *, corrupt: bool = False, delay_s: float = 0.0) -> None:
+        self.module, self.corrupt, self.delay_s = module, corrupt, delay_s
+        self.policy_version = 0
+
+    def load_weight_buckets(
+        self, items: list[tuple[Any, Any]], policy_version: int
+    ) -> list[tuple[float, float]]:
+        import time
+
+        from swarm.train.weight_buckets import receive_buckets
+
+        time.sleep(self.delay_s)
+        own = self.module.state_dict()
+
+        def rebuild(flat: Any) -> torch.Tensor:
+            received = flat.clone()
+            if self.corrupt:
+                received[-1] += 1.0
+            return received
+
+        def load(views: list[tuple[str, torch.Tensor]]) -> None:
+            for name, view in views:
+                own[name].copy_(view)
+
+        prints = receive_buckets(items, rebuild, load)
+        self.policy_version = policy_version
+        return prints
+
+
+def direct(folder: Path) -> dict[str, Any]:
+    """``weight_sync="direct"``: after a step the actor's weights reach the receiver in buckets, checked by
+    fingerprint; the server's copy is gathered only when read; a corrupted or hung transfer fails loudly."""
+    from swarm.train import VerlSettings
+    from swarm.train.weight_buckets import WeightSyncError
+
+    base = folder / "base"
+    save_tiny_model(base)
+    settings = VerlSettings(weight_sync="direct", bucket_mb=1, weight_sync_timeout_s=3.0)
+    trainer = VerlTrainer(
+        _served(base), base, TrainerConfig(lr=1e-2), PAD, settings=settings, start=True,
+        worker_group=cpu_worker_group,
+    )  # fmt: skip
+    before = {k: v.clone() for k, v in trainer._module.state_dict().items()}
+    receiver = BucketReceiver(_served(base))
+    trainer.step(*BATCHES[0])
+    copy_unchanged = _max_diff({k: v.clone() for k, v in trainer._module.state_dict().items()}, before)
+    pushed = trainer.push_weights(receiver, 1)
+    actor = trainer._workers().full_state_dict()[0]
+    received = receiver.module.state_dict()
+    out: dict[str, Any] = {
+        "pushed": pushed,
+        "receiver_version": receiver.policy_version,
+        "receiver_vs_actor": max(float((received[k] - v).abs().max()) for k, v in actor.items()),
+        "receiver_changed": _max_diff(dict(received), before),
+        "copy_unchanged_after_step": copy_unchanged,
+        "last_push": trainer.last_push,
+        "copy_vs_actor_when_read": max(
+            float((trainer.model.state_dict()[k] - v).abs().max()) for k, v in actor.items()
+        ),
+    }
+    for name, bad in (
+        ("corrupt", BucketReceiver(_served(base), corrupt=True)),
+        ("hung", BucketReceiver(_served(base), delay_s=30)),
+    ):
+        try:
+            trainer.push_weights(bad, 2)
+            out[name] = "no error"
+        except WeightSyncError as exc:
+            out[name] = str(exc)
+    return out
+
+
+SCENARIOS["direct"] = direct
