@@ -33,6 +33,7 @@ from swarm.server.events import EventLog
 from swarm.server.limits import ClientLimits
 from swarm.server.phase import Phase
 from swarm.server.pool_writer import PoolWriter
+from swarm.server.tenants import TenantRegistry
 from swarm.server.training import TrainingLoop
 from swarm.server.transactions import resolve_stale
 
@@ -78,7 +79,8 @@ class SwarmRuntime:
         training = config.training
         self.phase = Phase(asynchronous=training.enabled and training.max_staleness is not None)
         self.training: TrainingLoop | None = None
-        if training.enabled:
+        """The one policy's training loop (``None``: inference mode, or tenants over a frozen base)."""
+        if training.enabled and not config.tenants:
             self.training = TrainingLoop(
                 training,
                 engine=engine,
@@ -95,6 +97,17 @@ class SwarmRuntime:
                     else None
                 ),
             )
+        self.tenants: TenantRegistry | None = None
+        """The LoRA tenants (``swarm serve --tenants N``), each with its own training loop."""
+        if config.tenants:
+            self.tenants = TenantRegistry(
+                config,
+                engine=engine,
+                pool=self.pool,
+                episodes=self.episodes,
+                events=self.events,
+                mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
+            )
         self.credentials = Credentials(config.admin_token, config.client_tokens)
         self.limits = ClientLimits(config.limits)
         """The limits in force and the per-token request rates (replaced live by the control routes)."""
@@ -110,6 +123,7 @@ class SwarmRuntime:
             public_url=config.public_url,
             merge=config.training.merge,
             detokenizer=self.chat.detokenizer,
+            tenants=self.tenants,
         )
         self.control = ControlService(
             config=config,

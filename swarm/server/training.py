@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,6 +123,11 @@ class TrainingLoop:
         mixed_precision: compute dtype of the trainer's forward passes; the engine's, whose logprobs
             are the behaviour policy (resolved, not ``AUTO``).
         model_dir: the served model's Hugging Face directory (the ``verl`` backend's actor loads it).
+        trainer: a trainer built by the caller (a LoRA tenant's, over its named adapter) instead of
+            `make_trainer`'s.
+        on_failure: called with the reason when a step fails (an exception) or the trainer rejects a
+            batch (e.g. a non-finite gradient); a tenant stops there (`swarm.server.tenants`). ``None``:
+            the failure is logged and the loop trains on (the server's one policy).
     """
 
     def __init__(
@@ -137,8 +143,11 @@ class TrainingLoop:
         sampling: SamplingDefaults,
         mixed_precision: MixedPrecision,
         model_dir: Path | None = None,
+        trainer: TrainerBackend | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
+        self._on_failure = on_failure
         self.engine = engine
         self._detokenizer = TokenizerDetokenizer(engine.tokenizer)  # text-level merging decodes calls
         self.pool = pool
@@ -146,7 +155,7 @@ class TrainingLoop:
         self.events = events
         self.phase = phase
         self.run_dir = run_dir
-        self.trainer = make_trainer(
+        self.trainer = trainer or make_trainer(
             config, engine, run_dir=run_dir, model_dir=model_dir, mixed_precision=mixed_precision
         )
         self._wakeup: asyncio.Event | None = None
@@ -231,9 +240,10 @@ class TrainingLoop:
                     await self._maybe_step()
                 except Exception as exc:  # a failed step must not kill the server: report it, keep serving
                     self.phase.end_step()
-                    self.events.emit(
-                        "train.failed", f"training step failed: {type(exc).__name__}: {exc}", level="error"
-                    )
+                    reason = f"training step failed: {type(exc).__name__}: {exc}"
+                    self.events.emit("train.failed", reason, level="error")
+                    if self._on_failure is not None:
+                        self._on_failure(reason)
                     await asyncio.sleep(1.0)
         finally:
             await asyncio.to_thread(self._writer.wait)  # a stopping server finishes its checkpoint
@@ -317,6 +327,8 @@ class TrainingLoop:
                 base = self.trainer.step(batch.samples, batch.advantages, rewards=batch.rewards)
             except TrainerError as exc:
                 self._skip(batch, f"batch rejected by the trainer: {exc}", "error")
+                if self._on_failure is not None:
+                    self._on_failure(f"batch rejected by the trainer: {exc}")
                 return None
             finally:
                 self.engine.restore_memory()

@@ -37,6 +37,7 @@ from swarm.errors import SwarmError
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import Sample
+from swarm.train.adapters import NamedAdapter, adapter_parameters
 from swarm.train.config import LIVE_FIELDS, TrainerConfig
 from swarm.train.losses import (
     aggregate_loss,
@@ -142,6 +143,10 @@ class TorchTrainer:
         mixed_precision: Compute dtype of the forward passes (:mod:`swarm.precision`; resolved, not
             ``AUTO``): ``BF16`` autocasts them to bfloat16 while trainable parameters, gradients and AdamW
             states stay in their dtype. It must match the engine's, whose logprobs are the behaviour policy.
+        adapter: train only this named LoRA adapter of ``model``, a peft model holding several
+            (`swarm.train.adapters`, a LoRA tenant): no wrapping and no merged sampling copy; each step
+            makes it the active adapter (the others and the base frozen); :attr:`model` is its
+            `NamedAdapter` view (checkpoints hold it alone); π_ref is the base (adapters disabled).
 
     Raises:
         TrainerError: The model has no trainable parameters.
@@ -155,6 +160,7 @@ class TorchTrainer:
         pad_token_id: int,
         *,
         mixed_precision: MixedPrecision = MixedPrecision.NO,
+        adapter: str | None = None,
     ) -> None:
         require_resolved(mixed_precision)
         self.mixed_precision = mixed_precision
@@ -163,7 +169,15 @@ class TorchTrainer:
         self._step = 0
         self._ref_model: nn.Module | None = None
         self._sampler: nn.Module | None = None
-        if config.lora is not None:
+        self._adapter: NamedAdapter | None = None
+        if adapter is not None:
+            if config.lora is None:
+                raise TrainerError("training a named adapter needs LoRA settings (config.lora)")
+            self._model = model
+            self._adapter = NamedAdapter(model, adapter)
+            for param in adapter_parameters(model, adapter):
+                param.requires_grad_(True)
+        elif config.lora is not None:
             from peft import LoraConfig, get_peft_model
 
             lora = config.lora
@@ -186,7 +200,11 @@ class TorchTrainer:
             self._model = model
             if config.kl_coef > 0:
                 self._ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self._params = [p for p in self._model.parameters() if p.requires_grad]
+        self._params = (
+            [p for p in self._model.parameters() if p.requires_grad]
+            if adapter is None
+            else adapter_parameters(model, adapter)
+        )
         if not self._params:
             raise TrainerError("the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(
@@ -202,8 +220,9 @@ class TorchTrainer:
 
     @property
     def model(self) -> nn.Module:
-        """The (possibly peft-wrapped) model being trained; checkpoints save it."""
-        return self._model
+        """The (possibly peft-wrapped) model being trained; checkpoints save it (a named adapter: its
+        `NamedAdapter` view)."""
+        return self._model if self._adapter is None else cast(nn.Module, self._adapter)
 
     @property
     def sampling_model(self) -> nn.Module:
@@ -477,6 +496,8 @@ class TorchTrainer:
             raise TrainerError("no sample has a scored token (all loss masks are 0)")
 
         try:
+            if self._adapter is not None:  # its adapter active and trainable; the other adapters frozen
+                self._model.set_adapter(self._adapter.name)  # type: ignore[operator]
             return self._step_checked(samples, advantages, rewards, int(total_tokens), t_start)
         finally:
             # Whatever happened (including an exception mid-step), leave no stale gradient and eval mode.
