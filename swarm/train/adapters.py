@@ -60,7 +60,7 @@ def add_adapter(model: nn.Module, name: str, lora: LoraSettings, *, seed: int | 
             model.add_adapter(name, _peft_config(lora))
             peft = model
         else:
-            peft = get_peft_model(model, _peft_config(lora), adapter_name=name)  # type: ignore[arg-type]
+            peft = get_peft_model(model, _peft_config(lora), adapter_name=name)  # type: ignore[arg-type, unused-ignore]
     for param_name, param in peft.named_parameters():  # the base is frozen; each step unfreezes its adapter
         if f".{name}." in param_name:
             param.requires_grad_(False)
@@ -131,6 +131,6 @@ class NamedAdapter:
         from peft import set_peft_model_state_dict
 
         result = set_peft_model_state_dict(self.model, weights, adapter_name=self.name)
-        unexpected = [k for k in result.unexpected_keys if "lora_" in k]
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
         if unexpected:
             raise ValueError(f"adapter {self.name!r}: the checkpoint has unexpected tensors {unexpected[:5]}")

@@ -170,6 +170,7 @@ class TorchTrainer:
         self._ref_model: nn.Module | None = None
         self._sampler: nn.Module | None = None
         self._adapter: NamedAdapter | None = None
+        self._model: nn.Module
         if adapter is not None:
             if config.lora is None:
                 raise TrainerError("training a named adapter needs LoRA settings (config.lora)")
@@ -195,7 +196,7 @@ class TorchTrainer:
             if merge is None:
                 merge = all(p.dtype == torch.float32 for p in model.parameters())
             self._sampler = copy.deepcopy(model).eval() if merge else None
-            self._model: nn.Module = get_peft_model(model, peft_config)  # type: ignore[arg-type, unused-ignore]
+            self._model = get_peft_model(model, peft_config)  # type: ignore[arg-type, unused-ignore]
         else:
             self._model = model
             if config.kl_coef > 0:
