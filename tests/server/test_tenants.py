@@ -103,7 +103,8 @@ def test_a_step_of_one_tenant_leaves_the_others_adapter_bit_equal(tenant_server:
         view = client.get_episode(ids[0])
     assert view.trained_step == 1
     assert [(c.tenant, c.policy_version) for c in view.calls] == [("alpha", 0)]
-    assert "tenant" not in view.calls[0].model_dump(exclude={"tenant"})
+    with admin(live) as http:  # the wire names the tenant
+        assert http.get(f"/api/v1/episodes/{ids[0]}").json()["calls"][0]["tenant"] == "alpha"
     # a's next call samples its new adapter (policy version 1); b's still its version 0
     nxt = rollout(live, "alpha", "t2", 1.0)
     other = rollout(live, "beta", "t3", 1.0)
@@ -222,6 +223,10 @@ def test_a_server_without_tenants_refuses_them(tmp_path: Path, tiny_engine: HFEn
         begin = httpx.post(f"{live.url}/api/v1/episodes", json={"task_id": "t", "tenant": "alpha"})
         assert begin.status_code == 400
         assert admin(live).get("/api/v1/tenants").status_code == 409
+        episode_id = rollout(live, None, "t", 1.0)  # records without a tenant read as before
+        with admin(live) as http:
+            call = http.get(f"/api/v1/episodes/{episode_id}").json()["calls"][0]
+        assert "tenant" not in call and call["policy_version"] == 0
     finally:
         live.stop()
 
