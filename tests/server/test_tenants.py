@@ -299,3 +299,12 @@ def test_a_tenants_update_equals_a_one_policy_trainers(embedded_source: Any, tok
     for k in names:
         assert torch.allclose(after_single[k], after_tenant[k], rtol=1e-5, atol=1e-7), k
     assert all(torch.equal(v, dict(shared.named_parameters())[k]) for k, v in other_before.items())
+
+
+def test_tenants_need_lora_one_line_naming_the_flag() -> None:
+    from swarm.serve_options import ServeOptions, ServeOptionsError
+
+    with pytest.raises(ServeOptionsError, match="--lora-rank"):
+        ServeOptions(tenants=2).to_server_config()
+    config = ServeOptions(tenants=2, lora_rank=4).to_server_config()
+    assert config.tenants == 2 and "--tenants" in ServeOptions(tenants=2, lora_rank=4).argv()
