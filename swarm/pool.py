@@ -260,7 +260,8 @@ class Pool:
         only, param = self._only()
         with self._lock:
             cur = self._db.execute(
-                f"UPDATE episodes SET trained_step = NULL WHERE trained_step > ?{only}", (checkpoint_step, *param)
+                f"UPDATE episodes SET trained_step = NULL WHERE trained_step > ?{only}",
+                (checkpoint_step, *param),
             )
             return int(cur.rowcount)
 
@@ -327,7 +328,12 @@ class Pool:
             pending, trained = self._db.execute(
                 "SELECT SUM(trained_step IS NULL), SUM(trained_step IS NOT NULL) FROM episodes "
                 f"WHERE kind = ? AND status NOT IN (?, ?){only}",  # infra failures are retired, never trained
-                (EpisodeKind.TRAIN.value, EpisodeStatus.INFRA_FAILURE.value, EpisodeStatus.PREPARED.value, *param),
+                (
+                    EpisodeKind.TRAIN.value,
+                    EpisodeStatus.INFRA_FAILURE.value,
+                    EpisodeStatus.PREPARED.value,
+                    *param,
+                ),
             ).fetchone()
         return EpisodeCounts(
             finished=by_status.get(EpisodeStatus.FINISHED.value, 0),

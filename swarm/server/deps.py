@@ -43,7 +43,9 @@ async def get_tenants(request: Request) -> TenantRegistry:
     """The LoRA tenants; 409 on a server started without ``--tenants``."""
     tenants: TenantRegistry | None = request.app.state.runtime.tenants
     if tenants is None:
-        raise RequestError("this server hosts no tenants (start it with swarm serve --tenants N)", status_code=409)
+        raise RequestError(
+            "this server hosts no tenants (start it with swarm serve --tenants N)", status_code=409
+        )
     return tenants
 
 
