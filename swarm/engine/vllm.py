@@ -128,7 +128,7 @@ class VLLMEngine:
         seed: vLLM's global seed (requests without a seed draw from it).
         enforce_eager: skip CUDA graph capture (faster start, slower decode).
         max_loras: LoRA adapters served at once (tenants); ``0`` starts vLLM without LoRA.
-        max_lora_rank: the largest adapter rank it can serve.
+        max_lora_rank: the largest adapter rank it must serve (rounded up to a power of two ≥ 8).
 
     Raises:
         EngineUnavailable: vLLM is not installed or no CUDA GPU is visible.
@@ -171,7 +171,8 @@ class VLLMEngine:
         self.policy_version = 0
         self.samples_while_training = max_loras > 0
         """Tenants: another tenant's step trains the trainer's copy, so sampling goes on meanwhile."""
-        self._max_loras, self._max_lora_rank = max_loras, max_lora_rank
+        # vLLM accepts a few ranks only (8, 16, 32, …): the smallest power of two ≥ 8 that fits the adapters
+        self._max_loras, self._max_lora_rank = max_loras, max(8, 1 << (max_lora_rank - 1).bit_length())
         self._loras: dict[str, tuple[Any, int]] = {}
         """Adapter name → (its current ``LoRARequest``, its policy version)."""
         self._lora_ids = itertools.count(1)
@@ -327,7 +328,7 @@ class VLLMEngine:
             raise RuntimeError("this vLLM engine was started without LoRA (max_loras=0)")
         folder = self._lora_dir / f"{name}-{policy_version:06d}"
         NamedAdapter(module, name).save_pretrained(folder)
-        request = LoRARequest(name, next(self._lora_ids), str(folder))
+        request = LoRARequest(lora_name=name, lora_int_id=next(self._lora_ids), lora_path=str(folder))
         self._call(self._llm.add_lora(request))
         old = self._loras.get(name)
         self._loras[name] = (request, policy_version)
