@@ -194,6 +194,12 @@ class ServerConfig(BaseModel):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     reclaim_period_s: float = Field(default=5.0, gt=0)
     """How often open episodes are checked for the idle timeout (and prepared ones for theirs)."""
+    tenants: int = Field(default=0, ge=0)
+    """Most LoRA tenants hosted at once over the frozen base model (``swarm serve --tenants N``;
+    `swarm.server.tenants`): each its own adapter, AdamW state, settings, pool partition, steps and
+    checkpoints, created by the admin over the control API. ``0``: no tenants, the one policy of
+    :attr:`training` (as before). With tenants the base model is never trained: an episode without a
+    tenant samples the frozen base and is only recorded."""
     prepare_timeout_s: float = Field(default=60.0, gt=0)
     """A member of a multi-server finish still ``prepared`` this long after it was stored is resolved by
     the server (`swarm.server.transactions`): the primary aborts, a secondary follows its primary."""
@@ -218,6 +224,16 @@ class ServerConfig(BaseModel):
                     f"client token {name!r}: the same secret is given twice (or is the admin token)"
                 )
             seen.add(secret)
+        return self
+
+    @model_validator(mode="after")
+    def _check_tenants(self) -> ServerConfig:
+        if self.tenants and (self.training.trainer.lora is None or self.training.backend != "torch"):
+            raise ValueError(
+                "tenants are LoRA adapters trained by the torch trainer: add --lora-rank (and leave --trainer torch)"
+            )
+        if self.tenants and self.training.distill is not None:
+            raise ValueError("distillation (--teacher) trains the one policy: leave --tenants out for now")
         return self
 
     @property

@@ -12,6 +12,7 @@ episode is trained exactly once per persisted policy (never lost, never twice).
 
 from __future__ import annotations
 
+import copy
 import json
 import sqlite3
 import threading
@@ -82,18 +83,26 @@ class StoredEpisode:
     """Name of the client token that began it (``None``: begun without one); never the token itself."""
     key_digest: str | None = None
     """SHA-256 hex digest of its episode key (the key itself is never stored)."""
+    tenant: str | None = None
+    """The LoRA tenant it was begun under (``swarm serve --tenants``); ``None``: the server's one policy."""
 
 
-_ADDED_COLUMNS = {"txn": "TEXT", "owner": "TEXT", "key_digest": "TEXT"}
+_ADDED_COLUMNS = {"txn": "TEXT", "owner": "TEXT", "key_digest": "TEXT", "tenant": "TEXT"}
 """Columns newer than the first schema, added to an older pool when it is opened."""
 
 
 class Pool:
     """Thread-safe SQLite pool of ended episodes.
 
+    A LoRA tenant's training reads and marks its own partition (:meth:`partition`: the episodes stored
+    with its ``tenant``); the pool itself sees every episode.
+
     Args:
         path: database file (created with its parent directory); ``":memory:"`` for tests.
     """
+
+    _tenant: str | None = None
+    """The partition this object reads (:meth:`partition`); ``None``: every episode."""
 
     def __init__(self, path: Path | str) -> None:
         if str(path) != ":memory:":
@@ -113,8 +122,23 @@ class Pool:
         self._seq = int(row[0])
 
     def close(self) -> None:
+        if self._tenant is not None:
+            return  # a partition shares its pool's connection
         with self._lock:
             self._db.close()
+
+    def partition(self, tenant: str) -> Pool:
+        """A view of the episodes of LoRA tenant ``tenant`` over the same database and lock: its
+        :meth:`pending`, :meth:`trained_steps_after`, :meth:`rewind` and :meth:`counts` see only them
+        (a tenant's resume rewinds its own steps only). Episodes are stored through the pool itself.
+        """
+        view = copy.copy(self)
+        view._tenant = tenant
+        return view
+
+    def _only(self) -> tuple[str, tuple[str, ...]]:
+        """The SQL condition (`` AND tenant = ?``) and its parameter of this partition; empty for the pool."""
+        return ("", ()) if self._tenant is None else (" AND tenant = ?", (self._tenant,))
 
     # -- writes ----------------------------------------------------------------------------------------
     def add(self, episode: StoredEpisode, calls: Sequence[CallRecord]) -> StoredEpisode:
@@ -134,6 +158,8 @@ class Pool:
         Raises:
             sqlite3.IntegrityError: an episode with one of these ids is already stored (none is stored).
         """
+        if self._tenant is not None:
+            raise RuntimeError("episodes are stored through the pool, not a tenant's partition")
         with self._lock:
             first = self._seq
             try:
@@ -152,7 +178,7 @@ class Pool:
         self._db.execute(
             "INSERT INTO episodes (id, task_id, client_id, family, kind, status, reward, agent_rewards,"
             " metrics, metadata, trainable_agents, reason, created_at, finished_at, seq, trained_step, txn,"
-            " owner, key_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " owner, key_digest, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 episode.id,
                 episode.task_id,
@@ -173,6 +199,7 @@ class Pool:
                 None if episode.txn is None else json.dumps(episode.txn),
                 episode.owner,
                 episode.key_digest,
+                episode.tenant,
             ),
         )
         self._db.executemany(
@@ -237,18 +264,21 @@ class Pool:
 
     def trained_steps_after(self, step: int) -> list[int]:
         """Distinct steps after ``step`` that consumed episodes, ascending."""
+        only, param = self._only()
         with self._lock:
             rows = self._db.execute(
-                "SELECT DISTINCT trained_step FROM episodes WHERE trained_step > ? ORDER BY trained_step",
-                (step,),
+                f"SELECT DISTINCT trained_step FROM episodes WHERE trained_step > ?{only} ORDER BY trained_step",
+                (step, *param),
             ).fetchall()
         return [int(r[0]) for r in rows]
 
     def rewind(self, checkpoint_step: int) -> int:
         """Forget consumption by steps after ``checkpoint_step`` (their weights were lost); returns count."""
+        only, param = self._only()
         with self._lock:
             cur = self._db.execute(
-                "UPDATE episodes SET trained_step = NULL WHERE trained_step > ?", (checkpoint_step,)
+                f"UPDATE episodes SET trained_step = NULL WHERE trained_step > ?{only}",
+                (checkpoint_step, *param),
             )
             return int(cur.rowcount)
 
@@ -270,10 +300,11 @@ class Pool:
     def pending(self, kind: EpisodeKind = EpisodeKind.TRAIN) -> list[StoredEpisode]:
         """Ended, untrained episodes of ``kind`` in commit order (oldest first); ``prepared`` ones are
         not ended yet for training (their transaction may still abort)."""
+        only, param = self._only()
         with self._lock:
             cur = self._db.execute(
-                "SELECT * FROM episodes WHERE kind = ? AND trained_step IS NULL AND status != ? ORDER BY seq",
-                (kind.value, EpisodeStatus.PREPARED.value),
+                f"SELECT * FROM episodes WHERE kind = ? AND trained_step IS NULL AND status != ?{only} ORDER BY seq",
+                (kind.value, EpisodeStatus.PREPARED.value, *param),
             )
             cols = [d[0] for d in cur.description]
             rows = cur.fetchall()
@@ -304,14 +335,22 @@ class Pool:
 
     def counts(self) -> EpisodeCounts:
         """Counts of stored episodes by status, plus pending and trained train episodes."""
+        only, param = self._only()
         with self._lock:
             by_status = dict(
-                self._db.execute("SELECT status, COUNT(*) FROM episodes GROUP BY status").fetchall()
+                self._db.execute(
+                    f"SELECT status, COUNT(*) FROM episodes WHERE 1{only} GROUP BY status", param
+                ).fetchall()
             )
             pending, trained = self._db.execute(
                 "SELECT SUM(trained_step IS NULL), SUM(trained_step IS NOT NULL) FROM episodes "
-                "WHERE kind = ? AND status NOT IN (?, ?)",  # infra failures are retired, never trained
-                (EpisodeKind.TRAIN.value, EpisodeStatus.INFRA_FAILURE.value, EpisodeStatus.PREPARED.value),
+                f"WHERE kind = ? AND status NOT IN (?, ?){only}",  # infra failures are retired, never trained
+                (
+                    EpisodeKind.TRAIN.value,
+                    EpisodeStatus.INFRA_FAILURE.value,
+                    EpisodeStatus.PREPARED.value,
+                    *param,
+                ),
             ).fetchone()
         return EpisodeCounts(
             finished=by_status.get(EpisodeStatus.FINISHED.value, 0),
@@ -352,4 +391,5 @@ class Pool:
             txn=None if row.get("txn") is None else json.loads(row["txn"]),
             owner=row["owner"],
             key_digest=row["key_digest"],
+            tenant=row.get("tenant"),
         )

@@ -362,6 +362,11 @@ class TokenizeResponse(BaseModel):
 
 
 # --- episodes ---------------------------------------------------------------------------------------------
+TENANT_ID_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+"""A tenant id: lower-case letters, digits and ``-``, at most 32 characters (it names the tenant's LoRA
+adapter and its folder, so no ``.``, ``/`` or ``_``)."""
+
+
 class EpisodeKind(StrEnum):
     TRAIN = "train"
     """Rolled out for training: pooled and trained on."""
@@ -401,6 +406,9 @@ class EpisodeCreate(_Strict):
     metadata: dict[str, Any] = Field(default_factory=dict)
     trainable_agents: list[str] | None = None
     """Agent names whose calls are trained; ``None`` trains every agent."""
+    tenant: str | None = Field(default=None, pattern=TENANT_ID_PATTERN)
+    """The LoRA tenant this episode samples and trains under (a server started with ``--tenants``; every
+    call of the episode samples with that tenant's current adapter). ``None``: the server's one policy."""
 
 
 class EpisodeCreated(BaseModel):
@@ -669,6 +677,9 @@ class ClientTokenCreate(_Strict):
     """A label for the token (the pool and the events name episodes' owners by it; never the token)."""
     token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, max_length=512)
     """The secret itself (at least `MIN_TOKEN_CHARS`); ``None`` lets the server mint a random one."""
+    tenants: list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]] | None = None
+    """The LoRA tenants this token may begin episodes under (403 for any other, and for an episode
+    without a tenant); ``None``: no restriction."""
 
 
 class ClientTokenCreated(BaseModel):
@@ -886,3 +897,59 @@ class Event(BaseModel):
     """Short machine-readable kind, e.g. ``episode.finished``, ``train.step``, ``config.changed``."""
     message: str
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+# -- LoRA tenants (``swarm serve --tenants N``) ---------------------------------------------------------
+
+
+class TenantState(StrEnum):
+    """A tenant's life: ``active`` samples and trains; ``paused`` (by the admin) and ``failed`` (its step
+    crashed or its trainer rejected a batch, e.g. a non-finite gradient) admit no episode and do not
+    train until resumed; ``retired`` is gone (its adapter saved as a LoRA checkpoint)."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"
+    FAILED = "failed"
+    RETIRED = "retired"
+
+
+class TenantCreate(_Strict):
+    """``POST /api/v1/tenants`` (admin): a new LoRA policy over the server's frozen base model.
+
+    Fields left out take the server's value (its ``swarm serve`` options); the adapter's rank and target
+    modules are the server's (``--lora-rank``)."""
+
+    id: str = Field(pattern=TENANT_ID_PATTERN)
+    lr: float | None = Field(default=None, gt=0)
+    batch_size: int | None = Field(default=None, ge=1)
+    """B: tasks (or episodes, by policy) per step."""
+    group_size: int | None = Field(default=None, ge=1)
+    """G: episodes per task."""
+    kl_coef: float | None = Field(default=None, ge=0)
+    clip_eps: float | None = Field(default=None, gt=0)
+    ppo_epochs: int | None = Field(default=None, ge=1)
+    minibatches: int | None = Field(default=None, ge=1)
+    batch_policy: BatchPolicy | None = None
+    max_steps: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    """Seeds the adapter's initial weights (peft's LoRA init: A random, B zero); ``None``: torch's state."""
+
+
+class TenantView(BaseModel):
+    """One tenant (``GET /api/v1/tenants``, and the answer of every tenant route)."""
+
+    id: str
+    state: TenantState
+    reason: str | None = None
+    """Why it is paused, failed or retired."""
+    step: int
+    """Its policy version: completed steps of its adapter."""
+    open_episodes: int = 0
+    pending: int = 0
+    """Its ended, untrained train episodes."""
+    trained: int = 0
+    """Its train episodes consumed by a step."""
+    settings: dict[str, Any] = Field(default_factory=dict)
+    """Its training settings (lr, B, G, KL, clip, epochs, minibatches, batch policy, max_steps)."""
+    checkpoint: str | None = None
+    """A retired tenant's adapter: a LoRA checkpoint folder (``PeftModel.from_pretrained``)."""

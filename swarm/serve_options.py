@@ -305,6 +305,14 @@ class ServeOptions(FlagOptions):
     micro_batch_size: int = option(
         4, "Sequences per forward/backward pass.", to="training.trainer.micro_batch_size"
     )
+    tenants: int = option(
+        0,
+        "Host up to N LoRA tenants over the frozen base (created over the control API; needs --lora-rank); "
+        "0: one policy.",
+        to="tenants",
+        cli={"min": 0},
+        ge=0,
+    )
     checkpoint_every: int | None = option(
         None,
         "Save a checkpoint every N steps (written in the background; 1 loses no step on a crash).",
@@ -461,6 +469,7 @@ class ServeOptions(FlagOptions):
             "torch_threads": self.threads,
             "episode_timeout_s": self.episode_timeout,
             "prepare_timeout_s": self.prepare_timeout,
+            "tenants": self.tenants,
         }
         try:
             values["training"] = self._training()

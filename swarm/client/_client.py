@@ -383,9 +383,11 @@ class AsyncSwarmClient:
         family: str | None = None,
         metadata: dict[str, Any] | None = None,
         trainable_agents: list[str] | None = None,
+        tenant: str | None = None,
     ) -> AsyncEpisode:
         """Open an episode of task ``task_id`` (``POST /api/v1/episodes``); the server groups episodes by
-        task id (GRPO).
+        task id (GRPO). ``tenant``: the LoRA tenant it samples and trains under (a server with
+        ``--tenants``).
 
         Raises:
             ClientError: 422 for an invalid request, 429 when a quota stays full (after the retries),
@@ -398,7 +400,8 @@ class AsyncSwarmClient:
             family=family,
             metadata=metadata or {},
             trainable_agents=trainable_agents,
-        ).model_dump(mode="json")
+            tenant=tenant,
+        ).model_dump(mode="json", exclude=None if tenant is not None else {"tenant"})
         answer = await self._request("POST", "/api/v1/episodes", body, headers=self._begin_headers)
         created = EpisodeCreated.model_validate(answer)
         self._keys[created.episode_id] = created.api_key

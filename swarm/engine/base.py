@@ -36,6 +36,9 @@ class SamplingParams:
     """Number of completions (choices) for the prompt."""
     top_logprobs: int = 0
     """How many most-likely alternatives to return per token (0 to 20)."""
+    adapter: str | None = None
+    """The LoRA adapter to sample with (a tenant's, `Engine.serve_adapter`); ``None``: the served policy
+    (on a server with tenants, the frozen base)."""
 
 
 @dataclass
@@ -188,6 +191,23 @@ class Engine(Protocol):
         ``hf``: the weights are shared, so this swaps in ``module`` and sets the version (under
         :meth:`pause`). Completions sampled afterwards carry the new version.
         """
+        ...
+
+    # -- LoRA tenants (`swarm.server.tenants`) -----------------------------------------------------------
+    @property
+    def samples_while_training(self) -> bool:
+        """Whether requests of other tenants may be sampled while a tenant's step trains (``hf``: no, the
+        trainer updates the served module; ``vllm`` with tenants: yes, the trainer has its own copy)."""
+        ...
+
+    def serve_adapter(self, name: str, module: nn.Module, policy_version: int) -> None:
+        """Sample requests naming adapter ``name`` (`SamplingParams.adapter`) with adapter ``name`` of the
+        peft model ``module`` as ``policy_version`` (after a tenant's step). ``hf``: shared weights, the
+        version is recorded; ``vllm``: the adapter is written and hot-loaded."""
+        ...
+
+    def drop_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` (a retired tenant)."""
         ...
 
     def close(self) -> None:

@@ -43,5 +43,7 @@ def load_engine(config: ServerConfig) -> Engine:
             dtype=config.weights_dtype,
             device=config.device,
             gpu_memory_utilization=config.gpu_memory_utilization,
+            max_loras=config.tenants,
+            max_lora_rank=config.training.trainer.lora.r if config.training.trainer.lora is not None else 16,
         )
     assert_never(config.engine)

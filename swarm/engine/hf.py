@@ -110,6 +110,12 @@ class HFEngine:
         self.lock = threading.RLock()
         self.policy_version = 0
         """Trainer step of the weights being sampled (set by :meth:`load_weights`, with the weights)."""
+        self.samples_while_training = False
+        """Tenants: a tenant's step updates the served module, so sampling waits for it (`pause`)."""
+        self.adapters: dict[str, int] = {}
+        """LoRA adapters served by name (tenants, :meth:`serve_adapter`) → their policy version. While
+        any is served every batch passes peft's per-row ``adapter_names`` (``__base__`` for a row without
+        one), so rows of different adapters share one forward pass."""
         forward_params = inspect.signature(model.forward).parameters
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache``; accept both.
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
@@ -163,6 +169,19 @@ class HFEngine:
         with self.lock:
             self.model = module
             self.policy_version = policy_version
+
+    def serve_adapter(self, name: str, module: nn.Module, policy_version: int) -> None:
+        """Sample requests naming adapter ``name`` (`SamplingParams.adapter`) with that adapter of
+        ``module`` (the peft model holding every tenant's adapter, which shares the base weights and
+        replaces the served module) as ``policy_version``, from the next batch on."""
+        with self.lock:
+            self.model = module
+            self.adapters[name] = policy_version
+
+    def drop_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` (a request still naming it fails)."""
+        with self.lock:
+            self.adapters.pop(name, None)
 
     def submit(
         self, prompt_ids: list[int], params: SamplingParams, on_token: TokenCallback | None = None
@@ -351,7 +370,11 @@ class HFEngine:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        prefill_kw: dict[str, Any] = {self._cache_kw: cache}
+        # Tenants: peft applies each row's adapter to its rows only (a mixed-adapter batch, one forward).
+        adapter_kw: dict[str, Any] = (
+            {"adapter_names": [r.job.params.adapter or "__base__" for r in rows]} if self.adapters else {}
+        )
+        prefill_kw: dict[str, Any] = {self._cache_kw: cache, **adapter_kw}
         if self._logits_kw:
             prefill_kw[self._logits_kw] = 1  # only the last position's logits are needed
         logits_BV = self._last_logits(device, input_ids_BL, attention_BL, position_BL, **prefill_kw)
@@ -389,7 +412,7 @@ class HFEngine:
                 [attention_BL, torch.ones((B, 1), dtype=torch.long, device=device)], dim=1
             )
             logits_BV = self._last_logits(
-                device, step_ids_B1, attention_BL, next_pos_B, **{self._cache_kw: cache}
+                device, step_ids_B1, attention_BL, next_pos_B, **{self._cache_kw: cache}, **adapter_kw
             )
             next_pos_B = next_pos_B + 1
         self.batches += 1
@@ -420,11 +443,15 @@ class HFEngine:
                         top_logprobs=row.top,
                         generate_s=elapsed,
                         batch_size=len(rows),
-                        policy_version=self.policy_version,
+                        policy_version=self._version_of(job.params.adapter),
                     )
                 )
             with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
                 job.future.set_result(completions)
+
+    def _version_of(self, adapter: str | None) -> int:
+        """The policy version a row of ``adapter`` samples (its tenant's step; the served policy's)."""
+        return self.policy_version if adapter is None else self.adapters.get(adapter, 0)
 
     @staticmethod
     def _announce(row: _Row) -> None:

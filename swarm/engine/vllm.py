@@ -18,6 +18,14 @@ free its KV cache (`release_memory`), and afterwards pushes the new weights into
 through CUDA IPC handles (`load_weights`, see `swarm.engine._vllm_worker`) and resets the prefix
 cache, so the next call is sampled, and recorded, with the new ``policy_version``.
 
+LoRA tenants (``swarm serve --tenants N``, `swarm.server.tenants`): built with ``max_loras = N`` vLLM
+serves one LoRA adapter per request (``LoRARequest``, `SamplingParams.adapter`), several adapters in one
+continuous batch. After a tenant's step `serve_adapter` writes its adapter to a folder and hot-loads it
+under a fresh LoRA id (``add_lora``; the old id is removed), so vLLM's prefix cache, whose block hashes
+include the LoRA id, stays valid per adapter and no other tenant's cache is reset; the other tenants keep
+sampling during a tenant's step (the trainer updates its own copy). UNTESTED on a GPU so far: the
+command to run is in bench/README.md (LoRA tenants).
+
 vLLM is an optional dependency (``pip install 'a3r[vllm]'``, vLLM 0.25.1 for torch 2.11 + CUDA 13); it
 is imported when the engine is built, never at module import.
 """
@@ -32,9 +40,12 @@ import logging
 import multiprocessing
 import os
 import pickle
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -116,6 +127,8 @@ class VLLMEngine:
         max_model_len: context window in tokens; ``None`` takes the model config's.
         seed: vLLM's global seed (requests without a seed draw from it).
         enforce_eager: skip CUDA graph capture (faster start, slower decode).
+        max_loras: LoRA adapters served at once (tenants); ``0`` starts vLLM without LoRA.
+        max_lora_rank: the largest adapter rank it must serve (rounded up to a power of two ≥ 8).
 
     Raises:
         EngineUnavailable: vLLM is not installed or no CUDA GPU is visible.
@@ -132,6 +145,8 @@ class VLLMEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         enforce_eager: bool = False,
+        max_loras: int = 0,
+        max_lora_rank: int = 16,
     ) -> None:
         check_vllm_available()
         # vLLM's engine core is a child process; torch has usually touched CUDA here already, and CUDA
@@ -155,6 +170,14 @@ class VLLMEngine:
             generation = GenerationConfig.from_pretrained(directory)
         self.stop_ids = end_of_turn_ids((generation, config), self.tokenizer)
         self.policy_version = 0
+        self.samples_while_training = max_loras > 0
+        """Tenants: another tenant's step trains the trainer's copy, so sampling goes on meanwhile."""
+        # vLLM accepts a few ranks only (8, 16, 32, …): the smallest power of two ≥ 8 that fits the adapters
+        self._max_loras, self._max_lora_rank = max_loras, max(8, 1 << (max_lora_rank - 1).bit_length())
+        self._loras: dict[str, tuple[Any, int]] = {}
+        """Adapter name → (its current ``LoRARequest``, its policy version)."""
+        self._lora_ids = itertools.count(1)
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="swarm-lora-")) if max_loras else None
         self._pause_lock = threading.RLock()
         self._pause_depth = 0
         self._ids = itertools.count()
@@ -204,6 +227,11 @@ class VLLMEngine:
             generation_config="vllm",
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
+            **(
+                {"enable_lora": True, "max_loras": self._max_loras, "max_lora_rank": self._max_lora_rank}
+                if self._max_loras
+                else {}
+            ),
         )
         return AsyncLLM.from_engine_args(args)
 
@@ -356,6 +384,33 @@ class VLLMEngine:
         self.policy_version = policy_version
         return results
 
+    def serve_adapter(self, name: str, module: torch.nn.Module, policy_version: int) -> None:
+        """Hot-load adapter ``name`` of the peft model ``module`` (the trainer's copy) as
+        ``policy_version``: written to a folder, added under a fresh LoRA id, the previous id removed.
+        Requests already running finish with the adapter they started with. UNTESTED on a GPU."""
+        from vllm.lora.request import LoRARequest
+
+        from swarm.train.adapters import NamedAdapter
+
+        if self._lora_dir is None:
+            raise RuntimeError("this vLLM engine was started without LoRA (max_loras=0)")
+        folder = self._lora_dir / f"{name}-{policy_version:06d}"
+        NamedAdapter(module, name).save_pretrained(folder)
+        request = LoRARequest(lora_name=name, lora_int_id=next(self._lora_ids), lora_path=str(folder))
+        self._call(self._llm.add_lora(request))
+        old = self._loras.get(name)
+        self._loras[name] = (request, policy_version)
+        if old is not None:
+            self._call(self._llm.remove_lora(old[0].lora_int_id))
+            shutil.rmtree(old[0].lora_path, ignore_errors=True)
+
+    def drop_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` (its LoRA id removed from vLLM)."""
+        old = self._loras.pop(name, None)
+        if old is not None:
+            self._call(self._llm.remove_lora(old[0].lora_int_id))
+            shutil.rmtree(old[0].lora_path, ignore_errors=True)
+
     def close(self) -> None:
         """Shut vLLM's engine-core process down and stop the engine thread.
 
@@ -399,9 +454,16 @@ class VLLMEngine:
         self._inflight += 1
         try:
             started = time.perf_counter()
-            version = self.policy_version
+            lora = None if params.adapter is None else self._loras.get(params.adapter)
+            if params.adapter is not None and lora is None:
+                raise RuntimeError(f"adapter {params.adapter!r} is not served")
+            version = self.policy_version if lora is None else lora[1]
             max_new = max_new_tokens(params.max_tokens, len(prompt_ids), self.max_context)
-            rows = [self._sample(prompt_ids, params, choice, max_new, on_token) for choice in range(params.n)]
+            request = None if lora is None else lora[0]
+            rows = [
+                self._sample(prompt_ids, params, choice, max_new, on_token, request)
+                for choice in range(params.n)
+            ]
             completions = list(await asyncio.gather(*rows))
             elapsed = time.perf_counter() - started
             for completion in completions:
@@ -420,6 +482,7 @@ class VLLMEngine:
         choice: int,
         max_new: int,
         on_token: TokenCallback | None,
+        lora: Any = None,
     ) -> Completion:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
@@ -452,7 +515,9 @@ class VLLMEngine:
         top: list[list[tuple[int, float]]] = []
         finish: str | None = None
         request_id = f"swarm-{next(self._ids)}"
-        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), sampling, request_id)
+        stream = self._llm.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids), sampling, request_id, lora_request=lora
+        )
         async for output in stream:
             piece = output.outputs[0]
             new_ids = list(piece.token_ids)

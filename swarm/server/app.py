@@ -28,6 +28,7 @@ from swarm.server import (
     episode_routes,
     openai_routes,
     score_routes,
+    tenant_routes,
 )
 from swarm.server.auth import optional_security
 from swarm.server.deps import json_errors
@@ -260,9 +261,13 @@ def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engin
         tasks = [asyncio.create_task(runtime.reclaim_loop())]
         if runtime.training is not None:
             tasks.append(asyncio.create_task(runtime.training.run()))
+        if runtime.tenants is not None:
+            runtime.tenants.start()
         try:
             yield
         finally:
+            if runtime.tenants is not None:
+                tasks += runtime.tenants.tasks  # those created while serving too
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -293,6 +298,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engin
         control_routes.router,
         control_routes.votes_router,
         score_routes.router,
+        tenant_routes.router,
     ):
         app.include_router(router, responses=ERROR_RESPONSES)
     app.include_router(anthropic_routes.router)  # declares its own errors, in Anthropic's shape

@@ -84,6 +84,8 @@ class Credentials:
         self._admin = digest(admin_token.get_secret_value()) if admin_token is not None else None
         self._by_digest: dict[str, str] = {}
         self._by_name: dict[str, str] = {}
+        self._tenants: dict[str, frozenset[str]] = {}
+        """Client token name → the LoRA tenants it may begin episodes under (absent: any)."""
         self.required = False
         """Whether beginning an episode needs a client token."""
         for name, token in client_tokens.items():
@@ -94,8 +96,9 @@ class Credentials:
         """Names of the client tokens that work now, in the order they were added."""
         return list(self._by_name)
 
-    def add(self, name: str, token: str | None = None) -> str:
+    def add(self, name: str, token: str | None = None, tenants: Iterable[str] | None = None) -> str:
         """Add a client token (``None`` mints a random one) and return it; from now on begins need one.
+        ``tenants``: the LoRA tenants it may begin episodes under (``None``: no restriction).
 
         Raises:
             RequestError: the name is taken, or the secret is already a client or the admin token (409);
@@ -121,6 +124,8 @@ class Credentials:
             )
         self._by_digest[hashed] = name
         self._by_name[name] = hashed
+        if tenants is not None:
+            self._tenants[name] = frozenset(tenants)
         self.required = True
         return secret
 
@@ -134,6 +139,22 @@ class Credentials:
         if hashed is None:
             raise RequestError(f"no client token named {name!r}", status_code=404, param="name")
         del self._by_digest[hashed]
+        self._tenants.pop(name, None)
+
+    def check_tenant(self, owner: str | None, tenant: str | None) -> None:
+        """Whether client token ``owner`` may begin an episode under ``tenant`` (the admin and tokens
+        without a tenant list may begin under any).
+
+        Raises:
+            AuthError: the token is limited to other tenants, or to tenants and ``tenant`` is ``None`` (403).
+        """
+        allowed = None if owner is None else self._tenants.get(owner)
+        if allowed is not None and tenant not in allowed:
+            asked = "without a tenant" if tenant is None else f"under tenant {tenant!r}"
+            raise AuthError(
+                f"client token {owner!r} may not begin episodes {asked} (its tenants: {sorted(allowed)})",
+                status_code=403,
+            )
 
     # -- checks --------------------------------------------------------------------------------------------
     @property

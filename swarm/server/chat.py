@@ -134,6 +134,7 @@ def record_call(
         splices=prepared.rendered.splices,
         splice_mismatches=prepared.rendered.splice_mismatches,
         policy_version=completion.policy_version,
+        tenant=params.adapter,
         created_at=prepared.arrived,
         queue_s=max(0.0, time.time() - queued - completion.generate_s),
         generate_s=completion.generate_s,

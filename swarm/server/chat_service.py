@@ -7,6 +7,7 @@ episode (`ChatService`), and the request's sampling rules: `max_tokens_for` (eve
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -151,6 +152,8 @@ class ChatService:
         max_tokens = self._admit(episode, request)
         agent = agent_for(request, self.model_name)
         params = sampling_for(request, self.defaults, max_tokens)
+        if episode.request.tenant is not None:  # every call of a tenant's episode samples its adapter
+            params = dataclasses.replace(params, adapter=episode.request.tenant)
         rendered = self.renderer.render(request.messages, request.tools, history=episode.calls, agent=agent)
         self.engine.check_prompt(rendered.prompt_ids)
         parse_tools = bool(request.tools) and request.tool_choice != "none"
@@ -209,7 +212,9 @@ class ChatService:
             completions=completions,
             prompt_tokens=len(prompt_ids),
             agent=prepared.agent,
-            policy_version=self.policy_version(),
+            policy_version=(
+                self.policy_version() if prepared.params.adapter is None else completions[0].policy_version
+            ),
             created_at=time.time(),
             arrived=prepared.arrived,
             engine_s=engine_s,

@@ -103,6 +103,10 @@ def load_weights(path: Path, model: Any) -> None:
     if adapter.exists():
         from peft import set_peft_model_state_dict
 
+        load_adapter = getattr(model, "load_adapter_weights", None)
+        if load_adapter is not None:  # one named adapter of several (a LoRA tenant's `NamedAdapter`)
+            load_adapter(load_file(str(adapter)))
+            return
         set_peft_model_state_dict(model, load_file(str(adapter)))
         return
     state: dict[str, torch.Tensor] = {}

@@ -119,9 +119,10 @@ class ControlService:
         return ConfigChanged(changed=changed, config=self.config_view())
 
     # -- client tokens ------------------------------------------------------------------------------------
-    def add_client_token(self, name: str, token: str | None) -> str:
-        """Add a client token live (`Credentials.add`); returns the secret (minted when ``token`` is None)."""
-        secret = self.credentials.add(name, token)
+    def add_client_token(self, name: str, token: str | None, tenants: list[str] | None = None) -> str:
+        """Add a client token live (`Credentials.add`, limited to ``tenants`` when given); returns the
+        secret (minted when ``token`` is None)."""
+        secret = self.credentials.add(name, token, tenants)
         self.events.emit("client_token.added", f"client token {name!r} added", name=name)
         return secret
 

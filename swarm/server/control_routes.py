@@ -172,7 +172,9 @@ def client_tokens(control: ControlDep) -> list[ClientTokenView]:
 def add_client_token(body: ClientTokenCreate, control: ControlDep) -> ClientTokenCreated:
     """Add a client token at once (the server mints one when ``token`` is left out); from now on every
     begin needs a client token. The answer is the only place the server ever shows it."""
-    return ClientTokenCreated(name=body.name, token=control.add_client_token(body.name, body.token))
+    return ClientTokenCreated(
+        name=body.name, token=control.add_client_token(body.name, body.token, body.tenants)
+    )
 
 
 @router.delete(

@@ -12,10 +12,12 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from swarm.errors import RequestError
 from swarm.protocol import ErrorBody
 from swarm.server.chat_service import ChatService
 from swarm.server.control import ControlService
 from swarm.server.episode_service import EpisodeService
+from swarm.server.tenants import TenantRegistry
 
 # Every dependency here is async on purpose (those of the hot routes above all): FastAPI runs a sync
 # dependency in its thread pool, a thread hop per request that cost ~30 % of the server CPU of begin +
@@ -37,9 +39,20 @@ async def get_control(request: Request) -> ControlService:
     return service
 
 
+async def get_tenants(request: Request) -> TenantRegistry:
+    """The LoRA tenants; 409 on a server started without ``--tenants``."""
+    tenants: TenantRegistry | None = request.app.state.runtime.tenants
+    if tenants is None:
+        raise RequestError(
+            "this server hosts no tenants (start it with swarm serve --tenants N)", status_code=409
+        )
+    return tenants
+
+
 EpisodesDep = Annotated[EpisodeService, Depends(get_episodes)]
 ChatDep = Annotated[ChatService, Depends(get_chat)]
 ControlDep = Annotated[ControlService, Depends(get_control)]
+TenantsDep = Annotated[TenantRegistry, Depends(get_tenants)]
 
 
 def error_models(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:

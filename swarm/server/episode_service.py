@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from swarm.errors import EpisodeNotFound, Unavailable
+from swarm.errors import EpisodeNotFound, RequestError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.protocol import (
     ADMIN_OWNER,
@@ -31,6 +31,7 @@ from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisodes
 from swarm.server.limits import ClientLimits
 from swarm.server.phase import Phase
+from swarm.server.tenants import TenantRegistry
 from swarm.server.training import TrainingLoop
 from swarm.tracking.merge import MergeMode, build_samples
 
@@ -56,6 +57,8 @@ class EpisodeService:
     merge: MergeMode
     """How an episode's calls are merged into samples for its record."""
     detokenizer: TokenizerDetokenizer
+    tenants: TenantRegistry | None = None
+    """The LoRA tenants (``swarm serve --tenants N``): an episode begun under one is admitted by it."""
     _base_urls: dict[tuple[Any, ...], str] = field(default_factory=dict, init=False)
     """OpenAI base URLs handed out at begin, by the request parts they are built from (a memo)."""
 
@@ -73,9 +76,12 @@ class EpisodeService:
                 request-rate limit.
             Unavailable: the server is paused, or draining or training in synchronous mode (503 +
                 Retry-After); a family quota is full (429) or, asynchronous, the trainer is too far
-                behind (503).
+                behind (503). The same for the episode's tenant (`TenantRegistry.admit`).
+            AuthError: the client token is limited to other tenants (403).
+            RequestError: an unknown tenant (404), or a tenant on a server without tenants (400).
         """
         name = owner.name if owner is not None and owner.name != ADMIN_OWNER else None
+        self.credentials.check_tenant(name, body.tenant)
         if name is not None:
             self.limits.check_open(name, self.episodes.open_by(name))
             self.limits.take(name)
@@ -86,8 +92,16 @@ class EpisodeService:
         if self.training is not None:
             self.training.admit(body.family, body.kind, body.task_id)
             self.training.touch(body.client_id)
+        if body.tenant is not None:
+            if self.tenants is None:
+                raise RequestError(
+                    "this server hosts no tenants (swarm serve --tenants N)", status_code=400, param="tenant"
+                )
+            self.tenants.admit(body)
         episode, key = self.episodes.begin(body, None if owner is None else owner.name)
         self.phase.episode_begun()
+        if body.tenant is not None and self.tenants is not None:
+            self.tenants.begun(body.tenant)
         return EpisodeCreated(episode_id=episode.id, base_url=base_url, api_key=key, model=self.model_name)
 
     def base_url(self, request: Request) -> str:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import hashlib
 import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,13 +96,41 @@ class OpenEpisodes:
         self._by_owner: Counter[str] = Counter()
         self._listeners: list[EndListener] = []
 
+    _tenant: str | None = None
+    """The LoRA tenant this object is the partition of (:meth:`partition`); ``None``: every episode."""
+
+    def partition(self, tenant: str) -> OpenEpisodes:
+        """The episodes of LoRA tenant ``tenant``, sharing this table: its :meth:`on_end` listeners hear
+        only the tenant's episodes, and ``len``, :meth:`abort_open` and :meth:`abort_older_than` count
+        and abort only them (a tenant's training loop drains its own episodes, not the server's)."""
+        view = copy.copy(self)
+        view._tenant = tenant
+        return view
+
+    def _mine(self, episodes: Iterable[OpenEpisode]) -> list[OpenEpisode]:
+        if self._tenant is None:
+            return list(episodes)
+        return [e for e in episodes if e.request.tenant == self._tenant]
+
     def on_end(self, listener: EndListener) -> None:
-        """Call ``listener`` after every episode ends (once it is in the pool), in subscription order."""
-        self._listeners.append(listener)
+        """Call ``listener`` after every episode ends (once it is in the pool), in subscription order
+        (a partition's listener: after every episode of its tenant)."""
+        tenant = self._tenant
+        if tenant is None:
+            self._listeners.append(listener)
+            return
+
+        def theirs(stored: StoredEpisode, calls: list[CallRecord]) -> None:
+            if stored.tenant == tenant:
+                listener(stored, calls)
+
+        self._listeners.append(theirs)
 
     # -- lookup ------------------------------------------------------------------------------------------
     def __len__(self) -> int:
         """Open episodes, counting those whose finish is being committed (a drain waits for them)."""
+        if self._tenant is not None:
+            return len(self._mine(self._open.values())) + len(self._mine(self._ending.values()))
         return len(self._open) + len(self._ending)
 
     def __contains__(self, episode_id: object) -> bool:
@@ -386,6 +415,7 @@ class OpenEpisodes:
             trainable_agents=req.trainable_agents,
             owner=episode.owner,
             key_digest=episode.key_digest,
+            tenant=req.tenant,
             **fields,
         )
 
@@ -429,13 +459,15 @@ class OpenEpisodes:
 
     def abort_open(self, reason: str) -> list[str]:
         """Abort every open episode as an infrastructure failure (drain timeout); returns their ids."""
-        return self._abort_all(list(self._open.values()), reason)
+        return self._abort_all(self._mine(self._open.values()), reason)
 
     def abort_older_than(self, version: int, reason: str) -> list[str]:
         """Abort, as infrastructure failures, open episodes with a call sampled before policy ``version``;
         returns their ids."""
         stale = [
-            e for e in self._open.values() if e.calls and min(c.policy_version for c in e.calls) < version
+            e
+            for e in self._mine(self._open.values())
+            if e.calls and min(c.policy_version for c in e.calls) < version
         ]
         return self._abort_all(stale, reason)
 

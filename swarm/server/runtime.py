@@ -34,6 +34,7 @@ from swarm.server.limits import ClientLimits
 from swarm.server.phase import Phase
 from swarm.server.pool_writer import PoolWriter
 from swarm.server.teacher import TeacherClient, TeacherSettings, check_teacher
+from swarm.server.tenants import TenantRegistry
 from swarm.server.training import TrainingLoop
 from swarm.server.transactions import resolve_stale
 
@@ -79,8 +80,9 @@ class SwarmRuntime:
         training = config.training
         self.phase = Phase(asynchronous=training.enabled and training.max_staleness is not None)
         self.training: TrainingLoop | None = None
-        teacher = self._teacher(config, engine) if training.enabled else None
-        if training.enabled:
+        """The one policy's training loop (``None``: inference mode, or tenants over a frozen base)."""
+        if training.enabled and not config.tenants:
+            teacher = self._teacher(config, engine)
             self.training = TrainingLoop(
                 training,
                 engine=engine,
@@ -98,6 +100,17 @@ class SwarmRuntime:
                 ),
                 teacher=teacher,
             )
+        self.tenants: TenantRegistry | None = None
+        """The LoRA tenants (``swarm serve --tenants N``), each with its own training loop."""
+        if config.tenants:
+            self.tenants = TenantRegistry(
+                config,
+                engine=engine,
+                pool=self.pool,
+                episodes=self.episodes,
+                events=self.events,
+                mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
+            )
         self.credentials = Credentials(config.admin_token, config.client_tokens)
         self.limits = ClientLimits(config.limits)
         """The limits in force and the per-token request rates (replaced live by the control routes)."""
@@ -113,6 +126,7 @@ class SwarmRuntime:
             public_url=config.public_url,
             merge=config.training.merge,
             detokenizer=self.chat.detokenizer,
+            tenants=self.tenants,
         )
         self.control = ControlService(
             config=config,

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -127,6 +128,11 @@ class TrainingLoop:
         model_dir: the served model's Hugging Face directory (the ``verl`` backend's actor loads it).
         teacher: with ``config.distill``: the teacher's client, its start-up check passed
             (docs/ARCHITECTURE.md §On-policy distillation).
+        trainer: a trainer built by the caller (a LoRA tenant's, over its named adapter) instead of
+            `make_trainer`'s.
+        on_failure: called with the reason when a step fails (an exception) or the trainer rejects a
+            batch (e.g. a non-finite gradient); a tenant stops there (`swarm.server.tenants`). ``None``:
+            the failure is logged and the loop trains on (the server's one policy).
     """
 
     def __init__(
@@ -143,8 +149,11 @@ class TrainingLoop:
         mixed_precision: MixedPrecision,
         model_dir: Path | None = None,
         teacher: TeacherClient | None = None,
+        trainer: TrainerBackend | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
+        self._on_failure = on_failure
         self.engine = engine
         self._detokenizer = TokenizerDetokenizer(engine.tokenizer)  # text-level merging decodes calls
         self.pool = pool
@@ -152,7 +161,7 @@ class TrainingLoop:
         self.events = events
         self.phase = phase
         self.run_dir = run_dir
-        self.trainer = make_trainer(
+        self.trainer = trainer or make_trainer(
             config, engine, run_dir=run_dir, model_dir=model_dir, mixed_precision=mixed_precision
         )
         self._wakeup: asyncio.Event | None = None
@@ -246,9 +255,10 @@ class TrainingLoop:
                     await self._maybe_step()
                 except Exception as exc:  # a failed step must not kill the server: report it, keep serving
                     self.phase.end_step()
-                    self.events.emit(
-                        "train.failed", f"training step failed: {type(exc).__name__}: {exc}", level="error"
-                    )
+                    reason = f"training step failed: {type(exc).__name__}: {exc}"
+                    self.events.emit("train.failed", reason, level="error")
+                    if self._on_failure is not None:
+                        self._on_failure(reason)
                     await asyncio.sleep(1.0)
         finally:
             if self.scorer is not None:
@@ -360,6 +370,8 @@ class TrainingLoop:
                 base = self.trainer.step(batch.samples, batch.advantages, rewards=batch.rewards)
             except TrainerError as exc:
                 self._skip(batch, f"batch rejected by the trainer: {exc}", "error")
+                if self._on_failure is not None:
+                    self._on_failure(f"batch rejected by the trainer: {exc}")
                 return None
             finally:
                 self.engine.restore_memory()

@@ -58,7 +58,10 @@ class CallRecord(BaseModel):
     splice_mismatches: int = 0
     """Assistant messages that repeated an earlier completion but rendered to different text (not spliced)."""
     policy_version: int = 0
-    """Trainer step whose weights sampled this completion."""
+    """Trainer step whose weights sampled this completion (a tenant's call: its adapter's step)."""
+    tenant: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The LoRA tenant whose adapter sampled it (``swarm serve --tenants``); left out of the JSON when
+    ``None`` (a server's one policy), so records without tenants read as before."""
     created_at: float = 0.0
     """Unix time (s) when the request arrived."""
     queue_s: float = 0.0

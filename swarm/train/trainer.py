@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -36,6 +36,7 @@ from torch import nn
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import Sample
+from swarm.train.adapters import NamedAdapter, adapter_parameters
 from swarm.train.backend import Advantage, TrainBatch, TrainerBackend, TrainerError
 from swarm.train.config import LIVE_FIELDS, TrainerConfig
 from swarm.train.lora import add_adapters, merge_adapters
@@ -133,6 +134,10 @@ class TorchTrainer(TrainerBackend):
         mixed_precision: Compute dtype of the forward passes (:mod:`swarm.precision`; resolved, not
             ``AUTO``): ``BF16`` autocasts them to bfloat16 while trainable parameters, gradients and AdamW
             states stay in their dtype. It must match the engine's, whose logprobs are the behaviour policy.
+        adapter: train only this named LoRA adapter of ``model``, a peft model holding several
+            (`swarm.train.adapters`, a LoRA tenant): no wrapping and no merged sampling copy; each step
+            makes it the active adapter (the others and the base frozen); :attr:`model` is its
+            `NamedAdapter` view (checkpoints hold it alone); π_ref is the base (adapters disabled).
 
     Raises:
         TrainerError: The model has no trainable parameters.
@@ -146,6 +151,7 @@ class TorchTrainer(TrainerBackend):
         pad_token_id: int,
         *,
         mixed_precision: MixedPrecision = MixedPrecision.NO,
+        adapter: str | None = None,
     ) -> None:
         require_resolved(mixed_precision)
         self.mixed_precision = mixed_precision
@@ -154,14 +160,27 @@ class TorchTrainer(TrainerBackend):
         self._step = 0
         self._ref_model: nn.Module | None = None
         self._sampler: nn.Module | None = None
-        if config.lora is not None:
+        self._adapter: NamedAdapter | None = None
+        self._model: nn.Module
+        if adapter is not None:
+            if config.lora is None:
+                raise TrainerError("training a named adapter needs LoRA settings (config.lora)")
+            self._model = model
+            self._adapter = NamedAdapter(model, adapter)
+            for param in adapter_parameters(model, adapter):
+                param.requires_grad_(True)
+        elif config.lora is not None:
             peft_model, self._sampler = add_adapters(model, config.lora)
-            self._model: nn.Module = peft_model
+            self._model = peft_model
         else:
             self._model = model
             if config.kl_coef > 0:
                 self._ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self._params = [p for p in self._model.parameters() if p.requires_grad]
+        self._params = (
+            [p for p in self._model.parameters() if p.requires_grad]
+            if adapter is None
+            else adapter_parameters(model, adapter)
+        )
         if not self._params:
             raise TrainerError("the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(
@@ -177,8 +196,9 @@ class TorchTrainer(TrainerBackend):
 
     @property
     def model(self) -> nn.Module:
-        """The (possibly peft-wrapped) model being trained; checkpoints save it."""
-        return self._model
+        """The (possibly peft-wrapped) model being trained; checkpoints save it (a named adapter: its
+        `NamedAdapter` view)."""
+        return self._model if self._adapter is None else cast(nn.Module, self._adapter)
 
     @property
     def sampling_model(self) -> nn.Module:
@@ -410,6 +430,8 @@ class TorchTrainer(TrainerBackend):
         """
         t_start = time.perf_counter()
         try:
+            if self._adapter is not None:  # its adapter active and trainable; the other adapters frozen
+                self._model.set_adapter(self._adapter.name)  # type: ignore[operator]
             return self._step_checked(
                 batch.samples, batch.advantages, batch.rewards, batch.scored_tokens, t_start
             )

@@ -1,0 +1,129 @@
+"""LoRA tenants on every engine that can run here (`Engine.serve_adapter`, `SamplingParams.adapter`).
+
+CI runs ``hf`` (CPU, the real embedded model). The ``vllm`` parameter needs vLLM and a CUDA GPU and is
+skipped, with the reason, where either is missing; on the H200 the same file runs both (bench/README.md,
+LoRA tenants).
+
+What every engine promises:
+- requests of different adapters (and of none: the base) are sampled concurrently, each with its own
+  adapter: its recorded logprobs are those of the peft forward with that adapter;
+- each completion carries its adapter's policy version;
+- after ``serve_adapter`` with new weights (a tenant's step) that adapter samples the new weights as the
+  new version, and the other adapters are unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from swarm.engine import HFEngine, ModelSource, load_model
+from swarm.engine.base import Completion, SamplingParams
+from swarm.train.adapters import add_adapter
+from swarm.train.config import LoraSettings
+from tests.conftest import vllm_skip_reason
+
+LORA = LoraSettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
+TOLERANCE = {"hf": 1e-4, "vllm": 1e-1}
+"""Max |recorded − reference| logprob: hf samples from the reference module itself (fp32); vLLM serves
+LoRA in bf16 only, against the bf16 transformers forward of its trainer copy."""
+
+ENGINES = [
+    pytest.param("hf", marks=pytest.mark.slow),
+    pytest.param(
+        "vllm",
+        marks=[
+            pytest.mark.slow,
+            pytest.mark.skipif(vllm_skip_reason() is not None, reason=str(vllm_skip_reason())),
+        ],
+    ),
+]
+
+
+def _perturb(model: Any, name: str, seed: int) -> None:
+    """Non-zero B matrices of adapter ``name`` (peft starts them at zero: the adapter would be the base)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, param in model.named_parameters():
+            if "lora_B" in key and f".{name}." in key:
+                noise = torch.randn(param.shape, generator=generator) * 0.05
+                param.copy_(noise.to(param.dtype))
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def served(request: pytest.FixtureRequest, embedded_source: ModelSource) -> Iterator[tuple[Any, Any, str]]:
+    if request.param == "hf":
+        model, tok = load_model(embedded_source)
+        engine: Any = HFEngine(model, tok, embedded_source.name)
+    else:
+        from swarm.engine.vllm import VLLMEngine
+
+        engine = VLLMEngine(
+            embedded_source, dtype="bfloat16", gpu_memory_utilization=0.25, max_loras=2, max_lora_rank=LORA.r
+        )
+    peft = add_adapter(engine.trainable_module(), "alpha", LORA, seed=1)
+    peft = add_adapter(peft, "beta", LORA, seed=2)
+    _perturb(peft, "alpha", 1)
+    _perturb(peft, "beta", 2)
+    engine.serve_adapter("alpha", peft, 1)
+    engine.serve_adapter("beta", peft, 1)
+    yield engine, peft, request.param
+    engine.close()
+
+
+def _prompt(engine: Any, text: str) -> list[int]:
+    encoded = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return [int(i) for i in encoded["input_ids"]]
+
+
+@torch.no_grad()
+def _reference(peft: Any, prompt: list[int], completion: Completion, adapter: str | None) -> list[float]:
+    """log_softmax of the peft forward with ``adapter`` at each completion id (fp32)."""
+    device = next(peft.parameters()).device
+    ids = torch.tensor([prompt + completion.ids], device=device)
+    logits = peft(input_ids=ids, adapter_names=[adapter or "__base__"]).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return logprobs.gather(1, torch.tensor(completion.ids, device=device)[:, None])[:, 0].tolist()
+
+
+async def _together(engine: Any, prompts: list[list[int]], adapters: list[str | None]) -> list[Completion]:
+    params = [SamplingParams(temperature=0.0, max_tokens=8, adapter=a) for a in adapters]
+    answers = await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, params, strict=True)))
+    return [a[0] for a in answers]
+
+
+def _gap(reference: list[float], recorded: list[float]) -> float:
+    return max(abs(a - b) for a, b in zip(reference, recorded, strict=True))
+
+
+def test_each_request_samples_its_own_adapter(served: tuple[Any, Any, str]) -> None:
+    engine, peft, kind = served
+    prompts = [_prompt(engine, t) for t in ("Name a colour.", "Count to three.", "Say hello.")]
+    adapters: list[str | None] = ["alpha", "beta", None]
+    completions = asyncio.run(_together(engine, prompts, adapters))
+    assert [c.policy_version for c in completions] == [1, 1, 0]
+    for prompt, adapter, completion in zip(prompts, adapters, completions, strict=True):
+        assert completion.ids
+        assert _gap(_reference(peft, prompt, completion, adapter), completion.logprobs) < TOLERANCE[kind]
+    # the adapters are not the base: the base's logprobs of alpha's completion differ
+    base = _reference(peft, prompts[0], completions[0], None)
+    assert _gap(base, completions[0].logprobs) > TOLERANCE[kind]
+
+
+def test_a_new_adapter_version_is_served_and_the_others_are_unchanged(served: tuple[Any, Any, str]) -> None:
+    engine, peft, kind = served
+    prompt = _prompt(engine, "Name a colour.")
+    before = asyncio.run(_together(engine, [prompt, prompt], ["alpha", "beta"]))
+    _perturb(peft, "alpha", 11)
+    engine.serve_adapter("alpha", peft, 2)
+    after = asyncio.run(_together(engine, [prompt, prompt], ["alpha", "beta"]))
+    assert [c.policy_version for c in after] == [2, 1]
+    assert _gap(_reference(peft, prompt, after[0], "alpha"), after[0].logprobs) < TOLERANCE[kind]
+    assert after[1].ids == before[1].ids
+    assert _gap(before[1].logprobs, after[1].logprobs) < TOLERANCE[kind]

@@ -1,0 +1,310 @@
+"""LoRA tenants (issue 36): isolation, failure, auth, the cap, retirement, mixed-adapter batches and the
+equality of a tenant's update with a one-policy trainer's.
+
+Real servers on loopback over the tiny random model (each test its own copy: tenants inject adapters into
+it), real SQLite pool, real peft adapters and the real tokenizer.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from openai import OpenAI
+
+from swarm.batch import BatchConfig, BatchPolicy
+from swarm.client import SwarmClient
+from swarm.config import TrainingConfig
+from swarm.engine import HFEngine
+from swarm.engine.base import SamplingParams
+from swarm.train import TorchTrainer, TrainerError
+from swarm.train.adapters import add_adapter
+from swarm.train.config import LoraSettings, TrainerConfig
+from tests.conftest import LiveServer, build_tiny_model, make_server, wait_for
+from tests.train.factories import make_sample
+
+ADMIN = secrets.token_urlsafe(16)
+QUESTION = [{"role": "user", "content": "Say something."}]
+LORA = LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+
+
+def tenant_training(**kw: Any) -> TrainingConfig:
+    return TrainingConfig(
+        batch=BatchConfig(policy=BatchPolicy.EPISODES, batch_size=1, group_size=2),
+        trainer=TrainerConfig(lr=1e-2, lora=LORA),
+        **kw,
+    )
+
+
+@pytest.fixture()
+def tenant_server(tmp_path: Path, embedded_source: Any, tokenizer: Any) -> Iterator[LiveServer]:
+    engine = HFEngine(build_tiny_model(embedded_source, seed=1), tokenizer, "tiny-tenants")
+    live = make_server(tmp_path, engine, tenants=2, training=tenant_training(), admin_token=ADMIN)
+    yield live
+    live.stop()
+    engine.close()
+
+
+def admin(live: LiveServer) -> httpx.Client:
+    return httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+
+
+def rollout(live: LiveServer, tenant: str | None, task_id: str, reward: float, token: str = ADMIN) -> str:
+    with SwarmClient(live.url, client_token=token) as client, client.episode(task_id, tenant=tenant) as ep:
+        OpenAI(base_url=ep.base_url, api_key=ep.api_key).chat.completions.create(
+            model=ep.model, messages=QUESTION, max_tokens=4, temperature=1.0
+        )
+        ep.finish(reward)
+    return ep.id
+
+
+def group(live: LiveServer, tenant: str, task_id: str) -> list[str]:
+    """One GRPO group (G = 2, rewards 1 and 0): with B = 1 it makes the tenant's next step."""
+    return [rollout(live, tenant, task_id, 1.0), rollout(live, tenant, task_id, 0.0)]
+
+
+def adapter_weights(live: LiveServer, tenant: str) -> dict[str, torch.Tensor]:
+    model = live.runtime.tenants.get(tenant).loop.trainer.model
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def tenant(live: LiveServer, tenant_id: str) -> dict[str, Any]:
+    with admin(live) as http:
+        answer: dict[str, Any] = http.get(f"/api/v1/tenants/{tenant_id}").json()
+        return answer
+
+
+def create(live: LiveServer, tenant_id: str, **settings: Any) -> httpx.Response:
+    with admin(live) as http:
+        return http.post("/api/v1/tenants", json={"id": tenant_id, **settings})
+
+
+def test_a_step_of_one_tenant_leaves_the_others_adapter_bit_equal(tenant_server: LiveServer) -> None:
+    live = tenant_server
+    assert create(live, "alpha", seed=1).status_code == 201
+    assert create(live, "beta", seed=2, lr=5e-3).status_code == 201
+    base = {
+        k: v.clone() for k, v in live.engine.model.get_base_model().state_dict().items() if "lora_" not in k
+    }
+    a0, b0 = adapter_weights(live, "alpha"), adapter_weights(live, "beta")
+    ids = group(live, "alpha", "t1")
+    wait_for(lambda: tenant(live, "alpha")["step"] == 1, 60, "tenant a's step 1")
+    a1, b1 = adapter_weights(live, "alpha"), adapter_weights(live, "beta")
+    assert all(torch.equal(b0[k], b1[k]) for k in b0), "tenant a's step changed tenant b's adapter"
+    assert any(not torch.equal(a0[k], a1[k]) for k in a0), "tenant a's step did not change its adapter"
+    after = live.engine.model.get_base_model().state_dict()
+    assert all(torch.equal(base[k], after[k]) for k in base), "a tenant's step changed the frozen base"
+    with SwarmClient(live.url, admin_token=ADMIN) as client:
+        view = client.get_episode(ids[0])
+    assert view.trained_step == 1
+    assert [(c.tenant, c.policy_version) for c in view.calls] == [("alpha", 0)]
+    with admin(live) as http:  # the wire names the tenant
+        assert http.get(f"/api/v1/episodes/{ids[0]}").json()["calls"][0]["tenant"] == "alpha"
+    # a's next call samples its new adapter (policy version 1); b's still its version 0
+    nxt = rollout(live, "alpha", "t2", 1.0)
+    other = rollout(live, "beta", "t3", 1.0)
+    with SwarmClient(live.url, admin_token=ADMIN) as client:
+        assert [c.policy_version for c in client.get_episode(nxt).calls] == [1]
+        assert [(c.tenant, c.policy_version) for c in client.get_episode(other).calls] == [("beta", 0)]
+    views = {v["id"]: v for v in admin(live).get("/api/v1/tenants").json()}
+    assert views["alpha"]["step"] == 1 and views["beta"]["step"] == 0
+    assert views["alpha"]["settings"]["lr"] == 1e-2 and views["beta"]["settings"]["lr"] == 5e-3
+    with admin(live) as http:
+        rows = http.get("/api/v1/tenants/alpha/metrics").json()
+    assert [row["step"] for row in rows] == [1]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [RuntimeError("the trainer crashed"), TrainerError("non-finite gradient norm (nan) at update 0.0")],
+    ids=["crash", "nan"],
+)
+def test_a_failed_step_stops_only_its_tenant(tenant_server: LiveServer, failure: Exception) -> None:
+    live = tenant_server
+    create(live, "alpha")
+    create(live, "beta")
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise failure
+
+    live.runtime.tenants.get("alpha").loop.trainer.step = fail
+    group(live, "alpha", "t1")
+    wait_for(lambda: tenant(live, "alpha")["state"] == "failed", 60, "tenant a failed")
+    assert str(failure) in tenant(live, "alpha")["reason"]
+    group(live, "beta", "t2")
+    wait_for(lambda: tenant(live, "beta")["step"] == 1, 60, "tenant b's step 1 after a failed")
+    with admin(live) as http:  # a failed tenant admits no episode
+        refused = http.post("/api/v1/episodes", json={"task_id": "t9", "tenant": "alpha"})
+        assert refused.status_code == 503 and "failed" in refused.json()["error"]["message"]
+    with admin(live) as http:
+        assert http.post("/api/v1/tenants/alpha/resume").json()["state"] == "active"
+
+
+def test_tenant_routes_need_the_admin_token_and_a_client_token_can_be_limited(
+    tenant_server: LiveServer,
+) -> None:
+    live = tenant_server
+    assert httpx.post(f"{live.url}/api/v1/tenants", json={"id": "alpha"}).status_code == 401
+    create(live, "alpha")
+    create(live, "beta")
+    token = secrets.token_urlsafe(16)
+    with admin(live) as http:
+        made = http.post(
+            "/api/v1/client-tokens", json={"name": "alice", "token": token, "tenants": ["alpha"]}
+        )
+        assert made.status_code == 201
+        assert (
+            http.post(
+                "/api/v1/tenants", json={"id": "gamma"}, headers={"Authorization": f"Bearer {token}"}
+            ).status_code
+            == 403
+        )
+    begin = httpx.post(
+        f"{live.url}/api/v1/episodes",
+        json={"task_id": "t", "tenant": "beta"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert begin.status_code == 403 and "tenant" in begin.json()["error"]["message"]
+    base = httpx.post(
+        f"{live.url}/api/v1/episodes", json={"task_id": "t"}, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert base.status_code == 403
+    assert rollout(live, "alpha", "t", 1.0, token=token)
+
+
+def test_the_cap_on_resident_tenants_is_a_clear_409(tenant_server: LiveServer) -> None:
+    live = tenant_server
+    assert create(live, "alpha").status_code == 201
+    assert create(live, "alpha").status_code == 409
+    assert create(live, "beta").status_code == 201
+    third = create(live, "gamma")
+    assert third.status_code == 409
+    assert "--tenants 2" in third.json()["error"]["message"]
+    assert create(live, "Bad_Id").status_code == 422
+    with admin(live) as http:
+        assert http.get("/api/v1/tenants/nope").status_code == 404
+
+
+def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
+    tenant_server: LiveServer, embedded_source: Any
+) -> None:
+    from peft import PeftModel
+
+    live = tenant_server
+    create(live, "alpha", seed=3)
+    create(live, "beta")
+    group(live, "alpha", "t1")
+    wait_for(lambda: tenant(live, "alpha")["step"] == 1, 60, "tenant a's step 1")
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    model = live.engine.model
+    with torch.no_grad():
+        served = model(input_ids=ids, adapter_names=["alpha"]).logits
+    with admin(live) as http:
+        retired = http.post("/api/v1/tenants/alpha/retire").json()
+    assert retired["state"] == "retired" and retired["step"] == 1
+    loaded = PeftModel.from_pretrained(
+        build_tiny_model(embedded_source, seed=1), retired["checkpoint"]
+    ).eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=ids).logits, served, atol=1e-5)
+    assert create(live, "gamma").status_code == 201  # its place under the cap is free
+    assert create(live, "alpha").status_code == 409  # a retired id stays taken
+    rollout(live, "beta", "t2", 1.0)  # the others still sample
+
+
+def test_a_server_without_tenants_refuses_them(tmp_path: Path, tiny_engine: HFEngine) -> None:
+    live = make_server(tmp_path, tiny_engine, training=TrainingConfig(enabled=False), admin_token=ADMIN)
+    try:
+        begin = httpx.post(f"{live.url}/api/v1/episodes", json={"task_id": "t", "tenant": "alpha"})
+        assert begin.status_code == 400
+        assert admin(live).get("/api/v1/tenants").status_code == 409
+        episode_id = rollout(live, None, "t", 1.0)  # records without a tenant read as before
+        with admin(live) as http:
+            call = http.get(f"/api/v1/episodes/{episode_id}").json()["calls"][0]
+        assert "tenant" not in call and call["policy_version"] == 0
+    finally:
+        live.stop()
+
+
+def _perturbed(model: Any, seed: int) -> None:
+    """Non-zero B matrices (peft starts them at zero: every adapter would be the base)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+
+
+def test_a_mixed_adapter_batch_equals_each_adapter_alone(embedded_source: Any, tokenizer: Any) -> None:
+    model = build_tiny_model(embedded_source, seed=1)
+    model = add_adapter(model, "alpha", LORA, seed=1)
+    model = add_adapter(model, "beta", LORA, seed=2)
+    _perturbed(model, 0)
+    engine = HFEngine(model, tokenizer, "tiny", batch_window_s=0.3)
+    try:
+        engine.serve_adapter("alpha", model, 3)
+        engine.serve_adapter("beta", model, 5)
+        prompts = [[1, 2, 3, 4], [7, 8, 9], [4, 5, 6, 7, 8]]
+        adapters = ["alpha", "beta", None]
+        params = [SamplingParams(temperature=0.0, max_tokens=6, adapter=a) for a in adapters]
+        futures = [engine.submit(p, q) for p, q in zip(prompts, params, strict=True)]
+        mixed = [f.result()[0] for f in futures]
+        assert [c.batch_size for c in mixed] == [3, 3, 3]
+        assert [c.policy_version for c in mixed] == [3, 5, 0]
+        for prompt, param, together in zip(prompts, params, mixed, strict=True):
+            alone = engine.generate_sync(prompt, param)[0]
+            assert alone.batch_size == 1
+            assert alone.ids == together.ids
+            assert torch.allclose(torch.tensor(alone.logprobs), torch.tensor(together.logprobs), atol=1e-5)
+        # and the adapters differ from each other and from the base
+        outs = {
+            a: engine.generate_sync(prompts[0], SamplingParams(temperature=0.0, max_tokens=6, adapter=a))[0]
+            for a in adapters
+        }
+        assert len({tuple(round(x, 4) for x in c.logprobs) for c in outs.values()}) == 3
+    finally:
+        engine.close()
+
+
+def test_a_tenants_update_equals_a_one_policy_trainers(embedded_source: Any, tokenizer: Any) -> None:
+    """With a fixed batch, a tenant's step (its adapter among others) updates its adapter as a one-policy
+    LoRA trainer's step updates its only adapter, to float rounding."""
+    from peft import get_peft_model_state_dict
+
+    config = TrainerConfig(lr=1e-2, lora=LORA)
+    samples = [make_sample(f"e{i}", 8 + 2 * i, 3 + i, seed=i) for i in range(4)]
+    advantages = [1.0, -1.0, 0.5, -0.5]
+    base = build_tiny_model(embedded_source, seed=1)  # (it seeds torch itself)
+    torch.manual_seed(7)
+    single = TorchTrainer(base, config, pad_token_id=0)
+    shared = add_adapter(build_tiny_model(embedded_source, seed=1), "other", LORA, seed=3)
+    shared = add_adapter(shared, "mine", LORA, seed=7)
+    tenant_trainer = TorchTrainer(shared, config, pad_token_id=0, adapter="mine")
+    other_before = {k: v.clone() for k, v in shared.named_parameters() if ".other." in k}
+    before_single, before_tenant = get_peft_model_state_dict(single.model), tenant_trainer.model.state_dict()
+    before_single = {k: v.clone() for k, v in before_single.items()}
+    before_tenant = {k: v.clone() for k, v in before_tenant.items()}
+    names = sorted(k for k in before_single if "lora_" in k)
+    assert names == sorted(before_tenant)
+    assert all(torch.equal(before_single[k], before_tenant[k]) for k in names)
+    single.step(samples, advantages)
+    tenant_trainer.step(samples, advantages)
+    after_single, after_tenant = get_peft_model_state_dict(single.model), tenant_trainer.model.state_dict()
+    assert any(not torch.equal(before_single[k], after_single[k]) for k in names)
+    for k in names:
+        assert torch.allclose(after_single[k], after_tenant[k], rtol=1e-5, atol=1e-7), k
+    assert all(torch.equal(v, dict(shared.named_parameters())[k]) for k, v in other_before.items())
+
+
+def test_tenants_need_lora_one_line_naming_the_flag() -> None:
+    from swarm.serve_options import ServeOptions, ServeOptionsError
+
+    with pytest.raises(ServeOptionsError, match="--lora-rank"):
+        ServeOptions(tenants=2).to_server_config()
+    config = ServeOptions(tenants=2, lora_rank=4).to_server_config()
+    assert config.tenants == 2 and "--tenants" in ServeOptions(tenants=2, lora_rank=4).argv()
