@@ -717,28 +717,38 @@ class ConfigView(BaseModel):
     """What one client may take (:class:`Limits`)."""
 
 
-class ConfigPatch(_JsonIntegers):
-    """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step.
-
-    A field left out keeps its value; an explicit ``null`` is refused (422) rather than ignored, and so
-    are values of the wrong JSON type (``true`` or ``"4"`` for a number) and non-finite numbers.
-    """
+class PolicySettings(_JsonIntegers):
+    """The training settings each policy has: changed live for the server's policy (:class:`ConfigPatch`)
+    or chosen when a LoRA tenant is created (:class:`TenantCreate`). A field left out keeps the server's
+    value; values of the wrong JSON type (``true`` or ``"4"`` for a number) and non-finite numbers are
+    refused (422)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     lr: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
-    weight_decay: StrictFloat | None = Field(default=None, ge=0.0)
-    max_grad_norm: StrictFloat | None = Field(default=None, gt=0.0)
-    clip_eps_low: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)
-    clip_eps_high: StrictFloat | None = Field(default=None, ge=0.0)
     kl_coef: StrictFloat | None = Field(default=None, ge=0.0)
-    entropy_coef: StrictFloat | None = Field(default=None, ge=0.0)
-    loss_agg: LossAggregation | None = None
     ppo_epochs: StrictInt | None = Field(default=None, ge=1)
     minibatches: StrictInt | None = Field(default=None, ge=1)
     batch_policy: BatchPolicy | None = None
     batch_size: StrictInt | None = Field(default=None, ge=1)
+    """B: tasks (or episodes, by policy) per step."""
     group_size: StrictInt | None = Field(default=None, ge=1)
+    """G: episodes per task."""
+    max_steps: StrictInt | None = Field(default=None, ge=1)
+
+
+class ConfigPatch(PolicySettings):
+    """``PATCH /api/v1/config``: live changes, validated at once, effective from the next step.
+
+    A field left out keeps its value; an explicit ``null`` is refused (422) rather than ignored.
+    """
+
+    weight_decay: StrictFloat | None = Field(default=None, ge=0.0)
+    max_grad_norm: StrictFloat | None = Field(default=None, gt=0.0)
+    clip_eps_low: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)
+    clip_eps_high: StrictFloat | None = Field(default=None, ge=0.0)
+    entropy_coef: StrictFloat | None = Field(default=None, ge=0.0)
+    loss_agg: LossAggregation | None = None
     normalize_std: StrictBool | None = None
     temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
     """Default sampling temperature (requests that set one keep theirs)."""
@@ -751,7 +761,6 @@ class ConfigPatch(_JsonIntegers):
     max_staleness: StrictInt | None = Field(default=None, ge=0)
     """Change K of asynchronous mode (a synchronous server stays synchronous; ``null`` is refused)."""
     checkpoint_every: StrictInt | None = Field(default=None, ge=1)
-    max_steps: StrictInt | None = Field(default=None, ge=1)
     distill_coef: StrictFloat | None = Field(default=None, ge=0.0)
     """Weight of the reverse-KL advantage in ``mixed`` distillation (a server started with ``--teacher``)."""
     limits: LimitsPatch | None = None
@@ -913,25 +922,16 @@ class TenantState(StrEnum):
     RETIRED = "retired"
 
 
-class TenantCreate(_Strict):
+class TenantCreate(PolicySettings):
     """``POST /api/v1/tenants`` (admin): a new LoRA policy over the server's frozen base model.
 
     Fields left out take the server's value (its ``swarm serve`` options); the adapter's rank and target
     modules are the server's (``--lora-rank``)."""
 
     id: str = Field(pattern=TENANT_ID_PATTERN)
-    lr: float | None = Field(default=None, gt=0)
-    batch_size: int | None = Field(default=None, ge=1)
-    """B: tasks (or episodes, by policy) per step."""
-    group_size: int | None = Field(default=None, ge=1)
-    """G: episodes per task."""
-    kl_coef: float | None = Field(default=None, ge=0)
-    clip_eps: float | None = Field(default=None, gt=0)
-    ppo_epochs: int | None = Field(default=None, ge=1)
-    minibatches: int | None = Field(default=None, ge=1)
-    batch_policy: BatchPolicy | None = None
-    max_steps: int | None = Field(default=None, ge=1)
-    seed: int | None = None
+    clip_eps: StrictFloat | None = Field(default=None, gt=0.0)
+    """Both PPO clip bounds (``clip_eps_low`` = ``clip_eps_high``)."""
+    seed: StrictInt | None = None
     """Seeds the adapter's initial weights (peft's LoRA init: A random, B zero); ``None``: torch's state."""
 
 

@@ -37,6 +37,8 @@ _ENDED = error_models(
 )
 _BUSY = error_models(
     *_AUTH,
+    (400, "A tenant named on a server that hosts none."),
+    (404, "No such tenant (or it is retired)."),
     (429, "A quota or a client token's limit is full; see Retry-After."),
     (503, "Paused, draining or training; see Retry-After."),
 )
