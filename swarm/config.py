@@ -47,7 +47,8 @@ class DistillConfig(BaseModel):
     attempts: int = Field(default=3, ge=1)
     """Tries per scoring request (transport errors, timeouts, 5xx and 429 are retried with backoff)."""
     retry_after_s: float = Field(default=10.0, ge=0.0)
-    """An episode whose scoring failed is tried again after this long (the teacher may be back)."""
+    """An episode whose scoring failed is tried again after this long (the teacher may be back), or
+    sooner once the teacher has answered another request since it failed."""
 
 
 class TrainingConfig(BaseModel):

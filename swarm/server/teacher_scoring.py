@@ -12,8 +12,10 @@ trainable call is: its logprobs are written into its pooled call records in one 
 
 An episode the teacher could not score (after the client's retries) is *unscored*: the step that
 selected it leaves it out (it is not consumed and stays in the pool, never trained with a made-up
-value), ``distill/unscored_episodes`` counts it, and it is scored again once ``retry_after_s`` has
-passed, when a batch asks for it again, so it trains with a later step when the teacher is back.
+value), ``distill/unscored_episodes`` counts it, and it is scored again when a batch asks for it once
+``retry_after_s`` has passed since it failed, or as soon as the teacher has answered another request
+since (the teacher is back: a newer episode it scored meanwhile does not train ahead of it), so it
+trains with the first step after the teacher is back that selects it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class TeacherScorer:
         self._slots: asyncio.Semaphore | None = None
         self._tasks: dict[str, asyncio.Task[bool]] = {}
         self._failed_at: dict[str, float] = {}
+        self._answered_at: float | None = None  # monotonic time of the teacher's latest answer
         self._latencies: list[float] = []
 
     def start(self) -> None:
@@ -99,24 +102,41 @@ class TeacherScorer:
     async def ready(self, episode_ids: Sequence[str], wait_s: float) -> set[str]:
         """Wait up to ``wait_s`` for ``episode_ids`` to be scored; returns those still unscored.
 
-        Episodes never seen (pooled before a restart) are submitted now; failed ones once
-        ``retry_after_s`` has passed since they failed.
+        Episodes never seen (pooled before a restart) are submitted now. A failed one is submitted again
+        (at most once per call) once ``retry_after_s`` has passed since it failed, or once the teacher has
+        answered a request since it failed; both are checked again whenever a scoring ends during the
+        wait, so a batch whose newer episode the teacher scores also retries the older unscored one.
         """
+        deadline = time.monotonic() + wait_s
+        retried: set[str] = set()
+        while True:
+            self._submit_due(episode_ids, retried)
+            waiting = [self._tasks[eid] for eid in episode_ids if not self._tasks[eid].done()]
+            left = deadline - time.monotonic()
+            if not waiting or left <= 0:
+                break
+            await asyncio.wait(waiting, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        return {eid for eid in episode_ids if not _scored(self._tasks[eid])}
+
+    def _submit_due(self, episode_ids: Sequence[str], retried: set[str]) -> None:
+        """Submit the episodes of ``episode_ids`` never seen, and the failed ones (not in ``retried``,
+        which gains them) whose retry is due."""
         now = time.monotonic()
         for eid in episode_ids:
             task = self._tasks.get(eid)
-            failed_at = self._failed_at.get(eid)
-            broken = task is not None and task.done() and not _scored(task) and failed_at is None  # a bug
-            if (
-                task is None
-                or broken
-                or (failed_at is not None and now - failed_at >= self.config.retry_after_s)
-            ):
+            if task is None:
                 self._submit(eid, None)
-        waiting = [self._tasks[eid] for eid in episode_ids if not self._tasks[eid].done()]
-        if waiting and wait_s > 0:
-            await asyncio.wait(waiting, timeout=wait_s)
-        return {eid for eid in episode_ids if not _scored(self._tasks[eid])}
+            elif task.done() and not _scored(task) and eid not in retried:
+                failed_at = self._failed_at.get(eid)
+                if failed_at is None or self._retry_due(failed_at, now):  # None: the task raised (a bug)
+                    retried.add(eid)
+                    self._submit(eid, None)
+
+    def _retry_due(self, failed_at: float, now: float) -> bool:
+        """Whether an episode that failed at ``failed_at`` may be scored again: ``retry_after_s`` has
+        passed, or the teacher answered a request since (it is back)."""
+        answered_since = self._answered_at is not None and self._answered_at > failed_at
+        return answered_since or now - failed_at >= self.config.retry_after_s
 
     def recheck_s(self) -> float | None:
         """Seconds until an unscored episode may be scored again (``None``: none failed)."""
@@ -169,6 +189,7 @@ class TeacherScorer:
             logprobs, seconds = await self.client.score(
                 [*call.prompt_ids, *call.completion_ids], len(call.prompt_ids)
             )
+        self._answered_at = time.monotonic()
         self._latencies.append(seconds)
         return logprobs
 

@@ -167,12 +167,15 @@ def test_a_server_without_a_teacher_refuses_distill_coef(tmp_path: Path, student
     assert refused.status_code == 422 and "--teacher" in refused.json()["error"]["message"]
 
 
+# retry_after_s 60: step 2 comes long before the backoff ends, so `second` trains with it only because the
+# teacher answered for `third` meanwhile (it is back); 0.5: either way, depending on how fast step 2 comes.
+@pytest.mark.parametrize("retry_after_s", [0.5, 60.0])
 def test_a_teacher_outage_keeps_unscored_episodes_pooled_until_the_teacher_is_back(
-    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine, retry_after_s: float
 ) -> None:
     teacher_engine = HFEngine(teacher_model, tokenizer, "tiny-teacher")
     down = make_server(tmp_path / "teacher", teacher_engine, training=TrainingConfig(enabled=False))
-    config = distill_config(down.url, wait_s=3.0, retry_after_s=0.5, attempts=2, timeout_s=2.0)
+    config = distill_config(down.url, wait_s=3.0, retry_after_s=retry_after_s, attempts=2, timeout_s=2.0)
     live = make_server(tmp_path / "student", student_engine, training=config)
     try:
         with SwarmClient(live.url) as client:
