@@ -62,6 +62,7 @@ from a3r.swarmops.processes import (
     start_server,
     swarm_command,
 )
+from a3r.swarmops.teacher import start_teacher, student_env, teacher_key
 from memory import RunUpdate
 from swarm.client import ClientError, Event, ServeOptions, ServeOptionsError, ServerStepMetrics, StatusView
 
@@ -228,9 +229,12 @@ PLAN_SERVE_OPTIONS = (
 """``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""
 
 
-def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServeOptions:
+def _server_options(
+    spec: RunSpec, ctx: ExecutionContext, teacher: ServerHandle | None = None
+) -> ServeOptions:
     """The run's ``swarm serve`` options: the user's (validated when the thread began), the plan's, and
-    a3r's defaults for what neither set.
+    a3r's defaults for what neither set; a distilling run's ``--teacher`` is the URL of ``teacher``,
+    the server a3r started for a checkpoint-directory teacher (`a3r.swarmops.teacher`).
 
     Raises:
         ServeOptionsError: the user's options no longer validate (a resumed thread under a newer swarm).
@@ -248,6 +252,8 @@ def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServeOptions:
                 "max-steps": s.steps if spec.purpose in ("train", "sweep") else None,
             }
         )
+        if teacher is not None:
+            options["teacher-url"] = teacher.url
     # bf16 compute (and bf16 base weights under LoRA) where the device has fast bf16 kernels: 2-3×
     # faster rollouts and updates on AMX CPUs and GPUs; float32 elsewhere. Explicit options win.
     options.setdefault("dtype", "auto")
@@ -581,10 +587,13 @@ def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recor
     if handle is not None and handle.process is not None and handle.process.poll() is None:
         return handle
     try:
-        options = _server_options(spec, ctx)
+        teacher = start_teacher(spec, ctx, ws.server_dir(teacher_key(key)), key)
+        options = _server_options(spec, ctx, teacher)
     except ServeOptionsError as exc:
         raise SwarmProcessError(f"swarm serve refuses the options: {exc}") from None
-    handle = start_server(ws.server_dir(key), model=ctx.model, options=options)
+    if teacher is not None:
+        rec.note(f"run {spec.key}: teacher server started at {teacher.url} ({spec.settings.teacher})")
+    handle = start_server(ws.server_dir(key), model=ctx.model, options=options, env=student_env(teacher))
     ctx.servers[key] = handle
     rec.note(f"run {spec.key}: swarm serve started at {handle.url} (run dir {ws.server_dir(key)})")
     return handle
@@ -594,9 +603,10 @@ def _release(spec: RunSpec, ctx: ExecutionContext, outcome: RunOutcome | None) -
     """Stop the run's server unless a later run continues on it (kept, or stopped for a patch)."""
     if spec.keep_server or (outcome is not None and outcome.status == "needs_attention"):
         return
-    handle = ctx.servers.pop(spec.server_key or spec.key, None)
-    if handle is not None:
-        handle.stop()
+    key = spec.server_key or spec.key
+    for handle in (ctx.servers.pop(key, None), ctx.servers.pop(teacher_key(key), None)):
+        if handle is not None:
+            handle.stop()
 
 
 def execute_run(
