@@ -94,6 +94,11 @@ def _call_sequences(episode: EpisodeView, pieces_of: dict[int, str], note: str) 
                 loss_mask=(0,) * len(call.prompt_ids) + (trained,) * len(call.completion_ids),
                 logprobs=(0.0,) * len(call.prompt_ids) + tuple(call.logprobs),
                 ids=tuple(ids),
+                teacher_logprobs=(
+                    (None,) * len(call.prompt_ids) + tuple(call.teacher_logprobs)
+                    if call.teacher_logprobs is not None
+                    else ()
+                ),
             )
         )
     return sequences
