@@ -174,6 +174,7 @@ def serve(**values: Any) -> None:
         engine = _load_engine(config)
     except SwarmError as exc:
         raise fail(str(exc)) from None
+    _check_teacher(config, engine)
     console.print(_startup_line(config, engine), highlight=False, soft_wrap=True)
 
     # Idle keep-alive connections outlive the clients' (httpx drops its idle ones after 5 s): with
@@ -198,6 +199,25 @@ def serve(**values: Any) -> None:
         ),
         on_exit,
     )
+
+
+def _check_teacher(config: Any, engine: Any) -> None:
+    """With ``--teacher``: refuse a teacher with another tokenizer (exit 2) or out of reach (exit 1), in
+    one line, before the server starts."""
+    distill = config.training.distill
+    if distill is None or not config.training.enabled:
+        return
+    from swarm.server.teacher import TeacherMismatch, TeacherSettings, check_teacher
+
+    try:
+        check_teacher(TeacherSettings(url=distill.teacher_url, token=config.teacher_token), engine.tokenizer)
+    except TeacherMismatch as exc:
+        engine.close()
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    except SwarmError as exc:
+        engine.close()
+        raise fail(str(exc)) from None
 
 
 _CHECK = typer.Option("--check", help="Only validate the options (no model load, nothing written).")

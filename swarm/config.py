@@ -19,7 +19,35 @@ from swarm.protocol import MIN_TOKEN_CHARS, Limits, LossAggregation, SamplingDef
 from swarm.tracking.merge import LossWeighting, MergeMode
 from swarm.train.config import TrainerConfig, VerlSettings
 
-__all__ = ["SamplingDefaults", "ServerConfig", "TrainingConfig", "check_weighting"]
+__all__ = ["DistillConfig", "SamplingDefaults", "ServerConfig", "TrainingConfig", "check_weighting"]
+
+
+class DistillConfig(BaseModel):
+    """On-policy distillation from a teacher server (``swarm serve --teacher URL``; docs/ARCHITECTURE.md
+    §On-policy distillation, formulas in `swarm.train.distill`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    teacher_url: str
+    """Base URL of the teacher: another swarm server (``POST /v1/score``) or vLLM's OpenAI server
+    (``/v1/completions`` with ``prompt_logprobs``); it must use this server's tokenizer."""
+    mode: Literal["pure", "mixed"] = "pure"
+    """``pure``: the per-token reverse-KL advantage alone; ``mixed``: the task reward's GRPO advantage +
+    ``coef`` × it."""
+    coef: float = Field(default=1.0, ge=0.0)
+    """Weight of the reverse-KL advantage in ``mixed`` mode (live: ``PATCH /api/v1/config``
+    ``{"distill_coef": …}``)."""
+    wait_s: float = Field(default=30.0, ge=0.0)
+    """A ready batch waits at most this long for the teacher to score its episodes; those still unscored
+    are left out of the step (they stay in the pool) and counted in ``distill/unscored_episodes``."""
+    concurrency: int = Field(default=8, ge=1)
+    """Scoring requests in flight to the teacher at once."""
+    timeout_s: float = Field(default=60.0, gt=0.0)
+    """Per scoring request."""
+    attempts: int = Field(default=3, ge=1)
+    """Tries per scoring request (transport errors, timeouts, 5xx and 429 are retried with backoff)."""
+    retry_after_s: float = Field(default=10.0, ge=0.0)
+    """An episode whose scoring failed is tried again after this long (the teacher may be back)."""
 
 
 class TrainingConfig(BaseModel):
@@ -79,6 +107,8 @@ class TrainingConfig(BaseModel):
     """How many recent checkpoints to keep on disk."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop training (keep serving) after this many policy versions."""
+    distill: DistillConfig | None = None
+    """On-policy distillation from a teacher (``None``: none; `DistillConfig`)."""
 
     @model_validator(mode="after")
     def _weighting_matches_aggregation(self) -> TrainingConfig:
@@ -87,6 +117,8 @@ class TrainingConfig(BaseModel):
         check_weighting(self.loss_weighting, self.trainer.loss_agg)
         if self.backend == "verl" and self.trainer.lora is not None:
             raise ValueError("the verl trainer trains all weights for now: leave LoRA (--lora-rank) out")
+        if self.backend == "verl" and self.distill is not None:
+            raise ValueError("distillation (--teacher) needs per-token advantages: use --trainer torch")
         return self
 
 
@@ -127,6 +159,9 @@ class ServerConfig(BaseModel):
     """Holds the pool database, checkpoints, metrics JSONL and logs; reusing it resumes the run."""
     admin_token: SecretStr | None = None
     """Bearer token for control routes; ``None`` makes control routes loopback-only and open."""
+    teacher_token: SecretStr | None = None
+    """Bearer credential sent to the distillation teacher (``SWARM_TEACHER_TOKEN`` or
+    ``--teacher-token-file``); never logged, never stored."""
     client_tokens: dict[str, SecretStr] = Field(default_factory=dict)
     """Client tokens by name: with any, beginning an episode needs one and an episode is finished,
     aborted, heartbeated and read only with its episode key, the token that began it or the admin token

@@ -218,6 +218,23 @@ class Pool:
             )
             self._db.execute("COMMIT")
 
+    def set_teacher_logprobs(self, episode_id: str, scored: dict[int, list[float]]) -> None:
+        """Store the teacher's logprobs of calls of an ended episode (on-policy distillation): call index →
+        its ``CallRecord.teacher_logprobs`` (aligned with its completion ids), written into the pooled
+        records in one transaction, so a restarted server reads them back and never scores them again."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "UPDATE calls SET record = json_set(record, '$.teacher_logprobs', json(?)) "
+                    "WHERE episode_id = ? AND idx = ?",
+                    [(json.dumps(logprobs), episode_id, index) for index, logprobs in scored.items()],
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
     def trained_steps_after(self, step: int) -> list[int]:
         """Distinct steps after ``step`` that consumed episodes, ascending."""
         with self._lock:

@@ -317,6 +317,47 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+# --- scoring (a distilling server's teacher) ----------------------------------------------------------------
+class ScoreRequest(_Strict):
+    """``POST /v1/score``: token ids whose prompt logprobs the served policy should give."""
+
+    token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(min_length=2)
+    """The sequence, shape (T,): e.g. a call's ``prompt_ids + completion_ids``."""
+    start: StrictInt = Field(ge=1)
+    """First position scored (``len(prompt_ids)`` to score a completion); position 0 has no context."""
+
+
+class ScoreResponse(BaseModel):
+    """Answer of ``POST /v1/score``."""
+
+    logprobs: list[float]
+    """``log π(token_ids[i] | token_ids[:i])`` for ``i`` in ``[start, T)`` (natural log, temperature 1,
+    no top-p: `swarm.engine.base.Engine.score`), shape (T − start,)."""
+    policy_version: int
+    """The trainer step whose weights scored them."""
+    model: str
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM's shape): text to tokenize with the served model's tokenizer."""
+
+    prompt: str
+    add_special_tokens: StrictBool = False
+    model: str | None = None
+    """Ignored (vLLM's clients send it)."""
+
+
+class TokenizeResponse(BaseModel):
+    """Answer of ``POST /tokenize``: vLLM's fields plus the tokenizer's fingerprint."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    tokenizer_fingerprint: str
+    """SHA-256 hex of the tokenizer's vocabulary (token → id, special tokens included): two servers with
+    the same fingerprint map every text to the same ids (`swarm.server.teacher.tokenizer_fingerprint`)."""
+
+
 # --- episodes ---------------------------------------------------------------------------------------------
 class EpisodeKind(StrEnum):
     TRAIN = "train"
@@ -697,6 +738,8 @@ class ConfigPatch(_JsonIntegers):
     """Change K of asynchronous mode (a synchronous server stays synchronous; ``null`` is refused)."""
     checkpoint_every: StrictInt | None = Field(default=None, ge=1)
     max_steps: StrictInt | None = Field(default=None, ge=1)
+    distill_coef: StrictFloat | None = Field(default=None, ge=0.0)
+    """Weight of the reverse-KL advantage in ``mixed`` distillation (a server started with ``--teacher``)."""
     limits: LimitsPatch | None = None
     """Live changes to the server's :class:`Limits` (take effect at once, not at the next step)."""
 
@@ -796,6 +839,10 @@ class ServerStepMetrics(StepMetrics):
     rewound_steps: list[int] = Field(default_factory=list)
     """On the first row after a restart: the steps whose update was lost with the previous process (the
     run resumed from the last checkpoint, so this row's step number was used before). Empty otherwise."""
+    distill: dict[str, float] = Field(default_factory=dict)
+    """On-policy distillation (``--teacher``), metric ``distill/<key>`` under ``<key>``: ``teacher_kl``,
+    ``teacher_kl/<agent>``, ``scored_frac``, ``teacher_latency_s``, ``unscored_episodes`` (docs/METRICS.md);
+    empty without a teacher."""
 
     @model_validator(mode="before")
     @classmethod

@@ -332,6 +332,37 @@ class ServeOptions(FlagOptions):
     quota: list[str] = option(
         [], "Family share, repeatable: --quota math=0.4 --quota code=0.6", to="training.quotas"
     )
+    teacher_url: str | None = option(
+        None,
+        "On-policy distillation: base URL of a teacher with this model's tokenizer, another swarm server or "
+        "vLLM's OpenAI server (its credential: env SWARM_TEACHER_TOKEN or --teacher-token-file).",
+        to="training.distill.teacher_url",
+        cli={"decls": ["--teacher", "--teacher-url"]},
+    )
+    teacher_token: SecretStr | None = option(
+        None,
+        "Bearer credential for the teacher (or env SWARM_TEACHER_TOKEN; a flag shows in ps).",
+        to="teacher_token",
+        cli={"secret": True, "envvar": "SWARM_TEACHER_TOKEN"},
+    )
+    teacher_token_file: Path | None = option(None, "File holding the teacher's bearer credential (one line).")
+    distill: str = option(
+        "pure",
+        "With --teacher: pure (the per-token reverse-KL advantage alone) | mixed (task advantage + "
+        "--distill-coef × it).",
+        to="training.distill.mode",
+    )
+    distill_coef: float = option(
+        1.0,
+        "mixed distillation: weight of the reverse-KL advantage (live: PATCH /api/v1/config distill_coef).",
+        to="training.distill.coef",
+    )
+    teacher_wait: float = option(
+        30.0,
+        "With --teacher: seconds a ready batch waits for the teacher's scores; episodes still unscored stay "
+        "pooled for a later step.",
+        to="training.distill.wait_s",
+    )
     training_config: Path | None = option(
         None, "JSON file with a full TrainingConfig (overrides the options above)."
     )
@@ -404,6 +435,7 @@ class ServeOptions(FlagOptions):
             "port": self.port,
             "run_dir": self.run_dir,
             "admin_token": self.admin_token,
+            "teacher_token": self._teacher_token(),
             "client_tokens": self._client_tokens(),
             "limits": {
                 "open_episodes_per_token": self.max_open_episodes,
@@ -439,12 +471,7 @@ class ServeOptions(FlagOptions):
         from swarm.config import TrainingConfig
 
         if self.training_config is not None:
-            try:
-                text = self.training_config.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ServeOptionsError(f"--training-config {self.training_config}: {exc.strerror}") from None
-            except UnicodeDecodeError:
-                raise ServeOptionsError(f"--training-config {self.training_config}: not UTF-8 text") from None
+            text = _read_option_file(f"--training-config {self.training_config}", self.training_config)
             return TrainingConfig.model_validate_json(text)
         trainer: dict[str, Any] = {
             "lr": self.lr,
@@ -459,6 +486,12 @@ class ServeOptions(FlagOptions):
         if self.lora_rank > 0:
             trainer["lora"] = {"r": self.lora_rank, "alpha": 2 * self.lora_rank}
         shares = self._shares()
+        fields = type(self).model_fields
+        stray = [
+            n for n in ("distill", "distill_coef", "teacher_wait") if getattr(self, n) != fields[n].default
+        ]
+        if self.teacher_url is None and stray:
+            raise ServeOptionsError(f"{self.flag(stray[0])}: distillation needs --teacher URL")
         return {
             "enabled": self.train,
             "backend": self.trainer,
@@ -480,7 +513,26 @@ class ServeOptions(FlagOptions):
             "max_staleness": self.max_staleness,
             "merge": self.merge,
             "client_timeout_s": self.client_timeout,
+            "distill": None
+            if self.teacher_url is None
+            else {
+                "teacher_url": self.teacher_url,
+                "mode": self.distill,
+                "coef": self.distill_coef,
+                "wait_s": self.teacher_wait,
+            },
         }
+
+    def _teacher_token(self) -> SecretStr | None:
+        """The teacher's credential: ``--teacher-token-file``'s first line, else ``--teacher-token`` (or
+        env ``SWARM_TEACHER_TOKEN``)."""
+        if self.teacher_token_file is None:
+            return self.teacher_token
+        where = f"--teacher-token-file {self.teacher_token_file}"
+        text = _read_option_file(where, self.teacher_token_file).strip()
+        if not text or "\n" in text:
+            raise ServeOptionsError(f"{where}: expected the credential alone on one line")
+        return SecretStr(text)
 
     def _client_tokens(self) -> dict[str, str]:
         """Client tokens by name, from ``--client-token`` and ``--client-tokens-file`` (a bare TOKEN is
@@ -488,12 +540,7 @@ class ServeOptions(FlagOptions):
         items = [(self.flag("client_token"), item) for item in self.client_token]
         if self.client_tokens_file is not None:
             where = f"--client-tokens-file {self.client_tokens_file}"
-            try:
-                lines = self.client_tokens_file.read_text(encoding="utf-8").splitlines()
-            except OSError as exc:
-                raise ServeOptionsError(f"{where}: {exc.strerror}") from None
-            except UnicodeDecodeError:
-                raise ServeOptionsError(f"{where}: not UTF-8 text") from None
+            lines = _read_option_file(where, self.client_tokens_file).splitlines()
             for number, line in enumerate(lines, 1):
                 text = line.split("#", 1)[0].strip()
                 if text:
@@ -557,6 +604,20 @@ _LISTS = frozenset(
     name for name, info in ServeOptions.model_fields.items() if get_origin(info.annotation) is list
 )
 """Repeatable options."""
+
+
+def _read_option_file(where: str, path: Path) -> str:
+    """The UTF-8 text of a file an option names.
+
+    Raises:
+        ServeOptionsError: ``{where}: why`` (unreadable, not UTF-8) in one line.
+    """
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ServeOptionsError(f"{where}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ServeOptionsError(f"{where}: not UTF-8 text") from None
 
 
 def check_device(device: str) -> None:

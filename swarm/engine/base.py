@@ -144,6 +144,18 @@ class Engine(Protocol):
         """
         ...
 
+    async def score(self, token_ids: list[int], start: int) -> list[float]:
+        """Prompt logprobs under the served weights: ``log π(token_ids[i] | token_ids[:i])`` for ``i`` in
+        ``[start, len(token_ids))``, natural log, float32 ``log_softmax`` of the raw logits (the recording
+        convention above: temperature 1, no top-p); ``POST /v1/score`` answers with it (a distilling
+        server's teacher).
+
+        Raises:
+            RequestError: ``start < 1``, ``start > len(token_ids)``, a token id outside the vocabulary or a
+                sequence longer than the context window (400).
+        """
+        ...
+
     # -- training hooks (colocated trainer) ---------------------------------------------------------------
     def trainable_module(self) -> nn.Module:
         """The transformers module the trainer updates; call it once, before the first step.

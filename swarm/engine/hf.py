@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
-from swarm.engine.limits import check_prompt_fits, end_of_turn_ids, max_new_tokens
+from swarm.engine.limits import check_prompt_fits, check_score_input, end_of_turn_ids, max_new_tokens
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import FinishReason
@@ -193,6 +193,25 @@ class HFEngine:
     def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """Blocking variant of :meth:`generate`."""
         return self.submit(prompt_ids, params).result()
+
+    async def score(self, token_ids: list[int], start: int) -> list[float]:
+        """`Engine.score`: one no-grad forward of ``token_ids`` (in a worker thread, under :attr:`lock`, so
+        it never overlaps a batch or a weight update); float32 ``log_softmax`` of the raw logits."""
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        check_score_input(token_ids, start, self.max_context, vocab)
+        return await asyncio.to_thread(self._score, list(token_ids), start)
+
+    @torch.no_grad()
+    def _score(self, token_ids: list[int], start: int) -> list[float]:
+        with self.lock:
+            device = next(self.model.parameters()).device
+            ids = torch.tensor([token_ids], dtype=torch.long, device=device)  # (1, T)
+            with autocast(device, self.mixed_precision):
+                logits = self.model(input_ids=ids, use_cache=False).logits  # (1, T, V)
+            # logits at position i-1 predict token i: rows start-1 .. T-2 score tokens start .. T-1
+            logprobs_PV = torch.log_softmax(logits[0, start - 1 : -1].float(), dim=-1)  # (P, V)
+            picked = logprobs_PV.gather(1, ids[0, start:, None])[:, 0]  # (P,)
+            return [float(x) for x in picked.cpu()]
 
     def close(self) -> None:
         if self._closed:

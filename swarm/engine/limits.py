@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from swarm.errors import ContextLengthError
+from swarm.errors import ContextLengthError, RequestError
 
 
 def end_of_turn_ids(configs: Iterable[Any], tokenizer: Any) -> frozenset[int]:
@@ -36,6 +36,30 @@ def check_prompt_fits(prompt_ids: list[int], max_context: int) -> None:
         raise ContextLengthError(
             f"the prompt is {len(prompt_ids)} tokens but the context window is {max_context} "
             "tokens (prompt + at least one completion token must fit)"
+        )
+
+
+def check_score_input(token_ids: list[int], start: int, max_context: int, vocab_size: int) -> None:
+    """Check a scoring request (`Engine.score`): positions ``[start, len)`` with ``start >= 1`` (the
+    first token has no context), ids inside the vocabulary and the sequence inside the context window.
+
+    Raises:
+        RequestError: what is wrong, naming the field (HTTP 400; `ContextLengthError` for the length).
+    """
+    if not 1 <= start <= len(token_ids):
+        raise RequestError(
+            f"start must be in [1, {len(token_ids)}] for {len(token_ids)} token ids (position 0 has no "
+            f"context), got {start}",
+            param="start",
+        )
+    if len(token_ids) > max_context:
+        raise ContextLengthError(
+            f"{len(token_ids)} token ids to score but the context window is {max_context} tokens"
+        )
+    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise RequestError(
+            f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})", param="token_ids"
         )
 
 

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import torch
 
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
-from swarm.engine.limits import check_prompt_fits, end_of_turn_ids, max_new_tokens
+from swarm.engine.limits import check_prompt_fits, check_score_input, end_of_turn_ids, max_new_tokens
 from swarm.engine.model_loading import ModelSource, load_model
 from swarm.errors import ModelLoadError
 from swarm.tracking.records import FinishReason
@@ -149,6 +149,7 @@ class VLLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         window: int = getattr(config, "max_position_embeddings", 2048)
         self.max_context = int(max_model_len if max_model_len is not None else window)
+        self._vocab_size = int(config.vocab_size)
         generation: Any = None
         with contextlib.suppress(OSError):  # a model directory without generation_config.json
             generation = GenerationConfig.from_pretrained(directory)
@@ -232,6 +233,49 @@ class VLLMEngine:
             raise RuntimeError("engine is closed")
         work = self._generate(list(prompt_ids), params, on_token)
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+
+    async def score(self, token_ids: list[int], start: int) -> list[float]:
+        """`Engine.score` with vLLM's prompt logprobs (``prompt_logprobs=0``: each prompt position's own
+        token, raw logprobs) of a one-token request; the sampled token is discarded. The sequence must
+        leave room for that token (``len(token_ids) < max_context``).
+
+        Raises:
+            RequestError: see `swarm.engine.limits.check_score_input`.
+            RuntimeError: the engine is closed.
+        """
+        check_score_input(token_ids, start, self.max_context - 1, self._vocab_size)
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        work = self._score(list(token_ids), start)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+
+    async def _score(self, token_ids: list[int], start: int) -> list[float]:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        await self._open.wait()
+        self._inflight += 1
+        try:
+            sampling = VllmSamplingParams(
+                n=1,
+                max_tokens=1,
+                prompt_logprobs=0,
+                detokenize=False,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
+            request_id = f"swarm-score-{next(self._ids)}"
+            final: Any = None
+            async for output in self._llm.generate(
+                TokensPrompt(prompt_token_ids=token_ids), sampling, request_id
+            ):
+                final = output
+            per_position = final.prompt_logprobs  # [None, {id: Logprob}, ...], one per prompt position
+            return [float(per_position[i][token_ids[i]].logprob) for i in range(start, len(token_ids))]
+        finally:
+            self._inflight -= 1
+            async with self._idle:
+                self._idle.notify_all()
 
     def trainable_module(self) -> torch.nn.Module:
         """A Hugging Face copy of the served weights on the trainer's device (loaded on first use)."""

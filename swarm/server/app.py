@@ -21,7 +21,14 @@ from swarm.config import ServerConfig
 from swarm.engine.base import Engine
 from swarm.errors import SwarmError, Unavailable
 from swarm.protocol import ErrorBody, ErrorDetail
-from swarm.server import anthropic_format, anthropic_routes, control_routes, episode_routes, openai_routes
+from swarm.server import (
+    anthropic_format,
+    anthropic_routes,
+    control_routes,
+    episode_routes,
+    openai_routes,
+    score_routes,
+)
 from swarm.server.auth import optional_security
 from swarm.server.deps import json_errors
 from swarm.server.lean_route import HotRoutes, lean_routes_on, replayed
@@ -285,6 +292,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engin
         episode_routes.episode_router,
         control_routes.router,
         control_routes.votes_router,
+        score_routes.router,
     ):
         app.include_router(router, responses=ERROR_RESPONSES)
     app.include_router(anthropic_routes.router)  # declares its own errors, in Anthropic's shape

@@ -275,6 +275,12 @@ async def require_client(request: Request, credentials: BearerDep) -> None:
     _guarded(request).credentials.begin(_secret(credentials), "a client's vote, heartbeat or leave")
 
 
+async def require_scorer(request: Request, credentials: BearerDep) -> None:
+    """``POST /v1/score`` and ``/tokenize`` (a distilling server's teacher calls): a client token or the
+    admin token where client tokens are required, as for begin (:meth:`Credentials.begin`)."""
+    _guarded(request).credentials.begin(_secret(credentials), "scoring or tokenizing")
+
+
 async def check_episode_access(episode_id: str, request: Request, credentials: BearerDep) -> None:
     """Episode routes: :meth:`Credentials.episode` for the episode in the path (404 when there is none;
     a missing credential is refused first, so an unknown id tells a caller without one nothing)."""
@@ -323,7 +329,7 @@ def optional_security(
     """
     optional: set[Any] = set()
     if not credentials.required:
-        optional |= {get_owner, require_client}
+        optional |= {get_owner, require_client, require_scorer}
     if not credentials.has_admin:
         optional.add(require_admin)
     if not optional:

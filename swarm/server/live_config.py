@@ -107,6 +107,8 @@ class LiveConfig:
         for name, attr in _LOOP_FIELDS.items():
             if name in changes:
                 setattr(self.config, attr, changes[name])
+        if "distill_coef" in changes and self.config.distill is not None:
+            self.config.distill.coef = changes["distill_coef"]  # read when the next step builds its batch
         return changes
 
     def take_trainer_changes(self) -> None:
@@ -171,6 +173,10 @@ class LiveConfig:
             )
             raise _invalid(f"{nulls[0]}: null is not a value (leave a field out to keep it){hint}", nulls[0])
         changes = patch.model_dump(exclude_none=True)
+        if "distill_coef" in changes and self.config.distill is None:
+            raise _invalid(
+                "distill_coef: this server does not distil (start it with --teacher URL)", "distill_coef"
+            )
         if "max_staleness" in changes and self.config.max_staleness is None:
             raise _invalid(
                 "max_staleness: this server trains synchronously; "

@@ -33,6 +33,7 @@ from swarm.server.events import EventLog
 from swarm.server.limits import ClientLimits
 from swarm.server.phase import Phase
 from swarm.server.pool_writer import PoolWriter
+from swarm.server.teacher import TeacherClient, TeacherSettings, check_teacher
 from swarm.server.training import TrainingLoop
 from swarm.server.transactions import resolve_stale
 
@@ -78,6 +79,7 @@ class SwarmRuntime:
         training = config.training
         self.phase = Phase(asynchronous=training.enabled and training.max_staleness is not None)
         self.training: TrainingLoop | None = None
+        teacher = self._teacher(config, engine) if training.enabled else None
         if training.enabled:
             self.training = TrainingLoop(
                 training,
@@ -94,6 +96,7 @@ class SwarmRuntime:
                     if training.backend == "verl"
                     else None
                 ),
+                teacher=teacher,
             )
         self.credentials = Credentials(config.admin_token, config.client_tokens)
         self.limits = ClientLimits(config.limits)
@@ -128,6 +131,32 @@ class SwarmRuntime:
         for warning in self.exposure_warnings():
             log.warning(warning)
             self.events.emit("server.exposed", warning, level="warning")
+
+    def _teacher(self, config: ServerConfig, engine: Engine) -> TeacherClient | None:
+        """The distillation teacher's client, its tokenizer checked (``None`` without ``--teacher``).
+
+        Raises:
+            TeacherMismatch: the teacher has another tokenizer.
+            TeacherError: the teacher cannot be reached or refuses the credential.
+        """
+        distill = config.training.distill
+        if distill is None:
+            return None
+        settings = TeacherSettings(
+            url=distill.teacher_url,
+            token=config.teacher_token,
+            timeout_s=distill.timeout_s,
+            attempts=distill.attempts,
+        )
+        info = check_teacher(settings, engine.tokenizer)
+        self.events.emit(
+            "teacher.connected",
+            f"distilling ({distill.mode}) from {info.model} at {settings.url} ({info.kind} teacher)",
+            model=info.model,
+            teacher_kind=info.kind,
+            mode=distill.mode,
+        )
+        return TeacherClient(settings, engine.tokenizer, info)
 
     def exposure_warnings(self) -> list[str]:
         """What anyone who can reach this server may do without a credential, when it listens beyond

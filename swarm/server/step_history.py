@@ -79,6 +79,7 @@ class StepHistory:
             staleness_max=max(staleness, default=0),
             checkpoint_s=checkpoint_s,
             rewound_steps=self.rewound_steps,
+            distill=step_batch.distill,
         )
         self.rewound_steps = []
         with self.path.open("a", encoding="utf-8") as fh:

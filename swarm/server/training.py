@@ -65,6 +65,8 @@ from swarm.server.live_config import LiveConfig
 from swarm.server.phase import Phase
 from swarm.server.step_batch import StepBatch, build_step_batch
 from swarm.server.step_history import Drain, StepHistory
+from swarm.server.teacher import TeacherClient
+from swarm.server.teacher_scoring import TeacherScorer
 from swarm.tracking.merge import LossWeighting
 from swarm.train import TorchTrainer, TrainerBackend, TrainerError
 
@@ -122,6 +124,8 @@ class TrainingLoop:
         mixed_precision: compute dtype of the trainer's forward passes; the engine's, whose logprobs
             are the behaviour policy (resolved, not ``AUTO``).
         model_dir: the served model's Hugging Face directory (the ``verl`` backend's actor loads it).
+        teacher: with ``config.distill``: the teacher's client, its start-up check passed
+            (docs/ARCHITECTURE.md §On-policy distillation).
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class TrainingLoop:
         sampling: SamplingDefaults,
         mixed_precision: MixedPrecision,
         model_dir: Path | None = None,
+        teacher: TeacherClient | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -162,6 +167,13 @@ class TrainingLoop:
         self.admission = AdmissionControl(config, pool, on_change=self.wake)  # from the rewound pool
         self.live = LiveConfig(config, self.trainer, sampling, self.admission)
         episodes.on_end(self.admission.released)
+        self.scorer: TeacherScorer | None = None
+        """Scores ended episodes with the teacher in the background (distillation only)."""
+        if config.distill is not None:
+            if teacher is None:
+                raise ConfigError("distillation needs the teacher's client (swarm serve --teacher URL)")
+            self.scorer = TeacherScorer(teacher, pool, events, config.distill, on_scored=self.wake)
+            episodes.on_end(self.scorer.released)
 
     # -- what the server's routes call ---------------------------------------------------------------------
     @property
@@ -221,10 +233,12 @@ class TrainingLoop:
         """Background task: wait for wake-ups, train whenever the batch policy is satisfied."""
         self._wakeup = asyncio.Event()
         self._wakeup.set()
+        if self.scorer is not None:
+            self.scorer.start()
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), timeout=self.admission.recheck_s())
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=self._recheck_s())
                 await asyncio.sleep(0.02)  # coalesce a burst of finishes into one batch check
                 self._wakeup.clear()
                 try:
@@ -236,7 +250,16 @@ class TrainingLoop:
                     )
                     await asyncio.sleep(1.0)
         finally:
+            if self.scorer is not None:
+                await self.scorer.aclose()
             await asyncio.to_thread(self._writer.wait)  # a stopping server finishes its checkpoint
+
+    def _recheck_s(self) -> float | None:
+        """Seconds until the batch must be checked with no wake-up (voting liveness, or an unscored
+        episode the teacher may score now)."""
+        times = [self.admission.recheck_s(), self.scorer.recheck_s() if self.scorer else None]
+        known = [t for t in times if t is not None]
+        return min(known) if known else None
 
     def _can_train(self) -> bool:
         if not self.config.enabled or self.phase.state is EngineState.PAUSED:
@@ -244,8 +267,15 @@ class TrainingLoop:
         return self.config.max_steps is None or self.step < self.config.max_steps
 
     async def _maybe_step(self) -> None:
-        if not self._can_train() or self.admission.select() is None:
+        chosen = self.admission.select() if self._can_train() else None
+        if chosen is None:
             return
+        if self.scorer is not None and self.config.distill is not None:
+            # Wait (bounded) for the teacher before draining: rollouts go on meanwhile. With nothing
+            # scored there is nothing to train: no drain, no step, the batch stays pooled.
+            unscored = await self.scorer.ready(chosen.episode_ids, self.config.distill.wait_s)
+            if len(unscored) == len(chosen.episode_ids):
+                return
         if self.config.max_staleness is not None:
             await self._step(Drain(stale_aborted=len(self._abort_too_stale())))
             return
@@ -279,8 +309,11 @@ class TrainingLoop:
         self.events.emit(
             "train.started", f"training step {self.step + 1}: {batch.reason}", episodes=len(batch.episode_ids)
         )
+        unscored: set[str] = set()
+        if self.scorer is not None and self.config.distill is not None:
+            unscored = await self.scorer.ready(batch.episode_ids, self.config.distill.wait_s)
         try:
-            metrics = await asyncio.to_thread(self._step_blocking, batch, drain)
+            metrics = await asyncio.to_thread(self._step_blocking, batch, drain, unscored)
         finally:
             self.phase.end_step()
         if metrics is not None:
@@ -295,9 +328,12 @@ class TrainingLoop:
             )
         self.wake()  # another batch may already be waiting
 
-    def _step_blocking(self, chosen: Batch, drain: Drain) -> ServerStepMetrics | None:
+    def _step_blocking(
+        self, chosen: Batch, drain: Drain, unscored: set[str] | None = None
+    ) -> ServerStepMetrics | None:
         """One training step: samples and advantages → trainer.step → new weights served → episodes
-        marked consumed → checkpoint → metrics logged."""
+        marked consumed → checkpoint → metrics logged. Distilling, the episodes of ``unscored`` (and any
+        with a trained token the teacher did not score) are left out and stay pooled."""
         batch = build_step_batch(
             chosen,
             self.pool.calls(chosen.episode_ids),
@@ -306,7 +342,13 @@ class TrainingLoop:
             merge=self.config.merge,
             decode=self._detokenizer.decode,
             staleness=self.admission.staleness(chosen, self.step),
+            distill=self.config.distill,
+            unscored=unscored or set(),
         )
+        if self.scorer is not None:
+            batch.distill["teacher_latency_s"] = self.scorer.take_latency()
+        if not batch.samples and batch.left_out:
+            return None  # nothing scored yet: nothing consumed, the episodes wait for the teacher
         if not batch.samples:
             self._skip(batch, "batch has no trainable tokens; consumed without an update", "warning")
             return None
@@ -334,6 +376,8 @@ class TrainingLoop:
                 )
             self.engine.load_weights(self.trainer.sampling_model, step)  # waiting calls sample `step`
             self.admission.consumed(batch.consumed, step)
+            if self.scorer is not None:
+                self.scorer.forget(batch.consumed)
             self.admission.new_window()
         metrics = self.steps.record(
             base, batch, policy=self.config.batch.policy.value, drain=drain, checkpoint_s=checkpoint_s

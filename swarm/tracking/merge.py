@@ -228,6 +228,13 @@ def _validate(episode_id: str, calls: Sequence[CallRecord]) -> list[CallRecord]:
                 episode_id=episode_id,
                 call_index=call.index,
             )
+        if call.teacher_logprobs is not None and len(call.teacher_logprobs) != len(call.completion_ids):
+            raise MergeError(
+                f"call {call.index}: {len(call.teacher_logprobs)} teacher logprobs for "
+                f"{len(call.completion_ids)} completion ids",
+                episode_id=episode_id,
+                call_index=call.index,
+            )
     return ordered
 
 
@@ -405,6 +412,7 @@ def _chain_sample(
     loss_mask_T: list[int] = []
     logprobs_T: list[float] = []
     call_ids_T: list[int] = []
+    teacher_T: list[float | None] = []
     for call_index in path:
         call = by_index[call_index]
         new_prompt = call.prompt_ids[starts.get(call_index, 0) :]
@@ -415,9 +423,14 @@ def _chain_sample(
             trained.add(call_index)
             loss_mask_T += [0] * len(new_prompt) + [1] * len(call.completion_ids)
             logprobs_T += [0.0] * len(new_prompt) + list(call.logprobs)
+            teacher: list[float | None] = [None] * len(call.completion_ids)
+            if call.teacher_logprobs is not None:
+                teacher = list(call.teacher_logprobs)
+            teacher_T += [None] * len(new_prompt) + teacher
         else:
             loss_mask_T += [0] * n
             logprobs_T += [0.0] * n
+            teacher_T += [None] * n
     if not any(loss_mask_T):
         return None
     return Sample(
@@ -429,6 +442,7 @@ def _chain_sample(
         call_ids=call_ids_T,
         calls=path,
         agent=by_index[path[-1]].agent,
+        teacher_logprobs=teacher_T if any(t is not None for t in teacher_T) else None,
     )
 
 

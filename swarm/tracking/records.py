@@ -65,6 +65,10 @@ class CallRecord(BaseModel):
     """Seconds spent waiting for the engine."""
     generate_s: float = 0.0
     """Seconds the engine spent on the batch that produced this completion."""
+    teacher_logprobs: list[float] | None = None
+    """On-policy distillation (``swarm serve --teacher``): the teacher's log p(completion_ids[t] |
+    prompt_ids + completion_ids[:t]) in nats, shape (C,) like :attr:`logprobs`; ``None`` until the
+    teacher scored this call (written into the pooled record by `swarm.pool.Pool.set_teacher_logprobs`)."""
 
 
 class Sample(BaseModel):
@@ -92,3 +96,7 @@ class Sample(BaseModel):
     """Agent of the chain's last call."""
     weight: float = 1.0
     """Loss weight of this sample (see :class:`LossWeighting`); an episode's weights sum to 1 by default."""
+    teacher_logprobs: list[float | None] | None = None
+    """On-policy distillation: the teacher's logprob of each token, aligned to ``input_ids`` (shape (T,)),
+    from its calls' :attr:`CallRecord.teacher_logprobs` on the tokens this sample trains, ``None``
+    elsewhere (prompts, context, calls not scored); ``None`` when no call of the chain was scored."""

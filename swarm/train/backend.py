@@ -16,7 +16,12 @@ from swarm.tracking.records import Sample
 from swarm.train.config import TrainerConfig
 from swarm.train.metrics import StepMetrics
 
-__all__ = ["TrainerBackend"]
+__all__ = ["Advantage", "TrainerBackend"]
+
+Advantage = float | Sequence[float]
+"""One sample's advantage: a float for every trained token (GRPO), or one per token, shape (T,) aligned
+with ``Sample.input_ids`` and read where the loss mask is 1 (on-policy distillation,
+`swarm.train.distill.token_advantages`)."""
 
 
 class TrainerBackend(Protocol):
@@ -51,9 +56,13 @@ class TrainerBackend(Protocol):
         ...
 
     def step(
-        self, samples: Sequence[Sample], advantages: Sequence[float], rewards: Sequence[float] | None = None
+        self,
+        samples: Sequence[Sample],
+        advantages: Sequence[Advantage],
+        rewards: Sequence[float] | None = None,
     ) -> StepMetrics:
-        """One policy update on a batch; raises ``TrainerError`` for a batch it cannot train on."""
+        """One policy update on a batch (an `Advantage` per sample); raises ``TrainerError`` for a batch it
+        cannot train on."""
         ...
 
     def update_config(self, **changes: Any) -> TrainerConfig:

@@ -37,6 +37,7 @@ from swarm.errors import SwarmError
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import Sample
+from swarm.train.backend import Advantage
 from swarm.train.config import LIVE_FIELDS, TrainerConfig
 from swarm.train.losses import (
     aggregate_loss,
@@ -77,7 +78,7 @@ class _MicroBatch:
     behaviour_logprobs: torch.Tensor
     """(N,) float32: engine log-probs of the scored tokens, row-major."""
     advantages_N: torch.Tensor
-    """(N,) float32: advantage of each scored token's sample."""
+    """(N,) float32: advantage of each scored token (its sample's, or its own: `Advantage`)."""
     weights_b: torch.Tensor
     """(b,) float32: sample weights."""
 
@@ -107,6 +108,29 @@ class _Totals:
                 self.drift_max = max(self.drift_max, v)
             else:
                 self.sums[k] += v
+
+
+def _validate_advantage(i: int, s: Sample, advantage: Advantage) -> None:
+    values = [advantage] if isinstance(advantage, float | int) else list(advantage)
+    if not isinstance(advantage, float | int) and len(values) != len(s.input_ids):
+        raise TrainerError(
+            f"sample {i} (episode {s.episode_id!r}): {len(values)} per-token advantages for "
+            f"{len(s.input_ids)} tokens"
+        )
+    if not all(math.isfinite(a) for a in values):
+        raise TrainerError(f"sample {i} (episode {s.episode_id!r}): advantages must be finite")
+
+
+def advantage_values(samples: Sequence[Sample], advantages: Sequence[Advantage]) -> list[float]:
+    """The advantages the step's statistics describe: a sample's scalar once, a per-token advantage at
+    each of its trained tokens."""
+    out: list[float] = []
+    for s, a in zip(samples, advantages, strict=True):
+        if isinstance(a, float | int):
+            out.append(float(a))
+        else:
+            out.extend(float(x) for x, m in zip(a, s.loss_mask, strict=True) if m)
+    return out
 
 
 def _validate_sample(i: int, s: Sample) -> None:
@@ -317,7 +341,7 @@ class TorchTrainer:
     # ----------------------------------------------------------------------------------------- batching
 
     def _micro_batches(
-        self, samples: Sequence[Sample], rows: Sequence[int], adv: Sequence[float]
+        self, samples: Sequence[Sample], rows: Sequence[int], adv: Sequence[Advantage]
     ) -> list[_MicroBatch]:
         """Group ``rows`` into length-sorted micro-batches (longest first)."""
         cfg = self.config
@@ -338,7 +362,7 @@ class TorchTrainer:
             chunks.append([i])
         return [self._collate(samples, chunk, adv) for chunk in chunks]
 
-    def _collate(self, samples: Sequence[Sample], rows: list[int], adv: Sequence[float]) -> _MicroBatch:
+    def _collate(self, samples: Sequence[Sample], rows: list[int], adv: Sequence[Advantage]) -> _MicroBatch:
         L = max(len(samples[i].input_ids) for i in rows) - 1
         b = len(rows)
         input_ids = torch.full((b, L), self.pad_token_id, dtype=torch.long)  # (b, L)
@@ -356,7 +380,10 @@ class TorchTrainer:
             attention[r, :n] = 1
             score[r, :n] = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
             behaviour[r, :n] = torch.tensor(s.behaviour_logprobs[1:], dtype=torch.float32)
-            adv_bL[r, :n] = float(adv[i])
+            a = adv[i]
+            adv_bL[r, :n] = (
+                float(a) if isinstance(a, float | int) else torch.tensor(a[1:], dtype=torch.float32)
+            )
         return _MicroBatch(
             rows=list(rows),
             input_ids=input_ids,
@@ -444,7 +471,7 @@ class TorchTrainer:
     def step(
         self,
         samples: Sequence[Sample],
-        advantages: Sequence[float],
+        advantages: Sequence[Advantage],
         rewards: Sequence[float] | None = None,
     ) -> StepMetrics:
         """Make one policy update (``ppo_epochs · minibatches`` optimizer steps) on a batch.
@@ -452,7 +479,8 @@ class TorchTrainer:
         Args:
             samples: Training sequences (see :class:`swarm.tracking.records.Sample`).
             advantages: Advantage of each sample, aligned with ``samples`` (normally its episode's GRPO
-                advantage, :func:`swarm.train.episode_advantages`).
+                advantage, :func:`swarm.train.episode_advantages`), or of each of its tokens (shape (T,),
+                read where the loss mask is 1: on-policy distillation, `swarm.train.distill`).
             rewards: Episode rewards of the batch, for the reward metrics only (one per episode).
 
         Returns:
@@ -468,10 +496,9 @@ class TorchTrainer:
             raise TrainerError("cannot train on an empty batch")
         if len(advantages) != len(samples):
             raise TrainerError(f"got {len(advantages)} advantages for {len(samples)} samples")
-        if not all(math.isfinite(a) for a in advantages):
-            raise TrainerError(f"advantages must be finite, got {list(advantages)}")
         for i, s in enumerate(samples):
             _validate_sample(i, s)
+            _validate_advantage(i, s, advantages[i])
         total_tokens = sum(sum(s.loss_mask[1:]) for s in samples)
         if total_tokens == 0:
             raise TrainerError("no sample has a scored token (all loss masks are 0)")
@@ -486,7 +513,7 @@ class TorchTrainer:
     def _step_checked(
         self,
         samples: Sequence[Sample],
-        advantages: Sequence[float],
+        advantages: Sequence[Advantage],
         rewards: Sequence[float] | None,
         total_tokens: int,
         t_start: float,
@@ -591,7 +618,7 @@ class TorchTrainer:
     def _step_metrics(
         self,
         samples: Sequence[Sample],
-        advantages: Sequence[float],
+        advantages: Sequence[Advantage],
         rewards: Sequence[float] | None,
         total_tokens: int,
         totals: _Totals,
@@ -607,7 +634,7 @@ class TorchTrainer:
             samples=len(samples),
             episodes=len({s.episode_id for s in samples}),
             tokens=int(total_tokens),
-            **batch_statistics(advantages, rewards),
+            **batch_statistics(advantage_values(samples, advantages), rewards),
             loss=sums["loss"] / updates,
             policy_loss=sums["policy_loss"] / updates,
             kl=sums["kl"] / scored if cfg.kl_coef > 0 else None,

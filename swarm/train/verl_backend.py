@@ -46,6 +46,7 @@ from torch import nn
 
 from swarm.errors import ConfigError
 from swarm.tracking.records import Sample
+from swarm.train.backend import Advantage
 from swarm.train.config import LossAggregation, TrainerConfig, VerlSettings
 from swarm.train.losses import batch_statistics, loss_normalizer
 from swarm.train.metrics import StepMetrics, StepTimings
@@ -712,14 +713,23 @@ class VerlTrainer:
     def step(
         self,
         samples: Sequence[Sample],
-        advantages: Sequence[float],
+        advantages: Sequence[Advantage],
         rewards: Sequence[float] | None = None,
     ) -> StepMetrics:
         """One policy update on verl's actor, then its weights copied into :attr:`model`.
 
         Raises:
-            TrainerError: Bad input (see :func:`to_verl_batch`) or a non-finite gradient norm.
+            TrainerError: Bad input (see :func:`to_verl_batch`), per-token advantages (distillation runs
+                on the torch trainer for now) or a non-finite gradient norm.
         """
+        scalars = [float(a) for a in advantages if isinstance(a, float | int)]
+        if len(scalars) != len(advantages):
+            raise TrainerError("the verl trainer takes one advantage per sample; distil with --trainer torch")
+        return self._step_scalars(samples, scalars, rewards)
+
+    def _step_scalars(
+        self, samples: Sequence[Sample], advantages: Sequence[float], rewards: Sequence[float] | None
+    ) -> StepMetrics:
         t_start = time.perf_counter()
         cfg = self.config
         wg = self._workers()

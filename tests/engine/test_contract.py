@@ -14,6 +14,7 @@ What every engine promises:
 - stop strings cut the text (the ids keep the tokens that made the stop string), end-of-turn ends a
   completion with finish reason ``stop`` and is not in the text;
 - the token listener sees exactly the completion's ids and logprobs, the last one flagged;
+- ``score(ids, start)`` gives the same convention's logprobs of given ids (a distilling student's teacher);
 - a cancelled request stops; the engine keeps serving;
 - after ``load_weights`` the engine samples from the new weights and records the new policy version.
 """
@@ -113,6 +114,18 @@ def test_recorded_logprobs_are_raw_temperature_one(engine: Any) -> None:
     reference = _reference_logprobs(engine.trainable_module(), prompt, completion.ids)
     worst = max(abs(a - b) for a, b in zip(completion.logprobs, reference, strict=True))
     assert worst < LOGPROB_TOLERANCE[_kind(engine)], worst
+
+
+def test_scoring_gives_the_prompt_logprobs_of_the_served_weights(engine: Any) -> None:
+    prompt = _prompt(engine, "Write one sentence about the sea.")
+    (completion,) = _generate(engine, prompt, SamplingParams(temperature=1.0, max_tokens=12, seed=3))
+    scored = asyncio.run(engine.score([*prompt, *completion.ids], len(prompt)))
+    reference = _reference_logprobs(engine.trainable_module(), prompt, completion.ids)
+    assert len(scored) == len(completion.ids)
+    worst = max(abs(a - b) for a, b in zip(scored, reference, strict=True))
+    assert worst < LOGPROB_TOLERANCE[_kind(engine)], worst
+    with pytest.raises(ValueError, match="start"):
+        asyncio.run(engine.score(prompt, 0))
 
 
 def test_top_logprobs_are_ranked_and_contain_the_best_token(engine: Any) -> None:

@@ -1,0 +1,178 @@
+"""Teacher scoring off the critical path: every ended train episode is scored by the teacher in the
+background as it arrives, so a step waits only for what is not scored yet (docs/ARCHITECTURE.md
+§On-policy distillation).
+
+`TeacherScorer` subscribes to the open episodes' on-end callback. For an ended train episode (finished or
+aborted: infra failures never train) it scores each trainable call that has no teacher logprobs yet:
+``prompt_ids + completion_ids`` from ``start = len(prompt_ids)``, at most ``concurrency`` requests in
+flight to the teacher (which batches concurrent requests itself: the ``hf`` engine per request, vLLM
+continuously), each retried by `swarm.server.teacher.TeacherClient`. An episode is scored when every
+trainable call is: its logprobs are written into its pooled call records in one transaction
+(`swarm.pool.Pool.set_teacher_logprobs`), so a restarted server does not score it again.
+
+An episode the teacher could not score (after the client's retries) is *unscored*: the step that
+selected it leaves it out (it is not consumed and stays in the pool, never trained with a made-up
+value), ``distill/unscored_episodes`` counts it, and it is scored again once ``retry_after_s`` has
+passed, when a batch asks for it again, so it trains with a later step when the teacher is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection, Sequence
+
+from swarm.config import DistillConfig
+from swarm.pool import Pool, StoredEpisode
+from swarm.protocol import EpisodeKind, EpisodeStatus
+from swarm.server.events import EventLog
+from swarm.server.teacher import TeacherClient, TeacherError
+from swarm.tracking.records import CallRecord
+
+__all__ = ["TeacherScorer"]
+
+
+class TeacherScorer:
+    """Scores ended episodes with the teacher in the background; :meth:`ready` is what a step awaits.
+
+    Args:
+        client: the teacher's client (its start-up check already passed).
+        pool: where the episodes' calls are read and their teacher logprobs written.
+        events: ``distill.unscored`` is logged there.
+        config: concurrency and retry settings (read live).
+        on_scored: called on the loop when an episode has been scored (the training loop's wake-up).
+    """
+
+    def __init__(
+        self,
+        client: TeacherClient,
+        pool: Pool,
+        events: EventLog,
+        config: DistillConfig,
+        on_scored: Callable[[], None],
+    ) -> None:
+        self.client = client
+        self.pool = pool
+        self.events = events
+        self.config = config
+        self._on_scored = on_scored
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._tasks: dict[str, asyncio.Task[bool]] = {}
+        self._failed_at: dict[str, float] = {}
+        self._latencies: list[float] = []
+
+    def start(self) -> None:
+        """Bind to the running loop (the training loop's task calls it before anything is scored)."""
+        self._loop = asyncio.get_running_loop()
+        self._slots = asyncio.Semaphore(self.config.concurrency)
+
+    async def aclose(self) -> None:
+        """Cancel the scoring in flight and close the client."""
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await self.client.aclose()
+
+    # -- feeding ---------------------------------------------------------------------------------------------
+    def released(self, episode: StoredEpisode, calls: list[CallRecord]) -> None:
+        """On-end listener: start scoring an ended train episode that can train (thread-safe)."""
+        if episode.kind is not EpisodeKind.TRAIN or episode.status not in (
+            EpisodeStatus.FINISHED,
+            EpisodeStatus.ABORTED,
+        ):
+            return
+        if self._loop is None:
+            return  # not started yet: `ready` submits it when a batch asks
+        self._loop.call_soon_threadsafe(self._submit, episode.id, list(calls))
+
+    def _submit(self, episode_id: str, calls: list[CallRecord] | None) -> None:
+        task = self._tasks.get(episode_id)
+        if task is not None and (not task.done() or _scored(task)):
+            return  # in flight, or scored
+        self._failed_at.pop(episode_id, None)
+        self._tasks[episode_id] = asyncio.get_running_loop().create_task(
+            self._score_episode(episode_id, calls)
+        )
+
+    # -- what a step awaits ----------------------------------------------------------------------------------
+    async def ready(self, episode_ids: Sequence[str], wait_s: float) -> set[str]:
+        """Wait up to ``wait_s`` for ``episode_ids`` to be scored; returns those still unscored.
+
+        Episodes never seen (pooled before a restart) are submitted now; failed ones once
+        ``retry_after_s`` has passed since they failed.
+        """
+        now = time.monotonic()
+        for eid in episode_ids:
+            task = self._tasks.get(eid)
+            failed_at = self._failed_at.get(eid)
+            broken = task is not None and task.done() and not _scored(task) and failed_at is None  # a bug
+            if (
+                task is None
+                or broken
+                or (failed_at is not None and now - failed_at >= self.config.retry_after_s)
+            ):
+                self._submit(eid, None)
+        waiting = [self._tasks[eid] for eid in episode_ids if not self._tasks[eid].done()]
+        if waiting and wait_s > 0:
+            await asyncio.wait(waiting, timeout=wait_s)
+        return {eid for eid in episode_ids if not _scored(self._tasks[eid])}
+
+    def recheck_s(self) -> float | None:
+        """Seconds until an unscored episode may be scored again (``None``: none failed)."""
+        if not self._failed_at:
+            return None
+        oldest = min(self._failed_at.values())
+        return max(0.05, self.config.retry_after_s - (time.monotonic() - oldest))
+
+    def forget(self, episode_ids: Collection[str]) -> None:
+        """Drop the state of consumed episodes (they will not be asked for again)."""
+        for eid in episode_ids:
+            self._tasks.pop(eid, None)
+            self._failed_at.pop(eid, None)
+
+    def take_latency(self) -> float:
+        """Mean seconds of the scoring requests answered since the last call (0.0 when none)."""
+        latencies, self._latencies = self._latencies, []
+        return sum(latencies) / len(latencies) if latencies else 0.0
+
+    # -- scoring ---------------------------------------------------------------------------------------------
+    async def _score_episode(self, episode_id: str, calls: list[CallRecord] | None) -> bool:
+        if calls is None:
+            calls = (await asyncio.to_thread(self.pool.calls, [episode_id]))[episode_id]
+        todo = [c for c in calls if c.trainable and c.teacher_logprobs is None]
+        results = await asyncio.gather(*(self._score_call(c) for c in todo), return_exceptions=True)
+        scored = {c.index: r for c, r in zip(todo, results, strict=True) if isinstance(r, list)}
+        if scored:  # kept even when another call failed: a retry scores only what is missing
+            await asyncio.to_thread(self.pool.set_teacher_logprobs, episode_id, scored)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            if not all(isinstance(e, TeacherError) for e in errors):
+                raise next(e for e in errors if not isinstance(e, TeacherError))
+            self._failed_at[episode_id] = time.monotonic()
+            self.events.emit(
+                "distill.unscored",
+                f"episode {episode_id}: the teacher could not score {len(errors)} of {len(todo)} calls; it is "
+                f"kept out of training until it is scored ({errors[0]})",
+                level="warning",
+                episode_id=episode_id,
+            )
+            return False
+        self._on_scored()
+        return True
+
+    async def _score_call(self, call: CallRecord) -> list[float]:
+        if not call.completion_ids:
+            return []
+        assert self._slots is not None
+        async with self._slots:
+            logprobs, seconds = await self.client.score(
+                [*call.prompt_ids, *call.completion_ids], len(call.prompt_ids)
+            )
+        self._latencies.append(seconds)
+        return logprobs
+
+
+def _scored(task: asyncio.Task[bool]) -> bool:
+    """Whether a scoring task ended with its episode scored."""
+    return task.done() and not task.cancelled() and task.exception() is None and task.result()

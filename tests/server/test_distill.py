@@ -1,0 +1,475 @@
+"""On-policy distillation against a real teacher server on loopback (issue 38).
+
+The teacher is a second swarm server over a tiny model of the embedded architecture with other weights
+(seed 7, training off); the student is a training server over another (seed 1) with ``--teacher``. Both
+use the real SmolLM2 tokenizer, so the tokenizer check passes; a mismatch is shown with a local stand-in
+speaking vLLM's wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from openai import OpenAI
+
+from swarm.batch import BatchConfig, BatchPolicy
+from swarm.client import SwarmClient
+from swarm.config import DistillConfig, TrainingConfig
+from swarm.engine import HFEngine
+from swarm.train import TrainerConfig
+from tests.conftest import LiveServer, build_tiny_model, make_server, wait_for
+
+QUESTION = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def teacher_model(embedded_source: Any) -> Any:
+    return build_tiny_model(embedded_source, seed=7)
+
+
+@pytest.fixture(scope="module")
+def teacher(
+    tmp_path_factory: pytest.TempPathFactory, teacher_model: Any, tokenizer: Any
+) -> Iterator[LiveServer]:
+    engine = HFEngine(teacher_model, tokenizer, "tiny-teacher")
+    live = make_server(tmp_path_factory.mktemp("teacher"), engine, training=TrainingConfig(enabled=False))
+    yield live
+    live.stop()
+    engine.close()
+
+
+@pytest.fixture()
+def student_engine(embedded_source: Any, tokenizer: Any) -> Iterator[HFEngine]:
+    engine = HFEngine(build_tiny_model(embedded_source, seed=1), tokenizer, "tiny-student")
+    yield engine
+    engine.close()
+
+
+def forward_logprobs(model: Any, token_ids: list[int], start: int) -> list[float]:
+    """The teacher's own forward pass: log p(token_ids[i] | token_ids[:i]) for i in [start, len)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return [float(logprobs[i - 1, token_ids[i]]) for i in range(start, len(token_ids))]
+
+
+def distill_config(teacher_url: str, **kw: Any) -> TrainingConfig:
+    return TrainingConfig(
+        batch=BatchConfig(policy=BatchPolicy.EPISODES, batch_size=1, group_size=2),
+        trainer=TrainerConfig(lr=1e-3),
+        distill=DistillConfig(teacher_url=teacher_url, **kw),
+    )
+
+
+def rollout(client: SwarmClient, task_id: str, reward: float) -> str:
+    with client.episode(task_id) as ep:
+        OpenAI(base_url=ep.base_url, api_key=ep.api_key).chat.completions.create(
+            model=ep.model, messages=QUESTION, max_tokens=5, temperature=1.0
+        )
+        ep.finish(reward)
+    return ep.id
+
+
+def test_score_route_equals_the_teachers_own_forward_pass(teacher: LiveServer, teacher_model: Any) -> None:
+    ids = [1, 504, 3458, 314, 260, 1789, 30, 2]
+    answer = httpx.post(f"{teacher.url}/v1/score", json={"token_ids": ids, "start": 3}).json()
+    expected = forward_logprobs(teacher_model, ids, 3)
+    assert answer["policy_version"] == 0 and len(answer["logprobs"]) == len(ids) - 3
+    assert answer["logprobs"] == pytest.approx(expected, abs=1e-5)
+    bad = httpx.post(f"{teacher.url}/v1/score", json={"token_ids": ids, "start": 0})
+    assert bad.status_code == 422  # start >= 1: position 0 has no context
+    out = httpx.post(f"{teacher.url}/v1/score", json={"token_ids": ids, "start": 9})
+    assert out.status_code == 400 and "start" in out.json()["error"]["message"]
+
+
+def test_pure_distillation_trains_on_the_hand_computed_reverse_kl(
+    tmp_path: Path, teacher: LiveServer, teacher_model: Any, student_engine: HFEngine
+) -> None:
+    live = make_server(tmp_path, student_engine, training=distill_config(teacher.url))
+    try:
+        with SwarmClient(live.url) as client:
+            ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]
+            wait_for(lambda: client.status().step == 1, what="step 1")
+            views = [client.get_episode(i) for i in ids]
+        row = httpx.get(f"{live.url}/api/v1/metrics").json()[0]
+    finally:
+        live.stop()
+    kl_advantages: list[float] = []
+    for view in views:
+        assert view.trained_step == 1
+        for call in view.calls:
+            full = [*call.prompt_ids, *call.completion_ids]
+            expected = forward_logprobs(teacher_model, full, len(call.prompt_ids))
+            assert call.teacher_logprobs == pytest.approx(expected, abs=1e-5)  # stored with the record
+        for sample in view.samples:
+            assert sample.teacher_logprobs is not None
+            for t, trained in enumerate(sample.loss_mask):
+                if trained:
+                    kl_advantages.append(sample.teacher_logprobs[t] - sample.behaviour_logprobs[t])
+                else:
+                    assert sample.teacher_logprobs[t] is None
+    assert kl_advantages
+    # pure: the per-token advantages the trainer got are the reverse-KL ones (not the GRPO ±1)
+    assert row["adv_mean"] == pytest.approx(sum(kl_advantages) / len(kl_advantages), abs=1e-6)
+    assert row["adv_min"] == pytest.approx(min(kl_advantages), abs=1e-6)
+    distill = row["distill"]
+    assert distill["teacher_kl"] == pytest.approx(-sum(kl_advantages) / len(kl_advantages), abs=1e-6)
+    assert distill["teacher_kl/default"] == pytest.approx(distill["teacher_kl"])
+    assert distill["scored_frac"] == 1.0 and distill["unscored_episodes"] == 0
+    assert distill["teacher_latency_s"] > 0
+
+
+def episode_kl_advantages(view: Any) -> list[float]:
+    """teacher − behaviour logprob at every trained token of an episode's samples."""
+    out = []
+    for sample in view.samples:
+        for t, trained in enumerate(sample.loss_mask):
+            if trained:
+                out.append(sample.teacher_logprobs[t] - sample.behaviour_logprobs[t])
+    return out
+
+
+def test_mixed_distillation_adds_the_live_coefficient_times_the_reverse_kl(
+    tmp_path: Path, teacher: LiveServer, student_engine: HFEngine
+) -> None:
+    live = make_server(tmp_path, student_engine, training=distill_config(teacher.url, mode="mixed", coef=0.5))
+    try:
+        changed = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": 2.0})
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["config"]["training"]["distill"]["coef"] == 2.0
+        refused = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": -1.0})
+        assert refused.status_code == 422
+        with SwarmClient(live.url) as client:
+            ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]
+            wait_for(lambda: client.status().step == 1, what="step 1")
+            views = [client.get_episode(i) for i in ids]
+        row = httpx.get(f"{live.url}/api/v1/metrics").json()[0]
+    finally:
+        live.stop()
+    # GRPO advantages of rewards (1, 0) in one group: ±0.5 / (0.5 + 1e-6)
+    task = {ids[0]: 0.5 / (0.5 + 1e-6), ids[1]: -0.5 / (0.5 + 1e-6)}
+    per_token = [task[v.episode_id] + 2.0 * a for v in views for a in episode_kl_advantages(v)]
+    assert row["adv_mean"] == pytest.approx(sum(per_token) / len(per_token), abs=1e-5)
+    assert row["adv_max"] == pytest.approx(max(per_token), abs=1e-5)
+
+
+def test_a_server_without_a_teacher_refuses_distill_coef(tmp_path: Path, student_engine: HFEngine) -> None:
+    live = make_server(tmp_path, student_engine, training=TrainingConfig())
+    try:
+        refused = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": 2.0})
+    finally:
+        live.stop()
+    assert refused.status_code == 422 and "--teacher" in refused.json()["error"]["message"]
+
+
+def test_a_teacher_outage_keeps_unscored_episodes_pooled_until_the_teacher_is_back(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
+) -> None:
+    teacher_engine = HFEngine(teacher_model, tokenizer, "tiny-teacher")
+    down = make_server(tmp_path / "teacher", teacher_engine, training=TrainingConfig(enabled=False))
+    config = distill_config(down.url, wait_s=3.0, retry_after_s=0.5, attempts=2, timeout_s=2.0)
+    live = make_server(tmp_path / "student", student_engine, training=config)
+    try:
+        with SwarmClient(live.url) as client:
+            first = rollout(client, "t1", 1.0)
+            wait_for(lambda: all(c.teacher_logprobs for c in client.get_episode(first).calls), what="scored")
+            down.stop()  # the teacher goes away
+            second = rollout(client, "t1", 0.0)
+            wait_for(lambda: client.status().step == 1, what="step 1 (on the scored episode only)")
+            assert client.get_episode(first).trained_step == 1
+            assert client.get_episode(second).trained_step is None  # left out, still pooled
+            assert all(c.teacher_logprobs is None for c in client.get_episode(second).calls)
+            row = httpx.get(f"{live.url}/api/v1/metrics").json()[0]
+            assert row["episodes"] == 1 and row["distill"]["unscored_episodes"] == 1
+            assert 0 < row["distill"]["scored_frac"] < 1
+            events = (tmp_path / "student" / "run" / "events.jsonl").read_text()
+            assert "distill.unscored" in events and second in events
+            down.start()  # the teacher is back (same port): the pooled episode is scored and trained
+            third = rollout(client, "t1", 0.5)
+            wait_for(lambda: client.status().step == 2, what="step 2")
+            assert (
+                client.get_episode(second).trained_step == 2 and client.get_episode(third).trained_step == 2
+            )
+            row = httpx.get(f"{live.url}/api/v1/metrics").json()[1]
+            assert row["episodes"] == 2 and row["distill"]["unscored_episodes"] == 0
+            assert row["distill"]["scored_frac"] == 1.0
+    finally:
+        live.stop()
+        if down._server is not None and not down._server.should_exit:
+            down.stop()
+        teacher_engine.close()
+
+
+class VllmStandIn:
+    """A local stand-in for vLLM's OpenAI server (``vllm serve``) speaking its wire format for what the
+    teacher client uses: ``GET /v1/models``, ``POST /tokenize`` and ``POST /v1/completions`` with
+    ``prompt_logprobs`` (vLLM's ``CompletionResponseChoice.prompt_logprobs``: ``null`` for the first
+    position, then ``{"<id>": {"logprob", "rank", "decoded_token"}}`` with the position's own token and,
+    where it differs, the top-1 token). Logprobs come from a real model's forward pass.
+
+    Args:
+        model: the model whose logprobs it serves.
+        tokenizer: the tokenizer ``/tokenize`` uses; ``shift`` adds to every id (another tokenizer).
+        token: the bearer credential it wants.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, token: str, shift: int = 0) -> None:
+        import threading
+
+        import uvicorn
+        from fastapi import FastAPI, Header, HTTPException
+
+        from tests.conftest import free_port
+
+        self.requests: list[dict[str, Any]] = []
+        app = FastAPI()
+
+        def check(authorization: str | None) -> None:
+            if authorization != f"Bearer {token}":
+                raise HTTPException(401, "Unauthorized")
+
+        @app.get("/v1/models")
+        def models(authorization: str | None = Header(None)) -> dict[str, Any]:
+            check(authorization)
+            card = {
+                "id": "tiny-vllm",
+                "object": "model",
+                "created": 0,
+                "owned_by": "vllm",
+                "max_model_len": 8192,
+            }
+            return {"object": "list", "data": [card]}
+
+        @app.post("/tokenize")
+        def tokenize(body: dict[str, Any], authorization: str | None = Header(None)) -> dict[str, Any]:
+            check(authorization)
+            ids = tokenizer.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens", True))
+            ids = [i + shift for i in ids]
+            return {"count": len(ids), "max_model_len": 8192, "tokens": ids, "token_strs": None}
+
+        @app.post("/v1/completions")
+        def completions(body: dict[str, Any], authorization: str | None = Header(None)) -> dict[str, Any]:
+            check(authorization)
+            self.requests.append(body)
+            ids, k = body["prompt"], body["prompt_logprobs"]
+            assert isinstance(ids, list) and k == 0 and body["max_tokens"] >= 1
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+            positions: list[Any] = [None]
+            for i in range(1, len(ids)):
+                row = logprobs[i - 1]
+                entry = {
+                    str(ids[i]): {"logprob": float(row[ids[i]]), "rank": int((row > row[ids[i]]).sum()) + 1}
+                }
+                top = int(row.argmax())
+                entry.setdefault(str(top), {"logprob": float(row[top]), "rank": 1})
+                for value in entry.values():
+                    value["decoded_token"] = "x"
+                positions.append(entry)
+            choice = {
+                "index": 0,
+                "text": "x",
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "prompt_logprobs": positions,
+                "prompt_token_ids": None,
+            }
+            usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+            return {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "created": 0,
+                "model": "tiny-vllm",
+                "choices": [choice],
+                "usage": usage,
+            }
+
+        self.port = free_port()
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started, 30, "the vLLM stand-in")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"  # as users often write vLLM's URL
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def test_a_vllm_teacher_scores_through_prompt_logprobs(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
+) -> None:
+    import secrets
+
+    from pydantic import SecretStr
+
+    from swarm.config import ServerConfig
+    from tests.conftest import LiveServer, free_port
+
+    token = secrets.token_urlsafe(16)
+    vllm = VllmStandIn(teacher_model, tokenizer, token)
+    config = ServerConfig(
+        run_dir=tmp_path / "run",
+        port=free_port(),
+        training=distill_config(vllm.url),
+        teacher_token=SecretStr(token),
+    )
+    live = LiveServer(config, student_engine).start()
+    try:
+        with SwarmClient(live.url) as client:
+            ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]
+            wait_for(lambda: client.status().step == 1, what="step 1")
+            views = [client.get_episode(i) for i in ids]
+    finally:
+        live.stop()
+        vllm.stop()
+    assert vllm.requests and all(r["model"] == "tiny-vllm" for r in vllm.requests)
+    for view in views:
+        assert view.trained_step == 1
+        for call in view.calls:
+            expected = forward_logprobs(
+                teacher_model, [*call.prompt_ids, *call.completion_ids], len(call.prompt_ids)
+            )
+            assert call.teacher_logprobs == pytest.approx(expected, abs=1e-5)
+    events = (tmp_path / "run" / "events.jsonl").read_text()
+    assert "teacher.connected" in events and token not in events
+
+
+def test_a_teacher_with_another_tokenizer_or_credential_is_refused_at_start(
+    teacher_model: Any, tokenizer: Any, teacher: LiveServer
+) -> None:
+    import secrets
+
+    from pydantic import SecretStr
+
+    from swarm.server.teacher import TeacherError, TeacherMismatch, TeacherSettings, check_teacher
+
+    token = secrets.token_urlsafe(16)
+    other = VllmStandIn(teacher_model, tokenizer, token, shift=1)
+    try:
+        with pytest.raises(TeacherMismatch, match="another tokenizer"):
+            check_teacher(TeacherSettings(url=other.url, token=SecretStr(token)), tokenizer)
+        with pytest.raises(TeacherError, match="401") as refused:
+            check_teacher(TeacherSettings(url=other.url, token=SecretStr("wrong-" + token)), tokenizer)
+        assert token not in str(refused.value)
+    finally:
+        other.stop()
+    info = check_teacher(TeacherSettings(url=teacher.url), tokenizer)  # a swarm teacher: fingerprints
+    assert info.kind == "swarm" and info.model == "tiny-teacher"
+    fingerprint = httpx.post(f"{teacher.url}/tokenize", json={"prompt": "hi"}).json()["tokenizer_fingerprint"]
+    assert len(fingerprint) == 64
+
+
+def test_swarm_serve_refuses_a_tokenizer_mismatch_in_one_line_with_exit_2(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any
+) -> None:
+    import os
+    import secrets
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    token = secrets.token_urlsafe(16)
+    other = VllmStandIn(teacher_model, tokenizer, token, shift=1)
+    try:
+        cmd = [sys.executable, "-m", "swarm.cli", "serve", "--port", str(free_port()), "--threads", "1"]
+        cmd += ["--run-dir", str(tmp_path / "run"), "--teacher", other.url, "--distill", "mixed"]
+        done = subprocess.run(
+            cmd, env={**os.environ, "SWARM_TEACHER_TOKEN": token}, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        other.stop()
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert lines[-1].startswith("error: --teacher http://127.0.0.1:") and "another tokenizer" in lines[-1]
+    assert token not in done.stdout + done.stderr
+
+
+def test_teacher_logprobs_are_stored_in_the_pool_and_not_scored_again_after_a_restart(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
+) -> None:
+    import secrets
+
+    from pydantic import SecretStr
+
+    from swarm.config import ServerConfig
+    from swarm.pool import Pool
+    from tests.conftest import LiveServer, free_port
+
+    token = secrets.token_urlsafe(16)
+    vllm = VllmStandIn(teacher_model, tokenizer, token)
+    config = ServerConfig(
+        run_dir=tmp_path / "run",
+        port=free_port(),
+        training=distill_config(vllm.url),
+        teacher_token=SecretStr(token),
+    )
+    live = LiveServer(config, student_engine).start()
+    try:
+        with SwarmClient(live.url) as client:
+            first = rollout(client, "t1", 1.0)
+            wait_for(lambda: len(vllm.requests) == 1, what="the first episode scored")
+            wait_for(lambda: client.get_episode(first).calls[0].teacher_logprobs is not None, what="stored")
+        live.restart()  # a new process would read the same pool
+        with SwarmClient(live.url) as client:
+            second = rollout(client, "t1", 0.0)
+            wait_for(lambda: client.status().step == 1, what="step 1")
+    finally:
+        live.stop()
+        vllm.stop()
+    assert len(vllm.requests) == 2  # one call each: the first episode was not scored again
+    pool = Pool(tmp_path / "run" / "pool.db")
+    try:
+        for eid in (first, second):
+            found = pool.get(eid)
+            assert found is not None and found[0].trained_step == 1
+            assert all(c.teacher_logprobs for c in found[1])
+    finally:
+        pool.close()
+
+
+def test_the_score_route_takes_a_client_or_admin_token_never_an_episode_key(
+    tmp_path: Path, tiny_engine: HFEngine
+) -> None:
+    import secrets
+
+    from pydantic import SecretStr
+
+    admin, client = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    live = make_server(
+        tmp_path,
+        tiny_engine,
+        training=TrainingConfig(enabled=False),
+        admin_token=SecretStr(admin),
+        client_tokens={"lab": SecretStr(client)},
+    )
+    body = {"token_ids": [1, 2, 3], "start": 1}
+    try:
+        begun = httpx.post(
+            f"{live.url}/api/v1/episodes",
+            json={"task_id": "t"},
+            headers={"Authorization": f"Bearer {client}"},
+        )
+        key = begun.json()["api_key"]
+        answers = {
+            who: httpx.post(
+                f"{live.url}/v1/score", json=body, headers={"Authorization": f"Bearer {secret}"}
+            ).status_code
+            for who, secret in (("admin", admin), ("client", client), ("episode key", key))
+        }
+        answers["none"] = httpx.post(f"{live.url}/v1/score", json=body).status_code
+    finally:
+        live.stop()
+    assert answers == {"admin": 200, "client": 200, "episode key": 403, "none": 401}
