@@ -41,7 +41,7 @@ def test_vibe_distils_a_teacher_server_with_pure_distillation(tmp_path: Path) ->
     )
     assert code == 0, output
     assert f"teacher={URL}, distill=True, distill_mode=pure, distill_coef=1.0" in output
-    assert f"  distillation: swarm serve --teacher {URL} --distill pure" in output
+    assert f"  distillation: swarm serve --teacher-url {URL} --distill pure" in output
 
 
 def test_a_plan_without_a_teacher_reads_and_serves_as_before(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_a_checkpoint_teacher_is_served_by_a3r(tmp_path: Path, monkeypatch: pyte
     assert code == 0, output
     assert (
         f"  distillation: teacher server: swarm serve --model {folder.resolve()} --no-train; student: "
-        "swarm serve --teacher <its URL> --distill pure" in output
+        "swarm serve --teacher-url <its URL> --distill pure" in output
     )
 
 
@@ -148,6 +148,6 @@ def test_research_dry_run_shows_the_distillation_arm(tmp_path: Path) -> None:
     assert code == 0, output
     assert "varied: teacher distillation (distill, training setting)" in output
     assert "goal: a-vs-b" in output and "distill ∈ {false, true}" in output
-    assert f"  distillation (its distillation arm): swarm serve --teacher {URL} --distill pure" in output
+    assert f"  distillation (its distillation arm): swarm serve --teacher-url {URL} --distill pure" in output
     effect = OfflineProvider().plan(f"effect of distilling {URL} on arithmetic", mode="research")
     assert effect.sweep is not None and (effect.sweep.goal, effect.sweep.coarse) == ("effect_of", [0.0, 1.0])
