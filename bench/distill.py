@@ -1,19 +1,21 @@
 """On-policy distillation against GRPO alone on arithmetic, held-out accuracy per step (issue 38).
 
-    python bench/distill.py --out /tmp/distill          # ≈ 25 min on 2 loaded cores (defaults below)
-    python bench/distill.py --quick --out /tmp/distill  # ≈ 3–5 min: the same path, tiny
-    python bench/distill.py --teacher /tmp/distill/teacher-run/checkpoints/step-000020   # reuse a teacher
+    python bench/distill.py --out /tmp/distill          # ≈ 12 min idle, ≈ 30 min at load 6–7 (2 cores)
+    python bench/distill.py --quick --out /tmp/distill  # the same path, tiny: ≈ 4 min idle, 11 at load 7
+    python bench/distill.py --teacher /tmp/distill/teacher --out /tmp/distill2   # reuse the teacher
 
 1. **Teacher**: GRPO from the embedded SmolLM2-135M-Instruct on the arithmetic template (level 1) with
-   `learning.py`'s recipe (`learning.recipe_config`: ``tasks`` policy B = 4 × G = 4, full fine-tuning
-   in float32, lr 3e-5, sampling at temperature 1.0) for ``--teacher-steps`` steps, then checkpointed:
-   a Hugging Face folder, ``<out>/teacher-run/checkpoints/step-NNNNNN``.
+   `learning.py`'s recipe as a3r runs it (`learning.recipe_config`: ``tasks`` policy B = 4 × G = 4,
+   LoRA r 16 on bf16 base weights with bf16 autocast, lr 2e-4, sampling at temperature 1.0;
+   ``--lora-rank 0 --lr 3e-5``: its full fine-tuning variant) for ``--teacher-steps`` steps, then
+   checkpointed and its adapters merged into a full model folder, ``<out>/teacher`` (a LoRA checkpoint
+   holds adapters only; ``swarm serve --model`` needs the whole model).
 2. **Teacher server**: that folder served by an in-process swarm server that trains nothing
    (``swarm serve --model DIR --no-train``); students score their tokens on its ``POST /v1/score``.
-3. **Students**: fresh embedded models, each on its own in-process server with the same recipe, on the
-   same training tasks per seed: pure distillation from the teacher (``--teacher URL --distill pure``:
-   the per-token reverse-KL advantage alone, no task reward) against GRPO alone; ``--seeds`` seeds
-   each, ``--steps`` steps each.
+3. **Students**: fresh embedded models, each on its own in-process server with the same recipe at
+   B = ``--tasks`` (2, a3r's default, to fit the box) × G = 4, on the same training tasks per seed: pure
+   distillation from the teacher (``--teacher URL --distill pure``: the per-token reverse-KL advantage
+   alone, no task reward) against GRPO alone; ``--seeds`` seeds each, ``--steps`` steps each.
 
 Held-out accuracy: greedy (temperature 0) replies to ``--eval-tasks`` tasks of the held-out split a3r
 uses for arithmetic (generator seed + `a3r.graph.coder.HELDOUT_SEED_OFFSET`: tasks no run trains on),
@@ -61,18 +63,19 @@ LABELS = {"grpo": "GRPO alone", "distill": "pure distillation"}
 class Settings:
     """What one bench run trains and measures (the command line)."""
 
-    teacher_steps: int = 20
-    steps: int = 6
+    teacher_steps: int = 12
+    steps: int = 5
     seeds: int = 3
-    eval_tasks: int = 32
-    tasks: int = 4
+    eval_tasks: int = 16
+    teacher_tasks: int = 4
+    tasks: int = 2
     group: int = 4
     lr: float = 2e-4
     lora_rank: int = 16
     level: int = 1
 
 
-QUICK = Settings(teacher_steps=2, steps=2, seeds=2, eval_tasks=8)
+QUICK = Settings(teacher_steps=1, steps=2, seeds=2, eval_tasks=8)
 """``--quick``: the whole path in a few minutes (numbers too few to conclude anything)."""
 
 
@@ -144,15 +147,16 @@ async def train(
     url: str,
     s: Settings,
     wf: Workflows,
-    steps: int,
+    size: tuple[int, int],
     seed: int,
     console: Console | None = None,
     *,
     every_step: bool = True,
 ) -> Curve:
-    """``steps`` training steps on the server at ``url`` (whatever its signal), held-out accuracy
-    before and after each (``every_step=False``: after the last only), said on ``console``; seed
-    ``seed`` picks the training tasks (the same for every arm)."""
+    """``size`` = (steps, B) training steps of B tasks × G on the server at ``url`` (whatever its
+    signal), held-out accuracy before and after each (``every_step=False``: after the last only), said
+    on ``console``; seed ``seed`` picks the training tasks (the same for every arm)."""
+    steps, tasks = size
     curve = Curve()
     offset = seed * 131  # each seed its own tasks, every arm the same ones
 
@@ -175,7 +179,7 @@ async def train(
     rounds = await drive(
         url,
         steps,
-        s.tasks,
+        tasks,
         s.group,
         first_seed=seed * 100_000,
         play=episode,
@@ -192,12 +196,14 @@ async def train(
     return curve
 
 
-def recipe(run_dir: Path, s: Settings) -> ServerConfig:
-    """`learning.recipe_config` with these settings: LoRA r on bf16 base weights with bf16 autocast
-    (what a3r starts; ``--lora-rank 0``: full fine-tuning in float32)."""
+def recipe(run_dir: Path, s: Settings, tasks: int) -> ServerConfig:
+    """`learning.recipe_config` with these settings and B = ``tasks``: LoRA r on bf16 base weights with
+    bf16 autocast (what a3r starts; ``--lora-rank 0``: full fine-tuning in float32). ``run_dir`` is
+    emptied first: a server would resume from what an earlier bench run left there."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     lora = LoraSettings(r=s.lora_rank, alpha=2 * s.lora_rank) if s.lora_rank else None
     return recipe_config(
-        run_dir, lr=s.lr, tasks=s.tasks, group=s.group, lora=lora, mixed_precision="bf16" if lora else "no"
+        run_dir, lr=s.lr, tasks=tasks, group=s.group, lora=lora, mixed_precision="bf16" if lora else "no"
     )
 
 
@@ -219,12 +225,14 @@ def make_teacher(out: Path, s: Settings, wf: Workflows, console: Console) -> tup
     """GRPO from the embedded model with `learning.py`'s recipe, checkpointed (LoRA adapters merged into
     a full model folder); its folder and curve."""
     torch.manual_seed(1234)
-    config = recipe(out / "teacher-run", s)
+    config = recipe(out / "teacher-run", s, s.teacher_tasks)
     console.print(
-        f"teacher: GRPO, {s.teacher_steps} steps of B={s.tasks} × G={s.group} (learning.py's recipe)"
+        f"teacher: GRPO, {s.teacher_steps} steps of B={s.teacher_tasks} × G={s.group} (learning.py's recipe)"
     )
     with serve(None, config.run_dir, config) as url:
-        curve = asyncio.run(train(url, s, wf, s.teacher_steps, seed=99, console=console, every_step=False))
+        curve = asyncio.run(
+            train(url, s, wf, (s.teacher_steps, s.teacher_tasks), 99, console, every_step=False)
+        )
 
         async def save() -> str:
             async with AsyncSwarmClient(url) as client:
@@ -240,7 +248,8 @@ def make_teacher(out: Path, s: Settings, wf: Workflows, console: Console) -> tup
 
 
 def teacher_config(folder: Path, out: Path) -> ServerConfig:
-    """The teacher server: the checkpoint folder served, nothing trained."""
+    """The teacher server: the checkpoint folder served, nothing trained (a fresh run dir)."""
+    shutil.rmtree(out / "teacher-serve", ignore_errors=True)
     return ServerConfig(
         model=str(folder), run_dir=out / "teacher-serve", port=0, training=TrainingConfig(enabled=False)
     )
@@ -248,7 +257,7 @@ def teacher_config(folder: Path, out: Path) -> ServerConfig:
 
 def student_config(out: Path, s: Settings, arm: str, seed: int, teacher_url: str) -> ServerConfig:
     """A fresh student's server: `learning.py`'s recipe, plus pure distillation from the teacher."""
-    config = recipe(out / f"{arm}-seed{seed}", s)
+    config = recipe(out / f"{arm}-seed{seed}", s, s.tasks)
     if arm == "grpo":
         return config
     distill = DistillConfig(teacher_url=teacher_url, mode="pure")
@@ -361,7 +370,7 @@ def main() -> None:
     s = Settings(**{k: v if (v := getattr(args, k)) is not None else getattr(base, k) for k in asdict(base)})
     out = args.out or Path(tempfile.mkdtemp(prefix="distill-"))
     out.mkdir(parents=True, exist_ok=True)
-    console = Console()
+    console = Console(width=140)
     started = time.perf_counter()
     wf = workflows(out, s)
     if args.teacher is None:
@@ -383,7 +392,7 @@ def main() -> None:
                 console.print(f"seed {seed}, {LABELS[arm]}: {s.steps} steps")
                 config = student_config(out, s, arm, seed, teacher_url)
                 with serve(None, config.run_dir, config) as url:
-                    curve = asyncio.run(train(url, s, wf, s.steps, seed, console))
+                    curve = asyncio.run(train(url, s, wf, (s.steps, s.tasks), seed, console))
                 runs[arm].append(curve)
                 console.print(
                     f"seed {seed} {LABELS[arm]}: held-out {' → '.join(f'{a:.2f}' for a in curve.accuracy)} "

@@ -392,23 +392,22 @@ def _matched_template(request: str) -> tuple[str, float]:
 def _training_plan(name: str, params: dict[str, Any], training: TrainingSettings) -> PlanDraft:
     """The plan of a training request on template ``name``: its hypothesis is that the train reward rises
     (by GRPO, or by distilling the plan's teacher into the policy)."""
-    distilled = training.distill and training.teacher is not None
-    how = f"{training.distill_mode} distillation from {teacher_text(training.teacher)}" if distilled else ""
+    teacher = teacher_text(training.teacher) if training.distill and training.teacher else None
     return PlanDraft(
         kind="train",
         template=name,
         params=params,
         objective=(
-            f"distil the teacher ({teacher_text(training.teacher)}) into the policy on the {name} template"
-            if distilled and training.teacher is not None
+            f"distil the teacher ({teacher}) into the policy on the {name} template"
+            if teacher
             else f"train the policy on the {name} template"
         ),
         training=training,
         hypotheses=[
             HypothesisDraft(
                 statement=(
-                    f"{how} on {name} raises the mean training reward"
-                    if distilled
+                    f"{training.distill_mode} distillation from {teacher} on {name} raises the mean training reward"
+                    if teacher
                     else f"GRPO training on {name} raises the mean training reward"
                 ),
                 expected_outcome="the mean train reward rises over training by more than its noise",
