@@ -151,3 +151,19 @@ def test_research_dry_run_shows_the_distillation_arm(tmp_path: Path) -> None:
     assert f"  distillation (its distillation arm): swarm serve --teacher-url {URL} --distill pure" in output
     effect = OfflineProvider().plan(f"effect of distilling {URL} on arithmetic", mode="research")
     assert effect.sweep is not None and (effect.sweep.goal, effect.sweep.coarse) == ("effect_of", [0.0, 1.0])
+
+
+def test_a_configurations_identity_names_the_teacher_only_when_there_is_one() -> None:
+    from a3r.graph.records import config_identity
+
+    plain = OfflineProvider().plan("best lr on arithmetic", mode="research")
+    assert not {"teacher", "distill", "distill_mode", "distill_coef"} & set(
+        config_identity(plain, None)["training"]
+    )
+    compared = OfflineProvider().plan(f"does distilling {URL} beat GRPO alone on arithmetic", mode="research")
+    training = config_identity(compared, None)["training"]
+    assert training["teacher"] == URL and "distill" not in training  # the varied setting is not identity
+    other = OfflineProvider().plan(
+        "does distilling http://127.0.0.1:9009 beat GRPO alone on arithmetic", mode="research"
+    )
+    assert config_identity(other, None) != config_identity(compared, None)  # another teacher: another study
