@@ -167,3 +167,27 @@ def test_a_configurations_identity_names_the_teacher_only_when_there_is_one() ->
         "does distilling http://127.0.0.1:9009 beat GRPO alone on arithmetic", mode="research"
     )
     assert config_identity(other, None) != config_identity(compared, None)  # another teacher: another study
+
+
+def test_an_llms_plan_carries_the_teacher_as_a3r_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from a3r.providers.chat import ChatProvider
+    from tests.a3r.fake_llm import ToolCallingFakeChatModel, tool_answers
+
+    (tmp_path / "t").mkdir()
+    monkeypatch.chdir(tmp_path)
+    request = "distil ./t into the embedded model on arithmetic"
+    written = {
+        "kind": "train",
+        "template": "arithmetic",
+        "objective": "distil t",
+        "training": {"teacher": "./t", "distill": True},  # as the request wrote it
+    }
+    model = ToolCallingFakeChatModel(messages=tool_answers(("PlanDraft", written)))
+    plan = ChatProvider(model, name="fake").plan(request, mode="vibe")
+    assert plan.training.teacher == str((tmp_path / "t").resolve()) and plan.training.distill
+    dropped = {**written, "training": {"distill": True}}
+    model = ToolCallingFakeChatModel(messages=tool_answers(("PlanDraft", dropped)))
+    with pytest.raises(PlanError, match="distillation needs a teacher"):
+        ChatProvider(model, name="fake").plan(request, mode="vibe")
