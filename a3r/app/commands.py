@@ -467,7 +467,6 @@ TRAINER_SERVE_OPTIONS = {
     "clip-eps": "clip_eps",
     "ppo-epochs": "ppo_epochs",
     "minibatches": "minibatches",
-    "distill-coef": "distill_coef",
 }
 """``swarm serve`` options a user may still pass with ``--serve-option``: they become the plan's
 training settings (`TrainingSettings`), which every run sends to its server."""

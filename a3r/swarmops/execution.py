@@ -224,6 +224,7 @@ PLAN_SERVE_OPTIONS = (
     "train",
     "batch-policy",
     *(s.flag for s in SETTINGS.values() if s.flag is not None),
+    "distill-coef",
     "max-steps",
 )
 """``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""

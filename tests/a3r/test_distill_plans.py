@@ -191,3 +191,13 @@ def test_an_llms_plan_carries_the_teacher_as_a3r_reads_it(
     model = ToolCallingFakeChatModel(messages=tool_answers(("PlanDraft", dropped)))
     with pytest.raises(PlanError, match="distillation needs a teacher"):
         ChatProvider(model, name="fake").plan(request, mode="vibe")
+
+
+def test_distillation_options_are_the_plans_not_serve_options(tmp_path: Path) -> None:
+    for item, said in (
+        (f"teacher={URL}", "name the teacher in the request"),
+        ("distill-coef=0.5", "write distill_coef=<value> in the request"),
+        ("distill=mixed", "write distill=<value> in the request"),
+    ):
+        code, output = _invoke(tmp_path, "vibe", "train arithmetic", "--dry-run", "--serve-option", item)
+        assert code == 1 and said in output and output.count("\n") == 1, output
