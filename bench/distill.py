@@ -1,7 +1,7 @@
 """On-policy distillation against GRPO alone on arithmetic, held-out accuracy per step (issue 38).
 
-    python bench/distill.py --out /tmp/distill          # ≈ 12 min idle, ≈ 30 min at load 6–7 (2 cores)
-    python bench/distill.py --quick --out /tmp/distill  # the same path, tiny: ≈ 4 min idle, 11 at load 7
+    python bench/distill.py --out /tmp/distill          # ≈ 12 min idle, ≈ 25 min at load 4–7 (2 cores)
+    python bench/distill.py --quick --out /tmp/distill  # the same path, tiny: 5.5 min at load 2–5
     python bench/distill.py --teacher /tmp/distill/teacher --out /tmp/distill2   # reuse the teacher
 
 1. **Teacher**: GRPO from the embedded SmolLM2-135M-Instruct on the arithmetic template (level 1) with
