@@ -195,12 +195,14 @@ def cpu_seconds(pid: int) -> float | None:
 
 def _numeric(metrics: ServerStepMetrics) -> dict[str, float]:
     """A step's top-level numbers by name (finite only; the step itself left out), with the mean
-    completion length ``completion_tokens_mean`` = trained tokens per sample."""
+    completion length ``completion_tokens_mean`` = trained tokens per sample and a distilling server's
+    ``distill/<key>`` metrics (docs/METRICS.md; nested under ``distill`` in the row)."""
     values = {
         k: float(v)
         for k, v in metrics.model_dump().items()
         if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     }
+    values |= {f"distill/{k}": float(v) for k, v in metrics.distill.items() if math.isfinite(v)}
     if values.get("samples"):
         values["completion_tokens_mean"] = values.get("tokens", 0.0) / values["samples"]
     return values
@@ -773,7 +775,8 @@ class _Sources:
         run.rec.events(run.api.events())
         self.episodes = read_progress(self.progress_path)
         live: str | None = None
-        if run.spec.early_stop and code is None:
+        # a distilling run learns from the teacher's per-token signal even where a group's rewards tie
+        if run.spec.early_stop and code is None and not run.spec.settings.distill:
             found = detect_zero_signal(
                 groups_of(self.episodes), group_size=run.spec.settings.group_size, min_groups=2
             )
@@ -1054,6 +1057,7 @@ def _diagnose(
         rows=[{"step": row.step, **_numeric(row)} for row in rows],
         episodes=episodes,
         group_size=spec.settings.group_size,
+        rewards_only=not spec.settings.distill,
         log_text=log_text,
         exit_code=None if stopped_by_us else exit_code,
         drop_max=spec.stability.drop_max,

@@ -201,3 +201,24 @@ def test_distillation_options_are_the_plans_not_serve_options(tmp_path: Path) ->
     ):
         code, output = _invoke(tmp_path, "vibe", "train arithmetic", "--dry-run", "--serve-option", item)
         assert code == 1 and said in output and output.count("\n") == 1, output
+
+
+def test_a_distilling_run_is_not_zero_signal_and_records_the_teachers_metrics() -> None:
+    from a3r.study.analysis import EpisodeRecord, detect_all
+    from a3r.swarmops.execution import _numeric
+    from swarm.client import ServerStepMetrics
+
+    tied = [
+        EpisodeRecord(
+            task_id=f"t{i // 4}", round=0, member=i % 4, kind="train", status="finished", reward=0.0
+        )
+        for i in range(8)
+    ]  # every attempt fails: GRPO's advantages are all 0, the teacher's are not
+    assert [d.kind.value for d in detect_all(rows=[], episodes=tied, group_size=4)] == ["zero_signal"]
+    assert detect_all(rows=[], episodes=tied, group_size=4, rewards_only=False) == []
+    row = ServerStepMetrics.model_construct(
+        step=1, loss=0.5, distill={"teacher_kl": 0.25, "scored_frac": 1.0, "teacher_kl/default": 0.25}
+    )  # the fields _numeric reads
+    values = _numeric(row)
+    assert (values["distill/teacher_kl"], values["distill/scored_frac"]) == (0.25, 1.0)
+    assert values["distill/teacher_kl/default"] == 0.25 and "distill" not in values
