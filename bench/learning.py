@@ -19,7 +19,9 @@ import asyncio
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import uvicorn
 from openai import AsyncOpenAI
@@ -72,26 +74,68 @@ async def episode(client: AsyncSwarmClient, task: int, seed: int) -> tuple[float
         return value, ok, words
 
 
-async def drive(
-    url: str, steps: int, tasks_per_step: int, group: int, first_seed: int = 0
-) -> list[list[tuple[float, float, int]]]:
-    """Roll out one batch per step and wait for the update; returns each round's (reward, correct, words).
+Row = TypeVar("Row")
 
-    Request seeds count up from ``first_seed + 1``."""
+
+async def drive(
+    url: str,
+    steps: int,
+    tasks_per_step: int,
+    group: int,
+    first_seed: int = 0,
+    *,
+    play: Callable[[AsyncSwarmClient, int, int], Awaitable[Row]] = episode,  # type: ignore[assignment]
+    n_tasks: int = len(QUESTIONS),
+    after_step: Callable[[AsyncSwarmClient, int], Awaitable[None]] | None = None,
+) -> list[list[Row]]:
+    """Roll out one batch per step and wait for the update; returns each round's rows (``play``'s: by
+    default (reward, correct, words) of this module's `episode`).
+
+    ``play(client, task, seed)`` runs one episode of task ``(step * tasks_per_step + t) % n_tasks``;
+    request seeds count up from ``first_seed + 1``; ``after_step(client, step)`` runs after update
+    ``step`` (1-based) is done, before the next round (e.g. a held-out evaluation)."""
     rounds = []
     async with AsyncSwarmClient(url) as client:
         seed = first_seed
         for step in range(steps):
             coros = []
             for t in range(tasks_per_step):
-                task = (step * tasks_per_step + t) % len(QUESTIONS)
+                task = (step * tasks_per_step + t) % n_tasks
                 for _ in range(group):
                     seed += 1
-                    coros.append(episode(client, task, seed))
-            rounds.append(await asyncio.gather(*coros))
+                    coros.append(play(client, task, seed))
+            rounds.append(list(await asyncio.gather(*coros)))
             while (await client.status()).step < step + 1:
                 await asyncio.sleep(0.2)
+            if after_step is not None:
+                await after_step(client, step + 1)
     return rounds
+
+
+def recipe_config(
+    run_dir: Path,
+    *,
+    lr: float = 3e-5,
+    tasks: int = 4,
+    group: int = 4,
+    lora: LoraSettings | None = None,
+    mixed_precision: str = "no",
+) -> ServerConfig:
+    """This check's training server: GRPO, ``tasks`` policy B = ``tasks`` × G = ``group``, sampling at
+    temperature 1.0, full fine-tuning in float32 (or LoRA on bf16 base weights with mixed precision),
+    no checkpoint before step 1000 (a caller that needs one asks for it)."""
+    return ServerConfig(
+        run_dir=run_dir,
+        port=0,
+        dtype="bfloat16" if lora and mixed_precision != "no" else "float32",
+        mixed_precision=mixed_precision,
+        sampling=SamplingDefaults(temperature=1.0),
+        training=TrainingConfig(
+            batch=BatchConfig(policy=BatchPolicy.TASKS, batch_size=tasks, group_size=group),
+            trainer=TrainerConfig(lr=lr, micro_batch_size=8, lora=lora),
+            checkpoint_every=1000,
+        ),
+    )
 
 
 def main() -> None:
@@ -110,17 +154,13 @@ def main() -> None:
     args = parser.parse_args()
     lora = LoraSettings(r=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
     run_dir = Path(tempfile.mkdtemp(prefix="learning-"))
-    config = ServerConfig(
-        run_dir=run_dir,
-        port=0,
-        dtype="bfloat16" if lora and args.mixed_precision != "no" else "float32",
+    config = recipe_config(
+        run_dir,
+        lr=args.lr,
+        tasks=args.tasks,
+        group=args.group,
+        lora=lora,
         mixed_precision=args.mixed_precision,
-        sampling=SamplingDefaults(temperature=1.0),
-        training=TrainingConfig(
-            batch=BatchConfig(policy=BatchPolicy.TASKS, batch_size=args.tasks, group_size=args.group),
-            trainer=TrainerConfig(lr=args.lr, micro_batch_size=8, lora=lora),
-            checkpoint_every=1000,
-        ),
     )
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -237,10 +237,10 @@ def summarise(variant: str, params: dict[str, Any], prompt: str, games: list[Gam
     )
 
 
-def load_workflow(folder: Path, params: dict[str, Any]) -> Any:
-    """Render the template with ``params`` into ``folder`` and import its workflow (a fresh module copy)."""
-    rendered = render("who_is_the_spy", params, folder)
-    spec = importlib.util.spec_from_file_location(f"spy_pilot_{folder.name}", rendered.workflow)
+def load_workflow(folder: Path, params: dict[str, Any], template: str = "who_is_the_spy") -> Any:
+    """Render ``template`` with ``params`` into ``folder`` and import its workflow (a fresh module copy)."""
+    rendered = render(template, params, folder)
+    spec = importlib.util.spec_from_file_location(f"{template}_bench_{folder.name}", rendered.workflow)
     assert spec is not None and spec.loader is not None
     workflow = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(workflow)

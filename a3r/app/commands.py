@@ -42,6 +42,7 @@ from a3r.providers import OfflineProvider, ProviderKind
 from a3r.study.plans import TrainingSettings
 from a3r.study.research import MAX_EVAL_TASKS
 from a3r.study.settings import written
+from a3r.study.teacher import distill_serve_line
 from a3r.study.wording import counted
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from memory import Store, StoreError
@@ -401,6 +402,11 @@ _MANAGED_SERVE_OPTIONS = {
     "run-dir": "a3r keeps each server's run dir in the study workspace",
     "admin-token": "a3r gives its servers a fresh admin token (never recorded in the store)",
     **dict.fromkeys(("training-config", *PLAN_SERVE_OPTIONS), ""),  # `_plan_hint`: what the command has
+    **dict.fromkeys(
+        ("teacher", "teacher-url"),
+        "name the teacher in the request: 'distil http://host:port into the embedded model on arithmetic' "
+        "(or a checkpoint directory, which a3r serves itself)",
+    ),
 }
 """``swarm serve`` options a3r sets itself, with why they cannot be passed ("": set from the plan)."""
 
@@ -634,8 +640,10 @@ def _print_plan(request: str, settings: SessionSettings, overrides: dict[str, An
         _out.print(f"    (defaults: {template.meta.defaults_evidence})", markup=False)
     if agents is not None:
         _out.print(f"  trainable agents: {', '.join(agents) or '(none)'}", markup=False)
-    fields = ", ".join(f"{k}={v}" for k, v in training.model_dump().items())
+    fields = ", ".join(f"{k}={v}" for k, v in training.shown_fields().items())
     _out.print(f"  training: {fields}", markup=False)
+    if training.distill and training.teacher is not None:
+        _out.print(f"  distillation: {distill_serve_line(training)}", markup=False)
     for warning in (steps_warning(draft), temperature_warning(draft)):
         if warning is not None:
             _out.print(f"  {warning}", markup=False)
@@ -861,10 +869,14 @@ def _plan_lines(found: _ResearchDesign) -> list[str]:
         ]
     fixed = ", ".join(
         f"{k}={v}"
-        for k, v in plan.training.model_dump().items()
+        for k, v in plan.training.shown_fields().items()
         if k not in (sweep.variable, "seeds", "concurrency", "smoke_tasks")
     )
-    return [*lines, f"  goal: {sweep.goal.replace('_', '-')}; fixed: {fixed}"]
+    lines.append(f"  goal: {sweep.goal.replace('_', '-')}; fixed: {fixed}")
+    if plan.training.teacher is not None:
+        arm = "its distillation arm" if sweep.variable == "distill" else "every run"
+        lines.append(f"  distillation ({arm}): {distill_serve_line(plan.training)}")
+    return lines
 
 
 def _stage_lines(found: _ResearchDesign) -> list[str]:

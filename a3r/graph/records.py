@@ -144,9 +144,12 @@ def config_identity(plan: PlanDraft, model: str | None) -> dict[str, Any]:
         "template": plan.template,
         "params": plan.params,
         "variable": plan.sweep.variable,
-        "training": plan.training.model_dump(
-            exclude={"seeds", "smoke_tasks", "concurrency", plan.sweep.variable}
-        ),
+        # the distillation settings only where used: findings recorded before them keep matching
+        "training": {
+            k: v
+            for k, v in plan.training.shown_fields().items()
+            if k not in {"seeds", "smoke_tasks", "concurrency", plan.sweep.variable}
+        },
     }
     normalised: dict[str, Any] = json.loads(json.dumps(identity, default=str, sort_keys=True))
     return normalised

@@ -28,6 +28,7 @@ from a3r.study.plans import (
 )
 from a3r.study.request import check_request
 from a3r.study.settings import SETTINGS
+from a3r.study.teacher import read_teacher
 
 __all__ = ["ChatProvider", "chat_model", "describe_templates", "repair_prompt"]
 
@@ -91,8 +92,10 @@ over ONE setting (variable: one of """
     + """, or a numeric or boolean workflow
 parameter of the template) with a goal: min_stable, best, a_vs_b (coarse = [A, B]) or effect_of (coarse =
 [reference, changed]); coarse values (powers of two for sizes), at least 2 seeds, and for stability
-questions an operational definition of "stable" (StabilityCriterion). Keep budgets small: CPU training,
-a few steps.
+questions an operational definition of "stable" (StabilityCriterion). A request that distils a teacher (a
+URL or a checkpoint directory) sets training.teacher to it and training.distill to true; a research question
+comparing distillation with GRPO alone varies distill (0: GRPO alone, 1: distillation). Keep budgets small:
+CPU training, a few steps.
 
 Template catalogue:
 {catalogue}"""
@@ -154,6 +157,11 @@ class ChatProvider:
         )
         if mode == "research" and draft.kind != "research":
             draft = draft.model_copy(update={"kind": "research"})
+        teacher, _ = read_teacher(request)
+        if teacher is not None and draft.training.teacher is not None:  # as a3r reads it (an absolute path)
+            draft = draft.model_copy(
+                update={"training": draft.training.model_copy(update={"teacher": teacher})}
+            )
         return check_request(request, check_plan(draft))
 
     def write_code(

@@ -44,6 +44,7 @@ from a3r.study.request import (
     specific_matches,
 )
 from a3r.study.settings import (
+    DISTILL_ALIAS,
     SETTINGS,
     Setting,
     find_setting_in,
@@ -55,6 +56,7 @@ from a3r.study.settings import (
     template_knobs,
     written,
 )
+from a3r.study.teacher import read_mode, read_teacher, teacher_text
 
 __all__ = ["NEEDS_LLM", "OfflineProvider", "read_params"]
 
@@ -388,16 +390,26 @@ def _matched_template(request: str) -> tuple[str, float]:
 
 
 def _training_plan(name: str, params: dict[str, Any], training: TrainingSettings) -> PlanDraft:
-    """The plan of a training request on template ``name``: its hypothesis is that the train reward rises."""
+    """The plan of a training request on template ``name``: its hypothesis is that the train reward rises
+    (by GRPO, or by distilling the plan's teacher into the policy)."""
+    teacher = teacher_text(training.teacher) if training.distill and training.teacher else None
     return PlanDraft(
         kind="train",
         template=name,
         params=params,
-        objective=f"train the policy on the {name} template",
+        objective=(
+            f"distil the teacher ({teacher}) into the policy on the {name} template"
+            if teacher
+            else f"train the policy on the {name} template"
+        ),
         training=training,
         hypotheses=[
             HypothesisDraft(
-                statement=f"GRPO training on {name} raises the mean training reward",
+                statement=(
+                    f"{training.distill_mode} distillation from {teacher} on {name} raises the mean training reward"
+                    if teacher
+                    else f"GRPO training on {name} raises the mean training reward"
+                ),
                 expected_outcome="the mean train reward rises over training by more than its noise",
                 decision_rule=(
                     "effect = the change of the per-step mean train reward along its least-squares trend "
@@ -540,6 +552,49 @@ def _compared_design(text: str, setting: Setting, values: list[float]) -> tuple[
     return None
 
 
+_GRPO_ALONE = re.compile(
+    r"\b(?:grpo|rl|reinforcement learning)(?:\s+(?:alone|only))?\b"
+    r"|\bwithout\s+(?:a\s+|the\s+)?(?:teacher|distil\w*)|\bno\s+(?:teacher|distil\w*)"
+)
+"""The arm without the teacher in a distillation question ("GRPO alone", "without distillation")."""
+
+
+def _distill_arms(text: str) -> list[float]:
+    """The two arms of a question comparing distillation with GRPO alone, in the order it names them
+    (``[1, 0]``: distillation first), so that "X beats Y" puts X in B (`_compared_design`); ``[]``
+    when it names no arm without the teacher (an effect-of question then switches distillation on)."""
+    alone = _GRPO_ALONE.search(text)
+    mention = re.search(DISTILL_ALIAS, text)
+    if alone is None or mention is None:
+        return []
+    return [1.0, 0.0] if mention.start() < alone.start() else [0.0, 1.0]
+
+
+def _distill_objective(sweep: SweepSpec, training: TrainingSettings) -> str:
+    """The objective of a study over ``distill``: whether distilling the plan's teacher beats GRPO
+    alone (B, the arm expected to win, is the second value), or the effect of switching it on."""
+    teacher = teacher_text(training.teacher) if training.teacher else "the teacher"
+    distil = f"{training.distill_mode} distillation from {teacher}"
+    if sweep.goal == "effect_of":
+        return f"the effect of {distil} against GRPO alone"
+    a, b = (distil, "GRPO alone") if sweep.coarse[0] else ("GRPO alone", distil)
+    return f"does {b} beat {a}?"
+
+
+def _with_teacher(
+    training: TrainingSettings, teacher: str, text: str, read: list[str], *, distill: bool
+) -> tuple[TrainingSettings, str]:
+    """``training`` with the request's teacher, distilled in every run when ``distill`` (a training
+    request; a research question compares it), in the mode the request asks for (`read_mode`) unless a
+    ``distill_mode=`` pair gave it; and what the plan chose, for the rationale."""
+    mode = training.distill_mode if "distill_mode" in read else read_mode(text)
+    update: dict[str, Any] = {"teacher": teacher, "distill_mode": mode}
+    if distill:
+        update["distill"] = True
+    updated = TrainingSettings.model_validate({**training.model_dump(), **update})
+    return updated, f"teacher {teacher_text(teacher)} read from the request ({mode} distillation)"
+
+
 def _effect_design(setting: Setting, values: list[float], reference: float) -> tuple[SweepSpec, str]:
     """The sweep and objective of an effect-of question: ``setting`` from ``reference`` to the one value
     given (a true/false setting: to the other value).
@@ -585,8 +640,10 @@ class OfflineProvider:
                 planner does not know; the message names what is needed (an LLM provider).
             PlanError: A parameter read from the request is out of the template's range.
         """
-        text = request.lower()
-        name, score = _matched_template(request)
+        # a teacher's URL or path names no task, dataset or setting: read it first, plan the rest
+        teacher, request_rest = read_teacher(request)
+        text = request_rest.lower()
+        name, score = _matched_template(request_rest)
         template = templates.get_template(name)
         text = join_knob_names(text, template.meta)  # "describe max tokens" is one knob, not max tokens
         varied = find_setting_in(text, template.meta) if mode == "research" else None
@@ -596,6 +653,9 @@ class OfflineProvider:
         kind: Literal["train", "research"] = "research" if mode == "research" else "train"
         # A research question's numbers after the varied setting are its values, not a training setting.
         training, training_read = self._training(text, skip=varied)
+        if teacher is not None:
+            training, how = _with_teacher(training, teacher, text, training_read, distill=kind == "train")
+            chosen.append(how)
         if kind == "research":
             draft = self._research_plan(text, name, params, training)
             if draft.sweep is not None and draft.sweep.variable in params:  # a template knob
@@ -624,6 +684,8 @@ class OfflineProvider:
             PlanError: A value out of range.
         """
         sweep, stability, objective, fixed = self._research_design(text, training, name)
+        if sweep.variable == "distill":
+            objective = _distill_objective(sweep, training)
         if fixed:  # "… with kl 0.1": a fixed value of another training setting
             try:
                 training = TrainingSettings.model_validate({**training.model_dump(), **fixed})
@@ -746,6 +808,8 @@ class OfflineProvider:
             raise OfflineUnsupported(refusal)
         variable, setting, fixed = _varied_setting(text, template)
         values = _values_after(text, setting)
+        if variable == "distill" and not values:  # "does distilling <teacher> beat GRPO alone": two arms
+            values = _distill_arms(text)
         # The reference of an effect-of question: what the plan runs when the setting is not varied (the
         # question's value is the one changed to, so the training settings never take it).
         reference = float(getattr(training, variable)) if setting.target == "training" else setting.default

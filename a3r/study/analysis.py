@@ -694,16 +694,21 @@ def detect_all(
     rows: Sequence[Mapping[str, Any]],
     episodes: Sequence[EpisodeRecord],
     group_size: int,
+    rewards_only: bool = True,
     log_text: str = "",
     exit_code: int | None = None,
     drop_max: float = 0.25,
     entropy_min: float = 0.05,
     kl_max: float = 1.0,
 ) -> list[Diagnosis]:
-    """Every detector over one run's records (crash, zero signal, collapse, length, reward hacking)."""
+    """Every detector over one run's records (crash, zero signal, collapse, length, reward hacking).
+
+    ``rewards_only=False`` (a run distilling a teacher: its per-token signal does not vanish where a
+    group's rewards tie) leaves zero signal out."""
     agent_failures = sum(1 for ep in episodes if ep.status == "aborted")
     found = detect_crash(log_text, exit_code=exit_code, agent_failures=agent_failures)
-    found += detect_zero_signal(groups_of(episodes), group_size=group_size)
+    if rewards_only:
+        found += detect_zero_signal(groups_of(episodes), group_size=group_size)
     found += detect_collapse(rows, drop_max=drop_max, entropy_min=entropy_min, kl_max=kl_max)
     found += detect_length_collapse(rows)
     train = metric_series(rows, "reward_mean")

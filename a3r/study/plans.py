@@ -16,6 +16,7 @@ import templates
 from a3r.errors import PlanError
 from a3r.study.effects import MIN_STEPS
 from a3r.study.settings import resolve_setting, switch_refusal
+from a3r.study.teacher import teacher_text
 from a3r.study.wording import counted
 
 __all__ = [
@@ -53,6 +54,13 @@ class TrainingSettings(BaseModel):
         concurrency: Episodes the client runs at once.
         seeds: Seeds to replicate the run on.
         smoke_tasks: Tasks of the smoke run (one group each) before training; 0 skips it.
+        teacher: The teacher of on-policy distillation (issue 38): a server URL that scores token ids
+            (``swarm serve --teacher``), or a checkpoint directory a3r serves itself; ``None``: none.
+        distill: Whether the runs learn from the teacher (``--teacher``, ``--distill``); a research
+            question may compare it (false: GRPO alone) against distillation.
+        distill_mode: ``pure`` (the teacher's per-token reverse-KL advantage alone) or ``mixed`` (the
+            task reward's advantage plus ``distill_coef`` times it) (``--distill``).
+        distill_coef: The teacher's share in ``mixed`` distillation (``--distill-coef``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -69,6 +77,22 @@ class TrainingSettings(BaseModel):
     concurrency: int = Field(default=8, ge=1, le=1024)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=16)
     smoke_tasks: int = Field(default=1, ge=0, le=64)
+    teacher: str | None = Field(default=None, min_length=1, max_length=4096)
+    distill: bool = False
+    distill_mode: Literal["pure", "mixed"] = "pure"
+    distill_coef: float = Field(default=1.0, ge=0.0, le=100.0)
+
+    def distillation_fields(self) -> dict[str, Any]:
+        """The distillation settings as a plan shows them: none when the run has no teacher and does
+        not distil (so a plan without a teacher reads as before issue 38)."""
+        if self.teacher is None and not self.distill:
+            return {}
+        return {k: getattr(self, k) for k in ("teacher", "distill", "distill_mode", "distill_coef")}
+
+    def shown_fields(self) -> dict[str, Any]:
+        """Every setting as a plan shows them: the distillation settings only when they are used."""
+        shown = self.model_dump(exclude={"teacher", "distill", "distill_mode", "distill_coef"})
+        return shown | self.distillation_fields()
 
 
 class HypothesisDraft(BaseModel):
@@ -312,7 +336,23 @@ def check_plan(draft: PlanDraft) -> PlanDraft:
                 f"the plan has {len(draft.training.seeds)}"
             )
     _check_degenerate(draft, params)
+    _check_teacher(draft)
     return draft.model_copy(update={"params": params})
+
+
+def _check_teacher(draft: PlanDraft) -> None:
+    """Refuse distillation without a teacher: a plan that distils, or a study that compares
+    distillation (a sweep over ``distill``), needs ``training.teacher``.
+
+    Raises:
+        PlanError: One line saying how to name one.
+    """
+    compares = draft.sweep is not None and draft.sweep.variable == "distill"
+    if draft.training.teacher is None and (draft.training.distill or compares):
+        raise PlanError(
+            "distillation needs a teacher: name its server's URL (http://host:port) or a checkpoint "
+            "directory in the request, or write teacher=URL"
+        )
 
 
 MIN_TEMPERATURE = 0.1
@@ -415,4 +455,16 @@ def training_line(plan: PlanDraft) -> str:
         label = {"steps": "steps", "batch_size": "B", "group_size": "G", "lr": "lr"}[plan.sweep.variable]
         values = ", ".join(f"{v:g}" for v in plan.sweep.coarse)
         shown[plan.sweep.variable] = f"{label} ∈ {{{values}}} (varied)"
-    return ", ".join(shown.values()) + f", seeds {t.seeds}"
+    line = ", ".join(shown.values()) + f", seeds {t.seeds}"
+    if t.teacher is not None:
+        varied = plan.sweep is not None and plan.sweep.variable == "distill"
+        how = (
+            "distillation on/off (varied)"
+            if varied
+            else f"{t.distill_mode} distillation"
+            + (f", coef {t.distill_coef:g}" if t.distill_mode == "mixed" else "")
+            if t.distill
+            else "not distilled"
+        )
+        line += f", teacher {teacher_text(t.teacher)} ({how})"
+    return line

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 import templates
 from a3r.errors import PlanError
 from a3r.study.plans import PlanDraft, TrainingSettings
+from a3r.study.teacher import read_teacher
 from swarm.client import ServeOptions
 
 __all__ = [
@@ -274,6 +275,27 @@ def _training_value(name: str, value: str, training: TrainingSettings) -> Any:
         raise PlanError(f"{name}={value}: {exc}") from None
 
 
+def _check_distillation(teacher: str | None, plan: PlanDraft) -> None:
+    """The plan distils the teacher the request names (`a3r.study.teacher.read_teacher`), in every run
+    or as the arm a research question compares; and names no teacher the request does not.
+
+    Raises:
+        PlanError: One line naming what the plan does not answer.
+    """
+    used = plan.training.teacher
+    if teacher != used:
+        raise PlanError(
+            f"the plan's teacher is {used!r}, the request's {teacher!r}; ask again (the provider dropped or "
+            "changed it)"
+        )
+    compared = plan.sweep is not None and plan.sweep.variable == "distill"
+    if teacher is not None and not (plan.training.distill or compared):
+        raise PlanError(
+            "the request distils a teacher, the plan does not (distill is false and no question compares "
+            "it); ask again"
+        )
+
+
 def check_request(request: str, plan: PlanDraft) -> PlanDraft:
     """Check any provider's plan against its request: the request names at most one task
     (`check_one_task`) and one dataset (`check_one_dataset`), and every ``name=value`` pair of it is known (`check_pair_names`) and used: the
@@ -286,6 +308,8 @@ def check_request(request: str, plan: PlanDraft) -> PlanDraft:
     Raises:
         PlanError: One line naming what the plan does not answer.
     """
+    teacher, request = read_teacher(request)
+    _check_distillation(teacher, plan)
     check_one_task(request)
     check_one_dataset(request)
     text = request.lower()

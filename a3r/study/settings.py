@@ -4,7 +4,8 @@ Each `Setting` knows its type, valid range, default coarse grid, how the refine 
 interval, and where its value goes:
 
 * ``training`` settings are `a3r.study.plans.TrainingSettings` fields that every run passes to
-  ``swarm serve`` (`serve_flags`: lr, B, G, LoRA rank, KL β, PPO clip ε, PPO epochs, minibatches;
+  ``swarm serve`` (`serve_flags`: lr, B, G, LoRA rank, KL β, PPO clip ε, PPO epochs, minibatches,
+  distillation from the plan's teacher;
   swarm's `swarm.train.TrainerConfig` fields behind those flags);
 * ``template`` settings are parameters of the study's template (``max_tokens``, ``temperature``, any
   other numeric or boolean knob of its workflow ``PARAMS``): each configuration runs a copy of the
@@ -29,6 +30,7 @@ import templates
 from a3r.errors import PlanError
 
 __all__ = [
+    "DISTILL_ALIAS",
     "SETTINGS",
     "UNSUPPORTED",
     "Setting",
@@ -179,6 +181,10 @@ _MAX_TOKENS_ALIASES = (
     r"\bcompletion[ _-]?length\b",
 )
 
+DISTILL_ALIAS = r"\bdistil(?:l)?(?:ation|ing|ed|s)?\b"
+"""What names distillation in a question ("does distilling <teacher> beat GRPO alone"): the ``distill``
+setting, false = GRPO alone, true = on-policy distillation from the plan's teacher (issue 38)."""
+
 # fmt: off
 SETTINGS: Mapping[str, Setting] = {
     s.name: s
@@ -194,6 +200,7 @@ SETTINGS: Mapping[str, Setting] = {
              (r"\bclip(?:ping)?[ _-]?(?:range|eps|epsilon|ratio)?\b",), open_max=True),
         _row("ppo_epochs", "PPO epochs per step", "int", (1, 16), 1, (1, 2, 4), "pow2", (r"\b(?:ppo[ _-]?)?epochs?\b",)),
         _row("minibatches", "minibatches per epoch", "int", (1, 64), 1, (1, 2, 4), "pow2", (r"\bmini[ _-]?batch(?:es)?\b",)),
+        _row("distill", "teacher distillation", "bool", (0, 1), 0.0, (0, 1), "linear", (DISTILL_ALIAS,)),
         _row("max_tokens", "max response tokens", "int", (1, 32768), 256, (64, 256, 1024), "pow2", _MAX_TOKENS_ALIASES, "template"),
         _row("temperature", "sampling temperature", "float", (0.0, 2.0), 1.0, (0.6, 1.0, 1.4), "linear", (r"\btemperatures?\b",), "template"),
     )
@@ -397,7 +404,19 @@ def value_text(name: str, template: str | None, value: float) -> str:
 def serve_flags(settings: BaseModel) -> dict[str, Any]:
     """The ``swarm serve`` options a run's `TrainingSettings` set: every training setting's flag.
 
+    ``distill`` sets ``--distill`` to the mode (``None``, left at swarm's default, when the run does
+    not distil), and a distilling run also ``--distill-coef`` and ``--teacher`` (its ``teacher-url``
+    field): the teacher as the plan names it, a URL, or a checkpoint directory that the run's
+    execution replaces by the URL of the teacher server it starts (`a3r.swarmops.teacher`).
+
     Args:
         settings: A `a3r.study.plans.TrainingSettings` (typed as its base: plans imports this module).
     """
-    return {s.flag: getattr(settings, s.name) for s in SETTINGS.values() if s.flag is not None}
+    values = settings.model_dump()
+    flags = {s.flag: values[s.name] for s in SETTINGS.values() if s.flag is not None}
+    distill = bool(values["distill"])
+    flags["distill"] = values["distill_mode"] if distill else None
+    if distill:
+        flags["distill-coef"] = values["distill_coef"]
+        flags["teacher-url"] = values["teacher"]
+    return flags

@@ -64,6 +64,7 @@ from a3r.swarmops.processes import (
     start_server,
     swarm_command,
 )
+from a3r.swarmops.teacher import start_teacher, student_env, teacher_key
 from a3r.swarmops.trained import trained_metrics
 from memory import NOT_METRICS, RunUpdate
 from swarm.client import ClientError, Event, ServeOptions, ServeOptionsError, ServerStepMetrics, StatusView
@@ -198,7 +199,8 @@ def cpu_seconds(pid: int) -> float | None:
 def _numeric(metrics: ServerStepMetrics) -> dict[str, float]:
     """A step's top-level numbers by name (finite only; the step itself and its time stamp,
     `memory.NOT_METRICS`, left out), with the mean completion length ``completion_tokens_mean`` = trained
-    tokens per sample."""
+    tokens per sample and a distilling server's ``distill/<key>`` metrics (docs/METRICS.md; nested under
+    ``distill`` in the row)."""
     values = {
         k: float(v)
         for k, v in metrics.model_dump().items()
@@ -208,6 +210,7 @@ def _numeric(metrics: ServerStepMetrics) -> dict[str, float]:
         and not isinstance(v, bool)
         and math.isfinite(v)
     }
+    values |= {f"distill/{k}": float(v) for k, v in metrics.distill.items() if math.isfinite(v)}
     if values.get("samples"):
         values["completion_tokens_mean"] = values.get("tokens", 0.0) / values["samples"]
     return values
@@ -231,14 +234,18 @@ PLAN_SERVE_OPTIONS = (
     "train",
     "batch-policy",
     *(s.flag for s in SETTINGS.values() if s.flag is not None),
+    "distill-coef",
     "max-steps",
 )
 """``swarm serve`` options every run sets from its plan (`_server_options`); users cannot override them."""
 
 
-def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServeOptions:
+def _server_options(
+    spec: RunSpec, ctx: ExecutionContext, teacher: ServerHandle | None = None
+) -> ServeOptions:
     """The run's ``swarm serve`` options: the user's (validated when the thread began), the plan's, and
-    a3r's defaults for what neither set.
+    a3r's defaults for what neither set; a distilling run's ``--teacher`` is the URL of ``teacher``,
+    the server a3r started for a checkpoint-directory teacher (`a3r.swarmops.teacher`).
 
     Raises:
         ServeOptionsError: the user's options no longer validate (a resumed thread under a newer swarm).
@@ -256,6 +263,8 @@ def _server_options(spec: RunSpec, ctx: ExecutionContext) -> ServeOptions:
                 "max-steps": s.steps if spec.purpose in ("train", "sweep") else None,
             }
         )
+        if teacher is not None:
+            options["teacher-url"] = teacher.url
     # bf16 compute (and bf16 base weights under LoRA) where the device has fast bf16 kernels: 2-3×
     # faster rollouts and updates on AMX CPUs and GPUs; float32 elsewhere. Explicit options win.
     options.setdefault("dtype", "auto")
@@ -589,10 +598,13 @@ def _server_for(spec: RunSpec, ctx: ExecutionContext, ws: Workspace, rec: _Recor
     if handle is not None and handle.process is not None and handle.process.poll() is None:
         return handle
     try:
-        options = _server_options(spec, ctx)
+        teacher = start_teacher(spec, ctx, ws.server_dir(teacher_key(key)), key)
+        options = _server_options(spec, ctx, teacher)
     except ServeOptionsError as exc:
         raise SwarmProcessError(f"swarm serve refuses the options: {exc}") from None
-    handle = start_server(ws.server_dir(key), model=ctx.model, options=options)
+    if teacher is not None:
+        rec.note(f"run {spec.key}: teacher server started at {teacher.url} ({spec.settings.teacher})")
+    handle = start_server(ws.server_dir(key), model=ctx.model, options=options, env=student_env(teacher))
     ctx.servers[key] = handle
     rec.note(f"run {spec.key}: swarm serve started at {handle.url} (run dir {ws.server_dir(key)})")
     return handle
@@ -602,9 +614,10 @@ def _release(spec: RunSpec, ctx: ExecutionContext, outcome: RunOutcome | None) -
     """Stop the run's server unless a later run continues on it (kept, or stopped for a patch)."""
     if spec.keep_server or (outcome is not None and outcome.status == "needs_attention"):
         return
-    handle = ctx.servers.pop(spec.server_key or spec.key, None)
-    if handle is not None:
-        handle.stop()
+    key = spec.server_key or spec.key
+    for handle in (ctx.servers.pop(key, None), ctx.servers.pop(teacher_key(key), None)):
+        if handle is not None:
+            handle.stop()
 
 
 def execute_run(
@@ -770,7 +783,8 @@ class _Sources:
         run.rec.events(run.api.events())
         self.episodes = read_progress(self.progress_path)
         live: str | None = None
-        if run.spec.early_stop and code is None:
+        # a distilling run learns from the teacher's per-token signal even where a group's rewards tie
+        if run.spec.early_stop and code is None and not run.spec.settings.distill:
             found = detect_zero_signal(
                 groups_of(self.episodes), group_size=run.spec.settings.group_size, min_groups=2
             )
@@ -1051,6 +1065,7 @@ def _diagnose(
         rows=[{"step": row.step, **_numeric(row)} for row in rows],
         episodes=episodes,
         group_size=spec.settings.group_size,
+        rewards_only=not spec.settings.distill,
         log_text=log_text,
         exit_code=None if stopped_by_us else exit_code,
         drop_max=spec.stability.drop_max,

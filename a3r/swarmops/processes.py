@@ -269,6 +269,7 @@ def start_server(
     options: ServeOptions | None = None,
     port: int | None = None,
     ready_timeout_s: float = 300.0,
+    env: dict[str, str] | None = None,
 ) -> ServerHandle:
     """Start ``swarm serve`` on loopback with its own run dir, a fresh admin token and a fresh client
     token (so that other users of the machine can neither steer it nor open episodes on it); wait until
@@ -280,6 +281,7 @@ def start_server(
         options: Further ``swarm serve`` options (training settings).
         port: TCP port (default: a free one).
         ready_timeout_s: How long to wait for the server to answer.
+        env: Further environment of the server (e.g. a teacher's ``SWARM_TEACHER_TOKEN``).
 
     Raises:
         SwarmProcessError: The server exited or did not answer in time (the log tail is in the message).
@@ -294,7 +296,7 @@ def start_server(
         "server",
         argv,
         log_path=run_dir.parent / f"{run_dir.name}.server.log",
-        env={"SWARM_ADMIN_TOKEN": token, "SWARM_CLIENT_TOKEN": client_token},
+        env={**(env or {}), "SWARM_ADMIN_TOKEN": token, "SWARM_CLIENT_TOKEN": client_token},
     )
     write_admin_token(run_dir, token)  # 0600: for `a3r tui` of the same user, no one else
     handle = ServerHandle(

@@ -256,3 +256,69 @@ async def test_token_view_cursor_walks_the_tokens() -> None:
         assert view.cursor == 4
         await pilot.press("right_square_bracket")  # the next sequence starts at its first token
         assert view.index == 1 and view.cursor == 0
+
+
+def _distilled_episode() -> EpisodeView:
+    """A finished episode whose one sample a teacher scored (on-policy distillation, issue 38)."""
+    from swarm.tracking.records import Sample
+
+    call = CallRecord(
+        index=0,
+        prompt_ids=[1, 2, 3],
+        completion_ids=[4, 5],
+        logprobs=[-0.1, -2.0],
+        finish_reason=FinishReason.STOP,
+        teacher_logprobs=[-0.5, -0.25],
+    )
+    sample = Sample(
+        episode_id="ep-01",
+        index=0,
+        input_ids=[1, 2, 3, 4, 5],
+        loss_mask=[0, 0, 0, 1, 1],
+        behaviour_logprobs=[0.0, 0.0, 0.0, -0.1, -2.0],
+        call_ids=[0, 0, 0, 0, 0],
+        calls=[0],
+        teacher_logprobs=[None, None, None, -0.5, -0.25],
+    )
+    return EpisodeView(
+        episode_id="ep-01",
+        task_id="t",
+        client_id="c",
+        kind=EpisodeKind.TRAIN,
+        status=EpisodeStatus.FINISHED,
+        created_at=0.0,
+        calls=[call],
+        samples=[sample],
+    )
+
+
+async def test_token_view_shows_the_teachers_logprob_beside_the_students() -> None:
+    episode = _distilled_episode()
+    pieces = episode_pieces(episode, None)
+    (sample,) = token_sequences(episode, pieces)
+    assert sample.teacher_logprobs == (None, None, None, -0.5, -0.25) and sample.scored == 2
+    (call,) = token_sequences(episode, pieces, by="calls")
+    assert call.teacher_logprobs == sample.teacher_logprobs  # the calls view shows them too
+    app = _TokensApp()
+    async with app.run_test(size=(100, 14)) as pilot:
+        view = app.query_one(TokenView)
+        view.focus()
+        view.show([sample])
+        await pilot.pause()
+        assert "teacher scored 2 tokens" in str(app.query_one("#token-head").render())
+        await pilot.press("right", "right", "right")
+        line = str(app.query_one("#token-line").render())
+        assert (
+            "token 4/5 · id 4 · '⟨4⟩' · trained · logprob -0.100 (p 0.905) · teacher -0.500 (p 0.607) · "
+            "student − teacher +0.400" in line
+        )
+        await pilot.press("left")
+        assert "teacher" not in str(app.query_one("#token-line").render())  # a context token: not scored
+        await pilot.press("t")  # one token per row, both logprobs side by side
+        assert view.rows
+        rows = str(app.query_one("#token-body").render()).splitlines()
+        assert rows[0].split() == ["#", "id", "piece", "mask", "student", "teacher", "s", "−", "t"]
+        assert rows[5].split() == ["5", "5", "'⟨5⟩'", "1", "-2.000", "-0.250", "-1.750"]
+        assert rows[1].split() == ["1", "1", "'⟨1⟩'", "0", "·", "·", "·"]
+        await pilot.press("t")
+        assert not view.rows

@@ -4,6 +4,11 @@ Trained tokens (loss mask 1) are coloured by their behaviour logprob (green wher
 red where it was not); context tokens are grey. A cursor selects one token, whose id, piece, mask and
 logprob the line under the title spells out. Sequences are the episode's merged samples (what the
 trainer sees) or its calls one by one (OpenAI and Anthropic calls alike: both are recorded as token ids).
+
+A sample a teacher scored (on-policy distillation, issue 38) carries the teacher's logprob of each
+token it scored: the selected token's line gives it beside the student's, with their difference
+(student − teacher: the token's reverse-KL estimate, the negative of its distillation advantage), and
+``t`` lays the tokens out one per row with both logprobs side by side.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class TokenSequence:
         ids: Token id of each token, shape (T,).
         loss_mask: 1 where the token is trained, else 0; shape (T,).
         logprobs: Behaviour logprob of each token (natural log; 0.0 outside the mask); shape (T,).
+        teacher_logprobs: The teacher's logprob of each token (natural log; ``None`` where it scored
+            none, e.g. context tokens), shape (T,); ``()`` when no teacher scored the sequence.
     """
 
     title: str
@@ -58,11 +65,21 @@ class TokenSequence:
     loss_mask: tuple[int, ...]
     logprobs: tuple[float, ...]
     ids: tuple[int, ...] = ()
+    teacher_logprobs: tuple[float | None, ...] = ()
 
     @property
     def trained(self) -> int:
         """Number of tokens with loss mask 1."""
         return sum(1 for m in self.loss_mask if m)
+
+    @property
+    def scored(self) -> int:
+        """Number of tokens the teacher scored."""
+        return sum(1 for t in self.teacher_logprobs if t is not None)
+
+    def teacher_at(self, position: int) -> float | None:
+        """The teacher's logprob of the token at ``position``, or ``None`` where it scored none."""
+        return self.teacher_logprobs[position] if position < len(self.teacher_logprobs) else None
 
 
 def _call_sequences(episode: EpisodeView, pieces_of: dict[int, str], note: str) -> list[TokenSequence]:
@@ -77,6 +94,11 @@ def _call_sequences(episode: EpisodeView, pieces_of: dict[int, str], note: str) 
                 loss_mask=(0,) * len(call.prompt_ids) + (trained,) * len(call.completion_ids),
                 logprobs=(0.0,) * len(call.prompt_ids) + tuple(call.logprobs),
                 ids=tuple(ids),
+                teacher_logprobs=(
+                    (None,) * len(call.prompt_ids) + tuple(call.teacher_logprobs)
+                    if call.teacher_logprobs is not None
+                    else ()
+                ),
             )
         )
     return sequences
@@ -114,6 +136,7 @@ def token_sequences(
                 loss_mask=tuple(sample.loss_mask),
                 logprobs=tuple(sample.behaviour_logprobs),
                 ids=tuple(sample.input_ids),
+                teacher_logprobs=tuple(sample.teacher_logprobs or ()),
             )
         )
     if sequences:
@@ -162,7 +185,40 @@ def token_line(sequence: TokenSequence, position: int) -> Text:
         ]
     else:
         parts += [("context", CONTEXT_STYLES[0]), " (not trained: no logprob)"]
+    teacher = sequence.teacher_at(position)
+    if teacher is not None:
+        parts += [
+            " · teacher ",
+            (f"{teacher:.3f}", trained_style(teacher, 0)),
+            f" (p {math.exp(teacher):.3f}) · student − teacher {logprob - teacher:+.3f}",
+        ]
+    elif sequence.teacher_logprobs and mask:
+        parts.append(" · teacher: not scored")
     return Text.assemble(*parts)
+
+
+def token_rows(sequence: TokenSequence, cursor: int | None = None) -> Text:
+    """The tokens one per row: position, id, piece, mask, the student's logprob and, where the teacher
+    scored the token, its logprob and student − teacher (nats); the row at ``cursor`` reversed."""
+    text = Text(f"{'#':>5} {'id':>6}  {'piece':<16} {'mask':>4} {'student':>8} {'teacher':>8} {'s − t':>7}\n")
+    for position, (piece, mask) in enumerate(zip(sequence.pieces, sequence.loss_mask, strict=True)):
+        logprob = sequence.logprobs[position]
+        teacher = sequence.teacher_at(position)
+        token_id = sequence.ids[position] if sequence.ids else "?"
+        start = len(text)
+        text.append(f"{position + 1:>5} {token_id:>6}  ")
+        shown = repr(piece)[:16]
+        text.append(f"{shown:<16}", style=trained_style(logprob, 0) if mask else CONTEXT_STYLES[0])
+        student = f"{logprob:>8.3f}" if mask else f"{'·':>8}"
+        if teacher is None:
+            text.append(f" {mask:>4} {student} {'·':>8} {'·':>7}\n")
+        else:
+            text.append(f" {mask:>4} {student} ")
+            text.append(f"{teacher:>8.3f}", style=trained_style(teacher, 0))
+            text.append(f" {logprob - teacher:>+7.3f}\n")
+        if position == cursor:
+            text.stylize(CURSOR_STYLE, start, len(text) - 1)
+    return text
 
 
 class TokenView(VerticalScroll, can_focus=True):
@@ -174,12 +230,14 @@ class TokenView(VerticalScroll, can_focus=True):
     | [   | previous sequence |
     | ← → | previous / next token (the line under the title describes it) |
     | Home End | first / last token |
+    | t   | tokens as text, or one per row with the student's and the teacher's logprob |
     | ↑ ↓ PgUp PgDn | scroll  |
 
     Reactive attributes:
         sequences: What to show (`token_sequences` builds them from an episode).
         index: Which sequence is shown.
         cursor: Which token of it is selected.
+        rows: Whether the tokens are laid out one per row (`token_rows`) rather than as text.
     """
 
     DEFAULT_CSS = """
@@ -203,6 +261,7 @@ class TokenView(VerticalScroll, can_focus=True):
         Binding("left", "move(-1)", "Prev token", show=False),
         Binding("home", "move(-1000000000)", "First token", show=False),
         Binding("end", "move(1000000000)", "Last token", show=False),
+        Binding("t", "toggle_rows", "Rows/text"),
     ]
 
     class SequenceChanged(Message):
@@ -216,6 +275,7 @@ class TokenView(VerticalScroll, can_focus=True):
     sequences: reactive[tuple[TokenSequence, ...]] = reactive(tuple)
     index: reactive[int] = reactive(0)
     cursor: reactive[int] = reactive(0)
+    rows: reactive[bool] = reactive(False)
 
     def compose(self) -> ComposeResult:
         yield Static(id="token-head")
@@ -248,6 +308,12 @@ class TokenView(VerticalScroll, can_focus=True):
     def watch_cursor(self) -> None:
         self._redraw(scroll=False)
 
+    def watch_rows(self) -> None:
+        self._redraw(scroll=False)
+
+    def action_toggle_rows(self) -> None:
+        self.rows = not self.rows
+
     def action_step(self, delta: int) -> None:
         self.index += delta
 
@@ -278,9 +344,11 @@ class TokenView(VerticalScroll, can_focus=True):
             " / ",
             ("context", CONTEXT_STYLES[0]),
         )
+        if shown.teacher_logprobs:
+            legend.append(f" · teacher scored {shown.scored} tokens (t: logprobs side by side)")
         head.update(legend)
         cursor = min(self.cursor, len(shown.pieces) - 1)
         line.update(token_line(shown, cursor))
-        body.update(render_tokens(shown, cursor))
+        body.update(token_rows(shown, cursor) if self.rows else render_tokens(shown, cursor))
         if scroll:
             self.scroll_home(animate=False)
