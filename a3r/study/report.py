@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from a3r.study.analysis import RewardSummary, part_roles
+from a3r.study.analysis import RewardSummary, part_roles, reward_range
 from a3r.study.effects import Effect, step_effect
 from a3r.study.headline import conclusion_line, headline, verdict_label
 from a3r.study.plans import PlanDraft, training_line
@@ -258,7 +258,7 @@ def _figures(
 ) -> list[str]:
     """The held-out before/after, reward-curve and reward-part figures with their Markdown."""
     lines: list[str] = []
-    held_out = plot_held_out(outcomes, baseline, folder / "held_out.png")
+    held_out = plot_held_out(outcomes, baseline, folder / "held_out.png", scale=reward_range(plan.template))
     if held_out is not None:
         lines += [
             "",
