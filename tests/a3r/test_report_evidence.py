@@ -4,6 +4,8 @@ a settling command on every line, training episodes counted per run, strict JSON
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 
 from a3r.study import plots
 from a3r.study.analysis import RewardSummary
+from a3r.study.headline import MAX_CHARS, NOT_RUN, budget_advice, headline
 from a3r.study.runs import RunOutcome
 
 
@@ -68,3 +71,54 @@ def test_held_out_intervals_stay_within_the_rewards_range(
     lows = [seg[:, 1].min() for coll in ax.collections for seg in coll.get_segments()]
     assert lows and min(lows) >= 0.0
     plt.close("all")
+
+
+def _effect(verdict: str, *, unit: str, n: int, more: int | None, **numbers: float) -> dict[str, Any]:
+    return (
+        {"estimate": 0.0, "low": math.nan, "high": math.nan}
+        | numbers
+        | {
+            "verdict": verdict,
+            "n": n,
+            "unit": unit,
+            "more_needed": more,
+        }
+    )
+
+
+def test_the_line_ends_with_what_settles_it_when_only_the_held_out_effect_has_an_interval() -> None:
+    """Found by a fresh user: the train effect had no interval (nothing would settle it) while the
+    held-out one said "≈ 40 more episodes would settle it"; the line ended without a command."""
+    evidence = {
+        "effect": _effect("unconfirmed", unit="steps", n=4, more=None),
+        "held_out_effect": _effect("unconfirmed", unit="episodes", n=16, more=40, low=-0.33, high=0.33),
+    }
+    line = headline(
+        "d", json.dumps(evidence), question="train arithmetic level=1", kind="vibe", status="unconfirmed"
+    )
+    assert len(line) <= MAX_CHARS and line.endswith("; settle: ≈ 40 more episodes"), line
+    assert "held-out Δ +0.000 (95% CI -0.330…+0.330)" in line
+
+
+@pytest.mark.parametrize("budget_s", [401.0, 600.0, 10.0])
+def test_a_study_the_budget_stopped_ends_with_the_budget_that_would_let_it_run(budget_s: float) -> None:
+    question = "train arithmetic level=1"
+    stopped = (
+        "stopped: the smoke run smoke ended budget: wall-time budget of 401 s spent at step 0; "
+        + budget_advice(budget_s)
+    )
+    minutes = max(1, math.ceil(2 * budget_s / 60))
+    line = headline(stopped, None, question=question, kind="vibe", status="unconfirmed")
+    assert line.startswith("stopped: the smoke run smoke ended budget")
+    assert (
+        line.endswith(f"; settle: a3r vibe '{question}' --budget-minutes {minutes}")
+        and len(line) <= MAX_CHARS
+    )
+    not_run = {"effect": _effect("unconfirmed", unit="steps", n=0, more=None, estimate=math.nan)}
+    statement = f"hypothesis not run: not estimated; the budget ran out before a trainer step: {budget_advice(budget_s)}"
+    line = headline(statement, not_run, question=question * 8, kind="vibe", status="unconfirmed")
+    assert line.startswith(NOT_RUN + ": train reward Δ not estimated")
+    assert (
+        line.endswith(f"; settle: a3r vibe <same request> --budget-minutes {minutes}")
+        and len(line) <= MAX_CHARS
+    )
