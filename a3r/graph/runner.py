@@ -24,7 +24,7 @@ from a3r.graph.records import ensure_experiment, ensure_run
 from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.providers.offline import read_params
 from a3r.study.research import eval_reserve_s
-from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec
+from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec, episodes_text
 from a3r.study.settings import value_text
 from a3r.swarmops.execution import Workspace
 from memory import RunStatus
@@ -148,7 +148,7 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
             final_metrics=_final_metrics(outcome),
             error=None if outcome.status == "finished" else f"{outcome.status}: {outcome.reason}"[:2000],
         )
-    line = f"runner: {spec.key} {outcome.status}: {outcome.reason} (steps {outcome.steps}, {outcome.episodes} episodes, {outcome.wall_s:.0f} s)"
+    line = f"runner: {spec.key} {outcome.status}: {outcome.reason} (steps {outcome.steps}, train episodes {episodes_text(outcome)}, {outcome.wall_s:.0f} s)"
     ctx.store.log_event(line, run_id=run.id, level="info" if outcome.status == "finished" else "warning")
     ctx.say(line)
     ctx.ledger.put(key, outcome.model_dump())

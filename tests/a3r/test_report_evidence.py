@@ -122,3 +122,56 @@ def test_a_study_the_budget_stopped_ends_with_the_budget_that_would_let_it_run(b
         line.endswith(f"; settle: a3r vibe <same request> --budget-minutes {minutes}")
         and len(line) <= MAX_CHARS
     )
+
+
+def _pool(server_dir: Path, trained_at: dict[int, int]) -> None:
+    """A server's pool whose steps each trained ``trained_at[step]`` finished train episodes, plus two
+    finished after the last step (untrained)."""
+    from swarm.pool import Pool, StoredEpisode
+    from swarm.protocol import EpisodeKind, EpisodeStatus
+
+    server_dir.mkdir(parents=True)
+    pool = Pool(server_dir / "pool.db")
+    ids = iter(range(1000))
+    for step, n in [*trained_at.items(), (0, 2)]:
+        names = [f"e{next(ids)}" for _ in range(n)]
+        for name in names:
+            episode = StoredEpisode(id=name, task_id="t", client_id="c", kind=EpisodeKind.TRAIN,
+                                    status=EpisodeStatus.FINISHED, created_at=0.0, finished_at=1.0,
+                                    metrics={"goal": 1.0})  # fmt: skip
+            pool.add(episode, [])
+        if step:
+            pool.mark_trained(names, step)
+    pool.close()
+
+
+def test_a_run_on_a_shared_server_counts_the_episodes_its_own_steps_trained(tmp_path: Path) -> None:
+    """Found by a fresh user: a continuation on the smoke run's and first run's server read
+    ``train-s0-c | finished | 4 | 0`` (4 steps on 0 episodes; its client finished none, the steps trained
+    the earlier clients' episodes), and the log ``reached step 4 (steps 4, 0 episodes…)``."""
+    from types import SimpleNamespace
+
+    from a3r.study.plans import TrainingSettings
+    from a3r.study.runs import RunSpec, episodes_text
+    from a3r.swarmops.execution import _outcome
+
+    root = tmp_path / "study"
+    _pool(root / "servers" / "main-s0", {1: 4, 2: 4, 3: 4, 4: 4})
+    spec = RunSpec(
+        key="train-s0-c", purpose="train", server_key="main-s0", settings=TrainingSettings(steps=4)
+    )
+    run: Any = SimpleNamespace(
+        spec=spec, run_id=3, started=0.0, run_dir=root, handle=SimpleNamespace(process=object()),
+        ws=SimpleNamespace(server_dir=lambda key: root / "servers" / key),
+    )  # fmt: skip
+    outcome = _outcome(
+        run, "finished", "reached step 4", rows=[], episodes=[], last_step=4, start_step=1, client_s=1.0,
+        seconds_per_step=1.0, diagnoses=[], eval_summary=None, eval_s=0.0,
+    )  # fmt: skip
+    assert (outcome.episodes, outcome.trained_episodes) == (12, 12)  # steps 2–4, not step 1's, not the tail
+    assert episodes_text(outcome) == "12" and outcome.parts == {"goal": [1.0, 1.0, 1.0]}
+    first = _outcome(
+        run, "finished", "reached step 1", rows=[], episodes=[], last_step=1, start_step=0, client_s=1.0,
+        seconds_per_step=1.0, diagnoses=[], eval_summary=None, eval_s=0.0,
+    )  # fmt: skip
+    assert (first.episodes, first.trained_episodes) == (4, 4)  # step 1's, not the continuation's steps
