@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +176,25 @@ def test_a_run_on_a_shared_server_counts_the_episodes_its_own_steps_trained(tmp_
         seconds_per_step=1.0, diagnoses=[], eval_summary=None, eval_s=0.0,
     )  # fmt: skip
     assert (first.episodes, first.trained_episodes) == (4, 4)  # step 1's, not the continuation's steps
+
+
+def test_a_smoke_run_that_ate_the_budget_is_said_once_and_plainly() -> None:
+    """Found by a fresh user: "-105 s left for training … so training runs 1 of the 4 steps (≈ 996 s) …
+    warning: 1 step are fewer than…" after a smoke run that took 819 s of the 818 s left."""
+    from a3r.study.plans import TrainingSettings
+    from a3r.study.research import size_training
+
+    settings = TrainingSettings(steps=4, batch_size=1, group_size=2)
+    for budget_s in (61.0, 300.0):  # the reserve and margin take it all; or leave less than one step
+        sizing = size_training(
+            settings, seconds_per_episode=300.0, budget_s=budget_s, reserve_s=30, margin_s=60
+        )
+        note = sizing.note
+        assert sizing.steps == 1 and not re.search(r"-[\d,]+ s", note), note
+        assert "not one of the 4 steps fits" in note and note.count("the smoke run used the time") == 1, note
+        assert "training runs" not in note and "warning" not in note, note
+    one = size_training(TrainingSettings(steps=4, batch_size=1, group_size=2), seconds_per_episode=30.0,
+                        budget_s=200.0, reserve_s=30, margin_s=60)  # fmt: skip
+    assert one.steps == 1 and "1 step is fewer than" in one.note and " are fewer" not in one.note
+    assert f"training runs 1 of the 4 steps (≈ {one.seconds_per_step:,.0f} s)" in one.note
+    assert one.seconds_per_step <= one.available_s  # what it says it runs fits in what it says is left
