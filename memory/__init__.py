@@ -37,7 +37,14 @@ if TYPE_CHECKING:
         StoreError,
         StoreUnavailable,
     )
-    from memory._export import ExperimentExport, MetricPointExport, RunExport, StudyExport, render_markdown
+    from memory._export import (
+        ExperimentExport,
+        MetricPointExport,
+        RunExport,
+        StudyExport,
+        render_json,
+        render_markdown,
+    )
     from memory._models import (
         ArtifactKind,
         CodeArtifactPublic,
@@ -101,6 +108,7 @@ _SOURCES: dict[str, str] = {
     "StudyPublic": "memory._models",
     "StudyStatus": "memory._vocabulary",
     "StudyUpdate": "memory._models",
+    "render_json": "memory._export",
     "render_markdown": "memory._export",
     "scrub": "memory._secrets",
     "scrub_text": "memory._secrets",
@@ -146,6 +154,7 @@ __all__ = [
     "StudyPublic",
     "StudyStatus",
     "StudyUpdate",
+    "render_json",
     "render_markdown",
     "scrub",
     "scrub_text",

@@ -27,6 +27,7 @@ __all__ = [
     "MetricPointExport",
     "RunExport",
     "StudyExport",
+    "render_json",
     "render_markdown",
 ]
 
@@ -127,7 +128,18 @@ def _evidence_text(evidence: str) -> str:
 
 INLINE_DATA_LINES = 20
 """A data artifact (``tasks.jsonl``) longer than this is summarised in the Markdown report (line count,
-first lines); the JSON export keeps every line."""
+first lines); the JSON export names every data artifact instead of inlining it (`render_json`)."""
+
+
+def _stored_as(artifact: CodeArtifactPublic) -> str:
+    """Where a data artifact's content is and what identifies it: ``tasks.jsonl v1 in the store (327
+    lines, 60,932 bytes, sha256 …)``."""
+    size = len(artifact.content.encode())
+    lines = len(artifact.content.splitlines())
+    return (
+        f"{artifact.name} v{artifact.version} in the store ({lines:,} lines, {size:,} bytes, "
+        f"sha256 {artifact.sha256})"
+    )
 
 
 def _artifact_section(artifact: CodeArtifactPublic, study_id: int) -> list[str]:
@@ -137,8 +149,7 @@ def _artifact_section(artifact: CodeArtifactPublic, study_id: int) -> list[str]:
     note: list[str] = []
     if artifact.kind.value == "data" and len(lines) > INLINE_DATA_LINES:
         note = [
-            f"{len(lines)} lines; the first {INLINE_DATA_LINES} below, all of them in "
-            f"`a3r export {study_id} --format json`.",
+            f"The first {INLINE_DATA_LINES} lines below; the whole file is {_stored_as(artifact)}.",
             "",
         ]
         content = "\n".join(lines[:INLINE_DATA_LINES])
@@ -224,6 +235,36 @@ def _findings_and_patches(export: StudyExport) -> list[str]:
             ],
         )
     return out
+
+
+def _readable(value: object) -> object:
+    """``value`` for `render_json`: `_finite`, and each string holding JSON (a finding's evidence, an
+    event's detail) re-written without NaN the same way, so a strict parse of it succeeds too."""
+    if isinstance(value, str):
+        return _evidence_text(value) if value[:1] in ("{", "[") else value
+    if isinstance(value, dict):
+        return {key: _readable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_readable(item) for item in value]
+    return _finite(value)
+
+
+def render_json(export: StudyExport) -> str:
+    """A study export as strict JSON for a person or a tool (``a3r export --format json``): no ``NaN``
+    or infinity anywhere, also inside strings that hold JSON (non-finite numbers are ``null``); a data
+    artifact (``tasks.jsonl``) is named, not inlined: its ``content`` is ``null`` and ``stored_as`` says
+    which version of which file it is, its size and sha256 (the store keeps the content;
+    `Store.export_study` returns it whole, for `Store.import_study`).
+
+    Returns:
+        Indented JSON text ending in a newline, which ``json.loads(text, parse_constant=…)`` raising on
+        every constant parses, and so does each string in it that holds JSON.
+    """
+    data: Any = _readable(export.model_dump(mode="json"))
+    for artifact, dumped in zip(export.artifacts, data["artifacts"], strict=True):
+        if artifact.kind.value == "data":
+            dumped.update(content=None, stored_as=_stored_as(artifact))
+    return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def render_markdown(export: StudyExport) -> str:

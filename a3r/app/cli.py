@@ -23,7 +23,6 @@ import contextlib
 import enum
 import importlib.metadata
 import importlib.util
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -269,12 +268,9 @@ def export(
     """Export everything recorded about a study, as Markdown or JSON."""
     with _open_store(store) as opened:
         exported = opened.export_study(study)
-    if format is ExportFormat.json:
-        text = json.dumps(exported.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
-    else:
-        from memory import render_markdown
+    from memory import render_json, render_markdown
 
-        text = render_markdown(exported)
+    text = (render_json if format is ExportFormat.json else render_markdown)(exported)
     if out is None:
         typer.echo(text, nl=False)
         return

@@ -28,6 +28,7 @@ from a3r.study.analysis import (
     reward_range,
 )
 from a3r.study.effects import LEVEL, EffectVerdict, step_effect, two_sample_effect
+from a3r.study.headline import budget_advice
 from a3r.study.patches import PATCHABLE, check_allowed, unified_diff
 from a3r.study.runs import RunOutcome, RunSpec
 from memory import FindingStatus
@@ -191,6 +192,8 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
     if outcome.status == "failed_to_start" or (outcome.purpose == "smoke" and outcome.status != "finished"):
         detail = "; ".join(d.summary for d in outcome.diagnoses) or outcome.reason
         text = f"stopped: the {outcome.purpose} run {outcome.key} ended {outcome.status}: {detail}"
+        if outcome.status == "budget":  # the line ends with the command that would let it run
+            text += f"; {budget_advice(ctx.budget_s)}"
         ctx.say(f"analyst: {text}")
         return Command(goto="planner", update={"queue": [], "conclusion": text, "log": [text]})
     if outcome.status == "needs_attention":

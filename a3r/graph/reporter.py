@@ -17,7 +17,7 @@ from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.study.analysis import DiagnosisKind, on_shared_tasks, part_roles, reward_range, task_span
 from a3r.study.design import STABLE_CONFIRM_SEEDS, ranked_by_held_out, seed_means
 from a3r.study.effects import LEVEL, Effect, EffectVerdict, Scale, curve_effect, two_sample_effect
-from a3r.study.headline import NOT_RUN, verdict_label
+from a3r.study.headline import NOT_RUN, budget_advice, verdict_label
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
 from a3r.study.research import budget_note, spent_s
@@ -145,6 +145,8 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
     )
     if held is not None:
         statement += f". Held-out mean reward after − before training ({held[1]}): {held[0].describe()}"
+    if not curve and any(o.status == "budget" for o in state.get("outcomes", [])):
+        statement += f"; the budget ran out before a trainer step: {budget_advice(ctx.budget_s)}"
     ensure_finding(
         ctx,
         study_id,

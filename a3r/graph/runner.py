@@ -24,7 +24,7 @@ from a3r.graph.records import ensure_experiment, ensure_run
 from a3r.graph.state import ResearchState, first_hypothesis
 from a3r.providers.offline import read_params
 from a3r.study.research import eval_reserve_s
-from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec
+from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec, episodes_text
 from a3r.study.settings import value_text
 from a3r.swarmops.execution import Workspace
 from memory import RunStatus
@@ -97,6 +97,19 @@ def _final_metrics(outcome: RunOutcome) -> dict[str, float]:
     return {k: v for k, v in values.items() if math.isfinite(v)}
 
 
+def _cap_note(spec: RunSpec, queue: list[RunSpec]) -> str:
+    """Why a smoke run with training after it may use the whole budget left: it is not capped, because
+    its held-out baseline (the "before" of the verdict) is sized after its episodes, from their
+    measured speed, to leave room for the planned steps (`a3r.study.research.size_heldout`); the
+    sizing after it says what is left for training."""
+    if spec.purpose != "smoke" or not any(q.purpose == "train" for q in queue):
+        return ""
+    return (
+        " (not capped: its held-out baseline is sized from its measured speed to leave room for training; "
+        "the sizing after it says what is left)"
+    )
+
+
 def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, object]:
     """Run the first queued spec; return the rest of the queue and the outcome."""
     ctx = runtime.context
@@ -130,7 +143,9 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
             reason="the thread's wall-time budget is spent",
         )
     else:
-        ctx.say(f"runner: {spec.key} ({spec.purpose}) — budget left {budget_left:.0f} s")
+        ctx.say(
+            f"runner: {spec.key} ({spec.purpose}) — budget left {budget_left:.0f} s{_cap_note(spec, queue)}"
+        )
         reserve = eval_reserve_s(spec, state.get("outcomes", []), budget_s=budget_left)
         if spec.params:
             ws = variant_workspace(ws, spec.params)
@@ -148,7 +163,7 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
             final_metrics=_final_metrics(outcome),
             error=None if outcome.status == "finished" else f"{outcome.status}: {outcome.reason}"[:2000],
         )
-    line = f"runner: {spec.key} {outcome.status}: {outcome.reason} (steps {outcome.steps}, {outcome.episodes} episodes, {outcome.wall_s:.0f} s)"
+    line = f"runner: {spec.key} {outcome.status}: {outcome.reason} (steps {outcome.steps}, train episodes {episodes_text(outcome)}, {outcome.wall_s:.0f} s)"
     ctx.store.log_event(line, run_id=run.id, level="info" if outcome.status == "finished" else "warning")
     ctx.say(line)
     ctx.ledger.put(key, outcome.model_dump())

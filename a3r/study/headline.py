@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ __all__ = [
     "LABELS",
     "MAX_CHARS",
     "NOT_RUN",
+    "budget_advice",
     "conclusion_line",
     "evidence_lines",
     "headline",
@@ -49,6 +51,21 @@ _JUDGED = ("effect", "train reward Δ")
 _HELD_OUT = ("held_out_effect", "held-out Δ")
 """The held-out comparison (after − before), added to the line after the judged effect (or standing for
 it if alone)."""
+
+
+_BUDGET = re.compile(r"--budget-minutes (\d+(?:\.\d+)?)")
+"""The budget a stopped or not-run derivation advises (`budget_advice`), which its line's command asks."""
+
+
+def budget_advice(budget_s: float) -> str:
+    """What a derivation says when the budget stopped the study before its evidence: ``give
+    --budget-minutes N or more`` with N twice the budget it had (whole minutes, at least 1), which the
+    one-line verdict turns into the command that would let it run (``a3r vibe '…' --budget-minutes N``).
+
+    Args:
+        budget_s: The wall-time budget the study had, in seconds.
+    """
+    return f"give --budget-minutes {max(1, math.ceil(2 * budget_s / 60))} or more"
 
 
 def _number(value: Any) -> float:
@@ -160,14 +177,39 @@ def _effect_text(what: str, effect: Mapping[str, Any], *, digits: int, ci: bool)
     return f"{what} {_signed(estimate, digits)} ({'95% CI ' if ci else ''}{interval})"
 
 
-def _first_clause(label: str, statement: str) -> str:
-    """The statement's first clause, cut at `MAX_CHARS`; a verdict word it starts with (``refuted: …``)
-    is replaced by ``label``, so the line never contradicts the finding's status."""
+def _budget_parts(statement: str, *, kind: str) -> tuple[str, str] | None:
+    """The settling command of a derivation that advises a budget (`budget_advice`): the same request
+    with that ``--budget-minutes``; ``None`` where it advises none."""
+    found = _BUDGET.search(statement)
+    if found is None:
+        return None
+    return f"a3r {'research' if kind == 'research' else 'vibe'}", f"--budget-minutes {found.group(1)}"
+
+
+def _commands(settle: tuple[str, str] | None, question: str) -> list[str]:
+    """The settling command's forms, longest first: the request quoted, then named; none without one."""
+    if settle is None:
+        return [""]
+    head, tail = settle
+    if not head:
+        return [f"; settle: {tail}"]
+    return [f"; settle: {head} {shlex.quote(question)} {tail}", f"; settle: {head} <same request> {tail}"]
+
+
+def _first_clause(
+    label: str, statement: str, settle: tuple[str, str] | None = None, question: str = ""
+) -> str:
+    """The statement's first clause, then the settling command (`_budget_parts`) where the derivation
+    advises one, cut at `MAX_CHARS` (the clause gives way, never the command); a verdict word it starts
+    with (``refuted: …``) is replaced by ``label``, so the line never contradicts the finding's status."""
     line = statement.split(". ")[0].split("; ")[0].strip()
     word, sep, rest = line.partition(": ")
     if sep and word in LABELS:
         line = f"{label}: {rest}"
-    return line if len(line) <= MAX_CHARS else line[: MAX_CHARS - 1].rstrip() + "…"
+    commands = _commands(settle, question)
+    command = next((c for c in commands if len(line) + len(c) <= MAX_CHARS), commands[-1])
+    room = MAX_CHARS - len(command)
+    return (line if len(line) <= room else line[: room - 1].rstrip() + "…") + command
 
 
 def _candidates(
@@ -180,14 +222,7 @@ def _candidates(
     """The line from the most to the least detailed: three then two decimals, the held-out interval
     without its repeated ``95% CI``; then the request in the command named, not quoted (a long request
     would crowd out the numbers); last the held-out numbers left to the label."""
-    commands = [""]
-    if settle is not None:
-        head, tail = settle
-        commands = (
-            [f"; settle: {head} {shlex.quote(question)} {tail}", f"; settle: {head} <same request> {tail}"]
-            if head
-            else [f"; settle: {tail}"]
-        )
+    commands = _commands(settle, question)
     what, effect = judged
     both: list[str] = []
     alone: list[str] = []
@@ -221,15 +256,21 @@ def headline(
         (95% CI +0.120…+0.500); held-out Δ +0.220 (95% CI +0.146…+0.293)`` (Δ: the change over training
         steps; held-out after − before); for an unconfirmed effect ``…;
         settle: a3r vibe 'train who-is-the-spy' --steps 24`` (or ``…; settle: ≈ 40 more episodes`` where
-        no flag asks for them). A finding without effect evidence: its statement's first clause.
+        no flag asks for them; the held-out effect's where the judged one has none; ``…; settle: a3r vibe
+        '…' --budget-minutes 14`` where the derivation advises a budget, `budget_advice`). A finding
+        without effect evidence: its statement's first clause (and that budget command).
     """
     parsed = _parsed(evidence)
     label = verdict_label(status, parsed)
     judged, held_out = _effects(parsed)
     if judged is None:
-        return _first_clause(label, statement)
+        return _first_clause(label, statement, _budget_parts(statement, kind=kind), question)
     what = _JUDGED[1] if parsed is not None and parsed.get(_JUDGED[0]) is judged else _HELD_OUT[1]
-    settle = _settle_parts(judged, kind=kind)
+    settle = (
+        _settle_parts(judged, kind=kind)
+        or (_settle_parts(held_out, kind=kind) if held_out is not None else None)
+        or _budget_parts(statement, kind=kind)
+    )
     last = ""
     for line in _candidates(label, (what, judged), held_out, settle, question):
         if len(line) <= MAX_CHARS:

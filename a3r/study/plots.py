@@ -23,6 +23,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from scipy import stats
@@ -32,7 +33,7 @@ from a3r.study.research import ConfigVerdict
 from a3r.study.runs import RunOutcome
 from a3r.study.settings import value_text
 
-__all__ = ["mean_interval", "plot_held_out", "plot_parts", "plot_rewards", "plot_sweep"]
+__all__ = ["mean_interval", "plot_held_out", "plot_parts", "plot_rewards", "plot_sweep", "step_axis"]
 
 LEVEL = 0.95
 """Coverage of the intervals drawn."""
@@ -46,6 +47,17 @@ def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def step_axis(ax: Axes, xs: Sequence[float]) -> None:
+    """Integer ticks on a step (or group) axis: `MaxNLocator` (``integer=True``) in general, and the
+    steps themselves as ticks (one unit of margin each side) where they span fewer than 3 steps, where
+    the locator would fall back to fractional ticks (0.945 … 1.050 around a single point)."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    steps = sorted({round(x) for x in xs if math.isfinite(x)})
+    if steps and steps[-1] - steps[0] < 2:
+        ax.set_xticks(range(steps[0], steps[-1] + 1))
+        ax.set_xlim(steps[0] - 0.5, steps[-1] + 0.5)
 
 
 def mean_interval(rewards: Sequence[float]) -> tuple[float, float]:
@@ -74,9 +86,19 @@ def _held_out_points(
     return [(label, summary) for label, summary in before + after if summary is not None] if after else []
 
 
-def plot_held_out(outcomes: Sequence[RunOutcome], baseline: RewardSummary | None, path: Path) -> Path | None:
+def plot_held_out(
+    outcomes: Sequence[RunOutcome],
+    baseline: RewardSummary | None,
+    path: Path,
+    *,
+    scale: tuple[float, float] | None = None,
+) -> Path | None:
     """Held-out mean reward before training (the smoke run's evaluation, else the untrained preflight)
     and after each training run, with `LEVEL` intervals over episodes and the attempt count under each.
+
+    Args:
+        scale: The rewards the template can pay (`a3r.study.analysis.reward_range`); each interval is
+            clipped to it (a mean of rewards in [0, 1] is never below 0), as the verdicts' are.
 
     Returns:
         The PNG path, or ``None`` without a before and an after evaluation.
@@ -88,8 +110,16 @@ def plot_held_out(outcomes: Sequence[RunOutcome], baseline: RewardSummary | None
     for i, (label, summary) in enumerate(points):
         mean, half = mean_interval(summary.rewards) if summary.rewards else (summary.mean_reward, math.nan)
         colour = "grey" if label.startswith("before") else "tab:blue"
+        low, high = mean - half, mean + half
+        if scale is not None:
+            low, high = max(low, scale[0]), min(high, scale[1])
         ax.errorbar(
-            [i], [mean], yerr=None if math.isnan(half) else [[half], [half]], fmt="o", color=colour, capsize=6
+            [i],
+            [mean],
+            yerr=None if math.isnan(half) else [[mean - low], [high - mean]],
+            fmt="o",
+            color=colour,
+            capsize=6,
         )
         ax.annotate(f"{mean:.3f}", (i, mean), textcoords="offset points", xytext=(9, -3), fontsize=8)
     ax.set_xticks(
@@ -127,7 +157,7 @@ def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
             else:  # groups are independent draws, not a time series: points, not a line
                 xs = range(1, len(o.episode_curve) + 1)
                 ax.plot(xs, o.episode_curve, marker="s", linestyle="none", label=f"{o.key} (per group)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        step_axis(ax, [x for o in runs for x in _xs(o)])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         ax.set_ylabel("mean reward")
@@ -138,6 +168,13 @@ def plot_rewards(outcomes: Sequence[RunOutcome], path: Path) -> Path | None:
         axes[0][-1].set_title("smoke run (no training)", fontsize=9)
         axes[0][-1].set_xlabel("group of episodes")
     return _save(fig, path)
+
+
+def _xs(outcome: RunOutcome) -> list[float]:
+    """The x values `plot_rewards` draws for a run: its steps, else its group indices (from 1)."""
+    return [float(s) for s, _ in outcome.curve] or [
+        float(i) for i in range(1, len(outcome.episode_curve) + 1)
+    ]
 
 
 def _is_rate(curves: Mapping[str, Mapping[str, list[float]]], name: str) -> bool:
@@ -169,7 +206,7 @@ def plot_parts(
         good = GOOD_DIRECTION.get((roles or {}).get(name, ""), "")
         ax.set_title(f"{name}\n{good}" if good else name, fontsize=9)
         ax.set_xlabel("trainer step (its batch's episodes)", fontsize=7)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        step_axis(ax, [float(i) for c in parts.values() for i in range(1, len(c.get(name, [])) + 1)])
         if _is_rate(parts, name):
             ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)

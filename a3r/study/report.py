@@ -12,13 +12,13 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from a3r.study.analysis import RewardSummary, part_roles
+from a3r.study.analysis import RewardSummary, part_roles, reward_range
 from a3r.study.effects import Effect, step_effect
 from a3r.study.headline import conclusion_line, headline, verdict_label
 from a3r.study.plans import PlanDraft, training_line
 from a3r.study.plots import plot_held_out, plot_parts, plot_rewards, plot_sweep
 from a3r.study.research import ConfigVerdict
-from a3r.study.runs import RunOutcome, status_text
+from a3r.study.runs import RunOutcome, episodes_text, status_text
 from a3r.study.settings import value_text
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
@@ -179,14 +179,6 @@ def _plan(
     return lines
 
 
-def _episodes_text(outcome: RunOutcome) -> str:
-    """The run's finished train episodes, the ones no step trained marked apart: ``16 (+3 untrained)``."""
-    trained = outcome.trained_episodes
-    if trained is None or trained >= outcome.episodes:
-        return str(outcome.episodes)
-    return f"{trained} (+{outcome.episodes - trained} untrained)"
-
-
 def _runs(
     outcomes: Sequence[RunOutcome], baseline: RewardSummary | None, reused: Mapping[int, str] | None
 ) -> list[str]:
@@ -207,7 +199,7 @@ def _runs(
         status = status_text(o.status) + (f", reused from {origin}" if origin else "")
         held_out = [f"{e.tasks} / {e.episodes}" if e else "–", _fmt(e.pass_at_1 if e else None)]
         wall = "–" if origin else f"{o.wall_s:.0f}"
-        row = [o.key, status, str(o.steps), _episodes_text(o), wall, _fmt(last), *held_out]
+        row = [o.key, status, str(o.steps), episodes_text(o), wall, _fmt(last), *held_out]
         rows.append([*row, _fmt(e.pass_at_2 if e else None), _mean_se(e)])
     header = ["run", "status", "steps", "train episodes", "wall s", "last reward"]
     header += ["held-out n (tasks / attempts)", "held-out p@1", "held-out p@2", "held-out mean ± SE"]
@@ -258,7 +250,7 @@ def _figures(
 ) -> list[str]:
     """The held-out before/after, reward-curve and reward-part figures with their Markdown."""
     lines: list[str] = []
-    held_out = plot_held_out(outcomes, baseline, folder / "held_out.png")
+    held_out = plot_held_out(outcomes, baseline, folder / "held_out.png", scale=reward_range(plan.template))
     if held_out is not None:
         lines += [
             "",

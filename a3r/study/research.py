@@ -363,6 +363,16 @@ def _sizing_note(
         f"the smoke run measured {seconds_per_episode:.1f} s per episode → ≈ {per_step(batch):.0f} s per step "
         f"(B·G = {batch * settings.group_size} episodes + {UPDATE_SHARE:.0%} update)"
     )
+    if sizing.available_s < per_step(1):  # said once, plainly: no step fits in what is left
+        kept = budget_s - sizing.available_s * runs if runs > 1 else budget_s - sizing.available_s
+        return (
+            f"budget: the smoke run used the time training needed: the {budget_s:,.0f} s of budget left "
+            f"{'cover' if sizing.available_s > 0 else 'do not cover'} the {kept:,.0f} s kept for the safety "
+            f"margin ({margin_s:,.0f} s), the held-out evaluation ({reserve_s:,.0f} s) and the server start "
+            f"({SERVER_OVERHEAD_S:.0f} s){' but leave less than one step' if sizing.available_s > 0 else ''}; "
+            f"{measured}, so not one of the {planned} steps fits: training starts anyway and the budget "
+            "will likely stop it before its first step (a larger --budget-minutes lets it train)"
+        )
     if steps < planned:
         note = (
             f"budget: {planned} steps do not fit even at B = 1: {measured}; {planned} steps would need ≈ "
@@ -371,7 +381,8 @@ def _sizing_note(
         )
         if steps < MIN_STEPS <= planned:
             note += (
-                f"; warning: {counted(steps, 'steps')} are fewer than the {MIN_STEPS} the train-reward verdict "
+                f"; warning: {counted(steps, 'steps')} {'is' if steps == 1 else 'are'} fewer than the "
+                f"{MIN_STEPS} the train-reward verdict "
                 f"needs: the budget cannot hold {MIN_STEPS} at this speed, so that verdict is not estimated "
                 "unless the re-plan after each step finds the time"
             )

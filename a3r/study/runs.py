@@ -15,7 +15,16 @@ from a3r.study.plans import StabilityCriterion, TrainingSettings
 from a3r.study.run_status import STORE_STATUS, RunStatusName, status_text
 from a3r.study.sequential import SignalCheck
 
-__all__ = ["STORE_STATUS", "Resizing", "RunOutcome", "RunPurpose", "RunSpec", "RunStatusName", "status_text"]
+__all__ = [
+    "STORE_STATUS",
+    "Resizing",
+    "RunOutcome",
+    "RunPurpose",
+    "RunSpec",
+    "RunStatusName",
+    "episodes_text",
+    "status_text",
+]
 
 RunPurpose = Literal["preflight", "smoke", "train", "sweep"]
 
@@ -164,3 +173,13 @@ class RunOutcome(BaseModel):
     reward_patch: int | None = None
     signal: SignalCheck | None = None
     overhead_s: float = 0.0
+
+
+def episodes_text(outcome: RunOutcome) -> str:
+    """A run's finished train episodes for the report's runs table and the runner's log line, the ones
+    no step of the run trained marked apart: ``16 (+3 untrained)``; its trained ones where it finished
+    none itself (a continuation on the same server trains what earlier clients finished)."""
+    trained = outcome.trained_episodes
+    if trained is None or trained >= outcome.episodes:
+        return str(outcome.episodes)
+    return f"{trained} (+{outcome.episodes - trained} untrained)"

@@ -1132,14 +1132,31 @@ def _outcome(
         if spec.purpose == "smoke"
         else [row.episodes + row.episodes_dropped for row in rows if row.step > start_step]
     )
+    # on a server of ours the pool says which step consumed each episode: a run's trained episodes are
+    # those its steps (start_step, last_step] trained, also when it shares the server (and its run dir)
+    # with the smoke run or with the run it continues, whose client wrote none of them
+    trained = (
+        trained_metrics(
+            run.ws.server_dir(spec.server_key or spec.key), after_step=start_step, up_to_step=last_step
+        )
+        if per_step is not None and run.handle.process is not None
+        else None
+    )
+    trained_n = (
+        len(trained)
+        if trained is not None
+        else None
+        if per_step is None
+        else trained_count(per_step, finished_eps)
+    )
     return RunOutcome(
         **spec.outcome_fields(),
         run_id=run.run_id,
         status=status,
         reason=reason,
         steps=last_step,
-        episodes=finished_eps,
-        trained_episodes=None if per_step is None else trained_count(per_step, finished_eps),
+        episodes=max(finished_eps, trained_n or 0),
+        trained_episodes=trained_n,
         wall_s=time.monotonic() - run.started,
         curve=[(s, v) for s, v in _reward_curve(rows) if s > start_step or spec.start_step == 0],
         episode_curve=[statistics.fmean(v) for v in train_groups.values() if v],
@@ -1150,7 +1167,13 @@ def _outcome(
         run_dir=str(run.run_dir),
         seconds_per_episode=client_s / finished_eps if finished_eps else math.nan,
         seconds_per_step=seconds_per_step,
-        parts=_parts(run, episodes, metric_names, per_step=per_step, start_step=start_step),
+        parts=_parts(
+            run,
+            episodes,
+            sorted({*metric_names, *(name for _, metrics in trained or [] for name in metrics)}),
+            per_step=per_step,
+            trained=trained,
+        ),
         eval_s=eval_s,
     )
 
@@ -1161,18 +1184,16 @@ def _parts(
     names: list[str],
     *,
     per_step: list[int] | None,
-    start_step: int,
+    trained: list[tuple[int, dict[str, float]]] | None,
 ) -> dict[str, list[float]]:
     """The run's reward-part curves: one point per step it trained, over the episodes the step took,
-    read from the pool of a server of ours (`a3r.swarmops.trained`); else from the client's records in
-    order, as many per step as the step consumed; a smoke run's per B·G episodes."""
+    ``trained`` (read from the pool of a server of ours, `a3r.swarmops.trained`); else from the client's
+    records in order, as many per step as the step consumed; a smoke run's per B·G episodes."""
     spec = run.spec
     if per_step is None:
         return part_curves(episodes, names, per_point=spec.settings.batch_size * spec.settings.group_size)
-    if run.handle.process is not None:
-        trained = trained_metrics(run.ws.server_dir(spec.server_key or spec.key), after_step=start_step)
-        if trained is not None:
-            return step_parts(trained, names)
+    if trained is not None:
+        return step_parts(trained, names)
     return part_curves(episodes, names, per_point=1, per_step=per_step)
 
 

@@ -152,10 +152,21 @@ def test_markdown_export_has_valid_json_evidence_and_summarises_long_data(
     store.add_artifact(study.id, "data", "tasks.jsonl", tasks)
     markdown = runner.invoke(app, ["export", str(study.id), "--store", store_url]).output
     assert "NaN" not in markdown and '"low": null' in markdown
-    assert "327 lines" in markdown and f"a3r export {study.id} --format json" in markdown
+    (artifact,) = store.artifacts(study.id)
+    named = f"tasks.jsonl v1 in the store (327 lines, {len(tasks):,} bytes, sha256 {artifact.sha256})"
+    assert named in markdown
     assert '{"task": 19}' in markdown and '{"task": 20}' not in markdown
-    data = json.loads(runner.invoke(app, ["export", str(study.id), "-s", store_url, "-f", "json"]).output)
-    assert data["artifacts"][0]["content"] == tasks  # the JSON export keeps every line
+    text = runner.invoke(app, ["export", str(study.id), "-s", store_url, "-f", "json"]).output
+    data = json.loads(text, parse_constant=_refuse)
+    # found by a fresh user: the JSON export inlined all of tasks.jsonl, and NaN inside the evidence string
+    assert data["artifacts"][0]["content"] is None and data["artifacts"][0]["stored_as"] == named
+    assert '{"task": 0}' not in text and "NaN" not in text
+    (finding,) = data["findings"]
+    assert json.loads(finding["evidence"], parse_constant=_refuse) == {"effect": {"low": None, "high": 0.5}}
+
+
+def _refuse(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def test_a_time_stamp_is_not_shown_as_a_metric(store: Store, store_url: str) -> None:
