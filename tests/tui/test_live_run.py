@@ -340,6 +340,13 @@ def test_the_admin_token_file_is_the_owners_only(tmp_path: Any) -> None:
     assert read_admin_token(tmp_path) is None
 
 
+async def _settled(pilot: Any) -> None:
+    """Let a table's columns take their contents' widths (measured when the table is idle) and the
+    screen lay itself out again: a screenshot taken before shows every cell cut to its header's width."""
+    for _ in range(3):
+        await pilot.pause(0.05)
+
+
 async def test_screenshots_of_the_main_screens(
     store: Store, trained_server: tuple[LiveServer, list[ServerStepMetrics]], tokenizer: Any, tmp_path: Any
 ) -> None:
@@ -357,14 +364,17 @@ async def test_screenshots_of_the_main_screens(
     config = TuiConfig(refresh_s=0.5, request_timeout_s=2.0)
     app = A3RApp(store, config=config, detokenize=HFDetokenizer.from_tokenizer(tokenizer))
     shots = []
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(132, 32)) as pilot:  # wide enough that no panel cuts its text
         await wait_for(pilot, lambda: cells(app, "#studies"))
+        await _settled(pilot)
         shots.append(app.save_screenshot("studies.svg", str(folder)))
         await pilot.press("enter")
         await wait_for(pilot, lambda: cells(app, "#runs"))
+        await _settled(pilot)
         shots.append(app.save_screenshot("study.svg", str(folder)))
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(cells(app, "#episodes")) == 4, timeout_s=20)
+        await _settled(pilot)
         shots.append(app.save_screenshot("run.svg", str(folder)))
         await pilot.press("enter")
         view = app.screen.query_one(TokenView)
@@ -375,3 +385,7 @@ async def test_screenshots_of_the_main_screens(
     texts = [Path(shot).read_text(encoding="utf-8") for shot in shots]
     assert all(text.startswith("<svg") for text in texts)
     assert "train-s0" in texts[1] and "count-2" in texts[2] and "logprob" in texts[3]
+    # Found by a fresh user: "trai", "finish", "reward/mean=0." and panel titles cut to "(1" and "(2".
+    study, run = (text.replace("&#160;", " ") for text in texts[1:3])
+    assert "train-s0 " in study and "finished " in study and "reward/mean=0.5 " in study
+    assert "(1 steps)" in study and "(1 steps)" in run and "(2 steps)" in run

@@ -50,6 +50,10 @@ class RunScreen(PollingScreen):
     }
     RunScreen #curves {
         height: 4;
+        padding: 0 1;
+    }
+    RunScreen #stored-curve {
+        margin-right: 3;  /* the two panels' titles and curves never run together */
     }
     RunScreen #live-status {
         height: auto;
