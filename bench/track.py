@@ -595,28 +595,32 @@ def verdicts(
     checked_out: str | None = None,
 ) -> list[Verdict]:
     """The rule for each benchmark: its new runs, or else (``--report-only``) the runs of the
-    ``checked_out`` commit, or of the latest commit when that one has none, against those before."""
+    ``checked_out`` commit, or of the latest commit when that one has none, against those before;
+    one verdict per suite mode the candidate ran in (quick and full runs are never mixed)."""
     out = []
     for bench in benchmarks:
         ids = new.get(bench.name)
+        groups = [ids] if ids else []
         if not ids:  # report-only: the checked-out commit is the candidate (else the latest one run)
             runs = [r for r in history.runs.get(bench.name, []) if r.value(bench.metric) is not None]
             if not runs:
                 continue
             last = next((r for r in reversed(runs) if r.commit == checked_out), runs[-1])
-            ids = [r.run.id for r in runs if r.commit == last.commit and r.mode == last.mode]
-        out.append(
+            modes = sorted({r.mode for r in runs if r.commit == last.commit})
+            groups = [[r.run.id for r in runs if r.commit == last.commit and r.mode == m] for m in modes]
+        out += [
             history.verdict(
                 bench.name,
                 bench.metric,
-                ids,
+                group,
                 higher_is_better=bench.higher_is_better,
                 k=k,
                 min_relative=bench.min_relative,
                 min_history=min_history,
                 load_sensitive=bench.load_sensitive,
             )
-        )
+            for group in groups
+        ]
     return out
 
 
@@ -638,6 +642,9 @@ def verdict_table(rows: list[Verdict], k: float) -> Table:
     for v in rows:
         *cells, status = verdict_cells(v)
         table.add_row(*cells, f"[{STATUS_STYLE[v.status]}]{status}[/]")
+    notes = [f"{v.benchmark} [{v.mode}]: {v.status.value}: {v.note}" for v in rows if v.note]
+    if notes:
+        table.caption, table.caption_justify = "\n".join(notes), "left"
     return table
 
 
@@ -842,7 +849,7 @@ def main(
             if html is not None:
                 from track_html import write_dashboard
 
-                page = write_dashboard(html, history, SUITE, rows, db)
+                page = write_dashboard(html, history, SUITE, rows, db, checked_out=head)
                 console.print(f"dashboard: {page}")
             if export is not None:
                 tracking = [s.id for s in db.studies() if s.kind == STUDY_KIND]

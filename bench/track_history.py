@@ -95,6 +95,10 @@ class Verdict:
         relative_change: ``(candidate − mean) / |mean|`` (signed; ``nan`` without history).
         status: The outcome.
         commit: The candidate commit (the one judged; ``""`` when not known).
+        mode: The suite mode of the runs judged (``quick``, ``full``; ``""`` when not known): verdicts
+            compare within a mode, so a commit run in both modes has one verdict per mode.
+        note: Why the verdict is not a comparison (`Status.no_history`: how many earlier runs there
+            were and how many a band needs; `Status.not_comparable`: the two loads), else ``""``.
     """
 
     benchmark: str
@@ -109,10 +113,12 @@ class Verdict:
     relative_change: float
     status: Status
     commit: str = ""
+    mode: str = ""
+    note: str = ""
 
 
 VERDICT_COLUMNS = (
-    "benchmark", "commit", "metric", "better", "new (median)", "seeds", "earlier μ ± σ", "runs / commits", "change", "verdict",
+    "benchmark", "commit", "mode", "metric", "better", "new (median)", "seeds", "earlier μ ± σ", "runs / commits", "change", "verdict",
 )  # fmt: skip
 """Column names of a verdict row (:func:`verdict_cells`), in the terminal and on the dashboard."""
 
@@ -123,6 +129,7 @@ def verdict_cells(v: Verdict) -> tuple[str, ...]:
     return (
         v.benchmark,
         v.commit[:10] or "?",
+        v.mode or "?",
         v.metric,
         "higher" if v.higher_is_better else "lower",
         f"{v.candidate:.4g}",
@@ -170,9 +177,11 @@ def judge(
         raise ValueError("k and min_relative must be >= 0 and min_history >= 1")
     candidate = statistics.median(new)
     if len(history) < min_history:
+        earlier = f"{len(history)} earlier run{'' if len(history) == 1 else 's'}"
+        note = f"{earlier} of the same mode, sizes and machine; a band needs {min_history} (--min-history)"
         return Verdict(
             benchmark, metric, higher_is_better, candidate, tuple(new), float("nan"), float("nan"),
-            len(history), history_commits, float("nan"), Status.no_history, commit,
+            len(history), history_commits, float("nan"), Status.no_history, commit, note=note,
         )  # fmt: skip
     mean = statistics.fmean(history)
     std = statistics.stdev(history) if len(history) > 1 else 0.0
@@ -371,13 +380,16 @@ class TrackRun:
         return float(load) / float(cores) if isinstance(load, int | float) else None
 
 
-def _load_mismatch(new: Sequence[TrackRun], earlier: Sequence[TrackRun]) -> bool:
-    """Whether the mean load per core of ``new`` and of ``earlier`` differ by more than `LOAD_RATIO`."""
+def _load_mismatch(new: Sequence[TrackRun], earlier: Sequence[TrackRun]) -> str:
+    """How the mean loads per core of ``new`` and of ``earlier`` differ when they differ by more than
+    `LOAD_RATIO` (e.g. ``load per core 3.2 vs 0.2 earlier``), else ``""``."""
     loads = [[x for r in runs if (x := r.load) is not None] for runs in (new, earlier)]
     if not all(loads):
-        return False
+        return ""
     a, b = (max(statistics.fmean(x), 0.05) for x in loads)  # an idle machine: 0.05 per core, not 0
-    return max(a, b) / min(a, b) > LOAD_RATIO
+    if max(a, b) / min(a, b) <= LOAD_RATIO:
+        return ""
+    return f"load per core {a:.2g} vs {b:.2g} earlier (more than {LOAD_RATIO:g}x apart)"
 
 
 @dataclass
@@ -450,9 +462,10 @@ class History:
             history_commits=len({r.commit for r in earlier}),
             commit=like.commit,
         )
+        verdict = dataclasses.replace(verdict, mode=like.mode)
         beyond = verdict.status in (Status.improvement, Status.regression)
-        if load_sensitive and beyond and _load_mismatch(new_runs, earlier):
-            return dataclasses.replace(verdict, status=Status.not_comparable)
+        if load_sensitive and beyond and (loads := _load_mismatch(new_runs, earlier)):
+            return dataclasses.replace(verdict, status=Status.not_comparable, note=loads)
         return verdict
 
 

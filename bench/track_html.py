@@ -172,20 +172,39 @@ def _versions_table(history: History) -> str:
     return _table("versions", head, rows)
 
 
-def _candidate(history: History, candidates: dict[str, list[str]]) -> str:
+def _commit_code(commit: str) -> str:
+    return f"<code title='{html.escape(commit)}'>{html.escape(_short(commit))}</code>"
+
+
+def _candidate(history: History, candidates: dict[str, list[str]], checked_out: str | None = None) -> str:
     """The commit(s) being judged, with their dirty flag (several in a report of benchmarks whose
-    latest runs are of different commits)."""
+    latest runs are of different commits). With ``checked_out`` (``--report-only``: the candidate is
+    the checked-out commit), it is named first, and a benchmark it has no runs of says which commit was
+    judged instead."""
     if not candidates:
         return "<p id='candidate'>No candidate commit: no benchmark was judged.</p>"
     parts = []
     for commit, benchmarks in candidates.items():
+        if checked_out and commit != checked_out:
+            continue
         runs = [r for rs in history.runs.values() for r in rs if r.commit == commit]
         dirty = " (dirty)" if any(r.run.config.get("dirty") for r in runs) else ""
         which = "" if len(candidates) == 1 else f" ({html.escape(', '.join(benchmarks))})"
-        parts.append(
-            f"<code title='{html.escape(commit)}'>{html.escape(_short(commit))}</code>{dirty}{which}"
-        )
-    return f"<p id='candidate' class='candidate'>Candidate commit: {', '.join(parts)}</p>"
+        parts.append(f"{_commit_code(commit)}{dirty}{which}")
+    if not checked_out:
+        return f"<p id='candidate' class='candidate'>Candidate commit: {', '.join(parts)}</p>"
+    head = f"Candidate commit: {_commit_code(checked_out)} (checked out)"
+    others = [
+        f"{html.escape(', '.join(benchmarks))}: judged their latest commit {_commit_code(commit)} instead"
+        for commit, benchmarks in candidates.items()
+        if commit != checked_out
+    ]
+    if others and not parts:
+        head += ", which has no runs in this history"
+    elif others:
+        head += f" ({html.escape(', '.join(candidates.get(checked_out, [])))})"
+    notes = "".join(f"<br>{other}" for other in others)
+    return f"<p id='candidate' class='candidate'>{head}{notes}</p>"
 
 
 def _table(name: str, head: Sequence[str], rows: Sequence[str]) -> str:
@@ -200,7 +219,25 @@ def _verdicts_table(verdicts: Sequence[Verdict]) -> str:
         + "</tr>"
         for v in verdicts
     ]
-    return _table("verdicts", VERDICT_COLUMNS, rows)
+    notes = "".join(
+        f"<li>{html.escape(f'{v.benchmark} [{v.mode}]: {v.status.value}: {v.note}')}</li>"
+        for v in verdicts
+        if v.note
+    )
+    return _table("verdicts", VERDICT_COLUMNS, rows) + (
+        f"<ul id='verdict-notes'>{notes}</ul>" if notes else ""
+    )
+
+
+def _bench_verdicts(name: str, verdicts: Sequence[Verdict]) -> str:
+    """One line per verdict of benchmark ``name`` (beside its chart: a chart may show runs the verdict
+    did not compare, and the line says why)."""
+    lines = [
+        f"verdict [{v.mode}] for {_short(v.commit)}: {v.status.value}" + (f": {v.note}" if v.note else "")
+        for v in verdicts
+        if v.benchmark == name
+    ]
+    return "".join(f"<p class='bench-verdict'>{html.escape(line)}</p>" for line in lines)
 
 
 def render_dashboard(
@@ -208,6 +245,7 @@ def render_dashboard(
     suite: Sequence[Any],
     verdicts: Sequence[Verdict],
     metric_history: dict[int, list[float]],
+    checked_out: str | None = None,
 ) -> str:
     """The page as a string.
 
@@ -217,6 +255,7 @@ def render_dashboard(
             optionally ``step``, what one step of the curve is).
         verdicts: The regression rule's results to show.
         metric_history: Per run id, the per-step values of its benchmark's curve metric.
+        checked_out: The commit checked out (``--report-only``): the candidate the page names.
     """
     flagged = [v for v in verdicts if v.status is Status.regression]
     summary = (
@@ -227,8 +266,9 @@ def render_dashboard(
         else "<p id='flagged'>No regression flagged.</p>"
     )
     candidates: dict[str, list[str]] = {}
-    for v in verdicts:
-        candidates.setdefault(v.commit, []).append(v.benchmark)
+    for v in verdicts:  # a benchmark judged in two modes is named once
+        if v.benchmark not in candidates.setdefault(v.commit, []):
+            candidates[v.commit].append(v.benchmark)
     sections = []
     for bench in suite:
         runs = history.runs.get(bench.name, [])
@@ -236,13 +276,13 @@ def render_dashboard(
             continue
         sections.append(
             f"<div class='bench' id='bench-{html.escape(bench.name)}'><h2>{html.escape(bench.name)}</h2>"
-            f"<p>{html.escape(bench.description)}</p>"
+            f"<p>{html.escape(bench.description)}</p>{_bench_verdicts(bench.name, verdicts)}"
             f"<div class='plot'>{_plot(bench, runs, history, metric_history)}</div></div>"
         )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>A3R benchmark tracking</title>"
         f"<style>{STYLE}</style></head><body><h1>A3R benchmark tracking</h1>"
-        f"{_candidate(history, candidates)}<p>Generated by <code>bench/track.py --html</code> from the knowledge store. Verdict band: the "
+        f"{_candidate(history, candidates, checked_out)}<p>Generated by <code>bench/track.py --html</code> from the knowledge store. Verdict band: the "
         "earlier commits' mean ± k·σ of the same mode and machine, with a minimum relative change.</p>"
         f"{summary}<h2>Verdicts</h2>{_verdicts_table(verdicts)}"
         f"<h2>Versions</h2>{_versions_table(history)}{''.join(sections)}</body></html>"
@@ -250,11 +290,18 @@ def render_dashboard(
 
 
 def write_dashboard(
-    folder: Path, history: History, suite: Sequence[Any], verdicts: Sequence[Verdict], store: Any
+    folder: Path,
+    history: History,
+    suite: Sequence[Any],
+    verdicts: Sequence[Verdict],
+    store: Any,
+    *,
+    checked_out: str | None = None,
 ) -> Path:
     """Render the page into ``folder/index.html`` (folder created); returns the page's path.
 
-    ``store`` (a `memory.Store`) supplies each run's per-step curve."""
+    ``store`` (a `memory.Store`) supplies each run's per-step curve; ``checked_out`` is the commit the
+    page names as the candidate (`render_dashboard`)."""
     curves = {
         r.run.id: [p.value for p in store.metric_history(r.run.id, bench.curve)]
         for bench in suite
@@ -262,5 +309,5 @@ def write_dashboard(
     }
     folder.mkdir(parents=True, exist_ok=True)
     page = folder / "index.html"
-    page.write_text(render_dashboard(history, suite, verdicts, curves), encoding="utf-8")
+    page.write_text(render_dashboard(history, suite, verdicts, curves, checked_out), encoding="utf-8")
     return page

@@ -23,6 +23,7 @@ import contextlib
 import enum
 import importlib.metadata
 import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -96,10 +97,21 @@ class _LazyGroup(typer.core.TyperGroup):
         finally:
             self._listing = False
 
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """List each command with its docstring's whole first paragraph, wrapped (click would cut it)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.commands[name]
+            if not command.hidden:
+                rows.append((name, " ".join((command.help or "").split("\n\n")[0].split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def _load_research_commands(self) -> None:
         from a3r.app.commands import register
 
-        research = typer.Typer()
+        research = typer.Typer(**_PLAIN_HELP)
         research.callback()(lambda: None)  # a group even with one command
         register(research)
         loaded = typer.main.get_group(research)
@@ -108,7 +120,17 @@ class _LazyGroup(typer.core.TyperGroup):
         self._placeholders = set()
 
 
-app = console_app("a3r", "A3R: agentic RL of LLMs, run by an autonomous research agent.", cls=_LazyGroup)
+_PLAIN_HELP: dict[str, Any] = {
+    "rich_markup_mode": None,  # click's plain listing, as `swarm serve`: no ``<bool>`` beside flags
+    "context_settings": {"max_content_width": 10_000},  # wrap at the terminal's width, not at 80
+}
+"""Help settings of every ``a3r`` command: click's plain formatter (``--flag TYPE  help``, wrapped help
+text, whole flag names) at the terminal's width. Typer's boxed table shows ``<bool>`` beside on/off flags
+and loads rich's help layer, which ``a3r --help`` need not pay."""
+
+app = console_app(
+    "a3r", "A3R: agentic RL of LLMs, run by an autonomous research agent.", cls=_LazyGroup, **_PLAIN_HELP
+)
 
 
 StoreOption = Annotated[
@@ -191,7 +213,8 @@ def runs(
             rows = [row for row in rows if row.status is status]
     table = Table(title=f"Runs{f' of study {study}' if study is not None else ''}")
     for column in ("run", "study", "experiment", "name", "seed", "status", "step", "metrics"):
-        table.add_column(column, overflow="fold")
+        # the two text columns share the room the terminal leaves; ids and status keep their width
+        table.add_column(column, overflow="fold", ratio={"name": 1, "metrics": 2}.get(column))
     for row in rows:
         table.add_row(
             str(row.id),
@@ -203,7 +226,17 @@ def runs(
             "" if row.latest_step is None else str(row.latest_step),
             _metrics_text({**(row.latest_metrics or {}), **(row.final_metrics or {})}),
         )
-    Console(soft_wrap=False, width=200).print(table)
+    _print_table(table)
+
+
+def _print_table(table: Table) -> None:
+    """Print ``table`` at the terminal's width (or ``COLUMNS``), cells folding inside their columns, so
+    an 80-column terminal shows a table, not 200-character rows wrapped into a mess. Piped output with
+    no ``COLUMNS`` keeps 200 columns: one row per line for ``grep``."""
+    console = Console(soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(soft_wrap=False, width=200)
+    console.print(table)
 
 
 def _ids_text(ids: list[int], unit: str) -> str:
@@ -236,7 +269,7 @@ def findings(
         "seeds",
         "runs",
     ):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", ratio=1 if column.startswith("verdict") else None)
     for row in rows:
         asked = studies[row.study_id]
         stored = row.status.value
@@ -253,7 +286,7 @@ def findings(
             _ids_text(row.seeds, "seeds"),
             ",".join(map(str, row.run_ids)),
         )
-    Console(soft_wrap=False, width=200).print(table)
+    _print_table(table)
 
 
 @app.command()
@@ -295,7 +328,11 @@ def tui(
         typer.Option(
             "--admin-token",
             envvar="SWARM_ADMIN_TOKEN",
-            help="Swarm servers' control token.",
+            help=(
+                "Control token of swarm servers a3r did not start. Prefer env SWARM_ADMIN_TOKEN: a value"
+                " given here shows in `ps`. Runs a3r started need none (their token is read from the"
+                " server's run dir, admin.token, mode 0600)."
+            ),
             show_default=False,
         ),
     ] = None,

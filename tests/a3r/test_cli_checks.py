@@ -108,8 +108,21 @@ def test_budgets_that_are_not_finite_positive_numbers_are_refused_in_one_line(
 
 
 def test_research_help_gives_the_budget_default() -> None:
-    result = CliRunner().invoke(app, ["research", "--help"], env={"COLUMNS": "200"})
-    line = next(line for line in result.output.splitlines() if "--budget-minutes" in line)
+    # A real process: a3r's help is click's plain listing, which CliRunner forces to 80 columns.
+    import os
+    import subprocess
+
+    code = "from a3r.app.cli import main; main()"
+    env = {**os.environ, "COLUMNS": "200"}
+    result = subprocess.run(
+        [sys.executable, "-c", code, "research", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if "--budget-minutes" in line)
     assert "Wall-time budget of the whole thread in minutes" in line and "[default: 60.0]" in line
 
 

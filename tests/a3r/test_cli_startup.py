@@ -63,3 +63,16 @@ def test_swarm_version_and_serve_help_at_80_columns() -> None:
     flags = [line.split()[0] for line in lines if line.startswith("  --")]
     assert {"--max-open-episodes", "--client-tokens-file", "--max-requests-per-s"} <= set(flags)
     assert "  --train / --no-train" in done.stdout
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["vibe", "--help"], ["research", "--help"], ["tui", "--help"]])
+def test_a3r_help_is_plain_at_80_columns(argv: list[str]) -> None:
+    """Found by a fresh user: ``--version <bool>``, ``--dry-run <bool>`` beside plain on/off flags."""
+    done = _python("from a3r.app.cli import main; main()", *argv)
+    assert done.returncode == 0, done.stderr
+    assert "<bool>" not in done.stdout and "…" not in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+    if argv == ["--help"]:
+        assert "  --version  " in done.stdout
+    if argv == ["tui", "--help"]:  # a token on the command line shows in `ps`: the help steers away
+        assert "SWARM_ADMIN_TOKEN" in " ".join(done.stdout.split())

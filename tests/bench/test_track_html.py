@@ -119,3 +119,39 @@ def test_the_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     for name, colour in colours.items():
         near = (abs(r - colour[0]) < 40) & (abs(g - colour[1]) < 40) & (abs(b - colour[2]) < 40)
         assert int(near.sum()) > 250, f"commit {name}'s points are not visible"
+
+
+def test_the_page_names_the_checked_out_commit_one_verdict_per_mode_and_why_none_compares(
+    tmp_path: Path,
+) -> None:
+    """Found by a fresh user: the page named the history's latest commit as the candidate while another
+    was checked out; the verdict table had no mode column (a commit with full and quick runs was judged
+    on its quick ones only); "no comparable history" stood beside a chart showing an earlier run, its
+    reason (1 earlier run, a band needs 3) nowhere on the page."""
+    from track_html import write_dashboard
+
+    latest, head = COMMITS[1], "e" * 40
+    with Store(tmp_path / "track.db") as store:
+        for commit, mode in ((COMMITS[0], "quick"), (latest, "quick"), (latest, "full")):
+            config = {"mode": mode, "provenance": {"machine": MACHINE}, "backend": track.BACKEND}
+            record_run(
+                store, benchmark="merge", description="merge", seed=0, git_commit=commit, config=config,
+                steps=[{"tokens_ratio": 9.0}], final={"tokens_ratio": 9.2},
+            )  # fmt: skip
+        history = load_history(store)
+        rows = track.verdicts(history, [track.BY_NAME["merge"]], {}, k=3.0, min_history=3, checked_out=head)
+        assert [(v.commit, v.mode, v.status) for v in rows] == [
+            (latest, "full", Status.no_history),
+            (latest, "quick", Status.no_history),
+        ]
+        page = write_dashboard(tmp_path / "html", history, track.SUITE, rows, store, checked_out=head)
+    text = page.read_text()
+    top = text[: text.index("<h2>")]
+    assert f"<code title='{head}'>eeeeeeeeee</code> (checked out), which has no runs in this history" in top
+    assert f"merge: judged their latest commit <code title='{latest}'>2222222222</code> instead" in top
+    verdicts = text[text.index("id='verdicts'") : text.index("</table>", text.index("id='verdicts'"))]
+    assert "<th>mode</th>" in verdicts and "<td>full</td>" in verdicts and "<td>quick</td>" in verdicts
+    reason = "1 earlier run of the same mode, sizes and machine; a band needs 3"
+    section = text[text.index("id='bench-merge'") :]
+    assert reason in text[text.index("id='verdict-notes'") :] and "verdict [quick] for 2222222222" in section
+    assert reason in section[: section.index("<div class='plot'>")]  # beside the chart, above it

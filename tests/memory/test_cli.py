@@ -186,3 +186,14 @@ def test_a_time_stamp_is_not_shown_as_a_metric(store: Store, store_url: str) -> 
     listed = runner.invoke(app, ["runs", "--store", store_url, "--study", str(study.id)])
     assert "reward_mean=0.5" in listed.output and "created_at" not in listed.output
     assert "in a3r export" not in listed.output  # no hidden metric left to point to
+
+
+@pytest.mark.parametrize("command", ["runs", "findings"])
+def test_tables_fit_the_terminal_width(populated: tuple[str, int], command: str) -> None:
+    """Found by a fresh user: both tables were drawn 200 columns wide whatever the terminal, so an
+    80-column terminal wrapped every row into a mess."""
+    url, _ = populated
+    result = runner.invoke(app, [command, "--store", url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80, result.output
+    assert ("seed0" if command == "runs" else "rising") in result.output

@@ -279,6 +279,51 @@ async def test_a_finished_run_is_read_from_its_run_dir(
         assert "token 1/" in text_of(app, "#token-line")
 
 
+async def test_runs_sharing_a_run_dir_list_only_their_own_episodes(
+    store: Store, trained_server: tuple[LiveServer, list[ServerStepMetrics]], tmp_path: Any
+) -> None:
+    """Found by a fresh user: a study's smoke, training and continuation runs and its held-out evaluation
+    share one server and run dir, and "Run 4 — train-s0-c" listed the others' episodes. a3r runs each
+    run's client as ``a3r-<run name>``: a run a3r started lists only that client's episodes, from its run
+    dir and live from its server."""
+    import shutil
+    import sqlite3
+
+    from a3r.app.tui._run_dir import POOL_FILE, RunDirReader, run_client_id
+    from a3r.app.tui._swarm import RunMonitor
+
+    live, _ = trained_server
+    run_dir = tmp_path / "main-s0"
+    shutil.copytree(live.config.run_dir, run_dir)
+    with sqlite3.connect(run_dir / POOL_FILE) as db:  # step 1's episodes: the smoke run; step 2's: eval
+        db.execute("UPDATE episodes SET client_id = 'a3r-smoke' WHERE task_id = 'count-1'")
+        db.execute("UPDATE episodes SET client_id = 'a3r-eval' WHERE task_id = 'count-2'")
+    db.close()
+    study_id, run_id = _study_with_run(store, f"http://127.0.0.1:{free_port()}")
+    store.update_run(run_id, RunUpdate(name="smoke", config={"purpose": "smoke"}, run_dir=str(run_dir)))
+    store.finish_run(run_id)
+    assert run_client_id("smoke", {"purpose": "smoke"}) == "a3r-smoke"
+    assert run_client_id("mine", {}) is None  # not started by a3r: every episode of its server
+    app = A3RApp(store, config=TuiConfig(refresh_s=0.5, request_timeout_s=2.0), study_id=study_id)
+    async with app.run_test(size=SIZE) as pilot:
+        await _open_the_run(pilot, app)
+        await wait_for(pilot, lambda: len(cells(app, "#episodes")) == 2, timeout_s=20)
+        await pilot.pause(0.6)  # a later refresh lists no other run's episodes either
+        assert [row[1] for row in cells(app, "#episodes")] == ["count-1", "count-1"]
+    everything = await RunDirReader(run_dir).poll()
+    assert len(everything.episodes) == 4
+
+    async def served(client_id: str | None) -> list[Any]:
+        monitor = RunMonitor(live.url, admin_token=ADMIN, client_id=client_id)
+        try:
+            return (await monitor.poll()).episodes
+        finally:
+            await monitor.aclose()
+
+    (client,) = {ep.client_id for ep in await served(None)}
+    assert client and len(await served(client)) == 4 and not await served("a3r-other")
+
+
 def test_the_admin_token_file_is_the_owners_only(tmp_path: Any) -> None:
     from a3r.app.tui._context import TuiContext
     from a3r.swarmops.credentials import TOKEN_FILE, read_admin_token, write_admin_token
@@ -293,6 +338,13 @@ def test_the_admin_token_file_is_the_owners_only(tmp_path: Any) -> None:
     assert given.admin_token_for(str(tmp_path)) == flag
     path.chmod(0o644)  # readable by others: not trusted
     assert read_admin_token(tmp_path) is None
+
+
+async def _settled(pilot: Any) -> None:
+    """Let a table's columns take their contents' widths (measured when the table is idle) and the
+    screen lay itself out again: a screenshot taken before shows every cell cut to its header's width."""
+    for _ in range(3):
+        await pilot.pause(0.05)
 
 
 async def test_screenshots_of_the_main_screens(
@@ -312,14 +364,17 @@ async def test_screenshots_of_the_main_screens(
     config = TuiConfig(refresh_s=0.5, request_timeout_s=2.0)
     app = A3RApp(store, config=config, detokenize=HFDetokenizer.from_tokenizer(tokenizer))
     shots = []
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(132, 32)) as pilot:  # wide enough that no panel cuts its text
         await wait_for(pilot, lambda: cells(app, "#studies"))
+        await _settled(pilot)
         shots.append(app.save_screenshot("studies.svg", str(folder)))
         await pilot.press("enter")
         await wait_for(pilot, lambda: cells(app, "#runs"))
+        await _settled(pilot)
         shots.append(app.save_screenshot("study.svg", str(folder)))
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(cells(app, "#episodes")) == 4, timeout_s=20)
+        await _settled(pilot)
         shots.append(app.save_screenshot("run.svg", str(folder)))
         await pilot.press("enter")
         view = app.screen.query_one(TokenView)
@@ -330,3 +385,7 @@ async def test_screenshots_of_the_main_screens(
     texts = [Path(shot).read_text(encoding="utf-8") for shot in shots]
     assert all(text.startswith("<svg") for text in texts)
     assert "train-s0" in texts[1] and "count-2" in texts[2] and "logprob" in texts[3]
+    # Found by a fresh user: "trai", "finish", "reward/mean=0." and panel titles cut to "(1" and "(2".
+    study, run = (text.replace("&#160;", " ") for text in texts[1:3])
+    assert "train-s0 " in study and "finished " in study and "reward/mean=0.5 " in study
+    assert "(1 steps)" in study and "(1 steps)" in run and "(2 steps)" in run

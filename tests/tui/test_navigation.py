@@ -3,7 +3,7 @@ findings, and the refresh that picks up what others write to the store meanwhile
 
 from __future__ import annotations
 
-from textual.widgets import RichLog
+from textual.widgets import DataTable, RichLog
 
 from a3r.app.tui import A3RApp, RewardCurve, TuiConfig
 from a3r.app.tui._findings_screen import FindingsScreen
@@ -97,7 +97,7 @@ async def test_findings_screen(store: Store, seeded: Seeded, config: TuiConfig) 
                 str(seeded.study_id),
                 "unconfirmed",
                 "0.70",
-                "Exact-match reward gives zero signal on dec…",  # cut to fit 80 columns
+                "Exact-match reward gives zero signal on decimal answers",  # wrapped to fit 80 columns
             ]
         ]
         detail = text_of(app, "#finding")
@@ -139,6 +139,37 @@ async def test_a_finding_reads_as_its_plain_line_and_its_evidence_without_nan(
         detail = text_of(app, "#finding")
         assert "a long derivation" in detail and "curve: 2 points" in detail and "noise: –" in detail
         assert "NaN" not in detail and "nan" not in detail
+
+
+async def test_the_findings_list_wraps_a_verdict_and_keeps_its_interval(
+    store: Store, seeded: Seeded, config: TuiConfig
+) -> None:
+    """Found by a fresh user: at 100 columns the list cut the verdict before its "(95% CI …)"."""
+    import json
+
+    effect = {
+        "estimate": 0.1,
+        "low": -0.04,
+        "high": 0.26,
+        "verdict": "unconfirmed",
+        "n": 8,
+        "unit": "episodes",
+    }
+    store.add_finding(
+        seeded.other_study_id, statement="s", confidence=0.5, evidence=json.dumps({"effect": effect})
+    )
+    app = A3RApp(store, config=config)
+    async with app.run_test(size=SIZE) as pilot:  # 80 columns: the line is longer than its column
+        await pilot.press("f")
+        await wait_for(pilot, lambda: len(cells(app, "#findings")) == 2)
+        line = cells(app, "#findings")[1][4]
+        assert line.endswith("(95% CI -0.040…+0.260)"), line
+        for _ in range(3):  # rows take their heights once the table is idle
+            await pilot.pause(0.05)
+        table = app.screen.query_one("#findings", DataTable)
+        drawn = [table.render_line(y).text.rstrip() for y in range(table.size.height)]
+        assert " ".join(line.split()) in " ".join(" ".join(drawn).replace("│", " ").split()), drawn
+        assert max(map(len, drawn)) <= SIZE[0]
 
 
 async def test_a_concluded_study_opens_with_its_one_plain_line(

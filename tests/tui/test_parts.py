@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 from textual.app import App, ComposeResult
-from textual.widgets import Sparkline
+from textual.widgets import Label, Sparkline
 
 from a3r.app.tui import (
     HFDetokenizer,
@@ -183,13 +183,22 @@ class _CurveApp(App[None]):
 
 async def test_reward_curve_widget() -> None:
     app = _CurveApp()
-    async with app.run_test(size=(40, 6)):
+    async with app.run_test(size=(40, 6)) as pilot:
         curve = app.query_one(RewardCurve)
         assert curve.title_text == "reward: no data yet"
         curve.show("reward/mean", [0.25, math.nan, 0.5, math.inf, 0.125])
         assert curve.values == (0.25, 0.5, 0.125)
         assert curve.title_text == "reward/mean  last 0.125  min 0.125  max 0.5  (3 steps)"
         assert list(app.query_one("#curve", Sparkline).data or []) == [0.25, 0.5, 0.125]
+        # Found by a fresh user: one step of 0 was a full block (█), two steps of 0 the bottom line (▁).
+        for values in ([0.0], [0.0, 0.0]):
+            curve.show("reward", values)
+            await pilot.pause()
+            drawn = app.query_one("#curve", Sparkline).render_line(2).text
+            assert set(drawn) == {"▁"}, drawn
+        curve.show("a_long_metric_name/mean", [0.123456, 0.5])  # wider than the widget: an ellipsis
+        await pilot.pause()
+        assert app.query_one("#title", Label).render_line(0).text.rstrip().endswith("…")
 
 
 def test_config_validation() -> None:

@@ -9,7 +9,7 @@ from textual.widgets import DataTable, Static
 from a3r.app.tui._context import TuiContext
 from a3r.app.tui._polling import RELOAD_GROUP, read_store
 from a3r.app.tui._table_screen import StudyTableScreen
-from a3r.app.tui._tables import cut, refill
+from a3r.app.tui._tables import fix_width, refill
 from a3r.study.headline import evidence_lines, headline, verdict_label
 from memory import FindingPublic
 
@@ -82,10 +82,11 @@ class FindingsScreen(StudyTableScreen):
         findings, self._lines = read
         self._findings = {str(f.id): f for f in findings}
         labels = [_status_cell(f) for f in findings]
-        # the verdict column: what the id, study, status (its longest label) and conf columns leave; the
-        # full line shows below
+        # the verdict column: what the id, study, status (its longest label) and conf columns leave;
+        # the plain line wraps there whole (its interval included), the derivation shows below
         room = max(20, self.size.width - 25 - max((len(label) for label in labels), default=11))
         table = self.table
+        fix_width(table, len(self.COLUMNS) - 1, room)
         refill(
             table,
             (
@@ -96,11 +97,12 @@ class FindingsScreen(StudyTableScreen):
                         str(f.study_id),
                         label,
                         f"{f.confidence:.2f}",
-                        cut(self._lines[str(f.id)], room),
+                        self._lines[str(f.id)],
                     ),
                 )
                 for f, label in zip(findings, labels, strict=True)
             ),
+            height=None,
         )
         if table.row_count:
             key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)

@@ -19,8 +19,10 @@ __all__ = ["RewardCurve"]
 class RewardCurve(Widget):
     """A metric's per-step history drawn in the terminal (textual's `Sparkline`).
 
-    When there are more steps than columns, each column shows the mean of the steps it covers. Set
-    `values` (oldest first) and `metric` to update it; non-finite values are dropped.
+    When there are more steps than columns, each column shows the mean of the steps it covers; a
+    constant series (one step included) is a flat line at the bottom. A title wider than the widget ends
+    in an ellipsis (``…``), never in a silently cut number. Set `values` (oldest first) and `metric` to
+    update it; non-finite values are dropped.
 
     Reactive attributes:
         metric: Name shown in the title line, e.g. ``"reward/mean"``.
@@ -37,6 +39,8 @@ class RewardCurve(Widget):
         width: 1fr;
         height: 1;
         color: $text-muted;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     RewardCurve > Horizontal {
         height: 3;
@@ -94,7 +98,9 @@ class RewardCurve(Widget):
             return
         self.query_one("#title", Label).update(self.title_text)
         self.query_one("#axis", Label).update(self.axis_text)
-        self.query_one("#curve", Sparkline).data = list(self.values)
+        # textual draws one value as a full-height bar and any other constant series as its bottom line:
+        # a single step is drawn as two equal ones, so a constant reads as flat whatever its length.
+        self.query_one("#curve", Sparkline).data = list(self.values) * (2 if len(self.values) == 1 else 1)
 
     @property
     def axis_text(self) -> str:

@@ -21,10 +21,27 @@ from a3r.app.tui._swarm import EpisodeSummary, LiveRun
 from a3r.swarmops.trained import POOL_FILE
 from swarm.client import EpisodeView
 
-__all__ = ["POOL_FILE", "RunDirReader"]
+__all__ = ["POOL_FILE", "RunDirReader", "run_client_id"]
 
 METRICS_FILE = "metrics.jsonl"
 """The server's per-step training metrics in its run dir, one JSON row a step."""
+
+
+def run_client_id(name: str | None, config: dict[str, Any] | None) -> str | None:
+    """The client id whose episodes are one run's, or ``None`` (then every episode of its server is).
+
+    a3r runs a run's workflow with ``--client-id a3r-<run name>`` (`a3r.swarmops.execution`, the run's
+    name is its spec key), and several runs of a study share one server and run dir (smoke, training,
+    continuation, held-out evaluation under ``a3r-eval``): their episodes are told apart by client id.
+    A run a3r started has a ``purpose`` in its config; any other run keeps all its server's episodes.
+
+    Args:
+        name: The run's name (``Run.name``).
+        config: The run's config (``Run.config``).
+    """
+    if not name or not isinstance(config, dict) or "purpose" not in config:
+        return None
+    return f"a3r-{name}"[:200]
 
 
 class RunDirReader:
@@ -33,12 +50,14 @@ class RunDirReader:
     Args:
         server_dir: The server's run dir (``.a3r/studies/N/servers/<name>``, ``Run.run_dir``).
         keep: How many of the newest episodes a poll lists.
+        client_id: Only episodes of this client (one run's; see `run_client_id`).
     """
 
-    def __init__(self, server_dir: str | Path, *, keep: int = 100) -> None:
+    def __init__(self, server_dir: str | Path, *, keep: int = 100, client_id: str | None = None) -> None:
         self.server_dir = Path(server_dir)
         self.url = str(self.server_dir)
         self._keep = keep
+        self.client_id = client_id
 
     @staticmethod
     def holds_a_run(server_dir: str | Path | None) -> bool:
@@ -70,13 +89,17 @@ class RunDirReader:
         try:
             with self._connect() as db:
                 rows = db.execute(
-                    "SELECT id, task_id, status, reward FROM episodes ORDER BY seq DESC LIMIT ?",
-                    (self._keep,),
+                    "SELECT id, task_id, status, reward, client_id FROM episodes"
+                    " WHERE ? IS NULL OR client_id = ? ORDER BY seq DESC LIMIT ?",
+                    (self.client_id, self.client_id, self._keep),
                 ).fetchall()
         except sqlite3.Error as exc:
             live.error = f"{self.server_dir / POOL_FILE}: {exc}"
             return live
-        live.episodes = [EpisodeSummary(episode_id=i, task_id=t, status=s, reward=r) for i, t, s, r in rows]
+        live.episodes = [
+            EpisodeSummary(episode_id=i, task_id=t, status=s, reward=r, client_id=c or "")
+            for i, t, s, r, c in rows
+        ]
         return live
 
     def _metrics(self) -> list[dict[str, Any]] | None:

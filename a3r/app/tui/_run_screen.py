@@ -16,7 +16,7 @@ from a3r.app.tui._episode_screen import EpisodeScreen
 from a3r.app.tui._metric_names import reward_history, reward_metric
 from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, on_stack, read_store
 from a3r.app.tui._reward_curve import RewardCurve
-from a3r.app.tui._run_dir import RunDirReader
+from a3r.app.tui._run_dir import RunDirReader, run_client_id
 from a3r.app.tui._swarm import LiveRun, RunMonitor
 from a3r.app.tui._tables import Cell, refill
 from memory import RunPublic, RunStatus
@@ -50,6 +50,10 @@ class RunScreen(PollingScreen):
     }
     RunScreen #curves {
         height: 4;
+        padding: 0 1;
+    }
+    RunScreen #stored-curve {
+        margin-right: 3;  /* the two panels' titles and curves never run together */
     }
     RunScreen #live-status {
         height: auto;
@@ -129,12 +133,13 @@ class RunScreen(PollingScreen):
         if ended and not isinstance(self.monitor, RunDirReader):
             if self.monitor is not None:
                 await self.monitor.aclose()
-            self.monitor = RunDirReader(str(run.run_dir))
+            self.monitor = RunDirReader(str(run.run_dir), client_id=run_client_id(run.name, run.config))
         elif self.monitor is None and run.server_url is not None:
             self.monitor = RunMonitor(
                 run.server_url,
                 admin_token=self.ctx.admin_token_for(run.run_dir),
                 timeout_s=self.ctx.config.request_timeout_s,
+                client_id=run_client_id(run.name, run.config),
             )
         self.run_dir = run.run_dir
         return self.monitor

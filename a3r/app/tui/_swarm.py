@@ -30,6 +30,8 @@ class EpisodeSummary(BaseModel):
     status: str
     """``finished``, ``aborted`` or ``infra_failure``."""
     reward: float | None = None
+    client_id: str = ""
+    """The client that ran it (a3r's runs: ``a3r-<run name>``, see `a3r.app.tui._run_dir.run_client_id`)."""
 
 
 @dataclass
@@ -67,10 +69,20 @@ class RunMonitor:
         admin_token: Bearer token of its control routes, if it has one.
         timeout_s: Timeout of each request, in seconds.
         keep: How many recently ended episodes to remember.
+        client_id: Only episodes of this client (one run's, when several runs share the server).
     """
 
-    def __init__(self, url: str, *, admin_token: str | None = None, timeout_s: float = 5.0, keep: int = 100):
+    def __init__(
+        self,
+        url: str,
+        *,
+        admin_token: str | None = None,
+        timeout_s: float = 5.0,
+        keep: int = 100,
+        client_id: str | None = None,
+    ):
         self.url = url.rstrip("/")
+        self.client_id = client_id
         self._client = AsyncSwarmClient(
             self.url, admin_token=admin_token, client_id="a3r-tui", timeout_s=timeout_s, retry=_NO_RETRY
         )
@@ -123,13 +135,16 @@ class RunMonitor:
             self._since = max(self._since, event.seq)
             if event.kind not in _ENDED_KINDS:
                 continue
-            data = event.data  # episode.* events carry episode_id, task_id and, when finished, reward
+            data = event.data  # episode.* events: episode_id, task_id, client_id and, when finished, reward
             summary = EpisodeSummary(
                 episode_id=data["episode_id"],
                 task_id=str(data.get("task_id", "")),
                 status=event.kind.removeprefix("episode."),
                 reward=data.get("reward"),
+                client_id=str(data.get("client_id") or ""),
             )
+            if self.client_id is not None and summary.client_id != self.client_id:
+                continue
             self._episodes.pop(summary.episode_id, None)
             self._episodes[summary.episode_id] = summary
             while len(self._episodes) > self._keep:
