@@ -4,6 +4,7 @@ compares distillation against GRPO alone, offline, through the real planner and 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,15 @@ from a3r.study.teacher import read_teacher
 from swarm.client import ServeOptions
 
 URL = "http://127.0.0.1:8001"
+
+
+def _model_folder(folder: Path) -> Path:
+    """A folder a teacher server could serve: a Hugging Face model's config.json and weights (names only:
+    planning reads no weights)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
 
 
 def _invoke(tmp_path: Path, *args: str) -> tuple[int, str]:
@@ -54,8 +64,7 @@ def test_a_plan_without_a_teacher_reads_and_serves_as_before(tmp_path: Path) -> 
 
 
 def test_a_checkpoint_teacher_is_served_by_a3r(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = tmp_path / "teacher" / "checkpoints" / "step-000020"
-    folder.mkdir(parents=True)
+    folder = _model_folder(tmp_path / "teacher" / "checkpoints" / "step-000020")
     monkeypatch.chdir(tmp_path)
     plan = OfflineProvider().plan(
         "distill ./teacher/checkpoints/step-000020 into the embedded model on arithmetic", mode="train"
@@ -85,6 +94,14 @@ def test_mixed_distillation_with_its_coefficient() -> None:
         ("distil into the embedded model on arithmetic", "distillation needs a teacher"),
         ("distil /no/such/dir into the embedded model on arithmetic", "no such checkpoint directory"),
         ("distil teacher=http:// into the embedded model on arithmetic", "a URL needs a host"),
+        (
+            "distil http://127.0.0.1:8101 and http://127.0.0.1:8102 into the embedded model on arithmetic",
+            "the request names 2 teachers",
+        ),
+        (
+            "distil teacher=http://127.0.0.1:8101 teacher=http://127.0.0.1:8102 into the embedded model",
+            "the request names 2 teachers",
+        ),
     ],
 )
 def test_a_teacher_that_cannot_be_used_is_refused_in_one_line(
@@ -94,6 +111,29 @@ def test_a_teacher_that_cannot_be_used_is_refused_in_one_line(
         OfflineProvider().plan(request_text, mode="train")
     code, output = _invoke(tmp_path, "vibe", request_text, "--dry-run")
     assert code == 1 and output.count("\n") == 1 and refusal in output, output
+
+
+@pytest.mark.parametrize(
+    ("files", "refusal"),
+    [
+        ((), "is not a Hugging Face model directory (no config.json)"),
+        (("adapter_config.json", "adapter_model.safetensors"), "is a LoRA checkpoint (adapters only)"),
+        (("config.json",), "no weights (model.safetensors or pytorch_model.bin)"),
+    ],
+)
+def test_a_teacher_folder_that_cannot_be_served_is_refused_in_one_line(
+    tmp_path: Path, files: tuple[str, ...], refusal: str
+) -> None:
+    folder = tmp_path / "teacher"
+    folder.mkdir()
+    for name in files:
+        (folder / name).write_text("{}")
+    request = f"distil {folder} into the embedded model on arithmetic"
+    with pytest.raises(PlanError, match=re.escape(refusal)):
+        OfflineProvider().plan(request, mode="train")
+    code, output = _invoke(tmp_path, "vibe", request, "--dry-run")
+    assert code == 1 and output.count("\n") == 1 and refusal in output, output
+    assert "swarm serve" not in output or "merge" in output
 
 
 def test_any_providers_plan_must_distil_the_requests_teacher() -> None:
@@ -175,7 +215,7 @@ def test_an_llms_plan_carries_the_teacher_as_a3r_reads_it(
     from a3r.providers.chat import ChatProvider
     from tests.a3r.fake_llm import ToolCallingFakeChatModel, tool_answers
 
-    (tmp_path / "t").mkdir()
+    _model_folder(tmp_path / "t")
     monkeypatch.chdir(tmp_path)
     request = "distil ./t into the embedded model on arithmetic"
     written = {
