@@ -130,7 +130,7 @@ def test_a_teacher_folder_that_cannot_be_served_is_refused_in_one_line(
         (folder / name).write_text("{}")
     request = f"distil {folder} into the embedded model on arithmetic"
     with pytest.raises(PlanError, match=re.escape(refusal)):
-        OfflineProvider().plan(request, mode="train")
+        OfflineProvider().plan(request, mode="vibe")
     code, output = _invoke(tmp_path, "vibe", request, "--dry-run")
     assert code == 1 and output.count("\n") == 1 and refusal in output, output
     assert "swarm serve" not in output or "merge" in output
@@ -262,3 +262,64 @@ def test_a_distilling_run_is_not_zero_signal_and_records_the_teachers_metrics() 
     values = _numeric(row)
     assert (values["distill/teacher_kl"], values["distill/scored_frac"]) == (0.25, 1.0)
     assert values["distill/teacher_kl/default"] == 0.25 and "distill" not in values
+
+
+def test_a_teacher_url_that_does_not_answer_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    from a3r.swarmops.processes import free_port
+
+    request = f"distil http://127.0.0.1:{free_port()} into the embedded model on arithmetic"
+    code, output = _invoke(tmp_path, "vibe", request)
+    assert code == 1 and output.count("\n") == 1 and "cannot reach it" in output, output
+    assert "thread" not in output and not (tmp_path / "memory.db").exists()  # no thread, no store
+    code, output = _invoke(tmp_path, "vibe", request, "--dry-run")  # a dry run stays offline
+    assert code == 0 and "distillation: swarm serve --teacher-url" in output, output
+
+
+def test_a_teacher_url_is_asked_with_its_credential(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from a3r.swarmops.teacher import check_teacher_answers, teacher_token
+
+    class Teacher(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path == "/v1/models" and self.headers.get("Authorization") == "Bearer s3cret"
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(b'{"data": []}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Teacher)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        monkeypatch.delenv("SWARM_TEACHER_TOKEN", raising=False)
+        assert teacher_token({}) is None
+        with pytest.raises(PlanError, match="answered 401: give its credential"):
+            check_teacher_answers(url, teacher_token({}))
+        monkeypatch.setenv("SWARM_TEACHER_TOKEN", "s3cret")
+        check_teacher_answers(url, teacher_token({}))
+        (tmp_path / "token").write_text("s3cret\n")
+        monkeypatch.delenv("SWARM_TEACHER_TOKEN")
+        check_teacher_answers(url, teacher_token({"teacher-token-file": str(tmp_path / "token")}))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_servers_start_failure_reads_as_its_error_line_not_its_progress_bars() -> None:
+    from a3r.swarmops.processes import error_line
+
+    log = (
+        "INFO: loading the model\n"
+        "Loading weights:   0%|          | 0/272 [00:00<?, ?it/s]\r"
+        "Loading weights:  40%|####      | 110/272 [00:01<00:01, 99.1it/s]\r"
+        "Loading weights: 100%|##########| 272/272 [00:02<00:00, 120.0it/s]\n"
+        "\x1b[31merror: teacher http://127.0.0.1:9 cannot be reached: connection refused\x1b[0m\n"
+        "Loading weights: 100%|##########| 272/272 [00:02<00:00, 120.0it/s]\r\n"
+    )
+    assert error_line(log) == "error: teacher http://127.0.0.1:9 cannot be reached: connection refused"
+    assert error_line("Traceback (most recent call last):\nValueError: bad\n") == "ValueError: bad"
+    assert error_line("Loading weights:   0%|          | 0/2 [00:00<?, ?it/s]\r") == "(no output)"
