@@ -152,7 +152,9 @@ def read_teacher(request: str) -> tuple[str | None, str]:
         return _checked(pair.group(1)), rest
     if not DISTILL_WORDS.search(request):
         return None, request
-    candidates = [*_URL.finditer(request), *_PATH.finditer(request)]
+    # a URL or path written as another pair's value (``dataset=/data/t.jsonl``) is not a teacher
+    found_all = [*_URL.finditer(request), *_PATH.finditer(request)]
+    candidates = [c for c in found_all if request[: c.start()].rstrip()[-1:] != "="]
     _check_one_teacher([c.group(0) for c in candidates])
     found = min(candidates, key=lambda c: (not is_url(c.group(0)), c.start()), default=None)
     if found is None:

@@ -80,6 +80,11 @@ def test_a_checkpoint_teacher_is_served_by_a3r(tmp_path: Path, monkeypatch: pyte
     )
 
 
+def test_another_pairs_path_is_not_a_second_teacher() -> None:
+    teacher, rest = read_teacher(f"distil {URL} into the embedded model on arithmetic dataset=/data/t.jsonl")
+    assert teacher == URL and rest.endswith("dataset=/data/t.jsonl")
+
+
 def test_mixed_distillation_with_its_coefficient() -> None:
     plan = OfflineProvider().plan(
         f"distil {URL} into the embedded model on arithmetic with the reward distill_coef=0.5", mode="train"
