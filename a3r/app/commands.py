@@ -42,9 +42,10 @@ from a3r.providers import OfflineProvider, ProviderKind
 from a3r.study.plans import TrainingSettings
 from a3r.study.research import MAX_EVAL_TASKS
 from a3r.study.settings import written
-from a3r.study.teacher import distill_serve_line
+from a3r.study.teacher import distill_serve_line, is_url, read_teacher
 from a3r.study.wording import counted
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
+from a3r.swarmops.teacher import check_teacher_answers, teacher_token
 from memory import Store, StoreError
 from swarm.client import ModelLoadError, check_model_path
 
@@ -181,6 +182,17 @@ def _check_server(url: str) -> None:
         raise _fail(f"--server {url}: GET /v1/models answered {response.status_code}; is it a swarm server?")
 
 
+def _check_teacher(request: str, settings: SessionSettings) -> None:
+    """Fail with one line, before any thread or study exists, when the request's teacher is a URL that
+    does not answer (`a3r.swarmops.teacher.check_teacher_answers`); a dry run never calls it (offline)."""
+    try:
+        teacher, _ = read_teacher(request)
+        if teacher is not None and is_url(teacher):
+            check_teacher_answers(teacher, teacher_token(settings.server_options))
+    except A3RError as exc:
+        raise _fail(str(exc)) from None
+
+
 def _launch(
     request: str,
     mode: Literal["vibe", "research"],
@@ -209,6 +221,7 @@ def _launch(
             check_overrides(OfflineProvider().plan(request, mode=mode), overrides)
         except A3RError as exc:
             raise _fail(str(exc)) from None
+    _check_teacher(request, settings)
     _interrupt_on_sigterm()
     try:
         with open_session(settings, notify=_say) as session:

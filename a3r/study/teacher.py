@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from a3r.errors import PlanError
 from a3r.study.settings import serve_flags
-from swarm.client import ServeOptions
+from swarm.client import ModelLoadError, ServeOptions, check_model_path
 
 __all__ = [
     "DISTILL_WORDS",
@@ -70,14 +70,67 @@ def _checked(found: str) -> str:
             f"teacher {found!r}: no such checkpoint directory; name a teacher server's URL "
             "(http://host:port) or a checkpoint directory (e.g. <run dir>/checkpoints/step-000020)"
         )
+    _check_servable(path, found)
     return str(path.resolve())
+
+
+_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+"""Weight files a Hugging Face model folder holds (``model.safetensors``, ``pytorch_model.bin``, shards)."""
+
+
+def _check_servable(path: Path, found: str) -> None:
+    """Refuse a checkpoint directory ``swarm serve --model`` cannot serve: it needs a full Hugging
+    Face model (``config.json`` and weights); a LoRA checkpoint (``adapter_config.json``, adapters only)
+    must be merged into a full model first.
+
+    Raises:
+        PlanError: What the folder lacks; one line.
+    """
+    weights = [
+        f
+        for pattern in _WEIGHTS
+        for f in path.glob(pattern)
+        if not f.name.startswith(("adapter_", "trainer_state"))
+    ]
+    if (path / "adapter_config.json").exists() and not weights:
+        raise PlanError(
+            f"teacher {found!r} is a LoRA checkpoint (adapters only), not a model swarm serve can load: "
+            "merge it into a full model folder first (PeftModel.from_pretrained(base, dir)."
+            "merge_and_unload().save_pretrained(out), as bench/distill.py's merged_teacher does)"
+        )
+    try:
+        check_model_path(path)
+    except ModelLoadError as exc:
+        raise PlanError(
+            f"teacher {found!r}: {exc}; a teacher folder must be a Hugging Face model folder "
+            "(config.json and weights, e.g. model.safetensors)"
+        ) from exc
+    if not weights:
+        raise PlanError(
+            f"teacher {found!r}: no weights (model.safetensors or pytorch_model.bin) beside its config.json; "
+            "a teacher folder must be a full Hugging Face model folder"
+        )
+
+
+def _check_one_teacher(found: list[str]) -> None:
+    """Refuse a request that names two or more teachers: a run distils one teacher.
+
+    Raises:
+        PlanError: One line naming them.
+    """
+    named = list(dict.fromkeys(f.rstrip(".)!?").rstrip("/") for f in found))
+    if len(named) > 1:
+        raise PlanError(
+            f"the request names {len(named)} teachers ({', '.join(named)}); a run distils one teacher: ask "
+            "one question per teacher"
+        )
 
 
 def read_teacher(request: str) -> tuple[str | None, str]:
     """The teacher a request names and the request without it.
 
     The teacher is a ``teacher=VALUE`` pair, else, when the request asks for distillation
-    (`DISTILL_WORDS`), the first URL or path in it. The teacher's text is replaced by ``the teacher``,
+    (`DISTILL_WORDS`), the URL or path in it. The teacher's text is replaced by ``the teacher``,
     so that nothing in a URL or a path is read as a task, a dataset or a setting.
 
     Args:
@@ -88,16 +141,22 @@ def read_teacher(request: str) -> tuple[str | None, str]:
         path), or ``None`` when the request names none; and the request with it replaced.
 
     Raises:
-        PlanError: The request asks for distillation but names no teacher, names a URL without a host,
-            or a path that is not a directory; one line.
+        PlanError: The request asks for distillation but names no teacher or two or more, names a URL
+            without a host, or a path that is not a servable model directory; one line.
     """
-    pair = _PAIR.search(request)
-    if pair is not None:
+    pairs = list(_PAIR.finditer(request))
+    _check_one_teacher([p.group(1) for p in pairs])
+    if pairs:
+        pair = pairs[0]
         rest = request[: pair.start()] + "teacher" + request[pair.end() :]
         return _checked(pair.group(1)), rest
     if not DISTILL_WORDS.search(request):
         return None, request
-    found = _URL.search(request) or _PATH.search(request)
+    # a URL or path written as another pair's value (``dataset=/data/t.jsonl``) is not a teacher
+    found_all = [*_URL.finditer(request), *_PATH.finditer(request)]
+    candidates = [c for c in found_all if request[: c.start()].rstrip()[-1:] != "="]
+    _check_one_teacher([c.group(0) for c in candidates])
+    found = min(candidates, key=lambda c: (not is_url(c.group(0)), c.start()), default=None)
     if found is None:
         raise PlanError(
             "distillation needs a teacher: name its server's URL (http://host:port, a swarm server or "

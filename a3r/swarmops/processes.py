@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -37,6 +38,7 @@ __all__ = [
     "ManagedProcess",
     "ServerHandle",
     "end_stale",
+    "error_line",
     "free_port",
     "launch",
     "start_server",
@@ -308,8 +310,10 @@ def start_server(
             code = process.poll()
             if code is not None:
                 process.close()
-                tail = process.log_text(4000).strip().splitlines()[-8:]
-                raise SwarmProcessError(f"swarm serve exited with code {code}: " + " | ".join(tail))
+                reason = error_line(process.log_text(4000))
+                raise SwarmProcessError(
+                    f"swarm serve exited with code {code}: {reason} (log: {process.log_path})"
+                )
             if time.monotonic() > deadline:
                 process.stop(sig=signal.SIGKILL)
                 raise SwarmProcessError(
@@ -317,6 +321,31 @@ def start_server(
                 )
             time.sleep(0.25)
     return handle
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+"""A terminal escape sequence (colour, cursor movement)."""
+
+_PROGRESS = re.compile(r"\d+%\||\|\s*\d+/\d+\s*\[")
+"""A progress bar's text (tqdm's ``Loading weights:  40%|####   | 2/5 [00:01<...]``)."""
+
+
+def error_line(log: str) -> str:
+    """The last meaningful line of a server's log, for a one-line failure: progress bars (tqdm's
+    ``\\r``-rewritten lines) and terminal escapes dropped, the last line starting with ``error:``
+    preferred, else the last line left; ``(no output)`` when none is.
+
+    Args:
+        log: The log's text (its tail).
+    """
+    lines = [
+        part.strip()
+        for raw in _ANSI.sub("", log).splitlines()
+        for part in raw.split("\r")
+        if part.strip() and not _PROGRESS.search(part)
+    ]
+    errors = [line for line in lines if line.lower().startswith("error:")]
+    return (errors or lines or ["(no output)"])[-1]
 
 
 def _answers(control: SwarmClient) -> bool:

@@ -6,19 +6,33 @@ checkpoint directory: then a run that distils first starts ``swarm serve --model
 loopback (`start_teacher`), and its student server gets that server's URL as ``--teacher`` and its
 client token as ``SWARM_TEACHER_TOKEN`` (`student_env`; ``POST /v1/score`` takes a client token). The
 teacher server lives as long as the student's (`teacher_key` names it among the context's servers).
+Before a run starts anything, `check_teacher_answers` asks a URL teacher for ``GET /v1/models``, so
+that an unreachable teacher is refused in one line, not found late by the student server.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
+import httpx
+
+from a3r.errors import PlanError
 from a3r.study.runs import RunSpec
 from a3r.study.teacher import is_url
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.processes import ServerHandle, start_server
 from swarm.client import ServeOptions
 
-__all__ = ["TEACHER_OPTIONS", "start_teacher", "student_env", "teacher_key"]
+__all__ = [
+    "TEACHER_OPTIONS",
+    "check_teacher_answers",
+    "start_teacher",
+    "student_env",
+    "teacher_key",
+    "teacher_token",
+]
 
 TEACHER_OPTIONS = ("device", "dtype", "mixed-precision", "threads")
 """The user's ``--serve-option`` items a teacher server shares with the student's (where it runs and
@@ -66,3 +80,49 @@ def student_env(teacher: ServerHandle | None) -> dict[str, str]:
     if teacher is None or teacher.client_token is None:
         return {}
     return {"SWARM_TEACHER_TOKEN": teacher.client_token}
+
+
+def teacher_token(server_options: dict[str, Any]) -> str | None:
+    """The URL teacher's credential as the student server will send it: the first line of the user's
+    ``--serve-option teacher-token-file=PATH``, else the environment's ``SWARM_TEACHER_TOKEN``; ``None``
+    without either (an unreadable file is left to ``swarm serve``, which refuses it in one line)."""
+    path = server_options.get("teacher-token-file")
+    if path is not None:
+        try:
+            lines = Path(str(path)).expanduser().read_text().splitlines()
+        except OSError:
+            return None
+        return lines[0].strip() if lines else None
+    return os.environ.get("SWARM_TEACHER_TOKEN") or None
+
+
+def check_teacher_answers(url: str, token: str | None, *, timeout_s: float = 5.0) -> None:
+    """Refuse a URL teacher that does not answer ``GET /v1/models`` with 200 (a swarm server and vLLM's
+    OpenAI server both serve it) within ``timeout_s`` seconds, sending ``token`` as a bearer credential.
+
+    Args:
+        url: The teacher server's URL (``http(s)://host:port``).
+        token: Its credential, or ``None``.
+        timeout_s: Connect and read timeout, seconds.
+
+    Raises:
+        PlanError: The teacher is unreachable or answers another status; one line.
+    """
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/v1/models", headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise PlanError(
+            f"teacher {url}: cannot reach it ({type(exc).__name__}: {exc}); start the teacher server "
+            "first, or name one that runs"
+        ) from None
+    if response.status_code in (401, 403):
+        raise PlanError(
+            f"teacher {url}: GET /v1/models answered {response.status_code}: give its credential "
+            "(env SWARM_TEACHER_TOKEN or --serve-option teacher-token-file=PATH)"
+        )
+    if response.status_code != 200:
+        raise PlanError(
+            f"teacher {url}: GET /v1/models answered {response.status_code}; is it a swarm server or "
+            "vLLM's OpenAI server?"
+        )

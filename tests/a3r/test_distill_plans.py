@@ -4,6 +4,7 @@ compares distillation against GRPO alone, offline, through the real planner and 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,15 @@ from a3r.study.teacher import read_teacher
 from swarm.client import ServeOptions
 
 URL = "http://127.0.0.1:8001"
+
+
+def _model_folder(folder: Path) -> Path:
+    """A folder a teacher server could serve: a Hugging Face model's config.json and weights (names only:
+    planning reads no weights)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
 
 
 def _invoke(tmp_path: Path, *args: str) -> tuple[int, str]:
@@ -54,8 +64,7 @@ def test_a_plan_without_a_teacher_reads_and_serves_as_before(tmp_path: Path) -> 
 
 
 def test_a_checkpoint_teacher_is_served_by_a3r(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = tmp_path / "teacher" / "checkpoints" / "step-000020"
-    folder.mkdir(parents=True)
+    folder = _model_folder(tmp_path / "teacher" / "checkpoints" / "step-000020")
     monkeypatch.chdir(tmp_path)
     plan = OfflineProvider().plan(
         "distill ./teacher/checkpoints/step-000020 into the embedded model on arithmetic", mode="train"
@@ -69,6 +78,11 @@ def test_a_checkpoint_teacher_is_served_by_a3r(tmp_path: Path, monkeypatch: pyte
         f"  distillation: teacher server: swarm serve --model {folder.resolve()} --no-train; student: "
         "swarm serve --teacher-url <its URL> --distill pure" in output
     )
+
+
+def test_another_pairs_path_is_not_a_second_teacher() -> None:
+    teacher, rest = read_teacher(f"distil {URL} into the embedded model on arithmetic dataset=/data/t.jsonl")
+    assert teacher == URL and rest.endswith("dataset=/data/t.jsonl")
 
 
 def test_mixed_distillation_with_its_coefficient() -> None:
@@ -85,6 +99,14 @@ def test_mixed_distillation_with_its_coefficient() -> None:
         ("distil into the embedded model on arithmetic", "distillation needs a teacher"),
         ("distil /no/such/dir into the embedded model on arithmetic", "no such checkpoint directory"),
         ("distil teacher=http:// into the embedded model on arithmetic", "a URL needs a host"),
+        (
+            "distil http://127.0.0.1:8101 and http://127.0.0.1:8102 into the embedded model on arithmetic",
+            "the request names 2 teachers",
+        ),
+        (
+            "distil teacher=http://127.0.0.1:8101 teacher=http://127.0.0.1:8102 into the embedded model",
+            "the request names 2 teachers",
+        ),
     ],
 )
 def test_a_teacher_that_cannot_be_used_is_refused_in_one_line(
@@ -94,6 +116,29 @@ def test_a_teacher_that_cannot_be_used_is_refused_in_one_line(
         OfflineProvider().plan(request_text, mode="train")
     code, output = _invoke(tmp_path, "vibe", request_text, "--dry-run")
     assert code == 1 and output.count("\n") == 1 and refusal in output, output
+
+
+@pytest.mark.parametrize(
+    ("files", "refusal"),
+    [
+        ((), "is not a Hugging Face model directory (no config.json)"),
+        (("adapter_config.json", "adapter_model.safetensors"), "is a LoRA checkpoint (adapters only)"),
+        (("config.json",), "no weights (model.safetensors or pytorch_model.bin)"),
+    ],
+)
+def test_a_teacher_folder_that_cannot_be_served_is_refused_in_one_line(
+    tmp_path: Path, files: tuple[str, ...], refusal: str
+) -> None:
+    folder = tmp_path / "teacher"
+    folder.mkdir()
+    for name in files:
+        (folder / name).write_text("{}")
+    request = f"distil {folder} into the embedded model on arithmetic"
+    with pytest.raises(PlanError, match=re.escape(refusal)):
+        OfflineProvider().plan(request, mode="vibe")
+    code, output = _invoke(tmp_path, "vibe", request, "--dry-run")
+    assert code == 1 and output.count("\n") == 1 and refusal in output, output
+    assert "swarm serve" not in output or "merge" in output
 
 
 def test_any_providers_plan_must_distil_the_requests_teacher() -> None:
@@ -175,7 +220,7 @@ def test_an_llms_plan_carries_the_teacher_as_a3r_reads_it(
     from a3r.providers.chat import ChatProvider
     from tests.a3r.fake_llm import ToolCallingFakeChatModel, tool_answers
 
-    (tmp_path / "t").mkdir()
+    _model_folder(tmp_path / "t")
     monkeypatch.chdir(tmp_path)
     request = "distil ./t into the embedded model on arithmetic"
     written = {
@@ -222,3 +267,64 @@ def test_a_distilling_run_is_not_zero_signal_and_records_the_teachers_metrics() 
     values = _numeric(row)
     assert (values["distill/teacher_kl"], values["distill/scored_frac"]) == (0.25, 1.0)
     assert values["distill/teacher_kl/default"] == 0.25 and "distill" not in values
+
+
+def test_a_teacher_url_that_does_not_answer_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    from a3r.swarmops.processes import free_port
+
+    request = f"distil http://127.0.0.1:{free_port()} into the embedded model on arithmetic"
+    code, output = _invoke(tmp_path, "vibe", request)
+    assert code == 1 and output.count("\n") == 1 and "cannot reach it" in output, output
+    assert "thread" not in output and not (tmp_path / "memory.db").exists()  # no thread, no store
+    code, output = _invoke(tmp_path, "vibe", request, "--dry-run")  # a dry run stays offline
+    assert code == 0 and "distillation: swarm serve --teacher-url" in output, output
+
+
+def test_a_teacher_url_is_asked_with_its_credential(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from a3r.swarmops.teacher import check_teacher_answers, teacher_token
+
+    class Teacher(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path == "/v1/models" and self.headers.get("Authorization") == "Bearer s3cret"
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(b'{"data": []}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Teacher)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        monkeypatch.delenv("SWARM_TEACHER_TOKEN", raising=False)
+        assert teacher_token({}) is None
+        with pytest.raises(PlanError, match="answered 401: give its credential"):
+            check_teacher_answers(url, teacher_token({}))
+        monkeypatch.setenv("SWARM_TEACHER_TOKEN", "s3cret")
+        check_teacher_answers(url, teacher_token({}))
+        (tmp_path / "token").write_text("s3cret\n")
+        monkeypatch.delenv("SWARM_TEACHER_TOKEN")
+        check_teacher_answers(url, teacher_token({"teacher-token-file": str(tmp_path / "token")}))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_servers_start_failure_reads_as_its_error_line_not_its_progress_bars() -> None:
+    from a3r.swarmops.processes import error_line
+
+    log = (
+        "INFO: loading the model\n"
+        "Loading weights:   0%|          | 0/272 [00:00<?, ?it/s]\r"
+        "Loading weights:  40%|####      | 110/272 [00:01<00:01, 99.1it/s]\r"
+        "Loading weights: 100%|##########| 272/272 [00:02<00:00, 120.0it/s]\n"
+        "\x1b[31merror: teacher http://127.0.0.1:9 cannot be reached: connection refused\x1b[0m\n"
+        "Loading weights: 100%|##########| 272/272 [00:02<00:00, 120.0it/s]\r\n"
+    )
+    assert error_line(log) == "error: teacher http://127.0.0.1:9 cannot be reached: connection refused"
+    assert error_line("Traceback (most recent call last):\nValueError: bad\n") == "ValueError: bad"
+    assert error_line("Loading weights:   0%|          | 0/2 [00:00<?, ?it/s]\r") == "(no output)"
