@@ -176,7 +176,7 @@ class TeacherScorer:
                 await asyncio.to_thread(self.pool.set_teacher_logprobs, episode_id, scored)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - reported and counted below, never swallowed
+        except Exception as exc:  # reported and counted, never swallowed
             self._unscored(episode_id, f"its scoring failed ({_reason(exc)})")
             return False
         errors = [r for r in results if isinstance(r, BaseException)]

@@ -546,7 +546,11 @@ def test_impossible_teacher_logprobs_are_refused_like_an_outage(
 
 
 def test_a_scoring_failure_that_is_no_teacher_error_is_reported_and_counted(
-    tmp_path: Path, teacher: LiveServer, student_engine: HFEngine, monkeypatch: pytest.MonkeyPatch, caplog: Any
+    tmp_path: Path,
+    teacher: LiveServer,
+    student_engine: HFEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: Any,
 ) -> None:
     from swarm.pool import Pool
 
