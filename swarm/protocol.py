@@ -560,6 +560,22 @@ class EpisodeCounts(BaseModel):
     """Ended train episodes (finished or aborted) consumed by a step (zero-signal groups included)."""
 
 
+class DistillStatus(BaseModel):
+    """Teacher scoring on a distilling server (``swarm serve --teacher``): what an outage holds back."""
+
+    unscored_episodes: int
+    """Ended train episodes the teacher has not scored after trying (an outage, a refused or impossible
+    answer): pooled, kept out of training, scored again later (docs/ARCHITECTURE.md §On-policy distillation)."""
+    scoring_episodes: int
+    """Episodes being scored now."""
+    teacher_ok: bool
+    """``False`` when the latest scoring failure is newer than the teacher's latest answer."""
+    last_failure_at: float | None = None
+    """Unix time (s) of the latest scoring failure (absent: none yet)."""
+    last_answer_at: float | None = None
+    """Unix time (s) of the teacher's latest answer (absent: none yet)."""
+
+
 class StatusView(BaseModel):
     """``GET /api/v1/status``."""
 
@@ -577,6 +593,8 @@ class StatusView(BaseModel):
     """Clients seen within the client timeout (those the voting policies wait for), sorted."""
     ready_clients: list[str] = Field(default_factory=list)
     """Active clients whose readiness vote stands, sorted."""
+    distill: DistillStatus | None = None
+    """Teacher scoring, on a server with ``--teacher`` only (absent from the answer otherwise)."""
 
 
 class SamplingDefaults(BaseModel):

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from swarm.config import DistillConfig
 from swarm.pool import Pool, StoredEpisode
-from swarm.protocol import EpisodeKind, EpisodeStatus
+from swarm.protocol import DistillStatus, EpisodeKind, EpisodeStatus
 from swarm.server.events import EventLog
 from swarm.server.teacher import TeacherClient, TeacherError
 from swarm.tracking.records import CallRecord
@@ -157,6 +157,18 @@ class TeacherScorer:
         for eid in episode_ids:
             self._tasks.pop(eid, None)
             self._failed_at.pop(eid, None)
+
+    def status(self) -> DistillStatus:
+        """What ``GET /api/v1/status`` shows of the scoring (callable from any thread)."""
+        tasks = list(self._tasks.values())
+        failed, answered = self.last_failure_at, self.last_answer_at
+        return DistillStatus(
+            unscored_episodes=sum(1 for t in tasks if t.done() and not _scored(t)),
+            scoring_episodes=sum(1 for t in tasks if not t.done()),
+            teacher_ok=failed is None or (answered is not None and answered > failed),
+            last_failure_at=failed,
+            last_answer_at=answered,
+        )
 
     def take_latency(self) -> float:
         """Mean seconds of the scoring requests answered since the last call (0.0 when none)."""

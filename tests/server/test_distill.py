@@ -164,9 +164,11 @@ def test_a_server_without_a_teacher_refuses_distill_coef(tmp_path: Path, student
     live = make_server(tmp_path, student_engine, training=TrainingConfig())
     try:
         refused = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": 2.0})
+        status = httpx.get(f"{live.url}/api/v1/status").json()
     finally:
         live.stop()
     assert refused.status_code == 422 and "--teacher" in refused.json()["error"]["message"]
+    assert "distill" not in status  # a server without a teacher answers as before
 
 
 # retry_after_s 60: step 2 comes long before the backoff ends, so `second` trains with it only because the
@@ -498,7 +500,9 @@ def test_impossible_teacher_logprobs_are_refused_like_an_outage(
     import secrets
 
     from pydantic import SecretStr
+    from typer.testing import CliRunner
 
+    from swarm.cli import app
     from swarm.config import ServerConfig
     from tests.conftest import LiveServer, free_port
 
@@ -524,7 +528,13 @@ def test_impossible_teacher_logprobs_are_refused_like_an_outage(
                 eid = rollout(client, "t1", 1.0)
                 wait_for(lambda eid=eid: eid in unscored_events(tmp_path / "run"), what="distill.unscored")
                 broken[eid] = shown
-            assert client.status().step == 0  # nothing trained on the impossible values
+            status = client.status()
+            assert status.step == 0  # nothing trained on the impossible values
+            assert status.distill is not None and status.distill.unscored_episodes == 3
+            assert not status.distill.teacher_ok and status.distill.last_failure_at is not None
+            shown_by_cli = CliRunner().invoke(app, ["status", live.url], env={"COLUMNS": "200"})
+            assert shown_by_cli.exit_code == 0, shown_by_cli.output
+            assert "episodes unscored" in shown_by_cli.output and "failing" in shown_by_cli.output
             for eid, shown in broken.items():
                 message = unscored_events(tmp_path / "run")[eid]
                 assert shown in message and "kept out of training" in message
@@ -537,6 +547,9 @@ def test_impossible_teacher_logprobs_are_refused_like_an_outage(
                 lambda: all(client.get_episode(e).trained_step for e in [*broken, last]), what="all trained"
             )
             rows = httpx.get(f"{live.url}/api/v1/metrics").json()
+            status = client.status()
+            assert status.distill is not None and status.distill.teacher_ok
+            assert status.distill.unscored_episodes == 0
     finally:
         live.stop()
         vllm.stop()
