@@ -94,6 +94,9 @@ def test_pure_distillation_trains_on_the_hand_computed_reverse_kl(
 ) -> None:
     live = make_server(tmp_path, student_engine, training=distill_config(teacher.url))
     try:
+        ignored = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": 2.0})
+        assert ignored.status_code == 422  # pure mode has no coefficient: refused, not silently ignored
+        assert "only weighs the reverse KL in mixed mode" in ignored.json()["error"]["message"]
         with SwarmClient(live.url) as client:
             ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]
             wait_for(lambda: client.status().step == 1, what="step 1")
