@@ -327,7 +327,18 @@ class ScoreRequest(_Strict):
     token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(min_length=2)
     """The sequence, shape (T,): e.g. a call's ``prompt_ids + completion_ids``."""
     start: StrictInt = Field(ge=1)
-    """First position scored (``len(prompt_ids)`` to score a completion); position 0 has no context."""
+    """First position scored (``len(prompt_ids)`` to score a completion); position 0 has no context;
+    at most ``len(token_ids)`` (nothing scored). Outside ``[1, len]`` is 422 like every other check of the
+    body on its own; an id outside the vocabulary or a sequence over the context window is 400 (the
+    served model's bounds)."""
+
+    @model_validator(mode="after")
+    def _start_within_the_ids(self) -> ScoreRequest:
+        if self.start > len(self.token_ids):
+            raise ValueError(
+                f"start must be in [1, {len(self.token_ids)}] for {len(self.token_ids)} token ids, got {self.start}"
+            )
+        return self
 
 
 class ScoreResponse(BaseModel):
