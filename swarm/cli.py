@@ -267,7 +267,9 @@ def status(
     url: _ServerUrl,
     admin_token: _AdminToken = None,
 ) -> None:
-    """Print a server's state, policy version and episode counts."""
+    """Print a server's state, policy version and episode counts (and, distilling, the teacher's)."""
+    import time
+
     import httpx
     from rich.table import Table
 
@@ -294,6 +296,13 @@ def status(
     for name, value in view.episodes.model_dump().items():
         table.add_row(f"episodes {name}", str(value))
     table.add_row("clients", ", ".join(f"{c} ({n})" for c, n in view.clients.items()) or "-")
+    if view.distill is not None:
+        teacher = "ok" if view.distill.teacher_ok else "failing"
+        if view.distill.last_failure_at is not None:
+            ago = time.time() - view.distill.last_failure_at
+            teacher += f" (last failure {ago:.0f} s ago)"
+        table.add_row("teacher", teacher)
+        table.add_row("episodes unscored", str(view.distill.unscored_episodes))
     table.add_row("run dir", view.run_dir)
     Console().print(table)
 

@@ -327,7 +327,18 @@ class ScoreRequest(_Strict):
     token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(min_length=2)
     """The sequence, shape (T,): e.g. a call's ``prompt_ids + completion_ids``."""
     start: StrictInt = Field(ge=1)
-    """First position scored (``len(prompt_ids)`` to score a completion); position 0 has no context."""
+    """First position scored (``len(prompt_ids)`` to score a completion); position 0 has no context;
+    at most ``len(token_ids)`` (nothing scored). Outside ``[1, len]`` is 422 like every other check of the
+    body on its own; an id outside the vocabulary or a sequence over the context window is 400 (the
+    served model's bounds)."""
+
+    @model_validator(mode="after")
+    def _start_within_the_ids(self) -> ScoreRequest:
+        if self.start > len(self.token_ids):
+            raise ValueError(
+                f"start must be in [1, {len(self.token_ids)}] for {len(self.token_ids)} token ids, got {self.start}"
+            )
+        return self
 
 
 class ScoreResponse(BaseModel):
@@ -560,6 +571,22 @@ class EpisodeCounts(BaseModel):
     """Ended train episodes (finished or aborted) consumed by a step (zero-signal groups included)."""
 
 
+class DistillStatus(BaseModel):
+    """Teacher scoring on a distilling server (``swarm serve --teacher``): what an outage holds back."""
+
+    unscored_episodes: int
+    """Ended train episodes the teacher has not scored after trying (an outage, a refused or impossible
+    answer): pooled, kept out of training, scored again later (docs/ARCHITECTURE.md §On-policy distillation)."""
+    scoring_episodes: int
+    """Episodes being scored now."""
+    teacher_ok: bool
+    """``False`` when the latest scoring failure is newer than the teacher's latest answer."""
+    last_failure_at: float | None = None
+    """Unix time (s) of the latest scoring failure (absent: none yet)."""
+    last_answer_at: float | None = None
+    """Unix time (s) of the teacher's latest answer (absent: none yet)."""
+
+
 class StatusView(BaseModel):
     """``GET /api/v1/status``."""
 
@@ -577,6 +604,8 @@ class StatusView(BaseModel):
     """Clients seen within the client timeout (those the voting policies wait for), sorted."""
     ready_clients: list[str] = Field(default_factory=list)
     """Active clients whose readiness vote stands, sorted."""
+    distill: DistillStatus | None = None
+    """Teacher scoring, on a server with ``--teacher`` only (absent from the answer otherwise)."""
 
 
 class SamplingDefaults(BaseModel):

@@ -507,6 +507,8 @@ class ServeOptions(FlagOptions):
         ]
         if self.teacher_url is None and stray:
             raise ServeOptionsError(f"{self.flag(stray[0])}: distillation needs --teacher URL")
+        if self.teacher_url is not None:
+            self._check_distill()
         return {
             "enabled": self.train,
             "backend": self.trainer,
@@ -538,6 +540,30 @@ class ServeOptions(FlagOptions):
                 "wait_s": self.teacher_wait,
             },
         }
+
+    def _check_distill(self) -> None:
+        """Refuse distillation options that would be silently ignored, and a teacher URL of a wrong shape.
+
+        Raises:
+            ServeOptionsError: in one line naming the option.
+        """
+        from urllib.parse import urlsplit
+
+        url = str(self.teacher_url)
+        try:
+            scheme, host = urlsplit(url).scheme, urlsplit(url).hostname
+        except ValueError:  # e.g. an invalid port or IPv6 address
+            scheme, host = "", None
+        if scheme not in ("http", "https") or not host:
+            raise ServeOptionsError(f"--teacher {url}: not an http:// or https:// URL with a host")
+        if not self.train:
+            raise ServeOptionsError(
+                "--no-train: distillation (--teacher) trains the student; drop one of them"
+            )
+        if self.distill == "pure" and self.distill_coef != type(self).model_fields["distill_coef"].default:
+            raise ServeOptionsError(
+                "--distill-coef only weighs the reverse KL in mixed mode (add --distill mixed, or drop it)"
+            )
 
     def _teacher_token(self) -> SecretStr | None:
         """The teacher's credential: ``--teacher-token-file``'s first line, else ``--teacher-token`` (or

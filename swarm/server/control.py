@@ -78,6 +78,7 @@ class ControlService:
             training_enabled=training is not None and training.config.enabled,
             active_clients=[] if training is None else training.votes.active(),
             ready_clients=[] if training is None else training.votes.ready(),
+            distill=None if training is None or training.scorer is None else training.scorer.status(),
         )
 
     def pause(self) -> None:

@@ -69,7 +69,7 @@ def _sse(event: Event) -> ServerSentEvent:
     return ServerSentEvent(data=event.model_dump(), event=event.kind, id=str(event.seq))
 
 
-@router.get("/status")
+@router.get("/status", response_model_exclude_none=True)  # `distill` only with a teacher
 def status(control: ControlDep) -> StatusView:
     """Engine state, policy version, model and episode counts."""
     return control.status()
@@ -187,14 +187,14 @@ def revoke_client_token(name: str, control: ControlDep) -> ClientTokenRevoked:
     return ClientTokenRevoked(name=name, open_episodes=control.revoke_client_token(name))
 
 
-@router.post("/pause")
+@router.post("/pause", response_model_exclude_none=True)  # `distill` only with a teacher
 def pause(control: ControlDep) -> StatusView:
     """No new episodes and no training until resumed; open episodes keep being served."""
     control.pause()
     return control.status()
 
 
-@router.post("/resume")
+@router.post("/resume", response_model_exclude_none=True)  # `distill` only with a teacher
 def resume(control: ControlDep) -> StatusView:
     control.resume()
     return control.status()

@@ -177,6 +177,16 @@ class LiveConfig:
             raise _invalid(
                 "distill_coef: this server does not distil (start it with --teacher URL)", "distill_coef"
             )
+        if (
+            "distill_coef" in changes
+            and self.config.distill is not None
+            and self.config.distill.mode == "pure"
+        ):
+            raise _invalid(
+                "distill_coef only weighs the reverse KL in mixed mode; this server distils pure "
+                "(restart it with --distill mixed)",
+                "distill_coef",
+            )
         if "max_staleness" in changes and self.config.max_staleness is None:
             raise _invalid(
                 "max_staleness: this server trains synchronously; "

@@ -30,7 +30,10 @@ router = APIRouter(
 @router.post(
     "/v1/score",
     response_model=ScoreResponse,
-    responses=error_models((400, "start outside [1, len], a token id outside the vocabulary, or too long.")),
+    responses=error_models(
+        (400, "A token id outside the served model's vocabulary, or more ids than its context window."),
+        (422, "An invalid body, start outside [1, len(token_ids)] included."),
+    ),
 )
 async def score(body: ScoreRequest, chat: ChatDep) -> ScoreResponse:
     """``log π(token_ids[i] | token_ids[:i])`` for ``i`` in ``[start, len)`` under the served weights

@@ -25,6 +25,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -42,11 +43,13 @@ from tenacity import (
 from swarm.errors import ConfigError, SwarmError
 
 __all__ = [
+    "ImpossibleLogprobs",
     "TeacherClient",
     "TeacherError",
     "TeacherInfo",
     "TeacherMismatch",
     "TeacherSettings",
+    "check_logprobs",
     "check_teacher",
     "probe_text",
     "tokenizer_fingerprint",
@@ -210,7 +213,8 @@ class TeacherClient:
         the seconds the successful request took.
 
         Raises:
-            TeacherError: every try failed (the last reason), or the teacher refused the request (4xx).
+            TeacherError: every try failed (the last reason), the teacher refused the request (4xx), or it
+                answered malformed or impossible logprobs (NaN, ±inf or > 0: `check_logprobs`; not retried).
         """
         if self.info is None:
             await self.connect()
@@ -233,6 +237,8 @@ class TeacherClient:
             ) from None
         except httpx.HTTPError as exc:
             raise TeacherError(f"teacher {self.url} unreachable: {type(exc).__name__}: {exc}") from None
+        except ImpossibleLogprobs as exc:
+            raise TeacherError(f"teacher {self.url} answered {exc}") from None
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise TeacherError(f"teacher {self.url} answered malformed logprobs: {exc!r}") from None
         raise AssertionError("unreachable")  # pragma: no cover (tenacity returns or raises)
@@ -258,7 +264,34 @@ class TeacherClient:
             ]
         if len(logprobs) != expected:
             raise ValueError(f"{len(logprobs)} logprobs for {expected} positions")
+        check_logprobs(logprobs, start)
         return logprobs
+
+
+LOGPROB_TOLERANCE = 1e-4
+"""Nats above 0 a teacher logprob may reach by float rounding (``log p`` of a token of p ≈ 1)."""
+
+
+class ImpossibleLogprobs(ValueError):
+    """A teacher answered a log-probability that no distribution has (not finite, or above 0)."""
+
+
+def check_logprobs(logprobs: list[float], start: int = 0) -> None:
+    """Refuse log-probabilities no distribution has, before anything is stored or trained on.
+
+    Args:
+        logprobs: nats, one per scored position (position ``start + i`` for item ``i``).
+        start: the position of the first (only for the message).
+
+    Raises:
+        ImpossibleLogprobs: one is NaN or ±inf, or above ``LOGPROB_TOLERANCE`` (a log-probability is ≤ 0);
+            the message names the first such position and value.
+    """
+    for i, value in enumerate(logprobs):
+        if not math.isfinite(value) or value > LOGPROB_TOLERANCE:
+            raise ImpossibleLogprobs(
+                f"impossible logprob {value!r} at position {start + i} (log-probabilities are finite and ≤ 0)"
+            )
 
 
 def check_teacher(settings: TeacherSettings, tokenizer: Any) -> TeacherInfo:

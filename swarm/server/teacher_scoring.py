@@ -21,17 +21,20 @@ trains with the first step after the teacher is back that selects it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 
 from swarm.config import DistillConfig
 from swarm.pool import Pool, StoredEpisode
-from swarm.protocol import EpisodeKind, EpisodeStatus
+from swarm.protocol import DistillStatus, EpisodeKind, EpisodeStatus
 from swarm.server.events import EventLog
 from swarm.server.teacher import TeacherClient, TeacherError
 from swarm.tracking.records import CallRecord
 
 __all__ = ["TeacherScorer"]
+
+log = logging.getLogger(__name__)
 
 
 class TeacherScorer:
@@ -64,6 +67,10 @@ class TeacherScorer:
         self._failed_at: dict[str, float] = {}
         self._answered_at: float | None = None  # monotonic time of the teacher's latest answer
         self._latencies: list[float] = []
+        self.last_failure_at: float | None = None
+        """Wall-clock time (``time.time()``) of the latest scoring failure (``None``: none yet)."""
+        self.last_answer_at: float | None = None
+        """Wall-clock time of the teacher's latest answer (``None``: none yet)."""
 
     def start(self) -> None:
         """Bind to the running loop (the training loop's task calls it before anything is scored)."""
@@ -151,6 +158,18 @@ class TeacherScorer:
             self._tasks.pop(eid, None)
             self._failed_at.pop(eid, None)
 
+    def status(self) -> DistillStatus:
+        """What ``GET /api/v1/status`` shows of the scoring (callable from any thread)."""
+        tasks = list(self._tasks.values())
+        failed, answered = self.last_failure_at, self.last_answer_at
+        return DistillStatus(
+            unscored_episodes=sum(1 for t in tasks if t.done() and not _scored(t)),
+            scoring_episodes=sum(1 for t in tasks if not t.done()),
+            teacher_ok=failed is None or (answered is not None and answered > failed),
+            last_failure_at=failed,
+            last_answer_at=answered,
+        )
+
     def take_latency(self) -> float:
         """Mean seconds of the scoring requests answered since the last call (0.0 when none)."""
         latencies, self._latencies = self._latencies, []
@@ -158,28 +177,40 @@ class TeacherScorer:
 
     # -- scoring ---------------------------------------------------------------------------------------------
     async def _score_episode(self, episode_id: str, calls: list[CallRecord] | None) -> bool:
-        if calls is None:
-            calls = (await asyncio.to_thread(self.pool.calls, [episode_id]))[episode_id]
-        todo = [c for c in calls if c.trainable and c.teacher_logprobs is None]
-        results = await asyncio.gather(*(self._score_call(c) for c in todo), return_exceptions=True)
-        scored = {c.index: r for c, r in zip(todo, results, strict=True) if isinstance(r, list)}
-        if scored:  # kept even when another call failed: a retry scores only what is missing
-            await asyncio.to_thread(self.pool.set_teacher_logprobs, episode_id, scored)
+        """Score an episode's unscored trainable calls; ``False`` (reported, counted) on any failure."""
+        try:
+            if calls is None:
+                calls = (await asyncio.to_thread(self.pool.calls, [episode_id]))[episode_id]
+            todo = [c for c in calls if c.trainable and c.teacher_logprobs is None]
+            results = await asyncio.gather(*(self._score_call(c) for c in todo), return_exceptions=True)
+            scored = {c.index: r for c, r in zip(todo, results, strict=True) if isinstance(r, list)}
+            if scored:  # kept even when another call failed: a retry scores only what is missing
+                await asyncio.to_thread(self.pool.set_teacher_logprobs, episode_id, scored)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # reported and counted, never swallowed
+            self._unscored(episode_id, f"its scoring failed ({_reason(exc)})")
+            return False
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            if not all(isinstance(e, TeacherError) for e in errors):
-                raise next(e for e in errors if not isinstance(e, TeacherError))
-            self._failed_at[episode_id] = time.monotonic()
-            self.events.emit(
-                "distill.unscored",
-                f"episode {episode_id}: the teacher could not score {len(errors)} of {len(todo)} calls; it is "
-                f"kept out of training until it is scored ({errors[0]})",
-                level="warning",
-                episode_id=episode_id,
+            if any(isinstance(e, asyncio.CancelledError) for e in errors):
+                raise asyncio.CancelledError
+            self._unscored(
+                episode_id,
+                f"the teacher could not score {len(errors)} of {len(todo)} calls ({_reason(errors[0])})",
             )
             return False
         self._on_scored()
         return True
+
+    def _unscored(self, episode_id: str, why: str) -> None:
+        """Report (``distill.unscored`` event and a warning log line) an episode left unscored; it is
+        counted in ``distill/unscored_episodes`` by the step that selected it and retried later."""
+        self._failed_at[episode_id] = time.monotonic()
+        self.last_failure_at = time.time()
+        message = f"episode {episode_id}: {why}; it is kept out of training until it is scored"
+        log.warning("distill.unscored: %s", message)
+        self.events.emit("distill.unscored", message, level="warning", episode_id=episode_id)
 
     async def _score_call(self, call: CallRecord) -> list[float]:
         if not call.completion_ids:
@@ -190,8 +221,14 @@ class TeacherScorer:
                 [*call.prompt_ids, *call.completion_ids], len(call.prompt_ids)
             )
         self._answered_at = time.monotonic()
+        self.last_answer_at = time.time()
         self._latencies.append(seconds)
         return logprobs
+
+
+def _reason(exc: BaseException) -> str:
+    """One line naming a scoring failure: a `TeacherError`'s message, else the exception's type and text."""
+    return str(exc) if isinstance(exc, TeacherError) else f"{type(exc).__name__}: {exc}"
 
 
 def _scored(task: asyncio.Task[bool]) -> bool:

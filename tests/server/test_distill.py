@@ -8,7 +8,9 @@ speaking vLLM's wire format.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +86,9 @@ def test_score_route_equals_the_teachers_own_forward_pass(teacher: LiveServer, t
     bad = httpx.post(f"{teacher.url}/v1/score", json={"token_ids": ids, "start": 0})
     assert bad.status_code == 422  # start >= 1: position 0 has no context
     out = httpx.post(f"{teacher.url}/v1/score", json={"token_ids": ids, "start": 9})
-    assert out.status_code == 400 and "start" in out.json()["error"]["message"]
+    assert (
+        out.status_code == 422 and "start" in out.json()["error"]["message"]
+    )  # as start 0: the body's bounds
 
 
 def test_pure_distillation_trains_on_the_hand_computed_reverse_kl(
@@ -92,6 +96,9 @@ def test_pure_distillation_trains_on_the_hand_computed_reverse_kl(
 ) -> None:
     live = make_server(tmp_path, student_engine, training=distill_config(teacher.url))
     try:
+        ignored = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": 2.0})
+        assert ignored.status_code == 422  # pure mode has no coefficient: refused, not silently ignored
+        assert "only weighs the reverse KL in mixed mode" in ignored.json()["error"]["message"]
         with SwarmClient(live.url) as client:
             ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]
             wait_for(lambda: client.status().step == 1, what="step 1")
@@ -162,9 +169,11 @@ def test_a_server_without_a_teacher_refuses_distill_coef(tmp_path: Path, student
     live = make_server(tmp_path, student_engine, training=TrainingConfig())
     try:
         refused = httpx.patch(f"{live.url}/api/v1/config", json={"distill_coef": 2.0})
+        status = httpx.get(f"{live.url}/api/v1/status").json()
     finally:
         live.stop()
     assert refused.status_code == 422 and "--teacher" in refused.json()["error"]["message"]
+    assert "distill" not in status  # a server without a teacher answers as before
 
 
 # retry_after_s 60: step 2 comes long before the backoff ends, so `second` trains with it only because the
@@ -225,11 +234,13 @@ class VllmStandIn:
         import threading
 
         import uvicorn
-        from fastapi import FastAPI, Header, HTTPException
+        from fastapi import FastAPI, Header, HTTPException, Response
 
         from tests.conftest import free_port
 
         self.requests: list[dict[str, Any]] = []
+        self.distort: Callable[[float], float] | None = None
+        """Applied to each position's own logprob when set (a broken teacher: +50, NaN, -inf…)."""
         app = FastAPI()
 
         def check(authorization: str | None) -> None:
@@ -256,7 +267,7 @@ class VllmStandIn:
             return {"count": len(ids), "max_model_len": 8192, "tokens": ids, "token_strs": None}
 
         @app.post("/v1/completions")
-        def completions(body: dict[str, Any], authorization: str | None = Header(None)) -> dict[str, Any]:
+        def completions(body: dict[str, Any], authorization: str | None = Header(None)) -> Response:
             check(authorization)
             self.requests.append(body)
             ids, k = body["prompt"], body["prompt_logprobs"]
@@ -266,9 +277,8 @@ class VllmStandIn:
             positions: list[Any] = [None]
             for i in range(1, len(ids)):
                 row = logprobs[i - 1]
-                entry = {
-                    str(ids[i]): {"logprob": float(row[ids[i]]), "rank": int((row > row[ids[i]]).sum()) + 1}
-                }
+                own = float(row[ids[i]]) if self.distort is None else self.distort(float(row[ids[i]]))
+                entry = {str(ids[i]): {"logprob": own, "rank": int((row > row[ids[i]]).sum()) + 1}}
                 top = int(row.argmax())
                 entry.setdefault(str(top), {"logprob": float(row[top]), "rank": 1})
                 for value in entry.values():
@@ -284,7 +294,7 @@ class VllmStandIn:
                 "prompt_token_ids": None,
             }
             usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
-            return {
+            answer = {
                 "id": "cmpl-1",
                 "object": "text_completion",
                 "created": 0,
@@ -292,6 +302,8 @@ class VllmStandIn:
                 "choices": [choice],
                 "usage": usage,
             }
+            # json.dumps writes NaN and ±Infinity as a broken teacher would (httpx reads them back)
+            return Response(json.dumps(answer), media_type="application/json")
 
         self.port = free_port()
         self.server = uvicorn.Server(
@@ -476,3 +488,111 @@ def test_the_score_route_takes_a_client_or_admin_token_never_an_episode_key(
     finally:
         live.stop()
     assert answers == {"admin": 200, "client": 200, "episode key": 403, "none": 401}
+
+
+def unscored_events(run_dir: Path) -> dict[str, str]:
+    """episode id → message of its latest ``distill.unscored`` event."""
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return {}
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    return {e["data"]["episode_id"]: e["message"] for e in events if e["kind"] == "distill.unscored"}
+
+
+def test_impossible_teacher_logprobs_are_refused_like_an_outage(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
+) -> None:
+    import secrets
+
+    from pydantic import SecretStr
+    from typer.testing import CliRunner
+
+    from swarm.cli import app
+    from swarm.config import ServerConfig
+    from tests.conftest import LiveServer, free_port
+
+    token = secrets.token_urlsafe(16)
+    vllm = VllmStandIn(teacher_model, tokenizer, token)
+    config = ServerConfig(
+        run_dir=tmp_path / "run",
+        port=free_port(),
+        training=distill_config(vllm.url, wait_s=1.0, retry_after_s=60.0, attempts=2, timeout_s=5.0),
+        teacher_token=SecretStr(token),
+    )
+    live = LiveServer(config, student_engine).start()
+    broken: dict[str, str] = {}
+    try:
+        with SwarmClient(live.url) as client:
+            # log-probabilities above 0, NaN, -inf: no distribution has them; each episode stays unscored
+            for distort, shown in [
+                (lambda x: x + 50.0, "impossible logprob"),
+                (lambda x: math.nan, "nan"),
+                (lambda x: -math.inf, "-inf"),
+            ]:
+                vllm.distort = distort
+                eid = rollout(client, "t1", 1.0)
+                wait_for(lambda eid=eid: eid in unscored_events(tmp_path / "run"), what="distill.unscored")
+                broken[eid] = shown
+            status = client.status()
+            assert status.step == 0  # nothing trained on the impossible values
+            assert status.distill is not None and status.distill.unscored_episodes == 3
+            assert not status.distill.teacher_ok and status.distill.last_failure_at is not None
+            shown_by_cli = CliRunner().invoke(app, ["status", live.url], env={"COLUMNS": "200"})
+            assert shown_by_cli.exit_code == 0, shown_by_cli.output
+            assert "episodes unscored" in shown_by_cli.output and "failing" in shown_by_cli.output
+            for eid, shown in broken.items():
+                message = unscored_events(tmp_path / "run")[eid]
+                assert shown in message and "kept out of training" in message
+                view = client.get_episode(eid)
+                assert view.trained_step is None and all(c.teacher_logprobs is None for c in view.calls)
+            vllm.distort = None  # the teacher is sane again: everything is scored and trains
+            last = rollout(client, "t1", 0.0)
+            wait_for(lambda: client.status().step >= 1, what="step 1")
+            wait_for(
+                lambda: all(client.get_episode(e).trained_step for e in [*broken, last]), what="all trained"
+            )
+            rows = httpx.get(f"{live.url}/api/v1/metrics").json()
+            status = client.status()
+            assert status.distill is not None and status.distill.teacher_ok
+            assert status.distill.unscored_episodes == 0
+    finally:
+        live.stop()
+        vllm.stop()
+    for row in rows:
+        assert math.isfinite(row["distill"]["teacher_kl"]) and abs(row["distill"]["teacher_kl"]) < 20
+    assert token not in (tmp_path / "run" / "events.jsonl").read_text()
+
+
+def test_a_scoring_failure_that_is_no_teacher_error_is_reported_and_counted(
+    tmp_path: Path,
+    teacher: LiveServer,
+    student_engine: HFEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: Any,
+) -> None:
+    from swarm.pool import Pool
+
+    real = Pool.set_teacher_logprobs
+    failing = {"on": True}
+
+    def store(self: Pool, episode_id: str, scored: dict[int, list[float]]) -> None:
+        if failing["on"]:
+            raise OSError("disk full")  # the pool's store fails: not a TeacherError
+        real(self, episode_id, scored)
+
+    monkeypatch.setattr(Pool, "set_teacher_logprobs", store)
+    config = distill_config(teacher.url, wait_s=1.0, retry_after_s=0.5)
+    live = make_server(tmp_path, student_engine, training=config)
+    try:
+        with SwarmClient(live.url) as client, caplog.at_level("WARNING", "swarm.server.teacher_scoring"):
+            ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]  # one group: a batch
+            wait_for(lambda: set(ids) <= unscored_events(tmp_path / "run").keys(), what="distill.unscored")
+            assert all("OSError: disk full" in unscored_events(tmp_path / "run")[e] for e in ids)
+            assert any("disk full" in r.getMessage() for r in caplog.records)
+            assert client.status().step == 0
+            failing["on"] = False  # the store works again: the episodes are scored on a retry and train
+            wait_for(lambda: all(client.get_episode(e).trained_step == 1 for e in ids), what="step 1")
+            row = httpx.get(f"{live.url}/api/v1/metrics").json()[0]
+    finally:
+        live.stop()
+    assert row["episodes"] == 2

@@ -107,8 +107,8 @@ def _config(target: Target, *, stateful: bool) -> SchemathesisConfig:
                     "checks": {"positive_data_acceptance": {"expected-statuses": SEMANTIC}},
                 },
                 {
-                    # a teacher's routes: start must not pass the ids and each id must be in the
-                    # vocabulary, which JSON Schema cannot state (400)
+                    # a teacher's routes: start must not pass the ids (422) and each id must be in the
+                    # vocabulary (400), which JSON Schema cannot state
                     "include-path-regex": "^/(v1/score|tokenize)",
                     "headers": _bearer(ADMIN),
                     "checks": {"positive_data_acceptance": {"expected-statuses": SEMANTIC}},

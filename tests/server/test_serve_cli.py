@@ -66,6 +66,13 @@ runner = CliRunner()
         (["--run-dir", "/etc/passwd"], "--run-dir /etc/passwd: exists and is not a folder"),
         (["--engine", "vllm"], "--engine vllm: "),
         (["--engine", "sglang"], "--engine: Input should be 'hf' or 'vllm'"),
+        (
+            ["--teacher", "http://127.0.0.1:9", "--distill-coef", "0.5"],
+            "--distill-coef only weighs the reverse KL in mixed mode",
+        ),
+        (["--teacher", "http://127.0.0.1:9", "--no-train"], "--no-train: distillation (--teacher) trains"),
+        (["--teacher", "ftp://teacher:8000"], "--teacher ftp://teacher:8000: not an http:// or https:// URL"),
+        (["--teacher", "http://"], "--teacher http://: not an http:// or https:// URL with a host"),
     ],
 )
 def test_serve_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -110,6 +117,10 @@ def test_check_validates_without_loading_or_writing(tmp_path: Path) -> None:
     assert ok.exit_code == 0 and ok.output.strip() == "options are valid"
     bad = runner.invoke(app, [*args, "--tis-cap", "0"])
     assert bad.exit_code == 1 and bad.output.startswith("error: --tis-cap")
+    mixed = ["--teacher", "https://teacher.example:8000/v1", "--distill", "mixed", "--distill-coef", "0.5"]
+    assert runner.invoke(app, [*args, *mixed]).exit_code == 0  # --check does not call the teacher
+    bad = runner.invoke(app, [*args, "--teacher", "ftp://teacher.example"])
+    assert bad.exit_code == 1 and bad.output.startswith("error: --teacher ftp://teacher.example: not an http")
     assert not (tmp_path / "run").exists()
 
 
