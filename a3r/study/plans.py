@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 import templates
 from a3r.errors import PlanError
@@ -81,6 +81,16 @@ class TrainingSettings(BaseModel):
     distill: bool = False
     distill_mode: Literal["pure", "mixed"] = "pure"
     distill_coef: float = Field(default=1.0, ge=0.0, le=100.0)
+
+    @model_validator(mode="after")
+    def _coef_only_when_mixed(self) -> TrainingSettings:
+        # swarm serve refuses a coefficient that pure distillation would ignore: refuse it in the plan
+        if self.distill and self.distill_mode == "pure" and self.distill_coef != 1.0:
+            raise ValueError(
+                "distill_coef weighs the teacher only in mixed distillation: ask for distillation "
+                "'with the reward', or leave distill_coef out"
+            )
+        return self
 
     def distillation_fields(self) -> dict[str, Any]:
         """The distillation settings as a plan shows them: none when the run has no teacher and does

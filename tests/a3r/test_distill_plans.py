@@ -328,3 +328,18 @@ def test_a_servers_start_failure_reads_as_its_error_line_not_its_progress_bars()
     assert error_line(log) == "error: teacher http://127.0.0.1:9 cannot be reached: connection refused"
     assert error_line("Traceback (most recent call last):\nValueError: bad\n") == "ValueError: bad"
     assert error_line("Loading weights:   0%|          | 0/2 [00:00<?, ?it/s]\r") == "(no output)"
+
+
+def test_a_coefficient_with_pure_distillation_is_refused_in_the_plan() -> None:
+    """swarm serve refuses a --distill-coef that pure distillation would ignore; the plan refuses it first."""
+    from pydantic import ValidationError
+
+    from a3r.study.plans import TrainingSettings
+
+    with pytest.raises(ValidationError, match="only in mixed distillation"):
+        TrainingSettings(teacher=URL, distill=True, distill_mode="pure", distill_coef=0.5)
+    assert (
+        TrainingSettings(teacher=URL, distill=True, distill_mode="mixed", distill_coef=0.5).distill_coef
+        == 0.5
+    )
+    assert TrainingSettings(teacher=URL, distill=True).distill_coef == 1.0
