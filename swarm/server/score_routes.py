@@ -27,14 +27,13 @@ router = APIRouter(
 )
 
 
-@router.post(
-    "/v1/score",
-    response_model=ScoreResponse,
-    responses=error_models(
-        (400, "A token id outside the served model's vocabulary, or more ids than its context window."),
-        (422, "An invalid body, start outside [1, len(token_ids)] included."),
-    ),
+_SCORE_ERRORS = error_models(
+    (400, "A token id outside the served model's vocabulary, or more ids than its context window."),
+    (422, "An invalid body, start outside [1, len(token_ids)] included."),
 )
+
+
+@router.post("/v1/score", responses=_SCORE_ERRORS)
 async def score(body: ScoreRequest, chat: ChatDep) -> ScoreResponse:
     """``log π(token_ids[i] | token_ids[:i])`` for ``i`` in ``[start, len)`` under the served weights
     (`swarm.engine.base.Engine.score`): what a student distilling from this server asks for."""
@@ -43,7 +42,7 @@ async def score(body: ScoreRequest, chat: ChatDep) -> ScoreResponse:
     return ScoreResponse(logprobs=logprobs, policy_version=version, model=chat.model_name)
 
 
-@router.post("/tokenize", response_model=TokenizeResponse)
+@router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, chat: ChatDep) -> TokenizeResponse:
     """The served tokenizer's ids of ``prompt`` (vLLM's ``/tokenize``), with its vocabulary fingerprint."""
     tokenizer = chat.engine.tokenizer
