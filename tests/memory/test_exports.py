@@ -48,6 +48,7 @@ def test_exported_members() -> None:
             "StudyPublic",
             "StudyStatus",
             "StudyUpdate",
+            "render_json",
             "render_markdown",
             "scrub",
             "scrub_text",
