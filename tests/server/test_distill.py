@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
+from pydantic import SecretStr
 
 from swarm.batch import BatchConfig, BatchPolicy
 from swarm.client import SwarmClient
@@ -322,25 +324,32 @@ class VllmStandIn:
         self.thread.join(timeout=30)
 
 
-def test_a_vllm_teacher_scores_through_prompt_logprobs(
-    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
-) -> None:
+def vllm_teacher_student(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine, **distill: Any
+) -> tuple[VllmStandIn, LiveServer, str]:
+    """A vLLM-wire stand-in teacher with a fresh token, and a started student server distilling from it."""
     import secrets
 
     from pydantic import SecretStr
 
     from swarm.config import ServerConfig
-    from tests.conftest import LiveServer, free_port
+    from tests.conftest import free_port
 
     token = secrets.token_urlsafe(16)
     vllm = VllmStandIn(teacher_model, tokenizer, token)
     config = ServerConfig(
         run_dir=tmp_path / "run",
         port=free_port(),
-        training=distill_config(vllm.url),
+        training=distill_config(vllm.url, **distill),
         teacher_token=SecretStr(token),
     )
-    live = LiveServer(config, student_engine).start()
+    return vllm, LiveServer(config, student_engine).start(), token
+
+
+def test_a_vllm_teacher_scores_through_prompt_logprobs(
+    tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
+) -> None:
+    vllm, live, token = vllm_teacher_student(tmp_path, teacher_model, tokenizer, student_engine)
     try:
         with SwarmClient(live.url) as client:
             ids = [rollout(client, "t1", 1.0), rollout(client, "t1", 0.0)]
@@ -364,10 +373,6 @@ def test_a_vllm_teacher_scores_through_prompt_logprobs(
 def test_a_teacher_with_another_tokenizer_or_credential_is_refused_at_start(
     teacher_model: Any, tokenizer: Any, teacher: LiveServer
 ) -> None:
-    import secrets
-
-    from pydantic import SecretStr
-
     from swarm.server.teacher import TeacherError, TeacherMismatch, TeacherSettings, check_teacher
 
     token = secrets.token_urlsafe(16)
@@ -415,23 +420,9 @@ def test_swarm_serve_refuses_a_tokenizer_mismatch_in_one_line_with_exit_2(
 def test_teacher_logprobs_are_stored_in_the_pool_and_not_scored_again_after_a_restart(
     tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
 ) -> None:
-    import secrets
-
-    from pydantic import SecretStr
-
-    from swarm.config import ServerConfig
     from swarm.pool import Pool
-    from tests.conftest import LiveServer, free_port
 
-    token = secrets.token_urlsafe(16)
-    vllm = VllmStandIn(teacher_model, tokenizer, token)
-    config = ServerConfig(
-        run_dir=tmp_path / "run",
-        port=free_port(),
-        training=distill_config(vllm.url),
-        teacher_token=SecretStr(token),
-    )
-    live = LiveServer(config, student_engine).start()
+    vllm, live, _ = vllm_teacher_student(tmp_path, teacher_model, tokenizer, student_engine)
     try:
         with SwarmClient(live.url) as client:
             first = rollout(client, "t1", 1.0)
@@ -458,10 +449,6 @@ def test_teacher_logprobs_are_stored_in_the_pool_and_not_scored_again_after_a_re
 def test_the_score_route_takes_a_client_or_admin_token_never_an_episode_key(
     tmp_path: Path, tiny_engine: HFEngine
 ) -> None:
-    import secrets
-
-    from pydantic import SecretStr
-
     admin, client = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     live = make_server(
         tmp_path,
@@ -502,24 +489,20 @@ def unscored_events(run_dir: Path) -> dict[str, str]:
 def test_impossible_teacher_logprobs_are_refused_like_an_outage(
     tmp_path: Path, teacher_model: Any, tokenizer: Any, student_engine: HFEngine
 ) -> None:
-    import secrets
-
-    from pydantic import SecretStr
     from typer.testing import CliRunner
 
     from swarm.cli import app
-    from swarm.config import ServerConfig
-    from tests.conftest import LiveServer, free_port
 
-    token = secrets.token_urlsafe(16)
-    vllm = VllmStandIn(teacher_model, tokenizer, token)
-    config = ServerConfig(
-        run_dir=tmp_path / "run",
-        port=free_port(),
-        training=distill_config(vllm.url, wait_s=1.0, retry_after_s=60.0, attempts=2, timeout_s=5.0),
-        teacher_token=SecretStr(token),
+    vllm, live, token = vllm_teacher_student(
+        tmp_path,
+        teacher_model,
+        tokenizer,
+        student_engine,
+        wait_s=1.0,
+        retry_after_s=60.0,
+        attempts=2,
+        timeout_s=5.0,
     )
-    live = LiveServer(config, student_engine).start()
     broken: dict[str, str] = {}
     try:
         with SwarmClient(live.url) as client:
