@@ -342,9 +342,17 @@ def test_the_admin_token_file_is_the_owners_only(tmp_path: Any) -> None:
 
 async def _settled(pilot: Any) -> None:
     """Let a table's columns take their contents' widths (measured when the table is idle) and the
-    screen lay itself out again: a screenshot taken before shows every cell cut to its header's width."""
-    for _ in range(3):
-        await pilot.pause(0.05)
+    screen lay itself out again: a screenshot taken before shows every cell cut to its header's width.
+    Settled = the rendered screen unchanged over three checks 0.1 s apart (a loaded machine measures
+    late), at most 15 s."""
+    import time
+
+    previous, same, deadline = None, 0, time.monotonic() + 15
+    while same < 3 and time.monotonic() < deadline:
+        await pilot.pause(0.1)
+        current = pilot.app.export_screenshot()
+        same = same + 1 if current == previous else 0
+        previous = current
 
 
 async def test_screenshots_of_the_main_screens(
