@@ -386,8 +386,14 @@ class VLLMEngine:
 
     def serve_adapter(self, name: str, module: torch.nn.Module, policy_version: int) -> None:
         """Hot-load adapter ``name`` of the peft model ``module`` (the trainer's copy) as
-        ``policy_version``: written to a folder, added under a fresh LoRA id, the previous id removed.
-        Requests already running finish with the adapter they started with. UNTESTED on a GPU."""
+        ``policy_version``: written to a folder, added under a fresh LoRA id and a fresh LoRA name
+        (``name@version#id``), the previous one removed. Requests already running finish with the adapter
+        they started with.
+
+        The name must change with the version: vLLM 0.25 compares and hashes ``LoRARequest`` by
+        ``lora_name`` alone and keys prefix-cache blocks by it (``kv_cache_utils._gen_lora_extra_hash_keys``),
+        so a new version under the old name reused the old version's cached prompt blocks (measured on
+        the H200: logprobs up to 0.9 off the new adapter's forward on a repeated prompt)."""
         from vllm.lora.request import LoRARequest
 
         from swarm.train.adapters import NamedAdapter
@@ -396,7 +402,10 @@ class VLLMEngine:
             raise RuntimeError("this vLLM engine was started without LoRA (max_loras=0)")
         folder = self._lora_dir / f"{name}-{policy_version:06d}"
         NamedAdapter(module, name).save_pretrained(folder)
-        request = LoRARequest(lora_name=name, lora_int_id=next(self._lora_ids), lora_path=str(folder))
+        lora_id = next(self._lora_ids)
+        request = LoRARequest(
+            lora_name=f"{name}@{policy_version}#{lora_id}", lora_int_id=lora_id, lora_path=str(folder)
+        )
         self._call(self._llm.add_lora(request))
         old = self._loras.get(name)
         self._loras[name] = (request, policy_version)

@@ -28,9 +28,11 @@ from swarm.train.config import LoraSettings
 from tests.conftest import vllm_skip_reason
 
 LORA = LoraSettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
-TOLERANCE = {"hf": 1e-4, "vllm": 1e-1}
-"""Max |recorded − reference| logprob: hf samples from the reference module itself (fp32); vLLM serves
-LoRA in bf16 only, against the bf16 transformers forward of its trainer copy."""
+TOLERANCE = {"hf": 1e-4, "vllm": 5e-2}
+"""Mean |recorded − reference| logprob over a completion: hf samples from the reference module itself
+(fp32); vLLM serves LoRA in bf16 only (its punica kernels), against the bf16 transformers forward of its
+trainer copy, where single tokens differ by up to ~0.1 (0.12 measured on the H200). Each vLLM check is
+also relative: the recorded logprobs are nearer the adapter's own forward than any other adapter's."""
 
 ENGINES = [
     pytest.param("hf", marks=pytest.mark.slow),
@@ -75,6 +77,13 @@ def served(request: pytest.FixtureRequest, embedded_source: ModelSource) -> Iter
     engine.close()
 
 
+def _load(model: Any, weights: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for key, param in model.named_parameters():
+            if key in weights:
+                param.copy_(weights[key])
+
+
 def _prompt(engine: Any, text: str) -> list[int]:
     encoded = engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
@@ -99,7 +108,8 @@ async def _together(engine: Any, prompts: list[list[int]], adapters: list[str | 
 
 
 def _gap(reference: list[float], recorded: list[float]) -> float:
-    return max(abs(a - b) for a, b in zip(reference, recorded, strict=True))
+    """Mean absolute logprob difference over the completion's tokens."""
+    return sum(abs(a - b) for a, b in zip(reference, recorded, strict=True)) / len(recorded)
 
 
 def test_each_request_samples_its_own_adapter(served: tuple[Any, Any, str]) -> None:
@@ -110,20 +120,32 @@ def test_each_request_samples_its_own_adapter(served: tuple[Any, Any, str]) -> N
     assert [c.policy_version for c in completions] == [1, 1, 0]
     for prompt, adapter, completion in zip(prompts, adapters, completions, strict=True):
         assert completion.ids
-        assert _gap(_reference(peft, prompt, completion, adapter), completion.logprobs) < TOLERANCE[kind]
-    # the adapters are not the base: the base's logprobs of alpha's completion differ
-    base = _reference(peft, prompts[0], completions[0], None)
-    assert _gap(base, completions[0].logprobs) > TOLERANCE[kind]
+        own = _gap(_reference(peft, prompt, completion, adapter), completion.logprobs)
+        assert own < TOLERANCE[kind], (adapter, own)
+        # each row sampled its own adapter: every other adapter's forward is farther from what it recorded
+        for other in {"alpha", "beta", None} - {adapter}:
+            assert _gap(_reference(peft, prompt, completion, other), completion.logprobs) > 2 * own, (
+                adapter,
+                other,
+            )
 
 
 def test_a_new_adapter_version_is_served_and_the_others_are_unchanged(served: tuple[Any, Any, str]) -> None:
     engine, peft, kind = served
     prompt = _prompt(engine, "Name a colour.")
     before = asyncio.run(_together(engine, [prompt, prompt], ["alpha", "beta"]))
+    old_alpha = {k: v.detach().clone() for k, v in peft.named_parameters() if ".alpha." in k}
     _perturb(peft, "alpha", 11)
     engine.serve_adapter("alpha", peft, 2)
+    # the same prompt again: its cached prompt blocks of version 1 must not serve version 2
     after = asyncio.run(_together(engine, [prompt, prompt], ["alpha", "beta"]))
     assert [c.policy_version for c in after] == [2, 1]
-    assert _gap(_reference(peft, prompt, after[0], "alpha"), after[0].logprobs) < TOLERANCE[kind]
+    new_gap = _gap(_reference(peft, prompt, after[0], "alpha"), after[0].logprobs)
+    assert new_gap < TOLERANCE[kind]
+    new_alpha = {k: v.detach().clone() for k, v in peft.named_parameters() if ".alpha." in k}
+    _load(peft, old_alpha)
+    old_gap = _gap(_reference(peft, prompt, after[0], "alpha"), after[0].logprobs)
+    _load(peft, new_alpha)
+    assert old_gap > 2 * new_gap, "version 2's completion is no nearer version 2 than version 1"
     assert after[1].ids == before[1].ids
     assert _gap(before[1].logprobs, after[1].logprobs) < TOLERANCE[kind]
