@@ -623,6 +623,9 @@ def _worker_class() -> type:
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     class SwarmActorWorker(ActorRolloutRefWorker):  # type: ignore[misc]  # verl is untyped (Any)
+        loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]]
+        """The actor's loss (verl's ``ppo_loss``, wrapped by :func:`on_policy_ppo_loss`)."""
+
         def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
             super().__init__(config, "actor", **kwargs)
             if role == "actor_ref":
