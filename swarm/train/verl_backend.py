@@ -575,6 +575,9 @@ def _actor_overrides(
         # the backward then gathers again (a copy through NCCL per layer and pass, for nothing). Keep the
         # gathered parameters between forward and backward there, as the torch trainer's plain module does.
         f"actor_rollout_ref.actor.fsdp_config.reshard_after_forward={settings.world_size > 1}",
+        # One rank: reduce-scatter the gradients once per mini-batch, not after every micro-batch's
+        # backward (each a copy of all gradients on one rank); several ranks keep verl's default.
+        f"actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation={settings.world_size == 1}",
         "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",  # float32 master weights
         f"actor_rollout_ref.actor.fsdp_config.dtype={_verl_dtype(compute_dtype)}",
         # verl's FSDP engine computes in FSDP's MixedPrecision(param_dtype), bf16 unless this dict says

@@ -475,3 +475,6 @@ def test_one_rank_keeps_its_gathered_parameters_between_forward_and_backward(
         "/nonexistent-model", TrainerConfig(), VerlSettings(n_gpus_per_node=gpus), mini_batch_rows=8
     )
     assert node.actor.fsdp_config.reshard_after_forward is reshard
+    assert (
+        node.actor.fsdp_config.use_no_sync_for_gradient_accumulation is not reshard
+    )  # one reduce a mini-batch

@@ -283,7 +283,8 @@ def _counted(trainer: VerlTrainer) -> list[int]:
 
 
 def on_policy(folder: Path) -> dict[str, Any]:
-    """One step on the same batch and weights (tis_cap 2, entropy bonus 0): verl on-policy (π_θ_old from
+    """One step on the same batch and weights (tis_cap 2, entropy bonus 0, micro-batches of 2: verl's
+    gradients accumulate over two passes, one with a padding row): verl on-policy (π_θ_old from
     the update's own forward), verl with the recompute forced, verl with two minibatches (off-policy: the
     recompute kept), and the torch trainer. Reports the recompute calls, each step's statistics and the
     weights' distance to the torch trainer's and to the forced recompute's."""
@@ -306,9 +307,9 @@ def on_policy(folder: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     weights: dict[str, dict[str, torch.Tensor]] = {}
     for name, config in (
-        ("on_policy", TrainerConfig(lr=1e-3, tis_cap=2.0)),
-        ("recompute", TrainerConfig(lr=1e-3, tis_cap=2.0, recompute_old_logprobs=True)),
-        ("minibatches", TrainerConfig(lr=1e-3, tis_cap=2.0, minibatches=3)),
+        ("on_policy", TrainerConfig(lr=1e-3, tis_cap=2.0, micro_batch_size=2)),
+        ("recompute", TrainerConfig(lr=1e-3, tis_cap=2.0, micro_batch_size=2, recompute_old_logprobs=True)),
+        ("minibatches", TrainerConfig(lr=1e-3, tis_cap=2.0, micro_batch_size=2, minibatches=3)),
     ):
         trainer = _trainer(base, base, config, start=True)
         calls = _counted(trainer)
@@ -317,7 +318,7 @@ def on_policy(folder: Path) -> dict[str, Any]:
         out[name]["compute_log_prob_calls"] = calls[0]
         out[name]["old_logprobs_s"] = metrics.time_s.old_logprobs_s
         weights[name] = _weights(trainer)
-    torch_trainer = TorchTrainer(_served(base), TrainerConfig(lr=1e-3, tis_cap=2.0), PAD)
+    torch_trainer = TorchTrainer(_served(base), TrainerConfig(lr=1e-3, tis_cap=2.0, micro_batch_size=2), PAD)
     metrics = torch_trainer.step(behaved, advantages)
     out["torch"] = {f: getattr(metrics, f) for f in fields}
     weights["torch"] = {k: v.detach().clone() for k, v in torch_trainer.model.state_dict().items()}
