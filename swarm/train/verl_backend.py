@@ -14,9 +14,13 @@ A step, for samples ``s`` (token sequences with a loss mask) and their GRPO adva
    ``advantages``; verl never computes them. Rows are padded with zero-mask rows up to the multiple of
    data-parallel size × mini-batches × micro-batch rows (:func:`micro_batch_layout`) that verl's
    dispatch, data loader and micro-batching need; none is dropped.
-2. The worker group recomputes π_θ_old (``compute_log_prob``) and, with KL, π_ref
-   (``compute_ref_log_prob``); with ``tis_cap`` the truncated importance weights
-   ``min(π_θ_old/μ, C)`` go in as ``rollout_is_weights``.
+2. π_θ_old: when the step makes more than one optimizer update (``ppo_epochs · minibatches > 1``, or
+   ``recompute_old_logprobs``; the torch trainer's rule), the worker group recomputes it with a no-grad
+   forward (``compute_log_prob``) and, with ``tis_cap``, the truncated importance weights
+   ``min(π_θ_old/μ, C)`` go in as ``rollout_is_weights``. With one update the step is on-policy: no
+   extra forward; verl's loss takes π_θ_old as the detached logprobs of the update's own forward
+   (ratio 1, as the torch trainer does) and computes the TIS weights from them
+   (:func:`on_policy_ppo_loss`). With KL, π_ref comes from ``compute_ref_log_prob``.
 3. ``update_actor`` runs verl's ``ppo_loss`` (PPO-clip, low-variance KL = our k3, entropy bonus) and its
    optimizer; :class:`VerlTrainer` turns the returned metrics into our :class:`StepMetrics`.
 4. The actor's full state dict is gathered from FSDP to rank 0 and copied into the server's Hugging Face
@@ -39,6 +43,7 @@ and entropy terms are aggregated by verl unweighted, i.e. equal to ours when eve
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -56,7 +61,7 @@ from swarm.tracking.records import Sample
 from swarm.train.backend import TrainBatch, TrainerBackend, TrainerError
 from swarm.train.config import LossAggregation, TrainerConfig, VerlSettings
 from swarm.train.lora import add_adapters, merge_adapters
-from swarm.train.losses import batch_statistics, loss_normalizer
+from swarm.train.losses import batch_statistics, loss_normalizer, selective_log_softmax
 from swarm.train.metrics import StepMetrics, StepTimings
 from swarm.train.weight_buckets import WeightSyncError, bounded, fingerprint, fingerprint_matches, pack_stream
 
@@ -75,14 +80,33 @@ __all__ = [
     "load_adapter_state_dict",
     "load_full_state_dict",
     "micro_batch_layout",
+    "on_policy_ppo_loss",
     "ray_worker_group",
     "to_verl_batch",
     "verl_actor_config",
     "verl_loss_agg_mode",
 ]
 
-VERL_LIVE_FIELDS: frozenset[str] = frozenset({"ppo_epochs", "minibatches"})
-"""Trainer fields a live ``PATCH`` may change under ``--trainer verl`` (sent with each batch)."""
+VERL_LIVE_FIELDS: frozenset[str] = frozenset({"ppo_epochs", "minibatches", "recompute_old_logprobs"})
+"""Trainer fields a live ``PATCH`` may change under ``--trainer verl`` (sent with each batch, or read by
+the controller before it)."""
+
+ON_POLICY_KEY = "swarm_on_policy"
+"""Non-tensor entry of ``update_actor``'s input: ``True`` when the step is on-policy and π_θ_old is the
+update's own detached forward (:func:`on_policy_ppo_loss`)."""
+
+TIS_CAP_KEY = "swarm_tis_cap"
+"""Non-tensor entry of an on-policy ``update_actor`` input: C of the truncated importance weights."""
+
+ON_POLICY_METRICS = (
+    "swarm/tokens",
+    "swarm/entropy_sum",
+    "swarm/drift_sum",
+    "swarm/drift_max",
+    "swarm/tis_sum",
+)
+"""What :func:`on_policy_ppo_loss` adds to verl's metrics per micro-batch (sums over trained tokens, and the
+largest |μ − π_θ_old|): the statistics the skipped ``compute_log_prob`` pass used to give."""
 
 VERL_VERSION = "0.9.1"
 """The verl release this module is written against (its worker API changes between minor versions)."""
@@ -392,6 +416,75 @@ def response_values(output: Any, key: str, td: Any) -> torch.Tensor:
     return no_padding_2_padding(tu.get(output, key), td).float()
 
 
+def on_policy_ppo_loss(
+    inner: Callable[..., tuple[torch.Tensor, dict[str, Any]]],
+    model_output: dict[str, Any],
+    data: Any,
+    dp_group: Any = None,
+    *,
+    entropy_coef: float,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl's loss (``inner``: ``ppo_loss`` with the actor's config) with π_θ_old taken from the update's own
+    forward when the batch says it is on-policy (``ON_POLICY_KEY``), as the torch trainer does with one
+    optimizer update: ``old_log_probs`` = the detached response logprobs of this forward (ratio exactly 1)
+    and, with ``TIS_CAP_KEY``, ``rollout_is_weights`` = ``min(exp(old − μ), C)`` on trained tokens (μ =
+    ``rollout_log_probs``). Otherwise ``inner`` runs unchanged (π_θ_old recomputed by ``compute_log_prob``).
+
+    On-policy, the statistics the skipped pass gave are added as verl ``Metric`` s (``ON_POLICY_METRICS``):
+    trained tokens, sums of entropy, |μ − π_θ_old| and TIS weights over them, the largest |μ − π_θ_old|.
+    The entropy is computed for them (``calculate_entropy``) but enters the loss only with
+    ``entropy_coef > 0``, as in the torch trainer.
+
+    Args:
+        inner: verl's loss for this actor.
+        model_output: This micro-batch's forward: ``log_probs`` (and ``entropy``), no-padding nested tensors.
+        data: The micro-batch (``response_mask``, ``rollout_log_probs`` (b, R); non-tensor flags).
+        dp_group: Passed to ``inner``.
+        entropy_coef: The actor's entropy coefficient.
+
+    Returns:
+        ``inner``'s ``(loss, metrics)``, metrics extended on-policy.
+    """
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.metric import AggregationType, Metric
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    if not tu.get_non_tensor_data(data=data, key=ON_POLICY_KEY, default=False):
+        return inner(model_output=model_output, data=data, dp_group=dp_group)
+    mask = data["response_mask"].bool()  # (b, R)
+    old = no_padding_2_padding(model_output["log_probs"], data).detach()  # (b, R)
+    behaviour = data["rollout_log_probs"]  # (b, R)
+    data["old_log_probs"] = old
+    drift = (behaviour - old).abs()[mask]
+    ours = {"swarm/tokens": mask.sum(), "swarm/drift_sum": drift.sum()}
+    cap = tu.get_non_tensor_data(data=data, key=TIS_CAP_KEY, default=None)
+    if cap is not None:
+        weights = (old - behaviour).exp().clamp(max=float(cap)) * mask
+        data["rollout_is_weights"] = weights
+        ours["swarm/tis_sum"] = weights[mask].sum()
+    entropy = model_output.get("entropy")
+    if entropy is not None:
+        ours["swarm/entropy_sum"] = no_padding_2_padding(entropy, data).detach()[mask].sum()
+        if entropy_coef <= 0:  # measured only: keep it out of verl's loss and its graph
+            model_output = {k: v for k, v in model_output.items() if k != "entropy"}
+    loss, metrics = inner(model_output=model_output, data=data, dp_group=dp_group)
+    metrics = dict(metrics)
+    metrics.update({k: Metric(AggregationType.SUM, v) for k, v in ours.items()})
+    metrics["swarm/drift_max"] = Metric(AggregationType.MAX, drift.max() if drift.numel() else 0.0)
+    return loss, metrics
+
+
+def vectorized_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True
+) -> torch.Tensor:
+    """Drop-in for verl's ``logprobs_from_logits`` without flash-attn: ``logit[label] − logsumexp`` over
+    chunks of 1024 rows (`swarm.train.losses.selective_log_softmax`, the torch trainer's), where verl's
+    fallback (``logprobs_from_logits_v2``) runs one ``logsumexp`` per token, a Python loop of ~2,000
+    iterations and their autograd nodes per micro-batch at the 1.5B bench shape. ``inplace_backward`` is
+    flash-attn's option, ignored. Same values (the same per-row reduction), same gradient."""
+    return selective_log_softmax(logits, labels)
+
+
 # ----------------------------------------------------------------------------------------- configuration
 
 
@@ -478,6 +571,13 @@ def _actor_overrides(
         f"actor_rollout_ref.actor.loss_agg_mode={mode}",
         f"actor_rollout_ref.actor.fsdp_config.param_offload={settings.param_offload}",
         f"actor_rollout_ref.actor.fsdp_config.optimizer_offload={settings.optimizer_offload}",
+        # One rank holds every parameter whole: resharding after each layer's forward frees a copy that
+        # the backward then gathers again (a copy through NCCL per layer and pass, for nothing). Keep the
+        # gathered parameters between forward and backward there, as the torch trainer's plain module does.
+        f"actor_rollout_ref.actor.fsdp_config.reshard_after_forward={settings.world_size > 1}",
+        # One rank: reduce-scatter the gradients once per mini-batch, not after every micro-batch's
+        # backward (each a copy of all gradients on one rank); several ranks keep verl's default.
+        f"actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation={settings.world_size == 1}",
         "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",  # float32 master weights
         f"actor_rollout_ref.actor.fsdp_config.dtype={_verl_dtype(compute_dtype)}",
         # verl's FSDP engine computes in FSDP's MixedPrecision(param_dtype), bf16 unless this dict says
@@ -526,10 +626,29 @@ def _worker_class() -> type:
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     class SwarmActorWorker(ActorRolloutRefWorker):  # type: ignore[misc]  # verl is untyped (Any)
+        loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]]
+        """The actor's loss (verl's ``ppo_loss``, wrapped by :func:`on_policy_ppo_loss`)."""
+
         def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
             super().__init__(config, "actor", **kwargs)
             if role == "actor_ref":
                 self.role, self._is_ref = "actor_ref", True
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def init_model(self) -> None:
+            """verl's ``init_model``, then two choices of ours: the actor's loss takes π_θ_old from its own
+            forward on on-policy steps (:func:`on_policy_ppo_loss`), and without flash-attn the token
+            logprobs are computed vectorised (:func:`vectorized_logprobs`) instead of by verl's per-token
+            loop."""
+            import verl.workers.engine.fsdp.transformer_impl as fsdp_impl
+            from verl.utils import torch_functional
+
+            super().init_model()
+            if not torch_functional.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE:  # verl's own spelling
+                fsdp_impl.logprobs_from_logits = vectorized_logprobs
+            coef = float(self.config.actor.entropy_coeff)
+            self.loss_fn = functools.partial(on_policy_ppo_loss, self.loss_fn, entropy_coef=coef)
+            self.actor.set_loss_fn(self.loss_fn)
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
         def full_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -1048,8 +1167,9 @@ class VerlTrainer(TrainerBackend):
             minibatches=cfg.minibatches,
         )
         timings = StepTimings()
-        old, entropy = self._old_and_ref_logprobs(wg, batch.data, timings, micro)
-        metrics = self._update_actor(wg, batch, timings, micro)
+        recompute = self.recomputes_old_logprobs
+        old, entropy = self._old_and_ref_logprobs(wg, batch.data, timings, micro, recompute=recompute)
+        metrics = self._update_actor(wg, batch, timings, micro, on_policy=not recompute)
         t0 = time.perf_counter()
         if self.direct:  # the engine gets the weights from the actor (push_weights); the copy on demand
             self._copy_stale = True
@@ -1065,33 +1185,56 @@ class VerlTrainer(TrainerBackend):
             samples, advantages, rewards, batch.data, old, entropy, metrics, timings, micro
         )
 
-    def _old_and_ref_logprobs(
-        self, wg: Any, data: Any, timings: StepTimings, micro: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """π_θ_old and entropy of every response token, (B, R) each, written into ``data`` with π_ref
-        (``kl_coef > 0``) and the truncated importance weights (``tis_cap``); ``micro`` rows a pass."""
+    @property
+    def recomputes_old_logprobs(self) -> bool:
+        """Whether the next step recomputes π_θ_old with a no-grad forward (``compute_log_prob``): the torch
+        trainer's rule, ``recompute_old_logprobs``, or when unset (auto) more than one optimizer update a
+        step. Otherwise the step is on-policy and verl's loss takes π_θ_old from the update's own forward
+        (:func:`on_policy_ppo_loss`): one forward less a step. Stale episodes (``--max-staleness``) do not
+        change this: their mismatch is μ vs π_θ, which the TIS weights correct, as in the torch trainer."""
         cfg = self.config
-        t0 = time.perf_counter()
+        if cfg.recompute_old_logprobs is not None:
+            return cfg.recompute_old_logprobs
+        return cfg.updates_per_step > 1
+
+    def _old_and_ref_logprobs(
+        self, wg: Any, data: Any, timings: StepTimings, micro: int, *, recompute: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """With ``recompute``: π_θ_old and entropy of every response token, (B, R) each, written into
+        ``data`` with the truncated importance weights (``tis_cap``); ``micro`` rows a pass. Without:
+        ``(None, None)`` and the behaviour logprobs stand in as ``old_log_probs`` (verl's loss requires
+        the field; :func:`on_policy_ppo_loss` replaces it). π_ref (``kl_coef > 0``) either way."""
+        cfg = self.config
         meta = {"compute_loss": False, "temperature": cfg.temperature, "micro_batch_size_per_gpu": micro}
-        td = worker_input(data, calculate_entropy=True, **meta)
-        out = wg.compute_log_prob(td)
-        old = response_values(out, "log_probs", td)
-        entropy = response_values(out, "entropy", td)
-        data.batch["old_log_probs"] = old
-        timings.old_logprobs_s = time.perf_counter() - t0
+        old: torch.Tensor | None = None
+        entropy: torch.Tensor | None = None
+        if recompute:
+            t0 = time.perf_counter()
+            td = worker_input(data, calculate_entropy=True, **meta)
+            out = wg.compute_log_prob(td)
+            old = response_values(out, "log_probs", td)
+            entropy = response_values(out, "entropy", td)
+            data.batch["old_log_probs"] = old
+            timings.old_logprobs_s = time.perf_counter() - t0
+        else:
+            data.batch["old_log_probs"] = data.batch["rollout_log_probs"].clone()
         if cfg.kl_coef > 0:
             t0 = time.perf_counter()
             td = worker_input(data, calculate_entropy=False, **meta)
             data.batch["ref_log_prob"] = response_values(wg.compute_ref_log_prob(td), "log_probs", td)
             timings.ref_logprobs_s = time.perf_counter() - t0
-        if cfg.tis_cap is not None:
+        if cfg.tis_cap is not None and old is not None:
             mask = data.batch["response_mask"].bool()
             behaviour = data.batch["rollout_log_probs"]
             data.batch["rollout_is_weights"] = (old - behaviour).exp().clamp(max=cfg.tis_cap) * mask
         return old, entropy
 
-    def _update_actor(self, wg: Any, batch: VerlBatch, timings: StepTimings, micro: int) -> Mapping[str, Any]:
+    def _update_actor(
+        self, wg: Any, batch: VerlBatch, timings: StepTimings, micro: int, *, on_policy: bool
+    ) -> Mapping[str, Any]:
         """verl's ``update_actor`` on the batch, ``micro`` rows a forward/backward pass; returns its metrics.
+        ``on_policy``: π_θ_old from this forward (:func:`on_policy_ppo_loss`), entropy computed for the
+        step's statistics.
 
         Raises:
             TrainerError: a non-finite gradient norm.
@@ -1101,9 +1244,12 @@ class VerlTrainer(TrainerBackend):
         cfg = self.config
         t0 = time.perf_counter()
         rows = batch.data.batch["input_ids"].shape[0]
+        flags: dict[str, Any] = {ON_POLICY_KEY: on_policy}
+        if on_policy and cfg.tis_cap is not None:
+            flags[TIS_CAP_KEY] = cfg.tis_cap
         td = worker_input(
             batch.data,
-            calculate_entropy=cfg.entropy_coef > 0,
+            calculate_entropy=cfg.entropy_coef > 0 or on_policy,
             global_batch_size=batch.global_batch_size,
             mini_batch_size=rows // cfg.minibatches,
             epochs=cfg.ppo_epochs,
@@ -1112,6 +1258,7 @@ class VerlTrainer(TrainerBackend):
             compute_loss=True,
             temperature=cfg.temperature,
             micro_batch_size_per_gpu=micro,
+            **flags,
         )
         metrics: Mapping[str, Any] = tu.get(wg.update_actor(td), "metrics")
         timings.fwd_bwd_s = time.perf_counter() - t0
@@ -1126,8 +1273,8 @@ class VerlTrainer(TrainerBackend):
         advantages: Sequence[float],
         rewards: Sequence[float] | None,
         data: Any,
-        old: torch.Tensor,
-        entropy: torch.Tensor,
+        old: torch.Tensor | None,
+        entropy: torch.Tensor | None,
         metrics: Mapping[str, Any],
         timings: StepTimings,
         micro: int,
@@ -1135,8 +1282,8 @@ class VerlTrainer(TrainerBackend):
         cfg = self.config
         mask = data.batch["response_mask"].bool()
         rows = data.batch["input_ids"].shape[0]
-        drift = (data.batch["rollout_log_probs"] - old).abs()[mask]
         tokens = int(mask.sum())
+        stats = _token_statistics(data, mask, old, entropy, metrics, tis=cfg.tis_cap is not None)
         pg = _mean(metrics, "actor/pg_loss", "pg_loss") or 0.0
         kl = _mean(metrics, "kl_loss", "actor/kl_loss")
         total = _mean(metrics, "loss")
@@ -1151,17 +1298,15 @@ class VerlTrainer(TrainerBackend):
             policy_loss=pg,
             kl=kl if cfg.kl_coef > 0 else None,
             clip_frac=_mean(metrics, "actor/pg_clipfrac", "pg_clipfrac") or 0.0,
-            entropy=float(entropy[mask].mean()) if tokens else 0.0,
+            entropy=stats["entropy"],
             grad_norm=_mean(metrics, "grad_norm", "actor/grad_norm") or 0.0,
             grad_norm_max=_max(metrics, "grad_norm", "actor/grad_norm") or 0.0,
             # verl reports ppo_kl = mean(old − new logprob) over trained tokens; exp(−ppo_kl) is the
             # geometric mean of the ratio (our torch trainer reports the arithmetic mean).
             ratio_mean=math.exp(-(_mean(metrics, "actor/ppo_kl", "ppo_kl") or 0.0)),
-            logprob_drift_mean=float(drift.mean()) if tokens else 0.0,
-            logprob_drift_max=float(drift.max()) if tokens else 0.0,
-            tis_weight_mean=(
-                float(data.batch["rollout_is_weights"][mask].mean()) if cfg.tis_cap is not None else None
-            ),
+            logprob_drift_mean=stats["drift_mean"],
+            logprob_drift_max=stats["drift_max"],
+            tis_weight_mean=stats["tis_mean"] if cfg.tis_cap is not None else None,
             lr=cfg.lr,
             updates=updates,
             # per rank: each of the world_size ranks runs this many micro-batches
@@ -1169,6 +1314,38 @@ class VerlTrainer(TrainerBackend):
             time_s=timings,
             created_at=time.time(),
         )
+
+
+def _token_statistics(
+    data: Any,
+    mask: torch.Tensor,
+    old: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    metrics: Mapping[str, Any],
+    *,
+    tis: bool,
+) -> dict[str, float]:
+    """Means over trained tokens of entropy, |μ − π_θ_old| and the TIS weight, and the largest |μ − π_θ_old|:
+    from the recomputed π_θ_old (``old``, ``entropy``: (B, R)) or, on-policy, from the sums
+    :func:`on_policy_ppo_loss` reported in verl's ``metrics``."""
+    if old is not None and entropy is not None:
+        if not bool(mask.any()):
+            return {"entropy": 0.0, "drift_mean": 0.0, "drift_max": 0.0, "tis_mean": 0.0}
+        drift = (data.batch["rollout_log_probs"] - old).abs()[mask]
+        return {
+            "entropy": float(entropy[mask].mean()),
+            "drift_mean": float(drift.mean()),
+            "drift_max": float(drift.max()),
+            "tis_mean": float(data.batch["rollout_is_weights"][mask].mean()) if tis else 0.0,
+        }
+    tokens = sum(_values(metrics, "swarm/tokens"))
+    per_token = 1.0 / tokens if tokens > 0 else 0.0
+    return {
+        "entropy": sum(_values(metrics, "swarm/entropy_sum")) * per_token,
+        "drift_mean": sum(_values(metrics, "swarm/drift_sum")) * per_token,
+        "drift_max": _max(metrics, "swarm/drift_max") or 0.0,
+        "tis_mean": sum(_values(metrics, "swarm/tis_sum")) * per_token,
+    }
 
 
 def _values(metrics: Mapping[str, Any], *keys: str) -> list[float]:

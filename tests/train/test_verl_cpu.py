@@ -114,3 +114,30 @@ def test_the_direct_weight_path_delivers_checked_buckets_and_fails_loudly(
     assert r["last_push"]["buckets"] >= 2 and r["last_push"]["bytes"] > 1 << 20
     assert r["corrupt"].startswith("weight sync: the engine received other bytes than the actor sent")
     assert "the engine's load took longer than 3 s" in r["hung"]
+
+
+def test_an_on_policy_step_skips_the_old_logprob_recompute_and_matches_the_torch_trainer(
+    scenario_results: Callable[[str], dict[str, Any]],
+) -> None:
+    """One optimizer update a step: verl's loss takes π_θ_old from the update's own forward (no
+    ``compute_log_prob`` call, no old-logprob time), as the torch trainer does; the step's loss, gradient
+    norm, TIS weights, drift and entropy equal the forced recompute's and the torch trainer's, and so do
+    the weights after it. With several minibatches (off-policy updates) the recompute stays."""
+    r = scenario_results("on-policy")
+    assert r["on_policy"]["compute_log_prob_calls"] == 0 and r["on_policy"]["old_logprobs_s"] == 0.0
+    assert r["recompute"]["compute_log_prob_calls"] == 1 and r["recompute"]["old_logprobs_s"] > 0
+    assert r["minibatches"]["compute_log_prob_calls"] == 1
+    for other in ("recompute", "torch"):
+        for field in (
+            "loss",
+            "grad_norm",
+            "entropy",
+            "logprob_drift_mean",
+            "logprob_drift_max",
+            "tis_weight_mean",
+        ):
+            assert r["on_policy"][field] == pytest.approx(r[other][field], rel=1e-5, abs=1e-7), (other, field)
+        assert r[other]["ratio_mean"] == pytest.approx(1.0)
+    assert 0.2 < r["on_policy"]["tis_weight_mean"] < 2.0  # some tokens capped at 2, others weighted < 1
+    assert r["on_policy"]["grad_norm"] > 1e-3
+    assert r["on_policy_vs_recompute"] <= 1e-6 and r["on_policy_vs_torch"] <= 1e-5

@@ -447,3 +447,34 @@ def test_micro_batches_split_evenly_and_pad_only_the_remainder(
     per_pass = padded // (ranks * minibatches)
     assert per_pass % micro == 0  # verl's micro-batching divides every rank's mini-batch
     assert padded - rows < ranks * minibatches * (per_pass // micro)  # less than a row per pass padded
+
+
+def test_vectorized_logprobs_equal_verls_per_token_loop() -> None:
+    """The worker's replacement for verl's ``logprobs_from_logits`` without flash-attn (one ``logsumexp``
+    per token) gives its values and its gradient."""
+    from verl.utils.torch_functional import logprobs_from_logits_v2
+
+    from swarm.train.verl_backend import vectorized_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(1500, 97, generator=g)).requires_grad_()
+    labels = torch.randint(0, 97, (1500,), generator=g)
+    ours = vectorized_logprobs(logits, labels)
+    (grad_ours,) = torch.autograd.grad(ours.sum(), logits)
+    verls = logprobs_from_logits_v2(logits, labels)
+    (grad_verls,) = torch.autograd.grad(verls.sum(), logits)
+    assert torch.allclose(ours, verls, atol=1e-6) and torch.allclose(grad_ours, grad_verls, atol=1e-6)
+
+
+@pytest.mark.parametrize(("gpus", "reshard"), [(1, False), (2, True)])
+def test_one_rank_keeps_its_gathered_parameters_between_forward_and_backward(
+    gpus: int, reshard: bool
+) -> None:
+    """``reshard_after_forward`` is off for one rank (nothing to reshard), verl's default (on) for more."""
+    node = verl_actor_config(
+        "/nonexistent-model", TrainerConfig(), VerlSettings(n_gpus_per_node=gpus), mini_batch_rows=8
+    )
+    assert node.actor.fsdp_config.reshard_after_forward is reshard
+    assert (
+        node.actor.fsdp_config.use_no_sync_for_gradient_accumulation is not reshard
+    )  # one reduce a mini-batch

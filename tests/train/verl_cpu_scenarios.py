@@ -266,3 +266,65 @@ def direct(folder: Path) -> dict[str, Any]:
 
 
 SCENARIOS["direct"] = direct
+
+
+def _counted(trainer: VerlTrainer) -> list[int]:
+    """Count the worker's ``compute_log_prob`` calls (the π_θ_old recompute) from here on."""
+    worker = trainer._workers().worker
+    calls = [0]
+    recompute = worker.compute_log_prob
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return recompute(*args, **kwargs)
+
+    worker.compute_log_prob = counted
+    return calls
+
+
+def on_policy(folder: Path) -> dict[str, Any]:
+    """One step on the same batch and weights (tis_cap 2, entropy bonus 0, micro-batches of 2: verl's
+    gradients accumulate over two passes, one with a padding row): verl on-policy (π_θ_old from
+    the update's own forward), verl with the recompute forced, verl with two minibatches (off-policy: the
+    recompute kept), and the torch trainer. Reports the recompute calls, each step's statistics and the
+    weights' distance to the torch trainer's and to the forced recompute's."""
+    from swarm.train import TorchTrainer
+
+    base = folder / "base"
+    save_tiny_model(base)
+    samples, advantages = BATCHES[0]
+    # μ near the random model's logprobs (about −10.8), every other token far enough that the TIS cap acts
+    behaved = [
+        s.model_copy(
+            update={
+                "behaviour_logprobs": [(-11.8 if t % 2 else -10.5) * m for t, m in enumerate(s.loss_mask)]
+            }
+        )
+        for s in samples
+    ]
+    fields = ("loss", "policy_loss", "grad_norm", "entropy", "logprob_drift_mean", "logprob_drift_max",
+              "tis_weight_mean", "ratio_mean", "clip_frac")  # fmt: skip
+    out: dict[str, Any] = {}
+    weights: dict[str, dict[str, torch.Tensor]] = {}
+    for name, config in (
+        ("on_policy", TrainerConfig(lr=1e-3, tis_cap=2.0, micro_batch_size=2)),
+        ("recompute", TrainerConfig(lr=1e-3, tis_cap=2.0, micro_batch_size=2, recompute_old_logprobs=True)),
+        ("minibatches", TrainerConfig(lr=1e-3, tis_cap=2.0, micro_batch_size=2, minibatches=3)),
+    ):
+        trainer = _trainer(base, base, config, start=True)
+        calls = _counted(trainer)
+        metrics = trainer.step(behaved, advantages)
+        out[name] = {f: getattr(metrics, f) for f in fields}
+        out[name]["compute_log_prob_calls"] = calls[0]
+        out[name]["old_logprobs_s"] = metrics.time_s.old_logprobs_s
+        weights[name] = _weights(trainer)
+    torch_trainer = TorchTrainer(_served(base), TrainerConfig(lr=1e-3, tis_cap=2.0, micro_batch_size=2), PAD)
+    metrics = torch_trainer.step(behaved, advantages)
+    out["torch"] = {f: getattr(metrics, f) for f in fields}
+    weights["torch"] = {k: v.detach().clone() for k, v in torch_trainer.model.state_dict().items()}
+    out["on_policy_vs_recompute"] = _max_diff(weights["on_policy"], weights["recompute"])
+    out["on_policy_vs_torch"] = _max_diff(weights["on_policy"], weights["torch"])
+    return out
+
+
+SCENARIOS["on-policy"] = on_policy
