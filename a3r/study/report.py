@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from a3r.study.analysis import RewardSummary, part_roles, reward_range
+from a3r.study.analysis import RewardSummary, part_roles, part_scale, reward_range
 from a3r.study.effects import Effect, step_effect
 from a3r.study.headline import conclusion_line, headline, verdict_label
 from a3r.study.plans import PlanDraft, training_line
@@ -84,9 +84,13 @@ def _parts_table(parts: dict[str, dict[str, list[float]]]) -> list[str]:
         "| part | run | points | first → last | change along its trend (95% CI) | reading |",
         "|---|---|---|---|---|---|",
     ]
+    scales = {
+        name: part_scale(v for c in parts.values() for v in c.get(name, []))
+        for name in {name for c in parts.values() for name in c}
+    }
     for label, curves in parts.items():
         for name, points in sorted(curves.items()):
-            effect = step_effect(points)
+            effect = step_effect(points, scale=scales[name])
             lines.append(
                 f"| {name} | {label} | {len(points)} | {_fmt(points[0])} → {_fmt(points[-1])} | "
                 f"{effect.describe(verdict=False)} | {_reading(effect)} |"
