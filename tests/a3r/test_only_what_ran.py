@@ -283,6 +283,11 @@ def test_runs_the_budget_re_plan_dropped_are_not_run_and_count_in_the_budget_tha
         "measured (median of the 3 runs that ran), --budget-minutes 9 would have run them (this one had 8)"
         in conclusion
     )
+    # the cancelled run trained no step: no held-out evaluation, and its row says so
+    assert (
+        "| coarse-batch_size=2-s1 | cancelled (budget) | 0 | 0 | 41 | – | – (not evaluated: no step trained) |"
+        in report
+    )
     for v in (4, 8):
         assert f"| {v} | [] | [] | not run (seed 0: {why}) |" in report
         (finding,) = [f for f in findings if f"batch_size={v}" in f.statement]
