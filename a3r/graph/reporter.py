@@ -410,11 +410,12 @@ def _not_run_text(
             "completed, so no per-run time was measured: the dry run (--dry-run) names the budget the study needs"
         )
     per_run, ran = measured
+    parts = [f"{len(cut)} cancelled"] * bool(cut) + [f"{unstarted} dropped before they started"]
     # what was spent, less the time the cut runs wasted, plus a measured run's time for each run not run
     needed = spent_s(outcomes) - sum(o.wall_s + o.overhead_s for o in cut) + missed * per_run
     return text + (
         f". The budget ran out for {counted(missed, 'runs')}"
-        + (f" ({len(cut)} cancelled, {unstarted} dropped before they started)" if unstarted else "")
+        + (f" ({', '.join(parts)})" if unstarted else "")
         + f": at the {per_run:,.0f} s per run measured (median of the {counted(ran, 'runs')} that ran), "
         f"--budget-minutes {math.ceil(needed / 60)} would have run them (this one had {budget_s / 60:g})"
     )

@@ -392,7 +392,8 @@ class _Planner:
             )
             for s in specs
         )
-        return f"{counted(len(specs), 'runs')} ≈ {seconds:.0f} s at the measured {self.per_episode:.1f} s per episode"
+        floor = f" and at least {self.per_run:.0f} s per run" if self.per_run > 0 else ""
+        return f"{counted(len(specs), 'runs')} ≈ {seconds:.0f} s at the measured {self.per_episode:.1f} s per episode{floor}"
 
     def fit(self, specs: Sequence[RunSpec], goal: str) -> tuple[list[RunSpec], list[float]]:
         return fit_budget(
