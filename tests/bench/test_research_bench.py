@@ -103,9 +103,8 @@ def test_the_h200_budget_sequence_replayed_starts_no_run_that_cannot_finish(tmp_
     never named B = 4 and 8, which it had dropped. Replayed with those fixed times through the graph."""
     from dataclasses import replace
 
-    from research import SimulatedRuns  # type: ignore[import-not-found]
+    from research import SimulatedRuns, invoke_study  # type: ignore[import-not-found]
 
-    from a3r.graph.builder import build_graph, open_checkpointer
     from a3r.graph.context import Ledger, RunContext
     from a3r.providers import OfflineProvider
     from memory import Store
@@ -136,15 +135,8 @@ def test_the_h200_budget_sequence_replayed_starts_no_run_that_cannot_finish(tmp_
         preflight_samples=4,
         execute=H200Runs(landscape, 0),
     )
-    graph = build_graph(open_checkpointer(tmp_path / "checkpoints.db"))
-    config = {"configurable": {"thread_id": "h200"}, "recursion_limit": 1000}
     try:
-        graph.invoke(
-            {"request": landscape.question, "mode": "research", "force": False, "overrides": {}},
-            config,  # type: ignore[arg-type]
-            context=ctx,
-        )
-        values = graph.get_state(config).values  # type: ignore[arg-type]
+        values = invoke_study(ctx, landscape.question, tmp_path)
         report = Path(values["report"]).read_text(encoding="utf-8")
     finally:
         ledger.close()
