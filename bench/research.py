@@ -251,9 +251,9 @@ def invoke_study(ctx: RunContext, question: str, folder: Path) -> dict[str, Any]
     checkpointed in ``folder/checkpoints.db``; returns the thread's final state values."""
     graph = build_graph(open_checkpointer(folder / "checkpoints.db"))
     config = {"configurable": {"thread_id": ctx.thread_id}, "recursion_limit": 1000}
-    graph.invoke(
+    graph.invoke(  # type: ignore[call-overload]
         {"request": question, "mode": "research", "force": False, "overrides": {}},
-        config,  # type: ignore[arg-type]
+        config,
         context=ctx,
     )
     return dict(graph.get_state(config).values)  # type: ignore[arg-type]
