@@ -31,6 +31,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -245,6 +246,19 @@ class StudyResult:
     conclusion: str
 
 
+def invoke_study(ctx: RunContext, question: str, folder: Path) -> dict[str, Any]:
+    """Run the research graph on ``question`` to its end with ``ctx`` (its executor: a `SimulatedRuns`),
+    checkpointed in ``folder/checkpoints.db``; returns the thread's final state values."""
+    graph = build_graph(open_checkpointer(folder / "checkpoints.db"))
+    config = {"configurable": {"thread_id": ctx.thread_id}, "recursion_limit": 1000}
+    graph.invoke(  # type: ignore[call-overload]
+        {"request": question, "mode": "research", "force": False, "overrides": {}},
+        config,
+        context=ctx,
+    )
+    return dict(graph.get_state(config).values)  # type: ignore[arg-type]
+
+
 def run_study(
     landscape: Landscape, sim_seed: int, folder: Path, *, budget_minutes: float = 600.0, thread: str = "sim"
 ) -> StudyResult:
@@ -267,15 +281,8 @@ def run_study(
         preflight_samples=2,
         execute=simulator,
     )
-    graph = build_graph(open_checkpointer(folder / "checkpoints.db"))
-    config = {"configurable": {"thread_id": ctx.thread_id}, "recursion_limit": 1000}
     try:
-        graph.invoke(
-            {"request": landscape.question, "mode": "research", "force": False, "overrides": {}},
-            config,  # type: ignore[arg-type]
-            context=ctx,
-        )
-        values = graph.get_state(config).values  # type: ignore[arg-type]
+        values = invoke_study(ctx, landscape.question, folder)
     finally:
         ledger.close()
         store.close()

@@ -20,10 +20,11 @@ from a3r.study.effects import LEVEL, Effect, EffectVerdict, Scale, curve_effect,
 from a3r.study.headline import NOT_RUN, budget_advice, verdict_label
 from a3r.study.plans import StabilityCriterion
 from a3r.study.report import write_report
-from a3r.study.research import budget_note, spent_s
+from a3r.study.research import budget_note, measured_run_s, spent_s
 from a3r.study.runs import RunOutcome
 from a3r.study.settings import value_text
 from a3r.study.stability import (
+    DROPPED_BY_REPLAN,
     ConfigVerdict,
     compared_tasks_text,
     min_stable_value,
@@ -396,22 +397,27 @@ def _not_run_text(
     )
     sweep = [o for o in outcomes if o.purpose == "sweep"]
     cut = [o for o in sweep if o.status == "budget" and not_run_reason(o) is not None]
-    if not cut:
+    # the planned runs a budget re-plan dropped before they started never ran either
+    unstarted = sum(why.endswith(DROPPED_BY_REPLAN) for c in configs for why in c.not_run)
+    missed = len(cut) + unstarted
+    if not missed:
         return text
-    ran = sorted(o.wall_s for o in sweep if not_run_reason(o) is None and o.wall_s > 0)
-    if not ran:
+    measured = measured_run_s(outcomes)
+    if measured is None:
         return (
             text
-            + f". The budget stopped {counted(len(cut), 'runs')} before they could answer and no sweep run "
+            + f". The budget stopped {counted(missed, 'runs')} before they could answer and no sweep run "
             "completed, so no per-run time was measured: the dry run (--dry-run) names the budget the study needs"
         )
-    per_run = ran[len(ran) // 2]
-    # what was spent, less the time the cut runs wasted, plus a measured run's time for each of them
-    needed = spent_s(outcomes) - sum(o.wall_s + o.overhead_s for o in cut) + len(cut) * per_run
+    per_run, ran = measured
+    parts = [f"{len(cut)} cancelled"] * bool(cut) + [f"{unstarted} dropped before they started"]
+    # what was spent, less the time the cut runs wasted, plus a measured run's time for each run not run
+    needed = spent_s(outcomes) - sum(o.wall_s + o.overhead_s for o in cut) + missed * per_run
     return text + (
-        f". The budget ran out for {counted(len(cut), 'runs')}: at the {per_run:,.0f} s per run measured (median of the "
-        f"{counted(len(ran), 'runs')} that ran), --budget-minutes {math.ceil(needed / 60)} would have run them "
-        f"(this one had {budget_s / 60:g})"
+        f". The budget ran out for {counted(missed, 'runs')}"
+        + (f" ({', '.join(parts)})" if unstarted else "")
+        + f": at the {per_run:,.0f} s per run measured (median of the {counted(ran, 'runs')} that ran), "
+        f"--budget-minutes {math.ceil(needed / 60)} would have run them (this one had {budget_s / 60:g})"
     )
 
 
@@ -496,6 +502,7 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
             baseline=baseline,
             criterion=plan.stability or StabilityCriterion(),
             scale=reward_range(plan.template),
+            unstarted=[(float(v), int(seed)) for v, seed in state.get("unstarted") or []],
         )
     conclusion = state.get("conclusion")
     stopped_early = conclusion is not None

@@ -116,7 +116,8 @@ class StudyState(TypedDict, total=False):
     ``baseline`` (preflight held-out rewards), ``priors`` (findings of earlier studies whose runs this
     one reuses), ``refine_rounds`` (refine stages run), ``dropped`` (coarse values the budget left out,
     re-admitted when the measured speed fits them), ``budget_cuts`` (what the budget skipped or cut, with
-    its numbers, for the report)."""
+    its numbers, for the report), ``unstarted`` (``(value, seed)`` of the planned sweep runs a budget
+    re-plan dropped before they started: the report lists each as not run unless it ran later)."""
 
     stage: Stage
     baseline: RewardSummary | None
@@ -124,6 +125,7 @@ class StudyState(TypedDict, total=False):
     refine_rounds: int
     dropped: list[float]
     budget_cuts: Annotated[list[str], operator.add]
+    unstarted: Annotated[list[tuple[float, int]], operator.add]
 
 
 class PatchState(TypedDict, total=False):

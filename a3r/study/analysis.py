@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 import templates
-from a3r.study.effects import EffectVerdict, step_effect
+from a3r.study.effects import EffectVerdict, Scale, step_effect
 
 __all__ = [
     "STOP_EXCEPTIONS",
@@ -48,6 +48,7 @@ __all__ = [
     "on_shared_tasks",
     "part_curves",
     "part_roles",
+    "part_scale",
     "pass_at_k",
     "read_progress",
     "reward_range",
@@ -253,6 +254,19 @@ def reward_range(template: str | None) -> tuple[float, float] | None:
         return None
 
 
+RATE_SCALE: Scale = (0.0, 1.0)
+"""The range of a rate (a reward part whose every value lies in [0, 1]: a share of episodes)."""
+
+
+def part_scale(values: Iterable[float]) -> Scale | None:
+    """The known range of a reward part from its values (means per step): `RATE_SCALE` when every
+    finite value lies in [0, 1] (a rate), else ``None`` (unbounded as far as a3r knows). The one home of
+    the rule that a part's trend interval (`a3r.study.effects.step_effect`) is bounded by its range, for
+    the report's table, the plots and the exploit detector alike."""
+    finite = [v for v in values if math.isfinite(v)]
+    return RATE_SCALE if finite and all(0.0 <= v <= 1.0 for v in finite) else None
+
+
 def detect_part_exploits(parts: Mapping[str, Sequence[float]], roles: Mapping[str, str]) -> list[Diagnosis]:
     """One part of the reward exploited: over a run's per-batch part curves (`part_curves`), a
     ``violation`` rate that rises, or a ``shaping`` bonus that rises while no ``goal`` part does. A
@@ -266,7 +280,9 @@ def detect_part_exploits(parts: Mapping[str, Sequence[float]], roles: Mapping[st
     Returns:
         Patchable ``reward_hacking`` diagnoses whose evidence names the ``part`` and its ``role``.
     """
-    rises = {name: step_effect(points) for name, points in parts.items() if name in roles}
+    rises = {
+        name: step_effect(points, scale=part_scale(points)) for name, points in parts.items() if name in roles
+    }
     goal_rises = any(
         effect.verdict is EffectVerdict.confirmed for name, effect in rises.items() if roles[name] == "goal"
     )

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from scipy import stats
 
-from a3r.study.analysis import RewardSummary
+from a3r.study.analysis import RewardSummary, part_scale
 from a3r.study.research import ConfigVerdict
 from a3r.study.runs import RunOutcome
 from a3r.study.settings import value_text
@@ -178,8 +178,7 @@ def _xs(outcome: RunOutcome) -> list[float]:
 
 
 def _is_rate(curves: Mapping[str, Mapping[str, list[float]]], name: str) -> bool:
-    values = [v for c in curves.values() for v in c.get(name, []) if math.isfinite(v)]
-    return bool(values) and all(0.0 <= v <= 1.0 for v in values)
+    return part_scale(v for c in curves.values() for v in c.get(name, [])) is not None
 
 
 def plot_parts(

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from a3r.study.analysis import RewardSummary, part_roles, reward_range
+from a3r.study.analysis import RewardSummary, part_roles, part_scale, reward_range
 from a3r.study.effects import Effect, step_effect
 from a3r.study.headline import conclusion_line, headline, verdict_label
 from a3r.study.plans import PlanDraft, training_line
@@ -20,6 +20,7 @@ from a3r.study.plots import plot_held_out, plot_parts, plot_rewards, plot_sweep
 from a3r.study.research import ConfigVerdict
 from a3r.study.runs import RunOutcome, episodes_text, status_text
 from a3r.study.settings import value_text
+from a3r.study.stability import trained_steps
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_report"]
@@ -84,9 +85,13 @@ def _parts_table(parts: dict[str, dict[str, list[float]]]) -> list[str]:
         "| part | run | points | first → last | change along its trend (95% CI) | reading |",
         "|---|---|---|---|---|---|",
     ]
+    scales = {
+        name: part_scale(v for c in parts.values() for v in c.get(name, []))
+        for name in {name for c in parts.values() for name in c}
+    }
     for label, curves in parts.items():
         for name, points in sorted(curves.items()):
-            effect = step_effect(points)
+            effect = step_effect(points, scale=scales[name])
             lines.append(
                 f"| {name} | {label} | {len(points)} | {_fmt(points[0])} → {_fmt(points[-1])} | "
                 f"{effect.describe(verdict=False)} | {_reading(effect)} |"
@@ -197,7 +202,10 @@ def _runs(
         e = o.eval
         origin = (reused or {}).get(o.run_id)
         status = status_text(o.status) + (f", reused from {origin}" if origin else "")
-        held_out = [f"{e.tasks} / {e.episodes}" if e else "–", _fmt(e.pass_at_1 if e else None)]
+        unevaluated = "–"
+        if e is None and o.purpose == "sweep" and o.status != "finished" and trained_steps(o) == 0:
+            unevaluated = "– (not evaluated: no step trained)"  # its policy is the preflight's untrained one
+        held_out = [f"{e.tasks} / {e.episodes}" if e else unevaluated, _fmt(e.pass_at_1 if e else None)]
         wall = "–" if origin else f"{o.wall_s:.0f}"
         row = [o.key, status, str(o.steps), episodes_text(o), wall, _fmt(last), *held_out]
         rows.append([*row, _fmt(e.pass_at_2 if e else None), _mean_se(e)])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -30,6 +31,7 @@ from a3r.study.stability import (
     judge_run,
     min_stable_value,
     non_monotone,
+    not_run_reason,
     refine_values,
     stability_margin,
     verdicts,
@@ -59,6 +61,7 @@ __all__ = [
     "fit_budget",
     "initial_queue",
     "judge_run",
+    "measured_run_s",
     "min_stable_value",
     "non_monotone",
     "recheck_steps",
@@ -118,6 +121,27 @@ def spent_s(outcomes: Sequence[RunOutcome]) -> float:
     """Wall seconds of the thread's budget its runs have used: each run's wall time plus the thread's
     time around it (`RunOutcome.overhead_s`: planning, code check, analysis, stopping its server)."""
     return sum(o.wall_s + o.overhead_s for o in outcomes)
+
+
+def measured_run_s(outcomes: Sequence[RunOutcome]) -> tuple[float, int] | None:
+    """The measured wall seconds of one sweep run, all of it counted against the budget: the median over
+    the sweep runs that ran (`not_run_reason` ``None``) of their wall time (server and client start,
+    training, held-out evaluation) plus the thread's time around them (`RunOutcome.overhead_s`), with
+    the number of runs it is the median of; ``None`` before any sweep run ran.
+
+    The budget re-plan prices every queued run at no less than this (`fit_budget`'s ``min_run_s``), and a
+    conclusion names the budget that would have run what did not from it. On the H200 (2026-12-05) each
+    run cost 80-87 s while its 16 episodes at the measured 0.3 s each priced it at ≈ 10 s, so a run was
+    started with 66 s left and cancelled at step 0.
+    """
+    ran = sorted(
+        o.wall_s + o.overhead_s
+        for o in outcomes
+        if o.purpose == "sweep" and o.wall_s > 0 and not_run_reason(o) is None
+    )
+    if not ran:
+        return None
+    return statistics.median(ran), len(ran)
 
 
 def budget_note(outcomes: Sequence[RunOutcome], *, wrap_up_s: float, budget_s: float) -> str:
@@ -568,9 +592,11 @@ def fit_budget(
     eval_episodes: int,
     goal: str,
     measured_tokens: float | None = None,
+    min_run_s: float = 0.0,
 ) -> tuple[list[RunSpec], list[float]]:
-    """Keep whole configurations (all seeds of a value) that fit the budget, each priced by
-    `estimate_run_s` (``measured_tokens``: see there).
+    """Keep whole configurations (all seeds of a value) that fit the budget, each run priced by
+    `estimate_run_s` (``measured_tokens``: see there) and at no less than ``min_run_s`` (the measured
+    wall seconds of a whole run, its start and held-out evaluation included: `measured_run_s`).
 
     For ``min_stable`` the smallest values are kept first (the question is about them); for ``best``
     the values in plan order. A configuration is never cut to fewer seeds.
@@ -587,11 +613,14 @@ def fit_budget(
     spent = 0.0
     for value in order:
         cost = sum(
-            estimate_run_s(
-                s,
-                seconds_per_episode=seconds_per_episode,
-                eval_episodes=eval_episodes,
-                measured_tokens=measured_tokens,
+            max(
+                min_run_s,
+                estimate_run_s(
+                    s,
+                    seconds_per_episode=seconds_per_episode,
+                    eval_episodes=eval_episodes,
+                    measured_tokens=measured_tokens,
+                ),
             )
             for s in by_value[value]
         )

@@ -33,6 +33,7 @@ from a3r.study.runs import RunOutcome, status_text
 from a3r.study.wording import counted, unit_noun
 
 __all__ = [
+    "DROPPED_BY_REPLAN",
     "ConfigVerdict",
     "Verdict",
     "compared_evals",
@@ -49,6 +50,11 @@ __all__ = [
 
 _OWN_FAILURES = (DiagnosisKind.collapse, DiagnosisKind.crash, DiagnosisKind.hang)
 """Diagnoses that make a run that trained unstable whatever its rewards: noise cannot explain them."""
+
+
+DROPPED_BY_REPLAN = "dropped by the budget re-plan before it started"
+"""Why a planned sweep run that never started gave no evidence: the budget, re-planned at the measured
+time per run, left it out (`a3r.study.stages`)."""
 
 
 def trained_steps(outcome: RunOutcome) -> int:
@@ -286,12 +292,12 @@ def stability_margin(
     )
 
 
-def _grouped(missing: Sequence[tuple[RunOutcome, str]]) -> str:
-    """Runs that did not run, their seeds grouped by cause: "seeds 0, 1: cancelled by the budget before
-    its first step; seed 2: start failure (…)"."""
+def _grouped(missing: Sequence[tuple[int, str]]) -> str:
+    """Runs that did not run, as ``(seed, cause in a few words)``, their seeds grouped by cause: "seeds
+    0, 1: cancelled by the budget before its first step; seed 2: start failure (…)"."""
     causes: dict[str, list[int]] = defaultdict(list)
-    for outcome, _ in missing:
-        causes[_not_run(outcome) or ""].append(outcome.seed)
+    for seed, cause in missing:
+        causes[cause].append(seed)
     return "; ".join(
         f"{unit_noun(len(seeds), 'seeds')} {', '.join(str(s) for s in seeds)}: {cause}"
         for cause, seeds in causes.items()
@@ -348,17 +354,21 @@ def verdicts(
     baseline: RewardSummary,
     criterion: StabilityCriterion,
     scale: Scale | None = None,
+    unstarted: Sequence[tuple[float, int]] = (),
 ) -> list[ConfigVerdict]:
     """Per swept value: the verdicts of its seeds that ran (`judge_run`), why the others did not run
-    (`not_run_reason`), and held-out p@1/p@2/mean reward of those that ran (over the held-out tasks
-    every evaluated run ran: `compared_evals`), ascending by value. A value none of whose runs ran is
-    listed with ``stable`` ``None`` and its reasons.
+    (`not_run_reason`; a planned run that never started: `DROPPED_BY_REPLAN`), and held-out
+    p@1/p@2/mean reward of those that ran (over the held-out tasks every evaluated run ran:
+    `compared_evals`), ascending by value. A value none of whose runs ran is listed with ``stable``
+    ``None`` and its reasons.
 
     Args:
         outcomes: The thread's runs (only sweep runs count).
         baseline: The untrained model's held-out evaluation.
         criterion: The pre-registered definition.
         scale: The reward's range, which bounds the margins' intervals.
+        unstarted: ``(value, seed)`` of the planned sweep runs the budget re-plan dropped before they
+            started; one that has a run after all (a value re-admitted later) is not listed.
     """
     shared, _ = compared_evals(outcomes)
     evaluation = {id(outcomes[i]): e for i, e in shared.items()}
@@ -366,10 +376,15 @@ def verdicts(
     for outcome in outcomes:
         if outcome.purpose == "sweep" and outcome.value is not None:
             grouped[outcome.value].append(outcome)
+    never: dict[float, list[int]] = defaultdict(list)
+    for value, seed in unstarted:
+        if seed not in {o.seed for o in grouped.get(value, [])} and seed not in never[value]:
+            never[value].append(seed)
     result: list[ConfigVerdict] = []
-    for value in sorted(grouped):
-        runs = grouped[value]
+    for value in sorted({*grouped, *(v for v, seeds in never.items() if seeds)}):
+        runs = grouped.get(value, [])
         missing = [(o, why) for o in runs if (why := not_run_reason(o)) is not None]
+        dropped = sorted(never.get(value, []))
         ran = [o for o in runs if not_run_reason(o) is None]
         judged = [(o, judge_run(o, baseline, criterion)) for o in ran]
         seeds = [o.seed for o in ran]
@@ -397,8 +412,12 @@ def verdicts(
                 reasons=[f"seed {o.seed}: {r}" for o, v in judged for r in v.reasons],
                 margin=stability_margin(ran, baseline=baseline, criterion=criterion, scale=scale),
                 hard_failure=any(v.hard for _, v in judged),
-                not_run=[f"seed {o.seed}: {why}" for o, why in missing],
-                not_run_short=_grouped(missing),
+                not_run=[f"seed {o.seed}: {why}" for o, why in missing]
+                + [f"seed {seed}: {DROPPED_BY_REPLAN}" for seed in dropped],
+                not_run_short=_grouped(
+                    [(o.seed, _not_run(o) or "") for o, _ in missing]
+                    + [(seed, DROPPED_BY_REPLAN) for seed in dropped]
+                ),
                 seed_margins=margins,
             )
         )

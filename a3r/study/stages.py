@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Literal
@@ -30,6 +30,7 @@ from a3r.study.price import estimate_run_s
 from a3r.study.research import (
     ConfigVerdict,
     fit_budget,
+    measured_run_s,
     min_stable_value,
     refine_values,
     sweep_specs,
@@ -129,6 +130,8 @@ class StageDecision:
         reused: Prior runs that join the study's outcomes now.
         dropped: Coarse values the budget leaves out now (``None``: unchanged).
         refine_rounds: Refine rounds run once this decision's runs ran (``None``: unchanged).
+        unstarted: ``(value, seed)`` of the planned runs this decision drops before they started (the
+            report lists each as not run, `a3r.study.stability.DROPPED_BY_REPLAN`, unless it runs later).
     """
 
     stage: Stage
@@ -141,6 +144,7 @@ class StageDecision:
     reused: list[RunOutcome] = field(default_factory=list)
     dropped: list[float] | None = None
     refine_rounds: int | None = None
+    unstarted: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def goto(self) -> Literal["runner", "reporter"]:
@@ -164,6 +168,8 @@ class StageDecision:
             out["dropped"] = list(self.dropped)
         if self.refine_rounds is not None:
             out["refine_rounds"] = self.refine_rounds
+        if self.unstarted:
+            out["unstarted"] = list(self.unstarted)
         return out
 
 
@@ -260,8 +266,9 @@ def _coarse(
     plan, left = progress.plan, budget.left_s
     assert plan.sweep is not None
     reused = [o for p in progress.priors for o in p.outcomes]
+    planned = sweep_specs(plan, coarse_values(plan, progress.priors), "coarse")
     kept, dropped = fit_budget(
-        sweep_specs(plan, coarse_values(plan, progress.priors), "coarse"),
+        planned,
         budget_s=left,
         seconds_per_episode=pre.seconds_per_episode,
         eval_episodes=budget.eval_episodes,
@@ -314,7 +321,13 @@ def _coarse(
         baseline=baseline,
         reused=reused,
         dropped=dropped,
+        unstarted=_pairs(s for s in planned if s.value in dropped),
     )
+
+
+def _pairs(specs: Iterable[RunSpec]) -> list[tuple[float, int]]:
+    """``(value, seed)`` of sweep runs (`StageDecision.unstarted`)."""
+    return [(s.value, s.seed) for s in specs if s.value is not None]
 
 
 def _budget_needed(progress: StudyProgress, budget: StageBudget, pre: RunOutcome) -> str:
@@ -365,15 +378,22 @@ class _Planner:
     budget: StageBudget
     configs: list[ConfigVerdict]
     per_episode: float
+    per_run: float = 0.0
     lines: list[str] = field(default_factory=list)
     cuts: list[str] = field(default_factory=list)
 
     def cost(self, specs: Sequence[RunSpec]) -> str:
         seconds = sum(
-            estimate_run_s(s, seconds_per_episode=self.per_episode, eval_episodes=self.budget.eval_episodes)
+            max(
+                self.per_run,
+                estimate_run_s(
+                    s, seconds_per_episode=self.per_episode, eval_episodes=self.budget.eval_episodes
+                ),
+            )
             for s in specs
         )
-        return f"{counted(len(specs), 'runs')} ≈ {seconds:.0f} s at the measured {self.per_episode:.1f} s per episode"
+        floor = f" and at least {self.per_run:.0f} s per run" if self.per_run > 0 else ""
+        return f"{counted(len(specs), 'runs')} ≈ {seconds:.0f} s at the measured {self.per_episode:.1f} s per episode{floor}"
 
     def fit(self, specs: Sequence[RunSpec], goal: str) -> tuple[list[RunSpec], list[float]]:
         return fit_budget(
@@ -382,6 +402,7 @@ class _Planner:
             seconds_per_episode=self.per_episode,
             eval_episodes=self.budget.eval_episodes,
             goal=goal,
+            min_run_s=self.per_run,
         )
 
     def shown(self, values: Sequence[float]) -> str:
@@ -430,6 +451,7 @@ def _after_sweep_stage(progress: StudyProgress, budget: StageBudget) -> StageDec
         budget,
         configs=verdicts(progress.outcomes, baseline=baseline, criterion=criterion),
         per_episode=min((m for m in measured if m == m), default=math.nan),
+        per_run=(measured_run_s(progress.outcomes) or (0.0, 0))[0],
     )
     for step in (_readmit, _refine, _replicate):
         decided = step(planner)
@@ -556,26 +578,38 @@ def refit_queue(
     if not measured or not queue or any(s.purpose != "sweep" for s in queue):
         return None
     per_episode = min(measured)
+    run = measured_run_s(progress.outcomes)
+    per_run = run[0] if run else 0.0
     started = {(o.stage, o.value) for o in progress.outcomes if o.purpose == "sweep"}
     committed = [s for s in queue if (s.stage, s.value) in started]
     open_specs = [s for s in queue if (s.stage, s.value) not in started]
 
-    def price(specs: Sequence[RunSpec]) -> float:
-        return sum(
-            estimate_run_s(s, seconds_per_episode=per_episode, eval_episodes=budget.eval_episodes)
-            for s in specs
+    def one(spec: RunSpec) -> float:
+        return max(
+            per_run, estimate_run_s(spec, seconds_per_episode=per_episode, eval_episodes=budget.eval_episodes)
         )
+
+    def price(specs: Sequence[RunSpec]) -> float:
+        return sum(one(s) for s in specs)
 
     goal = plan.sweep.goal if progress.stage == Stage.coarse else "best"
     if progress.stage == Stage.refine and plan.sweep.goal == "min_stable":
         goal = "min_stable"
-    left = budget.left_s - price(committed)
+    # a run of a configuration under way starts only when the measured time says it can finish
+    left, going, cut = budget.left_s, [], []
+    for spec in committed:
+        if one(spec) <= left:
+            going.append(spec)
+            left -= one(spec)
+        else:
+            cut.append(spec)
     kept, dropped = fit_budget(
         open_specs,
         budget_s=left,
         seconds_per_episode=per_episode,
         eval_episodes=budget.eval_episodes,
         goal=goal,
+        min_run_s=per_run,
     )
     back: list[RunSpec] = []
     waiting = list(progress.dropped)
@@ -586,10 +620,32 @@ def refit_queue(
             seconds_per_episode=per_episode,
             eval_episodes=budget.eval_episodes,
             goal=plan.sweep.goal,
+            min_run_s=per_run,
         )
-    if not dropped and not back:
+    if not dropped and not back and not cut:
         return None
-    return _refitted(progress, budget, [*committed, *kept, *back], dropped, back, waiting, per_episode)
+    left_out = [*cut, *(s for s in open_specs if s.value in dropped)]
+    floor = (
+        f"; each run priced at no less than the measured {per_run:.0f} s per run (median of the "
+        f"{counted(run[1], 'runs')} that ran, start and held-out evaluation included)"
+        if run
+        else ""
+    )
+    refit = Refit(queue=[*going, *kept, *back], dropped=dropped, back=back, waiting=waiting, cut=cut)
+    return _refitted(progress, budget, refit, _pairs(left_out), per_episode, floor)
+
+
+@dataclass(frozen=True)
+class Refit:
+    """What `refit_queue` changed: the new ``queue``, the values it ``dropped``, those it brought ``back``,
+    those still ``waiting`` for the stage's end, and the runs of configurations under way it ``cut``
+    (not started: the measured time says they cannot finish)."""
+
+    queue: list[RunSpec]
+    dropped: list[float]
+    back: list[RunSpec]
+    waiting: list[float]
+    cut: list[RunSpec]
 
 
 def _settled_min_stable(progress: StudyProgress) -> bool:
@@ -605,21 +661,25 @@ def _settled_min_stable(progress: StudyProgress) -> bool:
 def _refitted(
     progress: StudyProgress,
     budget: StageBudget,
-    queue: list[RunSpec],
-    dropped: list[float],
-    back: list[RunSpec],
-    waiting: list[float],
+    refit: Refit,
+    unstarted: list[tuple[float, int]],
     per_episode: float,
+    floor: str,
 ) -> StageDecision:
     """The decision of `refit_queue`: the new queue, with one line saying what changed and why."""
     plan = progress.plan
+    queue, dropped, back, waiting = refit.queue, refit.dropped, refit.back, refit.waiting
     assert plan.sweep is not None
     variable = plan.sweep.variable
 
     def shown(values: Sequence[float]) -> str:
         return ", ".join(value_text(variable, plan.template, v) for v in values)
 
-    said = []
+    said = [
+        f"did not start {variable} = {shown([s.value])}, seed {s.seed} (it would not finish)"
+        for s in refit.cut
+        if s.value is not None
+    ]
     if dropped:
         said.append(f"dropped {variable} values [{shown(dropped)}]")
     if back:
@@ -628,7 +688,7 @@ def _refitted(
         )
     line = (
         f"budget: re-planned the {progress.stage} stage at the measured {per_episode:.1f} s per episode: "
-        f"{' and '.join(said)} ({counted(len(queue), 'runs')} left fit the {max(0.0, budget.left_s):.0f} s left)"
+        f"{' and '.join(said)} ({counted(len(queue), 'runs')} left fit the {max(0.0, budget.left_s):.0f} s left{floor})"
     )
     coarse = progress.stage == Stage.coarse
     new_dropped = sorted({*waiting, *dropped}) if coarse else list(progress.dropped)
@@ -639,6 +699,7 @@ def _refitted(
             lines=[line, *ended.lines],
             events=[line, *ended.events],
             budget_cuts=[line, *ended.budget_cuts],
+            unstarted=[*unstarted, *ended.unstarted],
         )
     return StageDecision(
         stage=progress.stage,
@@ -647,4 +708,5 @@ def _refitted(
         events=[line],
         budget_cuts=[line],
         dropped=new_dropped if coarse else None,
+        unstarted=unstarted,
     )

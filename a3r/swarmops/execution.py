@@ -71,6 +71,7 @@ from swarm.client import ClientError, Event, ServeOptions, ServeOptionsError, Se
 
 __all__ = [
     "EVAL_BUDGET_SHARE",
+    "NOT_EVALUATED_UNTRAINED",
     "Workspace",
     "cpu_seconds",
     "eval_tasks_within",
@@ -1006,10 +1007,16 @@ def _conclude(
     diagnoses += detect_stall(samples, window_s=max(run.ctx.hang_after_s, 30.0)) if target is not None else []
     # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
     # after (train) training, so a train-reward gain can be checked against held-out reward. A run the
-    # budget stopped is evaluated too: its budget kept `eval_reserve_s` for it.
-    evaluable = end.status == "finished" or (
-        end.status == "budget" and server_exit is None and run.eval_reserve_s > 0
+    # budget stopped is evaluated too: its budget kept `eval_reserve_s` for it. A sweep run stopped
+    # before its first step is not: its policy is the untrained one the preflight measured (the H200
+    # re-run spent ~35 s of its budget evaluating one, issue 33).
+    untrained = spec.purpose == "sweep" and end.status != "finished" and watch.last_step <= start_step
+    evaluable = not untrained and (
+        end.status == "finished"
+        or (end.status == "budget" and server_exit is None and run.eval_reserve_s > 0)
     )
+    if untrained:
+        rec.note(f"run {spec.key}: {NOT_EVALUATED_UNTRAINED}")
     eval_summary: RewardSummary | None = None
     eval_s = math.nan
     last_step = watch.last_step
@@ -1072,6 +1079,12 @@ def _diagnose(
         entropy_min=spec.stability.entropy_min,
         kl_max=spec.stability.kl_max,
     )
+
+
+NOT_EVALUATED_UNTRAINED = (
+    "held-out evaluation skipped: no step trained, so its policy is the untrained one the preflight measured"
+)
+"""Why a sweep run stopped before its first step has no held-out evaluation (`_conclude`)."""
 
 
 def _evaluate_run(run: _Run, per_episode: float) -> tuple[RewardSummary | None, float]:

@@ -166,6 +166,29 @@ def test_a_budget_stop_keeps_time_for_the_held_out_evaluation(tmp_path: Path) ->
     store.close()
 
 
+def test_a_sweep_run_the_budget_stopped_before_its_first_step_runs_no_held_out_evaluation(
+    tmp_path: Path,
+) -> None:
+    # the H200 re-run (issue 33): coarse-batch_size=2-s1, cancelled at step 0, still evaluated the
+    # untrained model on 16 tasks × 2 attempts (~35 s of the budget); the preflight already measured it
+    spec = RunSpec(
+        key="coarse-batch_size=1-s1",
+        purpose="sweep",
+        stage="coarse",
+        value=1.0,
+        seed=1,
+        server_key="s",
+        settings=TrainingSettings(steps=1000, batch_size=1, group_size=2, concurrency=2),
+    )
+    outcome, _, store, run_id = _own_server_run(tmp_path, spec, budget_s=40, eval_reserve_s=39.5)
+    assert outcome.status == "budget" and outcome.steps == 0, outcome.reason
+    assert outcome.eval is None and not outcome.eval_s > 0
+    notes = [e.message for e in store.events(run_id=run_id)]
+    assert not any("held-out evaluation on" in n for n in notes)
+    assert any("held-out evaluation skipped: no step trained" in n for n in notes)
+    store.close()
+
+
 def test_a_sized_run_re_plans_back_up_to_the_steps_and_b_asked_for(tmp_path: Path) -> None:
     """Issue 33 (4): the README's main job on a busy box was sized to 3 of its 10 steps at B = 1 by a slow
     smoke run, then its steps ran faster and the thread ended at 710 s of its 1,800 s. A sized run now

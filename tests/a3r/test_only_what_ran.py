@@ -78,8 +78,10 @@ def store(tmp_path: Path) -> Iterator[Store]:
         yield opened
 
 
-def _report(tmp_path: Path, store: Store, runs: list[RunOutcome]) -> tuple[str, str, list[Any]]:
-    state: dict[str, Any] = preflight_state(store, "find min stable batch size on arithmetic", BASELINE)
+def _report(tmp_path: Path, store: Store, runs: list[RunOutcome], **more: Any) -> tuple[str, str, list[Any]]:
+    state: dict[str, Any] = (
+        preflight_state(store, "find min stable batch size on arithmetic", BASELINE) | more
+    )
     experiment = store.create_experiment(state["study_id"], "runs")
     recorded = [o.model_copy(update={"run_id": store.start_run(experiment.id, name=o.key).id}) for o in runs]
     state |= {
@@ -258,3 +260,44 @@ def test_the_printed_definition_of_stable_carries_the_n_it_used(tmp_path: Path) 
     assert result.exit_code == 0, result.output
     (line,) = [line for line in result.output.splitlines() if line.startswith("  stability: ")]
     assert "(n = up to 8 tasks: 16 attempts after, 32 before;" in line, line
+
+
+def test_runs_the_budget_re_plan_dropped_are_not_run_and_count_in_the_budget_that_would_run_them(
+    tmp_path: Path, store: Store
+) -> None:
+    # the H200 re-run (2026-12-05 10:37): the coarse stage re-planned twice (dropped B = 8, then B = 4),
+    # then B = 2 seed 1 was cancelled before its first step; the verdict named only 2-s1, the table
+    # omitted 4 and 8, and the settle budget counted 1 run of the 5 that did not run
+    runs = [_run(1, 0), _run(1, 1), _run(2, 0), _cancelled(2, 1)]
+    dropped = [(8.0, 0), (8.0, 1), (4.0, 0), (4.0, 1)]
+    conclusion, report, findings = _report(tmp_path, store, runs, unstarted=dropped)
+    why = "dropped by the budget re-plan before it started"
+    assert (
+        "Not run (no claim is made about them): batch_size = 2, seed 1: cancelled by the budget before its first "
+        f"step; batch_size = 4 (entirely), seeds 0, 1: {why}; batch_size = 8 (entirely), seeds 0, 1: {why}"
+        in conclusion
+    )
+    # spent: preflight 40 s + 3 runs × 60 s + the cancelled 41 s; less its 41 s; + 5 runs × 60 s = 520 s
+    assert (
+        "The budget ran out for 5 runs (1 cancelled, 4 dropped before they started): at the 60 s per run "
+        "measured (median of the 3 runs that ran), --budget-minutes 9 would have run them (this one had 8)"
+        in conclusion
+    )
+    # the cancelled run trained no step: no held-out evaluation, and its row says so
+    assert (
+        "| coarse-batch_size=2-s1 | cancelled (budget) | 0 | 0 | 41 | – | – (not evaluated: no step trained) |"
+        in report
+    )
+    for v in (4, 8):
+        assert f"| {v} | [] | [] | not run (seed 0: {why}) |" in report
+        (finding,) = [f for f in findings if f"batch_size={v}" in f.statement]
+        assert finding.statement.startswith(
+            f"not run: batch_size={v} gave no evidence, no claim is made about it"
+        )
+        assert why in finding.statement and finding.confidence == 0.0
+    # a value re-admitted later that ran is judged on its run, not listed as not run
+    again = verdicts(
+        [*runs, _run(4, 0), _run(4, 1)], baseline=BASELINE, criterion=StabilityCriterion(), unstarted=dropped
+    )
+    assert [(c.value, c.ran) for c in again] == [(1, True), (2, True), (4, True), (8, False)]
+    assert again[2].not_run == []

@@ -270,3 +270,35 @@ def test_a_vibe_dry_run_below_the_verdicts_minimum_steps_warns(tmp_path: Path) -
     assert warning.startswith(f"  warning: 3 steps < the {MIN_STEPS} steps the train-reward verdict needs")
     enough = CliRunner().invoke(app, ["vibe", "train arithmetic", "--steps", str(MIN_STEPS), *common])
     assert "train-reward verdict" not in enough.output
+
+
+def test_the_re_plan_prices_a_run_at_its_measured_wall_time_and_never_starts_one_that_cannot_finish() -> None:
+    """Issue 33, the H200 re-run: each coarse run cost 80-87 s (server and vLLM start, held-out
+    evaluation), its 16 episodes at the measured 0.3 s each ≈ 10 s; the re-plan kept "2 runs left fit the
+    159 s left", and the second began with 66 s left and was cancelled at step 0."""
+    plan = _plan()
+
+    def ran(value: float, seed: int, wall_s: float) -> RunOutcome:
+        return _sweep(value, seed, [0.3] * 4, seconds_per_episode=0.3).model_copy(update={"wall_s": wall_s})
+
+    # after B = 1 seed 0 (80 s), 249 s left: B = 1 seed 1 (80 s) and B = 2 (2 × 80 s) fit, B = 4 does not
+    first = StudyProgress(
+        plan=plan, stage=Stage.coarse, outcomes=[_preflight(), ran(1, 0, 80.0)], baseline=BASELINE
+    )
+    queue = [s for s in sweep_specs(plan, [1, 2, 4], "coarse") if (s.value, s.seed) != (1, 0)]
+    down = refit_queue(first, queue, StageBudget(left_s=249, eval_episodes=32))
+    assert down is not None and [(s.value, s.seed) for s in down.queue] == [(1, 1), (2, 0), (2, 1)]
+    assert down.dropped == [4] and down.unstarted == [(4.0, 0), (4.0, 1)]
+    assert "no less than the measured 80 s per run (median of the 1 run that ran" in down.lines[0]
+    # after B = 2 seed 0 (87 s), 66 s left: B = 2 seed 1 would not finish, so it never starts
+    last = StudyProgress(
+        plan=plan,
+        stage=Stage.coarse,
+        outcomes=[_preflight(), ran(1, 0, 80.0), ran(1, 1, 85.0), ran(2, 0, 87.0)],
+        baseline=BASELINE,
+        dropped=[4.0],
+    )
+    cut = refit_queue(last, sweep_specs(plan, [2], "coarse")[1:], StageBudget(left_s=66, eval_episodes=32))
+    assert cut is not None and cut.queue == [] and cut.goto == "reporter"
+    assert (2.0, 1) in cut.unstarted
+    assert "did not start batch_size = 2, seed 1 (it would not finish)" in cut.lines[0]

@@ -424,3 +424,16 @@ def test_a_vibe_report_opens_with_one_plain_line_and_plots_the_held_out_evidence
     assert (tmp_path / "ws" / "held_out.png").read_bytes()[:4] == b"\x89PNG"
     # no attempt reaches the correct threshold (1.0): p@1 and p@2 are 0 in every row, so not columns
     assert "| held-out p@1 |" not in report and "_Not shown: held-out p@1, held-out p@2" in report
+
+
+def test_no_reward_part_interval_is_wider_than_the_parts_range(tmp_path: Path, store: Store) -> None:
+    # the H200 re-run (issue 33) printed "+0.225 (95% CI -2.109 … +2.559; 4 steps, … n_eff 1.0)" for the
+    # format_ok rate (a 0-1 scale) in the report's Reward parts table
+    runs = [
+        _sweep(1, seed, 0.3).model_copy(update={"parts": {"format_ok": [0.75, 1.0, 1.0, 1.0]}})
+        for seed in (0, 1)
+    ]
+    _, text = _report(tmp_path, store, "find min stable batch size on arithmetic", runs)
+    table = text.split("## Reward parts", 1)[1].split("\n## ", 1)[0]
+    assert "| format_ok |" in table and "-2.109" not in table and "+2.559" not in table
+    assert "too few points" in table
