@@ -1,0 +1,145 @@
+"""A sweep stage's runs as LoRA tenants of ONE real ``swarm serve --tenants N`` (issue 36, deliver 5): every
+run is created as a tenant, trained by its own ``swarm run --tenant`` client, watched, evaluated on its
+adapter and retired; its store record has its own steps, metrics and outcome. A budget cut cancels the
+tenants still training (``cancelled (budget)``), never a crash. Which runs can be tenants, and why not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from a3r.graph import RunContext, RunSpec
+from a3r.graph.context import Ledger
+from a3r.providers import OfflineProvider
+from a3r.study.plans import TrainingSettings
+from a3r.study.runs import STORE_STATUS, status_text
+from a3r.swarmops.execution import Workspace
+from a3r.swarmops.tenancy import execute_stage, stage_runs, tenant_id, tenant_reason
+from memory import RunStatus, Store
+from tests.conftest import build_tiny_model
+
+_ONE_CALL = """import asyncio
+
+
+async def run(task, llm):
+    client = llm.openai(max_retries=0)
+    await client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    return float(task["value"])
+"""
+
+
+def _spec(batch_size: int, seed: int, steps: int = 2, **settings: Any) -> RunSpec:
+    return RunSpec(
+        key=f"coarse-batch_size={batch_size}-s{seed}",
+        purpose="sweep",
+        seed=seed,
+        stage="coarse",
+        value=float(batch_size),
+        settings=TrainingSettings(
+            **{"steps": steps, "batch_size": batch_size, "group_size": 2, "concurrency": 2, "lora_rank": 8}
+            | settings
+        ),
+    )
+
+
+def _ctx(tmp_path: Path, store: Store, model: str | None = None) -> RunContext:
+    return RunContext(
+        store=store,
+        provider=OfflineProvider(),
+        ledger=Ledger(tmp_path / "ledger.db"),
+        thread_id="tenants",
+        root=tmp_path,
+        model=model,
+        hang_after_s=120.0,
+        poll_s=0.5,
+        eval_tasks=2,
+        eval_samples=2,
+    )
+
+
+def test_which_runs_can_be_tenants(tmp_path: Path) -> None:
+    store = Store(tmp_path / "memory.db")
+    ctx = _ctx(tmp_path, store)
+    stage = [_spec(b, s) for b in (1, 2) for s in (0, 1)]
+    assert [s.key for s in stage_runs(stage, ctx)] == [s.key for s in stage]
+    assert tenant_reason(_spec(1, 0, lora_rank=0), ctx) == "own server: full fine-tuning (lora_rank 0)"
+    assert "teacher" in str(tenant_reason(_spec(1, 0, distill=True, teacher="http://t"), ctx))
+    train = RunSpec(key="train-s0", purpose="train", settings=TrainingSettings(lora_rank=8))
+    assert tenant_reason(train, ctx) == "own server: a train run"
+    # another rank ends the stage's tenants; one run alone keeps its own server
+    mixed = [_spec(1, 0), _spec(2, 0), _spec(4, 0).model_copy(update={"settings": TrainingSettings()})]
+    assert len(stage_runs(mixed, ctx)) == 2 and stage_runs(stage[:1], ctx) == []
+    ids = {tenant_id(s) for s in stage}
+    assert len(ids) == 4 and all(len(i) <= 32 and i[0].isalpha() for i in ids)
+    store.close()
+
+
+def _workspace(tmp_path: Path) -> Workspace:
+    ws = Workspace(tmp_path / "ws")
+    ws.root.mkdir()
+    ws.workflow.write_text(_ONE_CALL)
+    (ws.root / "evaluator").mkdir()
+    ws.evaluator.write_text(_ONE_CALL)
+    rows = "".join(json.dumps({"id": f"t{i}", "value": i % 2}) + "\n" for i in range(40))
+    ws.tasks.write_text(rows)
+    ws.heldout.write_text("".join(json.dumps({"id": f"h{i}", "value": i % 2}) + "\n" for i in range(4)))
+    return ws
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", ["ample", "cut"])
+def test_a_coarse_stage_runs_as_tenants_of_one_server(
+    tmp_path: Path, embedded_source: Any, tokenizer: Any, budget: str
+) -> None:
+    model = tmp_path / "tiny"
+    build_tiny_model(embedded_source, seed=5).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    ws = _workspace(tmp_path)
+    store = Store(tmp_path / "memory.db")
+    experiment = store.create_experiment(store.create_study("tenants").id, "e").id
+    ctx = _ctx(tmp_path, store, str(model))
+    steps = 2 if budget == "ample" else 1000
+    specs = [_spec(b, s, steps=steps) for b in (1, 2) for s in (0, 1)]
+    runs = [store.start_run(experiment, name=s.key, config={"purpose": "sweep"}) for s in specs]
+    try:
+        outcomes = execute_stage(
+            specs,
+            ctx=ctx,
+            workspace=lambda spec: ws,
+            run_ids=[r.id for r in runs],
+            budget_s=400.0 if budget == "ample" else 60.0,
+            eval_reserve_s=30.0,
+            max_tenants=3,  # the cap: the fourth run waits for a freed place
+        )
+    finally:
+        ctx.close_servers()
+    assert ctx.servers == {}
+    # ONE server: one server dir, one server log, every run recorded against it
+    assert [p.name for p in (ws.root / "servers").iterdir() if p.is_dir()] == ["coarse-tenants"]
+    server_dir = ws.root / "servers" / "coarse-tenants"
+    records = [store.get_run(r.id) for r in runs]
+    assert {r.run_dir for r in records} == {str(server_dir)} and len({r.server_url for r in records}) == 1
+    assert sorted(str(r.config["tenant"]) for r in records) == sorted(tenant_id(s) for s in specs)
+    events = [json.loads(line) for line in (server_dir / "events.jsonl").read_text().splitlines()]
+    created = {e["data"]["tenant"] for e in events if e["kind"] == "tenant.created"}
+    retired = {e["data"]["tenant"] for e in events if e["kind"] == "tenant.retired"}
+    assert created == retired == {tenant_id(s) for s in specs}
+    for spec, run, outcome in zip(specs, runs, outcomes, strict=True):
+        assert outcome.key == spec.key and outcome.run_id == run.id
+        assert outcome.tenant == tenant_id(spec) and outcome.tenant_server == "coarse-tenants"
+        if budget == "ample":
+            assert outcome.status == "finished", outcome.reason
+            assert outcome.steps == 2 and [s for s, _ in outcome.curve] == [1, 2]
+            assert store.metric_history(run.id, "reward_mean")
+            assert outcome.eval is not None and outcome.eval.episodes == 4  # its adapter, 2 tasks × 2
+        else:
+            assert outcome.status == "budget", outcome.reason
+            assert status_text(outcome.status) == "cancelled (budget)"
+            assert STORE_STATUS[outcome.status] is RunStatus.cancelled
+            assert not any(d.kind.value == "crash" for d in outcome.diagnoses)
+    store.close()
