@@ -159,7 +159,7 @@ def _tenant_stage(queue: list[RunSpec], ctx: RunContext) -> list[RunSpec]:
     with tenants on and the real executor (a simulated one, ``bench/research.py``, runs one at a time)."""
     if not ctx.tenants.enabled or ctx.execute is not execute_run:
         return []
-    return stage_runs(queue, ctx)
+    return stage_runs(queue, ctx.server_options)
 
 
 def _store_run(state: ResearchState, ctx: RunContext, spec: RunSpec) -> RunPublic:

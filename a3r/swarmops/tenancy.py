@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from a3r.errors import SwarmProcessError
+from a3r.study.plans import PlanDraft
+from a3r.study.research import sweep_specs
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.execution import Workspace, execute_tenant_run, tenant_server_options
@@ -29,10 +32,13 @@ from a3r.swarmops.processes import start_server
 from swarm.client import ServeOptionsError
 
 __all__ = [
+    "StageServing",
     "TenantSettings",
     "execute_stage",
+    "plan_stage_serving",
     "stage_runs",
     "stage_server_key",
+    "stage_servers",
     "tenant_id",
     "tenant_reason",
 ]
@@ -58,38 +64,113 @@ class TenantSettings:
             raise ValueError(f"max_tenants must be >= 1, not {self.max_tenants}")
 
 
-def tenant_reason(spec: RunSpec, ctx: ExecutionContext) -> str | None:
+def tenant_reason(spec: RunSpec, server_options: Mapping[str, Any]) -> str | None:
     """Why ``spec`` needs its own server (one line), or ``None`` when it can be a tenant of its stage's
-    server: a sweep run with LoRA, no teacher, and no ``swarm serve`` option of the user's that a
-    tenant cannot express (full fine-tuning, an attached server)."""
+    server: a sweep run with LoRA, no teacher, and no ``swarm serve`` option of the user's
+    (``server_options``) that a tenant cannot express (full fine-tuning, tenants of their own)."""
     s = spec.settings
     if spec.purpose != "sweep" or not spec.stage:
         return f"own server: a {spec.purpose} run"
-    if s.lora_rank <= 0 or int(ctx.server_options.get("lora-rank", 1) or 0) <= 0:
+    if s.lora_rank <= 0 or int(server_options.get("lora-rank", 1) or 0) <= 0:
         return "own server: full fine-tuning (lora_rank 0)"
     if s.distill or s.teacher:
         return "own server: distillation from a teacher (a tenant server has no teacher)"
     if spec.start_step or spec.keep_server:
         return "own server: it continues on a server of its own"
-    if "tenants" in ctx.server_options:
+    if "tenants" in server_options:
         return "own server: --serve-option tenants is set by the user"
     return None
 
 
-def stage_runs(queue: Sequence[RunSpec], ctx: ExecutionContext) -> list[RunSpec]:
+def stage_runs(queue: Sequence[RunSpec], server_options: Mapping[str, Any]) -> list[RunSpec]:
     """The runs at the head of ``queue`` that one tenant server can run together: consecutive sweep
     runs of the head's stage that can be tenants (`tenant_reason`) with the same LoRA rank; empty when
     fewer than two (one run keeps its own server)."""
-    if not queue or tenant_reason(queue[0], ctx) is not None:
+    if not queue or tenant_reason(queue[0], server_options) is not None:
         return []
     head = queue[0]
     found: list[RunSpec] = []
     for spec in queue:
         same = spec.stage == head.stage and spec.settings.lora_rank == head.settings.lora_rank
-        if not same or tenant_reason(spec, ctx) is not None:
+        if not same or tenant_reason(spec, server_options) is not None:
             break
         found.append(spec)
     return found if len(found) >= 2 else []
+
+
+def stage_servers(specs: Sequence[RunSpec], server_options: Mapping[str, Any]) -> list[str]:
+    """How a stage's runs will be served, one line per server, as the dry run says it: ``"4 runs as
+    tenants of one server"`` for each group `stage_runs` takes from the queue, and ``"<run key>: own server:
+    <why>"`` for each run that cannot be a tenant (`tenant_reason`) or is left alone."""
+    lines: list[str] = []
+    queue = list(specs)
+    while queue:
+        group = stage_runs(queue, server_options)
+        if group:
+            lines.append(f"{len(group)} runs as tenants of one server")
+            queue = queue[len(group) :]
+            continue
+        spec = queue.pop(0)
+        why = tenant_reason(spec, server_options) or "own server: the only run of its LoRA rank"
+        lines.append(f"{spec.key}: {why}")
+    return lines
+
+
+@dataclass(frozen=True)
+class StageServing:
+    """How a planned stage's runs will be served (the dry run's line), and the server starts saved.
+
+    Attributes:
+        lines: `stage_servers`' lines (``"8 runs as tenants of one server"``, ``"<key>: own server: …"``).
+        starts_saved: Server starts the stage does not pay: its runs less its servers.
+    """
+
+    lines: list[str]
+    starts_saved: int
+
+
+def plan_stage_serving(
+    plan: PlanDraft,
+    stage: str,
+    values: Sequence[float],
+    *,
+    seeds: int,
+    runs: int,
+    server_options: Mapping[str, Any],
+    enabled: bool = True,
+) -> StageServing:
+    """How a stage of ``plan`` will be served, before it runs (``a3r research --dry-run``): its runs as
+    built for the queue (`a3r.study.research.sweep_specs`); a stage whose values are decided later
+    (refine, replicate) is judged by a run of the first coarse value, and its ``runs`` at most share one
+    server when that run can be a tenant (a LoRA-rank sweep's runs never do: one server per rank).
+
+    Args:
+        plan: A research plan.
+        stage: The stage's name.
+        values: Its values (empty: decided later).
+        seeds: Seeds per configuration.
+        runs: Its runs (at most).
+        server_options: The user's ``swarm serve`` options.
+        enabled: ``a3r research --tenants`` (``False``: one server per run).
+    """
+    assert plan.sweep is not None
+    if not enabled:
+        return StageServing(["own server per run (--no-tenants)"], 0)
+    if runs < 2:
+        return StageServing([], 0)
+    if values:
+        specs = sweep_specs(plan, values, stage, seeds=list(range(max(1, seeds))))
+        lines = stage_servers(specs, server_options)
+        servers = sum(1 for line in lines if "tenants of one server" in line)
+        tenants = sum(int(line.split()[0]) for line in lines if "tenants of one server" in line)
+        return StageServing(lines, tenants - servers)
+    (probe,) = sweep_specs(plan, plan.sweep.coarse[:1], stage, seeds=[0])
+    why = tenant_reason(probe, server_options)
+    if plan.sweep.variable == "lora_rank":
+        why = why or "own server per LoRA rank (the adapter's rank is the server's)"
+    if why is not None:
+        return StageServing([f"{why}"], 0)
+    return StageServing([f"up to {runs} runs as tenants of one server"], runs - 1)
 
 
 def stage_server_key(stage: str) -> str:

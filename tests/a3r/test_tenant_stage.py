@@ -17,7 +17,7 @@ from a3r.providers import OfflineProvider
 from a3r.study.plans import TrainingSettings
 from a3r.study.runs import STORE_STATUS, status_text
 from a3r.swarmops.execution import Workspace
-from a3r.swarmops.tenancy import execute_stage, stage_runs, tenant_id, tenant_reason
+from a3r.swarmops.tenancy import execute_stage, stage_runs, stage_servers, tenant_id, tenant_reason
 from memory import RunStatus, Store
 from tests.conftest import build_tiny_model
 
@@ -62,21 +62,23 @@ def _ctx(tmp_path: Path, store: Store, model: str | None = None) -> RunContext:
     )
 
 
-def test_which_runs_can_be_tenants(tmp_path: Path) -> None:
-    store = Store(tmp_path / "memory.db")
-    ctx = _ctx(tmp_path, store)
+def test_which_runs_can_be_tenants() -> None:
     stage = [_spec(b, s) for b in (1, 2) for s in (0, 1)]
-    assert [s.key for s in stage_runs(stage, ctx)] == [s.key for s in stage]
-    assert tenant_reason(_spec(1, 0, lora_rank=0), ctx) == "own server: full fine-tuning (lora_rank 0)"
-    assert "teacher" in str(tenant_reason(_spec(1, 0, distill=True, teacher="http://t"), ctx))
+    assert [s.key for s in stage_runs(stage, {})] == [s.key for s in stage]
+    assert tenant_reason(_spec(1, 0, lora_rank=0), {}) == "own server: full fine-tuning (lora_rank 0)"
+    assert "teacher" in str(tenant_reason(_spec(1, 0, distill=True, teacher="http://t"), {}))
     train = RunSpec(key="train-s0", purpose="train", settings=TrainingSettings(lora_rank=8))
-    assert tenant_reason(train, ctx) == "own server: a train run"
+    assert tenant_reason(train, {}) == "own server: a train run"
     # another rank ends the stage's tenants; one run alone keeps its own server
     mixed = [_spec(1, 0), _spec(2, 0), _spec(4, 0).model_copy(update={"settings": TrainingSettings()})]
-    assert len(stage_runs(mixed, ctx)) == 2 and stage_runs(stage[:1], ctx) == []
+    assert len(stage_runs(mixed, {})) == 2 and stage_runs(stage[:1], {}) == []
     ids = {tenant_id(s) for s in stage}
     assert len(ids) == 4 and all(len(i) <= 32 and i[0].isalpha() for i in ids)
-    store.close()
+    assert tenant_reason(stage[0], {"lora-rank": 0}) == "own server: full fine-tuning (lora_rank 0)"
+    assert stage_servers([*stage, _spec(4, 0, lora_rank=0)], {}) == [
+        "4 runs as tenants of one server",
+        "coarse-batch_size=4-s0: own server: full fine-tuning (lora_rank 0)",
+    ]
 
 
 def _workspace(tmp_path: Path) -> Workspace:
@@ -143,3 +145,24 @@ def test_a_coarse_stage_runs_as_tenants_of_one_server(
             assert STORE_STATUS[outcome.status] is RunStatus.cancelled
             assert not any(d.kind.value == "crash" for d in outcome.diagnoses)
     store.close()
+
+
+def test_the_dry_run_says_which_runs_share_a_server(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    base = ["research", "find min stable batch size on arithmetic", "--dry-run"]
+    base += ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "m.db")]
+    shared = CliRunner().invoke(app, base)
+    alone = CliRunner().invoke(app, [*base, "--no-tenants"])
+    assert shared.exit_code == alone.exit_code == 0, shared.output + alone.output
+    assert "servers: 8 runs as tenants of one server" in shared.output
+    assert "servers: own server per run (--no-tenants)" in alone.output
+
+    def minutes(output: str) -> float:
+        line = next(x for x in output.splitlines() if "estimated time: ≈ " in x)
+        return float(line.split("≈ ")[1].split(" min")[0])
+
+    # one server start per stage, not per run: 7 + 3 + 5 server starts of 20 s fewer
+    assert minutes(alone.output) - minutes(shared.output) == pytest.approx(15 * 20 / 60, abs=0.6)
