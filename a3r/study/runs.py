@@ -75,6 +75,8 @@ class RunSpec(BaseModel):
             the patch, and the continuations after it); ``None`` for the reward as first written.
         resize: How the run re-plans its steps and B after every step (a training run the budget
             sized); ``None``: it trains ``settings`` as they are.
+        tenant: The LoRA tenant it trains as on its stage's shared server (``server_key``), set by the
+            executor (`a3r.swarmops.tenancy`); ``None``: the server's one policy.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -93,6 +95,7 @@ class RunSpec(BaseModel):
     params: dict[str, bool | int | float | str | None] = Field(default_factory=dict)
     reward_patch: int | None = None
     resize: Resizing | None = None
+    tenant: str | None = None
 
     def outcome_fields(self) -> dict[str, Any]:
         """The fields a run's `RunOutcome` copies from its spec."""

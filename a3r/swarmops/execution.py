@@ -759,7 +759,7 @@ def execute_tenant_run(
     Returns:
         The outcome; a tenant the server refuses comes back as a ``failed_to_start`` outcome.
     """
-    spec = spec.model_copy(update={"server_key": server_key, "keep_server": True})
+    spec = spec.model_copy(update={"server_key": server_key, "keep_server": True, "tenant": tenant})
     run_dir = ws.run_dir(spec.key)
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = _Recorder(ctx, run_id)
@@ -876,7 +876,7 @@ class _Run:
     @property
     def tenant(self) -> str | None:
         """The LoRA tenant the run trains as on a shared server (`a3r.swarmops.tenancy`), else ``None``."""
-        return self.api.tenant
+        return self.spec.tenant
 
 
 @dataclass
@@ -1301,7 +1301,7 @@ def _outcome(
             run.ws.server_dir(spec.server_key or spec.key),
             after_step=start_step,
             up_to_step=last_step,
-            tenant=run.tenant,
+            tenant=spec.tenant,
         )
         if per_step is not None and run.handle.process is not None
         else None

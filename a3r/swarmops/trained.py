@@ -47,8 +47,11 @@ def trained_metrics(
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
             rows = db.execute(
                 "SELECT trained_step, metrics FROM episodes WHERE kind = 'train' AND status = 'finished' "
-                "AND trained_step > ? AND trained_step <= ? AND tenant IS ? ORDER BY trained_step, seq",
-                (after_step, up_to_step if up_to_step is not None else 2**62, tenant),
+                "AND trained_step > ? AND trained_step <= ?"
+                + (" AND tenant = ?" if tenant is not None else "")
+                + " ORDER BY trained_step, seq",
+                (after_step, up_to_step if up_to_step is not None else 2**62)
+                + ((tenant,) if tenant is not None else ()),
             ).fetchall()
     except sqlite3.Error:
         return None

@@ -166,3 +166,19 @@ def test_the_dry_run_says_which_runs_share_a_server(tmp_path: Path) -> None:
 
     # one server start per stage, not per run: 7 + 3 + 5 server starts of 20 s fewer
     assert minutes(alone.output) - minutes(shared.output) == pytest.approx(15 * 20 / 60, abs=0.6)
+
+
+def test_the_report_and_the_tui_show_a_runs_tenant() -> None:
+    from a3r.app.tui._run_dir import tenant_text
+    from a3r.study.report import _runs
+    from a3r.study.runs import RunOutcome
+
+    own = RunOutcome(key="coarse-batch_size=8-s0", run_id=1, status="finished", reason="ok")
+    shared = own.model_copy(
+        update={"key": "coarse-batch_size=1-s0", "tenant": "t1", "tenant_server": "coarse-tenants"}
+    )
+    table = "\n".join(_runs([own, shared], None, None))
+    assert "| server |" in table and "| tenant of server coarse |" in table and "| own |" in table
+    assert "| server |" not in "\n".join(_runs([own], None, None))  # reports without tenants unchanged
+    assert tenant_text({"tenant": "t1", "tenant_server": "coarse-tenants"}) == "tenant of server coarse"
+    assert tenant_text({"purpose": "sweep"}) == ""

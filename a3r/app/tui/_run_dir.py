@@ -44,6 +44,14 @@ def run_client_id(name: str | None, config: dict[str, Any] | None) -> str | None
     return f"a3r-{name}"[:200]
 
 
+def tenant_text(config: dict[str, Any] | None) -> str:
+    """Where a run trained, read from its config: ``tenant of server coarse`` for a LoRA tenant of its
+    stage's shared server (`a3r.swarmops.tenancy` records ``tenant`` and ``tenant_server``), else ``""``."""
+    if not isinstance(config, dict) or not config.get("tenant_server"):
+        return ""
+    return f"tenant of server {str(config['tenant_server']).removesuffix('-tenants')}"
+
+
 class RunDirReader:
     """Reads a stopped server's run dir with the interface of `a3r.app.tui._swarm.RunMonitor`.
 
