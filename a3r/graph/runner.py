@@ -126,7 +126,7 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
     key = ctx.key("runner", spec.key)
     cached = ctx.ledger.get(key)
     if cached is not None:
-        return {"queue": queue, "outcomes": [RunOutcome.model_validate(cached)]}
+        return {"queue": queue, "outcomes": [RunOutcome.model_validate(cached)], "ran": 1}
     run = _store_run(state, ctx, spec)
     # the thread's time since the previous run (planning, code check, analysis) counts as this run's
     # overhead; WRAP_UP_S stays free for stopping the servers and writing the report after the last run
@@ -151,7 +151,7 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
     outcome = outcome.model_copy(update={"overhead_s": before_s + after_s})
     ctx.clock_mark = time.monotonic()
     line = _record(ctx, key, run.id, spec, outcome)
-    return {"queue": queue, "outcomes": [outcome], "log": [line]}
+    return {"queue": queue, "outcomes": [outcome], "ran": 1, "log": [line]}
 
 
 def _tenant_stage(queue: list[RunSpec], ctx: RunContext) -> list[RunSpec]:
@@ -257,4 +257,4 @@ def _run_stage(
     ctx.clock_mark = time.monotonic()
     order = {spec.key: i for i, spec in enumerate(stage)}
     outcomes.sort(key=lambda o: order[o.key])
-    return {"queue": queue, "outcomes": outcomes, "log": lines}
+    return {"queue": queue, "outcomes": outcomes, "ran": len(outcomes), "log": lines}

@@ -182,3 +182,50 @@ def test_the_report_and_the_tui_show_a_runs_tenant() -> None:
     assert "| server |" not in "\n".join(_runs([own], None, None))  # reports without tenants unchanged
     assert tenant_text({"tenant": "t1", "tenant_server": "coarse-tenants"}) == "tenant of server coarse"
     assert tenant_text({"purpose": "sweep"}) == ""
+
+
+@pytest.mark.slow
+def test_the_runner_records_a_tenant_stage_like_single_runs(
+    tmp_path: Path, embedded_source: Any, tokenizer: Any
+) -> None:
+    import dataclasses
+
+    from langgraph.runtime import Runtime
+
+    from a3r.graph.runner import _tenant_stage, runner
+    from a3r.study.analysis import RewardSummary
+    from a3r.study.research import spent_s
+    from a3r.swarmops.tenancy import TenantSettings
+    from tests.a3r.planner_states import preflight_state
+
+    model = tmp_path / "tiny"
+    build_tiny_model(embedded_source, seed=5).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    ws = _workspace(tmp_path)
+    store = Store(tmp_path / "memory.db")
+    state: Any = preflight_state(
+        store,
+        "find min stable batch size on arithmetic",
+        RewardSummary(tasks=2, episodes=4, mean_reward=0.5, pass_at_1=0.5, pass_at_2=0.5),
+    )
+    stage = [_spec(1, 0, steps=1), _spec(2, 0, steps=1)]
+    state |= {"workspace": str(ws.root), "queue": [*stage, RunSpec(key="later", purpose="train")]}
+    ctx = dataclasses.replace(_ctx(tmp_path, store, str(model)), budget_s=900.0)
+    off = dataclasses.replace(ctx, tenants=TenantSettings(enabled=False))
+    assert _tenant_stage(state["queue"], off) == [] and _tenant_stage(state["queue"], ctx) == stage
+    try:
+        update = runner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+    finally:
+        ctx.close_servers()
+    outcomes = update["outcomes"]
+    assert update["ran"] == 2 and [o.key for o in outcomes] == [s.key for s in stage]
+    assert [s.key for s in update["queue"]] == ["later"]
+    assert all(o.status == "finished" and o.tenant_server == "coarse-tenants" for o in outcomes)
+    # the stage's time counts once: the runs ran side by side
+    assert spent_s(outcomes) < sum(o.wall_s + o.overhead_s for o in outcomes)
+    assert sum(1 for o in outcomes if o.shared_s > 0) == 1
+    runs = {r.name: r for r in store.runs()}
+    assert all(runs[s.key].status is RunStatus.finished for s in stage)
+    assert all(runs[s.key].config["tenant_server"] == "coarse-tenants" for s in stage)
+    assert any("tenant of server coarse-tenants" in line for line in update["log"])
+    store.close()
