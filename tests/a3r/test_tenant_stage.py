@@ -5,6 +5,7 @@ tenants still training (``cancelled (budget)``), never a crash. Which runs can b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,12 @@ from typing import Any
 import pytest
 
 from a3r.graph import RunContext, RunSpec
-from a3r.graph.context import Ledger
-from a3r.providers import OfflineProvider
 from a3r.study.plans import TrainingSettings
 from a3r.study.runs import STORE_STATUS, status_text
 from a3r.swarmops.execution import Workspace
 from a3r.swarmops.tenancy import execute_stage, stage_runs, stage_servers, tenant_id, tenant_reason
 from memory import RunStatus, Store
-from tests.conftest import build_tiny_model
+from tests.a3r.planner_states import offline_context
 
 _ONE_CALL = """import asyncio
 
@@ -48,15 +47,11 @@ def _spec(batch_size: int, seed: int, steps: int = 2, **settings: Any) -> RunSpe
 
 
 def _ctx(tmp_path: Path, store: Store, model: str | None = None) -> RunContext:
-    return RunContext(
-        store=store,
-        provider=OfflineProvider(),
-        ledger=Ledger(tmp_path / "ledger.db"),
-        thread_id="tenants",
-        root=tmp_path,
+    return dataclasses.replace(
+        offline_context(tmp_path, store),
         model=model,
-        hang_after_s=120.0,
         poll_s=0.5,
+        hang_after_s=120.0,
         eval_tasks=2,
         eval_samples=2,
     )
@@ -96,15 +91,12 @@ def _workspace(tmp_path: Path) -> Workspace:
 @pytest.mark.slow
 @pytest.mark.parametrize("budget", ["ample", "cut"])
 def test_a_coarse_stage_runs_as_tenants_of_one_server(
-    tmp_path: Path, embedded_source: Any, tokenizer: Any, budget: str
+    tmp_path: Path, tiny_model_dir: Path, budget: str
 ) -> None:
-    model = tmp_path / "tiny"
-    build_tiny_model(embedded_source, seed=5).save_pretrained(model)
-    tokenizer.save_pretrained(model)
     ws = _workspace(tmp_path)
     store = Store(tmp_path / "memory.db")
     experiment = store.create_experiment(store.create_study("tenants").id, "e").id
-    ctx = _ctx(tmp_path, store, str(model))
+    ctx = _ctx(tmp_path, store, str(tiny_model_dir))
     steps = 2 if budget == "ample" else 1000
     specs = [_spec(b, s, steps=steps) for b in (1, 2) for s in (0, 1)]
     runs = [store.start_run(experiment, name=s.key, config={"purpose": "sweep"}) for s in specs]
@@ -185,11 +177,7 @@ def test_the_report_and_the_tui_show_a_runs_tenant() -> None:
 
 
 @pytest.mark.slow
-def test_the_runner_records_a_tenant_stage_like_single_runs(
-    tmp_path: Path, embedded_source: Any, tokenizer: Any
-) -> None:
-    import dataclasses
-
+def test_the_runner_records_a_tenant_stage_like_single_runs(tmp_path: Path, tiny_model_dir: Path) -> None:
     from langgraph.runtime import Runtime
 
     from a3r.graph.runner import _tenant_stage, runner
@@ -198,9 +186,6 @@ def test_the_runner_records_a_tenant_stage_like_single_runs(
     from a3r.swarmops.tenancy import TenantSettings
     from tests.a3r.planner_states import preflight_state
 
-    model = tmp_path / "tiny"
-    build_tiny_model(embedded_source, seed=5).save_pretrained(model)
-    tokenizer.save_pretrained(model)
     ws = _workspace(tmp_path)
     store = Store(tmp_path / "memory.db")
     state: Any = preflight_state(
@@ -210,7 +195,7 @@ def test_the_runner_records_a_tenant_stage_like_single_runs(
     )
     stage = [_spec(1, 0, steps=1), _spec(2, 0, steps=1)]
     state |= {"workspace": str(ws.root), "queue": [*stage, RunSpec(key="later", purpose="train")]}
-    ctx = dataclasses.replace(_ctx(tmp_path, store, str(model)), budget_s=900.0)
+    ctx = dataclasses.replace(_ctx(tmp_path, store, str(tiny_model_dir)), budget_s=900.0)
     off = dataclasses.replace(ctx, tenants=TenantSettings(enabled=False))
     assert _tenant_stage(state["queue"], off) == [] and _tenant_stage(state["queue"], ctx) == stage
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import secrets
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,24 +14,19 @@ from swarm.client import SwarmClient
 from swarm.pool import Pool
 from swarm.protocol import EpisodeKind, TenantState
 from tests.client.conftest import CHAT_WORKFLOW, swarm_run, write_jsonl, write_workflow
-from tests.conftest import build_tiny_model, free_port, serve_process, wait_for
+from tests.conftest import free_port, serve_process, wait_for
 
 pytestmark = pytest.mark.slow
 
 ADMIN = secrets.token_urlsafe(16)
 
 
-def test_swarm_run_under_a_tenant_trains_only_that_tenant(
-    tmp_path: Path, embedded_source: Any, tokenizer: Any
-) -> None:
-    model_dir = tmp_path / "tiny"
-    build_tiny_model(embedded_source, seed=3).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+def test_swarm_run_under_a_tenant_trains_only_that_tenant(tmp_path: Path, tiny_model_dir: Path) -> None:
     run_dir, port = tmp_path / "run", free_port()
     url = f"http://127.0.0.1:{port}"
     flags = ["--tenants", "2", "--lora-rank", "8", "--batch-policy", "tasks", "--batch-size", "1"]
     flags += ["--group-size", "2", "--lr", "1e-3", "--admin-token", ADMIN]
-    proc = serve_process(model_dir, run_dir, port, *flags)
+    proc = serve_process(tiny_model_dir, run_dir, port, *flags)
     try:
         with SwarmClient(url, admin_token=ADMIN) as admin:
             alpha = admin.create_tenant("alpha", seed=0, max_steps=2)
