@@ -955,9 +955,9 @@ def _monitor(run: _Run) -> RunOutcome:
     spec, ctx, handle, api = run.spec, run.ctx, run.handle, run.api
     initial = api.status()
     start_step = initial.step if initial else 0
-    if run.tenant is not None:  # a new tenant: its own step counter, its max_steps set when created
-        start_step = 0
     training = initial.training_enabled if initial else False
+    if run.tenant is not None:  # a new tenant trains (the server's base never does) from its own step 0
+        start_step, training = 0, True
     target = spec.settings.steps if spec.purpose in ("train", "sweep") and training else None
     if target is not None and handle.process is None:
         # An attached server may have trained before this thread: count steps from where it stood.

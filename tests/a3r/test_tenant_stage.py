@@ -127,7 +127,9 @@ def test_a_coarse_stage_runs_as_tenants_of_one_server(
         assert outcome.key == spec.key and outcome.run_id == run.id
         assert outcome.tenant == tenant_id(spec) and outcome.tenant_server == "coarse-tenants"
         if budget == "ample":
-            assert outcome.status == "finished", outcome.reason
+            assert outcome.status == "finished" and outcome.reason.startswith("reached step 2"), (
+                outcome.reason
+            )
             assert outcome.steps == 2 and [s for s, _ in outcome.curve] == [1, 2]
             assert store.metric_history(run.id, "reward_mean")
             assert outcome.eval is not None and outcome.eval.episodes == 4  # its adapter, 2 tasks × 2
