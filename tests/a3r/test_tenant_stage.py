@@ -201,7 +201,7 @@ def test_the_runner_records_a_tenant_stage_like_single_runs(tmp_path: Path, tiny
     off = dataclasses.replace(ctx, tenants=TenantSettings(enabled=False))
     assert _tenant_stage(state["queue"], off) == [] and _tenant_stage(state["queue"], ctx) == stage
     try:
-        update = runner(state, Runtime(context=ctx))  # type: ignore[arg-type]
+        update: Any = runner(state, Runtime(context=ctx))
     finally:
         ctx.close_servers()
     outcomes = update["outcomes"]
