@@ -232,11 +232,14 @@ def _run_stage(
             f"runner: stage {todo[0][0].stage}: {counted(len(todo), 'runs')} as tenants of one server — "
             f"budget left {budget_left:.0f} s, shared"
         )
+        # made here, one after another: the runs' threads must not copy one variant at once
+        spaces = {spec.key: variant_workspace(ws, spec.params) if spec.params else ws for spec, _ in todo}
         fresh = execute_stage(
             [spec for spec, _ in todo],
             ctx=ctx,
-            workspace=lambda spec: variant_workspace(ws, spec.params) if spec.params else ws,
+            workspace=lambda spec: spaces[spec.key],
             run_ids=[run_id for _, run_id in todo],
+            servers=ws.root / "servers",
             budget_s=budget_left,
             eval_reserve_s=eval_reserve_s(todo[0][0], state.get("outcomes", []), budget_s=budget_left),
             max_tenants=ctx.tenants.max_tenants,

@@ -95,9 +95,12 @@ class Workspace:
 
     Attributes:
         root: The workspace folder.
+        servers: Where its servers' run dirs are (``None``: ``root/servers``); a template-knob variant
+            training as a tenant of its stage's server keeps the study's (`a3r.swarmops.tenancy`).
     """
 
     root: Path
+    servers: Path | None = None
 
     @property
     def workflow(self) -> Path:
@@ -120,7 +123,7 @@ class Workspace:
         return self.root / "runs" / key
 
     def server_dir(self, server_key: str) -> Path:
-        return self.root / "servers" / server_key
+        return (self.servers or self.root / "servers") / server_key
 
     def task_count(self) -> int:
         with self.tasks.open(encoding="utf-8") as f:

@@ -15,11 +15,13 @@ evaluated and retired.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from a3r.errors import SwarmProcessError
@@ -198,6 +200,7 @@ def execute_stage(
     ctx: ExecutionContext,
     workspace: StageWorkspace,
     run_ids: Sequence[int],
+    servers: Path,
     budget_s: float,
     eval_reserve_s: float,
     max_tenants: int = 8,
@@ -210,6 +213,8 @@ def execute_stage(
         ctx: Run context (store, servers, limits).
         workspace: Each run's workspace.
         run_ids: Each run's store run (``running``), in the order of ``specs``.
+        servers: The study's folder of server run dirs (the stage's server is ``<servers>/<stage>-tenants``,
+            also for runs that train in a template-knob variant's workspace).
         budget_s: Wall seconds of the stage, shared: every run may take all of it.
         eval_reserve_s: Seconds of it each run keeps for its held-out evaluation.
         max_tenants: Tenants resident at once (`TenantSettings.max_tenants`).
@@ -220,7 +225,7 @@ def execute_stage(
     started = time.monotonic()
     first = specs[0]
     key = stage_server_key(first.stage)
-    ws = workspace(first)
+    ws = dataclasses.replace(workspace(first), servers=servers)
     places = max(1, min(max_tenants, len(specs)))
     try:
         handle = start_server(
@@ -244,7 +249,7 @@ def execute_stage(
         return execute_tenant_run(
             spec,
             ctx=ctx,
-            ws=workspace(spec),
+            ws=dataclasses.replace(workspace(spec), servers=servers),
             handle=handle,
             server_key=key,
             tenant=tenant_id(spec),

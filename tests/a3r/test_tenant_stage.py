@@ -106,6 +106,7 @@ def test_a_coarse_stage_runs_as_tenants_of_one_server(
             ctx=ctx,
             workspace=lambda spec: ws,
             run_ids=[r.id for r in runs],
+            servers=ws.root / "servers",
             budget_s=400.0 if budget == "ample" else 60.0,
             eval_reserve_s=30.0,
             max_tenants=3,  # the cap: the fourth run waits for a freed place
