@@ -772,22 +772,9 @@ def execute_tenant_run(
     server_dir = str(ws.server_dir(server_key))
     ctx.store.update_run(run_id, RunUpdate(server_url=handle.url, run_dir=server_dir, config=config))
     api = _Control(handle, tenant)
-    s = spec.settings
     try:
         try:
-            api.client.create_tenant(
-                tenant,
-                lr=s.lr,
-                batch_size=s.batch_size,
-                group_size=s.group_size,
-                kl_coef=s.kl_coef,
-                clip_eps=s.clip_eps,
-                ppo_epochs=s.ppo_epochs,
-                minibatches=s.minibatches,
-                batch_policy="tasks",
-                max_steps=s.steps,
-                seed=spec.seed,
-            )
+            _ensure_tenant(spec, api, tenant, rec)
         except (ClientError, httpx.TransportError) as exc:
             rec.note(f"run {spec.key}: the server refused tenant {tenant}: {exc}", "error")
             return RunOutcome(
@@ -806,6 +793,39 @@ def execute_tenant_run(
         with contextlib.suppress(ClientError, httpx.TransportError):
             api.client.retire_tenant(tenant)
         api.close()
+
+
+def _ensure_tenant(spec: RunSpec, api: _Control, tenant: str, rec: _Recorder) -> None:
+    """Create the run's tenant with its settings; a resident one of that id (the stage's server resumed
+    it after a killed a3r: its run dir keeps its tenants) is continued, resumed if the budget paused it.
+
+    Raises:
+        ClientError | httpx.TransportError: the server refused it (a retired tenant of that id included).
+    """
+    s = spec.settings
+    try:
+        api.client.create_tenant(
+            tenant,
+            lr=s.lr,
+            batch_size=s.batch_size,
+            group_size=s.group_size,
+            kl_coef=s.kl_coef,
+            clip_eps=s.clip_eps,
+            ppo_epochs=s.ppo_epochs,
+            minibatches=s.minibatches,
+            batch_policy="tasks",
+            max_steps=s.steps,
+            seed=spec.seed,
+        )
+    except ClientError as exc:
+        if exc.status_code != 409:
+            raise
+        view = api.client.tenant(tenant)  # 404: the cap was reached, not the id taken
+        if view.state.value == "retired":
+            raise
+        if view.state.value != "active":
+            api.client.resume_tenant(tenant)
+        rec.note(f"run {spec.key}: continuing as tenant {tenant} from its step {view.step}", "warning")
 
 
 def _attach(spec: RunSpec, handle: ServerHandle, api: _Control, rec: _Recorder) -> None:

@@ -258,10 +258,12 @@ def execute_stage(
             eval_reserve_s=eval_reserve_s,
         )
 
+    pool = ThreadPoolExecutor(max_workers=places, thread_name_prefix="a3r-tenant")
     try:
-        with ThreadPoolExecutor(max_workers=places, thread_name_prefix="a3r-tenant") as pool:
-            futures = [pool.submit(one, spec, run_id) for spec, run_id in zip(specs, run_ids, strict=True)]
-            return [future.result() for future in futures]
+        futures = [pool.submit(one, spec, run_id) for spec, run_id in zip(specs, run_ids, strict=True)]
+        return [future.result() for future in futures]
     finally:
+        # first the server (an interrupted stage's runs then see it gone and end), then their threads
         ctx.servers.pop(key, None)
         handle.stop()
+        pool.shutdown(wait=True, cancel_futures=True)

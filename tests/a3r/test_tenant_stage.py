@@ -88,6 +88,31 @@ def _workspace(tmp_path: Path) -> Workspace:
     return ws
 
 
+def _stage(
+    ctx: RunContext,
+    ws: Workspace,
+    specs: list[RunSpec],
+    runs: list[Any],
+    *,
+    budget_s: float,
+    max_tenants: int = 8,
+) -> list[Any]:
+    """`execute_stage` of ``specs`` in ``ws`` (30 s evaluation reserve), its servers stopped after."""
+    try:
+        return execute_stage(
+            specs,
+            ctx=ctx,
+            workspace=lambda spec: ws,
+            run_ids=[r.id for r in runs],
+            servers=ws.root / "servers",
+            budget_s=budget_s,
+            eval_reserve_s=30.0,
+            max_tenants=max_tenants,
+        )
+    finally:
+        ctx.close_servers()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("budget", ["ample", "cut"])
 def test_a_coarse_stage_runs_as_tenants_of_one_server(
@@ -100,19 +125,8 @@ def test_a_coarse_stage_runs_as_tenants_of_one_server(
     steps = 2 if budget == "ample" else 1000
     specs = [_spec(b, s, steps=steps) for b in (1, 2) for s in (0, 1)]
     runs = [store.start_run(experiment, name=s.key, config={"purpose": "sweep"}) for s in specs]
-    try:
-        outcomes = execute_stage(
-            specs,
-            ctx=ctx,
-            workspace=lambda spec: ws,
-            run_ids=[r.id for r in runs],
-            servers=ws.root / "servers",
-            budget_s=400.0 if budget == "ample" else 60.0,
-            eval_reserve_s=30.0,
-            max_tenants=3,  # the cap: the fourth run waits for a freed place
-        )
-    finally:
-        ctx.close_servers()
+    # the cap: the fourth run waits for a freed place
+    outcomes = _stage(ctx, ws, specs, runs, budget_s=400.0 if budget == "ample" else 60.0, max_tenants=3)
     assert ctx.servers == {}
     # ONE server: one server dir, one server log, every run recorded against it
     assert [p.name for p in (ws.root / "servers").iterdir() if p.is_dir()] == ["coarse-tenants"]
@@ -216,4 +230,35 @@ def test_the_runner_records_a_tenant_stage_like_single_runs(tmp_path: Path, tiny
     assert all(runs[s.key].status is RunStatus.finished for s in stage)
     assert all(runs[s.key].config["tenant_server"] == "coarse-tenants" for s in stage)
     assert any("tenant of server coarse-tenants" in line for line in update["log"])
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_stage_resumed_after_a_killed_a3r_continues_its_tenants(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from a3r.swarmops.execution import tenant_server_options
+    from a3r.swarmops.processes import start_server
+
+    ws = _workspace(tmp_path)
+    store = Store(tmp_path / "memory.db")
+    experiment = store.create_experiment(store.create_study("tenants").id, "e").id
+    ctx = _ctx(tmp_path, store, str(tiny_model_dir))
+    specs = [_spec(1, 0, steps=1), _spec(1, 1, steps=1)]
+    # the stage's server, killed with a tenant of the first run resident (paused by a budget stop)
+    server_dir = ws.root / "servers" / "coarse-tenants"
+    before = start_server(
+        server_dir, model=str(tiny_model_dir), options=tenant_server_options(specs[0], ctx, 2)
+    )
+    try:
+        with before.client() as admin:
+            admin.create_tenant(tenant_id(specs[0]), batch_size=1, group_size=2, max_steps=1, seed=0)
+            admin.pause_tenant(tenant_id(specs[0]))
+    finally:
+        before.stop()
+    runs = [store.start_run(experiment, name=s.key, config={"purpose": "sweep"}) for s in specs]
+    outcomes = _stage(ctx, ws, specs, runs, budget_s=400.0)
+    assert [o.status for o in outcomes] == ["finished", "finished"], [o.reason for o in outcomes]
+    notes = [e.message for e in store.events(run_id=runs[0].id)]
+    assert any(f"continuing as tenant {tenant_id(specs[0])} from its step 0" in n for n in notes), notes
     store.close()
