@@ -5,6 +5,7 @@ tenants still training (``cancelled (budget)``), never a crash. Which runs can b
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from a3r.app.tui._run_dir import RunDirReader, run_tenant
 from a3r.graph import RunContext, RunSpec
 from a3r.study.plans import TrainingSettings
 from a3r.study.runs import STORE_STATUS, status_text
@@ -148,6 +150,10 @@ def test_a_coarse_stage_runs_as_tenants_of_one_server(
             assert outcome.steps == 2 and [s for s, _ in outcome.curve] == [1, 2]
             assert store.metric_history(run.id, "reward_mean")
             assert outcome.eval is not None and outcome.eval.episodes == 4  # its adapter, 2 tasks × 2
+            # the TUI reads a finished tenant run's own metrics from the shared run dir
+            record = store.get_run(run.id)
+            reader = RunDirReader(str(record.run_dir), tenant=run_tenant(record.config))
+            assert [row["step"] for row in asyncio.run(reader.poll()).metrics or []] == [1, 2]
         else:
             assert outcome.status == "budget", outcome.reason
             assert status_text(outcome.status) == "cancelled (budget)"
