@@ -52,6 +52,11 @@ class RunOptions(FlagOptions):
         [], "Agent whose calls are trained (repeat; default: all).", to="trainable_agents"
     )
     client_id: str | None = option(None, "Client id (default: runner-<workflow name>).", to="client_id")
+    tenant: str | None = option(
+        None,
+        "LoRA tenant every episode (train and eval) is begun under, on a server started with --tenants.",
+        to="tenant",
+    )
     state_dir: Path | None = option(
         None, "Resume file folder (default: .swarm/runs/<workflow name>).", to="state_dir"
     )

@@ -57,6 +57,16 @@ def build_tiny_model(embedded_source: ModelSource, seed: int = 0) -> Any:
     return LlamaForCausalLM(config).eval()
 
 
+@pytest.fixture()
+def tiny_model_dir(tmp_path: Path, embedded_source: ModelSource, tokenizer: Any) -> Path:
+    """The tiny random model (seed 5) and the real tokenizer saved as a model folder (``swarm serve
+    --model``), for tests that start real ``swarm serve`` processes."""
+    folder = tmp_path / "tiny-model"
+    build_tiny_model(embedded_source, seed=5).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_model(embedded_source: ModelSource) -> Any:
     """The shared tiny random model (never trained: the shared server runs with training disabled)."""

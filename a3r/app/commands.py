@@ -40,17 +40,19 @@ from a3r.app.session import Session, SessionSettings, Step, open_session, record
 from a3r.errors import A3RError
 from a3r.providers import OfflineProvider, ProviderKind
 from a3r.study.plans import TrainingSettings
+from a3r.study.price import SERVER_OVERHEAD_S
 from a3r.study.research import MAX_EVAL_TASKS
 from a3r.study.settings import written
 from a3r.study.teacher import distill_serve_line, is_url, read_teacher
 from a3r.study.wording import counted
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from a3r.swarmops.teacher import check_teacher_answers, teacher_token
+from a3r.swarmops.tenancy import StageServing, plan_stage_serving
 from memory import Store, StoreError
 from swarm.client import ModelLoadError, check_model_path
 
 if TYPE_CHECKING:
-    from a3r.study.design import PriorFinding, StudyDesign
+    from a3r.study.design import PriorFinding, StageSketch, StudyDesign
     from a3r.study.plans import PlanDraft
 
 __all__ = ["ReaderSafeConsole", "register"]
@@ -736,10 +738,22 @@ def research(
             "estimated time) and stop: nothing is started, written or stored.",
         ),
     ] = False,
+    tenants: Annotated[
+        bool,
+        typer.Option(
+            "--tenants/--no-tenants",
+            help="Train a sweep stage's LoRA runs side by side as tenants of one swarm server (where the "
+            "stage qualifies); --no-tenants: one server per run.",
+        ),
+    ] = True,
 ) -> None:
     """Answer a research question with a pre-registered, staged, multi-seed sweep."""
     settings, trainer = flags.settings(
-        RESEARCH_TRAINING_OPTIONS, model=model, budget_minutes=budget_minutes, eval_tasks=eval_tasks
+        RESEARCH_TRAINING_OPTIONS,
+        model=model,
+        budget_minutes=budget_minutes,
+        eval_tasks=eval_tasks,
+        tenants=tenants,
     )
     overrides: dict[str, Any] = dict(trainer)
     if steps is not None:
@@ -909,9 +923,35 @@ def _stage_lines(found: _ResearchDesign) -> list[str]:
             if stage.name == "coarse" and design.reused_runs
             else ""
         )
-        parts.append(f"{most}{stage.runs} run(s){reused}, ≈ {stage.seconds / 60:.1f} min")
+        serving = _serving(found, stage)
+        seconds = stage.seconds - serving.starts_saved * SERVER_OVERHEAD_S
+        parts.append(f"{most}{stage.runs} run(s){reused}, ≈ {seconds / 60:.1f} min")
         lines.append(f"    {stage.name}: {'; '.join(parts)} — {stage.note}")
+        lines += [f"      servers: {line}" for line in serving.lines]
     return lines
+
+
+def _serving(found: _ResearchDesign, stage: StageSketch) -> StageServing:
+    """How a stage's runs will be served (`a3r.swarmops.tenancy.plan_stage_serving`); the preflight
+    has one run on its own server."""
+    if stage.name == "preflight":
+        return StageServing([], 0)
+    return plan_stage_serving(
+        found.plan,
+        stage.name,
+        stage.values,
+        seeds=stage.seeds,
+        runs=stage.runs,
+        server_options=found.settings.server_options,
+        enabled=found.settings.tenants,
+    )
+
+
+def _estimated_s(found: _ResearchDesign) -> float:
+    """The design's estimate with one server start per stage whose runs are tenants of one server, not
+    one per run."""
+    saved = sum(_serving(found, stage).starts_saved for stage in found.design.stages)
+    return found.design.estimated_s - saved * SERVER_OVERHEAD_S
 
 
 def _finding_lines(found: _ResearchDesign) -> list[str]:
@@ -938,7 +978,7 @@ def _finding_lines(found: _ResearchDesign) -> list[str]:
         else ""
     )
     lines.append(
-        f"  estimated time: ≈ {_minutes(design.estimated_s)} min for up to {design.runs} run(s) still to run at "
+        f"  estimated time: ≈ {_minutes(_estimated_s(found))} min for up to {design.runs} run(s) still to run at "
         f"{found.speed:.2f} s per episode ({found.source}){reused}; budget {found.settings.budget_minutes:g} min"
     )
     return lines

@@ -29,6 +29,7 @@ from a3r.graph import Ledger, PatchReview, RunContext, build_graph, open_checkpo
 from a3r.providers import ProviderConfig, ProviderKind, make_provider
 from a3r.study.headline import conclusion_line
 from a3r.study.research import MAX_EVAL_TASKS
+from a3r.swarmops.tenancy import TenantSettings
 from memory import PatchStatus, Store
 
 __all__ = ["Session", "SessionSettings", "Step", "open_session"]
@@ -52,6 +53,9 @@ class SessionSettings(BaseModel):
         eval_samples: Attempts per held-out task.
         max_patches: Patches per thread at most.
         server_options: Extra ``swarm serve`` options (e.g. ``{"max-batch-size": 16}``).
+        tenants: Run a sweep stage's LoRA runs side by side as tenants of one server (``a3r research
+            --tenants``, the default); ``False``: one server per run (`a3r.swarmops.tenancy`).
+        max_tenants: Tenants resident on a stage's server at once (the memory cap); more runs wait.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -70,6 +74,8 @@ class SessionSettings(BaseModel):
     eval_samples: int = Field(default=2, ge=1)
     max_patches: int = Field(default=2, ge=0)
     server_options: dict[str, Any] = Field(default_factory=dict)
+    tenants: bool = True
+    max_tenants: int = Field(default=8, ge=1, le=64)
 
     @field_validator("root")
     @classmethod
@@ -147,6 +153,7 @@ class Session:
             max_patches=settings.max_patches,
             server_options=dict(settings.server_options),
             notify=notify,
+            tenants=TenantSettings(enabled=settings.tenants, max_tenants=settings.max_tenants),
         )
         self.graph = build_graph(self._checkpointer)
         self._lock = threading.Lock()

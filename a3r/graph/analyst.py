@@ -127,9 +127,22 @@ def _part_exploits(state: ResearchState, outcome: RunOutcome) -> list[Diagnosis]
 
 
 def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Literal["approve", "planner"]]:
-    """Record findings of the last run; propose a patch when one is warranted."""
+    """Record findings of the runs the runner just ran (one, or a stage's tenants: ``ran``); decide on
+    the last of them: propose a patch when one is warranted."""
     ctx = runtime.context
-    outcome = state["outcomes"][-1]
+    ran = state["outcomes"][-max(1, state.get("ran") or 1) :]
+    for earlier in ran[:-1]:
+        _findings(state, ctx, earlier)
+    outcome = ran[-1]
+    held_out, exploits = _findings(state, ctx, outcome)
+    return _decide(state, ctx, outcome, held_out, exploits)
+
+
+def _findings(
+    state: ResearchState, ctx: RunContext, outcome: RunOutcome
+) -> tuple[list[tuple[Diagnosis, FindingStatus]], list[Diagnosis]]:
+    """Record a run's findings (its diagnoses, the held-out check, reward-part exploits); returns the
+    held-out check and the exploits."""
     study_id = state["study_id"]
     hypothesis = first_hypothesis(state)
     for diagnosis in outcome.diagnoses:
@@ -169,6 +182,17 @@ def analyst(state: ResearchState, runtime: Runtime[RunContext]) -> Command[Liter
             run_ids=[outcome.run_id],
             hypothesis_id=hypothesis,
         )
+    return held_out, exploits
+
+
+def _decide(
+    state: ResearchState,
+    ctx: RunContext,
+    outcome: RunOutcome,
+    held_out: list[tuple[Diagnosis, FindingStatus]],
+    exploits: list[Diagnosis],
+) -> Command[Literal["approve", "planner"]]:
+    """What follows a run: a patch proposal, a stop, a continuation, or the planner."""
     queue = list(state.get("queue") or [])
     patches_done = len(state.get("decisions", []))
     patchable = [d for d in outcome.diagnoses if d.patchable]

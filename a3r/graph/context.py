@@ -26,6 +26,7 @@ from a3r.study.sequential import SignalRule
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.execution import Workspace, execute_run
 from a3r.swarmops.processes import ServerHandle
+from a3r.swarmops.tenancy import TenantSettings
 from memory import Store
 
 __all__ = ["Ledger", "RunContext", "RunExecutor"]
@@ -129,6 +130,8 @@ class RunContext:
         notify: Progress callback (one line each), e.g. the CLI printer.
         servers: Live servers by server key.
         execute: Executes one run (`RunExecutor`; default: real swarm servers and clients).
+        tenants: Whether a sweep stage's LoRA runs train side by side as tenants of one server, and how
+            many at once (`a3r.swarmops.tenancy.TenantSettings`; only with the default ``execute``).
         clock_mark: When the thread's time last stopped being counted (`time.monotonic`): this
             invocation's start (a resume after a crash or a patch decision restarts it, so waiting is not
             counted), then the end of each run. The runner counts the time since as the next run's
@@ -159,6 +162,7 @@ class RunContext:
     notify: Callable[[str], None] | None = None
     servers: dict[str, ServerHandle] = field(default_factory=dict)
     execute: RunExecutor = execute_run
+    tenants: TenantSettings = field(default_factory=TenantSettings)
     clock_mark: float = field(default_factory=time.monotonic)
 
     def budget_left_s(self, outcomes: Sequence[RunOutcome], now: float | None = None) -> float:

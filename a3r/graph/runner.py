@@ -1,4 +1,6 @@
-"""The runner: executes the head of the queue (`a3r.swarmops.execution.execute_run`) and records the run.
+"""The runner: executes the head of the queue (`a3r.swarmops.execution.execute_run`) and records the run;
+the head runs of one sweep stage that can be LoRA tenants run together on one server
+(`a3r.swarmops.tenancy.execute_stage`, unless ``--no-tenants``), each recorded as a single run is.
 
 Idempotent on re-run: the store run is got-or-created by the spec's key; a finished run's outcome is
 kept in the ledger and returned instead of running again; a run a killed a3r left ``running`` is
@@ -26,8 +28,10 @@ from a3r.providers.offline import read_params
 from a3r.study.research import eval_reserve_s
 from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec, episodes_text
 from a3r.study.settings import value_text
-from a3r.swarmops.execution import Workspace
-from memory import RunStatus
+from a3r.study.wording import counted
+from a3r.swarmops.execution import Workspace, execute_run
+from a3r.swarmops.tenancy import execute_stage, stage_runs
+from memory import RunPublic, RunStatus
 
 __all__ = ["experiment_name", "runner", "variant_workspace"]
 
@@ -111,24 +115,19 @@ def _cap_note(spec: RunSpec, queue: list[RunSpec]) -> str:
 
 
 def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, object]:
-    """Run the first queued spec; return the rest of the queue and the outcome."""
+    """Run the first queued spec, or the queue's head runs of one sweep stage together as LoRA tenants of
+    one server (`a3r.swarmops.tenancy`); return the rest of the queue and the outcomes."""
     ctx = runtime.context
     queue = list(state.get("queue") or [])
+    stage = _tenant_stage(queue, ctx)
+    if stage:
+        return _run_stage(state, ctx, stage, queue[len(stage) :])
     spec = queue.pop(0)
     key = ctx.key("runner", spec.key)
     cached = ctx.ledger.get(key)
     if cached is not None:
-        return {"queue": queue, "outcomes": [RunOutcome.model_validate(cached)]}
-    study_id = state["study_id"]
-    name, hypothesis_id = experiment_name(state, spec)
-    experiment_id = ensure_experiment(
-        ctx, study_id, name, template=state["plan"].template, hypothesis_id=hypothesis_id
-    )
-    run = ensure_run(ctx, experiment_id, spec)
-    if run.status is RunStatus.running and ctx.store.events(run_id=run.id, limit=1):
-        ctx.store.log_event(
-            f"run {spec.key}: continuing after an interruption", run_id=run.id, level="warning"
-        )
+        return {"queue": queue, "outcomes": [RunOutcome.model_validate(cached)], "ran": 1}
+    run = _store_run(state, ctx, spec)
     # the thread's time since the previous run (planning, code check, analysis) counts as this run's
     # overhead; WRAP_UP_S stays free for stopping the servers and writing the report after the last run
     started = time.monotonic()
@@ -136,12 +135,7 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
     budget_left = ctx.budget_left_s(state.get("outcomes", []), now=started)
     ws = Workspace(Path(state["workspace"]))
     if budget_left <= 0:
-        outcome = RunOutcome(
-            **spec.outcome_fields(),
-            run_id=run.id,
-            status="budget",
-            reason="the thread's wall-time budget is spent",
-        )
+        outcome = _spent(spec, run.id)
     else:
         ctx.say(
             f"runner: {spec.key} ({spec.purpose}) — budget left {budget_left:.0f} s{_cap_note(spec, queue)}"
@@ -156,15 +150,114 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
     after_s = max(0.0, time.monotonic() - started - outcome.wall_s)
     outcome = outcome.model_copy(update={"overhead_s": before_s + after_s})
     ctx.clock_mark = time.monotonic()
-    if ctx.store.get_run(run.id).status is RunStatus.running:
+    line = _record(ctx, key, run.id, spec, outcome)
+    return {"queue": queue, "outcomes": [outcome], "ran": 1, "log": [line]}
+
+
+def _tenant_stage(queue: list[RunSpec], ctx: RunContext) -> list[RunSpec]:
+    """The queue's head runs that run together as tenants (`a3r.swarmops.tenancy.stage_runs`): only
+    with tenants on and the real executor (a simulated one, ``bench/research.py``, runs one at a time)."""
+    if not ctx.tenants.enabled or ctx.execute is not execute_run:
+        return []
+    return stage_runs(queue, ctx.server_options)
+
+
+def _store_run(state: ResearchState, ctx: RunContext, spec: RunSpec) -> RunPublic:
+    """The run's store record (got or created under its experiment); a run a killed a3r left running is
+    noted as continued."""
+    name, hypothesis_id = experiment_name(state, spec)
+    experiment_id = ensure_experiment(
+        ctx, state["study_id"], name, template=state["plan"].template, hypothesis_id=hypothesis_id
+    )
+    run = ensure_run(ctx, experiment_id, spec)
+    if run.status is RunStatus.running and ctx.store.events(run_id=run.id, limit=1):
+        ctx.store.log_event(
+            f"run {spec.key}: continuing after an interruption", run_id=run.id, level="warning"
+        )
+    return run
+
+
+def _spent(spec: RunSpec, run_id: int) -> RunOutcome:
+    """The outcome of a run the thread's budget left no time for."""
+    return RunOutcome(
+        **spec.outcome_fields(),
+        run_id=run_id,
+        status="budget",
+        reason="the thread's wall-time budget is spent",
+    )
+
+
+def _record(ctx: RunContext, key: str, run_id: int, spec: RunSpec, outcome: RunOutcome) -> str:
+    """Finish the store run (unless it already ended), log its line and keep its outcome in the ledger;
+    returns the line."""
+    if ctx.store.get_run(run_id).status is RunStatus.running:
         ctx.store.finish_run(
-            run.id,
+            run_id,
             status=STORE_STATUS[outcome.status],
             final_metrics=_final_metrics(outcome),
             error=None if outcome.status == "finished" else f"{outcome.status}: {outcome.reason}"[:2000],
         )
-    line = f"runner: {spec.key} {outcome.status}: {outcome.reason} (steps {outcome.steps}, train episodes {episodes_text(outcome)}, {outcome.wall_s:.0f} s)"
-    ctx.store.log_event(line, run_id=run.id, level="info" if outcome.status == "finished" else "warning")
+    tenant = f", tenant of server {outcome.tenant_server}" if outcome.tenant_server else ""
+    line = f"runner: {spec.key} {outcome.status}: {outcome.reason} (steps {outcome.steps}, train episodes {episodes_text(outcome)}, {outcome.wall_s:.0f} s{tenant})"
+    ctx.store.log_event(line, run_id=run_id, level="info" if outcome.status == "finished" else "warning")
     ctx.say(line)
     ctx.ledger.put(key, outcome.model_dump())
-    return {"queue": queue, "outcomes": [outcome], "log": [line]}
+    return line
+
+
+def _run_stage(
+    state: ResearchState, ctx: RunContext, stage: list[RunSpec], queue: list[RunSpec]
+) -> dict[str, object]:
+    """Run a sweep stage's runs side by side as tenants of one server (`execute_stage`) and record each
+    as a single run is recorded. The stage's budget is shared: each run may take all of it; the thread
+    counts the stage's wall time once (`RunOutcome.shared_s`)."""
+    outcomes: list[RunOutcome] = []
+    todo: list[tuple[RunSpec, int]] = []
+    for spec in stage:
+        cached = ctx.ledger.get(ctx.key("runner", spec.key))
+        if cached is not None:
+            outcomes.append(RunOutcome.model_validate(cached))
+        else:
+            todo.append((spec, _store_run(state, ctx, spec).id))
+    started = time.monotonic()
+    before_s = max(0.0, started - ctx.clock_mark)
+    budget_left = ctx.budget_left_s([*state.get("outcomes", []), *outcomes], now=started)
+    ws = Workspace(Path(state["workspace"]))
+    if not todo:
+        fresh: list[RunOutcome] = []
+    elif budget_left <= 0:
+        fresh = [_spent(spec, run_id) for spec, run_id in todo]
+    else:
+        ctx.say(
+            f"runner: stage {todo[0][0].stage}: {counted(len(todo), 'runs')} as tenants of one server — "
+            f"budget left {budget_left:.0f} s, shared"
+        )
+        # made here, one after another: the runs' threads must not copy one variant at once
+        spaces = {spec.key: variant_workspace(ws, spec.params) if spec.params else ws for spec, _ in todo}
+        fresh = execute_stage(
+            [spec for spec, _ in todo],
+            ctx=ctx,
+            workspace=lambda spec: spaces[spec.key],
+            run_ids=[run_id for _, run_id in todo],
+            servers=ws.root / "servers",
+            budget_s=budget_left,
+            eval_reserve_s=eval_reserve_s(todo[0][0], state.get("outcomes", []), budget_s=budget_left),
+            max_tenants=ctx.tenants.max_tenants,
+        )
+    elapsed = time.monotonic() - started
+    lines = []
+    longest = max(range(len(fresh)), key=lambda i: fresh[i].wall_s, default=-1)
+    for i, ((spec, run_id), outcome) in enumerate(zip(todo, fresh, strict=True)):
+        # the longest run carries the stage's time (and the time around it); the others ran beside it
+        update = (
+            {"overhead_s": before_s + max(0.0, elapsed - outcome.wall_s)}
+            if i == longest
+            else {"shared_s": outcome.wall_s}
+        )
+        outcome = outcome.model_copy(update=update)
+        outcomes.append(outcome)
+        lines.append(_record(ctx, ctx.key("runner", spec.key), run_id, spec, outcome))
+    ctx.clock_mark = time.monotonic()
+    order = {spec.key: i for i, spec in enumerate(stage)}
+    outcomes.sort(key=lambda o: order[o.key])
+    return {"queue": queue, "outcomes": outcomes, "ran": len(outcomes), "log": lines}

@@ -104,10 +104,12 @@ class PlanState(TypedDict, total=False):
 
 
 class RunsState(TypedDict, total=False):
-    """The runs: ``queue`` (to do, head first) and ``outcomes`` (one per executed or reused run)."""
+    """The runs: ``queue`` (to do, head first), ``outcomes`` (one per executed or reused run) and ``ran``."""
 
     queue: list[RunSpec]
     outcomes: Annotated[list[RunOutcome], operator.add]
+    ran: int
+    """Outcomes the runner's last step added: 1, or the runs of a stage run as tenants together."""
 
 
 class StudyState(TypedDict, total=False):

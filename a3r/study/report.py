@@ -184,6 +184,14 @@ def _plan(
     return lines
 
 
+def _server_text(outcome: RunOutcome) -> str:
+    """Where a run trained, for the Runs table: ``tenant of server coarse`` (a LoRA tenant of its stage's
+    shared server, `a3r.swarmops.tenancy`) or ``own``."""
+    if not outcome.tenant_server:
+        return "own"
+    return f"tenant of server {outcome.tenant_server.removesuffix('-tenants')}"
+
+
 def _runs(
     outcomes: Sequence[RunOutcome], baseline: RewardSummary | None, reused: Mapping[int, str] | None
 ) -> list[str]:
@@ -212,6 +220,8 @@ def _runs(
     header = ["run", "status", "steps", "train episodes", "wall s", "last reward"]
     header += ["held-out n (tasks / attempts)", "held-out p@1", "held-out p@2", "held-out mean ± SE"]
     columns = [(h, [row[i] for row in rows]) for i, h in enumerate(header)]
+    if any(o.tenant_server for o in outcomes):  # a stage's runs trained side by side on one server
+        columns.append(("server", [_server_text(o) for o in outcomes]))
     table = _table(columns, droppable=("held-out p@1", "held-out p@2"))
     if any("untrained)" in row[3] for row in rows):
         table += [

@@ -119,8 +119,9 @@ states the thread's time against its budget, an overrun included (`budget_note`)
 
 def spent_s(outcomes: Sequence[RunOutcome]) -> float:
     """Wall seconds of the thread's budget its runs have used: each run's wall time plus the thread's
-    time around it (`RunOutcome.overhead_s`: planning, code check, analysis, stopping its server)."""
-    return sum(o.wall_s + o.overhead_s for o in outcomes)
+    time around it (`RunOutcome.overhead_s`: planning, code check, analysis, stopping its server); the
+    runs of a stage trained side by side as tenants count their stage's time once (`RunOutcome.shared_s`)."""
+    return sum(o.wall_s + o.overhead_s - o.shared_s for o in outcomes)
 
 
 def measured_run_s(outcomes: Sequence[RunOutcome]) -> tuple[float, int] | None:
@@ -155,7 +156,7 @@ def budget_note(outcomes: Sequence[RunOutcome], *, wrap_up_s: float, budget_s: f
     The runs' ``overhead_s`` includes the command's start-up (importing a3r) before the first run.
         budget_s: The thread's budget.
     """
-    runs = sum(o.wall_s for o in outcomes)
+    runs = sum(o.wall_s - o.shared_s for o in outcomes)
     around = sum(o.overhead_s for o in outcomes)
     total = runs + around + wrap_up_s
     parts = (

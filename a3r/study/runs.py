@@ -75,6 +75,8 @@ class RunSpec(BaseModel):
             the patch, and the continuations after it); ``None`` for the reward as first written.
         resize: How the run re-plans its steps and B after every step (a training run the budget
             sized); ``None``: it trains ``settings`` as they are.
+        tenant: The LoRA tenant it trains as on its stage's shared server (``server_key``), set by the
+            executor (`a3r.swarmops.tenancy`); ``None``: the server's one policy.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -93,6 +95,7 @@ class RunSpec(BaseModel):
     params: dict[str, bool | int | float | str | None] = Field(default_factory=dict)
     reward_patch: int | None = None
     resize: Resizing | None = None
+    tenant: str | None = None
 
     def outcome_fields(self) -> dict[str, Any]:
         """The fields a run's `RunOutcome` copies from its spec."""
@@ -143,6 +146,11 @@ class RunOutcome(BaseModel):
             against its budget too (`a3r.study.research.spent_s`): since the previous run ended (or
             the thread started or resumed) — planning, the code check, analysis — and after ``wall_s``
             was taken, e.g. stopping the run's server. 0 for a reused prior run.
+        shared_s: Of ``wall_s``, the seconds it ran side by side with another run of its stage that
+            counts them (tenants of one server, `a3r.swarmops.tenancy`): left out of the thread's spent
+            time, so that a stage's concurrent runs count its wall time once.
+        tenant: The LoRA tenant it trained as on its stage's shared server (``None``: a server of its own).
+        tenant_server: That server's key (``coarse-tenants``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -173,6 +181,9 @@ class RunOutcome(BaseModel):
     reward_patch: int | None = None
     signal: SignalCheck | None = None
     overhead_s: float = 0.0
+    shared_s: float = 0.0
+    tenant: str | None = None
+    tenant_server: str | None = None
 
 
 def episodes_text(outcome: RunOutcome) -> str:

@@ -8,7 +8,8 @@ runner's ``progress.jsonl`` format (``kind``, ``round``, ``task_id``, ``member``
 ``reward``, ``time``, plus ``order``, its place in the start order, and ``seconds``, how long it took),
 so `a3r.study.analysis.read_progress` reads both. A failed attempt says what failed and after how long
 (a time limit: which task and attempt, and the limit it ran past). The workflow is the frozen evaluator
-copy of a study, not the patchable training workflow.
+copy of a study, not the patchable training workflow. With ``--tenant ID`` every attempt is begun under
+that LoRA tenant (a server with ``--tenants``), so it samples the tenant's adapter.
 
 With ``--stop-group-size G`` the evaluation is a preflight with a sequential futility test
 (`a3r.study.sequential`): after every ended attempt the test looks at the longest prefix of attempts,
@@ -169,7 +170,7 @@ class _Evaluation:
         from swarm.client.workflow import Result
 
         found: dict[str, Any] = {}
-        async with client.episode(task.task_id, kind="eval") as ep:
+        async with client.episode(task.task_id, kind="eval", tenant=self.args.tenant) as ep:
             self.inside.add(job)
             if self.stopped():
                 raise asyncio.CancelledError  # the block aborts the episode
@@ -288,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         "and count as no success (0: no budget)",
     )
     parser.add_argument("--client-id", default="a3r-eval")
+    parser.add_argument(
+        "--tenant",
+        default=None,
+        help="the LoRA tenant whose adapter the attempts sample (a server with --tenants; default: its one "
+        "policy)",
+    )
     parser.add_argument(
         "--stop-group-size",
         type=int,

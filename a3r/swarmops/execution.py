@@ -13,6 +13,7 @@ here is the poll loop that feeds it observations.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -67,7 +68,15 @@ from a3r.swarmops.processes import (
 from a3r.swarmops.teacher import start_teacher, student_env, teacher_key
 from a3r.swarmops.trained import trained_metrics
 from memory import NOT_METRICS, RunUpdate
-from swarm.client import ClientError, Event, ServeOptions, ServeOptionsError, ServerStepMetrics, StatusView
+from swarm.client import (
+    ClientError,
+    Event,
+    ServeOptions,
+    ServeOptionsError,
+    ServerStepMetrics,
+    StatusView,
+    TenantView,
+)
 
 __all__ = [
     "EVAL_BUDGET_SHARE",
@@ -76,6 +85,8 @@ __all__ = [
     "cpu_seconds",
     "eval_tasks_within",
     "execute_run",
+    "execute_tenant_run",
+    "tenant_server_options",
 ]
 
 
@@ -85,9 +96,12 @@ class Workspace:
 
     Attributes:
         root: The workspace folder.
+        servers: Where its servers' run dirs are (``None``: ``root/servers``); a template-knob variant
+            training as a tenant of its stage's server keeps the study's (`a3r.swarmops.tenancy`).
     """
 
     root: Path
+    servers: Path | None = None
 
     @property
     def workflow(self) -> Path:
@@ -110,7 +124,7 @@ class Workspace:
         return self.root / "runs" / key
 
     def server_dir(self, server_key: str) -> Path:
-        return self.root / "servers" / server_key
+        return (self.servers or self.root / "servers") / server_key
 
     def task_count(self) -> int:
         with self.tasks.open(encoding="utf-8") as f:
@@ -126,10 +140,21 @@ class _Control:
     server by its process and by how long nothing moved. An answer that breaks the protocol raises.
     """
 
-    def __init__(self, handle: ServerHandle) -> None:
+    def __init__(self, handle: ServerHandle, tenant: str | None = None) -> None:
         self.client = handle.client()
+        self.tenant = tenant
+        """The LoRA tenant this run trains as (its metrics, step and events); ``None``: the server's
+        one policy."""
         self.event_seq = 0
         """Sequence number of the last server event read."""
+
+    def tenant_view(self) -> TenantView | None:
+        """The run's tenant (step, open and pending episodes), or ``None`` when this poll got no answer."""
+        assert self.tenant is not None
+        try:
+            return self.client.tenant(self.tenant)
+        except (ClientError, httpx.TransportError):
+            return None
 
     def status(self) -> StatusView | None:
         """The server's status, or ``None`` when this poll got no answer."""
@@ -141,6 +166,8 @@ class _Control:
     def metrics(self) -> list[ServerStepMetrics] | None:
         """Every per-step metrics row so far, or ``None`` when this poll got no answer."""
         try:
+            if self.tenant is not None:
+                return self.client.tenant_metrics(self.tenant)
             return self.client.metrics()
         except (ClientError, httpx.TransportError):
             return None
@@ -153,6 +180,8 @@ class _Control:
             return []
         if events:
             self.event_seq = events[-1].seq
+        if self.tenant is not None:  # another tenant's events are its run's
+            events = [e for e in events if e.data.get("tenant") in (None, self.tenant)]
         return events
 
     def close(self) -> None:
@@ -242,11 +271,12 @@ PLAN_SERVE_OPTIONS = (
 
 
 def _server_options(
-    spec: RunSpec, ctx: ExecutionContext, teacher: ServerHandle | None = None
+    spec: RunSpec, ctx: ExecutionContext, teacher: ServerHandle | None = None, tenants: int = 0
 ) -> ServeOptions:
     """The run's ``swarm serve`` options: the user's (validated when the thread began), the plan's, and
     a3r's defaults for what neither set; a distilling run's ``--teacher`` is the URL of ``teacher``,
-    the server a3r started for a checkpoint-directory teacher (`a3r.swarmops.teacher`).
+    the server a3r started for a checkpoint-directory teacher (`a3r.swarmops.teacher`). With
+    ``tenants`` > 0 the server of a stage's LoRA tenants (`tenant_server_options`).
 
     Raises:
         ServeOptionsError: the user's options no longer validate (a resumed thread under a newer swarm).
@@ -266,6 +296,8 @@ def _server_options(
         )
         if teacher is not None:
             options["teacher-url"] = teacher.url
+        if tenants > 0:  # each tenant's settings are its own (`execute_tenant_run`); no server-wide stop
+            options.update({"tenants": tenants, "max-steps": None})
     # bf16 compute (and bf16 base weights under LoRA) where the device has fast bf16 kernels: 2-3×
     # faster rollouts and updates on AMX CPUs and GPUs; float32 elsewhere. Explicit options win.
     options.setdefault("dtype", "auto")
@@ -278,6 +310,16 @@ def _server_options(
     # who-is-the-spy job no faster on 2 CPU cores (sampling and updates share them; 1228 s vs 1233 s
     # for 10 steps), and gains only where episodes idle on slow tools (bench/async_training.py).
     return ServeOptions.from_flags(options)
+
+
+def tenant_server_options(spec: RunSpec, ctx: ExecutionContext, tenants: int) -> ServeOptions:
+    """``swarm serve`` options of a stage's tenant server (`a3r.swarmops.tenancy`): a run of the stage's
+    options (its LoRA rank, engine, precision) with ``--tenants`` and no ``--max-steps``.
+
+    Raises:
+        ServeOptionsError: the options do not validate (e.g. ``--tenants`` without LoRA).
+    """
+    return _server_options(spec, ctx, tenants=tenants)
 
 
 class _Recorder:
@@ -324,7 +366,13 @@ class _Recorder:
 
 
 def _client(
-    spec: RunSpec, ws: Workspace, url: str, run_dir: Path, start_step: int, env: dict[str, str]
+    spec: RunSpec,
+    ws: Workspace,
+    url: str,
+    run_dir: Path,
+    start_step: int,
+    env: dict[str, str],
+    tenant: str | None = None,
 ) -> ManagedProcess:
     s = spec.settings
     # Training runs get three times the groups their steps need (batches the trainer skips, groups
@@ -361,6 +409,7 @@ def _client(
         "--heartbeat",
         "10",
         "--no-progress",
+        *(["--tenant", tenant] if tenant is not None else []),
     ]
     end_stale(run_dir / "client.pid")  # a client a killed a3r left behind (where PDEATHSIG is unavailable)
     return launch("client", argv, log_path=run_dir / "client.log", cwd=ws.root, env=env)
@@ -472,6 +521,7 @@ def _evaluate(
     env: dict[str, str] | None = None,
     futility_group_size: int | None = None,
     time_budget_s: float | None = None,
+    tenant: str | None = None,
 ) -> _Evaluation:
     """Held-out evaluation with the frozen evaluator.
 
@@ -489,6 +539,8 @@ def _evaluate(
             as many attempts as the test needs before it can decide (up to the server's batch size).
         time_budget_s: Wall seconds the evaluator may take (``--time-budget``): attempts still under
             way then are cut and count as no success; the note says how many and how far they got.
+        tenant: The LoRA tenant whose adapter the attempts sample (``--tenant``; ``None``: the server's
+            one policy).
     """
     out = run_dir / "eval.jsonl"
     out.unlink(missing_ok=True)
@@ -516,6 +568,7 @@ def _evaluate(
         "--summary",
         str(summary_path),
         *_stop_flags(ctx, ws, samples, max_tasks, futility_group_size, time_budget_s),
+        *(["--tenant", tenant] if tenant is not None else []),
     ]
     started = time.monotonic()
     process = launch("eval", argv, log_path=run_dir / "eval.log", cwd=ws.root, env=env)
@@ -676,6 +729,106 @@ def execute_run(
         _release(spec, ctx, outcome)
 
 
+def execute_tenant_run(
+    spec: RunSpec,
+    *,
+    ctx: ExecutionContext,
+    ws: Workspace,
+    handle: ServerHandle,
+    server_key: str,
+    tenant: str,
+    run_id: int,
+    budget_s: float,
+    eval_reserve_s: float = 0.0,
+) -> RunOutcome:
+    """Run ``spec`` as LoRA tenant ``tenant`` of a shared server (a sweep stage's, `a3r.swarmops.tenancy`)
+    and record it as :func:`execute_run` records a run: the tenant is created with the run's settings (lr,
+    B, G, KL, clip, epochs, minibatches, the ``tasks`` batch policy, ``max_steps`` = its steps, its seed),
+    its client begins every episode under it (``swarm run --tenant``), the watch reads the tenant's step
+    and metrics, a budget stop pauses it, its held-out evaluation samples its adapter, and it is retired
+    (its adapter saved as a LoRA checkpoint) when the run ends. Thread-safe: runs of one stage call it
+    side by side.
+
+    Args:
+        spec: What to run (a sweep run).
+        ctx: Run context.
+        ws: The run's workspace.
+        handle: The shared server (started with ``--tenants``).
+        server_key: Its key (its run dir is ``ws.server_dir(server_key)``).
+        tenant: The tenant id.
+        run_id: Store run (status ``running``); finished by the caller.
+        budget_s: Wall seconds this run may take, its held-out evaluation included.
+        eval_reserve_s: Seconds of ``budget_s`` kept for the held-out evaluation.
+
+    Returns:
+        The outcome; a tenant the server refuses comes back as a ``failed_to_start`` outcome.
+    """
+    spec = spec.model_copy(update={"server_key": server_key, "keep_server": True, "tenant": tenant})
+    run_dir = ws.run_dir(spec.key)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rec = _Recorder(ctx, run_id)
+    started = time.monotonic()
+    config = dict(ctx.store.get_run(run_id).config or {})
+    config |= {"tenant": tenant, "tenant_server": server_key}
+    server_dir = str(ws.server_dir(server_key))
+    ctx.store.update_run(run_id, RunUpdate(server_url=handle.url, run_dir=server_dir, config=config))
+    api = _Control(handle, tenant)
+    try:
+        try:
+            _ensure_tenant(spec, api, tenant, rec)
+        except (ClientError, httpx.TransportError) as exc:
+            rec.note(f"run {spec.key}: the server refused tenant {tenant}: {exc}", "error")
+            return RunOutcome(
+                **spec.outcome_fields(),
+                run_id=run_id,
+                status="failed_to_start",
+                reason=f"the server refused tenant {tenant}: {exc}",
+                run_dir=str(run_dir),
+                tenant=tenant,
+                tenant_server=server_key,
+            )
+        rec.note(f"run {spec.key}: tenant {tenant} of the stage's server {handle.url} ({server_key})")
+        run = _Run(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s, eval_reserve_s)
+        return _monitor(run).model_copy(update={"tenant": tenant, "tenant_server": server_key})
+    finally:
+        with contextlib.suppress(ClientError, httpx.TransportError):
+            api.client.retire_tenant(tenant)
+        api.close()
+
+
+def _ensure_tenant(spec: RunSpec, api: _Control, tenant: str, rec: _Recorder) -> None:
+    """Create the run's tenant with its settings; a resident one of that id (the stage's server resumed
+    it after a killed a3r: its run dir keeps its tenants) is continued, resumed if the budget paused it.
+
+    Raises:
+        ClientError | httpx.TransportError: the server refused it (a retired tenant of that id included).
+    """
+    s = spec.settings
+    try:
+        api.client.create_tenant(
+            tenant,
+            lr=s.lr,
+            batch_size=s.batch_size,
+            group_size=s.group_size,
+            kl_coef=s.kl_coef,
+            clip_eps=s.clip_eps,
+            ppo_epochs=s.ppo_epochs,
+            minibatches=s.minibatches,
+            batch_policy="tasks",
+            max_steps=s.steps,
+            seed=spec.seed,
+        )
+    except ClientError as exc:
+        if exc.status_code != 409:
+            raise
+        view = api.client.tenant(tenant)  # 404: the cap was reached, not the id taken
+        if view.state.value == "retired":
+            raise
+        if view.state.value != "active":
+            api.client.resume_tenant(tenant)
+        rec.note(f"run {spec.key}: continuing as tenant {tenant} from its step {view.step}", "warning")
+
+
 def _attach(spec: RunSpec, handle: ServerHandle, api: _Control, rec: _Recorder) -> None:
     """Apply a training run's settings to an attached server (``PATCH /api/v1/config``), or note that it
     kept its own."""
@@ -744,6 +897,11 @@ class _Run:
     budget_s: float
     eval_reserve_s: float = 0.0
 
+    @property
+    def tenant(self) -> str | None:
+        """The LoRA tenant the run trains as on a shared server (`a3r.swarmops.tenancy`), else ``None``."""
+        return self.spec.tenant
+
 
 @dataclass
 class _Sources:
@@ -791,15 +949,23 @@ class _Sources:
             )
             live = found[0].summary if found else None
         counts = status.episodes if status else None
+        step = status.step if status else None
+        finished, aborted = (counts.finished, counts.aborted) if counts else (0, None)
+        open_, pending = (counts.open, counts.pending) if counts else (None, 0)
+        if run.tenant is not None:  # the tenant's own step and episodes on the shared server
+            view = run.api.tenant_view()
+            step = view.step if view else None
+            finished, aborted = (view.trained + view.pending, None) if view else (0, None)
+            open_, pending = (view.open_episodes, view.pending) if view else (None, 0)
         return Observation(
             now=now,
             client_exit=code,
-            step=status.step if status else None,
+            step=step,
             state=status.state.value if status else None,
-            finished=counts.finished if counts else 0,
-            aborted=counts.aborted if counts else None,
-            open=counts.open if counts else None,
-            pending=counts.pending if counts else 0,
+            finished=finished,
+            aborted=aborted,
+            open=open_,
+            pending=pending,
             client_records=len(self.episodes),
             event_seq=run.api.event_seq,
             model_calls=self.calls.update(),
@@ -814,12 +980,14 @@ def _monitor(run: _Run) -> RunOutcome:
     initial = api.status()
     start_step = initial.step if initial else 0
     training = initial.training_enabled if initial else False
+    if run.tenant is not None:  # a new tenant trains (the server's base never does) from its own step 0
+        start_step, training = 0, True
     target = spec.settings.steps if spec.purpose in ("train", "sweep") and training else None
     if target is not None and handle.process is None:
         # An attached server may have trained before this thread: count steps from where it stood.
         base = int(ctx.ledger.once(ctx.key("runner", f"attach-base:{handle.url}"), lambda: start_step))
         target = base + spec.settings.steps
-    if target is not None and handle.process is not None:
+    if target is not None and handle.process is not None and run.tenant is None:
         # A server of ours may have been started by an earlier run (the smoke run's): it must stop
         # training at this run's target, not go on with the episodes pooled after it.
         # Its B too: the planner may have sized the game down after the smoke run (`size_training`).
@@ -831,7 +999,7 @@ def _monitor(run: _Run) -> RunOutcome:
                 f"{spec.settings.batch_size}: {exc}",
                 "warning",
             )
-    client = _client(spec, run.ws, handle.url, run.run_dir, start_step, handle.client_env())
+    client = _client(spec, run.ws, handle.url, run.run_dir, start_step, handle.client_env(), run.tenant)
     run.rec.note(
         f"run {spec.key}: client started (G={spec.settings.group_size}, B={spec.settings.batch_size}, "
         f"step {start_step}" + (f" → {target})" if target else ")")
@@ -907,8 +1075,11 @@ def _replan(run: _Run, plan: _StepPlan, step: int, start: tuple[float, int], now
         or run.handle.process is None
         or spec.start_step
         or step <= start[1]
+        or run.tenant is not None
     ):
-        return  # an attached server's training config is its owner's; a continuation keeps its steps
+        # an attached server's training config is its owner's; a continuation keeps its steps; a tenant's
+        # settings are fixed when it is created
+        return
     if plan.mark is None and step < plan.target:
         plan.mark = (now, step)  # measured from here: the first step also paid the trainer's start
         return
@@ -1109,8 +1280,21 @@ def _evaluate_run(run: _Run, per_episode: float) -> tuple[RewardSummary | None, 
         f"run {spec.key}: held-out evaluation on {min(n_tasks, available)} of {available} held-out tasks × "
         f"{ctx.eval_samples} attempts"
     )
+    if run.tenant is not None:
+        # a tenant the budget paused admits no episode: resumed for its evaluation (its client is stopped;
+        # episodes it pooled may still form a step, read after the evaluation like a step under way)
+        with contextlib.suppress(ClientError, httpx.TransportError):
+            if run.api.client.tenant(run.tenant).state.value == "paused":
+                run.api.client.resume_tenant(run.tenant)
     found = _evaluate(
-        ctx, run.ws, run.handle.url, run.run_dir, remaining, max_tasks=n_tasks, env=run.handle.client_env()
+        ctx,
+        run.ws,
+        run.handle.url,
+        run.run_dir,
+        remaining,
+        max_tasks=n_tasks,
+        env=run.handle.client_env(),
+        tenant=run.tenant,
     )
     if found.note:
         run.rec.note(f"run {spec.key}: {found.note}", "warning")
@@ -1150,7 +1334,10 @@ def _outcome(
     # with the smoke run or with the run it continues, whose client wrote none of them
     trained = (
         trained_metrics(
-            run.ws.server_dir(spec.server_key or spec.key), after_step=start_step, up_to_step=last_step
+            run.ws.server_dir(spec.server_key or spec.key),
+            after_step=start_step,
+            up_to_step=last_step,
+            tenant=spec.tenant,
         )
         if per_step is not None and run.handle.process is not None
         else None
@@ -1238,7 +1425,9 @@ def _freeze_training(run: _Run, step: int) -> None:
     already pooled would otherwise form one more batch (a step and its checkpoint a3r would not
     record). A step already under way still ends (and is read after the evaluation)."""
     try:
-        if step >= 1:
+        if run.tenant is not None:  # a tenant's settings are fixed: it is paused (no episode, no step)
+            run.api.client.pause_tenant(run.tenant)
+        elif step >= 1:
             run.api.client.patch_config(max_steps=step)
         else:
             run.api.client.patch_config(training_enabled=False)

@@ -22,7 +22,7 @@ POOL_FILE = "pool.db"
 
 
 def trained_metrics(
-    server_dir: Path, *, after_step: int, up_to_step: int | None = None
+    server_dir: Path, *, after_step: int, up_to_step: int | None = None, tenant: str | None = None
 ) -> list[tuple[int, dict[str, float]]] | None:
     """The episode metrics of the finished train episodes that steps after ``after_step`` (up to
     ``up_to_step``) consumed: where runs share a server and its run dir (a continuation, the smoke run
@@ -32,6 +32,8 @@ def trained_metrics(
         server_dir: The server's run dir (holds ``pool.db``).
         after_step: The policy step the run started from: only later steps count (this run's).
         up_to_step: The last step the run covers (``None``: every later step).
+        tenant: The LoRA tenant whose steps count (a run that trained as a tenant of a shared server:
+            its steps are numbered on its own); ``None``: the server's one policy.
 
     Returns:
         ``(trained step, finite metrics)`` per episode, in step order then pool order; ``None`` when
@@ -45,8 +47,11 @@ def trained_metrics(
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
             rows = db.execute(
                 "SELECT trained_step, metrics FROM episodes WHERE kind = 'train' AND status = 'finished' "
-                "AND trained_step > ? AND trained_step <= ? ORDER BY trained_step, seq",
-                (after_step, up_to_step if up_to_step is not None else 2**62),
+                "AND trained_step > ? AND trained_step <= ?"
+                + (" AND tenant = ?" if tenant is not None else "")
+                + " ORDER BY trained_step, seq",
+                (after_step, up_to_step if up_to_step is not None else 2**62)
+                + ((tenant,) if tenant is not None else ()),
             ).fetchall()
     except sqlite3.Error:
         return None

@@ -8,7 +8,7 @@
 - :func:`check_model_path` / :func:`load_tokenizer`: check a ``--model`` before serving it, and load a
   model's tokenizer to read recorded token ids (each imports torch only when called).
 - Re-exported for programs that drive servers: ``ClientError``/``SwarmError``/``ModelLoadError``, the
-  control answers (``StatusView``, ``ServerStepMetrics``, ``Event``, ``EpisodeView``) and ``ServeOptions``
+  control answers (``StatusView``, ``ServerStepMetrics``, ``Event``, ``EpisodeView``, ``TenantView``) and ``ServeOptions``
   (``swarm serve``'s options, validated in process).
 - :mod:`swarm.client.console_script` (not imported here): ``run_console_script``, a Typer app run as a
   console script whose usage mistakes read as one ``error:`` line.
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from swarm.protocol import Event as Event
     from swarm.protocol import ServerStepMetrics as ServerStepMetrics
     from swarm.protocol import StatusView as StatusView
+    from swarm.protocol import TenantView as TenantView
     from swarm.serve_options import ServeOptions as ServeOptions
     from swarm.serve_options import ServeOptionsError as ServeOptionsError
 
@@ -81,6 +82,7 @@ _SOURCES: dict[str, str] = {
     "StatusView": "swarm.protocol",
     "SwarmClient": "swarm.client._sync",
     "SwarmError": "swarm.errors",
+    "TenantView": "swarm.protocol",
     "Task": "swarm.client._datasets",
     "TaskSet": "swarm.client._datasets",
     "UndecidedFinishError": "swarm.client._errors",

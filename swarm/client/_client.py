@@ -47,6 +47,8 @@ from swarm.protocol import (
     Event,
     ServerStepMetrics,
     StatusView,
+    TenantCreate,
+    TenantView,
     Vote,
     VoteCast,
 )
@@ -54,8 +56,15 @@ from swarm.protocol import (
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 _METRICS = TypeAdapter(list[ServerStepMetrics])
 _TOKENS = TypeAdapter(list[ClientTokenView])
+_TENANTS = TypeAdapter(list[TenantView])
 _MAX_REASON_CHARS = 4000
 """An abort's reason is cut to this many characters (the server's limit)."""
+
+
+def _tenant_path(tenant_id: str, action: str = "") -> str:
+    """``/api/v1/tenants/{id}[/{action}]`` with the id quoted."""
+    path = "/api/v1/tenants/" + quote(tenant_id, safe="")
+    return f"{path}/{action}" if action else path
 
 
 @dataclass(frozen=True)
@@ -526,6 +535,83 @@ class AsyncSwarmClient:
             ClientError: 409 when the server does not train (inference mode).
         """
         return CheckpointSaved.model_validate(await self._request("POST", "/api/v1/checkpoint", admin=True))
+
+    async def create_tenant(self, tenant_id: str, /, **settings: Any) -> TenantView:
+        """Create a LoRA tenant (``POST /api/v1/tenants``, a server with ``--tenants``): its own adapter,
+        optimizer and training settings; settings left out take the server's.
+
+        Args:
+            tenant_id: Its id (lower-case letters, digits and ``-``, at most 32 characters).
+            settings: Fields of :class:`~swarm.protocol.TenantCreate` (``lr``, ``batch_size``,
+                ``group_size``, ``kl_coef``, ``clip_eps``, ``max_steps``, ``seed``…); ``None`` values are
+                left out.
+
+        Raises:
+            ValidationError: an invalid id or setting (checked before sending).
+            ClientError: 409 when the id is taken, the cap of resident tenants is reached or the server
+                hosts no tenants; 422 for settings the server refuses.
+        """
+        body = TenantCreate(id=tenant_id, **settings).model_dump(mode="json", exclude_none=True)
+        return TenantView.model_validate(await self._request("POST", "/api/v1/tenants", body, admin=True))
+
+    async def tenants(self) -> list[TenantView]:
+        """Every tenant of the server's run dir, resident then retired (``GET /api/v1/tenants``).
+
+        Raises:
+            ClientError: 409 on a server without ``--tenants``.
+        """
+        return _TENANTS.validate_python(await self._request("GET", "/api/v1/tenants", admin=True))
+
+    async def tenant(self, tenant_id: str) -> TenantView:
+        """One tenant, resident or retired (``GET /api/v1/tenants/{id}``).
+
+        Raises:
+            ClientError: 404 for an unknown tenant.
+        """
+        return TenantView.model_validate(await self._request("GET", _tenant_path(tenant_id), admin=True))
+
+    async def tenant_metrics(self, tenant_id: str, since_step: int = 0) -> list[ServerStepMetrics]:
+        """A resident tenant's per-step metrics after ``since_step``, oldest first
+        (``GET /api/v1/tenants/{id}/metrics``).
+
+        Raises:
+            ClientError: 404 when no resident tenant has this id.
+        """
+        path = _tenant_path(tenant_id, "metrics")
+        return _METRICS.validate_python(
+            await self._request("GET", path, params={"since_step": since_step}, admin=True)
+        )
+
+    async def pause_tenant(self, tenant_id: str) -> TenantView:
+        """Stop a tenant: no new episode under it, no step until resumed (``POST …/pause``).
+
+        Raises:
+            ClientError: 404 when no resident tenant has this id.
+        """
+        return TenantView.model_validate(
+            await self._request("POST", _tenant_path(tenant_id, "pause"), admin=True)
+        )
+
+    async def resume_tenant(self, tenant_id: str) -> TenantView:
+        """Resume a paused or failed tenant (``POST …/resume``).
+
+        Raises:
+            ClientError: 404 when no resident tenant has this id.
+        """
+        return TenantView.model_validate(
+            await self._request("POST", _tenant_path(tenant_id, "resume"), admin=True)
+        )
+
+    async def retire_tenant(self, tenant_id: str) -> TenantView:
+        """Retire a tenant (``POST …/retire``): its open episodes are aborted, its adapter saved as a LoRA
+        checkpoint (``checkpoint`` of the answer) and its place freed.
+
+        Raises:
+            ClientError: 404 when no resident tenant has this id.
+        """
+        return TenantView.model_validate(
+            await self._request("POST", _tenant_path(tenant_id, "retire"), admin=True)
+        )
 
     async def client_tokens(self) -> list[ClientTokenView]:
         """The server's client tokens by name, with their open episodes (admin; never the secrets)."""

@@ -63,6 +63,8 @@ class MultiEpisode:
         family: task family for cocktail quotas.
         metadata: sent with every member.
         trainable_agents: agent names trained, for every member, or member name → list.
+        tenant: the LoRA tenant every member is begun under (servers with ``--tenants``); ``None``: the
+            servers' one policy.
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class MultiEpisode:
         family: str | None = None,
         metadata: dict[str, Any] | None = None,
         trainable_agents: list[str] | Mapping[str, list[str] | None] | None = None,
+        tenant: str | None = None,
     ) -> None:
         if not clients:
             raise ValueError("a multi-model episode needs at least one server")
@@ -83,6 +86,7 @@ class MultiEpisode:
         self._family = family
         self._metadata = metadata
         self._trainable = trainable_agents
+        self._tenant = tenant
         self.episodes: dict[str, AsyncEpisode] = {}
         self.ended = False
         self.unconfirmed: list[str] = []
@@ -128,6 +132,7 @@ class MultiEpisode:
                 family=self._family,
                 metadata=self._metadata,
                 trainable_agents=self._trainable_for(name),
+                tenant=self._tenant,
             )
             self.episodes[name] = ep
             return ep

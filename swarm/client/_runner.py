@@ -56,7 +56,7 @@ from swarm.client._multi import MultiEpisode
 from swarm.client._progress import ProgressLog, SlotKey
 from swarm.client.workflow import Result
 from swarm.errors import ClientError
-from swarm.protocol import EpisodeKind, EpisodeStatus
+from swarm.protocol import TENANT_ID_PATTERN, EpisodeKind, EpisodeStatus
 
 
 class RunnerConfig(BaseModel):
@@ -78,6 +78,10 @@ class RunnerConfig(BaseModel):
     """Task family for cocktail quotas; a task's own ``family`` field wins."""
     trainable_agents: list[str] | None = None
     client_id: str = "runner"
+    tenant: str | None = Field(default=None, pattern=TENANT_ID_PATTERN)
+    """The LoRA tenant every episode is begun under, train and eval alike (a server started with
+    ``swarm serve --tenants N``; the episode samples and trains with that tenant's adapter). ``None``:
+    the server's one policy."""
     episode_timeout_s: float | None = Field(default=None, gt=0)
     """Cancel a workflow still running after this many seconds: its episode is aborted as an infra
     failure (a timeout) and re-run like one. ``None``: no limit."""
@@ -397,6 +401,7 @@ class Runner:
             family=self._family(slot.task),
             metadata={"member": slot.member, "round": slot.round, "task_index": slot.task.index},
             trainable_agents=self.config.trainable_agents,
+            tenant=self.config.tenant,
         )
         try:
             await episode.begin()

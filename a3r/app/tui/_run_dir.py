@@ -21,7 +21,7 @@ from a3r.app.tui._swarm import EpisodeSummary, LiveRun
 from a3r.swarmops.trained import POOL_FILE
 from swarm.client import EpisodeView
 
-__all__ = ["POOL_FILE", "RunDirReader", "run_client_id"]
+__all__ = ["POOL_FILE", "RunDirReader", "run_client_id", "run_tenant", "tenant_text"]
 
 METRICS_FILE = "metrics.jsonl"
 """The server's per-step training metrics in its run dir, one JSON row a step."""
@@ -44,6 +44,20 @@ def run_client_id(name: str | None, config: dict[str, Any] | None) -> str | None
     return f"a3r-{name}"[:200]
 
 
+def run_tenant(config: dict[str, Any] | None) -> str | None:
+    """The LoRA tenant a run trained as on its stage's shared server (its config's ``tenant``), or ``None``."""
+    tenant = config.get("tenant") if isinstance(config, dict) else None
+    return tenant if isinstance(tenant, str) and tenant else None
+
+
+def tenant_text(config: dict[str, Any] | None) -> str:
+    """Where a run trained, read from its config: ``tenant of server coarse`` for a LoRA tenant of its
+    stage's shared server (`a3r.swarmops.tenancy` records ``tenant`` and ``tenant_server``), else ``""``."""
+    if not isinstance(config, dict) or not config.get("tenant_server"):
+        return ""
+    return f"tenant of server {str(config['tenant_server']).removesuffix('-tenants')}"
+
+
 class RunDirReader:
     """Reads a stopped server's run dir with the interface of `a3r.app.tui._swarm.RunMonitor`.
 
@@ -53,11 +67,19 @@ class RunDirReader:
         client_id: Only episodes of this client (one run's; see `run_client_id`).
     """
 
-    def __init__(self, server_dir: str | Path, *, keep: int = 100, client_id: str | None = None) -> None:
+    def __init__(
+        self,
+        server_dir: str | Path,
+        *,
+        keep: int = 100,
+        client_id: str | None = None,
+        tenant: str | None = None,
+    ) -> None:
         self.server_dir = Path(server_dir)
         self.url = str(self.server_dir)
         self._keep = keep
         self.client_id = client_id
+        self.tenant = tenant
 
     @staticmethod
     def holds_a_run(server_dir: str | Path | None) -> bool:
@@ -103,7 +125,8 @@ class RunDirReader:
         return live
 
     def _metrics(self) -> list[dict[str, Any]] | None:
-        path = self.server_dir / METRICS_FILE
+        folder = self.server_dir / "tenants" / self.tenant if self.tenant else self.server_dir
+        path = folder / METRICS_FILE
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except OSError:

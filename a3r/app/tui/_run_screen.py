@@ -16,7 +16,7 @@ from a3r.app.tui._episode_screen import EpisodeScreen
 from a3r.app.tui._metric_names import reward_history, reward_metric
 from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, on_stack, read_store
 from a3r.app.tui._reward_curve import RewardCurve
-from a3r.app.tui._run_dir import RunDirReader, run_client_id
+from a3r.app.tui._run_dir import RunDirReader, run_client_id, run_tenant, tenant_text
 from a3r.app.tui._swarm import LiveRun, RunMonitor
 from a3r.app.tui._tables import Cell, refill
 from memory import RunPublic, RunStatus
@@ -113,6 +113,8 @@ class RunScreen(PollingScreen):
             ("  server ", "bold"),
             run.server_url or "none recorded",
         )
+        if tenant_text(run.config):  # one of a stage's runs trained side by side on one server
+            info.append(f"  ({tenant_text(run.config)}, tenant {run.config['tenant']})")
         if run.error:
             info.append(f"\nerror: {run.error}", style="red")
         self.query_one("#run-info", Static).update(info)
@@ -133,13 +135,16 @@ class RunScreen(PollingScreen):
         if ended and not isinstance(self.monitor, RunDirReader):
             if self.monitor is not None:
                 await self.monitor.aclose()
-            self.monitor = RunDirReader(str(run.run_dir), client_id=run_client_id(run.name, run.config))
+            self.monitor = RunDirReader(
+                str(run.run_dir), client_id=run_client_id(run.name, run.config), tenant=run_tenant(run.config)
+            )
         elif self.monitor is None and run.server_url is not None:
             self.monitor = RunMonitor(
                 run.server_url,
                 admin_token=self.ctx.admin_token_for(run.run_dir),
                 timeout_s=self.ctx.config.request_timeout_s,
                 client_id=run_client_id(run.name, run.config),
+                tenant=run_tenant(run.config),
             )
         self.run_dir = run.run_dir
         return self.monitor

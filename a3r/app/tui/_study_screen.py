@@ -18,6 +18,7 @@ from a3r.app.tui._context import TuiContext
 from a3r.app.tui._metric_names import reward_history
 from a3r.app.tui._polling import RELOAD_GROUP, PollingScreen, read_store
 from a3r.app.tui._reward_curve import RewardCurve
+from a3r.app.tui._run_dir import tenant_text
 from a3r.app.tui._run_screen import RunScreen
 from a3r.app.tui._tables import Cell, refill, selected_key
 from a3r.study.headline import conclusion_line
@@ -171,7 +172,7 @@ class StudyScreen(PollingScreen):
                     str(run.id),
                     (
                         str(run.id),
-                        run.name or "",
+                        " · ".join(x for x in (run.name or "", tenant_text(run.config)) if x),
                         experiments.get(run.experiment_id, str(run.experiment_id)),
                         "" if run.seed is None else str(run.seed),
                         _status_text(run),

@@ -70,6 +70,8 @@ class RunMonitor:
         timeout_s: Timeout of each request, in seconds.
         keep: How many recently ended episodes to remember.
         client_id: Only episodes of this client (one run's, when several runs share the server).
+        tenant: The LoRA tenant the run trains as (its metrics, ``GET /api/v1/tenants/{id}/metrics``);
+            ``None``: the server's one policy.
     """
 
     def __init__(
@@ -80,9 +82,11 @@ class RunMonitor:
         timeout_s: float = 5.0,
         keep: int = 100,
         client_id: str | None = None,
+        tenant: str | None = None,
     ):
         self.url = url.rstrip("/")
         self.client_id = client_id
+        self.tenant = tenant
         self._client = AsyncSwarmClient(
             self.url, admin_token=admin_token, client_id="a3r-tui", timeout_s=timeout_s, retry=_NO_RETRY
         )
@@ -108,7 +112,12 @@ class RunMonitor:
             self._since = 0
         self._uptime_s = live.status.uptime_s
         try:
-            live.metrics = [row.model_dump() for row in await self._client.metrics()]
+            rows = (
+                await self._client.tenant_metrics(self.tenant)
+                if self.tenant is not None
+                else await self._client.metrics()
+            )
+            live.metrics = [row.model_dump() for row in rows]
         except ClientError as exc:
             if exc.status_code != 404:
                 live.error = _one_line(self.url, exc)

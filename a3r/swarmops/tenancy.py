@@ -1,0 +1,269 @@
+"""A sweep stage's runs as LoRA tenants of one server (issue 36): one ``swarm serve --tenants N
+--lora-rank R`` per stage, each run a tenant trained side by side with the others.
+
+Which runs can be tenants (`tenant_reason`): LoRA runs (``lora_rank`` > 0) of a sweep stage with the
+stage's rank, without a teacher, on a server a3r starts. The runs of one stage that can
+(`stage_runs`) are executed together by `execute_stage`: one server for the stage, up to
+`TenantSettings.max_tenants` tenants resident at once (the rest wait for a freed place), each run in its
+own thread through `a3r.swarmops.execution.execute_tenant_run` (the single run's client, monitoring,
+budget, held-out evaluation and outcome, reading its tenant's step and metrics), then the server stops.
+
+The budget of a stage is shared: every run gets all of it (they run side by side), less the evaluation
+reserve; a run still training when it ends is cancelled (``cancelled (budget)``): its tenant is paused,
+evaluated and retired.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from a3r.errors import SwarmProcessError
+from a3r.study.plans import PlanDraft
+from a3r.study.research import sweep_specs
+from a3r.study.runs import RunOutcome, RunSpec
+from a3r.swarmops.context import ExecutionContext
+from a3r.swarmops.execution import Workspace, execute_tenant_run, tenant_server_options
+from a3r.swarmops.processes import start_server
+from swarm.client import ServeOptionsError
+
+__all__ = [
+    "StageServing",
+    "TenantSettings",
+    "execute_stage",
+    "plan_stage_serving",
+    "stage_runs",
+    "stage_server_key",
+    "stage_servers",
+    "tenant_id",
+    "tenant_reason",
+]
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    """Whether and how many of a stage's runs train as tenants of one server.
+
+    Attributes:
+        enabled: Run a qualifying stage as tenants (``a3r research --tenants``, the default); ``False``
+            keeps one server per run (``--no-tenants``).
+        max_tenants: The memory cap: tenants resident on the stage's server at once (each holds its
+            adapter, optimizer state and pool partition); a stage with more runs runs the rest as places
+            free up.
+    """
+
+    enabled: bool = True
+    max_tenants: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_tenants < 1:
+            raise ValueError(f"max_tenants must be >= 1, not {self.max_tenants}")
+
+
+def tenant_reason(spec: RunSpec, server_options: Mapping[str, Any]) -> str | None:
+    """Why ``spec`` needs its own server (one line), or ``None`` when it can be a tenant of its stage's
+    server: a sweep run with LoRA, no teacher, and no ``swarm serve`` option of the user's
+    (``server_options``) that a tenant cannot express (full fine-tuning, tenants of their own)."""
+    s = spec.settings
+    if spec.purpose != "sweep" or not spec.stage:
+        return f"own server: a {spec.purpose} run"
+    if s.lora_rank <= 0 or int(server_options.get("lora-rank", 1) or 0) <= 0:
+        return "own server: full fine-tuning (lora_rank 0)"
+    if s.distill or s.teacher:
+        return "own server: distillation from a teacher (a tenant server has no teacher)"
+    if spec.start_step or spec.keep_server:
+        return "own server: it continues on a server of its own"
+    if "tenants" in server_options:
+        return "own server: --serve-option tenants is set by the user"
+    return None
+
+
+def stage_runs(queue: Sequence[RunSpec], server_options: Mapping[str, Any]) -> list[RunSpec]:
+    """The runs at the head of ``queue`` that one tenant server can run together: consecutive sweep
+    runs of the head's stage that can be tenants (`tenant_reason`) with the same LoRA rank; empty when
+    fewer than two (one run keeps its own server)."""
+    if not queue or tenant_reason(queue[0], server_options) is not None:
+        return []
+    head = queue[0]
+    found: list[RunSpec] = []
+    for spec in queue:
+        same = spec.stage == head.stage and spec.settings.lora_rank == head.settings.lora_rank
+        if not same or tenant_reason(spec, server_options) is not None:
+            break
+        found.append(spec)
+    return found if len(found) >= 2 else []
+
+
+def stage_servers(specs: Sequence[RunSpec], server_options: Mapping[str, Any]) -> list[str]:
+    """How a stage's runs will be served, one line per server, as the dry run says it: ``"4 runs as
+    tenants of one server"`` for each group `stage_runs` takes from the queue, and ``"<run key>: own server:
+    <why>"`` for each run that cannot be a tenant (`tenant_reason`) or is left alone."""
+    lines: list[str] = []
+    queue = list(specs)
+    while queue:
+        group = stage_runs(queue, server_options)
+        if group:
+            lines.append(f"{len(group)} runs as tenants of one server")
+            queue = queue[len(group) :]
+            continue
+        spec = queue.pop(0)
+        why = tenant_reason(spec, server_options) or "own server: the only run of its LoRA rank"
+        lines.append(f"{spec.key}: {why}")
+    return lines
+
+
+@dataclass(frozen=True)
+class StageServing:
+    """How a planned stage's runs will be served (the dry run's line), and the server starts saved.
+
+    Attributes:
+        lines: `stage_servers`' lines (``"8 runs as tenants of one server"``, ``"<key>: own server: …"``).
+        starts_saved: Server starts the stage does not pay: its runs less its servers.
+    """
+
+    lines: list[str]
+    starts_saved: int
+
+
+def plan_stage_serving(
+    plan: PlanDraft,
+    stage: str,
+    values: Sequence[float],
+    *,
+    seeds: int,
+    runs: int,
+    server_options: Mapping[str, Any],
+    enabled: bool = True,
+) -> StageServing:
+    """How a stage of ``plan`` will be served, before it runs (``a3r research --dry-run``): its runs as
+    built for the queue (`a3r.study.research.sweep_specs`); a stage whose values are decided later
+    (refine, replicate) is judged by a run of the first coarse value, and its ``runs`` at most share one
+    server when that run can be a tenant (a LoRA-rank sweep's runs never do: one server per rank).
+
+    Args:
+        plan: A research plan.
+        stage: The stage's name.
+        values: Its values (empty: decided later).
+        seeds: Seeds per configuration.
+        runs: Its runs (at most).
+        server_options: The user's ``swarm serve`` options.
+        enabled: ``a3r research --tenants`` (``False``: one server per run).
+    """
+    assert plan.sweep is not None
+    if not enabled:
+        return StageServing(["own server per run (--no-tenants)"], 0)
+    if runs < 2:
+        return StageServing([], 0)
+    if values:
+        specs = sweep_specs(plan, values, stage, seeds=list(range(max(1, seeds))))
+        lines = stage_servers(specs, server_options)
+        servers = sum(1 for line in lines if "tenants of one server" in line)
+        tenants = sum(int(line.split()[0]) for line in lines if "tenants of one server" in line)
+        return StageServing(lines, tenants - servers)
+    (probe,) = sweep_specs(plan, plan.sweep.coarse[:1], stage, seeds=[0])
+    why = tenant_reason(probe, server_options)
+    if plan.sweep.variable == "lora_rank":
+        why = why or "own server per LoRA rank (the adapter's rank is the server's)"
+    if why is not None:
+        return StageServing([f"{why}"], 0)
+    return StageServing([f"up to {runs} runs as tenants of one server"], runs - 1)
+
+
+def stage_server_key(stage: str) -> str:
+    """The server key (and run dir name, under ``servers/``) of a stage's tenant server."""
+    return f"{stage}-tenants"
+
+
+def tenant_id(spec: RunSpec) -> str:
+    """A run's tenant id on its stage's server (lower-case letters, digits and ``-``, ≤ 32 characters),
+    unique within the thread: its key made safe and cut, with 4 hex digits of the key's SHA-256 (the same
+    id after a resume)."""
+    safe = "".join(c if c.isascii() and c.isalnum() else "-" for c in spec.key.lower()).strip("-")
+    digest = hashlib.sha256(spec.key.encode()).hexdigest()[:4]
+    head = (safe if safe[:1].isalpha() else "r" + safe)[:27].rstrip("-")
+    return f"{head}-{digest}"
+
+
+StageWorkspace = Callable[[RunSpec], Workspace]
+"""The workspace a run trains in (a template-knob variant's own, else the study's)."""
+
+
+def execute_stage(
+    specs: Sequence[RunSpec],
+    *,
+    ctx: ExecutionContext,
+    workspace: StageWorkspace,
+    run_ids: Sequence[int],
+    servers: Path,
+    budget_s: float,
+    eval_reserve_s: float,
+    max_tenants: int = 8,
+) -> list[RunOutcome]:
+    """Run ``specs`` (one sweep stage, `stage_runs`) as tenants of one ``swarm serve --tenants N`` and
+    return their outcomes in the order given.
+
+    Args:
+        specs: The stage's runs.
+        ctx: Run context (store, servers, limits).
+        workspace: Each run's workspace.
+        run_ids: Each run's store run (``running``), in the order of ``specs``.
+        servers: The study's folder of server run dirs (the stage's server is ``<servers>/<stage>-tenants``,
+            also for runs that train in a template-knob variant's workspace).
+        budget_s: Wall seconds of the stage, shared: every run may take all of it.
+        eval_reserve_s: Seconds of it each run keeps for its held-out evaluation.
+        max_tenants: Tenants resident at once (`TenantSettings.max_tenants`).
+
+    Returns:
+        One outcome per run; a server that cannot start gives every run a ``failed_to_start`` outcome.
+    """
+    started = time.monotonic()
+    first = specs[0]
+    key = stage_server_key(first.stage)
+    ws = dataclasses.replace(workspace(first), servers=servers)
+    places = max(1, min(max_tenants, len(specs)))
+    try:
+        handle = start_server(
+            ws.server_dir(key), model=ctx.model, options=tenant_server_options(first, ctx, places)
+        )
+    except (ServeOptionsError, SwarmProcessError) as exc:
+        reason = f"the stage's tenant server did not start: {exc}"
+        ctx.say(f"runner: {reason}")
+        return [
+            RunOutcome(**spec.outcome_fields(), run_id=run_id, status="failed_to_start", reason=reason)
+            for spec, run_id in zip(specs, run_ids, strict=True)
+        ]
+    ctx.servers[key] = handle
+    ctx.say(
+        f"runner: stage {first.stage}: {len(specs)} runs as tenants of one server at {handle.url} "
+        f"(run dir {ws.server_dir(key)}; {places} at once)"
+    )
+
+    def one(spec: RunSpec, run_id: int) -> RunOutcome:
+        left = budget_s - (time.monotonic() - started)  # a run that waited for a place has less
+        return execute_tenant_run(
+            spec,
+            ctx=ctx,
+            ws=dataclasses.replace(workspace(spec), servers=servers),
+            handle=handle,
+            server_key=key,
+            tenant=tenant_id(spec),
+            run_id=run_id,
+            budget_s=max(0.0, left),
+            eval_reserve_s=eval_reserve_s,
+        )
+
+    pool = ThreadPoolExecutor(max_workers=places, thread_name_prefix="a3r-tenant")
+    try:
+        futures = [pool.submit(one, spec, run_id) for spec, run_id in zip(specs, run_ids, strict=True)]
+        return [future.result() for future in futures]
+    finally:
+        # first the server (an interrupted stage's runs then see it gone and end), then their threads
+        ctx.servers.pop(key, None)
+        handle.stop()
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,270 @@
+"""A sweep stage's runs as LoRA tenants of ONE real ``swarm serve --tenants N`` (issue 36, deliver 5): every
+run is created as a tenant, trained by its own ``swarm run --tenant`` client, watched, evaluated on its
+adapter and retired; its store record has its own steps, metrics and outcome. A budget cut cancels the
+tenants still training (``cancelled (budget)``), never a crash. Which runs can be tenants, and why not."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from a3r.app.tui._run_dir import RunDirReader, run_tenant
+from a3r.graph import RunContext, RunSpec
+from a3r.study.plans import TrainingSettings
+from a3r.study.runs import STORE_STATUS, status_text
+from a3r.swarmops.execution import Workspace
+from a3r.swarmops.tenancy import execute_stage, stage_runs, stage_servers, tenant_id, tenant_reason
+from memory import RunStatus, Store
+from tests.a3r.planner_states import offline_context
+
+_ONE_CALL = """import asyncio
+
+
+async def run(task, llm):
+    client = llm.openai(max_retries=0)
+    await client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    return float(task["value"])
+"""
+
+
+def _spec(batch_size: int, seed: int, steps: int = 2, **settings: Any) -> RunSpec:
+    return RunSpec(
+        key=f"coarse-batch_size={batch_size}-s{seed}",
+        purpose="sweep",
+        seed=seed,
+        stage="coarse",
+        value=float(batch_size),
+        settings=TrainingSettings(
+            **{"steps": steps, "batch_size": batch_size, "group_size": 2, "concurrency": 2, "lora_rank": 8}
+            | settings
+        ),
+    )
+
+
+def _ctx(tmp_path: Path, store: Store, model: str | None = None) -> RunContext:
+    return dataclasses.replace(
+        offline_context(tmp_path, store),
+        model=model,
+        poll_s=0.5,
+        hang_after_s=120.0,
+        eval_tasks=2,
+        eval_samples=2,
+    )
+
+
+def test_which_runs_can_be_tenants() -> None:
+    stage = [_spec(b, s) for b in (1, 2) for s in (0, 1)]
+    assert [s.key for s in stage_runs(stage, {})] == [s.key for s in stage]
+    assert tenant_reason(_spec(1, 0, lora_rank=0), {}) == "own server: full fine-tuning (lora_rank 0)"
+    assert "teacher" in str(tenant_reason(_spec(1, 0, distill=True, teacher="http://t"), {}))
+    train = RunSpec(key="train-s0", purpose="train", settings=TrainingSettings(lora_rank=8))
+    assert tenant_reason(train, {}) == "own server: a train run"
+    # another rank ends the stage's tenants; one run alone keeps its own server
+    mixed = [_spec(1, 0), _spec(2, 0), _spec(4, 0).model_copy(update={"settings": TrainingSettings()})]
+    assert len(stage_runs(mixed, {})) == 2 and stage_runs(stage[:1], {}) == []
+    ids = {tenant_id(s) for s in stage}
+    assert len(ids) == 4 and all(len(i) <= 32 and i[0].isalpha() for i in ids)
+    assert tenant_reason(stage[0], {"lora-rank": 0}) == "own server: full fine-tuning (lora_rank 0)"
+    assert stage_servers([*stage, _spec(4, 0, lora_rank=0)], {}) == [
+        "4 runs as tenants of one server",
+        "coarse-batch_size=4-s0: own server: full fine-tuning (lora_rank 0)",
+    ]
+
+
+def _workspace(tmp_path: Path) -> Workspace:
+    ws = Workspace(tmp_path / "ws")
+    ws.root.mkdir()
+    ws.workflow.write_text(_ONE_CALL)
+    (ws.root / "evaluator").mkdir()
+    ws.evaluator.write_text(_ONE_CALL)
+    rows = "".join(json.dumps({"id": f"t{i}", "value": i % 2}) + "\n" for i in range(40))
+    ws.tasks.write_text(rows)
+    ws.heldout.write_text("".join(json.dumps({"id": f"h{i}", "value": i % 2}) + "\n" for i in range(4)))
+    return ws
+
+
+def _stage(
+    ctx: RunContext,
+    ws: Workspace,
+    specs: list[RunSpec],
+    runs: list[Any],
+    *,
+    budget_s: float,
+    max_tenants: int = 8,
+) -> list[Any]:
+    """`execute_stage` of ``specs`` in ``ws`` (30 s evaluation reserve), its servers stopped after."""
+    try:
+        return execute_stage(
+            specs,
+            ctx=ctx,
+            workspace=lambda spec: ws,
+            run_ids=[r.id for r in runs],
+            servers=ws.root / "servers",
+            budget_s=budget_s,
+            eval_reserve_s=30.0,
+            max_tenants=max_tenants,
+        )
+    finally:
+        ctx.close_servers()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", ["ample", "cut"])
+def test_a_coarse_stage_runs_as_tenants_of_one_server(
+    tmp_path: Path, tiny_model_dir: Path, budget: str
+) -> None:
+    ws = _workspace(tmp_path)
+    store = Store(tmp_path / "memory.db")
+    experiment = store.create_experiment(store.create_study("tenants").id, "e").id
+    ctx = _ctx(tmp_path, store, str(tiny_model_dir))
+    steps = 2 if budget == "ample" else 1000
+    specs = [_spec(b, s, steps=steps) for b in (1, 2) for s in (0, 1)]
+    runs = [store.start_run(experiment, name=s.key, config={"purpose": "sweep"}) for s in specs]
+    # the cap: the fourth run waits for a freed place
+    outcomes = _stage(ctx, ws, specs, runs, budget_s=400.0 if budget == "ample" else 60.0, max_tenants=3)
+    assert ctx.servers == {}
+    # ONE server: one server dir, one server log, every run recorded against it
+    assert [p.name for p in (ws.root / "servers").iterdir() if p.is_dir()] == ["coarse-tenants"]
+    server_dir = ws.root / "servers" / "coarse-tenants"
+    records = [store.get_run(r.id) for r in runs]
+    assert {r.run_dir for r in records} == {str(server_dir)} and len({r.server_url for r in records}) == 1
+    assert sorted(str(r.config["tenant"]) for r in records) == sorted(tenant_id(s) for s in specs)
+    events = [json.loads(line) for line in (server_dir / "events.jsonl").read_text().splitlines()]
+    created = {e["data"]["tenant"] for e in events if e["kind"] == "tenant.created"}
+    retired = {e["data"]["tenant"] for e in events if e["kind"] == "tenant.retired"}
+    assert created == retired == {tenant_id(s) for s in specs}
+    for spec, run, outcome in zip(specs, runs, outcomes, strict=True):
+        assert outcome.key == spec.key and outcome.run_id == run.id
+        assert outcome.tenant == tenant_id(spec) and outcome.tenant_server == "coarse-tenants"
+        if budget == "ample":
+            assert outcome.status == "finished" and outcome.reason.startswith("reached step 2"), (
+                outcome.reason
+            )
+            assert outcome.steps == 2 and [s for s, _ in outcome.curve] == [1, 2]
+            assert store.metric_history(run.id, "reward_mean")
+            assert outcome.eval is not None and outcome.eval.episodes == 4  # its adapter, 2 tasks × 2
+            # the TUI reads a finished tenant run's own metrics from the shared run dir
+            record = store.get_run(run.id)
+            reader = RunDirReader(str(record.run_dir), tenant=run_tenant(record.config))
+            assert [row["step"] for row in asyncio.run(reader.poll()).metrics or []] == [1, 2]
+        else:
+            assert outcome.status == "budget", outcome.reason
+            assert status_text(outcome.status) == "cancelled (budget)"
+            assert STORE_STATUS[outcome.status] is RunStatus.cancelled
+            assert not any(d.kind.value == "crash" for d in outcome.diagnoses)
+    store.close()
+
+
+def test_the_dry_run_says_which_runs_share_a_server(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    base = ["research", "find min stable batch size on arithmetic", "--dry-run"]
+    base += ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "m.db")]
+    shared = CliRunner().invoke(app, base)
+    alone = CliRunner().invoke(app, [*base, "--no-tenants"])
+    assert shared.exit_code == alone.exit_code == 0, shared.output + alone.output
+    assert "servers: 8 runs as tenants of one server" in shared.output
+    assert "servers: own server per run (--no-tenants)" in alone.output
+
+    def minutes(output: str) -> float:
+        line = next(x for x in output.splitlines() if "estimated time: ≈ " in x)
+        return float(line.split("≈ ")[1].split(" min")[0])
+
+    # one server start per stage, not per run: 7 + 3 + 5 server starts of 20 s fewer
+    assert minutes(alone.output) - minutes(shared.output) == pytest.approx(15 * 20 / 60, abs=0.6)
+
+
+def test_the_report_and_the_tui_show_a_runs_tenant() -> None:
+    from a3r.app.tui._run_dir import tenant_text
+    from a3r.study.report import _runs
+    from a3r.study.runs import RunOutcome
+
+    own = RunOutcome(key="coarse-batch_size=8-s0", run_id=1, status="finished", reason="ok")
+    shared = own.model_copy(
+        update={"key": "coarse-batch_size=1-s0", "tenant": "t1", "tenant_server": "coarse-tenants"}
+    )
+    table = "\n".join(_runs([own, shared], None, None))
+    assert "| server |" in table and "| tenant of server coarse |" in table and "| own |" in table
+    assert "| server |" not in "\n".join(_runs([own], None, None))  # reports without tenants unchanged
+    assert tenant_text({"tenant": "t1", "tenant_server": "coarse-tenants"}) == "tenant of server coarse"
+    assert tenant_text({"purpose": "sweep"}) == ""
+
+
+@pytest.mark.slow
+def test_the_runner_records_a_tenant_stage_like_single_runs(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from langgraph.runtime import Runtime
+
+    from a3r.graph.runner import _tenant_stage, runner
+    from a3r.study.analysis import RewardSummary
+    from a3r.study.research import spent_s
+    from a3r.swarmops.tenancy import TenantSettings
+    from tests.a3r.planner_states import preflight_state
+
+    ws = _workspace(tmp_path)
+    store = Store(tmp_path / "memory.db")
+    state: Any = preflight_state(
+        store,
+        "find min stable batch size on arithmetic",
+        RewardSummary(tasks=2, episodes=4, mean_reward=0.5, pass_at_1=0.5, pass_at_2=0.5),
+    )
+    stage = [_spec(1, 0, steps=1), _spec(2, 0, steps=1)]
+    state |= {"workspace": str(ws.root), "queue": [*stage, RunSpec(key="later", purpose="train")]}
+    ctx = dataclasses.replace(_ctx(tmp_path, store, str(tiny_model_dir)), budget_s=900.0)
+    off = dataclasses.replace(ctx, tenants=TenantSettings(enabled=False))
+    assert _tenant_stage(state["queue"], off) == [] and _tenant_stage(state["queue"], ctx) == stage
+    try:
+        update: Any = runner(state, Runtime(context=ctx))
+    finally:
+        ctx.close_servers()
+    outcomes = update["outcomes"]
+    assert update["ran"] == 2 and [o.key for o in outcomes] == [s.key for s in stage]
+    assert [s.key for s in update["queue"]] == ["later"]
+    assert all(o.status == "finished" and o.tenant_server == "coarse-tenants" for o in outcomes)
+    # the stage's time counts once: the runs ran side by side
+    assert spent_s(outcomes) < sum(o.wall_s + o.overhead_s for o in outcomes)
+    assert sum(1 for o in outcomes if o.shared_s > 0) == 1
+    runs = {r.name: r for r in store.runs()}
+    assert all(runs[s.key].status is RunStatus.finished for s in stage)
+    assert all(runs[s.key].config["tenant_server"] == "coarse-tenants" for s in stage)
+    assert any("tenant of server coarse-tenants" in line for line in update["log"])
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_stage_resumed_after_a_killed_a3r_continues_its_tenants(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from a3r.swarmops.execution import tenant_server_options
+    from a3r.swarmops.processes import start_server
+
+    ws = _workspace(tmp_path)
+    store = Store(tmp_path / "memory.db")
+    experiment = store.create_experiment(store.create_study("tenants").id, "e").id
+    ctx = _ctx(tmp_path, store, str(tiny_model_dir))
+    specs = [_spec(1, 0, steps=1), _spec(1, 1, steps=1)]
+    # the stage's server, killed with a tenant of the first run resident (paused by a budget stop)
+    server_dir = ws.root / "servers" / "coarse-tenants"
+    before = start_server(
+        server_dir, model=str(tiny_model_dir), options=tenant_server_options(specs[0], ctx, 2)
+    )
+    try:
+        with before.client() as admin:
+            admin.create_tenant(tenant_id(specs[0]), batch_size=1, group_size=2, max_steps=1, seed=0)
+            admin.pause_tenant(tenant_id(specs[0]))
+    finally:
+        before.stop()
+    runs = [store.start_run(experiment, name=s.key, config={"purpose": "sweep"}) for s in specs]
+    outcomes = _stage(ctx, ws, specs, runs, budget_s=400.0)
+    assert [o.status for o in outcomes] == ["finished", "finished"], [o.reason for o in outcomes]
+    notes = [e.message for e in store.events(run_id=runs[0].id)]
+    assert any(f"continuing as tenant {tenant_id(specs[0])} from its step 0" in n for n in notes), notes
+    store.close()
