@@ -412,7 +412,7 @@ def _not_run_text(
     per_run, ran = measured
     parts = [f"{len(cut)} cancelled"] * bool(cut) + [f"{unstarted} dropped before they started"]
     # what was spent, less the time the cut runs wasted, plus a measured run's time for each run not run
-    needed = spent_s(outcomes) - sum(o.wall_s + o.overhead_s for o in cut) + missed * per_run
+    needed = spent_s(outcomes) - spent_s(cut) + missed * per_run
     return text + (
         f". The budget ran out for {counted(missed, 'runs')}"
         + (f" ({', '.join(parts)})" if unstarted else "")
