@@ -739,13 +739,15 @@ def research(
         ),
     ] = False,
     tenants: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--tenants/--no-tenants",
             help="Train a sweep stage's LoRA runs side by side as tenants of one swarm server (where the "
-            "stage qualifies); --no-tenants: one server per run.",
+            "stage qualifies); --no-tenants: one server per run. Default: tenants with --serve-option "
+            "engine=vllm, one server per run on the hf (CPU) engine.",
+            show_default=False,
         ),
-    ] = True,
+    ] = None,
 ) -> None:
     """Answer a research question with a pre-registered, staged, multi-seed sweep."""
     settings, trainer = flags.settings(

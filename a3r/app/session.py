@@ -54,7 +54,8 @@ class SessionSettings(BaseModel):
         max_patches: Patches per thread at most.
         server_options: Extra ``swarm serve`` options (e.g. ``{"max-batch-size": 16}``).
         tenants: Run a sweep stage's LoRA runs side by side as tenants of one server (``a3r research
-            --tenants``, the default); ``False``: one server per run (`a3r.swarmops.tenancy`).
+            --tenants``); ``False``: one server per run; ``None`` (the default): tenants on the vLLM
+            engine only (`a3r.swarmops.tenancy.tenants_on`).
         max_tenants: Tenants resident on a stage's server at once (the memory cap); more runs wait.
     """
 
@@ -74,7 +75,7 @@ class SessionSettings(BaseModel):
     eval_samples: int = Field(default=2, ge=1)
     max_patches: int = Field(default=2, ge=0)
     server_options: dict[str, Any] = Field(default_factory=dict)
-    tenants: bool = True
+    tenants: bool | None = None
     max_tenants: int = Field(default=8, ge=1, le=64)
 
     @field_validator("root")

@@ -34,6 +34,7 @@ from a3r.swarmops.processes import start_server
 from swarm.client import ServeOptionsError
 
 __all__ = [
+    "AUTO_OFF",
     "StageServing",
     "TenantSettings",
     "execute_stage",
@@ -43,6 +44,7 @@ __all__ = [
     "stage_servers",
     "tenant_id",
     "tenant_reason",
+    "tenants_on",
 ]
 
 
@@ -51,19 +53,37 @@ class TenantSettings:
     """Whether and how many of a stage's runs train as tenants of one server.
 
     Attributes:
-        enabled: Run a qualifying stage as tenants (``a3r research --tenants``, the default); ``False``
-            keeps one server per run (``--no-tenants``).
+        enabled: Run a qualifying stage as tenants (``a3r research --tenants``); ``False`` keeps one
+            server per run (``--no-tenants``); ``None`` (the default) decides by the engine
+            (`tenants_on`): tenants on the vLLM engine, one server per run on the hf (CPU) engine.
         max_tenants: The memory cap: tenants resident on the stage's server at once (each holds its
             adapter, optimizer state and pool partition); a stage with more runs runs the rest as places
             free up.
     """
 
-    enabled: bool = True
+    enabled: bool | None = None
     max_tenants: int = 8
 
     def __post_init__(self) -> None:
         if self.max_tenants < 1:
             raise ValueError(f"max_tenants must be >= 1, not {self.max_tenants}")
+
+
+AUTO_OFF = (
+    "own server per run: tenants of one server pay off where one engine batches their requests (vLLM, "
+    "--serve-option engine=vllm); on the hf engine side-by-side runs split the CPU cores (--tenants forces them)"
+)
+"""What the dry run says of a stage when ``--tenants`` was not given and the engine is not vLLM."""
+
+
+def tenants_on(enabled: bool | None, server_options: Mapping[str, Any]) -> bool:
+    """Whether a qualifying stage runs as tenants: ``enabled`` when the user said (``--tenants`` /
+    ``--no-tenants``); otherwise only on the vLLM engine (``--serve-option engine=vllm``). On the hf engine a
+    tenant stage is not measured to pay off: on 2 CPU cores a fresh user's 6-minute study ran 6 tenants at
+    10.7 s per episode (0.4 s alone) and the budget cancelled every run before its last step."""
+    if enabled is not None:
+        return enabled
+    return str(server_options.get("engine", "hf")) == "vllm"
 
 
 def tenant_reason(spec: RunSpec, server_options: Mapping[str, Any]) -> str | None:
@@ -139,7 +159,7 @@ def plan_stage_serving(
     seeds: int,
     runs: int,
     server_options: Mapping[str, Any],
-    enabled: bool = True,
+    enabled: bool | None = None,
 ) -> StageServing:
     """How a stage of ``plan`` will be served, before it runs (``a3r research --dry-run``): its runs as
     built for the queue (`a3r.study.research.sweep_specs`); a stage whose values are decided later
@@ -153,11 +173,12 @@ def plan_stage_serving(
         seeds: Seeds per configuration.
         runs: Its runs (at most).
         server_options: The user's ``swarm serve`` options.
-        enabled: ``a3r research --tenants`` (``False``: one server per run).
+        enabled: ``a3r research --tenants`` (``False``: one server per run; ``None``: by the engine,
+            `tenants_on`).
     """
     assert plan.sweep is not None
-    if not enabled:
-        return StageServing(["own server per run (--no-tenants)"], 0)
+    if not tenants_on(enabled, server_options):
+        return StageServing(["own server per run (--no-tenants)" if enabled is False else AUTO_OFF], 0)
     if runs < 2:
         return StageServing([], 0)
     if values:

@@ -18,7 +18,16 @@ from a3r.graph import RunContext, RunSpec
 from a3r.study.plans import TrainingSettings
 from a3r.study.runs import STORE_STATUS, status_text
 from a3r.swarmops.execution import Workspace
-from a3r.swarmops.tenancy import execute_stage, stage_runs, stage_servers, tenant_id, tenant_reason
+from a3r.swarmops.tenancy import (
+    AUTO_OFF,
+    TenantSettings,
+    execute_stage,
+    stage_runs,
+    stage_servers,
+    tenant_id,
+    tenant_reason,
+    tenants_on,
+)
 from memory import RunStatus, Store
 from tests.a3r.planner_states import offline_context
 
@@ -56,7 +65,17 @@ def _ctx(tmp_path: Path, store: Store, model: str | None = None) -> RunContext:
         hang_after_s=120.0,
         eval_tasks=2,
         eval_samples=2,
+        tenants=TenantSettings(enabled=True),  # forced: by default the hf engine keeps one server per run
     )
+
+
+def test_tenants_by_default_only_on_the_vllm_engine() -> None:
+    assert (
+        tenants_on(None, {"engine": "vllm"})
+        and not tenants_on(None, {})
+        and not tenants_on(None, {"engine": "hf"})
+    )
+    assert tenants_on(True, {}) and not tenants_on(False, {"engine": "vllm"})
 
 
 def test_which_runs_can_be_tenants() -> None:
@@ -169,11 +188,15 @@ def test_the_dry_run_says_which_runs_share_a_server(tmp_path: Path) -> None:
 
     base = ["research", "find min stable batch size on arithmetic", "--dry-run"]
     base += ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "m.db")]
-    shared = CliRunner().invoke(app, base)
+    shared = CliRunner().invoke(app, [*base, "--tenants"])
     alone = CliRunner().invoke(app, [*base, "--no-tenants"])
-    assert shared.exit_code == alone.exit_code == 0, shared.output + alone.output
+    auto = CliRunner().invoke(app, base)
+    assert shared.exit_code == alone.exit_code == auto.exit_code == 0, shared.output + alone.output
     assert "servers: 8 runs as tenants of one server" in shared.output
     assert "servers: own server per run (--no-tenants)" in alone.output
+    # by default the hf (CPU) engine keeps one server per run, and says why
+    assert f"servers: {AUTO_OFF}" in " ".join(auto.output.split())
+    assert "tenants of one server" not in auto.output.replace(AUTO_OFF, "")
 
     def minutes(output: str) -> float:
         line = next(x for x in output.splitlines() if "estimated time: ≈ " in x)
@@ -206,7 +229,6 @@ def test_the_runner_records_a_tenant_stage_like_single_runs(tmp_path: Path, tiny
     from a3r.graph.runner import _tenant_stage, runner
     from a3r.study.analysis import RewardSummary
     from a3r.study.research import spent_s
-    from a3r.swarmops.tenancy import TenantSettings
     from tests.a3r.planner_states import preflight_state
 
     ws = _workspace(tmp_path)
@@ -220,6 +242,8 @@ def test_the_runner_records_a_tenant_stage_like_single_runs(tmp_path: Path, tiny
     state |= {"workspace": str(ws.root), "queue": [*stage, RunSpec(key="later", purpose="train")]}
     ctx = dataclasses.replace(_ctx(tmp_path, store, str(tiny_model_dir)), budget_s=900.0)
     off = dataclasses.replace(ctx, tenants=TenantSettings(enabled=False))
+    auto = dataclasses.replace(ctx, tenants=TenantSettings())  # the hf engine: no tenants unless asked
+    assert _tenant_stage(state["queue"], auto) == []
     assert _tenant_stage(state["queue"], off) == [] and _tenant_stage(state["queue"], ctx) == stage
     try:
         update: Any = runner(state, Runtime(context=ctx))
