@@ -455,8 +455,9 @@ def replan_training(
     """Re-plan a training run after a measured step, up as well as down: all the steps asked for
     (``asked_target``) at the largest B up to the one asked for whose steps fit the time left (B up only
     within `REPLAN_SLACK` of it); when even B = 1 does not fit them, as many steps as fit at B = 1 (at
-    least one more: the budget's own stop ends a run that cannot take it). A step's seconds are taken
-    to scale with B (B·G episodes).
+    least one more: the budget's own stop ends a run that cannot take it), never more than planned when
+    not one step fits (a run that reached its target ends there). A step's seconds are taken to scale
+    with B (B·G episodes).
 
     Args:
         step: The server's step now.
@@ -480,8 +481,9 @@ def replan_training(
     new_target = asked_target
     if new_b is None:
         new_b = 1
-        new_target = step + max(1, math.floor(max(0.0, time_left_s) / per_b))
-        new_target = min(new_target, asked_target)
+        fit = math.floor(max(0.0, time_left_s) / per_b)
+        # at least one more step, but never a raise with no time for one: the budget's stop ends the run
+        new_target = min(step + fit, asked_target) if fit else min(step + 1, target)
     if (new_target, new_b) == (target, batch_size):
         return unchanged
     parts = []

@@ -222,6 +222,10 @@ def test_a_run_re_plans_after_each_step_up_to_the_steps_asked_for() -> None:
     assert (down.target, down.batch_size) == (8, 1) and down.note is not None and "B 2 → 1" in down.note
     # no time for even one step: still one more (the budget's own stop ends the run)
     assert _replan(2, 10, 1, seconds_per_step=100.0, time_left_s=10.0).target == 3
+    # ... but never a raise with no time for one step: a run at its target ends there (a fresh user's
+    # 2-minute vibe printed "re-plan after step 1: … 0 s left …: steps 1 → 2")
+    spent = _replan(1, 1, 1, seconds_per_step=60.0, time_left_s=0.0)
+    assert spent.target == 1 and spent.note is None
     same = _replan(4, 10, 2, seconds_per_step=10.0, time_left_s=1000.0)
     assert same.note is None and (same.target, same.batch_size) == (10, 2)
 
