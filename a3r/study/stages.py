@@ -314,10 +314,10 @@ def _coarse(
             [line, *cuts],
             baseline,
         )
-    compared = {s.value for s in kept} | {o.value for o in reused}
+    compared = {v for v in [*(s.value for s in kept), *(o.value for o in reused)] if v is not None}
     if plan.sweep.goal == "best" and len(compared) < min(2, len(set(plan.sweep.coarse) | compared)):
         # one value alone cannot answer which is best (issue 33, part 5)
-        only = ", ".join(value_text(variable, plan.template, v) for v in sorted(compared, key=float))
+        only = ", ".join(value_text(variable, plan.template, v) for v in sorted(compared))
         return _stop(
             f"stopped: a best-value question compares at least two {variable} values on "
             f"{len(plan.training.seeds)} seeds, and only {only} fits the remaining budget of {left:.0f} s at "
