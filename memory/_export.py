@@ -219,7 +219,7 @@ def _findings_and_patches(export: StudyExport) -> list[str]:
     out = _heading("Findings", export.findings)
     for finding in export.findings:
         out += [
-            f"- **{finding.status.value}** (confidence {finding.confidence:.2f}): {finding.statement}"
+            f"- **{finding.status.label}** (confidence {finding.confidence:.2f}): {finding.statement}"
             + (f" — runs {', '.join(map(str, finding.run_ids))}" if finding.run_ids else "")
             + (f"; seeds {', '.join(map(str, finding.seeds))}" if finding.seeds else "")
         ]

@@ -88,6 +88,15 @@ class FindingStatus(enum.StrEnum):
     """Replicated across seeds as the decision rule demands."""
     refuted = "refuted"
     """Contradicted by later evidence."""
+    not_run = "not_run"
+    """Nothing ran for it (no completed run: cut by the budget, never started, or failed to start): no
+    claim either way; its statement says why. Stores written before this member hold such findings as
+    ``unconfirmed`` with confidence 0 (readers tell them apart by their evidence)."""
+
+    @property
+    def label(self) -> str:
+        """How a person reads the status: its value with spaces (``not run``, ``confirmed``)."""
+        return self.value.replace("_", " ")
 
 
 class EventLevel(enum.StrEnum):

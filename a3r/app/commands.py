@@ -842,8 +842,9 @@ def _research_design(question: str, settings: SessionSettings, overrides: dict[s
 
 
 def _misfit(found: _ResearchDesign, *, source: bool = True) -> str | None:
-    """When the least the study can run to answer anything (`StudyDesign.smallest_need_s`: the preflight
-    and its cheapest coarse configuration on every seed; for an A-vs-B or effect-of study both arms,
+    """When the least the study can run to answer its goal (`StudyDesign.smallest_need_s`: the preflight
+    and its cheapest coarse configurations that can answer on every seed, two for a best-value question
+    and one for a min-stable one, `a3r.study.design.answering_values`; for an A-vs-B or effect-of study both arms,
     which the runner never splits) does not fit the budget at the design's speed: one line saying what it
     needs and the ``--budget-minutes`` to give; else ``None``."""
     plan, design, settings = found.plan, found.design, found.settings
@@ -857,10 +858,15 @@ def _misfit(found: _ResearchDesign, *, source: bool = True) -> str | None:
     if plan.sweep.goal in ("a_vs_b", "effect_of"):
         what = f"the comparison does not fit the budget of {settings.budget_minutes:g} min: both {plan.sweep.variable} values on {seeds}"
     else:
-        value = design.setting.text(design.cheapest[0])
+        values = design.cheapest[0]
+        named = ", ".join(design.setting.text(v) for v in values)
         what = (
             f"not one stage of the study fits the budget of {settings.budget_minutes:g} min: its cheapest "
-            f"configuration ({plan.sweep.variable} = {value}) on {seeds}"
+            + (
+                f"configurations that can answer ({plan.sweep.variable} = {named}) on {seeds} each"
+                if len(values) > 1
+                else f"configuration ({plan.sweep.variable} = {named}) on {seeds}"
+            )
         )
     return f"{what} and the preflight need ≈ {minutes:g} min at {speed}; give --budget-minutes {minutes:g} or more"
 

@@ -154,7 +154,10 @@ def _vibe_conclusion(state: ResearchState, ctx: RunContext) -> str:
         statement=statement,
         evidence=evidence,
         confidence=_CONFIDENCE_OF[effect.verdict],
-        status=FindingStatus(effect.verdict.value),
+        # no trainer step and no held-out comparison: nothing ran, so no claim (`verdict_label`)
+        status=FindingStatus.not_run
+        if verdict_label(effect.verdict.value, evidence) == NOT_RUN
+        else FindingStatus(effect.verdict.value),
         seeds=seeds,
         run_ids=[o.run_id for o in outcomes],
         hypothesis_id=hypothesis,
@@ -307,7 +310,7 @@ def _config_findings(state: ResearchState, ctx: RunContext, configs: list[Config
                 statement=_not_run_statement(c, variable, plan.template),
                 evidence={"value": c.value, "runs": c.runs, "not_run": c.not_run},
                 confidence=0.0,
-                status=FindingStatus.unconfirmed,
+                status=FindingStatus.not_run,
                 run_ids=[i for i in c.run_ids if i in own],
                 hypothesis_id=hypothesis,
             )
@@ -357,7 +360,7 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     missing = _not_run_text(configs, variable, outcomes, budget_s=ctx.budget_s)
     ran = [c for c in configs if c.ran]
     if not ran:
-        statement, status = f"{NOT_RUN}: no configuration ran{missing}", FindingStatus.unconfirmed
+        statement, status = f"{NOT_RUN}: no configuration ran{missing}", FindingStatus.not_run
     elif plan.sweep.goal in ("best", "a_vs_b", "effect_of"):
         if plan.sweep.goal == "best":
             statement, status = _best_conclusion(state, ran, variable)
@@ -373,7 +376,7 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
         state["study_id"],
         statement=statement,
         evidence={"configs": [c.model_dump() for c in configs]},
-        confidence=LEVEL if status is not FindingStatus.unconfirmed else 0.3,
+        confidence=LEVEL if status in (FindingStatus.confirmed, FindingStatus.refuted) else 0.3,
         status=status,
         seeds=seeds,
         run_ids=all_ids,

@@ -63,6 +63,7 @@ __all__ = [
     "PriorFinding",
     "StageSketch",
     "StudyDesign",
+    "answering_values",
     "assumed_speed",
     "best_refine_values",
     "check_overrides",
@@ -231,6 +232,25 @@ def coarse_values(plan: PlanDraft, priors: Sequence[PriorFinding]) -> list[float
     assert plan.sweep is not None
     covered = {p.value for p in priors if len({o.seed for o in p.outcomes}) >= len(plan.training.seeds)}
     return [v for v in plan.sweep.coarse if v not in covered]
+
+
+def answering_values(goal: str, cost: Mapping[float, float], *, reused: int = 0) -> list[float]:
+    """The configurations still to run that the least answer of a study's goal needs, cheapest first.
+
+    A best-value question compares values, so it needs two (less those whose runs prior findings bring:
+    ``reused``), and the two cheapest answer most cheaply; a min-stable question is answered by one
+    value, the cheapest. An A-vs-B or effect-of study needs both arms (its callers price those whole).
+
+    Args:
+        goal: The sweep's goal (``best``, ``min_stable``, ...).
+        cost: Seconds of each value still to run, on every seed (any unit; only the order matters).
+        reused: Distinct plan values whose runs prior findings bring (`coarse_values` leaves them out).
+
+    Returns:
+        At least one value (while ``cost`` has any), at most ``len(cost)``; ``[]`` for an empty ``cost``.
+    """
+    needed = max(1, 2 - reused) if goal == "best" else 1
+    return sorted(cost, key=lambda v: cost[v])[:needed]
 
 
 def seed_means(outcomes: Sequence[RunOutcome], value: float) -> list[float]:
@@ -529,8 +549,9 @@ class StudyDesign(BaseModel):
         priors: Prior findings whose runs are reused.
         seconds_per_episode: The speed the estimate assumes.
         speed_source: Where that speed comes from.
-        cheapest: The coarse value still to run that answers most cheaply and its seconds on every seed
-            (both arms for an A-vs-B or effect-of study); ``None`` when every coarse value is reused.
+        cheapest: The coarse values still to run that answer most cheaply (`answering_values`: two for a
+            best-value question, one for a min-stable one) and their seconds on every seed (both arms for
+            an A-vs-B or effect-of study, named by the first); ``None`` when every coarse value is reused.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -540,7 +561,7 @@ class StudyDesign(BaseModel):
     priors: list[PriorFinding] = Field(default_factory=list)
     seconds_per_episode: float
     speed_source: str
-    cheapest: tuple[float, float] | None = None
+    cheapest: tuple[tuple[float, ...], float] | None = None
 
     @property
     def estimated_s(self) -> float:
@@ -556,8 +577,8 @@ class StudyDesign(BaseModel):
 
     @property
     def smallest_need_s(self) -> float:
-        """Wall seconds the least the study can run to answer anything needs at the design's speed: the
-        preflight, the `cheapest` coarse configuration on every seed and the wrap-up (`WRAP_UP_S`)."""
+        """Wall seconds the least the study can run to answer its goal needs at the design's speed: the
+        preflight, the `cheapest` coarse configurations on every seed and the wrap-up (`WRAP_UP_S`)."""
         preflight = sum(s.seconds for s in self.stages if s.name == "preflight")
         return preflight + (self.cheapest[1] if self.cheapest else 0.0) + WRAP_UP_S
 
@@ -658,17 +679,19 @@ def design_study(
 
 def _cheapest(
     plan: PlanDraft, coarse: StageSketch, cost: Mapping[float, float]
-) -> tuple[float, float] | None:
-    """The coarse configuration still to run that answers most cheaply, with its seconds on every seed:
-    the cheapest value, or for an A-vs-B or effect-of study both arms (the runner never runs one arm
-    alone); ``None`` when the coarse stage has nothing to run."""
+) -> tuple[tuple[float, ...], float] | None:
+    """The coarse configurations still to run that answer most cheaply, with their seconds on every
+    seed: `answering_values` (the two cheapest values for a best-value question, the cheapest for a
+    min-stable one), or for an A-vs-B or effect-of study both arms, named by the first (the runner
+    never runs one arm alone); ``None`` when the coarse stage has nothing to run."""
     assert plan.sweep is not None
     if not coarse.values:
         return None
     if plan.sweep.goal in ("a_vs_b", "effect_of"):
-        return coarse.values[0], coarse.seconds
-    value = min(coarse.values, key=lambda v: cost[v])
-    return value, coarse.seeds * cost[value]
+        return (coarse.values[0],), coarse.seconds
+    reused = len(set(plan.sweep.coarse) - set(coarse.values))
+    values = answering_values(plan.sweep.goal, {v: cost[v] for v in coarse.values}, reused=reused)
+    return tuple(values), coarse.seeds * sum(cost[v] for v in values)
 
 
 def _preflight_sketch(

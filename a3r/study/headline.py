@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from a3r.study.wording import counted, unit_noun
+from memory import FindingStatus
 
 if TYPE_CHECKING:
     from memory import FindingPublic
@@ -118,9 +119,12 @@ def verdict_label(status: str, evidence: str | Mapping[str, Any] | None) -> str:
         evidence: The finding's evidence: its JSON text, the parsed dict, or ``None``.
 
     Returns:
-        ``not run`` when the evidence shows nothing ran; else ``status``, followed by the held-out
+        ``not run`` when the status is ``not_run`` or (a store written before that status) the evidence
+        shows nothing ran; else ``status``, followed by the held-out
         comparison's verdict where it differs from it (``unconfirmed, held-out refuted``).
     """
+    if status == FindingStatus.not_run:
+        return NOT_RUN
     parsed = _parsed(evidence)
     judged, held_out = _effects(parsed)
     if _nothing_ran(parsed, judged, held_out):

@@ -21,6 +21,7 @@ from a3r.study.design import (
     BEST_REFINE_ROUNDS,
     MIN_STABLE_REFINE_ROUNDS,
     PriorFinding,
+    answering_values,
     best_refine_values,
     coarse_values,
     replicate_additions,
@@ -313,6 +314,17 @@ def _coarse(
             [line, *cuts],
             baseline,
         )
+    compared = {v for v in [*(s.value for s in kept), *(o.value for o in reused)] if v is not None}
+    if plan.sweep.goal == "best" and len(compared) < min(2, len(set(plan.sweep.coarse) | compared)):
+        # one value alone cannot answer which is best (issue 33, part 5)
+        only = ", ".join(value_text(variable, plan.template, v) for v in sorted(compared))
+        return _stop(
+            f"stopped: a best-value question compares at least two {variable} values on "
+            f"{len(plan.training.seeds)} seeds, and only {only} fits the remaining budget of {left:.0f} s at "
+            f"the preflight's {speed}; {_budget_needed(progress, budget, pre)}",
+            [line, *cuts],
+            baseline,
+        )
     return StageDecision(
         stage=Stage.coarse,
         queue=kept,
@@ -331,7 +343,8 @@ def _pairs(specs: Iterable[RunSpec]) -> list[tuple[float, int]]:
 
 
 def _budget_needed(progress: StudyProgress, budget: StageBudget, pre: RunOutcome) -> str:
-    """What to give ``--budget-minutes`` so that the cheapest coarse configuration fits after what the
+    """What to give ``--budget-minutes`` so that the cheapest coarse configurations that can answer
+    (`answering_values`: two for a best-value question, one for a min-stable one) fit after what the
     thread has spent (at the preflight's speed); "raise --budget-minutes" when the budget is unknown."""
     plan = progress.plan
     assert plan.sweep is not None
@@ -347,7 +360,10 @@ def _budget_needed(progress: StudyProgress, budget: StageBudget, pre: RunOutcome
         by_value[spec.value] = by_value.get(spec.value, 0.0) + price
     if not by_value or not math.isfinite(budget.total_s):
         return "raise --budget-minutes"
-    need = budget.total_s - budget.left_s + min(by_value.values())
+    reused = len(set(plan.sweep.coarse) - {v for v in by_value if v is not None})
+    cost = {v if v is not None else math.nan: seconds for v, seconds in by_value.items()}
+    answering = answering_values(plan.sweep.goal, cost, reused=reused)
+    need = budget.total_s - budget.left_s + sum(cost[v] for v in answering)
     return f"give --budget-minutes {math.ceil(need / 6) / 10:g} or more"
 
 

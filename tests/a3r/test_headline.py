@@ -127,6 +127,9 @@ LABEL_CASES = {
     NOT_RUN: ("unconfirmed", {"effect": EFFECTS["not run"], "held_out_effect": None}),
     f"{NOT_RUN} (a configuration)": ("unconfirmed", {"value": 0.1, "runs": ["s0"], "not_run": ["s0: cut"]}),
     f"{NOT_RUN} (a sweep)": ("unconfirmed", {"configs": [{"value": 0.1, "seeds": []}]}),
+    # the status a3r stores now (issue 33): the label follows it, whatever the evidence holds; the rows
+    # above are stores written before it, told apart by their evidence
+    f"{NOT_RUN} (stored as not_run)": ("not_run", {"value": 0.1}),
 }
 
 

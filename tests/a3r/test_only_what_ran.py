@@ -114,7 +114,7 @@ def test_a_sweep_whose_budget_cancelled_half_its_configurations_claims_nothing_a
             f"not run: batch_size={v} gave no evidence, no claim is made about it"
         )
         assert "cancelled by the budget before its first step" in finding.statement
-        assert "stable" not in finding.statement and finding.status is FindingStatus.unconfirmed
+        assert "stable" not in finding.statement and finding.status is FindingStatus.not_run
         assert "identity" not in finding.evidence  # never reused by a later study as tested
     # the study's verdict rests on the values that ran, and says which did not run and what would run them
     assert not conclusion.startswith("refuted")

@@ -115,6 +115,26 @@ def test_no_configuration_that_fits_names_the_budget_that_would() -> None:
     assert match is not None and float(match.group(1)) == math.ceil(need / 6) / 10
 
 
+def test_a_best_value_question_that_fits_one_value_stops_with_the_budget_for_two() -> None:
+    # issue 33 (5): one value alone cannot answer "which is best"; min-stable is answered by one
+    plan = _plan("find the best learning rate on arithmetic")
+    run_of_one = sum(
+        estimate_run_s(s, seconds_per_episode=0.5, eval_episodes=8)
+        for s in sweep_specs(plan, plan.sweep.coarse[:1], "coarse")
+    )
+    progress = StudyProgress(plan=plan, outcomes=[_preflight()])
+    stop = next_stage(progress, StageBudget(left_s=run_of_one * 1.5, eval_episodes=8, total_s=400))
+    assert stop.stage is Stage.done and stop.queue == [] and stop.conclusion is not None
+    assert stop.conclusion.startswith(
+        "stopped: a best-value question compares at least two lr values on 2 seeds"
+    )
+    match = re.search(r"give --budget-minutes ([\d.]+) or more$", stop.conclusion)
+    need = 400 - run_of_one * 1.5 + 2 * run_of_one  # the two cheapest values, both seeds
+    assert match is not None and float(match.group(1)) == math.ceil(need / 6) / 10
+    two = next_stage(progress, StageBudget(left_s=run_of_one * 2, eval_episodes=8, total_s=400))
+    assert two.stage is Stage.coarse and len({s.value for s in two.queue}) == 2
+
+
 def test_after_the_coarse_stage_refine_bisects_between_stable_and_unstable() -> None:
     plan = _plan()
     unstable, stable = [0.0, 0.0, 0.0, 0.0], [0.3, 0.35, 0.4, 0.42]
@@ -264,6 +284,14 @@ def test_a_research_dry_run_that_cannot_answer_refuses_in_one_line_with_the_budg
         app, ["research", question, "--dry-run", "--budget-minutes", match.group(1), *common]
     )
     assert fits.exit_code == 0 and "not one stage" not in fits.output
+    # the budget it names runs a best-value question's least answer: two values on every seed, not one
+    assert "its cheapest configurations that can answer (lr = " in line and " on 2 seeds each " in line
+    (coarse,) = [row for row in fits.output.splitlines() if row.strip().startswith("coarse:")]
+    planned = re.search(r"lr ∈ \{([^}]*)\}", coarse)
+    assert planned is not None
+    dropped = re.search(r"would drop lr values \{([^}]*)\}", fits.output)
+    kept = len(planned.group(1).split(", ")) - (len(dropped.group(1).split(", ")) if dropped else 0)
+    assert kept >= 2, fits.output
 
 
 def test_a_vibe_dry_run_below_the_verdicts_minimum_steps_warns(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from a3r.app.cli import app
-from memory import Store
+from memory import FindingStatus, Store
 
 
 @pytest.fixture
@@ -127,6 +127,22 @@ def test_default_store_is_in_the_working_directory(tmp_path: Path, monkeypatch: 
     assert (tmp_path / ".a3r" / "memory.db").exists()
     result = runner.invoke(app, ["export", "1"])
     assert result.exit_code == 0 and "in cwd" in result.output
+
+
+def test_a_not_run_finding_is_stored_and_shown_as_not_run(store: Store, store_url: str) -> None:
+    # issue 33: a configuration with no completed run is "not run" in the store, not "unconfirmed"
+    study = store.create_study("find min stable batch size on arithmetic")
+    statement = "not run: batch_size=8 gave no evidence, no claim is made about it (seed 0: cancelled)"
+    store.add_finding(study.id, statement=statement, confidence=0.0, status=FindingStatus.not_run)
+    (stored,) = store.findings(study.id, status=FindingStatus.not_run)
+    assert stored.status is FindingStatus.not_run and stored.status.label == "not run"
+    found = runner.invoke(app, ["findings", "-s", store_url, "--status", "not_run"], env={"COLUMNS": "200"})
+    assert found.exit_code == 0, found.output
+    assert "not run" in found.output and "unconfirmed" not in found.output
+    markdown = runner.invoke(app, ["export", str(study.id), "-s", store_url]).output
+    assert f"- **not run** (confidence 0.00): {statement}" in markdown
+    data = json.loads(runner.invoke(app, ["export", str(study.id), "-s", store_url, "-f", "json"]).output)
+    assert data["findings"][0]["status"] == "not_run"
 
 
 def test_numbers_and_seed_lists_read_plainly(store: Store, store_url: str) -> None:
