@@ -225,8 +225,10 @@ def _launch(
             raise _fail(str(exc)) from None
     _check_teacher(request, settings)
     _interrupt_on_sigterm()
+    thread = "THREAD"  # named once the session has one
     try:
         with open_session(settings, notify=_say) as session:
+            thread = session.thread_id
             _out.print(
                 f"thread {session.thread_id} (resume with `a3r resume {session.thread_id}`)", markup=False
             )
@@ -242,9 +244,7 @@ def _launch(
     except (A3RError, StoreError) as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:
-        raise _fail(
-            "interrupted; continue with `a3r resume THREAD` (the thread id is printed above)"
-        ) from None
+        raise _fail(f"interrupted; continue with `a3r resume {thread}`") from None
 
 
 def command_started() -> float:
