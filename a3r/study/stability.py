@@ -4,7 +4,8 @@ on, and the minimal stable value. Pure functions over run outcomes (no I/O).
 
 **Only what ran is judged** (issue 33). A sweep run gives evidence only when it trained: a run that
 never started, was cancelled (by the budget or an early stop) before its first step or before its
-held-out evaluation, or crashed or hung before its first step is *not run* (`not_run_reason`), with
+held-out evaluation, was stopped by the budget before its planned steps (not a completed run, even with
+a held-out evaluation), or crashed or hung before its first step is *not run* (`not_run_reason`), with
 the reason; a configuration none of whose runs ran is neither stable nor unstable, and no verdict,
 finding or conclusion makes a claim about it. A crash or hang *after* training began, or a collapse,
 is the run's own failure and makes it unstable. A budget stop is never a crash
@@ -82,6 +83,8 @@ def _not_run(outcome: RunOutcome) -> str | None:
         return f"{'cancelled by the budget' if outcome.status == 'budget' else status} before its first step"
     if _own_failure(outcome):
         return None
+    if outcome.status == "budget" and outcome.planned_steps is not None and steps < outcome.planned_steps:
+        return f"cancelled by the budget at step {steps} of {outcome.planned_steps}"
     if outcome.eval is None and outcome.status in ("budget", "needs_attention"):
         return f"{status} after {counted(steps, 'steps')}, before its held-out evaluation"
     if outcome.eval is None and steps < 2:
@@ -92,7 +95,7 @@ def _not_run(outcome: RunOutcome) -> str | None:
 def not_run_reason(outcome: RunOutcome) -> str | None:
     """Why a sweep run gives no evidence about its configuration, with the run's own reason, or ``None``
     when it does (module docstring): it never started, was cancelled before its first step or before
-    its held-out evaluation, crashed or hung before its first step, or ended with neither a held-out
+    its held-out evaluation, was stopped by the budget before its planned steps (``planned_steps``), crashed or hung before its first step, or ended with neither a held-out
     evaluation nor the steps to compare its train reward with itself."""
     why = _not_run(outcome)
     if why is None:

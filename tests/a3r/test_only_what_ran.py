@@ -301,3 +301,39 @@ def test_runs_the_budget_re_plan_dropped_are_not_run_and_count_in_the_budget_tha
     )
     assert [(c.value, c.ran) for c in again] == [(1, True), (2, True), (4, True), (8, False)]
     assert again[2].not_run == []
+
+
+def test_a_run_the_budget_stopped_before_its_planned_steps_is_not_run(tmp_path: Path, store: Store) -> None:
+    # `--budget-minutes 6`: every run cancelled at step 0-2 of 4, yet "minimal stable batch_size = 2" and
+    # B = 1 "unstable"; a budget-cut run is not a completed run, even with a held-out evaluation
+    cut = [
+        _run(
+            v,
+            s,
+            status="budget",
+            reason=f"wall-time budget spent at step {k}",
+            steps=k,
+            curve=[],
+            planned_steps=4,
+        )
+        for v, k in ((1, 1), (2, 2))
+        for s in (0, 1)
+    ] + [
+        _run(v, s, status="budget", reason="budget", steps=0, curve=[], eval=None, planned_steps=4)
+        for v in (4, 8)
+        for s in (0, 1)
+    ]
+    cut = [o.model_copy(update={"curve": [(i + 1, 0.25) for i in range(o.steps)]}) for o in cut]
+    assert (
+        not_run_reason(cut[2]) == "cancelled by the budget at step 2 of 4: wall-time budget spent at step 2"
+    )
+    configs = verdicts(cut, baseline=BASELINE, criterion=StabilityCriterion())
+    assert [c.stable for c in configs] == [None] * 4 and not any(c.ran for c in configs)
+    assert configs[1].not_run_short.startswith("seeds 0, 1: cancelled by the budget at step 2 of 4")
+    conclusion, _, findings = _report(tmp_path, store, cut)
+    assert "minimal stable" not in conclusion and not conclusion.startswith("refuted")
+    assert all("is unstable" not in f.statement and "is stable" not in f.statement for f in findings)
+    # a run that reached its planned steps before the budget stopped it is judged; older records
+    # (planned_steps None) are judged as before
+    assert not_run_reason(_run(1, 0, status="budget", planned_steps=4)) is None
+    assert not_run_reason(_run(1, 0, status="budget", steps=2, curve=[(1, 0.2), (2, 0.3)])) is None
