@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from langgraph.runtime import Runtime
@@ -367,7 +368,9 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
         statement += f". Compared on the same tasks: {compared}" if compared else ""
         statement += missing
     else:
-        statement, status = _min_stable_conclusion(ran, variable, missing=missing)
+        statement, status = _min_stable_conclusion(
+            configs, variable, missing=missing, planned=plan.sweep.coarse
+        )
     ensure_finding(
         ctx,
         state["study_id"],
@@ -422,12 +425,15 @@ def _not_run_text(
 
 
 def _min_stable_conclusion(
-    configs: list[ConfigVerdict], variable: str, *, missing: str = ""
+    configs: list[ConfigVerdict], variable: str, *, missing: str = "", planned: Sequence[float] = ()
 ) -> tuple[str, FindingStatus]:
     """The minimal-stable answer over the configurations that ran (``missing``: the sentence on those
     that did not), confirmed only when every verdict it rests on clears the noise: the chosen value's
     margin, the failure of the value below it, and no stable value below a failing one. A study in which
-    nothing ran failed or stayed undecided answers nothing, and says so."""
+    nothing ran failed or stayed undecided answers nothing, and says so. "No value is stable" is
+    refuted only when every planned configuration (``planned``, and every one in ``configs``) ran: a
+    hypothesis over values that did not run cannot be refuted by those that did."""
+    not_ran = sorted({*planned, *(c.value for c in configs)} - {c.value for c in configs if c.ran})
     configs = [c for c in configs if c.ran]
     tested = ", ".join(f"{c.value:g}" for c in configs)
     smallest = min_stable_value(configs)
@@ -441,12 +447,17 @@ def _min_stable_conclusion(
         decided = [c for c in configs if c.stable is False]
         top = max(decided, key=lambda c: c.value) if decided else None
         settled = top is not None and top.settled
-        status = FindingStatus.refuted if settled else FindingStatus.unconfirmed
+        status = FindingStatus.refuted if settled and not not_ran else FindingStatus.unconfirmed
         statement = (
             f"{status.value}: no {variable} that ran ({tested}) was stable on every seed (with every larger value "
             "stable) under the pre-registered definition"
         )
-        if not settled:
+        if not_ran:
+            statement += (
+                f"; {variable} = {', '.join(f'{v:g}' for v in not_ran)} did not run, so the hypothesis is not "
+                "refuted"
+            )
+        elif not settled:
             statement += f"; the largest failing value's verdict is within noise: {_more_seeds(configs)}"
         return statement + missing, status
     chosen = next(c for c in configs if c.value == smallest)

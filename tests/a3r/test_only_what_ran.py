@@ -337,3 +337,26 @@ def test_a_run_the_budget_stopped_before_its_planned_steps_is_not_run(tmp_path: 
     # (planned_steps None) are judged as before
     assert not_run_reason(_run(1, 0, status="budget", planned_steps=4)) is None
     assert not_run_reason(_run(1, 0, status="budget", steps=2, curve=[(1, 0.2), (2, 0.3)])) is None
+
+
+def test_no_stable_value_is_refuted_only_when_every_planned_configuration_ran(
+    tmp_path: Path, store: Store
+) -> None:
+    # `--budget-minutes 4`: "refuted (0.95): no batch_size that ran (1) was stable" while B = 2, 4, 8 did not run
+    failed = [_run(1, s, status="crashed", reason="swarm run exited with code 1", eval=None) for s in (0, 1)]
+    runs = failed + [_cancelled(v, s) for v in (2, 4, 8) for s in (0, 1)]
+    conclusion, _, findings = _report(tmp_path, store, runs)
+    assert conclusion.startswith(
+        "unconfirmed: no batch_size that ran (1) was stable on every seed (with every larger value stable) "
+        "under the pre-registered definition; batch_size = 2, 4, 8 did not run, so the hypothesis is not refuted"
+    )
+    assert "--budget-minutes" in conclusion and "would have run them" in conclusion
+    (study,) = [f for f in findings if f.statement == conclusion]
+    assert study.status is FindingStatus.unconfirmed and study.confidence < 0.95
+    # every planned value ran and the largest failed for a reason noise cannot explain: refuted
+    conclusion, _, _ = _report(
+        tmp_path / "all",
+        store,
+        [_run(v, s, status="crashed", reason="x", eval=None) for v in (1, 2, 4, 8) for s in (0, 1)],
+    )
+    assert conclusion.startswith("refuted: no batch_size that ran (1, 2, 4, 8) was stable")
