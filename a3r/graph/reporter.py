@@ -494,6 +494,13 @@ def _min_stable_conclusion(
     return f"{status.value}: {statement}{missing}", status
 
 
+def _stop_cause(outcomes: list[RunOutcome]) -> str:
+    """Why a study that stopped early left its remaining planned runs unstarted, in a few words."""
+    if any(o.status == "failed_to_start" for o in outcomes):
+        return "the study stopped after a start failure"
+    return "the study stopped early"
+
+
 def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, object]:
     """Conclude the study and write its report (idempotent: findings by statement, report by content)."""
     ctx = runtime.context
@@ -514,6 +521,8 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
             criterion=plan.stability or StabilityCriterion(),
             scale=reward_range(plan.template),
             unstarted=[(float(v), int(seed)) for v, seed in state.get("unstarted") or []],
+            planned=[(v, s) for v in plan.sweep.coarse for s in plan.training.seeds] if plan.sweep else [],
+            stopped=_stop_cause(outcomes) if state.get("conclusion") is not None else "",
         )
     conclusion = state.get("conclusion")
     stopped_early = conclusion is not None
@@ -524,6 +533,8 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
             else _vibe_conclusion(state, ctx)
         )
     elif plan.kind == "research":
+        if plan.sweep is not None:  # what did not run is recorded as not run, as in a study that ended
+            _config_findings(state, ctx, [c for c in configs if not c.ran])
         ensure_finding(
             ctx,
             study_id,

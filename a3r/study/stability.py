@@ -358,6 +358,8 @@ def verdicts(
     criterion: StabilityCriterion,
     scale: Scale | None = None,
     unstarted: Sequence[tuple[float, int]] = (),
+    planned: Sequence[tuple[float, int]] = (),
+    stopped: str = "",
 ) -> list[ConfigVerdict]:
     """Per swept value: the verdicts of its seeds that ran (`judge_run`), why the others did not run
     (`not_run_reason`; a planned run that never started: `DROPPED_BY_REPLAN`), and held-out
@@ -372,6 +374,10 @@ def verdicts(
         scale: The reward's range, which bounds the margins' intervals.
         unstarted: ``(value, seed)`` of the planned sweep runs the budget re-plan dropped before they
             started; one that has a run after all (a value re-admitted later) is not listed.
+        planned: ``(value, seed)`` of every planned sweep run; with ``stopped``, each one without a run
+            (and not in ``unstarted``) is listed as not run: ``not started: {stopped}``.
+        stopped: Why the study stopped before its planned runs (``the study stopped after a start
+            failure``); ``""``: it did not stop early, and ``planned`` is not used.
     """
     shared, _ = compared_evals(outcomes)
     evaluation = {id(outcomes[i]): e for i, e in shared.items()}
@@ -383,11 +389,19 @@ def verdicts(
     for value, seed in unstarted:
         if seed not in {o.seed for o in grouped.get(value, [])} and seed not in never[value]:
             never[value].append(seed)
+    halted: dict[float, list[int]] = defaultdict(list)
+    for value, seed in planned if stopped else ():
+        if seed not in {o.seed for o in grouped.get(value, [])} and seed not in {
+            *never[value],
+            *halted[value],
+        }:
+            halted[value].append(seed)
     result: list[ConfigVerdict] = []
-    for value in sorted({*grouped, *(v for v, seeds in never.items() if seeds)}):
+    for value in sorted({*grouped, *(v for v, seeds in [*never.items(), *halted.items()] if seeds)}):
         runs = grouped.get(value, [])
         missing = [(o, why) for o in runs if (why := not_run_reason(o)) is not None]
         dropped = sorted(never.get(value, []))
+        unbegun = [(seed, f"not started: {stopped}") for seed in sorted(halted.get(value, []))]
         ran = [o for o in runs if not_run_reason(o) is None]
         judged = [(o, judge_run(o, baseline, criterion)) for o in ran]
         seeds = [o.seed for o in ran]
@@ -416,10 +430,12 @@ def verdicts(
                 margin=stability_margin(ran, baseline=baseline, criterion=criterion, scale=scale),
                 hard_failure=any(v.hard for _, v in judged),
                 not_run=[f"seed {o.seed}: {why}" for o, why in missing]
-                + [f"seed {seed}: {DROPPED_BY_REPLAN}" for seed in dropped],
+                + [f"seed {seed}: {DROPPED_BY_REPLAN}" for seed in dropped]
+                + [f"seed {seed}: {why}" for seed, why in unbegun],
                 not_run_short=_grouped(
                     [(o.seed, _not_run(o) or "") for o, _ in missing]
                     + [(seed, DROPPED_BY_REPLAN) for seed in dropped]
+                    + unbegun
                 ),
                 seed_margins=margins,
             )

@@ -19,6 +19,7 @@ from langgraph.runtime import Runtime
 
 from a3r.graph.reporter import reporter
 from a3r.study.analysis import RewardSummary, summarise_rewards
+from a3r.study.headline import conclusion_line
 from a3r.study.plans import StabilityCriterion
 from a3r.study.runs import RunOutcome
 from a3r.study.stability import judge_run, not_run_reason, verdicts
@@ -360,3 +361,37 @@ def test_no_stable_value_is_refuted_only_when_every_planned_configuration_ran(
         [_run(v, s, status="crashed", reason="x", eval=None) for v in (1, 2, 4, 8) for s in (0, 1)],
     )
     assert conclusion.startswith("refuted: no batch_size that ran (1, 2, 4, 8) was stable")
+
+
+def test_a_study_that_stopped_after_a_start_failure_lists_every_planned_configuration(
+    tmp_path: Path, store: Store
+) -> None:
+    log = "/work/studies/17/runs/coarse-batch_size=1-s0/coarse-batch_size=1-s0.server.log"
+    reason = f"swarm serve exited with code 1: torch.OutOfMemoryError: CUDA out of memory (log: {log})"
+    failed = _run(1, 0, status="failed_to_start", reason=reason, steps=0, curve=[], eval=None)
+    stop = f"stopped: the sweep run {failed.key} ended failed_to_start: {reason}"
+    conclusion, report, findings = _report(tmp_path, store, [failed], conclusion=stop)
+    assert conclusion == stop
+    # a row per planned value, not run with the reason
+    assert "| 1 | [] | [] | not run (seed 0: start failure (failed (failed_to_start)): swarm serve" in report
+    for v in (2, 4, 8):
+        assert (
+            f"| {v} | [] | [] | not run (seed 0: not started: the study stopped after a start failure)"
+            in report
+        )
+    # not-run findings, no claim, like the dropped ones
+    for v in (1, 2, 4, 8):
+        (finding,) = [f for f in findings if f"batch_size={v} " in f.statement]
+        assert finding.statement.startswith(
+            f"not run: batch_size={v} gave no evidence, no claim is made about it"
+        )
+        assert finding.confidence == 0.0 and finding.status is FindingStatus.unconfirmed
+    (four,) = [f for f in findings if "batch_size=4 " in f.statement]
+    assert "seed 1: not started: the study stopped after a start failure" in four.statement
+    # the one-line verdict shortens the reason, never cuts a path; the derivation keeps the run dir
+    line = conclusion_line(
+        conclusion, findings, question="find min stable batch size on arithmetic", kind="research"
+    )
+    assert len(line) <= 160 and "(log:" not in line and "/work/studies" not in line
+    assert line.startswith("stopped: the sweep run coarse-batch_size=1-s0 ended failed_to_start: swarm serve")
+    assert log in conclusion
