@@ -257,10 +257,13 @@ def _mean_text(values: list[float]) -> str:
 
 
 def _not_run_statement(c: ConfigVerdict, variable: str, template: str | None) -> str:
-    """The record of a configuration none of whose runs ran: why, and no claim about it."""
+    """The record of a configuration none of whose runs ran: every seed with its cause in its first clause
+    (the finding's title), then each run's own reason: "not run: batch_size=4 gave no evidence, no
+    claim is made about it (seeds 0, 1: cancelled by the budget before its first step); seed 0: …"."""
+    causes = ", and ".join(c.not_run_short.split("; ")) if c.not_run_short else "no run"
     return (
         f"not run: {variable}={value_text(variable, template, c.value)} gave no evidence, no claim is made about it "
-        f"({'; '.join(c.not_run)})"
+        f"({causes}); {'; '.join(c.not_run)}"
     )
 
 

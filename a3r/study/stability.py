@@ -241,9 +241,10 @@ class ConfigVerdict(BaseModel):
 
     @property
     def stable_text(self) -> str:
-        """``yes``, ``no``, ``undecided``, or ``not run`` with the first reason."""
+        """``yes``, ``no``, ``undecided``, or ``not run`` with every seed's cause (``not run (seeds 0, 1:
+        cancelled by the budget before its first step)``)."""
         if not self.ran:
-            return f"not run ({self.not_run[0]})" if self.not_run else "not run"
+            return f"not run ({self.not_run_short or '; '.join(self.not_run)})" if self.not_run else "not run"
         return {True: "yes", False: "no", None: "undecided"}[self.stable]
 
     @property

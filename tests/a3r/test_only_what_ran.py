@@ -19,7 +19,7 @@ from langgraph.runtime import Runtime
 
 from a3r.graph.reporter import reporter
 from a3r.study.analysis import RewardSummary, summarise_rewards
-from a3r.study.headline import conclusion_line
+from a3r.study.headline import conclusion_line, headline
 from a3r.study.plans import StabilityCriterion
 from a3r.study.runs import RunOutcome
 from a3r.study.stability import judge_run, not_run_reason, verdicts
@@ -106,7 +106,7 @@ def test_a_sweep_whose_budget_cancelled_half_its_configurations_claims_nothing_a
     assert [(c.value, c.stable) for c in configs] == [(1, True), (2, True), (4, None), (8, None)]
     for c in configs[2:]:
         assert not c.ran and c.seeds == [] and c.margin is None and not c.settled
-        assert c.stable_text.startswith("not run (seed 0: cancelled by the budget before its first step")
+        assert c.stable_text == "not run (seeds 0, 1: cancelled by the budget before its first step)"
     # findings: "not run" with the reason, never stable, unstable, confirmed or refuted
     about = {v: [f for f in findings if f"batch_size={v}" in f.statement] for v in (4, 8)}
     for v, found in about.items():
@@ -133,7 +133,7 @@ def test_a_sweep_whose_budget_cancelled_half_its_configurations_claims_nothing_a
     )
     assert "--budget-minutes 9 would have run them (this one had 8)" in conclusion
     # the report's table says not run, with the reason
-    assert "| 4 | [] | [] | not run (seed 0: cancelled by the budget before its first step" in report
+    assert "| 4 | [] | [] | not run (seeds 0, 1: cancelled by the budget before its first step) |" in report
 
 
 def test_a_configuration_with_one_seed_cancelled_is_judged_on_the_seed_that_ran(
@@ -290,7 +290,7 @@ def test_runs_the_budget_re_plan_dropped_are_not_run_and_count_in_the_budget_tha
         in report
     )
     for v in (4, 8):
-        assert f"| {v} | [] | [] | not run (seed 0: {why}) |" in report
+        assert f"| {v} | [] | [] | not run (seeds 0, 1: {why}) |" in report
         (finding,) = [f for f in findings if f"batch_size={v}" in f.statement]
         assert finding.statement.startswith(
             f"not run: batch_size={v} gave no evidence, no claim is made about it"
@@ -373,10 +373,13 @@ def test_a_study_that_stopped_after_a_start_failure_lists_every_planned_configur
     conclusion, report, findings = _report(tmp_path, store, [failed], conclusion=stop)
     assert conclusion == stop
     # a row per planned value, not run with the reason
-    assert "| 1 | [] | [] | not run (seed 0: start failure (failed (failed_to_start)): swarm serve" in report
+    assert (
+        "| 1 | [] | [] | not run (seed 0: start failure (failed (failed_to_start)); seed 1: not started: the study "
+        "stopped after a start failure) |" in report
+    )
     for v in (2, 4, 8):
         assert (
-            f"| {v} | [] | [] | not run (seed 0: not started: the study stopped after a start failure)"
+            f"| {v} | [] | [] | not run (seeds 0, 1: not started: the study stopped after a start failure) |"
             in report
         )
     # not-run findings, no claim, like the dropped ones
@@ -388,6 +391,12 @@ def test_a_study_that_stopped_after_a_start_failure_lists_every_planned_configur
         assert finding.confidence == 0.0 and finding.status is FindingStatus.unconfirmed
     (four,) = [f for f in findings if "batch_size=4 " in f.statement]
     assert "seed 1: not started: the study stopped after a start failure" in four.statement
+    # the finding's title (its one line) names every seed, not only seed 0
+    title = headline(four.statement, four.evidence, question="q", kind="research", status="unconfirmed")
+    assert title == (
+        "not run: batch_size=4 gave no evidence, no claim is made about it (seeds 0, 1: not started: the "
+        "study stopped after a start failure)"
+    )
     # the one-line verdict shortens the reason, never cuts a path; the derivation keeps the run dir
     line = conclusion_line(
         conclusion, findings, question="find min stable batch size on arithmetic", kind="research"
