@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from langgraph.runtime import Runtime
@@ -259,10 +260,13 @@ def _mean_text(values: list[float]) -> str:
 
 
 def _not_run_statement(c: ConfigVerdict, variable: str, template: str | None) -> str:
-    """The record of a configuration none of whose runs ran: why, and no claim about it."""
+    """The record of a configuration none of whose runs ran: every seed with its cause in its first clause
+    (the finding's title), then each run's own reason: "not run: batch_size=4 gave no evidence, no
+    claim is made about it (seeds 0, 1: cancelled by the budget before its first step); seed 0: …"."""
+    causes = ", and ".join(c.not_run_short.split("; ")) if c.not_run_short else "no run"
     return (
         f"not run: {variable}={value_text(variable, template, c.value)} gave no evidence, no claim is made about it "
-        f"({'; '.join(c.not_run)})"
+        f"({causes}); {'; '.join(c.not_run)}"
     )
 
 
@@ -370,7 +374,9 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
         statement += f". Compared on the same tasks: {compared}" if compared else ""
         statement += missing
     else:
-        statement, status = _min_stable_conclusion(ran, variable, missing=missing)
+        statement, status = _min_stable_conclusion(
+            configs, variable, missing=missing, planned=plan.sweep.coarse
+        )
     ensure_finding(
         ctx,
         state["study_id"],
@@ -425,12 +431,15 @@ def _not_run_text(
 
 
 def _min_stable_conclusion(
-    configs: list[ConfigVerdict], variable: str, *, missing: str = ""
+    configs: list[ConfigVerdict], variable: str, *, missing: str = "", planned: Sequence[float] = ()
 ) -> tuple[str, FindingStatus]:
     """The minimal-stable answer over the configurations that ran (``missing``: the sentence on those
     that did not), confirmed only when every verdict it rests on clears the noise: the chosen value's
     margin, the failure of the value below it, and no stable value below a failing one. A study in which
-    nothing ran failed or stayed undecided answers nothing, and says so."""
+    nothing ran failed or stayed undecided answers nothing, and says so. "No value is stable" is
+    refuted only when every planned configuration (``planned``, and every one in ``configs``) ran: a
+    hypothesis over values that did not run cannot be refuted by those that did."""
+    not_ran = sorted({*planned, *(c.value for c in configs)} - {c.value for c in configs if c.ran})
     configs = [c for c in configs if c.ran]
     tested = ", ".join(f"{c.value:g}" for c in configs)
     smallest = min_stable_value(configs)
@@ -444,12 +453,17 @@ def _min_stable_conclusion(
         decided = [c for c in configs if c.stable is False]
         top = max(decided, key=lambda c: c.value) if decided else None
         settled = top is not None and top.settled
-        status = FindingStatus.refuted if settled else FindingStatus.unconfirmed
+        status = FindingStatus.refuted if settled and not not_ran else FindingStatus.unconfirmed
         statement = (
             f"{status.value}: no {variable} that ran ({tested}) was stable on every seed (with every larger value "
             "stable) under the pre-registered definition"
         )
-        if not settled:
+        if not_ran:
+            statement += (
+                f"; {variable} = {', '.join(f'{v:g}' for v in not_ran)} did not run, so the hypothesis is not "
+                "refuted"
+            )
+        elif not settled:
             statement += f"; the largest failing value's verdict is within noise: {_more_seeds(configs)}"
         return statement + missing, status
     chosen = next(c for c in configs if c.value == smallest)
@@ -486,6 +500,13 @@ def _min_stable_conclusion(
     return f"{status.value}: {statement}{missing}", status
 
 
+def _stop_cause(outcomes: list[RunOutcome]) -> str:
+    """Why a study that stopped early left its remaining planned runs unstarted, in a few words."""
+    if any(o.status == "failed_to_start" for o in outcomes):
+        return "the study stopped after a start failure"
+    return "the study stopped early"
+
+
 def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, object]:
     """Conclude the study and write its report (idempotent: findings by statement, report by content)."""
     ctx = runtime.context
@@ -506,6 +527,8 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
             criterion=plan.stability or StabilityCriterion(),
             scale=reward_range(plan.template),
             unstarted=[(float(v), int(seed)) for v, seed in state.get("unstarted") or []],
+            planned=[(v, s) for v in plan.sweep.coarse for s in plan.training.seeds] if plan.sweep else [],
+            stopped=_stop_cause(outcomes) if state.get("conclusion") is not None else "",
         )
     conclusion = state.get("conclusion")
     stopped_early = conclusion is not None
@@ -516,6 +539,8 @@ def reporter(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, ob
             else _vibe_conclusion(state, ctx)
         )
     elif plan.kind == "research":
+        if plan.sweep is not None:  # what did not run is recorded as not run, as in a study that ended
+            _config_findings(state, ctx, [c for c in configs if not c.ran])
         ensure_finding(
             ctx,
             study_id,

@@ -200,6 +200,11 @@ def _commands(settle: tuple[str, str] | None, question: str) -> list[str]:
     return [f"; settle: {head} {shlex.quote(question)} {tail}", f"; settle: {head} <same request> {tail}"]
 
 
+_PATH_NOTE = re.compile(r"\s*\((?:[\w ]+: )?~?/[^()]*\)")
+"""A parenthesised path in a reason (``(log: /…/coarse-batch_size=1-s0.server.log)``), left out of the
+one-line verdict when the line does not fit."""
+
+
 def _first_clause(
     label: str, statement: str, settle: tuple[str, str] | None = None, question: str = ""
 ) -> str:
@@ -213,7 +218,18 @@ def _first_clause(
     commands = _commands(settle, question)
     command = next((c for c in commands if len(line) + len(c) <= MAX_CHARS), commands[-1])
     room = MAX_CHARS - len(command)
-    return (line if len(line) <= room else line[: room - 1].rstrip() + "…") + command
+    if len(line) > room:  # the reason gives way, never a path: the derivation keeps the run dir
+        line = _PATH_NOTE.sub("", line)
+    return (line if len(line) <= room else _cut(line, room - 1) + "…") + command
+
+
+def _cut(line: str, width: int) -> str:
+    """``line`` cut to at most ``width`` characters, before a path it would cut in the middle."""
+    cut = line[:width]
+    start = cut.rfind(" ") + 1
+    if len(line) > width and "/" in line[start:].split(" ", 1)[0]:
+        cut = cut[:start]
+    return cut.rstrip()
 
 
 def _candidates(

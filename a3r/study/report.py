@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from a3r.study.analysis import RewardSummary, part_roles, part_scale, reward_range
-from a3r.study.effects import Effect, step_effect
+from a3r.study.effects import MIN_N_EFF, Effect, step_effect
 from a3r.study.headline import conclusion_line, headline, verdict_label
 from a3r.study.plans import PlanDraft, training_line
 from a3r.study.plots import plot_held_out, plot_parts, plot_rewards, plot_sweep
@@ -21,6 +21,7 @@ from a3r.study.research import ConfigVerdict
 from a3r.study.runs import RunOutcome, episodes_text, status_text
 from a3r.study.settings import value_text
 from a3r.study.stability import trained_steps
+from a3r.study.wording import counted
 from memory import FindingPublic, HypothesisPublic, PatchPublic, StudyPublic
 
 __all__ = ["joined_parts", "plot_parts", "plot_rewards", "plot_sweep", "write_report"]
@@ -72,7 +73,20 @@ def _reading(effect: Effect) -> str:
         return "rose"
     if effect.high < -effect.min_effect:
         return "fell"
-    return "no clear change" if effect.estimate == effect.estimate else "too few points"
+    return (
+        "no clear change" if effect.estimate == effect.estimate and not effect.too_few else "too few points"
+    )
+
+
+def _trend_text(effect: Effect) -> str:
+    """A part's change along its trend for the parts table: `Effect.describe` without a verdict; with
+    too few effective points, the estimate and its n only (no "± x" of an interval it withheld)."""
+    if not effect.too_few:
+        return effect.describe(verdict=False)
+    return (
+        f"{effect.estimate:+.3f} (too few points for an interval: n_eff {effect.n_eff:.1f} < {MIN_N_EFF:g}; "
+        f"{counted(effect.n, effect.unit)})"
+    )
 
 
 def _values(values: Sequence[float], variable: str = "", template: str | None = None) -> str:
@@ -94,7 +108,7 @@ def _parts_table(parts: dict[str, dict[str, list[float]]]) -> list[str]:
             effect = step_effect(points, scale=scales[name])
             lines.append(
                 f"| {name} | {label} | {len(points)} | {_fmt(points[0])} → {_fmt(points[-1])} | "
-                f"{effect.describe(verdict=False)} | {_reading(effect)} |"
+                f"{_trend_text(effect)} | {_reading(effect)} |"
             )
     return lines
 

@@ -106,6 +106,7 @@ class RunSpec(BaseModel):
             "stage": self.stage,
             "value": self.value,
             "reward_patch": self.reward_patch,
+            "planned_steps": self.settings.steps,
         }
 
 
@@ -151,6 +152,9 @@ class RunOutcome(BaseModel):
             time, so that a stage's concurrent runs count its wall time once.
         tenant: The LoRA tenant it trained as on its stage's shared server (``None``: a server of its own).
         tenant_server: That server's key (``coarse-tenants``).
+        planned_steps: The trainer steps its spec planned (``settings.steps``): a run the budget stopped
+            before them is not a completed run (`a3r.study.stability.not_run_reason`). ``None``: not
+            recorded (an outcome stored before this was).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -184,6 +188,7 @@ class RunOutcome(BaseModel):
     shared_s: float = 0.0
     tenant: str | None = None
     tenant_server: str | None = None
+    planned_steps: int | None = None
 
 
 def episodes_text(outcome: RunOutcome) -> str:

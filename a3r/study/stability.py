@@ -4,7 +4,8 @@ on, and the minimal stable value. Pure functions over run outcomes (no I/O).
 
 **Only what ran is judged** (issue 33). A sweep run gives evidence only when it trained: a run that
 never started, was cancelled (by the budget or an early stop) before its first step or before its
-held-out evaluation, or crashed or hung before its first step is *not run* (`not_run_reason`), with
+held-out evaluation, was stopped by the budget before its planned steps (not a completed run, even with
+a held-out evaluation), or crashed or hung before its first step is *not run* (`not_run_reason`), with
 the reason; a configuration none of whose runs ran is neither stable nor unstable, and no verdict,
 finding or conclusion makes a claim about it. A crash or hang *after* training began, or a collapse,
 is the run's own failure and makes it unstable. A budget stop is never a crash
@@ -82,6 +83,8 @@ def _not_run(outcome: RunOutcome) -> str | None:
         return f"{'cancelled by the budget' if outcome.status == 'budget' else status} before its first step"
     if _own_failure(outcome):
         return None
+    if outcome.status == "budget" and outcome.planned_steps is not None and steps < outcome.planned_steps:
+        return f"cancelled by the budget at step {steps} of {outcome.planned_steps}"
     if outcome.eval is None and outcome.status in ("budget", "needs_attention"):
         return f"{status} after {counted(steps, 'steps')}, before its held-out evaluation"
     if outcome.eval is None and steps < 2:
@@ -92,7 +95,7 @@ def _not_run(outcome: RunOutcome) -> str | None:
 def not_run_reason(outcome: RunOutcome) -> str | None:
     """Why a sweep run gives no evidence about its configuration, with the run's own reason, or ``None``
     when it does (module docstring): it never started, was cancelled before its first step or before
-    its held-out evaluation, crashed or hung before its first step, or ended with neither a held-out
+    its held-out evaluation, was stopped by the budget before its planned steps (``planned_steps``), crashed or hung before its first step, or ended with neither a held-out
     evaluation nor the steps to compare its train reward with itself."""
     why = _not_run(outcome)
     if why is None:
@@ -238,9 +241,10 @@ class ConfigVerdict(BaseModel):
 
     @property
     def stable_text(self) -> str:
-        """``yes``, ``no``, ``undecided``, or ``not run`` with the first reason."""
+        """``yes``, ``no``, ``undecided``, or ``not run`` with every seed's cause (``not run (seeds 0, 1:
+        cancelled by the budget before its first step)``)."""
         if not self.ran:
-            return f"not run ({self.not_run[0]})" if self.not_run else "not run"
+            return f"not run ({self.not_run_short or '; '.join(self.not_run)})" if self.not_run else "not run"
         return {True: "yes", False: "no", None: "undecided"}[self.stable]
 
     @property
@@ -355,6 +359,8 @@ def verdicts(
     criterion: StabilityCriterion,
     scale: Scale | None = None,
     unstarted: Sequence[tuple[float, int]] = (),
+    planned: Sequence[tuple[float, int]] = (),
+    stopped: str = "",
 ) -> list[ConfigVerdict]:
     """Per swept value: the verdicts of its seeds that ran (`judge_run`), why the others did not run
     (`not_run_reason`; a planned run that never started: `DROPPED_BY_REPLAN`), and held-out
@@ -369,6 +375,10 @@ def verdicts(
         scale: The reward's range, which bounds the margins' intervals.
         unstarted: ``(value, seed)`` of the planned sweep runs the budget re-plan dropped before they
             started; one that has a run after all (a value re-admitted later) is not listed.
+        planned: ``(value, seed)`` of every planned sweep run; with ``stopped``, each one without a run
+            (and not in ``unstarted``) is listed as not run: ``not started: {stopped}``.
+        stopped: Why the study stopped before its planned runs (``the study stopped after a start
+            failure``); ``""``: it did not stop early, and ``planned`` is not used.
     """
     shared, _ = compared_evals(outcomes)
     evaluation = {id(outcomes[i]): e for i, e in shared.items()}
@@ -380,11 +390,19 @@ def verdicts(
     for value, seed in unstarted:
         if seed not in {o.seed for o in grouped.get(value, [])} and seed not in never[value]:
             never[value].append(seed)
+    halted: dict[float, list[int]] = defaultdict(list)
+    for value, seed in planned if stopped else ():
+        if seed not in {o.seed for o in grouped.get(value, [])} and seed not in {
+            *never[value],
+            *halted[value],
+        }:
+            halted[value].append(seed)
     result: list[ConfigVerdict] = []
-    for value in sorted({*grouped, *(v for v, seeds in never.items() if seeds)}):
+    for value in sorted({*grouped, *(v for v, seeds in [*never.items(), *halted.items()] if seeds)}):
         runs = grouped.get(value, [])
         missing = [(o, why) for o in runs if (why := not_run_reason(o)) is not None]
         dropped = sorted(never.get(value, []))
+        unbegun = [(seed, f"not started: {stopped}") for seed in sorted(halted.get(value, []))]
         ran = [o for o in runs if not_run_reason(o) is None]
         judged = [(o, judge_run(o, baseline, criterion)) for o in ran]
         seeds = [o.seed for o in ran]
@@ -413,10 +431,12 @@ def verdicts(
                 margin=stability_margin(ran, baseline=baseline, criterion=criterion, scale=scale),
                 hard_failure=any(v.hard for _, v in judged),
                 not_run=[f"seed {o.seed}: {why}" for o, why in missing]
-                + [f"seed {seed}: {DROPPED_BY_REPLAN}" for seed in dropped],
+                + [f"seed {seed}: {DROPPED_BY_REPLAN}" for seed in dropped]
+                + [f"seed {seed}: {why}" for seed, why in unbegun],
                 not_run_short=_grouped(
                     [(o.seed, _not_run(o) or "") for o, _ in missing]
                     + [(seed, DROPPED_BY_REPLAN) for seed in dropped]
+                    + unbegun
                 ),
                 seed_margins=margins,
             )

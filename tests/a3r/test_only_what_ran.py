@@ -19,6 +19,7 @@ from langgraph.runtime import Runtime
 
 from a3r.graph.reporter import reporter
 from a3r.study.analysis import RewardSummary, summarise_rewards
+from a3r.study.headline import conclusion_line, headline
 from a3r.study.plans import StabilityCriterion
 from a3r.study.runs import RunOutcome
 from a3r.study.stability import judge_run, not_run_reason, verdicts
@@ -105,7 +106,7 @@ def test_a_sweep_whose_budget_cancelled_half_its_configurations_claims_nothing_a
     assert [(c.value, c.stable) for c in configs] == [(1, True), (2, True), (4, None), (8, None)]
     for c in configs[2:]:
         assert not c.ran and c.seeds == [] and c.margin is None and not c.settled
-        assert c.stable_text.startswith("not run (seed 0: cancelled by the budget before its first step")
+        assert c.stable_text == "not run (seeds 0, 1: cancelled by the budget before its first step)"
     # findings: "not run" with the reason, never stable, unstable, confirmed or refuted
     about = {v: [f for f in findings if f"batch_size={v}" in f.statement] for v in (4, 8)}
     for v, found in about.items():
@@ -132,7 +133,7 @@ def test_a_sweep_whose_budget_cancelled_half_its_configurations_claims_nothing_a
     )
     assert "--budget-minutes 9 would have run them (this one had 8)" in conclusion
     # the report's table says not run, with the reason
-    assert "| 4 | [] | [] | not run (seed 0: cancelled by the budget before its first step" in report
+    assert "| 4 | [] | [] | not run (seeds 0, 1: cancelled by the budget before its first step) |" in report
 
 
 def test_a_configuration_with_one_seed_cancelled_is_judged_on_the_seed_that_ran(
@@ -289,7 +290,7 @@ def test_runs_the_budget_re_plan_dropped_are_not_run_and_count_in_the_budget_tha
         in report
     )
     for v in (4, 8):
-        assert f"| {v} | [] | [] | not run (seed 0: {why}) |" in report
+        assert f"| {v} | [] | [] | not run (seeds 0, 1: {why}) |" in report
         (finding,) = [f for f in findings if f"batch_size={v}" in f.statement]
         assert finding.statement.startswith(
             f"not run: batch_size={v} gave no evidence, no claim is made about it"
@@ -301,3 +302,105 @@ def test_runs_the_budget_re_plan_dropped_are_not_run_and_count_in_the_budget_tha
     )
     assert [(c.value, c.ran) for c in again] == [(1, True), (2, True), (4, True), (8, False)]
     assert again[2].not_run == []
+
+
+def test_a_run_the_budget_stopped_before_its_planned_steps_is_not_run(tmp_path: Path, store: Store) -> None:
+    # `--budget-minutes 6`: every run cancelled at step 0-2 of 4, yet "minimal stable batch_size = 2" and
+    # B = 1 "unstable"; a budget-cut run is not a completed run, even with a held-out evaluation
+    cut = [
+        _run(
+            v,
+            s,
+            status="budget",
+            reason=f"wall-time budget spent at step {k}",
+            steps=k,
+            curve=[],
+            planned_steps=4,
+        )
+        for v, k in ((1, 1), (2, 2))
+        for s in (0, 1)
+    ] + [
+        _run(v, s, status="budget", reason="budget", steps=0, curve=[], eval=None, planned_steps=4)
+        for v in (4, 8)
+        for s in (0, 1)
+    ]
+    cut = [o.model_copy(update={"curve": [(i + 1, 0.25) for i in range(o.steps)]}) for o in cut]
+    assert (
+        not_run_reason(cut[2]) == "cancelled by the budget at step 2 of 4: wall-time budget spent at step 2"
+    )
+    configs = verdicts(cut, baseline=BASELINE, criterion=StabilityCriterion())
+    assert [c.stable for c in configs] == [None] * 4 and not any(c.ran for c in configs)
+    assert configs[1].not_run_short.startswith("seeds 0, 1: cancelled by the budget at step 2 of 4")
+    conclusion, _, findings = _report(tmp_path, store, cut)
+    assert "minimal stable" not in conclusion and not conclusion.startswith("refuted")
+    assert all("is unstable" not in f.statement and "is stable" not in f.statement for f in findings)
+    # a run that reached its planned steps before the budget stopped it is judged; older records
+    # (planned_steps None) are judged as before
+    assert not_run_reason(_run(1, 0, status="budget", planned_steps=4)) is None
+    assert not_run_reason(_run(1, 0, status="budget", steps=2, curve=[(1, 0.2), (2, 0.3)])) is None
+
+
+def test_no_stable_value_is_refuted_only_when_every_planned_configuration_ran(
+    tmp_path: Path, store: Store
+) -> None:
+    # `--budget-minutes 4`: "refuted (0.95): no batch_size that ran (1) was stable" while B = 2, 4, 8 did not run
+    failed = [_run(1, s, status="crashed", reason="swarm run exited with code 1", eval=None) for s in (0, 1)]
+    runs = failed + [_cancelled(v, s) for v in (2, 4, 8) for s in (0, 1)]
+    conclusion, _, findings = _report(tmp_path, store, runs)
+    assert conclusion.startswith(
+        "unconfirmed: no batch_size that ran (1) was stable on every seed (with every larger value stable) "
+        "under the pre-registered definition; batch_size = 2, 4, 8 did not run, so the hypothesis is not refuted"
+    )
+    assert "--budget-minutes" in conclusion and "would have run them" in conclusion
+    (study,) = [f for f in findings if f.statement == conclusion]
+    assert study.status is FindingStatus.unconfirmed and study.confidence < 0.95
+    # every planned value ran and the largest failed for a reason noise cannot explain: refuted
+    conclusion, _, _ = _report(
+        tmp_path / "all",
+        store,
+        [_run(v, s, status="crashed", reason="x", eval=None) for v in (1, 2, 4, 8) for s in (0, 1)],
+    )
+    assert conclusion.startswith("refuted: no batch_size that ran (1, 2, 4, 8) was stable")
+
+
+def test_a_study_that_stopped_after_a_start_failure_lists_every_planned_configuration(
+    tmp_path: Path, store: Store
+) -> None:
+    log = "/work/studies/17/runs/coarse-batch_size=1-s0/coarse-batch_size=1-s0.server.log"
+    reason = f"swarm serve exited with code 1: torch.OutOfMemoryError: CUDA out of memory (log: {log})"
+    failed = _run(1, 0, status="failed_to_start", reason=reason, steps=0, curve=[], eval=None)
+    stop = f"stopped: the sweep run {failed.key} ended failed_to_start: {reason}"
+    conclusion, report, findings = _report(tmp_path, store, [failed], conclusion=stop)
+    assert conclusion == stop
+    # a row per planned value, not run with the reason
+    assert (
+        "| 1 | [] | [] | not run (seed 0: start failure (failed (failed_to_start)); seed 1: not started: the study "
+        "stopped after a start failure) |" in report
+    )
+    for v in (2, 4, 8):
+        assert (
+            f"| {v} | [] | [] | not run (seeds 0, 1: not started: the study stopped after a start failure) |"
+            in report
+        )
+    # not-run findings, no claim, like the dropped ones
+    for v in (1, 2, 4, 8):
+        (finding,) = [f for f in findings if f"batch_size={v} " in f.statement]
+        assert finding.statement.startswith(
+            f"not run: batch_size={v} gave no evidence, no claim is made about it"
+        )
+        assert finding.confidence == 0.0 and finding.status is FindingStatus.unconfirmed
+    (four,) = [f for f in findings if "batch_size=4 " in f.statement]
+    assert "seed 1: not started: the study stopped after a start failure" in four.statement
+    # the finding's title (its one line) names every seed, not only seed 0
+    title = headline(four.statement, four.evidence, question="q", kind="research", status="unconfirmed")
+    assert title == (
+        "not run: batch_size=4 gave no evidence, no claim is made about it (seeds 0, 1: not started: the "
+        "study stopped after a start failure)"
+    )
+    # the one-line verdict shortens the reason, never cuts a path; the derivation keeps the run dir
+    line = conclusion_line(
+        conclusion, findings, question="find min stable batch size on arithmetic", kind="research"
+    )
+    assert len(line) <= 160 and "(log:" not in line and "/work/studies" not in line
+    assert line.startswith("stopped: the sweep run coarse-batch_size=1-s0 ended failed_to_start: swarm serve")
+    assert log in conclusion

@@ -437,3 +437,5 @@ def test_no_reward_part_interval_is_wider_than_the_parts_range(tmp_path: Path, s
     table = text.split("## Reward parts", 1)[1].split("\n## ", 1)[0]
     assert "| format_ok |" in table and "-2.109" not in table and "+2.559" not in table
     assert "too few points" in table
+    # no "± x" of the withheld interval next to "too few points", and the reading says why it has none
+    assert "±" not in table and "| too few points |" in table

@@ -150,7 +150,7 @@ def test_the_h200_budget_sequence_replayed_starts_no_run_that_cannot_finish(tmp_
     assert ran == {1.0, 2.0}  # B = 8 dropped at the preflight's speed, B = 4 at the first measured run's time
     for value in {1.0, 2.0, 4.0, 8.0} - ran:
         assert f"batch_size = {value:g} (entirely), seeds 0, 1: {why}" in conclusion, conclusion
-        assert f"| {value:g} | [] | [] | not run (seed 0: {why}) |" in report
+        assert f"| {value:g} | [] | [] | not run (seeds 0, 1: {why}) |" in report
     # 4 runs not run × the 85 s measured + what was spent (112 s + 4 runs and the time around them)
     assert "The budget ran out for 4 runs (4 dropped before they started): at the 85 s per run" in conclusion
     assert "--budget-minutes 14 would have run them (this one had 8)" in conclusion
