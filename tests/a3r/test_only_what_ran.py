@@ -388,7 +388,7 @@ def test_a_study_that_stopped_after_a_start_failure_lists_every_planned_configur
         assert finding.statement.startswith(
             f"not run: batch_size={v} gave no evidence, no claim is made about it"
         )
-        assert finding.confidence == 0.0 and finding.status is FindingStatus.unconfirmed
+        assert finding.confidence == 0.0 and finding.status is FindingStatus.not_run
     (four,) = [f for f in findings if "batch_size=4 " in f.statement]
     assert "seed 1: not started: the study stopped after a start failure" in four.statement
     # the finding's title (its one line) names every seed, not only seed 0
