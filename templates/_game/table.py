@@ -9,6 +9,7 @@ workflow, scripted in tests).
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
@@ -43,17 +44,17 @@ def role_names(role: str, count: int) -> list[str]:
     return [f"{role}_{k}" for k in range(1, count + 1)]
 
 
-class Seating:
+class Seating(ABC):
     """Seats ``1..n`` of a game setup and their agent names; a setup defines ``n_seats`` and ``role``."""
 
     @property
+    @abstractmethod
     def n_seats(self) -> int:
         """Number of seats."""
-        raise NotImplementedError
 
+    @abstractmethod
     def role(self, seat: int) -> StrEnum:
         """The role of ``seat``."""
-        raise NotImplementedError
 
     @property
     def seats(self) -> list[int]:
