@@ -122,6 +122,20 @@ def test_age_text() -> None:
     ]
 
 
+def _train_episode(episode_id: str, status: EpisodeStatus, calls: list[Any], **more: Any) -> EpisodeView:
+    """A train episode of task ``t`` by client ``c`` with ``calls`` (and ``more`` fields)."""
+    return EpisodeView(
+        episode_id=episode_id,
+        task_id="t",
+        client_id="c",
+        kind=EpisodeKind.TRAIN,
+        status=status,
+        created_at=0.0,
+        calls=calls,
+        **more,
+    )
+
+
 def _open_episode() -> EpisodeView:
     calls = [
         CallRecord(
@@ -141,15 +155,7 @@ def _open_episode() -> EpisodeView:
             finish_reason=FinishReason.LENGTH,
         ),
     ]
-    return EpisodeView(
-        episode_id="ep-00",
-        task_id="t",
-        client_id="c",
-        kind=EpisodeKind.TRAIN,
-        status=EpisodeStatus.OPEN,
-        created_at=0.0,
-        calls=calls,
-    )
+    return _train_episode("ep-00", EpisodeStatus.OPEN, calls)
 
 
 def test_unmerged_calls_are_shown_call_by_call() -> None:
@@ -289,16 +295,7 @@ def _distilled_episode() -> EpisodeView:
         calls=[0],
         teacher_logprobs=[None, None, None, -0.5, -0.25],
     )
-    return EpisodeView(
-        episode_id="ep-01",
-        task_id="t",
-        client_id="c",
-        kind=EpisodeKind.TRAIN,
-        status=EpisodeStatus.FINISHED,
-        created_at=0.0,
-        calls=[call],
-        samples=[sample],
-    )
+    return _train_episode("ep-01", EpisodeStatus.FINISHED, [call], samples=[sample])
 
 
 async def test_token_view_shows_the_teachers_logprob_beside_the_students() -> None:
