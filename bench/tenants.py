@@ -150,7 +150,7 @@ async def drive(url: str, run: Run, tenant: str | None, steps: int, group: int) 
 def common_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--lora-rank", str(args.lora_rank), "--lr", str(args.lr), "--group-size", str(args.group)]
     flags += ["--batch-policy", "tasks", "--engine", args.engine, "--device", args.device]
-    flags += ["--checkpoint-every", "1000"]
+    flags += ["--checkpoint-every", "1000", *args.serve_flag]
     return flags + (["--model", args.model] if args.model else [])
 
 
@@ -161,11 +161,17 @@ def by_servers(
     out = {}
     for run in runs:
         flags = [*common_flags(args), "--batch-size", str(run.batch_size)]
+        began = time.perf_counter()
         proc, url = serve(root / f"server-{run.id}", flags)
+        up = time.perf_counter() - began
         try:
             out[run.id] = asyncio.run(drive(url, run, None, args.steps, args.group))
         finally:
             stop(proc)
+        took = time.perf_counter() - began
+        print(
+            f"servers {run.id}: {took:.1f} s (server up in {up:.1f} s), {time.perf_counter() - started:.1f} s so far"
+        )
     return time.perf_counter() - started, out
 
 
@@ -174,6 +180,7 @@ def by_tenants(
 ) -> tuple[float, dict[str, list[float]]]:
     started = time.perf_counter()
     proc, url = serve(root / "tenants", [*common_flags(args), "--tenants", str(len(runs))])
+    print(f"tenants: server up in {time.perf_counter() - started:.1f} s")
     try:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=600) as http:
             for run in runs:
@@ -201,12 +208,19 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default=None)
     parser.add_argument("--modes", default="tenants,servers")
+    parser.add_argument(
+        "--serve-flag",
+        action="append",
+        default=[],
+        help="one more `swarm serve` argument for every server, e.g. --serve-flag=--gpu-memory-utilization=0.2",
+    )
     args = parser.parse_args()
     runs = [Run(int(b), s) for b in args.values.split(",") for s in range(args.seeds)]
     root = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
     results: dict[str, tuple[float, dict[str, list[float]]]] = {}
     for mode in args.modes.split(","):
         results[mode] = (by_tenants if mode == "tenants" else by_servers)(runs, args, root)
+        print(f"{mode}: {results[mode][0]:.1f} s wall", flush=True)
     console = Console()
     table = Table(
         title=f"{len(runs)} runs × {args.steps} steps, G {args.group}, {args.engine} on {args.device}"
