@@ -159,20 +159,19 @@ def _rss_mib(pids: list[int]) -> float:
 
 
 def _gpu_index(device: str) -> int | None:
-    """The physical GPU of a torch ``device`` string (``CUDA_VISIBLE_DEVICES`` mapped), ``None`` off CUDA."""
-    if not device.startswith("cuda"):
-        return None
-    index = int(device.partition(":")[2] or 0)
-    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    return int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
+    """The CUDA index of a torch ``device`` string (``cuda`` → 0, ``cuda:1`` → 1), ``None`` off CUDA."""
+    return int(device.partition(":")[2] or 0) if device.startswith("cuda") else None
 
 
 def _gpu_used_mib(index: int) -> float:
-    """Memory in use on GPU ``index`` in MiB, device-wide: ``nvidia-smi``, else ``torch.cuda.mem_get_info``
-    (which opens a CUDA context in this process the first time, so read it first, before the server)."""
+    """Memory in use on CUDA device ``index`` in MiB, device-wide (every process's): ``nvidia-smi`` (the
+    GPU ``CUDA_VISIBLE_DEVICES`` maps it to), else ``torch.cuda.mem_get_info``, which opens a CUDA context
+    in this process on its first call (read it first, before the server starts, so every reading has it)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if shutil.which("nvidia-smi"):
+        gpu = visible[index] if index < len(visible) else str(index)
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", str(index)],
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", gpu],
             capture_output=True,
             text=True,
             timeout=30,
@@ -448,7 +447,11 @@ def main() -> int:
     gpu = _gpu_index(args.device)
     gpu_mib: dict[str, float] = {}
     if gpu is not None:
-        gpu_mib["before"] = _gpu_used_mib(gpu)
+        try:
+            gpu_mib["before"] = _gpu_used_mib(gpu)
+        except (RuntimeError, AssertionError, ValueError) as exc:  # torch without a usable CUDA device
+            console.print(f"cannot read the memory of {args.device}: {exc}", markup=False)
+            return 2
     tmp = Path(tempfile.mkdtemp(prefix="swarm-soak-"))
     run_dir = tmp / "run"
     port = _free_port()
