@@ -448,6 +448,40 @@ class _Planner:
             measured=self.tenants,
         )
 
+    def shown(self, values: Sequence[float]) -> str:
+        plan = self.progress.plan
+        assert plan.sweep is not None
+        return ", ".join(value_text(plan.sweep.variable, plan.template, v) for v in values)
+
+    def go(
+        self, specs: list[RunSpec], stage: Stage, line: str, goal: str, asked: str = "", **more: Any
+    ) -> StageDecision | None:
+        """Queue what fits of ``specs`` as ``stage`` (``None`` when nothing does: the skip is said)."""
+        left = self.budget.left_s
+        kept, dropped = self.fit(specs, goal)
+        if not kept:
+            note = (
+                f"{stage}: skipped, {asked or self.cost(specs)} would not fit the {max(0.0, left):.0f} s left"
+            )
+            self.lines.append(note)
+            self.cuts.append(f"budget: {note}")
+            return None
+        if dropped:
+            variable = self.progress.plan.sweep.variable if self.progress.plan.sweep else ""
+            line += f" (budget: dropped {self.shown(dropped)})"
+            self.cuts.append(
+                f"budget: {stage} dropped {variable} {self.shown(dropped)}: {self.cost(specs)} would not fit the "
+                f"{left:.0f} s left"
+            )
+        return StageDecision(
+            stage=stage,
+            queue=kept,
+            lines=[*self.lines, line],
+            events=[line],
+            budget_cuts=self.cuts,
+            **more,
+        )
+
 
 def tenant_terms(measured: TenantMeasure | None, serving: Serving) -> str:
     """How a tenant stage is priced, for a budget line (`a3r.study.price.tenant_stage_s`): one server
