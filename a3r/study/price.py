@@ -160,10 +160,10 @@ class TenantMeasure:
 
     Attributes:
         start_s: Seconds until a stage's tenant server was ready (median over the stages).
-        seconds_per_episode: The stages' aggregate speed: wall seconds after the server start per episode
-            of every run (train and held-out), median over the stages; what the engine made of the runs
-            side by side (≈ one run's speed / k on an engine that batches k runs, ≈ one run's speed where
-            they share the cores).
+        seconds_per_episode: The stages' aggregate speed: seconds per episode of the engine serving the
+            tenants of a wave together (the wave's own episode rates summed), median over the stages; what
+            the engine made of the runs side by side (≈ one run's speed / k on an engine that batches k
+            runs, ≈ one run's speed where they share the cores). ``nan``: no tenant measured a speed.
         run_s: Median wall seconds of a tenant run that ran (resident on the server; its start excluded):
             the least a wave costs. 0 when none ran.
         stages: Tenant stages measured.

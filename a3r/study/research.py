@@ -158,9 +158,11 @@ def measured_run_s(outcomes: Sequence[RunOutcome]) -> tuple[float, int] | None:
 def measured_tenants(outcomes: Sequence[RunOutcome]) -> TenantMeasure | None:
     """What the study's sweep stages run as tenants of one server measured (`RunOutcome.tenant_stage`),
     for the price of the next one (`a3r.study.price.tenant_stage_s`): the server start (median over the
-    stages), the stage's aggregate seconds per episode (its wall after the start over every run's train
-    and held-out episodes, a run the budget cancelled included; median over the stages), and the median
-    wall of a tenant run that ran. ``None`` before any tenant stage ended.
+    stages), the stage's aggregate seconds per episode (the waves over the sum of its tenants' own
+    episode rates, ``1 / RunOutcome.seconds_per_episode``, each measured by its client while the others
+    ran beside it: ≈ one run's speed where they share the CPU cores, a fraction of it where the engine
+    batches them; median over the stages), and the median wall of a tenant run that ran (its fixed costs
+    included: client start, held-out evaluation). ``None`` before any tenant stage ended.
 
     A tenant's own wall time overlaps the others' and leaves out the shared start, so these runs are not
     in `measured_run_s` (the price of a run on its own server)."""
@@ -171,11 +173,13 @@ def measured_tenants(outcomes: Sequence[RunOutcome]) -> TenantMeasure | None:
     if not stages:
         return None
     starts, speeds = [], []
-    for (_, wall, start), runs in stages.items():
+    for (_, _, start), runs in stages.items():
         starts.append(start)
-        episodes = sum(o.episodes + (o.eval.episodes if o.eval is not None else 0) for o in runs)
-        if episodes > 0:
-            speeds.append(max(0.0, wall - start) / episodes)
+        # the episodes per second the engine gave the tenants together: the sum of their own rates, per wave
+        rates = sum(1 / o.seconds_per_episode for o in runs if 0 < o.seconds_per_episode < math.inf)
+        waves = max(o.tenant_stage.waves for o in runs if o.tenant_stage is not None)
+        if rates > 0:
+            speeds.append(waves / rates)
     ran = [o.wall_s for runs in stages.values() for o in runs if not_run_reason(o) is None]
     return TenantMeasure(
         start_s=statistics.median(starts),

@@ -493,7 +493,7 @@ def tenant_terms(measured: TenantMeasure | None, serving: Serving) -> str:
         return f", as tenants of one server: one start of ≈ {SERVER_OVERHEAD_S:.0f} s + {wave} {side}"
     least = f" (at least the measured {measured.run_s:.0f} s)" if measured.run_s > 0 else ""
     aggregate = (
-        f" or its episodes at the {measured.seconds_per_episode:.2f} s per episode the tenant stage took in all"
+        f" or its episodes at the {measured.seconds_per_episode:.2f} s per episode the engine gave its tenants together"
         if math.isfinite(measured.seconds_per_episode)
         else ""
     )
