@@ -663,7 +663,9 @@ def refit_queue(
     if progress.stage == Stage.refine and plan.sweep.goal == "min_stable":
         goal = "min_stable"
     # a run of a configuration under way starts only when the measured time says it can finish
-    left, going, cut = budget.left_s, [], []
+    left = budget.left_s
+    going: list[RunSpec] = []
+    cut: list[RunSpec] = []
     for spec in committed:
         # with tenants, what the run adds to the runs going with it (`stage_s`)
         more = price([*going, spec]) - price(going) if budget.serving.tenants else price([spec])

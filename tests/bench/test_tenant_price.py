@@ -42,7 +42,7 @@ def test_a_tenant_coarse_stage_of_8_runs_is_priced_as_one_start_and_its_slowest_
     one = {s.key: estimate_run_s(s, seconds_per_episode=0.3, eval_episodes=32) for s in specs}
     slowest = max(one.values())
     vllm = stage_pricing(TenantSettings(), {"engine": "vllm"})  # tenants by default on vLLM
-    price = dict(seconds_per_episode=0.3, eval_episodes=32)
+    price: dict[str, Any] = {"seconds_per_episode": 0.3, "eval_episodes": 32}
     assert stage_s(specs, serving=vllm, **price) == pytest.approx(slowest)  # one 20 s start + B = 8's run
     assert stage_s(specs, serving=SEQUENTIAL, **price) == pytest.approx(
         sum(one.values())
