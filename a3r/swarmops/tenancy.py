@@ -209,7 +209,8 @@ def plan_stage_serving(
     so served (`a3r.study.price.stage_s` at the design's speed): its runs as built for the queue
     (`a3r.study.research.sweep_specs`); a stage whose values are decided later (refine, replicate) is
     judged by runs of the dearest coarse value (the design prices them so), and its ``runs`` at most share
-    one server when such a run can be a tenant (a LoRA-rank sweep's runs never do: one server per rank).
+    one server when such a run can be a tenant (a LoRA-rank sweep's runs never do: one server per rank),
+    a refine stage's one server per round (its seeds of one value for min-stable, of two for best).
 
     Args:
         plan: A research plan.
@@ -258,8 +259,20 @@ def plan_stage_serving(
         return price(sweep_specs(plan, [value], stage, seeds=[0]), serving=SEQUENTIAL)
 
     dearest = max(plan.sweep.coarse, key=alone)
-    specs = sweep_specs(plan, [dearest], stage, seeds=list(range(runs)))
-    return StageServing([f"up to {_tenant_line(runs, serving)}"], runs - 1, price(specs))
+    # a refine stage is a round at a time (one value a round for min-stable, two for best), each its server
+    group = runs
+    if stage == "refine" and seeds > 0:
+        group = min(runs, seeds * (1 if plan.sweep.goal == "min_stable" else 2))
+    rounds = max(1, runs // max(1, group))
+    if group < 2:
+        return StageServing(["own server: one run a round"], 0)
+    specs = sweep_specs(plan, [dearest], stage, seeds=list(range(group)))
+    line = (
+        f"up to {rounds} rounds, each {_tenant_line(group, serving)}"
+        if rounds > 1
+        else f"up to {_tenant_line(group, serving)}"
+    )
+    return StageServing([line], runs - rounds, rounds * price(specs))
 
 
 def stage_server_key(stage: str) -> str:
