@@ -107,13 +107,6 @@ def test_hf_without_tenants_prices_as_before() -> None:
     assert dropped == [] and len(kept) == 8  # as tenants the whole stage costs 68 s
 
 
-class _Walls:
-    """Each tenant's own wall time (contended: 8 tenants side by side on one engine) in turn."""
-
-    def __init__(self, walls: Sequence[float]) -> None:
-        self.walls: Iterator[float] = iter(walls)
-
-
 @pytest.fixture()
 def tenant_graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """The graph's runner runs a sweep stage as tenants with a simulated `execute_stage`: each run is
@@ -121,7 +114,8 @@ def tenant_graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any
     cancelled by the budget when its wall would not fit; the stage's timing recorded as the real one
     records it. Yields the list of stages run (their specs' keys, budget and timing)."""
     stages: list[dict[str, Any]] = []
-    walls = _Walls([140.0, 142.0, 145.0, 147.0, 150.0, 152.0, 155.0, 160.0, 150.0, 155.0, *[150.0] * 20])
+    # each tenant's own wall (8 side by side on one engine), in turn: the coarse stage's, then later stages'
+    walls = iter([140.0, 142.0, 145.0, 147.0, 150.0, 152.0, 155.0, 160.0, 150.0, 155.0, *[150.0] * 20])
 
     def execute_stage(
         specs: Sequence[RunSpec],
@@ -145,7 +139,7 @@ def tenant_graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any
                 budget_s=budget_s,
                 eval_reserve_s=eval_reserve_s,
             )
-            wall = next(walls.walls)
+            wall = next(walls)
             update: dict[str, Any] = {"wall_s": wall, "seconds_per_episode": 0.3}
             if START_S + wall > budget_s:  # the budget cancels it before its first step
                 wall = max(0.0, budget_s - START_S)
