@@ -256,3 +256,48 @@ def test_a_run_the_budget_cancelled_in_a_tenant_stage_is_not_run_and_priced_as_t
         "per tenant run, --budget-minutes 10 would have run them (this one had 6.2)" in conclusion
     ), conclusion
     assert "cancelled (budget)" in report
+
+
+def _tenant(value: int, seed: int, seconds_per_episode: float, timing: TenantStageTiming) -> RunOutcome:
+    return RunOutcome(
+        key=f"coarse-batch_size={value}-s{seed}",
+        run_id=0,
+        purpose="sweep",
+        seed=seed,
+        stage="coarse",
+        value=float(value),
+        status="finished",
+        reason="reached step 4",
+        steps=4,
+        planned_steps=4,
+        curve=[(1, 0.2), (2, 0.2), (3, 0.2), (4, 0.2)],
+        wall_s=100.0,
+        seconds_per_episode=seconds_per_episode,
+        tenant=f"t{value}-{seed}",
+        tenant_server="coarse-tenants",
+        tenant_stage=timing,
+    )
+
+
+@pytest.mark.parametrize(("engine", "per_tenant"), [("hf", 2.4), ("vllm", 0.6)])
+def test_what_the_engine_made_of_side_by_side_runs_is_measured(engine: str, per_tenant: float) -> None:
+    # 8 tenants of one run's 0.3 s per episode: on 2 CPU cores each got 1/8 of the cores (2.4 s), on vLLM
+    # the engine batched them at half a run's speed each (0.6 s): 4× one run's episodes per second
+    timing = TenantStageTiming(wall_s=400.0, start_s=START_S, runs=8, waves=1)
+    outcomes = [_tenant(b, s, per_tenant, timing) for b in (1, 2, 4, 8) for s in (0, 1)]
+    measured = measured_tenants(outcomes)
+    assert measured is not None and measured.run_s == 100.0 and measured.start_s == START_S
+    assert measured.seconds_per_episode == pytest.approx(per_tenant / 8)
+    plan = _plan()
+    refine = sweep_specs(plan, [6.0], "refine1")  # 2 runs of B = 6 side by side
+    price: dict[str, Any] = {"seconds_per_episode": 0.3, "eval_episodes": 32, "measured": measured}
+    work = [estimate_run_s(s, seconds_per_episode=0.3, eval_episodes=32) - 20.0 for s in refine]
+    serving = stage_pricing(TenantSettings(enabled=True), {"engine": engine} if engine == "vllm" else {})
+    at = stage_s(refine, serving=serving, **price)
+    aggregate = sum(work) / 0.3 * per_tenant / 8
+    assert at == pytest.approx(START_S + max(100.0, *work, aggregate))
+    # the episodes of 8 tenants' worth of work at the measured aggregate: the sum of their work on hf
+    coarse = sweep_specs(plan, plan.sweep.coarse, "coarse")
+    coarse_work = sum(estimate_run_s(s, seconds_per_episode=0.3, eval_episodes=32) - 20.0 for s in coarse)
+    hf_sum = START_S + coarse_work
+    assert (stage_s(coarse, serving=serving, **price) == pytest.approx(hf_sum)) == (engine == "hf")
