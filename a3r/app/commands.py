@@ -40,14 +40,14 @@ from a3r.app.session import Session, SessionSettings, Step, open_session, record
 from a3r.errors import A3RError
 from a3r.providers import OfflineProvider, ProviderKind
 from a3r.study.plans import TrainingSettings
-from a3r.study.price import SERVER_OVERHEAD_S
-from a3r.study.research import MAX_EVAL_TASKS
+from a3r.study.price import Serving, stage_s
+from a3r.study.research import MAX_EVAL_TASKS, sweep_specs, token_cap
 from a3r.study.settings import written
 from a3r.study.teacher import distill_serve_line, is_url, read_teacher
 from a3r.study.wording import counted
 from a3r.swarmops.execution import PLAN_SERVE_OPTIONS
 from a3r.swarmops.teacher import check_teacher_answers, teacher_token
-from a3r.swarmops.tenancy import StageServing, plan_stage_serving
+from a3r.swarmops.tenancy import StageServing, TenantSettings, plan_stage_serving, stage_pricing
 from memory import Store, StoreError
 from swarm.client import ModelLoadError, check_model_path
 
@@ -849,7 +849,7 @@ def _misfit(found: _ResearchDesign, *, source: bool = True) -> str | None:
     needs and the ``--budget-minutes`` to give; else ``None``."""
     plan, design, settings = found.plan, found.design, found.settings
     assert plan.sweep is not None
-    need = design.smallest_need_s
+    need = _smallest_need_s(found)
     if design.cheapest is None or need <= settings.budget_minutes * 60:
         return None
     minutes = math.ceil(need / 6) / 10  # up to the next 0.1 min
@@ -869,6 +869,32 @@ def _misfit(found: _ResearchDesign, *, source: bool = True) -> str | None:
             )
         )
     return f"{what} and the preflight need ≈ {minutes:g} min at {speed}; give --budget-minutes {minutes:g} or more"
+
+
+def _pricing(found: _ResearchDesign) -> Serving:
+    """How the runner will serve a stage's runs, for their price (`a3r.swarmops.tenancy.stage_pricing`)."""
+    settings = found.settings
+    tenants = TenantSettings(enabled=settings.tenants, max_tenants=settings.max_tenants)
+    return stage_pricing(tenants, settings.server_options)
+
+
+def _smallest_need_s(found: _ResearchDesign) -> float:
+    """`StudyDesign.smallest_need_s`, its coarse configurations priced as the runner serves them: as one
+    tenant stage where tenants are on (`a3r.study.price.stage_s`)."""
+    plan, design, serving = found.plan, found.design, _pricing(found)
+    if design.cheapest is None or not serving.tenants or plan.sweep is None:
+        return design.smallest_need_s
+    coarse = next(s for s in design.stages if s.name == "coarse")
+    both = plan.sweep.goal in ("a_vs_b", "effect_of")  # the runner never runs one arm alone
+    values = coarse.values if both else list(design.cheapest[0])
+    price = stage_s(
+        sweep_specs(plan, values, "coarse"),
+        seconds_per_episode=design.seconds_per_episode,
+        eval_episodes=found.settings.eval_tasks * found.settings.eval_samples,
+        measured_tokens=token_cap(plan),
+        serving=serving,
+    )
+    return design.smallest_need_s - design.cheapest[1] + price
 
 
 def _print_research_plan(question: str, settings: SessionSettings, overrides: dict[str, Any]) -> None:
@@ -932,7 +958,7 @@ def _stage_lines(found: _ResearchDesign) -> list[str]:
             else ""
         )
         serving = _serving(found, stage)
-        seconds = stage.seconds - serving.starts_saved * SERVER_OVERHEAD_S
+        seconds = stage.seconds if serving.seconds is None else serving.seconds
         parts.append(f"{most}{stage.runs} run(s){reused}, ≈ {seconds / 60:.1f} min")
         lines.append(f"    {stage.name}: {'; '.join(parts)} — {stage.note}")
         lines += [f"      servers: {line}" for line in serving.lines]
@@ -952,14 +978,20 @@ def _serving(found: _ResearchDesign, stage: StageSketch) -> StageServing:
         runs=stage.runs,
         server_options=found.settings.server_options,
         enabled=found.settings.tenants,
+        max_tenants=found.settings.max_tenants,
+        seconds_per_episode=found.design.seconds_per_episode,
+        eval_episodes=found.settings.eval_tasks * found.settings.eval_samples,
     )
 
 
 def _estimated_s(found: _ResearchDesign) -> float:
-    """The design's estimate with one server start per stage whose runs are tenants of one server, not
-    one per run."""
-    saved = sum(_serving(found, stage).starts_saved for stage in found.design.stages)
-    return found.design.estimated_s - saved * SERVER_OVERHEAD_S
+    """The design's estimate with each stage whose runs are tenants of one server priced as such
+    (`a3r.study.price.stage_s`: one server start, not one per run, and per wave its slowest run on vLLM)."""
+    total = 0.0
+    for stage in found.design.stages:
+        serving = _serving(found, stage)
+        total += stage.seconds if serving.seconds is None else serving.seconds
+    return total
 
 
 def _finding_lines(found: _ResearchDesign) -> list[str]:
@@ -999,13 +1031,14 @@ def _budget_warning(found: _ResearchDesign) -> str | None:
 
     plan, design, settings = found.plan, found.design, found.settings
     assert plan.sweep is not None
-    if design.estimated_s <= settings.budget_minutes * 60:
+    if _estimated_s(found) <= settings.budget_minutes * 60:
         return None
     dropped = budget_drops(
         plan,
         design,
         budget_s=settings.budget_minutes * 60,
         eval_episodes=settings.eval_tasks * settings.eval_samples,
+        serving=_pricing(found),
     )
     # the stages after the coarse one this design has (an A-vs-B or effect-of study has no refine)
     later = [s.name for s in design.stages if s.name not in ("preflight", "coarse")]

@@ -20,13 +20,14 @@ from typing import Any, Protocol
 
 from a3r.providers import ResearchProvider
 from a3r.study.design import PREFLIGHT_BUDGET_S
+from a3r.study.price import SEQUENTIAL, Serving
 from a3r.study.research import WRAP_UP_S, spent_s
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.sequential import SignalRule
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.execution import Workspace, execute_run
 from a3r.swarmops.processes import ServerHandle
-from a3r.swarmops.tenancy import TenantSettings
+from a3r.swarmops.tenancy import TenantSettings, stage_pricing
 from memory import Store
 
 __all__ = ["Ledger", "RunContext", "RunExecutor"]
@@ -171,6 +172,15 @@ class RunContext:
         (`WRAP_UP_S`)."""
         since = max(0.0, (time.monotonic() if now is None else now) - self.clock_mark)
         return self.budget_s - spent_s(outcomes) - since - WRAP_UP_S
+
+    def serving(self) -> Serving:
+        """How the runner serves a sweep stage's runs, for their price (`a3r.study.price.stage_s`) and
+        for the runner itself: as tenants of one server where tenants are on
+        (`a3r.swarmops.tenancy.stage_pricing`) and ``execute`` is the real executor (a simulated one runs
+        one at a time); else `a3r.study.price.SEQUENTIAL`."""
+        if self.execute is not execute_run:
+            return SEQUENTIAL
+        return stage_pricing(self.tenants, self.server_options)
 
     def say(self, line: str) -> None:
         """Report progress (to ``notify``)."""

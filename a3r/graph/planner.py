@@ -236,6 +236,7 @@ def _stage_budget(state: ResearchState, ctx: RunContext) -> StageBudget:
         signal=ctx.signal,
         advice=_recommendations(state["plan"]),
         total_s=ctx.budget_s,
+        serving=ctx.serving(),
     )
 
 

@@ -8,6 +8,7 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from langgraph.runtime import Runtime
@@ -19,9 +20,10 @@ from a3r.study.analysis import DiagnosisKind, on_shared_tasks, part_roles, rewar
 from a3r.study.design import STABLE_CONFIRM_SEEDS, ranked_by_held_out, seed_means
 from a3r.study.effects import LEVEL, Effect, EffectVerdict, Scale, curve_effect, two_sample_effect
 from a3r.study.headline import NOT_RUN, budget_advice, verdict_label
-from a3r.study.plans import StabilityCriterion
+from a3r.study.plans import PlanDraft, StabilityCriterion
+from a3r.study.price import Serving, stage_s
 from a3r.study.report import write_report
-from a3r.study.research import budget_note, measured_run_s, spent_s
+from a3r.study.research import budget_note, measured_run_s, measured_tenants, spent_s, sweep_specs
 from a3r.study.runs import RunOutcome
 from a3r.study.settings import value_text
 from a3r.study.stability import (
@@ -361,7 +363,13 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
         return "unconfirmed: no sweep run finished; no conclusion"
     all_ids = [i for c in configs for i in c.run_ids if i in own]
     seeds = sorted({s for c in configs for s in c.seeds})
-    missing = _not_run_text(configs, variable, outcomes, budget_s=ctx.budget_s)
+    missing = _not_run_text(
+        configs,
+        variable,
+        outcomes,
+        budget_s=ctx.budget_s,
+        tenants=_TenantSettle(plan, ctx.serving(), ctx.eval_tasks * ctx.eval_samples),
+    )
     ran = [c for c in configs if c.ran]
     if not ran:
         statement, status = f"{NOT_RUN}: no configuration ran{missing}", FindingStatus.not_run
@@ -391,12 +399,60 @@ def _research_conclusion(state: ResearchState, ctx: RunContext, configs: list[Co
     return statement
 
 
+@dataclass(frozen=True)
+class _TenantSettle:
+    """What the settle budget needs to price the runs that did not run as tenants of one server."""
+
+    plan: PlanDraft
+    serving: Serving
+    eval_episodes: int
+
+
+def _tenant_settle(
+    tenants: _TenantSettle, configs: list[ConfigVerdict], cut: list[RunOutcome], outcomes: list[RunOutcome]
+) -> tuple[float, str] | None:
+    """The seconds the runs that did not run (``cut`` by the budget, or dropped before they started)
+    add as one more tenant stage (`a3r.study.price.stage_s` at what the study's tenant stages measured),
+    with how they were priced; ``None`` without tenants or before a tenant stage was measured."""
+    measured = measured_tenants(outcomes)
+    if not tenants.serving.tenants or measured is None:
+        return None
+    pairs = [(o.value, o.seed) for o in cut if o.value is not None]
+    pairs += [
+        (c.value, int(why.split(":")[0].split()[1]))
+        for c in configs
+        for why in c.not_run
+        if why.endswith(DROPPED_BY_REPLAN)
+    ]
+    specs = [s for v, seed in pairs for s in sweep_specs(tenants.plan, [v], "settle", seeds=[seed])]
+    speeds = [o.seconds_per_episode for o in outcomes if o.purpose == "sweep" and o.wall_s > 0]
+    seconds = stage_s(
+        specs,
+        seconds_per_episode=min((x for x in speeds if math.isfinite(x)), default=math.nan),
+        eval_episodes=tenants.eval_episodes,
+        serving=tenants.serving,
+        measured=measured,
+    )
+    how = (
+        f"as tenants of one server at the measured {measured.start_s:,.0f} s server start and "
+        f"{measured.run_s:,.0f} s per tenant run"
+    )
+    return seconds, how
+
+
 def _not_run_text(
-    configs: list[ConfigVerdict], variable: str, outcomes: list[RunOutcome], *, budget_s: float
+    configs: list[ConfigVerdict],
+    variable: str,
+    outcomes: list[RunOutcome],
+    *,
+    budget_s: float,
+    tenants: _TenantSettle | None = None,
 ) -> str:
     """The sentence a conclusion ends with when some configurations or seeds did not run: which and why,
     and for budget stops the budget that would run them, from the measured per-run time ("" when
-    every run ran)."""
+    every run ran); in a study whose stages ran as tenants of one server, from the price of those runs as
+    one more tenant stage (`_tenant_settle`), the cut tenants' time left in (their stage's time was
+    spent on the runs beside them)."""
     missing = [c for c in configs if c.not_run]
     if not missing:
         return ""
@@ -411,6 +467,17 @@ def _not_run_text(
     missed = len(cut) + unstarted
     if not missed:
         return text
+    parts = [f"{len(cut)} cancelled"] * bool(cut) + [f"{unstarted} dropped before they started"]
+    shared = _tenant_settle(tenants, configs, cut, outcomes) if tenants is not None else None
+    if shared is not None:
+        seconds, how = shared
+        needed = spent_s(outcomes) - spent_s([o for o in cut if o.tenant_server is None]) + seconds
+        return text + (
+            f". The budget ran out for {counted(missed, 'runs')}"
+            + (f" ({', '.join(parts)})" if unstarted else "")
+            + f": {how}, --budget-minutes {math.ceil(needed / 60)} would have run them "
+            f"(this one had {budget_s / 60:g})"
+        )
     measured = measured_run_s(outcomes)
     if measured is None:
         return (
@@ -419,7 +486,6 @@ def _not_run_text(
             "completed, so no per-run time was measured: the dry run (--dry-run) names the budget the study needs"
         )
     per_run, ran = measured
-    parts = [f"{len(cut)} cancelled"] * bool(cut) + [f"{unstarted} dropped before they started"]
     # what was spent, less the time the cut runs wasted, plus a measured run's time for each run not run
     needed = spent_s(outcomes) - spent_s(cut) + missed * per_run
     return text + (

@@ -29,8 +29,8 @@ from a3r.study.research import eval_reserve_s
 from a3r.study.runs import STORE_STATUS, RunOutcome, RunSpec, episodes_text
 from a3r.study.settings import value_text
 from a3r.study.wording import counted
-from a3r.swarmops.execution import Workspace, execute_run
-from a3r.swarmops.tenancy import execute_stage, stage_runs, tenants_on
+from a3r.swarmops.execution import Workspace
+from a3r.swarmops.tenancy import execute_stage, stage_runs
 from memory import RunPublic, RunStatus
 
 __all__ = ["experiment_name", "runner", "variant_workspace"]
@@ -156,8 +156,9 @@ def runner(state: ResearchState, runtime: Runtime[RunContext]) -> dict[str, obje
 
 def _tenant_stage(queue: list[RunSpec], ctx: RunContext) -> list[RunSpec]:
     """The queue's head runs that run together as tenants (`a3r.swarmops.tenancy.stage_runs`): only
-    with tenants on and the real executor (a simulated one, ``bench/research.py``, runs one at a time)."""
-    if not tenants_on(ctx.tenants.enabled, ctx.server_options) or ctx.execute is not execute_run:
+    with tenants on and the real executor (`RunContext.serving`; a simulated one, ``bench/research.py``,
+    runs one at a time). The stage's price sees the same (`a3r.study.price.stage_s`)."""
+    if not ctx.serving().tenants:
         return []
     return stage_runs(queue, ctx.server_options)
 
@@ -244,7 +245,8 @@ def _run_stage(
             eval_reserve_s=eval_reserve_s(todo[0][0], state.get("outcomes", []), budget_s=budget_left),
             max_tenants=ctx.tenants.max_tenants,
         )
-    elapsed = time.monotonic() - started
+    # the stage's time: at least the wall its server measured (`RunOutcome.tenant_stage`)
+    elapsed = max([time.monotonic() - started, *(o.tenant_stage.wall_s for o in fresh if o.tenant_stage)])
     lines = []
     longest = max(range(len(fresh)), key=lambda i: fresh[i].wall_s, default=-1)
     for i, ((spec, run_id), outcome) in enumerate(zip(todo, fresh, strict=True)):

@@ -35,7 +35,7 @@ from a3r.errors import PlanError
 from a3r.study.analysis import RewardSummary
 from a3r.study.effects import LEVEL, MIN_EFFECT_SD
 from a3r.study.plans import HypothesisDraft, PlanDraft, StabilityCriterion
-from a3r.study.price import SERVER_OVERHEAD_S, estimate_run_s
+from a3r.study.price import SEQUENTIAL, SERVER_OVERHEAD_S, Serving, estimate_run_s
 from a3r.study.research import (
     WRAP_UP_S,
     ConfigVerdict,
@@ -607,9 +607,17 @@ def _sketch_run(plan: PlanDraft, value: float, *, seconds_per_episode: float, ev
     )
 
 
-def budget_drops(plan: PlanDraft, design: StudyDesign, *, budget_s: float, eval_episodes: int) -> list[float]:
+def budget_drops(
+    plan: PlanDraft,
+    design: StudyDesign,
+    *,
+    budget_s: float,
+    eval_episodes: int,
+    serving: Serving = SEQUENTIAL,
+) -> list[float]:
     """Coarse values the runner would drop to fit ``budget_s`` after the preflight (the same rule as
-    at run time: `a3r.study.research.fit_budget`), at the design's assumed speed."""
+    at run time: `a3r.study.research.fit_budget`, its runs served as ``serving`` says), at the design's
+    assumed speed."""
     coarse = next((s for s in design.stages if s.name == "coarse"), None)
     preflight = sum(s.seconds for s in design.stages if s.name == "preflight")
     if coarse is None or plan.sweep is None:
@@ -621,6 +629,7 @@ def budget_drops(plan: PlanDraft, design: StudyDesign, *, budget_s: float, eval_
         eval_episodes=eval_episodes,
         goal=plan.sweep.goal,
         measured_tokens=token_cap(plan),
+        serving=serving,
     )
     return dropped
 

@@ -20,7 +20,16 @@ from pydantic import BaseModel, ConfigDict
 
 from a3r.study.effects import MIN_STEPS
 from a3r.study.plans import PlanDraft, StabilityCriterion, TrainingSettings
-from a3r.study.price import SERVER_OVERHEAD_S, UPDATE_SHARE, estimate_run_s, step_s
+from a3r.study.price import (
+    SEQUENTIAL,
+    SERVER_OVERHEAD_S,
+    UPDATE_SHARE,
+    Serving,
+    TenantMeasure,
+    estimate_run_s,
+    stage_s,
+    step_s,
+)
 from a3r.study.runs import RunOutcome, RunSpec
 from a3r.study.settings import resolve_setting
 from a3r.study.stability import (
@@ -62,6 +71,7 @@ __all__ = [
     "initial_queue",
     "judge_run",
     "measured_run_s",
+    "measured_tenants",
     "min_stable_value",
     "non_monotone",
     "recheck_steps",
@@ -138,11 +148,45 @@ def measured_run_s(outcomes: Sequence[RunOutcome]) -> tuple[float, int] | None:
     ran = sorted(
         o.wall_s + o.overhead_s
         for o in outcomes
-        if o.purpose == "sweep" and o.wall_s > 0 and not_run_reason(o) is None
+        if o.purpose == "sweep" and o.wall_s > 0 and o.tenant_server is None and not_run_reason(o) is None
     )
     if not ran:
         return None
     return statistics.median(ran), len(ran)
+
+
+def measured_tenants(outcomes: Sequence[RunOutcome]) -> TenantMeasure | None:
+    """What the study's sweep stages run as tenants of one server measured (`RunOutcome.tenant_stage`),
+    for the price of the next one (`a3r.study.price.tenant_stage_s`): the server start (median over the
+    stages), the stage's aggregate seconds per episode (the waves over the sum of its tenants' own
+    episode rates, ``1 / RunOutcome.seconds_per_episode``, each measured by its client while the others
+    ran beside it: ≈ one run's speed where they share the CPU cores, a fraction of it where the engine
+    batches them; median over the stages), and the median wall of a tenant run that ran (its fixed costs
+    included: client start, held-out evaluation). ``None`` before any tenant stage ended.
+
+    A tenant's own wall time overlaps the others' and leaves out the shared start, so these runs are not
+    in `measured_run_s` (the price of a run on its own server)."""
+    stages: dict[tuple[str, float, float], list[RunOutcome]] = defaultdict(list)
+    for o in outcomes:
+        if o.purpose == "sweep" and o.tenant_stage is not None:
+            stages[(o.stage, o.tenant_stage.wall_s, o.tenant_stage.start_s)].append(o)
+    if not stages:
+        return None
+    starts, speeds = [], []
+    for (_, _, start), runs in stages.items():
+        starts.append(start)
+        # the episodes per second the engine gave the tenants together: the sum of their own rates, per wave
+        rates = sum(1 / o.seconds_per_episode for o in runs if 0 < o.seconds_per_episode < math.inf)
+        waves = max(o.tenant_stage.waves for o in runs if o.tenant_stage is not None)
+        if rates > 0:
+            speeds.append(waves / rates)
+    ran = [o.wall_s for runs in stages.values() for o in runs if not_run_reason(o) is None]
+    return TenantMeasure(
+        start_s=statistics.median(starts),
+        seconds_per_episode=statistics.median(speeds) if speeds else math.nan,
+        run_s=statistics.median(ran) if ran else 0.0,
+        stages=len(stages),
+    )
 
 
 def budget_note(outcomes: Sequence[RunOutcome], *, wrap_up_s: float, budget_s: float) -> str:
@@ -596,10 +640,15 @@ def fit_budget(
     goal: str,
     measured_tokens: float | None = None,
     min_run_s: float = 0.0,
+    serving: Serving = SEQUENTIAL,
+    measured: TenantMeasure | None = None,
 ) -> tuple[list[RunSpec], list[float]]:
     """Keep whole configurations (all seeds of a value) that fit the budget, each run priced by
     `estimate_run_s` (``measured_tokens``: see there) and at no less than ``min_run_s`` (the measured
-    wall seconds of a whole run, its start and held-out evaluation included: `measured_run_s`).
+    wall seconds of a whole run, its start and held-out evaluation included: `measured_run_s`); with
+    tenants (``serving``), the kept runs as one stage by `a3r.study.price.stage_s` (one server start, the
+    slowest run of each wave; ``measured``: `measured_tenants`), so a configuration costs what it adds
+    to the stage.
 
     For ``min_stable`` the smallest values are kept first (the question is about them); for ``best``
     the values in plan order. A configuration is never cut to fewer seeds.
@@ -615,6 +664,22 @@ def fit_budget(
     dropped: list[float] = []
     spent = 0.0
     for value in order:
+        if serving.tenants:
+            trial = [s for s in specs if s in kept or s in by_value[value]]  # the queue's order
+            price = stage_s(
+                trial,
+                seconds_per_episode=seconds_per_episode,
+                eval_episodes=eval_episodes,
+                measured_tokens=measured_tokens,
+                min_run_s=min_run_s,
+                serving=serving,
+                measured=measured,
+            )
+            if price <= budget_s:
+                kept = trial
+            else:
+                dropped.append(value)
+            continue
         cost = sum(
             max(
                 min_run_s,

@@ -22,6 +22,7 @@ __all__ = [
     "RunPurpose",
     "RunSpec",
     "RunStatusName",
+    "TenantStageTiming",
     "episodes_text",
     "status_text",
 ]
@@ -47,6 +48,28 @@ class Resizing(BaseModel):
     asked_batch_size: int
     margin_s: float = 0.0
     later_runs: int = 0
+
+
+class TenantStageTiming(BaseModel):
+    """The measured wall time of a sweep stage run as tenants of one server (`a3r.swarmops.tenancy.
+    execute_stage`), kept on each of its runs' outcomes: what the next stage's price is measured from
+    (`a3r.study.research.measured_tenants`), since a tenant's own wall time overlaps the others'.
+
+    Attributes:
+        wall_s: Seconds from the server's start to its stop, every run's held-out evaluation included.
+        start_s: Of those, the seconds until the server was ready (``swarm serve --tenants`` and, on
+            vLLM, its engine start).
+        runs: Runs of the stage.
+        waves: Runs resident at once at most (`a3r.swarmops.tenancy.TenantSettings.max_tenants`) divide
+            the runs into this many waves: ⌈runs / places⌉.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    wall_s: float
+    start_s: float
+    runs: int
+    waves: int = 1
 
 
 class RunSpec(BaseModel):
@@ -152,6 +175,8 @@ class RunOutcome(BaseModel):
             time, so that a stage's concurrent runs count its wall time once.
         tenant: The LoRA tenant it trained as on its stage's shared server (``None``: a server of its own).
         tenant_server: That server's key (``coarse-tenants``).
+        tenant_stage: The measured time of the tenant stage it ran in (the same on every run of it;
+            ``None``: a server of its own, or an outcome recorded before this was).
         planned_steps: The trainer steps its spec planned (``settings.steps``): a run the budget stopped
             before them is not a completed run (`a3r.study.stability.not_run_reason`). ``None``: not
             recorded (an outcome stored before this was).
@@ -188,6 +213,7 @@ class RunOutcome(BaseModel):
     shared_s: float = 0.0
     tenant: str | None = None
     tenant_server: str | None = None
+    tenant_stage: TenantStageTiming | None = None
     planned_steps: int | None = None
 
 

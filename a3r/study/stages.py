@@ -27,11 +27,19 @@ from a3r.study.design import (
     replicate_additions,
 )
 from a3r.study.plans import PlanDraft, StabilityCriterion
-from a3r.study.price import estimate_run_s
+from a3r.study.price import (
+    SEQUENTIAL,
+    SERVER_OVERHEAD_S,
+    Serving,
+    TenantMeasure,
+    estimate_run_s,
+    stage_s,
+)
 from a3r.study.research import (
     ConfigVerdict,
     fit_budget,
     measured_run_s,
+    measured_tenants,
     min_stable_value,
     refine_values,
     sweep_specs,
@@ -107,6 +115,8 @@ class StageBudget:
         advice: What to try when the untrained model shows no signal (the template's advice, said in the
             conclusion).
         total_s: The thread's whole budget (a stop names the ``--budget-minutes`` that would fit).
+        serving: How the runner serves a stage's runs (`a3r.study.price.Serving`: tenants of one server
+            or one server per run), so that a stage is priced as it will run (`a3r.study.price.stage_s`).
     """
 
     left_s: float
@@ -114,6 +124,7 @@ class StageBudget:
     signal: SignalRule = field(default_factory=SignalRule)
     advice: str = ""
     total_s: float = math.nan
+    serving: Serving = SEQUENTIAL
 
 
 @dataclass(frozen=True)
@@ -275,6 +286,8 @@ def _coarse(
         eval_episodes=budget.eval_episodes,
         goal=plan.sweep.goal,
         measured_tokens=token_cap(plan),  # the preflight ran the plan's own cap
+        serving=budget.serving,
+        measured=measured_tenants(progress.outcomes),
     )
     variable = plan.sweep.variable
     named = ", ".join(value_text(variable, plan.template, v) for v in dropped)
@@ -363,7 +376,17 @@ def _budget_needed(progress: StudyProgress, budget: StageBudget, pre: RunOutcome
     reused = len(set(plan.sweep.coarse) - {v for v in by_value if v is not None})
     cost = {v if v is not None else math.nan: seconds for v, seconds in by_value.items()}
     answering = answering_values(plan.sweep.goal, cost, reused=reused)
-    need = budget.total_s - budget.left_s + sum(cost[v] for v in answering)
+    price = sum(cost[v] for v in answering)
+    if budget.serving.tenants:  # the answering configurations as one tenant stage
+        price = stage_s(
+            [s for s in specs if s.value in answering],
+            seconds_per_episode=pre.seconds_per_episode,
+            eval_episodes=budget.eval_episodes,
+            measured_tokens=token_cap(plan),
+            serving=budget.serving,
+            measured=measured_tenants(progress.outcomes),
+        )
+    need = budget.total_s - budget.left_s + price
     return f"give --budget-minutes {math.ceil(need / 6) / 10:g} or more"
 
 
@@ -395,20 +418,22 @@ class _Planner:
     configs: list[ConfigVerdict]
     per_episode: float
     per_run: float = 0.0
+    tenants: TenantMeasure | None = None
     lines: list[str] = field(default_factory=list)
     cuts: list[str] = field(default_factory=list)
 
     def cost(self, specs: Sequence[RunSpec]) -> str:
-        seconds = sum(
-            max(
-                self.per_run,
-                estimate_run_s(
-                    s, seconds_per_episode=self.per_episode, eval_episodes=self.budget.eval_episodes
-                ),
-            )
-            for s in specs
+        seconds = stage_s(
+            specs,
+            seconds_per_episode=self.per_episode,
+            eval_episodes=self.budget.eval_episodes,
+            min_run_s=self.per_run,
+            serving=self.budget.serving,
+            measured=self.tenants,
         )
         floor = f" and at least {self.per_run:.0f} s per run" if self.per_run > 0 else ""
+        if self.budget.serving.tenants:
+            floor = tenant_terms(self.tenants, self.budget.serving)
         return f"{counted(len(specs), 'runs')} ≈ {seconds:.0f} s at the measured {self.per_episode:.1f} s per episode{floor}"
 
     def fit(self, specs: Sequence[RunSpec], goal: str) -> tuple[list[RunSpec], list[float]]:
@@ -419,6 +444,8 @@ class _Planner:
             eval_episodes=self.budget.eval_episodes,
             goal=goal,
             min_run_s=self.per_run,
+            serving=self.budget.serving,
+            measured=self.tenants,
         )
 
     def shown(self, values: Sequence[float]) -> str:
@@ -456,6 +483,26 @@ class _Planner:
         )
 
 
+def tenant_terms(measured: TenantMeasure | None, serving: Serving) -> str:
+    """How a tenant stage is priced, for a budget line (`a3r.study.price.tenant_stage_s`): one server
+    start, and per wave of up to ``max_tenants`` runs the longer of its slowest run and its episodes at the
+    engine's aggregate speed, measured by the study's tenant stages or assumed."""
+    wave = f"per wave of up to {serving.max_tenants} runs"
+    if measured is None:
+        side = "its slowest run" if serving.batched else "the sum of its runs' work (they share the cores)"
+        return f", as tenants of one server: one start of ≈ {SERVER_OVERHEAD_S:.0f} s + {wave} {side}"
+    least = f" (at least the measured {measured.run_s:.0f} s)" if measured.run_s > 0 else ""
+    aggregate = (
+        f" or its episodes at the {measured.seconds_per_episode:.2f} s per episode the engine gave its tenants together"
+        if math.isfinite(measured.seconds_per_episode)
+        else ""
+    )
+    return (
+        f", as tenants of one server: one start of {measured.start_s:.0f} s (measured) + {wave} "
+        f"its slowest run{least}{aggregate}, whichever is longer"
+    )
+
+
 def _after_sweep_stage(progress: StudyProgress, budget: StageBudget) -> StageDecision:
     """After the coarse or a refine or replicate stage (see `next_stage`)."""
     baseline = progress.baseline
@@ -468,6 +515,7 @@ def _after_sweep_stage(progress: StudyProgress, budget: StageBudget) -> StageDec
         configs=verdicts(progress.outcomes, baseline=baseline, criterion=criterion),
         per_episode=min((m for m in measured if m == m), default=math.nan),
         per_run=(measured_run_s(progress.outcomes) or (0.0, 0))[0],
+        tenants=measured_tenants(progress.outcomes),
     )
     for step in (_readmit, _refine, _replicate):
         decided = step(planner)
@@ -596,27 +644,34 @@ def refit_queue(
     per_episode = min(measured)
     run = measured_run_s(progress.outcomes)
     per_run = run[0] if run else 0.0
+    tenants = measured_tenants(progress.outcomes)
     started = {(o.stage, o.value) for o in progress.outcomes if o.purpose == "sweep"}
     committed = [s for s in queue if (s.stage, s.value) in started]
     open_specs = [s for s in queue if (s.stage, s.value) not in started]
 
-    def one(spec: RunSpec) -> float:
-        return max(
-            per_run, estimate_run_s(spec, seconds_per_episode=per_episode, eval_episodes=budget.eval_episodes)
-        )
-
     def price(specs: Sequence[RunSpec]) -> float:
-        return sum(one(s) for s in specs)
+        return stage_s(
+            specs,
+            seconds_per_episode=per_episode,
+            eval_episodes=budget.eval_episodes,
+            min_run_s=per_run,
+            serving=budget.serving,
+            measured=tenants,
+        )
 
     goal = plan.sweep.goal if progress.stage == Stage.coarse else "best"
     if progress.stage == Stage.refine and plan.sweep.goal == "min_stable":
         goal = "min_stable"
     # a run of a configuration under way starts only when the measured time says it can finish
-    left, going, cut = budget.left_s, [], []
+    left = budget.left_s
+    going: list[RunSpec] = []
+    cut: list[RunSpec] = []
     for spec in committed:
-        if one(spec) <= left:
+        # with tenants, what the run adds to the runs going with it (`stage_s`)
+        more = price([*going, spec]) - price(going) if budget.serving.tenants else price([spec])
+        if more <= left:
             going.append(spec)
-            left -= one(spec)
+            left -= more
         else:
             cut.append(spec)
     kept, dropped = fit_budget(
@@ -626,6 +681,8 @@ def refit_queue(
         eval_episodes=budget.eval_episodes,
         goal=goal,
         min_run_s=per_run,
+        serving=budget.serving,
+        measured=tenants,
     )
     back: list[RunSpec] = []
     waiting = list(progress.dropped)
@@ -637,6 +694,8 @@ def refit_queue(
             eval_episodes=budget.eval_episodes,
             goal=plan.sweep.goal,
             min_run_s=per_run,
+            serving=budget.serving,
+            measured=tenants,
         )
     if not dropped and not back and not cut:
         return None
@@ -647,6 +706,8 @@ def refit_queue(
         if run
         else ""
     )
+    if budget.serving.tenants:
+        floor += tenant_terms(tenants, budget.serving).replace(",", ";", 1)
     refit = Refit(queue=[*going, *kept, *back], dropped=dropped, back=back, waiting=waiting, cut=cut)
     return _refitted(progress, budget, refit, _pairs(left_out), per_episode, floor)
 

@@ -16,7 +16,9 @@ evaluated and retired.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +28,9 @@ from typing import Any
 
 from a3r.errors import SwarmProcessError
 from a3r.study.plans import PlanDraft
-from a3r.study.research import sweep_specs
-from a3r.study.runs import RunOutcome, RunSpec
+from a3r.study.price import SEQUENTIAL, Serving, stage_s
+from a3r.study.research import sweep_specs, token_cap
+from a3r.study.runs import RunOutcome, RunSpec, TenantStageTiming
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.execution import Workspace, execute_tenant_run, tenant_server_options
 from a3r.swarmops.processes import start_server
@@ -39,6 +42,8 @@ __all__ = [
     "TenantSettings",
     "execute_stage",
     "plan_stage_serving",
+    "serving_groups",
+    "stage_pricing",
     "stage_runs",
     "stage_server_key",
     "stage_servers",
@@ -120,35 +125,71 @@ def stage_runs(queue: Sequence[RunSpec], server_options: Mapping[str, Any]) -> l
     return found if len(found) >= 2 else []
 
 
+def serving_groups(specs: Sequence[RunSpec], server_options: Mapping[str, Any]) -> list[list[RunSpec]]:
+    """``specs`` split, in queue order, as the runner serves them: each group `stage_runs` takes from the
+    queue (the tenants of one server), and each other run alone (a server of its own)."""
+    groups: list[list[RunSpec]] = []
+    queue = list(specs)
+    while queue:
+        group = stage_runs(queue, server_options) or queue[:1]
+        groups.append(group)
+        queue = queue[len(group) :]
+    return groups
+
+
 def stage_servers(specs: Sequence[RunSpec], server_options: Mapping[str, Any]) -> list[str]:
     """How a stage's runs will be served, one line per server, as the dry run says it: ``"4 runs as
     tenants of one server"`` for each group `stage_runs` takes from the queue, and ``"<run key>: own server:
     <why>"`` for each run that cannot be a tenant (`tenant_reason`) or is left alone."""
     lines: list[str] = []
-    queue = list(specs)
-    while queue:
-        group = stage_runs(queue, server_options)
-        if group:
+    for group in serving_groups(specs, server_options):
+        if len(group) > 1:
             lines.append(f"{len(group)} runs as tenants of one server")
-            queue = queue[len(group) :]
             continue
-        spec = queue.pop(0)
+        spec = group[0]
         why = tenant_reason(spec, server_options) or "own server: the only run of its LoRA rank"
         lines.append(f"{spec.key}: {why}")
     return lines
 
 
+def stage_pricing(settings: TenantSettings, server_options: Mapping[str, Any]) -> Serving:
+    """How a stage's price sees its serving (`a3r.study.price.Serving`): with tenants on (`tenants_on`),
+    the groups the runner serves together (`serving_groups`) within ``settings.max_tenants``, batched on
+    the vLLM engine (a wave costs about its slowest run until a tenant stage is measured) and not on hf
+    (the runs share the cores: about the sum of their work); else `a3r.study.price.SEQUENTIAL`."""
+    if not tenants_on(settings.enabled, server_options):
+        return SEQUENTIAL
+    options = dict(server_options)
+    return Serving(
+        groups=lambda specs: serving_groups(specs, options),
+        max_tenants=settings.max_tenants,
+        batched=str(options.get("engine", "hf")) == "vllm",
+    )
+
+
 @dataclass(frozen=True)
 class StageServing:
-    """How a planned stage's runs will be served (the dry run's line), and the server starts saved.
+    """How a planned stage's runs will be served (the dry run's line), and what that costs.
 
     Attributes:
         lines: `stage_servers`' lines (``"8 runs as tenants of one server"``, ``"<key>: own server: …"``).
         starts_saved: Server starts the stage does not pay: its runs less its servers.
+        seconds: The stage's price served so (`a3r.study.price.stage_s`: one server start and per wave its
+            slowest run on the vLLM engine, the sum of the runs' work on hf); ``None``: one server per run,
+            the design's own estimate.
     """
 
     lines: list[str]
     starts_saved: int
+    seconds: float | None = None
+
+
+def _tenant_line(runs: int, serving: Serving) -> str:
+    """The dry run's line for ``runs`` runs of a stage as tenants of one server, with how they are priced."""
+    waves = math.ceil(runs / serving.max_tenants)
+    each = "its slowest run" if serving.batched else "the sum of its runs' work (on hf they share the cores)"
+    wave = f"{waves} waves of up to {serving.max_tenants}, each" if waves > 1 else "then"
+    return f"{runs} runs as tenants of one server: priced as one server start, {wave} {each}"
 
 
 def plan_stage_serving(
@@ -160,11 +201,16 @@ def plan_stage_serving(
     runs: int,
     server_options: Mapping[str, Any],
     enabled: bool | None = None,
+    max_tenants: int = 8,
+    seconds_per_episode: float = math.nan,
+    eval_episodes: int = 0,
 ) -> StageServing:
-    """How a stage of ``plan`` will be served, before it runs (``a3r research --dry-run``): its runs as
-    built for the queue (`a3r.study.research.sweep_specs`); a stage whose values are decided later
-    (refine, replicate) is judged by a run of the first coarse value, and its ``runs`` at most share one
-    server when that run can be a tenant (a LoRA-rank sweep's runs never do: one server per rank).
+    """How a stage of ``plan`` will be served, before it runs (``a3r research --dry-run``), and its price
+    so served (`a3r.study.price.stage_s` at the design's speed): its runs as built for the queue
+    (`a3r.study.research.sweep_specs`); a stage whose values are decided later (refine, replicate) is
+    judged by runs of the dearest coarse value (the design prices them so), and its ``runs`` at most share
+    one server when such a run can be a tenant (a LoRA-rank sweep's runs never do: one server per rank),
+    a refine stage's one server per round (its seeds of one value for min-stable, of two for best).
 
     Args:
         plan: A research plan.
@@ -175,25 +221,58 @@ def plan_stage_serving(
         server_options: The user's ``swarm serve`` options.
         enabled: ``a3r research --tenants`` (``False``: one server per run; ``None``: by the engine,
             `tenants_on`).
+        max_tenants: Tenants resident at once (`TenantSettings.max_tenants`).
+        seconds_per_episode: The design's speed (`a3r.study.design.StudyDesign.seconds_per_episode`).
+        eval_episodes: Held-out attempts of each run's evaluation.
     """
     assert plan.sweep is not None
-    if not tenants_on(enabled, server_options):
+    serving = stage_pricing(TenantSettings(enabled=enabled, max_tenants=max_tenants), server_options)
+    if not serving.tenants:
         return StageServing(["own server per run (--no-tenants)" if enabled is False else AUTO_OFF], 0)
     if runs < 2:
         return StageServing([], 0)
+    price = functools.partial(
+        stage_s,
+        seconds_per_episode=seconds_per_episode,
+        eval_episodes=eval_episodes,
+        measured_tokens=token_cap(plan),
+        serving=serving,
+    )
     if values:
         specs = sweep_specs(plan, values, stage, seeds=list(range(max(1, seeds))))
-        lines = stage_servers(specs, server_options)
-        servers = sum(1 for line in lines if "tenants of one server" in line)
-        tenants = sum(int(line.split()[0]) for line in lines if "tenants of one server" in line)
-        return StageServing(lines, tenants - servers)
+        groups = serving_groups(specs, server_options)
+        lines = [
+            _tenant_line(len(g), serving) if len(g) > 1 else stage_servers(g, server_options)[0]
+            for g in groups
+        ]
+        tenants = sum(len(g) for g in groups if len(g) > 1)
+        servers = sum(1 for g in groups if len(g) > 1)
+        return StageServing(lines, tenants - servers, price(specs))
     (probe,) = sweep_specs(plan, plan.sweep.coarse[:1], stage, seeds=[0])
     why = tenant_reason(probe, server_options)
     if plan.sweep.variable == "lora_rank":
         why = why or "own server per LoRA rank (the adapter's rank is the server's)"
     if why is not None:
         return StageServing([f"{why}"], 0)
-    return StageServing([f"up to {runs} runs as tenants of one server"], runs - 1)
+
+    def alone(value: float) -> float:
+        return price(sweep_specs(plan, [value], stage, seeds=[0]), serving=SEQUENTIAL)
+
+    dearest = max(plan.sweep.coarse, key=alone)
+    # a refine stage is a round at a time (one value a round for min-stable, two for best), each its server
+    group = runs
+    if stage == "refine" and seeds > 0:
+        group = min(runs, seeds * (1 if plan.sweep.goal == "min_stable" else 2))
+    rounds = max(1, runs // max(1, group))
+    if group < 2:
+        return StageServing(["own server: one run a round"], 0)
+    specs = sweep_specs(plan, [dearest], stage, seeds=list(range(group)))
+    line = (
+        f"up to {rounds} rounds, each {_tenant_line(group, serving)}"
+        if rounds > 1
+        else f"up to {_tenant_line(group, serving)}"
+    )
+    return StageServing([line], runs - rounds, rounds * price(specs))
 
 
 def stage_server_key(stage: str) -> str:
@@ -241,7 +320,8 @@ def execute_stage(
         max_tenants: Tenants resident at once (`TenantSettings.max_tenants`).
 
     Returns:
-        One outcome per run; a server that cannot start gives every run a ``failed_to_start`` outcome.
+        One outcome per run, each with the stage's measured time (`TenantStageTiming`: wall, server
+        start, waves); a server that cannot start gives every run a ``failed_to_start`` outcome.
     """
     started = time.monotonic()
     first = specs[0]
@@ -279,12 +359,21 @@ def execute_stage(
             eval_reserve_s=eval_reserve_s,
         )
 
+    start_s = time.monotonic() - started
     pool = ThreadPoolExecutor(max_workers=places, thread_name_prefix="a3r-tenant")
     try:
         futures = [pool.submit(one, spec, run_id) for spec, run_id in zip(specs, run_ids, strict=True)]
-        return [future.result() for future in futures]
+        outcomes = [future.result() for future in futures]
     finally:
         # first the server (an interrupted stage's runs then see it gone and end), then their threads
         ctx.servers.pop(key, None)
         handle.stop()
         pool.shutdown(wait=True, cancel_futures=True)
+    # what the next stage's price is measured from (`a3r.study.research.measured_tenants`)
+    timing = TenantStageTiming(
+        wall_s=time.monotonic() - started,
+        start_s=start_s,
+        runs=len(specs),
+        waves=math.ceil(len(specs) / places),
+    )
+    return [outcome.model_copy(update={"tenant_stage": timing}) for outcome in outcomes]

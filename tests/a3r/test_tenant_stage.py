@@ -149,6 +149,10 @@ def test_a_coarse_stage_runs_as_tenants_of_one_server(
     # the cap: the fourth run waits for a freed place
     outcomes = _stage(ctx, ws, specs, runs, budget_s=400.0 if budget == "ample" else 60.0, max_tenants=3)
     assert ctx.servers == {}
+    # the stage's own time, on every run: what the next stage is priced from (4 runs, 3 at once: 2 waves)
+    timing = outcomes[0].tenant_stage
+    assert timing is not None and (timing.runs, timing.waves) == (4, 2)
+    assert 0 < timing.start_s < timing.wall_s and all(o.tenant_stage == timing for o in outcomes)
     # ONE server: one server dir, one server log, every run recorded against it
     assert [p.name for p in (ws.root / "servers").iterdir() if p.is_dir()] == ["coarse-tenants"]
     server_dir = ws.root / "servers" / "coarse-tenants"
@@ -202,8 +206,10 @@ def test_the_dry_run_says_which_runs_share_a_server(tmp_path: Path) -> None:
         line = next(x for x in output.splitlines() if "estimated time: ≈ " in x)
         return float(line.split("≈ ")[1].split(" min")[0])
 
-    # one server start per stage, not per run: 7 + 3 + 5 server starts of 20 s fewer
-    assert minutes(alone.output) - minutes(shared.output) == pytest.approx(15 * 20 / 60, abs=0.6)
+    # one server start per stage (a refine round is a stage), not per run: 7 + 2 + 5 server starts of 20 s
+    # fewer; on hf the side-by-side runs share the cores, so their work is priced as their sum
+    assert minutes(alone.output) - minutes(shared.output) == pytest.approx(14 * 20 / 60, abs=1.0)
+    assert "servers: up to 2 rounds, each 2 runs as tenants of one server" in shared.output
 
 
 def test_the_report_and_the_tui_show_a_runs_tenant() -> None:
@@ -256,6 +262,12 @@ def test_the_runner_records_a_tenant_stage_like_single_runs(tmp_path: Path, tiny
     # the stage's time counts once: the runs ran side by side
     assert spent_s(outcomes) < sum(o.wall_s + o.overhead_s for o in outcomes)
     assert sum(1 for o in outcomes if o.shared_s > 0) == 1
+    # priced from the stage's measured start and tenants, never as runs of their own servers
+    from a3r.study.research import measured_run_s, measured_tenants
+
+    measured = measured_tenants(outcomes)
+    assert measured is not None and measured.stages == 1 and measured.start_s > 0
+    assert measured_run_s(outcomes) is None
     runs = {r.name: r for r in store.runs()}
     assert all(runs[s.key].status is RunStatus.finished for s in stage)
     assert all(runs[s.key].config["tenant_server"] == "coarse-tenants" for s in stage)
