@@ -170,9 +170,9 @@ def serve(
 
 
 def shut_down(process: subprocess.Popen[bytes]) -> None:
-    """Stop the server's session, and whatever of it outlived the server (Ray's workers hold GPU memory
-    the next mode's server needs)."""
-    stop(process, 60)
+    """Stop the server's session (SIGKILL after 20 s: the budget leaves no more), and whatever of it
+    outlived the server (Ray's workers hold GPU memory the next mode's server needs)."""
+    stop(process, 20)
     kill_leftovers(process.pid)
 
 

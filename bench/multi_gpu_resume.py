@@ -153,7 +153,8 @@ class Server:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        stop(self.process, 60)
+        """SIGTERM the session, SIGKILL after 20 s; then whatever of it outlived the server."""
+        stop(self.process, 20)
         kill_leftovers(self.process.pid)
 
 
@@ -222,6 +223,7 @@ def resume_check(a: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "args": {k: str(v) for k, v in a.items()},
         "complete": False,
+        "where": "building the model",
         "logs": [str(server_log)],
     }
     saved: dict[int, dict[str, Any]] = {}
@@ -244,6 +246,7 @@ def resume_check(a: dict[str, Any]) -> dict[str, Any]:
             log(f"{name} server ready in {result[f'{name}_ready_s']:.1f} s (step {started.status_step()})")
             return started
 
+        result["where"] = "the first server's steps"
         server = start("first")
         clients = subprocess.Popen(
             client_argv(a, server.url, work / "tasks_1.jsonl", work / "clients_1"),
@@ -257,6 +260,7 @@ def resume_check(a: dict[str, Any]) -> dict[str, Any]:
         stop(clients, 10)
         log(f"step {result['step_before_kill']} checkpointed; SIGKILL to the server and its session")
         server.kill()
+        result["where"] = "the restarted server's step"
         server = start("restarted")
         result["step_after_restart"] = server.status_step()
         clients = subprocess.Popen(
@@ -301,6 +305,7 @@ def resume_check(a: dict[str, Any]) -> dict[str, Any]:
         }
         result["load"] = loaded
         log("reading AdamW's state from checkpoints N and N + 1")
+        result["where"] = "reading the checkpoints"
         states = [
             torch.load(
                 folder / f"step-{step:06d}" / "trainer_state.pt",
@@ -312,9 +317,9 @@ def resume_check(a: dict[str, Any]) -> dict[str, Any]:
         ]
         result["adam"] = adam_continuity(*states)
         result["complete"] = True
-    except BenchError as exc:
-        result["error"] = str(exc)
-        log(f"stopped: {exc}")
+    except Exception as exc:  # anything: stop the processes, keep what was measured, report it
+        result["error"] = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+        log(f"stopped: {result['error']}")
     finally:
         stop(clients, 10)
         if server is not None:
