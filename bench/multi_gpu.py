@@ -42,6 +42,8 @@ Usage, on the GPU host (bench/README.md, ``multi_gpu.py``)::
     # CPU smoke run of the bench itself (torch trainer, hf engine: verl and vLLM need CUDA):
     python bench/multi_gpu.py --device cpu --shape tiny --trainer torch --engine hf --steps 2 --groups 2 \
         --group-size 2 --completion 8
+    # a resume: N steps, SIGKILL after step N's checkpoint, restart, one more step (multi_gpu_resume.py)
+    python bench/multi_gpu.py --gpus 1 --steps 2 --resume-check --json $OUT/mg_resume.json
 """
 
 from __future__ import annotations
@@ -719,6 +721,48 @@ def serve_argv(a: dict[str, Any], model_dir: Path, run_dir: Path, port: int) -> 
     return argv
 
 
+def wait_ready(server: subprocess.Popen[bytes], url: str, server_log: Path, deadline: float) -> None:
+    """Wait until the server answers ``GET /api/v1/status`` (a progress line every 15 s).
+
+    Raises:
+        BenchError: it exited, or ``deadline`` (``time.monotonic()``) passed.
+    """
+    import httpx
+
+    last_note = 0.0
+    while True:
+        if server.poll() is not None:
+            raise BenchError(f"the server exited with {server.returncode}: {last_line(server_log)}")
+        try:
+            if httpx.get(f"{url}/api/v1/status", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise BenchError(
+                f"the server did not come up within --budget; last log line: {last_line(server_log)}"
+            )
+        if time.monotonic() - last_note > 15:
+            last_note = time.monotonic()
+            log(f"waiting for the server: {last_line(server_log)}")
+        time.sleep(1)
+
+
+def client_argv(a: dict[str, Any], url: str, tasks: Path, state_dir: Path) -> list[str]:
+    """``swarm run`` of the letters workflow over ``tasks``, one group of each task at a time."""
+    return [
+        *swarm_command(), "run", f"{Path(__file__).resolve()}:letters_workflow",
+        "--server", url,
+        "--dataset", str(tasks),
+        "--group-size", str(a["group_size"]),
+        "--concurrency", str(a["groups"] * a["group_size"]),
+        "--epochs", "1",
+        "--state-dir", str(state_dir),
+        "--fresh",
+        "--no-progress",
+    ]  # fmt: skip
+
+
 def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
     """Build the model, start the server and clients, collect ``--steps`` steps; stop everything."""
     import httpx
@@ -760,42 +804,14 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
         server = subprocess.Popen(
             argv, stdout=server_log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        last_note = 0.0
-        while True:
-            if server.poll() is not None:
-                raise BenchError(f"the server exited with {server.returncode}: {last_line(server_log)}")
-            try:
-                if httpx.get(f"{url}/api/v1/status", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise BenchError(
-                    f"the server did not come up within --budget; last log line: {last_line(server_log)}"
-                )
-            if time.monotonic() - last_note > 15:
-                last_note = time.monotonic()
-                log(f"waiting for the server: {last_line(server_log)}")
-            time.sleep(1)
+        wait_ready(server, url, server_log, deadline)
         result["server_ready_s"] = time.time() - t_serve
         log(f"server ready in {result['server_ready_s']:.1f} s")
 
-        concurrency = a["groups"] * a["group_size"]
-        client_argv = [
-            *swarm_command(), "run", f"{Path(__file__).resolve()}:letters_workflow",
-            "--server", url,
-            "--dataset", str(tasks),
-            "--group-size", str(a["group_size"]),
-            "--concurrency", str(concurrency),
-            "--epochs", "1",
-            "--state-dir", str(work / "clients"),
-            "--fresh",
-            "--no-progress",
-        ]  # fmt: skip
         result["where"] = "rolling out and training"
         clients_started = time.time()
         clients = subprocess.Popen(
-            client_argv,
+            client_argv(a, url, tasks, work / "clients"),
             stdout=client_log.open("wb"),
             stderr=subprocess.STDOUT,
             env=env,
@@ -931,6 +947,13 @@ def main(
         Path | None, typer.Option(help="Where the model and run dir go (default: /tmp).")
     ] = None,
     keep: Annotated[bool, typer.Option(help="Keep the model and the run dir.")] = False,
+    resume_check: Annotated[
+        bool,
+        typer.Option(
+            help="Train --steps steps (checkpoint every step), SIGKILL the server, restart it on its run dir, "
+            "train one more: the step counter, AdamW's continuity, save and load times (multi_gpu_resume.py)."
+        ),
+    ] = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the result here (and the logs beside it).")
     ] = None,
@@ -946,7 +969,12 @@ def main(
     log(
         f"multi_gpu bench: {' '.join(sys.argv[1:])}  ({', '.join(f'{k}={v}' for k, v in MULTICAST_OFF.items())})"
     )
-    result = run(a, base)
+    if resume_check:
+        from multi_gpu_resume import resume_check as check_resume
+
+        result = check_resume(a)
+    else:
+        result = run(a, base)
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=1, default=str))
         log(f"wrote {json_out}")

@@ -141,7 +141,10 @@ def checkpoint_now(
     save_checkpoint(run_dir, trainer.step_count, trainer.model, tokenizer, trainer.state_dict(), keep=keep)
     elapsed = time.perf_counter() - started
     events.emit(
-        "checkpoint.saved", f"checkpoint step {trainer.step_count} ({elapsed:.1f} s)", step=trainer.step_count
+        "checkpoint.saved",
+        f"checkpoint step {trainer.step_count} ({elapsed:.1f} s)",
+        step=trainer.step_count,
+        write_s=round(elapsed, 3),
     )
     return elapsed
 
@@ -261,6 +264,7 @@ class CheckpointWriter:
             "checkpoint.saved",
             f"checkpoint step {snap.step} ({elapsed:.1f} s, in the background)",
             step=snap.step,
+            write_s=round(elapsed, 3),
         )
 
 
@@ -342,10 +346,17 @@ def resume(
     step = 0
     if latest is not None:
         step, path = latest
+        started = time.perf_counter()
         load_weights(path, trainer.model)
         trainer.sync_sampling_model()
         trainer.load_state_dict(load_trainer_state(path))
-        events.emit("checkpoint.loaded", f"resumed from checkpoint step {step}", step=step)
+        load_s = time.perf_counter() - started
+        events.emit(
+            "checkpoint.loaded",
+            f"resumed from checkpoint step {step} ({load_s:.1f} s)",
+            step=step,
+            load_s=round(load_s, 3),
+        )
     replayed = _replay(run_dir, step, trainer, pool, history)
     if replayed:
         step = replayed[-1]

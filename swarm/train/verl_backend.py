@@ -1191,7 +1191,12 @@ class VerlTrainer(TrainerBackend):
         trainer's rule, ``recompute_old_logprobs``, or when unset (auto) more than one optimizer update a
         step. Otherwise the step is on-policy and verl's loss takes π_θ_old from the update's own forward
         (:func:`on_policy_ppo_loss`): one forward less a step. Stale episodes (``--max-staleness``) do not
-        change this: their mismatch is μ vs π_θ, which the TIS weights correct, as in the torch trainer."""
+        change this: π_θ_old is the weights that start the step, not the policy that sampled the tokens,
+        so the update's own forward is exactly π_θ_old for every episode, stale or not; a stale episode's
+        mismatch is its μ (kept from sampling) against π_θ_old, which only the TIS weights
+        ``min(π_θ_old/μ, tis_cap)`` correct, as in the torch trainer (``tests/train/test_verl_cpu.py``:
+        a stale batch gives the torch trainer's loss, gradient and update; taking μ as π_θ_old would
+        not)."""
         cfg = self.config
         if cfg.recompute_old_logprobs is not None:
             return cfg.recompute_old_logprobs

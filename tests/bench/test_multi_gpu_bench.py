@@ -18,15 +18,18 @@ import pytest
 BENCH = Path(multi_gpu.__file__)
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
-    out = tmp_path_factory.mktemp("multi_gpu") / "smoke.json"
-    argv = [
-        *("--device", "cpu", "--shape", "tiny", "--trainer", "torch", "--engine", "hf"),
-        *("--steps", "2", "--groups", "2", "--group-size", "2", "--completion", "8", "--budget", "240"),
-    ]
+CPU_SMOKE = [
+    *("--device", "cpu", "--shape", "tiny", "--trainer", "torch", "--engine", "hf"),
+    *("--steps", "2", "--groups", "2", "--group-size", "2", "--completion", "8", "--budget", "240"),
+]
+"""The CPU smoke run's flags."""
+
+
+def run_bench(flags: list[str], out: Path) -> tuple[dict[str, Any], str]:
+    """Run the bench with ``flags`` and ``--json out`` in an environment without the multicast variables
+    (the bench sets them itself); returns its JSON and stdout."""
     done = subprocess.run(
-        [sys.executable, str(BENCH), *argv, "--json", str(out)],
+        [sys.executable, str(BENCH), *flags, "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -34,6 +37,11 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text()), done.stdout
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    return run_bench(CPU_SMOKE, tmp_path_factory.mktemp("multi_gpu") / "smoke.json")
 
 
 @pytest.mark.slow

@@ -86,17 +86,32 @@ def test_lora_under_verl_trains_the_adapters_and_serves_them_merged(
     assert r["sampler_is_merged_copy"] and r["merged_vs_adapter_logits"] < 1e-5  # float32: merged
 
 
-def test_a_verl_server_trains_asynchronously_with_max_staleness(tmp_path: Path) -> None:
+def test_a_verl_server_trains_asynchronously_with_max_staleness(
+    scenario_results: Callable[[str], dict[str, Any]],
+) -> None:
     """``--trainer verl --max-staleness 1``: no drain, an episode open across one step keeps running and is
     aborted as too stale by the next, the truncated importance weights reach verl's loss, and the engine
     serves the actor's weights."""
-    r = run_scenario("async", tmp_path)
+    r = scenario_results("async")
     assert r["open_after_step_1"] == "open"
     status, reason = r["straggler"]
     assert status == "infra_failure" and "too stale" in reason
     assert r["drain_s"] == [0.0, 0.0] and r["stale_aborted"] == [0, 1]
     assert all(w is not None and w > 0 for w in r["tis_weight_mean"])
     assert r["served_vs_actor"] == 0.0 and r["served_changed"] > 1e-3
+
+
+def test_a_verl_server_trains_stale_episodes_on_their_own_behaviour_logprobs(
+    scenario_results: Callable[[str], dict[str, Any]],
+) -> None:
+    """Group ``b`` is sampled by policy 0 and finished after step 1: step 2 trains it with staleness 1, on
+    the logprobs policy 0 gave (drift |μ − π_θ_old| far above step 1's, where μ and the actor agree), its
+    TIS weights away from 1, and on-policy (one update a step: no π_θ_old recompute)."""
+    r = scenario_results("async")
+    assert r["staleness_mean"] == [0.0, 1.0]
+    assert r["drift_mean"][0] < 1e-4 < 1e-3 < r["drift_mean"][1]
+    assert abs(r["tis_weight_mean"][1] - 1.0) > 1e-4
+    assert r["recomputed_old_logprobs"] == [False, False]
 
 
 def test_the_direct_weight_path_delivers_checked_buckets_and_fails_loudly(
@@ -141,3 +156,27 @@ def test_an_on_policy_step_skips_the_old_logprob_recompute_and_matches_the_torch
     assert 0.2 < r["on_policy"]["tis_weight_mean"] < 2.0  # some tokens capped at 2, others weighted < 1
     assert r["on_policy"]["grad_norm"] > 1e-3
     assert r["on_policy_vs_recompute"] <= 1e-6 and r["on_policy_vs_torch"] <= 1e-5
+
+
+def test_a_stale_batch_trains_as_the_torch_trainer_trains_it(
+    scenario_results: Callable[[str], dict[str, Any]],
+) -> None:
+    """``--max-staleness``' batches through verl's real actor: two episodes sampled one policy version ago
+    (their μ kept) and one fresh. π_θ_old is the step's starting weights for all three, so verl's on-policy
+    shortcut (no ``compute_log_prob``) is exact for the stale ones too: loss, gradient norm, TIS weights,
+    drift and the weights after the step equal the forced recompute's and the torch trainer's. Taking μ
+    as π_θ_old instead (what skipping the recompute without the shortcut would do) trains differently."""
+    r = scenario_results("stale")
+    assert r["stale_drift_max"] > 0.05 and r["fresh_drift_max"] < 1e-4  # step 1 moved the policy
+    assert r["on_policy"]["compute_log_prob_calls"] == 0 and r["recompute"]["compute_log_prob_calls"] == 1
+    for other in ("recompute", "torch"):
+        for field in ("loss", "policy_loss", "grad_norm", "entropy", "logprob_drift_mean",
+                      "logprob_drift_max", "tis_weight_mean"):  # fmt: skip
+            assert r["on_policy"][field] == pytest.approx(r[other][field], rel=1e-5, abs=1e-7), (other, field)
+    assert r["on_policy"]["logprob_drift_max"] == pytest.approx(r["stale_drift_max"], rel=1e-4)
+    assert r["on_policy"]["tis_weight_mean"] != pytest.approx(1.0, abs=1e-3)  # the stale tokens' weights
+    assert r["on_policy"]["grad_norm"] > 1e-3
+    assert r["on_policy_vs_recompute"] <= 1e-6 and r["on_policy_vs_torch"] <= 1e-5
+    assert r["recompute_vs_torch"] <= 1e-5
+    assert r["mu_as_old"]["clip_frac"] > 0.05  # the stale tokens' μ ratios clipped …
+    assert r["mu_as_old_vs_torch"] > 100 * max(r["on_policy_vs_torch"], 1e-7)  # … and another update

@@ -11,7 +11,8 @@ Process-global (the platform is resolved once, the process group is global): run
 ``python -m tests.train.verl_cpu SCENARIO DIR``; it prints one JSON line ``RESULT {...}`` that the test
 reads. Scenarios: ``resume`` (and ``resume-lora``): AdamW continued across a checkpoint; ``lora``: the
 actor's adapters reach the served copy; ``async``: a live server with ``--trainer verl`` and
-``max_staleness = 1``.
+``max_staleness = 1``; ``stale``: a batch with episodes one policy version stale, verl against the torch
+trainer.
 """
 
 from __future__ import annotations

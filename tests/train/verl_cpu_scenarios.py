@@ -127,7 +127,9 @@ def _lora_checks(trainer: VerlTrainer) -> dict[str, Any]:
 
 def asynchronous(folder: Path) -> dict[str, Any]:
     """A live server, ``--trainer verl --max-staleness 1`` (TASKS, B = 1, G = 2): an episode open across
-    a step keeps running and is aborted as too stale by the next; the engine serves the actor's weights."""
+    a step keeps running and is aborted as too stale by the next; group ``b``, sampled by policy 0 and
+    finished after step 1, is trained by step 2 (staleness 1) with its own behaviour logprobs; the engine
+    serves the actor's weights."""
     import httpx
     from transformers import AutoTokenizer
 
@@ -155,12 +157,17 @@ def asynchronous(folder: Path) -> dict[str, Any]:
         with SwarmClient(live.url) as client:
             straggler = client.begin("slow")
             _call(straggler)  # sampled by policy 0, stays open
-            views = []
-            for n, task_id in enumerate(("a", "b"), start=1):  # one group of 2 per step
-                for reward in (1.0, 0.0):
-                    rollout(client, task_id, reward)
-                wait_for(lambda n=n: client.status().step == n, 300, f"step {n}")
-                views.append(client.get_episode(straggler.id))
+            late = [client.begin("b"), client.begin("b")]
+            for episode in late:
+                _call(episode)  # sampled by policy 0, finished after step 1
+            for reward in (1.0, 0.0):
+                rollout(client, "a", reward)
+            wait_for(lambda: client.status().step == 1, 300, "step 1")
+            views = [client.get_episode(straggler.id)]
+            for episode, reward in zip(late, (1.0, 0.0), strict=True):
+                episode.finish(reward)
+            wait_for(lambda: client.status().step == 2, 300, "step 2")
+            views.append(client.get_episode(straggler.id))
         metrics = httpx.get(f"{live.url}/api/v1/metrics").json()
         trainer = live.runtime.training.trainer
         actor = trainer._workers().full_state_dict()[0]
@@ -171,6 +178,9 @@ def asynchronous(folder: Path) -> dict[str, Any]:
             "drain_s": [m["drain_s"] for m in metrics],
             "stale_aborted": [m["stale_aborted"] for m in metrics],
             "tis_weight_mean": [m["tis_weight_mean"] for m in metrics],
+            "staleness_mean": [m["staleness_mean"] for m in metrics],
+            "drift_mean": [m["logprob_drift_mean"] for m in metrics],
+            "recomputed_old_logprobs": [m["time_s"]["old_logprobs_s"] > 0 for m in metrics],
             "served_vs_actor": max(float((served[k] - v).abs().max()) for k, v in actor.items()),
             "served_changed": _max_diff(dict(served), before),
         }
@@ -328,3 +338,85 @@ def on_policy(folder: Path) -> dict[str, Any]:
 
 
 SCENARIOS["on-policy"] = on_policy
+
+
+def _behaviour(model: Any, sample: Any) -> list[float]:
+    """``sample``'s trained tokens' logprobs under ``model`` (float32, temperature 1): what an engine
+    serving ``model`` records as the behaviour logprobs μ (0 on untrained positions)."""
+    ids = torch.tensor([sample.input_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)  # (T-1, V)
+    scored = logprobs.gather(-1, ids[0, 1:, None])[:, 0].tolist()  # position t+1's token given [:t+1]
+    return [0.0] + [lp if m else 0.0 for lp, m in zip(scored, sample.loss_mask[1:], strict=True)]
+
+
+def stale(folder: Path) -> dict[str, Any]:
+    """An asynchronous step's batch through verl's real actor and through the torch trainer.
+
+    Step 1 trains on-policy (μ = policy 0's logprobs). Step 2's batch mixes two episodes sampled by
+    policy 0 (stale by one version, as ``--max-staleness 1`` lets them be trained) with one sampled by
+    policy 1 (the weights after step 1): each keeps its own μ. π_θ_old of step 2 is policy 1 (the weights
+    that start the step, whatever sampled the tokens); the stale tokens' μ ≠ π_θ_old enters only the
+    truncated importance weights ``min(π_θ_old/μ, 2)``. Runs: verl on-policy (π_θ_old from the update's
+    own forward, :func:`on_policy_ppo_loss`), verl with the recompute forced, the torch trainer, and a
+    wrong variant for contrast (verl with μ taken as π_θ_old: the clip then acts on μ's ratio and the
+    TIS correction is lost). Reports step 2's statistics and the weights' distances after step 2."""
+    from swarm.train import TorchTrainer
+
+    base = folder / "base"
+    save_tiny_model(base)
+    policy0 = _served(base)
+    first = [s.model_copy(update={"behaviour_logprobs": _behaviour(policy0, s)}) for s in BATCHES[0][0]]
+    fields = ("loss", "policy_loss", "grad_norm", "entropy", "logprob_drift_mean", "logprob_drift_max",
+              "tis_weight_mean", "ratio_mean", "clip_frac")  # fmt: skip
+    # lr 1e-2 and a clip range of ±0.05: step 1 moves the policy far enough that μ-as-π_θ_old ratios of
+    # stale tokens leave the clip range (within it, π/μ as the ratio and as the TIS weight give the same
+    # gradient, so the wrong variant would not show)
+    config = TrainerConfig(lr=1e-2, tis_cap=2.0, micro_batch_size=2, clip_eps_low=0.05, clip_eps_high=0.05)
+    torch_trainer = TorchTrainer(_served(base), config, PAD)
+    torch_trainer.step(first, BATCHES[0][1])
+    policy1 = torch_trainer.model
+    samples, advantages = BATCHES[1]
+    second = [  # b0, b1 stale (policy 0's μ), b2 fresh (policy 1's μ)
+        s.model_copy(update={"behaviour_logprobs": _behaviour(policy0 if i < 2 else policy1, s)})
+        for i, s in enumerate(samples)
+    ]
+    drift = {
+        name: max(
+            abs(a - b)
+            for s in group
+            for a, b, m in zip(s.behaviour_logprobs, _behaviour(policy1, s), s.loss_mask, strict=True)
+            if m
+        )
+        for name, group in (("stale", second[:2]), ("fresh", second[2:]))
+    }
+    out: dict[str, Any] = {"stale_drift_max": drift["stale"], "fresh_drift_max": drift["fresh"]}
+    metrics = torch_trainer.step(second, advantages)
+    out["torch"] = {f: getattr(metrics, f) for f in fields}
+    weights = {"torch": {k: v.detach().clone() for k, v in torch_trainer.model.state_dict().items()}}
+    for name, run_config in (
+        ("on_policy", config),
+        ("recompute", config.model_copy(update={"recompute_old_logprobs": True})),
+        ("mu_as_old", config),
+    ):
+        trainer = _trainer(base, base, run_config, start=True)
+        trainer.step(first, BATCHES[0][1])
+        calls = _counted(trainer)
+        if name == "mu_as_old":  # no recompute and the shortcut off: verl's loss reads μ as π_θ_old
+            update = trainer._update_actor
+
+            def wrong(*args: Any, update: Any = update, **kwargs: Any) -> Any:
+                return update(*args, **{**kwargs, "on_policy": False})
+
+            trainer._update_actor = wrong  # type: ignore[method-assign]
+        metrics = trainer.step(second, advantages)
+        out[name] = {f: getattr(metrics, f) for f in fields}
+        out[name]["compute_log_prob_calls"] = calls[0]
+        weights[name] = _weights(trainer)
+    for name in ("on_policy", "recompute", "mu_as_old"):
+        out[f"{name}_vs_torch"] = _max_diff(weights[name], weights["torch"])
+    out["on_policy_vs_recompute"] = _max_diff(weights["on_policy"], weights["recompute"])
+    return out
+
+
+SCENARIOS["stale"] = stale
