@@ -28,11 +28,15 @@ from swarm.train.config import LoraSettings
 from tests.conftest import vllm_skip_reason
 
 LORA = LoraSettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
-TOLERANCE = {"hf": 1e-4, "vllm": 5e-2}
+TOLERANCE = {"hf": 1e-4, "vllm": 0.15}
 """Mean |recorded − reference| logprob over a completion: hf samples from the reference module itself
 (fp32); vLLM serves LoRA in bf16 only (its punica kernels), against the bf16 transformers forward of its
-trainer copy, where single tokens differ by up to ~0.1 (0.12 measured on the H200). Each vLLM check is
-also relative: the recorded logprobs are nearer the adapter's own forward than any other adapter's."""
+trainer copy. Measured on the H200 (2026-12-05): single tokens differ by up to 0.12, and the mean over an
+8-token greedy completion was 0.068 and 0.084 for two adapter rows (a 0.05 bound failed on both), so
+the bound is 0.15: it catches a gross error (no adapter, a stale version, a wrong scale), not bf16
+rounding. What proves each row used its own adapter and version is relative and does not depend on
+it: the recorded logprobs are more than twice nearer the row's own adapter (and version) than any
+other's. Every gap is printed (``pytest -rP`` shows them) so a GPU run records them."""
 
 ENGINES = [
     pytest.param("hf", marks=pytest.mark.slow),
@@ -47,12 +51,16 @@ ENGINES = [
 
 
 def _perturb(model: Any, name: str, seed: int) -> None:
-    """Non-zero B matrices of adapter ``name`` (peft starts them at zero: the adapter would be the base)."""
+    """Non-zero B matrices of adapter ``name`` (peft starts them at zero: the adapter would be the base).
+
+    Scale 0.15: the adapters must move logprobs well beyond vLLM's bf16 rounding (a mean gap of up to
+    0.084 on the H200) for the relative checks to tell them apart; at 0.05 two adapters' forwards were
+    only 0.16-0.19 apart on some prompts (hf), under twice that rounding."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for key, param in model.named_parameters():
             if "lora_B" in key and f".{name}." in key:
-                noise = torch.randn(param.shape, generator=generator) * 0.05
+                noise = torch.randn(param.shape, generator=generator) * 0.15
                 param.copy_(noise.to(param.dtype))
 
 
@@ -121,13 +129,13 @@ def test_each_request_samples_its_own_adapter(served: tuple[Any, Any, str]) -> N
     for prompt, adapter, completion in zip(prompts, adapters, completions, strict=True):
         assert completion.ids
         own = _gap(_reference(peft, prompt, completion, adapter), completion.logprobs)
+        print(f"{kind}: {adapter or 'base'} row, mean gap to its own forward {own:.4f}")
         assert own < TOLERANCE[kind], (adapter, own)
         # each row sampled its own adapter: every other adapter's forward is farther from what it recorded
         for other in {"alpha", "beta", None} - {adapter}:
-            assert _gap(_reference(peft, prompt, completion, other), completion.logprobs) > 2 * own, (
-                adapter,
-                other,
-            )
+            farther = _gap(_reference(peft, prompt, completion, other), completion.logprobs)
+            print(f"{kind}: {adapter or 'base'} row, mean gap to {other or 'base'}'s forward {farther:.4f}")
+            assert farther > 2 * own, (adapter, other, own, farther)
 
 
 def test_a_new_adapter_version_is_served_and_the_others_are_unchanged(served: tuple[Any, Any, str]) -> None:
@@ -141,11 +149,13 @@ def test_a_new_adapter_version_is_served_and_the_others_are_unchanged(served: tu
     after = asyncio.run(_together(engine, [prompt, prompt], ["alpha", "beta"]))
     assert [c.policy_version for c in after] == [2, 1]
     new_gap = _gap(_reference(peft, prompt, after[0], "alpha"), after[0].logprobs)
+    print(f"{kind}: alpha version 2, mean gap to its own forward {new_gap:.4f}")
     assert new_gap < TOLERANCE[kind]
     new_alpha = {k: v.detach().clone() for k, v in peft.named_parameters() if ".alpha." in k}
     _load(peft, old_alpha)
     old_gap = _gap(_reference(peft, prompt, after[0], "alpha"), after[0].logprobs)
     _load(peft, new_alpha)
+    print(f"{kind}: alpha version 2's completion, mean gap to version 1's forward {old_gap:.4f}")
     assert old_gap > 2 * new_gap, "version 2's completion is no nearer version 2 than version 1"
     assert after[1].ids == before[1].ids
     assert _gap(before[1].logprobs, after[1].logprobs) < TOLERANCE[kind]
