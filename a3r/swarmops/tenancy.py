@@ -8,6 +8,9 @@ stage's rank, without a teacher, on a server a3r starts. The runs of one stage t
 own thread through `a3r.swarmops.execution.execute_tenant_run` (the single run's client, monitoring,
 budget, held-out evaluation and outcome, reading its tenant's step and metrics), then the server stops.
 
+A tenant server serves the study's one weights dtype (`a3r.swarmops.serving_dtype`): on vLLM it must be
+bf16/fp16, so a ``dtype=float32`` asked on vLLM keeps one server per run (`tenants_on`).
+
 The budget of a stage is shared: every run gets all of it (they run side by side), less the evaluation
 reserve; a run still training when it ends is cancelled (``cancelled (budget)``): its tenant is paused,
 evaluated and retired.
