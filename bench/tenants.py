@@ -2,7 +2,7 @@
 
     python bench/tenants.py                                   # B ∈ {1,2,4,8} × 2 seeds × 4 steps, CPU
     python bench/tenants.py --values 1,2 --seeds 1 --steps 2  # a quick check
-    python bench/tenants.py --engine vllm --device cuda       # the H200
+    python bench/tenants.py --engine vllm --device cuda       # the H200 (bf16 weights both ways)
 
 The coarse stage of the min-stable-batch study on arithmetic: one run per (B, seed), GRPO with B tasks ×
 G episodes per step, LoRA, ``--steps`` steps. Two ways, same seeds (request seeds and the LoRA init seed):
@@ -10,6 +10,9 @@ G episodes per step, LoRA, ``--steps`` steps. Two ways, same seeds (request seed
 - ``servers``: one ``swarm serve`` per run, one run after another (what a study does without tenants);
 - ``tenants``: one ``swarm serve --tenants N``, every run a tenant (``POST /api/v1/tenants``), all driven
   at once.
+
+Both ways serve the same weights dtype (``--dtype``): float32 on hf (``swarm serve``'s default), bfloat16
+on vLLM, whose LoRA kernels take bf16 or fp16 weights only, so the comparison stays like for like.
 
 Each wall time includes starting its server(s). Prints both, their ratio (the aim: ≥ 5× on the H200,
 ≥ 1.5× on 2 CPU cores) and each configuration's mean reward at the last step per seed, which should agree
@@ -150,6 +153,7 @@ async def drive(url: str, run: Run, tenant: str | None, steps: int, group: int) 
 def common_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--lora-rank", str(args.lora_rank), "--lr", str(args.lr), "--group-size", str(args.group)]
     flags += ["--batch-policy", "tasks", "--engine", args.engine, "--device", args.device]
+    flags += ["--dtype", args.dtype]  # both ways alike (`DEFAULT_DTYPE`)
     flags += ["--checkpoint-every", "1000", *args.serve_flag]
     return flags + (["--model", args.model] if args.model else [])
 
@@ -196,8 +200,13 @@ def by_tenants(
     return time.perf_counter() - started, out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+DEFAULT_DTYPE = {"hf": "float32", "vllm": "bfloat16"}
+"""``--dtype`` by engine when not given: vLLM's LoRA (tenant) kernels need bf16 or fp16 weights."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The bench's options; ``dtype`` resolved by engine (`DEFAULT_DTYPE`) when not given."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--values", default="1,2,4,8", help="batch sizes B")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
@@ -206,6 +215,12 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--engine", default="hf")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16", "auto"],
+        default=None,
+        help="weights of every server, both ways (default: float32 on hf, bfloat16 on vllm)",
+    )
     parser.add_argument("--model", default=None)
     parser.add_argument("--modes", default="tenants,servers")
     parser.add_argument(
@@ -214,7 +229,14 @@ def main() -> None:
         default=[],
         help="one more `swarm serve` argument for every server, e.g. --serve-flag=--gpu-memory-utilization=0.2",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.dtype is None:
+        args.dtype = DEFAULT_DTYPE.get(args.engine, "float32")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     runs = [Run(int(b), s) for b in args.values.split(",") for s in range(args.seeds)]
     root = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
     results: dict[str, tuple[float, dict[str, list[float]]]] = {}
@@ -223,7 +245,7 @@ def main() -> None:
         print(f"{mode}: {results[mode][0]:.1f} s wall", flush=True)
     console = Console()
     table = Table(
-        title=f"{len(runs)} runs × {args.steps} steps, G {args.group}, {args.engine} on {args.device}"
+        title=f"{len(runs)} runs × {args.steps} steps, G {args.group}, {args.engine} on {args.device}, {args.dtype}"
     )
     table.add_column("run")
     for mode in results:

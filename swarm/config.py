@@ -200,7 +200,9 @@ class ServerConfig(BaseModel):
     `swarm.server.tenants`): each its own adapter, AdamW state, settings, pool partition, steps and
     checkpoints, created by the admin over the control API. ``0``: no tenants, the one policy of
     :attr:`training` (as before). With tenants the base model is never trained: an episode without a
-    tenant samples the frozen base and is only recorded."""
+    tenant samples the frozen base and is only recorded. On the ``vllm`` engine the weights must be
+    bfloat16 or float16 (:attr:`weights_dtype`; vLLM's LoRA kernels take no float32): ``--dtype auto``
+    gives bfloat16 on CUDA GPUs of compute capability ≥ 8.0."""
     prepare_timeout_s: float = Field(default=60.0, gt=0)
     """A member of a multi-server finish still ``prepared`` this long after it was stored is resolved by
     the server (`swarm.server.transactions`): the primary aborts, a secondary follows its primary."""
@@ -235,6 +237,15 @@ class ServerConfig(BaseModel):
             )
         if self.tenants and self.training.distill is not None:
             raise ValueError("distillation (--teacher) trains the one policy: leave --tenants out for now")
+        if self.tenants and self.engine == "vllm" and self.weights_dtype == "float32":
+            # vLLM's LoRA (punica) kernels assert fp16/bf16 weights; a server without tenants merges
+            # the adapter into full weights and pushes those, so float32 serves there
+            fix = "add --dtype bfloat16, float16 or auto"
+            if self.dtype == "auto":  # a device without fast bf16 (`swarm.precision.fast_bf16`)
+                fix = f"--dtype auto gives float32 on {self.device} (no fast bfloat16): give --dtype float16 or bfloat16"
+            raise ValueError(
+                f"--tenants on --engine vllm: vLLM serves LoRA adapters on bfloat16 or float16 weights only: {fix}"
+            )
         return self
 
     @property

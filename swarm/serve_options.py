@@ -307,8 +307,8 @@ class ServeOptions(FlagOptions):
     )
     tenants: int = option(
         0,
-        "Host up to N LoRA tenants over the frozen base (created over the control API; needs --lora-rank); "
-        "0: one policy.",
+        "Host up to N LoRA tenants over the frozen base (created over the control API; needs --lora-rank; "
+        "with --engine vllm also --dtype bfloat16, float16 or auto); 0: one policy.",
         to="tenants",
         cli={"min": 0},
         ge=0,

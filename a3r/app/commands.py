@@ -744,7 +744,9 @@ def research(
             "--tenants/--no-tenants",
             help="Train a sweep stage's LoRA runs side by side as tenants of one swarm server (where the "
             "stage qualifies); --no-tenants: one server per run. Default: tenants with --serve-option "
-            "engine=vllm, one server per run on the hf (CPU) engine.",
+            "engine=vllm, one server per run on the hf (CPU) engine. vLLM serves tenants in bf16/fp16 only: "
+            "every server of a study uses --serve-option dtype (default auto: bf16 on the GPU), and "
+            "dtype=float32 on vLLM keeps one server per run.",
             show_default=False,
         ),
     ] = None,

@@ -65,6 +65,7 @@ from a3r.swarmops.processes import (
     start_server,
     swarm_command,
 )
+from a3r.swarmops.serving_dtype import study_dtype
 from a3r.swarmops.teacher import start_teacher, student_env, teacher_key
 from a3r.swarmops.trained import trained_metrics
 from memory import NOT_METRICS, RunUpdate
@@ -299,8 +300,9 @@ def _server_options(
         if tenants > 0:  # each tenant's settings are its own (`execute_tenant_run`); no server-wide stop
             options.update({"tenants": tenants, "max-steps": None})
     # bf16 compute (and bf16 base weights under LoRA) where the device has fast bf16 kernels: 2-3×
-    # faster rollouts and updates on AMX CPUs and GPUs; float32 elsewhere. Explicit options win.
-    options.setdefault("dtype", "auto")
+    # faster rollouts and updates on AMX CPUs and GPUs; float32 elsewhere. Explicit options win. One
+    # weights dtype for every server of the thread (`a3r.swarmops.serving_dtype`).
+    options["dtype"] = study_dtype(options)
     options.setdefault("mixed-precision", "auto")
     if options.get("train", True):
         # bf16 sampling makes the engine's logprobs differ from the trainer's: truncated importance

@@ -8,6 +8,9 @@ stage's rank, without a teacher, on a server a3r starts. The runs of one stage t
 own thread through `a3r.swarmops.execution.execute_tenant_run` (the single run's client, monitoring,
 budget, held-out evaluation and outcome, reading its tenant's step and metrics), then the server stops.
 
+A tenant server serves the study's one weights dtype (`a3r.swarmops.serving_dtype`): on vLLM it must be
+bf16/fp16, so a ``dtype=float32`` asked on vLLM keeps one server per run (`tenants_on`).
+
 The budget of a stage is shared: every run gets all of it (they run side by side), less the evaluation
 reserve; a run still training when it ends is cancelled (``cancelled (budget)``): its tenant is paused,
 evaluated and retired.
@@ -34,6 +37,7 @@ from a3r.study.runs import RunOutcome, RunSpec, TenantStageTiming
 from a3r.swarmops.context import ExecutionContext
 from a3r.swarmops.execution import Workspace, execute_tenant_run, tenant_server_options
 from a3r.swarmops.processes import start_server
+from a3r.swarmops.serving_dtype import tenant_dtype_clash
 from swarm.client import ServeOptionsError
 
 __all__ = [
@@ -82,10 +86,14 @@ AUTO_OFF = (
 
 
 def tenants_on(enabled: bool | None, server_options: Mapping[str, Any]) -> bool:
-    """Whether a qualifying stage runs as tenants: ``enabled`` when the user said (``--tenants`` /
-    ``--no-tenants``); otherwise only on the vLLM engine (``--serve-option engine=vllm``). On the hf engine a
-    tenant stage is not measured to pay off: on 2 CPU cores a fresh user's 6-minute study ran 6 tenants at
-    10.7 s per episode (0.4 s alone) and the budget cancelled every run before its last step."""
+    """Whether a qualifying stage runs as tenants: never in a dtype the engine cannot serve LoRA tenants
+    in (`a3r.swarmops.serving_dtype.tenant_dtype_clash`: vLLM and ``dtype=float32``, even with
+    ``--tenants``); else ``enabled`` when the user said (``--tenants`` / ``--no-tenants``); otherwise only
+    on the vLLM engine (``--serve-option engine=vllm``). On the hf engine a tenant stage is not measured to
+    pay off: on 2 CPU cores a fresh user's 6-minute study ran 6 tenants at 10.7 s per episode (0.4 s alone)
+    and the budget cancelled every run before its last step."""
+    if tenant_dtype_clash(server_options) is not None:
+        return False
     if enabled is not None:
         return enabled
     return str(server_options.get("engine", "hf")) == "vllm"
@@ -184,6 +192,14 @@ class StageServing:
     seconds: float | None = None
 
 
+def _off_line(enabled: bool | None, server_options: Mapping[str, Any]) -> str:
+    """The dry run's line for a stage with tenants off: why (`tenants_on`)."""
+    clash = tenant_dtype_clash(server_options)
+    if clash is not None:
+        return f"own server per run: {clash}"
+    return "own server per run (--no-tenants)" if enabled is False else AUTO_OFF
+
+
 def _tenant_line(runs: int, serving: Serving) -> str:
     """The dry run's line for ``runs`` runs of a stage as tenants of one server, with how they are priced."""
     waves = math.ceil(runs / serving.max_tenants)
@@ -228,7 +244,7 @@ def plan_stage_serving(
     assert plan.sweep is not None
     serving = stage_pricing(TenantSettings(enabled=enabled, max_tenants=max_tenants), server_options)
     if not serving.tenants:
-        return StageServing(["own server per run (--no-tenants)" if enabled is False else AUTO_OFF], 0)
+        return StageServing([_off_line(enabled, server_options)], 0)
     if runs < 2:
         return StageServing([], 0)
     price = functools.partial(

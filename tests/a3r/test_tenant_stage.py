@@ -304,3 +304,59 @@ def test_a_stage_resumed_after_a_killed_a3r_continues_its_tenants(
     notes = [e.message for e in store.events(run_id=runs[0].id)]
     assert any(f"continuing as tenant {tenant_id(specs[0])} from its step 0" in n for n in notes), notes
     store.close()
+
+
+def test_on_vllm_every_server_serves_one_dtype_and_float32_keeps_one_server_per_run(tmp_path: Path) -> None:
+    """vLLM serves LoRA tenants in bf16/fp16 only: without a ``dtype`` server option every server of a study
+    (the preflight, a stage's tenant server, a run's own server) serves ``--dtype auto`` (bf16 on the
+    H200); a ``dtype=float32`` asked on vLLM keeps one server per run, even with ``--tenants``, and the dry
+    run's ``servers:`` line says why. Nothing here needs vLLM: no server starts."""
+    from a3r.app.commands import _research_design, _stage_lines
+    from a3r.app.session import SessionSettings
+    from a3r.graph.runner import _tenant_stage
+    from a3r.swarmops.execution import _server_options, tenant_server_options
+    from a3r.swarmops.serving_dtype import tenant_dtype_clash
+
+    fp32 = {"engine": "vllm", "device": "cuda", "dtype": "float32"}
+    clash = "vLLM serves LoRA tenants in bf16/fp16 only; dtype=float32 asked"
+    assert tenant_dtype_clash(fp32) == clash and tenant_dtype_clash({"engine": "vllm"}) is None
+    assert not tenants_on(None, fp32) and not tenants_on(True, fp32)
+    assert tenants_on(None, {"engine": "vllm", "dtype": "bfloat16"}) and tenants_on(
+        True, {"dtype": "float32"}
+    )
+
+    store = Store(tmp_path / "memory.db")
+    stage = [_spec(1, 0), _spec(2, 0)]
+    preflight = RunSpec(key="preflight", purpose="preflight", settings=TrainingSettings(lora_rank=8))
+    vllm = dataclasses.replace(
+        offline_context(tmp_path, store), server_options={"engine": "vllm", "device": "cuda"}
+    )
+    assert _tenant_stage(stage, vllm) == stage  # tenants by default on vLLM, in auto (bf16 LoRA)
+    for argv in (
+        tenant_server_options(stage[0], vllm, 2).argv(),
+        _server_options(stage[0], vllm).argv(),
+        _server_options(preflight, vllm).argv(),
+    ):
+        assert argv[argv.index("--dtype") + 1] == "auto" and argv[argv.index("--engine") + 1] == "vllm"
+    asked = dataclasses.replace(vllm, server_options=fp32)
+    forced = dataclasses.replace(asked, tenants=TenantSettings(enabled=True))
+    assert _tenant_stage(stage, asked) == [] and _tenant_stage(stage, forced) == []
+    for spec in (stage[0], preflight):
+        argv = _server_options(spec, asked).argv()
+        assert argv[argv.index("--dtype") + 1] == "float32"
+    store.close()
+
+    question = "find min stable batch size on arithmetic"
+
+    def servers(options: dict[str, Any], tenants: bool | None = None) -> list[str]:
+        settings = SessionSettings(
+            root=tmp_path / ".a3r", store=str(tmp_path / "none.db"), server_options=options, tenants=tenants
+        )
+        return [x.strip() for x in _stage_lines(_research_design(question, settings, {})) if "servers:" in x]
+
+    assert servers({"engine": "vllm", "device": "cuda"})[0].startswith(
+        "servers: 8 runs as tenants of one server"
+    )
+    for tenants in (None, True):
+        lines = servers(fp32, tenants)
+        assert lines and all(line == f"servers: own server per run: {clash}" for line in lines)

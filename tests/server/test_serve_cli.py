@@ -65,6 +65,11 @@ runner = CliRunner()
         (["--max-n", "17"], "--max-n: Input should be less than or equal to 16"),
         (["--run-dir", "/etc/passwd"], "--run-dir /etc/passwd: exists and is not a folder"),
         (["--engine", "vllm"], "--engine vllm: "),
+        (  # before vLLM is looked for (it is not installed on CI): its LoRA kernels take no float32
+            ["--tenants", "2", "--engine", "vllm", "--lora-rank", "8"],
+            "--tenants on --engine vllm: vLLM serves LoRA adapters on bfloat16 or float16 weights only: "
+            "add --dtype bfloat16, float16 or auto",
+        ),
         (["--engine", "sglang"], "--engine: Input should be 'hf' or 'vllm'"),
         (
             ["--teacher", "http://127.0.0.1:9", "--distill-coef", "0.5"],

@@ -308,3 +308,28 @@ def test_tenants_need_lora_one_line_naming_the_flag() -> None:
         ServeOptions(tenants=2).to_server_config()
     config = ServeOptions(tenants=2, lora_rank=4).to_server_config()
     assert config.tenants == 2 and "--tenants" in ServeOptions(tenants=2, lora_rank=4).argv()
+
+
+def test_vllm_tenants_need_bf16_or_fp16_weights() -> None:
+    """vLLM's LoRA kernels take bfloat16 or float16 weights only: a vLLM tenant server of float32 weights
+    (the ``--dtype`` default) is refused in one line naming the fix; ``auto`` is bfloat16 where bf16 is
+    fast (an Ampere or later GPU) and is refused, naming float16, where it would give float32."""
+    from swarm.precision import fast_bf16
+    from swarm.serve_options import ServeOptions, ServeOptionsError
+
+    vllm = {"tenants": 2, "lora_rank": 8, "engine": "vllm", "device": "cuda"}
+    with pytest.raises(
+        ServeOptionsError, match=r"^--tenants on --engine vllm: .* add --dtype bfloat16, float16"
+    ):
+        ServeOptions(**vllm).to_server_config()
+    for dtype in ("bfloat16", "float16"):
+        assert ServeOptions(**vllm, dtype=dtype).to_server_config().weights_dtype == dtype
+    assert ServeOptions(**vllm | {"tenants": 0}).to_server_config().weights_dtype == "float32"  # merged push
+    assert ServeOptions(tenants=2, lora_rank=8).to_server_config().weights_dtype == "float32"  # hf takes it
+    if fast_bf16("cuda"):
+        assert ServeOptions(**vllm, dtype="auto").to_server_config().weights_dtype == "bfloat16"
+    else:
+        with pytest.raises(
+            ServeOptionsError, match=r"--dtype auto gives float32 on cuda .*: give --dtype float16"
+        ):
+            ServeOptions(**vllm, dtype="auto").to_server_config()
