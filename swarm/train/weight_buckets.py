@@ -276,8 +276,9 @@ def bounded_all(calls: Mapping[str, Callable[[], Any]], *, timeout_s: float) -> 
     collective cannot be interrupted from Python).
 
     Raises:
-        WeightSyncError: ``weight sync: NAME failed: …`` (the error as its cause) or ``weight sync: NAME
-            took longer than … s`` naming the calls still running.
+        WeightSyncError: ``weight sync: NAME failed: …`` (the error as its cause; a call's own
+            WeightSyncError as it is) or ``weight sync: NAME took longer than … s`` naming the calls still
+            running.
     """
     done = threading.Condition()
     results: dict[str, Any] = {}
@@ -306,6 +307,8 @@ def bounded_all(calls: Mapping[str, Callable[[], Any]], *, timeout_s: float) -> 
             done.wait(left)
         if errors:
             name, error = next(iter(errors.items()))
+            if isinstance(error, WeightSyncError):  # already says what timed out or failed
+                raise error
             raise WeightSyncError(f"weight sync: {name} failed: {type(error).__name__}: {error}") from error
         running = [name for name in calls if name not in results]
     if running:
