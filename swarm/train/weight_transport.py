@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -221,7 +222,9 @@ def receive_broadcast(
 ) -> list[tuple[float, float]]:
     """A receiver's side of one sync (what vLLM's worker runs, `swarm.engine._vllm_worker`): for each
     bucket in order, a buffer of its layout allocated on the group's device and filled by the broadcast,
-    its fingerprint taken, its tensors loaded (`receive_buckets`, the CUDA IPC path's code).
+    its fingerprint taken, its tensors loaded (`receive_buckets`, the CUDA IPC path's code). Only the
+    waits on the broadcast leave the caller's thread (bounded, ``timeout_s`` for the whole sync); the
+    model's ``load`` runs in it, as on the IPC path.
 
     Returns:
         The fingerprints, in order, for the sender to compare with its own.
@@ -229,22 +232,30 @@ def receive_broadcast(
     Raises:
         WeightSyncError: a broadcast failed, or the whole took longer than ``timeout_s``.
     """
+    deadline = time.monotonic() + timeout_s
 
     def fill(bucket: object) -> torch.Tensor:
         assert isinstance(bucket, Bucket)
         flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=group.device)
-        group.broadcast(flat)
+
+        def wait() -> None:
+            with _on(group.device):
+                group.broadcast(flat)
+                if group.device.type == "cuda":
+                    torch.cuda.synchronize(group.device)
+
+        try:
+            bounded(wait, timeout_s=max(0.0, deadline - time.monotonic()), what="the engine's receive")
+        except WeightSyncError as exc:
+            if exc.__cause__ is not None:  # the broadcast failed
+                raise
+            raise WeightSyncError(  # the sync's deadline, not this bucket's share of it
+                f"weight sync: the engine's receive took longer than {timeout_s:g} s; "
+                "the engine may hold a partial update"
+            ) from None
         return flat
 
-    def receive() -> list[tuple[float, float]]:
-        with _on(group.device):
-            prints = receive_buckets([(b, b) for b in buckets], fill, load)
-            if group.device.type == "cuda":
-                torch.cuda.synchronize(group.device)
-            return prints
-
-    prints: list[tuple[float, float]] = bounded(receive, timeout_s=timeout_s, what="the engine's receive")
-    return prints
+    return receive_buckets([(b, b) for b in buckets], fill, load)
 
 
 def _on(device: torch.device) -> Any:

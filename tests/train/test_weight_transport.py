@@ -19,6 +19,7 @@ from swarm.train.weight_buckets import (
     check_fingerprints,
     fingerprint,
     pack_stream,
+    plan_buckets,
 )
 from swarm.train.weight_transport import (
     DeviceIdentity,
@@ -163,3 +164,19 @@ def test_a_peer_that_never_joins_fails_within_the_timeout(engine: ProcessEngine)
     with pytest.raises(WeightSyncError, match=r"joining"):
         form_group(engine)
     assert time.monotonic() - started < TIMEOUT_S + 3
+
+
+def test_a_worker_whose_sender_is_silent_gives_up_on_its_own_within_the_timeout(
+    engine: ProcessEngine,
+) -> None:
+    """vLLM's worker bounds its own wait (its engine core is not held for ever by a dead trainer): the
+    actor packs nothing and sends nothing, the worker's receive returns an error after the group's timeout."""
+    group = form_group(engine)  # alive and silent (a group dropped here closes: the worker fails at once)
+    (bucket,) = plan_buckets([("q", (16, 16))], dtype=torch.bfloat16, bucket_bytes=1 << 20)
+    started = time.monotonic()
+    with pytest.raises(
+        RuntimeError, match=r"WeightSyncError: weight sync: the engine's receive took longer than 4 s"
+    ):
+        engine.receive_weight_buckets([bucket], 1)
+    assert time.monotonic() - started < TIMEOUT_S + 3
+    del group
