@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.distributed
 
 from swarm.train.weight_buckets import Bucket, WeightSyncError, bounded, receive_buckets
 
@@ -181,8 +182,7 @@ def open_broadcast_group(address: GroupAddress, rank: int, device: torch.device)
             torch.cuda.current_stream(device).wait_stream(stream)
 
         return BroadcastGroup(rank, device, broadcast_nccl, store, nccl)
-    import torch.distributed as dist
-
+    dist: Any = torch.distributed  # TCPStore, PrefixStore, ProcessGroupGloo.broadcast: C bindings, not stubs
     timeout = datetime.timedelta(seconds=address.timeout_s)
     tcp = dist.TCPStore(address.host, address.port, address.world_size, is_master=rank == 0, timeout=timeout)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("swarm-weights", tcp), rank, address.world_size, timeout)
