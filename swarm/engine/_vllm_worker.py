@@ -75,12 +75,15 @@ class WeightReceiver:
         torch.cuda.synchronize(self.device)
         return prints
 
-    def swarm_device_identity(self) -> Any:
-        """Where this worker runs (`swarm.train.weight_transport.DeviceIdentity`: host, address, GPU UUID),
-        for the trainer to choose CUDA IPC or a broadcast group."""
+    def swarm_device_identity(self) -> dict[str, str | None]:
+        """Where this worker runs, for the trainer to choose CUDA IPC or a broadcast group: the fields of
+        `swarm.train.weight_transport.DeviceIdentity` (host, address, device, GPU UUID) as a plain dict,
+        which vLLM's RPC carries as it is (msgpack; a dataclass would come back as a dict anyway)."""
+        import dataclasses
+
         from swarm.train.weight_transport import local_identity
 
-        return local_identity(self.device)
+        return dataclasses.asdict(local_identity(self.device))
 
     def swarm_join_weight_group(self, payload: bytes) -> int:
         """Join the broadcast group of verl's actor rank 0 (other GPUs or nodes), bounded by its timeout.

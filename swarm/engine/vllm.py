@@ -373,7 +373,9 @@ class VLLMEngine:
     def weight_sync_devices(self) -> list[Any]:
         """Where each of vLLM's workers runs (`swarm.train.weight_transport.DeviceIdentity`), for verl's
         direct path to choose CUDA IPC (the actor's GPU) or a broadcast group (other GPUs or nodes)."""
-        return list(self._call(self._llm.collective_rpc("swarm_device_identity")))
+        from swarm.train.weight_transport import DeviceIdentity
+
+        return [DeviceIdentity(**d) for d in self._call(self._llm.collective_rpc("swarm_device_identity"))]
 
     def join_weight_group(self, address: Any, rank_offset: int) -> None:
         """Every worker joins the broadcast group of verl's actor rank 0 (`GroupAddress`), worker ``i`` as

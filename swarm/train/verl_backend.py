@@ -190,6 +190,15 @@ def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) ->
         ) from None
 
 
+MISPLACED: dict[str, str] = {
+    "ipc": "--verl-weight-sync ipc: vLLM's worker is not on the actor's rank-0 GPU (CUDA IPC maps memory on "
+    "that GPU); use broadcast or direct",
+    "broadcast": "--verl-weight-sync broadcast: vLLM's worker is on the actor's rank-0 GPU and NCCL cannot "
+    "place two ranks on one GPU; use ipc or direct",
+}
+"""Why a forced transport cannot serve the layout (`VerlTrainer._transport_for`)."""
+
+
 class VerlUnavailable(ConfigError):
     """``--trainer verl`` on a machine without verl (or with another verl release)."""
 
@@ -1158,31 +1167,34 @@ class VerlTrainer(TrainerBackend):
         once, bounded by ``weight_sync_timeout_s``.
 
         Raises:
-            TrainerError: the engine lacks the methods of the chosen transport.
+            TrainerError: the engine lacks the methods of the chosen transport, or a forced transport
+                cannot serve the layout (:data:`MISPLACED`).
             WeightSyncError: the group did not form in time, or the layout fits neither transport.
         """
         if self._transport is not None:
             return self._transport
         wg, mode, timeout = self._workers(), self.settings.weight_sync, self.settings.weight_sync_timeout_s
         devices = getattr(engine, "weight_sync_devices", None)
+        receivers = None if devices is None else list(devices())
         actor: dict[str, Any] | None = None
         transport: Transport
+        placed: Transport | None = None  # what the layout allows, where the engine reports its devices
+        if receivers is not None:
+            actor = wg.weight_sync_identity()[0]
+            placed = choose_transport(actor["identity"], receivers)
         if mode in ("ipc", "broadcast"):
             transport = "ipc" if mode == "ipc" else "broadcast"
-        elif devices is None:
-            transport = "ipc"
+            if placed is not None and placed != transport:
+                raise TrainerError(MISPLACED[transport])
         else:
-            actor = wg.weight_sync_identity()[0]
-            transport = choose_transport(actor["identity"], devices())
+            transport = placed or "ipc"
         needs = "receive_weight_buckets" if transport == "broadcast" else "load_weight_buckets"
-        if not hasattr(engine, needs) or (transport == "broadcast" and devices is None):
+        if not hasattr(engine, needs) or (transport == "broadcast" and receivers is None):
             raise TrainerError(
                 f"--verl-weight-sync {mode}: the {type(engine).__name__} cannot receive buckets by {transport}"
             )
         if transport == "broadcast":
-            assert devices is not None
-            actor = actor or wg.weight_sync_identity()[0]
-            receivers = devices()
+            assert receivers is not None and actor is not None
             identity = actor["identity"]
             address = GroupAddress(
                 host="127.0.0.1" if all(r.host == identity.host for r in receivers) else identity.address,

@@ -123,7 +123,7 @@ def test_the_broadcast_weight_path_reaches_a_worker_in_another_process_and_fails
     on the CPU): the broadcast group is chosen (the worker is not on the actor's GPU) and formed once, the
     actor's weights reach the worker exactly after each of two steps, fingerprints equal; a corrupted
     transfer and a silent worker end in WeightSyncError within the 5 s timeout, and once a group has failed
-    the next push says so at once instead of waiting on it."""
+    the next push says so at once instead of waiting on it. ``ipc`` forced with vLLM elsewhere is refused."""
     r = scenario_results("broadcast")
     assert r["pushed_1"] and r["pushed_2"] and r["engine_version"] == 2
     assert r["names_match_1"] and r["names_match_2"]
@@ -133,6 +133,9 @@ def test_the_broadcast_weight_path_reaches_a_worker_in_another_process_and_fails
     assert "took longer than 5 s" in r["silent"] or "broadcast failed" in r["silent"], r["silent"]
     assert r["corrupt_s"] < 5 + 10 and r["silent_s"] < 5 + 10  # bounded: the child's start, then ≤ 5 s
     assert r["after_failure"].startswith("weight sync: the broadcast group failed earlier")
+    assert r["forced_ipc"].startswith(
+        "--verl-weight-sync ipc: vLLM's worker is not on the actor's rank-0 GPU"
+    )
 
 
 def test_an_on_policy_step_skips_the_old_logprob_recompute_and_matches_the_torch_trainer(

@@ -276,6 +276,7 @@ def broadcast(folder: Path) -> dict[str, Any]:
     import time
 
     from swarm.train import VerlSettings
+    from swarm.train.backend import TrainerError
     from swarm.train.weight_buckets import WeightSyncError
     from tests.train.weight_receiver_process import ProcessEngine
 
@@ -319,6 +320,16 @@ def broadcast(folder: Path) -> dict[str, Any]:
         out["after_failure"] = "no error"
     except WeightSyncError as exc:
         out["after_failure"] = str(exc)
+    trainer.settings = settings.model_copy(update={"weight_sync": "ipc"})  # forced, vLLM elsewhere
+    trainer._transport, trainer._group_failed = None, None
+    elsewhere = ProcessEngine()
+    try:
+        trainer.push_weights(elsewhere, 5)
+        out["forced_ipc"] = "no error"
+    except TrainerError as exc:
+        out["forced_ipc"] = str(exc)
+    finally:
+        elsewhere.close()
     return out
 
 

@@ -102,7 +102,9 @@ class ProcessEngine:
         return result
 
     def weight_sync_devices(self) -> list[Any]:
-        return [self._rpc("swarm_device_identity")]
+        from swarm.train.weight_transport import DeviceIdentity
+
+        return [DeviceIdentity(**self._rpc("swarm_device_identity"))]
 
     def join_weight_group(self, address: Any, rank_offset: int) -> None:
         self._rpc("swarm_join_weight_group", pickle.dumps((address, rank_offset)))
