@@ -217,6 +217,20 @@ def test_a_cancelled_request_stops_and_the_engine_keeps_serving(engine: Any) -> 
     assert 1 <= len(after.ids) <= 4
 
 
+def test_vllm_reports_where_its_worker_runs_so_the_direct_path_picks_cuda_ipc_on_one_gpu(engine: Any) -> None:
+    """`VLLMEngine.weight_sync_devices`: vLLM's worker says where it runs (host, GPU UUID, through vLLM's
+    RPC); a sender on this process's GPU 0, where vLLM runs too, gets CUDA IPC (verl's ``direct`` on one
+    GPU), one on another GPU would get the broadcast. One GPU is enough."""
+    if _kind(engine) != "vllm":
+        pytest.skip("the direct weight path feeds vLLM's workers")
+    from swarm.train.weight_transport import choose_transport, local_identity
+
+    (worker,) = engine.weight_sync_devices()
+    here = local_identity(torch.device("cuda", 0))
+    assert worker.device == "cuda" and worker.uuid == here.uuid and worker.host == here.host
+    assert choose_transport(here, [worker]) == "ipc"
+
+
 def test_weight_buckets_reach_vllm_by_nccl_broadcast_from_another_gpu(engine: Any) -> None:
     """verl's direct weight path when the actor is not on vLLM's GPU (`swarm.train.weight_transport`): this
     process, on GPU 1, and vLLM's worker, on GPU 0, form an NCCL group of their own (vLLM's
