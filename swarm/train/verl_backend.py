@@ -66,15 +66,15 @@ from swarm.train.config import LossAggregation, TrainerConfig, VerlSettings
 from swarm.train.lora import add_adapters, merge_adapters
 from swarm.train.losses import batch_statistics, loss_normalizer, selective_log_softmax
 from swarm.train.metrics import StepMetrics, StepTimings
-from swarm.train.weight_buckets import (
-    WeightSyncError,
-    bounded,
-    bounded_all,
-    check_fingerprints,
-    fingerprint,
-    pack_stream,
+from swarm.train.weight_buckets import WeightSyncError, bounded, check_fingerprints, fingerprint, pack_stream
+from swarm.train.weight_transport import (
+    BroadcastTransport,
+    BucketTransport,
+    GroupAddress,
+    IpcTransport,
+    Transport,
+    choose_transport,
 )
-from swarm.train.weight_transport import GroupAddress, Transport, choose_transport
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -1021,7 +1021,7 @@ class VerlTrainer(TrainerBackend):
         self.last_push: dict[str, float | int | str] = {}
         """The last direct sync: ``transport``, ``pack_s``, ``load_s`` (the engine's load, or the broadcast
         and receive), ``buckets``, ``bytes``."""
-        self._transport: Transport | None = None
+        self._transport: BucketTransport | None = None
         """The direct path's transport, chosen at the first push (:meth:`_transport_for`)."""
         self._group_failed: str | None = None
         """Why the broadcast group failed: a hung collective cannot be undone, so no push is tried again."""
@@ -1093,10 +1093,9 @@ class VerlTrainer(TrainerBackend):
         fingerprint compared between the actor and the engine. Returns ``False`` (nothing done: the caller
         loads :attr:`sampling_model` as usual) under ``gather``. Times land in :attr:`last_push`.
 
-        ``ipc``: ``engine.load_weight_buckets(items, policy_version) -> fingerprints`` maps the buckets
-        (the vLLM engine by CUDA IPC; ``bucket_transport = "tensor"`` for a CPU receiver). ``broadcast``:
-        rank 0 broadcasts them while ``engine.receive_weight_buckets(buckets, policy_version)`` receives
-        them, over the group formed at the first push (:meth:`_transport_for`).
+        Rank 0 packs the buckets; the transport chosen at the first push (:meth:`_transport_for`) delivers
+        them: `IpcTransport` (``engine.load_weight_buckets``: vLLM maps them by CUDA IPC) or
+        `BroadcastTransport` (rank 0 broadcasts them while ``engine.receive_weight_buckets`` receives them).
 
         Raises:
             TrainerError: the engine cannot receive buckets by the transport asked for.
@@ -1111,47 +1110,25 @@ class VerlTrainer(TrainerBackend):
             )
         wg, timeout = self._workers(), self.settings.weight_sync_timeout_s
         transport = self._transport_for(engine)
-        if transport == "broadcast":
-            handle = "none"
-        else:
-            handle = "cuda_ipc" if getattr(engine, "bucket_transport", "cuda_ipc") == "cuda_ipc" else "tensor"
         dtype = str(next(self._module.parameters()).dtype).removeprefix("torch.")
         t0 = time.perf_counter()
         packed: list[dict[str, Any]] = bounded(
-            lambda: wg.pack_weight_buckets(dtype, self.settings.bucket_mb << 20, handle)[0],
+            lambda: wg.pack_weight_buckets(dtype, self.settings.bucket_mb << 20, transport.handle)[0],
             timeout_s=timeout,
             what="packing the actor's weights",
         )
         t1 = time.perf_counter()
         try:
-            if transport == "broadcast":
-                buckets = [p["bucket"] for p in packed]
-                received = bounded_all(
-                    {
-                        "the actor's broadcast": wg.broadcast_weight_buckets,
-                        "the engine's receive": lambda: engine.receive_weight_buckets(
-                            buckets, policy_version
-                        ),
-                    },
-                    timeout_s=timeout,
-                )["the engine's receive"]
-            else:
-                received = bounded(
-                    lambda: engine.load_weight_buckets(
-                        [(p["bucket"], p["handle"]) for p in packed], policy_version
-                    ),
-                    timeout_s=timeout,
-                    what="the engine's load",
-                )
+            received = transport.deliver(packed, policy_version)
         except WeightSyncError as exc:
-            if transport == "broadcast":
+            if transport.breaks_on_failure:
                 self._group_failed = str(exc)
             raise
         finally:
             wg.release_weight_buckets()
         check_fingerprints([p["fingerprint"] for p in packed], received)
         self.last_push = {
-            "transport": transport,
+            "transport": transport.name,
             "pack_s": t1 - t0,
             "load_s": time.perf_counter() - t1,
             "buckets": len(packed),
@@ -1159,7 +1136,7 @@ class VerlTrainer(TrainerBackend):
         }
         return True
 
-    def _transport_for(self, engine: Any) -> Transport:
+    def _transport_for(self, engine: Any) -> BucketTransport:
         """The direct path's transport, chosen once: ``ipc`` or ``broadcast`` as configured, or for
         ``direct`` from where rank 0 and the engine's workers run (`choose_transport`; an engine that
         reports no devices, the CPU receiver, gets ``ipc``). For ``broadcast`` the group is formed here:
@@ -1177,23 +1154,26 @@ class VerlTrainer(TrainerBackend):
         devices = getattr(engine, "weight_sync_devices", None)
         receivers = None if devices is None else list(devices())
         actor: dict[str, Any] | None = None
-        transport: Transport
+        name: Transport
         placed: Transport | None = None  # what the layout allows, where the engine reports its devices
         if receivers is not None:
             actor = wg.weight_sync_identity()[0]
             placed = choose_transport(actor["identity"], receivers)
         if mode in ("ipc", "broadcast"):
-            transport = "ipc" if mode == "ipc" else "broadcast"
-            if placed is not None and placed != transport:
-                raise TrainerError(MISPLACED[transport])
+            name = "ipc" if mode == "ipc" else "broadcast"
+            if placed is not None and placed != name:
+                raise TrainerError(MISPLACED[name])
         else:
-            transport = placed or "ipc"
-        needs = "receive_weight_buckets" if transport == "broadcast" else "load_weight_buckets"
-        if not hasattr(engine, needs) or (transport == "broadcast" and receivers is None):
+            name = placed or "ipc"
+        needs = "receive_weight_buckets" if name == "broadcast" else "load_weight_buckets"
+        if not hasattr(engine, needs) or (name == "broadcast" and receivers is None):
             raise TrainerError(
-                f"--verl-weight-sync {mode}: the {type(engine).__name__} cannot receive buckets by {transport}"
+                f"--verl-weight-sync {mode}: the {type(engine).__name__} cannot receive buckets by {name}"
             )
-        if transport == "broadcast":
+        transport: BucketTransport
+        if name == "ipc":
+            transport = IpcTransport(engine, timeout)
+        else:
             assert receivers is not None and actor is not None
             identity = actor["identity"]
             address = GroupAddress(
@@ -1204,17 +1184,11 @@ class VerlTrainer(TrainerBackend):
                 timeout_s=timeout,
             )
             try:
-                bounded_all(
-                    {
-                        "the actor joining the weight group": lambda: wg.join_weight_group(address),
-                        "the engine joining the weight group": lambda: engine.join_weight_group(address, 1),
-                    },
-                    timeout_s=timeout,
-                )
+                transport = BroadcastTransport(wg, engine, address)
             except WeightSyncError as exc:
                 self._group_failed = str(exc)
                 raise
-        log.info("verl weight sync: %s (%s)", transport, mode)
+        log.info("verl weight sync: %s (%s)", name, mode)
         self._transport = transport
         return transport
 

@@ -13,7 +13,10 @@ sender's device, fingerprints) are the same on every path; only their transport 
   it is gloo over a TCP store on loopback (a bare ``ProcessGroupGloo``, also outside the default group),
   which is how the CPU tests run the whole protocol.
 
-:func:`choose_transport` picks one from where the two ends run (:class:`DeviceIdentity`). Every call
+Each is a :class:`BucketTransport` (:class:`IpcTransport`, :class:`BroadcastTransport`): what the packer
+returns per bucket (``handle``) and how packed buckets are delivered (``deliver``); verl's trainer packs,
+delivers and compares fingerprints the same way for both. :func:`choose_transport` picks one from where
+the two ends run (:class:`DeviceIdentity`). Every call
 that waits on the other end is bounded (:func:`~swarm.train.weight_buckets.bounded_all`; the group's own
 timeout is the same), so a silent peer ends a sync in a :class:`~swarm.train.weight_buckets.WeightSyncError`
 instead of a hang.
@@ -27,19 +30,24 @@ import contextlib
 import datetime
 import socket
 import time
-from collections.abc import Callable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 import torch.distributed
 
-from swarm.train.weight_buckets import Bucket, WeightSyncError, bounded, receive_buckets
+from swarm.train.weight_buckets import Bucket, WeightSyncError, bounded, bounded_all, receive_buckets
 
 __all__ = [
     "BroadcastGroup",
+    "BroadcastSender",
+    "BroadcastTransport",
+    "BucketTransport",
     "DeviceIdentity",
     "GroupAddress",
+    "IpcTransport",
     "Transport",
     "choose_transport",
     "free_port",
@@ -51,6 +59,9 @@ __all__ = [
 
 Transport = Literal["ipc", "broadcast"]
 """How buckets reach the engine: CUDA IPC handles (one GPU) or a broadcast group (other GPUs or nodes)."""
+
+Fingerprints = list[tuple[float, float]]
+"""One :func:`~swarm.train.weight_buckets.fingerprint` per bucket, in order."""
 
 
 @dataclass(frozen=True)
@@ -261,3 +272,94 @@ def receive_broadcast(
 def _on(device: torch.device) -> Any:
     """``torch.cuda.device(device)`` for a CUDA device (a new thread starts on GPU 0), else nothing."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+class BucketTransport(ABC):
+    """How packed buckets reach the engine. The sender packs with :attr:`handle` (what it returns per
+    bucket besides the layout and fingerprint), then :meth:`deliver` hands them over and returns the
+    engine's fingerprints, which the caller compares with its own."""
+
+    name: ClassVar[Transport]
+    handle: str
+    """``"cuda_ipc"`` (CUDA IPC rebuild args), ``"tensor"`` (the buffer itself: a CPU receiver in this
+    process's tests) or ``"none"`` (nothing: the buffers stay with the sender)."""
+    breaks_on_failure: ClassVar[bool] = False
+    """Whether a failed delivery leaves the transport unusable (a collective that hung cannot be undone)."""
+
+    @abstractmethod
+    def deliver(self, packed: Sequence[Mapping[str, Any]], policy_version: int) -> Fingerprints:
+        """Hand the packed buckets (``bucket``, ``handle`` per bucket, in order) to the engine as
+        ``policy_version``; returns the fingerprints it read.
+
+        Raises:
+            WeightSyncError: a part failed or took longer than the timeout.
+        """
+
+
+class IpcTransport(BucketTransport):
+    """The engine maps each buffer: ``engine.load_weight_buckets([(bucket, handle)], version)`` (vLLM by
+    CUDA IPC; an engine whose ``bucket_transport`` is ``"tensor"`` takes the buffers themselves)."""
+
+    name = "ipc"
+
+    def __init__(self, engine: Any, timeout_s: float) -> None:
+        self.engine, self.timeout_s = engine, timeout_s
+        self.handle = (
+            "cuda_ipc" if getattr(engine, "bucket_transport", "cuda_ipc") == "cuda_ipc" else "tensor"
+        )
+
+    def deliver(self, packed: Sequence[Mapping[str, Any]], policy_version: int) -> Fingerprints:
+        items = [(p["bucket"], p["handle"]) for p in packed]
+        prints: Fingerprints = bounded(
+            lambda: self.engine.load_weight_buckets(items, policy_version),
+            timeout_s=self.timeout_s,
+            what="the engine's load",
+        )
+        return prints
+
+
+class BroadcastSender(Protocol):
+    """The root's side of a broadcast group (verl's worker group: rank 0 acts, the others return)."""
+
+    def join_weight_group(self, address: GroupAddress) -> object:
+        """Open the group at ``address`` as rank 0; returns once every rank has joined."""
+
+    def broadcast_weight_buckets(self) -> object:
+        """Broadcast the packed buckets, in order, and wait until they are sent."""
+
+
+class BroadcastTransport(BucketTransport):
+    """The sender broadcasts each bucket to the engine's workers over a group of their own, formed here:
+    the sender (rank 0, hosting the store) and the engine (``engine.join_weight_group(address, 1)``,
+    worker ``i`` as rank ``1 + i``) join at once, bounded by ``address.timeout_s``.
+
+    Raises:
+        WeightSyncError: the group did not form in time, or failed to.
+    """
+
+    name = "broadcast"
+    handle = "none"
+    breaks_on_failure = True
+
+    def __init__(self, sender: BroadcastSender, engine: Any, address: GroupAddress) -> None:
+        self.sender, self.engine, self.address = sender, engine, address
+        bounded_all(
+            {
+                "the actor joining the weight group": lambda: sender.join_weight_group(address),
+                "the engine joining the weight group": lambda: engine.join_weight_group(address, 1),
+            },
+            timeout_s=address.timeout_s,
+        )
+
+    def deliver(self, packed: Sequence[Mapping[str, Any]], policy_version: int) -> Fingerprints:
+        """The sender's broadcast and ``engine.receive_weight_buckets(layouts, version)`` at once."""
+        layouts = [p["bucket"] for p in packed]
+        receive = "the engine's receive"
+        prints: Fingerprints = bounded_all(
+            {
+                "the actor's broadcast": self.sender.broadcast_weight_buckets,
+                receive: lambda: self.engine.receive_weight_buckets(layouts, policy_version),
+            },
+            timeout_s=self.address.timeout_s,
+        )[receive]
+        return prints

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from swarm.train.weight_buckets import (
+    Bucket,
     WeightSyncError,
     bounded_all,
     check_fingerprints,
@@ -22,6 +23,8 @@ from swarm.train.weight_buckets import (
     plan_buckets,
 )
 from swarm.train.weight_transport import (
+    BroadcastGroup,
+    BroadcastTransport,
     DeviceIdentity,
     GroupAddress,
     choose_transport,
@@ -81,33 +84,40 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
     return {name: torch.randn(shape, generator=g) for name, shape in shapes.items()}
 
 
-def form_group(engine: ProcessEngine) -> object:
-    """Rank 0 here and the child's worker at rank 1 join one gloo group at once (as `VerlTrainer` does)."""
+class LocalSender:
+    """Rank 0 in this process, with what verl's worker group does on rank 0 (`BroadcastSender`): opens
+    the group as its root, broadcasts the buckets packed last."""
+
+    def __init__(self) -> None:
+        self.group: BroadcastGroup | None = None
+        self.flats: list[torch.Tensor] = []
+
+    def join_weight_group(self, address: GroupAddress) -> None:
+        self.group = open_broadcast_group(address, 0, CPU)
+
+    def broadcast_weight_buckets(self) -> None:
+        assert self.group is not None
+        send_broadcast(self.group, self.flats, timeout_s=TIMEOUT_S)
+
+
+def form_group(engine: ProcessEngine) -> tuple[LocalSender, BroadcastTransport]:
+    """Rank 0 here and the child's worker at rank 1 join one gloo group at once (`BroadcastTransport`,
+    as `VerlTrainer` forms it)."""
+    sender = LocalSender()
     address = GroupAddress("127.0.0.1", free_port(), 2, "gloo", TIMEOUT_S)
-    joined = bounded_all(
-        {
-            "the actor joining": lambda: open_broadcast_group(address, 0, CPU),
-            "the engine joining": lambda: engine.join_weight_group(address, 1),
-        },
-        timeout_s=TIMEOUT_S,
-    )
-    return joined["the actor joining"]
+    return sender, BroadcastTransport(sender, engine, address)
 
 
-def sync(group: object, engine: ProcessEngine, tensors: dict[str, torch.Tensor], version: int) -> list:
-    """One sync as `VerlTrainer.push_weights` runs it: pack (cast to bfloat16), broadcast while the
-    engine receives, compare fingerprints. Returns the packed buckets."""
+def sync(
+    joined: tuple[LocalSender, BroadcastTransport], tensors: dict[str, torch.Tensor], version: int
+) -> list[tuple[Bucket, torch.Tensor]]:
+    """One sync as `VerlTrainer.push_weights` runs it: pack (cast to bfloat16), deliver (the broadcast
+    while the engine receives), compare fingerprints. Returns the packed buckets."""
+    sender, transport = joined
     packed = list(pack_stream(iter(tensors.items()), dtype=torch.bfloat16, bucket_bytes=4096))
-    received = bounded_all(
-        {
-            "the actor's broadcast": lambda: send_broadcast(
-                group, [f for _, f in packed], timeout_s=TIMEOUT_S
-            ),  # type: ignore[arg-type]
-            "the engine's receive": lambda: engine.receive_weight_buckets([b for b, _ in packed], version),
-        },
-        timeout_s=TIMEOUT_S,
-    )["the engine's receive"]
-    check_fingerprints([fingerprint(f) for _, f in packed], received)
+    sender.flats = [flat for _, flat in packed]
+    received = transport.deliver([{"bucket": bucket, "handle": None} for bucket, _ in packed], version)
+    check_fingerprints([fingerprint(flat) for _, flat in packed], received)
     return packed
 
 
@@ -128,10 +138,10 @@ def engine(request: pytest.FixtureRequest) -> Iterator[ProcessEngine]:
 def test_buckets_reach_a_second_process_over_the_group_cast_and_checked(engine: ProcessEngine) -> None:
     (identity,) = engine.weight_sync_devices()
     assert identity.device == "cpu" and identity.uuid is None
-    group = form_group(engine)
+    joined = form_group(engine)
     for version, seed in ((1, 0), (2, 1)):  # the group serves every sync
         tensors = weights(seed)
-        packed = sync(group, engine, tensors, version)
+        packed = sync(joined, tensors, version)
         assert len(packed) >= 3  # several buckets, broadcast in order
         got = engine.weights()
         assert sorted(got) == sorted(tensors)
@@ -142,19 +152,19 @@ def test_buckets_reach_a_second_process_over_the_group_cast_and_checked(engine: 
 
 @pytest.mark.parametrize("engine", ["corrupt"], indirect=True)
 def test_a_corrupted_bucket_fails_the_fingerprint_check(engine: ProcessEngine) -> None:
-    group = form_group(engine)
+    joined = form_group(engine)
     with pytest.raises(
         WeightSyncError, match=r"the engine received other bytes than the actor sent in bucket"
     ):
-        sync(group, engine, weights(0), 1)
+        sync(joined, weights(0), 1)
 
 
 @pytest.mark.parametrize("engine", ["silent"], indirect=True)
 def test_a_silent_receiver_fails_within_the_timeout(engine: ProcessEngine) -> None:
-    group = form_group(engine)
+    joined = form_group(engine)
     started = time.monotonic()
     with pytest.raises(WeightSyncError, match=r"took longer than 4 s|the actor's broadcast failed"):
-        sync(group, engine, weights(0), 1)
+        sync(joined, weights(0), 1)
     assert time.monotonic() - started < TIMEOUT_S + 3
 
 
@@ -171,7 +181,7 @@ def test_a_worker_whose_sender_is_silent_gives_up_on_its_own_within_the_timeout(
 ) -> None:
     """vLLM's worker bounds its own wait (its engine core is not held for ever by a dead trainer): the
     actor packs nothing and sends nothing, the worker's receive returns an error after the group's timeout."""
-    group = form_group(engine)  # alive and silent (a group dropped here closes: the worker fails at once)
+    joined = form_group(engine)  # alive and silent (a group dropped here closes: the worker fails at once)
     (bucket,) = plan_buckets([("q", (16, 16))], dtype=torch.bfloat16, bucket_bytes=1 << 20)
     started = time.monotonic()
     with pytest.raises(
@@ -179,4 +189,4 @@ def test_a_worker_whose_sender_is_silent_gives_up_on_its_own_within_the_timeout(
     ):
         engine.receive_weight_buckets([bucket], 1)
     assert time.monotonic() - started < TIMEOUT_S + 3
-    del group
+    del joined
