@@ -1137,7 +1137,7 @@ class VerlTrainer(TrainerBackend):
         return True
 
     def _transport_for(self, engine: Any) -> BucketTransport:
-        """The direct path's transport, chosen once: ``ipc`` or ``broadcast`` as configured, or for
+        """The direct path's transport, chosen once per engine: ``ipc`` or ``broadcast`` as configured, or for
         ``direct`` from where rank 0 and the engine's workers run (`choose_transport`; an engine that
         reports no devices, the CPU receiver, gets ``ipc``). For ``broadcast`` the group is formed here:
         rank 0 (the root, hosting the store on a free port of its host) and each engine worker join it at
@@ -1148,7 +1148,7 @@ class VerlTrainer(TrainerBackend):
                 cannot serve the layout (:data:`MISPLACED`).
             WeightSyncError: the group did not form in time, or the layout fits neither transport.
         """
-        if self._transport is not None:
+        if self._transport is not None and self._transport.engine is engine:
             return self._transport
         wg, mode, timeout = self._workers(), self.settings.weight_sync, self.settings.weight_sync_timeout_s
         devices = getattr(engine, "weight_sync_devices", None)

@@ -280,6 +280,8 @@ class BucketTransport(ABC):
     engine's fingerprints, which the caller compares with its own."""
 
     name: ClassVar[Transport]
+    engine: Any
+    """The engine it delivers to."""
     handle: str
     """``"cuda_ipc"`` (CUDA IPC rebuild args), ``"tensor"`` (the buffer itself: a CPU receiver in this
     process's tests) or ``"none"`` (nothing: the buffers stay with the sender)."""

@@ -304,8 +304,7 @@ def broadcast(folder: Path) -> dict[str, Any]:
     finally:
         engine.close()
     for mode in ("corrupt", "silent"):
-        trainer._transport = None  # a new group, with a worker that fails
-        bad = ProcessEngine(mode)
+        bad = ProcessEngine(mode)  # another engine: a new group, with a worker that fails
         started = time.monotonic()
         try:
             trainer.push_weights(bad, 3)
@@ -321,7 +320,7 @@ def broadcast(folder: Path) -> dict[str, Any]:
     except WeightSyncError as exc:
         out["after_failure"] = str(exc)
     trainer.settings = settings.model_copy(update={"weight_sync": "ipc"})  # forced, vLLM elsewhere
-    trainer._transport, trainer._group_failed = None, None
+    trainer._group_failed = None  # as after a restart
     elsewhere = ProcessEngine()
     try:
         trainer.push_weights(elsewhere, 5)
