@@ -18,8 +18,9 @@ same clock):
 - **old lp s**, **update s**: verl's ``compute_log_prob`` (π_θ_old) and ``update_actor`` (forward,
   backward and optimizer);
 - **gather s**: the actor's full state dict gathered from FSDP through Ray into the server's module
-  (``weight_sync_s``); **push s**: vLLM woken and the weights pushed to it by CUDA IPC (trainer end →
-  ``train.step``); **weight sync s** = gather + push;
+  (``weight_sync_s``); **push s**: vLLM woken and the weights pushed to it (trainer end → ``train.step``;
+  with ``--weight-sync direct``: the whole direct sync, CUDA IPC or the NCCL broadcast); **weight sync s**
+  = gather + push;
 - **GPU GiB**: peak memory used on each GPU during the step (NVML, every 0.5 s; all processes).
 
 Scaling efficiency of N GPUs against one on the same workload (strong scaling, fixed batch):
@@ -27,6 +28,14 @@ Scaling efficiency of N GPUs against one on the same workload (strong scaling, f
 CUDA-graph and allocator warm-up). It is printed for the step and for the training part alone (step
 minus rollout: vLLM stays one engine on GPU 0). ``--baseline FILE`` takes T(1) from an earlier
 ``--gpus 1`` run's ``--json``; a ``--gpus 1`` run prints its own T(1) for later runs.
+
+Placement: ``--rollout-gpus 0`` (default) puts vLLM on GPU 0, which verl's rank 0 shares (the direct
+path then maps CUDA IPC handles). ``--rollout-gpus 1`` gives vLLM a GPU of its own, after the trainer's:
+the bench starts a Ray head itself with the trainer's GPUs only (``CUDA_VISIBLE_DEVICES=0..N-1``, ``ray
+start --head --num-gpus N``) and the server with the next GPU only (``CUDA_VISIBLE_DEVICES=N``, ``--ray-address``
+to that head), so the direct path broadcasts over NCCL (``swarm.train.weight_transport``). The summary
+reports the weight sync per trainer rank count and the transport the server chose (its log line ``verl
+weight sync: …``). NCCL cannot place two ranks on one GPU: this layout needs N + 1 GPUs.
 
 NVLink multicast stays off: ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and
 ``NVSHMEM_DISABLE_NVLS=1`` are set here and in the server's environment (vLLM's engine core and the local
@@ -39,6 +48,8 @@ Usage, on the GPU host (bench/README.md, ``multi_gpu.py``)::
     export PYTHONPATH=/tmp/verl-site:/tmp/vllm-site:. VLLM_USE_FLASHINFER_SAMPLER=0
     python bench/multi_gpu.py --gpus 1 --steps 3 --json $OUT/multi_gpu.json
     python bench/multi_gpu.py --gpus 2 --steps 3 --baseline multi_gpu.json --json $OUT/multi_gpu_2.json
+    # vLLM on a GPU of its own, the weights broadcast over NCCL (N + 1 GPUs):
+    python bench/multi_gpu.py --trainer-gpus 2 --rollout-gpus 1 --weight-sync direct --json $OUT/mg_bcast_2.json
     # CPU smoke run of the bench itself (torch trainer, hf engine: verl and vLLM need CUDA):
     python bench/multi_gpu.py --device cpu --shape tiny --trainer torch --engine hf --steps 2 --groups 2 \
         --group-size 2 --completion 8
@@ -403,6 +414,72 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def gpu_layout(trainer_gpus: int, rollout_gpus: int) -> dict[str, str | None]:
+    """``CUDA_VISIBLE_DEVICES`` of the Ray head (verl's actor) and of the server (vLLM): ``None`` for both
+    when vLLM shares the trainer's GPU 0 (the server starts its own Ray), else the trainer's GPUs first
+    and vLLM's after them."""
+    if rollout_gpus == 0:
+        return {"ray": None, "server": None}
+    return {
+        "ray": ",".join(str(i) for i in range(trainer_gpus)),
+        "server": ",".join(str(trainer_gpus + i) for i in range(rollout_gpus)),
+    }
+
+
+def start_ray_head(
+    gpus: int, visible: str, env: dict[str, str], log_path: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A Ray head of ``gpus`` GPUs (``visible``) for verl's actor, in its own session; returns it and its
+    address once it accepts connections (at most 120 s).
+
+    Raises:
+        BenchError: it exited or did not come up.
+    """
+    port = free_port()
+    argv = [
+        sys.executable, "-c", "from ray.scripts.scripts import main; main()",
+        "start", "--head", "--block", "--port", str(port), "--num-gpus", str(gpus),
+        "--include-dashboard=false", "--disable-usage-stats",
+    ]  # fmt: skip
+    head = subprocess.Popen(
+        argv,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={
+            **env,
+            "CUDA_VISIBLE_DEVICES": visible,
+            "PYTHONPATH": absolute_path_list(env.get("PYTHONPATH", "")),
+        },
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise BenchError(f"the Ray head exited with {head.returncode}: {last_line(log_path)}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+            time.sleep(2)  # the GCS answers before the raylet has registered its GPUs
+            return head, f"127.0.0.1:{port}"
+        time.sleep(1)
+    stop(head, 10)
+    raise BenchError(f"the Ray head did not come up in 120 s: {last_line(log_path)}")
+
+
+def absolute_path_list(paths: str) -> str:
+    """``PYTHONPATH`` with each entry made absolute: Ray's workers do not start in this folder, and the
+    bench's usual ``PYTHONPATH=…:.`` names the repository as ``.``."""
+    return os.pathsep.join(str(Path(p).resolve()) for p in paths.split(os.pathsep) if p)
+
+
+def chosen_transport(server_log: Path) -> str | None:
+    """The direct path's transport as the server logged it (``verl weight sync: broadcast (direct)``)."""
+    if not server_log.exists():
+        return None
+    for line in server_log.read_text(errors="replace").splitlines():
+        if "verl weight sync: " in line:
+            return line.split("verl weight sync: ", 1)[1].split()[0]
+    return None
+
+
 def new_events(path: Path, cursor: list[int]) -> list[dict[str, Any]]:
     """Events appended to ``events.jsonl`` since ``cursor[0]`` (a byte offset, advanced past whole lines)."""
     try:
@@ -534,10 +611,19 @@ def step_rows(
     return rows
 
 
-def summarize(rows: list[dict[str, Any]], gpus: int, baseline: dict[str, Any] | None) -> dict[str, Any]:
+def summarize(
+    rows: list[dict[str, Any]],
+    gpus: int,
+    baseline: dict[str, Any] | None,
+    *,
+    rollout_gpus: int = 0,
+    transport: str | None = None,
+) -> dict[str, Any]:
     """Medians over steps ≥ 2 (all steps when there is one) and the scaling efficiency against a baseline.
 
     ``E(N) = T(1) / (N · T(N))`` for the step time and for the training part (step − rollout).
+    ``sync_by_ranks``: the median weight sync (s) by trainer rank count, this run's and the baseline's,
+    with the layout (``rollout_gpus``) and the direct path's transport.
     """
     later = rows[1:] or rows
     out: dict[str, Any] = {"steps_in_median": [r["step"] for r in later]}
@@ -557,6 +643,18 @@ def summarize(rows: list[dict[str, Any]], gpus: int, baseline: dict[str, Any] | 
     peaks = [r["gpu_peak_gib"] for r in rows if r["gpu_peak_gib"]]
     out["gpu_peak_gib"] = [max(col) for col in zip(*peaks, strict=True)] if peaks else []
     out["gpus"] = gpus
+    out["rollout_gpus"] = rollout_gpus
+    out["transport"] = transport
+    sync = out["median_weight_sync_s"]
+    out["weight_sync_share"] = (
+        sync / out["median_step_s"] if sync is not None and out["median_step_s"] else None
+    )
+    out["sync_by_ranks"] = {
+        str(gpus): {"weight_sync_s": sync, "rollout_gpus": rollout_gpus, "transport": transport}
+    }
+    if baseline is not None:
+        b = baseline["summary"]
+        out["sync_by_ranks"] = {**b.get("sync_by_ranks", {}), **out["sync_by_ranks"]}
     if baseline is not None and out["median_step_s"]:
         b = baseline["summary"]
         out["baseline_gpus"] = b["gpus"]
@@ -606,6 +704,18 @@ def print_report(rows: list[dict[str, Any]], summary: dict[str, Any], title: str
         f"{fmt(s['median_weight_sync_s'])} = gather {fmt(s['median_gather_s'])} + push "
         f"{fmt(s['median_push_s'])}); rollout {fmt(s['median_rollout_tokens_per_s'], ' tok/s')}"
     )
+    ranks = sorted(s.get("sync_by_ranks", {}).items(), key=lambda kv: int(kv[0]))
+    if ranks:
+        parts = [
+            f"{n} rank(s) {fmt(v['weight_sync_s'])} ({v['transport'] or 'gather'}, vLLM "
+            f"{'on its own GPU' if v['rollout_gpus'] else 'on GPU 0'})"
+            for n, v in ranks
+        ]
+        share = s.get("weight_sync_share")
+        console.print(
+            f"weight sync by trainer rank count: {'; '.join(parts)}"
+            + (f"; this run: {share:.0%} of the step" if share is not None else "")
+        )
     if "efficiency_step_s" in s:
         console.print(
             f"scaling efficiency E(N) = N₀·T(N₀) / (N·T(N)), N = {s['gpus']} against N₀ = {s['baseline_gpus']}: "
@@ -629,10 +739,19 @@ def check_args(a: dict[str, Any]) -> dict[str, Any] | None:
     """
     import importlib.util
 
-    if a["weight_sync"] not in ("gather", "direct"):
-        raise BenchError(f"--weight-sync is gather or direct, got {a['weight_sync']!r}")
+    if a["weight_sync"] not in ("gather", "direct", "ipc", "broadcast"):
+        raise BenchError(f"--weight-sync is gather, direct, ipc or broadcast, got {a['weight_sync']!r}")
     if a["lora_rank"] < 0 or (a["max_staleness"] is not None and a["max_staleness"] < 0):
         raise BenchError("--lora-rank and --max-staleness must be ≥ 0")
+    if a["rollout_gpus"] not in (0, 1):
+        raise BenchError(
+            f"--rollout-gpus {a['rollout_gpus']}: 0 (vLLM on the trainer's GPU 0) or 1 (a GPU of its own; "
+            "the vLLM engine runs one worker, no tensor parallelism)"
+        )
+    if a["rollout_gpus"] and (a["trainer"] != "verl" or a["engine"] != "vllm"):
+        raise BenchError(
+            "--rollout-gpus 1 places verl's actor and vLLM apart: it needs --trainer verl --engine vllm"
+        )
     for name in ("gpus", "steps", "groups", "completion", "checkpoint_every"):
         if a[name] < 1:
             raise BenchError(f"--{name} must be ≥ 1, got {a[name]}")
@@ -666,8 +785,10 @@ def check_args(a: dict[str, Any]) -> dict[str, Any] | None:
         import torch
 
         visible = torch.cuda.device_count()
-        if visible < a["gpus"]:
-            raise BenchError(f"--gpus {a['gpus']}: this machine has {visible} CUDA GPU(s)")
+        if visible < a["gpus"] + a["rollout_gpus"]:
+            raise BenchError(
+                f"--gpus {a['gpus']} --rollout-gpus {a['rollout_gpus']}: this machine has {visible} CUDA GPU(s)"
+            )
     if a["json_out"] is not None and not Path(a["json_out"]).parent.is_dir():
         raise BenchError(f"--json {a['json_out']}: its folder does not exist")
     if a["budget"] < 60:
@@ -688,7 +809,9 @@ def swarm_command() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "swarm.cli"]
 
 
-def serve_argv(a: dict[str, Any], model_dir: Path, run_dir: Path, port: int) -> list[str]:
+def serve_argv(
+    a: dict[str, Any], model_dir: Path, run_dir: Path, port: int, ray_address: str | None = None
+) -> list[str]:
     argv = [
         *swarm_command(), "serve",
         "--model", str(model_dir),
@@ -714,6 +837,8 @@ def serve_argv(a: dict[str, Any], model_dir: Path, run_dir: Path, port: int) -> 
         argv += ["--max-staleness", str(a["max_staleness"]), "--tis-cap", "2.0"]
     if a["trainer"] == "verl":
         argv += ["--trainer-gpus", str(a["gpus"])]
+    if ray_address is not None:
+        argv += ["--ray-address", ray_address]
     if a["engine"] == "vllm":
         argv += ["--gpu-memory-utilization", str(a["gpu_memory_utilization"])]
     if a["device"] == "cpu":
@@ -781,8 +906,10 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
     memory = GpuMemory()
     if memory.names:
         result["gpu"] = {"names": memory.names, "total_gib": memory.total_gib}
-    server = clients = None
+    server = clients = ray_head = None
     metrics: list[dict[str, Any]] = []
+    layout = gpu_layout(a["gpus"], a["rollout_gpus"])
+    result["gpu_layout"] = layout
     clients_started = time.time()
     try:
         log(f"building a random {a['shape']} Qwen2 model in {work / 'model'}")
@@ -795,14 +922,26 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
         write_tasks(tasks, a["groups"] * (a["steps"] + 2), a["completion"])
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        argv = serve_argv(a, work / "model", work / "run", port)
+        ray_address = None
+        if layout["ray"] is not None:
+            result["where"] = "starting the Ray head"
+            ray_head, ray_address = start_ray_head(a["gpus"], layout["ray"], env, logs / "multi_gpu_ray.log")
+            log(
+                f"Ray head for the trainer on GPU(s) {layout['ray']} at {ray_address}; vLLM on GPU {layout['server']}"
+            )
+        server_env = env if layout["server"] is None else {**env, "CUDA_VISIBLE_DEVICES": layout["server"]}
+        argv = serve_argv(a, work / "model", work / "run", port, ray_address)
         result["serve_argv"] = argv
         memory.start()
         log(f"starting: {' '.join(argv[1:])}  (log: {server_log})")
         t_serve = time.time()
         result["where"] = "starting the server"
         server = subprocess.Popen(
-            argv, stdout=server_log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+            argv,
+            stdout=server_log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=server_env,
+            start_new_session=True,
         )
         wait_ready(server, url, server_log, deadline)
         result["server_ready_s"] = time.time() - t_serve
@@ -869,6 +1008,9 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
         stop(server, 30)
         if server is not None and (leftovers := kill_leftovers(server.pid)):
             log(f"killed {leftovers} process(es) of the server's session that outlived it")
+        stop(ray_head, 30)
+        if ray_head is not None and (leftovers := kill_leftovers(ray_head.pid)):
+            log(f"killed {leftovers} process(es) of the Ray head's session that outlived it")
         memory.stop()
         events_file = work / "run" / "events.jsonl"
         events = (
@@ -891,12 +1033,16 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
     result["rows"] = rows
     result["metrics"] = metrics
     if rows:
-        result["summary"] = summarize(rows, a["gpus"], baseline)
+        transport = chosen_transport(server_log) if a["weight_sync"] != "gather" else None
+        result["summary"] = summarize(
+            rows, a["gpus"], baseline, rollout_gpus=a["rollout_gpus"], transport=transport
+        )
         model = result.get("model", {})
         print_report(
             rows,
             result["summary"],
-            f"swarm serve --trainer {a['trainer']} --trainer-gpus {a['gpus']} --engine {a['engine']}: "
+            f"swarm serve --trainer {a['trainer']} --trainer-gpus {a['gpus']} --engine {a['engine']}"
+            f"{' (vLLM on its own GPU)' if a['rollout_gpus'] else ''}: "
             f"{a['shape']} ({model.get('parameters', 0) / 1e9:.2f} B), {a['groups']} × {a['group_size']} × "
             f"{a['completion']} tokens a step",
         )
@@ -910,7 +1056,18 @@ def run(a: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def main(
-    gpus: Annotated[int, typer.Option(help="GPUs of verl's FSDP actor (swarm serve --trainer-gpus).")] = 1,
+    gpus: Annotated[
+        int,
+        typer.Option(
+            "--gpus", "--trainer-gpus", help="GPUs of verl's FSDP actor (swarm serve --trainer-gpus)."
+        ),
+    ] = 1,
+    rollout_gpus: Annotated[
+        int,
+        typer.Option(
+            help="GPUs of vLLM's own: 0 = on the trainer's GPU 0 (CUDA IPC), 1 = the next GPU (NCCL)."
+        ),
+    ] = 0,
     steps: Annotated[int, typer.Option(help="Training steps to log.")] = 3,
     shape: Annotated[
         str, typer.Option(help="Model architecture: tiny | 0.5b | 1.5b | 3b | 7b (Qwen2.5's).")
@@ -926,7 +1083,7 @@ def main(
     micro_batch_size: Annotated[int, typer.Option(help="Sequences per forward/backward pass.")] = 8,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-6,
     weight_sync: Annotated[
-        str, typer.Option(help="verl: gather | direct (swarm serve --verl-weight-sync).")
+        str, typer.Option(help="verl: gather | direct | ipc | broadcast (swarm serve --verl-weight-sync).")
     ] = "gather",
     lora_rank: Annotated[int, typer.Option(help="LoRA rank (swarm serve --lora-rank); 0: all weights.")] = 0,
     max_staleness: Annotated[

@@ -270,10 +270,11 @@ class ServerConfig(BaseModel):
     @model_validator(mode="after")
     def _check_direct_weight_sync(self) -> ServerConfig:
         t = self.training
-        direct = t.enabled and t.backend == "verl" and t.verl.weight_sync == "direct"
+        sync = t.verl.weight_sync
+        direct = t.enabled and t.backend == "verl" and sync != "gather"
         if direct and (self.engine != "vllm" or t.trainer.lora is not None):
             raise ValueError(
-                "--verl-weight-sync direct sends full weights into vLLM's workers: it needs --engine vllm "
+                f"--verl-weight-sync {sync} sends full weights into vLLM's workers: it needs --engine vllm "
                 "and full fine-tuning (LoRA's adapters are small: leave it at gather)"
             )
         return self

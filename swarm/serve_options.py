@@ -247,8 +247,9 @@ class ServeOptions(FlagOptions):
     )
     verl_weight_sync: str = option(
         "gather",
-        "verl: how weights reach the engine: gather (through Ray into the server's copy) | direct (CUDA IPC "
-        "buckets from the actor's GPU into vLLM, checksummed, time-bounded; --engine vllm).",
+        "verl: how weights reach the engine: gather (through Ray into the server's copy) | direct (buckets "
+        "from the actor's GPU into vLLM, checksummed, time-bounded; --engine vllm: CUDA IPC when vLLM shares "
+        "the actor's GPU 0, else an NCCL broadcast) | ipc | broadcast (either one, forced).",
         to="training.verl.weight_sync",
     )
     max_batch_size: int = option(32, "Most sequences sampled together.", to="max_batch_size")

@@ -370,6 +370,38 @@ class VLLMEngine:
         prints: list[tuple[float, float]] = results[0]  # one worker per engine (no tensor parallelism)
         return prints
 
+    def weight_sync_devices(self) -> list[Any]:
+        """Where each of vLLM's workers runs (`swarm.train.weight_transport.DeviceIdentity`), for verl's
+        direct path to choose CUDA IPC (the actor's GPU) or a broadcast group (other GPUs or nodes)."""
+        from swarm.train.weight_transport import DeviceIdentity
+
+        return [DeviceIdentity(**d) for d in self._call(self._llm.collective_rpc("swarm_device_identity"))]
+
+    def join_weight_group(self, address: Any, rank_offset: int) -> None:
+        """Every worker joins the broadcast group of verl's actor rank 0 (`GroupAddress`), worker ``i`` as
+        rank ``rank_offset + i``; returns once the group has formed (the actor joins at the same time).
+
+        Raises:
+            WeightSyncError: (from the worker) the group did not form within ``address.timeout_s``.
+        """
+        self._call(
+            self._llm.collective_rpc("swarm_join_weight_group", args=(pickle.dumps((address, rank_offset)),))
+        )
+
+    def receive_weight_buckets(self, buckets: list[Any], policy_version: int) -> list[tuple[float, float]]:
+        """Serve weights broadcast in buckets by verl's actor rank 0 over the group of `join_weight_group`
+        (while this runs, the actor broadcasts them), as ``policy_version``.
+
+        Args:
+            buckets: The layouts (`swarm.train.weight_buckets.Bucket`), in the order they are broadcast.
+
+        Returns:
+            Each bucket's fingerprint as vLLM's worker received it (the sender compares them with its own).
+        """
+        results = self._push("swarm_receive_broadcast_buckets", pickle.dumps(buckets), policy_version)
+        prints: list[tuple[float, float]] = results[0]  # one worker per engine (no tensor parallelism)
+        return prints
+
     def _push(self, method: str, payload: bytes, policy_version: int) -> list[Any]:
         """Wake the weights if asleep, call the worker extension's ``method`` with ``payload``, reset the
         prefix cache (cached prompts were computed with the old weights), wake the KV cache, record

@@ -159,17 +159,21 @@ class VerlSettings(BaseModel):
     """Recompute activations in the backward pass (less memory for long sequences)."""
     ray_address: str | None = None
     """``None``: start a local Ray instance; ``"auto"`` or ``"ray://HOST:10001"``: join that cluster."""
-    weight_sync: Literal["gather", "direct"] = "gather"
+    weight_sync: Literal["gather", "direct", "ipc", "broadcast"] = "gather"
     """How the actor's weights reach the engine after a step. ``gather``: into the server's Hugging Face
-    copy through Ray, which the engine then loads (every engine; the CPU path). ``direct``: rank 0 packs
-    them into buckets in the engine's dtype on its GPU and the vLLM engine maps them by CUDA IPC, each
-    bucket checksummed on both sides, each call bounded by ``weight_sync_timeout_s`` (vLLM on the actor's
-    GPU 0, full fine-tuning; the server's copy is gathered only when a checkpoint reads it)."""
+    copy through Ray, which the engine then loads (every engine; the CPU path). The others send them
+    straight from the actor into vLLM's workers: rank 0 packs them into buckets in the engine's dtype on
+    its GPU, each bucket checksummed on both sides, each call bounded by ``weight_sync_timeout_s`` (full
+    fine-tuning; the server's copy is gathered only when a checkpoint reads it). ``ipc``: vLLM maps the
+    buckets by CUDA IPC (vLLM on the actor's GPU 0). ``broadcast``: rank 0 broadcasts them to vLLM's
+    workers over a group of their own (NCCL; vLLM on other GPUs or nodes). ``direct``: ``ipc`` when vLLM's
+    workers share rank 0's GPU, else ``broadcast`` (`swarm.train.weight_transport.choose_transport`)."""
     weight_sync_timeout_s: float = Field(default=300.0, gt=0.0)
-    """Most seconds one part of a ``direct`` sync (the pack, the engine's load) may take; then the step
-    fails loudly (``WeightSyncError``) instead of hanging."""
+    """Most seconds one part of a direct sync (the pack, the engine's load or receive with the actor's
+    broadcast, the group's forming) may take; then the step fails loudly (``WeightSyncError``) instead
+    of hanging."""
     bucket_mb: int = Field(default=512, ge=1)
-    """Most MiB of one ``direct`` bucket (the engine maps and loads one bucket at a time)."""
+    """Most MiB of one direct bucket (the engine maps or receives, and loads, one bucket at a time)."""
     overrides: tuple[str, ...] = ()
     """Further Hydra overrides of verl's ``ppo_trainer`` config, e.g.
     ``actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384``."""

@@ -26,9 +26,11 @@ A step, for samples ``s`` (token sequences with a loss mask) and their GRPO adva
 4. The actor's full state dict is gathered from FSDP to rank 0 and copied into the server's Hugging Face
    module (:attr:`VerlTrainer.sampling_model`), which the server then hands to ``Engine.load_weights``
    (vLLM: CUDA IPC push) and to checkpoints. With LoRA only the adapters are gathered. With
-   ``VerlSettings.weight_sync = "direct"`` nothing is gathered: :meth:`VerlTrainer.push_weights` sends the
-   weights from the actor's GPU into vLLM in checksummed CUDA IPC buckets (`swarm.train.weight_buckets`)
-   and the copy is gathered only when a checkpoint reads it.
+   ``VerlSettings.weight_sync`` ``direct`` (or ``ipc``, ``broadcast``) nothing is gathered:
+   :meth:`VerlTrainer.push_weights` sends the weights from the actor's GPU into vLLM in checksummed buckets
+   (`swarm.train.weight_buckets`), by CUDA IPC where vLLM shares rank 0's GPU, else broadcast over a group
+   of rank 0 and vLLM's workers (`swarm.train.weight_transport`), and the copy is gathered only when a
+   checkpoint reads it.
 
 Optimizer state: :meth:`VerlTrainer.state_dict` carries the actor's AdamW state (unsharded, by parameter
 name) into ``trainer_state.pt``; a resume loads it back, so AdamW continues.
@@ -44,6 +46,7 @@ and entropy terms are aggregated by verl unweighted, i.e. equal to ours when eve
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import socket
@@ -63,10 +66,20 @@ from swarm.train.config import LossAggregation, TrainerConfig, VerlSettings
 from swarm.train.lora import add_adapters, merge_adapters
 from swarm.train.losses import batch_statistics, loss_normalizer, selective_log_softmax
 from swarm.train.metrics import StepMetrics, StepTimings
-from swarm.train.weight_buckets import WeightSyncError, bounded, fingerprint, fingerprint_matches, pack_stream
+from swarm.train.weight_buckets import WeightSyncError, bounded, check_fingerprints, fingerprint, pack_stream
+from swarm.train.weight_transport import (
+    BroadcastTransport,
+    BucketTransport,
+    GroupAddress,
+    IpcTransport,
+    Transport,
+    choose_transport,
+)
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "RAY_FORWARDED_ENV",
@@ -175,6 +188,15 @@ def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) ->
             f"--ray-address {address}: no Ray head answers at {host}:{port} within {timeout_s:g} s ({why}); "
             f"start it with `ray start --head --port {port}`"
         ) from None
+
+
+MISPLACED: dict[str, str] = {
+    "ipc": "--verl-weight-sync ipc: vLLM's worker is not on the actor's rank-0 GPU (CUDA IPC maps memory on "
+    "that GPU); use broadcast or direct",
+    "broadcast": "--verl-weight-sync broadcast: vLLM's worker is on the actor's rank-0 GPU and NCCL cannot "
+    "place two ranks on one GPU; use ipc or direct",
+}
+"""Why a forced transport cannot serve the layout (`VerlTrainer._transport_for`)."""
 
 
 class VerlUnavailable(ConfigError):
@@ -664,13 +686,14 @@ def _worker_class() -> type:
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
         def pack_weight_buckets(
-            self, dtype: str, bucket_bytes: int, ipc: bool
+            self, dtype: str, bucket_bytes: int, handle: str
         ) -> list[dict[str, Any]] | None:
             """The direct weight path's sending side: every rank takes part in the gathers, rank 0 casts
             the full tensors to ``dtype`` on its device and packs them into buckets (`pack_stream`), kept
             alive until :meth:`release_weight_buckets`. Rank 0 returns, per bucket, its layout, its
-            fingerprint and its handle: CUDA IPC rebuild arguments (``ipc``; a few hundred bytes through
-            Ray, the bytes stay on the GPU), or the CPU buffer itself (the CPU tests). ``None`` elsewhere."""
+            fingerprint and its handle: ``"cuda_ipc"``, CUDA IPC rebuild arguments (a few hundred bytes
+            through Ray, the bytes stay on the GPU); ``"tensor"``, the CPU buffer itself (the CPU tests);
+            ``"none"``, nothing (the buckets go by :meth:`broadcast_weight_buckets`). ``None`` elsewhere."""
             from torch.multiprocessing.reductions import reduce_tensor
 
             params, _ = self.actor.engine.get_per_tensor_param()
@@ -682,9 +705,47 @@ def _worker_class() -> type:
             out = []
             for bucket, flat in pack_stream(params, dtype=getattr(torch, dtype), bucket_bytes=bucket_bytes):
                 self._buckets.append(flat)
-                handle = reduce_tensor(flat)[1] if ipc else flat
-                out.append({"bucket": bucket, "fingerprint": fingerprint(flat), "handle": handle})
+                sent = {"cuda_ipc": lambda t: reduce_tensor(t)[1], "tensor": lambda t: t}.get(handle)
+                out.append(
+                    {"bucket": bucket, "fingerprint": fingerprint(flat), "handle": sent and sent(flat)}
+                )
             return out
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def weight_sync_identity(self) -> dict[str, Any] | None:
+            """Rank 0's `DeviceIdentity` (host, address, GPU UUID) and a TCP port free on its host (the
+            broadcast group's store, which rank 0 opens); ``None`` elsewhere."""
+            from swarm.train.weight_transport import free_port, local_identity
+
+            if torch.distributed.get_rank() != 0:
+                return None
+            return {"identity": local_identity(_actor_device()), "port": free_port()}
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def join_weight_group(self, address: GroupAddress) -> None:
+            """Rank 0 opens the broadcast group at ``address`` as its root (other ranks: nothing); returns
+            once the engine's workers have joined, or raises after ``address.timeout_s``."""
+            from swarm.train.weight_transport import open_broadcast_group
+
+            if torch.distributed.get_rank() != 0:
+                return
+            self._weight_group = bounded(
+                lambda: open_broadcast_group(address, 0, _actor_device()),
+                timeout_s=address.timeout_s,
+                what="the actor joining the weight group",
+            )
+            self._weight_group_timeout_s = address.timeout_s
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def broadcast_weight_buckets(self) -> None:
+            """Rank 0 broadcasts the buckets of :meth:`pack_weight_buckets`, in order, to the group of
+            :meth:`join_weight_group` (the engine's workers receive them at the same time); bounded by the
+            group's timeout. Other ranks: nothing."""
+            from swarm.train.weight_transport import send_broadcast
+
+            if torch.distributed.get_rank() != 0:
+                return
+            send_broadcast(self._weight_group, self._buckets, timeout_s=self._weight_group_timeout_s)
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
         def release_weight_buckets(self) -> None:
@@ -761,6 +822,14 @@ def _worker_class() -> type:
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
 
     return SwarmActorWorker
+
+
+def _actor_device() -> torch.device:
+    """The device this actor rank computes on (verl's platform: a CUDA GPU, or the CPU in the tests)."""
+    from verl.utils.device import get_device_name
+
+    name = get_device_name()
+    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
 
 
 class _resident:
@@ -949,8 +1018,13 @@ class VerlTrainer(TrainerBackend):
         self._build_workers = worker_group
         self._copy_stale = False
         """``direct`` weight sync: the actor moved on since the server's copy was last gathered."""
-        self.last_push: dict[str, float | int] = {}
-        """The last direct sync: ``pack_s``, ``load_s``, ``buckets``, ``bytes``."""
+        self.last_push: dict[str, float | int | str] = {}
+        """The last direct sync: ``transport``, ``pack_s``, ``load_s`` (the engine's load, or the broadcast
+        and receive), ``buckets``, ``bytes``."""
+        self._transport: BucketTransport | None = None
+        """The direct path's transport, chosen at the first push (:meth:`_transport_for`)."""
+        self._group_failed: str | None = None
+        """Why the broadcast group failed: a hung collective cannot be undone, so no push is tried again."""
         self._pending_optimizer: Mapping[str, Any] | None = None
         """Optimizer state loaded before the workers started: handed to them when they do."""
         if (
@@ -1005,7 +1079,7 @@ class VerlTrainer(TrainerBackend):
     @property
     def direct(self) -> bool:
         """Whether the engine receives the weights from the actor directly (:meth:`push_weights`)."""
-        return self.settings.weight_sync == "direct" and self.config.lora is None
+        return self.settings.weight_sync != "gather" and self.config.lora is None
 
     @property
     def sampling_model(self) -> nn.Module:
@@ -1014,61 +1088,109 @@ class VerlTrainer(TrainerBackend):
         return self.model if self._sampler is None else self._sampler
 
     def push_weights(self, engine: Any, policy_version: int) -> bool:
-        """The direct weight path (``weight_sync="direct"``): the actor's weights into ``engine`` as
-        ``policy_version`` without a CPU or Ray object-store hop, then each bucket's fingerprint compared
-        between the actor and the engine. Returns ``False`` (nothing done: the caller loads
-        :attr:`sampling_model` as usual) under ``gather``. Times land in :attr:`last_push`.
+        """The direct weight path (``weight_sync`` ``direct``, ``ipc`` or ``broadcast``): the actor's weights
+        into ``engine`` as ``policy_version`` without a CPU or Ray object-store hop, then each bucket's
+        fingerprint compared between the actor and the engine. Returns ``False`` (nothing done: the caller
+        loads :attr:`sampling_model` as usual) under ``gather``. Times land in :attr:`last_push`.
 
-        ``engine`` needs ``load_weight_buckets(items, policy_version) -> fingerprints`` (the vLLM engine;
-        ``bucket_transport = "tensor"`` for a CPU receiver, default CUDA IPC).
+        Rank 0 packs the buckets; the transport chosen at the first push (:meth:`_transport_for`) delivers
+        them: `IpcTransport` (``engine.load_weight_buckets``: vLLM maps them by CUDA IPC) or
+        `BroadcastTransport` (rank 0 broadcasts them while ``engine.receive_weight_buckets`` receives them).
 
         Raises:
-            TrainerError: the engine cannot receive buckets.
+            TrainerError: the engine cannot receive buckets by the transport asked for.
             WeightSyncError: a part took longer than ``weight_sync_timeout_s``, failed, or the engine's
-                fingerprints differ from the actor's.
+                fingerprints differ from the actor's; and every push after a broadcast group failed.
         """
         if not self.direct:
             return False
-        load = getattr(engine, "load_weight_buckets", None)
-        if load is None:
-            raise TrainerError(
-                f"--verl-weight-sync direct: the {type(engine).__name__} cannot receive buckets"
+        if self._group_failed is not None:
+            raise WeightSyncError(
+                f"weight sync: the broadcast group failed earlier ({self._group_failed}); restart the server"
             )
         wg, timeout = self._workers(), self.settings.weight_sync_timeout_s
+        transport = self._transport_for(engine)
         dtype = str(next(self._module.parameters()).dtype).removeprefix("torch.")
-        ipc = getattr(engine, "bucket_transport", "cuda_ipc") == "cuda_ipc"
         t0 = time.perf_counter()
         packed: list[dict[str, Any]] = bounded(
-            lambda: wg.pack_weight_buckets(dtype, self.settings.bucket_mb << 20, ipc)[0],
+            lambda: wg.pack_weight_buckets(dtype, self.settings.bucket_mb << 20, transport.handle)[0],
             timeout_s=timeout,
             what="packing the actor's weights",
         )
         t1 = time.perf_counter()
         try:
-            received = bounded(
-                lambda: load([(p["bucket"], p["handle"]) for p in packed], policy_version),
-                timeout_s=timeout,
-                what="the engine's load",
-            )
+            received = transport.deliver(packed, policy_version)
+        except WeightSyncError as exc:
+            if transport.breaks_on_failure:
+                self._group_failed = str(exc)
+            raise
         finally:
             wg.release_weight_buckets()
-        bad = [
-            i
-            for i, (p, r) in enumerate(zip(packed, received, strict=True))
-            if not fingerprint_matches(p["fingerprint"], r)
-        ]
-        if bad:
-            raise WeightSyncError(
-                f"weight sync: the engine received other bytes than the actor sent in bucket(s) {bad} "
-                f"of {len(packed)}"
-            )
+        check_fingerprints([p["fingerprint"] for p in packed], received)
         self.last_push = {
+            "transport": transport.name,
             "pack_s": t1 - t0,
             "load_s": time.perf_counter() - t1,
             "buckets": len(packed),
             "bytes": sum(p["bucket"].nbytes for p in packed),
         }
         return True
+
+    def _transport_for(self, engine: Any) -> BucketTransport:
+        """The direct path's transport, chosen once per engine: ``ipc`` or ``broadcast`` as configured, or for
+        ``direct`` from where rank 0 and the engine's workers run (`choose_transport`; an engine that
+        reports no devices, the CPU receiver, gets ``ipc``). For ``broadcast`` the group is formed here:
+        rank 0 (the root, hosting the store on a free port of its host) and each engine worker join it at
+        once, bounded by ``weight_sync_timeout_s``.
+
+        Raises:
+            TrainerError: the engine lacks the methods of the chosen transport, or a forced transport
+                cannot serve the layout (:data:`MISPLACED`).
+            WeightSyncError: the group did not form in time, or the layout fits neither transport.
+        """
+        if self._transport is not None and self._transport.engine is engine:
+            return self._transport
+        wg, mode, timeout = self._workers(), self.settings.weight_sync, self.settings.weight_sync_timeout_s
+        devices = getattr(engine, "weight_sync_devices", None)
+        receivers = None if devices is None else list(devices())
+        actor: dict[str, Any] | None = None
+        name: Transport
+        placed: Transport | None = None  # what the layout allows, where the engine reports its devices
+        if receivers is not None:
+            actor = wg.weight_sync_identity()[0]
+            placed = choose_transport(actor["identity"], receivers)
+        if mode in ("ipc", "broadcast"):
+            name = "ipc" if mode == "ipc" else "broadcast"
+            if placed is not None and placed != name:
+                raise TrainerError(MISPLACED[name])
+        else:
+            name = placed or "ipc"
+        needs = "receive_weight_buckets" if name == "broadcast" else "load_weight_buckets"
+        if not hasattr(engine, needs) or (name == "broadcast" and receivers is None):
+            raise TrainerError(
+                f"--verl-weight-sync {mode}: the {type(engine).__name__} cannot receive buckets by {name}"
+            )
+        transport: BucketTransport
+        if name == "ipc":
+            transport = IpcTransport(engine, timeout)
+        else:
+            assert receivers is not None and actor is not None
+            identity = actor["identity"]
+            address = GroupAddress(
+                host="127.0.0.1" if all(r.host == identity.host for r in receivers) else identity.address,
+                port=int(actor["port"]),
+                world_size=1 + len(receivers),
+                backend="nccl" if identity.device == "cuda" else "gloo",
+                timeout_s=timeout,
+            )
+            try:
+                transport = BroadcastTransport(wg, engine, address)
+            except WeightSyncError as exc:
+                self._group_failed = str(exc)
+                raise
+        log.info("verl weight sync: %s (%s)", name, mode)
+        self._transport = transport
+        return transport
 
     def sync_sampling_model(self) -> None:
         """With LoRA's merged sampling copy: merge the copy's adapters into it (after every step and after

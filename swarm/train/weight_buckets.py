@@ -13,9 +13,10 @@ Pure torch (no verl, no vLLM): the same code runs on the GPU and in the CPU test
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -27,6 +28,8 @@ __all__ = [
     "BucketEntry",
     "WeightSyncError",
     "bounded",
+    "bounded_all",
+    "check_fingerprints",
     "fingerprint",
     "fingerprint_matches",
     "pack",
@@ -260,23 +263,74 @@ def bounded(call: Callable[[], T], *, timeout_s: float, what: str) -> T:
     Raises:
         WeightSyncError: the timeout, or whatever ``call`` raised (as its cause).
     """
-    box: dict[str, object] = {}
+    result: T = bounded_all({what: call}, timeout_s=timeout_s)[what]
+    return result
 
-    def run() -> None:
+
+def bounded_all(calls: Mapping[str, Callable[[], Any]], *, timeout_s: float) -> dict[str, Any]:
+    """Run the ``calls`` at once, each in a daemon thread (the two ends of one collective: the sender's
+    broadcast and the receivers' load), and return their results by name once all have returned.
+
+    The first call that raises ends the wait at once (its peer would wait for it until the timeout); a
+    call still running after ``timeout_s`` seconds ends it too. Calls left running are abandoned (a hung
+    collective cannot be interrupted from Python).
+
+    Raises:
+        WeightSyncError: ``weight sync: NAME failed: …`` (the error as its cause; a call's own
+            WeightSyncError as it is) or ``weight sync: NAME took longer than … s`` naming the calls still
+            running.
+    """
+    done = threading.Condition()
+    results: dict[str, Any] = {}
+    errors: dict[str, BaseException] = {}
+
+    def run(name: str, call: Callable[[], Any]) -> None:
         try:
-            box["value"] = call()
+            value = call()
         except BaseException as exc:  # handed to the caller's thread below
-            box["error"] = exc
+            with done:
+                errors[name] = exc
+                done.notify_all()
+            return
+        with done:
+            results[name] = value
+            done.notify_all()
 
-    thread = threading.Thread(target=run, name=f"weight-sync: {what}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
+    for name, call in calls.items():
+        threading.Thread(target=run, args=(name, call), name=f"weight-sync: {name}", daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    with done:
+        while not errors and len(results) < len(calls):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            done.wait(left)
+        if errors:
+            name, error = next(iter(errors.items()))
+            if isinstance(error, WeightSyncError):  # already says what timed out or failed
+                raise error
+            raise WeightSyncError(f"weight sync: {name} failed: {type(error).__name__}: {error}") from error
+        running = [name for name in calls if name not in results]
+    if running:
         raise WeightSyncError(
-            f"weight sync: {what} took longer than {timeout_s:g} s; the engine may hold a partial update"
+            f"weight sync: {' and '.join(running)} took longer than {timeout_s:g} s; "
+            "the engine may hold a partial update"
         )
-    if "error" in box:
-        error = box["error"]
-        assert isinstance(error, BaseException)
-        raise WeightSyncError(f"weight sync: {what} failed: {type(error).__name__}: {error}") from error
-    return box["value"]  # type: ignore[return-value]
+    return results
+
+
+def check_fingerprints(sent: Sequence[tuple[float, float]], received: Sequence[tuple[float, float]]) -> None:
+    """Compare the sender's :func:`fingerprint` of each bucket with the receiver's.
+
+    Raises:
+        WeightSyncError: another number of buckets, or a bucket whose fingerprints differ (the engine
+            received other bytes than were sent).
+    """
+    if len(sent) != len(received):
+        raise WeightSyncError(f"weight sync: {len(sent)} bucket(s) sent, the engine read {len(received)}")
+    bad = [i for i, (s, r) in enumerate(zip(sent, received, strict=True)) if not fingerprint_matches(s, r)]
+    if bad:
+        raise WeightSyncError(
+            f"weight sync: the engine received other bytes than the actor sent in bucket(s) {bad} "
+            f"of {len(sent)}"
+        )

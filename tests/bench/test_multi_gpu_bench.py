@@ -100,6 +100,12 @@ def test_a_process_without_the_multicast_variables_is_named() -> None:
             "--gpus 2 needs --trainer verl",
         ),
         (["--shape", "2b"], "--shape '2b': one of tiny, 0.5b, 1.5b, 3b, 7b"),
+        (["--rollout-gpus", "2"], "--rollout-gpus 2: 0 (vLLM on the trainer's GPU 0) or 1"),
+        (
+            ["--trainer", "torch", "--rollout-gpus", "1"],
+            "--rollout-gpus 1 places verl's actor and vLLM apart",
+        ),
+        (["--weight-sync", "nccl"], "--weight-sync is gather, direct, ipc or broadcast"),
     ],
 )
 def test_bad_arguments_end_in_one_line(flags: list[str], message: str) -> None:
@@ -128,3 +134,36 @@ def test_the_served_command_carries_lora_staleness_and_checkpoints() -> None:
         )
     )
     assert "--lora-rank" not in plain and "--max-staleness" not in plain and "--verl-weight-sync" not in plain
+
+
+def test_vllm_on_a_gpu_of_its_own_gets_the_next_gpu_and_the_actor_a_ray_head_of_its_gpus(
+    tmp_path: Path,
+) -> None:
+    """``--trainer-gpus N --rollout-gpus 1`` (the NCCL broadcast layout): the Ray head sees GPUs 0…N−1,
+    the server (vLLM) GPU N and joins that head; the summary keeps the sync time per rank count."""
+    assert multi_gpu.gpu_layout(1, 0) == {"ray": None, "server": None}  # vLLM on the actor's GPU 0
+    assert multi_gpu.gpu_layout(2, 1) == {"ray": "0,1", "server": "2"}
+    a = {
+        "trainer": "verl", "engine": "vllm", "device": "cuda", "groups": 8, "group_size": 4, "lr": 1e-6,
+        "micro_batch_size": 8, "gpus": 2, "gpu_memory_utilization": 0.3, "checkpoint_every": 10,
+        "lora_rank": 0, "max_staleness": None, "weight_sync": "direct",
+    }  # fmt: skip
+    joined = " ".join(multi_gpu.serve_argv(a, Path("/m"), Path("/r"), 8000, "127.0.0.1:6380"))
+    assert "--trainer-gpus 2" in joined and "--ray-address 127.0.0.1:6380" in joined
+    assert "--ray-address" not in " ".join(multi_gpu.serve_argv(a, Path("/m"), Path("/r"), 8000))
+    assert multi_gpu.absolute_path_list(f"/x{os.pathsep}.") == f"/x{os.pathsep}{Path.cwd()}"
+    log = tmp_path / "server.log"
+    log.write_text("12:00 INFO swarm.train.verl_backend: verl weight sync: broadcast (direct)\n")
+    assert multi_gpu.chosen_transport(log) == "broadcast"
+    assert multi_gpu.chosen_transport(tmp_path / "none.log") is None
+    rows = [
+        {"step": k, "step_s": 5.0, "rollout_s": 2.0, "train_s": 3.0, "old_logprobs_s": 0.0, "update_s": 2.0,
+         "gather_s": 0.0, "push_s": 0.5, "weight_sync_s": 0.5, "rollout_tokens_per_s": 100.0,
+         "gpu_peak_gib": []}
+        for k in (1, 2)
+    ]  # fmt: skip
+    one = multi_gpu.summarize(rows, 1, None, rollout_gpus=1, transport="broadcast")
+    assert one["sync_by_ranks"] == {"1": {"weight_sync_s": 0.5, "rollout_gpus": 1, "transport": "broadcast"}}
+    assert one["weight_sync_share"] == pytest.approx(0.1)
+    two = multi_gpu.summarize(rows, 2, {"summary": one}, rollout_gpus=1, transport="broadcast")
+    assert sorted(two["sync_by_ranks"]) == ["1", "2"]  # the baseline's rank count and this run's

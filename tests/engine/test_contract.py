@@ -217,6 +217,83 @@ def test_a_cancelled_request_stops_and_the_engine_keeps_serving(engine: Any) -> 
     assert 1 <= len(after.ids) <= 4
 
 
+def test_vllm_reports_where_its_worker_runs_so_the_direct_path_picks_cuda_ipc_on_one_gpu(engine: Any) -> None:
+    """`VLLMEngine.weight_sync_devices`: vLLM's worker says where it runs (host, GPU UUID, through vLLM's
+    RPC); a sender on this process's GPU 0, where vLLM runs too, gets CUDA IPC (verl's ``direct`` on one
+    GPU), one on another GPU would get the broadcast. One GPU is enough."""
+    if _kind(engine) != "vllm":
+        pytest.skip("the direct weight path feeds vLLM's workers")
+    from swarm.train.weight_transport import choose_transport, local_identity
+
+    (worker,) = engine.weight_sync_devices()
+    here = local_identity(torch.device("cuda", 0))
+    assert worker.device == "cuda" and worker.uuid == here.uuid and worker.host == here.host
+    assert choose_transport(here, [worker]) == "ipc"
+
+
+def test_weight_buckets_reach_vllm_by_nccl_broadcast_from_another_gpu(engine: Any) -> None:
+    """verl's direct weight path when the actor is not on vLLM's GPU (`swarm.train.weight_transport`): this
+    process, on GPU 1, and vLLM's worker, on GPU 0, form an NCCL group of their own (vLLM's
+    ``StatelessProcessGroup`` + ``PyNcclCommunicator``); the weights are packed on GPU 1 and broadcast while
+    the worker receives and loads them, fingerprints equal on both GPUs, and the new weights are served.
+    Needs two GPUs (NCCL cannot place two ranks on one); the CPU tests run the same protocol over gloo."""
+    if _kind(engine) != "vllm":
+        pytest.skip("the broadcast weight path feeds vLLM's workers")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("the NCCL broadcast path needs a second GPU (NCCL cannot put two ranks on one GPU)")
+    from swarm.engine.vllm import served_weights
+    from swarm.train.weight_buckets import bounded_all, check_fingerprints, fingerprint, pack_stream
+    from swarm.train.weight_transport import (
+        GroupAddress,
+        choose_transport,
+        free_port,
+        local_identity,
+        open_broadcast_group,
+        send_broadcast,
+    )
+
+    sender = torch.device("cuda", 1)
+    assert choose_transport(local_identity(sender), engine.weight_sync_devices()) == "broadcast"
+    address = GroupAddress("127.0.0.1", free_port(), 2, "nccl", 120.0)
+    group = bounded_all(
+        {
+            "the sender joining": lambda: open_broadcast_group(address, 0, sender),
+            "the engine joining": lambda: engine.join_weight_group(address, 1),
+        },
+        timeout_s=180,
+    )["the sender joining"]
+    prompt = _prompt(engine, "What is the capital of France?")
+    module = engine.trainable_module()
+    saved = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    try:
+        with engine.pause():
+            with torch.no_grad():
+                generator = torch.Generator(device="cpu").manual_seed(2)
+                for p in module.parameters():
+                    p.add_(torch.randn(p.shape, generator=generator).to(p.device, p.dtype) * 0.02)
+            on_sender = ((n, t.to(sender)) for n, t in served_weights(module))
+            buckets = list(pack_stream(on_sender, dtype=torch.float32, bucket_bytes=64 << 20))
+            assert len(buckets) > 1
+            version = engine.policy_version + 1
+            prints = bounded_all(
+                {
+                    "the broadcast": lambda: send_broadcast(group, [f for _, f in buckets], timeout_s=120),
+                    "the receive": lambda: engine.receive_weight_buckets([b for b, _ in buckets], version),
+                },
+                timeout_s=150,
+            )["the receive"]
+        check_fingerprints([fingerprint(flat) for _, flat in buckets], prints)
+        (after,) = _generate(engine, prompt, SamplingParams(temperature=0.0, max_tokens=12))
+        assert after.policy_version == version
+        reference = _reference_logprobs(module, prompt, after.ids)
+        worst = max(abs(a - b) for a, b in zip(after.logprobs, reference, strict=True))
+        assert worst < LOGPROB_TOLERANCE["vllm"], worst
+    finally:
+        with engine.pause(), torch.no_grad():
+            module.load_state_dict(saved)
+            engine.load_weights(module, policy_version=engine.policy_version + 1)
+
+
 def test_new_weights_are_served_with_the_new_policy_version(engine: Any) -> None:
     prompt = _prompt(engine, "What is the capital of France?")
     params = SamplingParams(temperature=0.0, max_tokens=12)

@@ -61,6 +61,21 @@ def test_the_direct_weight_path_needs_vllm_and_full_weights() -> None:
     assert config.training.verl.weight_sync == "direct"
 
 
+@pytest.mark.parametrize("sync", ["ipc", "broadcast"])
+def test_a_forced_transport_is_a_direct_sync_with_the_same_needs(sync: str) -> None:
+    """``ipc`` and ``broadcast`` force the direct path's transport; like ``direct`` they need vLLM and full
+    weights, and the refusal names the value given."""
+    flags = {"trainer": "verl", "verl-weight-sync": sync}
+    with pytest.raises(ServeOptionsError, match=f"--verl-weight-sync {sync} sends full weights into vLLM"):
+        ServeOptions.from_flags(flags).to_server_config()
+    assert (
+        ServeOptions.from_flags({**flags, "engine": "vllm"}).to_server_config().training.verl.weight_sync
+        == sync
+    )
+    with pytest.raises(ServeOptionsError):
+        ServeOptions.from_flags({**flags, "verl-weight-sync": "nccl", "engine": "vllm"}).to_server_config()
+
+
 def test_an_unreachable_ray_head_is_refused_in_one_line_instead_of_hanging() -> None:
     """ray.init retries an unreachable GCS for ever (and ignores SIGTERM off the main thread): the
     address is tried first, with a bounded TCP connect."""

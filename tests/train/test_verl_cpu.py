@@ -131,6 +131,28 @@ def test_the_direct_weight_path_delivers_checked_buckets_and_fails_loudly(
     assert "the engine's load took longer than 3 s" in r["hung"]
 
 
+def test_the_broadcast_weight_path_reaches_a_worker_in_another_process_and_fails_loudly(
+    scenario_results: Callable[[str], dict[str, Any]],
+) -> None:
+    """``--verl-weight-sync direct`` with the engine's worker in a second process (vLLM's worker extension
+    on the CPU): the broadcast group is chosen (the worker is not on the actor's GPU) and formed once, the
+    actor's weights reach the worker exactly after each of two steps, fingerprints equal; a corrupted
+    transfer and a silent worker end in WeightSyncError within the 5 s timeout, and once a group has failed
+    the next push says so at once instead of waiting on it. ``ipc`` forced with vLLM elsewhere is refused."""
+    r = scenario_results("broadcast")
+    assert r["pushed_1"] and r["pushed_2"] and r["engine_version"] == 2
+    assert r["names_match_1"] and r["names_match_2"]
+    assert r["received_vs_actor_1"] == 0.0 and r["received_vs_actor_2"] == 0.0
+    assert r["last_push"]["transport"] == "broadcast" and r["last_push"]["buckets"] >= 2
+    assert r["corrupt"].startswith("weight sync: the engine received other bytes than the actor sent")
+    assert "took longer than 5 s" in r["silent"] or "broadcast failed" in r["silent"], r["silent"]
+    assert r["corrupt_s"] < 5 + 10 and r["silent_s"] < 5 + 10  # bounded: the child's start, then ≤ 5 s
+    assert r["after_failure"].startswith("weight sync: the broadcast group failed earlier")
+    assert r["forced_ipc"].startswith(
+        "--verl-weight-sync ipc: vLLM's worker is not on the actor's rank-0 GPU"
+    )
+
+
 def test_an_on_policy_step_skips_the_old_logprob_recompute_and_matches_the_torch_trainer(
     scenario_results: Callable[[str], dict[str, Any]],
 ) -> None:

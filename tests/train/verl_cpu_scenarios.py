@@ -278,6 +278,73 @@ def direct(folder: Path) -> dict[str, Any]:
 SCENARIOS["direct"] = direct
 
 
+def broadcast(folder: Path) -> dict[str, Any]:
+    """``weight_sync="direct"`` with vLLM's worker code in a second process (not on the actor's GPU): the
+    broadcast group is chosen and formed at the first push (gloo here, NCCL on GPUs); after each of two
+    steps the actor's weights reach the worker through it, checked by fingerprint; a corrupted transfer
+    and a silent worker fail loudly within the timeout, and after a failed group no push is tried."""
+    import time
+
+    from swarm.train import VerlSettings
+    from swarm.train.backend import TrainerError
+    from swarm.train.weight_buckets import WeightSyncError
+    from tests.train.weight_receiver_process import ProcessEngine
+
+    base = folder / "base"
+    save_tiny_model(base)
+    settings = VerlSettings(weight_sync="direct", bucket_mb=1, weight_sync_timeout_s=5.0)
+    trainer = VerlTrainer(
+        _served(base), base, TrainerConfig(lr=1e-2), PAD, settings=settings, start=True,
+        worker_group=cpu_worker_group,
+    )  # fmt: skip
+    out: dict[str, Any] = {}
+    engine = ProcessEngine()
+    try:
+        for version, batch in enumerate(BATCHES, start=1):
+            trainer.step(*batch)
+            out[f"pushed_{version}"] = trainer.push_weights(engine, version)
+            actor = trainer._workers().full_state_dict()[0]
+            received = engine.weights()
+            out[f"names_match_{version}"] = sorted(received) == sorted(actor)
+            out[f"received_vs_actor_{version}"] = max(
+                float((received[k] - v).abs().max()) for k, v in actor.items()
+            )
+        out["engine_version"] = engine.policy_version
+        out["last_push"] = trainer.last_push
+    finally:
+        engine.close()
+    for mode in ("corrupt", "silent"):
+        bad = ProcessEngine(mode)  # another engine: a new group, with a worker that fails
+        started = time.monotonic()
+        try:
+            trainer.push_weights(bad, 3)
+            out[mode] = "no error"
+        except WeightSyncError as exc:
+            out[mode] = str(exc)
+        finally:
+            out[f"{mode}_s"] = time.monotonic() - started
+            bad.close()
+    try:
+        trainer.push_weights(engine, 4)
+        out["after_failure"] = "no error"
+    except WeightSyncError as exc:
+        out["after_failure"] = str(exc)
+    trainer.settings = settings.model_copy(update={"weight_sync": "ipc"})  # forced, vLLM elsewhere
+    trainer._group_failed = None  # as after a restart
+    elsewhere = ProcessEngine()
+    try:
+        trainer.push_weights(elsewhere, 5)
+        out["forced_ipc"] = "no error"
+    except TrainerError as exc:
+        out["forced_ipc"] = str(exc)
+    finally:
+        elsewhere.close()
+    return out
+
+
+SCENARIOS["broadcast"] = broadcast
+
+
 def _counted(trainer: VerlTrainer) -> list[int]:
     """Count the worker's ``compute_log_prob`` calls (the π_θ_old recompute) from here on."""
     worker = trainer._workers().worker
