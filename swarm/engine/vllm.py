@@ -16,7 +16,9 @@ Training on the same GPU (colocated): the trainer updates its own Hugging Face c
 (`trainable_module`); around a step the engine pauses new requests (`pause`), puts vLLM to sleep to
 free its KV cache (`release_memory`), and afterwards pushes the new weights into the running engine
 through CUDA IPC handles (`load_weights`, see `swarm.engine._vllm_worker`) and resets the prefix
-cache, so the next call is sampled, and recorded, with the new ``policy_version``.
+cache, so the next call is sampled, and recorded, with the new ``policy_version``. Everything that moves
+GPU memory (start-up, the sleep → step → wake window, stop) runs under the GPU's host-wide lock
+(`swarm.engine.gpu_lock`), so other vLLM servers on the GPU never profile memory meanwhile.
 
 LoRA tenants (``swarm serve --tenants N``, `swarm.server.tenants`): built with ``max_loras = N`` vLLM
 serves one LoRA adapter per request (``LoRARequest``, `SamplingParams.adapter`), several adapters in one
