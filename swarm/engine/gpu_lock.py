@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 1200.0
 """How long a hold waits for another holder: generous, a big model's vLLM start (CUDA graphs, compile)
 or a training step can take minutes, and several may queue."""
+STOP_TIMEOUT_S = 10.0
+"""How long a stopping engine waits for the lock before freeing its memory without it: below the 15 s
+a3r gives a stopping server before SIGKILL (``a3r/swarmops/processes.py``), so that waiting never gets a
+server killed before it commits its queued finishes (``SwarmRuntime.close`` closes the engine first)."""
 ANNOUNCE_AFTER_S = 1.0
 """A wait longer than this is logged, once."""
 MAX_POLL_S = 0.05
@@ -315,6 +319,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
     "GpuIdentity",
     "GpuLock",
     "GpuLockTimeout",

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 import torch
 
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
-from swarm.engine.gpu_lock import GpuLockTimeout, gpu_lock
+from swarm.engine.gpu_lock import STOP_TIMEOUT_S, GpuLockTimeout, gpu_lock
 from swarm.engine.limits import check_prompt_fits, check_score_input, end_of_turn_ids, max_new_tokens
 from swarm.engine.model_loading import ModelSource, load_model
 from swarm.errors import ModelLoadError
@@ -471,14 +471,15 @@ class VLLMEngine:
         0.3) and the next server on that GPU cannot start.
 
         Freeing that share happens under the GPU lock (`swarm.engine.gpu_lock`), so it never lands inside
-        another server's start-up profiling; a close that cannot get the lock in time stops without it.
+        another server's start-up profiling; a close that cannot get the lock within `STOP_TIMEOUT_S`
+        (another server's long start, or this server's own step still running) stops without it.
         """
         if self._closed:
             return
         self._closed = True
         stopping = contextlib.ExitStack()
         try:
-            stopping.enter_context(self._gpu.hold("stop"))
+            stopping.enter_context(self._gpu.hold("stop", timeout_s=STOP_TIMEOUT_S))
         except GpuLockTimeout as exc:
             log.warning("stopping vLLM without the GPU lock: %s", exc)
         with stopping:

@@ -347,3 +347,22 @@ def test_close_frees_the_gpu_under_the_lock_even_inside_its_sleep_window(engine:
     engine.close()
     assert engine._llm.calls[-1] == ("shutdown", True)
     assert not lock.held and not locked_elsewhere(lock.path)
+
+
+def test_a_stop_waits_briefly_then_frees_the_gpu_without_the_lock(
+    engine: Any, lock: GpuLock, holder: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopping server must not outwait a3r's stop grace (then SIGKILL) behind another server's long
+    start: it waits `STOP_TIMEOUT_S`, warns, and stops."""
+    import swarm.engine.vllm as vllm_module
+
+    monkeypatch.setattr(vllm_module, "STOP_TIMEOUT_S", 0.3)
+    child = holder(60.0)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger=vllm_module.__name__):
+        engine.close()
+    assert time.monotonic() - started < 10
+    assert engine._llm.calls == [("shutdown", True)]  # locked: by the other server, not by this one
+    assert any("stopping vLLM without the GPU lock" in r.getMessage() for r in caplog.records)
+    assert not lock.held
+    child.kill()
