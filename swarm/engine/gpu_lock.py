@@ -180,6 +180,7 @@ class GpuLock:
         if self._owner == me:  # only this thread sets or clears its own ident
             self._depth += 1
             return
+        timeout_s = max(0.0, timeout_s)
         started = time.monotonic()
         deadline = started + timeout_s
         if not self._threads.acquire(timeout=min(ANNOUNCE_AFTER_S, timeout_s)):

@@ -121,6 +121,8 @@ def test_the_timeout_fails_in_one_line_naming_the_holder(lock: GpuLock, holder: 
         "is a server stuck starting or stepping?"
     )
     assert not lock.held  # nothing half-taken: the next try starts clean
+    with pytest.raises(GpuLockTimeout):
+        lock.acquire("step", timeout_s=-1)  # a negative timeout is no wait, not threading's "forever"
     child.kill()
     child.join(5)
     with lock.hold("step", timeout_s=5):
