@@ -25,8 +25,8 @@ of the descriptor, so it never keeps its parent's lock alive. The lock is adviso
 take it (another program, an ``hf`` server) are not ordered by it. Processes that see different temp
 directories (``TMPDIR``, separate containers) do not see each other's lock.
 
-Uncontended, a hold costs one open, one flock, one small write and one close (measured ~10 µs on the CPU
-box, ``tests/engine/test_gpu_lock.py``); a nested hold costs no system call.
+Uncontended, a hold costs one open, one flock, one small write and one close (measured 10-16 µs on the
+shared CPU box, ``tests/engine/test_gpu_lock.py``); a nested hold costs no system call.
 """
 
 from __future__ import annotations
