@@ -16,7 +16,9 @@ Training on the same GPU (colocated): the trainer updates its own Hugging Face c
 (`trainable_module`); around a step the engine pauses new requests (`pause`), puts vLLM to sleep to
 free its KV cache (`release_memory`), and afterwards pushes the new weights into the running engine
 through CUDA IPC handles (`load_weights`, see `swarm.engine._vllm_worker`) and resets the prefix
-cache, so the next call is sampled, and recorded, with the new ``policy_version``.
+cache, so the next call is sampled, and recorded, with the new ``policy_version``. Everything that moves
+GPU memory (start-up, the sleep → step → wake window, stop) runs under the GPU's host-wide lock
+(`swarm.engine.gpu_lock`), so other vLLM servers on the GPU never profile memory meanwhile.
 
 LoRA tenants (``swarm serve --tenants N``, `swarm.server.tenants`): built with ``max_loras = N`` vLLM
 serves one LoRA adapter per request (``LoRARequest``, `SamplingParams.adapter`), several adapters in one
@@ -51,6 +53,7 @@ from typing import Any, TypeVar
 import torch
 
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
+from swarm.engine.gpu_lock import STOP_TIMEOUT_S, GpuLockTimeout, gpu_lock
 from swarm.engine.limits import check_prompt_fits, check_score_input, end_of_turn_ids, max_new_tokens
 from swarm.engine.model_loading import ModelSource, load_model
 from swarm.errors import ModelLoadError
@@ -157,6 +160,11 @@ class VLLMEngine:
         directory = str(source.directory)
         config = AutoConfig.from_pretrained(directory)
         _check_can_serve(config, gpu_memory_utilization)
+        self._gpu = gpu_lock()
+        """Held while this engine moves GPU memory (start, sleep → step → wake, stop): see
+        `swarm.engine.gpu_lock`; other vLLM servers on this GPU then start or step at other times."""
+        self._sleep_hold = False
+        """Whether this engine holds ``_gpu`` for a sleep window (`release_memory` → `restore_memory`)."""
         self.source = source
         self.model_name = source.name
         self.dtype = dtype
@@ -191,7 +199,12 @@ class VLLMEngine:
         self._open: asyncio.Event = self._call(self._make_event())
         self._idle: asyncio.Condition = self._call(self._make_condition())
         try:
-            self._llm = self._call(self._start(directory, gpu_memory_utilization, seed, enforce_eager))
+            with self._gpu.hold("start"):  # vLLM's profiling and KV-cache sizing read device-wide free memory
+                _check_free_memory(gpu_memory_utilization)
+                self._llm = self._call(self._start(directory, gpu_memory_utilization, seed, enforce_eager))
+        except ModelLoadError:
+            self._stop_loop()
+            raise
         except Exception as exc:
             self._stop_loop()
             raise ModelLoadError(f"vLLM could not start {source.name}: {_first_line(exc)}") from exc
@@ -308,7 +321,8 @@ class VLLMEngine:
     def trainable_module(self) -> torch.nn.Module:
         """A Hugging Face copy of the served weights on the trainer's device (loaded on first use)."""
         if self._trainable is None:
-            module, _ = load_model(self.source, dtype=self.dtype, device=self.device)
+            with self._gpu.hold("trainer copy load"):  # takes GPU memory: not during another's profiling
+                module, _ = load_model(self.source, dtype=self.dtype, device=self.device)
             self._trainable = module
         return self._trainable
 
@@ -328,16 +342,37 @@ class VLLMEngine:
                     self._call(self._open_gate())
 
     def release_memory(self) -> None:
-        """Put vLLM to sleep (level 1: KV cache discarded, weights moved to CPU memory)."""
+        """Put vLLM to sleep (level 1: KV cache discarded, weights moved to CPU memory).
+
+        Takes the GPU lock (`swarm.engine.gpu_lock`, waiting while another server on this GPU starts or
+        steps) and keeps it until `restore_memory`, which must run in the same thread: while the memory
+        is lent to the trainer, no other vLLM server on the GPU measures it.
+
+        Raises:
+            GpuLockTimeout: another server held the GPU lock for over `gpu_lock.DEFAULT_TIMEOUT_S`.
+        """
         if not self._sleeping:
-            self._call(self._llm.sleep(level=1))
+            self._gpu.acquire("step")
+            self._sleep_hold = True
+            try:
+                self._call(self._llm.sleep(level=1))
+            except BaseException:
+                self._end_sleep_hold()
+                raise
             self._sleeping = True
 
     def restore_memory(self) -> None:
-        """Wake vLLM up (weights back on the GPU, KV cache re-allocated)."""
+        """Wake vLLM up (weights back on the GPU, KV cache re-allocated), then drop the GPU lock that
+        `release_memory` took (also when waking fails)."""
         if self._sleeping:
-            self._call(self._llm.wake_up())
-            self._sleeping = False
+            with self._gpu.hold(
+                "wake"
+            ):  # nested in the sleep window's hold (or anew, retrying a failed wake)
+                try:
+                    self._call(self._llm.wake_up())
+                    self._sleeping = False
+                finally:
+                    self._end_sleep_hold()
 
     def load_weights(self, module: torch.nn.Module, policy_version: int) -> None:
         """Serve ``module``'s weights from now on (LoRA merged) and record ``policy_version``.
@@ -405,14 +440,21 @@ class VLLMEngine:
     def _push(self, method: str, payload: bytes, policy_version: int) -> list[Any]:
         """Wake the weights if asleep, call the worker extension's ``method`` with ``payload``, reset the
         prefix cache (cached prompts were computed with the old weights), wake the KV cache, record
-        ``policy_version``; returns each worker's result."""
-        if self._sleeping:  # level-1 sleep restores its CPU copy on wake: wake the weights first
-            self._call(self._llm.wake_up(tags=["weights"]))
-        results: list[Any] = self._call(self._llm.collective_rpc(method, args=(payload,)))
-        self._call(self._llm.reset_prefix_cache())
-        if self._sleeping:
-            self._call(self._llm.wake_up(tags=["kv_cache"]))
-            self._sleeping = False
+        ``policy_version``; returns each worker's result.
+
+        Copying weights in moves no device memory (the trainer's buffers are mapped, not copied), so an
+        awake engine pushes without the GPU lock; a sleeping one wakes under it and drops the sleep
+        window's hold."""
+        waking = self._gpu.hold("weight load") if self._sleeping else contextlib.nullcontext()
+        with waking:
+            if self._sleeping:  # level-1 sleep restores its CPU copy on wake: wake the weights first
+                self._call(self._llm.wake_up(tags=["weights"]))
+            results: list[Any] = self._call(self._llm.collective_rpc(method, args=(payload,)))
+            self._call(self._llm.reset_prefix_cache())
+            if self._sleeping:
+                self._call(self._llm.wake_up(tags=["kv_cache"]))
+                self._sleeping = False
+                self._end_sleep_hold()
         self.policy_version = policy_version
         return results
 
@@ -459,20 +501,40 @@ class VLLMEngine:
         alive (it failed, or timed out) is ended by `end_engine_core_processes`: an engine core that
         outlives its server keeps its share of the GPU (``--gpu-memory-utilization``, 42 GiB of an H200 at
         0.3) and the next server on that GPU cannot start.
+
+        Freeing that share happens under the GPU lock (`swarm.engine.gpu_lock`), so it never lands inside
+        another server's start-up profiling; a close that cannot get the lock within `STOP_TIMEOUT_S`
+        (another server's long start, or this server's own step still running) stops without it.
         """
         if self._closed:
             return
         self._closed = True
+        stopping = contextlib.ExitStack()
         try:
-            self._call(self._shutdown(), timeout=60)
-        except Exception as exc:  # the backstop below still ends the process
-            log.warning("vLLM shutdown failed (%s); ending its engine core directly", _first_line(exc))
-        self._stop_loop()
-        ended = end_engine_core_processes(timeout_s=10)
-        if ended:
-            log.warning("ended %d vLLM engine-core process(es) that outlived shutdown: %s", len(ended), ended)
+            stopping.enter_context(self._gpu.hold("stop", timeout_s=STOP_TIMEOUT_S))
+        except GpuLockTimeout as exc:
+            log.warning("stopping vLLM without the GPU lock: %s", exc)
+        with stopping:
+            try:
+                self._call(self._shutdown(), timeout=60)
+            except Exception as exc:  # the backstop below still ends the process
+                log.warning("vLLM shutdown failed (%s); ending its engine core directly", _first_line(exc))
+            self._stop_loop()
+            ended = end_engine_core_processes(timeout_s=10)
+            if ended:
+                log.warning(
+                    "ended %d vLLM engine-core process(es) that outlived shutdown: %s", len(ended), ended
+                )
+            if self._gpu.held:
+                self._end_sleep_hold()  # closed inside its own sleep window (a failed step)
 
     # -- internals -------------------------------------------------------------------------------------
+    def _end_sleep_hold(self) -> None:
+        """Drop the GPU lock's hold of the sleep window, if this engine has one."""
+        if self._sleep_hold:
+            self._sleep_hold = False
+            self._gpu.release()
+
     async def _shutdown(self) -> None:
         self._llm.shutdown()
 
@@ -617,7 +679,7 @@ def _announce(
 
 def _check_can_serve(config: Any, memory: float) -> None:
     """Refuse, in one line, what vLLM would fail on deep inside its engine-core process: a model
-    architecture it has no implementation for, and a memory fraction the GPU cannot give now.
+    architecture it has no implementation for, and a memory fraction outside (0, 1].
 
     Raises:
         ModelLoadError: either problem, naming the option to change.
@@ -632,6 +694,15 @@ def _check_can_serve(config: Any, memory: float) -> None:
         )
     if not 0 < memory <= 1:
         raise ModelLoadError(f"--gpu-memory-utilization must be in (0, 1], got {memory}")
+
+
+def _check_free_memory(memory: float) -> None:
+    """Refuse, in one line, a memory fraction the GPU cannot give now (called under the GPU lock, where
+    no other server's start or step moves the GPU's free memory).
+
+    Raises:
+        ModelLoadError: naming the fraction asked for and the memory free.
+    """
     free, total = torch.cuda.mem_get_info()
     if memory * total > free:
         raise ModelLoadError(
