@@ -100,7 +100,7 @@ def measure(lora: bool, repeats: int, steps: int) -> dict[str, float]:
 PATHS = ("none", "blocking", "background")
 
 
-def _journal_batch(samples: list[Any], advantages: list[float]) -> Any:
+def _journal_batch(samples: list[Any], advantages: list[Any]) -> Any:
     """The `StepBatch` the server would journal for ``samples`` (one episode per sample, one group)."""
     from swarm.batch import Batch
     from swarm.server.step_batch import StepBatch

@@ -49,7 +49,7 @@ def _dumping(step_blocking: Any, folder: Path) -> Any:
 
 if __name__ == "__main__":
     if gate := os.environ.get("SWARM_TEST_CHECKPOINT_GATE"):
-        checkpoints.save_checkpoint = _gated(checkpoints.save_checkpoint, Path(gate))  # type: ignore[assignment]
+        checkpoints.save_checkpoint = _gated(checkpoints.save_checkpoint, Path(gate))
     if folder := os.environ.get("SWARM_TEST_WEIGHTS_DIR"):
         TrainingLoop._step_blocking = _dumping(TrainingLoop._step_blocking, Path(folder))  # type: ignore[method-assign]
     main()

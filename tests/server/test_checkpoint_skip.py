@@ -85,7 +85,8 @@ def test_steps_during_a_write_skip_the_snapshot_and_a_kill_replays_them(
     tokenizer.save_pretrained(model_dir)
     run_dir, port, gate = tmp_path / "run", free_port(), tmp_path / "gate"
     first, second = tmp_path / "weights-first", tmp_path / "weights-second"
-    first.mkdir(), second.mkdir()
+    first.mkdir()
+    second.mkdir()
     url = f"http://127.0.0.1:{port}"
     groups: dict[str, list[str]] = {}
 
