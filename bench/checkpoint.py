@@ -8,17 +8,20 @@ checkpoint the server would write (weights or adapters, optimizer state, step, t
 times into a fresh run dir. Reported per mode: median and min/max seconds per checkpoint, its size on
 disk, the median step time, and the checkpoint's cost as a share of one step.
 
-Step overhead (full fine-tuning, ``--rounds`` rounds): each round runs ``--block`` consecutive steps of
-each path, in a shuffled order, on one trainer: ``none`` (the step only), ``blocking`` (the step, then
-`save_checkpoint`, as the server did before) and ``background`` (the step, then
-`CheckpointWriter.checkpoint`: wait for the previous write, snapshot to CPU memory, journal, write in a
-thread that competes with the next step for the CPU). A path's time per step is the step plus what the
-training thread spent on the checkpoint; a background block ends by waiting for its last write
-(uncounted: in a server that write overlaps sampling). Reported: medians per path and the median of
-the paired per-round differences against ``none``.
+Step overhead (full fine-tuning, ``--rounds`` rounds, each step on ``--batch`` random sequences of
+``--seq-len`` tokens, the last third trained): each round runs ``--block`` consecutive steps of each
+path, in a shuffled order, on one trainer: ``none`` (the step only), ``blocking`` (the step, then
+`save_checkpoint`, the server's path before issue 35) and ``background`` (the step, then
+`CheckpointWriter.checkpoint`, the server's path: journal the step; if the previous write has ended,
+snapshot to CPU memory and start the write in a thread, else skip the snapshot, never waiting). A
+path's time per step is the step plus what the training thread spent on the checkpoint; a background
+block ends by waiting for its last write (uncounted: in a server that write overlaps sampling and the
+following steps). Reported: medians per path, the median of the paired per-round differences against
+``none``, and for the background path the synchronous cost of a step that snapshotted and of one that
+skipped, and how many steps skipped.
 
-``--device cuda --dtype bfloat16 --model DIR`` runs the overhead on a GPU (1.5B shape: see
-bench/README.md §checkpoint.py).
+``--device cuda --model DIR --batch 16 --seq-len 1024`` runs the overhead on a GPU with a step of a few
+seconds (1.5B shape: see bench/README.md §checkpoint.py).
 
 Run: ``.venv/bin/python bench/checkpoint.py`` (≈ 1 min on 2 CPU cores; the overhead rounds more).
 """
@@ -97,7 +100,7 @@ def measure(lora: bool, repeats: int, steps: int) -> dict[str, float]:
 PATHS = ("none", "blocking", "background")
 
 
-def _journal_batch(samples: list[Any], advantages: list[float]) -> Any:
+def _journal_batch(samples: list[Any], advantages: list[Any]) -> Any:
     """The `StepBatch` the server would journal for ``samples`` (one episode per sample, one group)."""
     from swarm.batch import Batch
     from swarm.server.step_batch import StepBatch
@@ -109,7 +112,14 @@ def _journal_batch(samples: list[Any], advantages: list[float]) -> Any:
 
 
 def measure_overhead(
-    rounds: int, block: int, model_dir: str | None, device: str, dtype: str
+    rounds: int,
+    block: int,
+    model_dir: str | None,
+    device: str,
+    dtype: str,
+    *,
+    batch_size: int = 4,
+    seq_len: int = 96,
 ) -> dict[str, Any]:
     """Seconds per full fine-tuning step on each of `PATHS`, paired by round (see the module docstring)."""
     import random
@@ -125,14 +135,16 @@ def measure_overhead(
     source = resolve_model(model_dir)
     model, tokenizer = load_model(source, dtype=dtype, device=device)
     trainer = TorchTrainer(model, TrainerConfig(lr=1e-5, micro_batch_size=4), pad_token_id=0)
-    samples, advantages = _samples(4, 64, 32)
+    prompt = 2 * seq_len // 3
+    samples, advantages = _samples(batch_size, prompt, seq_len - prompt)
     batch = _journal_batch(samples, advantages)
     run_dir = Path(tempfile.mkdtemp(prefix="swarm-ckpt-overhead-"))
     writer = CheckpointWriter(run_dir, trainer.model, tokenizer, events=EventLog(run_dir / "events.jsonl"))
     trainer.step(samples, advantages)  # warm-up: AdamW's state exists from here on
     times: dict[str, list[list[float]]] = {path: [] for path in PATHS}
-    wait_s: list[float] = []  # background: waiting for the previous write
-    sync_s: list[float] = []  # background: snapshot + journal + starting the thread
+    snapshot_s: list[float] = []  # background, a step that snapshotted: journal + snapshot + thread start
+    skipped_s: list[float] = []  # background, a step whose snapshot was skipped: its journal entry
+    step_s: list[float] = []  # every path: the trainer's step alone
     order = random.Random(SEED)
     try:
         for _ in range(rounds):
@@ -141,15 +153,17 @@ def measure_overhead(
                 for _ in range(block):
                     started = time.perf_counter()
                     trainer.step(samples, advantages)
+                    if device.startswith("cuda"):
+                        torch.cuda.synchronize()
+                    step_s.append(time.perf_counter() - started)
                     if path == "blocking":
                         save_checkpoint(
                             run_dir, trainer.step_count, trainer.model, tokenizer, trainer.state_dict(), 2
                         )
                     elif path == "background":
-                        waited = time.perf_counter()
-                        writer.wait()  # (also inside checkpoint: timed apart here)
-                        wait_s.append(time.perf_counter() - waited)
-                        sync_s.append(writer.checkpoint(trainer, batch, policy="bench", keep=2))
+                        owed = len(writer.owed)
+                        spent = writer.checkpoint(trainer, batch, policy="bench", keep=2)
+                        (skipped_s if len(writer.owed) > owed else snapshot_s).append(spent)
                     if device.startswith("cuda"):
                         torch.cuda.synchronize()
                     block_s.append(time.perf_counter() - started)
@@ -170,8 +184,11 @@ def measure_overhead(
             for path in PATHS
         },
         "steps": {path: len(flat[path]) for path in PATHS},
-        "snapshot_s": statistics.median(sync_s),
-        "wait_s": statistics.median(wait_s),
+        "step_s": statistics.median(step_s),
+        "snapshot_s": statistics.median(snapshot_s),
+        "skipped_s": statistics.median(skipped_s) if skipped_s else None,
+        "skipped": len(skipped_s),
+        "batch": f"{batch_size} × {seq_len} tokens",
     }
 
 
@@ -179,7 +196,8 @@ def _overhead_table(r: dict[str, Any], rounds: int, block: int) -> Any:
     from rich.table import Table
 
     table = Table(
-        title=f"step time with a checkpoint every step, {r['model']}, {rounds} rounds × {block} steps"
+        title=f"step time with a checkpoint every step, {r['model']}, {rounds} rounds × {block} steps, "
+        f"batch {r['batch']}"
     )
     for column in ("path", "s per step (median)", "extra s (paired median)", "extra / step"):
         table.add_column(column, justify="right")
@@ -187,9 +205,11 @@ def _overhead_table(r: dict[str, Any], rounds: int, block: int) -> Any:
     for path in PATHS:
         extra = r["paired"][path]
         table.add_row(path, f"{r['median'][path]:.3f}", f"{extra:+.3f}", f"{extra / none:+.1%}")
+    skipped = "-" if r["skipped_s"] is None else f"{r['skipped_s']:.3f} s"
     table.caption = (
-        f"background, medians: snapshot + journal {r['snapshot_s']:.3f} s (the step's cost when the "
-        f"previous write has ended), waiting for the previous write {r['wait_s']:.3f} s"
+        f"the trainer's step alone {r['step_s']:.3f} s (median); background, medians: journal + snapshot "
+        f"{r['snapshot_s']:.3f} s (a step after the previous write ended), journal only {skipped} (a step "
+        f"during a write: {r['skipped']} of {r['steps']['background']} steps skipped their snapshot)"
     )
     return table
 
@@ -204,12 +224,22 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="Hugging Face directory (default: the embedded model)")
     parser.add_argument("--device", default="cpu", help="torch device of the overhead rounds")
     parser.add_argument("--dtype", default="float32", help="weights' dtype in the overhead rounds")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per step in the overhead rounds")
+    parser.add_argument("--seq-len", type=int, default=96, help="tokens per sequence in the overhead rounds")
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
 
     if args.rounds:
-        overhead = measure_overhead(args.rounds, args.block, args.model, args.device, args.dtype)
+        overhead = measure_overhead(
+            args.rounds,
+            args.block,
+            args.model,
+            args.device,
+            args.dtype,
+            batch_size=args.batch,
+            seq_len=args.seq_len,
+        )
         Console().print(_overhead_table(overhead, args.rounds, args.block))
     if args.overhead_only:
         return

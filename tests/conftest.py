@@ -8,6 +8,7 @@ tokenizer, chat template and engine quickly; tests that need real behaviour use 
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
@@ -161,11 +162,15 @@ def serve_process(
     *flags: str,
     output: Path | None = None,
     log_level: str = "warning",
+    module: str = "swarm.cli",
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """``swarm serve`` as a real child process (so a test can kill -9 it); returns once it answers.
 
-    ``model_dir`` ``None`` serves the embedded default; ``output`` receives stdout and stderr."""
-    cmd = [sys.executable, "-m", "swarm.cli", "serve", "--port", str(port), "--run-dir", str(run_dir)]
+    ``model_dir`` ``None`` serves the embedded default; ``output`` receives stdout and stderr; ``module``
+    runs another entry point with the same command line (an instrumented server); ``env`` is added to
+    the environment."""
+    cmd = [sys.executable, "-m", module, "serve", "--port", str(port), "--run-dir", str(run_dir)]
     cmd += [] if model_dir is None else ["--model", str(model_dir)]
     sink = None if output is None else output.open("ab")
     try:
@@ -173,6 +178,7 @@ def serve_process(
             [*cmd, "--log-level", log_level, *flags],
             stdout=sink,
             stderr=None if sink is None else subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env},
         )
     finally:
         if sink is not None:

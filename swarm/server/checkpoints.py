@@ -9,8 +9,9 @@ written into a temporary folder and renamed into place, so a crash never leaves 
 :func:`resume` is the restart half of crash safety (docs/ARCHITECTURE.md §Crash safety): the newest
 checkpoint is loaded, the pool forgets what later steps consumed, and the metrics rows of those steps
 are dropped; :func:`checkpoint_now` is the save half, with its event. A training step checkpoints
-through :class:`CheckpointWriter`: a CPU `snapshot`, a journal entry (``checkpoints/journal/``, the
-step's batch: a restart replays it if the checkpoint did not reach the disk) and a background write.
+through :class:`CheckpointWriter`: a journal entry (``checkpoints/journal/``, the step's batch: a
+restart replays it if no checkpoint on disk covers the step), then, unless the previous write is still
+running, a CPU `snapshot` and its background write; a step never waits for a write.
 """
 
 from __future__ import annotations
@@ -200,13 +201,19 @@ def _cpu_copy(value: Any, into: Any = None) -> Any:
 
 
 class CheckpointWriter:
-    """Writes `Snapshot` s with `save_checkpoint` in a background thread, one at a time.
+    """Writes `Snapshot` s with `save_checkpoint` in a background thread, one at a time; a step never
+    waits for a write.
 
-    At most one snapshot is in flight: :meth:`write` first waits for the previous write, so memory
-    holds at most one snapshot besides the live state, and :meth:`checkpoint` copies each step into
-    the previous step's buffers (no allocation after the first). The thread is not a daemon: a process that
-    exits normally finishes the write first. A failed write is logged (``checkpoint.failed``) and
-    leaves the previous checkpoint and the journal in place (a restart replays from them).
+    At most one snapshot is in flight. :meth:`checkpoint` journals every step it is called for; while
+    the previous write is still running it skips the snapshot (the step is *owed*: its journal entry
+    is its only record), and the first later call that finds the writer idle (the next step, or
+    :meth:`catch_up` between steps) snapshots the newest state, which covers the owed steps. So
+    checkpoints land as often as the disk allows, memory holds at most one snapshot besides the live
+    state (each copied into the previous one's buffers: no allocation after the first), and the
+    journal holds every step after the newest checkpoint on disk (a restart replays them, `_replay`).
+    The thread is not a daemon: a process that exits normally finishes the write first; :meth:`flush`
+    also writes an owed newest state. A failed write is logged (``checkpoint.failed``) and leaves the
+    previous checkpoint and the journal in place (a restart replays from them).
 
     Args:
         run_dir: holds ``checkpoints/``.
@@ -220,6 +227,19 @@ class CheckpointWriter:
         self.tokenizer = copy.deepcopy(tokenizer)  # the engine's may be encoding while this one saves
         self._thread: threading.Thread | None = None
         self._spare: Snapshot | None = None
+        self._owed: list[int] = []
+        """Journaled steps whose snapshot was skipped (a write was in flight), oldest first."""
+
+    @property
+    def busy(self) -> bool:
+        """A write is in flight."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def owed(self) -> list[int]:
+        """The steps journaled without a snapshot since the last one (a copy; empty: none owed). The
+        newest is the trainer's current step: every step after an owed one is journaled too."""
+        return list(self._owed)
 
     def wait(self) -> None:
         """Return once no write is in flight (its checkpoint is on disk, or it failed)."""
@@ -228,43 +248,84 @@ class CheckpointWriter:
             self._thread = None
 
     def checkpoint(self, trainer: TrainerBackend, batch: StepBatch, *, policy: str, keep: int) -> float:
-        """Checkpoint the step ``trainer`` just took on ``batch``: wait for the previous write, take the
-        `snapshot`, journal the step (`write_journal`), start the write; returns the seconds spent here
-        (the step's synchronous cost; the write's own time is in its ``checkpoint.saved`` event)."""
+        """Checkpoint the step ``trainer`` just took on ``batch`` without waiting for a write: journal
+        the step (`write_journal`), then, if no write is in flight, take the `snapshot` and start its
+        write; else leave the step owed (see the class). Returns the seconds spent here (the step's
+        synchronous cost: journal, plus the snapshot when one was taken; a write's own time is in its
+        ``checkpoint.saved`` event)."""
         started = time.perf_counter()
-        self.wait()
-        snap = self._spare = snapshot(trainer, self._spare)  # the previous one's buffers: its write ended
-        write_journal(self.run_dir, JournalEntry(snap.step, batch, trainer.config.model_dump(), policy))
-        self.write(snap, keep=keep)
+        step = trainer.step_count
+        write_journal(self.run_dir, JournalEntry(step, batch, trainer.config.model_dump(), policy))
+        if self.busy:
+            self._owed.append(step)
+        else:
+            self._snapshot_and_write(trainer, keep)
         return time.perf_counter() - started
 
-    def write(self, snap: Snapshot, *, keep: int) -> None:
-        """Start writing ``snap`` in the background (after the previous write ends), then keep the
-        newest ``keep`` checkpoints."""
+    def catch_up(self, trainer: TrainerBackend, *, keep: int) -> bool:
+        """Between steps: if steps are owed and no write is in flight, snapshot the newest state and
+        start its write; returns whether it did. The caller keeps ``trainer`` from stepping meanwhile."""
+        if not self._owed or self.busy:
+            return False
+        self._snapshot_and_write(trainer, keep)
+        return True
+
+    def flush(self, trainer: TrainerBackend, *, keep: int) -> None:
+        """Make the newest state durable (a stopping server): wait for the write in flight, then write
+        an owed state synchronously, from the live tensors. The caller keeps ``trainer`` from stepping."""
         self.wait()
-        self._thread = threading.Thread(target=self._write, args=(snap, keep), name=f"checkpoint-{snap.step}")
+        if self._owed:
+            covered, self._owed = self._owed, []
+            self._write(trainer.step_count, trainer.state_dict(), None, keep, covered, background=False)
+
+    def _snapshot_and_write(self, trainer: TrainerBackend, keep: int) -> None:
+        self.wait()  # (joins a thread that has ended)
+        snap = self._spare = snapshot(trainer, self._spare)  # the previous one's buffers: its write ended
+        covered, self._owed = self._owed, []
+        self.write(snap, keep=keep, skipped=covered)
+
+    def write(self, snap: Snapshot, *, keep: int, skipped: list[int] | None = None) -> None:
+        """Start writing ``snap`` in the background (after the previous write ends), then keep the
+        newest ``keep`` checkpoints. ``skipped``: earlier steps whose snapshots were skipped, which
+        this checkpoint covers (its event's ``skipped``)."""
+        self.wait()
+        args = (snap.step, snap.trainer_state, snap.weights, keep, skipped or [])
+        self._thread = threading.Thread(
+            target=self._write, args=args, kwargs={"background": True}, name=f"checkpoint-{snap.step}"
+        )
         self._thread.start()
 
-    def _write(self, snap: Snapshot, keep: int) -> None:
+    def _write(
+        self,
+        step: int,
+        trainer_state: dict[str, Any],
+        weights: dict[str, torch.Tensor] | None,
+        keep: int,
+        skipped: list[int],
+        *,
+        background: bool,
+    ) -> None:
+        """`save_checkpoint` with its event (``weights`` ``None``: the model's live tensors)."""
         started = time.perf_counter()
         try:
-            save_checkpoint(
-                self.run_dir, snap.step, self.model, self.tokenizer, snap.trainer_state, keep, snap.weights
-            )
+            save_checkpoint(self.run_dir, step, self.model, self.tokenizer, trainer_state, keep, weights)
         except Exception as exc:  # reported; the journal still covers the step
             self.events.emit(
                 "checkpoint.failed",
-                f"checkpoint step {snap.step} failed: {type(exc).__name__}: {exc}",
+                f"checkpoint step {step} failed: {type(exc).__name__}: {exc}",
                 level="error",
-                step=snap.step,
+                step=step,
             )
             return
         elapsed = time.perf_counter() - started
+        where = ", in the background" if background else ""
+        covers = f"; covers the skipped snapshots of steps {_span(skipped)}" if skipped else ""
         self.events.emit(
             "checkpoint.saved",
-            f"checkpoint step {snap.step} ({elapsed:.1f} s, in the background)",
-            step=snap.step,
+            f"checkpoint step {step} ({elapsed:.1f} s{where}){covers}",
+            step=step,
             write_s=round(elapsed, 3),
+            skipped=skipped,
         )
 
 

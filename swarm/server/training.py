@@ -29,9 +29,11 @@ failures (excluded from groups, never trained). During ``training`` generation i
 Crash safety: an episode is marked consumed (``trained_step``) only after the step's update. On restart
 the newest checkpoint is loaded and :meth:`Pool.rewind` un-marks episodes consumed by later steps
 (their update was lost with the process), so each pooled episode trains exactly once for the persisted
-policy line. At ``checkpoint_every=1`` (the default) a step is journaled and snapshotted before it is
-published and its checkpoint is written in the background; a restart replays a journaled step whose
-checkpoint did not reach the disk, so the step counter never goes back (`swarm.server.checkpoints`).
+policy line. At ``checkpoint_every=1`` (the default) a step is journaled before it is published and,
+unless the previous checkpoint is still being written, snapshotted; its checkpoint is written in the
+background and a step never waits for a write (a skipped snapshot is taken by the first step, or the
+first idle moment, after the write ends). A restart replays the journaled steps its newest checkpoint
+does not cover, so the step counter never goes back (`swarm.server.checkpoints`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +75,9 @@ from swarm.tracking.merge import LossWeighting
 from swarm.train import TorchTrainer, TrainerBackend, TrainerError
 
 __all__ = ["TrainingLoop", "make_trainer"]
+
+_CATCH_UP_POLL_S = 0.5
+"""While a snapshot is owed and no step comes, how often the idle loop looks whether the write ended."""
 
 
 def make_trainer(
@@ -166,6 +172,9 @@ class TrainingLoop:
         )
         self._wakeup: asyncio.Event | None = None
         self._writer = CheckpointWriter(run_dir, self.trainer.model, engine.tokenizer, events=events)
+        self._trainer_lock = threading.Lock()
+        """Held while the trainer steps or is checkpointed (steps run in a worker thread, which a
+        cancelled loop does not stop: the stop's `CheckpointWriter.flush` waits for it here)."""
         self.steps = StepHistory(run_dir / "metrics.jsonl")
         keep = config.keep_checkpoints
         self.step = resume(
@@ -228,11 +237,11 @@ class TrainingLoop:
 
         A step already checkpointed (the last step of ``max_steps``, or a repeated request) is not
         written or logged again: no update happened since, so the checkpoint on disk is this state."""
-        with self.engine.pause():
-            self._writer.wait()
+        keep = self.config.keep_checkpoints
+        with self._trainer_lock, self.engine.pause():
+            self._writer.flush(self.trainer, keep=keep)  # the write in flight, then an owed state
             latest = latest_checkpoint(self.run_dir)
             if latest is None or latest[0] != self.trainer.step_count:
-                keep = self.config.keep_checkpoints
                 checkpoint_now(
                     self.run_dir, self.trainer, self.engine.tokenizer, keep=keep, events=self.events
                 )
@@ -253,6 +262,8 @@ class TrainingLoop:
                 self._wakeup.clear()
                 try:
                     await self._maybe_step()
+                    if self._writer.owed and not self._writer.busy:  # a snapshot skipped, the disk free
+                        await asyncio.to_thread(self._locked, self._catch_up)
                 except Exception as exc:  # a failed step must not kill the server: report it, keep serving
                     self.phase.end_step()
                     reason = f"training step failed: {type(exc).__name__}: {exc}"
@@ -263,12 +274,25 @@ class TrainingLoop:
         finally:
             if self.scorer is not None:
                 await self.scorer.aclose()
-            await asyncio.to_thread(self._writer.wait)  # a stopping server finishes its checkpoint
+            # a stopping server finishes its checkpoint and writes the newest state if it has none
+            await asyncio.to_thread(self._locked, self._flush)
+
+    def _locked(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)`` holding the trainer lock (in a worker thread)."""
+        with self._trainer_lock:
+            return work(*args)
+
+    def _catch_up(self) -> None:
+        self._writer.catch_up(self.trainer, keep=self.config.keep_checkpoints)
+
+    def _flush(self) -> None:
+        self._writer.flush(self.trainer, keep=self.config.keep_checkpoints)
 
     def _recheck_s(self) -> float | None:
         """Seconds until the batch must be checked with no wake-up (voting liveness, or an unscored
         episode the teacher may score now)."""
         times = [self.admission.recheck_s(), self.scorer.recheck_s() if self.scorer else None]
+        times.append(_CATCH_UP_POLL_S if self._writer.owed else None)  # the write may end while idle
         known = [t for t in times if t is not None]
         return min(known) if known else None
 
@@ -324,7 +348,7 @@ class TrainingLoop:
         if self.scorer is not None and self.config.distill is not None:
             unscored = await self.scorer.ready(batch.episode_ids, self.config.distill.wait_s)
         try:
-            metrics = await asyncio.to_thread(self._step_blocking, batch, drain, unscored)
+            metrics = await asyncio.to_thread(self._locked, self._step_blocking, batch, drain, unscored)
         finally:
             self.phase.end_step()
         if metrics is not None:
@@ -376,11 +400,13 @@ class TrainingLoop:
             finally:
                 self.engine.restore_memory()
             step = self.trainer.step_count
-            # Crash safety (docs/ARCHITECTURE.md): the step's snapshot and journal entry exist before it
-            # is published (served, episodes consumed, metrics row, step counter); the checkpoint is
-            # written in the background, and a restart replays a journaled step it did not reach.
+            # Crash safety (docs/ARCHITECTURE.md): the step's journal entry (and its snapshot, unless a
+            # write is in flight) exist before it is published (served, episodes consumed, metrics row,
+            # step counter); checkpoints are written in the background, and a restart replays the
+            # journaled steps the newest one does not cover. Once a snapshot is owed every step journals.
             checkpoint_s = 0.0
-            if checkpoint_due(step, self.config.checkpoint_every, self.config.max_steps):
+            due = checkpoint_due(step, self.config.checkpoint_every, self.config.max_steps)
+            if due or self._writer.owed:
                 checkpoint_s = self._writer.checkpoint(
                     self.trainer,
                     batch,

@@ -1,20 +1,25 @@
 """The background checkpoint's restart half: a journaled step whose checkpoint never reached the disk is
-replayed to the same weights, step and metrics row; the snapshot is a copy the next step cannot touch."""
+replayed to the same weights, step and metrics row; the snapshot is a copy the next step cannot touch;
+steps taken while a write is in flight are journaled without a snapshot and the next one covers them."""
 
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from swarm.batch import Batch
 from swarm.pool import Pool
+from swarm.server import checkpoints
 from swarm.server.checkpoints import (
     CheckpointWriter,
     JournalEntry,
     latest_checkpoint,
+    load_weights,
     resume,
     snapshot,
     write_journal,
@@ -92,3 +97,46 @@ def test_a_snapshot_is_a_copy_the_next_step_does_not_change(embedded_source: Any
     again = snapshot(trainer, reuse=snap)  # the next step's copy goes into the same buffers
     live = trainer.model.state_dict()
     assert all(again.weights[k] is v and torch.equal(v, live[k]) for k, v in snap.weights.items())
+
+
+def test_steps_during_a_write_are_journaled_and_the_next_idle_moment_checkpoints_the_newest(
+    tmp_path: Path, embedded_source: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    events = EventLog(None)
+    release = threading.Event()
+    real = checkpoints.save_checkpoint
+
+    def slow_save(*args: Any, **kwargs: Any) -> Path:  # the real write, held until released
+        assert release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoints, "save_checkpoint", slow_save)
+    trainer = _trainer(embedded_source)
+    writer = CheckpointWriter(run, trainer.model, tokenizer, events=events)
+    spent = []
+    for step in (1, 2, 3):
+        batch = _batch(step)
+        trainer.step(batch.samples, batch.advantages, rewards=batch.rewards)
+        spent.append(writer.checkpoint(trainer, batch, policy="episodes", keep=1))
+    assert writer.busy and writer.owed == [2, 3]  # step 1's write is in flight; 2 and 3 only journaled
+    assert writer.catch_up(trainer, keep=1) is False  # still writing
+    journal = run / "checkpoints" / "journal"
+    assert sorted(p.name for p in journal.glob("step-*")) == [f"step-00000{i}.pt" for i in (1, 2, 3)]
+    assert max(spent[1:]) < 10  # nobody waited for the held write (it is held up to 60 s)
+    release.set()
+    writer.wait()
+    assert latest_checkpoint(run) == (1, run / "checkpoints" / "step-000001")
+    assert writer.catch_up(trainer, keep=1) is True and writer.owed == []
+    writer.wait()
+    assert latest_checkpoint(run) == (3, run / "checkpoints" / "step-000003")
+    assert not (run / "checkpoints" / "step-000001").exists()  # keep=1
+    assert not list(journal.glob("step-*"))  # checkpoint 3 covers steps 2 and 3
+    saved = [e.data for e in events.recent() if e.kind == "checkpoint.saved"]
+    assert [(d["step"], d["skipped"]) for d in saved] == [(1, []), (3, [2, 3])]
+    restarted = _trainer(embedded_source)
+    load_weights(run / "checkpoints" / "step-000003", restarted.model)
+    live = trainer.model.state_dict()
+    assert all(torch.equal(v, live[k]) for k, v in restarted.model.state_dict().items())
+    writer.flush(trainer, keep=1)  # nothing owed: writes nothing
+    assert len([e for e in events.recent() if e.kind == "checkpoint.saved"]) == 2
