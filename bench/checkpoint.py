@@ -120,6 +120,7 @@ def measure_overhead(
     *,
     batch_size: int = 4,
     seq_len: int = 96,
+    keep: int = 2,
 ) -> dict[str, Any]:
     """Seconds per full fine-tuning step on each of `PATHS`, paired by round (see the module docstring)."""
     import random
@@ -158,11 +159,11 @@ def measure_overhead(
                     step_s.append(time.perf_counter() - started)
                     if path == "blocking":
                         save_checkpoint(
-                            run_dir, trainer.step_count, trainer.model, tokenizer, trainer.state_dict(), 2
+                            run_dir, trainer.step_count, trainer.model, tokenizer, trainer.state_dict(), keep
                         )
                     elif path == "background":
                         owed = len(writer.owed)
-                        spent = writer.checkpoint(trainer, batch, policy="bench", keep=2)
+                        spent = writer.checkpoint(trainer, batch, policy="bench", keep=keep)
                         (skipped_s if len(writer.owed) > owed else snapshot_s).append(spent)
                     if device.startswith("cuda"):
                         torch.cuda.synchronize()
@@ -226,6 +227,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="weights' dtype in the overhead rounds")
     parser.add_argument("--batch", type=int, default=4, help="sequences per step in the overhead rounds")
     parser.add_argument("--seq-len", type=int, default=96, help="tokens per sequence in the overhead rounds")
+    parser.add_argument(
+        "--keep",
+        type=int,
+        default=2,
+        help="checkpoints kept in the overhead rounds (1: least disk; at 1.5B each is 16.6 GB)",
+    )
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
@@ -239,6 +246,7 @@ def main() -> None:
             args.dtype,
             batch_size=args.batch,
             seq_len=args.seq_len,
+            keep=args.keep,
         )
         Console().print(_overhead_table(overhead, args.rounds, args.block))
     if args.overhead_only:
