@@ -6,7 +6,8 @@ server the moment its client has been told it is finished. Open episodes live in
 crash their keys stop working and their clients see 401 (and abort or retry).
 
 Training consumption is recorded per episode as ``trained_step``: the policy version whose update used
-it. On restart, :meth:`Pool.rewind` forgets consumption by steps newer than the last checkpoint, so an
+it (a batch consumed without an update, ``train.skipped``: the policy version being served then, so it
+is as durable as that step; 0 before the first step). On restart, :meth:`Pool.rewind` forgets consumption by steps newer than the last checkpoint, so an
 episode is trained exactly once per persisted policy (never lost, never twice).
 """
 

@@ -26,7 +26,8 @@ open while draining are served normally; at the drain timeout they are aborted a
 failures (excluded from groups, never trained). During ``training`` generation is paused
 (`Engine.pause`), so any completion request waits and is then sampled by the new weights.
 
-Crash safety: an episode is marked consumed (``trained_step``) only after the step's update. On restart
+Crash safety: an episode is marked consumed (``trained_step``) only after the step's update (a batch
+consumed without an update, ``train.skipped``, is marked at the policy version being served). On restart
 the newest checkpoint is loaded and :meth:`Pool.rewind` un-marks episodes consumed by later steps
 (their update was lost with the process), so each pooled episode trains exactly once for the persisted
 policy line. At ``checkpoint_every=1`` (the default) a step is journaled before it is published and,
@@ -427,6 +428,12 @@ class TrainingLoop:
         return metrics
 
     def _skip(self, batch: StepBatch, message: str, level: Literal["warning", "error"]) -> None:
-        """Consume a batch without an update (it would fail again) and say why."""
-        self.admission.consumed(batch.consumed, self.step + 1)
+        """Consume a batch without an update (it would fail again) and say why.
+
+        A skip is no step: the step counter stays, no metrics row is written, and the episodes are
+        marked consumed at the policy version being served (``trained_step = self.step``), which is
+        durable exactly when that step is (docs/ARCHITECTURE.md §Crash safety): a restart neither
+        rewinds nor re-consumes them. (Marked ``self.step + 1``, a step that does not exist yet, a
+        restart before the next step would count them as consumed by a lost step.)"""
+        self.admission.consumed(batch.consumed, self.step)
         self.events.emit("train.skipped", message, level=level)
