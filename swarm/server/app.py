@@ -265,7 +265,7 @@ def _link_begin(document: dict[str, Any]) -> None:
         begin["responses"]["201"]["links"] = links
 
 
-def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool = False) -> FastAPI:
+def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool = False) -> SwarmApp:
     """Build the swarm server app; the model loads in the lifespan (``engine`` injects a shared one,
     which the app's shutdown closes only with ``owns_engine``)."""
 

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 STARTUP_FAILURE = 3
 """Exit status of a server that never started (uvicorn's)."""
 
-GRACEFUL_SHUTDOWN_S = 10.0
+GRACEFUL_SHUTDOWN_S = 10
 """How long ``swarm serve``'s stop waits for requests still in flight (uvicorn's
 ``timeout_graceful_shutdown``, seconds); those left are then cancelled. Streams end at once (`Server`)."""
 
