@@ -79,4 +79,11 @@ def _holder(fd: int) -> str:
         pid, port = int(holder["pid"]), int(holder.get("port") or 0)
     except (OSError, ValueError, TypeError, KeyError):
         return "pid unknown"  # it has not written its pid yet
-    return f"pid {pid}, port {port}" if port else f"pid {pid}"
+    where = f"pid {pid}, port {port}" if port else f"pid {pid}"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:  # it died; a process it forked still holds the lock (and what it had)
+        return f"{where}, which has exited: a process it forked holds the lock"
+    except OSError:
+        pass  # alive, another user's
+    return where

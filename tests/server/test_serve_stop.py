@@ -152,6 +152,11 @@ def test_the_run_dir_lock_is_exclusive_and_released(tmp_path: Path) -> None:
     held = RunDirLock(run_dir, 8123)
     with pytest.raises(RunDirInUse, match=r"in use by another swarm serve \(pid \d+, port 8123\)"):
         RunDirLock(run_dir)
+    gone = subprocess.Popen(["true"])  # its pid, once reaped, names no process
+    gone.wait()
+    (run_dir / "server.lock").write_text(json.dumps({"pid": gone.pid, "port": 8123}))  # as a forked child
+    with pytest.raises(RunDirInUse, match=r"which has exited: a process it forked holds the lock"):
+        RunDirLock(run_dir)
     held.release()
     held.release()  # idempotent
     again = RunDirLock(run_dir)
