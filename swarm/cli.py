@@ -116,7 +116,8 @@ def serve(**values: Any) -> None:
 
     from swarm.server.app import create_app
     from swarm.server.http_protocol import http_protocol
-    from swarm.server.shutdown import reap_children
+    from swarm.server.run_dir_lock import RunDirLock
+    from swarm.server.shutdown import GRACEFUL_SHUTDOWN_S, reap_children
     from swarm.server.shutdown import run as run_server
 
     check = values.pop("check")
@@ -144,6 +145,12 @@ def serve(**values: Any) -> None:
     # Check what a user can get wrong before the slow model load, and load the model here rather than
     # in the app's lifespan, so that every mistake ends with one line instead of a startup traceback.
     host, port = config.host, config.port
+    try:  # one server per run dir, before anything in it is read or written (`swarm.server.run_dir_lock`)
+        lock = RunDirLock(config.run_dir, port)
+    except SwarmError as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"--run-dir {config.run_dir}: cannot lock it ({exc.strerror})") from None
     if port:
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
@@ -163,22 +170,28 @@ def serve(**values: Any) -> None:
     # closes it gets a ReadError.
     # The app owns the engine: its shutdown closes it. Before uvicorn re-raises a caught SIGTERM (which
     # ends the process at once) the exit hook closes it again (an app that never started, a second
-    # Ctrl-C that skipped the shutdown) and ends every child process (`swarm.server.shutdown`).
+    # Ctrl-C that skipped the shutdown), ends every child process (`swarm.server.shutdown`) and only
+    # then releases the run dir. When the stop begins, the app ends its event streams and live chat
+    # streams (`SwarmApp.begin_stop`); uvicorn waits at most GRACEFUL_SHUTDOWN_S for the other requests.
     def on_exit() -> None:
         engine.close()
         reap_children()
+        lock.release()
 
+    application = create_app(config, engine=engine, owns_engine=True)
     run_server(
         uvicorn.Config(
-            create_app(config, engine=engine, owns_engine=True),
+            application,
             http=http_protocol(),
             host=host,
             port=port,
             log_level=options.log_level.value,
             access_log=options.access_log,
             timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ),
         on_exit,
+        on_stop=application.begin_stop,
     )
 
 

@@ -300,7 +300,6 @@ def start_server(
         log_path=run_dir.parent / f"{run_dir.name}.server.log",
         env={**(env or {}), "SWARM_ADMIN_TOKEN": token, "SWARM_CLIENT_TOKEN": client_token},
     )
-    write_admin_token(run_dir, token)  # 0600: for `a3r tui` of the same user, no one else
     handle = ServerHandle(
         url=f"http://127.0.0.1:{port}", admin_token=token, process=process, client_token=client_token
     )
@@ -320,6 +319,9 @@ def start_server(
                     f"swarm serve did not answer within {ready_timeout_s:g} s (log: {process.log_path})"
                 )
             time.sleep(0.25)
+    # 0600: for `a3r tui` of the same user, no one else. Written once the server answers: a server
+    # refused the run dir (another one serves it: `swarm.server.run_dir_lock`) leaves its token alone.
+    write_admin_token(run_dir, token)
     return handle
 
 

@@ -24,7 +24,7 @@ from swarm.engine.base import SampledToken, TokenCallback
 from swarm.errors import SwarmError
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
-from swarm.server.deps import ChatDep
+from swarm.server.deps import ChatDep, StoppingDep
 from swarm.server.openai_format import ChoiceText
 from swarm.server.streaming import encode_events, live_call
 
@@ -70,7 +70,11 @@ async def _replayed(events: Iterable[fmt.Event]) -> AsyncGenerator[ServerSentEve
 
 @router.post("/messages", response_model=fmt.Message)
 async def create_message(
-    body: fmt.MessagesRequest, chat: ChatDep, episode: MessagesEpisodeDep, response: Response
+    body: fmt.MessagesRequest,
+    chat: ChatDep,
+    episode: MessagesEpisodeDep,
+    response: Response,
+    stopping: StoppingDep,
 ) -> fmt.Message | EventSourceResponse:
     """Sample a message inside the episode that owns the key, recording it token-exactly.
 
@@ -115,7 +119,7 @@ async def create_message(
             for event in fmt.message_end(reason, sequence, len(record.completion_ids)):
                 yield _sse(event)
 
-        return EventSourceResponse(encode_events(live_call(start, consume)))
+        return EventSourceResponse(encode_events(live_call(start, consume, stopping)))
     result = await chat.answer(episode, request)
     answer = fmt.message(
         result, message_id=message_id, model=body.model, detokenizer=detokenizer, stop=stop, stop_ids=stop_ids

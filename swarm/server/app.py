@@ -35,6 +35,7 @@ from swarm.server.deps import json_errors
 from swarm.server.lean_route import HotRoutes, lean_routes_on, replayed
 from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
+from swarm.server.stopping import Stopping
 
 ANTHROPIC_PATH = "/v1/messages"
 """Errors of routes under this path have Anthropic's shape (``{"type": "error", "error": {...}}``)."""
@@ -165,9 +166,25 @@ class SwarmApp(FastAPI):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.state.stopping = Stopping()  # the routes read it (`swarm.server.deps.get_stopping`)
         self.hot_routes = HotRoutes(HOT_PATHS)
         self._hot_stack: ASGIApp | None = None
         self._documents: dict[tuple[bool, bool], dict[str, Any]] = {}
+
+    def begin_stop(self) -> None:
+        """The server's stop begins: log it (``server.stopping``) and end the responses that would
+        outlive it (`swarm.server.stopping`). ``swarm serve`` calls it before uvicorn waits for the open
+        connections; idempotent."""
+        stopping: Stopping = self.state.stopping
+        if stopping.is_set():
+            return
+        runtime: SwarmRuntime | None = getattr(self.state, "runtime", None)
+        if runtime is not None:  # before the followers' streams end, so that it is the last they read
+            runtime.events.emit(
+                "server.stopping",
+                f"stopping: ending {runtime.events.subscribers()} event stream(s) and every live chat stream",
+            )
+        stopping.set()
 
     def openapi(self) -> dict[str, Any]:
         """The OpenAPI document as this server enforces credentials now (`auth.optional_security`: which
@@ -248,7 +265,7 @@ def _link_begin(document: dict[str, Any]) -> None:
         begin["responses"]["201"]["links"] = links
 
 
-def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool = False) -> FastAPI:
+def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool = False) -> SwarmApp:
     """Build the swarm server app; the model loads in the lifespan (``engine`` injects a shared one,
     which the app's shutdown closes only with ``owns_engine``)."""
 
@@ -266,6 +283,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engin
         try:
             yield
         finally:
+            app.state.stopping.set()  # the streams of a server stopped without `SwarmApp.begin_stop`
             if runtime.tenants is not None:
                 tasks += runtime.tenants.tasks  # those created while serving too
             for task in tasks:

@@ -32,7 +32,7 @@ from swarm.protocol import (
 )
 from swarm.server.auth import require_admin, require_client
 from swarm.server.control import Subscription
-from swarm.server.deps import ControlDep, error_models, json_errors
+from swarm.server.deps import ControlDep, StoppingDep, error_models, json_errors
 
 
 def _guarded_router(prefix: str, tag: str, guard: Callable[..., Any], *errors: tuple[int, str]) -> APIRouter:
@@ -106,11 +106,13 @@ async def _event_subscription(control: ControlDep, follow: bool = True) -> Async
 async def events(
     control: ControlDep,
     handle: Annotated[Subscription | None, Depends(_event_subscription)],
+    stopping: StoppingDep,
     since: int = 0,
     follow: bool = True,
 ) -> AsyncIterable[ServerSentEvent]:
     """Server-sent events, each an :class:`~swarm.protocol.Event` as JSON ``data`` (``event`` = its kind,
-    ``id`` = its seq): buffered events after ``since``, then live ones while ``follow`` is true."""
+    ``id`` = its seq): buffered events after ``since``, then live ones while ``follow`` is true, until
+    the server stops (its last event is ``server.stopping``; the stream then ends)."""
     last = since
     for event in control.events.recent(since):
         last = event.seq
@@ -118,16 +120,42 @@ async def events(
     if handle is None:
         return
     queue = handle[1]
-    while True:
-        try:
-            event = await asyncio.wait_for(queue.get(), timeout=15.0)
-        except TimeoutError:
-            yield ServerSentEvent(comment="keep-alive")
-            continue
-        if event.seq <= last:
-            continue
-        last = event.seq
-        yield _sse(event)
+    stopped = asyncio.ensure_future(stopping.wait())
+    try:
+        while True:
+            received = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait(
+                (received, stopped), timeout=KEEP_ALIVE_S, return_when="FIRST_COMPLETED"
+            )
+            if received not in done:
+                received.cancel()  # an item it had taken stays in the queue (asyncio.Queue.get)
+                if stopped not in done:
+                    yield ServerSentEvent(comment="keep-alive")
+                    continue
+                for event in _drain(queue):  # what was emitted before the stop (``server.stopping``)
+                    if event.seq > last:
+                        last = event.seq
+                        yield _sse(event)
+                return
+            event = received.result()
+            if event.seq <= last:
+                continue
+            last = event.seq
+            yield _sse(event)
+    finally:
+        stopped.cancel()
+
+
+KEEP_ALIVE_S = 15.0
+"""A follower with no event for this long gets an SSE comment (seconds), so that proxies keep the stream."""
+
+
+def _drain(queue: asyncio.Queue[Event]) -> list[Event]:
+    """What ``queue`` holds now, emptied."""
+    out = []
+    while not queue.empty():
+        out.append(queue.get_nowait())
+    return out
 
 
 @router.get("/metrics")

@@ -17,6 +17,7 @@ from swarm.protocol import ErrorBody
 from swarm.server.chat_service import ChatService
 from swarm.server.control import ControlService
 from swarm.server.episode_service import EpisodeService
+from swarm.server.stopping import Stopping
 from swarm.server.tenants import TenantRegistry
 
 # Every dependency here is async on purpose (those of the hot routes above all): FastAPI runs a sync
@@ -39,6 +40,12 @@ async def get_control(request: Request) -> ControlService:
     return service
 
 
+async def get_stopping(request: Request) -> Stopping:
+    """The server's stop, which long-lived responses watch (`swarm.server.stopping`)."""
+    stopping: Stopping = request.app.state.stopping
+    return stopping
+
+
 async def get_tenants(request: Request) -> TenantRegistry:
     """The LoRA tenants; 409 on a server started without ``--tenants``."""
     tenants: TenantRegistry | None = request.app.state.runtime.tenants
@@ -53,6 +60,7 @@ EpisodesDep = Annotated[EpisodeService, Depends(get_episodes)]
 ChatDep = Annotated[ChatService, Depends(get_chat)]
 ControlDep = Annotated[ControlService, Depends(get_control)]
 TenantsDep = Annotated[TenantRegistry, Depends(get_tenants)]
+StoppingDep = Annotated[Stopping, Depends(get_stopping)]
 
 
 def error_models(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:

@@ -158,6 +158,7 @@ class BodySizeLimit:
     """ASGI middleware answering 413 (JSON :class:`~swarm.protocol.ErrorBody`) to a request whose body
     exceeds ``limit()`` bytes: at once from ``Content-Length``, else once the streamed body passes it
     (an ``HTTPException(413)`` raised while the route reads the body, answered by the app's handler).
+    Either answer closes the connection (`CLOSE`).
     Starlette's ``RequestBodyLimitMiddleware`` does the same with a fixed limit and a text answer.
 
     Args:
@@ -199,10 +200,16 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise HTTPException(413, _too_large_message(limit))
+                    raise HTTPException(413, _too_large_message(limit), headers=dict(CLOSE))
             return message
 
         await self.app(scope, counted, send)
+
+
+CLOSE = (("Connection", "close"),)
+"""The header of a 413 answer: the rest of a refused body is never read, so the connection cannot carry
+another request (uvicorn closes it once the answer is sent, as it does for the 400 and 408 it answers
+before the app) and the client learns at once that it is done."""
 
 
 def _too_large_message(limit: int) -> str:
@@ -217,4 +224,5 @@ async def _too_large(scope: Scope, receive: Receive, send: Send, limit: int) -> 
         content = ErrorBody(error=ErrorDetail(type="request_too_large", message=message)).model_dump(
             exclude_none=True
         )
-    await JSONResponse(content, status_code=413)(scope, receive, send)  # rendered as every other error
+    # rendered as every other error
+    await JSONResponse(content, status_code=413, headers=dict(CLOSE))(scope, receive, send)

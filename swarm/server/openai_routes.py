@@ -13,7 +13,7 @@ from swarm.engine.base import TokenCallback
 from swarm.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
-from swarm.server.deps import ChatDep, error_models
+from swarm.server.deps import ChatDep, StoppingDep, error_models
 from swarm.server.lean_route import LeanRoute
 from swarm.server.openai_format import ResponseHeader, chat_completion
 from swarm.server.streaming import LiveStream, encode_events, live_events, replay_events
@@ -46,7 +46,11 @@ _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_CHAT_ERRORS)
 async def chat_completions(
-    body: ChatCompletionRequest, chat: ChatDep, episode: EpisodeDep, response: Response
+    body: ChatCompletionRequest,
+    chat: ChatDep,
+    episode: EpisodeDep,
+    response: Response,
+    stopping: StoppingDep,
 ) -> ChatCompletion | EventSourceResponse:
     """Sample a chat completion inside the episode that owns the bearer key, recording it token-exactly.
 
@@ -71,7 +75,7 @@ async def chat_completions(
             logprobs=body.logprobs,
             include_usage=include_usage,
         )
-        return EventSourceResponse(encode_events(live_events(start, stream)))
+        return EventSourceResponse(encode_events(live_events(start, stream, stopping)))
     result = await chat.answer(episode, body)
     header = ResponseHeader.new(body.model, result.policy_version, result.created_at)
     completion = chat_completion(result, header, logprobs=body.logprobs, detokenizer=chat.detokenizer)

@@ -1,4 +1,9 @@
-"""A ``swarm serve`` process's end: nothing it started outlives it.
+"""A ``swarm serve`` process's end: it comes promptly, and nothing it started outlives it.
+
+When the stop begins (before uvicorn waits for the open connections to finish their responses),
+:class:`Server` calls its ``on_stop`` hook: ``swarm serve`` ends its long-lived responses there (event
+followers, live chat streams: `swarm.server.stopping`), which uvicorn would otherwise wait for forever.
+uvicorn's ``timeout_graceful_shutdown`` bounds the wait for whatever else is in flight.
 
 uvicorn answers SIGTERM and SIGINT by shutting the app down (its lifespan closes the engine) and then
 raising the signal again, which ends a SIGTERMed process at once. :class:`Server` runs an exit hook in
@@ -21,6 +26,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Generator
 from multiprocessing import active_children, resource_tracker
@@ -33,23 +39,43 @@ log = logging.getLogger(__name__)
 STARTUP_FAILURE = 3
 """Exit status of a server that never started (uvicorn's)."""
 
+GRACEFUL_SHUTDOWN_S = 10
+"""How long ``swarm serve``'s stop waits for requests still in flight (uvicorn's
+``timeout_graceful_shutdown``, seconds); those left are then cancelled. Streams end at once (`Server`)."""
+
 POLL_S = 0.01
 """How often :func:`reap_children` looks whether the children have exited (seconds)."""
 
 
 class Server(uvicorn.Server):
-    """``uvicorn.Server`` that calls ``on_exit`` after the app's shutdown, before uvicorn re-raises a
-    caught SIGTERM or SIGINT (see the module docstring).
+    """``uvicorn.Server`` that calls ``on_stop`` when its stop begins and ``on_exit`` after the app's
+    shutdown, before uvicorn re-raises a caught SIGTERM or SIGINT (see the module docstring).
 
     Args:
         config: uvicorn's configuration.
         on_exit: called once, from the serving thread, whatever ended the server (a signal, a startup
             failure, an exception); it should not raise (what it raises replaces the server's own error).
+        on_stop: called on the event loop when the stop begins, after the listeners closed and before
+            uvicorn waits for the open connections (what it raises is logged, and the stop goes on).
     """
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_exit: Callable[[], None],
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+        self._on_stop = on_stop
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._on_stop is not None:
+            try:
+                self._on_stop()
+            except Exception:
+                log.exception("ending the long-lived responses failed; the server stops anyway")
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -149,10 +175,13 @@ def reap_children(timeout_s: float = 10.0) -> list[int]:
     return stubborn
 
 
-def run(config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+def run(
+    config: uvicorn.Config, on_exit: Callable[[], None], on_stop: Callable[[], None] | None = None
+) -> None:
     """Serve as ``uvicorn.run`` does for one process (Ctrl-C ends it quietly; a server that never started
-    exits with uvicorn's status 3), with ``on_exit`` run before a caught signal is re-raised."""
-    server = Server(config, on_exit)
+    exits with uvicorn's status 3), with ``on_stop`` run when the stop begins and ``on_exit`` before a
+    caught signal is re-raised (:class:`Server`)."""
+    server = Server(config, on_exit, on_stop)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     if not server.started:

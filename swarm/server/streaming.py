@@ -6,7 +6,8 @@ choice, content chunks, a finish chunk per choice, an optional usage chunk, then
 - `live_events` forwards tokens *as the engine samples them* (time to first token is one decode step).
   Text is released only once it is certain to be part of the answer (`openai_format.ChoiceText`). A
   client that disconnects mid-stream cancels its call: the engine stops sampling it and nothing is
-  recorded (the agent never saw that answer, so it is not part of the trajectory).
+  recorded (the agent never saw that answer, so it is not part of the trajectory). A server that stops
+  cancels it the same way and ends the stream with an error event (`swarm.server.stopping`).
 - `replay_events` sends a finished completion as chunks, one per token. Requests with ``tools`` use it:
   whether the text is a tool call is known only once the completion is complete.
 
@@ -27,6 +28,7 @@ from fastapi.sse import ServerSentEvent, format_sse_event
 from pydantic import BaseModel
 
 from swarm.engine.base import SampledToken, TokenCallback
+from swarm.errors import Unavailable
 from swarm.protocol import ChatCompletion, ChoiceLogprobs
 from swarm.server.chat import ChatResult
 from swarm.server.detokenizer import Detokenizer
@@ -39,6 +41,7 @@ from swarm.server.openai_format import (
     token_logprob,
     usage,
 )
+from swarm.server.stopping import Stopping
 from swarm.tracking.records import CallRecord
 
 __all__ = [
@@ -103,12 +106,16 @@ Consume = Callable[
 """Turns a live call's tokens (``None`` after the last) and the call itself into events (a wire format)."""
 
 
-def live_call(start: StartCall, consume: Consume) -> AsyncGenerator[ServerSentEvent, None]:
+def live_call(
+    start: StartCall, consume: Consume, stopping: Stopping | None = None
+) -> AsyncGenerator[ServerSentEvent, None]:
     """Start the call now and return the events ``consume`` makes of its tokens as they arrive.
 
     The wire-format-free half of a live stream (OpenAI's `live_events`, Anthropic's in
     `swarm.server.anthropic_routes`): closing the returned iterator before its end (the client went
-    away) cancels the call.
+    away) cancels the call. When the server stops first (``stopping``, `swarm.server.stopping`) the call
+    is cancelled the same way (nothing is recorded) and ``consume`` sees it fail with `Unavailable`
+    after the tokens sent so far, which each wire format answers with its error event.
     """
     loop = asyncio.get_running_loop()
     tokens: asyncio.Queue[SampledToken | None] = asyncio.Queue()
@@ -117,24 +124,54 @@ def live_call(start: StartCall, consume: Consume) -> AsyncGenerator[ServerSentEv
         loop.call_soon_threadsafe(tokens.put_nowait, token)
 
     call = start(on_token)
-    call.add_done_callback(lambda _: tokens.put_nowait(None))
+    outcome: asyncio.Future[ChatResult] = loop.create_future()  # what ``consume`` awaits
+
+    def settle(done: asyncio.Future[ChatResult]) -> None:
+        tokens.put_nowait(None)
+        if outcome.done():
+            return
+        if done.cancelled():
+            outcome.cancel()
+        elif (error := done.exception()) is not None:
+            outcome.set_exception(error)
+        else:
+            outcome.set_result(done.result())
+
+    def stop() -> None:
+        if not outcome.done():
+            outcome.set_exception(Unavailable(STOPPED_MESSAGE, retry_after_s=5.0))
+            call.cancel()  # `settle` ends the tokens
+
+    call.add_done_callback(settle)
 
     async def events() -> AsyncGenerator[ServerSentEvent, None]:
+        unwatch = None if stopping is None else stopping.on_stop(stop)
         try:
-            async for event in consume(tokens, call):
+            async for event in consume(tokens, outcome):
                 yield event
         finally:
+            if unwatch is not None:
+                unwatch()
             if not call.done():  # the client went away: stop sampling an answer nobody will read
                 call.cancel()
+            if outcome.done() and not outcome.cancelled():
+                outcome.exception()  # retrieved: a stream closed before reading it logs nothing
 
     return events()
 
 
-def live_events(start: StartCall, stream: LiveStream) -> AsyncGenerator[ServerSentEvent, None]:
+STOPPED_MESSAGE = "the server is stopping: the call was cancelled before its end and not recorded"
+"""The error a live stream ends with when the server stops under it."""
+
+
+def live_events(
+    start: StartCall, stream: LiveStream, stopping: Stopping | None = None
+) -> AsyncGenerator[ServerSentEvent, None]:
     """Start the call now and return its events as tokens arrive (`live_call`).
 
     Closing the returned iterator before its end (the client went away) cancels the call. A failure
-    after the response has begun becomes an error event (OpenAI's form), with no ``[DONE]`` after it.
+    after the response has begun (the server's stop included) becomes an error event (OpenAI's form),
+    with no ``[DONE]`` after it.
     """
     header, detokenizer = stream.header, stream.detokenizer
 
@@ -169,7 +206,7 @@ def live_events(start: StartCall, stream: LiveStream) -> AsyncGenerator[ServerSe
             yield _event(chunk)
         yield DONE
 
-    return live_call(start, _events)
+    return live_call(start, _events, stopping)
 
 
 def encode_events(events: AsyncGenerator[ServerSentEvent, None]) -> AsyncGenerator[bytes, None]:

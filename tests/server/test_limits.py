@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -172,6 +174,45 @@ def test_body_size_is_413(limited: LiveServer) -> None:
         assert anthropic.json()["error"]["type"] == "request_too_large"
     finally:
         reset(url)
+
+
+def _raw_answer(url: str, request: bytes, chunks: Iterator[bytes] = iter(())) -> tuple[bytes, float]:
+    """Send ``request`` (then ``chunks``) on a raw socket; what came back until the server closed the
+    connection, and the seconds that took (a 10 s socket timeout fails the test)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10.0) as sock:
+        start = time.monotonic()
+        sock.sendall(request)
+        for chunk in chunks:
+            sock.sendall(chunk)
+        out = b""
+        while data := sock.recv(65536):
+            out += data
+        return out, time.monotonic() - start
+
+
+def test_a_413_closes_its_connection(limited: LiveServer) -> None:
+    """The rest of a refused body is never read: the answer says ``Connection: close`` and the server
+    closes at once, as for the 400 and 408 answered before the app (a Content-Length of 9,000,000 with 2
+    bytes sent waited for the 60 s request timer)."""
+    head = (
+        f"POST /api/v1/episodes HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {CLIENT}\r\n"
+        "content-type: application/json\r\n"
+    ).encode()
+    declared, took = _raw_answer(limited.url, head + b"content-length: 9000000\r\n\r\n{}")
+    status, _, body = declared.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 413 ") and b"connection: close" in status.lower(), declared
+    assert json.loads(body)["error"]["type"] == "request_too_large" and took < 5.0
+    patch(limited.url, max_body_bytes=1024)
+    try:  # no Content-Length: refused once the counted body passes the limit (the app's handler)
+        chunked = head + b"transfer-encoding: chunked\r\n\r\n"
+        pieces = iter([b"800\r\n" + b"x" * 2048 + b"\r\n"])
+        streamed, took = _raw_answer(limited.url, chunked, pieces)
+        status, _, body = streamed.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 413 ") and b"connection: close" in status.lower(), streamed
+        assert json.loads(body)["error"]["type"] == "request_too_large" and took < 5.0
+    finally:
+        reset(limited.url)
 
 
 def test_chat_caps_are_422_naming_the_field(limited: LiveServer) -> None:

@@ -1,0 +1,89 @@
+"""One server per run dir: ``swarm serve`` holds an exclusive lock on ``<run dir>/server.lock`` for its
+whole life.
+
+Two servers on one run dir both append to ``events.jsonl`` (duplicate ``seq`` numbers), both train from
+``pool.db`` and both checkpoint: each one's restart logic then sees the other's work as lost
+(``pool.rewound``, ``train.rewound``). The lock is ``fcntl.flock`` on a file inside the run dir, taken
+before the server loads or opens anything; the operating system releases it when the process ends,
+however it ends (kill -9 included), so a restart works at once. The file stays (removing it would let a
+server lock a file another one is about to open); it holds the holder's pid and port, read only by a
+server refused the lock, to name the holder in its error.
+
+Readers need no lock: ``swarm`` commands that read a run dir (SQLite's own locking covers ``pool.db``)
+keep working while a server runs. A child process forked by the server (not spawned: spawning, and
+``subprocess``, start it without the descriptor) holds the lock as long as it lives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from swarm.errors import SwarmError
+
+LOCK_NAME = "server.lock"
+"""The lock file's name inside the run dir."""
+
+
+class RunDirInUse(SwarmError):
+    """Another live process holds the run dir's lock (its message names the dir and the holder)."""
+
+    status_code = 409
+    error_type = "run_dir_in_use"
+
+
+class RunDirLock:
+    """The exclusive lock of one run dir, held until :meth:`release` or the process's end.
+
+    Args:
+        run_dir: the run dir (created when missing).
+        port: the port the server will listen on, written for a refused server's message (0: unknown).
+
+    Raises:
+        RunDirInUse: another process holds the lock; nothing in the run dir was changed.
+        OSError: the run dir or its lock file cannot be created or opened.
+    """
+
+    def __init__(self, run_dir: Path, port: int = 0) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / LOCK_NAME
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunDirInUse(f"--run-dir {run_dir} is in use by another swarm serve ({holder})") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "port": port}).encode() + b"\n", 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Release the lock (idempotent); the process's end releases it too."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing the only descriptor of the open file releases its flock
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its file says: ``"pid N, port P"`` (the port when known)."""
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0))
+        pid, port = int(holder["pid"]), int(holder.get("port") or 0)
+    except (OSError, ValueError, TypeError, KeyError):
+        return "pid unknown"  # it has not written its pid yet
+    where = f"pid {pid}, port {port}" if port else f"pid {pid}"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:  # it died; a process it forked still holds the lock (and what it had)
+        return f"{where}, which has exited: a process it forked holds the lock"
+    except OSError:
+        pass  # alive, another user's
+    return where

@@ -1,0 +1,164 @@
+"""``swarm serve`` as a process: its stop is prompt whatever streams are open, and it serves its run dir
+alone (`swarm.server.stopping`, `swarm.server.run_dir_lock`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from a3r.swarmops.trained import trained_metrics
+from swarm.engine import ModelSource
+from swarm.server.run_dir_lock import RunDirInUse, RunDirLock
+from swarm.server.shutdown import GRACEFUL_SHUTDOWN_S
+from tests.conftest import free_port, serve_process, wait_for
+from tests.server.test_serve_cli import _children, _tiny_model_dir
+
+
+class _Reader(threading.Thread):
+    """Reads one streamed response's lines until it ends; ``outcome`` says how it ended."""
+
+    def __init__(self, method: str, url: str, **kwargs: Any) -> None:
+        super().__init__(daemon=True)
+        self.request = (method, url, kwargs)
+        self.lines: list[str] = []
+        self.outcome: str | None = None
+
+    def run(self) -> None:
+        method, url, kwargs = self.request
+        try:
+            with httpx.stream(method, url, timeout=httpx.Timeout(10.0, read=60.0), **kwargs) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    self.lines.append(line)
+            self.outcome = "ended"
+        except Exception as exc:
+            self.outcome = repr(exc)
+
+    def data(self) -> list[str]:
+        return [line.removeprefix("data: ") for line in self.lines if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_open_streams_do_not_hold_a_stopping_server(
+    tmp_path: Path, embedded_source: ModelSource, tokenizer: Any, sig: signal.Signals
+) -> None:
+    """Followers of ``GET /api/v1/events`` (which stream until their client leaves) and a live chat stream
+    are open when the signal comes: the process exits within seconds (uvicorn waited for them forever),
+    each follower's stream ends cleanly with ``server.stopping`` as its last event, and the chat stream
+    ends with an error event (its call cancelled, nothing recorded)."""
+    port, run_dir = free_port(), tmp_path / "run"
+    url = f"http://127.0.0.1:{port}"
+    proc = serve_process(_tiny_model_dir(tmp_path, embedded_source, tokenizer), run_dir, port, "--no-train")
+    try:
+        followers = [_Reader("GET", f"{url}/api/v1/events") for _ in range(2)]
+        for follower in followers:
+            follower.start()
+        wait_for(lambda: all(f.data() for f in followers), 30, "the followers' first events")
+        begun = httpx.post(f"{url}/api/v1/episodes", json={"task_id": "stop"}, timeout=10).json()
+        body = {
+            "model": begun["model"],
+            "messages": [{"role": "user", "content": "Count to ten."}],
+            "stream": True,
+            "max_tokens": 4000,
+            "temperature": 0.0,
+        }
+        chat = _Reader(
+            "POST",
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {begun['api_key']}"},
+        )
+        chat.start()
+        wait_for(lambda: len(chat.data()) >= 3, 60, "the chat stream's first tokens")
+        children = _children(proc.pid)
+        start = time.monotonic()
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert code in (0, -sig)
+    assert took < GRACEFUL_SHUTDOWN_S / 2, f"the stop took {took:.1f} s"  # the streams ended, not the bound
+    for reader in [*followers, chat]:
+        reader.join(timeout=10)
+        assert reader.outcome == "ended", reader.outcome
+    for follower in followers:
+        assert json.loads(follower.data()[-1])["kind"] == "server.stopping"
+    last = json.loads(chat.data()[-1])
+    assert "[DONE]" not in chat.data() and "the server is stopping" in last["error"]["message"], last
+    assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("server.stopping") < kinds.index("engine.closed")
+
+
+def _serve_argv(model_dir: Path, run_dir: Path, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "swarm.cli", "serve", "--port", str(port), "--run-dir", str(run_dir),
+        "--model", str(model_dir), "--no-train", "--log-level", "warning",
+    ]  # fmt: skip
+
+
+def test_one_server_per_run_dir(tmp_path: Path, embedded_source: ModelSource, tokenizer: Any) -> None:
+    """A second ``swarm serve`` on a served run dir exits 1 with one line naming the dir and the holder,
+    before it loads or writes anything; readers of the run dir need no lock; after a kill -9 of the
+    holder a server starts on the run dir at once (the operating system released the lock)."""
+    model_dir, run_dir, port = (
+        _tiny_model_dir(tmp_path, embedded_source, tokenizer),
+        tmp_path / "run",
+        free_port(),
+    )
+    first = serve_process(model_dir, run_dir, port, "--no-train")
+    second = None
+    try:
+        events = (run_dir / "events.jsonl").read_bytes()
+        names = sorted(p.name for p in run_dir.iterdir())
+        refused = subprocess.run(
+            _serve_argv(model_dir, run_dir, free_port()), capture_output=True, text=True, timeout=120
+        )
+        out = refused.stdout + refused.stderr
+        assert refused.returncode == 1, out
+        assert out.strip() == (
+            f"error: --run-dir {run_dir} is in use by another swarm serve (pid {first.pid}, port {port})"
+        )
+        assert (run_dir / "events.jsonl").read_bytes() == events
+        assert sorted(p.name for p in run_dir.iterdir()) == names
+        assert trained_metrics(run_dir, after_step=0) == []  # a reader of pool.db, while it serves
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).is_success  # A serves on
+        first.kill()
+        first.wait(timeout=60)
+        second = serve_process(model_dir, run_dir, free_port(), "--no-train")  # at once: no wait, no retry
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)
+
+
+def test_the_run_dir_lock_is_exclusive_and_released(tmp_path: Path) -> None:
+    """In one process too (a lock belongs to its open file): refused while held, free once released."""
+    run_dir = tmp_path / "run"
+    held = RunDirLock(run_dir, 8123)
+    with pytest.raises(RunDirInUse, match=r"in use by another swarm serve \(pid \d+, port 8123\)"):
+        RunDirLock(run_dir)
+    gone = subprocess.Popen(["true"])  # its pid, once reaped, names no process
+    gone.wait()
+    (run_dir / "server.lock").write_text(json.dumps({"pid": gone.pid, "port": 8123}))  # as a forked child
+    with pytest.raises(RunDirInUse, match=r"which has exited: a process it forked holds the lock"):
+        RunDirLock(run_dir)
+    held.release()
+    held.release()  # idempotent
+    again = RunDirLock(run_dir)
+    assert json.loads((run_dir / "server.lock").read_text())["port"] == 0
+    again.release()
