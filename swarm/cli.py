@@ -142,6 +142,11 @@ def serve(**values: Any) -> None:
     logging.basicConfig(
         level=options.log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # transformers draws a "Writing model shards" bar per checkpoint: with one every step, the server's
+    # log would fill with bars (its progress is in the checkpoint.saved events).
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
     # Check what a user can get wrong before the slow model load, and load the model here rather than
     # in the app's lifespan, so that every mistake ends with one line instead of a startup traceback.
     host, port = config.host, config.port
@@ -250,6 +255,11 @@ def _startup_line(config: Any, engine: Any) -> str:
             " (synchronous)"
             if t.max_staleness is None
             else f" (asynchronous, max staleness {t.max_staleness})"
+        )
+        + (
+            " · checkpoint every step"
+            if t.checkpoint_every == 1
+            else f" · checkpoint every {t.checkpoint_every} steps"
         )
         + _credentials_clause(config)
     )

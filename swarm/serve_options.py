@@ -316,7 +316,8 @@ class ServeOptions(FlagOptions):
     )
     checkpoint_every: int | None = option(
         None,
-        "Save a checkpoint every N steps (written in the background; 1 loses no step on a crash).",
+        "Save a checkpoint every N steps (default 1: every step, written in the background; 1 loses no "
+        "step on a crash).",
         to="training.checkpoint_every",
     )
     max_steps: int | None = option(

@@ -30,7 +30,8 @@ ADMIN = secrets.token_urlsafe(16)  # a fresh admin token per run, never a litera
 
 def _serve(model_dir: Path, run_dir: Path, port: int) -> subprocess.Popen[bytes]:
     flags = ["--batch-policy", "episodes", "--batch-size", "1", "--group-size", "2", "--lr", "1e-3"]
-    return serve_process(model_dir, run_dir, port, *flags, "--admin-token", ADMIN)
+    output = run_dir.parent / "serve.log"  # every start's stdout and stderr, appended
+    return serve_process(model_dir, run_dir, port, *flags, "--admin-token", ADMIN, output=output)
 
 
 def _kinds(run_dir: Path) -> list[str]:
@@ -107,6 +108,10 @@ def test_a_skipped_batch_is_neither_rewound_nor_consumed_twice(tmp_path: Path, t
             rows, status = client.metrics(), client.status()
         assert [row.step for row in rows] == [1, 2, 3] and all(row.rewound_steps == [] for row in rows)
         assert status.episodes.pending == 0 and status.episodes.trained == len(ids)
+        # the log says the default interval and holds no progress bar of the per-step checkpoints
+        log = (tmp_path / "serve.log").read_text()
+        assert log.count("checkpoint every step") == 3, log
+        assert "Writing model shards" not in log, log
     finally:
         proc.kill()
         proc.wait()
