@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 import swarm.server.anthropic_format as fmt
@@ -25,6 +25,7 @@ from swarm.errors import SwarmError
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
 from swarm.server.deps import ChatDep, StoppingDep
+from swarm.server.disconnect import client_gone, gone_answer
 from swarm.server.openai_format import ChoiceText
 from swarm.server.streaming import encode_events, live_call
 
@@ -36,7 +37,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
             "Invalid request (a bad body is 400 here, as in Anthropic's API); the message names the field.",
         ),
         (401, "Missing episode key (x-api-key or bearer)."),
-        (403, "Wrong key for this episode."),
+        (403, "A key of no open episode (wrong, or its episode has ended), or a client or admin token."),
         (404, "Unknown model or episode."),
         (409, "The episode ended while the call ran."),
         (413, "The request body is larger than the server's limit."),
@@ -73,26 +74,28 @@ async def create_message(
     body: fmt.MessagesRequest,
     chat: ChatDep,
     episode: MessagesEpisodeDep,
+    request: Request,
     response: Response,
     stopping: StoppingDep,
-) -> fmt.Message | EventSourceResponse:
+) -> fmt.Message | EventSourceResponse | Response:
     """Sample a message inside the episode that owns the key, recording it token-exactly.
 
     With ``stream: true`` the answer is sent as Anthropic's server-sent events as the tokens are
     sampled. A request with ``tools`` is streamed once it is complete (only then is it known whether
     the text is a tool call). The record is the same either way. A non-streamed answer carries a
-    ``Server-Timing`` header (`ChatResult.server_timing`).
+    ``Server-Timing`` header (`ChatResult.server_timing`). A call whose client goes away before its answer
+    is complete is aborted and not recorded (``call.abandoned``).
     """
-    request = fmt.to_chat_request(body)
+    chat_request = fmt.to_chat_request(body)
     message_id = fmt.new_message_id()
     stop = tuple(body.stop_sequences or ())
     stop_ids = chat.engine.stop_ids
     detokenizer = chat.detokenizer
-    if body.stream and (not request.tools or request.tool_choice == "none"):
-        prepared = chat.prepare(episode, request)  # bad requests fail before the first byte
+    if body.stream and (not chat_request.tools or chat_request.tool_choice == "none"):
+        prepared = chat.prepare(episode, chat_request)  # bad requests fail before the first byte
 
         def start(on_token: TokenCallback) -> asyncio.Future[ChatResult]:
-            return chat.spawn(chat.answer(episode, request, prepared=prepared, on_token=on_token))
+            return chat.spawn(chat.answer(episode, chat_request, prepared=prepared, on_token=on_token))
 
         async def consume(
             tokens: asyncio.Queue[SampledToken | None], call: asyncio.Future[ChatResult]
@@ -120,7 +123,9 @@ async def create_message(
                 yield _sse(event)
 
         return EventSourceResponse(encode_events(live_call(start, consume, stopping)))
-    result = await chat.answer(episode, request)
+    result = await chat.answer_while_connected(episode, chat_request, client_gone(request))
+    if result is None:
+        return gone_answer()
     answer = fmt.message(
         result, message_id=message_id, model=body.model, detokenizer=detokenizer, stop=stop, stop_ids=stop_ids
     )

@@ -322,7 +322,8 @@ async def get_episode(
     request: Request, credentials: BearerDep, x_api_key: Annotated[str | None, Header()] = None
 ) -> OpenEpisode:
     """The open episode named by its key: ``Authorization: Bearer <episode key>`` (OpenAI SDKs) or
-    ``x-api-key: <episode key>`` (Anthropic SDKs); 401 otherwise."""
+    ``x-api-key: <episode key>`` (Anthropic SDKs). Without one: 401; a key of no open episode (wrong, or
+    its episode has ended), a client or an admin token: 403 (a wrong credential, as on the episode routes)."""
     server = _guarded(request)
     key = _secret(credentials) or x_api_key
     if key is None:

@@ -7,6 +7,7 @@ episode (`ChatService`), and the request's sampling rules: `max_tokens_for` (eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Coroutine
@@ -182,6 +183,9 @@ class ChatService:
         Raises:
             RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
             EpisodeStateError: the episode ended while the call was sampled (nothing is recorded).
+            asyncio.CancelledError: the caller was cancelled (its client went away) before the answer was
+                complete: the engine request is aborted, nothing is recorded and a ``call.abandoned``
+                event is logged.
         """
         if prepared is None:
             prepared = self.prepare(episode, request)
@@ -189,7 +193,11 @@ class ChatService:
         queued = time.time()
         handed = time.perf_counter()
         generation = self.engine.generate(prompt_ids, prepared.params, on_token)
-        completions = await self.episodes.sample(episode, prepared.arrived, generation)
+        try:
+            completions = await self.episodes.sample(episode, prepared.arrived, generation)
+        except asyncio.CancelledError:  # the caller stopped waiting: its client went away
+            self._abandoned(episode, prepared, time.perf_counter() - handed)
+            raise
         engine_s = time.perf_counter() - handed
         trainable = episode.is_trainable(prepared.agent)
 
@@ -218,6 +226,49 @@ class ChatService:
             created_at=time.time(),
             arrived=prepared.arrived,
             engine_s=engine_s,
+        )
+
+    async def answer_while_connected(
+        self, episode: OpenEpisode, request: ChatCompletionRequest, gone: Coroutine[Any, Any, None]
+    ) -> ChatResult | None:
+        """`answer`, given up as soon as the client has gone: a non-streamed call whose client timed out,
+        was interrupted or retried (docs/ARCHITECTURE.md §A client that goes away).
+
+        Args:
+            gone: returns once the client has disconnected (`swarm.server.disconnect.client_gone`).
+
+        Returns:
+            The answer, or ``None`` when the client went away first: the engine request was aborted (its
+            rows freed at the next decode step, or before its batch began), nothing was recorded and a
+            ``call.abandoned`` event was logged.
+
+        Raises:
+            What `answer` raises.
+        """
+        call = asyncio.ensure_future(self.answer(episode, request))
+        watcher = asyncio.ensure_future(gone)
+        try:
+            await asyncio.wait((call, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not call.done():  # the client went away (or this handler was cancelled)
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await call
+        if call.cancelled():
+            return None
+        return call.result()  # complete before the disconnect was seen: recorded and answered
+
+    def _abandoned(self, episode: OpenEpisode, prepared: PreparedCall, waited_s: float) -> None:
+        """Log a call given up before its answer was complete (nothing of it is recorded)."""
+        self.episodes.events.emit(
+            "call.abandoned",
+            f"a call of episode {episode.id} was given up after {waited_s:.2f} s: its client went away "
+            "before the answer was complete; nothing was recorded",
+            episode_id=episode.id,
+            agent=prepared.agent,
+            max_tokens=prepared.params.max_tokens,
+            waited_s=round(waited_s, 3),
         )
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

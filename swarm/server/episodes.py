@@ -152,11 +152,16 @@ class OpenEpisodes:
         """The open episode a key belongs to.
 
         Raises:
-            AuthError: unknown key, or the episode has ended (401).
+            AuthError: unknown key, or the episode has ended: a wrong credential (403, as on the episode
+                routes; a missing one is the caller's 401).
         """
         episode_id = self._by_key.get(_key_digest(key))
         if episode_id is None:
-            raise AuthError("invalid or expired episode API key (the episode may have ended)")
+            raise AuthError(
+                "invalid or expired episode API key (the episode may have ended): send the api_key of an "
+                "open episode (from POST /api/v1/episodes)",
+                status_code=403,
+            )
         return self._open[episode_id]
 
     def require(self, episode_id: str) -> OpenEpisode:

@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.sse import EventSourceResponse
 
 from swarm.engine.base import TokenCallback
@@ -14,6 +14,7 @@ from swarm.protocol import ChatCompletion, ChatCompletionRequest, ModelCard, Mod
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
 from swarm.server.deps import ChatDep, StoppingDep, error_models
+from swarm.server.disconnect import client_gone, gone_answer
 from swarm.server.lean_route import LeanRoute
 from swarm.server.openai_format import ResponseHeader, chat_completion
 from swarm.server.streaming import LiveStream, encode_events, live_events, replay_events
@@ -35,11 +36,12 @@ _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
     },
     **error_models(
         (400, "Messages the chat template cannot render, or a prompt too long."),
-        (401, "No episode key, or the key of an episode that has ended."),
-        (403, "A client or admin token instead of an episode key."),
+        (401, "No episode key."),
+        (403, "A key of no open episode (wrong, or its episode has ended), or a client or admin token."),
         (404, "A model this server does not serve."),
         (409, "The episode ended while the call was sampled."),
         (429, "The client token's request rate is spent; see Retry-After."),
+        (503, "The server takes no calls now (Retry-After)."),
     ),
 }
 
@@ -49,15 +51,18 @@ async def chat_completions(
     body: ChatCompletionRequest,
     chat: ChatDep,
     episode: EpisodeDep,
+    request: Request,
     response: Response,
     stopping: StoppingDep,
-) -> ChatCompletion | EventSourceResponse:
+) -> ChatCompletion | EventSourceResponse | Response:
     """Sample a chat completion inside the episode that owns the bearer key, recording it token-exactly.
 
     With ``stream=true`` the answer is sent as server-sent ``chat.completion.chunk`` events as the tokens
     are sampled, ending with ``data: [DONE]`` (`swarm.server.streaming`). A request with ``tools`` is
     streamed once it is complete (only then is it known whether the text is a tool call). The record is
     the same either way. A non-streamed answer carries a ``Server-Timing`` header (`ChatResult.server_timing`).
+    A call whose client goes away before its answer is complete is aborted and not recorded
+    (``call.abandoned``; docs/ARCHITECTURE.md §A client that goes away).
     """
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
     if body.stream and (not body.tools or body.tool_choice == "none"):
@@ -76,7 +81,9 @@ async def chat_completions(
             include_usage=include_usage,
         )
         return EventSourceResponse(encode_events(live_events(start, stream, stopping)))
-    result = await chat.answer(episode, body)
+    result = await chat.answer_while_connected(episode, body, client_gone(request))
+    if result is None:
+        return gone_answer()
     header = ResponseHeader.new(body.model, result.policy_version, result.created_at)
     completion = chat_completion(result, header, logprobs=body.logprobs, detokenizer=chat.detokenizer)
     if not body.stream:

@@ -210,7 +210,7 @@ class SwarmRuntime:
         return self.control.status()
 
     def episode_for_key(self, key: str) -> OpenEpisode:
-        """The open episode a key belongs to (`OpenEpisodes.for_key`; 401 otherwise)."""
+        """The open episode a key belongs to (`OpenEpisodes.for_key`; 403 otherwise)."""
         return self.episodes.for_key(key)
 
     def view(self, episode_id: str) -> EpisodeView:

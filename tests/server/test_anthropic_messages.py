@@ -160,9 +160,14 @@ def test_unsupported_fields_are_refused_in_anthropic_shape(
 
 def test_wrong_key_and_wrong_model_are_anthropic_errors(server: LiveServer) -> None:
     sdk = anthropic.Anthropic(base_url=server.url, api_key="ep-nonsense", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError) as caught:
+    with pytest.raises(anthropic.PermissionDeniedError) as caught:  # a wrong key: 403, as Anthropic's
         sdk.messages.create(model="x", messages=QUESTION, max_tokens=4)
-    assert caught.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    assert caught.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
+    absent = httpx.post(
+        f"{server.url}/v1/messages", json={"model": "x", "messages": QUESTION, "max_tokens": 4}
+    )
+    assert absent.status_code == 401  # none at all: 401
+    assert absent.json()["error"]["type"] == "authentication_error"
     with SwarmClient(server.url) as client, client.episode("anthropic-model") as ep:
         sdk = anthropic.Anthropic(base_url=_root(ep.base_url), api_key=ep.api_key, max_retries=0)
         with pytest.raises(anthropic.NotFoundError) as missing:

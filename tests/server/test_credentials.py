@@ -362,7 +362,7 @@ def test_client_routes_need_a_client_token_too(guarded: LiveServer) -> None:
 
 def test_tokens_are_not_episode_keys_on_the_completion_routes(guarded: LiveServer) -> None:
     """A known client or admin token on a completion route is a wrong credential (403) with a hint, not
-    an "invalid episode key" (401)."""
+    a plain "invalid episode key" (403 too)."""
     body = {"model": "tiny-smollm2", "messages": QUESTION, "max_tokens": 1}
     for secret in (ALICE, ADMIN):
         r = httpx.post(f"{guarded.url}/v1/chat/completions", json=body, headers=bearer(secret))
@@ -370,4 +370,4 @@ def test_tokens_are_not_episode_keys_on_the_completion_routes(guarded: LiveServe
     r = httpx.post(
         f"{guarded.url}/v1/chat/completions", json=body, headers=bearer("sk-swarm-" + secrets.token_hex(8))
     )
-    assert r.status_code == 401  # an unknown key stays a 401
+    assert r.status_code == 403  # an unknown key is a wrong credential too (README §Security)

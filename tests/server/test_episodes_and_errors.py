@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from openai import AuthenticationError, OpenAI
+from openai import OpenAI, PermissionDeniedError
 
 from swarm.client import SwarmClient
 from swarm.errors import ClientError
@@ -64,8 +64,8 @@ def test_bad_requests_get_json_errors_and_server_keeps_serving(server: Any, ep: 
     )
     assert "context window" in err["message"]
     assert_error(
-        chat(url, "sk-swarm-not-a-key", {"model": model, "messages": QUESTION}), 401, "authentication_error"
-    )
+        chat(url, "sk-swarm-not-a-key", {"model": model, "messages": QUESTION}), 403, "authentication_error"
+    )  # a wrong credential is a 403, a missing one a 401 (README §Security)
     assert_error(httpx.post(f"{url}/chat/completions", json={"model": model, "messages": QUESTION}), 401)
     # none of the bad requests was recorded, and the episode still works
     ok = chat(url, key, {"model": model, "messages": QUESTION, "max_tokens": 4})
@@ -82,7 +82,7 @@ def test_finished_episode_key_is_refused_and_episode_is_durable(tmp_path: Path, 
                 oa = OpenAI(base_url=ep.base_url, api_key=ep.api_key)
                 oa.chat.completions.create(model=ep.model, messages=QUESTION, max_tokens=5)
                 ep.finish(0.75)
-            with pytest.raises(AuthenticationError):
+            with pytest.raises(PermissionDeniedError):  # an ended episode's key: a wrong credential
                 oa.chat.completions.create(model=ep.model, messages=QUESTION, max_tokens=5)
             before = client.get_episode(ep.id)
             with pytest.raises(ClientError) as info:

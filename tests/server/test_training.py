@@ -256,7 +256,7 @@ def test_live_config_pause_resume_and_drain(tmp_path: Path, fresh_engine: Any) -
                 json={"model": straggler.model, "messages": QUESTION},
                 headers={"Authorization": f"Bearer {straggler.api_key}"},
             )
-            assert gone.status_code == 401
+            assert gone.status_code == 403  # an ended episode's key is a wrong credential
         metrics = httpx.get(f"{url}/api/v1/metrics").json()
         assert metrics[0]["lr"] == 5e-4 and metrics[0]["drain_aborted"] == 1
         events = httpx.get(f"{url}/api/v1/events?follow=false").text
