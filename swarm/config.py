@@ -171,6 +171,10 @@ class ServerConfig(BaseModel):
     (docs/ARCHITECTURE.md §Credentials and limits). Empty: episodes need no credential (trusted network)."""
     limits: Limits = Field(default_factory=Limits)
     """Per-token, per-request and per-server limits (live-patchable)."""
+    request_tokens_share: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Where ``limits.max_tokens`` is unset: cap a chat request's ``max_tokens`` at this share of the
+    model's context window (`swarm.server.limits.context_cap`; ``swarm serve``'s default is 0.5, so one
+    caller cannot ask for the whole context). ``None``: the context window is the only cap."""
     public_url: str | None = None
     """Base URL handed to clients in ``EpisodeCreated.base_url``; defaults to the request's own URL."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"

@@ -46,6 +46,12 @@ __all__ = [
 ]
 
 
+DEFAULT_REQUEST_TOKENS_SHARE = 0.5
+"""``--max-request-tokens`` left out: a chat request may ask for at most this share of the model's context
+window (`ServerConfig.request_tokens_share`); a caller that could ask for all of it would hold an hf
+engine's batch for the whole context, and leave no room for its own prompt."""
+
+
 class LogLevel(StrEnum):
     """``swarm serve --log-level``."""
 
@@ -198,7 +204,11 @@ class ServeOptions(FlagOptions):
         8 * 1024 * 1024, "Largest request body in bytes (413).", to="limits.max_body_bytes"
     )
     max_request_tokens: int | None = option(
-        None, "Largest max_tokens a chat request may ask for (422).", to="limits.max_tokens"
+        None,
+        "Largest max_tokens a chat request may ask for (422). Default: half the model's context window "
+        "(4096 at 8192), so one caller cannot hold the engine for the whole context; 0: no cap but the "
+        "context window.",
+        to="limits.max_tokens",
     )
     max_n: int = option(16, "Largest n (choices) of a chat request (422).", to="limits.max_n")
     max_messages: int = option(2048, "Most messages in a chat request (422).", to="limits.max_messages")
@@ -457,7 +467,7 @@ class ServeOptions(FlagOptions):
                 "open_episodes_per_token": self.max_open_episodes,
                 "requests_per_s_per_token": self.max_requests_per_s,
                 "max_body_bytes": self.max_body_bytes,
-                "max_tokens": self.max_request_tokens,
+                "max_tokens": self.max_request_tokens or None,  # 0: no cap but the context window
                 "max_n": self.max_n,
                 "max_messages": self.max_messages,
                 "max_event_subscribers": self.max_event_subscribers,
@@ -472,6 +482,7 @@ class ServeOptions(FlagOptions):
             "episode_timeout_s": self.episode_timeout,
             "prepare_timeout_s": self.prepare_timeout,
             "tenants": self.tenants,
+            "request_tokens_share": DEFAULT_REQUEST_TOKENS_SHARE if self.max_request_tokens is None else None,
         }
         try:
             values["training"] = self._training()

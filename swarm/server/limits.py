@@ -135,6 +135,23 @@ class ClientLimits:
         return patch.model_dump(exclude_unset=True)
 
 
+def context_cap(limits: Limits, share: float | None, max_context: int) -> Limits:
+    """``limits`` with its ``max_tokens`` cap set to ``share`` of the context window where it has none
+    (`ServerConfig.request_tokens_share`; ``swarm serve --max-request-tokens`` left out).
+
+    Args:
+        limits: the configured limits (an explicit ``max_tokens`` is kept).
+        share: the share of the context window, in (0, 1]; ``None`` keeps ``limits`` as they are.
+        max_context: the model's context window in tokens (`Engine.max_context`).
+
+    Returns:
+        The limits in force at start (``max_tokens`` >= 1).
+    """
+    if share is None or limits.max_tokens is not None:
+        return limits
+    return limits.model_copy(update={"max_tokens": max(1, int(max_context * share))})
+
+
 def check_chat_request(limits: Limits, request: ChatCompletionRequest) -> None:
     """The message-count and ``n`` caps of a chat completion request (its ``max_tokens``:
     `swarm.server.chat_service.max_tokens_for`).

@@ -30,7 +30,7 @@ from swarm.server.control import ControlService
 from swarm.server.episode_service import EpisodeService
 from swarm.server.episodes import OpenEpisode, OpenEpisodes
 from swarm.server.events import EventLog
-from swarm.server.limits import ClientLimits
+from swarm.server.limits import ClientLimits, context_cap
 from swarm.server.phase import Phase
 from swarm.server.pool_writer import PoolWriter
 from swarm.server.teacher import TeacherClient, TeacherSettings, check_teacher
@@ -112,7 +112,9 @@ class SwarmRuntime:
                 mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
             )
         self.credentials = Credentials(config.admin_token, config.client_tokens)
-        self.limits = ClientLimits(config.limits)
+        self.limits = ClientLimits(
+            context_cap(config.limits, config.request_tokens_share, engine.max_context)
+        )
         """The limits in force and the per-token request rates (replaced live by the control routes)."""
         self.chat = ChatService(engine, self.episodes, self.limits, config.sampling, lambda: self.step)
         self.episode_service = EpisodeService(

@@ -325,3 +325,25 @@ def test_an_inference_server_takes_limit_patches_only(server: LiveServer) -> Non
     assert shown.status_code == 200 and shown.json()["limits"]["max_messages"] == 100, shown.text
     assert shown.json()["training"] == {} and shown.json()["sampling"]["temperature"] == 1.0
     httpx.patch(f"{server.url}/api/v1/config", json={"limits": {"max_messages": Limits().max_messages}})
+
+
+def test_the_default_request_cap_is_a_share_of_the_context(tmp_path: Any, tiny_engine: HFEngine) -> None:
+    """``swarm serve`` without ``--max-request-tokens`` (`ServerConfig.request_tokens_share` 0.5): a chat
+    request may ask for half the context window, no more; the cap is shown and patched like any limit."""
+    live = make_server(
+        tmp_path, tiny_engine, training=TrainingConfig(enabled=False), request_tokens_share=0.5
+    )
+    try:
+        cap = tiny_engine.max_context // 2
+        limits = httpx.get(f"{live.url}/api/v1/config").json()["limits"]
+        assert limits["max_tokens"] == cap
+        with SwarmClient(live.url) as client, client.episode("cap") as ep:
+            r = httpx.post(
+                f"{ep.base_url}/chat/completions",
+                json={"model": ep.model, "messages": QUESTION, "max_tokens": cap + 1},
+                headers=bearer(ep.api_key),
+            )
+            assert r.status_code == 422 and f"cap of {cap}" in r.json()["error"]["message"]
+            ep.finish(0.0)
+    finally:
+        live.stop()

@@ -159,3 +159,16 @@ def test_option_files_that_are_not_text_end_in_one_line(tmp_path: Path) -> None:
     for flag in ("client-tokens-file", "training-config"):
         with pytest.raises(ServeOptionsError, match=f"^--{flag} {binary}: not UTF-8 text$"):
             ServeOptions.from_flags({flag: binary, "run-dir": tmp_path / "run"}).check()
+
+
+def test_max_request_tokens_defaults_to_a_share_of_the_context(tmp_path: Path) -> None:
+    """Left out: half the model's context window (resolved once the engine is loaded, `context_cap`);
+    an explicit value is kept; 0 lifts the cap (the context window only)."""
+    left_out = ServeOptions.from_flags({"run-dir": tmp_path}).to_server_config()
+    assert left_out.limits.max_tokens is None and left_out.request_tokens_share == 0.5
+    explicit = ServeOptions.from_flags({"run-dir": tmp_path, "max-request-tokens": "300"}).to_server_config()
+    assert explicit.limits.max_tokens == 300 and explicit.request_tokens_share is None
+    lifted = ServeOptions.from_flags({"run-dir": tmp_path, "max-request-tokens": "0"}).to_server_config()
+    assert lifted.limits.max_tokens is None and lifted.request_tokens_share is None
+    with pytest.raises(ServeOptionsError, match="--max-request-tokens"):
+        ServeOptions.from_flags({"run-dir": tmp_path, "max-request-tokens": "-3"}).to_server_config()
