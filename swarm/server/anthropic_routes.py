@@ -41,6 +41,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "Unknown model or episode."),
         (409, "The episode ended while the call ran."),
         (413, "The request body is larger than the server's limit."),
+        (415, "A body sent with a Content-Type that is not JSON."),
         (429, "A limit of the client's token was reached (Retry-After)."),
         (503, "The server takes no calls now (Retry-After)."),
     )

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from swarm.config import ServerConfig
 from swarm.engine.base import Engine
-from swarm.errors import SwarmError, Unavailable
+from swarm.errors import SwarmError, Unavailable, quoted
 from swarm.protocol import ErrorBody, ErrorDetail
 from swarm.server import (
     anthropic_format,
@@ -32,7 +32,7 @@ from swarm.server import (
 )
 from swarm.server.auth import optional_security
 from swarm.server.deps import json_errors
-from swarm.server.lean_route import HotRoutes, lean_routes_on, replayed
+from swarm.server.lean_route import HotRoutes, is_json_type, lean_routes_on, replayed
 from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
 from swarm.server.stopping import Stopping
@@ -66,14 +66,34 @@ async def _swarm_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(request, exc.status_code, exc.error_type, str(exc), getattr(exc, "param", None), headers)
 
 
+_NOT_JSON = "the body is not valid JSON"
+"""How every body that cannot be parsed begins its 400 answer (OpenAI and Anthropic answer 400 too)."""
+
+
+def _mislabelled(request: Request, errors: list[Any]) -> str | None:
+    """The request's ``Content-Type`` when it is not JSON and the body was refused as a whole (FastAPI
+    validates such a body as raw bytes: "Input should be a valid dictionary"), else ``None``."""
+    content_type = request.headers.get("content-type")
+    if not content_type or is_json_type(content_type):
+        return None
+    return content_type if any(tuple(err.get("loc", ())) == ("body",) for err in errors) else None
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """A body that does not validate: 422 naming the field (400 on Anthropic's routes); a body that is not
+    JSON: 400 on every route; a body sent with a content type that is not JSON: 415 saying so."""
     assert isinstance(exc, RequestValidationError)
+    content_type = _mislabelled(request, list(exc.errors()))
+    if content_type is not None:
+        message = (
+            f"the body must be JSON sent with 'Content-Type: application/json'; this request's Content-Type "
+            f"is {quoted(content_type)}"
+        )
+        return _error(request, 415, "invalid_request_error", message)
     problems = []
     for err in exc.errors():
         if err.get("type") == "json_invalid":  # its location is a character offset, not a field
-            problems.append(
-                f"the body is not valid JSON ({(err.get('ctx') or {}).get('error', 'decode error')})"
-            )
+            problems.append(f"{_NOT_JSON} ({(err.get('ctx') or {}).get('error', 'decode error')})")
             continue
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
@@ -84,14 +104,17 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     # a JSON syntax error's location is a character offset, not a field
     first_loc = () if first.get("type") == "json_invalid" else first.get("loc", ())
     param = ".".join(str(p) for p in first_loc if p != "body") or None
-    return _error(request, 422, "invalid_request_error", "; ".join(problems) or "invalid request", param)
+    status = 400 if any(err.get("type") == "json_invalid" for err in exc.errors()) else 422
+    return _error(request, status, "invalid_request_error", "; ".join(problems) or "invalid request", param)
 
 
 _UNPARSABLE = "There was an error parsing the body"
 """FastAPI's 400 detail for a body it cannot even decode (e.g. not UTF-8)."""
 
 ERROR_RESPONSES = json_errors(
+    (400, "The body is not valid JSON (or not UTF-8)."),
     (413, "The request body is larger than the server's limit."),
+    (415, "A body sent with a Content-Type that is not JSON."),
     (422, "Invalid input: the message names the field (`param`)."),
 )
 """Error answers any route may give, declared on every router with the JSON :class:`ErrorBody` (FastAPI
@@ -100,10 +123,8 @@ would declare its own ``HTTPValidationError`` for 422, which is not what the ser
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    if exc.status_code == 400 and exc.detail == _UNPARSABLE:  # as a JSON syntax error: 422
-        return _error(
-            request, 422, "invalid_request_error", "the body is not valid JSON (it cannot be decoded)"
-        )
+    if exc.status_code == 400 and exc.detail == _UNPARSABLE:  # as a JSON syntax error: 400
+        return _error(request, 400, "invalid_request_error", f"{_NOT_JSON} (it cannot be decoded)")
     kinds = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
     headers = dict(exc.headers or {})
     if exc.status_code == 405:  # RFC 9110: every method the resource has, not only the matched route's

@@ -210,7 +210,9 @@ def _validated(param: Any, value: Any, loc: tuple[str, ...]) -> Any:
     return checked
 
 
-def _is_json(content_type: str | None) -> bool:
+def is_json_type(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` value names JSON (``application/json`` or ``application/*+json``), as
+    FastAPI decides whether to parse a body as JSON."""
     if not content_type:
         return False
     kind = content_type.split(";", 1)[0].strip().lower()
@@ -283,7 +285,7 @@ class LeanRoute(APIRoute):
                     raise HTTPException(
                         status_code=400, detail="There was an error parsing the body"
                     ) from exc
-                if not raw or not _is_json(request.headers.get("content-type")):
+                if not raw or not is_json_type(request.headers.get("content-type")):
                     return None
                 try:  # parsed and validated in one pass (pydantic's JSON mode)
                     body = plan.body_model.model_validate_json(raw)

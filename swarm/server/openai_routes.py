@@ -35,7 +35,7 @@ _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     },
     **error_models(
-        (400, "Messages the chat template cannot render, or a prompt too long."),
+        (400, "A body that is not JSON, messages the chat template cannot render, or a prompt too long."),
         (401, "No episode key."),
         (403, "A key of no open episode (wrong, or its episode has ended), or a client or admin token."),
         (404, "A model this server does not serve."),

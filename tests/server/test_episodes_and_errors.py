@@ -47,7 +47,7 @@ def test_bad_requests_get_json_errors_and_server_keeps_serving(server: Any, ep: 
         content=b"{not json",
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
     )
-    assert_error(r, 422, "invalid_request_error")
+    assert_error(r, 400, "invalid_request_error")  # not JSON: 400 on every route, as OpenAI answers
     assert_error(chat(url, key, {"model": model, "messages": []}), 422)
     err = assert_error(chat(url, key, {"model": "gpt-4", "messages": QUESTION}), 404, "invalid_request_error")
     assert err["param"] == "model"
@@ -220,3 +220,32 @@ def test_a_405_names_every_method_of_the_resource(server: Any, method: str, path
     assert r.status_code == 405 and r.headers["allow"] == allowed
     if method != "HEAD":  # a HEAD answer has no body
         assert_error(r, 405, "method_not_allowed")
+
+
+def test_body_errors_are_the_same_on_every_route(server: Any) -> None:
+    """A body that is not JSON is a 400 on every route (OpenAI and Anthropic answer 400 too), each API in
+    its own shape; a JSON body sent as another content type is a 415 that says so."""
+    with SwarmClient(server.url) as client, client.episode("bodies") as ep:
+        key = {"Authorization": f"Bearer {ep.api_key}"}
+        routes = (
+            ("/v1/chat/completions", key),
+            ("/v1/messages", key),
+            (f"/api/v1/episodes/{ep.id}/finish", key),
+            ("/api/v1/episodes", {}),  # begin: no credential on this server
+        )
+        for path, headers in routes:
+            for body in (b"{not json", b'{"a": 1', b"\xff\xfe"):
+                sent = {**headers, "content-type": "application/json"}
+                r = httpx.post(server.url + path, content=body, headers=sent)
+                assert r.status_code == 400, (path, body, r.text)
+                assert "the body is not valid JSON" in r.json()["error"]["message"], r.text
+            r = httpx.post(
+                server.url + path, content=b"{}", headers={**headers, "content-type": "text/plain"}
+            )
+            assert r.status_code == 415, (path, r.text)
+            message = r.json()["error"]["message"]
+            assert "must be JSON" in message and "Content-Type: application/json" in message
+            assert "'text/plain'" in message and "dictionary" not in message
+        assert httpx.post(f"{server.url}/v1/messages", content=b"{x", headers=key).json()["type"] == "error"
+        ep.finish(0.0)
+        assert client.get_episode(ep.id).calls == []

@@ -220,7 +220,7 @@ def test_episode_bodies_are_checked_and_abort_needs_none(server: Any) -> None:
             assert refused.status_code == 422 and refused.json()["error"]["param"] == param, body
         garbage = httpx.post(finish, content=b"not json", headers={**key, "content-type": "application/json"})
         assert (
-            garbage.status_code == 422 and "the body is not valid JSON" in garbage.json()["error"]["message"]
+            garbage.status_code == 400 and "the body is not valid JSON" in garbage.json()["error"]["message"]
         )
         aborted = httpx.post(f"{server.url}/api/v1/episodes/{ep.id}/abort", headers=key)  # no body at all
         assert aborted.status_code == 200 and aborted.json()["status"] == "aborted"
