@@ -24,7 +24,14 @@ from swarm.engine.base import SampledToken, TokenCallback
 from swarm.errors import SwarmError
 from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
-from swarm.server.deps import ChatDep, StoppingDep
+from swarm.server.deps import (
+    ALLOW_HEADER,
+    METHOD_NOT_ALLOWED,
+    REQUEST_TIMEOUT,
+    ChatDep,
+    StoppingDep,
+    json_errors,
+)
 from swarm.server.disconnect import client_gone, gone_answer
 from swarm.server.openai_format import ChoiceText
 from swarm.server.streaming import encode_events, live_call
@@ -40,13 +47,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "A key of no open episode (wrong, or its episode has ended), or a client or admin token."),
         (404, "Unknown model or episode."),
         (409, "The episode ended while the call ran."),
+        METHOD_NOT_ALLOWED,
         (413, "The request body is larger than the server's limit."),
         (415, "A body sent with a Content-Type that is not JSON."),
         (429, "A limit of the client's token was reached (Retry-After)."),
-        (503, "The server takes no calls now (Retry-After)."),
     )
 }
-"""Error answers of the Anthropic routes, declared in Anthropic's shape (what the server sends there)."""
+"""Error answers of the Anthropic routes, declared in Anthropic's shape (what the server sends there), but
+for the 408 the HTTP layer sends before the app (in the server's own shape)."""
+ERRORS[405]["headers"] = ALLOW_HEADER
+ERRORS.update(json_errors(REQUEST_TIMEOUT))
 
 router = APIRouter(prefix="/v1", tags=["anthropic"], responses=ERRORS)
 

@@ -31,7 +31,7 @@ from swarm.server import (
     tenant_routes,
 )
 from swarm.server.auth import optional_security
-from swarm.server.deps import json_errors
+from swarm.server.deps import ALLOW_HEADER, METHOD_NOT_ALLOWED, REQUEST_TIMEOUT, json_errors
 from swarm.server.lean_route import HotRoutes, is_json_type, lean_routes_on, replayed
 from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
@@ -113,10 +113,13 @@ _UNPARSABLE = "There was an error parsing the body"
 
 ERROR_RESPONSES = json_errors(
     (400, "The body is not valid JSON (or not UTF-8)."),
+    METHOD_NOT_ALLOWED,
+    REQUEST_TIMEOUT,
     (413, "The request body is larger than the server's limit."),
     (415, "A body sent with a Content-Type that is not JSON."),
     (422, "Invalid input: the message names the field (`param`)."),
 )
+ERROR_RESPONSES[405]["headers"] = ALLOW_HEADER
 """Error answers any route may give, declared on every router with the JSON :class:`ErrorBody` (FastAPI
 would declare its own ``HTTPValidationError`` for 422, which is not what the server sends)."""
 
@@ -137,15 +140,19 @@ _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
 def _allowed_methods(request: Request) -> list[str]:
-    """The methods some route serves at the request's path , asked of
-    each route through Starlette's ``matches`` with the method swapped: FastAPI (0.16x) wraps included
-    routers in objects without ``path_regex``/``methods``, so reading those attributes found nothing."""
-    routes = request.app.router.routes
-    return [
+    """The methods some route serves at the request's path, HEAD included wherever GET is (`SwarmApp`),
+    asked of each route through Starlette's ``matches`` with the method swapped: FastAPI (0.16x) wraps
+    included routers in objects without ``path_regex``/``methods``, so reading those attributes found
+    nothing."""
+    routes, scope = request.app.router.routes, request.scope
+    served = [
         method
         for method in _METHODS
-        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+        if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in routes)
     ]
+    if "GET" in served and "HEAD" not in served:
+        served.insert(served.index("GET") + 1, "HEAD")
+    return served
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
@@ -207,6 +214,13 @@ class SwarmApp(FastAPI):
             )
         stopping.set()
 
+    def _get_only(self, scope: Scope) -> bool:
+        """Whether a route serves GET at ``scope``'s path and none serves HEAD there."""
+        routes = self.router.routes
+        return not any(route.matches(scope)[0] is Match.FULL for route in routes) and any(
+            route.matches({**scope, "method": "GET"})[0] is Match.FULL for route in routes
+        )
+
     def openapi(self) -> dict[str, Any]:
         """The OpenAPI document as this server enforces credentials now (`auth.optional_security`: which
         operations need none depends on its tokens, and a client token added live changes it)."""
@@ -247,6 +261,11 @@ class SwarmApp(FastAPI):
         await self.hot_routes.endpoint(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD" and self._get_only(scope):
+            # RFC 9110 §9.3.2: HEAD wherever GET is served, as Starlette's own routes do (FastAPI's
+            # declare the methods they name): the GET route answers and uvicorn, whose copy of the
+            # scope still says HEAD, sends its head without the body.
+            scope = {**scope, "method": "GET"}
         stack = self._hot_stack
         if stack is not None and not self.root_path and (found := self.hot_routes.match(scope)) is not None:
             scope["app"] = self  # as Starlette's __call__ and router set them

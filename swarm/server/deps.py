@@ -78,3 +78,21 @@ def json_errors(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
         status: {"description": description, "content": {"application/json": {"schema": schema}}}
         for status, description in answers
     }
+
+
+ALLOW_HEADER = {
+    "Allow": {
+        "description": "The methods this path serves (RFC 9110 §10.2.1; HEAD wherever GET is).",
+        "schema": {"type": "string"},
+    }
+}
+"""The header every 405 answer carries."""
+
+METHOD_NOT_ALLOWED = (405, "A method this path does not serve; `Allow` lists those it does.")
+"""The 405 every operation declares (with `ALLOW_HEADER`): its path answers the methods it does not serve."""
+REQUEST_TIMEOUT = (
+    408,
+    "The request did not arrive whole in time (a body shorter than its Content-Length); answered by the "
+    "HTTP layer in this JSON shape on every path, and the connection is closed.",
+)
+"""The 408 every operation declares (`swarm.server.http_protocol`)."""

@@ -3,7 +3,8 @@ to the requests uvicorn refuses before the app, and a bound on the time to recei
 
 Errors before the app: a request line or header httptools cannot parse (a non-numeric or conflicting
 ``Content-Length``, a bad header name) got uvicorn's plain-text "400 Invalid HTTP request received"; here it
-is a JSON :class:`~swarm.protocol.ErrorBody` like every other error. A request not received whole within
+is a JSON :class:`~swarm.protocol.ErrorBody` like every other error, and a method httptools does not know
+(``FOO /``) is a 501 (RFC 9110 §15.6.2) in the same shape. A request not received whole within
 ``request_timeout_s`` (headers that never end, a ``Content-Length`` longer than the body sent, a body
 trickled byte by byte) is answered 408 in the same shape and its connection closed, and so is a connection
 that sends nothing for that long; uvicorn would wait forever (its keep-alive timeout only runs between
@@ -27,6 +28,8 @@ httptools' protocol cannot be imported or uvicorn is outside that range (with on
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 from typing import Any
 
 from swarm.protocol import ErrorBody, ErrorDetail
@@ -36,6 +39,10 @@ REQUEST_TIMEOUT_S = 60.0
 """Longest time a request may take to arrive whole, from its first byte (or the connection's start) to its
 last (seconds); the largest body the server takes (``max_body_bytes``) needs far less on any working link."""
 
+_REQUEST_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ [^ \r\n]+ HTTP/\d\.\d\r?\n")
+"""A request line as RFC 9112 §3 writes it: a method token, a target and the version."""
+_REQUEST_LINE_MAX = 8192
+"""Bytes of a request's first data kept to tell an unknown method from a malformed request."""
 _HEAD_START = b"HTTP/1.1 "
 _HEAD_END = b"\r\n\r\n"
 
@@ -81,6 +88,7 @@ class _CoalescingTransport:
 
 
 try:
+    import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # httptools missing: uvicorn chooses its own (h11)
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
@@ -96,7 +104,13 @@ if HttpToolsProtocol is not None:
 
         _request_timer: asyncio.TimerHandle | None = None
         _receiving = False  # a request has begun and not yet been received whole
+        _first_bytes = b""  # the start of the data that began the current request (its request line)
         _headers_done = False  # ... and its headers were complete (``self.cycle`` is its own)
+
+        def data_received(self, data: bytes) -> None:
+            if not self._receiving:  # this data begins a request (unless a pipelined one follows another)
+                self._first_bytes = bytes(data[:_REQUEST_LINE_MAX])
+            super().data_received(data)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -106,6 +120,16 @@ if HttpToolsProtocol is not None:
         # -- errors before the app, in JSON ---------------------------------------------------------------
         def send_400_response(self, msg: str) -> None:
             self._cancel_request_timer()
+            # uvicorn calls this inside its ``except HttpParserError``: a well-formed request line whose
+            # method httptools does not know is a 501 (RFC 9110 §15.6.2), not a malformed request
+            unknown = isinstance(sys.exc_info()[1], httptools.HttpParserInvalidMethodError)
+            if unknown and _REQUEST_LINE.match(self._first_bytes):
+                message = (
+                    "unknown HTTP method: the request line names a method this server does not implement "
+                    "(a path answers a standard method it does not serve with 405 and Allow)"
+                )
+                self._answer_and_close(501, "not_implemented", message)
+                return
             message = (  # uvicorn's ``msg`` is always "Invalid HTTP request received."
                 "invalid HTTP request: the request line or a header cannot be parsed (e.g. a non-numeric or "
                 "repeated Content-Length, or a header name with a space)"
@@ -166,7 +190,11 @@ if HttpToolsProtocol is not None:
             else:  # nothing was sent, or the app has answered already
                 self.transport.close()
 
-    _STATUS_LINES = {400: b"HTTP/1.1 400 Bad Request\r\n", 408: b"HTTP/1.1 408 Request Timeout\r\n"}
+    _STATUS_LINES = {
+        400: b"HTTP/1.1 400 Bad Request\r\n",
+        408: b"HTTP/1.1 408 Request Timeout\r\n",
+        501: b"HTTP/1.1 501 Not Implemented\r\n",
+    }
 
 
 def http_protocol() -> type[asyncio.Protocol] | str:

@@ -41,7 +41,6 @@ _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "A model this server does not serve."),
         (409, "The episode ended while the call was sampled."),
         (429, "The client token's request rate is spent; see Retry-After."),
-        (503, "The server takes no calls now (Retry-After)."),
     ),
 }
 

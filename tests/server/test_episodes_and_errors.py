@@ -207,8 +207,8 @@ def test_lone_surrogates_are_refused_and_the_episode_still_ends(server: Any) -> 
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [
-        ("DELETE", "/api/v1/status", "GET"),
-        ("HEAD", "/api/v1/status", "GET"),  # FastAPI routes serve HEAD only where declared
+        ("DELETE", "/api/v1/status", "GET, HEAD"),  # HEAD is served wherever GET is
+        ("HEAD", "/v1/chat/completions", "POST"),  # ... and nowhere else
         ("GET", "/v1/chat/completions", "POST"),
         ("PUT", "/api/v1/episodes", "POST"),
     ],
@@ -249,3 +249,27 @@ def test_body_errors_are_the_same_on_every_route(server: Any) -> None:
         assert httpx.post(f"{server.url}/v1/messages", content=b"{x", headers=key).json()["type"] == "error"
         ep.finish(0.0)
         assert client.get_episode(ep.id).calls == []
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/api/v1/status", "/api/v1/config", "/openapi.json"])
+def test_head_is_served_wherever_get_is(server: Any, path: str) -> None:
+    """RFC 9110 §9.3.2: HEAD answers GET's status and headers without the body (Starlette's own routes,
+    /openapi.json among them, did; FastAPI's answered 405)."""
+    get, head = httpx.get(server.url + path), httpx.head(server.url + path)
+    assert get.status_code == head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+
+
+def test_the_document_declares_what_every_operation_may_answer(server: Any) -> None:
+    """405 (with Allow), 408 and 413 on every operation; 503 only where the server sends it (begin, the
+    event follower), not on the completion routes (nothing there answers 503)."""
+    document = httpx.get(f"{server.url}/openapi.json").json()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert {"405", "408", "413"} <= set(responses), (method, path, sorted(responses))
+            assert "Allow" in responses["405"]["headers"], (method, path)
+    paths = document["paths"]
+    assert "503" in paths["/api/v1/episodes"]["post"]["responses"]
+    assert "503" not in paths["/v1/chat/completions"]["post"]["responses"]
+    assert "503" not in paths["/v1/messages"]["post"]["responses"]
