@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 from starlette.routing import BaseRoute
 
@@ -267,6 +267,10 @@ class Guarded(Protocol):
 
 _bearer = HTTPBearer(auto_error=False)
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="An episode key (Anthropic SDKs).")
+ApiKeyDep = Annotated[str | None, Depends(_api_key)]
+"""The ``x-api-key`` header, declared as the alternative credential of the completion routes (the
+document's ``security`` lists bearer *or* it, so a client and a fuzzer know either one is the key)."""
 
 
 def _guarded(request: Request) -> Guarded:
@@ -318,9 +322,7 @@ async def check_episode_access(episode_id: str, request: Request, credentials: B
     server.credentials.episode(secret, episode_id, key_digest, owner)
 
 
-async def get_episode(
-    request: Request, credentials: BearerDep, x_api_key: Annotated[str | None, Header()] = None
-) -> OpenEpisode:
+async def get_episode(request: Request, credentials: BearerDep, x_api_key: ApiKeyDep) -> OpenEpisode:
     """The open episode named by its key: ``Authorization: Bearer <episode key>`` (OpenAI SDKs) or
     ``x-api-key: <episode key>`` (Anthropic SDKs). Without one: 401; a key of no open episode (wrong, or
     its episode has ended), a client or an admin token: 403 (a wrong credential, as on the episode routes)."""
