@@ -262,7 +262,7 @@ class SwarmApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "HEAD" and self._get_only(scope):
-            # RFC 9110 §9.3.2: HEAD wherever GET is served, as Starlette's own routes do (FastAPI's
+            # RFC 9110 section 9.3.2: HEAD wherever GET is served, as Starlette's own routes do (FastAPI's
             # declare the methods they name): the GET route answers and uvicorn, whose copy of the
             # scope still says HEAD, sends its head without the body.
             scope = {**scope, "method": "GET"}

@@ -232,7 +232,7 @@ class ChatService:
         self, episode: OpenEpisode, request: ChatCompletionRequest, gone: Coroutine[Any, Any, None]
     ) -> ChatResult | None:
         """`answer`, given up as soon as the client has gone: a non-streamed call whose client timed out,
-        was interrupted or retried (docs/ARCHITECTURE.md §A client that goes away).
+        was interrupted or retried (docs/ARCHITECTURE.md §One request's path).
 
         Args:
             gone: returns once the client has disconnected (`swarm.server.disconnect.client_gone`).

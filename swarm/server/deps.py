@@ -82,7 +82,7 @@ def json_errors(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
 
 ALLOW_HEADER = {
     "Allow": {
-        "description": "The methods this path serves (RFC 9110 §10.2.1; HEAD wherever GET is).",
+        "description": "The methods this path serves (RFC 9110 section 10.2.1; HEAD wherever GET is).",
         "schema": {"type": "string"},
     }
 }

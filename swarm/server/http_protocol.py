@@ -4,7 +4,7 @@ to the requests uvicorn refuses before the app, and a bound on the time to recei
 Errors before the app: a request line or header httptools cannot parse (a non-numeric or conflicting
 ``Content-Length``, a bad header name) got uvicorn's plain-text "400 Invalid HTTP request received"; here it
 is a JSON :class:`~swarm.protocol.ErrorBody` like every other error, and a method httptools does not know
-(``FOO /``) is a 501 (RFC 9110 §15.6.2) in the same shape. A request not received whole within
+(``FOO /``) is a 501 (RFC 9110 section 15.6.2) in the same shape. A request not received whole within
 ``request_timeout_s`` (headers that never end, a ``Content-Length`` longer than the body sent, a body
 trickled byte by byte) is answered 408 in the same shape and its connection closed, and so is a connection
 that sends nothing for that long; uvicorn would wait forever (its keep-alive timeout only runs between
@@ -121,7 +121,7 @@ if HttpToolsProtocol is not None:
         def send_400_response(self, msg: str) -> None:
             self._cancel_request_timer()
             # uvicorn calls this inside its ``except HttpParserError``: a well-formed request line whose
-            # method httptools does not know is a 501 (RFC 9110 §15.6.2), not a malformed request
+            # method httptools does not know is a 501 (RFC 9110 section 15.6.2), not a malformed request
             unknown = isinstance(sys.exc_info()[1], httptools.HttpParserInvalidMethodError)
             if unknown and _REQUEST_LINE.match(self._first_bytes):
                 message = (

@@ -61,7 +61,7 @@ async def chat_completions(
     streamed once it is complete (only then is it known whether the text is a tool call). The record is
     the same either way. A non-streamed answer carries a ``Server-Timing`` header (`ChatResult.server_timing`).
     A call whose client goes away before its answer is complete is aborted and not recorded
-    (``call.abandoned``; docs/ARCHITECTURE.md §A client that goes away).
+    (``call.abandoned``; docs/ARCHITECTURE.md §One request's path).
     """
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
     if body.stream and (not body.tools or body.tool_choice == "none"):

@@ -253,7 +253,7 @@ def test_body_errors_are_the_same_on_every_route(server: Any) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/models", "/api/v1/status", "/api/v1/config", "/openapi.json"])
 def test_head_is_served_wherever_get_is(server: Any, path: str) -> None:
-    """RFC 9110 §9.3.2: HEAD answers GET's status and headers without the body (Starlette's own routes,
+    """RFC 9110 section 9.3.2: HEAD answers GET's status and headers without the body (Starlette's own routes,
     /openapi.json among them, did; FastAPI's answered 405)."""
     get, head = httpx.get(server.url + path), httpx.head(server.url + path)
     assert get.status_code == head.status_code == 200 and head.content == b""

@@ -167,7 +167,7 @@ def test_requests_refused_before_the_app_get_json_errors(request_bytes: bytes) -
 
 @pytest.mark.parametrize("method", [b"FOO", b"BREW", b"X-CUSTOM"])
 def test_an_unknown_method_is_501(method: bytes) -> None:
-    """RFC 9110 §15.6.2: a well-formed request whose method the server does not know is a 501 (uvicorn
+    """RFC 9110 section 15.6.2: a well-formed request whose method the server does not know is a 501 (uvicorn
     answered 400 "invalid HTTP request"); a known method a path does not serve stays the app's 405."""
     for port in _serve(http_protocol()):
         answer, _ = _answer(port, method + b" /json HTTP/1.1\r\nhost: x\r\n\r\n")
