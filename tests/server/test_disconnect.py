@@ -71,7 +71,7 @@ def test_a_client_that_times_out_is_not_recorded_and_frees_the_engine(live: Live
         after = _short_call(route, other)  # sent at once: the abandoned call must not hold the engine
         wait_for(lambda: len(_abandoned(client, gone.id)) == 1, 20, "call.abandoned")
         (event,) = _abandoned(client, gone.id)
-        assert event.data["max_tokens"] == LONG and event.data["waited_s"] >= 0.4
+        assert event.data["max_tokens"] == LONG and event.data["waited_s"] > 0
         client.finish(gone.id, 0.0)  # idle again: no call of it is running
         assert client.get_episode(gone.id).calls == []  # the agent never saw that answer
         client.finish(other.id, 0.0)
