@@ -183,9 +183,9 @@ class ChatService:
         Raises:
             RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
             EpisodeStateError: the episode ended while the call was sampled (nothing is recorded).
-            asyncio.CancelledError: the caller was cancelled (its client went away) before the answer was
-                complete: the engine request is aborted, nothing is recorded and a ``call.abandoned``
-                event is logged.
+            asyncio.CancelledError: the caller was cancelled (its client went away, or the server's stop
+                ended its live stream) before the answer was complete: the engine request is aborted,
+                nothing is recorded and a ``call.abandoned`` event is logged.
         """
         if prepared is None:
             prepared = self.prepare(episode, request)
@@ -195,7 +195,7 @@ class ChatService:
         generation = self.engine.generate(prompt_ids, prepared.params, on_token)
         try:
             completions = await self.episodes.sample(episode, prepared.arrived, generation)
-        except asyncio.CancelledError:  # the caller stopped waiting: its client went away
+        except asyncio.CancelledError:  # the caller stopped waiting: its client went away (or a stop)
             self._abandoned(episode, prepared, time.perf_counter() - handed)
             raise
         engine_s = time.perf_counter() - handed
@@ -263,8 +263,8 @@ class ChatService:
         """Log a call given up before its answer was complete (nothing of it is recorded)."""
         self.episodes.events.emit(
             "call.abandoned",
-            f"a call of episode {episode.id} was given up after {waited_s:.2f} s: its client went away "
-            "before the answer was complete; nothing was recorded",
+            f"a call of episode {episode.id} was given up after {waited_s:.2f} s, before its answer was "
+            "complete (its client went away, or the server's stop ended its stream); nothing was recorded",
             episode_id=episode.id,
             agent=prepared.agent,
             max_tokens=prepared.params.max_tokens,
