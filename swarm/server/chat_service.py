@@ -21,6 +21,7 @@ from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call
 from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisode, OpenEpisodes
 from swarm.server.limits import ClientLimits, check_chat_request
+from swarm.server.stopping import STOP_CANCEL
 from swarm.tracking.records import CallRecord
 from swarm.tracking.render import PromptRenderer
 
@@ -183,9 +184,9 @@ class ChatService:
         Raises:
             RequestError: unknown model, unrenderable messages, or a prompt that does not fit (400/404).
             EpisodeStateError: the episode ended while the call was sampled (nothing is recorded).
-            asyncio.CancelledError: the caller was cancelled (its client went away, or the server's stop
-                ended its live stream) before the answer was complete: the engine request is aborted,
-                nothing is recorded and a ``call.abandoned`` event is logged.
+            asyncio.CancelledError: the caller was cancelled before the answer was complete: the engine
+                request is aborted and nothing is recorded; a ``call.abandoned`` event is logged unless
+                the server's stop cancelled it (`swarm.server.stopping.STOP_CANCEL`).
         """
         if prepared is None:
             prepared = self.prepare(episode, request)
@@ -195,8 +196,9 @@ class ChatService:
         generation = self.engine.generate(prompt_ids, prepared.params, on_token)
         try:
             completions = await self.episodes.sample(episode, prepared.arrived, generation)
-        except asyncio.CancelledError:  # the caller stopped waiting: its client went away (or a stop)
-            self._abandoned(episode, prepared, time.perf_counter() - handed)
+        except asyncio.CancelledError as cancelled:  # the caller stopped waiting
+            if STOP_CANCEL not in cancelled.args:  # its client went away (the stop logs its own event)
+                self._abandoned(episode, prepared, time.perf_counter() - handed)
             raise
         engine_s = time.perf_counter() - handed
         trainable = episode.is_trainable(prepared.agent)
@@ -263,8 +265,8 @@ class ChatService:
         """Log a call given up before its answer was complete (nothing of it is recorded)."""
         self.episodes.events.emit(
             "call.abandoned",
-            f"a call of episode {episode.id} was given up after {waited_s:.2f} s, before its answer was "
-            "complete (its client went away, or the server's stop ended its stream); nothing was recorded",
+            f"a call of episode {episode.id} was given up after {waited_s:.2f} s: its client went away "
+            "before the answer was complete; nothing was recorded",
             episode_id=episode.id,
             agent=prepared.agent,
             max_tokens=prepared.params.max_tokens,

@@ -19,6 +19,10 @@ import asyncio
 import itertools
 from collections.abc import Callable
 
+STOP_CANCEL = "swarm: the server is stopping"
+"""The message a call cancelled by the stop is cancelled with (``Task.cancel(msg)``): `ChatService.answer`
+tells it from a client that went away (``server.stopping`` already says why; no ``call.abandoned``)."""
+
 
 class Stopping:
     """A one-way flag: the server is stopping. Created with the app, set once, never cleared; used on the

@@ -41,7 +41,7 @@ from swarm.server.openai_format import (
     token_logprob,
     usage,
 )
-from swarm.server.stopping import Stopping
+from swarm.server.stopping import STOP_CANCEL, Stopping
 from swarm.tracking.records import CallRecord
 
 __all__ = [
@@ -140,7 +140,7 @@ def live_call(
     def stop() -> None:
         if not outcome.done():
             outcome.set_exception(Unavailable(STOPPED_MESSAGE, retry_after_s=5.0))
-            call.cancel()  # `settle` ends the tokens
+            call.cancel(STOP_CANCEL)  # `settle` ends the tokens
 
     call.add_done_callback(settle)
 
