@@ -1,0 +1,96 @@
+"""A step whose second update has a non-finite gradient is a step (issue 35): it keeps its first update,
+is published (policy version, journal entry, engine weights, episodes consumed, metrics row with
+``updates_nonfinite``, ``train.nonfinite``), and a kill -9 before its checkpoint is on disk replays it to
+the same weights bit for bit (its journal entry caps the replay at the update it applied).
+
+A real ``swarm serve`` child process (`tests.server.slow_checkpoint_serve`: the real server, whose
+checkpoint writes wait while a gate file exists, whose steps leave their weights behind, and whose
+trainer's first parameter gets a gradient hook making the process's second backward non-finite) trains a
+tiny model on CPU with two PPO epochs a step (one micro-batch each: one backward an update).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from swarm.client import SwarmClient
+from tests.conftest import build_tiny_model, free_port, serve_process
+from tests.server.test_checkpoint_skip import ADMIN, _checkpoints, _events, _journal, _train
+
+pytestmark = pytest.mark.slow
+
+
+def _serve(
+    model_dir: Path, run_dir: Path, port: int, gate: Path, weights: Path, *, nonfinite: int | None
+) -> subprocess.Popen[bytes]:
+    flags = ["--batch-policy", "episodes", "--batch-size", "1", "--group-size", "2", "--lr", "1e-3"]
+    flags += ["--ppo-epochs", "2", "--micro-batch-size", "8", "--admin-token", ADMIN]
+    env = {"SWARM_TEST_CHECKPOINT_GATE": str(gate), "SWARM_TEST_WEIGHTS_DIR": str(weights)}
+    if nonfinite is not None:
+        env["SWARM_TEST_NONFINITE_BACKWARD"] = str(nonfinite)
+    return serve_process(
+        model_dir, run_dir, port, *flags, module="tests.server.slow_checkpoint_serve", env=env
+    )
+
+
+def test_a_step_cut_short_by_a_non_finite_update_is_published_and_replayed(
+    tmp_path: Path, embedded_source: Any, tokenizer: Any
+) -> None:
+    model_dir = tmp_path / "tiny"
+    build_tiny_model(embedded_source, seed=3).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    run_dir, port, gate = tmp_path / "run", free_port(), tmp_path / "gate"
+    first, second = tmp_path / "weights-first", tmp_path / "weights-second"
+    first.mkdir()
+    second.mkdir()
+    url = f"http://127.0.0.1:{port}"
+
+    gate.touch()  # step 1's checkpoint write waits: only its journal entry is on disk
+    proc = _serve(model_dir, run_dir, port, gate, first, nonfinite=2)  # step 1's second update
+    try:
+        with SwarmClient(url, admin_token=ADMIN) as client:
+            a = _train(client, "a", 1, first)
+            status, rows = client.status(), client.metrics()
+            trained = {client.get_episode(e).trained_step for e in a}
+        # the engine serves step 1's weights: it scores with policy version 1
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        score = httpx.post(f"{url}/v1/score", json={"token_ids": [5, 6, 7], "start": 1}, headers=headers)
+        assert score.status_code == 200 and score.json()["policy_version"] == 1
+        assert status.step == 1 and trained == {1}
+        assert [(r.step, r.updates, r.updates_nonfinite) for r in rows] == [(1, 1, 1)]
+        assert _events(run_dir, "train.nonfinite") == [{"step": 1, "updates": 1, "updates_nonfinite": 1}]
+        assert _events(run_dir, "train.skipped") == []
+        assert _journal(run_dir) == [1] and _checkpoints(run_dir) == []
+        os.kill(proc.pid, signal.SIGKILL)  # before step 1's checkpoint reached the disk
+        proc.wait()
+        gate.unlink()
+
+        proc = _serve(model_dir, run_dir, port, gate, second, nonfinite=None)  # no hook: the cap replays
+        assert _events(run_dir, "checkpoint.replayed")[-1]["steps"] == [1]
+        assert _checkpoints(run_dir) == [1] and _journal(run_dir) == []
+        saved = load_file(str(run_dir / "checkpoints" / "step-000001" / "model.safetensors"))
+        live = torch.load(first / "step-1.pt")
+        assert len(saved) > 10
+        assert [n for n, v in saved.items() if not torch.equal(v, live[n])] == []  # bit for bit
+        with SwarmClient(url, admin_token=ADMIN) as client:
+            assert client.status().step == 1
+            b = _train(client, "b", 2, second)
+            rows = client.metrics()
+            trained = {client.get_episode(e).trained_step for e in a}
+            trained_b = {client.get_episode(e).trained_step for e in b}
+        assert trained == {1} and trained_b == {2}  # each episode trained once
+        assert [(r.step, r.updates, r.updates_nonfinite) for r in rows] == [(1, 1, 1), (2, 2, 0)]
+        assert all(r.rewound_steps == [] for r in rows)
+    finally:
+        gate.unlink(missing_ok=True)
+        proc.kill()
+        proc.wait()
