@@ -1,7 +1,8 @@
 """A step whose second update has a non-finite gradient is a step (issue 35): it keeps its first update,
 is published (policy version, journal entry, engine weights, episodes consumed, metrics row with
 ``updates_nonfinite``, ``train.nonfinite``), and a kill -9 before its checkpoint is on disk replays it to
-the same weights bit for bit (its journal entry caps the replay at the update it applied).
+the same weights bit for bit (its journal entry caps the replay at the update it applied). A batch
+whose first update is non-finite applies nothing and is skipped (``train.skipped``), weights unchanged.
 
 A real ``swarm serve`` child process (`tests.server.slow_checkpoint_serve`: the real server, whose
 checkpoint writes wait while a gate file exists, whose steps leave their weights behind, and whose
@@ -11,6 +12,7 @@ tiny model on CPU with two PPO epochs a step (one micro-batch each: one backward
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,8 +25,9 @@ import torch
 from safetensors.torch import load_file
 
 from swarm.client import SwarmClient
-from tests.conftest import build_tiny_model, free_port, serve_process
+from tests.conftest import build_tiny_model, free_port, serve_process, wait_for
 from tests.server.test_checkpoint_skip import ADMIN, _checkpoints, _events, _journal, _train
+from tests.server.test_training import rollout
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +43,19 @@ def _serve(
     return serve_process(
         model_dir, run_dir, port, *flags, module="tests.server.slow_checkpoint_serve", env=env
     )
+
+
+def _score(url: str) -> tuple[int, list[float]]:
+    """The served policy version and its logprobs of a fixed token sequence (``POST /v1/score``)."""
+    body = {"token_ids": [5, 6, 7, 8, 9], "start": 1}
+    answer = httpx.post(f"{url}/v1/score", json=body, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["policy_version"], answer.json()["logprobs"]
+
+
+def _messages(run_dir: Path, kind: str) -> list[str]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e["message"] for e in map(json.loads, lines) if e["kind"] == kind]
 
 
 def test_a_step_cut_short_by_a_non_finite_update_is_published_and_replayed(
@@ -61,10 +77,7 @@ def test_a_step_cut_short_by_a_non_finite_update_is_published_and_replayed(
             a = _train(client, "a", 1, first)
             status, rows = client.status(), client.metrics()
             trained = {client.get_episode(e).trained_step for e in a}
-        # the engine serves step 1's weights: it scores with policy version 1
-        headers = {"Authorization": f"Bearer {ADMIN}"}
-        score = httpx.post(f"{url}/v1/score", json={"token_ids": [5, 6, 7], "start": 1}, headers=headers)
-        assert score.status_code == 200 and score.json()["policy_version"] == 1
+        assert _score(url)[0] == 1  # the engine serves step 1's weights
         assert status.step == 1 and trained == {1}
         assert [(r.step, r.updates, r.updates_nonfinite) for r in rows] == [(1, 1, 1)]
         assert _events(run_dir, "train.nonfinite") == [{"step": 1, "updates": 1, "updates_nonfinite": 1}]
@@ -74,7 +87,9 @@ def test_a_step_cut_short_by_a_non_finite_update_is_published_and_replayed(
         proc.wait()
         gate.unlink()
 
-        proc = _serve(model_dir, run_dir, port, gate, second, nonfinite=None)  # no hook: the cap replays
+        # the restart's replay is its first backward (capped at one update: no hook could stop it), so
+        # the next step's first update is its second: non-finite
+        proc = _serve(model_dir, run_dir, port, gate, second, nonfinite=2)
         assert _events(run_dir, "checkpoint.replayed")[-1]["steps"] == [1]
         assert _checkpoints(run_dir) == [1] and _journal(run_dir) == []
         saved = load_file(str(run_dir / "checkpoints" / "step-000001" / "model.safetensors"))
@@ -83,11 +98,19 @@ def test_a_step_cut_short_by_a_non_finite_update_is_published_and_replayed(
         assert [n for n, v in saved.items() if not torch.equal(v, live[n])] == []  # bit for bit
         with SwarmClient(url, admin_token=ADMIN) as client:
             assert client.status().step == 1
-            b = _train(client, "b", 2, second)
+            before = _score(url)
+            # a first-update NaN applies nothing: the batch is skipped, the weights stay bit for bit
+            b = [rollout(client, "b", 1.0), rollout(client, "b", 0.0)]
+            wait_for(lambda: len(_events(run_dir, "train.skipped")) == 1, 60, "the rejected batch")
+            assert "nothing was applied" in _messages(run_dir, "train.skipped")[0]
+            assert client.status().step == 1 and _score(url) == before
+            c = _train(client, "c", 2, second)
             rows = client.metrics()
-            trained = {client.get_episode(e).trained_step for e in a}
-            trained_b = {client.get_episode(e).trained_step for e in b}
-        assert trained == {1} and trained_b == {2}  # each episode trained once
+            groups = {"a": a, "b": b, "c": c}
+            trained = {
+                name: {client.get_episode(e).trained_step for e in ids} for name, ids in groups.items()
+            }
+        assert trained == {"a": {1}, "b": {1}, "c": {2}}  # each episode consumed once (b at the served step)
         assert [(r.step, r.updates, r.updates_nonfinite) for r in rows] == [(1, 1, 1), (2, 2, 0)]
         assert all(r.rewound_steps == [] for r in rows)
     finally:
