@@ -25,9 +25,16 @@ import torch
 from safetensors.torch import load_file
 
 from swarm.client import SwarmClient
+from swarm.pool import Pool
+from swarm.server.checkpoints import JournalEntry, resume, write_journal
+from swarm.server.events import EventLog
+from swarm.server.step_history import StepHistory
+from swarm.train import TorchTrainer, TrainerConfig
 from tests.conftest import build_tiny_model, free_port, serve_process, wait_for
+from tests.server.test_checkpoint_journal import _batch
 from tests.server.test_checkpoint_skip import ADMIN, _checkpoints, _events, _journal, _train
 from tests.server.test_training import rollout
+from tests.train.factories import PAD
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +124,29 @@ def test_a_step_cut_short_by_a_non_finite_update_is_published_and_replayed(
         gate.unlink(missing_ok=True)
         proc.kill()
         proc.wait()
+
+
+def test_a_replay_writes_the_cut_off_row_of_a_step_cut_short(
+    tmp_path: Path, embedded_source: Any, tokenizer: Any
+) -> None:
+    # a journal entry of a step that applied one of its two updates (max_updates=1) and whose metrics row
+    # the kill cut off: the replay makes one update and writes the row as the step was
+    run, events = tmp_path / "run", EventLog(None)
+    batch = _batch(1)
+    config = TrainerConfig(lr=1e-2, ppo_epochs=2, recompute_old_logprobs=True)
+    write_journal(run, JournalEntry(1, batch, config.model_dump(), "episodes", max_updates=1))
+    trainer = TorchTrainer(build_tiny_model(embedded_source, seed=4), config, pad_token_id=PAD)
+    history, pool = StepHistory(run / "metrics.jsonl"), Pool(run / "pool.db")
+    try:
+        assert resume(run, trainer, pool, history, events, tokenizer=tokenizer, keep=2) == 1
+    finally:
+        pool.close()
+    assert [(r.step, r.updates, r.updates_nonfinite) for r in history.rows] == [(1, 1, 1)]
+    alone = TorchTrainer(  # the step made of its first update alone
+        build_tiny_model(embedded_source, seed=4),
+        config.model_copy(update={"ppo_epochs": 1}),
+        pad_token_id=PAD,
+    )
+    alone.step(batch.samples, batch.advantages)
+    for name, value in alone.model.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[name], value), name
