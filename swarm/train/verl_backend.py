@@ -1423,13 +1423,15 @@ class VerlTrainer(TrainerBackend):
         rows = data.batch["input_ids"].shape[0]
         tokens = int(mask.sum())
         stats = _token_statistics(data, mask, old, entropy, metrics, tis=cfg.tis_cap is not None)
-        pg = _mean(metrics, "actor/pg_loss", "pg_loss") or 0.0
-        kl = _mean(metrics, "kl_loss", "actor/kl_loss")
-        total = _mean(metrics, "loss")
         norms = _values(metrics, "grad_norm", "actor/grad_norm")
         finite = [v for v in norms if math.isfinite(v)]
         nonfinite = len(norms) - len(finite)
         updates = cfg.ppo_epochs * cfg.minibatches - nonfinite
+        if nonfinite:  # the loss statistics of the applied updates only (as the torch trainer's)
+            metrics = {k: _applied(metrics, k, norms) for k in metrics}
+        pg = _mean(metrics, "actor/pg_loss", "pg_loss") or 0.0
+        kl = _mean(metrics, "kl_loss", "actor/kl_loss")
+        total = _mean(metrics, "loss")
         return StepMetrics(
             step=self._step,
             samples=len(samples),
@@ -1503,6 +1505,18 @@ def _values(metrics: Mapping[str, Any], *keys: str) -> list[float]:
                 out.append(float(v.item() if isinstance(v, torch.Tensor) else v))
             return out
     return []
+
+
+def _applied(metrics: Mapping[str, Any], key: str, norms: Sequence[float]) -> Any:
+    """``metrics[key]`` without the values of the updates whose gradient norm (``norms``, one per update)
+    was non-finite, where its values split evenly into the updates (a value per update or per
+    micro-batch); else as it is. The ``swarm/`` token sums (statistics of the step's starting weights)
+    are kept whole."""
+    value = metrics[key]
+    if key.startswith("swarm/") or not isinstance(value, list | tuple) or len(value) % len(norms):
+        return value
+    per = len(value) // len(norms)
+    return [v for i, v in enumerate(value) if math.isfinite(norms[i // per])]
 
 
 def _mean(metrics: Mapping[str, Any], *keys: str) -> float | None:

@@ -214,4 +214,5 @@ def test_a_non_finite_update_is_skipped_and_the_step_goes_on(
     p = r["partial"]
     assert (p["step"], p["step_count"], p["updates"], p["updates_nonfinite"]) == (1, 1, 2, 1)
     assert 0 < p["grad_norm"] < 1e30 and p["moved"] > 0
+    assert all(abs(p[k]) < 1e30 for k in ("loss", "policy_loss"))  # the applied updates' statistics
     assert "every update" in r["all"]["raised"] and r["all"]["step_count"] == 0 and r["all"]["moved"] == 0.0

@@ -510,6 +510,9 @@ def nonfinite(folder: Path) -> dict[str, Any]:
         "updates": metrics.updates,
         "updates_nonfinite": metrics.updates_nonfinite,
         "grad_norm": metrics.grad_norm,
+        "loss": metrics.loss,
+        "policy_loss": metrics.policy_loss,
+        "clip_frac": metrics.clip_frac,
         "moved": _max_diff(_weights(trainer), before),
     }
     trainer = _trainer(base, base, config, start=True)
