@@ -247,15 +247,25 @@ class CheckpointWriter:
             self._thread.join()
             self._thread = None
 
-    def checkpoint(self, trainer: TrainerBackend, batch: StepBatch, *, policy: str, keep: int) -> float:
+    def checkpoint(
+        self,
+        trainer: TrainerBackend,
+        batch: StepBatch,
+        *,
+        policy: str,
+        keep: int,
+        max_updates: int | None = None,
+    ) -> float:
         """Checkpoint the step ``trainer`` just took on ``batch`` without waiting for a write: journal
         the step (`write_journal`), then, if no write is in flight, take the `snapshot` and start its
-        write; else leave the step owed (see the class). Returns the seconds spent here (the step's
+        write; else leave the step owed (see the class). ``max_updates``: the updates a step that
+        stopped at a non-finite one applied (its replay makes only those). Returns the seconds spent here (the step's
         synchronous cost: journal, plus the snapshot when one was taken; a write's own time is in its
         ``checkpoint.saved`` event)."""
         started = time.perf_counter()
         step = trainer.step_count
-        write_journal(self.run_dir, JournalEntry(step, batch, trainer.config.model_dump(), policy))
+        entry = JournalEntry(step, batch, trainer.config.model_dump(), policy, max_updates)
+        write_journal(self.run_dir, entry)
         if self.busy:
             self._owed.append(step)
         else:
@@ -339,6 +349,9 @@ class JournalEntry:
     """`TrainerConfig` fields as the step used them (live patches included)."""
     policy: str
     """The batch policy's name (the metrics row's ``batch_policy``)."""
+    max_updates: int | None = None
+    """The updates the step applied when it stopped at a non-finite one (``updates_nonfinite`` > 0): a
+    replay makes only those (`TrainerBackend.step`); ``None``: all of them."""
 
 
 def write_journal(run_dir: Path, entry: JournalEntry) -> None:
@@ -374,7 +387,14 @@ def _replay(run_dir: Path, step: int, trainer: TrainerBackend, pool: Pool, histo
     for entry in entries:
         live = {k: v for k, v in entry.trainer_config.items() if k in trainer.live_fields}
         trainer.update_config(**live)
-        base = trainer.step(entry.batch.samples, entry.batch.advantages, rewards=entry.batch.rewards)
+        base = trainer.step(
+            entry.batch.samples,
+            entry.batch.advantages,
+            rewards=entry.batch.rewards,
+            max_updates=entry.max_updates,
+        )
+        if entry.max_updates is not None and not base.updates_nonfinite:  # the row of the original step
+            base = base.model_copy(update={"updates_nonfinite": 1})
         pool.mark_trained(entry.batch.consumed, entry.step)
         if entry.step not in have:
             history.record(base, entry.batch, policy=entry.policy, drain=Drain(), checkpoint_s=0.0)

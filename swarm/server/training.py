@@ -27,7 +27,10 @@ failures (excluded from groups, never trained). During ``training`` generation i
 (`Engine.pause`), so any completion request waits and is then sampled by the new weights.
 
 Crash safety: an episode is marked consumed (``trained_step``) only after the step's update (a batch
-consumed without an update, ``train.skipped``, is marked at the policy version being served). On restart
+consumed without an update, ``train.skipped``, is marked at the policy version being served). A step
+whose later update had a non-finite gradient keeps its earlier, applied updates and is published like
+any step (``train.nonfinite``; its journal entry replays only those updates); a batch whose first update
+is non-finite changes nothing and is skipped. On restart
 the newest checkpoint is loaded and :meth:`Pool.rewind` un-marks episodes consumed by later steps
 (their update was lost with the process), so each pooled episode trains exactly once for the persisted
 policy line. At ``checkpoint_every=1`` (the default) a step is journaled before it is published and,
@@ -401,6 +404,17 @@ class TrainingLoop:
             finally:
                 self.engine.restore_memory()
             step = self.trainer.step_count
+            if base.updates_nonfinite:  # the updates before it were applied: a step like any other
+                self.events.emit(
+                    "train.nonfinite",
+                    f"step {step}: {base.updates_nonfinite} update(s) had a non-finite gradient norm and "
+                    f"were not applied; the step keeps its {base.updates} applied update(s) (lower lr, "
+                    "check rewards/advantages and logprobs)",
+                    level="warning",
+                    step=step,
+                    updates=base.updates,
+                    updates_nonfinite=base.updates_nonfinite,
+                )
             # Crash safety (docs/ARCHITECTURE.md): the step's journal entry (and its snapshot, unless a
             # write is in flight) exist before it is published (served, episodes consumed, metrics row,
             # step counter); checkpoints are written in the background, and a restart replays the
@@ -413,6 +427,7 @@ class TrainingLoop:
                     batch,
                     policy=self.config.batch.policy.value,
                     keep=self.config.keep_checkpoints,
+                    max_updates=base.updates if base.updates_nonfinite else None,
                 )
             push = getattr(self.trainer, "push_weights", None)  # verl's direct path sends its own weights
             if push is None or not push(self.engine, step):

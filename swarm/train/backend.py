@@ -48,6 +48,9 @@ class TrainBatch:
     """Episode rewards, for the reward metrics only (one per episode)."""
     scored_tokens: int
     """Σ over samples of the scored (loss-mask) tokens; > 0."""
+    max_updates: int | None = None
+    """At most this many optimizer updates (``None``: ``ppo_epochs · minibatches``); a journal replay of a
+    step that stopped at a non-finite update (`swarm.server.checkpoints`)."""
 
     @classmethod
     def checked(
@@ -55,6 +58,7 @@ class TrainBatch:
         samples: Sequence[Sample],
         advantages: Sequence[Advantage],
         rewards: Sequence[float] | None = None,
+        max_updates: int | None = None,
     ) -> TrainBatch:
         """The batch, after checking every rule above.
 
@@ -72,7 +76,9 @@ class TrainBatch:
         scored = sum(sum(s.loss_mask[1:]) for s in samples)
         if scored == 0:
             raise TrainerError("no sample has a scored token (all loss masks are 0)")
-        return cls(samples, advantages, rewards, int(scored))
+        if max_updates is not None and max_updates < 1:
+            raise TrainerError(f"max_updates must be ≥ 1, got {max_updates}")
+        return cls(samples, advantages, rewards, int(scored), max_updates)
 
 
 def _check_sample(i: int, s: Sample) -> None:
@@ -143,6 +149,8 @@ class TrainerBackend(ABC):
         samples: Sequence[Sample],
         advantages: Sequence[Advantage],
         rewards: Sequence[float] | None = None,
+        *,
+        max_updates: int | None = None,
     ) -> StepMetrics:
         """One policy update on a batch.
 
@@ -152,15 +160,19 @@ class TrainerBackend(ABC):
                 advantage (:func:`swarm.train.losses.episode_advantages`), or one per token, shape (T,),
                 read where the loss mask is 1 (on-policy distillation, `swarm.train.distill`).
             rewards: Episode rewards of the batch, for the reward metrics only (one per episode).
+            max_updates: Stop after this many optimizer updates (a journal replay of a step that stopped
+                at a non-finite one); ``None``: all of them.
 
         Returns:
-            The step's metrics; the policy version (:attr:`step_count`) is incremented.
+            The step's metrics; the policy version (:attr:`step_count`) is incremented. A non-finite
+            update after others were applied still makes a step (``updates_nonfinite`` > 0).
 
         Raises:
             TrainerError: A batch :meth:`TrainBatch.checked` refuses, or one the backend cannot train on
-                (see its :meth:`_train`).
+                (see its :meth:`_train`; a step with no update applied, such as a first update with a
+                non-finite gradient, leaves the trainer's state as it was).
         """
-        return self._train(TrainBatch.checked(samples, advantages, rewards))
+        return self._train(TrainBatch.checked(samples, advantages, rewards, max_updates))
 
     @abstractmethod
     def _train(self, batch: TrainBatch) -> StepMetrics:

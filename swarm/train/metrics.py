@@ -80,7 +80,11 @@ class StepMetrics(BaseModel):
     lr: float
     """Learning rate used."""
     updates: int
-    """Optimizer updates made (``ppo_epochs · minibatches``)."""
+    """Optimizer updates applied (``ppo_epochs · minibatches``, fewer when one was non-finite)."""
+    updates_nonfinite: int = 0
+    """Updates not applied because their gradient norm was non-finite (torch trainer: the step stops at
+    the first, so 0 or 1; verl: each is skipped and the step goes on). A step whose every update was
+    non-finite is no step (the trainer raises)."""
     micro_batches: int
     """Forward/backward passes made."""
     time_s: StepTimings = Field(default_factory=StepTimings)

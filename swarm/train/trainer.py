@@ -103,6 +103,16 @@ class _Totals:
             else:
                 self.sums[k] += v
 
+    def merge(self, other: _Totals, *, drift_only: bool = False) -> None:
+        """Add an update's totals (``drift_only``: its engine-vs-trainer drift alone, which describes the
+        step's starting weights whether or not the update was applied)."""
+        if drift_only:
+            self.add({"drift": other.sums["drift"], "drift_max": other.drift_max})
+            return
+        self.add({**other.sums, "drift_max": other.drift_max})
+        self.grad_norm_max = max(self.grad_norm_max, other.grad_norm_max)
+        self.micro_batches += other.micro_batches
+
 
 def advantage_values(samples: Sequence[Sample], advantages: Sequence[Advantage]) -> list[float]:
     """The advantages the step's statistics describe: a sample's scalar once, a per-token advantage at
@@ -424,16 +434,27 @@ class TorchTrainer(TrainerBackend):
         """Make one policy update (``ppo_epochs · minibatches`` optimizer steps) on a checked batch
         (:meth:`TrainerBackend.step` checks it).
 
+        A non-finite gradient norm stops the step before that update is applied (the skip of torch.amp's
+        ``GradScaler`` and of DeepSpeed/Megatron, without going on to the step's later updates). If an
+        earlier update of the step was applied, the step counts: the counter advances, the sampling
+        model is synced and the metrics say ``updates`` (applied) and ``updates_nonfinite = 1``. At most
+        ``batch.max_updates`` updates are made (a journal replay of such a step, `swarm.server.checkpoints`).
+
         Raises:
-            TrainerError: A non-finite gradient (that update is skipped; earlier updates of a multi-update
-                step stay applied and the step counter does not advance).
+            TrainerError: The step's first update has a non-finite gradient: nothing was applied (weights,
+                optimizer state and step counter are as before the call).
         """
         t_start = time.perf_counter()
         try:
             if self._adapter is not None:  # its adapter active and trainable; the other adapters frozen
                 self._model.set_adapter(self._adapter.name)  # type: ignore[operator]
             return self._step_checked(
-                batch.samples, batch.advantages, batch.rewards, batch.scored_tokens, t_start
+                batch.samples,
+                batch.advantages,
+                batch.rewards,
+                batch.scored_tokens,
+                t_start,
+                max_updates=batch.max_updates,
             )
         finally:
             # Whatever happened (including an exception mid-step), leave no stale gradient and eval mode.
@@ -447,6 +468,8 @@ class TorchTrainer(TrainerBackend):
         rewards: Sequence[float] | None,
         total_tokens: int,
         t_start: float,
+        *,
+        max_updates: int | None = None,
     ) -> StepMetrics:
         cfg = self.config
         n_mb = cfg.minibatches if cfg.minibatches <= len(samples) else len(samples)
@@ -471,18 +494,33 @@ class TorchTrainer(TrainerBackend):
                     }
                 )
         self._model.train()
-        for epoch in range(cfg.ppo_epochs):
-            for mbs in batches:
-                self._update(
-                    mbs, old, ref, totals, timings, epoch=epoch, measure_drift=epoch == 0 and not recompute
-                )
+        planned = [(epoch, mbs) for epoch in range(cfg.ppo_epochs) for mbs in batches]
+        applied, nonfinite = 0, 0
+        for epoch, mbs in planned[:max_updates]:
+            update = _Totals()
+            grad_norm = self._update(
+                mbs, old, ref, update, timings, measure_drift=epoch == 0 and not recompute
+            )
+            if not math.isfinite(grad_norm):
+                if applied == 0:
+                    raise TrainerError(
+                        f"non-finite gradient norm ({grad_norm}) at the first update of step "
+                        f"{self._step + 1}; nothing was applied (lower lr, check rewards/advantages and "
+                        "logprobs)"
+                    )
+                totals.merge(update, drift_only=True)
+                nonfinite = 1
+                break
+            totals.merge(update)
+            applied += 1
         self._model.eval()
         self.sync_sampling_model()
         if self._device().type == "cpu":
             return_freed_memory()
         self._step += 1
         timings.total_s = time.perf_counter() - t_start
-        return self._step_metrics(samples, advantages, rewards, total_tokens, totals, len(batches), timings)
+        metrics = self._step_metrics(samples, advantages, rewards, total_tokens, totals, applied, timings)
+        return metrics.model_copy(update={"updates_nonfinite": nonfinite}) if nonfinite else metrics
 
     def _old_logprobs(
         self, batches: list[list[_MicroBatch]], timings: StepTimings
@@ -516,10 +554,10 @@ class TorchTrainer(TrainerBackend):
         totals: _Totals,
         timings: StepTimings,
         *,
-        epoch: int,
         measure_drift: bool,
-    ) -> None:
-        """One optimizer update on a minibatch: forward/backward of its micro-batches, clip, AdamW."""
+    ) -> float:
+        """One optimizer update on a minibatch: forward/backward of its micro-batches, clip, AdamW; returns
+        the pre-clip gradient norm. A non-finite norm applies nothing (its gradients are dropped)."""
         cfg = self.config
         # Normaliser of the whole minibatch: micro-batch losses then sum to the minibatch loss.
         norm = sum(
@@ -534,16 +572,13 @@ class TorchTrainer(TrainerBackend):
         t0 = time.perf_counter()
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
-        if not math.isfinite(grad_norm):
-            raise TrainerError(
-                f"non-finite gradient norm ({grad_norm}) at update {self._step}.{epoch}; the update was "
-                "skipped (lower lr, check rewards/advantages and logprobs)"
-            )
-        totals.sums["grad_norm"] += grad_norm
-        totals.grad_norm_max = max(totals.grad_norm_max, grad_norm)
-        self.optimizer.step()
+        if math.isfinite(grad_norm):
+            totals.sums["grad_norm"] += grad_norm
+            totals.grad_norm_max = max(totals.grad_norm_max, grad_norm)
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         timings.optim_s += time.perf_counter() - t0
+        return grad_norm
 
     def _step_metrics(
         self,
@@ -552,12 +587,11 @@ class TorchTrainer(TrainerBackend):
         rewards: Sequence[float] | None,
         total_tokens: int,
         totals: _Totals,
-        minibatches: int,
+        updates: int,
         timings: StepTimings,
     ) -> StepMetrics:
         cfg = self.config
         sums = totals.sums
-        updates = cfg.ppo_epochs * minibatches
         scored = max(sums["tokens"], 1.0)
         return StepMetrics(
             step=self._step,

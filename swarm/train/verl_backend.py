@@ -1261,9 +1261,14 @@ class VerlTrainer(TrainerBackend):
     def _train(self, batch: TrainBatch) -> StepMetrics:
         """One policy update on verl's actor, then its weights copied into :attr:`model`.
 
+        Unlike :class:`~swarm.train.TorchTrainer`, which stops a step at its first non-finite update,
+        verl's actor skips each non-finite update and makes the step's later ones; ``batch.max_updates``
+        (a journal replay) cannot stop it early, so a replay redoes every update and matches the original
+        step when the non-finite gradient recurs (verl skips it again).
+
         Raises:
             TrainerError: Per-token advantages (distillation runs on the torch trainer for now) or a
-                non-finite gradient norm.
+                non-finite gradient norm at every update (nothing applied).
         """
         scalars = [float(a) for a in batch.advantages if isinstance(a, float | int)]
         if len(scalars) != len(batch.advantages):
@@ -1363,8 +1368,12 @@ class VerlTrainer(TrainerBackend):
         ``on_policy``: π_θ_old from this forward (:func:`on_policy_ppo_loss`), entropy computed for the
         step's statistics.
 
+        verl's FSDP engine skips an update whose gradient norm is non-finite (zeroes its gradients) and
+        goes on with the step's next one; the step counts while any update was applied (the metrics say
+        how many were skipped, ``updates_nonfinite``).
+
         Raises:
-            TrainerError: a non-finite gradient norm.
+            TrainerError: every update's gradient norm was non-finite (nothing was applied).
         """
         from verl.utils import tensordict_utils as tu
 
@@ -1389,9 +1398,12 @@ class VerlTrainer(TrainerBackend):
         )
         metrics: Mapping[str, Any] = tu.get(wg.update_actor(td), "metrics")
         timings.fwd_bwd_s = time.perf_counter() - t0
-        grad_norm = _mean(metrics, "grad_norm", "actor/grad_norm")
-        if grad_norm is not None and not math.isfinite(grad_norm):
-            raise TrainerError(f"non-finite gradient norm ({grad_norm}) in verl's update")
+        norms = _values(metrics, "grad_norm", "actor/grad_norm")
+        if norms and not any(math.isfinite(v) for v in norms):
+            raise TrainerError(
+                f"non-finite gradient norm ({norms[0]}) at every update of verl's step; nothing was applied "
+                "(lower lr, check rewards/advantages and logprobs)"
+            )
         return metrics
 
     def _step_metrics(
@@ -1411,10 +1423,15 @@ class VerlTrainer(TrainerBackend):
         rows = data.batch["input_ids"].shape[0]
         tokens = int(mask.sum())
         stats = _token_statistics(data, mask, old, entropy, metrics, tis=cfg.tis_cap is not None)
+        norms = _values(metrics, "grad_norm", "actor/grad_norm")
+        finite = [v for v in norms if math.isfinite(v)]
+        nonfinite = len(norms) - len(finite)
+        updates = cfg.ppo_epochs * cfg.minibatches - nonfinite
+        if nonfinite:  # the loss statistics of the applied updates only (as the torch trainer's)
+            metrics = {k: _applied(metrics, k, norms) for k in metrics}
         pg = _mean(metrics, "actor/pg_loss", "pg_loss") or 0.0
         kl = _mean(metrics, "kl_loss", "actor/kl_loss")
         total = _mean(metrics, "loss")
-        updates = cfg.ppo_epochs * cfg.minibatches
         return StepMetrics(
             step=self._step,
             samples=len(samples),
@@ -1426,8 +1443,8 @@ class VerlTrainer(TrainerBackend):
             kl=kl if cfg.kl_coef > 0 else None,
             clip_frac=_mean(metrics, "actor/pg_clipfrac", "pg_clipfrac") or 0.0,
             entropy=stats["entropy"],
-            grad_norm=_mean(metrics, "grad_norm", "actor/grad_norm") or 0.0,
-            grad_norm_max=_max(metrics, "grad_norm", "actor/grad_norm") or 0.0,
+            grad_norm=sum(finite) / len(finite) if finite else 0.0,
+            grad_norm_max=max(finite, default=0.0),
             # verl reports ppo_kl = mean(old − new logprob) over trained tokens; exp(−ppo_kl) is the
             # geometric mean of the ratio (our torch trainer reports the arithmetic mean).
             ratio_mean=math.exp(-(_mean(metrics, "actor/ppo_kl", "ppo_kl") or 0.0)),
@@ -1436,8 +1453,10 @@ class VerlTrainer(TrainerBackend):
             tis_weight_mean=stats["tis_mean"] if cfg.tis_cap is not None else None,
             lr=cfg.lr,
             updates=updates,
+            updates_nonfinite=nonfinite,
             # per rank: each of the world_size ranks runs this many micro-batches
-            micro_batches=updates * -(-rows // (cfg.minibatches * self.settings.world_size * micro)),
+            micro_batches=(updates + nonfinite)
+            * -(-rows // (cfg.minibatches * self.settings.world_size * micro)),
             time_s=timings,
             created_at=time.time(),
         )
@@ -1486,6 +1505,18 @@ def _values(metrics: Mapping[str, Any], *keys: str) -> list[float]:
                 out.append(float(v.item() if isinstance(v, torch.Tensor) else v))
             return out
     return []
+
+
+def _applied(metrics: Mapping[str, Any], key: str, norms: Sequence[float]) -> Any:
+    """``metrics[key]`` without the values of the updates whose gradient norm (``norms``, one per update)
+    was non-finite, where its values split evenly into the updates (a value per update or per
+    micro-batch); else as it is. The ``swarm/`` token sums (statistics of the step's starting weights)
+    are kept whole."""
+    value = metrics[key]
+    if key.startswith("swarm/") or not isinstance(value, list | tuple) or len(value) % len(norms):
+        return value
+    per = len(value) // len(norms)
+    return [v for i, v in enumerate(value) if math.isfinite(norms[i // per])]
 
 
 def _mean(metrics: Mapping[str, Any], *keys: str) -> float | None:

@@ -8,6 +8,9 @@ environment variables instrument it; everything else is the real server:
   flight for as many steps as it likes.
 - ``SWARM_TEST_WEIGHTS_DIR``: a folder; after each step the trained model's tensors go to
   ``step-N.pt`` there (this process's weights, for comparing a restart's replay with).
+- ``SWARM_TEST_NONFINITE_BACKWARD``: a number N; a gradient hook on the trainer's first trainable
+  parameter (the real module's) makes the process's N-th backward pass non-finite
+  (tests/server/test_checkpoint_nonfinite.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 import swarm.server.checkpoints as checkpoints
 from swarm.cli import main
 from swarm.server.training import TrainingLoop
+from swarm.train import TorchTrainer
 
 
 def _gated(save: Any, gate: Path) -> Any:
@@ -47,9 +51,25 @@ def _dumping(step_blocking: Any, folder: Path) -> Any:
     return _step_blocking
 
 
+def _poisoning(init: Any, nth: int) -> Any:
+    def __init__(self: TorchTrainer, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        calls = [0]
+
+        def poison(grad: torch.Tensor) -> torch.Tensor:
+            calls[0] += 1
+            return grad * float("nan") if calls[0] == nth else grad
+
+        self.trainable_parameters[0].register_hook(poison)
+
+    return __init__
+
+
 if __name__ == "__main__":
     if gate := os.environ.get("SWARM_TEST_CHECKPOINT_GATE"):
         checkpoints.save_checkpoint = _gated(checkpoints.save_checkpoint, Path(gate))
     if folder := os.environ.get("SWARM_TEST_WEIGHTS_DIR"):
         TrainingLoop._step_blocking = _dumping(TrainingLoop._step_blocking, Path(folder))  # type: ignore[method-assign]
+    if nth := os.environ.get("SWARM_TEST_NONFINITE_BACKWARD"):
+        TorchTrainer.__init__ = _poisoning(TorchTrainer.__init__, int(nth))  # type: ignore[method-assign]
     main()

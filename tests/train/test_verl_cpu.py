@@ -202,3 +202,17 @@ def test_a_stale_batch_trains_as_the_torch_trainer_trains_it(
     assert r["recompute_vs_torch"] <= 1e-5
     assert r["mu_as_old"]["clip_frac"] > 0.05  # the stale tokens' μ ratios clipped …
     assert r["mu_as_old_vs_torch"] > 100 * max(r["on_policy_vs_torch"], 1e-7)  # … and another update
+
+
+def test_a_non_finite_update_is_skipped_and_the_step_goes_on(
+    scenario_results: Callable[[str], dict[str, Any]],
+) -> None:
+    """verl's actor skips an update with a non-finite gradient norm and makes the step's later ones (issue
+    35): the step counts and says how many updates it applied; a step with no finite update applies
+    nothing and is rejected."""
+    r = scenario_results("nonfinite")
+    p = r["partial"]
+    assert (p["step"], p["step_count"], p["updates"], p["updates_nonfinite"]) == (1, 1, 2, 1)
+    assert 0 < p["grad_norm"] < 1e30 and p["moved"] > 0
+    assert all(abs(p[k]) < 1e30 for k in ("loss", "policy_loss"))  # the applied updates' statistics
+    assert "every update" in r["all"]["raised"] and r["all"]["step_count"] == 0 and r["all"]["moved"] == 0.0

@@ -487,3 +487,43 @@ def stale(folder: Path) -> dict[str, Any]:
 
 
 SCENARIOS["stale"] = stale
+
+
+def nonfinite(folder: Path) -> dict[str, Any]:
+    """Three minibatches of one sample each; the second's advantage 1e38 (finite: the batch is accepted)
+    overflows its gradient. verl's engine skips that update and makes the third: the step counts with two
+    updates applied. With every advantage 1e38 nothing is applied and the trainer raises, its weights and
+    step count unchanged."""
+    from swarm.train import TrainerError
+
+    base = folder / "base"
+    save_tiny_model(base)
+    samples, advantages = BATCHES[0]
+    config = TrainerConfig(lr=1e-3, micro_batch_size=1, minibatches=3)
+    out: dict[str, Any] = {}
+    trainer = _trainer(base, base, config, start=True)
+    before = _weights(trainer)
+    metrics = trainer.step(samples, [advantages[0], 1e38, advantages[2]])
+    out["partial"] = {
+        "step": metrics.step,
+        "step_count": trainer.step_count,
+        "updates": metrics.updates,
+        "updates_nonfinite": metrics.updates_nonfinite,
+        "grad_norm": metrics.grad_norm,
+        "loss": metrics.loss,
+        "policy_loss": metrics.policy_loss,
+        "clip_frac": metrics.clip_frac,
+        "moved": _max_diff(_weights(trainer), before),
+    }
+    trainer = _trainer(base, base, config, start=True)
+    try:
+        trainer.step(samples, [1e38] * len(samples))
+        out["all"] = {"raised": None}
+    except TrainerError as exc:
+        out["all"] = {"raised": str(exc), "step_count": trainer.step_count}
+    trainer.sync_sampling_model()
+    out["all"]["moved"] = _max_diff(_weights(trainer), before)
+    return out
+
+
+SCENARIOS["nonfinite"] = nonfinite
