@@ -15,8 +15,9 @@ handling a timeout is still a bug):
 - answers that say "not your fault, try later": HTTP 429 and 5xx (``httpx.HTTPStatusError``,
   ``openai.RateLimitError`` / ``InternalServerError`` / any ``APIStatusError`` with such a status,
   :class:`swarm.errors.ClientError`);
-- a 401/404/409 from the episode's own swarm server (its key stopped working: the server restarted or
-  reclaimed the episode), recognised by the request URL starting with the episode's base URL;
+- a 401/403/404/409 from the episode's own swarm server (its key stopped working: the server restarted or
+  reclaimed or ended the episode; an ended episode's key is a 403 since issue 35), recognised by the
+  request URL starting with the episode's base URL;
 - :class:`EpisodeLost` (the runner's heartbeat found the episode gone).
 
 Everything else (a ``KeyError`` in a reward function, a 400 for a prompt that is too long…) is the
@@ -53,7 +54,7 @@ class EpisodeLost(SwarmError):
         self.episode_id = episode_id
 
 
-_INFRA_STATUS_FROM_OWN_SERVER = frozenset({401, 404, 409})
+_INFRA_STATUS_FROM_OWN_SERVER = frozenset({401, 403, 404, 409})
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -126,7 +127,7 @@ def classify_failure(exc: BaseException, own_base_urls: tuple[str, ...] = ()) ->
 
     Args:
         exc: what the workflow (or the runner around it) raised.
-        own_base_urls: the episode's own OpenAI base URLs (``…/v1``); a 401/404/409 from them means the
+        own_base_urls: the episode's own OpenAI base URLs (``…/v1``); a 401/403/404/409 from them means the
             episode key stopped working, which is the infrastructure's doing.
 
     Returns:

@@ -38,6 +38,7 @@ INFRA = [
     ClientError("busy", status_code=503, url="http://elsewhere/api"),
     # our own server forgot the episode key (restart / reclaim): infra
     _openai_status(openai.AuthenticationError, 401, f"{OWN}/chat/completions"),
+    _openai_status(openai.PermissionDeniedError, 403, f"{OWN}/chat/completions"),  # an ended episode's key
     httpx.HTTPStatusError(
         "gone",
         request=httpx.Request("POST", f"{OWN}/chat/completions"),
@@ -52,6 +53,7 @@ AGENT = [
     ZeroDivisionError(),
     # a 401 from another service is a configuration bug of the workflow, not ours to retry
     _openai_status(openai.AuthenticationError, 401, "https://api.example.com/v1/chat/completions"),
+    _openai_status(openai.PermissionDeniedError, 403, "https://api.example.com/v1/chat/completions"),
     # a prompt that is too long: the agent's failure
     _openai_status(openai.BadRequestError, 400, f"{OWN}/chat/completions"),
     ClientError("bad", status_code=422, url=f"{OWN}/x"),
@@ -103,7 +105,9 @@ def test_httpx2_errors_count_like_httpx() -> None:
     assert classify_failure(httpx2.ReadTimeout("slow")) is FailureKind.INFRA
 
 
-def test_a_real_401_from_our_server_after_the_episode_ended_is_infra(client_server) -> None:
+def test_a_real_403_from_our_server_after_the_episode_ended_is_infra(client_server) -> None:
+    """An ended episode's key is refused with 403 (a wrong credential, issue 35; it was 401 before): a
+    failure of the infrastructure when it comes from the episode's own server."""
     from swarm.client import AsyncSwarmClient
 
     async def go() -> tuple[BaseException, str]:
@@ -115,7 +119,7 @@ def test_a_real_401_from_our_server_after_the_episode_ended_is_infra(client_serv
             await sdk.chat.completions.create(
                 model=ep.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
-        except openai.AuthenticationError as exc:
+        except openai.PermissionDeniedError as exc:
             return exc, ep.base_url
         raise AssertionError("the ended episode's key still worked")
 
