@@ -28,6 +28,7 @@ from torch import nn
 
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
 from swarm.engine.limits import check_prompt_fits, check_score_input, end_of_turn_ids, max_new_tokens
+from swarm.engine.lora_rows import adapter_rows, spans_of, supports_adapter_rows
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import FinishReason
@@ -346,6 +347,8 @@ class HFEngine:
         once (its next request then waits for the batch, since rows never join a running batch)."""
         started = time.perf_counter()
         rows = self._make_rows(jobs)
+        if self.adapters:  # each adapter's rows adjacent (`_adapter_batch`)
+            rows.sort(key=lambda r: (r.job.params.adapter is not None, r.job.params.adapter or ""))
         pending = {id(job): job for job in jobs}
         device = next(self.model.parameters()).device
         B = len(rows)
@@ -370,56 +373,69 @@ class HFEngine:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        # Tenants: peft applies each row's adapter to its rows only (a mixed-adapter batch, one forward).
-        adapter_kw: dict[str, Any] = (
-            {"adapter_names": [r.job.params.adapter or "__base__" for r in rows]} if self.adapters else {}
-        )
-        prefill_kw: dict[str, Any] = {self._cache_kw: cache, **adapter_kw}
-        if self._logits_kw:
-            prefill_kw[self._logits_kw] = 1  # only the last position's logits are needed
-        logits_BV = self._last_logits(device, input_ids_BL, attention_BL, position_BL, **prefill_kw)
-        next_pos_B = position_BL[:, -1:] + 1
-        max_new = max(r.max_new for r in rows)
-        for _ in range(max_new):
-            # Everything stays on the model's device; one transfer of B ids + B logprobs per step.
-            logprobs_BV = torch.log_softmax(logits_BV, dim=-1)
-            tokens_B = self._sample(logits_BV, temperature_B, top_p_B, rows)
-            chosen_B = logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
-            tokens, chosen = tokens_B.tolist(), chosen_B.tolist()
-            if top_k > 0:
-                top_vals_BK, top_ids_BK = torch.topk(logprobs_BV, top_k, dim=-1)
-                top_vals, top_ids = top_vals_BK.tolist(), top_ids_BK.tolist()
-            for b, row in enumerate(rows):
-                if row.finish is not None:
-                    continue
-                tok = tokens[b]
-                row.ids.append(tok)
-                row.logprobs.append(chosen[b])
-                k = row.job.params.top_logprobs
-                if k > 0:
-                    row.top.append(list(zip(top_ids[b][:k], top_vals[b][:k], strict=True)))
-                self._check_finish(row, tok)
-                if row.job.on_token is not None:
-                    self._announce(row)
-            for row in rows:  # a cancelled request (its episode ended) stops sampling now
-                if row.finish is None and row.job.future.cancelled():
-                    row.finish = FinishReason.LENGTH
-            self._resolve_ended(pending, rows, time.perf_counter() - started)
-            if not pending:
-                break
-            step_ids_B1 = tokens_B.view(B, 1)
-            attention_BL = torch.cat(
-                [attention_BL, torch.ones((B, 1), dtype=torch.long, device=device)], dim=1
-            )
-            logits_BV = self._last_logits(
-                device, step_ids_B1, attention_BL, next_pos_B, **{self._cache_kw: cache}, **adapter_kw
-            )
-            next_pos_B = next_pos_B + 1
+        mixed, adapter_kw = self._adapter_batch(rows)
+        with mixed:
+            prefill_kw: dict[str, Any] = {self._cache_kw: cache, **adapter_kw}
+            if self._logits_kw:
+                prefill_kw[self._logits_kw] = 1  # only the last position's logits are needed
+            logits_BV = self._last_logits(device, input_ids_BL, attention_BL, position_BL, **prefill_kw)
+            next_pos_B = position_BL[:, -1:] + 1
+            max_new = max(r.max_new for r in rows)
+            for _ in range(max_new):
+                # Everything stays on the model's device; one transfer of B ids + B logprobs per step.
+                logprobs_BV = torch.log_softmax(logits_BV, dim=-1)
+                tokens_B = self._sample(logits_BV, temperature_B, top_p_B, rows)
+                chosen_B = logprobs_BV.gather(1, tokens_B[:, None])[:, 0]
+                tokens, chosen = tokens_B.tolist(), chosen_B.tolist()
+                if top_k > 0:
+                    top_vals_BK, top_ids_BK = torch.topk(logprobs_BV, top_k, dim=-1)
+                    top_vals, top_ids = top_vals_BK.tolist(), top_ids_BK.tolist()
+                for b, row in enumerate(rows):
+                    if row.finish is not None:
+                        continue
+                    tok = tokens[b]
+                    row.ids.append(tok)
+                    row.logprobs.append(chosen[b])
+                    k = row.job.params.top_logprobs
+                    if k > 0:
+                        row.top.append(list(zip(top_ids[b][:k], top_vals[b][:k], strict=True)))
+                    self._check_finish(row, tok)
+                    if row.job.on_token is not None:
+                        self._announce(row)
+                for row in rows:  # a cancelled request (its episode ended) stops sampling now
+                    if row.finish is None and row.job.future.cancelled():
+                        row.finish = FinishReason.LENGTH
+                self._resolve_ended(pending, rows, time.perf_counter() - started)
+                if not pending:
+                    break
+                step_ids_B1 = tokens_B.view(B, 1)
+                attention_BL = torch.cat(
+                    [attention_BL, torch.ones((B, 1), dtype=torch.long, device=device)], dim=1
+                )
+                logits_BV = self._last_logits(
+                    device, step_ids_B1, attention_BL, next_pos_B, **{self._cache_kw: cache}, **adapter_kw
+                )
+                next_pos_B = next_pos_B + 1
         self.batches += 1
         for row in rows:  # defensive: the loop above always ends every row
             if row.finish is None:
                 row.finish = FinishReason.LENGTH
         self._resolve_ended(pending, rows, time.perf_counter() - started)
+
+    def _adapter_batch(
+        self, rows: list[_Row]
+    ) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
+        """How a batch applies its rows' LoRA adapters (tenants): a context to sample in and extra forward
+        arguments. While any adapter is served, rows of different adapters (sorted: each adapter's rows
+        adjacent) share one forward: the base runs once over every row and each adapter's low-rank term is
+        added to its rows (`swarm.engine.lora_rows`), or, for LoRA layers that module cannot serve, peft
+        applies them (``adapter_names``, ``__base__`` for a row without one). Without adapters: nothing."""
+        if not self.adapters:
+            return contextlib.nullcontext(), {}
+        names = [r.job.params.adapter for r in rows]
+        if supports_adapter_rows(self.model):
+            return adapter_rows(self.model, spans_of(names)), {}
+        return contextlib.nullcontext(), {"adapter_names": [n or "__base__" for n in names]}
 
     def _resolve_ended(self, pending: dict[int, _Job], rows: list[_Row], elapsed: float) -> None:
         """Resolve (and drop from ``pending``) every job whose rows have all ended."""
