@@ -134,7 +134,7 @@ async def create_message(
                 yield _sse(event)
 
         return EventSourceResponse(encode_events(live_call(start, consume, stopping)))
-    result = await chat.answer_while_connected(episode, chat_request, client_gone(request))
+    result = await chat.answer_while_connected(episode, chat_request, client_gone(request), stopping)
     if result is None:
         return gone_answer()
     answer = fmt.message(

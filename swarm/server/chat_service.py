@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 
 from swarm.config import SamplingDefaults
 from swarm.engine.base import Engine, SamplingParams, TokenCallback
-from swarm.errors import RequestError
+from swarm.errors import RequestError, Unavailable
 from swarm.protocol import ChatCompletionRequest
 from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call
 from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisode, OpenEpisodes
 from swarm.server.limits import ClientLimits, check_chat_request
-from swarm.server.stopping import STOP_CANCEL
+from swarm.server.stopping import STOP_CANCEL, STOPPED_MESSAGE, Stopping
 from swarm.tracking.records import CallRecord
 from swarm.tracking.render import PromptRenderer
 
@@ -231,13 +231,19 @@ class ChatService:
         )
 
     async def answer_while_connected(
-        self, episode: OpenEpisode, request: ChatCompletionRequest, gone: Coroutine[Any, Any, None]
+        self,
+        episode: OpenEpisode,
+        request: ChatCompletionRequest,
+        gone: Coroutine[Any, Any, None],
+        stopping: Stopping | None = None,
     ) -> ChatResult | None:
         """`answer`, given up as soon as the client has gone: a non-streamed call whose client timed out,
-        was interrupted or retried (docs/ARCHITECTURE.md §One request's path).
+        was interrupted or retried (docs/ARCHITECTURE.md §One request's path); or as soon as the server
+        stops (``stopping``), as a live stream is (`swarm.server.stopping`).
 
         Args:
             gone: returns once the client has disconnected (`swarm.server.disconnect.client_gone`).
+            stopping: the server's stop; ``None``: the call runs until it ends or its client goes.
 
         Returns:
             The answer, or ``None`` when the client went away first: the engine request was aborted (its
@@ -245,19 +251,30 @@ class ChatService:
             ``call.abandoned`` event was logged.
 
         Raises:
+            Unavailable: the server began to stop before the answer was complete (503, `STOPPED_MESSAGE`):
+                the engine request was aborted and nothing was recorded (``server.stopping`` says why).
             What `answer` raises.
         """
         call = asyncio.ensure_future(self.answer(episode, request))
         watcher = asyncio.ensure_future(gone)
+
+        def stop() -> None:
+            call.cancel(STOP_CANCEL)  # `answer` logs no call.abandoned for it: server.stopping says why
+
+        unwatch = None if stopping is None else stopping.on_stop(stop)
         try:
             await asyncio.wait((call, watcher), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if unwatch is not None:
+                unwatch()
             watcher.cancel()
             if not call.done():  # the client went away (or this handler was cancelled)
                 call.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await call
         if call.cancelled():
+            if stopping is not None and stopping.is_set() and not watcher.done():
+                raise Unavailable(STOPPED_MESSAGE, retry_after_s=5.0)
             return None
         return call.result()  # complete before the disconnect was seen: recorded and answered
 

@@ -80,7 +80,7 @@ async def chat_completions(
             include_usage=include_usage,
         )
         return EventSourceResponse(encode_events(live_events(start, stream, stopping)))
-    result = await chat.answer_while_connected(episode, body, client_gone(request))
+    result = await chat.answer_while_connected(episode, body, client_gone(request), stopping)
     if result is None:
         return gone_answer()
     header = ResponseHeader.new(body.model, result.policy_version, result.created_at)

@@ -8,7 +8,9 @@ with its model, pool and run dir. `Stopping` is set the moment the stop begins, 
 
 - the event stream sends what is queued for it and ends (`swarm.server.control_routes.events`);
 - a live chat stream (``stream=true`` on ``/v1/chat/completions`` and ``/v1/messages``) cancels its call,
-  as when its client leaves, and ends with its protocol's error event (`swarm.server.streaming.live_call`).
+  as when its client leaves, and ends with its protocol's error event (`swarm.server.streaming.live_call`);
+- a non-streamed chat call cancels its call the same way and answers 503 in its API's error shape
+  (`swarm.server.chat_service.ChatService.answer_while_connected`).
 
 The app's lifespan shutdown sets it too (a server run without ``swarm serve``'s `Server`).
 """
@@ -22,6 +24,10 @@ from collections.abc import Callable
 STOP_CANCEL = "swarm: the server is stopping"
 """The message a call cancelled by the stop is cancelled with (``Task.cancel(msg)``): `ChatService.answer`
 tells it from a client that went away (``server.stopping`` already says why; no ``call.abandoned``)."""
+
+
+STOPPED_MESSAGE = "the server is stopping: the call was cancelled before its end and not recorded"
+"""The 503 a call the stop cancelled answers with: a live stream's error event, a non-streamed call's body."""
 
 
 class Stopping:

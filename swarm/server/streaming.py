@@ -41,7 +41,7 @@ from swarm.server.openai_format import (
     token_logprob,
     usage,
 )
-from swarm.server.stopping import STOP_CANCEL, Stopping
+from swarm.server.stopping import STOP_CANCEL, STOPPED_MESSAGE, Stopping
 from swarm.tracking.records import CallRecord
 
 __all__ = [
@@ -158,10 +158,6 @@ def live_call(
                 outcome.exception()  # retrieved: a stream closed before reading it logs nothing
 
     return events()
-
-
-STOPPED_MESSAGE = "the server is stopping: the call was cancelled before its end and not recorded"
-"""The error a live stream ends with when the server stops under it."""
 
 
 def live_events(

@@ -47,6 +47,21 @@ class _Reader(threading.Thread):
         return [line.removeprefix("data: ") for line in self.lines if line.startswith("data: ")]
 
 
+class _Call(threading.Thread):
+    """One non-streamed request; ``status`` and ``body`` are its answer's."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(daemon=True)
+        self.request = (url, kwargs)
+        self.status: int | None = None
+        self.body: Any = None
+
+    def run(self) -> None:
+        url, kwargs = self.request
+        response = httpx.post(url, timeout=60.0, **kwargs)
+        self.status, self.body = response.status_code, response.json()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_open_streams_do_not_hold_a_stopping_server(
     tmp_path: Path, embedded_source: ModelSource, tokenizer: Any, sig: signal.Signals
@@ -79,6 +94,15 @@ def test_open_streams_do_not_hold_a_stopping_server(
         )
         chat.start()
         wait_for(lambda: len(chat.data()) >= 3, 60, "the chat stream's first tokens")
+        # non-streamed calls in flight too (queued behind the stream's batch): OpenAI's and Anthropic's
+        waiting = []
+        for route, extra in (("/v1/chat/completions", {}), ("/v1/messages", {"max_tokens": 4000})):
+            begun_too = httpx.post(f"{url}/api/v1/episodes", json={"task_id": "stop"}, timeout=10).json()
+            call_body = {**body, **extra, "model": begun_too["model"], "stream": False}
+            headers = {"Authorization": f"Bearer {begun_too['api_key']}"}
+            waiting.append(_Call(f"{url}{route}", json=call_body, headers=headers))
+            waiting[-1].start()
+        time.sleep(2.0)  # both requests reach their routes (a local connection) before the signal
         children = _children(proc.pid)
         start = time.monotonic()
         proc.send_signal(sig)
@@ -97,10 +121,17 @@ def test_open_streams_do_not_hold_a_stopping_server(
         assert json.loads(follower.data()[-1])["kind"] == "server.stopping"
     last = json.loads(chat.data()[-1])
     assert "[DONE]" not in chat.data() and "the server is stopping" in last["error"]["message"], last
+    # the non-streamed calls were cancelled by the stop and answered 503 in their API's error shape
+    for call in waiting:
+        call.join(timeout=10)
+        assert call.status == 503, (call.status, call.body)
+        assert "the server is stopping" in call.body["error"]["message"], call.body
+    assert waiting[1].body["type"] == "error"  # Anthropic's envelope
     assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     kinds = [e["kind"] for e in events]
     assert kinds.index("server.stopping") < kinds.index("engine.closed")
+    assert "call.abandoned" not in kinds  # the stop cancelled them, not their clients
 
 
 def _serve_argv(model_dir: Path, run_dir: Path, port: int) -> list[str]:
