@@ -1,8 +1,8 @@
 """Rows of several LoRA adapters in one forward pass: the base once over every row, each adapter's term on
 its own rows only.
 
-The ``hf`` engine samples the rows of different LoRA tenants in one batch (docs/ARCHITECTURE.md §LoRA
-tenants). peft can do this itself (``adapter_names``, one name per row), but for every LoRA layer and every
+The ``hf`` engine samples the rows of different LoRA tenants in one batch
+(docs/ARCHITECTURE.md §LoRA tenants). peft can do this itself (``adapter_names``, one name per row), but for every LoRA layer and every
 adapter in the batch it gathers that adapter's rows by index, runs them through ``lora_A`` and ``lora_B``,
 scales the result and scatters it back: about seven small ops per adapter and layer per forward, and a
 decode step is one forward. On 2 CPU cores (SmolLM2-135M, LoRA r8 on every projection, 8 adapters, 32
