@@ -300,6 +300,19 @@ def _link_begin(document: dict[str, Any]) -> None:
         target = document["paths"].get(path, {}).get(method)
         if target is not None and "operationId" in target:
             links[name] = {"operationId": target["operationId"], "parameters": parameters}
+            declared = {(p.get("in"), p.get("name")) for p in target.get("parameters", [])}
+            for key in parameters:  # a link sets declared parameters only: the key's header is one
+                where, _, header = key.partition(".")
+                if where == "header" and ("header", header) not in declared:
+                    target.setdefault("parameters", []).append(
+                        {
+                            "name": header,
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "The episode key (Anthropic SDKs send it here; or Authorization: Bearer).",
+                        }
+                    )
     begin = document["paths"].get("/api/v1/episodes", {}).get("post")
     if begin is not None and "201" in begin["responses"]:
         begin["responses"]["201"]["links"] = links

@@ -32,7 +32,21 @@ _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "A `ChatCompletion`, or with `stream=true` server-sent `chat.completion.chunk` events "
         "ending with `data: [DONE]`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        # One server-sent event, as FastAPI declares its own event streams (OpenAPI 3.2's itemSchema; a
+        # checker validates each parsed event against it, not the whole body as one string).
+        "content": {
+            "text/event-stream": {
+                "itemSchema": {
+                    "type": "object",
+                    "properties": {
+                        "data": {"type": "string"},
+                        "event": {"type": "string"},
+                        "id": {"type": "string"},
+                        "retry": {"type": "integer", "minimum": 0},
+                    },
+                }
+            }
+        },
     },
     **error_models(
         (400, "A body that is not JSON, messages the chat template cannot render, or a prompt too long."),
