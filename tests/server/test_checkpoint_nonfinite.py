@@ -30,9 +30,16 @@ from swarm.server.checkpoints import JournalEntry, resume, write_journal
 from swarm.server.events import EventLog
 from swarm.server.step_history import StepHistory
 from swarm.train import TorchTrainer, TrainerConfig
-from tests.conftest import build_tiny_model, free_port, serve_process, wait_for
+from tests.conftest import build_tiny_model, serve_process, wait_for
 from tests.server.test_checkpoint_journal import _batch
-from tests.server.test_checkpoint_skip import ADMIN, _checkpoints, _events, _journal, _train
+from tests.server.test_checkpoint_skip import (
+    ADMIN,
+    _checkpoints,
+    _events,
+    _journal,
+    _train,
+    slow_server_files,
+)
 from tests.server.test_training import rollout
 from tests.train.factories import PAD
 
@@ -68,14 +75,16 @@ def _messages(run_dir: Path, kind: str) -> list[str]:
 def test_a_step_cut_short_by_a_non_finite_update_is_published_and_replayed(
     tmp_path: Path, embedded_source: Any, tokenizer: Any
 ) -> None:
-    model_dir = tmp_path / "tiny"
-    build_tiny_model(embedded_source, seed=3).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    run_dir, port, gate = tmp_path / "run", free_port(), tmp_path / "gate"
-    first, second = tmp_path / "weights-first", tmp_path / "weights-second"
-    first.mkdir()
-    second.mkdir()
-    url = f"http://127.0.0.1:{port}"
+    files = slow_server_files(tmp_path, embedded_source, tokenizer)
+    model_dir, run_dir, port, gate, first, second = (
+        files.model_dir,
+        files.run_dir,
+        files.port,
+        files.gate,
+        files.first,
+        files.second,
+    )
+    url = files.url
 
     gate.touch()  # step 1's checkpoint write waits: only its journal entry is on disk
     proc = _serve(model_dir, run_dir, port, gate, first, nonfinite=2)  # step 1's second update

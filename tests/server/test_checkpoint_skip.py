@@ -15,6 +15,7 @@ import secrets
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,17 +78,55 @@ def _assert_same_weights(checkpoint: Path, expected: Path) -> None:
         torch.testing.assert_close(value, live[name], msg=name)
 
 
-def test_steps_during_a_write_skip_the_snapshot_and_a_kill_replays_them(
-    tmp_path: Path, embedded_source: Any, tokenizer: Any
-) -> None:
+@dataclass(frozen=True)
+class SlowServerFiles:
+    """What a test of the instrumented server (`tests.server.slow_checkpoint_serve`) works with: a tiny
+    model, a run dir, a port, the gate file that holds checkpoint writes, and one folder of per-step
+    weights for each of the two server processes."""
+
+    model_dir: Path
+    run_dir: Path
+    port: int
+    gate: Path
+    first: Path
+    second: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def slow_server_files(tmp_path: Path, embedded_source: Any, tokenizer: Any) -> SlowServerFiles:
+    """Save the tiny model and make the folders a slow-checkpoint test needs under ``tmp_path``."""
     model_dir = tmp_path / "tiny"
     build_tiny_model(embedded_source, seed=3).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    run_dir, port, gate = tmp_path / "run", free_port(), tmp_path / "gate"
-    first, second = tmp_path / "weights-first", tmp_path / "weights-second"
-    first.mkdir()
-    second.mkdir()
-    url = f"http://127.0.0.1:{port}"
+    files = SlowServerFiles(
+        model_dir,
+        tmp_path / "run",
+        free_port(),
+        tmp_path / "gate",
+        tmp_path / "weights-first",
+        tmp_path / "weights-second",
+    )
+    files.first.mkdir()
+    files.second.mkdir()
+    return files
+
+
+def test_steps_during_a_write_skip_the_snapshot_and_a_kill_replays_them(
+    tmp_path: Path, embedded_source: Any, tokenizer: Any
+) -> None:
+    files = slow_server_files(tmp_path, embedded_source, tokenizer)
+    model_dir, run_dir, port, gate, first, second = (
+        files.model_dir,
+        files.run_dir,
+        files.port,
+        files.gate,
+        files.first,
+        files.second,
+    )
+    url = files.url
     groups: dict[str, list[str]] = {}
 
     gate.touch()  # step 1's checkpoint write starts and waits: in flight for steps 2-4
