@@ -34,7 +34,7 @@ from swarm.server.deps import (
 )
 from swarm.server.disconnect import client_gone, gone_answer
 from swarm.server.openai_format import ChoiceText
-from swarm.server.streaming import encode_events, live_call
+from swarm.server.streaming import encode_events, event_stream_answer, live_call
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": fmt.ErrorResponse, "description": description}
@@ -80,7 +80,13 @@ async def _replayed(events: Iterable[fmt.Event]) -> AsyncGenerator[ServerSentEve
         yield _sse(event)
 
 
-@router.post("/messages", response_model=fmt.Message)
+@router.post(
+    "/messages",
+    response_model=fmt.Message,
+    responses={
+        200: event_stream_answer("A `Message`, or with `stream: true` Anthropic's server-sent events.")
+    },
+)
 async def create_message(
     body: fmt.MessagesRequest,
     chat: ChatDep,

@@ -24,7 +24,7 @@ import copy
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
@@ -364,14 +364,31 @@ def optional_security(
     if not optional:
         return openapi
     document = copy.deepcopy(openapi)
-    for route in routes:
-        if not isinstance(route, APIRoute) or not optional & _calls(route.dependant):
+    for path, methods, dependant in _api_routes(routes):
+        if not optional & _calls(dependant):
             continue
-        for method in route.methods or ():
-            operation = document["paths"].get(route.path_format, {}).get(method.lower())
+        for method in methods:
+            operation = document["paths"].get(path, {}).get(method.lower())
             if operation is not None and {} not in operation.setdefault("security", []):
                 operation["security"].append({})
     return document
+
+
+def _api_routes(routes: Iterable[BaseRoute]) -> Iterator[tuple[str, set[str], Dependant]]:
+    """The path, methods and dependencies of every FastAPI route among ``routes``, those of included
+    routers included: FastAPI 0.16x keeps an included router as one wrapper route (no ``dependant``, no
+    ``path_format``) whose routes only its ``iter_route_contexts`` reaches; older versions copy them in."""
+    try:
+        from fastapi.routing import iter_route_contexts
+    except ImportError:  # FastAPI before 0.16x: the app's routes are the included ones
+        for route in routes:
+            if isinstance(route, APIRoute):
+                yield route.path_format, route.methods, route.dependant
+        return
+    for context in iter_route_contexts(list(routes)):
+        if isinstance(context.original_route, APIRoute):
+            dependant = context.dependant  # the route's dependencies with its including routers'
+            yield context.path_format or "", context.methods or set(), dependant
 
 
 def _calls(dependant: Dependant) -> set[Any]:

@@ -17,7 +17,7 @@ from swarm.server.deps import ChatDep, StoppingDep, error_models
 from swarm.server.disconnect import client_gone, gone_answer
 from swarm.server.lean_route import LeanRoute
 from swarm.server.openai_format import ResponseHeader, chat_completion
-from swarm.server.streaming import LiveStream, encode_events, live_events, replay_events
+from swarm.server.streaming import LiveStream, encode_events, event_stream_answer, live_events, replay_events
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=LeanRoute)
 
@@ -29,25 +29,10 @@ def list_models(chat: ChatDep) -> ModelList:
 
 
 _CHAT_ERRORS: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "A `ChatCompletion`, or with `stream=true` server-sent `chat.completion.chunk` events "
-        "ending with `data: [DONE]`.",
-        # One server-sent event, as FastAPI declares its own event streams (OpenAPI 3.2's itemSchema; a
-        # checker validates each parsed event against it, not the whole body as one string).
-        "content": {
-            "text/event-stream": {
-                "itemSchema": {
-                    "type": "object",
-                    "properties": {
-                        "data": {"type": "string"},
-                        "event": {"type": "string"},
-                        "id": {"type": "string"},
-                        "retry": {"type": "integer", "minimum": 0},
-                    },
-                }
-            }
-        },
-    },
+    200: event_stream_answer(
+        "A `ChatCompletion`, or with `stream=true` server-sent `chat.completion.chunk` events ending with "
+        "`data: [DONE]`."
+    ),
     **error_models(
         (400, "A body that is not JSON, messages the chat template cannot render, or a prompt too long."),
         (401, "No episode key."),

@@ -9,8 +9,10 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI, PermissionDeniedError
+from pydantic import SecretStr
 
 from swarm.client import SwarmClient
+from swarm.config import TrainingConfig
 from swarm.errors import ClientError
 from tests.conftest import make_server
 
@@ -273,3 +275,44 @@ def test_the_document_declares_what_every_operation_may_answer(server: Any) -> N
     assert "503" in paths["/api/v1/episodes"]["post"]["responses"]
     assert "503" not in paths["/v1/chat/completions"]["post"]["responses"]
     assert "503" not in paths["/v1/messages"]["post"]["responses"]
+
+
+def test_both_completion_routes_declare_their_event_stream(server: Any) -> None:
+    """``stream: true`` answers ``text/event-stream`` on both completion routes, so both declare it next to
+    their JSON answer (``/v1/messages`` did not: schemathesis's content-type check failed there)."""
+    paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    for path in ("/v1/chat/completions", "/v1/messages"):
+        content = paths[path]["post"]["responses"]["200"]["content"]
+        assert {"application/json", "text/event-stream"} <= set(content), path
+        assert content["text/event-stream"]["itemSchema"]["properties"]["data"] == {"type": "string"}
+
+
+def test_the_document_lists_no_credential_where_the_server_asks_for_none(
+    tmp_path: Path, tiny_engine: Any
+) -> None:
+    """On a server without client tokens, begin, the client routes and a teacher's routes list the empty
+    security requirement (no credential), and on one without an admin token the control routes too; the
+    episode and completion routes never do. FastAPI 0.16x keeps an included router as one wrapper route,
+    and the walk over the app's routes found no route: every operation said it needed a bearer."""
+    no_tokens = make_server(tmp_path / "open", tiny_engine, training=TrainingConfig(enabled=False))
+    admin_only = make_server(
+        tmp_path / "admin",
+        tiny_engine,
+        training=TrainingConfig(enabled=False),
+        admin_token=SecretStr("a" * 24),
+    )
+    try:
+        for live, control_open in ((no_tokens, True), (admin_only, False)):
+            paths = httpx.get(f"{live.url}/openapi.json").json()["paths"]
+
+            def open_(path: str, method: str = "post", paths: Any = paths) -> bool:
+                return {} in paths[path][method].get("security", [])
+
+            assert open_("/api/v1/episodes") and open_("/api/v1/clients/{client_id}/ready")
+            assert open_("/v1/score") and open_("/tokenize")
+            assert open_("/api/v1/status", "get") is control_open
+            assert not open_("/api/v1/episodes/{episode_id}/finish") and not open_("/v1/chat/completions")
+            assert not open_("/v1/messages") and not open_("/api/v1/episodes/{episode_id}", "get")
+    finally:
+        admin_only.stop()
+        no_tokens.stop()
