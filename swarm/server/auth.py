@@ -383,11 +383,13 @@ def _api_routes(routes: Iterable[BaseRoute]) -> Iterator[tuple[str, set[str], De
     except ImportError:  # FastAPI before 0.16x: the app's routes are the included ones
         for route in routes:
             if isinstance(route, APIRoute):
-                yield route.path_format, route.methods, route.dependant
+                yield route.path_format, route.methods or set(), route.dependant
         return
     for context in iter_route_contexts(list(routes)):
-        if isinstance(context.original_route, APIRoute):
-            dependant = context.dependant  # the route's dependencies with its including routers'
+        if not isinstance(context.original_route, APIRoute):
+            continue
+        dependant: Dependant | None = context.dependant  # the route's, with its including routers'
+        if dependant is not None:
             yield context.path_format or "", context.methods or set(), dependant
 
 
