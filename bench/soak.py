@@ -437,6 +437,12 @@ def main() -> int:
         "--retry-deadline", type=float, default=30.0, help="a client gives up retrying 429/503 after, s"
     )
     parser.add_argument("--settle-timeout", type=float, default=300.0, help="wait for the last step, s")
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=1200.0,
+        help="wait this long for the server to answer, s (vLLM's start, plus any wait for the GPU lock)",
+    )
     parser.add_argument("--rss-growth", type=float, default=0.25, help="allowed RSS growth after warm-up")
     parser.add_argument("--gpu-slack-mib", type=float, default=256.0, help="GPU memory left after a stop")
     parser.add_argument(
@@ -474,7 +480,7 @@ def main() -> int:
     )
     status: dict[str, Any] = {}
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + args.start_timeout
         while True:
             try:
                 if httpx.get(f"{url}/api/v1/status", headers={"Authorization": f"Bearer {admin}"}).is_success:
@@ -483,7 +489,8 @@ def main() -> int:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
                 tail = (tmp / "serve.log").read_text(errors="replace").splitlines()[-30:]
-                console.print("the server did not start:\n" + "\n".join(tail), markup=False)
+                why = "it exited" if server.poll() is not None else f"no answer in {args.start_timeout:.0f} s"
+                console.print(f"the server did not start ({why}):\n" + "\n".join(tail), markup=False)
                 return 1
             time.sleep(0.5)
         if gpu is not None:
