@@ -250,24 +250,28 @@ class GpuLock:
             if _tickets(self.queue) or not _try_flock(fd, fcntl.LOCK_EX):
                 ticket = self._enqueue()
                 pause = 0.001
-                while not (_live_ahead(self.queue, ticket[1]) == 0 and _try_flock(fd, fcntl.LOCK_EX)):
+                while not (
+                    (ticket is None or _live_ahead(self.queue, ticket[1]) == 0)
+                    and _try_flock(fd, fcntl.LOCK_EX)
+                ):
                     now = time.monotonic()
                     if now >= deadline:
                         raise GpuLockTimeout(
                             f"{self.label}: GPU lock {self.path} still held after {timeout_s:g} s by "
-                            f"{self._holder(fd, ticket[1])}; is a server stuck starting or stepping?"
+                            f"{self._describe_holder(fd, ticket)}; is a server stuck starting or stepping?"
                         )
                     if not announced and now - started > ANNOUNCE_AFTER_S:
                         log.warning(
                             "waiting for another server's vLLM start/step on %s: held by %s",
                             self.label,
-                            self._holder(fd, ticket[1]),
+                            self._describe_holder(fd, ticket),
                         )
                         announced = True
                     time.sleep(min(pause, deadline - now))
                     pause = min(2 * pause, MAX_POLL_S)
-                self._dequeue(ticket)
-                ticket = None
+                if ticket is not None:
+                    self._dequeue(ticket)
+                    ticket = None
             with contextlib.suppress(OSError):  # a read-only lock file (another user's) keeps no holder line
                 os.pwrite(fd, _holder_line(purpose), 0)
             if announced:
@@ -279,19 +283,25 @@ class GpuLock:
             self._close(fd)
             raise
 
-    def _enqueue(self) -> tuple[int, str]:
-        """Queue a ticket (descriptor, file name) named by this moment, flocked for as long as it waits.
+    def _enqueue(self) -> tuple[int, str] | None:
+        """Queue a ticket (descriptor, file name) named by this moment, flocked for as long as it waits;
+        ``None`` where the queue directory cannot be written (another user's with a narrow mode, a
+        read-only file system): this waiter then polls the lock file unqueued, as before the queue.
 
         The file is made and locked under a ``.pending`` name and renamed into place, so no other waiter
         ever sees it unlocked (and takes it for a dead one's)."""
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(self.queue, 0o777)
-            with contextlib.suppress(OSError):  # as the lock file: others' umask must not lock them out
-                os.chmod(self.queue, 0o777)
-        _remove_stale_pending(self.queue)
         name = f"{time.monotonic_ns():020d}-{os.getpid()}-{next(_ticket_numbers)}{TICKET_SUFFIX}"
         pending = self.queue / f"{name}{PENDING_SUFFIX}"
-        fd = self._open(os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.queue, 0o777)
+                with contextlib.suppress(OSError):  # as the lock file: others' umask must not lock them out
+                    os.chmod(self.queue, 0o777)
+            _remove_stale_pending(self.queue)
+            fd = self._open(os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        except OSError as exc:
+            log.debug("GPU lock on %s: no ticket in %s (%s); waiting unqueued", self.label, self.queue, exc)
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it open
             os.rename(pending, self.queue / name)
@@ -309,10 +319,10 @@ class GpuLock:
             os.unlink(self.queue / name)
         self._close(fd)
 
-    def _holder(self, fd: int, ticket: str) -> str:
+    def _describe_holder(self, fd: int, ticket: tuple[int, str] | None) -> str:
         """`_holder` of the lock file, with the live waiters queued ahead of ``ticket`` where there are."""
         holder = _holder(fd)
-        ahead = _live_ahead(self.queue, ticket, count_all=True)
+        ahead = _live_ahead(self.queue, ticket[1], count_all=True) if ticket else 0
         return f"{holder}, {ahead} more waiting ahead" if ahead else holder
 
     def _open(self, fd: int) -> int:
@@ -421,10 +431,11 @@ def _try_flock(fd: int, operation: int) -> bool:
 
 
 def _tickets(queue: Path) -> list[str]:
-    """The ticket files' names in ``queue``, oldest first (none where it does not exist yet)."""
+    """The ticket files' names in ``queue``, oldest first (none where it does not exist yet or cannot be
+    read)."""
     try:
         names = os.listdir(queue)
-    except FileNotFoundError:
+    except OSError:
         return []
     return sorted(n for n in names if n.endswith(TICKET_SUFFIX))
 
