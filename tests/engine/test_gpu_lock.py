@@ -316,6 +316,34 @@ def test_a_thread_that_takes_the_lock_again_at_once_does_not_starve_another(lock
         thread.join(10)
 
 
+def test_a_child_forked_while_its_parent_waits_does_not_keep_the_lock(lock: GpuLock, holder: Any) -> None:
+    """The waiting thread's descriptors (lock file, ticket) are copied into a child forked meanwhile; the
+    parent's later flock belongs to that shared file description, so the child must close its copies."""
+    child = holder(600.0)
+    released = threading.Event()
+
+    def wait_hold_release() -> None:
+        with lock.hold("step", timeout_s=20):
+            pass
+        released.set()
+
+    waiting = threading.Thread(target=wait_hold_release)
+    waiting.start()
+    wait_until(lambda: len(tickets(lock)) == 1, "the parent queues")
+    running = FORK.Event()
+    forked = FORK.Process(target=_run_and_sleep, args=(running,), daemon=True)
+    forked.start()
+    try:
+        assert running.wait(20)
+        os.kill(child.pid, signal.SIGKILL)
+        waiting.join(20)
+        assert released.is_set() and forked.is_alive()
+        assert not locked_elsewhere(lock.path) and tickets(lock) == []
+    finally:
+        forked.kill()
+        forked.join(5)
+
+
 # -- threads and re-entrancy -------------------------------------------------------------------------------
 def test_nested_holds_in_one_thread_lock_the_file_once(lock: GpuLock) -> None:
     with lock.hold("step"):
