@@ -36,8 +36,9 @@ queue: a ticket file in ``swarm-gpu-<identity>.queue/`` beside the lock file, na
 live ticket is older than its own, and removes its ticket once it holds the lock; a holder that asks again
 queues behind those already waiting. A ticket is live while its owner's flock on it is: a probe that can
 take a shared flock on it finds a dead owner (``kill -9`` too) and removes it, so a dead waiter never
-blocks the queue. A waiter that times out removes its ticket. The head of the queue still polls (1 ms
-doubling to 50 ms), so a handover costs up to 50 ms. Limits: a live waiter that stops polling (stopped
+blocks the queue. A waiter that times out removes its ticket. The first waiter polls the lock file
+(pauses from 1 ms, doubling to `MAX_HEAD_POLL_S`, 5 ms), so a handover costs up to 5 ms; those behind it
+look at the queue at most every `MAX_POLL_S` (50 ms). Limits: a live waiter that stops polling (stopped
 with SIGSTOP, a debugger) holds up those behind it until their timeouts; a waiter that cannot write the
 queue directory (another user's, a read-only file system) polls the lock file unqueued, as before; arrival
 order is the moment a waiter made its ticket (threads of a process queue among themselves first).
@@ -82,7 +83,11 @@ server killed before it commits its queued finishes (``SwarmRuntime.close`` clos
 ANNOUNCE_AFTER_S = 1.0
 """A wait longer than this is logged, once."""
 MAX_POLL_S = 0.05
-"""The longest pause between two tries of the file lock (tries start at 1 ms and double)."""
+"""The longest pause between two looks at the queue of a waiter with others ahead (from 1 ms, doubling):
+when the one ahead gets the lock, a hold of seconds follows, so noticing late costs nothing."""
+MAX_HEAD_POLL_S = 0.005
+"""The longest pause between two tries of the file lock by the first waiter (from 1 ms, doubling): the
+handover after a release takes 2.5 ms on average; a try is a listing and a flock (a few µs)."""
 LOCK_PREFIX = "swarm-gpu-"
 HOLDER_LINE_BYTES = 64
 """The holder line's fixed size in the lock file."""
@@ -273,10 +278,10 @@ class GpuLock:
             if _tickets(self.queue) or not _try_flock(fd, fcntl.LOCK_EX):
                 ticket = self._enqueue()
                 pause = 0.001
-                while not (
-                    (ticket is None or _live_ahead(self.queue, ticket[1]) == 0)
-                    and _try_flock(fd, fcntl.LOCK_EX)
-                ):
+                while True:
+                    ahead = 0 if ticket is None else _live_ahead(self.queue, ticket[1])
+                    if not ahead and _try_flock(fd, fcntl.LOCK_EX):
+                        break
                     now = time.monotonic()
                     if now >= deadline:
                         raise GpuLockTimeout(
@@ -291,7 +296,7 @@ class GpuLock:
                         )
                         announced = True
                     time.sleep(min(pause, deadline - now))
-                    pause = min(2 * pause, MAX_POLL_S)
+                    pause = min(2 * pause, MAX_POLL_S if ahead else MAX_HEAD_POLL_S)
                 if ticket is not None:
                     self._dequeue(ticket)
                     ticket = None
@@ -325,15 +330,20 @@ class GpuLock:
         except OSError as exc:
             log.debug("GPU lock on %s: no ticket in %s (%s); waiting unqueued", self.label, self.queue, exc)
             return None
+        queued = False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it open
+            # a new file: only a stale-file sweep (`PENDING_STALE_S`) could hold or remove it meanwhile
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(pending, self.queue / name)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(pending)
-            self._close(fd)
-            raise
-        return fd, name
+            queued = True
+        except OSError as exc:
+            log.debug("GPU lock on %s: ticket %s lost (%s); waiting unqueued", self.label, pending, exc)
+        finally:
+            if not queued:
+                with contextlib.suppress(OSError):
+                    os.unlink(pending)
+                self._close(fd)
+        return (fd, name) if queued else None
 
     def _dequeue(self, ticket: tuple[int, str]) -> None:
         """Remove a ticket of this process: unlinked first, so nobody sees it unlocked."""
