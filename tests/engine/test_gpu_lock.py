@@ -162,6 +162,188 @@ def test_a_forked_child_does_not_keep_its_parents_lock(lock: GpuLock) -> None:
         child.join(5)
 
 
+# -- first come, first served ------------------------------------------------------------------------------
+def wait_until(condition: Any, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def tickets(lock: GpuLock) -> list[str]:
+    return sorted(p.name for p in lock.queue.glob("*.ticket"))
+
+
+def _take_and_report(directory: str, name: str, got: Any) -> None:
+    lock = gpu_lock(GpuIdentity(key="GPU-test", label="GPU 7"), directory=Path(directory))
+    with lock.hold("step", timeout_s=60):
+        got.put(name)
+        time.sleep(0.05)
+
+
+def test_waiting_processes_get_the_lock_in_arrival_order(lock: GpuLock, holder: Any, tmp_path: Path) -> None:
+    child = holder(600.0)
+    got = FORK.Queue()
+    waiters = []
+    for i, name in enumerate(["a", "b", "c"], start=1):
+        waiter = FORK.Process(target=_take_and_report, args=(str(tmp_path), name, got), daemon=True)
+        waiter.start()
+        waiters.append(waiter)
+        wait_until(lambda i=i: len(tickets(lock)) == i, f"{name} queues")
+    os.kill(child.pid, signal.SIGKILL)
+    try:
+        assert [got.get(timeout=20) for _ in waiters] == ["a", "b", "c"]
+    finally:
+        for waiter in waiters:
+            waiter.join(10)
+    assert tickets(lock) == [] and not locked_elsewhere(lock.path)
+
+
+def _hold_again_and_again(directory: str, hold_s: float, holds: Any, stop: Any) -> None:
+    lock = gpu_lock(GpuIdentity(key="GPU-test", label="GPU 7"), directory=Path(directory))
+    while not stop.is_set():
+        with lock.hold("step", timeout_s=60):  # released and asked for again at once, as step after step
+            holds.value += 1
+            time.sleep(hold_s)
+
+
+def test_a_process_that_takes_the_lock_again_at_once_does_not_starve_a_waiter(
+    lock: GpuLock, tmp_path: Path
+) -> None:
+    hold_s = 0.5
+    holds, stop = FORK.Value("i", 0), FORK.Event()
+    greedy = FORK.Process(
+        target=_hold_again_and_again, args=(str(tmp_path), hold_s, holds, stop), daemon=True
+    )
+    greedy.start()
+    try:
+        wait_until(lambda: holds.value == 1, "the greedy process holds")
+        started = time.monotonic()
+        with lock.hold("start", timeout_s=10):
+            waited = time.monotonic() - started
+            assert holds.value == 1  # its next hold queued behind this one
+        assert waited < hold_s + 1.0
+        wait_until(lambda: holds.value >= 2, "the greedy process gets its turn back")
+    finally:
+        stop.set()
+        greedy.join(10)
+        if greedy.is_alive():
+            greedy.kill()
+
+
+def test_a_killed_waiters_ticket_does_not_block_the_queue(lock: GpuLock, holder: Any, tmp_path: Path) -> None:
+    child = holder(600.0)
+    doomed = FORK.Process(target=_take_and_report, args=(str(tmp_path), "doomed", FORK.Queue()), daemon=True)
+    doomed.start()
+    wait_until(lambda: len(tickets(lock)) == 1, "the doomed waiter queues")
+    (dead,) = tickets(lock)
+    assert doomed.pid is not None
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.join(5)
+    assert (lock.queue / dead).exists()  # kill -9 runs no clean-up: only the ticket's flock is gone
+    got: list[float] = []
+
+    def wait() -> None:
+        with lock.hold("step", timeout_s=20):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: not (lock.queue / dead).exists(), "the next waiter removes the dead ticket")
+    assert len(tickets(lock)) == 1  # its own, behind nobody
+    killed_at = time.monotonic()
+    os.kill(child.pid, signal.SIGKILL)
+    thread.join(20)
+    assert got and got[0] - killed_at < 1.0
+    assert tickets(lock) == []
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue(lock: GpuLock, holder: Any) -> None:
+    holder(600.0)
+    with pytest.raises(GpuLockTimeout):
+        lock.acquire("step", timeout_s=0.3)
+    assert tickets(lock) == [] and not list(lock.queue.iterdir())
+
+
+def test_a_waiter_that_cannot_queue_still_gets_the_lock(lock: GpuLock, holder: Any) -> None:
+    """An unwritable queue (here: a file in its place) degrades to polling the lock file unqueued."""
+    lock.queue.write_text("not a directory")
+    holder(0.5)
+    with lock.hold("step", timeout_s=10):
+        assert lock.held
+
+
+def test_waiting_threads_get_the_lock_in_arrival_order(lock: GpuLock) -> None:
+    order: list[str] = []
+    lock.acquire("step")
+    threads = []
+    for i, name in enumerate(["a", "b", "c"], start=1):
+
+        def take(name: str = name) -> None:
+            with lock.hold("step", timeout_s=20):
+                order.append(name)
+
+        thread = threading.Thread(target=take)
+        thread.start()
+        threads.append(thread)
+        wait_until(lambda i=i: len(lock._threads._waiting) == i, f"thread {name} waits")
+    lock.release()
+    for thread in threads:
+        thread.join(20)
+    assert order == ["a", "b", "c"]
+
+
+def test_a_thread_that_takes_the_lock_again_at_once_does_not_starve_another(lock: GpuLock) -> None:
+    hold_s, holds, stop = 0.3, [0], threading.Event()
+
+    def greedy() -> None:
+        while not stop.is_set():
+            with lock.hold("step", timeout_s=20):
+                holds[0] += 1
+                time.sleep(hold_s)
+
+    thread = threading.Thread(target=greedy)
+    thread.start()
+    try:
+        wait_until(lambda: holds[0] == 1, "the greedy thread holds")
+        started = time.monotonic()
+        with lock.hold("start", timeout_s=10):
+            waited = time.monotonic() - started
+            assert holds[0] == 1
+        assert waited < hold_s + 1.0
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_a_child_forked_while_its_parent_waits_does_not_keep_the_lock(lock: GpuLock, holder: Any) -> None:
+    """The waiting thread's descriptors (lock file, ticket) are copied into a child forked meanwhile; the
+    parent's later flock belongs to that shared file description, so the child must close its copies."""
+    child = holder(600.0)
+    released = threading.Event()
+
+    def wait_hold_release() -> None:
+        with lock.hold("step", timeout_s=20):
+            pass
+        released.set()
+
+    waiting = threading.Thread(target=wait_hold_release)
+    waiting.start()
+    wait_until(lambda: len(tickets(lock)) == 1, "the parent queues")
+    running = FORK.Event()
+    forked = FORK.Process(target=_run_and_sleep, args=(running,), daemon=True)
+    forked.start()
+    try:
+        assert running.wait(20)
+        os.kill(child.pid, signal.SIGKILL)
+        waiting.join(20)
+        assert released.is_set() and forked.is_alive()
+        assert not locked_elsewhere(lock.path) and tickets(lock) == []
+    finally:
+        forked.kill()
+        forked.join(5)
+
+
 # -- threads and re-entrancy -------------------------------------------------------------------------------
 def test_nested_holds_in_one_thread_lock_the_file_once(lock: GpuLock) -> None:
     with lock.hold("step"):
