@@ -204,8 +204,9 @@ class SwarmRuntime:
         # the trainer's close is bounded (verl: its Ray actors, and a local Ray it started); the torch
         # trainer holds nothing outside this process and logs nothing
         if self.training is not None and (closed := self.training.trainer.close()) is not None:
-            level = "info" if closed.complete else "warning"
-            self.events.emit("trainer.closed", closed.message, level=level, **closed.data)
+            self.events.emit(
+                "trainer.closed", closed.message, "info" if closed.complete else "warning", **closed.data
+            )
         self.writer.close()  # commits every finish still queued before the pool closes
         self.pool.close()
         self.events.close()
