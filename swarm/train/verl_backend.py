@@ -1025,6 +1025,7 @@ class VerlTrainer(TrainerBackend):
         self.compute_dtype = compute_dtype
         self._step = 0
         self._wg: Any = None
+        self._closed = False
         self._build_workers = worker_group
         self._copy_stale = False
         """``direct`` weight sync: the actor moved on since the server's copy was last gathered."""
@@ -1047,9 +1048,15 @@ class VerlTrainer(TrainerBackend):
     # -- worker group ------------------------------------------------------------------------------------
     def _workers(self) -> Any:
         """The worker group, started on first use (Ray, FSDP init and model load take a while); optimizer
-        state restored before it started is loaded into it."""
+        state restored before it started is loaded into it.
+
+        Raises:
+            TrainerError: the trainer was closed (:meth:`close`).
+        """
         if self._wg is not None:
             return self._wg
+        if self._closed:
+            raise TrainerError("the verl trainer is closed (the server is stopping)")
         node = verl_actor_config(
             self.model_path,
             self.config,
@@ -1083,7 +1090,7 @@ class VerlTrainer(TrainerBackend):
         Returns:
             What was freed (``None``: the workers never started, or an injected worker group).
         """
-        wg, self._wg = self._wg, None
+        wg, self._wg, self._closed = self._wg, None, True
         connection = getattr(wg, RAY_CONNECTION_ATTR, None)
         if not isinstance(connection, RayConnection):
             return None

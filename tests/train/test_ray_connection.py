@@ -11,7 +11,8 @@ import signal
 import tempfile
 import time
 from collections.abc import Iterator
-from types import FrameType
+from pathlib import Path
+from types import FrameType, SimpleNamespace
 
 import pytest
 
@@ -82,6 +83,43 @@ def test_a_ray_this_process_started_is_stopped_by_its_close(ray_temp: str) -> No
     assert not ray.is_initialized()
     assert sorted(pid for pid in ray_processes if running(pid)) == []  # waited for: no wait here
     assert connection.close([actor]) == type(closed)(0, False, False, 0.0, False)  # once only
+
+
+def test_a_verl_trainer_closes_its_actors_and_the_ray_it_started(ray_temp: str, tmp_path: Path) -> None:
+    """`VerlTrainer.close` closes the connection its worker group runs on (verl's Ray group needs CUDA:
+    here the group is the actor alone, on a real local Ray), reports it for ``trainer.closed``, and
+    the trainer starts no worker group after it."""
+    pytest.importorskip("verl")
+    from torch import nn
+
+    from swarm.train import TrainerConfig, TrainerError
+    from swarm.train.verl_backend import RAY_CONNECTION_ATTR, VerlTrainer
+
+    before = set(descendant_pids(os.getpid()))
+    connection = RayConnection.open(None, num_cpus=1, include_dashboard=False, _temp_dir=ray_temp)
+    actor = ray.remote(num_cpus=0)(Pid).remote()
+    group = SimpleNamespace(workers=[actor], **{RAY_CONNECTION_ATTR: connection})
+    trainer = VerlTrainer(
+        nn.Linear(2, 2), tmp_path, TrainerConfig(), 0, start=True, worker_group=lambda *_: group
+    )
+    actor_pid = ray.get(actor.pid.remote())
+    ray_processes = set(descendant_pids(os.getpid())) - before
+    assert actor_pid in ray_processes
+
+    closed = trainer.close()
+    assert closed is not None and closed.complete, closed
+    assert closed.message.startswith("verl trainer closed: 1 Ray actor(s) killed, the local Ray this ")
+    assert {k: closed.data[k] for k in ("actors", "stopped_ray", "disconnected", "timed_out", "error")} == {
+        "actors": 1,
+        "stopped_ray": True,
+        "disconnected": True,
+        "timed_out": False,
+        "error": None,
+    }
+    assert sorted(pid for pid in ray_processes if running(pid)) == []
+    assert trainer.close() is None
+    with pytest.raises(TrainerError, match="the verl trainer is closed"):
+        trainer._workers()  # what a step would start: refused, never a fresh Ray
 
 
 def test_the_close_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
