@@ -211,6 +211,52 @@ def vllm_skip_reason() -> str | None:
     return None
 
 
+def verl_skip_reason() -> str | None:
+    """Why ``swarm serve --trainer verl --engine vllm`` cannot run here (``None`` where it can: verl,
+    vLLM and a CUDA GPU)."""
+    if importlib.util.find_spec("verl") is None:
+        return "verl is not installed (pip install 'a3r[verl]')"
+    return vllm_skip_reason()
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the name (state, parent pid, …); ``None`` once it exited."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the name may hold ')'
+    except (OSError, IndexError):
+        return None
+
+
+def process_table() -> dict[int, tuple[int, str]]:
+    """Every process, from /proc: pid → (parent pid, state letter; ``Z`` for a zombie)."""
+    table = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat(entry.name)
+        if fields is not None:  # None: exited while listed
+            table[int(entry.name)] = (int(fields[1]), fields[0])
+    return table
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """The processes below ``pid``: its children, theirs, and so on (zombies included)."""
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in process_table().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return sorted(found)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a zombie holds no memory: its parent, or init
+    for an orphan, has not reaped it yet)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
 def make_server(tmp: Path, engine: HFEngine | None, **overrides: Any) -> LiveServer:
     config = ServerConfig(run_dir=tmp / "run", port=free_port(), **overrides)
     return LiveServer(config, engine).start()

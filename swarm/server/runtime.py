@@ -194,9 +194,19 @@ class SwarmRuntime:
         return out
 
     def close(self) -> None:
+        """Close the engine (when owned), then the trainer (`TrainerBackend.close`), the pool writer, the pool
+        and the event log. The engine goes first: it receives the trainer's weights (vLLM: CUDA IPC or a
+        broadcast from verl's actor) and closes gracefully, while the trainer's close kills its actors,
+        which waits on no peer."""
         if self._owns_engine:
             self.engine.close()
             self.events.emit("engine.closed", f"{self.config.engine} engine closed")
+        # the trainer's close is bounded (verl: its Ray actors, and a local Ray it started); the torch
+        # trainer holds nothing outside this process and logs nothing
+        if self.training is not None and (closed := self.training.trainer.close()) is not None:
+            self.events.emit(
+                "trainer.closed", closed.message, "info" if closed.complete else "warning", **closed.data
+            )
         self.writer.close()  # commits every finish still queued before the pool closes
         self.pool.close()
         self.events.close()

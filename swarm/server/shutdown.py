@@ -11,6 +11,14 @@ between, after the app's shutdown and before that re-raise (also when the app ne
 Ctrl-C skipped its shutdown): ``swarm serve`` closes its engine there and ends every child process with
 :func:`reap_children`.
 
+Signals: a library may replace the process's SIGTERM handler from C while the app starts. Ray's driver
+(``swarm serve --trainer verl``) installs abseil's failure signal handler, which on SIGTERM prints a stack,
+calls the previous handler (uvicorn's) and arms a 3 s alarm that aborts the process (SIGABRT), midway
+through the app's shutdown: measured on an H100, a stopped verl server died at "Waiting for application
+shutdown." and left its Ray processes and vLLM engine core behind (`swarm.train.ray_connection`).
+:class:`Server` re-installs the Python handlers of SIGTERM and SIGINT once the app has started, before any
+request is answered.
+
 Why reap: a child left behind keeps what it holds (an engine core keeps its share of the GPU) or dies a
 moment after the server, racing whoever starts the next server. Measured on the H200, a vLLM server left
 one direct child alive after its exit: Python's ``multiprocessing`` resource tracker, which vLLM's
@@ -27,6 +35,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Generator
 from multiprocessing import active_children, resource_tracker
@@ -69,6 +78,10 @@ class Server(uvicorn.Server):
         self._on_exit = on_exit
         self._on_stop = on_stop
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        _reinstall_signal_handlers()  # before any request is answered: nothing else runs in between
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self._on_stop is not None:
             try:
@@ -84,6 +97,19 @@ class Server(uvicorn.Server):
                 yield
             finally:
                 self._on_exit()
+
+
+def _reinstall_signal_handlers() -> None:
+    """Put the Python handlers of SIGTERM and SIGINT (uvicorn's) back in front of any a library installed
+    from C while the app started: Ray's driver installs abseil's failure signal handler for SIGTERM, which
+    aborts the process 3 s after the signal, midway through the app's shutdown (see the module docstring).
+    Main thread only (Python sets handlers there; uvicorn captures signals only there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(sig)
+        if handler is not None:  # None: not installed from Python, nothing to put back
+            signal.signal(sig, handler)
 
 
 def child_pids() -> list[int]:

@@ -20,7 +20,7 @@ from swarm.tracking.records import Sample
 from swarm.train.config import TrainerConfig
 from swarm.train.metrics import StepMetrics
 
-__all__ = ["Advantage", "TrainBatch", "TrainerBackend", "TrainerError"]
+__all__ = ["Advantage", "TrainBatch", "TrainerBackend", "TrainerClosed", "TrainerError"]
 
 Advantage = float | Sequence[float]
 """One sample's advantage: a float for every trained token (GRPO), or one per token, shape (T,) aligned
@@ -105,6 +105,18 @@ def _check_advantage(i: int, s: Sample, advantage: Advantage) -> None:
         )
     if not all(math.isfinite(a) for a in values):
         raise TrainerError(f"sample {i} (episode {s.episode_id!r}): advantages must be finite")
+
+
+@dataclass(frozen=True)
+class TrainerClosed:
+    """What a trainer's :meth:`TrainerBackend.close` freed: the server's ``trainer.closed`` event."""
+
+    message: str
+    """One line: what was freed, in how long."""
+    complete: bool
+    """Everything was freed within the bound (``False``: the event is a warning)."""
+    data: Mapping[str, float | int | bool | str | None]
+    """The event's fields (the backend's own)."""
 
 
 class TrainerBackend(ABC):
@@ -192,3 +204,13 @@ class TrainerBackend(ABC):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` output."""
         ...
+
+    def close(self) -> TrainerClosed | None:
+        """Free what the trainer holds outside this process, in bounded time, before the server's process
+        exits (verl: its Ray actors, and a local Ray it started); idempotent, never raises.
+
+        Returns:
+            What was freed (``None``: nothing was held, as for the torch trainer, whose model and optimizer
+            go with the process).
+        """
+        return None

@@ -61,11 +61,12 @@ from torch import nn
 
 from swarm.errors import ConfigError
 from swarm.tracking.records import Sample
-from swarm.train.backend import TrainBatch, TrainerBackend, TrainerError
+from swarm.train.backend import TrainBatch, TrainerBackend, TrainerClosed, TrainerError
 from swarm.train.config import LossAggregation, TrainerConfig, VerlSettings
 from swarm.train.lora import add_adapters, merge_adapters
 from swarm.train.losses import batch_statistics, loss_normalizer, selective_log_softmax
 from swarm.train.metrics import StepMetrics, StepTimings
+from swarm.train.ray_connection import RAY_CLOSE_TIMEOUT_S, RayConnection
 from swarm.train.weight_buckets import WeightSyncError, bounded, check_fingerprints, fingerprint, pack_stream
 from swarm.train.weight_transport import (
     BroadcastTransport,
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "RAY_CONNECTION_ATTR",
     "RAY_FORWARDED_ENV",
     "VERL_LIVE_FIELDS",
     "VERL_VERSION",
@@ -148,6 +150,10 @@ RAY_FORWARDED_ENV: tuple[str, ...] = (
 """Variables of the server's environment passed to every Ray worker of the job (``runtime_env``), where set:
 a local Ray's workers inherit the server's environment anyway, but those of a cluster started by ``ray
 start`` elsewhere do not. These keep NVLink multicast off in NCCL, torch's symmetric memory and NVSHMEM."""
+
+RAY_CONNECTION_ATTR = "swarm_ray_connection"
+"""Attribute of a worker group :func:`ray_worker_group` built: the `RayConnection` it runs on, which
+:meth:`VerlTrainer.close` closes with the group's actors (an injected worker group has none)."""
 
 RAY_CONNECT_TIMEOUT_S = 5.0
 """How long :func:`check_ray_address` waits for a TCP answer from the Ray head (seconds)."""
@@ -900,7 +906,9 @@ def _copy_into(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor
 
 def ray_worker_group(settings: VerlSettings, node: DictConfig, role: str) -> Any:
     """verl's Ray worker group of ``settings.world_size`` FSDP ranks (``SwarmActorWorker``), started and
-    with its model built (``init_model``). Joins ``settings.ray_address`` or starts a local Ray.
+    with its model built (``init_model``). Joins ``settings.ray_address`` or starts a local Ray
+    (`swarm.train.ray_connection.RayConnection`, kept on the group as ``RAY_CONNECTION_ATTR`` for
+    :meth:`VerlTrainer.close`).
 
     Raises:
         TrainerError: no CUDA GPU and no Ray address, an unreachable Ray address, or a Ray cluster with
@@ -916,16 +924,13 @@ def ray_worker_group(settings: VerlSettings, node: DictConfig, role: str) -> Any
         )
     if settings.ray_address is not None:
         check_ray_address(settings.ray_address)
-    if not ray.is_initialized():
-        forwarded = {k: os.environ[k] for k in RAY_FORWARDED_ENV if k in os.environ}
-        try:
-            ray.init(
-                address=settings.ray_address,
-                ignore_reinit_error=True,
-                runtime_env={"env_vars": forwarded} if forwarded else None,
-            )
-        except ConnectionError as exc:
-            raise TrainerError(f"--ray-address {settings.ray_address}: {exc}") from None
+    forwarded = {k: os.environ[k] for k in RAY_FORWARDED_ENV if k in os.environ}
+    try:
+        connection = RayConnection.open(
+            settings.ray_address, runtime_env={"env_vars": forwarded} if forwarded else None
+        )
+    except ConnectionError as exc:
+        raise TrainerError(f"--ray-address {settings.ray_address}: {exc}") from None
     gpus = ray.cluster_resources().get("GPU", 0.0)
     if gpus < settings.world_size:
         # Ray would wait forever for a placement group the cluster cannot fill.
@@ -936,7 +941,12 @@ def ray_worker_group(settings: VerlSettings, node: DictConfig, role: str) -> Any
     pool = RayResourcePool(process_on_nodes=[settings.n_gpus_per_node] * settings.nnodes)
     cls = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=node, role=role)
     wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
-    wg.init_model()
+    try:
+        wg.init_model()
+    except BaseException:  # a model that cannot load: its actors go now, not with the process
+        connection.close(wg.workers)
+        raise
+    setattr(wg, RAY_CONNECTION_ATTR, connection)
     return wg
 
 
@@ -1015,6 +1025,7 @@ class VerlTrainer(TrainerBackend):
         self.compute_dtype = compute_dtype
         self._step = 0
         self._wg: Any = None
+        self._closed = False
         self._build_workers = worker_group
         self._copy_stale = False
         """``direct`` weight sync: the actor moved on since the server's copy was last gathered."""
@@ -1037,9 +1048,15 @@ class VerlTrainer(TrainerBackend):
     # -- worker group ------------------------------------------------------------------------------------
     def _workers(self) -> Any:
         """The worker group, started on first use (Ray, FSDP init and model load take a while); optimizer
-        state restored before it started is loaded into it."""
+        state restored before it started is loaded into it.
+
+        Raises:
+            TrainerError: the trainer was closed (:meth:`close`).
+        """
         if self._wg is not None:
             return self._wg
+        if self._closed:
+            raise TrainerError("the verl trainer is closed (the server is stopping)")
         node = verl_actor_config(
             self.model_path,
             self.config,
@@ -1064,6 +1081,32 @@ class VerlTrainer(TrainerBackend):
         """The server's copy's LoRA tensors into the actor's adapters (started workers)."""
         adapters = {k: v.detach().cpu() for k, v in self._module.state_dict().items() if ADAPTER_KEY in k}
         self._wg.load_adapter_state(adapters)
+
+    def close(self, timeout_s: float = RAY_CLOSE_TIMEOUT_S) -> TrainerClosed | None:
+        """Kill the worker group's actors (their GPU weights and optimizer state) and end this process's
+        connection to Ray: ``ray.shutdown`` stops a local Ray it started, or leaves a joined cluster
+        (`RayConnection.close`), within ``timeout_s`` seconds. Idempotent; never raises.
+
+        Returns:
+            What was freed (``None``: the workers never started, or an injected worker group).
+        """
+        wg, self._wg, self._closed = self._wg, None, True
+        connection = getattr(wg, RAY_CONNECTION_ATTR, None)
+        if not isinstance(connection, RayConnection):
+            return None
+        closed = connection.close(getattr(wg, "workers", ()), timeout_s)
+        return TrainerClosed(
+            message=f"verl trainer closed: {closed.message}",
+            complete=not closed.timed_out and closed.error is None,
+            data={
+                "actors": closed.actors,
+                "stopped_ray": closed.stopped_ray,
+                "disconnected": closed.disconnected,
+                "close_s": round(closed.seconds, 3),
+                "timed_out": closed.timed_out,
+                "error": closed.error,
+            },
+        )
 
     # -- TorchTrainer's surface --------------------------------------------------------------------------
     @property

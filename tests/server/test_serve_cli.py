@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,17 @@ from typer.testing import CliRunner
 from swarm.cli import app
 from swarm.client import ServeOptions
 from swarm.engine import ModelSource
-from tests.conftest import build_tiny_model, free_port, serve_process, vllm_skip_reason
+from tests.conftest import (
+    build_tiny_model,
+    descendant_pids,
+    free_port,
+    process_table,
+    running,
+    serve_process,
+    verl_skip_reason,
+    vllm_skip_reason,
+    wait_for,
+)
 
 runner = CliRunner()
 
@@ -165,15 +179,16 @@ def test_the_access_log_is_opt_in(tmp_path: Path, embedded_source: ModelSource, 
 
 def _children(pid: int) -> list[int]:
     """The pids whose parent is ``pid`` (from /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+    return [child for child, (parent, _) in process_table().items() if parent == pid]
+
+
+def _names(pids: list[int]) -> set[str]:
+    """The command names (``/proc/PID/comm``) of the processes among ``pids`` still listed."""
+    names = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            names.add(Path(f"/proc/{pid}/comm").read_text().strip())
+    return names
 
 
 @pytest.mark.parametrize(
@@ -182,6 +197,9 @@ def _children(pid: int) -> list[int]:
         "hf",
         pytest.param(
             "vllm", marks=pytest.mark.skipif(vllm_skip_reason() is not None, reason=str(vllm_skip_reason()))
+        ),
+        pytest.param(  # vLLM serves, verl's FSDP actor trains, in a local Ray the server starts
+            "verl", marks=pytest.mark.skipif(verl_skip_reason() is not None, reason=str(verl_skip_reason()))
         ),
     ],
 )
@@ -192,23 +210,41 @@ def test_a_stopped_server_closes_its_engine(
     """a3r stops servers with SIGTERM, which uvicorn re-raises once the app has shut down, ending the
     process at once: the engine must be closed by then, and no child process may outlive the server.
     (Closed only after ``uvicorn.run`` returned, a vLLM engine-core process outlived every server a3r
-    stopped, 44 GiB of the H200 each, and the next server could not start.)"""
+    stopped, 44 GiB of the H200 each, and the next server could not start.)
+
+    With ``--trainer verl`` the server also starts a local Ray (its head's processes are the server's
+    children, the actor holding the weights and AdamW state on the GPU is the raylet's): none of them
+    may outlive the server either (an H100 run left 15 behind: Ray's SIGTERM handler aborted the server
+    3 s into its shutdown, `swarm.train.ray_connection`)."""
     if engine == "hf":
         proc = serve_process(
             _tiny_model_dir(tmp_path, embedded_source, tokenizer), tmp_path / "run", free_port(), "--no-train"
         )
-    else:  # the embedded model, as the engine contract runs it
+    elif engine == "vllm":  # the embedded model, as the engine contract runs it
         proc = serve_process(
             None, tmp_path / "run", free_port(), "--no-train", "--engine", "vllm", "--device", "cuda"
         )
-    children = _children(proc.pid)
-    if engine == "vllm":
+    else:  # as bench/multi_gpu.py --gpus 1 serves it
+        verl = ["--trainer", "verl", "--dtype", "float32", "--gpu-memory-utilization", "0.3"]
+        proc = serve_process(
+            None, tmp_path / "run", free_port(), "--engine", "vllm", "--device", "cuda", *verl
+        )
+    children, below = _children(proc.pid), descendant_pids(proc.pid)
+    if engine != "hf":
         assert children, "vLLM runs its engine core as a child process"
+    if engine == "verl":
+        assert {"raylet", "gcs_server"} <= _names(below), _names(below)
     proc.send_signal(sig)
     assert proc.wait(timeout=120) in (0, -sig)
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
-    assert [e["message"] for e in events if e["kind"] == "engine.closed"] == [f"{engine} engine closed"]
+    served = "vllm" if engine == "verl" else engine
+    assert [e["message"] for e in events if e["kind"] == "engine.closed"] == [f"{served} engine closed"]
     assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
+    if engine == "verl":
+        closed = [e for e in events if e["kind"] == "trainer.closed"]
+        assert len(closed) == 1 and closed[0]["level"] == "info", closed
+        assert closed[0]["data"]["stopped_ray"] and closed[0]["data"]["actors"] >= 1, closed
+        assert [pid for pid in below if running(pid)] == []
 
 
 SERVER_WITH_CHILDREN = """
@@ -262,3 +298,78 @@ def test_a_stopped_server_reaps_every_child_before_it_exits(tmp_path: Path, sig:
         assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
     finally:
         proc.kill()
+
+
+SERVER_WITH_RAY = """
+import asyncio, sys, uvicorn
+from swarm.server.shutdown import reap_children, run
+from swarm.train.ray_connection import RayConnection
+
+ray = []
+
+async def app(scope, receive, send):  # starts a local Ray as swarm serve --trainer verl does
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"up"})
+        return
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":  # off the main thread, as the runtime is built
+            ray.append(await asyncio.to_thread(
+                RayConnection.open, None, num_cpus=1, include_dashboard=False, _temp_dir=sys.argv[2]
+            ))
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await asyncio.sleep(4)  # longer than the 3 s alarm Ray's SIGTERM handler arms
+            print("closed", ray[0].close(timeout_s=60).stopped_ray, flush=True)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+def on_exit():
+    print("killed", len(reap_children(timeout_s=5.0)), flush=True)
+
+if __name__ == "__main__":
+    run(uvicorn.Config(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning"), on_exit)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_server_that_started_ray_shuts_down_before_it_exits(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ray's driver installs abseil's failure handler for SIGTERM, which aborts the process (SIGABRT) 3 s
+    after the signal: a stopped verl server died in its app's shutdown, before it closed anything. The
+    server re-installs its own handlers once the app has started (`swarm.server.shutdown.Server`): a
+    shutdown longer than 3 s finishes, closes the Ray it started, and no Ray process outlives it."""
+    script, port = tmp_path / "server_with_ray.py", free_port()
+    script.write_text(SERVER_WITH_RAY)
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit AF_UNIX's
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "disabled"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(port), temp], stdout=subprocess.PIPE, stderr=log, text=True, env=env
+    )
+    below: list[int] = []
+    try:
+
+        def up() -> bool:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/", timeout=1).is_success
+            except httpx.TransportError:
+                return False
+
+        wait_for(up, 120, "the server with Ray")
+        below = descendant_pids(proc.pid)
+        assert {"raylet", "gcs_server"} <= _names(below), _names(below)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) in (0, -sig)  # not -SIGABRT
+        assert proc.stdout is not None and proc.stdout.read().split() == ["closed", "True", "killed", "0"]
+        assert [pid for pid in below if running(pid)] == []
+        assert "SIGTERM received" not in (tmp_path / "server.log").read_text()
+    finally:
+        proc.kill()
+        log.close()
+        for pid in below:  # what a failed run left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
