@@ -187,7 +187,8 @@ def serve(**values: Any) -> None:
     run_server(
         uvicorn.Config(
             application,
-            http=http_protocol(),
+            http=http_protocol(config.max_header_bytes),
+            h11_max_incomplete_event_size=config.max_header_bytes,  # where uvicorn's h11 protocol serves
             host=host,
             port=port,
             log_level=options.log_level.value,
