@@ -16,11 +16,14 @@ import httpx
 import pytest
 
 from a3r.swarmops.trained import trained_metrics
+from swarm.client import SwarmClient
 from swarm.engine import ModelSource
 from swarm.server.run_dir_lock import RunDirInUse, RunDirLock
 from swarm.server.shutdown import GRACEFUL_SHUTDOWN_S
 from tests.conftest import free_port, serve_process, wait_for
+from tests.server.test_checkpoint_skip import _events, slow_server_files
 from tests.server.test_serve_cli import _children, _tiny_model_dir
+from tests.server.test_training import rollout
 
 
 class _Reader(threading.Thread):
@@ -193,3 +196,42 @@ def test_the_run_dir_lock_is_exclusive_and_released(tmp_path: Path) -> None:
     again = RunDirLock(run_dir)
     assert json.loads((run_dir / "server.lock").read_text())["port"] == 0
     again.release()
+
+
+@pytest.mark.slow
+def test_a_step_that_finishes_after_sigterm_leaves_its_event_and_metrics(
+    tmp_path: Path, embedded_source: ModelSource, tokenizer: Any
+) -> None:
+    """SIGTERM while a training step runs: the step's thread finishes it (weights, consumed episodes,
+    metrics row) and its ``train.step`` event is written before the process exits (it was lost: the
+    training task was cancelled while it waited for the thread)."""
+    files = slow_server_files(tmp_path, embedded_source, tokenizer)
+    gate = tmp_path / "step-gate"
+    gate.touch()  # the first step waits in the trainer until the test removes it
+    flags = ["--batch-policy", "episodes", "--batch-size", "1", "--group-size", "2", "--lr", "1e-3"]
+    proc = serve_process(
+        files.model_dir,
+        files.run_dir,
+        files.port,
+        *flags,
+        module="tests.server.slow_checkpoint_serve",
+        env={"SWARM_TEST_STEP_GATE": str(gate)},
+    )
+    try:
+        with SwarmClient(files.url) as client:
+            rollout(client, "a", 1.0)
+            rollout(client, "a", 0.0)
+        wait_for(lambda: _events(files.run_dir, "train.started") != [], 120, "the step to start")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the stop has begun; the step still waits
+        assert proc.poll() is None
+        gate.unlink()
+        proc.wait(timeout=120)
+    finally:
+        gate.unlink(missing_ok=True)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert [e["step"] for e in _events(files.run_dir, "train.step")] == [1]
+    rows = [json.loads(line) for line in (files.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1]
