@@ -681,10 +681,24 @@ class LimitsPatch(_JsonIntegers):
     open_episodes_per_token: StrictInt | None = Field(default=None, ge=1)
     requests_per_s_per_token: StrictFloat | None = Field(default=None, gt=0.0)  # a JSON integer is a float
     max_body_bytes: StrictInt | None = Field(default=None, ge=1024)
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        description="A chat request's largest max_tokens, at least 1; null lifts the cap (the context window "
+        "stays the only one, as `swarm serve --max-request-tokens 0`); 0 is refused (422 saying so).",
+    )
     max_n: StrictInt | None = Field(default=None, ge=1, le=16)
     max_messages: StrictInt | None = Field(default=None, ge=1)
     max_event_subscribers: StrictInt | None = Field(default=None, ge=1)
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _zero_is_not_a_cap(cls, value: Any) -> Any:
+        if type(value) is int and value == 0:  # the command line's 0 (no cap) is null here
+            raise ValueError(
+                "0 is not a cap: a cap is at least 1, and null lifts it (as swarm serve --max-request-tokens 0)"
+            )
+        return value
 
     def applied_to(self, limits: Limits) -> Limits:
         """``limits`` with this patch's fields set.

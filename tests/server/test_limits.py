@@ -382,3 +382,28 @@ def test_max_tokens_over_the_context_is_400_in_each_api(server: LiveServer) -> N
         ok = sdk.chat.completions.create(model=ep.model, messages=QUESTION, max_tokens=context, temperature=0)
         assert ok.usage is not None and ok.usage.prompt_tokens + ok.usage.completion_tokens <= context
         ep.finish(0.0)
+
+
+def test_a_zero_request_cap_is_refused_saying_null_lifts_it(limited: LiveServer) -> None:
+    """``--max-request-tokens 0`` lifts the cap on the command line; in a ``PATCH`` that is ``null``, and
+    ``0`` is a 422 that says so (and names the bound); the document says the same."""
+    url = limited.url
+    try:
+        zero = patch(url, max_tokens=0)
+        assert zero.status_code == 422, zero.text
+        error = zero.json()["error"]
+        assert error["param"] == "limits.max_tokens"
+        assert error["message"] == (
+            "limits.max_tokens: 0 is not a cap: a cap is at least 1, and null lifts it "
+            "(as swarm serve --max-request-tokens 0)"
+        )
+        assert patch(url, max_tokens=False).status_code == 422  # not an integer
+        assert patch(url, max_tokens=1).json()["config"]["limits"]["max_tokens"] == 1
+        assert patch(url, max_tokens=None).json()["config"]["limits"]["max_tokens"] is None
+        schema = httpx.get(f"{url}/openapi.json").json()["components"]["schemas"]["LimitsPatch"]
+        field = schema["properties"]["max_tokens"]
+        assert {"type": "integer", "minimum": 1} in field["anyOf"] and "null lifts the cap" in field[
+            "description"
+        ]
+    finally:
+        reset(url)
