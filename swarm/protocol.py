@@ -559,16 +559,33 @@ class EngineState(StrEnum):
 
 
 class EpisodeCounts(BaseModel):
-    open: int = 0
-    finished: int = 0
-    aborted: int = 0
-    infra_failure: int = 0
-    prepared: int = 0
-    """Members of multi-server finishes stored but not committed yet (never trained as they are)."""
-    pending: int = 0
-    """Ended train episodes (finished or aborted, not infra failures) waiting for a step."""
-    trained: int = 0
-    """Ended train episodes (finished or aborted) consumed by a step (zero-signal groups included)."""
+    """Two partitions of the episodes this server (its run dir) has begun, which overlap by design. By
+    status: ``open + finished + aborted + infra_failure + prepared`` is every episode, train and eval. By
+    training: ``pending + trained`` is the finished and aborted *train* episodes (eval episodes and
+    infra failures are in neither). So ``trained`` may exceed ``finished``: an aborted train episode (by
+    its client, or at a drain timeout) trains too, as a failed rollout."""
+
+    open: int = Field(default=0, description="Episodes begun and not yet ended (in the server's memory).")
+    finished: int = Field(default=0, description="Ended with a reward (train and eval).")
+    aborted: int = Field(
+        default=0, description="Aborted for a policy-side reason (train and eval); a train one is trained."
+    )
+    infra_failure: int = Field(
+        default=0, description="Ended by an infrastructure failure or reclaimed; never trained."
+    )
+    prepared: int = Field(
+        default=0,
+        description="Members of multi-server finishes stored but not committed yet (never trained as they are).",
+    )
+    pending: int = Field(
+        default=0,
+        description="Finished or aborted train episodes not yet consumed by a step (the pool's backlog).",
+    )
+    trained: int = Field(
+        default=0,
+        description="Finished or aborted train episodes consumed by a step (zero-signal groups included); "
+        "with pending, a partition of the finished and aborted train episodes, not of all episodes.",
+    )
 
 
 class DistillStatus(BaseModel):
