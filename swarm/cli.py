@@ -136,7 +136,12 @@ def serve(**values: Any) -> None:
         config = options.check()
     except SwarmError as exc:
         raise fail(str(exc)) from None
-    if check:
+    if check:  # a run dir another server holds is refused as the server itself would (read only)
+        from swarm.server.run_dir_lock import held_by, in_use
+
+        holder = held_by(config.run_dir)
+        if holder is not None:
+            raise fail(in_use(config.run_dir, holder))
         console.print("options are valid", highlight=False)
         return
     logging.basicConfig(
@@ -187,7 +192,8 @@ def serve(**values: Any) -> None:
     run_server(
         uvicorn.Config(
             application,
-            http=http_protocol(),
+            http=http_protocol(config.max_header_bytes),
+            h11_max_incomplete_event_size=config.max_header_bytes,  # where uvicorn's h11 protocol serves
             host=host,
             port=port,
             log_level=options.log_level.value,
@@ -197,6 +203,7 @@ def serve(**values: Any) -> None:
         ),
         on_exit,
         on_stop=application.begin_stop,
+        on_started=lock.set_port,  # the bound port, for another server's refusal (--port 0)
     )
 
 
@@ -219,7 +226,10 @@ def _check_teacher(config: Any, engine: Any) -> None:
         raise fail(str(exc)) from None
 
 
-_CHECK = typer.Option("--check", help="Only validate the options (no model load, nothing written).")
+_CHECK = typer.Option(
+    "--check",
+    help="Only validate the options and that no server holds the run dir (no model load, nothing written).",
+)
 serve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [
         *_parameters(ServeOptions),

@@ -175,6 +175,10 @@ class ServerConfig(BaseModel):
     """Where ``limits.max_tokens`` is unset: cap a chat request's ``max_tokens`` at this share of the
     model's context window (`swarm.server.limits.context_cap`; ``swarm serve``'s default is 0.5, so one
     caller cannot ask for the whole context). ``None``: the context window is the only cap."""
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    """Largest request head (target plus header lines, bytes): a larger one is answered 431 and its
+    connection closed before the app sees it (`swarm.server.http_protocol`, whose ``MAX_HEADER_BYTES`` is
+    this default). Fixed for the server's life (the protocol reads it at start; not in :attr:`limits`)."""
     public_url: str | None = None
     """Base URL handed to clients in ``EpisodeCreated.base_url``; defaults to the request's own URL."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"

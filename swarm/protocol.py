@@ -559,16 +559,33 @@ class EngineState(StrEnum):
 
 
 class EpisodeCounts(BaseModel):
-    open: int = 0
-    finished: int = 0
-    aborted: int = 0
-    infra_failure: int = 0
-    prepared: int = 0
-    """Members of multi-server finishes stored but not committed yet (never trained as they are)."""
-    pending: int = 0
-    """Ended train episodes (finished or aborted, not infra failures) waiting for a step."""
-    trained: int = 0
-    """Ended train episodes (finished or aborted) consumed by a step (zero-signal groups included)."""
+    """Two partitions of the episodes this server (its run dir) has begun, which overlap by design. By
+    status: ``open + finished + aborted + infra_failure + prepared`` is every episode, train and eval. By
+    training: ``pending + trained`` is the finished and aborted *train* episodes (eval episodes and
+    infra failures are in neither). So ``trained`` may exceed ``finished``: an aborted train episode (by
+    its client, or at a drain timeout) trains too, as a failed rollout."""
+
+    open: int = Field(default=0, description="Episodes begun and not yet ended (in the server's memory).")
+    finished: int = Field(default=0, description="Ended with a reward (train and eval).")
+    aborted: int = Field(
+        default=0, description="Aborted for a policy-side reason (train and eval); a train one is trained."
+    )
+    infra_failure: int = Field(
+        default=0, description="Ended by an infrastructure failure or reclaimed; never trained."
+    )
+    prepared: int = Field(
+        default=0,
+        description="Members of multi-server finishes stored but not committed yet (never trained as they are).",
+    )
+    pending: int = Field(
+        default=0,
+        description="Finished or aborted train episodes not yet consumed by a step (the pool's backlog).",
+    )
+    trained: int = Field(
+        default=0,
+        description="Finished or aborted train episodes consumed by a step (zero-signal groups included); "
+        "with pending, a partition of the finished and aborted train episodes, not of all episodes.",
+    )
 
 
 class DistillStatus(BaseModel):
@@ -681,10 +698,24 @@ class LimitsPatch(_JsonIntegers):
     open_episodes_per_token: StrictInt | None = Field(default=None, ge=1)
     requests_per_s_per_token: StrictFloat | None = Field(default=None, gt=0.0)  # a JSON integer is a float
     max_body_bytes: StrictInt | None = Field(default=None, ge=1024)
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        description="A chat request's largest max_tokens, at least 1; null lifts the cap (the context window "
+        "stays the only one, as `swarm serve --max-request-tokens 0`); 0 is refused (422 saying so).",
+    )
     max_n: StrictInt | None = Field(default=None, ge=1, le=16)
     max_messages: StrictInt | None = Field(default=None, ge=1)
     max_event_subscribers: StrictInt | None = Field(default=None, ge=1)
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _zero_is_not_a_cap(cls, value: Any) -> Any:
+        if type(value) is int and value == 0:  # the command line's 0 (no cap) is null here
+            raise ValueError(
+                "0 is not a cap: a cap is at least 1, and null lifts it (as swarm serve --max-request-tokens 0)"
+            )
+        return value
 
     def applied_to(self, limits: Limits) -> Limits:
         """``limits`` with this patch's fields set.

@@ -203,6 +203,11 @@ class ServeOptions(FlagOptions):
     max_body_bytes: int = option(
         8 * 1024 * 1024, "Largest request body in bytes (413).", to="limits.max_body_bytes"
     )
+    max_header_bytes: int = option(
+        64 * 1024,
+        "Largest request head (request target and header lines) in bytes (431).",
+        to="max_header_bytes",
+    )
     max_request_tokens: int | None = option(
         None,
         "Largest max_tokens a chat request may ask for (422). Default: half the model's context window "
@@ -482,6 +487,7 @@ class ServeOptions(FlagOptions):
             "episode_timeout_s": self.episode_timeout,
             "prepare_timeout_s": self.prepare_timeout,
             "tenants": self.tenants,
+            "max_header_bytes": self.max_header_bytes,
             "request_tokens_share": DEFAULT_REQUEST_TOKENS_SHARE if self.max_request_tokens is None else None,
         }
         try:

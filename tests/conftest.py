@@ -132,7 +132,7 @@ class LiveServer:
             port=self.config.port,
             log_level="warning",
             lifespan="on",
-            http=http_protocol(),
+            http=http_protocol(self.config.max_header_bytes),
         )
         self._server = uvicorn.Server(cfg)
         self._thread = threading.Thread(target=self._server.run, daemon=True)

@@ -26,6 +26,7 @@ from swarm.server.auth import EpisodeDep
 from swarm.server.chat import ChatResult
 from swarm.server.deps import (
     ALLOW_HEADER,
+    HEAD_TOO_LARGE,
     METHOD_NOT_ALLOWED,
     REQUEST_TIMEOUT,
     ChatDep,
@@ -49,14 +50,14 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (409, "The episode ended while the call ran."),
         METHOD_NOT_ALLOWED,
         (413, "The request body is larger than the server's limit."),
-        (415, "A body sent with a Content-Type that is not JSON."),
+        (415, "A body sent with a Content-Type that is not JSON, or without one."),
         (429, "A limit of the client's token was reached (Retry-After)."),
     )
 }
 """Error answers of the Anthropic routes, declared in Anthropic's shape (what the server sends there), but
-for the 408 the HTTP layer sends before the app (in the server's own shape)."""
+for the 408 and 431 the HTTP layer sends before the app (in the server's own shape)."""
 ERRORS[405]["headers"] = ALLOW_HEADER
-ERRORS.update(json_errors(REQUEST_TIMEOUT))
+ERRORS.update(json_errors(REQUEST_TIMEOUT, HEAD_TOO_LARGE))
 
 router = APIRouter(prefix="/v1", tags=["anthropic"], responses=ERRORS)
 

@@ -31,7 +31,13 @@ from swarm.server import (
     tenant_routes,
 )
 from swarm.server.auth import optional_security
-from swarm.server.deps import ALLOW_HEADER, METHOD_NOT_ALLOWED, REQUEST_TIMEOUT, json_errors
+from swarm.server.deps import (
+    ALLOW_HEADER,
+    HEAD_TOO_LARGE,
+    METHOD_NOT_ALLOWED,
+    REQUEST_TIMEOUT,
+    json_errors,
+)
 from swarm.server.lean_route import HotRoutes, is_json_type, lean_routes_on, replayed
 from swarm.server.limits import BodySizeLimit
 from swarm.server.runtime import SwarmRuntime
@@ -71,12 +77,16 @@ _NOT_JSON = "the body is not valid JSON"
 
 
 def _mislabelled(request: Request, errors: list[Any]) -> str | None:
-    """The request's ``Content-Type`` when it is not JSON and the body was refused as a whole (FastAPI
-    validates such a body as raw bytes: "Input should be a valid dictionary"), else ``None``."""
+    """How the request's ``Content-Type`` reads in a 415 (``"'text/plain'"``, or ``"missing"``) when it is
+    not JSON and the body was refused as a whole (FastAPI validates such a body as raw bytes: "Input should
+    be a valid dictionary"), else ``None``. Without a ``Content-Type`` an empty body stays a 422 (missing)."""
     content_type = request.headers.get("content-type")
-    if not content_type or is_json_type(content_type):
+    if is_json_type(content_type):
         return None
-    return content_type if any(tuple(err.get("loc", ())) == ("body",) for err in errors) else None
+    whole = [err for err in errors if tuple(err.get("loc", ())) == ("body",)]
+    if content_type:
+        return quoted(content_type) if whole else None
+    return "missing" if any(err.get("type") != "missing" for err in whole) else None
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -87,7 +97,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     if content_type is not None:
         message = (
             f"the body must be JSON sent with 'Content-Type: application/json'; this request's Content-Type "
-            f"is {quoted(content_type)}"
+            f"is {content_type}"
         )
         return _error(request, 415, "invalid_request_error", message)
     problems = []
@@ -116,8 +126,9 @@ ERROR_RESPONSES = json_errors(
     METHOD_NOT_ALLOWED,
     REQUEST_TIMEOUT,
     (413, "The request body is larger than the server's limit."),
-    (415, "A body sent with a Content-Type that is not JSON."),
+    (415, "A body sent with a Content-Type that is not JSON, or without one."),
     (422, "Invalid input: the message names the field (`param`)."),
+    HEAD_TOO_LARGE,
 )
 ERROR_RESPONSES[405]["headers"] = ALLOW_HEADER
 """Error answers any route may give, declared on every router with the JSON :class:`ErrorBody` (FastAPI

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from swarm.config import SamplingDefaults
 from swarm.engine.base import Engine, SamplingParams, TokenCallback
-from swarm.errors import RequestError, Unavailable
+from swarm.errors import ContextLengthError, RequestError, Unavailable
 from swarm.protocol import ChatCompletionRequest
 from swarm.server.chat import ChatResult, PreparedCall, agent_for, record_call
 from swarm.server.detokenizer import TokenizerDetokenizer
@@ -28,7 +28,9 @@ from swarm.tracking.render import PromptRenderer
 T = TypeVar("T")
 
 
-def max_tokens_for(request: ChatCompletionRequest, default: int, cap: int | None) -> int:
+def max_tokens_for(
+    request: ChatCompletionRequest, default: int, cap: int | None, max_context: int | None = None
+) -> int:
     """Every server rule of a chat call's ``max_tokens``, in one place (both wire formats: an Anthropic
     request's ``max_tokens`` arrives as the chat request's, `anthropic_format.to_chat_request`). The
     engine clips the result to the context window (`swarm.engine.limits.max_new_tokens`).
@@ -37,21 +39,34 @@ def max_tokens_for(request: ChatCompletionRequest, default: int, cap: int | None
         request: the chat request (``max_completion_tokens`` wins over ``max_tokens``).
         default: the server's default (`SamplingDefaults.max_tokens`), for a request that names neither.
         cap: ``Limits.max_tokens`` (``None``: no cap); a default above it is lowered to it.
+        max_context: the model's context window in tokens (`Engine.max_context`; ``None``: not checked).
+            A field asking for more than the whole window is refused, as vLLM's OpenAI server refuses it;
+            one that fits the window but not beside the prompt is clipped by the engine (``finish_reason``
+            ``length``), which vLLM would refuse too.
 
     Returns:
         The number of completion tokens to sample at most (>= 1).
 
     Raises:
         RequestError: ``max_tokens`` or ``max_completion_tokens`` above ``cap`` (422 naming the field).
+        ContextLengthError: either field above ``max_context`` (400 naming the field and the window).
     """
-    if cap is None:
-        return request.max_completion_tokens or request.max_tokens or default
     for field in ("max_tokens", "max_completion_tokens"):
         asked = getattr(request, field)
-        if asked is not None and asked > cap:
+        if asked is None:
+            continue
+        if cap is not None and asked > cap:
             raise RequestError(
                 f"{field}: {asked} is above this server's cap of {cap}", status_code=422, param=field
             )
+        if max_context is not None and asked > max_context:
+            raise ContextLengthError(
+                f"{field}: {asked} is more than this model's maximum context length of {max_context} "
+                "tokens (prompt and completion together)",
+                param=field,
+            )
+    if cap is None:
+        return request.max_completion_tokens or request.max_tokens or default
     return request.max_completion_tokens or request.max_tokens or min(default, cap)
 
 
@@ -120,12 +135,14 @@ class ChatService:
             The ``max_tokens`` the call samples with.
 
         Raises:
-            RequestError: a field over its cap (422).
+            RequestError: a field over its cap (422), or over the context window (400).
             Unavailable: the owner's client token is over its request rate (429 + Retry-After).
         """
         limits = self.limits.limits
         check_chat_request(limits, request)
-        max_tokens = max_tokens_for(request, self.defaults.max_tokens, limits.max_tokens)
+        max_tokens = max_tokens_for(
+            request, self.defaults.max_tokens, limits.max_tokens, self.engine.max_context
+        )
         self.limits.take(episode.owner)
         return max_tokens
 

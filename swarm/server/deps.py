@@ -96,3 +96,10 @@ REQUEST_TIMEOUT = (
     "HTTP layer in this JSON shape on every path, and the connection is closed.",
 )
 """The 408 every operation declares (`swarm.server.http_protocol`)."""
+HEAD_TOO_LARGE = (
+    431,
+    "The request's target and headers are larger than the server's limit (`swarm serve "
+    "--max-header-bytes`); answered by the HTTP layer in this JSON shape on every path, and the connection "
+    "is closed.",
+)
+"""The 431 every operation declares (`swarm.server.http_protocol`)."""

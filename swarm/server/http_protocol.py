@@ -8,7 +8,10 @@ is a JSON :class:`~swarm.protocol.ErrorBody` like every other error, and a metho
 ``request_timeout_s`` (headers that never end, a ``Content-Length`` longer than the body sent, a body
 trickled byte by byte) is answered 408 in the same shape and its connection closed, and so is a connection
 that sends nothing for that long; uvicorn would wait forever (its keep-alive timeout only runs between
-requests). The app then sees the client gone (``http.disconnect``) and its answer is dropped.
+requests). The app then sees the client gone (``http.disconnect``) and its answer is dropped. A request
+whose head (request line and headers) grows past ``max_header_bytes`` is answered 431 (RFC 6585 section 5)
+in the same shape and its connection closed before the app sees it; httptools itself sets no bound, so a
+client could make the server hold headers of any size.
 
 Why: uvicorn writes a response's status line and headers as soon as the app sends
 ``http.response.start`` and the body at ``http.response.body``: two ``send`` system calls (and two TCP
@@ -38,6 +41,13 @@ from swarm.server.framework import PROTOCOL, fast_path
 REQUEST_TIMEOUT_S = 60.0
 """Longest time a request may take to arrive whole, from its first byte (or the connection's start) to its
 last (seconds); the largest body the server takes (``max_body_bytes``) needs far less on any working link."""
+
+MAX_HEADER_BYTES = 64 * 1024
+"""Default bound on a request's head: its target plus every header line (bytes; ``swarm serve
+--max-header-bytes``). nginx answers heads over 32 KiB (4 × 8 KiB buffers) with an error, Node over 16 KiB."""
+
+LINGER_S = 2.0
+"""After a 431, how long the server reads and drops what the client still sends before it closes."""
 
 _REQUEST_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ [^ \r\n]+ HTTP/\d\.\d\r?\n")
 """A request line as RFC 9112 §3 writes it: a method token, a target and the version."""
@@ -101,16 +111,60 @@ if HttpToolsProtocol is not None:
 
         request_timeout_s: float = REQUEST_TIMEOUT_S
         """See `REQUEST_TIMEOUT_S` (a subclass may set another)."""
+        max_header_bytes: int = MAX_HEADER_BYTES
+        """See `MAX_HEADER_BYTES` (:func:`http_protocol` makes a subclass with another)."""
 
         _request_timer: asyncio.TimerHandle | None = None
         _receiving = False  # a request has begun and not yet been received whole
         _first_bytes = b""  # the start of the data that began the current request (its request line)
         _headers_done = False  # ... and its headers were complete (``self.cycle`` is its own)
+        _head_bytes = 0  # the current request's target and header lines parsed so far (bytes)
+        _head_raw = 0  # bytes received since its head began, while that head was still incomplete
+        _begun = 0  # requests begun in the data being parsed
+        _head_too_large = False
 
         def data_received(self, data: bytes) -> None:
-            if not self._receiving:  # this data begins a request (unless a pipelined one follows another)
+            if self._head_too_large:  # answered 431: the rest is read and dropped until the close
+                return
+            at_start = not self._receiving  # this data begins a request (unless a pipelined one follows)
+            if at_start:
                 self._first_bytes = bytes(data[:_REQUEST_LINE_MAX])
+            self._begun = 0
             super().data_received(data)
+            if self._receiving and not self._headers_done and not self._head_too_large:
+                # the head is still incomplete: all of this data is head where the request began at its
+                # start or before it (httptools holds a header's name and value until it ends, so a single
+                # endless header is bounded here, not in ``on_header``)
+                if self._begun == 0 or (self._begun == 1 and at_start):
+                    self._head_raw += len(data)
+                if self._head_raw > self.max_header_bytes:
+                    self._refuse_large_head()
+
+        def _count_head(self, size: int) -> None:
+            self._head_bytes += size
+            if self._head_bytes > self.max_header_bytes:
+                self._head_too_large = True
+                raise _HeadTooLarge  # httptools stops parsing; uvicorn calls ``send_400_response``
+
+        def on_url(self, url: bytes) -> None:
+            self._count_head(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_head(len(name) + len(value) + 4)  # "name: value\r\n"
+            super().on_header(name, value)
+
+        def _refuse_large_head(self) -> None:
+            self._head_too_large = True
+            message = (
+                f"the request's headers are larger than this server's limit of {self.max_header_bytes} bytes "
+                "(request line and header lines)"
+            )
+            # Closing at once with the rest of the head unread would make the kernel send a reset, and the
+            # client could lose the answer: the answer is sent, the sending side shut (the client reads
+            # the answer and its end), and what still arrives is dropped until the client closes or
+            # LINGER_S has passed (nginx's lingering close).
+            self._answer_and_close(431, "request_header_fields_too_large", message, linger=True)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -120,6 +174,9 @@ if HttpToolsProtocol is not None:
         # -- errors before the app, in JSON ---------------------------------------------------------------
         def send_400_response(self, msg: str) -> None:
             self._cancel_request_timer()
+            if self._head_too_large:  # raised from ``_count_head``
+                self._refuse_large_head()
+                return
             # uvicorn calls this inside its ``except HttpParserError``: a well-formed request line whose
             # method httptools does not know is a 501 (RFC 9110 section 15.6.2), not a malformed request
             unknown = isinstance(sys.exc_info()[1], httptools.HttpParserInvalidMethodError)
@@ -136,7 +193,8 @@ if HttpToolsProtocol is not None:
             )
             self._answer_and_close(400, "invalid_request_error", message)
 
-        def _answer_and_close(self, status: int, kind: str, message: str) -> None:
+        def _answer_and_close(self, status: int, kind: str, message: str, *, linger: bool = False) -> None:
+            self._cancel_request_timer()
             body = ErrorBody(error=ErrorDetail(type=kind, message=message)).model_dump_json(exclude_none=True)
             head = [_STATUS_LINES[status]]
             for name, value in self.server_state.default_headers:
@@ -144,12 +202,18 @@ if HttpToolsProtocol is not None:
             head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
             head.append(b"connection: close\r\n\r\n")
             self.transport.write(b"".join(head) + body.encode())
-            self.transport.close()
+            if linger and self.transport.can_write_eof():
+                self.transport.write_eof()
+                self.loop.call_later(LINGER_S, self.transport.close)
+            else:
+                self.transport.close()
 
         # -- the request timeout ----------------------------------------------------------------------------
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._receiving, self._headers_done = True, False
+            self._head_bytes = self._head_raw = 0
+            self._begun += 1
             self._arm_request_timer()
 
         def on_headers_complete(self) -> None:
@@ -193,14 +257,23 @@ if HttpToolsProtocol is not None:
     _STATUS_LINES = {
         400: b"HTTP/1.1 400 Bad Request\r\n",
         408: b"HTTP/1.1 408 Request Timeout\r\n",
+        431: b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
         501: b"HTTP/1.1 501 Not Implemented\r\n",
     }
 
 
-def http_protocol() -> type[asyncio.Protocol] | str:
-    """The ``http`` argument for ``uvicorn.run``/``uvicorn.Config``: the coalescing httptools protocol,
-    or ``"auto"`` where uvicorn's httptools implementation is not available or uvicorn is outside its
-    tested versions (`swarm.server.framework`)."""
+class _HeadTooLarge(Exception):
+    """Raised in a parser callback to stop parsing a request whose head is over the bound."""
+
+
+def http_protocol(max_header_bytes: int = MAX_HEADER_BYTES) -> type[asyncio.Protocol] | str:
+    """The ``http`` argument for ``uvicorn.run``/``uvicorn.Config``: the coalescing httptools protocol
+    bounding a request's head at ``max_header_bytes`` (bytes; 431 beyond), or ``"auto"`` where uvicorn's
+    httptools implementation is not available or uvicorn is outside its tested versions
+    (`swarm.server.framework`; pass the same bound as ``h11_max_incomplete_event_size`` for uvicorn's h11
+    protocol, which answers its plain-text 400 beyond it)."""
     if HttpToolsProtocol is None or not fast_path(PROTOCOL, "coalescing HTTP protocol"):
         return "auto"
-    return SwarmHttpProtocol
+    if max_header_bytes == SwarmHttpProtocol.max_header_bytes:
+        return SwarmHttpProtocol
+    return type("SwarmHttpProtocol", (SwarmHttpProtocol,), {"max_header_bytes": max_header_bytes})

@@ -7,7 +7,9 @@ Two servers on one run dir both append to ``events.jsonl`` (duplicate ``seq`` nu
 before the server loads or opens anything; the operating system releases it when the process ends,
 however it ends (kill -9 included), so a restart works at once. The file stays (removing it would let a
 server lock a file another one is about to open); it holds the holder's pid and port, read only by a
-server refused the lock, to name the holder in its error.
+server refused the lock (and by ``swarm serve --check``, `held_by`), to name the holder in its error. A
+server started with ``--port 0`` writes port 0 at first and its bound port once it listens
+(:meth:`RunDirLock.set_port`); a refusal in between says the port is not known yet.
 
 Readers need no lock: ``swarm`` commands that read a run dir (SQLite's own locking covers ``pool.db``)
 keep working while a server runs. A child process forked by the server (not spawned: spawning, and
@@ -56,13 +58,18 @@ class RunDirLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise RunDirInUse(f"--run-dir {run_dir} is in use by another swarm serve ({holder})") from None
+            raise RunDirInUse(in_use(run_dir, holder)) from None
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "port": port}).encode() + b"\n", 0)
         self._fd: int | None = fd
+        self.set_port(port)
+
+    def set_port(self, port: int) -> None:
+        """Write the holder's port (the one it listens on once bound, for ``--port 0``) into the lock file."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, json.dumps({"pid": os.getpid(), "port": port}).encode() + b"\n", 0)
 
     def release(self) -> None:
         """Release the lock (idempotent); the process's end releases it too."""
@@ -72,14 +79,36 @@ class RunDirLock:
                 os.close(fd)  # closing the only descriptor of the open file releases its flock
 
 
+def in_use(run_dir: Path, holder: str) -> str:
+    """The one line that refuses a run dir ``holder`` (`held_by`'s words) serves."""
+    return f"--run-dir {run_dir} is in use by another swarm serve ({holder})"
+
+
+def held_by(run_dir: Path) -> str | None:
+    """Who holds ``run_dir``'s lock (``"pid N, port P"``, as in :class:`RunDirInUse`'s message), or
+    ``None`` when no live process does. Creates and changes nothing (``swarm serve --check``)."""
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY)
+    except OSError:  # no lock file (never served) or unreadable: nobody to name
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted unless a server holds it exclusively
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)  # releases the shared lock where it was granted
+    return None
+
+
 def _holder(fd: int) -> str:
-    """Who holds the lock, as its file says: ``"pid N, port P"`` (the port when known)."""
+    """Who holds the lock, as its file says: ``"pid N, port P"`` (``port not known yet`` while a server
+    started with ``--port 0`` has not bound its port)."""
     try:
         holder = json.loads(os.pread(fd, 4096, 0))
         pid, port = int(holder["pid"]), int(holder.get("port") or 0)
     except (OSError, ValueError, TypeError, KeyError):
         return "pid unknown"  # it has not written its pid yet
-    where = f"pid {pid}, port {port}" if port else f"pid {pid}"
+    where = f"pid {pid}, port {port}" if port else f"pid {pid}, port not known yet (--port 0, still starting)"
     try:
         os.kill(pid, 0)
     except ProcessLookupError:  # it died; a process it forked still holds the lock (and what it had)

@@ -66,6 +66,8 @@ class Server(uvicorn.Server):
             failure, an exception); it should not raise (what it raises replaces the server's own error).
         on_stop: called on the event loop when the stop begins, after the listeners closed and before
             uvicorn waits for the open connections (what it raises is logged, and the stop goes on).
+        on_started: called with the port it listens on once the server has started (the bound port
+            where the configuration says 0).
     """
 
     def __init__(
@@ -73,10 +75,20 @@ class Server(uvicorn.Server):
         config: uvicorn.Config,
         on_exit: Callable[[], None],
         on_stop: Callable[[], None] | None = None,
+        on_started: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(config)
         self._on_exit = on_exit
         self._on_stop = on_stop
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_started is not None:
+            bound = [sock.getsockname() for server in self.servers for sock in server.sockets]
+            ports = [name[1] for name in bound if isinstance(name, tuple)]
+            if ports:
+                self._on_started(int(ports[0]))
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -202,12 +214,15 @@ def reap_children(timeout_s: float = 10.0) -> list[int]:
 
 
 def run(
-    config: uvicorn.Config, on_exit: Callable[[], None], on_stop: Callable[[], None] | None = None
+    config: uvicorn.Config,
+    on_exit: Callable[[], None],
+    on_stop: Callable[[], None] | None = None,
+    on_started: Callable[[int], None] | None = None,
 ) -> None:
     """Serve as ``uvicorn.run`` does for one process (Ctrl-C ends it quietly; a server that never started
-    exits with uvicorn's status 3), with ``on_stop`` run when the stop begins and ``on_exit`` before a
-    caught signal is re-raised (:class:`Server`)."""
-    server = Server(config, on_exit, on_stop)
+    exits with uvicorn's status 3), with ``on_started`` given the bound port, ``on_stop`` run when the
+    stop begins and ``on_exit`` before a caught signal is re-raised (:class:`Server`)."""
+    server = Server(config, on_exit, on_stop, on_started)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     if not server.started:

@@ -270,16 +270,19 @@ class TrainingLoop:
                         await asyncio.to_thread(self._locked, self._catch_up)
                 except Exception as exc:  # a failed step must not kill the server: report it, keep serving
                     self.phase.end_step()
-                    reason = f"training step failed: {type(exc).__name__}: {exc}"
-                    self.events.emit("train.failed", reason, level="error")
-                    if self._on_failure is not None:
-                        self._on_failure(reason)
+                    self._report_failure(exc)
                     await asyncio.sleep(1.0)
         finally:
             if self.scorer is not None:
                 await self.scorer.aclose()
             # a stopping server finishes its checkpoint and writes the newest state if it has none
             await asyncio.to_thread(self._locked, self._flush)
+
+    def _report_failure(self, exc: Exception) -> None:
+        reason = f"training step failed: {type(exc).__name__}: {exc}"
+        self.events.emit("train.failed", reason, level="error")
+        if self._on_failure is not None:
+            self._on_failure(reason)
 
     def _locked(self, work: Callable[..., Any], *args: Any) -> Any:
         """``work(*args)`` holding the trainer lock (in a worker thread)."""
@@ -351,10 +354,27 @@ class TrainingLoop:
         unscored: set[str] = set()
         if self.scorer is not None and self.config.distill is not None:
             unscored = await self.scorer.ready(batch.episode_ids, self.config.distill.wait_s)
+        work = asyncio.ensure_future(
+            asyncio.to_thread(self._locked, self._step_blocking, batch, drain, unscored)
+        )
         try:
-            metrics = await asyncio.to_thread(self._locked, self._step_blocking, batch, drain, unscored)
+            metrics = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # The server stops during the step: its thread cannot be stopped and publishes the step (served
+            # weights, consumed episodes, metrics row); its event is written before the stop goes on, so
+            # every finished step leaves both.
+            try:
+                self._emit_step(await work)
+            except Exception as exc:
+                self._report_failure(exc)
+            raise
         finally:
             self.phase.end_step()
+        self._emit_step(metrics)
+        self.wake()  # another batch may already be waiting
+
+    def _emit_step(self, metrics: ServerStepMetrics | None) -> None:
+        """The ``train.step`` event of a finished step (none for a step that trained nothing)."""
         if metrics is not None:
             self.events.emit(
                 "train.step",
@@ -365,7 +385,6 @@ class TrainingLoop:
                     )
                 ),
             )
-        self.wake()  # another batch may already be waiting
 
     def _step_blocking(
         self, chosen: Batch, drain: Drain, unscored: set[str] | None = None

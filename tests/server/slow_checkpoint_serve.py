@@ -8,6 +8,9 @@ environment variables instrument it; everything else is the real server:
   flight for as many steps as it likes.
 - ``SWARM_TEST_WEIGHTS_DIR``: a folder; after each step the trained model's tensors go to
   ``step-N.pt`` there (this process's weights, for comparing a restart's replay with).
+- ``SWARM_TEST_STEP_GATE``: a path; while that file exists, a training step waits before it starts
+  (`TorchTrainer.step`, wrapped): the test stops the server in the middle of a step
+  (tests/server/test_serve_stop.py).
 - ``SWARM_TEST_NONFINITE_BACKWARD``: a number N; a gradient hook on the trainer's first trainable
   parameter (the real module's) makes the process's N-th backward pass non-finite
   (tests/server/test_checkpoint_nonfinite.py).
@@ -36,6 +39,15 @@ def _gated(save: Any, gate: Path) -> Any:
         return path
 
     return save_checkpoint
+
+
+def _gated_step(step: Any, gate: Path) -> Any:
+    def gated(self: TorchTrainer, *args: Any, **kwargs: Any) -> Any:
+        while gate.exists():
+            time.sleep(0.01)
+        return step(self, *args, **kwargs)
+
+    return gated
 
 
 def _dumping(step_blocking: Any, folder: Path) -> Any:
@@ -70,6 +82,8 @@ if __name__ == "__main__":
         checkpoints.save_checkpoint = _gated(checkpoints.save_checkpoint, Path(gate))
     if folder := os.environ.get("SWARM_TEST_WEIGHTS_DIR"):
         TrainingLoop._step_blocking = _dumping(TrainingLoop._step_blocking, Path(folder))  # type: ignore[method-assign]
+    if step_gate := os.environ.get("SWARM_TEST_STEP_GATE"):
+        TorchTrainer.step = _gated_step(TorchTrainer.step, Path(step_gate))  # type: ignore[method-assign]
     if nth := os.environ.get("SWARM_TEST_NONFINITE_BACKWARD"):
         TorchTrainer.__init__ = _poisoning(TorchTrainer.__init__, int(nth))  # type: ignore[method-assign]
     main()

@@ -226,7 +226,7 @@ def test_a_405_names_every_method_of_the_resource(server: Any, method: str, path
 
 def test_body_errors_are_the_same_on_every_route(server: Any) -> None:
     """A body that is not JSON is a 400 on every route (OpenAI and Anthropic answer 400 too), each API in
-    its own shape; a JSON body sent as another content type is a 415 that says so."""
+    its own shape; a JSON body sent as another content type, or with none, is a 415 that says so."""
     with SwarmClient(server.url) as client, client.episode("bodies") as ep:
         key = {"Authorization": f"Bearer {ep.api_key}"}
         routes = (
@@ -248,9 +248,35 @@ def test_body_errors_are_the_same_on_every_route(server: Any) -> None:
             message = r.json()["error"]["message"]
             assert "must be JSON" in message and "Content-Type: application/json" in message
             assert "'text/plain'" in message and "dictionary" not in message
+            # the same body with no Content-Type at all (a 422 "Input should be a valid dictionary" before)
+            r = httpx.post(server.url + path, content=b'{"reward": 1}', headers=headers)
+            assert "content-type" not in r.request.headers and r.status_code == 415, (path, r.text)
+            message = r.json()["error"]["message"]
+            assert "Content-Type: application/json" in message and "Content-Type is missing" in message
         assert httpx.post(f"{server.url}/v1/messages", content=b"{x", headers=key).json()["type"] == "error"
         ep.finish(0.0)
         assert client.get_episode(ep.id).calls == []
+
+
+def test_a_request_head_over_the_bound_is_431_json_and_declared(server: Any) -> None:
+    """A 200 KB header (accepted before) is refused before the app: 431 in the server's JSON error shape,
+    the connection closed; each API's document declares it; the server keeps serving."""
+    with SwarmClient(server.url) as client, client.episode("heads") as ep:
+        for path in ("/v1/chat/completions", "/v1/messages", "/api/v1/episodes"):
+            body = {"model": ep.model, "messages": QUESTION, "max_tokens": 2}
+            big = {"Authorization": f"Bearer {ep.api_key}", "X-Big": "a" * 200_000}
+            r = httpx.post(server.url + path, json=body, headers=big)
+            error = assert_error(r, 431, "request_header_fields_too_large")
+            assert "limit of 65536 bytes" in error["message"] and r.headers["connection"] == "close"
+        assert chat(
+            ep.base_url, ep.api_key, {"model": ep.model, "messages": QUESTION, "max_tokens": 2}
+        ).is_success
+        ep.finish(0.0)
+        assert len(client.get_episode(ep.id).calls) == 1  # only the call after the refused ones
+    document = httpx.get(f"{server.url}/openapi.json").json()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            assert "431" in operation["responses"], (method, path)
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/api/v1/status", "/api/v1/config", "/openapi.json"])

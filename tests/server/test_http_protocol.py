@@ -208,3 +208,57 @@ def test_a_body_trickled_byte_by_byte_is_cut_at_the_same_bound() -> None:
             while chunk := sock.recv(65536):
                 out += chunk
     assert "did not arrive whole" in _json_error(out, 408, "request_timeout")
+
+
+class _SmallHeads(SwarmHttpProtocol):
+    max_header_bytes = 4096
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /empty HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 200_000 + b"\r\n\r\n",  # one huge header
+        b"GET /empty HTTP/1.1\r\nhost: x\r\n" + b"x-h: aaaaaaaaaaaa\r\n" * 400 + b"\r\n",  # many headers
+        b"GET /empty?" + b"q" * 5000 + b" HTTP/1.1\r\nhost: x\r\n\r\n",  # a long target
+        b"GET /empty HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 200_000,  # a header that never ends
+    ],
+    ids=["huge-header", "many-headers", "long-target", "unended"],
+)
+def test_a_head_over_the_bound_is_431_and_closed(request_bytes: bytes) -> None:
+    """RFC 6585 section 5: a request whose headers are too large is answered 431, in JSON like every other
+    error, and its connection closed (httptools itself takes heads of any size)."""
+    for port in _serve(_SmallHeads):
+        answer, took = _answer(port, request_bytes)
+        assert took < 3.0
+        message = _json_error(answer, 431, "request_header_fields_too_large")
+        assert "limit of 4096 bytes" in message
+        ok, _ = _answer(port, b"GET /empty HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 204 ")
+
+
+def test_heads_within_the_bound_and_pipelined_requests_are_served() -> None:
+    """A head just under the bound, and a large body followed by a pipelined request in the same data, are
+    not mistaken for large heads."""
+    for port in _serve(_SmallHeads):
+        near = b"GET /empty HTTP/1.1\r\nhost: x\r\nx-h: " + b"a" * 3900 + b"\r\nconnection: close\r\n\r\n"
+        answer, _ = _answer(port, near)
+        assert answer.startswith(b"HTTP/1.1 204 "), answer[:200]
+        body = b'"' + b"b" * 100_000 + b'"'
+        pipelined = (
+            b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body)
+            + body
+            + b"GET /empty HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        answer, _ = _answer(port, pipelined)
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 204 " in answer, answer[:200]
+
+
+def test_http_protocol_sets_the_bound_it_is_given() -> None:
+    from swarm.config import ServerConfig
+    from swarm.server.http_protocol import MAX_HEADER_BYTES
+
+    assert ServerConfig().max_header_bytes == MAX_HEADER_BYTES == 64 * 1024
+    assert http_protocol() is SwarmHttpProtocol
+    small = http_protocol(2048)
+    assert isinstance(small, type) and issubclass(small, SwarmHttpProtocol)
+    assert small.max_header_bytes == 2048

@@ -347,3 +347,63 @@ def test_the_default_request_cap_is_a_share_of_the_context(tmp_path: Any, tiny_e
             ep.finish(0.0)
     finally:
         live.stop()
+
+
+def test_max_tokens_over_the_context_is_400_in_each_api(server: LiveServer) -> None:
+    """With no request cap, a ``max_tokens`` above the model's whole context window cannot be met: a 400
+    naming the field and the window in each API's shape (vLLM's OpenAI server answers 400 "This model's
+    maximum context length is N tokens"), nothing recorded; at the window it is clipped to the room left
+    after the prompt (``finish_reason`` length)."""
+    import anthropic
+    import openai
+
+    context = server.engine.max_context if server.engine is not None else 0
+    assert httpx.get(f"{server.url}/api/v1/config").json()["limits"]["max_tokens"] is None
+    with SwarmClient(server.url) as client, client.episode("over-context") as ep:
+        sdk = openai.OpenAI(base_url=ep.base_url, api_key=ep.api_key, max_retries=0)
+        for field in ("max_tokens", "max_completion_tokens"):
+            with pytest.raises(openai.BadRequestError) as refused:
+                sdk.chat.completions.create(model=ep.model, messages=QUESTION, **{field: context + 1})  # type: ignore[call-overload]
+            error = refused.value.body
+            assert isinstance(error, dict) and error["type"] == "context_length_exceeded"
+            assert (
+                error["param"] == field and f"maximum context length of {context} tokens" in error["message"]
+            )
+        claude = anthropic.Anthropic(
+            base_url=ep.base_url.removesuffix("/v1"), api_key=ep.api_key, max_retries=0
+        )
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=ep.model, messages=QUESTION, max_tokens=context + 1)
+        body = caught.value.body
+        assert isinstance(body, dict) and body["type"] == "error"
+        assert body["error"]["type"] == "invalid_request_error"
+        assert f"maximum context length of {context} tokens" in body["error"]["message"]
+        assert client.get_episode(ep.id).calls == []
+        ok = sdk.chat.completions.create(model=ep.model, messages=QUESTION, max_tokens=context, temperature=0)
+        assert ok.usage is not None and ok.usage.prompt_tokens + ok.usage.completion_tokens <= context
+        ep.finish(0.0)
+
+
+def test_a_zero_request_cap_is_refused_saying_null_lifts_it(limited: LiveServer) -> None:
+    """``--max-request-tokens 0`` lifts the cap on the command line; in a ``PATCH`` that is ``null``, and
+    ``0`` is a 422 that says so (and names the bound); the document says the same."""
+    url = limited.url
+    try:
+        zero = patch(url, max_tokens=0)
+        assert zero.status_code == 422, zero.text
+        error = zero.json()["error"]
+        assert error["param"] == "limits.max_tokens"
+        assert error["message"] == (
+            "limits.max_tokens: 0 is not a cap: a cap is at least 1, and null lifts it "
+            "(as swarm serve --max-request-tokens 0)"
+        )
+        assert patch(url, max_tokens=False).status_code == 422  # not an integer
+        assert patch(url, max_tokens=1).json()["config"]["limits"]["max_tokens"] == 1
+        assert patch(url, max_tokens=None).json()["config"]["limits"]["max_tokens"] is None
+        schema = httpx.get(f"{url}/openapi.json").json()["components"]["schemas"]["LimitsPatch"]
+        field = schema["properties"]["max_tokens"]
+        assert {"type": "integer", "minimum": 1} in field["anyOf"] and "null lifts the cap" in field[
+            "description"
+        ]
+    finally:
+        reset(url)

@@ -56,3 +56,20 @@ def test_max_new_tokens_clips_to_the_context(
     asked: int, prompt_len: int, context: int, expected: int
 ) -> None:
     assert max_new_tokens(asked, prompt_len, context) == expected
+
+
+@pytest.mark.parametrize("cap", [None, 10_000])
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_field_over_the_context_is_refused_by_name(field: str, cap: int | None) -> None:
+    """Above the whole window (no cap, or a cap above the window): 400 naming the window, as vLLM."""
+    from swarm.errors import ContextLengthError
+
+    with pytest.raises(ContextLengthError) as refused:
+        max_tokens_for(chat(**{field: 8193}), 16, cap, 8192)
+    assert refused.value.status_code == 400 and refused.value.param == field
+    assert str(refused.value).startswith(
+        f"{field}: 8193 is more than this model's maximum context length of 8192"
+    )
+    assert (
+        max_tokens_for(chat(**{field: 8192}), 16, cap, 8192) == 8192
+    )  # the engine clips it to the room left

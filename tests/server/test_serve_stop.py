@@ -4,6 +4,7 @@ alone (`swarm.server.stopping`, `swarm.server.run_dir_lock`)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,11 +17,14 @@ import httpx
 import pytest
 
 from a3r.swarmops.trained import trained_metrics
+from swarm.client import SwarmClient
 from swarm.engine import ModelSource
-from swarm.server.run_dir_lock import RunDirInUse, RunDirLock
+from swarm.server.run_dir_lock import RunDirInUse, RunDirLock, held_by
 from swarm.server.shutdown import GRACEFUL_SHUTDOWN_S
 from tests.conftest import free_port, serve_process, wait_for
+from tests.server.test_checkpoint_skip import _events, slow_server_files
 from tests.server.test_serve_cli import _children, _tiny_model_dir
+from tests.server.test_training import rollout
 
 
 class _Reader(threading.Thread):
@@ -193,3 +197,102 @@ def test_the_run_dir_lock_is_exclusive_and_released(tmp_path: Path) -> None:
     again = RunDirLock(run_dir)
     assert json.loads((run_dir / "server.lock").read_text())["port"] == 0
     again.release()
+
+
+@pytest.mark.slow
+def test_a_step_that_finishes_after_sigterm_leaves_its_event_and_metrics(
+    tmp_path: Path, embedded_source: ModelSource, tokenizer: Any
+) -> None:
+    """SIGTERM while a training step runs: the step's thread finishes it (weights, consumed episodes,
+    metrics row) and its ``train.step`` event is written before the process exits (it was lost: the
+    training task was cancelled while it waited for the thread)."""
+    files = slow_server_files(tmp_path, embedded_source, tokenizer)
+    gate = tmp_path / "step-gate"
+    gate.touch()  # the first step waits in the trainer until the test removes it
+    flags = ["--batch-policy", "episodes", "--batch-size", "1", "--group-size", "2", "--lr", "1e-3"]
+    proc = serve_process(
+        files.model_dir,
+        files.run_dir,
+        files.port,
+        *flags,
+        module="tests.server.slow_checkpoint_serve",
+        env={"SWARM_TEST_STEP_GATE": str(gate)},
+    )
+    try:
+        with SwarmClient(files.url) as client:
+            rollout(client, "a", 1.0)
+            rollout(client, "a", 0.0)
+        wait_for(lambda: _events(files.run_dir, "train.started") != [], 120, "the step to start")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the stop has begun; the step still waits
+        assert proc.poll() is None
+        gate.unlink()
+        proc.wait(timeout=120)
+    finally:
+        gate.unlink(missing_ok=True)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert [e["step"] for e in _events(files.run_dir, "train.step")] == [1]
+    rows = [json.loads(line) for line in (files.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1]
+
+
+def test_a_port_0_holder_is_named_by_its_bound_port_and_check_refuses_its_run_dir(
+    tmp_path: Path, embedded_source: ModelSource, tokenizer: Any
+) -> None:
+    """A server started with ``--port 0`` writes its bound port into the lock once it listens: a second
+    server's refusal names that port (it named none), and ``swarm serve --check`` on the held run dir
+    (it said "options are valid") exits 1 with the same one line, changing nothing."""
+    model_dir, run_dir = _tiny_model_dir(tmp_path, embedded_source, tokenizer), tmp_path / "run"
+    lock = run_dir / "server.lock"
+    holder = subprocess.Popen(_serve_argv(model_dir, run_dir, 0))
+    try:
+
+        def bound() -> bool:
+            assert holder.poll() is None, "swarm serve exited"
+            return lock.exists() and json.loads(lock.read_text() or "{}").get("port", 0) != 0
+
+        wait_for(bound, 300, "the port 0 server to listen")
+        port = json.loads(lock.read_text())["port"]
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).is_success, 60, "answers")
+        expected = (
+            f"error: --run-dir {run_dir} is in use by another swarm serve (pid {holder.pid}, port {port})"
+        )
+        refused = subprocess.run(
+            _serve_argv(model_dir, run_dir, free_port()), capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode == 1 and (refused.stdout + refused.stderr).strip() == expected
+        names, lock_text = sorted(p.name for p in run_dir.iterdir()), lock.read_text()
+        checked = subprocess.run(
+            [*_serve_argv(model_dir, run_dir, free_port()), "--check"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert checked.returncode == 1 and (checked.stdout + checked.stderr).strip() == expected
+        assert sorted(p.name for p in run_dir.iterdir()) == names and lock.read_text() == lock_text
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).is_success  # it serves on
+    finally:
+        holder.terminate()
+        holder.wait(timeout=60)
+    free = subprocess.run(
+        [*_serve_argv(model_dir, run_dir, free_port()), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert free.returncode == 0 and "options are valid" in free.stderr  # released: the check passes
+
+
+def test_a_holder_that_has_not_bound_its_port_0_says_so(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert held_by(run_dir) is None and not run_dir.exists()  # nothing created
+    held = RunDirLock(run_dir, 0)
+    with pytest.raises(RunDirInUse, match=r"\(pid \d+, port not known yet \(--port 0, still starting\)\)"):
+        RunDirLock(run_dir)
+    assert held_by(run_dir) == f"pid {os.getpid()}, port not known yet (--port 0, still starting)"
+    held.set_port(8124)
+    assert held_by(run_dir) == f"pid {os.getpid()}, port 8124"
+    held.release()
+    assert held_by(run_dir) is None

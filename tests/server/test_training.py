@@ -347,3 +347,30 @@ def test_every_server_checkpoints_every_step_unless_told_otherwise() -> None:
     assert ServeOptions(lora_rank=8).to_server_config().training.checkpoint_every == 1
     assert ServeOptions().to_server_config().training.checkpoint_every == 1
     assert ServeOptions(lora_rank=8, checkpoint_every=3).to_server_config().training.checkpoint_every == 3
+
+
+def test_status_counts_are_two_partitions_that_overlap(tmp_path: Path, fresh_engine: Any) -> None:
+    """``/api/v1/status`` counts episodes by status and, apart, train episodes by training: an aborted
+    train episode trains too, so ``trained`` exceeds ``finished`` here (2 > 1, as a fresh user saw 6 > 5);
+    ``pending + trained`` is the finished and aborted train episodes, eval ones in neither. The document
+    says so."""
+    live = make_server(tmp_path, fresh_engine, training=training_config(1e-3))
+    try:
+        with SwarmClient(live.url) as client:
+            rollout(client, "g", 1.0)
+            with client.episode("g") as ep:  # the group's other rollout, aborted by its client
+                OpenAI(base_url=ep.base_url, api_key=ep.api_key).chat.completions.create(
+                    model=ep.model, messages=QUESTION, max_tokens=4
+                )
+                ep.abort("gave up")
+            with client.episode("e", kind="eval") as ev:
+                ev.finish(1.0)
+            wait_for(lambda: client.status().episodes.trained == 2, 120, "the step")
+            counts = client.status().episodes
+        assert (counts.open, counts.finished, counts.aborted, counts.infra_failure) == (0, 2, 1, 0)
+        assert (counts.pending, counts.trained) == (0, 2)  # the aborted one trained; the eval one did not
+        schema = httpx.get(f"{live.url}/openapi.json").json()["components"]["schemas"]["EpisodeCounts"]
+        assert "Two partitions" in schema["description"]
+        assert "not of all episodes" in schema["properties"]["trained"]["description"]
+    finally:
+        live.stop()
