@@ -84,15 +84,12 @@ class Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        _reinstall_signal_handlers()  # before any request is answered: nothing else runs in between
         if self.started and self._on_started is not None:
             bound = [sock.getsockname() for server in self.servers for sock in server.sockets]
             ports = [name[1] for name in bound if isinstance(name, tuple)]
             if ports:
                 self._on_started(int(ports[0]))
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        _reinstall_signal_handlers()  # before any request is answered: nothing else runs in between
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self._on_stop is not None:
