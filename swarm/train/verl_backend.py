@@ -931,6 +931,25 @@ def _report_failed_write(folder: Path, written: Any) -> None:
         (folder / FAILED).write_text(f"rank {torch.distributed.get_rank()}: {type(error).__name__}: {error}")
 
 
+def read_optimizer_files(folder: Path) -> dict[str, Any]:
+    """The AdamW state verl's actor wrote into a checkpoint's ``verl_optimizer/`` folder, unsharded, as
+    :meth:`SwarmActorWorker.optimizer_state` returns it: ``state`` (by parameter name: ``step``,
+    ``exp_avg``, ``exp_avg_sq``, full float32 CPU tensors) and ``param_groups``. For inspection (the
+    AdamW check of ``bench/multi_gpu_resume.py``); no process group needed; reads the whole state
+    (2 × the trained parameters' float32 bytes) through a temporary file.
+
+    Raises:
+        FileNotFoundError: ``folder`` has no checkpoint.
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dcp_to_torch_save(folder, Path(scratch) / "optimizer.pt")
+        state = torch.load(Path(scratch) / "optimizer.pt", map_location="cpu", weights_only=False)
+    optimizer: dict[str, Any] = state["optimizer"]
+    return optimizer
+
+
 def _actor_device() -> torch.device:
     """The device this actor rank computes on (verl's platform: a CUDA GPU, or the CPU in the tests)."""
     from verl.utils.device import get_device_name
