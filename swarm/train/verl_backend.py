@@ -840,15 +840,14 @@ def _worker_class() -> type:
 
             self.finish_optimizer_write()
             engine = self.actor.engine
-            if getattr(self, "_checkpoint_group", None) is None:
-                self._checkpoint_group = torch.distributed.new_group(backend="gloo")
+            if getattr(self, "_checkpoint_stager", None) is None:
                 self._checkpoint_stager = _optimizer_stager()
             with _resident(engine, optimizer=True):  # sharded: this rank's DTensors, no gather, no copy
                 shard = get_optimizer_state_dict(engine.module, engine.optimizer)
                 written = dcp.async_save(
                     {"optimizer": shard},
                     checkpoint_id=folder,
-                    process_group=self._checkpoint_group,
+                    process_group=self.checkpoint_group(),
                     async_stager=self._checkpoint_stager,
                 )  # returns once the shard is staged in CPU memory
             written.add_done_callback(functools.partial(_report_failed_write, Path(folder)))
@@ -856,6 +855,14 @@ def _worker_class() -> type:
             if torch.distributed.get_rank() != 0:
                 return None
             return dict(engine.lr_scheduler.state_dict())
+
+        def checkpoint_group(self) -> Any:
+            """The gloo group of the actor's ranks that the optimizer files' collectives use (DCP's
+            planning; a background write's must never share the training's group). Made on first use,
+            by every rank in the same call (a collective)."""
+            if getattr(self, "_checkpoint_group", None) is None:
+                self._checkpoint_group = torch.distributed.new_group(backend="gloo")
+            return self._checkpoint_group
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
         def finish_optimizer_write(self) -> None:
@@ -880,7 +887,7 @@ def _worker_class() -> type:
             with _resident(engine, optimizer=True):
                 # the template: this rank's shards (AdamW's state initialised if it has none yet)
                 state = {"optimizer": get_optimizer_state_dict(engine.module, engine.optimizer)}
-                dcp.load(state, checkpoint_id=folder)
+                dcp.load(state, checkpoint_id=folder, process_group=self.checkpoint_group())
                 set_optimizer_state_dict(engine.module, engine.optimizer, state["optimizer"])
             if lr_scheduler is not None:
                 engine.lr_scheduler.load_state_dict(dict(lr_scheduler))
