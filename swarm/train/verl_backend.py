@@ -835,8 +835,10 @@ def _worker_class() -> type:
             folder is complete). A failed write leaves ``FAILED`` in the folder with the error. A
             previous write still running is waited for first. Rank 0 returns the LR schedule's state
             (small); ``None`` elsewhere."""
-            import torch.distributed.checkpoint as dcp
+            from concurrent.futures import Future
+
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+            from torch.distributed.checkpoint.state_dict_saver import async_save
 
             self.finish_optimizer_write()
             engine = self.actor.engine
@@ -844,14 +846,15 @@ def _worker_class() -> type:
                 self._checkpoint_stager = _optimizer_stager()
             with _resident(engine, optimizer=True):  # sharded: this rank's DTensors, no gather, no copy
                 shard = get_optimizer_state_dict(engine.module, engine.optimizer)
-                written = dcp.async_save(
+                written = async_save(
                     {"optimizer": shard},
                     checkpoint_id=folder,
                     process_group=self.checkpoint_group(),
                     async_stager=self._checkpoint_stager,
                 )  # returns once the shard is staged in CPU memory
+            assert isinstance(written, Future)  # a synchronous stager: the write's future
             written.add_done_callback(functools.partial(_report_failed_write, Path(folder)))
-            self._optimizer_write = written
+            self._optimizer_write: Future[Any] | None = written
             if torch.distributed.get_rank() != 0:
                 return None
             return dict(engine.lr_scheduler.state_dict())
@@ -868,7 +871,8 @@ def _worker_class() -> type:
         def finish_optimizer_write(self) -> None:
             """Wait for :meth:`stage_optimizer`'s background write, if one runs (its error is in the
             folder's ``FAILED``, not raised here)."""
-            written, self._optimizer_write = getattr(self, "_optimizer_write", None), None
+            written = getattr(self, "_optimizer_write", None)
+            self._optimizer_write = None
             if written is not None:
                 written.exception()  # waits
 
@@ -877,17 +881,17 @@ def _worker_class() -> type:
             """Restore the AdamW state :meth:`stage_optimizer` wrote into ``folder`` into this rank's
             shard (DCP's ``load`` reads the slices this rank owns: another rank count than the
             writer's reshards), and the LR schedule's state."""
-            import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import (
                 get_optimizer_state_dict,
                 set_optimizer_state_dict,
             )
+            from torch.distributed.checkpoint.state_dict_loader import load
 
             engine = self.actor.engine
             with _resident(engine, optimizer=True):
                 # the template: this rank's shards (AdamW's state initialised if it has none yet)
                 state = {"optimizer": get_optimizer_state_dict(engine.module, engine.optimizer)}
-                dcp.load(state, checkpoint_id=folder, process_group=self.checkpoint_group())
+                load(state, checkpoint_id=folder, process_group=self.checkpoint_group())
                 set_optimizer_state_dict(engine.module, engine.optimizer, state["optimizer"])
             if lr_scheduler is not None:
                 engine.lr_scheduler.load_state_dict(dict(lr_scheduler))
