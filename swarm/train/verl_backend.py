@@ -1412,7 +1412,8 @@ class VerlTrainer(TrainerBackend):
         :attr:`state_dir` into which every actor rank writes its shard of AdamW in the background (each
         copied into CPU memory before this returns: the call's cost), and ``verl_lr_scheduler``, the LR
         schedule's state. The checkpoint writer waits for the folder and moves it into the checkpoint
-        (`swarm.train.state_files.commit_state_files`). Without started workers (no step yet on this
+        (`swarm.train.state_files.commit_state_files`); a caller that does not checkpoint it removes it
+        (`StagedFiles.discard`, after `StagedFiles.wait`). Without started workers (no step yet on this
         process) the optimizer state restored by :meth:`load_state_dict`, if any, is passed on
         unchanged."""
         state: dict[str, Any] = {"step": self._step, "config": self.config.model_dump()}
