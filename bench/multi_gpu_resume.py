@@ -11,8 +11,9 @@ Reported (``--json``, and printed):
 
 - **steps**: the server's step before the kill, right after the restart, and at the end; the metrics rows'
   steps after the restart; ``train.rewound`` events (a step counter that went back). Pass: N, N, N + 1.
-- **AdamW**: from checkpoints N and N + 1's ``trainer_state.pt`` (the torch trainer's ``optimizer``, or
-  verl's ``verl_optimizer``: the actor's AdamW state unsharded by parameter name). Each moment update of
+- **AdamW**: from checkpoints N and N + 1's ``trainer_state.pt`` (the torch trainer's ``optimizer``), or
+  under verl their ``verl_optimizer/`` folders (the actor's AdamW shards, torch.distributed.checkpoint,
+  read unsharded by parameter name: `swarm.train.verl_backend.read_optimizer_files`). Each moment update of
   AdamW is ``m' = β₁m + (1−β₁)g`` and ``v' = β₂v + (1−β₂)g²`` with one gradient ``g``, so if step N + 1
   continued from checkpoint N's moments, ``g_m = (m' − β₁m)/(1−β₁)`` squared equals ``g_v = (v' −
   β₂v)/(1−β₂)`` up to float32 rounding: ``continued_rel_err`` = ‖g_m² − g_v‖ / ‖g_v‖ over all trained
@@ -20,8 +21,8 @@ Reported (``--json``, and printed):
   ``restarted_rel_err``. Continued: the first ≈ 1e-6 and the second ≫ it. Also AdamW's step count per
   parameter (N, then N + 1) and ‖m‖ at both checkpoints.
 - **save / load time**: per step, the synchronous part of the checkpoint (``checkpoint_s`` of its metrics
-  row: the CPU snapshot, with verl the optimizer state gathered through Ray) and the background write
-  (``write_s`` of ``checkpoint.saved``); the bytes of each checkpoint; the restart's ``load_s``
+  row: the CPU snapshot; with verl the actor's ranks copying their AdamW shards to CPU) and the background
+  write (``write_s`` of ``checkpoint.saved``: with verl it includes waiting for the ranks' files); the bytes of each checkpoint; the restart's ``load_s``
   (``checkpoint.loaded``: weights into the server's copy, trainer state into the trainer) and the server's
   start-up time, first and after the restart (under verl the actor builds from the checkpoint's folder
   then).
@@ -68,8 +69,16 @@ def adam_moments(trainer_state: dict[str, Any]) -> tuple[dict[Any, dict[str, Any
         BenchError: neither is there (the checkpoint has no optimizer state).
     """
     optimizer = trainer_state.get("optimizer")
-    if optimizer is None and trainer_state.get("verl_optimizer") is not None:
-        optimizer = trainer_state["verl_optimizer"]["optimizer"]
+    verl = trainer_state.get("verl_optimizer")
+    if optimizer is None and verl is not None:
+        from swarm.train.state_files import StateFiles
+
+        if isinstance(verl, StateFiles):  # the actor's shards in the checkpoint's verl_optimizer/ (DCP)
+            from swarm.train.verl_backend import read_optimizer_files
+
+            optimizer = read_optimizer_files(verl.check())
+        else:  # a checkpoint written before them: the unsharded state in trainer_state.pt
+            optimizer = verl["optimizer"]
     if optimizer is None:
         raise BenchError(f"the checkpoint has no optimizer state (keys: {sorted(trainer_state)})")
     betas = optimizer["param_groups"][0]["betas"]
@@ -212,6 +221,8 @@ def resume_check(a: dict[str, Any]) -> dict[str, Any]:
     import httpx
     import torch
 
+    from swarm.train.state_files import resolve_state_files
+
     n = a["steps"]
     a = {**a, "checkpoint_every": 1}
     deadline = START + a["budget"]
@@ -301,19 +312,17 @@ def resume_check(a: dict[str, Any]) -> dict[str, Any]:
             for step in sorted(saved)
         ]
         result["checkpoint_bytes"] = {
-            p.name: sum(f.stat().st_size for f in p.iterdir()) for p in sorted(folder.glob("step-*"))
+            p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+            for p in sorted(folder.glob("step-*"))
         }
         result["load"] = loaded
         log("reading AdamW's state from checkpoints N and N + 1")
         result["where"] = "reading the checkpoints"
         states = [
-            torch.load(
-                folder / f"step-{step:06d}" / "trainer_state.pt",
-                map_location="cpu",
-                mmap=True,
-                weights_only=False,
+            resolve_state_files(  # verl's optimizer folder: its path in the checkpoint
+                torch.load(path / "trainer_state.pt", map_location="cpu", mmap=True, weights_only=False), path
             )
-            for step in (n, n + 1)
+            for path in (folder / f"step-{step:06d}" for step in (n, n + 1))
         ]
         result["adam"] = adam_continuity(*states)
         result["complete"] = True

@@ -3,8 +3,10 @@
 Layout: ``<run_dir>/checkpoints/step-000012/`` holds ``model.safetensors`` + ``config.json`` (full
 fine-tuning: loadable with ``AutoModelForCausalLM.from_pretrained``) or ``adapter_model.safetensors`` +
 ``adapter_config.json`` (LoRA: loadable with ``PeftModel.from_pretrained``), the tokenizer files,
-``trainer_state.pt`` (optimizer, step, live config) and ``meta.json`` (step, time). A checkpoint is
-written into a temporary folder and renamed into place, so a crash never leaves a half checkpoint.
+``trainer_state.pt`` (optimizer, step, live config; under verl the optimizer is the folder
+``verl_optimizer/``, each rank's shard written by the actor's own workers: `swarm.train.state_files`) and
+``meta.json`` (step, time). A checkpoint is written into a temporary folder and renamed into place, so a
+crash never leaves a half checkpoint.
 
 :func:`resume` is the restart half of crash safety (docs/ARCHITECTURE.md §Crash safety): the newest
 checkpoint is loaded, the pool forgets what later steps consumed, and the metrics rows of those steps
@@ -35,6 +37,7 @@ from swarm.server.events import EventLog
 from swarm.server.step_batch import StepBatch
 from swarm.server.step_history import Drain, StepHistory
 from swarm.train import TrainerBackend
+from swarm.train.state_files import commit_state_files, discard_staged, resolve_state_files
 
 _NAME = re.compile(r"^step-(\d+)$")
 
@@ -67,7 +70,10 @@ def save_checkpoint(
     entries they cover); returns its path.
 
     ``weights`` (a `Snapshot`'s) replaces ``model``'s live tensors, so the model may go on training
-    while this runs in another thread; ``model`` then only provides its config and file layout."""
+    while this runs in another thread; ``model`` then only provides its config and file layout.
+    State files in ``trainer_state`` (`swarm.train.state_files`: verl's optimizer shards, written by
+    its workers) are waited for and moved into the checkpoint before it is marked complete; if the
+    checkpoint fails, their staging folders are removed."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -76,11 +82,14 @@ def save_checkpoint(
         extra = {} if weights is None else {"state_dict": weights}
         model.save_pretrained(tmp, safe_serialization=True, **extra)
         tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state, tmp / "trainer_state.pt")
+        torch.save(commit_state_files(trainer_state, tmp), tmp / "trainer_state.pt")
         (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time()}))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except BaseException:
+        discard_staged(trainer_state)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     complete = sorted(
@@ -123,8 +132,10 @@ def load_weights(path: Path, model: Any) -> None:
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
+    """Checkpoint ``path``'s ``trainer_state.pt``, its state-file references (`StateFiles`) resolved to
+    their folders in ``path``."""
     state: dict[str, Any] = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-    return state
+    return resolve_state_files(state, path)
 
 
 def checkpoint_due(step: int, every: int, max_steps: int | None) -> bool:

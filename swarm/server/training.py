@@ -61,6 +61,7 @@ from swarm.protocol import ConfigPatch, EngineState, EpisodeKind, SamplingDefaul
 from swarm.server.admission import AdmissionControl
 from swarm.server.checkpoints import (
     CheckpointWriter,
+    checkpoint_dir,
     checkpoint_due,
     checkpoint_now,
     latest_checkpoint,
@@ -113,7 +114,16 @@ def make_trainer(
     source = latest[1] if latest is not None else model_dir
     if source is None:
         raise ConfigError("--trainer verl needs the model's Hugging Face directory")
-    return VerlTrainer(engine.trainable_module(), source, config.trainer, int(pad), settings=config.verl)
+    return VerlTrainer(
+        engine.trainable_module(),
+        source,
+        config.trainer,
+        int(pad),
+        settings=config.verl,
+        state_dir=checkpoint_dir(
+            run_dir
+        ),  # the actor's optimizer shards: moved into a checkpoint by a rename
+    )
 
 
 class TrainingLoop:

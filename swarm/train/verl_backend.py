@@ -32,8 +32,13 @@ A step, for samples ``s`` (token sequences with a loss mask) and their GRPO adva
    of rank 0 and vLLM's workers (`swarm.train.weight_transport`), and the copy is gathered only when a
    checkpoint reads it.
 
-Optimizer state: :meth:`VerlTrainer.state_dict` carries the actor's AdamW state (unsharded, by parameter
-name) into ``trainer_state.pt``; a resume loads it back, so AdamW continues.
+Optimizer state: :meth:`VerlTrainer.state_dict` has each actor rank copy its shard of AdamW into CPU
+memory and write it in a background thread (torch.distributed.checkpoint, ``async_save``) into a staging
+folder beside the checkpoints; the state dict carries only a reference to that folder
+(`swarm.train.state_files.StagedFiles`) and the LR schedule's state, and the server's checkpoint writer
+waits for the folder and moves it into the checkpoint (``verl_optimizer/``) before marking the checkpoint
+complete. A resume loads it back with DCP's ``load`` (resharded if the rank count changed), so AdamW
+continues. No optimizer tensor goes through Ray or the server process.
 
 Loss parity (``tests/train/test_verl_parity.py``): our :func:`swarm.train.losses.aggregate_loss` has
 per-sample weights ``w_s`` and verl's ``agg_loss`` has none. Since ``-min(r·cÂ, clip(r)·cÂ) = c·(-min(rÂ,
@@ -50,6 +55,7 @@ import logging
 import math
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +73,7 @@ from swarm.train.lora import add_adapters, merge_adapters
 from swarm.train.losses import batch_statistics, loss_normalizer, selective_log_softmax
 from swarm.train.metrics import StepMetrics, StepTimings
 from swarm.train.ray_connection import RAY_CLOSE_TIMEOUT_S, RayConnection
+from swarm.train.state_files import StagedFiles, StateFiles, StateFilesError
 from swarm.train.weight_buckets import WeightSyncError, bounded, check_fingerprints, fingerprint, pack_stream
 from swarm.train.weight_transport import (
     BroadcastTransport,
@@ -122,6 +129,13 @@ ON_POLICY_METRICS = (
 )
 """What :func:`on_policy_ppo_loss` adds to verl's metrics per micro-batch (sums over trained tokens, and the
 largest |μ − π_θ_old|): the statistics the skipped ``compute_log_prob`` pass used to give."""
+
+OPTIMIZER_FILES = "verl_optimizer"
+"""The checkpoint's folder of the actor's AdamW state (torch.distributed.checkpoint: one file per rank)."""
+DCP_MARKER = ".metadata"
+"""torch.distributed.checkpoint's metadata file: written last, by a rename, once every rank's file is."""
+OPTIMIZER_WRITE_TIMEOUT_S = 900.0
+"""How long a checkpoint waits for the actor's ranks to write their optimizer shards."""
 
 VERL_VERSION = "0.9.1"
 """The verl release this module is written against (its worker API changes between minor versions)."""
@@ -813,8 +827,79 @@ def _worker_class() -> type:
             return {"optimizer": optimizer, "lr_scheduler": engine.lr_scheduler.state_dict()}
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def stage_optimizer(self, folder: str) -> dict[str, Any] | None:
+            """Copy this rank's shard of the actor's AdamW state into CPU memory now (the call returns
+            then) and write it into ``folder`` in a background thread: torch.distributed.checkpoint's
+            ``async_save``, every rank its own shard, its planning collectives on a gloo group of their
+            own (never the training's), DCP's ``.metadata`` written last by rank 0 (by a rename: the
+            folder is complete). A failed write leaves ``FAILED`` in the folder with the error. A
+            previous write still running is waited for first. Rank 0 returns the LR schedule's state
+            (small); ``None`` elsewhere."""
+            from concurrent.futures import Future
+
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+            from torch.distributed.checkpoint.state_dict_saver import async_save
+
+            self.finish_optimizer_write()
+            engine = self.actor.engine
+            if getattr(self, "_checkpoint_stager", None) is None:
+                self._checkpoint_stager = _optimizer_stager()
+            with _resident(engine, optimizer=True):  # sharded: this rank's DTensors, no gather, no copy
+                shard = get_optimizer_state_dict(engine.module, engine.optimizer)
+                written = async_save(
+                    {"optimizer": shard},
+                    checkpoint_id=folder,
+                    process_group=self.checkpoint_group(),
+                    async_stager=self._checkpoint_stager,
+                )  # returns once the shard is staged in CPU memory
+            assert isinstance(written, Future)  # a synchronous stager: the write's future
+            written.add_done_callback(functools.partial(_report_failed_write, Path(folder)))
+            self._optimizer_write: Future[Any] | None = written
+            if torch.distributed.get_rank() != 0:
+                return None
+            return dict(engine.lr_scheduler.state_dict())
+
+        def checkpoint_group(self) -> Any:
+            """The gloo group of the actor's ranks that the optimizer files' collectives use (DCP's
+            planning; a background write's must never share the training's group). Made on first use,
+            by every rank in the same call (a collective)."""
+            if getattr(self, "_checkpoint_group", None) is None:
+                self._checkpoint_group = torch.distributed.new_group(backend="gloo")
+            return self._checkpoint_group
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def finish_optimizer_write(self) -> None:
+            """Wait for :meth:`stage_optimizer`'s background write, if one runs (its error is in the
+            folder's ``FAILED``, not raised here)."""
+            written = getattr(self, "_optimizer_write", None)
+            self._optimizer_write = None
+            if written is not None:
+                written.exception()  # waits
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
+        def load_optimizer_files(self, folder: str, lr_scheduler: Mapping[str, Any] | None) -> None:
+            """Restore the AdamW state :meth:`stage_optimizer` wrote into ``folder`` into this rank's
+            shard (DCP's ``load`` reads the slices this rank owns: another rank count than the
+            writer's reshards), and the LR schedule's state."""
+            from torch.distributed.checkpoint.state_dict import (
+                get_optimizer_state_dict,
+                set_optimizer_state_dict,
+            )
+            from torch.distributed.checkpoint.state_dict_loader import load
+
+            engine = self.actor.engine
+            with _resident(engine, optimizer=True):
+                # the template: this rank's shards (AdamW's state initialised if it has none yet)
+                state = {"optimizer": get_optimizer_state_dict(engine.module, engine.optimizer)}
+                load(state, checkpoint_id=folder, process_group=self.checkpoint_group())
+                set_optimizer_state_dict(engine.module, engine.optimizer, state["optimizer"])
+            if lr_scheduler is not None:
+                engine.lr_scheduler.load_state_dict(dict(lr_scheduler))
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator, unused-ignore]
         def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
-            """Restore :meth:`optimizer_state` output into this rank's shard of the optimizer."""
+            """Restore :meth:`optimizer_state` output (a checkpoint written before the optimizer's files,
+            with the unsharded state in ``trainer_state.pt``) into this rank's shard of the optimizer."""
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
             engine = self.actor.engine
@@ -828,6 +913,52 @@ def _worker_class() -> type:
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
 
     return SwarmActorWorker
+
+
+def _optimizer_stager() -> Any:
+    """DCP's stager for :meth:`SwarmActorWorker.stage_optimizer`: synchronous copies into CPU buffers it
+    keeps between snapshots, pinned on a GPU (a fast device-to-host copy)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = torch.cuda.is_available()
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=False,
+        )
+    )
+
+
+def _report_failed_write(folder: Path, written: Any) -> None:
+    """A background optimizer write's end: on an error, ``FAILED`` in its folder (the checkpoint writer
+    waiting for the folder reads it)."""
+    from swarm.train.state_files import FAILED
+
+    error = written.exception()
+    if error is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / FAILED).write_text(f"rank {torch.distributed.get_rank()}: {type(error).__name__}: {error}")
+
+
+def read_optimizer_files(folder: Path) -> dict[str, Any]:
+    """The AdamW state verl's actor wrote into a checkpoint's ``verl_optimizer/`` folder, unsharded, as
+    :meth:`SwarmActorWorker.optimizer_state` returns it: ``state`` (by parameter name: ``step``,
+    ``exp_avg``, ``exp_avg_sq``, full float32 CPU tensors) and ``param_groups``. For inspection (the
+    AdamW check of ``bench/multi_gpu_resume.py``); no process group needed; reads the whole state
+    (2 × the trained parameters' float32 bytes) through a temporary file.
+
+    Raises:
+        FileNotFoundError: ``folder`` has no checkpoint.
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dcp_to_torch_save(folder, Path(scratch) / "optimizer.pt")
+        state = torch.load(Path(scratch) / "optimizer.pt", map_location="cpu", weights_only=False)
+    optimizer: dict[str, Any] = state["optimizer"]
+    return optimizer
 
 
 def _actor_device() -> torch.device:
@@ -991,6 +1122,9 @@ class VerlTrainer(TrainerBackend):
         worker_group: Builds the started worker group from verl's ``actor_rollout_ref`` config and the
             role (``"actor"`` or ``"actor_ref"``); default :func:`ray_worker_group` (verl's Ray worker group
             on ``settings``' GPUs). The CPU tests pass one in-process worker.
+        state_dir: Where the actor's ranks write their optimizer shards for :meth:`state_dict` (the run's
+            ``checkpoints/`` folder, so the checkpoint takes the folder by a rename; it must be shared
+            by every node of the actor); ``None``: the system's temporary folder.
 
     Raises:
         VerlUnavailable: verl is not installed.
@@ -1010,6 +1144,7 @@ class VerlTrainer(TrainerBackend):
         compute_dtype: str = "float32",
         start: bool | None = None,
         worker_group: Callable[[DictConfig, str], Any] | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         check_verl_available()
         self._sampler: nn.Module | None = None
@@ -1036,8 +1171,10 @@ class VerlTrainer(TrainerBackend):
         """The direct path's transport, chosen at the first push (:meth:`_transport_for`)."""
         self._group_failed: str | None = None
         """Why the broadcast group failed: a hung collective cannot be undone, so no push is tried again."""
+        self.state_dir = Path(state_dir) if state_dir is not None else Path(tempfile.gettempdir())
         self._pending_optimizer: Mapping[str, Any] | None = None
-        """Optimizer state loaded before the workers started: handed to them when they do."""
+        """Optimizer state loaded before the workers started (``verl_optimizer`` and
+        ``verl_lr_scheduler`` of :meth:`load_state_dict`'s state): handed to them when they do."""
         if (
             start is None
         ):  # start now wherever GPUs can be had: the caller's (main) thread, errors at start-up
@@ -1073,7 +1210,7 @@ class VerlTrainer(TrainerBackend):
         if self.config.lora is not None:  # the server's adapters (fresh, or a checkpoint's) seed the actor's
             self._push_adapters()
         if self._pending_optimizer is not None:
-            wg.load_optimizer_state(self._pending_optimizer)
+            self._load_optimizer(wg, self._pending_optimizer)
             self._pending_optimizer = None
         return wg
 
@@ -1271,15 +1408,28 @@ class VerlTrainer(TrainerBackend):
         return self.config
 
     def state_dict(self) -> dict[str, Any]:
-        """Step, config and verl's optimizer state (``verl_optimizer``: the actor's AdamW moments
-        unsharded to rank 0, keyed by parameter name, plus its LR schedule; gathered through Ray, 2 × the
-        trained parameters' float32 bytes). Without started workers (no step yet on this process) the
-        optimizer state restored by :meth:`load_state_dict`, if any, is passed on unchanged."""
+        """Step, config and verl's optimizer state: ``verl_optimizer``, a `StagedFiles` folder in
+        :attr:`state_dir` into which every actor rank writes its shard of AdamW in the background (each
+        copied into CPU memory before this returns: the call's cost), and ``verl_lr_scheduler``, the LR
+        schedule's state. The checkpoint writer waits for the folder and moves it into the checkpoint
+        (`swarm.train.state_files.commit_state_files`); a caller that does not checkpoint it removes it
+        (`StagedFiles.discard`, after `StagedFiles.wait`). Without started workers (no step yet on this
+        process) the optimizer state restored by :meth:`load_state_dict`, if any, is passed on
+        unchanged."""
         state: dict[str, Any] = {"step": self._step, "config": self.config.model_dump()}
         if self._wg is not None:
-            state["verl_optimizer"] = self._wg.optimizer_state()[0]
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            # ".step-*": a restart removes a staging folder a crash left (`checkpoints.resume`)
+            staging = Path(
+                tempfile.mkdtemp(prefix=f".step-{self._step:06d}.{OPTIMIZER_FILES}.", dir=self.state_dir)
+            )
+            lr_scheduler = self._wg.stage_optimizer(str(staging))[0]
+            state["verl_optimizer"] = StagedFiles(
+                staging, OPTIMIZER_FILES, marker=DCP_MARKER, timeout_s=OPTIMIZER_WRITE_TIMEOUT_S
+            )
+            state["verl_lr_scheduler"] = lr_scheduler
         elif self._pending_optimizer is not None:
-            state["verl_optimizer"] = self._pending_optimizer
+            state.update(self._pending_optimizer)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -1288,17 +1438,42 @@ class VerlTrainer(TrainerBackend):
         ``model_path`` (full fine-tuning: the server passes the newest checkpoint's folder) and, with
         LoRA, the adapters are pushed into the actor from the server's copy, which the caller loaded from
         the checkpoint before this call (`swarm.server.checkpoints.resume` does): now if the workers
-        run, else when they start."""
+        run, else when they start. ``verl_optimizer``: a loaded checkpoint's `StateFiles` (its folder
+        checked here), or the unsharded state dict of a checkpoint written before those files.
+
+        Raises:
+            TrainerError: the checkpoint's optimizer folder is missing or incomplete (a resume would
+                silently restart AdamW).
+        """
         self._step = int(state["step"])
         if self.config.lora is not None and self._wg is not None:  # started before the copy was loaded
             self._push_adapters()
         optimizer = state.get("verl_optimizer")
         if optimizer is None:
             return
+        if isinstance(optimizer, StateFiles):
+            try:
+                optimizer.check()
+            except StateFilesError as exc:
+                raise TrainerError(
+                    f"verl's optimizer state: {exc}; AdamW cannot continue from this checkpoint (remove "
+                    "the checkpoint folder to resume from the previous one)"
+                ) from None
+        restored = {"verl_optimizer": optimizer, "verl_lr_scheduler": state.get("verl_lr_scheduler")}
         if self._wg is not None:
-            self._wg.load_optimizer_state(optimizer)
+            self._load_optimizer(self._wg, restored)
         else:
-            self._pending_optimizer = optimizer
+            self._pending_optimizer = restored
+
+    @staticmethod
+    def _load_optimizer(wg: Any, state: Mapping[str, Any]) -> None:
+        """``verl_optimizer`` (a checked `StateFiles`, or an older checkpoint's unsharded dict) and
+        ``verl_lr_scheduler`` into the started workers."""
+        optimizer = state["verl_optimizer"]
+        if isinstance(optimizer, StateFiles):
+            wg.load_optimizer_files(str(optimizer.check()), state.get("verl_lr_scheduler"))
+        else:
+            wg.load_optimizer_state(optimizer)
 
     # -- the step ----------------------------------------------------------------------------------------
     def _train(self, batch: TrainBatch) -> StepMetrics:

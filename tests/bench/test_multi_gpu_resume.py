@@ -51,6 +51,23 @@ def test_adam_continuity_tells_a_continued_adamw_from_a_restarted_one() -> None:
     assert verl["continued"] and verl["adam_steps_after"] == [4]
 
 
+def test_adam_continuity_reads_verl_s_optimizer_folders(tmp_path: Path) -> None:
+    """verl's checkpoints since issue 37: ``verl_optimizer/`` (torch.distributed.checkpoint, as the
+    actor's ranks write it), referenced from trainer_state.pt by a `StateFiles`."""
+    import torch.distributed.checkpoint as dcp
+
+    from swarm.train.state_files import StateFiles
+
+    states = []
+    for name, state in zip(("before", "after"), _adamw_states()[:2], strict=True):
+        named = {**state, "state": {f"p{k}": v for k, v in state["state"].items()}}
+        dcp.save({"optimizer": named}, checkpoint_id=tmp_path / name / "verl_optimizer", no_dist=True)
+        files = StateFiles("verl_optimizer", ".metadata", tmp_path / name / "verl_optimizer")
+        states.append({"verl_optimizer": files, "verl_lr_scheduler": {}})
+    verl = adam_continuity(*states)
+    assert verl["continued"] and verl["continued_rel_err"] < 1e-6 and verl["adam_steps_after"] == [4]
+
+
 @pytest.mark.slow
 def test_a_killed_server_resumes_its_step_counter_and_adamw(tmp_path: Path) -> None:
     """Two steps, SIGKILL to the server's session after step 2's checkpoint, a restart on the run dir,

@@ -76,6 +76,25 @@ def test_a_resume_continues_adamw_instead_of_restarting_it(
         assert "model.safetensors" in r["checkpoint_files"]
 
 
+@pytest.mark.parametrize("scenario", ["resume", "resume-lora"])
+def test_the_optimizer_snapshot_is_written_by_the_actor_not_carried_through_the_state_dict(
+    scenario_results: Callable[[str], dict[str, Any]], scenario: str
+) -> None:
+    """Issue 37: the trainer's state dict holds a reference to the folder the actor's ranks write their
+    AdamW shards into (no tensor; nothing through Ray or the server process); the checkpoint holds that
+    folder (torch.distributed.checkpoint) and a reference in ``trainer_state.pt``, no staging folder is
+    left, and a checkpoint whose optimizer folder is incomplete or missing is refused with a clear error
+    instead of restarting AdamW silently."""
+    r = scenario_results(scenario)
+    assert r["state_dict_optimizer"] == "StagedFiles" and r["state_dict_tensors"] == 0
+    assert r["stored_optimizer"] == "StateFiles" and "last_epoch" in r["stored_lr_scheduler"]
+    assert "verl_optimizer" in r["checkpoint_files"] and r["staging_left"] == []
+    assert r["trainer_state_bytes"] < 20_000 < r["optimizer_folder_bytes"]  # the moments are in the folder
+    for damage, why in (("incomplete", "is incomplete (no .metadata)"), ("missing", "is missing")):
+        assert r[f"refused_{damage}"] is not None and why in r[f"refused_{damage}"]
+        assert "AdamW cannot continue from this checkpoint" in r[f"refused_{damage}"]
+
+
 def test_lora_under_verl_trains_the_adapters_and_serves_them_merged(
     scenario_results: Callable[[str], dict[str, Any]],
 ) -> None:

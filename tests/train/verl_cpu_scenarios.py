@@ -71,6 +71,7 @@ def resume(folder: Path, *, lora: bool = False) -> dict[str, Any]:
 
     interrupted = _trainer(base, base, config, start=True)
     interrupted.step(*BATCHES[0])
+    interrupted.state_dir = folder / "run" / "checkpoints"  # as the server's (`make_trainer`)
     state = interrupted.state_dict()
     path = save_checkpoint(folder / "run", 1, interrupted.model, tokenizer, state, keep=2)
     out: dict[str, Any] = {
@@ -79,6 +80,7 @@ def resume(folder: Path, *, lora: bool = False) -> dict[str, Any]:
         "second_update": _max_diff(uninterrupted, after_first),
         "optimizer_saved": "verl_optimizer" in load_trainer_state(path),
         "checkpoint_files": sorted(p.name for p in path.iterdir()),
+        **_optimizer_files(state, path, base, config),
     }
     # started at construction as on a GPU (the state is loaded into running workers), or on the first
     # step (the state waits for them); and once without the optimizer state
@@ -100,6 +102,54 @@ def resume(folder: Path, *, lora: bool = False) -> dict[str, Any]:
         out[f"{name}_step"] = resumed.step_count
         if lora and name == "resumed":
             out.update(_lora_checks(resumed))
+    return out
+
+
+def _tensors(value: Any) -> int:
+    """Tensors inside dicts, lists and tuples."""
+    if isinstance(value, torch.Tensor):
+        return 1
+    if isinstance(value, dict):
+        return sum(_tensors(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensors(v) for v in value)
+    return 0
+
+
+def _optimizer_files(state: dict[str, Any], path: Path, base: Path, config: TrainerConfig) -> dict[str, Any]:
+    """What the trainer's state dict and the checkpoint hold of the optimizer, and what a resume from a
+    copy of the checkpoint whose optimizer folder is incomplete, or missing, says."""
+    import shutil
+
+    from swarm.server.checkpoints import load_trainer_state
+    from swarm.train import TrainerError
+    from swarm.train.state_files import StateFiles
+
+    stored = load_trainer_state(path)
+    out: dict[str, Any] = {
+        "state_dict_optimizer": type(state["verl_optimizer"]).__name__,
+        "state_dict_tensors": _tensors(state),
+        "stored_optimizer": type(stored["verl_optimizer"]).__name__,
+        "stored_lr_scheduler": sorted(stored["verl_lr_scheduler"]),
+        "trainer_state_bytes": (path / "trainer_state.pt").stat().st_size,
+        "optimizer_folder_bytes": sum(f.stat().st_size for f in (path / "verl_optimizer").iterdir()),
+        "staging_left": sorted(p.name for p in path.parent.glob(".step-*")),
+    }
+    assert isinstance(stored["verl_optimizer"], StateFiles)
+    for damage in ("incomplete", "missing"):
+        copy = path.parent / f"damaged-{damage}"
+        shutil.copytree(path, copy)
+        if damage == "incomplete":
+            (copy / "verl_optimizer" / ".metadata").unlink()
+        else:
+            shutil.rmtree(copy / "verl_optimizer")
+        trainer = _trainer(base, copy, config, start=False)
+        try:
+            trainer.load_state_dict(load_trainer_state(copy))
+            out[f"refused_{damage}"] = None
+        except TrainerError as exc:
+            out[f"refused_{damage}"] = str(exc)
+        shutil.rmtree(copy)
     return out
 
 
