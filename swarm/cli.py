@@ -119,6 +119,7 @@ def serve(**values: Any) -> None:
     from swarm.server.run_dir_lock import RunDirLock
     from swarm.server.shutdown import GRACEFUL_SHUTDOWN_S, reap_children
     from swarm.server.shutdown import run as run_server
+    from swarm.server.tenants import check_tenants_on_disk
 
     check = values.pop("check")
     token = _admin_token(values.pop("admin_token"))
@@ -134,6 +135,7 @@ def serve(**values: Any) -> None:
     )
     try:
         config = options.check()
+        check_tenants_on_disk(config.run_dir, config.tenants)  # a run dir's tenants need --tenants ≥ theirs
     except SwarmError as exc:
         raise fail(str(exc)) from None
     if check:  # a run dir another server holds is refused as the server itself would (read only)

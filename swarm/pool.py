@@ -96,7 +96,9 @@ class Pool:
     """Thread-safe SQLite pool of ended episodes.
 
     A LoRA tenant's training reads and marks its own partition (:meth:`partition`: the episodes stored
-    with its ``tenant``); the pool itself sees every episode.
+    with its ``tenant``); the pool itself stores and reads every episode, but its :meth:`pending`,
+    :meth:`mark_trained`, :meth:`trained_steps_after` and :meth:`rewind` (the one-policy server's training)
+    see only episodes begun under no tenant.
 
     Args:
         path: database file (created with its parent directory); ``":memory:"`` for tests.
@@ -140,6 +142,12 @@ class Pool:
     def _only(self) -> tuple[str, tuple[str, ...]]:
         """The SQL condition (`` AND tenant = ?``) and its parameter of this partition; empty for the pool."""
         return ("", ()) if self._tenant is None else (" AND tenant = ?", (self._tenant,))
+
+    def _own(self) -> tuple[str, tuple[str, ...]]:
+        """The SQL condition of the episodes this object's policy trains on: its tenant's (a partition) or
+        those begun under no tenant (the pool: the server's one policy never consumes, marks or rewinds a
+        tenant's episodes, whatever run dir it was started on)."""
+        return (" AND tenant IS NULL", ()) if self._tenant is None else self._only()
 
     # -- writes ----------------------------------------------------------------------------------------
     def add(self, episode: StoredEpisode, calls: Sequence[CallRecord]) -> StoredEpisode:
@@ -237,12 +245,14 @@ class Pool:
         return [self._episode(dict(zip(cols, r, strict=True))) for r in rows]
 
     def mark_trained(self, episode_ids: Iterable[str], step: int) -> None:
-        """Record that the update producing policy version ``step`` consumed these episodes."""
+        """Record that the update producing policy version ``step`` consumed these episodes (those of this
+        object's policy, `_own`)."""
+        own, param = self._own()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
-                "UPDATE episodes SET trained_step = ? WHERE id = ? AND trained_step IS NULL",
-                [(step, eid) for eid in episode_ids],
+                f"UPDATE episodes SET trained_step = ? WHERE id = ? AND trained_step IS NULL{own}",
+                [(step, eid, *param) for eid in episode_ids],
             )
             self._db.execute("COMMIT")
 
@@ -265,7 +275,7 @@ class Pool:
 
     def trained_steps_after(self, step: int) -> list[int]:
         """Distinct steps after ``step`` that consumed episodes, ascending."""
-        only, param = self._only()
+        only, param = self._own()
         with self._lock:
             rows = self._db.execute(
                 f"SELECT DISTINCT trained_step FROM episodes WHERE trained_step > ?{only} ORDER BY trained_step",
@@ -275,7 +285,7 @@ class Pool:
 
     def rewind(self, checkpoint_step: int) -> int:
         """Forget consumption by steps after ``checkpoint_step`` (their weights were lost); returns count."""
-        only, param = self._only()
+        only, param = self._own()
         with self._lock:
             cur = self._db.execute(
                 f"UPDATE episodes SET trained_step = NULL WHERE trained_step > ?{only}",
@@ -301,7 +311,7 @@ class Pool:
     def pending(self, kind: EpisodeKind = EpisodeKind.TRAIN) -> list[StoredEpisode]:
         """Ended, untrained episodes of ``kind`` in commit order (oldest first); ``prepared`` ones are
         not ended yet for training (their transaction may still abort)."""
-        only, param = self._only()
+        only, param = self._own()
         with self._lock:
             cur = self._db.execute(
                 f"SELECT * FROM episodes WHERE kind = ? AND trained_step IS NULL AND status != ?{only} ORDER BY seq",

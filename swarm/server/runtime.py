@@ -34,7 +34,7 @@ from swarm.server.limits import ClientLimits, context_cap
 from swarm.server.phase import Phase
 from swarm.server.pool_writer import PoolWriter
 from swarm.server.teacher import TeacherClient, TeacherSettings, check_teacher
-from swarm.server.tenants import TenantRegistry
+from swarm.server.tenants import TenantRegistry, check_tenants_on_disk
 from swarm.server.training import TrainingLoop
 from swarm.server.transactions import resolve_stale
 
@@ -53,11 +53,16 @@ class SwarmRuntime:
             ``swarm serve`` loads its engine before the app and hands it over: uvicorn ends the process
             with the SIGTERM it caught right after the app's shutdown, so the app's shutdown is the last
             place that can stop a vLLM engine-core process.
+
+    Raises:
+        TenantsOnDisk: the run dir holds tenants this server cannot resume (`check_tenants_on_disk`);
+            nothing in it was changed.
     """
 
     def __init__(
         self, config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool | None = None
     ) -> None:
+        check_tenants_on_disk(config.run_dir, config.tenants)  # before anything in it is touched
         self.config = config
         self.started = time.time()
         run_dir = config.run_dir

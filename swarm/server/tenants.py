@@ -7,7 +7,8 @@ A tenant is a one-policy training run in miniature, built from the same parts as
 
 - its adapter, named by its id, in the one peft model over the base (`swarm.train.adapters`), trained by
   its own `TorchTrainer` (AdamW state over its adapter only; each step activates it, the others frozen);
-- its training settings (a copy of the server's `TrainingConfig` with the `TenantCreate` overrides);
+- its training settings (`TenantSettings`: the `TenantCreate` overrides with the server's values filled in
+  at creation, kept in ``tenant.json``, so a restart with other flags leaves them unchanged);
 - its pool partition (`Pool.partition`: episodes stored with its id), its open-episode partition
   (`OpenEpisodes.partition`: its drain and staleness aborts touch its episodes only) and its state
   machine (`Phase`: its drain refuses its begins only);
@@ -34,12 +35,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
+from swarm.batch import BatchPolicy
 from swarm.config import ServerConfig, TrainingConfig
 from swarm.engine.base import Engine
-from swarm.errors import RequestError, Unavailable
+from swarm.errors import ConfigError, RequestError, Unavailable
 from swarm.pool import Pool
 from swarm.precision import MixedPrecision
 from swarm.protocol import (
@@ -57,13 +59,82 @@ from swarm.server.training import TrainingLoop
 from swarm.train import TorchTrainer
 from swarm.train.adapters import add_adapter, remove_adapter
 
-__all__ = ["Tenant", "TenantRegistry", "tenant_training"]
+__all__ = [
+    "Tenant",
+    "TenantRegistry",
+    "TenantSettings",
+    "TenantsOnDisk",
+    "check_tenants_on_disk",
+    "tenant_training",
+]
+
+
+class TenantSettings(BaseModel):
+    """A tenant's training settings, resolved at its creation: its `TenantCreate` overrides with the
+    server's values (its ``swarm serve`` options) filled in for the fields it left out. Kept in
+    ``tenant.json``; a restarted server rebuilds the tenant from them, whatever its own flags are now."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float
+    kl_coef: float
+    clip_eps_low: float
+    clip_eps_high: float
+    ppo_epochs: int
+    minibatches: int
+    batch_policy: BatchPolicy
+    batch_size: int
+    """B: tasks (or episodes, by policy) per step."""
+    group_size: int
+    """G: episodes per task."""
+    max_steps: int | None
+    """``None``: no limit."""
+
+    @classmethod
+    def of(cls, training: TrainingConfig) -> TenantSettings:
+        """The settings a training configuration gives a tenant."""
+        t, b = training.trainer, training.batch
+        return cls(
+            lr=t.lr,
+            kl_coef=t.kl_coef,
+            clip_eps_low=t.clip_eps_low,
+            clip_eps_high=t.clip_eps_high,
+            ppo_epochs=t.ppo_epochs,
+            minibatches=t.minibatches,
+            batch_policy=b.policy,
+            batch_size=b.batch_size,
+            group_size=b.group_size,
+            max_steps=training.max_steps,
+        )
+
+    def training(self, base: TrainingConfig, tenant_id: str) -> TrainingConfig:
+        """``base`` (the server's configuration: LoRA, loss, checkpointing…) with these settings, enabled.
+
+        Raises:
+            RequestError: an invalid combination (422), e.g. a batch policy the batch size does not suit.
+        """
+        data = base.model_dump()
+        data["enabled"] = True
+        data["max_steps"] = self.max_steps
+        for name in ("lr", "kl_coef", "clip_eps_low", "clip_eps_high", "ppo_epochs", "minibatches"):
+            data["trainer"][name] = getattr(self, name)
+        data["batch"].update(policy=self.batch_policy, batch_size=self.batch_size, group_size=self.group_size)
+        try:
+            return TrainingConfig.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise RequestError(f"tenant {tenant_id!r}: {where}: {err['msg']}", status_code=422) from None
 
 
 class _Record(BaseModel):
     """``tenant.json``: what a restarted server rebuilds a tenant from."""
 
     settings: TenantCreate
+    """What the admin posted (fields left out are ``None``)."""
+    resolved: TenantSettings | None = None
+    """Its settings, resolved at creation (`TenantSettings`). ``None`` in a record written before they
+    were kept: the first server that resumes it fills them in from its own flags, once, and saves them."""
     seed: int
     """The adapter's initialisation seed (drawn when the admin gave none, so a restart re-creates it)."""
     state: TenantState = TenantState.ACTIVE
@@ -78,28 +149,49 @@ def tenant_training(base: TrainingConfig, body: TenantCreate) -> TrainingConfig:
     Raises:
         RequestError: an invalid combination (422), e.g. a batch policy the batch size does not suit.
     """
-    data = base.model_dump()
-    data["enabled"] = True
-    trainer, batch = data["trainer"], data["batch"]
-    for name in ("lr", "kl_coef", "ppo_epochs", "minibatches"):
-        if getattr(body, name) is not None:
-            trainer[name] = getattr(body, name)
+    return _resolve(base, body).training(base, body.id)
+
+
+def _resolve(base: TrainingConfig, body: TenantCreate) -> TenantSettings:
+    """``body``'s settings with ``base``'s values for the fields it leaves out."""
+    settings = TenantSettings.of(base).model_dump()
+    settings.update(body.model_dump(include=set(settings), exclude_none=True))
     if body.clip_eps is not None:
-        trainer["clip_eps_low"] = trainer["clip_eps_high"] = body.clip_eps
-    if body.batch_size is not None:
-        batch["batch_size"] = body.batch_size
-    if body.group_size is not None:
-        batch["group_size"] = body.group_size
-    if body.batch_policy is not None:
-        batch["policy"] = body.batch_policy
-    if body.max_steps is not None:
-        data["max_steps"] = body.max_steps
-    try:
-        return TrainingConfig.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise RequestError(f"tenant {body.id!r}: {where}: {err['msg']}", status_code=422) from None
+        settings["clip_eps_low"] = settings["clip_eps_high"] = body.clip_eps
+    return TenantSettings.model_validate(settings)
+
+
+class TenantsOnDisk(ConfigError):
+    """A run dir holds more tenants than the server would host (none without ``--tenants``)."""
+
+
+def check_tenants_on_disk(run_dir: Path, cap: int) -> None:
+    """Refuse to serve ``run_dir`` when it holds tenants that a server of ``cap`` tenants (0: none, a
+    one-policy server) cannot resume: any tenant at all without ``--tenants`` (a one-policy server would
+    train their episodes as its own), or more resident (not retired) tenants than ``cap``. Reads
+    ``<run dir>/tenants/*/tenant.json`` only; creates and changes nothing.
+
+    Raises:
+        TenantsOnDisk: one line naming the run dir, the tenants and the ``--tenants`` that resumes them.
+    """
+    root = run_dir / "tenants"
+    resident: list[str] = []
+    retired: list[str] = []
+    for path in sorted(root.glob("*/tenant.json")) if root.is_dir() else []:
+        try:
+            state = json.loads(path.read_text()).get("state", TenantState.ACTIVE.value)
+        except (OSError, ValueError, AttributeError):
+            state = TenantState.ACTIVE.value  # unreadable: the server would fail on it; count it
+        (retired if state == TenantState.RETIRED.value else resident).append(path.parent.name)
+    if (not cap and (resident or retired)) or len(resident) > cap:
+        names = ", ".join(resident[:4]) + ("…" if len(resident) > 4 else "")
+        if retired:
+            names += f"{'; ' if resident else ''}{len(retired)} retired"
+        given = f"--tenants {cap}" if cap else "no --tenants"
+        raise TenantsOnDisk(
+            f"--run-dir {run_dir} holds {len(resident)} tenants ({names}) and {given} was given: start it "
+            f"with --tenants {max(len(resident), 1)} or more, or use another --run-dir"
+        )
 
 
 class _AdapterEngine:
@@ -152,9 +244,7 @@ class Tenant:
 
     def save(self) -> None:
         """Write ``tenant.json`` atomically."""
-        tmp = self.folder / ".tenant.json.tmp"
-        tmp.write_text(self.record.model_dump_json(indent=1))
-        tmp.replace(self.folder / "tenant.json")
+        _save(self.folder, self.record)
 
     def move(self, state: TenantState, reason: str | None) -> None:
         """Change state (persisted); ``paused``/``failed`` stop its begins and steps, ``active`` resumes."""
@@ -298,11 +388,13 @@ class TenantRegistry:
                 "adapters and optimizer states held in memory); retire one first",
                 status_code=409,
             )
-        tenant_training(self.config.training, body)  # 422 before anything is created
+        resolved = _resolve(self.config.training, body)
+        resolved.training(self.config.training, body.id)  # 422 before anything is created
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
+        record = _Record(settings=body, resolved=resolved, seed=seed)
         self._creating.add(body.id)
         try:
-            tenant = await asyncio.to_thread(self._build, body.id, _Record(settings=body, seed=seed))
+            tenant = await asyncio.to_thread(self._build, body.id, record)
         finally:
             self._creating.discard(body.id)
         tenant.save()
@@ -398,8 +490,12 @@ class TenantRegistry:
 
     # -- building ------------------------------------------------------------------------------------------
     def _build(self, tenant_id: str, record: _Record) -> Tenant:
-        """A tenant's adapter, trainer and training loop (resumed from its folder); not started."""
-        training = tenant_training(self.config.training, record.settings)
+        """A tenant's adapter, trainer and training loop (resumed from its folder); not started. A record
+        without resolved settings (written by an older server) takes this server's flags, once, saved."""
+        if record.resolved is None:
+            record.resolved = _resolve(self.config.training, record.settings)
+            _save(self.root / tenant_id, record)
+        training = record.resolved.training(self.config.training, tenant_id)
         lora = training.trainer.lora
         assert lora is not None  # ServerConfig checks that tenants have LoRA settings
         folder = self.root / tenant_id
@@ -445,6 +541,13 @@ class TenantRegistry:
         self.events.emit(
             "tenant.failed", f"tenant {tenant.id} failed: {reason}", level="error", tenant=tenant.id
         )
+
+
+def _save(folder: Path, record: _Record) -> None:
+    """Write ``folder/tenant.json`` atomically."""
+    tmp = folder / ".tenant.json.tmp"
+    tmp.write_text(record.model_dump_json(indent=1))
+    tmp.replace(folder / "tenant.json")
 
 
 def _checkpoint_step(checkpoint: str | None) -> int:
