@@ -120,6 +120,11 @@ class HFEngine:
         self.samples_while_training = sample_while_training
         """Tenants: ``False``, a tenant's step updates the served module, so sampling waits for it
         (`pause`); ``True``, the engine samples its own twin (:meth:`serve_adapter`) meanwhile."""
+        self._threads = torch.get_num_threads()
+        """Torch threads of the worker (and of a step's thread) when it runs alone (the constructing
+        thread's count: `ServerConfig.torch_threads` or torch's default)."""
+        self._threads_now = self._threads
+        """The worker's torch threads for its next forward (:meth:`training_alongside` halves them)."""
         self._twin: nn.Module | None = None
         """The sampling twin of the tenants' peft model (``sample_while_training``; built by the first
         :meth:`serve_adapter`)."""
@@ -195,6 +200,26 @@ class HFEngine:
             else:
                 copy_adapter(module, self._twin, name)
             self.adapters[name] = policy_version
+
+    @contextlib.contextmanager
+    def training_alongside(self) -> Iterator[None]:
+        """A tenant's step runs in the calling thread while the worker samples (``sample_while_training``):
+        on a CPU each gets half the torch threads (at least one) until the exit. ``torch.set_num_threads``
+        sets the calling OS thread's OpenMP team size (and the default of threads started later), so the
+        worker applies its share itself before each forward (:meth:`_last_logits`). Two full teams on
+        the same cores oversubscribe them: on 2 cores a 2-tenant stage took 40.8 s against 17.2 s with
+        sampling paused (bench/README.md, ``tenants.py``)."""
+        if not self._on_cpu():
+            yield
+            return
+        share = max(1, self._threads // 2)
+        self._threads_now = share
+        torch.set_num_threads(share)
+        try:
+            yield
+        finally:
+            self._threads_now = self._threads
+            torch.set_num_threads(self._threads)
 
     def drop_adapter(self, name: str) -> None:
         """Stop serving adapter ``name`` (a request still naming it fails)."""
@@ -509,6 +534,8 @@ class HFEngine:
         self, device: Any, input_ids: Any, attention: Any, positions: Any, **kw: Any
     ) -> torch.Tensor:
         """One forward (under the engine's autocast); float32 logits of the last position, shape (B, V)."""
+        if self._threads_now != torch.get_num_threads():  # this thread's share (`training_alongside`)
+            torch.set_num_threads(self._threads_now)
         with autocast(device, self.mixed_precision):
             out = self.model(
                 input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, **kw
