@@ -204,22 +204,19 @@ class HFEngine:
     @contextlib.contextmanager
     def training_alongside(self) -> Iterator[None]:
         """A tenant's step runs in the calling thread while the worker samples (``sample_while_training``):
-        on a CPU each gets half the torch threads (at least one) until the exit. ``torch.set_num_threads``
-        sets the calling OS thread's OpenMP team size (and the default of threads started later), so the
-        worker applies its share itself before each forward (:meth:`_last_logits`). Two full teams on
-        the same cores oversubscribe them: on 2 cores a 2-tenant stage took 40.8 s against 17.2 s with
-        sampling paused (bench/README.md, ``tenants.py``)."""
+        on a CPU the worker's forwards use half the torch threads (at least one) until the exit, the step
+        keeps all of them (tenants' steps queue on one trainer, so a step is the stage's critical path).
+        ``torch.set_num_threads`` sets the calling OS thread's OpenMP team size (and the default of
+        threads started later), so the worker applies its share itself before each forward
+        (:meth:`_last_logits`). bench/README.md (``tenants.py``) has the measurements."""
         if not self._on_cpu():
             yield
             return
-        share = max(1, self._threads // 2)
-        self._threads_now = share
-        torch.set_num_threads(share)
+        self._threads_now = max(1, self._threads // 2)
         try:
             yield
         finally:
             self._threads_now = self._threads
-            torch.set_num_threads(self._threads)
 
     def drop_adapter(self, name: str) -> None:
         """Stop serving adapter ``name`` (a request still naming it fails)."""
