@@ -3,6 +3,7 @@
     python bench/tenants.py                                   # B ∈ {1,2,4,8} × 2 seeds × 4 steps, CPU
     python bench/tenants.py --values 1,2 --seeds 1 --steps 2  # a quick check
     python bench/tenants.py --engine vllm --device cuda       # the H200 (bf16 weights both ways)
+    python bench/tenants.py --modes overlap,tenants,servers   # also tenants with --tenant-overlap (hf)
 
 The coarse stage of the min-stable-batch study on arithmetic: one run per (B, seed), GRPO with B tasks ×
 G episodes per step, LoRA, ``--steps`` steps. Two ways, same seeds (request seeds and the LoRA init seed):

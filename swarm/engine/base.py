@@ -208,8 +208,8 @@ class Engine(Protocol):
 
     def training_alongside(self) -> AbstractContextManager[None]:
         """Entered by the thread of a tenant's step while the engine keeps sampling
-        (:attr:`samples_while_training`): ``hf`` on a CPU splits the torch threads between that thread
-        and its sampler for the step's duration; ``vllm``: nothing."""
+        (:attr:`samples_while_training`): ``hf`` on a CPU gives its sampler half the torch threads for
+        the step's duration (the step keeps all of them); ``vllm``: nothing."""
         ...
 
     def drop_adapter(self, name: str) -> None:
