@@ -3,6 +3,7 @@
     python bench/tenants.py                                   # B ∈ {1,2,4,8} × 2 seeds × 4 steps, CPU
     python bench/tenants.py --values 1,2 --seeds 1 --steps 2  # a quick check
     python bench/tenants.py --engine vllm --device cuda       # the H200 (bf16 weights both ways)
+    python bench/tenants.py --modes overlap,tenants,servers   # also tenants with --tenant-overlap (hf)
 
 The coarse stage of the min-stable-batch study on arithmetic: one run per (B, seed), GRPO with B tasks ×
 G episodes per step, LoRA, ``--steps`` steps. Two ways, same seeds (request seeds and the LoRA init seed):
@@ -180,10 +181,12 @@ def by_servers(
 
 
 def by_tenants(
-    runs: Sequence[Run], args: argparse.Namespace, root: Path
+    runs: Sequence[Run], args: argparse.Namespace, root: Path, *, overlap: bool = False
 ) -> tuple[float, dict[str, list[float]]]:
+    """Every run a tenant of one server; ``overlap``: ``--tenant-overlap`` (hf samples during steps)."""
     started = time.perf_counter()
-    proc, url = serve(root / "tenants", [*common_flags(args), "--tenants", str(len(runs))])
+    flags = [*common_flags(args), "--tenants", str(len(runs)), *(["--tenant-overlap"] if overlap else [])]
+    proc, url = serve(root / ("overlap" if overlap else "tenants"), flags)
     print(f"tenants: server up in {time.perf_counter() - started:.1f} s")
     try:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=600) as http:
@@ -222,7 +225,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="weights of every server, both ways (default: float32 on hf, bfloat16 on vllm)",
     )
     parser.add_argument("--model", default=None)
-    parser.add_argument("--modes", default="tenants,servers")
+    parser.add_argument(
+        "--modes",
+        default="tenants,servers",
+        help="ways to run the stage, in order: tenants, overlap (tenants with --tenant-overlap), servers",
+    )
     parser.add_argument(
         "--serve-flag",
         action="append",
@@ -241,7 +248,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
     results: dict[str, tuple[float, dict[str, list[float]]]] = {}
     for mode in args.modes.split(","):
-        results[mode] = (by_tenants if mode == "tenants" else by_servers)(runs, args, root)
+        if mode == "servers":
+            results[mode] = by_servers(runs, args, root)
+        else:
+            results[mode] = by_tenants(runs, args, root, overlap=mode == "overlap")
         print(f"{mode}: {results[mode][0]:.1f} s wall", flush=True)
     console = Console()
     table = Table(
@@ -255,8 +265,9 @@ def main() -> None:
     console.print(table)
     for mode, (wall, _) in results.items():
         console.print(f"{mode}: {wall:.1f} s wall")
-    if {"tenants", "servers"} <= set(results):
-        console.print(f"servers / tenants: {results['servers'][0] / results['tenants'][0]:.2f}×")
+    for mode in ("tenants", "overlap"):
+        if {mode, "servers"} <= set(results):
+            console.print(f"servers / {mode}: {results['servers'][0] / results[mode][0]:.2f}×")
 
 
 if __name__ == "__main__":

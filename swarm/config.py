@@ -211,6 +211,11 @@ class ServerConfig(BaseModel):
     tenant samples the frozen base and is only recorded. On the ``vllm`` engine the weights must be
     bfloat16 or float16 (:attr:`weights_dtype`; vLLM's LoRA kernels take no float32): ``--dtype auto``
     gives bfloat16 on CUDA GPUs of compute capability ≥ 8.0."""
+    tenant_overlap: bool = False
+    """LoRA tenants on the ``hf`` engine: the engine samples every tenant on a twin of the peft model
+    that shares the base weights (`swarm.engine.adapter_twin`; the adapters held twice), so the other
+    tenants keep sampling during a tenant's step (``swarm serve --tenant-overlap``). ``False``: a step
+    pauses sampling. (``vllm`` always samples during a step: its trainer has its own copy.)"""
     prepare_timeout_s: float = Field(default=60.0, gt=0)
     """A member of a multi-server finish still ``prepared`` this long after it was stored is resolved by
     the server (`swarm.server.transactions`): the primary aborts, a secondary follows its primary."""

@@ -329,6 +329,12 @@ class ServeOptions(FlagOptions):
         cli={"min": 0},
         ge=0,
     )
+    tenant_overlap: bool = option(
+        False,
+        "hf engine with --tenants: keep sampling the other tenants during a tenant's step (a sampling copy "
+        "of the adapters over the same base weights).",
+        to="tenant_overlap",
+    )
     checkpoint_every: int | None = option(
         None,
         "Save a checkpoint every N steps (default 1: every step, written in the background; 1 loses no "
@@ -487,6 +493,7 @@ class ServeOptions(FlagOptions):
             "episode_timeout_s": self.episode_timeout,
             "prepare_timeout_s": self.prepare_timeout,
             "tenants": self.tenants,
+            "tenant_overlap": self.tenant_overlap,
             "max_header_bytes": self.max_header_bytes,
             "request_tokens_share": DEFAULT_REQUEST_TOKENS_SHARE if self.max_request_tokens is None else None,
         }

@@ -206,6 +206,12 @@ class Engine(Protocol):
         version is recorded; ``vllm``: the adapter is written and hot-loaded."""
         ...
 
+    def training_alongside(self) -> AbstractContextManager[None]:
+        """Entered by the thread of a tenant's step while the engine keeps sampling
+        (:attr:`samples_while_training`): ``hf`` on a CPU gives its sampler half the torch threads for
+        the step's duration (the step keeps all of them); ``vllm``: nothing."""
+        ...
+
     def drop_adapter(self, name: str) -> None:
         """Stop serving adapter ``name`` (a retired tenant)."""
         ...

@@ -33,6 +33,7 @@ def load_engine(config: ServerConfig) -> Engine:
             max_batch_size=config.max_batch_size,
             batch_window_s=config.batch_window_s,
             mixed_precision=resolve_mixed_precision(config.mixed_precision, config.device),
+            sample_while_training=bool(config.tenants) and config.tenant_overlap,
         )
     if config.engine == "vllm":
         from swarm.engine.vllm import VLLMEngine  # vLLM is optional: imported only when asked for

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from swarm.engine.adapter_twin import copy_adapter, drop_twin_adapter, sampling_twin
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
 from swarm.engine.limits import check_prompt_fits, check_score_input, end_of_turn_ids, max_new_tokens
 from swarm.engine.lora_rows import adapter_rows, spans_of, supports_adapter_rows
@@ -81,6 +82,10 @@ class HFEngine:
         regroup_max_s: cap in seconds on that extra wait.
         mixed_precision: compute dtype of forward passes (:mod:`swarm.precision`); ``NO`` keeps logprobs
             float32-exact. Must be resolved (not ``AUTO``).
+        sample_while_training: LoRA tenants: sample every adapter on a sampling twin of the trainer's
+            peft model (`swarm.engine.adapter_twin`: the same base weights, its own adapter tensors), so
+            the other tenants keep sampling during a tenant's step (:attr:`samples_while_training`).
+            ``False``: the engine samples the trained module and a step pauses it.
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class HFEngine:
         regroup_fraction: float = 0.2,
         regroup_max_s: float = 2.0,
         mixed_precision: MixedPrecision = MixedPrecision.NO,
+        sample_while_training: bool = False,
     ) -> None:
         require_resolved(mixed_precision)
         self.model = model
@@ -111,8 +117,17 @@ class HFEngine:
         self.lock = threading.RLock()
         self.policy_version = 0
         """Trainer step of the weights being sampled (set by :meth:`load_weights`, with the weights)."""
-        self.samples_while_training = False
-        """Tenants: a tenant's step updates the served module, so sampling waits for it (`pause`)."""
+        self.samples_while_training = sample_while_training
+        """Tenants: ``False``, a tenant's step updates the served module, so sampling waits for it
+        (`pause`); ``True``, the engine samples its own twin (:meth:`serve_adapter`) meanwhile."""
+        self._threads = torch.get_num_threads()
+        """Torch threads of the worker (and of a step's thread) when it runs alone (the constructing
+        thread's count: `ServerConfig.torch_threads` or torch's default)."""
+        self._threads_now = self._threads
+        """The worker's torch threads for its next forward (:meth:`training_alongside` halves them)."""
+        self._twin: nn.Module | None = None
+        """The sampling twin of the tenants' peft model (``sample_while_training``; built by the first
+        :meth:`serve_adapter`)."""
         self.adapters: dict[str, int] = {}
         """LoRA adapters served by name (tenants, :meth:`serve_adapter`) → their policy version. While
         any is served every batch passes peft's per-row ``adapter_names`` (``__base__`` for a row without
@@ -173,16 +188,42 @@ class HFEngine:
 
     def serve_adapter(self, name: str, module: nn.Module, policy_version: int) -> None:
         """Sample requests naming adapter ``name`` (`SamplingParams.adapter`) with that adapter of
-        ``module`` (the peft model holding every tenant's adapter, which shares the base weights and
-        replaces the served module) as ``policy_version``, from the next batch on."""
+        ``module`` (the peft model holding every tenant's adapter, which shares the base weights) as
+        ``policy_version``, from the next batch on. ``module`` replaces the served module; with
+        ``sample_while_training`` the engine serves its twin of it instead and copies adapter ``name``'s
+        tensors into the twin (`swarm.engine.adapter_twin`), under :attr:`lock`: between batches."""
         with self.lock:
-            self.model = module
+            if not self.samples_while_training:
+                self.model = module
+            elif self._twin is None:
+                self._twin = self.model = sampling_twin(module)
+            else:
+                copy_adapter(module, self._twin, name)
             self.adapters[name] = policy_version
+
+    @contextlib.contextmanager
+    def training_alongside(self) -> Iterator[None]:
+        """A tenant's step runs in the calling thread while the worker samples (``sample_while_training``):
+        on a CPU the worker's forwards use half the torch threads (at least one) until the exit, the step
+        keeps all of them (tenants' steps queue on one trainer, so a step is the stage's critical path).
+        ``torch.set_num_threads`` sets the calling OS thread's OpenMP team size (and the default of
+        threads started later), so the worker applies its share itself before each forward
+        (:meth:`_last_logits`). bench/README.md (``tenants.py``) has the measurements."""
+        if not self._on_cpu():
+            yield
+            return
+        self._threads_now = max(1, self._threads // 2)
+        try:
+            yield
+        finally:
+            self._threads_now = self._threads
 
     def drop_adapter(self, name: str) -> None:
         """Stop serving adapter ``name`` (a request still naming it fails)."""
         with self.lock:
             self.adapters.pop(name, None)
+            if self._twin is not None:
+                drop_twin_adapter(self._twin, name)
 
     def submit(
         self, prompt_ids: list[int], params: SamplingParams, on_token: TokenCallback | None = None
@@ -490,6 +531,8 @@ class HFEngine:
         self, device: Any, input_ids: Any, attention: Any, positions: Any, **kw: Any
     ) -> torch.Tensor:
         """One forward (under the engine's autocast); float32 logits of the last position, shape (B, V)."""
+        if self._threads_now != torch.get_num_threads():  # this thread's share (`training_alongside`)
+            torch.set_num_threads(self._threads_now)
         with autocast(device, self.mixed_precision):
             out = self.model(
                 input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, **kw

@@ -487,6 +487,10 @@ class VLLMEngine:
             self._call(self._llm.remove_lora(old[0].lora_int_id))
             shutil.rmtree(old[0].lora_path, ignore_errors=True)
 
+    def training_alongside(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing: vLLM samples on its GPU while the trainer trains its own copy."""
+        return contextlib.nullcontext()
+
     def drop_adapter(self, name: str) -> None:
         """Stop serving adapter ``name`` (its LoRA id removed from vLLM)."""
         old = self._loras.pop(name, None)

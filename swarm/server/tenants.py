@@ -19,8 +19,8 @@ A tenant is a one-policy training run in miniature, built from the same parts as
 Episodes begin under a tenant (``EpisodeCreate.tenant``); every call samples with the tenant's current
 adapter (`SamplingParams.adapter`) and its record names the tenant and its policy version. Steps of
 different tenants queue on one lock (one trainer at a time); the ``hf`` engine pauses sampling during a
-step (its served module is the trained one), ``vllm`` keeps sampling the other tenants
-(`Engine.samples_while_training`). A failed step or a batch the trainer rejects (a non-finite gradient)
+step (its served module is the trained one) unless ``--tenant-overlap`` gives it a twin of the adapters
+(`swarm.engine.adapter_twin`), ``vllm`` keeps sampling the other tenants (`Engine.samples_while_training`). A failed step or a batch the trainer rejects (a non-finite gradient)
 stops its tenant only (``failed``, with the reason); the admin may resume it.
 """
 
@@ -197,7 +197,8 @@ def check_tenants_on_disk(run_dir: Path, cap: int) -> None:
 class _AdapterEngine:
     """The engine as one tenant's `TrainingLoop` sees it: its weights are adapter ``name`` (served with
     `Engine.serve_adapter`), and a step holds the registry's train lock (tenants' steps queue) and, where
-    the engine cannot sample while training (``hf``), the engine's pause."""
+    the engine cannot sample while training (``hf`` without ``--tenant-overlap``), the engine's pause;
+    where it can, `Engine.training_alongside`."""
 
     def __init__(self, engine: Engine, name: str, train_lock: threading.RLock) -> None:
         self._engine, self._name, self._lock = engine, name, train_lock
@@ -210,7 +211,8 @@ class _AdapterEngine:
     def pause(self) -> Iterator[None]:
         with self._lock:
             if self._engine.samples_while_training:
-                yield
+                with self._engine.training_alongside():
+                    yield
             else:
                 with self._engine.pause():
                     yield

@@ -8,6 +8,7 @@ it), real SQLite pool, real peft adapters and the real tokenizer.
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,18 @@ def tenant_training(**kw: Any) -> TrainingConfig:
 
 
 @pytest.fixture()
-def tenant_server(tmp_path: Path, embedded_source: Any, tokenizer: Any) -> Iterator[LiveServer]:
-    engine = HFEngine(build_tiny_model(embedded_source, seed=1), tokenizer, "tiny-tenants")
-    live = make_server(tmp_path, engine, tenants=2, training=tenant_training(), admin_token=ADMIN)
+def tenant_server(
+    request: pytest.FixtureRequest, tmp_path: Path, embedded_source: Any, tokenizer: Any
+) -> Iterator[LiveServer]:
+    """A server of 2 tenants; parametrised indirectly with ``True``, the engine samples on a twin of the
+    adapters during a tenant's step (``--tenant-overlap``)."""
+    overlap = bool(getattr(request, "param", False))
+    engine = HFEngine(
+        build_tiny_model(embedded_source, seed=1), tokenizer, "tiny-tenants", sample_while_training=overlap
+    )
+    live = make_server(
+        tmp_path, engine, tenants=2, training=tenant_training(), admin_token=ADMIN, tenant_overlap=overlap
+    )
     yield live
     live.stop()
     engine.close()
@@ -84,6 +94,7 @@ def create(live: LiveServer, tenant_id: str, **settings: Any) -> httpx.Response:
         return http.post("/api/v1/tenants", json={"id": tenant_id, **settings})
 
 
+@pytest.mark.parametrize("tenant_server", [False, True], ids=["paused", "overlap"], indirect=True)
 def test_a_step_of_one_tenant_leaves_the_others_adapter_bit_equal(tenant_server: LiveServer) -> None:
     live = tenant_server
     assert create(live, "alpha", seed=1).status_code == 201
@@ -117,6 +128,60 @@ def test_a_step_of_one_tenant_leaves_the_others_adapter_bit_equal(tenant_server:
     with admin(live) as http:
         rows = http.get("/api/v1/tenants/alpha/metrics").json()
     assert [row["step"] for row in rows] == [1]
+
+
+@pytest.mark.parametrize("tenant_server", [True], ids=["overlap"], indirect=True)
+def test_with_overlap_the_engine_samples_during_a_tenants_step_with_the_old_adapter(
+    tenant_server: LiveServer,
+) -> None:
+    """``--tenant-overlap``: while alpha's step trains (held open here), beta's episodes and alpha's own
+    calls are sampled, alpha's with its old adapter and recorded as its old version; afterwards the twin
+    holds alpha's new adapter, beta's bit-equal, and the base is shared with the trainer's model."""
+    live = tenant_server
+    assert create(live, "alpha", seed=1).status_code == 201
+    assert create(live, "beta", seed=2).status_code == 201
+    engine, loop = live.engine, live.runtime.tenants.get("alpha").loop
+    assert engine is not None and engine.samples_while_training
+    trainer_model = live.runtime.tenants._model
+    assert engine.model is not trainer_model
+    shared = dict(trainer_model.named_parameters())
+    for name, param in engine.model.named_parameters():  # the base is shared, the adapters are copies
+        assert (param is shared[name]) == ("lora_" not in name), name
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, adapter="alpha")
+    before = engine.generate_sync([1, 2, 3, 4], greedy)[0]
+    training, release = threading.Event(), threading.Event()
+    real_step = loop.trainer.step
+
+    def held_step(*args: Any, **kwargs: Any) -> Any:
+        out = real_step(*args, **kwargs)  # the adapter is updated in the trainer's tree …
+        training.set()
+        assert release.wait(60)  # … and the step is not over until the test says so
+        return out
+
+    loop.trainer.step = held_step  # type: ignore[method-assign]
+    group(live, "alpha", "t1")
+    assert training.wait(60), "alpha's step did not start"
+    try:
+        during = engine.generate_sync([1, 2, 3, 4], greedy)[0]  # would wait for the step without overlap
+        assert during.policy_version == 0 and during.ids == before.ids
+        assert torch.allclose(torch.tensor(during.logprobs), torch.tensor(before.logprobs), atol=1e-6)
+        other = rollout(live, "beta", "t2", 1.0)
+        assert tenant(live, "alpha")["step"] == 0
+    finally:
+        release.set()
+    wait_for(lambda: tenant(live, "alpha")["step"] == 1, 60, "alpha's step 1")
+    after = engine.generate_sync([1, 2, 3, 4], greedy)[0]
+    assert after.policy_version == 1
+    assert not torch.allclose(torch.tensor(after.logprobs), torch.tensor(before.logprobs), atol=1e-6)
+    twin = dict(engine.model.named_parameters())
+    for name, param in shared.items():
+        if "lora_" in name:  # the twin holds both trained adapters as the trainer's tree does
+            assert torch.equal(param, twin[name]), name
+    with SwarmClient(live.url, admin_token=ADMIN) as client:
+        assert [(c.tenant, c.policy_version) for c in client.get_episode(other).calls] == [("beta", 0)]
+    with admin(live) as http:  # retiring drops the twin's copy too
+        assert http.post("/api/v1/tenants/alpha/retire").status_code == 200
+    assert not any(".alpha." in name for name, _ in engine.model.named_parameters())
 
 
 @pytest.mark.parametrize(
