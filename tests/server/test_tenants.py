@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,22 +219,34 @@ def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
     rollout(live, "beta", "t2", 1.0)  # the others still sample
 
 
+def hold_creates(live: LiveServer) -> Callable[[], None]:
+    """Hold the server's tenant registry lock from a thread, as a long tenant step does: creates and
+    retires wait on it. Returns the release (idempotent)."""
+    registry = live.runtime.tenants
+    assert registry is not None
+    release = threading.Event()
+
+    def hold() -> None:
+        with registry._lock.first():
+            release.wait(120)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    wait_for(lambda: registry._lock._owner is not None, 10, "the registry lock held")
+
+    def done() -> None:
+        release.set()
+        holder.join()
+
+    return done
+
+
 def test_a_tenant_being_created_is_visible_and_its_routes_answer_409(tenant_server: LiveServer) -> None:
     """fresh36 #2: while a create waits (here: the test holds the registry's lock, as a long step would),
     GET shows the tenant ``creating``, retire and a second create answer 409 "being created", and the create
     finishes into an active tenant that retires normally (no orphan)."""
     live = tenant_server
-    registry = live.runtime.tenants
-    assert registry is not None
-    release, answer = threading.Event(), []
-
-    def hold_lock() -> None:
-        with registry._lock.first():
-            release.wait(60)
-
-    holder = threading.Thread(target=hold_lock)
-    holder.start()
-    wait_for(lambda: registry._lock._owner is not None, 10, "the test to hold the lock")
+    release, answer = hold_creates(live), []
     creator = threading.Thread(target=lambda: answer.append(create(live, "alpha", seed=1)))
     creator.start()
     try:
@@ -247,8 +259,7 @@ def test_a_tenant_being_created_is_visible_and_its_routes_answer_409(tenant_serv
         again = create(live, "alpha")
         assert again.status_code == 409 and "being created" in again.json()["error"]["message"]
     finally:
-        release.set()
-        holder.join()
+        release()
         creator.join(60)
     assert answer[0].status_code == 201 and answer[0].json()["state"] == "active"
     with admin(live) as http:
