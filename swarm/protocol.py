@@ -974,8 +974,11 @@ class Event(BaseModel):
 class TenantState(StrEnum):
     """A tenant's life: ``active`` samples and trains; ``paused`` (by the admin) and ``failed`` (its step
     crashed or its trainer rejected a batch, e.g. a non-finite gradient) admit no episode and do not
-    train until resumed; ``retired`` is gone (its adapter saved as a LoRA checkpoint)."""
+    train until resumed; ``retired`` is gone (its adapter saved as a LoRA checkpoint); ``creating``: its
+    ``POST`` is still injecting its adapter (it holds its id and a place under the cap; its other routes
+    answer 409 until it is active)."""
 
+    CREATING = "creating"
     ACTIVE = "active"
     PAUSED = "paused"
     FAILED = "failed"

@@ -67,6 +67,13 @@ from a3r.swarmops.processes import (
 )
 from a3r.swarmops.serving_dtype import study_dtype
 from a3r.swarmops.teacher import start_teacher, student_env, teacher_key
+from a3r.swarmops.tenant_calls import (
+    CALL_TIMEOUT_S,
+    TenantStartError,
+    create_tenant,
+    retire_tenant,
+    transport_failure,
+)
 from a3r.swarmops.trained import trained_metrics
 from memory import NOT_METRICS, RunUpdate
 from swarm.client import (
@@ -777,14 +784,15 @@ def execute_tenant_run(
     api = _Control(handle, tenant)
     try:
         try:
-            _ensure_tenant(spec, api, tenant, rec)
-        except (ClientError, httpx.TransportError) as exc:
-            rec.note(f"run {spec.key}: the server refused tenant {tenant}: {exc}", "error")
+            _ensure_tenant(spec, handle, api, tenant, rec)
+        except (ClientError, httpx.TransportError, TenantStartError) as exc:
+            reason = _tenant_start_failure(tenant, exc)
+            rec.note(f"run {spec.key}: {reason}", "error")
             return RunOutcome(
                 **spec.outcome_fields(),
                 run_id=run_id,
                 status="failed_to_start",
-                reason=f"the server refused tenant {tenant}: {exc}",
+                reason=reason,
                 run_dir=str(run_dir),
                 tenant=tenant,
                 tenant_server=server_key,
@@ -793,32 +801,52 @@ def execute_tenant_run(
         run = _Run(spec, ctx, ws, handle, api, rec, run_dir, run_id, started, budget_s, eval_reserve_s)
         return _monitor(run).model_copy(update={"tenant": tenant, "tenant_server": server_key})
     finally:
-        with contextlib.suppress(ClientError, httpx.TransportError):
-            api.client.retire_tenant(tenant)
+        try:
+            retire_tenant(handle, tenant)  # one still being created is retired once created
+        except ClientError as exc:
+            rec.note(f"run {spec.key}: retiring tenant {tenant}: {exc}", "warning")
+        except httpx.TransportError as exc:
+            why = transport_failure(exc, f"retiring tenant {tenant}", CALL_TIMEOUT_S)
+            rec.note(f"run {spec.key}: {why}", "warning")
         api.close()
 
 
-def _ensure_tenant(spec: RunSpec, api: _Control, tenant: str, rec: _Recorder) -> None:
-    """Create the run's tenant with its settings; a resident one of that id (the stage's server resumed
-    it after a killed a3r: its run dir keeps its tenants) is continued, resumed if the budget paused it.
+def _tenant_start_failure(tenant: str, exc: Exception) -> str:
+    """Why a run's tenant was not created, in one line that is never empty: the server's refusal, or the
+    timeout or lost connection (`a3r.swarmops.tenant_calls`)."""
+    if isinstance(exc, ClientError):
+        return f"the server refused tenant {tenant}: {exc}"
+    if isinstance(exc, httpx.TransportError):
+        return transport_failure(exc, f"creating tenant {tenant}", CALL_TIMEOUT_S)
+    return str(exc)
+
+
+def _ensure_tenant(spec: RunSpec, handle: ServerHandle, api: _Control, tenant: str, rec: _Recorder) -> None:
+    """Create the run's tenant with its settings (`a3r.swarmops.tenant_calls.create_tenant`: a slow create
+    is waited for, and one the client gave up on is read back); a resident one of that id (the stage's
+    server resumed it after a killed a3r: its run dir keeps its tenants) is continued, resumed if the budget
+    paused it.
 
     Raises:
         ClientError | httpx.TransportError: the server refused it (a retired tenant of that id included).
+        TenantStartError: the create timed out or lost its connection and the server has no such tenant.
     """
     s = spec.settings
+    settings = {
+        "lr": s.lr,
+        "batch_size": s.batch_size,
+        "group_size": s.group_size,
+        "kl_coef": s.kl_coef,
+        "clip_eps": s.clip_eps,
+        "ppo_epochs": s.ppo_epochs,
+        "minibatches": s.minibatches,
+        "batch_policy": "tasks",
+        "max_steps": s.steps,
+        "seed": spec.seed,
+    }
     try:
-        api.client.create_tenant(
-            tenant,
-            lr=s.lr,
-            batch_size=s.batch_size,
-            group_size=s.group_size,
-            kl_coef=s.kl_coef,
-            clip_eps=s.clip_eps,
-            ppo_epochs=s.ppo_epochs,
-            minibatches=s.minibatches,
-            batch_policy="tasks",
-            max_steps=s.steps,
-            seed=spec.seed,
+        create_tenant(
+            handle, tenant, settings, note=lambda line: rec.note(f"run {spec.key}: {line}", "warning")
         )
     except ClientError as exc:
         if exc.status_code != 409:

@@ -194,13 +194,65 @@ def check_tenants_on_disk(run_dir: Path, cap: int) -> None:
         )
 
 
+class _TrainLock:
+    """The registry's re-entrant lock: each tenant's step holds it (:meth:`step`: steps queue), and so do
+    adapter injection and removal (:meth:`first`). Those go first: while one waits no queued step takes
+    the lock, so a create or retire waits for the running step at most, not behind every tenant's next
+    steps (a plain lock let the steps take it in turn for as long as they had work)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(threading.Lock())
+        self._waiting_first = 0
+        self._owner: int | None = None
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        with self._lock:
+            self._owner = threading.get_ident()
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._owner = None
+
+    @contextlib.contextmanager
+    def first(self) -> Iterator[None]:
+        """Hold the lock before any step that queues for it."""
+        with self._changed:
+            self._waiting_first += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._changed:
+                self._waiting_first -= 1
+                self._changed.notify_all()
+        try:
+            with self._held():
+                yield
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Hold the lock once no :meth:`first` waits (at once where this thread holds it already)."""
+        if self._owner != threading.get_ident():
+            with self._changed:
+                self._changed.wait_for(lambda: self._waiting_first == 0)
+        with self._held():
+            yield
+
+
 class _AdapterEngine:
     """The engine as one tenant's `TrainingLoop` sees it: its weights are adapter ``name`` (served with
     `Engine.serve_adapter`), and a step holds the registry's train lock (tenants' steps queue) and, where
     the engine cannot sample while training (``hf`` without ``--tenant-overlap``), the engine's pause;
     where it can, `Engine.training_alongside`."""
 
-    def __init__(self, engine: Engine, name: str, train_lock: threading.RLock) -> None:
+    def __init__(self, engine: Engine, name: str, train_lock: _TrainLock) -> None:
         self._engine, self._name, self._lock = engine, name, train_lock
 
     @property
@@ -209,7 +261,7 @@ class _AdapterEngine:
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
-        with self._lock:
+        with self._lock.step():
             if self._engine.samples_while_training:
                 with self._engine.training_alongside():
                     yield
@@ -320,14 +372,15 @@ class TenantRegistry:
         self.events = events
         self.mixed_precision = mixed_precision
         self.root = config.run_dir / "tenants"
-        self._lock = threading.RLock()
-        """Held by each tenant's step (they queue) and by adapter injection and removal."""
+        self._lock = _TrainLock()
+        """Held by each tenant's step (they queue) and, before them, by adapter injection and removal."""
         self._model: nn.Module = engine.trainable_module()
         """The base model, then the peft model holding every tenant's adapter."""
         self._tenants: dict[str, Tenant] = {}
         self._retired: dict[str, _Record] = {}
-        self._creating: set[str] = set()
-        """Ids being created (they count against the cap and are taken)."""
+        self._creating: dict[str, TenantCreate] = {}
+        """Tenants being created (``creating``: they count against the cap and their ids are taken)."""
+        self._create_tasks: set[asyncio.Task[None]] = set()
         for path in sorted(self.root.glob("*/tenant.json")) if self.root.exists() else []:
             record = _Record.model_validate_json(path.read_text())
             if record.state is TenantState.RETIRED:
@@ -340,16 +393,30 @@ class TenantRegistry:
         """The resident tenant ``tenant_id``.
 
         Raises:
-            RequestError: no resident tenant has this id (404; a retired one says so).
+            RequestError: no resident tenant has this id (404; a retired one says so), or it is still being
+                created (409: retry once ``GET`` shows it ``active``).
         """
         tenant = self._tenants.get(tenant_id)
+        if tenant is None and tenant_id in self._creating:
+            raise RequestError(
+                f"tenant {tenant_id!r} is being created; retry when it is active",
+                status_code=409,
+                param="tenant",
+            )
         if tenant is None:
             retired = " (retired)" if tenant_id in self._retired else ""
             raise RequestError(f"no tenant {tenant_id!r}{retired}", status_code=404, param="tenant")
         return tenant
 
     def view(self, tenant_id: str) -> TenantView:
-        """One tenant, resident or retired."""
+        """One tenant, resident, being created or retired."""
+        if tenant_id in self._creating and tenant_id not in self._tenants:
+            return TenantView(
+                id=tenant_id,
+                state=TenantState.CREATING,
+                step=0,
+                settings=self._creating[tenant_id].model_dump(exclude={"id"}, exclude_none=True),
+            )
         if tenant_id in self._retired:
             record = self._retired[tenant_id]
             return TenantView(
@@ -364,8 +431,9 @@ class TenantRegistry:
         return tenant.view(len(self.episodes.partition(tenant_id)))
 
     def views(self) -> list[TenantView]:
-        """Every tenant ever created on this run dir (resident first, then retired), by id."""
-        return [self.view(t) for t in sorted(self._tenants)] + [self.view(t) for t in sorted(self._retired)]
+        """Every tenant of this run dir (resident or being created first, then retired), by id."""
+        current = sorted(set(self._tenants) | set(self._creating))
+        return [self.view(t) for t in current] + [self.view(t) for t in sorted(self._retired)]
 
     def metrics(self, tenant_id: str, since_step: int) -> list[ServerStepMetrics]:
         """A resident tenant's metrics rows after ``since_step``."""
@@ -374,7 +442,9 @@ class TenantRegistry:
     # -- lifecycle -----------------------------------------------------------------------------------------
     async def create(self, body: TenantCreate) -> TenantView:
         """Create a tenant, its adapter and its training loop (in a worker thread: the adapter is
-        injected while generation pauses), and start training it.
+        injected while generation pauses, after the running batch and step at most), and start training it.
+        Meanwhile it is ``creating``: ``GET`` shows it, a second create and its other routes answer 409. The
+        work goes on if the client stops waiting (the tenant then becomes active: retire it).
 
         Raises:
             RequestError: the id is taken (409), ``--tenants`` tenants are resident already (409: the
@@ -382,7 +452,13 @@ class TenantRegistry:
         """
         if body.id in "lora_":  # peft renames state-dict keys by adapter name: "a" or "lo" would clash
             raise RequestError(f"tenant id {body.id!r} is part of 'lora_'; choose another", status_code=422)
-        if body.id in self._tenants or body.id in self._retired or body.id in self._creating:
+        if body.id in self._creating:
+            raise RequestError(
+                f"tenant {body.id!r} is being created already (GET shows it 'creating')",
+                status_code=409,
+                param="id",
+            )
+        if body.id in self._tenants or body.id in self._retired:
             raise RequestError(f"tenant {body.id!r} exists already", status_code=409, param="id")
         if len(self._tenants) + len(self._creating) >= self.cap:
             raise RequestError(
@@ -393,16 +469,22 @@ class TenantRegistry:
         resolved = _resolve(self.config.training, body)
         resolved.training(self.config.training, body.id)  # 422 before anything is created
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
+        self._creating[body.id] = body
         record = _Record(settings=body, resolved=resolved, seed=seed)
-        self._creating.add(body.id)
+        task = asyncio.get_running_loop().create_task(self._create(body, record), name=f"create-{body.id}")
+        self._create_tasks.add(task)
+        task.add_done_callback(self._create_tasks.discard)
+        await asyncio.shield(task)  # a client that stops waiting does not stop it half-way
+        return self.view(body.id)
+
+    async def _create(self, body: TenantCreate, record: _Record) -> None:
         try:
             tenant = await asyncio.to_thread(self._build, body.id, record)
+            tenant.save()
+            self._start(tenant)
         finally:
-            self._creating.discard(body.id)
-        tenant.save()
-        self._start(tenant)
+            del self._creating[body.id]
         self.events.emit("tenant.created", f"tenant {body.id} created", tenant=body.id)
-        return self.view(body.id)
 
     def start(self) -> None:
         """Start the training loops of the tenants rebuilt at startup (on the event loop)."""
@@ -442,7 +524,7 @@ class TenantRegistry:
         return self.view(tenant_id)
 
     def _retire_blocking(self, tenant: Tenant) -> None:
-        with self._lock:  # after its step, if one runs
+        with self._lock.first():  # after its step, if one runs
             tenant.loop.checkpoint()
             latest = latest_checkpoint(tenant.folder)
             tenant.record.checkpoint = None if latest is None else str(latest[1])
@@ -502,7 +584,7 @@ class TenantRegistry:
         assert lora is not None  # ServerConfig checks that tenants have LoRA settings
         folder = self.root / tenant_id
         folder.mkdir(parents=True, exist_ok=True)
-        with self._lock, self.engine.pause():  # no batch runs while adapters are injected
+        with self._lock.first(), self.engine.pause():  # no batch or step runs while adapters are injected
             self._model = add_adapter(self._model, tenant_id, lora, seed=record.seed)
         pad = self.engine.tokenizer.pad_token_id
         trainer = TorchTrainer(

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +281,80 @@ def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
     assert create(live, "gamma").status_code == 201  # its place under the cap is free
     assert create(live, "alpha").status_code == 409  # a retired id stays taken
     rollout(live, "beta", "t2", 1.0)  # the others still sample
+
+
+def hold_creates(live: LiveServer) -> Callable[[], None]:
+    """Hold the server's tenant registry lock from a thread, as a long tenant step does: creates and
+    retires wait on it. Returns the release (idempotent)."""
+    registry = live.runtime.tenants
+    assert registry is not None
+    release = threading.Event()
+
+    def hold() -> None:
+        with registry._lock.first():
+            release.wait(120)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    wait_for(lambda: registry._lock._owner is not None, 10, "the registry lock held")
+
+    def done() -> None:
+        release.set()
+        holder.join()
+
+    return done
+
+
+def test_a_tenant_being_created_is_visible_and_its_routes_answer_409(tenant_server: LiveServer) -> None:
+    """fresh36 #2: while a create waits (here: the test holds the registry's lock, as a long step would),
+    GET shows the tenant ``creating``, retire and a second create answer 409 "being created", and the create
+    finishes into an active tenant that retires normally (no orphan)."""
+    live = tenant_server
+    release, answer = hold_creates(live), []
+    creator = threading.Thread(target=lambda: answer.append(create(live, "alpha", seed=1)))
+    creator.start()
+    try:
+        wait_for(lambda: tenant(live, "alpha").get("state") == "creating", 30, "alpha creating")
+        with admin(live) as http:
+            assert [t["id"] for t in http.get("/api/v1/tenants").json()] == ["alpha"]
+            retire = http.post("/api/v1/tenants/alpha/retire")
+            assert retire.status_code == 409 and "being created" in retire.json()["error"]["message"]
+            assert http.post("/api/v1/tenants/alpha/pause").status_code == 409
+        again = create(live, "alpha")
+        assert again.status_code == 409 and "being created" in again.json()["error"]["message"]
+    finally:
+        release()
+        creator.join(60)
+    assert answer[0].status_code == 201 and answer[0].json()["state"] == "active"
+    with admin(live) as http:
+        assert http.post("/api/v1/tenants/alpha/retire").json()["state"] == "retired"
+
+
+def test_a_pause_waits_for_one_batch_at_most_under_load(embedded_source: Any, tokenizer: Any) -> None:
+    """fresh36 #1: a tenant's create pauses the engine; with the queue never empty the worker used to take
+    the lock back batch after batch (a create waited 54 s). Now a waiting pause goes before the next batch."""
+    engine = HFEngine(build_tiny_model(embedded_source, seed=1), tokenizer, "tiny-load", max_batch_size=2)
+    stop = threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            engine.submit([1, 2, 3], SamplingParams(max_tokens=4, temperature=1.0)).result()
+
+    floods = [threading.Thread(target=flood) for _ in range(8)]
+    for thread in floods:
+        thread.start()
+    try:
+        wait_for(lambda: engine.batches >= 2, 60, "batches under load")
+        for _ in range(5):
+            before = engine.batches
+            with engine.pause():
+                assert engine.batches - before <= 1
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for thread in floods:
+            thread.join(60)
+        engine.close()
 
 
 def test_a_server_without_tenants_refuses_them(tmp_path: Path, tiny_engine: HFEngine) -> None:
