@@ -217,6 +217,48 @@ def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
     rollout(live, "beta", "t2", 1.0)  # the others still sample
 
 
+def test_a_tenants_events_reach_the_servers_stream_and_its_metrics_outlive_retirement(
+    tenant_server: LiveServer,
+) -> None:
+    live = tenant_server
+    create(live, "alpha", seed=1, lr=5e-3)
+    create(live, "beta")
+    ids = group(live, "alpha", "t1")
+    rollout(live, "beta", "t2", 1.0)
+    wait_for(lambda: tenant(live, "alpha")["step"] == 1, 60, "tenant a's step 1")
+    with SwarmClient(live.url, admin_token=ADMIN) as client:
+        wait_for(lambda: any(e.kind == "train.step" for e in client.events()), 30, "a's train.step")
+        every = client.events()
+        mine = client.events(tenant="alpha")
+    steps = [e for e in every if e.kind == "train.step"]
+    assert [(e.tenant, e.data["tenant"]) for e in steps] == [("alpha", "alpha")]  # b has not stepped
+    kinds = {e.kind for e in mine}
+    assert {"tenant.created", "train.started", "train.step", "episode.finished"} <= kinds
+    assert all(e.tenant == "alpha" for e in mine)
+    assert {e.data["episode_id"] for e in mine if e.kind == "episode.finished"} == set(ids)
+    beta_ended = [e for e in every if e.kind == "episode.finished" and e.tenant == "beta"]
+    assert len(beta_ended) == 1 and beta_ended[0] not in mine
+    assert all(e.tenant is None for e in every if e.kind == "server.started")
+    with admin(live) as http:  # the wire names the tenant, and the filter is a query parameter
+        text = http.get("/api/v1/events", params={"follow": "false", "tenant": "beta"}).text
+        assert '"tenant":"beta"' in text.replace(" ", "") and '"tenant":"alpha"' not in text.replace(" ", "")
+    own = (live.config.run_dir / "tenants" / "alpha" / "events.jsonl").read_text()  # its file stays
+    assert '"kind": "train.step"' in own and '"tenant": "alpha"' in own
+    with admin(live) as http:
+        before = http.get("/api/v1/tenants/alpha").json()
+        assert http.post("/api/v1/tenants/alpha/retire").status_code == 200
+        rows = http.get("/api/v1/tenants/alpha/metrics").json()
+        after = http.get("/api/v1/tenants/alpha").json()
+        listed = {v["id"]: v for v in http.get("/api/v1/tenants").json()}["alpha"]
+        assert http.get("/api/v1/tenants/nope/metrics").status_code == 404
+    assert [row["step"] for row in rows] == [1]
+    assert before["trained"] == 2
+    for view in (after, listed):
+        assert view["state"] == "retired" and view["step"] == 1 and view["trained"] == 2
+        assert view["settings"] == before["settings"] and view["settings"]["lr"] == 5e-3
+        assert view["settings"]["batch_size"] == 1 and view["checkpoint"]
+
+
 def test_a_server_without_tenants_refuses_them(tmp_path: Path, tiny_engine: HFEngine) -> None:
     live = make_server(tmp_path, tiny_engine, training=TrainingConfig(enabled=False), admin_token=ADMIN)
     try:
