@@ -52,11 +52,11 @@ class EventLog:
             if self._file.tell() and not path.read_bytes().endswith(b"\n"):
                 self._file.write("\n")  # a torn last line (a kill mid-write) stays alone on its line
 
-    def emit(
-        self, kind: str, message: str, level: EventLevel = "info", *, tenant: str | None = None, **data: Any
-    ) -> Event:
+    def emit(self, kind: str, message: str, level: EventLevel = "info", **data: Any) -> Event:
         """Record an event (callable from any thread). Never pass secrets in ``message`` or ``data``.
-        ``tenant`` names the LoRA tenant it concerns (`Event.tenant`, and ``data["tenant"]``)."""
+        A ``tenant`` in ``data`` (a LoRA tenant's id) names the tenant the event concerns (`Event.tenant`);
+        ``tenant=None`` is left out."""
+        tenant = data.pop("tenant", None)
         if tenant is not None:
             data["tenant"] = tenant
         with self._lock:
@@ -68,7 +68,7 @@ class EventLog:
                 kind=kind,
                 message=message,
                 data=data,
-                tenant=tenant,
+                tenant=tenant if isinstance(tenant, str) else None,
             )
             self._ring.append(event)
             if self._file is not None:
@@ -125,10 +125,8 @@ class TenantEventLog(EventLog):
         super().__init__(path)
         self.server, self.tenant = server, tenant
 
-    def emit(
-        self, kind: str, message: str, level: EventLevel = "info", *, tenant: str | None = None, **data: Any
-    ) -> Event:
-        """Record the event in the tenant's file and on the server's log (``tenant`` is always this one)."""
-        event = super().emit(kind, message, level, tenant=self.tenant, **data)
-        self.server.emit(kind, message, level, tenant=self.tenant, **data)
-        return event
+    def emit(self, kind: str, message: str, level: EventLevel = "info", **data: Any) -> Event:
+        """Record the event in the tenant's file and on the server's log, ``data["tenant"]`` this tenant."""
+        data["tenant"] = self.tenant
+        self.server.emit(kind, message, level, **data)
+        return super().emit(kind, message, level, **data)
