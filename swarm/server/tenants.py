@@ -311,10 +311,10 @@ class TenantRegistry:
             raise RequestError(f"tenant id {body.id!r} is part of 'lora_'; choose another", status_code=422)
         if body.id in self._tenants or body.id in self._retired or body.id in self._creating:
             raise RequestError(f"tenant {body.id!r} exists already", status_code=409, param="id")
-        if len(self._tenants) + len(self._creating) >= self.cap:
+        if (resident := len(self._tenants) + len(self._creating)) >= self.cap:
             raise RequestError(
-                f"{len(self._tenants) + len(self._creating)} tenants are resident, the cap of this server (--tenants {self.cap}: "
-                "adapters and optimizer states held in memory); retire one first",
+                f"{resident} tenant{' is' if resident == 1 else 's are'} resident, the cap of this server "
+                f"(--tenants {self.cap}: adapters and optimizer states held in memory); retire one first",
                 status_code=409,
             )
         tenant_training(self.config.training, body)  # 422 before anything is created

@@ -251,6 +251,8 @@ def test_a_tenants_events_reach_the_servers_stream_and_its_metrics_outlive_retir
         after = http.get("/api/v1/tenants/alpha").json()
         listed = {v["id"]: v for v in http.get("/api/v1/tenants").json()}["alpha"]
         assert http.get("/api/v1/tenants/nope/metrics").status_code == 404
+        patched = http.patch("/api/v1/config", json={"lr": 1e-3})  # settings are per tenant
+        assert patched.status_code == 409 and "per tenant" in patched.json()["error"]["message"]
     assert [row["step"] for row in rows] == [1]
     assert before["trained"] == 2
     for view in (after, listed):
@@ -350,6 +352,14 @@ def test_tenants_need_lora_one_line_naming_the_flag() -> None:
         ServeOptions(tenants=2).to_server_config()
     config = ServeOptions(tenants=2, lora_rank=4).to_server_config()
     assert config.tenants == 2 and "--tenants" in ServeOptions(tenants=2, lora_rank=4).argv()
+
+
+def test_tenants_on_verl_name_the_trainer_not_the_rank() -> None:
+    from swarm.serve_options import ServeOptions, ServeOptionsError
+
+    with pytest.raises(ServeOptionsError, match="leave --trainer torch") as refused:
+        ServeOptions(tenants=2, lora_rank=8, trainer="verl").to_server_config()
+    assert "--lora-rank" not in str(refused.value)
 
 
 def test_vllm_tenants_need_bf16_or_fp16_weights() -> None:
