@@ -7,6 +7,7 @@ it), real SQLite pool, real peft adapters and the real tokenizer.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -259,6 +260,8 @@ def test_a_tenants_events_reach_the_servers_stream_and_its_metrics_outlive_retir
         assert view["state"] == "retired" and view["step"] == 1 and view["trained"] == 2
         assert view["settings"] == before["settings"] and view["settings"]["lr"] == 5e-3
         assert view["settings"]["batch_size"] == 1 and view["checkpoint"]
+    record = json.loads((live.config.run_dir / "tenants" / "alpha" / "tenant.json").read_text())
+    assert record["final"]["trained"] == 2  # a restarted server reads the final view from here
 
 
 def test_a_server_without_tenants_refuses_them(tmp_path: Path, tiny_engine: HFEngine) -> None:
