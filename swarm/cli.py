@@ -258,10 +258,13 @@ def _startup_line(config: Any, engine: Any) -> str:
     if not t.enabled:
         return line + " · training off" + _credentials_clause(config)
     lora = f"LoRA r={t.trainer.lora.r}" if t.trainer.lora else "full fine-tuning"
+    if config.tenants:  # each tenant trains with its own settings; the server's are their defaults
+        rank = t.trainer.lora.r if t.trainer.lora else 0
+        lora = f"up to {config.tenants} LoRA tenants (r={rank}) with settings of their own, by default"
     if t.backend == "verl":
         lora += f" with verl on {t.verl.world_size} GPU(s)"
     return (
-        f"{line} · trains {lora}, lr {t.trainer.lr:g}, every {t.batch.batch_size} {t.batch.policy.value} "
+        f"{line} · trains {lora}{'' if config.tenants else ','} lr {t.trainer.lr:g}, every {t.batch.batch_size} {t.batch.policy.value} "
         f"× G={t.batch.group_size} episodes"
         + (
             " (synchronous)"

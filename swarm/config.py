@@ -245,9 +245,8 @@ class ServerConfig(BaseModel):
     @model_validator(mode="after")
     def _check_tenants(self) -> ServerConfig:
         if self.tenants and (self.training.trainer.lora is None or self.training.backend != "torch"):
-            raise ValueError(
-                "tenants are LoRA adapters trained by the torch trainer: add --lora-rank (and leave --trainer torch)"
-            )
+            fix = "add --lora-rank" if self.training.trainer.lora is None else "leave --trainer torch"
+            raise ValueError(f"tenants are LoRA adapters trained by the torch trainer: {fix}")
         if self.tenants and self.training.distill is not None:
             raise ValueError("distillation (--teacher) trains the one policy: leave --tenants out for now")
         if self.tenants and self.engine == "vllm" and self.weights_dtype == "float32":

@@ -966,6 +966,10 @@ class Event(BaseModel):
     """Short machine-readable kind, e.g. ``episode.finished``, ``train.step``, ``config.changed``."""
     message: str
     data: dict[str, Any] = Field(default_factory=dict)
+    tenant: str | None = None
+    """The LoRA tenant the event concerns (``swarm serve --tenants``: its steps, checkpoints, episodes and
+    lifecycle; also in ``data`` as ``tenant``); ``None``: the server's own. ``GET /api/v1/events?tenant=``
+    keeps one tenant's events."""
 
 
 # -- LoRA tenants (``swarm serve --tenants N``) ---------------------------------------------------------

@@ -189,7 +189,7 @@ class _Control:
         if events:
             self.event_seq = events[-1].seq
         if self.tenant is not None:  # another tenant's events are its run's
-            events = [e for e in events if e.data.get("tenant") in (None, self.tenant)]
+            events = [e for e in events if e.tenant in (None, self.tenant)]
         return events
 
     def close(self) -> None:

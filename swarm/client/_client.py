@@ -491,16 +491,18 @@ class AsyncSwarmClient:
         body = await self._request("GET", "/api/v1/metrics", params={"since_step": since_step}, admin=True)
         return _METRICS.validate_python(body)
 
-    async def events(self, since: int = 0) -> list[Event]:
+    async def events(self, since: int = 0, tenant: str | None = None) -> list[Event]:
         """The server's buffered events after sequence number ``since`` (``GET /api/v1/events`` without
         following), oldest first. Pass the last ``seq`` seen to read only new ones; a restarted server
-        numbers from 1 again.
+        numbers from 1 again. ``tenant``: only that LoRA tenant's events (`Event.tenant`).
 
         Raises:
             ClientError: the server answered an error (401/403 without the admin token).
             httpx.TransportError: the server could not be reached (after the retries).
         """
         params: dict[str, Any] = {"since": since, "follow": "false"}
+        if tenant is not None:
+            params["tenant"] = tenant
         events: list[Event] = await self._request(
             "GET", "/api/v1/events", params=params, admin=True, parse=_events
         )
@@ -571,11 +573,11 @@ class AsyncSwarmClient:
         return TenantView.model_validate(await self._request("GET", _tenant_path(tenant_id), admin=True))
 
     async def tenant_metrics(self, tenant_id: str, since_step: int = 0) -> list[ServerStepMetrics]:
-        """A resident tenant's per-step metrics after ``since_step``, oldest first
-        (``GET /api/v1/tenants/{id}/metrics``).
+        """A tenant's per-step metrics after ``since_step``, oldest first (a retired tenant's too;
+        ``GET /api/v1/tenants/{id}/metrics``).
 
         Raises:
-            ClientError: 404 when no resident tenant has this id.
+            ClientError: 404 when no tenant has this id.
         """
         path = _tenant_path(tenant_id, "metrics")
         return _METRICS.validate_python(

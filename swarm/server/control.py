@@ -159,9 +159,12 @@ class ControlService:
             RequestError: training is disabled on this server (409).
         """
         if self.training_loop is None:
-            raise RequestError(
-                "training is disabled on this server (started in inference mode)", status_code=409
+            why = (  # a tenants server trains each tenant with its own settings, not the server's
+                "training settings are per tenant, fixed at creation (POST /api/v1/tenants)"
+                if self.config.tenants
+                else "training is disabled on this server (started in inference mode)"
             )
+            raise RequestError(why, status_code=409)
         return self.training_loop
 
     def client_state(self, client_id: str) -> ClientState:

@@ -109,14 +109,17 @@ async def events(
     stopping: StoppingDep,
     since: int = 0,
     follow: bool = True,
+    tenant: str | None = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Server-sent events, each an :class:`~swarm.protocol.Event` as JSON ``data`` (``event`` = its kind,
     ``id`` = its seq): buffered events after ``since``, then live ones while ``follow`` is true, until
-    the server stops (its last event is ``server.stopping``; the stream then ends)."""
+    the server stops (its last event is ``server.stopping``; the stream then ends). ``tenant`` keeps only
+    the events of that LoRA tenant (`Event.tenant`: its steps, checkpoints, episodes and lifecycle)."""
     last = since
     for event in control.events.recent(since):
         last = event.seq
-        yield _sse(event)
+        if _concerns(event, tenant):
+            yield _sse(event)
     if handle is None:
         return
     queue = handle[1]
@@ -135,15 +138,22 @@ async def events(
                 for event in _drain(queue):  # what was emitted before the stop (``server.stopping``)
                     if event.seq > last:
                         last = event.seq
-                        yield _sse(event)
+                        if _concerns(event, tenant):
+                            yield _sse(event)
                 return
             event = received.result()
             if event.seq <= last:
                 continue
             last = event.seq
-            yield _sse(event)
+            if _concerns(event, tenant):
+                yield _sse(event)
     finally:
         stopped.cancel()
+
+
+def _concerns(event: Event, tenant: str | None) -> bool:
+    """Whether ``event`` passes the ``tenant`` filter of ``GET /api/v1/events`` (``None``: every event)."""
+    return tenant is None or event.tenant == tenant
 
 
 KEEP_ALIVE_S = 15.0

@@ -448,6 +448,7 @@ class OpenEpisodes:
             task_id=stored.task_id,
             client_id=stored.client_id,
             reward=stored.reward,
+            tenant=stored.tenant,
         )
 
     def _owned(self, episode: OpenEpisode, delta: int) -> None:

@@ -53,10 +53,23 @@ class EventLog:
                 self._file.write("\n")  # a torn last line (a kill mid-write) stays alone on its line
 
     def emit(self, kind: str, message: str, level: EventLevel = "info", **data: Any) -> Event:
-        """Record an event (callable from any thread). Never pass secrets in ``message`` or ``data``."""
+        """Record an event (callable from any thread). Never pass secrets in ``message`` or ``data``.
+        A ``tenant`` in ``data`` (a LoRA tenant's id) names the tenant the event concerns (`Event.tenant`);
+        ``tenant=None`` is left out."""
+        tenant = data.pop("tenant", None)
+        if tenant is not None:
+            data["tenant"] = tenant
         with self._lock:
             self._seq += 1
-            event = Event(seq=self._seq, time=time.time(), level=level, kind=kind, message=message, data=data)
+            event = Event(
+                seq=self._seq,
+                time=time.time(),
+                level=level,
+                kind=kind,
+                message=message,
+                data=data,
+                tenant=tenant if isinstance(tenant, str) else None,
+            )
             self._ring.append(event)
             if self._file is not None:
                 self._file.write(json.dumps(event.model_dump()) + "\n")
@@ -95,3 +108,25 @@ class EventLog:
     def unsubscribe(self, handle: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]) -> None:
         with self._lock:
             self._subscribers.discard(handle)
+
+
+class TenantEventLog(EventLog):
+    """A LoRA tenant's event log: its own file (``<run dir>/tenants/<id>/events.jsonl``, numbered on its
+    own), each event also emitted on the server's log, both naming the tenant (`Event.tenant`), so that
+    ``GET /api/v1/events`` carries a tenant's ``train.*`` and ``checkpoint.*`` events.
+
+    Args:
+        path: the tenant's JSONL file.
+        server: the server's event log.
+        tenant: the tenant's id.
+    """
+
+    def __init__(self, path: Path, server: EventLog, tenant: str) -> None:
+        super().__init__(path)
+        self.server, self.tenant = server, tenant
+
+    def emit(self, kind: str, message: str, level: EventLevel = "info", **data: Any) -> Event:
+        """Record the event in the tenant's file and on the server's log, ``data["tenant"]`` this tenant."""
+        data["tenant"] = self.tenant
+        self.server.emit(kind, message, level, **data)
+        return super().emit(kind, message, level, **data)

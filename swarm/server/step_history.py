@@ -14,7 +14,7 @@ from pathlib import Path
 from swarm.protocol import ServerStepMetrics, StepMetrics
 from swarm.server.step_batch import StepBatch
 
-__all__ = ["Drain", "StepHistory"]
+__all__ = ["Drain", "StepHistory", "read_rows"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,20 @@ class Drain:
     """Aborted at the drain timeout (synchronous)."""
     stale_aborted: int = 0
     """Aborted as too stale when the step started (asynchronous)."""
+
+
+def read_rows(path: Path) -> list[ServerStepMetrics]:
+    """The rows of a ``metrics.jsonl`` file, oldest first (none when it does not exist); a torn last line
+    (a crash mid-write) is skipped. Reads only: a retired tenant's rows are served from its file."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(ServerStepMetrics.model_validate_json(line))
+        except ValueError:
+            continue  # a torn last line from a crash
+    return rows
 
 
 class StepHistory:
@@ -45,21 +59,12 @@ class StepHistory:
     def resume(self, step: int) -> set[int]:
         """Keep the rows up to ``step`` (the restored checkpoint), in memory and in the file; returns
         the steps of the rows dropped. A torn last line (a crash mid-write) is dropped silently."""
-        lost: set[int] = set()
-        kept = []
+        rows = read_rows(self.path)
+        kept = [row for row in rows if row.step <= step]
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    row = ServerStepMetrics.model_validate_json(line)
-                except ValueError:
-                    continue  # a torn last line from a crash
-                if row.step <= step:
-                    kept.append(row)
-                else:
-                    lost.add(row.step)
             self.path.write_text("".join(m.model_dump_json() + "\n" for m in kept))
         self.rows = kept
-        return lost
+        return {row.step for row in rows if row.step > step}
 
     def record(
         self, base: StepMetrics, step_batch: StepBatch, *, policy: str, drain: Drain, checkpoint_s: float

@@ -55,9 +55,10 @@ def get_tenant(tenant_id: str, tenants: TenantsDep) -> TenantView:
     return tenants.view(tenant_id)
 
 
-@router.get("/{tenant_id}/metrics", responses=_UNKNOWN)
+@router.get("/{tenant_id}/metrics", responses=error_models((404, "No tenant has this id.")))
 def tenant_metrics(tenant_id: str, tenants: TenantsDep, since_step: int = 0) -> list[ServerStepMetrics]:
-    """A resident tenant's per-step metrics after ``since_step`` (its ``metrics.jsonl``), oldest first."""
+    """A tenant's per-step metrics after ``since_step`` (its ``metrics.jsonl``), oldest first; a retired
+    tenant's stay readable. Its events: ``GET /api/v1/events?tenant={id}``."""
     return tenants.metrics(tenant_id, since_step)
 
 

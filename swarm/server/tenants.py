@@ -12,9 +12,11 @@ A tenant is a one-policy training run in miniature, built from the same parts as
 - its pool partition (`Pool.partition`: episodes stored with its id), its open-episode partition
   (`OpenEpisodes.partition`: its drain and staleness aborts touch its episodes only) and its state
   machine (`Phase`: its drain refuses its begins only);
-- its folder ``<run dir>/tenants/<id>/``: ``tenant.json`` (settings, state, seed), ``metrics.jsonl``,
-  ``events.jsonl`` and ``checkpoints/`` (each a plain LoRA checkpoint, `NamedAdapter`), from which a
-  restarted server resumes every tenant exactly as a one-policy server resumes (`resume`).
+- its folder ``<run dir>/tenants/<id>/``: ``tenant.json`` (settings, state, seed; a retired tenant's
+  final view), ``metrics.jsonl`` (kept readable after retirement), ``events.jsonl`` (each event also on
+  the server's log, naming the tenant: `TenantEventLog`) and ``checkpoints/`` (each a plain LoRA
+  checkpoint, `NamedAdapter`), from which a restarted server resumes every tenant exactly as a
+  one-policy server resumes (`resume`).
 
 Episodes begin under a tenant (``EpisodeCreate.tenant``); every call samples with the tenant's current
 adapter (`SamplingParams.adapter`) and its record names the tenant and its policy version. Steps of
@@ -53,8 +55,9 @@ from swarm.protocol import (
 )
 from swarm.server.checkpoints import latest_checkpoint
 from swarm.server.episodes import OpenEpisodes
-from swarm.server.events import EventLog
+from swarm.server.events import EventLog, TenantEventLog
 from swarm.server.phase import Phase
+from swarm.server.step_history import read_rows
 from swarm.server.training import TrainingLoop
 from swarm.train import TorchTrainer
 from swarm.train.adapters import add_adapter, remove_adapter
@@ -140,6 +143,8 @@ class _Record(BaseModel):
     state: TenantState = TenantState.ACTIVE
     reason: str | None = None
     checkpoint: str | None = None
+    final: TenantView | None = None
+    """A retired tenant's view when it retired: its last step, episode counts and effective settings."""
 
 
 def tenant_training(base: TrainingConfig, body: TenantCreate) -> TrainingConfig:
@@ -350,7 +355,8 @@ class TenantRegistry:
         engine: the served engine (its `Engine.trainable_module` is the base the adapters wrap).
         pool: the server's pool (each tenant trains on its partition).
         episodes: the server's open episodes (each tenant drains its partition).
-        events: the server's event log (``tenant.*`` events; a tenant's steps log to its own folder).
+        events: the server's event log (``tenant.*`` events; a tenant's steps log to its own folder and
+            here, naming the tenant).
         mixed_precision: the trainer's compute dtype (resolved).
     """
 
@@ -419,7 +425,11 @@ class TenantRegistry:
             )
         if tenant_id in self._retired:
             record = self._retired[tenant_id]
-            return TenantView(
+            if record.final is not None:
+                return record.final.model_copy(
+                    update={"state": record.state, "reason": record.reason, "checkpoint": record.checkpoint}
+                )
+            return TenantView(  # retired before final views were recorded
                 id=tenant_id,
                 state=record.state,
                 reason=record.reason,
@@ -436,8 +446,17 @@ class TenantRegistry:
         return [self.view(t) for t in current] + [self.view(t) for t in sorted(self._retired)]
 
     def metrics(self, tenant_id: str, since_step: int) -> list[ServerStepMetrics]:
-        """A resident tenant's metrics rows after ``since_step``."""
-        return [row for row in self.get(tenant_id).loop.history if row.step > since_step]
+        """A tenant's metrics rows after ``since_step``: a resident one's history, a retired one's
+        ``metrics.jsonl``.
+
+        Raises:
+            RequestError: no tenant, resident or retired, has this id (404).
+        """
+        if tenant_id in self._retired:
+            rows = read_rows(self.root / tenant_id / "metrics.jsonl")
+        else:
+            rows = self.get(tenant_id).loop.history
+        return [row for row in rows if row.step > since_step]
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     async def create(self, body: TenantCreate) -> TenantView:
@@ -460,10 +479,10 @@ class TenantRegistry:
             )
         if body.id in self._tenants or body.id in self._retired:
             raise RequestError(f"tenant {body.id!r} exists already", status_code=409, param="id")
-        if len(self._tenants) + len(self._creating) >= self.cap:
+        if (resident := len(self._tenants) + len(self._creating)) >= self.cap:
             raise RequestError(
-                f"{len(self._tenants) + len(self._creating)} tenants are resident, the cap of this server (--tenants {self.cap}: "
-                "adapters and optimizer states held in memory); retire one first",
+                f"{resident} tenant{' is' if resident == 1 else 's are'} resident, the cap of this server "
+                f"(--tenants {self.cap}: adapters and optimizer states held in memory); retire one first",
                 status_code=409,
             )
         resolved = _resolve(self.config.training, body)
@@ -528,6 +547,7 @@ class TenantRegistry:
             tenant.loop.checkpoint()
             latest = latest_checkpoint(tenant.folder)
             tenant.record.checkpoint = None if latest is None else str(latest[1])
+            tenant.record.final = tenant.view(open_episodes=0)  # its open episodes were aborted
             tenant.record.state, tenant.record.reason = TenantState.RETIRED, "retired by the admin"
             tenant.save()
             with self.engine.pause():
@@ -601,7 +621,7 @@ class TenantRegistry:
             engine=cast(Engine, _AdapterEngine(self.engine, tenant_id, self._lock)),
             pool=self.pool.partition(tenant_id),
             episodes=self.episodes.partition(tenant_id),
-            events=EventLog(folder / "events.jsonl"),
+            events=TenantEventLog(folder / "events.jsonl", self.events, tenant_id),
             phase=phase,
             run_dir=folder,
             sampling=self.config.sampling,

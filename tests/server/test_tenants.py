@@ -473,3 +473,59 @@ def test_vllm_tenants_need_bf16_or_fp16_weights() -> None:
             ServeOptionsError, match=r"--dtype auto gives float32 on cuda .*: give --dtype float16"
         ):
             ServeOptions(**vllm, dtype="auto").to_server_config()
+
+
+def test_a_tenants_events_reach_the_servers_stream_and_its_metrics_outlive_retirement(
+    tenant_server: LiveServer,
+) -> None:
+    live = tenant_server
+    create(live, "alpha", seed=1, lr=5e-3)
+    create(live, "beta")
+    ids = group(live, "alpha", "t1")
+    rollout(live, "beta", "t2", 1.0)
+    wait_for(lambda: tenant(live, "alpha")["step"] == 1, 60, "tenant a's step 1")
+    with SwarmClient(live.url, admin_token=ADMIN) as client:
+        wait_for(lambda: any(e.kind == "train.step" for e in client.events()), 30, "a's train.step")
+        every = client.events()
+        mine = client.events(tenant="alpha")
+    steps = [e for e in every if e.kind == "train.step"]
+    assert [(e.tenant, e.data["tenant"]) for e in steps] == [("alpha", "alpha")]  # b has not stepped
+    kinds = {e.kind for e in mine}
+    assert {"tenant.created", "train.started", "train.step", "episode.finished"} <= kinds
+    assert all(e.tenant == "alpha" for e in mine)
+    assert {e.data["episode_id"] for e in mine if e.kind == "episode.finished"} == set(ids)
+    beta_ended = [e for e in every if e.kind == "episode.finished" and e.tenant == "beta"]
+    assert len(beta_ended) == 1 and beta_ended[0] not in mine
+    assert all(e.tenant is None for e in every if e.kind == "server.started")
+    with admin(live) as http:  # the wire names the tenant, and the filter is a query parameter
+        text = http.get("/api/v1/events", params={"follow": "false", "tenant": "beta"}).text
+        assert '"tenant":"beta"' in text.replace(" ", "") and '"tenant":"alpha"' not in text.replace(" ", "")
+    own = (live.config.run_dir / "tenants" / "alpha" / "events.jsonl").read_text()  # its file stays
+    assert '"kind": "train.step"' in own and '"tenant": "alpha"' in own
+    with admin(live) as http:
+        before = http.get("/api/v1/tenants/alpha").json()
+        assert http.post("/api/v1/tenants/alpha/retire").status_code == 200
+        rows = http.get("/api/v1/tenants/alpha/metrics").json()
+        after = http.get("/api/v1/tenants/alpha").json()
+        listed = {v["id"]: v for v in http.get("/api/v1/tenants").json()}["alpha"]
+        assert http.get("/api/v1/tenants/nope/metrics").status_code == 404
+        patched = http.patch("/api/v1/config", json={"lr": 1e-3})  # settings are per tenant
+        assert patched.status_code == 409 and "per tenant" in patched.json()["error"]["message"]
+    assert [row["step"] for row in rows] == [1]
+    assert before["trained"] == 2
+    for view in (after, listed):
+        assert view["state"] == "retired" and view["step"] == 1 and view["trained"] == 2
+        assert view["settings"] == before["settings"] and view["settings"]["lr"] == 5e-3
+        assert view["settings"]["batch_size"] == 1 and view["checkpoint"]
+    import json
+
+    record = json.loads((live.config.run_dir / "tenants" / "alpha" / "tenant.json").read_text())
+    assert record["final"]["trained"] == 2  # a restarted server reads the final view from here
+
+
+def test_tenants_on_verl_name_the_trainer_not_the_rank() -> None:
+    from swarm.serve_options import ServeOptions, ServeOptionsError
+
+    with pytest.raises(ServeOptionsError, match="leave --trainer torch") as refused:
+        ServeOptions(tenants=2, lora_rank=8, trainer="verl").to_server_config()
+    assert "--lora-rank" not in str(refused.value)
