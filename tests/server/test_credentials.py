@@ -371,3 +371,26 @@ def test_tokens_are_not_episode_keys_on_the_completion_routes(guarded: LiveServe
         f"{guarded.url}/v1/chat/completions", json=body, headers=bearer("sk-swarm-" + secrets.token_hex(8))
     )
     assert r.status_code == 403  # an unknown key is a wrong credential too (README §Security)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "ünïcödé-secret-secret",
+        "tab\tsecretsecretsecret ",
+        " leading-secret-secret",
+        "line1secretsecret\r\nX-Injected: 1",
+    ],
+    ids=["non-ascii", "trailing-space", "leading-space", "crlf"],
+)
+def test_a_token_no_header_can_carry_is_422(guarded: LiveServer, token: str) -> None:
+    """A client token outside visible ASCII could never authenticate (httpx refuses to send it, HTTP strips
+    surrounding whitespace, a line break ends the header): adding one is a 422 naming the rule, not the
+    token, and nothing is added."""
+    added = httpx.post(
+        f"{guarded.url}/api/v1/client-tokens", json={"name": "uni", "token": token}, headers=bearer(ADMIN)
+    )
+    message = error(added, 422, "only visible ASCII characters")
+    assert "secret" not in message
+    names = httpx.get(f"{guarded.url}/api/v1/client-tokens", headers=bearer(ADMIN)).json()
+    assert "uni" not in [t["name"] for t in names]
