@@ -19,9 +19,9 @@ from swarm.protocol import (
     ADMIN_OWNER,
     MIN_TOKEN_CHARS,
     Limits,
-    check_token_chars,
     LossAggregation,
     SamplingDefaults,
+    check_token_chars,
 )
 from swarm.tracking.merge import LossWeighting, MergeMode
 from swarm.train.config import TrainerConfig, VerlSettings
