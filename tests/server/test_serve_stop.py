@@ -160,6 +160,11 @@ def test_one_server_per_run_dir(tmp_path: Path, embedded_source: ModelSource, to
     try:
         events = (run_dir / "events.jsonl").read_bytes()
         names = sorted(p.name for p in run_dir.iterdir())
+        # the run dir is its owner's only: every episode's prompts and completions are in pool.db
+        assert run_dir.stat().st_mode & 0o777 == 0o700
+        modes = {p.name: p.stat().st_mode & 0o777 for p in run_dir.rglob("*") if p.is_file()}
+        assert {"pool.db", "events.jsonl", "server.lock"} <= modes.keys()
+        assert set(modes.values()) == {0o600}, modes
         refused = subprocess.run(
             _serve_argv(model_dir, run_dir, free_port()), capture_output=True, text=True, timeout=120
         )
@@ -180,6 +185,17 @@ def test_one_server_per_run_dir(tmp_path: Path, embedded_source: ModelSource, to
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=60)
+
+
+def test_an_open_run_dir_is_made_private(tmp_path: Path) -> None:
+    """A run dir another user could read (a server before this one made it 0755) is tightened to 0700."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o755)
+    run_dir.chmod(0o755)
+    lock = RunDirLock(run_dir)
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    assert (run_dir / "server.lock").stat().st_mode & 0o777 == 0o600
+    lock.release()
 
 
 def test_the_run_dir_lock_is_exclusive_and_released(tmp_path: Path) -> None:
