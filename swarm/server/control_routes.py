@@ -121,6 +121,7 @@ async def events(
         return
     queue = handle[1]
     stopped = asyncio.ensure_future(stopping.wait())
+    received: asyncio.Future[Event] | None = None
     try:
         while True:
             received = asyncio.ensure_future(queue.get())
@@ -144,6 +145,8 @@ async def events(
             yield _sse(event)
     finally:
         stopped.cancel()
+        if received is not None:  # a follower that left while waiting: its get must not be left pending
+            received.cancel()  # (asyncio logged "Task was destroyed but it is pending!" for each)
 
 
 KEEP_ALIVE_S = 15.0
