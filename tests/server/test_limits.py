@@ -260,6 +260,7 @@ def test_event_followers_are_bounded(limited: LiveServer) -> None:
             assert next(lines).startswith("event: ")  # the stream is open and subscribed
             second = httpx.get(f"{url}/api/v1/events", headers=bearer(ADMIN))
             assert second.status_code == 503 and second.headers["retry-after"] == "5"
+            assert second.json()["error"]["message"].startswith("1 client already follows the events")
             unfollowed = httpx.get(f"{url}/api/v1/events?follow=false", headers=bearer(ADMIN))
             assert unfollowed.status_code == 200  # reading the buffer is not following
     finally:
