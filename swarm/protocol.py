@@ -754,7 +754,12 @@ class ClientTokenCreate(_Strict):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """A label for the token (the pool and the events name episodes' owners by it; never the token)."""
-    token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, max_length=512)
+    token: str | None = Field(
+        default=None,
+        min_length=MIN_TOKEN_CHARS,
+        max_length=512,
+        json_schema_extra={"pattern": f"^[!-~]{{{MIN_TOKEN_CHARS},512}}$"},  # checked by ``_sendable``
+    )
     """The secret itself (at least `MIN_TOKEN_CHARS`, `TOKEN_CHARS` only); ``None`` lets the server mint a
     random one."""
     tenants: list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]] | None = None
