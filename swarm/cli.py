@@ -116,7 +116,7 @@ def serve(**values: Any) -> None:
 
     from swarm.server.app import create_app
     from swarm.server.http_protocol import http_protocol
-    from swarm.server.run_dir_lock import RunDirLock
+    from swarm.server.run_dir_lock import PRIVATE_UMASK, RunDirLock
     from swarm.server.shutdown import GRACEFUL_SHUTDOWN_S, reap_children
     from swarm.server.shutdown import run as run_server
     from swarm.server.tenants import check_tenants_on_disk
@@ -157,6 +157,7 @@ def serve(**values: Any) -> None:
     # Check what a user can get wrong before the slow model load, and load the model here rather than
     # in the app's lifespan, so that every mistake ends with one line instead of a startup traceback.
     host, port = config.host, config.port
+    os.umask(PRIVATE_UMASK)  # the run dir's files are its owner's only (`swarm.server.run_dir_lock`)
     try:  # one server per run dir, before anything in it is read or written (`swarm.server.run_dir_lock`)
         lock = RunDirLock(config.run_dir, port)
     except SwarmError as exc:

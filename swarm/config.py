@@ -15,7 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from swarm.batch import BatchConfig, FamilyQuotas
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.precision import MixedPrecision, resolve_dtype
-from swarm.protocol import ADMIN_OWNER, MIN_TOKEN_CHARS, Limits, LossAggregation, SamplingDefaults
+from swarm.protocol import (
+    ADMIN_OWNER,
+    MIN_TOKEN_CHARS,
+    Limits,
+    LossAggregation,
+    SamplingDefaults,
+    check_token_chars,
+)
 from swarm.tracking.merge import LossWeighting, MergeMode
 from swarm.train.config import TrainerConfig, VerlSettings
 
@@ -224,6 +231,11 @@ class ServerConfig(BaseModel):
     def _check_client_tokens(self) -> ServerConfig:
         if self.admin_token is not None and len(self.admin_token.get_secret_value()) < MIN_TOKEN_CHARS:
             raise ValueError(f"the admin token needs at least {MIN_TOKEN_CHARS} characters")
+        if self.admin_token is not None:
+            try:
+                check_token_chars(self.admin_token.get_secret_value())
+            except ValueError as exc:
+                raise ValueError(f"the admin token: {exc}") from None
         seen: set[str] = set()
         for name, token in self.client_tokens.items():
             secret = token.get_secret_value()
@@ -231,6 +243,10 @@ class ServerConfig(BaseModel):
                 raise ValueError(
                     f"client token {name!r}: a token needs a name and at least {MIN_TOKEN_CHARS} characters"
                 )
+            try:
+                check_token_chars(secret)
+            except ValueError as exc:
+                raise ValueError(f"client token {name!r}: {exc}") from None
             if name == ADMIN_OWNER:
                 raise ValueError(f"client token {name!r}: the name is reserved for the admin token")
             if secret in seen or (

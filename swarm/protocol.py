@@ -44,6 +44,25 @@ MIN_TOKEN_CHARS = 16
 a tokens file, the environment, or added live): 16 characters (≥ 96 bits as ``secrets.token_urlsafe``
 writes them)."""
 
+TOKEN_CHARS = re.compile(r"[!-~]+")
+"""The characters an admin or client token may hold: visible ASCII (``!`` to ``~``). A header carries
+ASCII only (httpx and the SDKs refuse anything else), and HTTP strips surrounding whitespace and cannot
+carry a line break, so a token with any other character could never authenticate."""
+
+
+def check_token_chars(secret: str) -> None:
+    """Refuse a token that could never be sent in an ``Authorization`` header (`TOKEN_CHARS`).
+
+    Raises:
+        ValueError: naming the rule (never the token).
+    """
+    if not TOKEN_CHARS.fullmatch(secret):
+        raise ValueError(
+            "a token may hold only visible ASCII characters (! to ~): no spaces, tabs, line breaks or "
+            "non-ASCII letters, which no HTTP header can carry"
+        )
+
+
 ADMIN_OWNER = "admin"
 """The owner recorded for an episode begun with the admin token; no client token may take this name."""
 
@@ -735,11 +754,24 @@ class ClientTokenCreate(_Strict):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """A label for the token (the pool and the events name episodes' owners by it; never the token)."""
-    token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, max_length=512)
-    """The secret itself (at least `MIN_TOKEN_CHARS`); ``None`` lets the server mint a random one."""
+    token: str | None = Field(
+        default=None,
+        min_length=MIN_TOKEN_CHARS,
+        max_length=512,
+        json_schema_extra={"pattern": f"^[!-~]{{{MIN_TOKEN_CHARS},512}}$"},  # checked by ``_sendable``
+    )
+    """The secret itself (at least `MIN_TOKEN_CHARS`, `TOKEN_CHARS` only); ``None`` lets the server mint a
+    random one."""
     tenants: list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]] | None = None
     """The LoRA tenants this token may begin episodes under (403 for any other, and for an episode
     without a tenant); ``None``: no restriction."""
+
+    @field_validator("token")
+    @classmethod
+    def _sendable(cls, token: str | None) -> str | None:
+        if token is not None:
+            check_token_chars(token)
+        return token
 
 
 class ClientTokenCreated(BaseModel):

@@ -18,7 +18,7 @@ building or checking the server configuration imports it when called.
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import itertools
 import tempfile
 from collections.abc import Mapping
 from enum import StrEnum
@@ -604,7 +604,8 @@ class ServeOptions(FlagOptions):
 
     def _client_tokens(self) -> dict[str, str]:
         """Client tokens by name, from ``--client-token`` and ``--client-tokens-file`` (a bare TOKEN is
-        named ``client-`` + the first 8 hex digits of its SHA-256, stable across restarts)."""
+        named ``client-N``, N counting the bare tokens from 1 in the order given and skipping names given
+        explicitly: stable across restarts given the same options)."""
         items = [(self.flag("client_token"), item) for item in self.client_token]
         if self.client_tokens_file is not None:
             where = f"--client-tokens-file {self.client_tokens_file}"
@@ -614,10 +615,12 @@ class ServeOptions(FlagOptions):
                 if text:
                     items.append((f"{where} line {number}", text))
         tokens: dict[str, str] = {}
+        named = {item.partition("=")[0].strip() for _, item in items if "=" in item}
+        numbers = (f"client-{n}" for n in itertools.count(1))
         for where, item in items:
             name, sep, token = item.partition("=")
-            if not sep:
-                name, token = "client-" + hashlib.sha256(item.encode()).hexdigest()[:8], item
+            if not sep:  # named by its place, never by the secret (a hash of it would let guesses be checked)
+                name, token = next(n for n in numbers if n not in named), item
             name, token = name.strip(), token.strip()
             if not name or len(token) < MIN_TOKEN_CHARS:  # never echo the token: the message names where
                 raise ServeOptionsError(  # it came from

@@ -141,10 +141,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         return _error(request, 400, "invalid_request_error", f"{_NOT_JSON} (it cannot be decoded)")
     kinds = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
     headers = dict(exc.headers or {})
+    message = str(exc.detail)
     if exc.status_code == 405:  # RFC 9110: every method the resource has, not only the matched route's
         headers["Allow"] = ", ".join(_allowed_methods(request))
+        message = f"method {request.method} not allowed on {request.url.path}; it takes {headers['Allow']}"
     kind = kinds.get(exc.status_code, "http_error")
-    return _error(request, exc.status_code, kind, str(exc.detail), headers=headers or None)
+    return _error(request, exc.status_code, kind, message, headers=headers or None)
 
 
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")

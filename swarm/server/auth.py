@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,8 +45,6 @@ MINTED_PREFIX = "swc-"
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
 """Peers that count as this machine (``testclient`` is Starlette's in-process test peer)."""
-
-_EPISODE_CREDENTIAL = "the episode's api_key, the client token that began it, or the admin token"
 
 
 def digest(secret: str) -> str:
@@ -237,7 +236,7 @@ class Credentials:
                 begin this episode, or any other secret.
         """
         if secret is None:
-            raise AuthError(f"missing credential for episode {episode_id}: send {_EPISODE_CREDENTIAL}")
+            raise AuthError(f"missing credential for episode {episode_id}: send {self._episode_credential()}")
         if secret.startswith(KEY_PREFIX):
             if key_digest is not None and same_digest(digest(secret), key_digest):
                 return
@@ -250,8 +249,19 @@ class Credentials:
                 return
             raise AuthError(f"client token {name!r} did not begin episode {episode_id}", status_code=403)
         raise AuthError(
-            f"wrong credential for episode {episode_id}: send {_EPISODE_CREDENTIAL}", status_code=403
+            f"wrong credential for episode {episode_id}: send {self._episode_credential()}", status_code=403
         )
+
+    def _episode_credential(self) -> str:
+        """The credentials an episode route takes on this server, in words (no admin token where none is
+        configured, no client token where none was ever required)."""
+        kinds = ["the episode's api_key"]
+        if self.required:
+            kinds.append("the client token that began it")
+        if self._admin is not None:
+            kinds.append("the admin token")
+        listed = ", ".join(kinds[:-1]) + ("," if len(kinds) > 2 else "") + " or " + kinds[-1]
+        return f"'Authorization: Bearer <{kinds[0]}>'" if len(kinds) == 1 else listed
 
 
 # -- FastAPI dependencies ------------------------------------------------------------------------------------
@@ -285,15 +295,50 @@ def _secret(credentials: HTTPAuthorizationCredentials | None) -> str | None:
     return credentials.credentials if credentials is not None else None
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]{0,31}")
+"""An ``Authorization`` scheme as RFC 9110 section 11.1 writes it (bounded: it is echoed in a message)."""
+
+
+def _explained(request: Request, refused: AuthError, *, api_key_taken: bool = False) -> AuthError:
+    """``refused`` with what the request sent instead of a bearer credential, when it is a 401 and the
+    request sent one the wrong way: another ``Authorization`` scheme (``Basic …``), a bare ``Bearer``, or
+    ``x-api-key`` on a route that does not take it (``api_key_taken``: the completion routes take it).
+    The credential itself is never echoed."""
+    if refused.status_code != 401:
+        return refused
+    header = request.headers.get("authorization")
+    if header is not None:
+        scheme = header.split(" ", 1)[0]
+        if scheme.lower() == "bearer":
+            why = "the Authorization header carries no token after 'Bearer'"
+        else:
+            named = repr(scheme) if _SCHEME.fullmatch(scheme) else "another scheme"
+            why = f"the Authorization header uses {named}; send 'Authorization: Bearer <token>'"
+    elif request.headers.get("x-api-key") is not None and not api_key_taken:
+        why = (
+            "x-api-key is taken only by the completion routes (/v1/messages, /v1/chat/completions) for an "
+            "episode's api_key; this route takes 'Authorization: Bearer <token>'"
+        )
+    else:
+        return refused
+    return AuthError(f"{refused} ({why})")
+
+
 async def require_admin(request: Request, credentials: BearerDep) -> None:
     """Control routes: the admin token when one is configured, loopback peers only when none is."""
     host = request.client.host if request.client else ""
-    _guarded(request).credentials.admin(_secret(credentials), host)
+    try:
+        _guarded(request).credentials.admin(_secret(credentials), host)
+    except AuthError as exc:
+        raise _explained(request, exc) from None
 
 
 async def get_owner(request: Request, credentials: BearerDep) -> Owner:
     """Begin: the client token's owner (:meth:`Credentials.begin`)."""
-    return _guarded(request).credentials.begin(_secret(credentials))
+    try:
+        return _guarded(request).credentials.begin(_secret(credentials))
+    except AuthError as exc:
+        raise _explained(request, exc) from None
 
 
 OwnerDep = Annotated[Owner, Depends(get_owner)]
@@ -302,13 +347,19 @@ OwnerDep = Annotated[Owner, Depends(get_owner)]
 async def require_client(request: Request, credentials: BearerDep) -> None:
     """Client routes (votes, client heartbeats, leaving): a client token or the admin token where client
     tokens are required, as for begin (:meth:`Credentials.begin`)."""
-    _guarded(request).credentials.begin(_secret(credentials), "a client's vote, heartbeat or leave")
+    try:
+        _guarded(request).credentials.begin(_secret(credentials), "a client's vote, heartbeat or leave")
+    except AuthError as exc:
+        raise _explained(request, exc) from None
 
 
 async def require_scorer(request: Request, credentials: BearerDep) -> None:
     """``POST /v1/score`` and ``/tokenize`` (a distilling server's teacher calls): a client token or the
     admin token where client tokens are required, as for begin (:meth:`Credentials.begin`)."""
-    _guarded(request).credentials.begin(_secret(credentials), "scoring or tokenizing")
+    try:
+        _guarded(request).credentials.begin(_secret(credentials), "scoring or tokenizing")
+    except AuthError as exc:
+        raise _explained(request, exc) from None
 
 
 async def check_episode_access(episode_id: str, request: Request, credentials: BearerDep) -> None:
@@ -317,7 +368,10 @@ async def check_episode_access(episode_id: str, request: Request, credentials: B
     server = _guarded(request)
     secret = _secret(credentials)
     if secret is None:
-        server.credentials.episode(None, episode_id, None, None)
+        try:
+            server.credentials.episode(None, episode_id, None, None)
+        except AuthError as exc:
+            raise _explained(request, exc) from None
     key_digest, owner = server.episode_credentials(episode_id)
     server.credentials.episode(secret, episode_id, key_digest, owner)
 
@@ -329,10 +383,11 @@ async def get_episode(request: Request, credentials: BearerDep, x_api_key: ApiKe
     server = _guarded(request)
     key = _secret(credentials) or x_api_key
     if key is None:
-        raise AuthError(
+        missing = AuthError(
             "missing episode API key: send 'Authorization: Bearer <api_key from POST /api/v1/episodes>' "
             "(or 'x-api-key: <api_key>' from an Anthropic SDK)"
         )
+        raise _explained(request, missing, api_key_taken=True)
     if not key.startswith(KEY_PREFIX) and (
         server.credentials.is_admin(key) or server.credentials.client_name(key) is not None
     ):

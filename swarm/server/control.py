@@ -147,7 +147,9 @@ class ControlService:
         cap = self.limits.limits.max_event_subscribers
         if self.events.subscribers() >= cap:
             raise Unavailable(
-                f"{cap} clients already follow the events, this server's limit", retry_after_s=5.0
+                f"{cap} {'client already follows' if cap == 1 else 'clients already follow'} the events, "
+                "this server's limit",
+                retry_after_s=5.0,
             )
         return self.events.subscribe()
 

@@ -124,6 +124,7 @@ async def events(
         return
     queue = handle[1]
     stopped = asyncio.ensure_future(stopping.wait())
+    received: asyncio.Future[Event] | None = None
     try:
         while True:
             received = asyncio.ensure_future(queue.get())
@@ -149,6 +150,8 @@ async def events(
                 yield _sse(event)
     finally:
         stopped.cancel()
+        if received is not None:  # a follower that left while waiting: its get must not be left pending
+            received.cancel()  # (asyncio logged "Task was destroyed but it is pending!" for each)
 
 
 def _concerns(event: Event, tenant: str | None) -> bool:

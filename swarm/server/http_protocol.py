@@ -11,7 +11,9 @@ that sends nothing for that long; uvicorn would wait forever (its keep-alive tim
 requests). The app then sees the client gone (``http.disconnect``) and its answer is dropped. A request
 whose head (request line and headers) grows past ``max_header_bytes`` is answered 431 (RFC 6585 section 5)
 in the same shape and its connection closed before the app sees it; httptools itself sets no bound, so a
-client could make the server hold headers of any size.
+client could make the server hold headers of any size. When the server's stop begins, a request whose body
+is still arriving is answered 503 ("the server is stopping") in the same shape and its connection closed,
+so a slow client cannot hold the stop for uvicorn's graceful-shutdown bound.
 
 Why: uvicorn writes a response's status line and headers as soon as the app sends
 ``http.response.start`` and the body at ``http.response.body``: two ``send`` system calls (and two TCP
@@ -48,6 +50,11 @@ MAX_HEADER_BYTES = 64 * 1024
 
 LINGER_S = 2.0
 """After a 431, how long the server reads and drops what the client still sends before it closes."""
+
+STOPPED_BODY_MESSAGE = (
+    "the server is stopping: the request's body was still arriving and the request was not served"
+)
+"""The 503 a request whose body is still arriving when the stop begins is answered with (`SwarmHttpProtocol`)."""
 
 _REQUEST_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ [^ \r\n]+ HTTP/\d\.\d\r?\n")
 """A request line as RFC 9112 §3 writes it: a method token, a target and the version."""
@@ -193,12 +200,16 @@ if HttpToolsProtocol is not None:
             )
             self._answer_and_close(400, "invalid_request_error", message)
 
-        def _answer_and_close(self, status: int, kind: str, message: str, *, linger: bool = False) -> None:
+        def _answer_and_close(
+            self, status: int, kind: str, message: str, *, linger: bool = False, retry_after_s: int = 0
+        ) -> None:
             self._cancel_request_timer()
             body = ErrorBody(error=ErrorDetail(type=kind, message=message)).model_dump_json(exclude_none=True)
             head = [_STATUS_LINES[status]]
             for name, value in self.server_state.default_headers:
                 head.extend([name, b": ", value, b"\r\n"])
+            if retry_after_s:
+                head.append(b"retry-after: %d\r\n" % retry_after_s)
             head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
             head.append(b"connection: close\r\n\r\n")
             self.transport.write(b"".join(head) + body.encode())
@@ -207,6 +218,21 @@ if HttpToolsProtocol is not None:
                 self.loop.call_later(LINGER_S, self.transport.close)
             else:
                 self.transport.close()
+
+        # -- the stop -----------------------------------------------------------------------------------------
+        def shutdown(self) -> None:
+            """The server's stop begins (uvicorn calls this on every open connection): a request whose body
+            is still arriving is answered 503 at once and its connection closed, and the app waiting for
+            that body sees the client gone. uvicorn would wait for the body until its graceful-shutdown
+            bound, then cancel the app (a plain-text 500 and a traceback); a slow client would decide how
+            long every stop takes."""
+            cycle = self.cycle if self._headers_done else None
+            if self._receiving and cycle is not None and not cycle.response_started:
+                cycle.disconnected = True
+                cycle.message_event.set()
+                self._answer_and_close(503, "unavailable", STOPPED_BODY_MESSAGE, retry_after_s=5)
+                return
+            super().shutdown()
 
         # -- the request timeout ----------------------------------------------------------------------------
         def on_message_begin(self) -> None:
@@ -259,6 +285,7 @@ if HttpToolsProtocol is not None:
         408: b"HTTP/1.1 408 Request Timeout\r\n",
         431: b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
         501: b"HTTP/1.1 501 Not Implemented\r\n",
+        503: b"HTTP/1.1 503 Service Unavailable\r\n",
     }
 
 

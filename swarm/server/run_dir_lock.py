@@ -11,6 +11,11 @@ server refused the lock (and by ``swarm serve --check``, `held_by`), to name the
 server started with ``--port 0`` writes port 0 at first and its bound port once it listens
 (:meth:`RunDirLock.set_port`); a refusal in between says the port is not known yet.
 
+The run dir is private: the lock makes it mode 0700 (created so, or tightened when it exists), since
+``pool.db`` holds every episode's prompts, completions, rewards and owner; ``swarm serve`` also sets its
+umask to 077 before it takes the lock, so every file it writes there (the pool, ``events.jsonl``,
+checkpoints) is 0600 (a fresh user found them 0644 in a 0755 dir, readable by any local user).
+
 Readers need no lock: ``swarm`` commands that read a run dir (SQLite's own locking covers ``pool.db``)
 keep working while a server runs. A child process forked by the server (not spawned: spawning, and
 ``subprocess``, start it without the descriptor) holds the lock as long as it lives.
@@ -29,6 +34,25 @@ from swarm.errors import SwarmError
 LOCK_NAME = "server.lock"
 """The lock file's name inside the run dir."""
 
+RUN_DIR_MODE = 0o700
+"""The run dir's mode once a server holds it: its owner only (module docstring)."""
+
+PRIVATE_UMASK = 0o077
+"""The umask ``swarm serve`` runs under, so what it writes in the run dir is its owner's only (0600 files)."""
+
+
+def make_private(run_dir: Path) -> None:
+    """Create ``run_dir`` (and missing parents) with mode `RUN_DIR_MODE`, or tighten it to that mode when it
+    exists with group or other bits; a dir this user cannot chmod (not its owner) is left as it is.
+
+    Raises:
+        OSError: the run dir cannot be created.
+    """
+    run_dir.mkdir(mode=RUN_DIR_MODE, parents=True, exist_ok=True)
+    if run_dir.stat().st_mode & 0o077:
+        with contextlib.suppress(OSError):
+            run_dir.chmod(RUN_DIR_MODE)
+
 
 class RunDirInUse(SwarmError):
     """Another live process holds the run dir's lock (its message names the dir and the holder)."""
@@ -41,7 +65,7 @@ class RunDirLock:
     """The exclusive lock of one run dir, held until :meth:`release` or the process's end.
 
     Args:
-        run_dir: the run dir (created when missing).
+        run_dir: the run dir (created when missing; made private, `make_private`).
         port: the port the server will listen on, written for a refused server's message (0: unknown).
 
     Raises:
@@ -50,9 +74,9 @@ class RunDirLock:
     """
 
     def __init__(self, run_dir: Path, port: int = 0) -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_private(run_dir)
         self.path = run_dir / LOCK_NAME
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by exec'd children
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

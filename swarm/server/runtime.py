@@ -66,7 +66,7 @@ class SwarmRuntime:
         self.config = config
         self.started = time.time()
         run_dir = config.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private (`swarm.server.run_dir_lock`)
         self.events = EventLog(run_dir / "events.jsonl")
         if config.torch_threads is not None:
             import torch

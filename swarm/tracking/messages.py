@@ -98,7 +98,8 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _content_or_tool_calls(self) -> ChatMessage:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(f"a {self.role} message needs content")
+            article = "an" if self.role == "assistant" else "a"  # of the roles (`Role`), only it
+            raise ValueError(f"{article} {self.role} message needs content")
         return self
 
     def text(self) -> str:

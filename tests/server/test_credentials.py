@@ -371,3 +371,58 @@ def test_tokens_are_not_episode_keys_on_the_completion_routes(guarded: LiveServe
         f"{guarded.url}/v1/chat/completions", json=body, headers=bearer("sk-swarm-" + secrets.token_hex(8))
     )
     assert r.status_code == 403  # an unknown key is a wrong credential too (README §Security)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "ünïcödé-secret-secret",
+        "tab\tsecretsecretsecret ",
+        " leading-secret-secret",
+        "line1secretsecret\r\nX-Injected: 1",
+    ],
+    ids=["non-ascii", "trailing-space", "leading-space", "crlf"],
+)
+def test_a_token_no_header_can_carry_is_422(guarded: LiveServer, token: str) -> None:
+    """A client token outside visible ASCII could never authenticate (httpx refuses to send it, HTTP strips
+    surrounding whitespace, a line break ends the header): adding one is a 422 naming the rule, not the
+    token, and nothing is added."""
+    added = httpx.post(
+        f"{guarded.url}/api/v1/client-tokens", json={"name": "uni", "token": token}, headers=bearer(ADMIN)
+    )
+    message = error(added, 422, "only visible ASCII characters")
+    assert "secret" not in message
+    names = httpx.get(f"{guarded.url}/api/v1/client-tokens", headers=bearer(ADMIN)).json()
+    assert "uni" not in [t["name"] for t in names]
+
+
+def test_a_credential_sent_the_wrong_way_is_named(guarded: LiveServer) -> None:
+    """A 401 says what the request sent instead of a bearer credential, never echoing it: ``x-api-key`` on
+    an episode route (the completion routes take it), another ``Authorization`` scheme, a bare Bearer."""
+    url = guarded.url
+    began = begin(url, bearer(ALICE)).json()
+    episode = f"{url}/api/v1/episodes/{began['episode_id']}"
+    message = error(httpx.get(episode, headers={"x-api-key": began["api_key"]}), 401, "missing credential")
+    assert "x-api-key is taken only by the completion routes" in message and began["api_key"] not in message
+    basic = {"Authorization": "Basic " + ADMIN}
+    message = error(httpx.get(f"{url}/api/v1/status", headers=basic), 401, "missing admin token")
+    assert "uses 'Basic'; send 'Authorization: Bearer <token>'" in message and ADMIN not in message
+    error(begin(url, basic), 401, "missing client token", "uses 'Basic'")
+    error(httpx.get(episode, headers={"Authorization": "Bearer"}), 401, "carries no token after 'Bearer'")
+    chat = {"model": began["model"], "messages": QUESTION, "max_tokens": 1}
+    error(httpx.post(f"{url}/v1/chat/completions", json=chat, headers=basic), 401, "uses 'Basic'")
+    # the completion routes take x-api-key: no hint against it there
+    assert httpx.get(episode, headers=bearer(began["api_key"])).status_code == 200
+
+
+def test_a_server_without_an_admin_token_does_not_ask_for_one(tmp_path: Path, tiny_engine: Any) -> None:
+    live = make_server(tmp_path, tiny_engine, training=TrainingConfig(enabled=False))
+    try:
+        began = begin(live.url, {}).json()
+        episode = f"{live.url}/api/v1/episodes/{began['episode_id']}"
+        message = error(httpx.get(episode), 401, "missing credential", "episode's api_key")
+        assert "admin" not in message and "client token" not in message, message
+        message = error(httpx.get(episode, headers=bearer("guess-" + secrets.token_hex(8))), 403)
+        assert "admin" not in message, message
+    finally:
+        live.stop()

@@ -221,7 +221,8 @@ def test_a_405_names_every_method_of_the_resource(server: Any, method: str, path
     r = httpx.request(method, f"{server.url}{path}")
     assert r.status_code == 405 and r.headers["allow"] == allowed
     if method != "HEAD":  # a HEAD answer has no body
-        assert_error(r, 405, "method_not_allowed")
+        message = assert_error(r, 405, "method_not_allowed")["message"]
+        assert message == f"method {method} not allowed on {path}; it takes {allowed}"
 
 
 def test_body_errors_are_the_same_on_every_route(server: Any) -> None:

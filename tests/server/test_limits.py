@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import gc
 import json
+import logging
 import secrets
 import socket
 import time
@@ -258,10 +260,31 @@ def test_event_followers_are_bounded(limited: LiveServer) -> None:
             assert next(lines).startswith("event: ")  # the stream is open and subscribed
             second = httpx.get(f"{url}/api/v1/events", headers=bearer(ADMIN))
             assert second.status_code == 503 and second.headers["retry-after"] == "5"
+            assert second.json()["error"]["message"].startswith("1 client already follows the events")
             unfollowed = httpx.get(f"{url}/api/v1/events?follow=false", headers=bearer(ADMIN))
             assert unfollowed.status_code == 200  # reading the buffer is not following
     finally:
         reset(url)
+
+
+def test_a_follower_leaving_logs_no_error(limited: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    """A follower that leaves while its stream waits for the next event is normal: its pending wait is
+    cancelled, so asyncio logs no "Task was destroyed but it is pending!" once it is collected."""
+    url = limited.url
+    for _ in range(3):
+        with (
+            httpx.Client(timeout=10) as http,
+            http.stream("GET", f"{url}/api/v1/events", headers=bearer(ADMIN)) as followed,
+        ):
+            assert next(followed.iter_lines()).startswith("event: ")  # subscribed, now waiting
+            time.sleep(0.2)
+    deadline = time.monotonic() + 10  # the server sees each client gone and ends its stream
+    while limited.runtime.events.subscribers():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(1.0)
+    gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_simultaneous_followers_cannot_pass_the_bound_together(limited: LiveServer) -> None:

@@ -50,11 +50,39 @@ def test_client_tokens_come_from_flags_and_a_file(tmp_path: Path) -> None:
     names = {name: secret.get_secret_value() for name, secret in config.client_tokens.items()}
     assert names["alice"] == "alice-token-0001" and names["bob"] == "bob-token-000003"
     (bare,) = [n for n in names if n.startswith("client-")]
-    assert names[bare] == "bare-token-000000002" and len(bare) == len("client-") + 8
+    assert names[bare] == "bare-token-000000002" and bare == "client-1"  # by its place, not its secret
     with pytest.raises(ServeOptionsError, match="line 2: expected NAME=TOKEN") as refused:
         tokens.write_text("ok=long-enough-token-16\nx=tiny\n")
         ServeOptions(client_tokens_file=tokens).to_server_config()
     assert "tiny" not in str(refused.value)  # a token is never echoed
+
+
+def test_bare_client_tokens_are_numbered_past_the_names_given() -> None:
+    """Names of bare tokens count from 1 in the order given, skip names given explicitly, and are not
+    derived from the secret (a hash of it would let anyone reading the name check guesses offline)."""
+    options = ServeOptions(
+        client_token=["first-bare-token-01", "client-2=named-token-00002", "second-bare-token-2"]
+    )
+    names = {n: s.get_secret_value() for n, s in options.to_server_config().client_tokens.items()}
+    assert names == {
+        "client-1": "first-bare-token-01",
+        "client-2": "named-token-00002",
+        "client-3": "second-bare-token-2",
+    }
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["ünïcödé-secret-secret", "tab\tsecretsecretsecret", "line1secretsecret\r\nX-Injected: 1"],
+    ids=["non-ascii", "tab", "crlf"],
+)
+def test_tokens_no_header_can_carry_are_refused(token: str) -> None:
+    """A token outside visible ASCII could never authenticate: refused in one message that names the rule
+    and never the token, for a client token and for the admin token."""
+    for options in (ServeOptions(client_token=[f"alice={token}"]), ServeOptions(admin_token=token)):
+        with pytest.raises(ServeOptionsError, match="only visible ASCII characters") as refused:
+            options.to_server_config()
+        assert token not in str(refused.value) and "secret" not in str(refused.value)
 
 
 @pytest.mark.parametrize(

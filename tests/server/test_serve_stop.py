@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -159,6 +160,11 @@ def test_one_server_per_run_dir(tmp_path: Path, embedded_source: ModelSource, to
     try:
         events = (run_dir / "events.jsonl").read_bytes()
         names = sorted(p.name for p in run_dir.iterdir())
+        # the run dir is its owner's only: every episode's prompts and completions are in pool.db
+        assert run_dir.stat().st_mode & 0o777 == 0o700
+        modes = {p.name: p.stat().st_mode & 0o777 for p in run_dir.rglob("*") if p.is_file()}
+        assert {"pool.db", "events.jsonl", "server.lock"} <= modes.keys()
+        assert set(modes.values()) == {0o600}, modes
         refused = subprocess.run(
             _serve_argv(model_dir, run_dir, free_port()), capture_output=True, text=True, timeout=120
         )
@@ -179,6 +185,17 @@ def test_one_server_per_run_dir(tmp_path: Path, embedded_source: ModelSource, to
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=60)
+
+
+def test_an_open_run_dir_is_made_private(tmp_path: Path) -> None:
+    """A run dir another user could read (a server before this one made it 0755) is tightened to 0700."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o755)
+    run_dir.chmod(0o755)
+    lock = RunDirLock(run_dir)
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    assert (run_dir / "server.lock").stat().st_mode & 0o777 == 0o600
+    lock.release()
 
 
 def test_the_run_dir_lock_is_exclusive_and_released(tmp_path: Path) -> None:
@@ -296,3 +313,42 @@ def test_a_holder_that_has_not_bound_its_port_0_says_so(tmp_path: Path) -> None:
     assert held_by(run_dir) == f"pid {os.getpid()}, port 8124"
     held.release()
     assert held_by(run_dir) is None
+
+
+def test_a_body_still_arriving_does_not_hold_the_stop(
+    tmp_path: Path, embedded_source: ModelSource, tokenizer: Any
+) -> None:
+    """A POST whose body is still arriving when SIGTERM comes (``Content-Length: 100``, one byte sent) is
+    answered at once with the JSON 503 "the server is stopping" and its connection closed; the process
+    exits without waiting the graceful-shutdown bound, and its log has no traceback (uvicorn waited the
+    bound, cancelled the app and answered a plain-text 500)."""
+    port, log = free_port(), tmp_path / "serve.log"
+    model_dir = _tiny_model_dir(tmp_path, embedded_source, tokenizer)
+    proc = serve_process(model_dir, tmp_path / "run", port, "--no-train", output=log)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(
+                b"POST /api/v1/episodes HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 100\r\n\r\n{"
+            )
+            time.sleep(0.5)  # the request reaches its route, which waits for the body
+            start = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            answered = time.monotonic() - start
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert code in (0, -signal.SIGTERM)
+    assert answered < 2.0 and took < GRACEFUL_SHUTDOWN_S / 2, (answered, took)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ") and b"content-type: application/json" in head, answer
+    error = json.loads(body)["error"]
+    assert error["type"] == "unavailable" and "the server is stopping" in error["message"], error
+    text = log.read_text()
+    assert "Traceback" not in text and "ERROR" not in text, text

@@ -39,6 +39,7 @@ def test_validated_models_are_taken_as_they_are() -> None:
     ("message", "problem"),
     [
         ({"role": "user"}, "messages[0]: a user message needs content"),
+        ({"role": "assistant"}, "messages[0]: an assistant message needs content"),
         ({"role": "user", "content": {"text": "x"}}, "messages[0].content: content must be a string"),
         (
             {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "[1"}}]},
