@@ -76,14 +76,7 @@ def test_a_step_cut_short_by_a_non_finite_update_is_published_and_replayed(
     tmp_path: Path, embedded_source: Any, tokenizer: Any
 ) -> None:
     files = slow_server_files(tmp_path, embedded_source, tokenizer)
-    model_dir, run_dir, port, gate, first, second = (
-        files.model_dir,
-        files.run_dir,
-        files.port,
-        files.gate,
-        files.first,
-        files.second,
-    )
+    model_dir, run_dir, port, gate, first, second = files.parts()
     url = files.url
 
     gate.touch()  # step 1's checkpoint write waits: only its journal entry is on disk

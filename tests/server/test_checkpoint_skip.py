@@ -95,6 +95,10 @@ class SlowServerFiles:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def parts(self) -> tuple[Path, Path, int, Path, Path, Path]:
+        """``(model_dir, run_dir, port, gate, first, second)``."""
+        return self.model_dir, self.run_dir, self.port, self.gate, self.first, self.second
+
 
 def slow_server_files(tmp_path: Path, embedded_source: Any, tokenizer: Any) -> SlowServerFiles:
     """Save the tiny model and make the folders a slow-checkpoint test needs under ``tmp_path``."""
@@ -118,14 +122,7 @@ def test_steps_during_a_write_skip_the_snapshot_and_a_kill_replays_them(
     tmp_path: Path, embedded_source: Any, tokenizer: Any
 ) -> None:
     files = slow_server_files(tmp_path, embedded_source, tokenizer)
-    model_dir, run_dir, port, gate, first, second = (
-        files.model_dir,
-        files.run_dir,
-        files.port,
-        files.gate,
-        files.first,
-        files.second,
-    )
+    model_dir, run_dir, port, gate, first, second = files.parts()
     url = files.url
     groups: dict[str, list[str]] = {}
 
