@@ -30,6 +30,7 @@ from swarm.engine.adapter_twin import copy_adapter, drop_twin_adapter, sampling_
 from swarm.engine.base import Completion, SampledToken, SamplingParams, TokenCallback
 from swarm.engine.limits import check_prompt_fits, check_score_input, end_of_turn_ids, max_new_tokens
 from swarm.engine.lora_rows import adapter_rows, spans_of, supports_adapter_rows
+from swarm.engine.priority_lock import PriorityLock
 from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import FinishReason
@@ -114,10 +115,8 @@ class HFEngine:
         self.max_context = int(getattr(config, "max_position_embeddings", 2048))
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.stop_ids = end_of_turn_ids((getattr(model, "generation_config", None), model.config), tokenizer)
-        self.lock = threading.RLock()
-        self._pausers = 0
-        """Threads waiting in :meth:`pause`: the worker starts no batch while any waits (`_wait_for_pausers`)."""
-        self._pausers_changed = threading.Condition(threading.Lock())
+        self.lock = PriorityLock()
+        """Held by a batch (the worker: `PriorityLock.after_first`) and by :meth:`pause` (`PriorityLock.first`)."""
         self.policy_version = 0
         """Trainer step of the weights being sampled (set by :meth:`load_weights`, with the weights)."""
         self.samples_while_training = sample_while_training
@@ -175,23 +174,8 @@ class HFEngine:
         """Hold :attr:`lock`: the running batch ends first, queued requests wait until the exit. Fair: while
         a caller waits here the worker starts no new batch, so it waits for one batch at most (a plain lock
         let the worker take it back batch after batch: a tenant's create waited 54 s under load)."""
-        with self._pausers_changed:
-            self._pausers += 1
-        try:
-            self.lock.acquire()
-        finally:
-            with self._pausers_changed:
-                self._pausers -= 1
-                self._pausers_changed.notify_all()
-        try:
+        with self.lock.first():
             yield
-        finally:
-            self.lock.release()
-
-    def _wait_for_pausers(self) -> None:
-        """Before a batch (worker): let every caller waiting in :meth:`pause` take the lock first."""
-        with self._pausers_changed:
-            self._pausers_changed.wait_for(lambda: self._pausers == 0)
 
     def release_memory(self) -> None:
         """Nothing to release: the trainer shares the served weights and a batch's cache is freed."""
@@ -339,8 +323,7 @@ class HFEngine:
             with self._queued_lock:
                 self._queued_rows -= rows
             try:
-                self._wait_for_pausers()
-                with self.lock:  # a training step may hold it for a while: look at cancellations after
+                with self.lock.after_first():  # a training step may hold it a while: see cancellations after
                     jobs = [job for job in jobs if not job.future.cancelled()]  # callers that stopped waiting
                     if not jobs:
                         continue

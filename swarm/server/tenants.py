@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -43,6 +42,7 @@ from torch import nn
 from swarm.batch import BatchPolicy
 from swarm.config import ServerConfig, TrainingConfig
 from swarm.engine.base import Engine
+from swarm.engine.priority_lock import PriorityLock
 from swarm.errors import ConfigError, RequestError, Unavailable
 from swarm.pool import Pool
 from swarm.precision import MixedPrecision
@@ -199,65 +199,13 @@ def check_tenants_on_disk(run_dir: Path, cap: int) -> None:
         )
 
 
-class _TrainLock:
-    """The registry's re-entrant lock: each tenant's step holds it (:meth:`step`: steps queue), and so do
-    adapter injection and removal (:meth:`first`). Those go first: while one waits no queued step takes
-    the lock, so a create or retire waits for the running step at most, not behind every tenant's next
-    steps (a plain lock let the steps take it in turn for as long as they had work)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(threading.Lock())
-        self._waiting_first = 0
-        self._owner: int | None = None
-        self._depth = 0
-
-    @contextlib.contextmanager
-    def _held(self) -> Iterator[None]:
-        with self._lock:
-            self._owner = threading.get_ident()
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._owner = None
-
-    @contextlib.contextmanager
-    def first(self) -> Iterator[None]:
-        """Hold the lock before any step that queues for it."""
-        with self._changed:
-            self._waiting_first += 1
-        try:
-            self._lock.acquire()
-        finally:
-            with self._changed:
-                self._waiting_first -= 1
-                self._changed.notify_all()
-        try:
-            with self._held():
-                yield
-        finally:
-            self._lock.release()
-
-    @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        """Hold the lock once no :meth:`first` waits (at once where this thread holds it already)."""
-        if self._owner != threading.get_ident():
-            with self._changed:
-                self._changed.wait_for(lambda: self._waiting_first == 0)
-        with self._held():
-            yield
-
-
 class _AdapterEngine:
     """The engine as one tenant's `TrainingLoop` sees it: its weights are adapter ``name`` (served with
     `Engine.serve_adapter`), and a step holds the registry's train lock (tenants' steps queue) and, where
     the engine cannot sample while training (``hf`` without ``--tenant-overlap``), the engine's pause;
     where it can, `Engine.training_alongside`."""
 
-    def __init__(self, engine: Engine, name: str, train_lock: _TrainLock) -> None:
+    def __init__(self, engine: Engine, name: str, train_lock: PriorityLock) -> None:
         self._engine, self._name, self._lock = engine, name, train_lock
 
     @property
@@ -266,7 +214,7 @@ class _AdapterEngine:
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
-        with self._lock.step():
+        with self._lock.after_first():
             if self._engine.samples_while_training:
                 with self._engine.training_alongside():
                     yield
@@ -378,7 +326,7 @@ class TenantRegistry:
         self.events = events
         self.mixed_precision = mixed_precision
         self.root = config.run_dir / "tenants"
-        self._lock = _TrainLock()
+        self._lock = PriorityLock()  # steps queue (after_first); adapter injection and removal go first
         """Held by each tenant's step (they queue) and, before them, by adapter injection and removal."""
         self._model: nn.Module = engine.trainable_module()
         """The base model, then the peft model holding every tenant's adapter."""
