@@ -248,10 +248,13 @@ async def checkpoint(control: ControlDep) -> CheckpointSaved:
 
 
 @votes_router.post("/{client_id}/ready", responses=_NO_TRAINING)
-async def vote(client_id: str, body: Vote, control: ControlDep) -> VoteCast:
-    """A client's readiness vote for the ``all_clients_ready`` / ``any_client_ready`` batch policies."""
-    control.training().vote(client_id, body.ready)
-    return VoteCast(client_id=client_id, ready=body.ready)
+async def vote(client_id: str, control: ControlDep, body: Vote | None = None) -> VoteCast:
+    """A client's readiness vote for the ``all_clients_ready`` / ``any_client_ready`` batch policies.
+
+    The body is optional: no body votes ready (``{"ready": true}``), as ``{}`` does."""
+    ready = (body or Vote()).ready
+    control.training().vote(client_id, ready)
+    return VoteCast(client_id=client_id, ready=ready)
 
 
 @votes_router.post("/{client_id}/heartbeat", responses=_NO_TRAINING)

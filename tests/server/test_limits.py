@@ -247,6 +247,16 @@ def test_chat_caps_are_422_naming_the_field(limited: LiveServer) -> None:
         reset(url)
 
 
+def test_a_vote_needs_no_body(limited: LiveServer) -> None:
+    """``POST /api/v1/clients/{id}/ready``'s body is optional: none votes ready, as ``{}`` does (it was a
+    422 ``body: Field required``)."""
+    url = f"{limited.url}/api/v1/clients/bodiless/ready"
+    voted = httpx.post(url, headers=bearer(CLIENT))
+    assert voted.status_code == 200 and voted.json() == {"client_id": "bodiless", "ready": True}, voted.text
+    withdrawn = httpx.post(url, json={"ready": False}, headers=bearer(CLIENT))
+    assert withdrawn.status_code == 200 and withdrawn.json()["ready"] is False, withdrawn.text
+
+
 def test_event_followers_are_bounded(limited: LiveServer) -> None:
     url = limited.url
     patch(url, max_event_subscribers=1)
