@@ -58,6 +58,8 @@ def test_bad_requests_get_json_errors_and_server_keeps_serving(server: Any, ep: 
     assert "(5000 characters)" in err["message"] and len(err["message"]) < 300, err["message"]
     assert_error(chat(url, key, {"model": model, "messages": QUESTION, "max_tokens": 0}), 422)
     assert_error(chat(url, key, {"model": model, "messages": [{"role": "wizard", "content": "x"}]}), 422)
+    empty = chat(url, key, {"model": model, "messages": [*QUESTION, {"role": "assistant"}]})
+    assert "an assistant message needs content" in assert_error(empty, 422)["message"]  # not "a assistant"
     long_prompt = [{"role": "user", "content": "hello " * 9000}]
     err = assert_error(
         chat(url, key, {"model": model, "messages": long_prompt, "max_tokens": 4}),
