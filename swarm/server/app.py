@@ -54,13 +54,14 @@ def _error(
     message: str,
     param: str | None = None,
     headers: dict[str, str] | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
     if request.url.path.startswith(ANTHROPIC_PATH):  # Anthropic's shape; a bad body is a 400 there
         status = 400 if status == 422 else status
         where = f"{param}: " if param and not message.startswith(param) else ""
         body = anthropic_format.error_body(status, where + message)
         return JSONResponse(body, status_code=status, headers=headers)
-    detail = ErrorBody(error=ErrorDetail(type=type_, message=message, param=param))
+    detail = ErrorBody(error=ErrorDetail(type=type_, message=message, param=param, code=code))
     return JSONResponse(detail.model_dump(exclude_none=True), status_code=status, headers=headers)
 
 
@@ -69,7 +70,8 @@ async def _swarm_error(request: Request, exc: Exception) -> JSONResponse:
     headers = None
     if isinstance(exc, Unavailable):
         headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-    return _error(request, exc.status_code, exc.error_type, str(exc), getattr(exc, "param", None), headers)
+    param = getattr(exc, "param", None)
+    return _error(request, exc.status_code, exc.error_type, str(exc), param, headers, exc.error_code)
 
 
 _NOT_JSON = "the body is not valid JSON"

@@ -117,8 +117,37 @@ def test_requests_per_second_per_token(limited: LiveServer) -> None:
         assert statuses[0] == 201 and 429 in statuses, statuses
         refused = next(a for a in answers if a.status_code == 429)
         assert int(refused.headers["retry-after"]) >= 1 and "requests/s" in refused.json()["error"]["message"]
+        # as OpenAI's API answers a rate limit (it said type "unavailable")
+        assert refused.json()["error"]["type"] == "requests", refused.text
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded", refused.text
     finally:
         reset(url)
+
+
+def test_a_rate_limited_call_is_each_sdks_rate_limit_error(limited: LiveServer) -> None:
+    """A chat call over the token's request rate is a 429 that OpenAI's and Anthropic's SDKs raise as
+    their ``RateLimitError``, with each API's error type (``requests`` / ``rate_limit_error``)."""
+    import anthropic
+    import openai
+
+    ep = begin(limited.url).json()
+    patch(limited.url, requests_per_s_per_token=1)
+    try:
+        sdk = openai.OpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0)
+        with pytest.raises(openai.RateLimitError) as limited_openai:
+            for _ in range(3):
+                sdk.chat.completions.create(model=ep["model"], messages=QUESTION, max_tokens=1)
+        error = limited_openai.value.body
+        assert isinstance(error, dict) and error["type"] == "requests", error
+        assert error["code"] == "rate_limit_exceeded", error
+        claude = anthropic.Anthropic(base_url=limited.url, api_key=ep["api_key"], max_retries=0)
+        with pytest.raises(anthropic.RateLimitError) as limited_anthropic:
+            for _ in range(3):
+                claude.messages.create(model=ep["model"], messages=QUESTION, max_tokens=1)
+        body = limited_anthropic.value.body
+        assert isinstance(body, dict) and body["error"]["type"] == "rate_limit_error", body
+    finally:
+        reset(limited.url)
 
 
 def test_count_tokens_takes_the_same_rate_and_caps_as_messages(limited: LiveServer) -> None:
