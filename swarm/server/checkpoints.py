@@ -159,7 +159,7 @@ def checkpoint_now(
     started = time.perf_counter()
     save_checkpoint(run_dir, trainer.step_count, trainer.model, tokenizer, trainer.state_dict(), keep=keep)
     elapsed = time.perf_counter() - started
-    replayed = {"replay": True} if replay else {}
+    replayed: dict[str, Any] = {"replay": True} if replay else {}
     events.emit(
         "checkpoint.saved",
         f"checkpoint step {trainer.step_count} ({elapsed:.1f} s{', after replaying the journal' if replay else ''})",
