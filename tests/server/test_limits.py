@@ -11,6 +11,7 @@ import json
 import logging
 import secrets
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -324,6 +325,58 @@ def test_a_follower_leaving_logs_no_error(limited: LiveServer, caplog: pytest.Lo
     time.sleep(1.0)
     gc.collect()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+class _ErrorLines(logging.Handler):
+    """Collects the messages of ERROR records (attached to uvicorn's error log, which does not reach
+    ``caplog``: uvicorn's logger does not propagate to the root)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_follower_leaving_while_events_wait_for_it_logs_no_error(
+    tmp_path: Any, tiny_engine: HFEngine
+) -> None:
+    """A follower that stops reading while events pile up for it and then leaves is normal too. Through
+    FastAPI's generator route the stream passed each event through a keep-alive task whose send then
+    raised BrokenResourceError: "Exception in ASGI application" and a traceback, every time here (and now
+    and then for a follower that merely left: fresh35b). The flood fills the socket buffers so that the
+    server holds events for the follower when it goes."""
+    live = make_server(tmp_path, tiny_engine, training=TrainingConfig(enabled=False))
+    errors = _ErrorLines()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "asyncio", "")]
+    for logger in loggers:
+        logger.addHandler(errors)
+    pad = "x" * 16384
+    try:
+        for _ in range(5):
+            since = live.runtime.events.emit("test.mark", "before a follower").seq
+            follower = socket.socket()
+            follower.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
+            follower.connect(("127.0.0.1", live.config.port))
+            follower.sendall(f"GET /api/v1/events?since={since} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+            assert b" 200 " in follower.recv(4096)
+            for _ in range(400):  # 6.5 MB the follower never reads
+                live.runtime.events.emit("test.flood", "flood", pad=pad)
+            time.sleep(0.5)
+            follower.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            follower.close()  # a reset: gone at once
+            deadline = time.monotonic() + 10
+            while live.runtime.events.subscribers():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        time.sleep(0.5)
+        gc.collect()
+    finally:
+        for logger in loggers:
+            logger.removeHandler(errors)
+        live.stop()
+    assert errors.lines == []
 
 
 def test_simultaneous_followers_cannot_pass_the_bound_together(limited: LiveServer) -> None:
