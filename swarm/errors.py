@@ -30,6 +30,8 @@ class SwarmError(Exception):
 
     status_code: int = 500
     error_type: str = "server_error"
+    error_code: str | None = None
+    """A finer machine-readable code where OpenAI's API sends one (its error body's ``code``), else ``None``."""
 
 
 class ConfigError(SwarmError, ValueError):
@@ -107,8 +109,19 @@ class EpisodeStateError(SwarmError):
         self.episode_id = episode_id
 
 
+RATE_LIMIT_TYPE = "requests"
+"""The error ``type`` of a 429 in OpenAI's shape: what OpenAI's API sends for a requests-per-minute limit
+(``{"type": "requests", "code": "rate_limit_exceeded"}``; ``"tokens"`` for a tokens-per-minute one,
+which this server has not). Anthropic's shape says ``rate_limit_error`` (`anthropic_format.error_type`)."""
+
+RATE_LIMIT_CODE = "rate_limit_exceeded"
+"""The error ``code`` of a 429 in OpenAI's shape, as OpenAI's API sends it."""
+
+
 class Unavailable(SwarmError):
-    """The server cannot take this now; retry after ``retry_after_s`` seconds."""
+    """The server cannot take this now; retry after ``retry_after_s`` seconds. ``status_code`` 429 (a
+    client's limit is reached, not the server's) answers as OpenAI's rate limits do (`RATE_LIMIT_TYPE`,
+    `RATE_LIMIT_CODE`)."""
 
     status_code = 503
     error_type = "unavailable"
@@ -117,6 +130,8 @@ class Unavailable(SwarmError):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.status_code = status_code
+        if status_code == 429:
+            self.error_type, self.error_code = RATE_LIMIT_TYPE, RATE_LIMIT_CODE
 
 
 class ClientError(SwarmError):

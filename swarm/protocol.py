@@ -79,6 +79,8 @@ class ErrorDetail(BaseModel):
     """What is wrong, in one sentence a person can act on."""
     param: str | None = None
     """The request field at fault, when there is one."""
+    code: str | None = None
+    """A finer code where OpenAI's API sends one (``rate_limit_exceeded`` on a 429), else left out."""
 
 
 class ErrorBody(BaseModel):

@@ -466,6 +466,11 @@ class ServeOptions(FlagOptions):
         """
         from swarm.config import ServerConfig
 
+        if self.max_request_tokens is not None and self.max_request_tokens < 0:  # (the cap's own rule: >= 1)
+            raise ServeOptionsError(
+                f"--max-request-tokens: must be 0 (no cap but the context window) or a cap of at least 1, "
+                f"not {self.max_request_tokens}"
+            )
         values: dict[str, Any] = {
             "model": self.model,
             "host": self.host,

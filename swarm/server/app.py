@@ -54,13 +54,14 @@ def _error(
     message: str,
     param: str | None = None,
     headers: dict[str, str] | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
     if request.url.path.startswith(ANTHROPIC_PATH):  # Anthropic's shape; a bad body is a 400 there
         status = 400 if status == 422 else status
         where = f"{param}: " if param and not message.startswith(param) else ""
         body = anthropic_format.error_body(status, where + message)
         return JSONResponse(body, status_code=status, headers=headers)
-    detail = ErrorBody(error=ErrorDetail(type=type_, message=message, param=param))
+    detail = ErrorBody(error=ErrorDetail(type=type_, message=message, param=param, code=code))
     return JSONResponse(detail.model_dump(exclude_none=True), status_code=status, headers=headers)
 
 
@@ -69,39 +70,58 @@ async def _swarm_error(request: Request, exc: Exception) -> JSONResponse:
     headers = None
     if isinstance(exc, Unavailable):
         headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-    return _error(request, exc.status_code, exc.error_type, str(exc), getattr(exc, "param", None), headers)
+    param = getattr(exc, "param", None)
+    return _error(request, exc.status_code, exc.error_type, str(exc), param, headers, exc.error_code)
 
 
 _NOT_JSON = "the body is not valid JSON"
 """How every body that cannot be parsed begins its 400 answer (OpenAI and Anthropic answer 400 too)."""
 
 
+_WANTS_JSON = "this route needs a JSON body sent with 'Content-Type: application/json'"
+"""How a 415 and a missing body's 422 begin: what the route takes."""
+
+
+def _body_missing(errors: list[Any]) -> bool:
+    """Whether the route's required body was not sent at all (FastAPI: ``missing`` at ``("body",)``; an
+    empty body is no body)."""
+    return any(tuple(err.get("loc", ())) == ("body",) and err.get("type") == "missing" for err in errors)
+
+
 def _mislabelled(request: Request, errors: list[Any]) -> str | None:
     """How the request's ``Content-Type`` reads in a 415 (``"'text/plain'"``, or ``"missing"``) when it is
     not JSON and the body was refused as a whole (FastAPI validates such a body as raw bytes: "Input should
-    be a valid dictionary"), else ``None``. Without a ``Content-Type`` an empty body stays a 422 (missing)."""
+    be a valid dictionary", or finds none: ``missing``), else ``None``."""
     content_type = request.headers.get("content-type")
     if is_json_type(content_type):
         return None
     whole = [err for err in errors if tuple(err.get("loc", ())) == ("body",)]
     if content_type:
         return quoted(content_type) if whole else None
-    return "missing" if any(err.get("type") != "missing" for err in whole) else None
+    return "missing" if whole else None
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """A body that does not validate: 422 naming the field (400 on Anthropic's routes); a body that is not
-    JSON: 400 on every route; a body sent with a content type that is not JSON: 415 saying so."""
+    JSON: 400 on every route; a body sent with a content type that is not JSON, or a request with neither
+    a body nor a content type where the route needs a body: 415 saying so; a JSON content type with an
+    empty body where the route needs one: 422 saying that the body is empty."""
     assert isinstance(exc, RequestValidationError)
-    content_type = _mislabelled(request, list(exc.errors()))
+    errors = list(exc.errors())
+    content_type = _mislabelled(request, errors)
     if content_type is not None:
-        message = (
-            f"the body must be JSON sent with 'Content-Type: application/json'; this request's Content-Type "
-            f"is {content_type}"
-        )
+        if content_type == "missing" and _body_missing(errors):
+            message = f"{_WANTS_JSON}; this request has no body and no Content-Type"
+        else:
+            message = (
+                f"the body must be JSON sent with 'Content-Type: application/json'; this request's "
+                f"Content-Type is {content_type}"
+            )
         return _error(request, 415, "invalid_request_error", message)
+    if _body_missing(errors):
+        return _error(request, 422, "invalid_request_error", f"{_WANTS_JSON}; this request's body is empty")
     problems = []
-    for err in exc.errors():
+    for err in errors:
         if err.get("type") == "json_invalid":  # its location is a character offset, not a field
             problems.append(f"{_NOT_JSON} ({(err.get('ctx') or {}).get('error', 'decode error')})")
             continue

@@ -145,18 +145,27 @@ def checkpoint_due(step: int, every: int, max_steps: int | None) -> bool:
 
 
 def checkpoint_now(
-    run_dir: Path, trainer: TrainerBackend, tokenizer: Any, *, keep: int, events: EventLog
+    run_dir: Path,
+    trainer: TrainerBackend,
+    tokenizer: Any,
+    *,
+    keep: int,
+    events: EventLog,
+    replay: bool = False,
 ) -> float:
     """Save the trainer's current step (`save_checkpoint`) and log ``checkpoint.saved``; returns the
-    seconds it took."""
+    seconds it took. ``replay``: the step was replayed from the journal at startup (`resume`; the event
+    says so with ``replay: true``)."""
     started = time.perf_counter()
     save_checkpoint(run_dir, trainer.step_count, trainer.model, tokenizer, trainer.state_dict(), keep=keep)
     elapsed = time.perf_counter() - started
+    replayed: dict[str, Any] = {"replay": True} if replay else {}
     events.emit(
         "checkpoint.saved",
-        f"checkpoint step {trainer.step_count} ({elapsed:.1f} s)",
+        f"checkpoint step {trainer.step_count} ({elapsed:.1f} s{', after replaying the journal' if replay else ''})",
         step=trainer.step_count,
         write_s=round(elapsed, 3),
+        **replayed,
     )
     return elapsed
 
@@ -452,7 +461,8 @@ def resume(
     replayed = _replay(run_dir, step, trainer, pool, history)
     if replayed:
         step = replayed[-1]
-        save_checkpoint(run_dir, step, trainer.model, tokenizer, trainer.state_dict(), keep)  # prunes them
+        # (the trainer is at that step: each replayed step counted one) the checkpoint prunes their entries
+        checkpoint_now(run_dir, trainer, tokenizer, keep=keep, events=events, replay=True)
         events.emit(
             "checkpoint.replayed",
             f"step {_span(replayed)} replayed from the journal (its checkpoint was being written)",

@@ -8,10 +8,11 @@ need no admin token: clients cast them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from swarm.protocol import (
@@ -31,8 +32,10 @@ from swarm.protocol import (
     VoteCast,
 )
 from swarm.server.auth import require_admin, require_client
-from swarm.server.control import Subscription
+from swarm.server.control import ControlService, Subscription
 from swarm.server.deps import ControlDep, StoppingDep, error_models, json_errors
+from swarm.server.stopping import Stopping
+from swarm.server.streaming import encode_events, event_stream_answer
 
 
 def _guarded_router(prefix: str, tag: str, guard: Callable[..., Any], *errors: tuple[int, str]) -> APIRouter:
@@ -94,14 +97,21 @@ async def _event_subscription(control: ControlDep, follow: bool = True) -> Async
         control.events.unsubscribe(handle)
 
 
+_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+"""What FastAPI's own event streams send: no cache, and no buffering in an nginx in front."""
+
+
 @router.get(
     "/events",
-    response_class=EventSourceResponse,
-    responses=json_errors(
-        (401, "Missing admin token."),
-        (403, "A wrong admin token, an episode key or a client token, or a caller from another host."),
-        (503, "Too many followers; see Retry-After."),
-    ),
+    response_class=StreamingResponse,  # its media type is the stream's (the 200 below), not JSON
+    responses={
+        200: event_stream_answer("Server-sent events, each an `Event` as JSON `data`."),
+        **json_errors(
+            (401, "Missing admin token."),
+            (403, "A wrong admin token, an episode key or a client token, or a caller from another host."),
+            (503, "Too many followers; see Retry-After."),
+        ),
+    },
 )
 async def events(
     control: ControlDep,
@@ -110,11 +120,24 @@ async def events(
     since: int = 0,
     follow: bool = True,
     tenant: str | None = None,
-) -> AsyncIterable[ServerSentEvent]:
+) -> EventSourceResponse:
     """Server-sent events, each an :class:`~swarm.protocol.Event` as JSON ``data`` (``event`` = its kind,
     ``id`` = its seq): buffered events after ``since``, then live ones while ``follow`` is true, until
     the server stops (its last event is ``server.stopping``; the stream then ends). ``tenant`` keeps only
     the events of that LoRA tenant (`Event.tenant`: its steps, checkpoints, episodes and lifecycle)."""
+    # Returned as a response rather than written as a generator route: FastAPI's generator routes pass
+    # events through a keep-alive task whose send raised BrokenResourceError (a traceback in the log)
+    # when a follower left while an event was waiting for it; this stream has its own keep-alive.
+    stream = _event_stream(control, handle, stopping, since, tenant)
+    return EventSourceResponse(encode_events(stream), headers=_STREAM_HEADERS)
+
+
+async def _event_stream(
+    control: ControlService, handle: Subscription | None, stopping: Stopping, since: int, tenant: str | None
+) -> AsyncGenerator[ServerSentEvent, None]:
+    """The events of ``GET /api/v1/events`` (see `events`): the buffer after ``since``, then, with a
+    subscription ``handle``, live ones until the server stops, a keep-alive comment after every
+    `KEEP_ALIVE_S` without one."""
     last = since
     for event in control.events.recent(since):
         last = event.seq
@@ -248,10 +271,13 @@ async def checkpoint(control: ControlDep) -> CheckpointSaved:
 
 
 @votes_router.post("/{client_id}/ready", responses=_NO_TRAINING)
-async def vote(client_id: str, body: Vote, control: ControlDep) -> VoteCast:
-    """A client's readiness vote for the ``all_clients_ready`` / ``any_client_ready`` batch policies."""
-    control.training().vote(client_id, body.ready)
-    return VoteCast(client_id=client_id, ready=body.ready)
+async def vote(client_id: str, control: ControlDep, body: Vote | None = None) -> VoteCast:
+    """A client's readiness vote for the ``all_clients_ready`` / ``any_client_ready`` batch policies.
+
+    The body is optional: no body votes ready (``{"ready": true}``), as ``{}`` does."""
+    ready = (body or Vote()).ready
+    control.training().vote(client_id, ready)
+    return VoteCast(client_id=client_id, ready=ready)
 
 
 @votes_router.post("/{client_id}/heartbeat", responses=_NO_TRAINING)

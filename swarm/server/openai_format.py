@@ -175,7 +175,7 @@ def chat_completion(
 def error_body(exc: BaseException) -> ErrorBody:
     """The ``{"error": ...}`` body of a failure (a swarm error's type and message; others hidden)."""
     detail = (
-        ErrorDetail(type=exc.error_type, message=str(exc))
+        ErrorDetail(type=exc.error_type, message=str(exc), code=exc.error_code)
         if isinstance(exc, SwarmError)
         else ErrorDetail(type="server_error", message=f"internal error: {type(exc).__name__}")
     )

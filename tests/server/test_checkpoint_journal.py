@@ -82,6 +82,9 @@ def test_a_journaled_step_is_replayed_to_the_same_weights(
     assert latest_checkpoint(run) == (2, second) and not list(journal.glob("step-*"))
     assert not list((run / "checkpoints").glob(".step-*"))
     assert [e.kind for e in events.recent() if e.kind.startswith("checkpoint.")][-1] == "checkpoint.replayed"
+    # the replay's checkpoint has its checkpoint.saved event, as every checkpoint does (it had none)
+    saved = [e.data for e in events.recent() if e.kind == "checkpoint.saved"][-1]
+    assert saved["step"] == 2 and saved["replay"] is True and saved["write_s"] >= 0, saved
 
 
 def test_a_snapshot_is_a_copy_the_next_step_does_not_change(embedded_source: Any) -> None:

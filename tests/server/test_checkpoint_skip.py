@@ -146,6 +146,8 @@ def test_steps_during_a_write_skip_the_snapshot_and_a_kill_replays_them(
         # weights are the killed process's after step 4
         assert _events(run_dir, "checkpoint.replayed")[-1]["steps"] == [1, 2, 3, 4]
         assert _checkpoints(run_dir) == [4] and _journal(run_dir) == []
+        # the checkpoint written after the replay is logged like any other (it had no event)
+        assert [(e["step"], e.get("replay")) for e in _events(run_dir, "checkpoint.saved")] == [(4, True)]
         _assert_same_weights(run_dir / "checkpoints" / "step-000004", first / "step-4.pt")
         with SwarmClient(url, admin_token=ADMIN) as client:
             assert client.status().step == 4

@@ -426,3 +426,17 @@ def test_a_server_without_an_admin_token_does_not_ask_for_one(tmp_path: Path, ti
         assert "admin" not in message, message
     finally:
         live.stop()
+    # client tokens and no admin token: the 401 names the key and the token that began it, not an admin
+    live = make_server(
+        tmp_path / "clients",
+        tiny_engine,
+        training=TrainingConfig(enabled=False),
+        client_tokens={"alice": SecretStr(ALICE)},
+    )
+    try:
+        began = begin(live.url, bearer(ALICE)).json()
+        message = error(httpx.get(f"{live.url}/api/v1/episodes/{began['episode_id']}"), 401)
+        assert "the episode's api_key or the client token that began it" in message, message
+        assert "admin" not in message, message
+    finally:
+        live.stop()

@@ -58,6 +58,8 @@ def test_bad_requests_get_json_errors_and_server_keeps_serving(server: Any, ep: 
     assert "(5000 characters)" in err["message"] and len(err["message"]) < 300, err["message"]
     assert_error(chat(url, key, {"model": model, "messages": QUESTION, "max_tokens": 0}), 422)
     assert_error(chat(url, key, {"model": model, "messages": [{"role": "wizard", "content": "x"}]}), 422)
+    empty = chat(url, key, {"model": model, "messages": [*QUESTION, {"role": "assistant"}]})
+    assert "an assistant message needs content" in assert_error(empty, 422)["message"]  # not "a assistant"
     long_prompt = [{"role": "user", "content": "hello " * 9000}]
     err = assert_error(
         chat(url, key, {"model": model, "messages": long_prompt, "max_tokens": 4}),
@@ -257,6 +259,33 @@ def test_body_errors_are_the_same_on_every_route(server: Any) -> None:
         assert httpx.post(f"{server.url}/v1/messages", content=b"{x", headers=key).json()["type"] == "error"
         ep.finish(0.0)
         assert client.get_episode(ep.id).calls == []
+
+
+def test_a_missing_body_is_named_where_a_route_needs_one(server: Any) -> None:
+    """A route that needs a JSON body, sent none: with no Content-Type either, a 415 (as for any body
+    without one); with a JSON Content-Type, a 422 (400 on /v1/messages) saying the body is empty. Both
+    said ``body: Field required`` before. A route whose body is optional (a vote) takes none."""
+    with SwarmClient(server.url) as client, client.episode("no-body") as ep:
+        key = {"Authorization": f"Bearer {ep.api_key}"}
+        routes = (
+            ("/v1/chat/completions", key, 422),
+            ("/v1/messages", key, 400),
+            (f"/api/v1/episodes/{ep.id}/finish", key, 422),
+            ("/api/v1/episodes", {}, 422),
+        )
+        for path, headers, empty_status in routes:
+            r = httpx.post(server.url + path, headers=headers)
+            assert "content-type" not in r.request.headers and r.status_code == 415, (path, r.text)
+            message = r.text  # either API's shape
+            assert "this route needs a JSON body sent with 'Content-Type: application/json'" in message
+            assert "no body and no Content-Type" in message and "Field required" not in message
+            r = httpx.post(server.url + path, headers={**headers, "content-type": "application/json"})
+            assert r.status_code == empty_status, (path, r.text)
+            assert "needs a JSON body" in r.text and "body is empty" in r.text, (path, r.text)
+        ep.finish(0.0)
+    # the vote's body is optional: none is a vote for ready (this server does not train: 409 says so)
+    r = httpx.post(f"{server.url}/api/v1/clients/x/ready")
+    assert r.status_code == 409 and "training is disabled" in r.json()["error"]["message"], r.text
 
 
 def test_a_request_head_over_the_bound_is_431_json_and_declared(server: Any) -> None:

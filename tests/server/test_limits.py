@@ -11,6 +11,7 @@ import json
 import logging
 import secrets
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -117,8 +118,37 @@ def test_requests_per_second_per_token(limited: LiveServer) -> None:
         assert statuses[0] == 201 and 429 in statuses, statuses
         refused = next(a for a in answers if a.status_code == 429)
         assert int(refused.headers["retry-after"]) >= 1 and "requests/s" in refused.json()["error"]["message"]
+        # as OpenAI's API answers a rate limit (it said type "unavailable")
+        assert refused.json()["error"]["type"] == "requests", refused.text
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded", refused.text
     finally:
         reset(url)
+
+
+def test_a_rate_limited_call_is_each_sdks_rate_limit_error(limited: LiveServer) -> None:
+    """A chat call over the token's request rate is a 429 that OpenAI's and Anthropic's SDKs raise as
+    their ``RateLimitError``, with each API's error type (``requests`` / ``rate_limit_error``)."""
+    import anthropic
+    import openai
+
+    ep = begin(limited.url).json()
+    patch(limited.url, requests_per_s_per_token=1)
+    try:
+        sdk = openai.OpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0)
+        with pytest.raises(openai.RateLimitError) as limited_openai:
+            for _ in range(3):
+                sdk.chat.completions.create(model=ep["model"], messages=QUESTION, max_tokens=1)
+        error = limited_openai.value.body
+        assert isinstance(error, dict) and error["type"] == "requests", error
+        assert error["code"] == "rate_limit_exceeded", error
+        claude = anthropic.Anthropic(base_url=limited.url, api_key=ep["api_key"], max_retries=0)
+        with pytest.raises(anthropic.RateLimitError) as limited_anthropic:
+            for _ in range(3):
+                claude.messages.create(model=ep["model"], messages=QUESTION, max_tokens=1)
+        body = limited_anthropic.value.body
+        assert isinstance(body, dict) and body["error"]["type"] == "rate_limit_error", body
+    finally:
+        reset(limited.url)
 
 
 def test_count_tokens_takes_the_same_rate_and_caps_as_messages(limited: LiveServer) -> None:
@@ -247,6 +277,16 @@ def test_chat_caps_are_422_naming_the_field(limited: LiveServer) -> None:
         reset(url)
 
 
+def test_a_vote_needs_no_body(limited: LiveServer) -> None:
+    """``POST /api/v1/clients/{id}/ready``'s body is optional: none votes ready, as ``{}`` does (it was a
+    422 ``body: Field required``)."""
+    url = f"{limited.url}/api/v1/clients/bodiless/ready"
+    voted = httpx.post(url, headers=bearer(CLIENT))
+    assert voted.status_code == 200 and voted.json() == {"client_id": "bodiless", "ready": True}, voted.text
+    withdrawn = httpx.post(url, json={"ready": False}, headers=bearer(CLIENT))
+    assert withdrawn.status_code == 200 and withdrawn.json()["ready"] is False, withdrawn.text
+
+
 def test_event_followers_are_bounded(limited: LiveServer) -> None:
     url = limited.url
     patch(url, max_event_subscribers=1)
@@ -285,6 +325,58 @@ def test_a_follower_leaving_logs_no_error(limited: LiveServer, caplog: pytest.Lo
     time.sleep(1.0)
     gc.collect()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+class _ErrorLines(logging.Handler):
+    """Collects the messages of ERROR records (attached to uvicorn's error log, which does not reach
+    ``caplog``: uvicorn's logger does not propagate to the root)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_follower_leaving_while_events_wait_for_it_logs_no_error(
+    tmp_path: Any, tiny_engine: HFEngine
+) -> None:
+    """A follower that stops reading while events pile up for it and then leaves is normal too. Through
+    FastAPI's generator route the stream passed each event through a keep-alive task whose send then
+    raised BrokenResourceError: "Exception in ASGI application" and a traceback, every time here (and now
+    and then for a follower that merely left: fresh35b). The flood fills the socket buffers so that the
+    server holds events for the follower when it goes."""
+    live = make_server(tmp_path, tiny_engine, training=TrainingConfig(enabled=False))
+    errors = _ErrorLines()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "asyncio", "")]
+    for logger in loggers:
+        logger.addHandler(errors)
+    pad = "x" * 16384
+    try:
+        for _ in range(5):
+            since = live.runtime.events.emit("test.mark", "before a follower").seq
+            follower = socket.socket()
+            follower.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
+            follower.connect(("127.0.0.1", live.config.port))
+            follower.sendall(f"GET /api/v1/events?since={since} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+            assert b" 200 " in follower.recv(4096)
+            for _ in range(400):  # 6.5 MB the follower never reads
+                live.runtime.events.emit("test.flood", "flood", pad=pad)
+            time.sleep(0.5)
+            follower.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            follower.close()  # a reset: gone at once
+            deadline = time.monotonic() + 10
+            while live.runtime.events.subscribers():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        time.sleep(0.5)
+        gc.collect()
+    finally:
+        for logger in loggers:
+            logger.removeHandler(errors)
+        live.stop()
+    assert errors.lines == []
 
 
 def test_simultaneous_followers_cannot_pass_the_bound_together(limited: LiveServer) -> None:

@@ -136,6 +136,12 @@ def test_check_validates_without_loading_or_writing(tmp_path: Path) -> None:
     assert ok.exit_code == 0 and ok.output.strip() == "options are valid"
     bad = runner.invoke(app, [*args, "--tis-cap", "0"])
     assert bad.exit_code == 1 and bad.output.startswith("error: --tis-cap")
+    # 0 lifts the cap, so the message says so rather than "greater than or equal to 1"
+    bad = runner.invoke(app, [*args, "--max-request-tokens", "-1"])
+    assert bad.exit_code == 1 and bad.output.strip() == (
+        "error: --max-request-tokens: must be 0 (no cap but the context window) or a cap of at least 1, not -1"
+    ), bad.output
+    assert runner.invoke(app, [*args, "--max-request-tokens", "0"]).exit_code == 0
     mixed = ["--teacher", "https://teacher.example:8000/v1", "--distill", "mixed", "--distill-coef", "0.5"]
     assert runner.invoke(app, [*args, *mixed]).exit_code == 0  # --check does not call the teacher
     bad = runner.invoke(app, [*args, "--teacher", "ftp://teacher.example"])
