@@ -1028,6 +1028,8 @@ class TenantCreate(PolicySettings):
     modules are the server's (``--lora-rank``)."""
 
     id: str = Field(pattern=TENANT_ID_PATTERN)
+    lr: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
+    """Its AdamW learning rate, above 0 (a tenant at lr 0 would never change: its LoRA B stays zero)."""
     clip_eps: StrictFloat | None = Field(default=None, gt=0.0)
     """Both PPO clip bounds (``clip_eps_low`` = ``clip_eps_high``)."""
     seed: StrictInt | None = None

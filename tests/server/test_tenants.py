@@ -252,6 +252,13 @@ def test_the_cap_on_resident_tenants_is_a_clear_409(tenant_server: LiveServer) -
     assert third.status_code == 409
     assert "--tenants 2" in third.json()["error"]["message"]
     assert create(live, "Bad_Id").status_code == 422
+    for lr in (0, 0.0, -1e-3):  # fresh36 #8: a tenant at lr 0 would never change
+        refused = create(live, "delta", lr=lr)
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "lr", refused.text
+        assert "greater than 0" in refused.json()["error"]["message"]
+    with admin(live) as http:
+        lr = http.get("/openapi.json").json()["components"]["schemas"]["TenantCreate"]["properties"]["lr"]
+        assert {"exclusiveMinimum": 0.0, "maximum": 1.0, "type": "number"} in lr["anyOf"]
     with admin(live) as http:
         assert http.get("/api/v1/tenants/nope").status_code == 404
 
@@ -448,6 +455,11 @@ def test_tenants_need_lora_one_line_naming_the_flag() -> None:
         ServeOptions(tenants=2).to_server_config()
     config = ServeOptions(tenants=2, lora_rank=4).to_server_config()
     assert config.tenants == 2 and "--tenants" in ServeOptions(tenants=2, lora_rank=4).argv()
+    # fresh36 #8: --lr is the tenants' default; at 0 a tenant never changes. A one-policy server keeps
+    # lr 0 (bench/gpu_engine.py measures logprob drift with frozen weights)
+    with pytest.raises(ServeOptionsError, match=r"^--lr 0 with --tenants: .*give --lr above 0$"):
+        ServeOptions(tenants=2, lora_rank=4, lr=0.0).to_server_config()
+    assert ServeOptions(lr=0.0).to_server_config().training.trainer.lr == 0.0
 
 
 def test_vllm_tenants_need_bf16_or_fp16_weights() -> None:
