@@ -762,9 +762,20 @@ class ClientTokenCreate(_Strict):
     )
     """The secret itself (at least `MIN_TOKEN_CHARS`, `TOKEN_CHARS` only); ``None`` lets the server mint a
     random one."""
-    tenants: list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]] | None = None
+    tenants: list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]] | None = Field(default=None, min_length=1)
     """The LoRA tenants this token may begin episodes under (403 for any other, and for an episode
-    without a tenant); ``None``: no restriction."""
+    without a tenant); ``None``: no restriction. Not empty (422: such a token could begin nothing), and
+    only on a server started with ``--tenants`` (409 elsewhere, for the same reason)."""
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _some_tenant(cls, tenants: Any) -> Any:
+        if isinstance(tenants, list) and not tenants:
+            raise ValueError(
+                "an empty list limits the token to no tenant, so it could begin nothing: name its tenants, "
+                "or leave tenants out for no limit"
+            )
+        return tenants
 
     @field_validator("token")
     @classmethod
@@ -787,6 +798,8 @@ class ClientTokenView(BaseModel):
     name: str
     open_episodes: int = 0
     """Episodes this token has open now."""
+    tenants: list[str] | None = None
+    """The LoRA tenants it may begin episodes under, sorted (``ClientTokenCreate.tenants``); ``None``: any."""
 
 
 class ClientTokenRevoked(BaseModel):

@@ -122,7 +122,19 @@ class ControlService:
     # -- client tokens ------------------------------------------------------------------------------------
     def add_client_token(self, name: str, token: str | None, tenants: list[str] | None = None) -> str:
         """Add a client token live (`Credentials.add`, limited to ``tenants`` when given); returns the
-        secret (minted when ``token`` is None)."""
+        secret (minted when ``token`` is None).
+
+        Raises:
+            RequestError: ``tenants`` on a server started without ``--tenants`` (409: such a token could
+                begin nothing here), or what `Credentials.add` raises.
+        """
+        if tenants is not None and not self.config.tenants:
+            raise RequestError(
+                "this server hosts no tenants (start it with swarm serve --tenants N): a token limited to "
+                "tenants could begin nothing here; leave tenants out",
+                status_code=409,
+                param="tenants",
+            )
         secret = self.credentials.add(name, token, tenants)
         self.events.emit("client_token.added", f"client token {name!r} added", name=name)
         return secret

@@ -224,6 +224,11 @@ def test_tenant_routes_need_the_admin_token_and_a_client_token_can_be_limited(
             "/api/v1/client-tokens", json={"name": "alice", "token": token, "tenants": ["alpha"]}
         )
         assert made.status_code == 201
+        empty = http.post("/api/v1/client-tokens", json={"name": "nobody", "tenants": []})  # fresh36 #9
+        assert empty.status_code == 422 and empty.json()["error"]["param"] == "tenants"
+        assert "could begin nothing" in empty.json()["error"]["message"]
+        listed = {t["name"]: t for t in http.get("/api/v1/client-tokens").json()}
+        assert listed == {"alice": {"name": "alice", "open_episodes": 0, "tenants": ["alpha"]}}
         assert (
             http.post(
                 "/api/v1/tenants", json={"id": "gamma"}, headers={"Authorization": f"Bearer {token}"}
@@ -370,6 +375,12 @@ def test_a_server_without_tenants_refuses_them(tmp_path: Path, tiny_engine: HFEn
         begin = httpx.post(f"{live.url}/api/v1/episodes", json={"task_id": "t", "tenant": "alpha"})
         assert begin.status_code == 400
         assert admin(live).get("/api/v1/tenants").status_code == 409
+        with admin(live) as http:  # fresh36 #9: a token limited to tenants could begin nothing here
+            limited = http.post("/api/v1/client-tokens", json={"name": "onlya", "tenants": ["alpha"]})
+            assert limited.status_code == 409 and limited.json()["error"]["param"] == "tenants"
+            assert "hosts no tenants" in limited.json()["error"]["message"]
+            assert http.post("/api/v1/client-tokens", json={"name": "none", "tenants": []}).status_code == 422
+            assert http.get("/api/v1/client-tokens").json() == []  # nothing was added
         episode_id = rollout(live, None, "t", 1.0)  # records without a tenant read as before
         with admin(live) as http:
             call = http.get(f"/api/v1/episodes/{episode_id}").json()["calls"][0]
