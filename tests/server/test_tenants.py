@@ -7,6 +7,7 @@ it), real SQLite pool, real peft adapters and the real tokenizer.
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -18,8 +19,10 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
+from typer.testing import CliRunner
 
 from swarm.batch import BatchConfig, BatchPolicy
+from swarm.cli import app
 from swarm.client import SwarmClient
 from swarm.config import TrainingConfig
 from swarm.engine import HFEngine
@@ -293,6 +296,15 @@ def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
     assert create(live, "gamma").status_code == 201  # its place under the cap is free
     assert create(live, "alpha").status_code == 409  # a retired id stays taken
     rollout(live, "beta", "t2", 1.0)  # the others still sample
+    # fresh36 #10: swarm serve --model on the adapter says what it is, its base and how to use it
+    base = json.loads((Path(retired["checkpoint"]) / "adapter_config.json").read_text())
+    base = base.get("base_model_name_or_path")
+    args = ["serve", "--model", retired["checkpoint"], "--no-train", "--check"]
+    refused = CliRunner().invoke(app, [*args, "--run-dir", str(live.config.run_dir.parent / "r2")])
+    assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert f"{retired['checkpoint']} is a LoRA adapter checkpoint" in refused.output
+    assert (f"over the base model {base}" if base else "its base model is not recorded") in refused.output
+    assert "PeftModel.from_pretrained(" in refused.output and "merge_and_unload()" in refused.output
 
 
 def hold_creates(live: LiveServer) -> Callable[[], None]:
@@ -540,8 +552,6 @@ def test_a_tenants_events_reach_the_servers_stream_and_its_metrics_outlive_retir
         assert view["state"] == "retired" and view["step"] == 1 and view["trained"] == 2
         assert view["settings"] == before["settings"] and view["settings"]["lr"] == 5e-3
         assert view["settings"]["batch_size"] == 1 and view["checkpoint"]
-    import json
-
     record = json.loads((live.config.run_dir / "tenants" / "alpha" / "tenant.json").read_text())
     assert record["final"]["trained"] == 2  # a restarted server reads the final view from here
 
