@@ -30,6 +30,7 @@ from a3r.swarmops.tenancy import (
 )
 from memory import RunStatus, Store
 from tests.a3r.planner_states import offline_context
+from tests.conftest import vllm_skip_reason
 
 _ONE_CALL = """import asyncio
 
@@ -210,6 +211,30 @@ def test_the_dry_run_says_which_runs_share_a_server(tmp_path: Path) -> None:
     # fewer; on hf the side-by-side runs share the cores, so their work is priced as their sum
     assert minutes(alone.output) - minutes(shared.output) == pytest.approx(14 * 20 / 60, abs=1.0)
     assert "servers: up to 2 rounds, each 2 runs as tenants of one server" in shared.output
+
+
+@pytest.mark.skipif(vllm_skip_reason() is None, reason="this machine runs vLLM: nothing to report")
+def test_the_dry_run_plans_vllm_on_a_machine_that_cannot_run_it(tmp_path: Path) -> None:
+    """fresh36 #11: the dry run starts nothing, so on a machine without a GPU or vLLM it prints the plan and
+    one line saying what this machine lacks; the real run still refuses in one line, writing nothing."""
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    where = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "m.db")]
+    ask = ["research", "find min stable batch size on arithmetic", *where]
+    ask += ["--serve-option", "engine=vllm", "--serve-option", "device=cuda"]
+    dry = CliRunner().invoke(app, [*ask, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "servers: 8 runs as tenants of one server" in dry.output
+    notes = [line for line in dry.output.splitlines() if "this machine cannot run it" in line]
+    assert len(notes) == 1 and dry.output.rstrip().endswith(notes[0]), dry.output
+    assert "sees no CUDA device" in notes[0] or "vLLM is not installed" in notes[0], notes[0]
+    bad = CliRunner().invoke(app, [*ask, "--dry-run", "--serve-option", "max-staleness=-1"])
+    assert bad.exit_code == 1 and "--max-staleness" in bad.output  # option mistakes still refuse
+    real = CliRunner().invoke(app, ask)
+    assert real.exit_code == 1 and "swarm serve refuses it" in real.output, real.output
+    assert len(real.output.strip().splitlines()) == 1 and not (tmp_path / ".a3r").exists()
 
 
 def test_the_report_and_the_tui_show_a_runs_tenant() -> None:
