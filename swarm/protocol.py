@@ -642,6 +642,10 @@ class StatusView(BaseModel):
     """Active clients whose readiness vote stands, sorted."""
     distill: DistillStatus | None = None
     """Teacher scoring, on a server with ``--teacher`` only (absent from the answer otherwise)."""
+    tenants: TenantsStatus | None = None
+    """The LoRA tenants in brief, on a server with ``--tenants N`` only (absent from the answer otherwise;
+    on such a server ``training_enabled`` is false and ``step`` stays 0: the base is never trained, each
+    tenant has its own step)."""
 
 
 class SamplingDefaults(BaseModel):
@@ -1032,6 +1036,27 @@ class TenantState(StrEnum):
     PAUSED = "paused"
     FAILED = "failed"
     RETIRED = "retired"
+
+
+class TenantBrief(BaseModel):
+    """One resident tenant in ``GET /api/v1/status`` (all of it: ``GET /api/v1/tenants/{id}``)."""
+
+    id: str
+    state: TenantState
+    step: int
+    """Its policy version: completed steps of its adapter."""
+
+
+class TenantsStatus(BaseModel):
+    """The LoRA tenants of a server started with ``--tenants N`` (`StatusView.tenants`)."""
+
+    cap: int
+    """Most tenants resident at once (``--tenants N``)."""
+    resident: int
+    """Tenants holding a place under the cap: active, paused, failed or being created."""
+    retired: int
+    tenants: list[TenantBrief] = Field(default_factory=list)
+    """The resident tenants, by id."""
 
 
 class TenantCreate(PolicySettings):

@@ -285,9 +285,25 @@ def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
     model = live.engine.model
     with torch.no_grad():
         served = model(input_ids=ids, adapter_names=["alpha"]).logits
+    with admin(live) as http:  # fresh36: status shows the tenants in brief
+        brief = http.get("/api/v1/status").json()["tenants"]
+    assert brief == {
+        "cap": 2,
+        "resident": 2,
+        "retired": 0,
+        "tenants": [
+            {"id": "alpha", "state": "active", "step": 1},
+            {"id": "beta", "state": "active", "step": 0},
+        ],
+    }
+    shown = CliRunner().invoke(app, ["status", live.url, "--admin-token", ADMIN], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "2 of 2 resident, 0 retired: alpha active step 1, beta active step 0" in shown.output
     with admin(live) as http:
         retired = http.post("/api/v1/tenants/alpha/retire").json()
+        after = http.get("/api/v1/status").json()["tenants"]
     assert retired["state"] == "retired" and retired["step"] == 1
+    assert (after["resident"], after["retired"], [t["id"] for t in after["tenants"]]) == (1, 1, ["beta"])
     loaded = PeftModel.from_pretrained(
         build_tiny_model(embedded_source, seed=1), retired["checkpoint"]
     ).eval()
@@ -387,6 +403,7 @@ def test_a_server_without_tenants_refuses_them(tmp_path: Path, tiny_engine: HFEn
         begin = httpx.post(f"{live.url}/api/v1/episodes", json={"task_id": "t", "tenant": "alpha"})
         assert begin.status_code == 400
         assert admin(live).get("/api/v1/tenants").status_code == 409
+        assert "tenants" not in admin(live).get("/api/v1/status").json()  # additive: absent without them
         with admin(live) as http:  # fresh36 #9: a token limited to tenants could begin nothing here
             limited = http.post("/api/v1/client-tokens", json={"name": "onlya", "tenants": ["alpha"]})
             assert limited.status_code == 409 and limited.json()["error"]["param"] == "tenants"
