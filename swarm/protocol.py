@@ -1038,6 +1038,11 @@ class TenantState(StrEnum):
     RETIRED = "retired"
 
 
+class TenantAction(_Strict):
+    """The body of ``POST /api/v1/tenants/{id}/pause``, ``/resume`` and ``/retire``: none, or ``{}``. They
+    take no options, so any field is refused (422 naming it) rather than ignored."""
+
+
 class TenantBrief(BaseModel):
     """One resident tenant in ``GET /api/v1/status`` (all of it: ``GET /api/v1/tenants/{id}``)."""
 

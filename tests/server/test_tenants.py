@@ -269,6 +269,12 @@ def test_the_cap_on_resident_tenants_is_a_clear_409(tenant_server: LiveServer) -
         assert {"exclusiveMinimum": 0.0, "maximum": 1.0, "type": "number"} in lr["anyOf"]
     with admin(live) as http:
         assert http.get("/api/v1/tenants/nope").status_code == 404
+        for action in ("pause", "resume", "retire"):  # fresh36: a field is refused, not ignored
+            refused = http.post(f"/api/v1/tenants/alpha/{action}", json={"x": 1})
+            assert refused.status_code == 422 and refused.json()["error"]["param"] == "x", refused.text
+        assert http.get("/api/v1/tenants/alpha").json()["state"] == "active"  # nothing happened
+        assert http.post("/api/v1/tenants/alpha/pause", json={}).json()["state"] == "paused"  # {} is fine
+        assert http.post("/api/v1/tenants/alpha/resume").json()["state"] == "active"  # as is no body
 
 
 def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
