@@ -506,6 +506,9 @@ def test_tenants_need_lora_one_line_naming_the_flag() -> None:
     with pytest.raises(ServeOptionsError, match=r"^--lr 0 with --tenants: .*give --lr above 0$"):
         ServeOptions(tenants=2, lora_rank=4, lr=0.0).to_server_config()
     assert ServeOptions(lr=0.0).to_server_config().training.trainer.lr == 0.0
+    # fresh36: tenants always train, so --no-train would only make the banner say "training off"
+    with pytest.raises(ServeOptionsError, match=r"^--no-train with --tenants: every tenant trains"):
+        ServeOptions(tenants=2, lora_rank=4, train=False).to_server_config()
 
 
 def test_vllm_tenants_need_bf16_or_fp16_weights() -> None:
