@@ -538,7 +538,7 @@ class AsyncSwarmClient:
         """
         return CheckpointSaved.model_validate(await self._request("POST", "/api/v1/checkpoint", admin=True))
 
-    async def create_tenant(self, id: str, **settings: Any) -> TenantView:
+    async def create_tenant(self, /, id: str, **settings: Any) -> TenantView:
         """Create a LoRA tenant (``POST /api/v1/tenants``, a server with ``--tenants``): its own adapter,
         optimizer and training settings; settings left out take the server's.
 
