@@ -306,7 +306,8 @@ def status(
     url: _ServerUrl,
     admin_token: _AdminToken = None,
 ) -> None:
-    """Print a server's state, policy version and episode counts (and, distilling, the teacher's)."""
+    """Print a server's state, policy version and episode counts (and, distilling, the teacher's; with
+    LoRA tenants, each one's state and step)."""
     import time
 
     import httpx
@@ -342,6 +343,13 @@ def status(
             teacher += f" (last failure {ago:.0f} s ago)"
         table.add_row("teacher", teacher)
         table.add_row("episodes unscored", str(view.distill.unscored_episodes))
+    if view.tenants is not None:
+        t = view.tenants
+        each = ", ".join(f"{b.id} {b.state.value} step {b.step}" for b in t.tenants)
+        table.add_row(
+            "tenants",
+            f"{t.resident} of {t.cap} resident, {t.retired} retired" + (f": {each}" if each else ""),
+        )
     table.add_row("run dir", view.run_dir)
     Console().print(table)
 

@@ -263,6 +263,18 @@ class ServerConfig(BaseModel):
         if self.tenants and (self.training.trainer.lora is None or self.training.backend != "torch"):
             fix = "add --lora-rank" if self.training.trainer.lora is None else "leave --trainer torch"
             raise ValueError(f"tenants are LoRA adapters trained by the torch trainer: {fix}")
+        if self.tenants and not self.training.enabled:
+            # tenants always train (each its own settings; the base never does): --no-train would change
+            # nothing but the start banner's "training off"
+            raise ValueError(
+                "--no-train with --tenants: every tenant trains its adapter (the base never trains); to "
+                "stop one, pause it (POST /api/v1/tenants/{id}/pause); to serve without training, leave "
+                "--tenants out"
+            )
+        if self.tenants and self.training.trainer.lr <= 0:
+            # the tenants' default lr: a tenant at lr 0 never changes (peft's LoRA B starts at zero); a
+            # one-policy server keeps lr 0 (bench/gpu_engine.py measures logprob drift with frozen weights)
+            raise ValueError("--lr 0 with --tenants: a tenant at lr 0 never changes: give --lr above 0")
         if self.tenants and self.training.distill is not None:
             raise ValueError("distillation (--teacher) trains the one policy: leave --tenants out for now")
         if self.tenants and self.engine == "vllm" and self.weights_dtype == "float32":

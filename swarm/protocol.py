@@ -644,6 +644,10 @@ class StatusView(BaseModel):
     """Active clients whose readiness vote stands, sorted."""
     distill: DistillStatus | None = None
     """Teacher scoring, on a server with ``--teacher`` only (absent from the answer otherwise)."""
+    tenants: TenantsStatus | None = None
+    """The LoRA tenants in brief, on a server with ``--tenants N`` only (absent from the answer otherwise;
+    on such a server ``training_enabled`` is false and ``step`` stays 0: the base is never trained, each
+    tenant has its own step)."""
 
 
 class SamplingDefaults(BaseModel):
@@ -764,9 +768,20 @@ class ClientTokenCreate(_Strict):
     )
     """The secret itself (at least `MIN_TOKEN_CHARS`, `TOKEN_CHARS` only); ``None`` lets the server mint a
     random one."""
-    tenants: list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]] | None = None
+    tenants: list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]] | None = Field(default=None, min_length=1)
     """The LoRA tenants this token may begin episodes under (403 for any other, and for an episode
-    without a tenant); ``None``: no restriction."""
+    without a tenant); ``None``: no restriction. Not empty (422: such a token could begin nothing), and
+    only on a server started with ``--tenants`` (409 elsewhere, for the same reason)."""
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _some_tenant(cls, tenants: Any) -> Any:
+        if isinstance(tenants, list) and not tenants:
+            raise ValueError(
+                "an empty list limits the token to no tenant, so it could begin nothing: name its tenants, "
+                "or leave tenants out for no limit"
+            )
+        return tenants
 
     @field_validator("token")
     @classmethod
@@ -789,6 +804,8 @@ class ClientTokenView(BaseModel):
     name: str
     open_episodes: int = 0
     """Episodes this token has open now."""
+    tenants: list[str] | None = None
+    """The LoRA tenants it may begin episodes under, sorted (``ClientTokenCreate.tenants``); ``None``: any."""
 
 
 class ClientTokenRevoked(BaseModel):
@@ -1023,6 +1040,32 @@ class TenantState(StrEnum):
     RETIRED = "retired"
 
 
+class TenantAction(_Strict):
+    """The body of ``POST /api/v1/tenants/{id}/pause``, ``/resume`` and ``/retire``: none, or ``{}``. They
+    take no options, so any field is refused (422 naming it) rather than ignored."""
+
+
+class TenantBrief(BaseModel):
+    """One resident tenant in ``GET /api/v1/status`` (all of it: ``GET /api/v1/tenants/{id}``)."""
+
+    id: str
+    state: TenantState
+    step: int
+    """Its policy version: completed steps of its adapter."""
+
+
+class TenantsStatus(BaseModel):
+    """The LoRA tenants of a server started with ``--tenants N`` (`StatusView.tenants`)."""
+
+    cap: int
+    """Most tenants resident at once (``--tenants N``)."""
+    resident: int
+    """Tenants holding a place under the cap: active, paused, failed or being created."""
+    retired: int
+    tenants: list[TenantBrief] = Field(default_factory=list)
+    """The resident tenants, by id."""
+
+
 class TenantCreate(PolicySettings):
     """``POST /api/v1/tenants`` (admin): a new LoRA policy over the server's frozen base model.
 
@@ -1030,6 +1073,8 @@ class TenantCreate(PolicySettings):
     modules are the server's (``--lora-rank``)."""
 
     id: str = Field(pattern=TENANT_ID_PATTERN)
+    lr: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
+    """Its AdamW learning rate, above 0 (a tenant at lr 0 would never change: its LoRA B stays zero)."""
     clip_eps: StrictFloat | None = Field(default=None, gt=0.0)
     """Both PPO clip bounds (``clip_eps_low`` = ``clip_eps_high``)."""
     seed: StrictInt | None = None

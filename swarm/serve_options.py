@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast, get_origin
@@ -38,6 +38,7 @@ __all__ = [
     "CliSpec",
     "FlagOptions",
     "LogLevel",
+    "MachineUnfit",
     "ServeOptions",
     "ServeOptionsError",
     "check_device",
@@ -63,6 +64,11 @@ class LogLevel(StrEnum):
 
 class ServeOptionsError(ConfigError):
     """``swarm serve`` options that cannot run a server; the message names the option (``--lr: …``)."""
+
+
+class MachineUnfit(ServeOptionsError):
+    """Valid options this machine cannot run: no CUDA device, vLLM or verl not installed. A dry run that
+    starts nothing reports them (`ServeOptions.check`'s ``unfit``) instead of refusing."""
 
 
 class CliSpec(TypedDict, total=False):
@@ -650,14 +656,27 @@ class ServeOptions(FlagOptions):
                 raise ServeOptionsError(f"--quota {item!r}: {share!r} is not a number") from None
         return shares
 
-    def check(self) -> ServerConfig:
+    def check(self, *, unfit: list[str] | None = None) -> ServerConfig:
         """Everything ``swarm serve --check`` checks before loading a model: :meth:`to_server_config`,
         then that the model path can be a model, the device is usable and the run dir writable.
+
+        Args:
+            unfit: ``None``: a problem of this machine (`MachineUnfit`) is raised like any other. A list
+                (a dry run, which starts nothing): each such problem is appended to it, one line each, and
+                the other checks go on.
 
         Raises:
             ServeOptionsError: the first problem, in one line naming the option.
         """
         from swarm.engine.model_loading import check_model_path
+
+        def here(check: Callable[..., None], *args: Any) -> None:
+            try:
+                check(*args)
+            except MachineUnfit as exc:
+                if unfit is None:
+                    raise
+                unfit.append(str(exc))
 
         config = self.to_server_config()
         if self.model is not None:
@@ -665,11 +684,12 @@ class ServeOptions(FlagOptions):
                 check_model_path(self.model)
             except SwarmError as exc:
                 raise ServeOptionsError(f"--model {exc}") from None
-        check_device(self.device)
+        here(check_device, self.device)
         if config.engine == "vllm":
-            _check_vllm(config.device)
+            here(_check_vllm_installed)
+            _check_vllm_device(config.device)
         if config.training.enabled and config.training.backend == "verl":
-            _check_verl(config.training.verl.ray_address)
+            here(_check_verl, config.training.verl.ray_address)
         _check_run_dir(self.run_dir)
         return config
 
@@ -713,29 +733,37 @@ def check_device(device: str) -> None:
     if parsed.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise ServeOptionsError(f"--device {device}: this torch build sees no CUDA device")
+            raise MachineUnfit(f"--device {device}: this torch build sees no CUDA device")
         if parsed.index is not None and parsed.index >= count:
-            raise ServeOptionsError(
+            raise MachineUnfit(
                 f"--device {device}: only {count} CUDA device(s) visible (cuda:0…cuda:{count - 1})"
             )
     elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ServeOptionsError(f"--device {device}: MPS is not available here")
+        raise MachineUnfit(f"--device {device}: MPS is not available here")
     elif parsed.type not in ("cpu", "cuda", "mps"):
         raise ServeOptionsError(f"--device {device}: the hf engine runs on cpu, cuda or mps")
 
 
-def _check_vllm(device: str) -> None:
-    """Raise unless the ``vllm`` engine can run here: vLLM installed, a CUDA GPU, the trainer on it.
+def _check_vllm_installed() -> None:
+    """Raise unless vLLM can run here (installed, a CUDA GPU).
 
     Raises:
-        ServeOptionsError: ``--engine vllm: why`` in one line.
+        MachineUnfit: ``--engine vllm: why`` in one line.
     """
     from swarm.engine.vllm import check_vllm_available
 
     try:
         check_vllm_available()
     except SwarmError as exc:
-        raise ServeOptionsError(str(exc)) from None
+        raise MachineUnfit(str(exc)) from None
+
+
+def _check_vllm_device(device: str) -> None:
+    """Raise unless the trainer of a ``vllm`` server is on the GPU.
+
+    Raises:
+        ServeOptionsError: ``--engine vllm: use --device cuda`` in one line.
+    """
     if not device.startswith("cuda"):
         raise ServeOptionsError(
             f"--engine vllm: the trainer updates its copy of the weights beside vLLM on the GPU; "
@@ -748,7 +776,7 @@ def _check_verl(ray_address: str | None) -> None:
     here unless the actor runs on a Ray cluster (``--ray-address``).
 
     Raises:
-        ServeOptionsError: ``--trainer verl: why …`` in one line.
+        MachineUnfit: ``--trainer verl: why …`` in one line.
     """
     import torch
 
@@ -757,9 +785,9 @@ def _check_verl(ray_address: str | None) -> None:
     try:
         check_verl_available()
     except SwarmError as exc:
-        raise ServeOptionsError(str(exc)) from None
+        raise MachineUnfit(str(exc)) from None
     if ray_address is None and not torch.cuda.is_available():
-        raise ServeOptionsError(
+        raise MachineUnfit(
             "--trainer verl: verl's FSDP actor needs CUDA GPUs and this machine has none "
             "(or give --ray-address of a Ray cluster that has them)"
         )

@@ -349,7 +349,7 @@ class SessionFlags:
     serve_option: list[str] | None = None
 
     def settings(
-        self, training_options: tuple[str, ...], **fields: Any
+        self, training_options: tuple[str, ...], *, unfit: list[str] | None = None, **fields: Any
     ) -> tuple[SessionSettings, dict[str, Any]]:
         """The thread's settings from these options and the command's own ``fields``, and the plan's
         trainer overrides the ``--serve-option`` items carry.
@@ -357,12 +357,14 @@ class SessionFlags:
         Args:
             training_options: The command's options that set the plan's training settings (named in
                 the error for a ``--serve-option`` that sets one of them).
+            unfit: For a dry run: what this machine lacks to run the servers (no CUDA device, vLLM not
+                installed: `swarm.serve_options.MachineUnfit`) is appended here instead of refused.
             **fields: Further `SessionSettings` fields (``model``, ``budget_minutes``, ...).
 
         Raises:
             typer.Exit: A ``--serve-option`` that a3r sets itself or that ``swarm serve`` refuses (one line).
         """
-        server_options = _serve_options(self.serve_option, options=training_options)
+        server_options = _serve_options(self.serve_option, options=training_options, unfit=unfit)
         same_named = {name: value for name, value in vars(self).items() if name != "serve_option"}
         settings = SessionSettings(**same_named, server_options=server_options, **fields)
         return settings, _trainer_overrides(server_options)
@@ -451,13 +453,16 @@ def _plan_hint(key: str, options: tuple[str, ...]) -> str:
     return "set from the plan for every run (the plan decides it)"
 
 
-def _serve_options(items: list[str] | None, *, options: tuple[str, ...]) -> dict[str, Any]:
+def _serve_options(
+    items: list[str] | None, *, options: tuple[str, ...], unfit: list[str] | None = None
+) -> dict[str, Any]:
     """``KEY=VALUE`` items → ``swarm serve`` options (``true``/``false`` become flags).
 
     Args:
         items: The ``--serve-option`` values.
         options: The command's training options (`VIBE_TRAINING_OPTIONS`, `RESEARCH_TRAINING_OPTIONS`),
             named by the refusal of an option a3r sets from the plan.
+        unfit: See `SessionFlags.settings`.
 
     Raises:
         typer.Exit: an item is not ``KEY=VALUE``, or a3r sets it (one line, exit code 1).
@@ -475,7 +480,7 @@ def _serve_options(items: list[str] | None, *, options: tuple[str, ...]) -> dict
             result.setdefault(key, []).append(value.strip())
             continue
         result[key] = {"true": True, "false": False}.get(lowered, value.strip())
-    _check_serve_options(result)
+    _check_serve_options(result, unfit)
     return result
 
 
@@ -496,9 +501,10 @@ def _trainer_overrides(options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _check_serve_options(options: dict[str, Any]) -> None:
+def _check_serve_options(options: dict[str, Any], unfit: list[str] | None = None) -> None:
     """Validate ``options`` as ``swarm serve`` would (names, types, ranges, device, model), in process,
-    before any thread.
+    before any thread. ``unfit`` (a dry run): what this machine lacks is appended there instead
+    (`swarm.serve_options.ServeOptions.check`).
 
     Raises:
         typer.Exit: ``swarm serve`` would refuse them (one line naming the option, exit code 1).
@@ -508,7 +514,7 @@ def _check_serve_options(options: dict[str, Any]) -> None:
     if not options:
         return
     try:
-        ServeOptions.from_flags(options).check()
+        ServeOptions.from_flags(options).check(unfit=unfit)
     except ServeOptionsError as exc:
         raise _fail(f"--serve-option: swarm serve refuses it: {exc}") from None
 
@@ -536,8 +542,10 @@ def vibe(
     ] = False,
 ) -> None:
     """Plan, code, smoke-test, train, monitor, patch (with approval) and report on one request."""
+    unfit: list[str] | None = [] if dry_run else None
     settings, trainer = flags.settings(
         VIBE_TRAINING_OPTIONS,
+        unfit=unfit,
         model=model,
         server_url=server,
         auto_approve=auto_approve,
@@ -552,6 +560,7 @@ def vibe(
     }
     if dry_run:
         _print_plan(request, settings, overrides)
+        _say_unfit(unfit)
         return
     _launch(request, "vibe", settings, overrides=overrides, tui=tui, wait=wait)
 
@@ -752,8 +761,10 @@ def research(
     ] = None,
 ) -> None:
     """Answer a research question with a pre-registered, staged, multi-seed sweep."""
+    unfit: list[str] | None = [] if dry_run else None
     settings, trainer = flags.settings(
         RESEARCH_TRAINING_OPTIONS,
+        unfit=unfit,
         model=model,
         budget_minutes=budget_minutes,
         eval_tasks=eval_tasks,
@@ -768,12 +779,22 @@ def research(
         overrides["group_size"] = group_size
     if dry_run:
         _print_research_plan(question, settings, overrides)
+        _say_unfit(unfit)
         return
     if settings.provider is ProviderKind.offline:  # deterministic and cheap: checked before a thread exists
         misfit = _misfit(_research_design(question, settings, overrides))
         if misfit is not None:
             raise _fail(misfit)
     _launch(question, "research", settings, overrides=overrides, force=force)
+
+
+def _say_unfit(unfit: list[str] | None) -> None:
+    """The dry run's last line when this machine cannot run the plan it printed (a real run refuses)."""
+    if unfit:
+        _out.print(
+            f"  note: this machine cannot run it (the dry run starts nothing): {'; '.join(unfit)}",
+            markup=False,
+        )
 
 
 def _minutes(seconds: float) -> str:

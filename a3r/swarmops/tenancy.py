@@ -223,10 +223,13 @@ def plan_stage_serving(
 ) -> StageServing:
     """How a stage of ``plan`` will be served, before it runs (``a3r research --dry-run``), and its price
     so served (`a3r.study.price.stage_s` at the design's speed): its runs as built for the queue
-    (`a3r.study.research.sweep_specs`); a stage whose values are decided later (refine, replicate) is
-    judged by runs of the dearest coarse value (the design prices them so), and its ``runs`` at most share
-    one server when such a run can be a tenant (a LoRA-rank sweep's runs never do: one server per rank),
-    a refine stage's one server per round (its seeds of one value for min-stable, of two for best).
+    (`a3r.study.research.sweep_specs`), grouped as the runner groups them (`serving_groups`); in a
+    LoRA-rank sweep each server line names its rank (``lora_rank=16: 2 runs as tenants…``: the adapter's
+    rank is the server's). A stage whose values are decided later (refine, replicate) is judged by runs of
+    the dearest coarse value (the design prices them so), and its ``runs`` at most share one server when
+    such a run can be a tenant, a refine stage's one server per round (its seeds of one value for
+    min-stable, of two for best); in a LoRA-rank sweep one server per configuration, its seeds its tenants
+    (the runner's queue holds a configuration's seeds side by side: `stage_runs` takes them together).
 
     Args:
         plan: A research plan.
@@ -257,8 +260,11 @@ def plan_stage_serving(
     if values:
         specs = sweep_specs(plan, values, stage, seeds=list(range(max(1, seeds))))
         groups = serving_groups(specs, server_options)
+        rank = plan.sweep.variable == "lora_rank"  # each server is configured with its runs' rank
         lines = [
-            _tenant_line(len(g), serving) if len(g) > 1 else stage_servers(g, server_options)[0]
+            (f"lora_rank={g[0].settings.lora_rank}: " if rank else "") + _tenant_line(len(g), serving)
+            if len(g) > 1
+            else stage_servers(g, server_options)[0]
             for g in groups
         ]
         tenants = sum(len(g) for g in groups if len(g) > 1)
@@ -266,8 +272,6 @@ def plan_stage_serving(
         return StageServing(lines, tenants - servers, price(specs))
     (probe,) = sweep_specs(plan, plan.sweep.coarse[:1], stage, seeds=[0])
     why = tenant_reason(probe, server_options)
-    if plan.sweep.variable == "lora_rank":
-        why = why or "own server per LoRA rank (the adapter's rank is the server's)"
     if why is not None:
         return StageServing([f"{why}"], 0)
 
@@ -275,6 +279,8 @@ def plan_stage_serving(
         return price(sweep_specs(plan, [value], stage, seeds=[0]), serving=SEQUENTIAL)
 
     dearest = max(plan.sweep.coarse, key=alone)
+    if plan.sweep.variable == "lora_rank":
+        return _rank_stage_serving(plan, stage, dearest, seeds=seeds, runs=runs, price=price, serving=serving)
     # a refine stage is a round at a time (one value a round for min-stable, two for best), each its server
     group = runs
     if stage == "refine" and seeds > 0:
@@ -289,6 +295,32 @@ def plan_stage_serving(
         else f"up to {_tenant_line(group, serving)}"
     )
     return StageServing([line], runs - rounds, rounds * price(specs))
+
+
+def _rank_stage_serving(
+    plan: PlanDraft,
+    stage: str,
+    dearest: float,
+    *,
+    seeds: int,
+    runs: int,
+    price: Callable[..., float],
+    serving: Serving,
+) -> StageServing:
+    """`plan_stage_serving` of a LoRA-rank sweep's stage whose ranks are decided later: one server per
+    rank (its adapters' rank is the server's ``--lora-rank``), the rank's runs its tenants. A refine round
+    adds ``seeds`` runs per rank; a replicate stage brings its two configurations to ``seeds`` seeds, so
+    each adds about half of ``runs``. A rank with one run keeps a server of its own, as the runner does
+    (`stage_runs` takes two runs or more)."""
+    each = seeds if stage == "refine" else math.ceil(runs / 2)
+    each = max(1, min(each, runs))
+    servers = math.ceil(runs / each)
+    why = "one server per LoRA rank (the adapter's rank is the server's)"
+    if each < 2:
+        return StageServing([f"own server per run: one run per LoRA rank, {why}"], 0)
+    specs = sweep_specs(plan, [dearest], stage, seeds=list(range(each)))
+    line = f"{why}: up to {servers} ranks, each {_tenant_line(each, serving)}"
+    return StageServing([line], runs - servers, servers * price(specs))
 
 
 def stage_server_key(stage: str) -> str:

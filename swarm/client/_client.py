@@ -538,12 +538,13 @@ class AsyncSwarmClient:
         """
         return CheckpointSaved.model_validate(await self._request("POST", "/api/v1/checkpoint", admin=True))
 
-    async def create_tenant(self, tenant_id: str, /, **settings: Any) -> TenantView:
+    async def create_tenant(self, /, id: str, **settings: Any) -> TenantView:
         """Create a LoRA tenant (``POST /api/v1/tenants``, a server with ``--tenants``): its own adapter,
         optimizer and training settings; settings left out take the server's.
 
         Args:
-            tenant_id: Its id (lower-case letters, digits and ``-``, at most 32 characters).
+            id: Its id (lower-case letters, digits and ``-``, at most 32 characters), positional or
+                ``id=`` (the JSON field's name).
             settings: Fields of :class:`~swarm.protocol.TenantCreate` (``lr``, ``batch_size``,
                 ``group_size``, ``kl_coef``, ``clip_eps``, ``max_steps``, ``seed``…); ``None`` values are
                 left out.
@@ -553,7 +554,7 @@ class AsyncSwarmClient:
             ClientError: 409 when the id is taken, the cap of resident tenants is reached or the server
                 hosts no tenants; 422 for settings the server refuses.
         """
-        body = TenantCreate(id=tenant_id, **settings).model_dump(mode="json", exclude_none=True)
+        body = TenantCreate(id=id, **settings).model_dump(mode="json", exclude_none=True)
         return TenantView.model_validate(await self._request("POST", "/api/v1/tenants", body, admin=True))
 
     async def tenants(self) -> list[TenantView]:

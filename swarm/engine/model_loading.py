@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -104,13 +105,35 @@ def check_model_path(model: str | Path) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise ModelLoadError(f"{path} is not a Hugging Face model directory (no config.json)")
+            raise ModelLoadError(
+                _adapter_hint(path) or f"{path} is not a Hugging Face model directory (no config.json)"
+            )
         return path
     if not path.is_file():
         raise ModelLoadError(f"model path {path} does not exist (give a local directory or .gguf file)")
     if path.suffix != ".gguf":
         raise ModelLoadError(f"{path} is neither a model directory nor a .gguf file")
     return path
+
+
+def _adapter_hint(path: Path) -> str | None:
+    """What to do with ``path`` when it is a LoRA adapter checkpoint (``adapter_config.json``, no
+    ``config.json``: a retired tenant's, or a LoRA server's checkpoint), in one line naming its base model
+    (``base_model_name_or_path``); ``None`` when it is not one."""
+    config = path / "adapter_config.json"
+    if not config.is_file():
+        return None
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    over = f"over the base model {base}" if base else "(its base model is not recorded)"
+    load = f"AutoModelForCausalLM.from_pretrained({str(base or 'BASE')!r})"
+    return (
+        f"{path} is a LoRA adapter checkpoint (adapter_config.json, adapters only) {over}, not a full model: "
+        f"load it with peft (PeftModel.from_pretrained({load}, {str(path)!r})), or merge it into a full model "
+        "folder first (….merge_and_unload().save_pretrained(OUT)) and serve that with --model OUT"
+    )
 
 
 def resolve_model(model: str | Path | None, cache_dir: Path = DEFAULT_CACHE_DIR) -> ModelSource:

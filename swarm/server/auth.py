@@ -95,6 +95,11 @@ class Credentials:
         """Names of the client tokens that work now, in the order they were added."""
         return list(self._by_name)
 
+    def tenants_of(self, name: str) -> list[str] | None:
+        """The LoRA tenants client token ``name`` may begin episodes under, sorted (``None``: any)."""
+        allowed = self._tenants.get(name)
+        return None if allowed is None else sorted(allowed)
+
     def add(self, name: str, token: str | None = None, tenants: Iterable[str] | None = None) -> str:
         """Add a client token (``None`` mints a random one) and return it; from now on begins need one.
         ``tenants``: the LoRA tenants it may begin episodes under (``None``: no restriction).

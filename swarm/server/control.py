@@ -33,6 +33,7 @@ from swarm.server.episodes import OpenEpisodes
 from swarm.server.events import EventLog
 from swarm.server.limits import ClientLimits
 from swarm.server.phase import Phase
+from swarm.server.tenants import TenantRegistry
 from swarm.server.training import TrainingLoop
 
 Subscription = tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]
@@ -60,6 +61,8 @@ class ControlService:
     """The policy version being served (completed trainer steps)."""
     started: float
     """Unix time (s) the server started (its uptime counts from there)."""
+    tenants: TenantRegistry | None = None
+    """The LoRA tenants (``--tenants N``; ``None``: none), summed up in `status`."""
 
     # -- state ------------------------------------------------------------------------------------------
     def status(self) -> StatusView:
@@ -79,6 +82,7 @@ class ControlService:
             active_clients=[] if training is None else training.votes.active(),
             ready_clients=[] if training is None else training.votes.ready(),
             distill=None if training is None or training.scorer is None else training.scorer.status(),
+            tenants=None if self.tenants is None else self.tenants.summary(),
         )
 
     def pause(self) -> None:
@@ -122,7 +126,19 @@ class ControlService:
     # -- client tokens ------------------------------------------------------------------------------------
     def add_client_token(self, name: str, token: str | None, tenants: list[str] | None = None) -> str:
         """Add a client token live (`Credentials.add`, limited to ``tenants`` when given); returns the
-        secret (minted when ``token`` is None)."""
+        secret (minted when ``token`` is None).
+
+        Raises:
+            RequestError: ``tenants`` on a server started without ``--tenants`` (409: such a token could
+                begin nothing here), or what `Credentials.add` raises.
+        """
+        if tenants is not None and not self.config.tenants:
+            raise RequestError(
+                "this server hosts no tenants (start it with swarm serve --tenants N): a token limited to "
+                "tenants could begin nothing here; leave tenants out",
+                status_code=409,
+                param="tenants",
+            )
         secret = self.credentials.add(name, token, tenants)
         self.events.emit("client_token.added", f"client token {name!r} added", name=name)
         return secret

@@ -221,9 +221,14 @@ def patch_config(body: ConfigPatch, control: ControlDep) -> ConfigChanged:
 
 @router.get("/client-tokens")
 def client_tokens(control: ControlDep) -> list[ClientTokenView]:
-    """The client tokens that work now, by name, with their open episodes (never the secrets)."""
+    """The client tokens that work now, by name, with their open episodes and the tenants each is limited
+    to (never the secrets)."""
     return [
-        ClientTokenView(name=name, open_episodes=control.episodes.open_by(name))
+        ClientTokenView(
+            name=name,
+            open_episodes=control.episodes.open_by(name),
+            tenants=control.credentials.tenants_of(name),
+        )
         for name in control.credentials.names()
     ]
 
@@ -231,7 +236,9 @@ def client_tokens(control: ControlDep) -> list[ClientTokenView]:
 @router.post(
     "/client-tokens",
     status_code=201,
-    responses=error_models((409, "The name or the secret is already in use.")),
+    responses=error_models(
+        (409, "The name or the secret is already in use, or `tenants` on a server that hosts no tenants.")
+    ),
 )
 def add_client_token(body: ClientTokenCreate, control: ControlDep) -> ClientTokenCreated:
     """Add a client token at once (the server mints one when ``token`` is left out); from now on every

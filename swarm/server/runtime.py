@@ -147,6 +147,7 @@ class SwarmRuntime:
             training_loop=self.training,
             policy_version=lambda: self.step,
             started=self.started,
+            tenants=self.tenants,
         )
         self.events.emit("server.started", f"serving {self.model_name}", model=self.model_name)
         for warning in self.exposure_warnings():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from swarm.protocol import ServerStepMetrics, TenantCreate, TenantView
+from swarm.protocol import ServerStepMetrics, TenantAction, TenantCreate, TenantView
 from swarm.server.auth import require_admin
 from swarm.server.deps import TenantsDep, error_models
 
@@ -25,7 +25,9 @@ router = APIRouter(
         (409, "The server hosts no tenants (started without --tenants)."),
     ),
 )
-_UNKNOWN = error_models((404, "No resident tenant has this id."))
+_UNKNOWN = error_models(
+    (404, "No resident tenant has this id."), (422, "A body with a field (none is taken).")
+)
 
 
 @router.post(
@@ -63,19 +65,21 @@ def tenant_metrics(tenant_id: str, tenants: TenantsDep, since_step: int = 0) -> 
 
 
 @router.post("/{tenant_id}/pause", responses=_UNKNOWN)
-async def pause_tenant(tenant_id: str, tenants: TenantsDep) -> TenantView:
-    """No new episodes under the tenant (503) and no step until resumed; its open episodes keep sampling."""
+async def pause_tenant(tenant_id: str, tenants: TenantsDep, body: TenantAction | None = None) -> TenantView:
+    """No new episodes under the tenant (503) and no step until resumed; its open episodes keep sampling.
+    No body, or ``{}``."""
     return tenants.pause(tenant_id)
 
 
 @router.post("/{tenant_id}/resume", responses=_UNKNOWN)
-async def resume_tenant(tenant_id: str, tenants: TenantsDep) -> TenantView:
-    """Resume a paused or failed tenant (its reason is cleared)."""
+async def resume_tenant(tenant_id: str, tenants: TenantsDep, body: TenantAction | None = None) -> TenantView:
+    """Resume a paused or failed tenant (its reason is cleared). No body, or ``{}``."""
     return tenants.resume(tenant_id)
 
 
 @router.post("/{tenant_id}/retire", responses=_UNKNOWN)
-async def retire_tenant(tenant_id: str, tenants: TenantsDep) -> TenantView:
+async def retire_tenant(tenant_id: str, tenants: TenantsDep, body: TenantAction | None = None) -> TenantView:
     """Retire a tenant: its open episodes are aborted, a running step ends first, its adapter is saved as a
-    LoRA checkpoint (``checkpoint``, loadable with ``PeftModel.from_pretrained``) and leaves memory."""
+    LoRA checkpoint (``checkpoint``, loadable with ``PeftModel.from_pretrained``) and leaves memory. No
+    body, or ``{}``."""
     return await tenants.retire(tenant_id)

@@ -49,7 +49,9 @@ from swarm.precision import MixedPrecision
 from swarm.protocol import (
     EpisodeCreate,
     ServerStepMetrics,
+    TenantBrief,
     TenantCreate,
+    TenantsStatus,
     TenantState,
     TenantView,
 )
@@ -392,6 +394,17 @@ class TenantRegistry:
         """Every tenant of this run dir (resident or being created first, then retired), by id."""
         current = sorted(set(self._tenants) | set(self._creating))
         return [self.view(t) for t in current] + [self.view(t) for t in sorted(self._retired)]
+
+    def summary(self) -> TenantsStatus:
+        """The tenants in brief (`StatusView.tenants`): the cap, and each resident tenant's state and step,
+        read from memory (no pool query, no lock)."""
+        brief = [
+            TenantBrief(id=t, state=TenantState.CREATING, step=0)
+            if (tenant := self._tenants.get(t)) is None
+            else TenantBrief(id=t, state=tenant.state, step=tenant.loop.step)
+            for t in sorted(set(self._tenants) | set(self._creating))
+        ]
+        return TenantsStatus(cap=self.cap, resident=len(brief), retired=len(self._retired), tenants=brief)
 
     def metrics(self, tenant_id: str, since_step: int) -> list[ServerStepMetrics]:
         """A tenant's metrics rows after ``since_step``: a resident one's history, a retired one's

@@ -22,6 +22,7 @@ from a3r.swarmops.tenancy import (
     AUTO_OFF,
     TenantSettings,
     execute_stage,
+    serving_groups,
     stage_runs,
     stage_servers,
     tenant_id,
@@ -30,6 +31,7 @@ from a3r.swarmops.tenancy import (
 )
 from memory import RunStatus, Store
 from tests.a3r.planner_states import offline_context
+from tests.conftest import vllm_skip_reason
 
 _ONE_CALL = """import asyncio
 
@@ -210,6 +212,61 @@ def test_the_dry_run_says_which_runs_share_a_server(tmp_path: Path) -> None:
     # fewer; on hf the side-by-side runs share the cores, so their work is priced as their sum
     assert minutes(alone.output) - minutes(shared.output) == pytest.approx(14 * 20 / 60, abs=1.0)
     assert "servers: up to 2 rounds, each 2 runs as tenants of one server" in shared.output
+
+
+def test_the_dry_run_of_a_lora_rank_study_names_each_servers_rank(tmp_path: Path) -> None:
+    """fresh36 #12: the rank is a server's setting, so a LoRA-rank study has one tenant server per rank:
+    each coarse line names its rank, and refine and replicate say that a rank's seeds are tenants of its
+    server, which is what the runner does with their queue (`serving_groups`, as `stage_runs` takes it)."""
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+    from a3r.providers.offline import OfflineProvider
+    from a3r.study.research import sweep_specs
+
+    question = "find the best lora rank on arithmetic"
+    where = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "m.db")]
+    dry = CliRunner().invoke(app, ["research", question, "--dry-run", "--tenants", *where])
+    assert dry.exit_code == 0, dry.output
+    servers = [" ".join(x.split()) for x in dry.output.splitlines() if "servers:" in x]
+    tenants = "2 runs as tenants of one server: priced as one server start"
+    assert [x.split(": ", 2)[1] for x in servers[:3]] == ["lora_rank=4", "lora_rank=16", "lora_rank=64"]
+    assert all(tenants in x for x in servers[:3])
+    per_rank = "servers: one server per LoRA rank (the adapter's rank is the server's): up to 2 ranks, each "
+    assert servers[3].startswith(per_rank + tenants), servers  # refine: a round's 2 ranks, 2 seeds each
+    assert servers[4].startswith(per_rank + "4 runs as tenants of one server"), servers  # replicate
+    plan = OfflineProvider().plan(question, mode="research")
+    for stage, seeds in (("refine1", [0, 1]), ("replicate", [2, 3, 4, 5])):  # as the planner queues them
+        queue = [s for rank in (16.0, 32.0) for s in sweep_specs(plan, [rank], stage, seeds=seeds)]
+        groups = serving_groups(queue, {})
+        assert [(len(g), {s.settings.lora_rank for s in g}) for g in groups] == [
+            (len(seeds), {16}),
+            (len(seeds), {32}),
+        ]
+
+
+@pytest.mark.skipif(vllm_skip_reason() is None, reason="this machine runs vLLM: nothing to report")
+def test_the_dry_run_plans_vllm_on_a_machine_that_cannot_run_it(tmp_path: Path) -> None:
+    """fresh36 #11: the dry run starts nothing, so on a machine without a GPU or vLLM it prints the plan and
+    one line saying what this machine lacks; the real run still refuses in one line, writing nothing."""
+    from typer.testing import CliRunner
+
+    from a3r.app.cli import app
+
+    where = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "m.db")]
+    ask = ["research", "find min stable batch size on arithmetic", *where]
+    ask += ["--serve-option", "engine=vllm", "--serve-option", "device=cuda"]
+    dry = CliRunner().invoke(app, [*ask, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "servers: 8 runs as tenants of one server" in dry.output
+    notes = [line for line in dry.output.splitlines() if "this machine cannot run it" in line]
+    assert len(notes) == 1 and dry.output.rstrip().endswith(notes[0]), dry.output
+    assert "sees no CUDA device" in notes[0] or "vLLM is not installed" in notes[0], notes[0]
+    bad = CliRunner().invoke(app, [*ask, "--dry-run", "--serve-option", "max-staleness=-1"])
+    assert bad.exit_code == 1 and "--max-staleness" in bad.output  # option mistakes still refuse
+    real = CliRunner().invoke(app, ask)
+    assert real.exit_code == 1 and "swarm serve refuses it" in real.output, real.output
+    assert len(real.output.strip().splitlines()) == 1 and not (tmp_path / ".a3r").exists()
 
 
 def test_the_report_and_the_tui_show_a_runs_tenant() -> None:

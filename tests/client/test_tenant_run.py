@@ -48,6 +48,7 @@ def test_swarm_run_under_a_tenant_trains_only_that_tenant(tmp_path: Path, tiny_m
             retired = admin.retire_tenant("alpha")
             assert retired.state is TenantState.RETIRED and retired.checkpoint
             assert [t.id for t in admin.tenants()] == ["beta", "alpha"]
+            assert admin.create_tenant(id="gamma", seed=2).id == "gamma"  # fresh36: id= as in the JSON
     finally:
         proc.terminate()
         try:

@@ -86,6 +86,14 @@ runner = CliRunner()
         ),
         (["--engine", "sglang"], "--engine: Input should be 'hf' or 'vllm'"),
         (
+            ["--tenants", "2", "--lora-rank", "8", "--no-train"],
+            "--no-train with --tenants: every tenant trains its adapter (the base never trains)",
+        ),
+        (
+            ["--tenants", "2", "--lora-rank", "8", "--lr", "0"],
+            "--lr 0 with --tenants: a tenant at lr 0 never",
+        ),
+        (
             ["--teacher", "http://127.0.0.1:9", "--distill-coef", "0.5"],
             "--distill-coef only weighs the reverse KL in mixed mode",
         ),

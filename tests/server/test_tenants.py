@@ -7,6 +7,7 @@ it), real SQLite pool, real peft adapters and the real tokenizer.
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -18,8 +19,10 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
+from typer.testing import CliRunner
 
 from swarm.batch import BatchConfig, BatchPolicy
+from swarm.cli import app
 from swarm.client import SwarmClient
 from swarm.config import TrainingConfig
 from swarm.engine import HFEngine
@@ -224,6 +227,11 @@ def test_tenant_routes_need_the_admin_token_and_a_client_token_can_be_limited(
             "/api/v1/client-tokens", json={"name": "alice", "token": token, "tenants": ["alpha"]}
         )
         assert made.status_code == 201
+        empty = http.post("/api/v1/client-tokens", json={"name": "nobody", "tenants": []})  # fresh36 #9
+        assert empty.status_code == 422 and empty.json()["error"]["param"] == "tenants"
+        assert "could begin nothing" in empty.json()["error"]["message"]
+        listed = {t["name"]: t for t in http.get("/api/v1/client-tokens").json()}
+        assert listed == {"alice": {"name": "alice", "open_episodes": 0, "tenants": ["alpha"]}}
         assert (
             http.post(
                 "/api/v1/tenants", json={"id": "gamma"}, headers={"Authorization": f"Bearer {token}"}
@@ -252,8 +260,21 @@ def test_the_cap_on_resident_tenants_is_a_clear_409(tenant_server: LiveServer) -
     assert third.status_code == 409
     assert "--tenants 2" in third.json()["error"]["message"]
     assert create(live, "Bad_Id").status_code == 422
+    for lr in (0, 0.0, -1e-3):  # fresh36 #8: a tenant at lr 0 would never change
+        refused = create(live, "delta", lr=lr)
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "lr", refused.text
+        assert "greater than 0" in refused.json()["error"]["message"]
+    with admin(live) as http:
+        lr = http.get("/openapi.json").json()["components"]["schemas"]["TenantCreate"]["properties"]["lr"]
+        assert {"exclusiveMinimum": 0.0, "maximum": 1.0, "type": "number"} in lr["anyOf"]
     with admin(live) as http:
         assert http.get("/api/v1/tenants/nope").status_code == 404
+        for action in ("pause", "resume", "retire"):  # fresh36: a field is refused, not ignored
+            refused = http.post(f"/api/v1/tenants/alpha/{action}", json={"x": 1})
+            assert refused.status_code == 422 and refused.json()["error"]["param"] == "x", refused.text
+        assert http.get("/api/v1/tenants/alpha").json()["state"] == "active"  # nothing happened
+        assert http.post("/api/v1/tenants/alpha/pause", json={}).json()["state"] == "paused"  # {} is fine
+        assert http.post("/api/v1/tenants/alpha/resume").json()["state"] == "active"  # as is no body
 
 
 def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
@@ -270,9 +291,25 @@ def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
     model = live.engine.model
     with torch.no_grad():
         served = model(input_ids=ids, adapter_names=["alpha"]).logits
+    with admin(live) as http:  # fresh36: status shows the tenants in brief
+        brief = http.get("/api/v1/status").json()["tenants"]
+    assert brief == {
+        "cap": 2,
+        "resident": 2,
+        "retired": 0,
+        "tenants": [
+            {"id": "alpha", "state": "active", "step": 1},
+            {"id": "beta", "state": "active", "step": 0},
+        ],
+    }
+    shown = CliRunner().invoke(app, ["status", live.url, "--admin-token", ADMIN], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "2 of 2 resident, 0 retired: alpha active step 1, beta active step 0" in shown.output
     with admin(live) as http:
         retired = http.post("/api/v1/tenants/alpha/retire").json()
+        after = http.get("/api/v1/status").json()["tenants"]
     assert retired["state"] == "retired" and retired["step"] == 1
+    assert (after["resident"], after["retired"], [t["id"] for t in after["tenants"]]) == (1, 1, ["beta"])
     loaded = PeftModel.from_pretrained(
         build_tiny_model(embedded_source, seed=1), retired["checkpoint"]
     ).eval()
@@ -281,6 +318,15 @@ def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
     assert create(live, "gamma").status_code == 201  # its place under the cap is free
     assert create(live, "alpha").status_code == 409  # a retired id stays taken
     rollout(live, "beta", "t2", 1.0)  # the others still sample
+    # fresh36 #10: swarm serve --model on the adapter says what it is, its base and how to use it
+    base = json.loads((Path(retired["checkpoint"]) / "adapter_config.json").read_text())
+    base = base.get("base_model_name_or_path")
+    args = ["serve", "--model", retired["checkpoint"], "--no-train", "--check"]
+    refused = CliRunner().invoke(app, [*args, "--run-dir", str(live.config.run_dir.parent / "r2")])
+    assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert f"{retired['checkpoint']} is a LoRA adapter checkpoint" in refused.output
+    assert (f"over the base model {base}" if base else "its base model is not recorded") in refused.output
+    assert "PeftModel.from_pretrained(" in refused.output and "merge_and_unload()" in refused.output
 
 
 def hold_creates(live: LiveServer) -> Callable[[], None]:
@@ -363,6 +409,13 @@ def test_a_server_without_tenants_refuses_them(tmp_path: Path, tiny_engine: HFEn
         begin = httpx.post(f"{live.url}/api/v1/episodes", json={"task_id": "t", "tenant": "alpha"})
         assert begin.status_code == 400
         assert admin(live).get("/api/v1/tenants").status_code == 409
+        assert "tenants" not in admin(live).get("/api/v1/status").json()  # additive: absent without them
+        with admin(live) as http:  # fresh36 #9: a token limited to tenants could begin nothing here
+            limited = http.post("/api/v1/client-tokens", json={"name": "onlya", "tenants": ["alpha"]})
+            assert limited.status_code == 409 and limited.json()["error"]["param"] == "tenants"
+            assert "hosts no tenants" in limited.json()["error"]["message"]
+            assert http.post("/api/v1/client-tokens", json={"name": "none", "tenants": []}).status_code == 422
+            assert http.get("/api/v1/client-tokens").json() == []  # nothing was added
         episode_id = rollout(live, None, "t", 1.0)  # records without a tenant read as before
         with admin(live) as http:
             call = http.get(f"/api/v1/episodes/{episode_id}").json()["calls"][0]
@@ -448,6 +501,14 @@ def test_tenants_need_lora_one_line_naming_the_flag() -> None:
         ServeOptions(tenants=2).to_server_config()
     config = ServeOptions(tenants=2, lora_rank=4).to_server_config()
     assert config.tenants == 2 and "--tenants" in ServeOptions(tenants=2, lora_rank=4).argv()
+    # fresh36 #8: --lr is the tenants' default; at 0 a tenant never changes. A one-policy server keeps
+    # lr 0 (bench/gpu_engine.py measures logprob drift with frozen weights)
+    with pytest.raises(ServeOptionsError, match=r"^--lr 0 with --tenants: .*give --lr above 0$"):
+        ServeOptions(tenants=2, lora_rank=4, lr=0.0).to_server_config()
+    assert ServeOptions(lr=0.0).to_server_config().training.trainer.lr == 0.0
+    # fresh36: tenants always train, so --no-train would only make the banner say "training off"
+    with pytest.raises(ServeOptionsError, match=r"^--no-train with --tenants: every tenant trains"):
+        ServeOptions(tenants=2, lora_rank=4, train=False).to_server_config()
 
 
 def test_vllm_tenants_need_bf16_or_fp16_weights() -> None:
@@ -517,8 +578,6 @@ def test_a_tenants_events_reach_the_servers_stream_and_its_metrics_outlive_retir
         assert view["state"] == "retired" and view["step"] == 1 and view["trained"] == 2
         assert view["settings"] == before["settings"] and view["settings"]["lr"] == 5e-3
         assert view["settings"]["batch_size"] == 1 and view["checkpoint"]
-    import json
-
     record = json.loads((live.config.run_dir / "tenants" / "alpha" / "tenant.json").read_text())
     assert record["final"]["trained"] == 2  # a restarted server reads the final view from here
 
