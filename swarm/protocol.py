@@ -768,7 +768,13 @@ class ClientTokenCreate(_Strict):
     )
     """The secret itself (at least `MIN_TOKEN_CHARS`, `TOKEN_CHARS` only); ``None`` lets the server mint a
     random one."""
-    tenants: list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]] | None = Field(default=None, min_length=1)
+    tenants: (
+        Annotated[
+            list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]],
+            Field(min_length=1, json_schema_extra={"uniqueItems": True}),
+        ]
+        | None
+    ) = None
     """The LoRA tenants this token may begin episodes under (403 for any other, and for an episode
     without a tenant); ``None``: no restriction. Not empty (422: such a token could begin nothing), each
     id once (422 for a repeat), and only on a server started with ``--tenants`` (409 elsewhere, for the
