@@ -138,6 +138,8 @@ def serve(**values: Any) -> None:
         check_tenants_on_disk(config.run_dir, config.tenants)  # a run dir's tenants need --tenants ≥ theirs
     except SwarmError as exc:
         raise fail(str(exc)) from None
+    for warning in options.warnings(config):
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if check:  # a run dir another server holds is refused as the server itself would (read only)
         from swarm.server.run_dir_lock import held_by, in_use
 

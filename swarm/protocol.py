@@ -768,10 +768,18 @@ class ClientTokenCreate(_Strict):
     )
     """The secret itself (at least `MIN_TOKEN_CHARS`, `TOKEN_CHARS` only); ``None`` lets the server mint a
     random one."""
-    tenants: list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]] | None = Field(default=None, min_length=1)
+    tenants: (
+        Annotated[
+            list[Annotated[str, Field(pattern=TENANT_ID_PATTERN)]],
+            Field(min_length=1, json_schema_extra={"uniqueItems": True}),
+        ]
+        | None
+    ) = None
     """The LoRA tenants this token may begin episodes under (403 for any other, and for an episode
-    without a tenant); ``None``: no restriction. Not empty (422: such a token could begin nothing), and
-    only on a server started with ``--tenants`` (409 elsewhere, for the same reason)."""
+    without a tenant); ``None``: no restriction. Not empty (422: such a token could begin nothing), each
+    id once (422 for a repeat), and only on a server started with ``--tenants`` (409 elsewhere, for the
+    same reason). An id need not name a tenant that exists now: a token may be made before its tenant is
+    created (and outlives a retired one); its begins under an absent tenant get that tenant's 404."""
 
     @field_validator("tenants", mode="before")
     @classmethod
@@ -781,6 +789,12 @@ class ClientTokenCreate(_Strict):
                 "an empty list limits the token to no tenant, so it could begin nothing: name its tenants, "
                 "or leave tenants out for no limit"
             )
+        if isinstance(tenants, list):
+            repeated = sorted({t for t in tenants if isinstance(t, str) and tenants.count(t) > 1})
+            if repeated:
+                raise ValueError(
+                    f"tenant {', '.join(map(repr, repeated))} named more than once: name each once"
+                )
         return tenants
 
     @field_validator("token")

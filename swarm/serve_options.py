@@ -472,6 +472,11 @@ class ServeOptions(FlagOptions):
         """
         from swarm.config import ServerConfig
 
+        if self.tenant_overlap and not self.tenants:  # fresh-s5 #10: the flag did nothing, silently
+            raise ServeOptionsError(
+                "--tenant-overlap: needs --tenants N (it keeps sampling the other tenants during a tenant's "
+                "step); this server hosts no tenants"
+            )
         if self.max_request_tokens is not None and self.max_request_tokens < 0:  # (the cap's own rule: >= 1)
             raise ServeOptionsError(
                 f"--max-request-tokens: must be 0 (no cap but the context window) or a cap of at least 1, "
@@ -655,6 +660,29 @@ class ServeOptions(FlagOptions):
             except ValueError:
                 raise ServeOptionsError(f"--quota {item!r}: {share!r} is not a number") from None
         return shares
+
+    def warnings(self, config: ServerConfig) -> list[str]:
+        """Valid options that do less than they may seem to, one line each, for ``swarm serve`` to print
+        at start and with ``--check``: a per-client-token limit on a server started without client tokens
+        limits nobody until the admin adds one (`swarm.protocol.Limits`: episodes begun without a token are
+        not limited per token; fresh-s5 #13)."""
+        if config.client_tokens:
+            return []
+        given = [
+            flag
+            for flag, value in (
+                ("--max-requests-per-s", self.max_requests_per_s),
+                ("--max-open-episodes", self.max_open_episodes),
+            )
+            if value is not None
+        ]
+        if not given:
+            return []
+        return [
+            f"{' and '.join(given)} {'limits' if len(given) == 1 else 'limit'} each client token, and this server "
+            "has none yet: anonymous begins and completions are not limited (add tokens with --client-token "
+            "NAME=TOKEN, --client-tokens-file, or live with POST /api/v1/client-tokens)"
+        ]
 
     def check(self, *, unfit: list[str] | None = None) -> ServerConfig:
         """Everything ``swarm serve --check`` checks before loading a model: :meth:`to_server_config`,

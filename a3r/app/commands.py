@@ -642,6 +642,13 @@ def _dry_speed(settings: SessionSettings, plan: PlanDraft) -> tuple[float, str]:
                 0
             ], f"measured: the median of {found[1]} earlier {template} run(s) in {settings.store}"
     speed, assumes = assumed_speed(template, plan.params)
+    options = settings.server_options
+    engine, device = str(options.get("engine", "hf")), str(options.get("device", "cpu"))
+    if (engine, device) != ("hf", "cpu"):  # the assumed speed is the hf engine's on CPU (fresh-s5 #14)
+        assumes += (
+            f" (the hf engine's speed on CPU, likely an overestimate for this plan's engine={engine}, "
+            f"device={device}, which this dry run does not price)"
+        )
     return speed, f"{assumes}; no earlier run of this template and model in the store"
 
 

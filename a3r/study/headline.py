@@ -224,12 +224,16 @@ def _first_clause(
 
 
 def _cut(line: str, width: int) -> str:
-    """``line`` cut to at most ``width`` characters, before a path it would cut in the middle."""
+    """``line`` cut to at most ``width`` characters at a word boundary: before a word it would cut in the
+    middle (fresh-s5 #14: a verdict line ended "unde…; settle: …") and before a path, and without the separator left dangling at the end."""
     cut = line[:width]
+    if len(line) <= width:
+        return cut.rstrip()
     start = cut.rfind(" ") + 1
-    if len(line) > width and "/" in line[start:].split(" ", 1)[0]:
+    word = line[start:].split(" ", 1)[0]
+    if start > 0 and (len(cut) - start < len(word) or "/" in word):
         cut = cut[:start]
-    return cut.rstrip()
+    return cut.rstrip(" ;,:(")
 
 
 def _candidates(
@@ -296,7 +300,7 @@ def headline(
         if len(line) <= MAX_CHARS:
             return line
         last = line
-    return last[: MAX_CHARS - 1].rstrip() + "…"  # no form fits: unreachable for labels and numbers
+    return _cut(last, MAX_CHARS - 1) + "…"  # no form fits: unreachable for labels and numbers
 
 
 def conclusion_line(conclusion: str, findings: Iterable[FindingPublic], *, question: str, kind: str) -> str:

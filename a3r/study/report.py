@@ -237,11 +237,16 @@ def _runs(
     if any(o.tenant_server for o in outcomes):  # a stage's runs trained side by side on one server
         columns.append(("server", [_server_text(o) for o in outcomes]))
     table = _table(columns, droppable=("held-out p@1", "held-out p@2"))
-    if any("untrained)" in row[3] for row in rows):
+    late = next((o for o in outcomes if "untrained)" in episodes_text(o)), None)
+    if late is not None and late.trained_episodes is not None:
+        trained, more = late.trained_episodes, late.episodes - late.trained_episodes
         table += [
             "",
-            "_untrained: episodes that finished after the run's last step took its batch (no step of the run "
-            "trained them; a continuation on the same server may)._",
+            f"_{episodes_text(late)} ({late.key}): {trained} episodes the run's steps trained, and {more} more "
+            "that finished after its last step took its batch (no step of the run trained them; a "
+            "continuation on the same server may). How many finish late depends on what was in flight at "
+            "the last step, so seeds of one configuration can differ there while their trained episodes "
+            "are the same._",
         ]
     return [*lines, "", "## Runs", "", *table]
 

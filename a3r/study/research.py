@@ -564,7 +564,9 @@ def recheck_steps(*, step: int, target: int, seconds_per_step: float, time_left_
     return (
         f"re-check after step {step}: measured {seconds_per_step:.0f} s per step, so the {counted(left, 'steps')} left {'needs' if left == 1 else 'need'} "
         f"≈ {left * seconds_per_step:,.0f} s but {max(0.0, time_left_s):,.0f} s are left before the held-out "
-        f"evaluation's reserve: the budget will stop training at about step {reach} of {target}"
+        f"evaluation's reserve: the budget will stop training at about step {reach} of {target} at this pace "
+        f"(an estimate: the pace so far includes the first step's trainer start, so faster later steps may "
+        f"reach further; training stops only when the time is up)"
     )
 
 

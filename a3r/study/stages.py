@@ -300,10 +300,28 @@ def _coarse(
             [line],
             baseline,
         )
+
+    def price(specs: Sequence[RunSpec]) -> float:
+        return stage_s(
+            specs,
+            seconds_per_episode=pre.seconds_per_episode,
+            eval_episodes=budget.eval_episodes,
+            measured_tokens=token_cap(plan),
+            serving=budget.serving,
+            measured=measured_tenants(progress.outcomes),
+        )
+
+    kept_s = f"; the kept runs are priced at {price(kept):.0f} s" if kept else ""
+    cheapest = _left_out_prices(
+        plan,
+        [],
+        [(v, price([s for s in planned if s.value == v])) for v in dropped],
+        seeds=len(plan.training.seeds),
+    )
     cuts = (
         [
             f"budget: dropped {variable} values [{named}] from the coarse stage (would not fit {left:.0f} s at "
-            f"the preflight's {speed})"
+            f"the preflight's {speed}{kept_s}{cheapest}; re-admitted if the runs' measured speed fits them)"
         ]
         if dropped
         else []
@@ -666,9 +684,17 @@ def refit_queue(
     left = budget.left_s
     going: list[RunSpec] = []
     cut: list[RunSpec] = []
+    priced: dict[tuple[float | None, int], float] = {}
     for spec in committed:
-        # with tenants, what the run adds to the runs going with it (`stage_s`)
-        more = price([*going, spec]) - price(going) if budget.serving.tenants else price([spec])
+        # with tenants, what the run adds to the runs going with it (`stage_s`); on a server of its own,
+        # what a run of its configuration measured when one ran (fresh-s5 #7: a B = 1 run measured 75 s
+        # was priced at 178 s from its training speed, and its second seed was refused with 142 s left)
+        same = measured_run_s([o for o in progress.outcomes if o.value == spec.value])
+        if budget.serving.tenants:
+            more = price([*going, spec]) - price(going)
+        else:
+            more = same[0] if same else price([spec])
+        priced[(spec.value, spec.seed)] = more
         if more <= left:
             going.append(spec)
             left -= more
@@ -708,8 +734,41 @@ def refit_queue(
     )
     if budget.serving.tenants:
         floor += tenant_terms(tenants, budget.serving).replace(",", ";", 1)
+    floor += _left_out_prices(
+        plan,
+        [(s, priced[(s.value, s.seed)]) for s in cut],
+        [(v, price([s for s in open_specs if s.value == v])) for v in dropped],
+        seeds=len(plan.training.seeds),
+    )
     refit = Refit(queue=[*going, *kept, *back], dropped=dropped, back=back, waiting=waiting, cut=cut)
     return _refitted(progress, budget, refit, _pairs(left_out), per_episode, floor)
+
+
+def _left_out_prices(
+    plan: PlanDraft,
+    cut: Sequence[tuple[RunSpec, float]],
+    dropped: Sequence[tuple[float, float]],
+    *,
+    seeds: int,
+) -> str:
+    """What the runs and configurations `refit_queue` left out were priced at, for its budget line: each
+    run it did not start (its configuration's measured run, else its steps and held-out evaluation at the
+    measured speed) and the cheapest configuration it dropped with all its seeds (never cut to fewer), so
+    "0 runs left fit the 142 s left" comes with the price that did not fit."""
+    assert plan.sweep is not None
+    variable = plan.sweep.variable
+    said = [
+        f"{variable} = {value_text(variable, plan.template, s.value)}, seed {s.seed} is priced at {cost:.0f} s"
+        for s, cost in cut
+        if s.value is not None
+    ]
+    if dropped:
+        value, cost = min(dropped, key=lambda pair: pair[1])
+        said.append(
+            f"the cheapest dropped configuration, {variable} = {value_text(variable, plan.template, value)} on "
+            f"{counted(seeds, 'seeds')} (a configuration is never cut to fewer), is priced at {cost:.0f} s"
+        )
+    return f"; {'; '.join(said)}" if said else ""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 from urllib.parse import quote
@@ -620,13 +620,22 @@ class AsyncSwarmClient:
         """The server's client tokens by name, with their open episodes (admin; never the secrets)."""
         return _TOKENS.validate_python(await self._request("GET", "/api/v1/client-tokens", admin=True))
 
-    async def add_client_token(self, name: str, token: str | None = None) -> ClientTokenCreated:
+    async def add_client_token(
+        self, name: str, token: str | None = None, *, tenants: Sequence[str] | None = None
+    ) -> ClientTokenCreated:
         """Add a client token live (admin); ``token=None`` lets the server mint one (the answer has it).
+        ``tenants`` limits it to begin episodes under those LoRA tenants only (``None``: no limit); an id
+        may name a tenant not created yet.
 
         Raises:
-            ClientError: 409 when the name or the secret is taken.
+            ClientError: 409 when the name or the secret is taken, or ``tenants`` on a server without
+                ``--tenants``.
+            pydantic.ValidationError: Before sending, for a bad name or token, or an empty or repeated
+                ``tenants`` (the server's 422s).
         """
-        body = ClientTokenCreate(name=name, token=token).model_dump(exclude_none=True)
+        body = ClientTokenCreate(
+            name=name, token=token, tenants=None if tenants is None else list(tenants)
+        ).model_dump(exclude_none=True)
         answer = await self._request("POST", "/api/v1/client-tokens", body, admin=True)
         return ClientTokenCreated.model_validate(answer)
 

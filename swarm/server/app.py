@@ -30,7 +30,7 @@ from swarm.server import (
     score_routes,
     tenant_routes,
 )
-from swarm.server.auth import optional_security
+from swarm.server.auth import check_before_body, optional_security
 from swarm.server.deps import (
     ALLOW_HEADER,
     HEAD_TOO_LARGE,
@@ -120,6 +120,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         return _error(request, 415, "invalid_request_error", message)
     if _body_missing(errors):
         return _error(request, 422, "invalid_request_error", f"{_WANTS_JSON}; this request's body is empty")
+    if any(err.get("type") == "json_invalid" for err in errors):
+        refused = await _credentials_first(request)
+        if refused is not None:
+            return refused
     problems = []
     for err in errors:
         if err.get("type") == "json_invalid":  # its location is a character offset, not a field
@@ -136,6 +140,16 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     param = ".".join(str(p) for p in first_loc if p != "body") or None
     status = 400 if any(err.get("type") == "json_invalid" for err in exc.errors()) else 422
     return _error(request, status, "invalid_request_error", "; ".join(problems) or "invalid request", param)
+
+
+async def _credentials_first(request: Request) -> JSONResponse | None:
+    """The route's credential refusal (`check_before_body`) for a body that could not be parsed, which
+    FastAPI reports before the route's dependencies run; ``None`` when the credentials pass."""
+    try:
+        await check_before_body(request)
+    except SwarmError as exc:
+        return await _swarm_error(request, exc)
+    return None
 
 
 _UNPARSABLE = "There was an error parsing the body"
@@ -158,6 +172,9 @@ would declare its own ``HTTPValidationError`` for 422, which is not what the ser
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400 and exc.detail == _UNPARSABLE:  # as a JSON syntax error: 400
+        refused = await _credentials_first(request)
+        if refused is not None:
+            return refused
         return _error(request, 400, "invalid_request_error", f"{_NOT_JSON} (it cannot be decoded)")
     kinds = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
     headers = dict(exc.headers or {})

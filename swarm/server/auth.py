@@ -407,6 +407,31 @@ async def get_episode(request: Request, credentials: BearerDep, x_api_key: ApiKe
 EpisodeDep = Annotated[OpenEpisode, Depends(get_episode)]
 
 
+async def check_before_body(request: Request) -> None:
+    """Run the credential checks of the route ``request`` matched, for a request whose body could not be
+    parsed: FastAPI (and `swarm.server.lean_route`) parse a JSON body before they solve dependencies, so a
+    caller without credentials got 400 for a malformed body but 401 for an empty or missing one
+    (fresh-s5 #12). The error handlers call this first, so every refusal of a credential comes before any
+    word about the body. Only on the error path: the hot path is unchanged.
+
+    Raises:
+        AuthError: What the route's credential dependency raises (401 without one, 403 for a wrong one).
+        RequestError: An episode route's 404 for an episode that does not exist (with a credential).
+    """
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    if not isinstance(dependant, Dependant):
+        return
+    calls = _calls(dependant)
+    credentials = await _bearer(request)
+    if get_episode in calls:
+        await get_episode(request, credentials, await _api_key(request))
+    if check_episode_access in calls:
+        await check_episode_access(str(request.path_params.get("episode_id", "")), request, credentials)
+    for check in (require_admin, get_owner, require_client, require_scorer):
+        if check in calls:
+            await check(request, credentials)
+
+
 # -- the OpenAPI document ------------------------------------------------------------------------------------
 def optional_security(
     openapi: dict[str, Any], routes: Iterable[BaseRoute], credentials: Credentials

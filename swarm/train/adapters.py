@@ -12,6 +12,7 @@ checkpoint loads with ``PeftModel.from_pretrained(base, folder)`` like a one-pol
 from __future__ import annotations
 
 import contextlib
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,18 @@ def _peft_config(lora: LoraSettings) -> Any:
         target_modules=list(lora.target_modules),
         task_type="CAUSAL_LM",
     )
+
+
+_PEFT_PROBE = r"`is_gradient_checkpointing` is deprecated"
+"""transformers' FutureWarning raised when peft's ``PeftModel.__init__`` reads the base model's deprecated
+``is_gradient_checkpointing`` (peft's call, not ours: printed on every tenants server's first adapter)."""
+
+
+def _quiet_peft_probe() -> None:
+    """Ignore that one warning (`_PEFT_PROBE`, from transformers, as a FutureWarning) and nothing else.
+    A filter rather than ``warnings.catch_warnings``, which is not thread-safe; adding the same filter
+    again replaces it, so calling this before each wrap is idempotent."""
+    warnings.filterwarnings("ignore", message=_PEFT_PROBE, category=FutureWarning, module=r"transformers\.")
 
 
 def add_adapter(model: nn.Module, name: str, lora: LoraSettings, *, seed: int | None = None) -> nn.Module:
@@ -60,6 +73,7 @@ def add_adapter(model: nn.Module, name: str, lora: LoraSettings, *, seed: int | 
             model.add_adapter(name, _peft_config(lora))
             peft = model
         else:
+            _quiet_peft_probe()
             peft = get_peft_model(model, _peft_config(lora), adapter_name=name)  # type: ignore[arg-type, unused-ignore]
     for param_name, param in peft.named_parameters():  # the base is frozen; each step unfreezes its adapter
         if f".{name}." in param_name:

@@ -116,6 +116,21 @@ def test_a_finding_without_effects_reads_as_its_first_clause_within_the_cap(stat
     assert line.startswith("unconfirmed: " if word in LABELS else f"{word}: ")
 
 
+def test_a_first_clause_too_long_for_the_line_is_cut_at_a_word_boundary() -> None:
+    """fresh-s5 #14: the verdict line was cut mid-word ("… is unde…; settle: a3r research …")."""
+    statement = (
+        "unconfirmed: batch_size=1 is undecided (1/1 seed that ran stable) and batch_size=2 is undecided "
+        "(1/2 seeds that ran stable) so no configuration that ran has a stability verdict yet; more. "
+        "The budget ran out for 3 runs: --budget-minutes 12 would have run them"
+    )
+    line = headline(
+        statement, None, question="find min stable batch size", kind="research", status="unconfirmed"
+    )
+    assert len(line) <= MAX_CHARS and "; settle: a3r research" in line
+    head = line.split("…")[0]
+    assert "…" in line and statement.startswith(head) and statement[len(head)] in " ;,("  # a whole word
+
+
 LABEL_CASES = {
     "confirmed": ("confirmed", {"effect": _effect("confirmed"), "held_out_effect": HELD_OUT["agrees"]}),
     "refuted": ("refuted", {"effect": EFFECTS["refuted"], "held_out_effect": HELD_OUT["refuted"]}),

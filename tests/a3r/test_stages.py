@@ -294,6 +294,43 @@ def test_a_research_dry_run_that_cannot_answer_refuses_in_one_line_with_the_budg
     assert kept >= 2, fits.output
 
 
+def test_the_re_plan_prices_a_run_at_what_its_configuration_measured_and_says_the_price_it_cut() -> None:
+    """fresh-s5 #7: B = 1 seed 0 ran in 75 s at 3.3 s per training episode; its seed 1, priced at
+    20 s + 16 training and 32 held-out episodes at 3.3 s ≈ 178 s, was refused with 142 s left, and the line
+    said "0 runs left fit the 142 s left; each run priced at no less than the measured 75 s per run"."""
+    plan = _plan()
+    one = _sweep(1, 0, [0.3] * 4, seconds_per_episode=3.3).model_copy(update={"wall_s": 75.0})
+    progress = StudyProgress(
+        plan=plan,
+        stage=Stage.coarse,
+        outcomes=[_preflight(), one],
+        baseline=BASELINE,
+        dropped=[2.0, 4.0, 8.0],
+    )
+    (second,) = [s for s in sweep_specs(plan, [1], "coarse") if s.seed == 1]
+    assert estimate_run_s(second, seconds_per_episode=3.3, eval_episodes=32) > 142  # the speed's price
+    assert refit_queue(progress, [second], StageBudget(left_s=142, eval_episodes=32)) is None  # it starts
+    cut = refit_queue(progress, [second], StageBudget(left_s=60, eval_episodes=32))
+    assert cut is not None and cut.queue == [] and (1.0, 1) in cut.unstarted
+    assert "0 runs left fit the 60 s left" in cut.lines[0]
+    assert "batch_size = 1, seed 1 is priced at 75 s" in cut.lines[0]
+    # a dropped configuration's line names what its seeds together cost
+    fresh = StudyProgress(plan=plan, stage=Stage.coarse, outcomes=[_preflight(), one], baseline=BASELINE)
+    down = refit_queue(fresh, sweep_specs(plan, [8], "coarse"), StageBudget(left_s=142, eval_episodes=32))
+    assert down is not None and (8.0, 0) in down.unstarted
+    assert re.search(
+        r"the cheapest dropped configuration, batch_size = 8 on 2 seeds .* is priced at \d+ s", down.lines[0]
+    )
+    # the up-front drop at the preflight's speed says what was kept and what the cheapest dropped cost
+    upfront = next_stage(
+        StudyProgress(plan=plan, outcomes=[_preflight(seconds_per_episode=0.9)]), StageBudget(217, 32)
+    )
+    (line,) = [x for x in upfront.lines if x.startswith("budget: dropped")]
+    assert re.search(
+        r"the kept runs are priced at \d+ s; the cheapest dropped configuration, batch_size = 2", line
+    )
+
+
 def test_a_vibe_dry_run_below_the_verdicts_minimum_steps_warns(tmp_path: Path) -> None:
     common = ["--root", str(tmp_path / ".a3r"), "--store", str(tmp_path / "memory.db"), "--dry-run"]
     short = CliRunner().invoke(app, ["vibe", "train arithmetic", "--steps", "3", *common])

@@ -407,6 +407,9 @@ def test_a_vibe_report_opens_with_one_plain_line_and_plots_the_held_out_evidence
     report = Path(str(result["report"])).read_text(encoding="utf-8")
     # 19 episodes finished, 16 of them in a step's batch: the untrained tail is counted apart
     assert "| train-s0 | finished | 3 | 16 (+3 untrained) |" in report
+    assert (
+        "_16 (+3 untrained) (train-s0): 16 episodes the run's steps trained, and 3 more" in report
+    )  # fresh-s5 #14
     verdict = next(line for line in report.splitlines() if line.startswith("**Verdict.**"))
     line = verdict.removeprefix("**Verdict.** ")
     # the judged effect (3 steps are too few to estimate a trend) with its verdict, the held-out

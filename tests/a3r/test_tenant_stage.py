@@ -259,6 +259,11 @@ def test_the_dry_run_plans_vllm_on_a_machine_that_cannot_run_it(tmp_path: Path) 
     dry = CliRunner().invoke(app, [*ask, "--dry-run"])
     assert dry.exit_code == 0, dry.output
     assert "servers: 8 runs as tenants of one server" in dry.output
+    (estimate,) = [line for line in dry.output.splitlines() if "estimated time" in line]
+    assert (
+        "the hf engine's speed on CPU, likely an overestimate for this plan's engine=vllm, device=cuda"
+        in estimate
+    )
     notes = [line for line in dry.output.splitlines() if "this machine cannot run it" in line]
     assert len(notes) == 1 and dry.output.rstrip().endswith(notes[0]), dry.output
     assert "sees no CUDA device" in notes[0] or "vLLM is not installed" in notes[0], notes[0]

@@ -118,6 +118,7 @@ def test_a_budget_where_no_game_fits_drops_steps_and_says_so() -> None:
     assert recheck_steps(step=1, target=10, seconds_per_step=66.0, time_left_s=700) is None
     late = recheck_steps(step=2, target=10, seconds_per_step=90.0, time_left_s=600)
     assert late is not None and "stop training at about step 8 of 10" in late
+    assert "an estimate: the pace so far includes the first step's trainer start" in late  # fresh-s5 #14
     last = recheck_steps(step=9, target=10, seconds_per_step=90.0, time_left_s=60)
     assert last is not None and "so the 1 step left needs ≈ 90 s" in last  # not "the 1 steps left need"
 

@@ -372,3 +372,33 @@ def test_the_document_lists_no_credential_where_the_server_asks_for_none(
     finally:
         admin_only.stop()
         no_tokens.stop()
+
+
+def test_a_completion_without_a_key_is_refused_before_its_body_is_read(server: Any) -> None:
+    """fresh-s5 #12: without a key, a malformed body was a 400 but an empty or missing one a 401. The
+    credential is checked first on every route, so a caller without one learns nothing about its body."""
+    json_type = {"content-type": "application/json"}
+    bodies: list[tuple[bytes | None, dict[str, str]]] = [
+        (b"{not json", json_type),
+        (b"\xff\xfe", json_type),
+        (b"", json_type),
+        (None, {}),
+    ]
+    with SwarmClient(server.url) as client, client.episode("auth-first") as ep:
+        for path in ("/v1/chat/completions", "/v1/messages", f"/api/v1/episodes/{ep.id}/finish"):
+            for body, headers in bodies:
+                r = httpx.post(server.url + path, content=body, headers=headers)
+                assert r.status_code == 401, (path, body, r.text)
+            wrong = {**json_type, "Authorization": "Bearer swe-not-a-key-of-any-episode"}
+            r = httpx.post(server.url + path, content=b"{not json", headers=wrong)
+            assert r.status_code in (401, 403), (path, r.text)  # refused for the credential, not the body
+            assert "not valid JSON" not in r.text
+            r = httpx.post(
+                server.url + path, content=b"{not json", headers={**json_type, "x-api-key": ep.api_key}
+            )
+            if path != f"/api/v1/episodes/{ep.id}/finish":  # with its key: the body's 400, as before
+                assert r.status_code == 400 and "not valid JSON" in r.text, (path, r.text)
+        assert (
+            httpx.post(f"{server.url}/v1/messages", content=b"{x", headers=json_type).json()["type"]
+            == "error"
+        )

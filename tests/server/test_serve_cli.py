@@ -138,6 +138,31 @@ def test_usage_mistakes_of_the_console_scripts_are_one_line(argv: list[str], mes
     assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_a_per_token_limit_without_client_tokens_warns_and_tenant_overlap_needs_tenants(
+    tmp_path: Path,
+) -> None:
+    """fresh-s5 #13: --max-requests-per-s on a server without client tokens limited nobody, silently;
+    #10: --tenant-overlap without --tenants was "options are valid" and did nothing."""
+    args = ["serve", "--port", "0", "--run-dir", str(tmp_path / "run"), "--check"]
+    lone = runner.invoke(app, [*args, "--max-requests-per-s", "1"])
+    assert lone.exit_code == 0, lone.output
+    warning, valid = lone.output.strip().splitlines()
+    assert valid == "options are valid"
+    assert warning.startswith(
+        "warning: --max-requests-per-s limits each client token, and this server has none"
+    )
+    assert "anonymous begins and completions are not limited" in warning
+    both = runner.invoke(app, [*args, "--max-requests-per-s", "1", "--max-open-episodes", "2"])
+    assert both.output.startswith("warning: --max-requests-per-s and --max-open-episodes limit each client")
+    tokened = runner.invoke(app, [*args, "--max-requests-per-s", "1", "--client-token", "lab=" + "t" * 24])
+    assert tokened.exit_code == 0 and tokened.output.strip() == "options are valid", tokened.output
+    overlap = runner.invoke(app, [*args, "--tenant-overlap"])
+    assert overlap.exit_code == 1 and overlap.output.strip() == (
+        "error: --tenant-overlap: needs --tenants N (it keeps sampling the other tenants during a tenant's "
+        "step); this server hosts no tenants"
+    )
+
+
 def test_check_validates_without_loading_or_writing(tmp_path: Path) -> None:
     args = ["serve", "--port", "0", "--run-dir", str(tmp_path / "run"), "--check"]
     ok = runner.invoke(app, [*args, "--max-staleness", "1", "--tis-cap", "2"])
