@@ -45,7 +45,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from learning import QUESTIONS, reward
 from rich.console import Console
@@ -95,13 +94,15 @@ ARMS = (
 class Settings:
     """What one run measures."""
 
-    steps: int = 3
+    steps: int = 4
     tasks: int = 4
     group: int = 4
     max_tokens: int = 24
     threads: int = 2
     repeats: int = 3
     """Timed encode/decode passes per step (median)."""
+    device: str = "cpu"
+    """Where encode/decode are timed (training and sampling stay on the CPU)."""
     arms: Sequence[Arm] = field(default_factory=lambda: ARMS)
 
 
@@ -123,6 +124,9 @@ class Row:
     sparse_bitmap_bytes: int
     fp8_delta_bytes: int
     fp8_exact: float
+    """Share of all elements an fp8 delta reproduces exactly (the unchanged ones always)."""
+    fp8_exact_changed: float
+    """Share of the changed elements it reproduces exactly."""
     encode_index_s: float | None = None
     decode_index_s: float | None = None
     encode_bitmap_s: float | None = None
@@ -199,11 +203,16 @@ def adapters(trainer: TorchTrainer) -> dict[str, torch.Tensor]:
     }
 
 
-def _median_s(fn: Callable[[], object], repeats: int) -> float:
+def _median_s(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
     times = []
+    fn()  # warm-up (kernels, allocator)
     for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         started = time.perf_counter()
         fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -221,16 +230,24 @@ def decode_index(engine: torch.Tensor, index: torch.Tensor, values: torch.Tensor
     engine.view(-1)[index.long()] = values
 
 
-def encode_bitmap(prev: torch.Tensor, new: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
-    """Changed elements as a packed bitmap (1 bit an element, ``uint8``) and their values in order."""
+BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def encode_bitmap(prev: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Changed elements as a packed bitmap (1 bit an element, ``uint8``, shape (⌈N/8⌉,)) and their values
+    in order, shape (K,)."""
     mask = (new.view(torch.int16) != prev.view(torch.int16)).view(-1)
-    return np.packbits(mask.numpy()), new.view(-1)[mask]
+    values = new.view(-1)[mask]
+    padded = torch.nn.functional.pad(mask.to(torch.uint8), (0, -mask.numel() % 8))
+    weights = torch.tensor(BIT_WEIGHTS, dtype=torch.uint8, device=mask.device)
+    return (padded.view(-1, 8) * weights).sum(1, dtype=torch.uint8), values
 
 
-def decode_bitmap(engine: torch.Tensor, bits: np.ndarray, values: torch.Tensor) -> None:
+def decode_bitmap(engine: torch.Tensor, bits: torch.Tensor, values: torch.Tensor) -> None:
     """Write ``values`` into ``engine`` (in place) where the bitmap is set."""
     flat = engine.view(-1)
-    mask = torch.from_numpy(np.unpackbits(bits, count=flat.numel()).view(np.bool_))
+    weights = torch.tensor(BIT_WEIGHTS, dtype=torch.uint8, device=bits.device)
+    mask = (bits.unsqueeze(1) & weights).bool().view(-1)[: flat.numel()]
     flat.masked_scatter_(mask, values)
 
 
@@ -247,9 +264,14 @@ def fp8_delta_exact(prev: torch.Tensor, new: torch.Tensor) -> int:
 
 
 def compare(
-    prev: dict[str, torch.Tensor], new: dict[str, torch.Tensor], timed: bool, repeats: int
+    prev: dict[str, torch.Tensor],
+    new: dict[str, torch.Tensor],
+    timed: bool,
+    repeats: int,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Counts, bytes and (``timed``) encode/decode seconds of syncing ``new`` onto ``prev``."""
+    """Counts, bytes and (``timed``) encode/decode seconds on ``device`` of syncing ``new`` onto
+    ``prev``."""
     out: dict[str, Any] = {
         "tensors": len(new),
         "tensors_changed": 0,
@@ -273,6 +295,9 @@ def compare(
     out["sparse_bitmap_bytes"] = sum((t.numel() + 7) // 8 for t in new.values()) + 2 * k
     out["fp8_delta_bytes"] = n + 4 * len(new)
     if timed:
+        where = torch.device(device)
+        prev = {n: t.to(where) for n, t in prev.items()}
+        new = {n: t.to(where) for n, t in new.items()}
         for kind, encode, decode in (
             ("index", encode_index, decode_index),
             ("bitmap", encode_bitmap, decode_bitmap),
@@ -281,14 +306,19 @@ def compare(
             out[f"encode_{kind}_s"] = _median_s(
                 lambda enc=encode: [enc(prev[n], t) for n, t in new.items()],  # type: ignore[misc]
                 repeats,
+                where,
             )
             engines = {name: prev[name].clone() for name in new}
 
-            def apply(dec: Any = decode, engines: dict[str, torch.Tensor] = engines) -> None:
+            def apply(
+                dec: Any = decode,
+                engines: dict[str, torch.Tensor] = engines,
+                encoded: dict[str, Any] = encoded,
+            ) -> None:
                 for name, (a, b) in encoded.items():
                     dec(engines[name], a, b)
 
-            out[f"decode_{kind}_s"] = _median_s(apply, repeats)
+            out[f"decode_{kind}_s"] = _median_s(apply, repeats, where)
             for name, t in new.items():  # the decoded engine copy is the new cast, bit for bit
                 if not torch.equal(engines[name].view(torch.int16), t.view(torch.int16)):
                     raise AssertionError(f"{kind} decode of {name} differs from the new cast")
@@ -315,7 +345,7 @@ def run_arm(model: torch.nn.Module, tokenizer: Any, arm: Arm, settings: Settings
         new = casts()
         new_adapters = adapters(trainer) if lora else {}
         for dtype in DTYPES:
-            c = compare(prev[dtype], new[dtype], timed=dtype == "bf16", repeats=settings.repeats)
+            c = compare(prev[dtype], new[dtype], dtype == "bf16", settings.repeats, settings.device)
             row = Row(
                 arm=arm.name,
                 step=step,
@@ -331,6 +361,8 @@ def run_arm(model: torch.nn.Module, tokenizer: Any, arm: Arm, settings: Settings
                 sparse_bitmap_bytes=c["sparse_bitmap_bytes"],
                 fp8_delta_bytes=c["fp8_delta_bytes"],
                 fp8_exact=c["fp8_exact_elements"] / c["elements"],
+                fp8_exact_changed=(c["fp8_exact_elements"] - c["elements"] + c["elements_changed"])
+                / max(1, c["elements_changed"]),
                 encode_index_s=c.get("encode_index_s"),
                 decode_index_s=c.get("decode_index_s"),
                 encode_bitmap_s=c.get("encode_bitmap_s"),
@@ -397,6 +429,7 @@ def summary(rows: Sequence[Row]) -> list[dict[str, Any]]:
             "ratio_sparse_bitmap": sum(r.sparse_bitmap_bytes for r in mine) / dense,
             "ratio_fp8_delta": sum(r.fp8_delta_bytes for r in mine) / dense,
             "fp8_exact": statistics.mean(r.fp8_exact for r in mine),
+            "fp8_exact_changed": statistics.mean(r.fp8_exact_changed for r in mine),
         }
         if mine[0].adapter_elements is not None:
             entry["adapter_elements_changed"] = sum(r.adapter_elements_changed or 0 for r in mine) / sum(
@@ -422,7 +455,18 @@ def summary(rows: Sequence[Row]) -> list[dict[str, Any]]:
                 )
                 for kind in ("index", "bitmap")
             )
-            links.append({"link": link, "bytes_per_s": bw, "dense_s": dense_s, "sparse_cpu_s": best_s})
+            bytes_only_s = min(
+                2 * SHAPE_1P5B * entry[f"ratio_sparse_{kind}"] / bw for kind in ("index", "bitmap")
+            )
+            links.append(
+                {
+                    "link": link,
+                    "bytes_per_s": bw,
+                    "dense_s": dense_s,
+                    "sparse_bytes_only_s": bytes_only_s,
+                    "sparse_s": best_s,
+                }
+            )
         entry["links_1p5b"] = links
         out.append(entry)
     return out
@@ -433,7 +477,7 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
     ``--json`` writes."""
     table = Table(
         title=f"Weight sync deltas after real GRPO steps, {settings.tasks}×{settings.group} episodes a step, "
-        f"{settings.threads} threads (bytes in GB; seconds on this CPU)"
+        f"{settings.threads} threads (bytes in GB; encode/decode seconds on {settings.device})"
     )
     for col in (
         "arm",
@@ -446,7 +490,7 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
         "chg tensors",
         "idx+val",
         "bitmap+val",
-        "fp8 Δ (exact)",
+        "fp8 Δ (chg exact)",
         "enc/dec idx s",
         "enc/dec bitmap s",
         "break-even idx · bitmap",
@@ -465,7 +509,7 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
             _gb(r.changed_tensor_bytes),
             _gb(r.sparse_index_bytes),
             _gb(r.sparse_bitmap_bytes),
-            f"{_gb(r.fp8_delta_bytes)} ({r.fp8_exact:.1%})",
+            f"{_gb(r.fp8_delta_bytes)} ({r.fp8_exact_changed:.1%})",
             f"{r.encode_index_s:.3f}/{r.decode_index_s:.3f}" if timed else "",
             f"{r.encode_bitmap_s:.3f}/{r.decode_bitmap_s:.3f}" if timed else "",
             f"{_rate(break_even(r, 'index'))} · {_rate(break_even(r, 'bitmap'))}" if timed else "",
@@ -480,7 +524,7 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
         "chg tensors",
         "idx+val",
         "bitmap+val",
-        "fp8 Δ (exact)",
+        "fp8 Δ (chg exact)",
         "adapters only",
         "enc+dec s / Gparam idx · bitmap",
         "break-even idx · bitmap",
@@ -494,7 +538,7 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
             f"{a['ratio_changed_tensors']:.3f}",
             f"{a['ratio_sparse_index']:.3f}",
             f"{a['ratio_sparse_bitmap']:.3f}",
-            f"{a['ratio_fp8_delta']:.3f} ({a['fp8_exact']:.1%})",
+            f"{a['ratio_fp8_delta']:.3f} ({a['fp8_exact_changed']:.1%})",
             f"{a['ratio_adapters']:.4f} ({a['adapter_elements_changed']:.1%} chg)"
             if "ratio_adapters" in a
             else "",
@@ -504,18 +548,20 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
         )
     console.print(ratios)
     links = Table(
-        title=f"One bf16 sync of the 1.5B shape ({SHAPE_1P5B / 1e9:.3f} B params): dense vs the better sparse "
-        "encoding with this CPU's encode+decode; link bandwidths are ASSUMED nominal rates"
+        title=f"One bf16 sync of the 1.5B shape ({SHAPE_1P5B / 1e9:.3f} B params, this run's shares and "
+        f"per-parameter {settings.device} encode+decode scaled up), seconds: dense · the better sparse "
+        "encoding's bytes alone · with encode+decode. Link bandwidths are ASSUMED nominal rates"
     )
     links.add_column("link (assumed GB/s)")
     links.add_column("dense s", justify="right")
     for a in arms:
-        links.add_column(f"{a['arm']}: sparse s", justify="right")
+        links.add_column(f"{a['arm']}: bytes only · with enc+dec", justify="right")
     for i, (link, bw) in enumerate(LINKS):
-        cells = [f"{link} ({bw / 1e9:g})", f"{2 * SHAPE_1P5B / bw:.2f}"]
+        cells = [f"{link} ({bw / 1e9:g})", f"{2 * SHAPE_1P5B / bw:.3f}"]
         for a in arms:
-            s = a["links_1p5b"][i]["sparse_cpu_s"]
-            cells.append(f"{s:.2f} ({'wins' if s < 2 * SHAPE_1P5B / bw else 'loses'})")
+            e = a["links_1p5b"][i]
+            verdict = "wins" if e["sparse_s"] < e["dense_s"] else "loses"
+            cells.append(f"{e['sparse_bytes_only_s']:.3f} · {e['sparse_s']:.2f} ({verdict})")
         links.add_row(*cells)
     console.print(links)
     return {"settings": asdict(settings), "rows": [asdict(r) for r in rows], "arms": arms}
@@ -523,12 +569,13 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="where encode/decode are timed (cpu, cuda)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and summary here")
     args = parser.parse_args()
     from swarm.engine import load_model, resolve_model
@@ -540,6 +587,7 @@ def main() -> None:
         max_tokens=args.max_tokens,
         threads=args.threads,
         repeats=args.repeats,
+        device=args.device,
     )
     model, tokenizer = load_model(resolve_model(None))
     started = time.perf_counter()

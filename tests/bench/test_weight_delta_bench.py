@@ -33,7 +33,7 @@ def test_a_tiny_run_fills_every_column(embedded_source: Any, tokenizer: Any, tor
     for r in rows:
         assert 0 < r.elements_changed <= r.elements and r.dense_bytes == 2 * r.elements
         assert r.sparse_index_bytes == 6 * r.elements_changed
-        assert r.fp8_delta_bytes > r.elements and 0.0 <= r.fp8_exact <= 1.0
+        assert r.fp8_delta_bytes > r.elements and 0.0 <= r.fp8_exact_changed <= r.fp8_exact <= 1.0
         assert (r.encode_index_s is not None) == (r.dtype == "bf16")
         assert (r.adapter_elements is not None) == (r.arm == "lora")
     lora = [r for r in rows if r.arm == "lora"]
