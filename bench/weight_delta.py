@@ -71,7 +71,14 @@ LINKS: list[tuple[str, float]] = [
 ]
 """Typical link bandwidths in bytes/s: assumptions (nominal rates), not measured here."""
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+"""The engine dtypes compared: bf16 (vLLM's default on the GPU, timed), fp16, and fp32 (the trainer's own
+master weights, what an fp32 engine receives)."""
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bit pattern as a same-sized integer view (a bitwise comparison: -0.0 ≠ 0.0, NaN = NaN)."""
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 @dataclass(frozen=True)
@@ -94,13 +101,13 @@ ARMS = (
 class Settings:
     """What one run measures."""
 
-    steps: int = 4
+    steps: int = 3
     tasks: int = 4
     group: int = 4
     max_tokens: int = 24
     threads: int = 2
     repeats: int = 3
-    """Timed encode/decode passes per step (median)."""
+    """Timed encode/decode passes per step (the fastest counts)."""
     device: str = "cpu"
     """Where encode/decode are timed (training and sampling stay on the CPU)."""
     arms: Sequence[Arm] = field(default_factory=lambda: ARMS)
@@ -203,9 +210,10 @@ def adapters(trainer: TorchTrainer) -> dict[str, torch.Tensor]:
     }
 
 
-def _median_s(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+def _best_s(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """The fastest of ``repeats`` runs of ``fn`` (the first warms up; other jobs sharing the cores only
+    ever add time)."""
     times = []
-    fn()  # warm-up (kernels, allocator)
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -214,13 +222,13 @@ def _median_s(fn: Callable[[], object], repeats: int, device: torch.device) -> f
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return min(times)
 
 
 def encode_index(prev: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Changed elements of ``new`` against ``prev`` (same shape, 16-bit float) as ``int32`` flat
     indices, shape (K,), and their values, shape (K,), in ``new``'s dtype."""
-    mask = new.view(torch.int16) != prev.view(torch.int16)
+    mask = bits(new) != bits(prev)
     index = mask.view(-1).nonzero().squeeze(1)
     return index.to(torch.int32), new.view(-1)[index]
 
@@ -236,7 +244,7 @@ BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
 def encode_bitmap(prev: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Changed elements as a packed bitmap (1 bit an element, ``uint8``, shape (⌈N/8⌉,)) and their values
     in order, shape (K,)."""
-    mask = (new.view(torch.int16) != prev.view(torch.int16)).view(-1)
+    mask = (bits(new) != bits(prev)).view(-1)
     values = new.view(-1)[mask]
     padded = torch.nn.functional.pad(mask.to(torch.uint8), (0, -mask.numel() % 8))
     weights = torch.tensor(BIT_WEIGHTS, dtype=torch.uint8, device=mask.device)
@@ -260,7 +268,7 @@ def fp8_delta_exact(prev: torch.Tensor, new: torch.Tensor) -> int:
         return new.numel()
     q = (delta / scale).to(torch.float8_e4m3fn)
     recon = (prev.float() + q.float() * scale).to(new.dtype)
-    return int((recon.view(torch.int16) == new.view(torch.int16)).sum())
+    return int((bits(recon) == bits(new)).sum())
 
 
 def compare(
@@ -282,7 +290,7 @@ def compare(
     }
     for name, tensor in new.items():
         old = prev[name]
-        changed = int((tensor.view(torch.int16) != old.view(torch.int16)).sum())
+        changed = int((bits(tensor) != bits(old)).sum())
         out["elements"] += tensor.numel()
         out["elements_changed"] += changed
         out["fp8_exact_elements"] += fp8_delta_exact(old, tensor)
@@ -290,9 +298,10 @@ def compare(
             out["tensors_changed"] += 1
             out["changed_tensor_bytes"] += tensor.numel() * tensor.element_size()
     n, k = out["elements"], out["elements_changed"]
-    out["dense_bytes"] = 2 * n
-    out["sparse_index_bytes"] = 6 * k
-    out["sparse_bitmap_bytes"] = sum((t.numel() + 7) // 8 for t in new.values()) + 2 * k
+    size = next(iter(new.values())).element_size()
+    out["dense_bytes"] = size * n
+    out["sparse_index_bytes"] = (4 + size) * k
+    out["sparse_bitmap_bytes"] = sum((t.numel() + 7) // 8 for t in new.values()) + size * k
     out["fp8_delta_bytes"] = n + 4 * len(new)
     if timed:
         where = torch.device(device)
@@ -303,7 +312,7 @@ def compare(
             ("bitmap", encode_bitmap, decode_bitmap),
         ):
             encoded = {name: encode(prev[name], t) for name, t in new.items()}
-            out[f"encode_{kind}_s"] = _median_s(
+            out[f"encode_{kind}_s"] = _best_s(
                 lambda enc=encode: [enc(prev[n], t) for n, t in new.items()],  # type: ignore[misc]
                 repeats,
                 where,
@@ -318,9 +327,9 @@ def compare(
                 for name, (a, b) in encoded.items():
                     dec(engines[name], a, b)
 
-            out[f"decode_{kind}_s"] = _median_s(apply, repeats, where)
+            out[f"decode_{kind}_s"] = _best_s(apply, repeats, where)
             for name, t in new.items():  # the decoded engine copy is the new cast, bit for bit
-                if not torch.equal(engines[name].view(torch.int16), t.view(torch.int16)):
+                if not torch.equal(bits(engines[name]), bits(t)):
                     raise AssertionError(f"{kind} decode of {name} differs from the new cast")
     return out
 
@@ -333,7 +342,7 @@ def run_arm(model: torch.nn.Module, tokenizer: Any, arm: Arm, settings: Settings
 
     def casts() -> dict[str, dict[str, torch.Tensor]]:
         weights = dict(served(trainer))
-        return {d: {n: t.to(dt) for n, t in weights.items()} for d, dt in DTYPES.items()}
+        return {d: {n: t.to(dt, copy=True) for n, t in weights.items()} for d, dt in DTYPES.items()}
 
     prev = casts()
     prev_adapters = adapters(trainer) if lora else {}
@@ -419,10 +428,9 @@ def summary(rows: Sequence[Row]) -> list[dict[str, Any]]:
             "arm": arm,
             "steps": len(mine),
             "elements_changed": sum(r.elements_changed for r in mine) / n,
-            "elements_changed_fp16": sum(
-                r.elements_changed for r in rows if r.arm == arm and r.dtype == "fp16"
-            )
-            / n,
+            "elements_changed_by_dtype": {
+                d: sum(r.elements_changed for r in rows if r.arm == arm and r.dtype == d) / n for d in DTYPES
+            },
             "tensors_changed": sum(r.tensors_changed for r in mine) / sum(r.tensors for r in mine),
             "ratio_changed_tensors": sum(r.changed_tensor_bytes for r in mine) / dense,
             "ratio_sparse_index": sum(r.sparse_index_bytes for r in mine) / dense,
@@ -438,11 +446,12 @@ def summary(rows: Sequence[Row]) -> list[dict[str, Any]]:
             entry["adapter_bytes_bf16"] = 2 * (mine[0].adapter_elements or 0)
             entry["ratio_adapters"] = entry["adapter_bytes_bf16"] / mine[0].dense_bytes
         for kind in ("index", "bitmap"):
-            enc = sum(getattr(r, f"encode_{kind}_s") for r in mine)
-            dec = sum(getattr(r, f"decode_{kind}_s") for r in mine)
-            saved = dense - sum(getattr(r, f"sparse_{kind}_bytes") for r in mine)
-            entry[f"encode_{kind}_s_per_gparam"] = enc / n * 1e9
-            entry[f"decode_{kind}_s_per_gparam"] = dec / n * 1e9
+            # per parameter, the median over the steps (robust to a step that shared the cores)
+            enc = statistics.median(getattr(r, f"encode_{kind}_s") / r.elements for r in mine)
+            dec = statistics.median(getattr(r, f"decode_{kind}_s") / r.elements for r in mine)
+            saved = (dense - sum(getattr(r, f"sparse_{kind}_bytes") for r in mine)) / n
+            entry[f"encode_{kind}_s_per_gparam"] = enc * 1e9
+            entry[f"decode_{kind}_s_per_gparam"] = dec * 1e9
             entry[f"break_even_{kind}_bytes_per_s"] = saved / (enc + dec) if saved > 0 else None
         links = []
         for link, bw in LINKS:
@@ -519,7 +528,7 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
     ratios = Table(title="Per arm, bf16 (the engine's dtype), all steps: bytes as a share of the dense sync")
     for col in (
         "arm",
-        "elements chg bf16 · fp16",
+        "elements chg bf16 · fp16 · fp32",
         "tensors chg",
         "chg tensors",
         "idx+val",
@@ -533,7 +542,7 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
     for a in arms:
         ratios.add_row(
             a["arm"],
-            f"{a['elements_changed']:.2%} · {a['elements_changed_fp16']:.2%}",
+            " · ".join(f"{v:.2%}" for v in a["elements_changed_by_dtype"].values()),
             f"{a['tensors_changed']:.1%}",
             f"{a['ratio_changed_tensors']:.3f}",
             f"{a['ratio_sparse_index']:.3f}",
@@ -569,7 +578,7 @@ def report(rows: Sequence[Row], settings: Settings, console: Console) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=24)

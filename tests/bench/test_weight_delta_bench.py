@@ -28,11 +28,15 @@ def test_a_tiny_run_fills_every_column(embedded_source: Any, tokenizer: Any, tor
     rows = weight_delta.run(model, tokenizer, settings)
     assert all(torch.equal(before[n], t) for n, t in model.state_dict().items())  # arms train copies
     assert [(r.arm, r.step, r.dtype) for r in rows] == [
-        (arm, step, dtype) for arm in ("full", "lora") for step in (1, 2) for dtype in ("bf16", "fp16")
+        (arm, step, dtype)
+        for arm in ("full", "lora")
+        for step in (1, 2)
+        for dtype in ("bf16", "fp16", "fp32")
     ]
     for r in rows:
-        assert 0 < r.elements_changed <= r.elements and r.dense_bytes == 2 * r.elements
-        assert r.sparse_index_bytes == 6 * r.elements_changed
+        size = 4 if r.dtype == "fp32" else 2
+        assert 0 < r.elements_changed <= r.elements and r.dense_bytes == size * r.elements
+        assert r.sparse_index_bytes == (4 + size) * r.elements_changed
         assert r.fp8_delta_bytes > r.elements and 0.0 <= r.fp8_exact_changed <= r.fp8_exact <= 1.0
         assert (r.encode_index_s is not None) == (r.dtype == "bf16")
         assert (r.adapter_elements is not None) == (r.arm == "lora")
