@@ -351,6 +351,7 @@ def compare(
 
 def run_arm(model: torch.nn.Module, tokenizer: Any, arm: Arm, settings: Settings) -> list[Row]:
     """Train one arm for ``settings.steps`` steps on fresh real episodes; a row per step and dtype."""
+    torch.manual_seed(0)  # LoRA's A initialisation
     lora = LoraSettings(r=arm.lora_rank, alpha=2 * arm.lora_rank) if arm.lora_rank else None
     config = TrainerConfig(lr=arm.lr, micro_batch_size=settings.tasks * settings.group, lora=lora)
     trainer = TorchTrainer(copy.deepcopy(model), config, pad_token_id=tokenizer.pad_token_id or 0)
