@@ -337,6 +337,8 @@ class TenantRegistry:
         self._creating: dict[str, TenantCreate] = {}
         """Tenants being created (``creating``: they count against the cap and their ids are taken)."""
         self._create_tasks: set[asyncio.Task[None]] = set()
+        self._retiring: dict[str, asyncio.Task[TenantView]] = {}
+        """Retires under way: a second retire of the tenant awaits the first and gets its answer."""
         for path in sorted(self.root.glob("*/tenant.json")) if self.root.exists() else []:
             record = _Record.model_validate_json(path.read_text())
             if record.state is TenantState.RETIRED:
@@ -363,6 +365,16 @@ class TenantRegistry:
             retired = " (retired)" if tenant_id in self._retired else ""
             raise RequestError(f"no tenant {tenant_id!r}{retired}", status_code=404, param="tenant")
         return tenant
+
+    def _changeable(self, tenant_id: str) -> Tenant:
+        """The resident tenant ``tenant_id``, which no retire is retiring (`get`'s errors).
+
+        Raises:
+            RequestError: as `get`, or it is being retired (409).
+        """
+        if tenant_id in self._retiring:
+            raise RequestError(f"tenant {tenant_id!r} is being retired", status_code=409, param="tenant")
+        return self.get(tenant_id)
 
     def view(self, tenant_id: str) -> TenantView:
         """One tenant, resident, being created or retired."""
@@ -474,20 +486,36 @@ class TenantRegistry:
 
     def pause(self, tenant_id: str) -> TenantView:
         """Pause a tenant: no new episodes (503) and no step until resumed; open ones keep sampling."""
-        self.get(tenant_id).move(TenantState.PAUSED, "paused by the admin")
+        self._changeable(tenant_id).move(TenantState.PAUSED, "paused by the admin")
         self.events.emit("tenant.paused", f"tenant {tenant_id} paused", tenant=tenant_id)
         return self.view(tenant_id)
 
     def resume(self, tenant_id: str) -> TenantView:
         """Resume a paused or failed tenant."""
-        self.get(tenant_id).move(TenantState.ACTIVE, None)
+        self._changeable(tenant_id).move(TenantState.ACTIVE, None)
         self.events.emit("tenant.resumed", f"tenant {tenant_id} resumed", tenant=tenant_id)
         return self.view(tenant_id)
 
     async def retire(self, tenant_id: str) -> TenantView:
         """Retire a tenant: its open episodes are aborted, its running step ends, its adapter is saved as a
-        LoRA checkpoint (``TenantView.checkpoint``) and leaves memory (a place under the cap is free)."""
-        tenant = self.get(tenant_id)
+        LoRA checkpoint (``TenantView.checkpoint``) and leaves memory (a place under the cap is free).
+
+        A retire sent while one is under way (concurrent, or a client's retry after a timeout) waits for it
+        and answers the same view; the work goes on if the client stops waiting.
+
+        Raises:
+            RequestError: no resident tenant has this id (404; a retired one says so), or it is still being
+                created (409).
+        """
+        if (running := self._retiring.get(tenant_id)) is None:
+            tenant = self.get(tenant_id)
+            running = asyncio.get_running_loop().create_task(self._retire(tenant), name=f"retire-{tenant_id}")
+            self._retiring[tenant_id] = running
+            running.add_done_callback(lambda _: self._retiring.pop(tenant_id, None))
+        return await asyncio.shield(running)
+
+    async def _retire(self, tenant: Tenant) -> TenantView:
+        tenant_id = tenant.id
         tenant.phase.pause()
         self.episodes.partition(tenant_id).abort_open(f"tenant {tenant_id} was retired")
         if tenant.task is not None:
@@ -534,11 +562,11 @@ class TenantRegistry:
         asynchronous bound 503).
 
         Raises:
-            RequestError: no such tenant (404), or it is retired.
+            RequestError: no such tenant (404), or it is retired (404) or being retired (409).
             Unavailable: the tenant is paused or failed, or it does not admit now (503 + Retry-After).
         """
         assert body.tenant is not None
-        tenant = self.get(body.tenant)
+        tenant = self._changeable(body.tenant)
         if tenant.state is not TenantState.ACTIVE:
             why = f": {tenant.record.reason}" if tenant.record.reason else ""
             raise Unavailable(f"tenant {tenant.id} is {tenant.state.value}{why}", retry_after_s=5.0)

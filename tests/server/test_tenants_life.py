@@ -7,13 +7,14 @@ pool and real peft adapters.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
 import pytest
 
-from tests.conftest import LiveServer
-from tests.server.test_tenants import ADMIN, admin, create, tenant, tenant_server
+from tests.conftest import LiveServer, wait_for
+from tests.server.test_tenants import ADMIN, admin, create, hold_creates, tenant, tenant_server
 
 __all__ = ["tenant_server"]  # the fixture, imported for these tests
 
@@ -57,3 +58,36 @@ def test_a_retire_answers_at_once_in_every_state(
     started = time.monotonic()
     live.stop()
     assert time.monotonic() - started < 10 and not live._thread.is_alive()  # type: ignore[union-attr]
+
+
+def test_concurrent_retires_of_one_tenant_all_get_its_retired_view(tenant_server: LiveServer) -> None:
+    """fresh-s5 #2: three retires at once gave one 200 and two 500s (peft: "Adapter r1 does not exist").
+    Now a retire under way is joined: each gets the same 200 view; meanwhile pause, resume and begins
+    answer 409 "being retired"; a later retire is the 404 of a retired tenant (a3r's retry reads it so)."""
+    live = tenant_server
+    assert create(live, "r1", seed=1).status_code == 201
+    release, answers = hold_creates(live), []  # the retire waits on the lock, as behind a long step
+    retires = [
+        threading.Thread(target=lambda: answers.append(admin(live).post("/api/v1/tenants/r1/retire")))
+        for _ in range(3)
+    ]
+    try:
+        for thread in retires:
+            thread.start()
+        wait_for(lambda: "r1" in live.runtime.tenants._retiring, 30, "the retire under way")
+        with admin(live) as http:
+            for action in ("pause", "resume"):
+                refused = http.post(f"/api/v1/tenants/r1/{action}")
+                assert refused.status_code == 409 and "being retired" in refused.json()["error"]["message"]
+        refused = begin(live, "r1")
+        assert refused.status_code == 409 and "being retired" in refused.json()["error"]["message"]
+    finally:
+        release()
+        for thread in retires:
+            thread.join(60)
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert len({a.json()["checkpoint"] for a in answers}) == 1
+    assert answers[0].json()["state"] == "retired"
+    with admin(live) as http:
+        again = http.post("/api/v1/tenants/r1/retire")
+    assert again.status_code == 404 and "(retired)" in again.json()["error"]["message"]
