@@ -185,12 +185,52 @@ class ControlService:
             raise RequestError(why, status_code=409)
         return self.training_loop
 
-    def client_state(self, client_id: str) -> ClientState:
-        """Whether ``client_id`` counts for the voting policies, and its vote.
+    def vote(self, client_id: str, ready: bool) -> None:
+        """Record a client's readiness vote.
+
+        Raises:
+            RequestError: training is disabled on this server, or it hosts tenants, whose batch policies
+                take no votes (409).
+        """
+        if self.tenants is not None:
+            raise RequestError(
+                "readiness votes are not taken on a tenants server: a vote names no tenant, and tenants "
+                "train by sized batch policies (episodes, tasks, informative_tasks); leave voting out",
+                status_code=409,
+            )
+        self.training().vote(client_id, ready)
+
+    def touch(self, client_id: str) -> None:
+        """A client's sign of life between episodes (on a tenants server, for every resident tenant).
 
         Raises:
             RequestError: training is disabled on this server (409).
         """
+        if self.tenants is not None:
+            self.tenants.touch(client_id)
+        else:
+            self.training().touch(client_id)
+
+    def leave(self, client_id: str) -> None:
+        """A client leaves: it and its vote no longer count (on a tenants server, for every tenant).
+
+        Raises:
+            RequestError: training is disabled on this server (409).
+        """
+        if self.tenants is not None:
+            self.tenants.leave(client_id)
+        else:
+            self.training().leave(client_id)
+
+    def client_state(self, client_id: str) -> ClientState:
+        """Whether ``client_id`` counts for the voting policies, and its vote (on a tenants server: whether
+        any tenant counts it as active; no vote stands there).
+
+        Raises:
+            RequestError: training is disabled on this server (409).
+        """
+        if self.tenants is not None:
+            return ClientState(client_id=client_id, active=self.tenants.client_active(client_id), ready=False)
         votes = self.training().votes
         return ClientState(
             client_id=client_id, active=client_id in votes.active(), ready=client_id in votes.ready()

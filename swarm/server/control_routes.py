@@ -66,6 +66,9 @@ votes_router = _guarded_router(
 )
 
 _NO_TRAINING = error_models((409, "Training is disabled on this server."))
+_NO_VOTES = error_models(
+    (409, "Training is disabled on this server, or it hosts tenants (their batch policies take no votes).")
+)
 
 
 def _sse(event: Event) -> ServerSentEvent:
@@ -277,13 +280,13 @@ async def checkpoint(control: ControlDep) -> CheckpointSaved:
     return await control.checkpoint()
 
 
-@votes_router.post("/{client_id}/ready", responses=_NO_TRAINING)
+@votes_router.post("/{client_id}/ready", responses=_NO_VOTES)
 async def vote(client_id: str, control: ControlDep, body: Vote | None = None) -> VoteCast:
     """A client's readiness vote for the ``all_clients_ready`` / ``any_client_ready`` batch policies.
 
     The body is optional: no body votes ready (``{"ready": true}``), as ``{}`` does."""
     ready = (body or Vote()).ready
-    control.training().vote(client_id, ready)
+    control.vote(client_id, ready)
     return VoteCast(client_id=client_id, ready=ready)
 
 
@@ -291,12 +294,12 @@ async def vote(client_id: str, control: ControlDep, body: Vote | None = None) ->
 async def client_heartbeat(client_id: str, control: ControlDep) -> ClientState:
     """A client's sign of life between episodes: it stays active for the voting policies (a client silent
     for the server's client timeout stops counting, so a dead one cannot block ``all_clients_ready``)."""
-    control.training().touch(client_id)
+    control.touch(client_id)
     return control.client_state(client_id)
 
 
 @votes_router.delete("/{client_id}", responses=_NO_TRAINING)
 async def client_leave(client_id: str, control: ControlDep) -> ClientState:
     """A client says goodbye: it and its vote no longer count (its finished episodes are still trained)."""
-    control.training().leave(client_id)
+    control.leave(client_id)
     return control.client_state(client_id)

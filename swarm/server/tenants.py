@@ -39,7 +39,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
-from swarm.batch import BatchPolicy
+from swarm.batch import BatchPolicy, tenant_policy_refusal
 from swarm.config import ServerConfig, TrainingConfig
 from swarm.engine.base import Engine
 from swarm.engine.priority_lock import PriorityLock
@@ -440,7 +440,8 @@ class TenantRegistry:
 
         Raises:
             RequestError: the id is taken (409), ``--tenants`` tenants are resident already (409: the
-                cap on resident adapters and optimizer states), or its settings or id are invalid (422).
+                cap on resident adapters and optimizer states), or its settings or id are invalid (422; a
+                voting batch policy included: `TENANT_POLICIES`).
         """
         if body.id in "lora_":  # peft renames state-dict keys by adapter name: "a" or "lo" would clash
             raise RequestError(f"tenant id {body.id!r} is part of 'lora_'; choose another", status_code=422)
@@ -460,6 +461,8 @@ class TenantRegistry:
             )
         resolved = _resolve(self.config.training, body)
         resolved.training(self.config.training, body.id)  # 422 before anything is created
+        if (refusal := tenant_policy_refusal(resolved.batch_policy)) is not None:
+            raise RequestError(f"tenant {body.id!r}: {refusal}", status_code=422, param="batch_policy")
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         self._creating[body.id] = body
         record = _Record(settings=body, resolved=resolved, seed=seed)
@@ -554,6 +557,21 @@ class TenantRegistry:
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
         return [t.task for t in self._tenants.values() if t.task is not None]
+
+    # -- clients -------------------------------------------------------------------------------------------
+    def touch(self, client_id: str) -> None:
+        """A client's sign of life (heartbeat), for every resident tenant."""
+        for tenant in self._tenants.values():
+            tenant.loop.touch(client_id)
+
+    def leave(self, client_id: str) -> None:
+        """A client leaves every resident tenant."""
+        for tenant in self._tenants.values():
+            tenant.loop.leave(client_id)
+
+    def client_active(self, client_id: str) -> bool:
+        """Whether any resident tenant counts ``client_id`` as active (begun an episode or heartbeat lately)."""
+        return any(client_id in tenant.loop.votes.active() for tenant in self._tenants.values())
 
     # -- episodes ------------------------------------------------------------------------------------------
     def admit(self, body: EpisodeCreate) -> None:

@@ -12,7 +12,9 @@ import time
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from swarm.cli import app
 from tests.conftest import LiveServer, wait_for
 from tests.server.test_tenants import ADMIN, admin, create, hold_creates, tenant, tenant_server
 
@@ -91,3 +93,35 @@ def test_concurrent_retires_of_one_tenant_all_get_its_retired_view(tenant_server
     with admin(live) as http:
         again = http.post("/api/v1/tenants/r1/retire")
     assert again.status_code == 404 and "(retired)" in again.json()["error"]["message"]
+
+
+def test_tenants_refuse_voting_policies_and_take_heartbeats_and_leaves(tenant_server: LiveServer) -> None:
+    """fresh-s5 #3: a tenant of a voting policy was created (201) and never trained: a vote names no tenant
+    and the vote route answered a 409 about training settings, as heartbeat and leave did. Now the create is
+    a 422 naming batch_policy and the policies tenants take, ``swarm serve --tenants --batch-policy
+    all_clients_ready --check`` is refused in one line, a vote is a 409 that says why, and heartbeat and
+    leave work (liveness for every tenant)."""
+    live = tenant_server
+    for policy in ("all_clients_ready", "any_client_ready"):
+        refused = create(live, "v1", batch_policy=policy)
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "batch_policy", refused.text
+        assert f"batch policy {policy} needs readiness votes" in refused.json()["error"]["message"]
+        assert "tenants take episodes, tasks, informative_tasks" in refused.json()["error"]["message"]
+    assert create(live, "t1", batch_policy="tasks").status_code == 201
+    assert begin(live, "t1", client_id="runner-a").status_code == 201
+    clients = "/api/v1/clients/runner-a"
+    with admin(live) as http:
+        vote = http.post(f"{clients}/ready")
+        assert vote.status_code == 409 and "votes are not taken on a tenants server" in vote.text
+        beat = http.post(f"{clients}/heartbeat")
+        assert beat.status_code == 200 and beat.json() == {
+            "client_id": "runner-a",
+            "active": True,
+            "ready": False,
+        }
+        left = http.delete(clients)
+        assert left.status_code == 200 and left.json()["active"] is False
+    argv = ["serve", "--tenants", "2", "--lora-rank", "4", "--batch-policy", "all_clients_ready", "--check"]
+    shown = CliRunner().invoke(app, [*argv, "--run-dir", str(live.config.run_dir.parent / "r2")])
+    assert shown.exit_code != 0 and len(shown.output.strip().splitlines()) == 1, shown.output
+    assert "batch policy all_clients_ready needs readiness votes" in shown.output
