@@ -200,27 +200,14 @@ class ControlService:
             )
         self.training().vote(client_id, ready)
 
-    def touch(self, client_id: str) -> None:
-        """A client's sign of life between episodes (on a tenants server, for every resident tenant).
+    def liveness(self) -> TenantRegistry | TrainingLoop:
+        """Where a client's heartbeat and leave go (their ``touch``/``leave``): on a tenants server every
+        resident tenant, else the training loop.
 
         Raises:
             RequestError: training is disabled on this server (409).
         """
-        if self.tenants is not None:
-            self.tenants.touch(client_id)
-        else:
-            self.training().touch(client_id)
-
-    def leave(self, client_id: str) -> None:
-        """A client leaves: it and its vote no longer count (on a tenants server, for every tenant).
-
-        Raises:
-            RequestError: training is disabled on this server (409).
-        """
-        if self.tenants is not None:
-            self.tenants.leave(client_id)
-        else:
-            self.training().leave(client_id)
+        return self.tenants if self.tenants is not None else self.training()
 
     def client_state(self, client_id: str) -> ClientState:
         """Whether ``client_id`` counts for the voting policies, and its vote (on a tenants server: whether

@@ -294,12 +294,12 @@ async def vote(client_id: str, control: ControlDep, body: Vote | None = None) ->
 async def client_heartbeat(client_id: str, control: ControlDep) -> ClientState:
     """A client's sign of life between episodes: it stays active for the voting policies (a client silent
     for the server's client timeout stops counting, so a dead one cannot block ``all_clients_ready``)."""
-    control.touch(client_id)
+    control.liveness().touch(client_id)
     return control.client_state(client_id)
 
 
 @votes_router.delete("/{client_id}", responses=_NO_TRAINING)
 async def client_leave(client_id: str, control: ControlDep) -> ClientState:
     """A client says goodbye: it and its vote no longer count (its finished episodes are still trained)."""
-    control.leave(client_id)
+    control.liveness().leave(client_id)
     return control.client_state(client_id)
