@@ -135,7 +135,8 @@ def serve(**values: Any) -> None:
     )
     try:
         config = options.check()
-        check_tenants_on_disk(config.run_dir, config.tenants)  # a run dir's tenants need --tenants ≥ theirs
+        lora = config.training.trainer.lora  # a run dir's tenants need --tenants ≥ theirs, at their rank
+        check_tenants_on_disk(config.run_dir, config.tenants, lora.r if lora else None)
     except SwarmError as exc:
         raise fail(str(exc)) from None
     if check:  # a run dir another server holds is refused as the server itself would (read only)

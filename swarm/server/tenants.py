@@ -142,6 +142,9 @@ class _Record(BaseModel):
     were kept: the first server that resumes it fills them in from its own flags, once, and saves them."""
     seed: int
     """The adapter's initialisation seed (drawn when the admin gave none, so a restart re-creates it)."""
+    lora_rank: int | None = None
+    """The adapter's LoRA rank (``--lora-rank`` at creation; a restart at another rank is refused:
+    `check_tenants_on_disk`). ``None`` in a record written before it was kept: filled in when rebuilt."""
     state: TenantState = TenantState.ACTIVE
     reason: str | None = None
     checkpoint: str | None = None
@@ -172,24 +175,32 @@ class TenantsOnDisk(ConfigError):
     """A run dir holds more tenants than the server would host (none without ``--tenants``)."""
 
 
-def check_tenants_on_disk(run_dir: Path, cap: int) -> None:
+def check_tenants_on_disk(run_dir: Path, cap: int, lora_rank: int | None = None) -> None:
     """Refuse to serve ``run_dir`` when it holds tenants that a server of ``cap`` tenants (0: none, a
     one-policy server) cannot resume: any tenant at all without ``--tenants`` (a one-policy server would
-    train their episodes as its own), or more resident (not retired) tenants than ``cap``. Reads
-    ``<run dir>/tenants/*/tenant.json`` only; creates and changes nothing.
+    train their episodes as its own), more resident (not retired) tenants than ``cap``, or resident tenants
+    whose adapters have another LoRA rank than ``lora_rank`` (``--lora-rank``; ``None``: not checked), as
+    ``tenant.json`` records it (or, in a record written before it was kept, the newest checkpoint's
+    ``adapter_config.json``). Reads ``<run dir>/tenants/`` only; creates and changes nothing.
 
     Raises:
-        TenantsOnDisk: one line naming the run dir, the tenants and the ``--tenants`` that resumes them.
+        TenantsOnDisk: one line naming the run dir, the tenants and the ``--tenants`` (or ``--lora-rank``)
+            that resumes them.
     """
     root = run_dir / "tenants"
     resident: list[str] = []
     retired: list[str] = []
+    ranks: dict[int, list[str]] = {}
     for path in sorted(root.glob("*/tenant.json")) if root.is_dir() else []:
         try:
-            state = json.loads(path.read_text()).get("state", TenantState.ACTIVE.value)
+            record = json.loads(path.read_text())
+            state = record.get("state", TenantState.ACTIVE.value)
         except (OSError, ValueError, AttributeError):
-            state = TenantState.ACTIVE.value  # unreadable: the server would fail on it; count it
+            record, state = {}, TenantState.ACTIVE.value  # unreadable: the server would fail on it; count it
         (retired if state == TenantState.RETIRED.value else resident).append(path.parent.name)
+        rank = record.get("lora_rank") or _checkpoint_rank(path.parent)
+        if state != TenantState.RETIRED.value and rank is not None and rank != lora_rank:
+            ranks.setdefault(rank, []).append(path.parent.name)
     if (not cap and (resident or retired)) or len(resident) > cap:
         names = ", ".join(resident[:4]) + ("…" if len(resident) > 4 else "")
         if retired:
@@ -199,6 +210,24 @@ def check_tenants_on_disk(run_dir: Path, cap: int) -> None:
             f"--run-dir {run_dir} holds {len(resident)} tenants ({names}) and {given} was given: start it "
             f"with --tenants {max(len(resident), 1)} or more, or use another --run-dir"
         )
+    if lora_rank is not None and ranks:
+        rank, names_at = sorted(ranks.items(), key=lambda kv: -len(kv[1]))[0]
+        listed = ", ".join(names_at[:4]) + ("…" if len(names_at) > 4 else "")
+        raise TenantsOnDisk(
+            f"--run-dir {run_dir} holds tenants created at --lora-rank {rank} ({listed}) and --lora-rank "
+            f"{lora_rank} was given: start it with --lora-rank {rank}, or use another --run-dir"
+        )
+
+
+def _checkpoint_rank(folder: Path) -> int | None:
+    """The LoRA rank of a tenant's newest checkpoint (its ``adapter_config.json``'s ``r``), or ``None``."""
+    latest = latest_checkpoint(folder)
+    try:
+        config = json.loads((latest[1] / "adapter_config.json").read_text()) if latest else {}
+    except (OSError, ValueError):
+        return None
+    rank = config.get("r") if isinstance(config, dict) else None
+    return rank if isinstance(rank, int) else None
 
 
 class _AdapterEngine:
@@ -465,7 +494,8 @@ class TenantRegistry:
             raise RequestError(f"tenant {body.id!r}: {refusal}", status_code=422, param="batch_policy")
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         self._creating[body.id] = body
-        record = _Record(settings=body, resolved=resolved, seed=seed)
+        lora = self.config.training.trainer.lora
+        record = _Record(settings=body, resolved=resolved, seed=seed, lora_rank=lora.r if lora else None)
         task = asyncio.get_running_loop().create_task(self._create(body, record), name=f"create-{body.id}")
         self._create_tasks.add(task)
         task.add_done_callback(self._create_tasks.discard)
@@ -609,6 +639,9 @@ class TenantRegistry:
         training = record.resolved.training(self.config.training, tenant_id)
         lora = training.trainer.lora
         assert lora is not None  # ServerConfig checks that tenants have LoRA settings
+        if record.lora_rank is None:  # created before the rank was kept: it is this server's (checked)
+            record.lora_rank = lora.r
+            _save(self.root / tenant_id, record)
         folder = self.root / tenant_id
         folder.mkdir(parents=True, exist_ok=True)
         with self._lock.first(), self.engine.pause():  # no batch or step runs while adapters are injected

@@ -7,6 +7,7 @@ pool and real peft adapters.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -15,6 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from swarm.cli import app
+from swarm.config import ServerConfig, TrainingConfig
+from swarm.server.runtime import SwarmRuntime
+from swarm.server.tenants import TenantsOnDisk
+from swarm.train.config import LoraSettings, TrainerConfig
 from tests.conftest import LiveServer, wait_for
 from tests.server.test_tenants import ADMIN, admin, create, hold_creates, tenant, tenant_server
 
@@ -125,3 +130,33 @@ def test_tenants_refuse_voting_policies_and_take_heartbeats_and_leaves(tenant_se
     shown = CliRunner().invoke(app, [*argv, "--run-dir", str(live.config.run_dir.parent / "r2")])
     assert shown.exit_code != 0 and len(shown.output.strip().splitlines()) == 1, shown.output
     assert "batch policy all_clients_ready needs readiness votes" in shown.output
+
+
+def test_a_tenants_run_dir_restarts_only_at_its_lora_rank(tenant_server: LiveServer) -> None:
+    """fresh-s5 #4: a tenants run dir restarted with another --lora-rank dumped a 506-line traceback
+    (size mismatch loading the adapters), and a tenant with no checkpoint yet was rebuilt at the new rank.
+    Now the rank is kept in tenant.json and the start (``--check`` too, and the runtime) is refused in one
+    line naming the run dir's rank; the same rank starts."""
+    live = tenant_server
+    assert create(live, "ta", seed=1).status_code == 201  # no step, no checkpoint: only the record
+    live.stop()
+    run_dir = live.config.run_dir
+    assert json.loads((run_dir / "tenants" / "ta" / "tenant.json").read_text())["lora_rank"] == 4
+    for check in (["--check"], []):
+        argv = ["serve", "--port", "0", "--run-dir", str(run_dir), "--tenants", "2", "--lora-rank", "8"]
+        refused = CliRunner().invoke(app, [*argv, *check])
+        assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1, refused.output
+        assert refused.output.strip() == (
+            f"error: --run-dir {run_dir} holds tenants created at --lora-rank 4 (ta) and --lora-rank 8 was "
+            "given: start it with --lora-rank 4, or use another --run-dir"
+        )
+    other = LoraSettings(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
+    config = ServerConfig(
+        run_dir=run_dir, tenants=2, training=TrainingConfig(trainer=TrainerConfig(lora=other))
+    )
+    with pytest.raises(TenantsOnDisk, match="created at --lora-rank 4"):
+        SwarmRuntime(config, live.engine)
+    same = CliRunner().invoke(
+        app, ["serve", "--run-dir", str(run_dir), "--tenants", "2", "--lora-rank", "4", "--check"]
+    )
+    assert same.exit_code == 0, same.output
