@@ -8,8 +8,11 @@ pool and real peft adapters.
 from __future__ import annotations
 
 import json
+import re
+import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,7 +23,7 @@ from swarm.config import ServerConfig, TrainingConfig
 from swarm.server.runtime import SwarmRuntime
 from swarm.server.tenants import TenantsOnDisk
 from swarm.train.config import LoraSettings, TrainerConfig
-from tests.conftest import LiveServer, wait_for
+from tests.conftest import LiveServer, free_port, serve_process, wait_for
 from tests.server.test_tenants import ADMIN, admin, create, hold_creates, tenant, tenant_server
 
 __all__ = ["tenant_server"]  # the fixture, imported for these tests
@@ -160,3 +163,38 @@ def test_a_tenants_run_dir_restarts_only_at_its_lora_rank(tenant_server: LiveSer
         app, ["serve", "--run-dir", str(run_dir), "--tenants", "2", "--lora-rank", "4", "--check"]
     )
     assert same.exit_code == 0, same.output
+
+
+def test_a_retired_tenants_checkpoint_names_its_base_and_the_hint_runs_as_written(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """fresh-s5 #5: a tenant checkpoint's adapter_config.json had ``base_model_name_or_path: null``, so
+    ``swarm serve --model <checkpoint>`` said "its base model is not recorded" and its peft line read
+    ``from_pretrained('BASE')``. Now it records the served model's folder; the line names it, and its code,
+    run as written, loads the adapter over that base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run_dir, port = tmp_path / "run", free_port()
+    flags = ["--tenants", "2", "--lora-rank", "4", "--batch-size", "1", "--group-size", "2"]
+    proc = serve_process(tiny_model_dir, run_dir, port, *flags, "--admin-token", ADMIN)
+    try:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {ADMIN}"}
+        ) as http:
+            for name in ("ta", "tc"):  # a second adapter (peft's add_adapter) recorded no base
+                assert http.post("/api/v1/tenants", json={"id": name}, timeout=60).status_code == 201
+            checkpoint = http.post("/api/v1/tenants/tc/retire", timeout=60).json()["checkpoint"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    base = json.loads((Path(checkpoint) / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert Path(base) == tiny_model_dir
+    refused = CliRunner().invoke(
+        app, ["serve", "--model", checkpoint, "--no-train", "--check", "--run-dir", str(tmp_path / "r2")]
+    )
+    assert refused.exit_code == 1 and f"over the base model {base}" in refused.output, refused.output
+    code = re.search(r"load it with peft \((PeftModel\.from_pretrained\(.*?\))\),", refused.output)
+    assert code is not None, refused.output
+    loaded = eval(code.group(1), {"PeftModel": PeftModel, "AutoModelForCausalLM": AutoModelForCausalLM})
+    assert isinstance(loaded, PeftModel) and "default" in loaded.peft_config
