@@ -14,10 +14,11 @@ from typing import Any
 
 from starlette.requests import Request
 
-from swarm.errors import EpisodeNotFound, RequestError, Unavailable
+from swarm.errors import EpisodeNotFound, Paused, RequestError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.protocol import (
     ADMIN_OWNER,
+    EngineState,
     EpisodeAbort,
     EpisodeCreate,
     EpisodeCreated,
@@ -86,9 +87,8 @@ class EpisodeService:
             self.limits.check_open(name, self.episodes.open_by(name))
             self.limits.take(name)
         if not self.phase.admits():
-            raise Unavailable(
-                f"the server is {self.phase.state.value}; no new episodes now", retry_after_s=2.0
-            )
+            refusal = Paused if self.phase.state is EngineState.PAUSED else Unavailable
+            raise refusal(f"the server is {self.phase.state.value}; no new episodes now", retry_after_s=2.0)
         if self.training is not None:
             self.training.admit(body.family, body.kind, body.task_id)
             self.training.touch(body.client_id)

@@ -43,7 +43,7 @@ from swarm.batch import BatchPolicy, tenant_policy_refusal
 from swarm.config import ServerConfig, TrainingConfig
 from swarm.engine.base import Engine
 from swarm.engine.priority_lock import PriorityLock
-from swarm.errors import ConfigError, RequestError, Unavailable
+from swarm.errors import ConfigError, Paused, RequestError, Unavailable
 from swarm.pool import Pool
 from swarm.precision import MixedPrecision
 from swarm.protocol import (
@@ -611,13 +611,14 @@ class TenantRegistry:
 
         Raises:
             RequestError: no such tenant (404), or it is retired (404) or being retired (409).
-            Unavailable: the tenant is paused or failed, or it does not admit now (503 + Retry-After).
+            Paused: the tenant is paused or failed (503 + Retry-After, type ``paused``).
+            Unavailable: it does not admit now (503 + Retry-After).
         """
         assert body.tenant is not None
         tenant = self._changeable(body.tenant)
         if tenant.state is not TenantState.ACTIVE:
             why = f": {tenant.record.reason}" if tenant.record.reason else ""
-            raise Unavailable(f"tenant {tenant.id} is {tenant.state.value}{why}", retry_after_s=5.0)
+            raise Paused(f"tenant {tenant.id} is {tenant.state.value}{why}", retry_after_s=5.0)
         if not tenant.phase.admits():
             raise Unavailable(
                 f"tenant {tenant.id} is {tenant.phase.state.value}; no new episodes now", retry_after_s=2.0

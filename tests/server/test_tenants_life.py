@@ -8,6 +8,7 @@ pool and real peft adapters.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
 import threading
@@ -19,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from swarm.cli import app
+from swarm.client import ClientError, RetryPolicy, SwarmClient
 from swarm.config import ServerConfig, TrainingConfig
 from swarm.server.runtime import SwarmRuntime
 from swarm.server.tenants import TenantsOnDisk
@@ -198,3 +200,41 @@ def test_a_retired_tenants_checkpoint_names_its_base_and_the_hint_runs_as_writte
     assert code is not None, refused.output
     loaded = eval(code.group(1), {"PeftModel": PeftModel, "AutoModelForCausalLM": AutoModelForCausalLM})
     assert isinstance(loaded, PeftModel) and "default" in loaded.peft_config
+
+
+def test_a_begin_under_a_paused_tenant_says_why_it_waits(
+    tenant_server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """fresh-s5 #6: a begin under a paused tenant was retried silently for up to 300 s (``swarm run --tenant``
+    printed nothing). A paused tenant, like a paused server (POST /api/v1/pause), is still a 503 with
+    Retry-After that the client retries (the admin's resume lets it in), now typed ``paused``, and the
+    client logs the reason once per request while it waits."""
+    live = tenant_server
+    assert create(live, "tc", seed=1).status_code == 201
+    with admin(live) as http:
+        assert http.post("/api/v1/tenants/tc/pause").status_code == 200
+    refused = begin(live, "tc")
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+    assert refused.json()["error"]["type"] == "paused"
+    assert refused.json()["error"]["message"] == "tenant tc is paused: paused by the admin"
+    started = time.monotonic()
+    with (
+        caplog.at_level(logging.WARNING, logger="swarm.client"),
+        SwarmClient(live.url, client_token=ADMIN, retry=RetryPolicy(deadline_s=6)) as client,
+        pytest.raises(ClientError) as raised,
+        client.episode("x", tenant="tc"),
+    ):
+        pass
+    assert raised.value.status_code == 503 and raised.value.error_type == "paused"
+    assert 5 <= time.monotonic() - started < 30
+    told = [r.getMessage() for r in caplog.records if r.name == "swarm.client._client"]
+    assert (
+        len(told) == 1 and "tenant tc is paused: paused by the admin; retrying until it is resumed" in told[0]
+    )
+    with admin(live) as http:  # a paused server answers alike
+        assert http.post("/api/v1/tenants/tc/resume").status_code == 200
+        assert http.post("/api/v1/pause").status_code == 200
+        paused = begin(live, "tc")
+        assert paused.status_code == 503 and paused.json()["error"]["type"] == "paused"
+        assert http.post("/api/v1/resume").status_code == 200
+    assert begin(live, "tc").status_code == 201
