@@ -332,7 +332,8 @@ def status(
         raise fail(f"{exc}{hint}") from None
     table = Table(title=f"swarm server {url}", show_header=False)
     table.add_row("state", view.state.value)
-    table.add_row("policy step", str(view.step))
+    per_tenant = "base frozen; training is per tenant (tenants below)"
+    table.add_row("policy step", per_tenant if view.training_per_tenant else str(view.step))
     table.add_row("model", view.model)
     for name, value in view.episodes.model_dump().items():
         table.add_row(f"episodes {name}", str(value))

@@ -83,6 +83,7 @@ class ControlService:
             ready_clients=[] if training is None else training.votes.ready(),
             distill=None if training is None or training.scorer is None else training.scorer.status(),
             tenants=None if self.tenants is None else self.tenants.summary(),
+            training_per_tenant=None if self.tenants is None else True,
         )
 
     def pause(self) -> None:

@@ -81,15 +81,20 @@ def status(control: ControlDep) -> StatusView:
     return control.status()
 
 
-async def _event_subscription(control: ControlDep, follow: bool = True) -> AsyncIterator[Subscription | None]:
+async def _event_subscription(
+    control: ControlDep, follow: bool = True, tenant: str | None = None
+) -> AsyncIterator[Subscription | None]:
     """A live follower's subscription, taken before the stream starts and held until the response ends.
 
     The check and the subscription happen in one step on the event loop, so simultaneous connects
     cannot all pass the check before any of them subscribes.
 
     Raises:
+        RequestError: ``tenant`` names no tenant, resident or retired, of a tenants server (404).
         Unavailable: ``limits.max_event_subscribers`` clients already follow (503 + Retry-After).
     """
+    if tenant is not None and control.tenants is not None:
+        control.tenants.known(tenant)
     if not follow:
         yield None
         return
@@ -112,6 +117,7 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         **json_errors(
             (401, "Missing admin token."),
             (403, "A wrong admin token, an episode key or a client token, or a caller from another host."),
+            (404, "`tenant` names no tenant (resident or retired) of this tenants server."),
             (503, "Too many followers; see Retry-After."),
         ),
     },

@@ -32,7 +32,7 @@ from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisodes
 from swarm.server.limits import ClientLimits
 from swarm.server.phase import Phase
-from swarm.server.tenants import TenantRegistry
+from swarm.server.tenants import NO_TENANTS, TenantRegistry
 from swarm.server.training import TrainingLoop
 from swarm.tracking.merge import MergeMode, build_samples
 
@@ -79,7 +79,7 @@ class EpisodeService:
                 Retry-After); a family quota is full (429) or, asynchronous, the trainer is too far
                 behind (503). The same for the episode's tenant (`TenantRegistry.admit`).
             AuthError: the client token is limited to other tenants (403).
-            RequestError: an unknown tenant (404), or a tenant on a server without tenants (400).
+            RequestError: an unknown tenant (404), or a tenant on a server without tenants (409).
         """
         name = owner.name if owner is not None and owner.name != ADMIN_OWNER else None
         self.credentials.check_tenant(name, body.tenant)
@@ -94,9 +94,7 @@ class EpisodeService:
             self.training.touch(body.client_id)
         if body.tenant is not None:
             if self.tenants is None:
-                raise RequestError(
-                    "this server hosts no tenants (swarm serve --tenants N)", status_code=400, param="tenant"
-                )
+                raise RequestError(NO_TENANTS, status_code=409, param="tenant")
             self.tenants.admit(body)
         episode, key = self.episodes.begin(body, None if owner is None else owner.name)
         self.phase.episode_begun()

@@ -65,6 +65,7 @@ from swarm.train import TorchTrainer
 from swarm.train.adapters import add_adapter, remove_adapter
 
 __all__ = [
+    "NO_TENANTS",
     "Tenant",
     "TenantRegistry",
     "TenantSettings",
@@ -72,6 +73,10 @@ __all__ = [
     "check_tenants_on_disk",
     "tenant_training",
 ]
+
+
+NO_TENANTS = "this server hosts no tenants (start it with swarm serve --tenants N)"
+"""The 409 of every tenant route, and of a begin under a tenant, on a server without ``--tenants``."""
 
 
 class TenantSettings(BaseModel):
@@ -395,6 +400,19 @@ class TenantRegistry:
             raise RequestError(f"no tenant {tenant_id!r}{retired}", status_code=404, param="tenant")
         return tenant
 
+    def known(self, tenant_id: str) -> None:
+        """Return when a tenant, resident, being created or retired, has this id.
+
+        Raises:
+            RequestError: none has (404).
+        """
+        if (
+            tenant_id not in self._tenants
+            and tenant_id not in self._creating
+            and tenant_id not in self._retired
+        ):
+            raise RequestError(f"no tenant {tenant_id!r}", status_code=404, param="tenant")
+
     def _changeable(self, tenant_id: str) -> Tenant:
         """The resident tenant ``tenant_id``, which no retire is retiring (`get`'s errors).
 
@@ -480,7 +498,14 @@ class TenantRegistry:
                 status_code=409,
                 param="id",
             )
-        if body.id in self._tenants or body.id in self._retired:
+        if body.id in self._retired:
+            raise RequestError(
+                f"tenant {body.id!r} was retired (its id stays taken: its checkpoint, metrics and events keep "
+                "it); choose another id",
+                status_code=409,
+                param="id",
+            )
+        if body.id in self._tenants:
             raise RequestError(f"tenant {body.id!r} exists already", status_code=409, param="id")
         if (resident := len(self._tenants) + len(self._creating)) >= self.cap:
             raise RequestError(

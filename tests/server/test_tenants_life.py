@@ -238,3 +238,24 @@ def test_a_begin_under_a_paused_tenant_says_why_it_waits(
         assert paused.status_code == 503 and paused.json()["error"]["type"] == "paused"
         assert http.post("/api/v1/resume").status_code == 200
     assert begin(live, "tc").status_code == 201
+
+
+def test_tenant_events_status_and_a_retired_id(tenant_server: LiveServer) -> None:
+    """fresh-s5 #10, #14: ``GET /api/v1/events?tenant=nope`` answered 200 with an empty stream (the
+    metrics route: 404); status said ``training_enabled: false`` and ``swarm status`` "policy step 0" while
+    tenants trained; re-creating a retired id said it "exists already"."""
+    live = tenant_server
+    assert create(live, "r1", seed=1).status_code == 201
+    with admin(live) as http:
+        unknown = http.get("/api/v1/events", params={"tenant": "nope", "follow": False})
+        assert unknown.status_code == 404 and unknown.json()["error"]["message"] == "no tenant 'nope'"
+        assert http.get("/api/v1/tenants/nope/metrics").status_code == 404
+        assert http.post("/api/v1/tenants/r1/retire").status_code == 200
+        retired = http.get("/api/v1/events", params={"tenant": "r1", "follow": False})  # stays valid
+        assert retired.status_code == 200 and "tenant.retired" in retired.text
+        status = http.get("/api/v1/status").json()
+    assert status["training_per_tenant"] is True and status["training_enabled"] is False
+    again = create(live, "r1")
+    assert again.status_code == 409 and again.json()["error"]["message"].startswith("tenant 'r1' was retired")
+    shown = CliRunner().invoke(app, ["status", live.url, "--admin-token", ADMIN], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "base frozen; training is per tenant" in shown.output, shown.output
