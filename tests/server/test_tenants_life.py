@@ -179,17 +179,23 @@ def test_a_retired_tenants_checkpoint_names_its_base_and_the_hint_runs_as_writte
 
     run_dir, port = tmp_path / "run", free_port()
     flags = ["--tenants", "2", "--lora-rank", "4", "--batch-size", "1", "--group-size", "2"]
-    proc = serve_process(tiny_model_dir, run_dir, port, *flags, "--admin-token", ADMIN)
+    log = tmp_path / "serve.log"
+    proc = serve_process(tiny_model_dir, run_dir, port, *flags, "--admin-token", ADMIN, output=log)
     try:
         with httpx.Client(
             base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {ADMIN}"}
         ) as http:
             for name in ("ta", "tc"):  # a second adapter (peft's add_adapter) recorded no base
                 assert http.post("/api/v1/tenants", json={"id": name}, timeout=60).status_code == 201
+            body = {"task_id": "x", "tenant": "ta", "client_id": "runner-x"}
+            assert http.post("/api/v1/episodes", json=body, timeout=30).status_code == 201
             checkpoint = http.post("/api/v1/tenants/tc/retire", timeout=60).json()["checkpoint"]
     finally:
+        stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+    # fresh-s5 #1: a SIGTERM with a tenant's episode open stops without the graceful-timeout cancel
+    assert time.monotonic() - stopped < 10 and "graceful shutdown exceeded" not in log.read_text()
     base = json.loads((Path(checkpoint) / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert Path(base) == tiny_model_dir
     refused = CliRunner().invoke(
