@@ -60,6 +60,7 @@ from swarm.errors import ConfigError, RequestError
 from swarm.protocol import BatchPolicy, EpisodeStatus
 
 __all__ = [
+    "TENANT_POLICIES",
     "Admission",
     "Batch",
     "BatchConfig",
@@ -72,6 +73,7 @@ __all__ = [
     "UnknownFamilyError",
     "admit",
     "select_batch",
+    "tenant_policy_refusal",
 ]
 
 
@@ -471,3 +473,17 @@ def admit(quotas: FamilyQuotas | None, counts: dict[str, int], family: str | Non
             f"share {quotas.shares[family]:g} + slack {quotas.slack}; other families must catch up"
         ),
     )
+
+
+TENANT_POLICIES = (BatchPolicy.EPISODES, BatchPolicy.TASKS, BatchPolicy.INFORMATIVE_TASKS)
+"""The batch policies a tenant takes: the sized ones. The voting ones (``all_clients_ready``,
+``any_client_ready``) need readiness votes, and a client's vote (``POST /api/v1/clients/{id}/ready``) names
+no tenant, so a tenant of a voting policy would never train."""
+
+
+def tenant_policy_refusal(policy: BatchPolicy) -> str | None:
+    """Why a tenant cannot take ``policy`` (one line), or ``None`` when it can."""
+    if policy in TENANT_POLICIES:
+        return None
+    names = ", ".join(p.value for p in TENANT_POLICIES)
+    return f"batch policy {policy.value} needs readiness votes, which name no tenant: tenants take {names}"

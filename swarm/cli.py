@@ -135,7 +135,8 @@ def serve(**values: Any) -> None:
     )
     try:
         config = options.check()
-        check_tenants_on_disk(config.run_dir, config.tenants)  # a run dir's tenants need --tenants ≥ theirs
+        lora = config.training.trainer.lora  # a run dir's tenants need --tenants ≥ theirs, at their rank
+        check_tenants_on_disk(config.run_dir, config.tenants, lora.r if lora else None)
     except SwarmError as exc:
         raise fail(str(exc)) from None
     for warning in options.warnings(config):
@@ -333,7 +334,8 @@ def status(
         raise fail(f"{exc}{hint}") from None
     table = Table(title=f"swarm server {url}", show_header=False)
     table.add_row("state", view.state.value)
-    table.add_row("policy step", str(view.step))
+    per_tenant = "base frozen; training is per tenant (tenants below)"
+    table.add_row("policy step", per_tenant if view.training_per_tenant else str(view.step))
     table.add_row("model", view.model)
     for name, value in view.episodes.model_dump().items():
         table.add_row(f"episodes {name}", str(value))

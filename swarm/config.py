@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from swarm.batch import BatchConfig, FamilyQuotas
+from swarm.batch import BatchConfig, FamilyQuotas, tenant_policy_refusal
 from swarm.engine.model_loading import DEFAULT_CACHE_DIR
 from swarm.precision import MixedPrecision, resolve_dtype
 from swarm.protocol import (
@@ -275,6 +275,8 @@ class ServerConfig(BaseModel):
             # the tenants' default lr: a tenant at lr 0 never changes (peft's LoRA B starts at zero); a
             # one-policy server keeps lr 0 (bench/gpu_engine.py measures logprob drift with frozen weights)
             raise ValueError("--lr 0 with --tenants: a tenant at lr 0 never changes: give --lr above 0")
+        if self.tenants and (refusal := tenant_policy_refusal(self.training.batch.policy)) is not None:
+            raise ValueError(f"--batch-policy with --tenants: {refusal}")
         if self.tenants and self.training.distill is not None:
             raise ValueError("distillation (--teacher) trains the one policy: leave --tenants out for now")
         if self.tenants and self.engine == "vllm" and self.weights_dtype == "float32":

@@ -134,6 +134,14 @@ class Unavailable(SwarmError):
             self.error_type, self.error_code = RATE_LIMIT_TYPE, RATE_LIMIT_CODE
 
 
+class Paused(Unavailable):
+    """An operator paused the server (``POST /api/v1/pause``) or the tenant (paused or failed, until the
+    admin resumes it): 503 + Retry-After as any unavailable answer, which clients retry, typed ``paused`` so
+    that a client can say why it waits (`swarm.client` logs it once per request) rather than wait silently."""
+
+    error_type = "paused"
+
+
 class ClientError(SwarmError):
     """An error answer from a swarm server, raised by :class:`swarm.client.SwarmClient`."""
 

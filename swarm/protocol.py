@@ -648,6 +648,9 @@ class StatusView(BaseModel):
     """The LoRA tenants in brief, on a server with ``--tenants N`` only (absent from the answer otherwise;
     on such a server ``training_enabled`` is false and ``step`` stays 0: the base is never trained, each
     tenant has its own step)."""
+    training_per_tenant: bool | None = None
+    """``True`` on a server with ``--tenants N``: training is per tenant (each its adapter, settings and
+    step, in `tenants`), while ``training_enabled`` and ``step`` are the frozen base's. Absent otherwise."""
 
 
 class SamplingDefaults(BaseModel):

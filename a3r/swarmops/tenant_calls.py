@@ -7,7 +7,8 @@ tens of seconds, so they get their own long timeout (:data:`CALL_TIMEOUT_S`) rat
 polls' 10 s. A create the client stops waiting for goes on on the server, so after a timeout or a lost
 connection the tenant is read back (``GET``): still ``creating`` is waited out, an existing tenant is used,
 and a missing one is a `TenantStartError` whose message names the timeout. A retire that finds the tenant
-still ``creating`` (409) is retried until it is created, then retires it.
+still ``creating`` (409) is retried until it is created, then retires it; one sent again after a timeout
+joins the retire under way on the server (the same 200 view), and one after it ended is a 404 (``None``).
 """
 
 from __future__ import annotations

@@ -7,12 +7,14 @@ set of timeouts (:class:`Timeouts`), one retry policy and one set of error types
 Transient failures (connection errors, 429, 502/503/504) are retried with exponential backoff
 (tenacity). An answer with ``Retry-After`` (a full quota, a training step, a paused server) is waited
 out for exactly that long and does not use up an attempt: only ``RetryPolicy.deadline_s`` bounds how
-long a client keeps coming back to a busy server.
+long a client keeps coming back to a busy server. A paused server or tenant (an answer of type
+``paused``) is retried the same way, and logged once per request (WARNING, with its reason).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -54,6 +56,7 @@ from swarm.protocol import (
 )
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
+logger = logging.getLogger(__name__)
 _METRICS = TypeAdapter(list[ServerStepMetrics])
 _TOKENS = TypeAdapter(list[ClientTokenView])
 _TENANTS = TypeAdapter(list[TenantView])
@@ -168,6 +171,24 @@ class _RetryStop:
         if state.seconds_since_start is not None and state.seconds_since_start >= self._policy.deadline_s:
             return True
         return state.attempt_number - self._busy >= self._policy.attempts
+
+
+class _PausedNotice:
+    """tenacity before_sleep: log (WARNING, once per request) that the server or the tenant is paused, so a
+    caller that keeps coming back to it is told why it waits, and for how long at most.
+
+    One instance per request."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._deadline_s = policy.deadline_s
+        self._told = False
+
+    def __call__(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        if self._told or not isinstance(exc, ClientError) or exc.error_type != "paused":
+            return
+        self._told = True
+        logger.warning("%s; retrying until it is resumed, for up to %g s", exc, self._deadline_s)
 
 
 def _is_infra(exc: BaseException, base_url: str) -> bool:
@@ -371,6 +392,7 @@ class AsyncSwarmClient:
             retry=retry_if_exception(_is_transient),
             stop=_RetryStop(self.retry),
             wait=_RetryWait(self.retry),
+            before_sleep=_PausedNotice(self.retry),
             reraise=True,
         )
         async for attempt in retrying:

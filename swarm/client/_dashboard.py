@@ -77,7 +77,8 @@ def render(url: str, snap: Snapshot) -> RenderableType:
     head = Table.grid(padding=(0, 2))
     head.add_row("state", Text(st.state.value, style="bold"), "policy step", str(st.step))
     head.add_row("model", st.model, "uptime", f"{st.uptime_s:.0f} s")
-    head.add_row("training", "on" if st.training_enabled else "off", "run dir", st.run_dir)
+    training = "per tenant" if st.training_per_tenant else "on" if st.training_enabled else "off"
+    head.add_row("training", training, "run dir", st.run_dir)
 
     pool = Table(title="episodes", show_edge=False)
     counts = st.episodes.model_dump()

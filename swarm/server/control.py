@@ -83,6 +83,7 @@ class ControlService:
             ready_clients=[] if training is None else training.votes.ready(),
             distill=None if training is None or training.scorer is None else training.scorer.status(),
             tenants=None if self.tenants is None else self.tenants.summary(),
+            training_per_tenant=None if self.tenants is None else True,
         )
 
     def pause(self) -> None:
@@ -185,12 +186,39 @@ class ControlService:
             raise RequestError(why, status_code=409)
         return self.training_loop
 
-    def client_state(self, client_id: str) -> ClientState:
-        """Whether ``client_id`` counts for the voting policies, and its vote.
+    def vote(self, client_id: str, ready: bool) -> None:
+        """Record a client's readiness vote.
+
+        Raises:
+            RequestError: training is disabled on this server, or it hosts tenants, whose batch policies
+                take no votes (409).
+        """
+        if self.tenants is not None:
+            raise RequestError(
+                "readiness votes are not taken on a tenants server: a vote names no tenant, and tenants "
+                "train by sized batch policies (episodes, tasks, informative_tasks); leave voting out",
+                status_code=409,
+            )
+        self.training().vote(client_id, ready)
+
+    def liveness(self) -> TenantRegistry | TrainingLoop:
+        """Where a client's heartbeat and leave go (their ``touch``/``leave``): on a tenants server every
+        resident tenant, else the training loop.
 
         Raises:
             RequestError: training is disabled on this server (409).
         """
+        return self.tenants if self.tenants is not None else self.training()
+
+    def client_state(self, client_id: str) -> ClientState:
+        """Whether ``client_id`` counts for the voting policies, and its vote (on a tenants server: whether
+        any tenant counts it as active; no vote stands there).
+
+        Raises:
+            RequestError: training is disabled on this server (409).
+        """
+        if self.tenants is not None:
+            return ClientState(client_id=client_id, active=self.tenants.client_active(client_id), ready=False)
         votes = self.training().votes
         return ClientState(
             client_id=client_id, active=client_id in votes.active(), ready=client_id in votes.ready()

@@ -66,6 +66,9 @@ votes_router = _guarded_router(
 )
 
 _NO_TRAINING = error_models((409, "Training is disabled on this server."))
+_NO_VOTES = error_models(
+    (409, "Training is disabled on this server, or it hosts tenants (their batch policies take no votes).")
+)
 
 
 def _sse(event: Event) -> ServerSentEvent:
@@ -78,15 +81,20 @@ def status(control: ControlDep) -> StatusView:
     return control.status()
 
 
-async def _event_subscription(control: ControlDep, follow: bool = True) -> AsyncIterator[Subscription | None]:
+async def _event_subscription(
+    control: ControlDep, follow: bool = True, tenant: str | None = None
+) -> AsyncIterator[Subscription | None]:
     """A live follower's subscription, taken before the stream starts and held until the response ends.
 
     The check and the subscription happen in one step on the event loop, so simultaneous connects
     cannot all pass the check before any of them subscribes.
 
     Raises:
+        RequestError: ``tenant`` names no tenant, resident or retired, of a tenants server (404).
         Unavailable: ``limits.max_event_subscribers`` clients already follow (503 + Retry-After).
     """
+    if tenant is not None and control.tenants is not None:
+        control.tenants.known(tenant)
     if not follow:
         yield None
         return
@@ -109,6 +117,7 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         **json_errors(
             (401, "Missing admin token."),
             (403, "A wrong admin token, an episode key or a client token, or a caller from another host."),
+            (404, "`tenant` names no tenant (resident or retired) of this tenants server."),
             (503, "Too many followers; see Retry-After."),
         ),
     },
@@ -277,13 +286,13 @@ async def checkpoint(control: ControlDep) -> CheckpointSaved:
     return await control.checkpoint()
 
 
-@votes_router.post("/{client_id}/ready", responses=_NO_TRAINING)
+@votes_router.post("/{client_id}/ready", responses=_NO_VOTES)
 async def vote(client_id: str, control: ControlDep, body: Vote | None = None) -> VoteCast:
     """A client's readiness vote for the ``all_clients_ready`` / ``any_client_ready`` batch policies.
 
     The body is optional: no body votes ready (``{"ready": true}``), as ``{}`` does."""
     ready = (body or Vote()).ready
-    control.training().vote(client_id, ready)
+    control.vote(client_id, ready)
     return VoteCast(client_id=client_id, ready=ready)
 
 
@@ -291,12 +300,12 @@ async def vote(client_id: str, control: ControlDep, body: Vote | None = None) ->
 async def client_heartbeat(client_id: str, control: ControlDep) -> ClientState:
     """A client's sign of life between episodes: it stays active for the voting policies (a client silent
     for the server's client timeout stops counting, so a dead one cannot block ``all_clients_ready``)."""
-    control.training().touch(client_id)
+    control.liveness().touch(client_id)
     return control.client_state(client_id)
 
 
 @votes_router.delete("/{client_id}", responses=_NO_TRAINING)
 async def client_leave(client_id: str, control: ControlDep) -> ClientState:
     """A client says goodbye: it and its vote no longer count (its finished episodes are still trained)."""
-    control.training().leave(client_id)
+    control.liveness().leave(client_id)
     return control.client_state(client_id)

@@ -18,7 +18,7 @@ from swarm.server.chat_service import ChatService
 from swarm.server.control import ControlService
 from swarm.server.episode_service import EpisodeService
 from swarm.server.stopping import Stopping
-from swarm.server.tenants import TenantRegistry
+from swarm.server.tenants import NO_TENANTS, TenantRegistry
 
 # Every dependency here is async on purpose (those of the hot routes above all): FastAPI runs a sync
 # dependency in its thread pool, a thread hop per request that cost ~30 % of the server CPU of begin +
@@ -50,9 +50,7 @@ async def get_tenants(request: Request) -> TenantRegistry:
     """The LoRA tenants; 409 on a server started without ``--tenants``."""
     tenants: TenantRegistry | None = request.app.state.runtime.tenants
     if tenants is None:
-        raise RequestError(
-            "this server hosts no tenants (start it with swarm serve --tenants N)", status_code=409
-        )
+        raise RequestError(NO_TENANTS, status_code=409)
     return tenants
 
 

@@ -37,10 +37,10 @@ _ENDED = error_models(
 )
 _BUSY = error_models(
     *_AUTH,
-    (400, "A tenant named on a server that hosts none."),
     (404, "No such tenant (or it is retired)."),
+    (409, "A tenant named on a server that hosts none, or a tenant being created or retired."),
     (429, "A quota or a client token's limit is full; see Retry-After."),
-    (503, "Paused, draining or training; see Retry-After."),
+    (503, "Paused (error type `paused`: the server or the tenant), draining or training; see Retry-After."),
 )
 
 router = APIRouter(prefix="/api/v1/episodes", tags=["episodes"], route_class=LeanRoute)

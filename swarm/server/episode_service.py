@@ -14,10 +14,11 @@ from typing import Any
 
 from starlette.requests import Request
 
-from swarm.errors import EpisodeNotFound, RequestError, Unavailable
+from swarm.errors import EpisodeNotFound, Paused, RequestError, Unavailable
 from swarm.pool import Pool, StoredEpisode
 from swarm.protocol import (
     ADMIN_OWNER,
+    EngineState,
     EpisodeAbort,
     EpisodeCreate,
     EpisodeCreated,
@@ -31,7 +32,7 @@ from swarm.server.detokenizer import TokenizerDetokenizer
 from swarm.server.episodes import OpenEpisodes
 from swarm.server.limits import ClientLimits
 from swarm.server.phase import Phase
-from swarm.server.tenants import TenantRegistry
+from swarm.server.tenants import NO_TENANTS, TenantRegistry
 from swarm.server.training import TrainingLoop
 from swarm.tracking.merge import MergeMode, build_samples
 
@@ -78,7 +79,7 @@ class EpisodeService:
                 Retry-After); a family quota is full (429) or, asynchronous, the trainer is too far
                 behind (503). The same for the episode's tenant (`TenantRegistry.admit`).
             AuthError: the client token is limited to other tenants (403).
-            RequestError: an unknown tenant (404), or a tenant on a server without tenants (400).
+            RequestError: an unknown tenant (404), or a tenant on a server without tenants (409).
         """
         name = owner.name if owner is not None and owner.name != ADMIN_OWNER else None
         self.credentials.check_tenant(name, body.tenant)
@@ -86,17 +87,14 @@ class EpisodeService:
             self.limits.check_open(name, self.episodes.open_by(name))
             self.limits.take(name)
         if not self.phase.admits():
-            raise Unavailable(
-                f"the server is {self.phase.state.value}; no new episodes now", retry_after_s=2.0
-            )
+            refusal = Paused if self.phase.state is EngineState.PAUSED else Unavailable
+            raise refusal(f"the server is {self.phase.state.value}; no new episodes now", retry_after_s=2.0)
         if self.training is not None:
             self.training.admit(body.family, body.kind, body.task_id)
             self.training.touch(body.client_id)
         if body.tenant is not None:
             if self.tenants is None:
-                raise RequestError(
-                    "this server hosts no tenants (swarm serve --tenants N)", status_code=400, param="tenant"
-                )
+                raise RequestError(NO_TENANTS, status_code=409, param="tenant")
             self.tenants.admit(body)
         episode, key = self.episodes.begin(body, None if owner is None else owner.name)
         self.phase.episode_begun()

@@ -28,6 +28,11 @@ router = APIRouter(
 _UNKNOWN = error_models(
     (404, "No resident tenant has this id."), (422, "A body with a field (none is taken).")
 )
+_LIFECYCLE = error_models(
+    (404, "No resident tenant has this id (a retired one says so)."),
+    (409, "The tenant is being created or being retired, or the server hosts no tenants."),
+    (422, "A body with a field (none is taken)."),
+)
 
 
 @router.post(
@@ -64,22 +69,22 @@ def tenant_metrics(tenant_id: str, tenants: TenantsDep, since_step: int = 0) -> 
     return tenants.metrics(tenant_id, since_step)
 
 
-@router.post("/{tenant_id}/pause", responses=_UNKNOWN)
+@router.post("/{tenant_id}/pause", responses=_LIFECYCLE)
 async def pause_tenant(tenant_id: str, tenants: TenantsDep, body: TenantAction | None = None) -> TenantView:
     """No new episodes under the tenant (503) and no step until resumed; its open episodes keep sampling.
     No body, or ``{}``."""
     return tenants.pause(tenant_id)
 
 
-@router.post("/{tenant_id}/resume", responses=_UNKNOWN)
+@router.post("/{tenant_id}/resume", responses=_LIFECYCLE)
 async def resume_tenant(tenant_id: str, tenants: TenantsDep, body: TenantAction | None = None) -> TenantView:
     """Resume a paused or failed tenant (its reason is cleared). No body, or ``{}``."""
     return tenants.resume(tenant_id)
 
 
-@router.post("/{tenant_id}/retire", responses=_UNKNOWN)
+@router.post("/{tenant_id}/retire", responses=_LIFECYCLE)
 async def retire_tenant(tenant_id: str, tenants: TenantsDep, body: TenantAction | None = None) -> TenantView:
     """Retire a tenant: its open episodes are aborted, a running step ends first, its adapter is saved as a
-    LoRA checkpoint (``checkpoint``, loadable with ``PeftModel.from_pretrained``) and leaves memory. No
-    body, or ``{}``."""
+    LoRA checkpoint (``checkpoint``, loadable with ``PeftModel.from_pretrained``) and leaves memory. A
+    retire sent while one is under way answers when it ends, with the same view. No body, or ``{}``."""
     return await tenants.retire(tenant_id)

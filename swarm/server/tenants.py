@@ -39,11 +39,11 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
-from swarm.batch import BatchPolicy
+from swarm.batch import BatchPolicy, tenant_policy_refusal
 from swarm.config import ServerConfig, TrainingConfig
 from swarm.engine.base import Engine
 from swarm.engine.priority_lock import PriorityLock
-from swarm.errors import ConfigError, RequestError, Unavailable
+from swarm.errors import ConfigError, Paused, RequestError, Unavailable
 from swarm.pool import Pool
 from swarm.precision import MixedPrecision
 from swarm.protocol import (
@@ -65,6 +65,7 @@ from swarm.train import TorchTrainer
 from swarm.train.adapters import add_adapter, remove_adapter
 
 __all__ = [
+    "NO_TENANTS",
     "Tenant",
     "TenantRegistry",
     "TenantSettings",
@@ -72,6 +73,10 @@ __all__ = [
     "check_tenants_on_disk",
     "tenant_training",
 ]
+
+
+NO_TENANTS = "this server hosts no tenants (start it with swarm serve --tenants N)"
+"""The 409 of every tenant route, and of a begin under a tenant, on a server without ``--tenants``."""
 
 
 class TenantSettings(BaseModel):
@@ -142,6 +147,9 @@ class _Record(BaseModel):
     were kept: the first server that resumes it fills them in from its own flags, once, and saves them."""
     seed: int
     """The adapter's initialisation seed (drawn when the admin gave none, so a restart re-creates it)."""
+    lora_rank: int | None = None
+    """The adapter's LoRA rank (``--lora-rank`` at creation; a restart at another rank is refused:
+    `check_tenants_on_disk`). ``None`` in a record written before it was kept: filled in when rebuilt."""
     state: TenantState = TenantState.ACTIVE
     reason: str | None = None
     checkpoint: str | None = None
@@ -172,24 +180,32 @@ class TenantsOnDisk(ConfigError):
     """A run dir holds more tenants than the server would host (none without ``--tenants``)."""
 
 
-def check_tenants_on_disk(run_dir: Path, cap: int) -> None:
+def check_tenants_on_disk(run_dir: Path, cap: int, lora_rank: int | None = None) -> None:
     """Refuse to serve ``run_dir`` when it holds tenants that a server of ``cap`` tenants (0: none, a
     one-policy server) cannot resume: any tenant at all without ``--tenants`` (a one-policy server would
-    train their episodes as its own), or more resident (not retired) tenants than ``cap``. Reads
-    ``<run dir>/tenants/*/tenant.json`` only; creates and changes nothing.
+    train their episodes as its own), more resident (not retired) tenants than ``cap``, or resident tenants
+    whose adapters have another LoRA rank than ``lora_rank`` (``--lora-rank``; ``None``: not checked), as
+    ``tenant.json`` records it (or, in a record written before it was kept, the newest checkpoint's
+    ``adapter_config.json``). Reads ``<run dir>/tenants/`` only; creates and changes nothing.
 
     Raises:
-        TenantsOnDisk: one line naming the run dir, the tenants and the ``--tenants`` that resumes them.
+        TenantsOnDisk: one line naming the run dir, the tenants and the ``--tenants`` (or ``--lora-rank``)
+            that resumes them.
     """
     root = run_dir / "tenants"
     resident: list[str] = []
     retired: list[str] = []
+    ranks: dict[int, list[str]] = {}
     for path in sorted(root.glob("*/tenant.json")) if root.is_dir() else []:
         try:
-            state = json.loads(path.read_text()).get("state", TenantState.ACTIVE.value)
+            record = json.loads(path.read_text())
+            state = record.get("state", TenantState.ACTIVE.value)
         except (OSError, ValueError, AttributeError):
-            state = TenantState.ACTIVE.value  # unreadable: the server would fail on it; count it
+            record, state = {}, TenantState.ACTIVE.value  # unreadable: the server would fail on it; count it
         (retired if state == TenantState.RETIRED.value else resident).append(path.parent.name)
+        rank = record.get("lora_rank") or _checkpoint_rank(path.parent)
+        if state != TenantState.RETIRED.value and rank is not None and rank != lora_rank:
+            ranks.setdefault(rank, []).append(path.parent.name)
     if (not cap and (resident or retired)) or len(resident) > cap:
         names = ", ".join(resident[:4]) + ("…" if len(resident) > 4 else "")
         if retired:
@@ -199,6 +215,24 @@ def check_tenants_on_disk(run_dir: Path, cap: int) -> None:
             f"--run-dir {run_dir} holds {len(resident)} tenants ({names}) and {given} was given: start it "
             f"with --tenants {max(len(resident), 1)} or more, or use another --run-dir"
         )
+    if lora_rank is not None and ranks:
+        rank, names_at = sorted(ranks.items(), key=lambda kv: -len(kv[1]))[0]
+        listed = ", ".join(names_at[:4]) + ("…" if len(names_at) > 4 else "")
+        raise TenantsOnDisk(
+            f"--run-dir {run_dir} holds tenants created at --lora-rank {rank} ({listed}) and --lora-rank "
+            f"{lora_rank} was given: start it with --lora-rank {rank}, or use another --run-dir"
+        )
+
+
+def _checkpoint_rank(folder: Path) -> int | None:
+    """The LoRA rank of a tenant's newest checkpoint (its ``adapter_config.json``'s ``r``), or ``None``."""
+    latest = latest_checkpoint(folder)
+    try:
+        config = json.loads((latest[1] / "adapter_config.json").read_text()) if latest else {}
+    except (OSError, ValueError):
+        return None
+    rank = config.get("r") if isinstance(config, dict) else None
+    return rank if isinstance(rank, int) else None
 
 
 class _AdapterEngine:
@@ -337,6 +371,8 @@ class TenantRegistry:
         self._creating: dict[str, TenantCreate] = {}
         """Tenants being created (``creating``: they count against the cap and their ids are taken)."""
         self._create_tasks: set[asyncio.Task[None]] = set()
+        self._retiring: dict[str, asyncio.Task[TenantView]] = {}
+        """Retires under way: a second retire of the tenant awaits the first and gets its answer."""
         for path in sorted(self.root.glob("*/tenant.json")) if self.root.exists() else []:
             record = _Record.model_validate_json(path.read_text())
             if record.state is TenantState.RETIRED:
@@ -363,6 +399,29 @@ class TenantRegistry:
             retired = " (retired)" if tenant_id in self._retired else ""
             raise RequestError(f"no tenant {tenant_id!r}{retired}", status_code=404, param="tenant")
         return tenant
+
+    def known(self, tenant_id: str) -> None:
+        """Return when a tenant, resident, being created or retired, has this id.
+
+        Raises:
+            RequestError: none has (404).
+        """
+        if (
+            tenant_id not in self._tenants
+            and tenant_id not in self._creating
+            and tenant_id not in self._retired
+        ):
+            raise RequestError(f"no tenant {tenant_id!r}", status_code=404, param="tenant")
+
+    def _changeable(self, tenant_id: str) -> Tenant:
+        """The resident tenant ``tenant_id``, which no retire is retiring (`get`'s errors).
+
+        Raises:
+            RequestError: as `get`, or it is being retired (409).
+        """
+        if tenant_id in self._retiring:
+            raise RequestError(f"tenant {tenant_id!r} is being retired", status_code=409, param="tenant")
+        return self.get(tenant_id)
 
     def view(self, tenant_id: str) -> TenantView:
         """One tenant, resident, being created or retired."""
@@ -428,7 +487,8 @@ class TenantRegistry:
 
         Raises:
             RequestError: the id is taken (409), ``--tenants`` tenants are resident already (409: the
-                cap on resident adapters and optimizer states), or its settings or id are invalid (422).
+                cap on resident adapters and optimizer states), or its settings or id are invalid (422; a
+                voting batch policy included: `TENANT_POLICIES`).
         """
         if body.id in "lora_":  # peft renames state-dict keys by adapter name: "a" or "lo" would clash
             raise RequestError(f"tenant id {body.id!r} is part of 'lora_'; choose another", status_code=422)
@@ -438,7 +498,14 @@ class TenantRegistry:
                 status_code=409,
                 param="id",
             )
-        if body.id in self._tenants or body.id in self._retired:
+        if body.id in self._retired:
+            raise RequestError(
+                f"tenant {body.id!r} was retired (its id stays taken: its checkpoint, metrics and events keep "
+                "it); choose another id",
+                status_code=409,
+                param="id",
+            )
+        if body.id in self._tenants:
             raise RequestError(f"tenant {body.id!r} exists already", status_code=409, param="id")
         if (resident := len(self._tenants) + len(self._creating)) >= self.cap:
             raise RequestError(
@@ -448,9 +515,12 @@ class TenantRegistry:
             )
         resolved = _resolve(self.config.training, body)
         resolved.training(self.config.training, body.id)  # 422 before anything is created
+        if (refusal := tenant_policy_refusal(resolved.batch_policy)) is not None:
+            raise RequestError(f"tenant {body.id!r}: {refusal}", status_code=422, param="batch_policy")
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         self._creating[body.id] = body
-        record = _Record(settings=body, resolved=resolved, seed=seed)
+        lora = self.config.training.trainer.lora
+        record = _Record(settings=body, resolved=resolved, seed=seed, lora_rank=lora.r if lora else None)
         task = asyncio.get_running_loop().create_task(self._create(body, record), name=f"create-{body.id}")
         self._create_tasks.add(task)
         task.add_done_callback(self._create_tasks.discard)
@@ -474,20 +544,36 @@ class TenantRegistry:
 
     def pause(self, tenant_id: str) -> TenantView:
         """Pause a tenant: no new episodes (503) and no step until resumed; open ones keep sampling."""
-        self.get(tenant_id).move(TenantState.PAUSED, "paused by the admin")
+        self._changeable(tenant_id).move(TenantState.PAUSED, "paused by the admin")
         self.events.emit("tenant.paused", f"tenant {tenant_id} paused", tenant=tenant_id)
         return self.view(tenant_id)
 
     def resume(self, tenant_id: str) -> TenantView:
         """Resume a paused or failed tenant."""
-        self.get(tenant_id).move(TenantState.ACTIVE, None)
+        self._changeable(tenant_id).move(TenantState.ACTIVE, None)
         self.events.emit("tenant.resumed", f"tenant {tenant_id} resumed", tenant=tenant_id)
         return self.view(tenant_id)
 
     async def retire(self, tenant_id: str) -> TenantView:
         """Retire a tenant: its open episodes are aborted, its running step ends, its adapter is saved as a
-        LoRA checkpoint (``TenantView.checkpoint``) and leaves memory (a place under the cap is free)."""
-        tenant = self.get(tenant_id)
+        LoRA checkpoint (``TenantView.checkpoint``) and leaves memory (a place under the cap is free).
+
+        A retire sent while one is under way (concurrent, or a client's retry after a timeout) waits for it
+        and answers the same view; the work goes on if the client stops waiting.
+
+        Raises:
+            RequestError: no resident tenant has this id (404; a retired one says so), or it is still being
+                created (409).
+        """
+        if (running := self._retiring.get(tenant_id)) is None:
+            tenant = self.get(tenant_id)
+            running = asyncio.get_running_loop().create_task(self._retire(tenant), name=f"retire-{tenant_id}")
+            self._retiring[tenant_id] = running
+            running.add_done_callback(lambda _: self._retiring.pop(tenant_id, None))
+        return await asyncio.shield(running)
+
+    async def _retire(self, tenant: Tenant) -> TenantView:
+        tenant_id = tenant.id
         tenant.phase.pause()
         self.episodes.partition(tenant_id).abort_open(f"tenant {tenant_id} was retired")
         if tenant.task is not None:
@@ -527,6 +613,21 @@ class TenantRegistry:
     def tasks(self) -> list[asyncio.Task[None]]:
         return [t.task for t in self._tenants.values() if t.task is not None]
 
+    # -- clients -------------------------------------------------------------------------------------------
+    def touch(self, client_id: str) -> None:
+        """A client's sign of life (heartbeat), for every resident tenant."""
+        for tenant in self._tenants.values():
+            tenant.loop.touch(client_id)
+
+    def leave(self, client_id: str) -> None:
+        """A client leaves every resident tenant."""
+        for tenant in self._tenants.values():
+            tenant.loop.leave(client_id)
+
+    def client_active(self, client_id: str) -> bool:
+        """Whether any resident tenant counts ``client_id`` as active (begun an episode or heartbeat lately)."""
+        return any(client_id in tenant.loop.votes.active() for tenant in self._tenants.values())
+
     # -- episodes ------------------------------------------------------------------------------------------
     def admit(self, body: EpisodeCreate) -> None:
         """Admit an episode begun under ``body.tenant``: the tenant is active, its phase admits (not
@@ -534,14 +635,15 @@ class TenantRegistry:
         asynchronous bound 503).
 
         Raises:
-            RequestError: no such tenant (404), or it is retired.
-            Unavailable: the tenant is paused or failed, or it does not admit now (503 + Retry-After).
+            RequestError: no such tenant (404), or it is retired (404) or being retired (409).
+            Paused: the tenant is paused or failed (503 + Retry-After, type ``paused``).
+            Unavailable: it does not admit now (503 + Retry-After).
         """
         assert body.tenant is not None
-        tenant = self.get(body.tenant)
+        tenant = self._changeable(body.tenant)
         if tenant.state is not TenantState.ACTIVE:
             why = f": {tenant.record.reason}" if tenant.record.reason else ""
-            raise Unavailable(f"tenant {tenant.id} is {tenant.state.value}{why}", retry_after_s=5.0)
+            raise Paused(f"tenant {tenant.id} is {tenant.state.value}{why}", retry_after_s=5.0)
         if not tenant.phase.admits():
             raise Unavailable(
                 f"tenant {tenant.id} is {tenant.phase.state.value}; no new episodes now", retry_after_s=2.0
@@ -563,6 +665,9 @@ class TenantRegistry:
         training = record.resolved.training(self.config.training, tenant_id)
         lora = training.trainer.lora
         assert lora is not None  # ServerConfig checks that tenants have LoRA settings
+        if record.lora_rank is None:  # created before the rank was kept: it is this server's (checked)
+            record.lora_rank = lora.r
+            _save(self.root / tenant_id, record)
         folder = self.root / tenant_id
         folder.mkdir(parents=True, exist_ok=True)
         with self._lock.first(), self.engine.pause():  # no batch or step runs while adapters are injected

@@ -270,8 +270,12 @@ class TrainingLoop:
             self.scorer.start()
         try:
             while True:
+                # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the loop
+                # iteration the event is set in (a tenant's retire wakes the loop, by aborting its open
+                # episodes, then cancels it: the retire hung for good where a recheck timeout was set).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), timeout=self._recheck_s())
+                    async with asyncio.timeout(self._recheck_s()):
+                        await self._wakeup.wait()
                 await asyncio.sleep(0.02)  # coalesce a burst of finishes into one batch check
                 self._wakeup.clear()
                 try:

@@ -50,7 +50,8 @@ def _quiet_peft_probe() -> None:
 
 def add_adapter(model: nn.Module, name: str, lora: LoraSettings, *, seed: int | None = None) -> nn.Module:
     """Inject a new LoRA adapter ``name`` (peft's init: A Kaiming-uniform, B zero, so it starts as the
-    base); returns the peft model holding it.
+    base); returns the peft model holding it. Its config's ``base_model_name_or_path`` is the base's
+    ``config.name_or_path`` (the folder ``from_pretrained`` loaded), so its checkpoints name their base.
 
     Args:
         model: the base model (the first adapter wraps it with ``get_peft_model``, in place) or the peft
@@ -75,6 +76,10 @@ def add_adapter(model: nn.Module, name: str, lora: LoraSettings, *, seed: int | 
         else:
             _quiet_peft_probe()
             peft = get_peft_model(model, _peft_config(lora), adapter_name=name)  # type: ignore[arg-type, unused-ignore]
+    config = peft.peft_config[name]
+    if not config.base_model_name_or_path:  # peft reads it from the model's __dict__, which lacks it now
+        # the served model's folder (from_pretrained's path), so its checkpoint names its base
+        config.base_model_name_or_path = getattr(peft.get_base_model().config, "name_or_path", None) or None
     for param_name, param in peft.named_parameters():  # the base is frozen; each step unfreezes its adapter
         if f".{name}." in param_name:
             param.requires_grad_(False)
