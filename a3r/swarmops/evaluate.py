@@ -174,7 +174,9 @@ class _Evaluation:
             self.inside.add(job)
             if self.stopped():
                 raise asyncio.CancelledError  # the block aborts the episode
-            output = await asyncio.wait_for(self.run(task.data, ep.llm), limit)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel (swarm/server/training.py)
+            async with asyncio.timeout(limit):
+                output = await self.run(task.data, ep.llm)
             if isinstance(output, Result):
                 reward = output.reward
             elif isinstance(output, int | float):
