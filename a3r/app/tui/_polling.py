@@ -61,9 +61,11 @@ class PollingScreen(Screen[None]):
 
 
 def on_stack(screen: Screen[Any]) -> bool:
-    """Whether ``screen`` is still on the app's screen stack (after an ``await`` it may have been
-    popped, and its widgets are being removed)."""
-    return screen in screen.app.screen_stack
+    """Whether ``screen`` is still on the app's screen stack and the app still runs (after an ``await``
+    it may have been popped, or the app may be shutting down: Textual then removes every screen's
+    widgets while the screens are still on the stack, so a worker that only checked the stack would
+    look up widgets that are gone)."""
+    return screen.app.is_running and screen.is_running and screen in screen.app.screen_stack
 
 
 async def read_store(screen: Screen[Any], read: Callable[[], _T]) -> _T | None:
