@@ -132,7 +132,9 @@ def _adapter_hint(path: Path) -> str | None:
     return (
         f"{path} is a LoRA adapter checkpoint (adapter_config.json, adapters only) {over}, not a full model: "
         f"load it with peft (PeftModel.from_pretrained({load}, {str(path)!r})), or merge it into a full model "
-        "folder first (….merge_and_unload().save_pretrained(OUT)) and serve that with --model OUT"
+        f"folder first (….merge_and_unload().save_pretrained(OUT), and the base's tokenizer beside it: "
+        f"AutoTokenizer.from_pretrained({str(base or 'BASE')!r}).save_pretrained(OUT)) and serve that with "
+        "--model OUT"
     )
 
 

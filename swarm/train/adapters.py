@@ -76,10 +76,16 @@ def add_adapter(model: nn.Module, name: str, lora: LoraSettings, *, seed: int | 
         else:
             _quiet_peft_probe()
             peft = get_peft_model(model, _peft_config(lora), adapter_name=name)  # type: ignore[arg-type, unused-ignore]
+    if peft.active_adapter not in peft.peft_config:
+        # every earlier adapter was deleted: peft's delete_adapter leaves the last one named active, and
+        # whatever reads the active adapter's config (get_base_model, save_pretrained) would raise KeyError
+        peft.set_adapter(name)
     config = peft.peft_config[name]
     if not config.base_model_name_or_path:  # peft reads it from the model's __dict__, which lacks it now
         # the served model's folder (from_pretrained's path), so its checkpoint names its base
-        config.base_model_name_or_path = getattr(peft.get_base_model().config, "name_or_path", None) or None
+        config.base_model_name_or_path = (
+            getattr(getattr(peft.base_model.model, "config", None), "name_or_path", None) or None
+        )
     for param_name, param in peft.named_parameters():  # the base is frozen; each step unfreezes its adapter
         if f".{name}." in param_name:
             param.requires_grad_(False)

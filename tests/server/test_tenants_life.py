@@ -26,7 +26,7 @@ from swarm.server.runtime import SwarmRuntime
 from swarm.server.tenants import TenantsOnDisk
 from swarm.train.config import LoraSettings, TrainerConfig
 from tests.conftest import LiveServer, free_port, serve_process, wait_for
-from tests.server.test_tenants import ADMIN, admin, create, hold_creates, tenant, tenant_server
+from tests.server.test_tenants import ADMIN, admin, create, hold_creates, rollout, tenant, tenant_server
 
 __all__ = ["tenant_server"]  # the fixture, imported for these tests
 
@@ -175,7 +175,9 @@ def test_a_retired_tenants_checkpoint_names_its_base_and_the_hint_runs_as_writte
     ``from_pretrained('BASE')``. Now it records the served model's folder; the line names it, and its code,
     run as written, loads the adapter over that base."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from swarm.engine.model_loading import resolve_model
 
     run_dir, port = tmp_path / "run", free_port()
     flags = ["--tenants", "2", "--lora-rank", "4", "--batch-size", "1", "--group-size", "2"]
@@ -206,6 +208,15 @@ def test_a_retired_tenants_checkpoint_names_its_base_and_the_hint_runs_as_writte
     assert code is not None, refused.output
     loaded = eval(code.group(1), {"PeftModel": PeftModel, "AutoModelForCausalLM": AutoModelForCausalLM})
     assert isinstance(loaded, PeftModel) and "default" in loaded.peft_config
+    # fresh-s6 #4: the merged folder needs the base's tokenizer too, and the line says how
+    merged = tmp_path / "merged"
+    loaded.merge_and_unload().save_pretrained(merged)
+    tokenizer_code = re.search(
+        r"(AutoTokenizer\.from_pretrained\(.*?\))\.save_pretrained\(OUT\)", refused.output
+    )
+    assert tokenizer_code is not None, refused.output
+    eval(tokenizer_code.group(1), {"AutoTokenizer": AutoTokenizer}).save_pretrained(merged)
+    assert resolve_model(merged).directory == merged and AutoTokenizer.from_pretrained(merged).encode("hi")
 
 
 def test_a_begin_under_a_paused_tenant_says_why_it_waits(
@@ -265,3 +276,24 @@ def test_tenant_events_status_and_a_retired_id(tenant_server: LiveServer) -> Non
     assert again.status_code == 409 and again.json()["error"]["message"].startswith("tenant 'r1' was retired")
     shown = CliRunner().invoke(app, ["status", live.url, "--admin-token", ADMIN], env={"COLUMNS": "200"})
     assert shown.exit_code == 0 and "base frozen; training is per tenant" in shown.output, shown.output
+
+
+def test_a_tenant_is_created_after_every_earlier_one_was_retired(tenant_server: LiveServer) -> None:
+    """fresh-s6 #1: once the last resident tenant was retired, every create answered 500 (KeyError: peft's
+    delete_adapter leaves the deleted adapter named active). A study that reuses its server for a later
+    stage retires every tenant of the earlier one first."""
+    live = tenant_server
+    for round_ in range(2):
+        first, second = f"a{round_}", f"b{round_}"
+        assert create(live, first, seed=1).status_code == 201
+        with admin(live) as http:
+            assert http.post(f"/api/v1/tenants/{first}/retire").status_code == 200
+        made = create(live, second, seed=2)
+        assert made.status_code == 201, made.text
+        rollout(live, second, "t", 1.0)  # it samples with its own adapter
+        assert live.engine.model.get_base_model() is not None
+        with admin(live) as http:
+            retired = http.post(f"/api/v1/tenants/{second}/retire")
+        assert retired.status_code == 200, retired.text
+        config = json.loads((Path(retired.json()["checkpoint"]) / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"]
