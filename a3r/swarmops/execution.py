@@ -1212,23 +1212,23 @@ def _conclude(
     # before its first step is not: its policy is the untrained one the preflight measured (the H200
     # re-run spent ~35 s of its budget evaluating one, issue 33).
     untrained = spec.purpose == "sweep" and end.status != "finished" and watch.last_step <= start_step
+    evaluable = not untrained and (
+        end.status == "finished"
+        or (end.status == "budget" and server_exit is None and run.eval_reserve_s > 0)
+    )
     last_step = watch.last_step
-    if untrained and run.tenant is not None and end.status == "budget" and server_exit is None:
+    if not evaluable and run.tenant is not None and end.status == "budget" and server_exit is None:
         # steps under way at the budget stop end after it (fresh-s6 #2): the retire waits for them, and its
         # answer and the tenant's metrics say what the run trained; its adapter is retired unevaluated
         final, retired_rows = _retire_now(run)
         if final is not None and final > last_step:
-            rows, last_step, untrained = retired_rows or rows, final, False
+            rows, last_step = retired_rows or rows, final
             rec.metrics(rows)
-            rec.note(f"run {spec.key}: {NOT_EVALUATED_BUDGET} (its step {final} ended after the budget stop)")
-    evaluable = (
-        not untrained
-        and last_step == watch.last_step
-        and (
-            end.status == "finished"
-            or (end.status == "budget" and server_exit is None and run.eval_reserve_s > 0)
-        )
-    )
+            if untrained:
+                untrained = False
+                rec.note(
+                    f"run {spec.key}: {NOT_EVALUATED_BUDGET} (its step {final} ended after the budget stop)"
+                )
     if untrained:
         rec.note(f"run {spec.key}: {NOT_EVALUATED_UNTRAINED}")
     eval_summary: RewardSummary | None = None
