@@ -82,7 +82,7 @@ def render(url: str, snap: Snapshot) -> RenderableType:
     head.add_row("training", training, "run dir", st.run_dir)
 
     pool = Table(title="episodes", show_edge=False)
-    counts = st.episodes.model_dump()
+    counts = st.episodes.model_dump(exclude=None if st.tenants is not None else {"pending_retired"})
     for name in counts:
         pool.add_column(name, justify="right")
     pool.add_row(*(str(v) for v in counts.values()))
