@@ -567,6 +567,10 @@ class BatchPolicy(StrEnum):
     """At least one active client voted ready."""
 
 
+TENANT_BATCH_POLICIES = (BatchPolicy.EPISODES, BatchPolicy.TASKS, BatchPolicy.INFORMATIVE_TASKS)
+"""The batch policies a LoRA tenant takes (`swarm.batch.TENANT_POLICIES`, which says why)."""
+
+
 # --- control --------------------------------------------------------------------------------------------
 class EngineState(StrEnum):
     IDLE = "idle"
@@ -1111,9 +1115,7 @@ class TenantCreate(PolicySettings):
         try:
             return handler(value)
         except ValidationError:
-            from swarm.batch import TENANT_POLICIES  # swarm.batch imports this module
-
-            names = ", ".join(p.value for p in TENANT_POLICIES)
+            names = ", ".join(p.value for p in TENANT_BATCH_POLICIES)
             raise ValueError(f"tenants take the batch policies {names}, not {value!r}") from None
 
 
