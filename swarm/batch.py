@@ -57,7 +57,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from swarm.errors import ConfigError, RequestError
-from swarm.protocol import BatchPolicy, EpisodeStatus
+from swarm.protocol import TENANT_BATCH_POLICIES, BatchPolicy, EpisodeStatus
 
 __all__ = [
     "TENANT_POLICIES",
@@ -475,7 +475,7 @@ def admit(quotas: FamilyQuotas | None, counts: dict[str, int], family: str | Non
     )
 
 
-TENANT_POLICIES = (BatchPolicy.EPISODES, BatchPolicy.TASKS, BatchPolicy.INFORMATIVE_TASKS)
+TENANT_POLICIES = TENANT_BATCH_POLICIES
 """The batch policies a tenant takes: the sized ones. The voting ones (``all_clients_ready``,
 ``any_client_ready``) need readiness votes, and a client's vote (``POST /api/v1/clients/{id}/ready``) names
 no tenant, so a tenant of a voting policy would never train."""

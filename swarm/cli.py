@@ -338,7 +338,8 @@ def status(
     table.add_row("policy step", per_tenant if view.training_per_tenant else str(view.step))
     table.add_row("model", view.model)
     for name, value in view.episodes.model_dump().items():
-        table.add_row(f"episodes {name}", str(value))
+        if name != "pending_retired" or view.tenants is not None:  # a count of tenants servers only
+            table.add_row(f"episodes {name}", str(value))
     table.add_row("clients", ", ".join(f"{c} ({n})" for c, n in view.clients.items()) or "-")
     if view.distill is not None:
         teacher = "ok" if view.distill.teacher_ok else "failing"

@@ -321,6 +321,25 @@ class Pool:
             rows = cur.fetchall()
         return [self._episode(dict(zip(cols, r, strict=True))) for r in rows]
 
+    def untrained_of(self, tenants: Sequence[str]) -> int:
+        """How many ended train episodes of these LoRA tenants no step trained (of :meth:`counts`'
+        ``pending``; infra failures and ``prepared`` members are in neither)."""
+        if not tenants:
+            return 0
+        marks = ", ".join("?" for _ in tenants)
+        with self._lock:
+            (n,) = self._db.execute(
+                "SELECT COUNT(*) FROM episodes WHERE kind = ? AND trained_step IS NULL AND status NOT IN (?, ?) "
+                f"AND tenant IN ({marks})",
+                (
+                    EpisodeKind.TRAIN.value,
+                    EpisodeStatus.INFRA_FAILURE.value,
+                    EpisodeStatus.PREPARED.value,
+                    *tenants,
+                ),
+            ).fetchone()
+        return int(n)
+
     def episodes(self, episode_ids: Sequence[str]) -> dict[str, StoredEpisode]:
         """Stored episodes by id (ids not in the pool are left out)."""
         out: dict[str, StoredEpisode] = {}

@@ -22,7 +22,9 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     computed_field,
     field_validator,
     model_validator,
@@ -565,6 +567,10 @@ class BatchPolicy(StrEnum):
     """At least one active client voted ready."""
 
 
+TENANT_BATCH_POLICIES = (BatchPolicy.EPISODES, BatchPolicy.TASKS, BatchPolicy.INFORMATIVE_TASKS)
+"""The batch policies a LoRA tenant takes (`swarm.batch.TENANT_POLICIES`, which says why)."""
+
+
 # --- control --------------------------------------------------------------------------------------------
 class EngineState(StrEnum):
     IDLE = "idle"
@@ -606,6 +612,10 @@ class EpisodeCounts(BaseModel):
         default=0,
         description="Finished or aborted train episodes consumed by a step (zero-signal groups included); "
         "with pending, a partition of the finished and aborted train episodes, not of all episodes.",
+    )
+    pending_retired: int = Field(
+        default=0,
+        description="Of pending: train episodes of retired LoRA tenants, which no step will ever train.",
     )
 
 
@@ -1096,6 +1106,17 @@ class TenantCreate(PolicySettings):
     """Both PPO clip bounds (``clip_eps_low`` = ``clip_eps_high``)."""
     seed: StrictInt | None = None
     """Seeds the adapter's initial weights (peft's LoRA init: A random, B zero); ``None``: torch's state."""
+
+    @field_validator("batch_policy", mode="wrap")
+    @classmethod
+    def _tenant_policy(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """An unknown policy is refused naming only the policies a tenant takes (fresh-s6 #6), not the
+        voting ones the server then refuses (`swarm.batch.tenant_policy_refusal`)."""
+        try:
+            return handler(value)
+        except ValidationError:
+            names = ", ".join(p.value for p in TENANT_BATCH_POLICIES)
+            raise ValueError(f"tenants take the batch policies {names}, not {value!r}") from None
 
 
 class TenantView(BaseModel):

@@ -227,6 +227,8 @@ def _runs(
         unevaluated = "–"
         if e is None and o.purpose == "sweep" and o.status != "finished" and trained_steps(o) == 0:
             unevaluated = "– (not evaluated: no step trained)"  # its policy is the preflight's untrained one
+        elif e is None and o.purpose == "sweep" and o.status == "budget":
+            unevaluated = "– (not evaluated: budget)"  # its steps ended after the budget stop (fresh-s6 #2)
         held_out = [f"{e.tasks} / {e.episodes}" if e else unevaluated, _fmt(e.pass_at_1 if e else None)]
         wall = "–" if origin else f"{o.wall_s:.0f}"
         row = [o.key, status, str(o.steps), episodes_text(o), wall, _fmt(last), *held_out]

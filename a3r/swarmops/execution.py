@@ -71,6 +71,7 @@ from a3r.swarmops.tenant_calls import (
     CALL_TIMEOUT_S,
     TenantStartError,
     create_tenant,
+    retire_and_read,
     retire_tenant,
     transport_failure,
 )
@@ -1205,7 +1206,6 @@ def _conclude(
     rec.metrics(rows)
     rec.events(api.events())
     diagnoses = _diagnose(run, end, rows, episodes, exit_code, server_exit, client.log_text())
-    diagnoses += detect_stall(samples, window_s=max(run.ctx.hang_after_s, 30.0)) if target is not None else []
     # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
     # after (train) training, so a train-reward gain can be checked against held-out reward. A run the
     # budget stopped is evaluated too: its budget kept `eval_reserve_s` for it. A sweep run stopped
@@ -1216,16 +1216,31 @@ def _conclude(
         end.status == "finished"
         or (end.status == "budget" and server_exit is None and run.eval_reserve_s > 0)
     )
+    last_step = watch.last_step
+    if not evaluable and run.tenant is not None and end.status == "budget" and server_exit is None:
+        # steps under way at the budget stop end after it (fresh-s6 #2): the retire waits for them, and its
+        # answer and the tenant's metrics say what the run trained; its adapter is retired unevaluated
+        final, retired_rows = _retire_now(run)
+        if final is not None and final > last_step:
+            rows, last_step = retired_rows or rows, final
+            rec.metrics(rows)
+            if untrained:
+                untrained = False
+                rec.note(
+                    f"run {spec.key}: {NOT_EVALUATED_BUDGET} (its step {final} ended after the budget stop)"
+                )
     if untrained:
         rec.note(f"run {spec.key}: {NOT_EVALUATED_UNTRAINED}")
     eval_summary: RewardSummary | None = None
     eval_s = math.nan
-    last_step = watch.last_step
     if spec.purpose in ("sweep", "smoke", "train") and evaluable and run.ctx.eval_tasks > 0:
         eval_summary, eval_s = _evaluate_run(run, client_s / max(1, len(episodes)))
         rows = api.metrics() or rows  # a step that was under way when training stopped has ended now
         rec.metrics(rows)
         last_step = max([last_step, *(row.step for row in rows)])
+    if target is not None and not (end.status == "budget" and last_step > watch.last_step):
+        # a run the budget cut while its step was under way did not stall: that step ended after the stop
+        diagnoses += detect_stall(samples, window_s=max(run.ctx.hang_after_s, 30.0))
     settled = final_end(end, last_step=last_step, target=target)  # all steps trained: finished, not cancelled
     reason = settled.reason
     if settled is end and last_step > watch.last_step:
@@ -1286,6 +1301,22 @@ NOT_EVALUATED_UNTRAINED = (
     "held-out evaluation skipped: no step trained, so its policy is the untrained one the preflight measured"
 )
 """Why a sweep run stopped before its first step has no held-out evaluation (`_conclude`)."""
+NOT_EVALUATED_BUDGET = "held-out evaluation skipped: not evaluated: budget"
+"""Why a tenant run the budget stopped before its first step, whose step ended after the stop, has no
+held-out evaluation: its budget is spent and its tenant is retired to read that step (`_conclude`)."""
+
+
+def _retire_now(run: _Run) -> tuple[int | None, list[ServerStepMetrics]]:
+    """Retire the run's tenant now and read its final step and metrics (`retire_and_read`); a failure is
+    noted and reads as nothing (``(None, [])``): the run's own retire tries again."""
+    assert run.tenant is not None
+    try:
+        return retire_and_read(run.handle, run.tenant)
+    except (ClientError, httpx.TransportError) as exc:
+        run.rec.note(
+            f"run {run.spec.key}: retiring tenant {run.tenant} after the budget stop: {exc}", "warning"
+        )
+        return None, []
 
 
 def _evaluate_run(run: _Run, per_episode: float) -> tuple[RewardSummary | None, float]:

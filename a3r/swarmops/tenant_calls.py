@@ -9,6 +9,8 @@ connection the tenant is read back (``GET``): still ``creating`` is waited out, 
 and a missing one is a `TenantStartError` whose message names the timeout. A retire that finds the tenant
 still ``creating`` (409) is retried until it is created, then retires it; one sent again after a timeout
 joins the retire under way on the server (the same 200 view), and one after it ended is a 404 (``None``).
+`retire_and_read` retires a tenant the budget stopped and reads what it trained: a step under way at the
+stop ends before the retire, so its final step and metrics are the retire's, not the watch's last poll.
 """
 
 from __future__ import annotations
@@ -20,9 +22,16 @@ from typing import Any
 import httpx
 
 from a3r.swarmops.processes import ServerHandle
-from swarm.client import ClientError, SwarmClient, TenantView
+from swarm.client import ClientError, ServerStepMetrics, SwarmClient, TenantView
 
-__all__ = ["CALL_TIMEOUT_S", "TenantStartError", "create_tenant", "retire_tenant", "transport_failure"]
+__all__ = [
+    "CALL_TIMEOUT_S",
+    "TenantStartError",
+    "create_tenant",
+    "retire_and_read",
+    "retire_tenant",
+    "transport_failure",
+]
 
 CALL_TIMEOUT_S = 180.0
 """Seconds a create or retire may take (one batch plus one tenant step on a loaded 2-core CPU, with room)."""
@@ -120,3 +129,27 @@ def retire_tenant(
                     raise
                 client.tenant(tenant)  # a 409 of its own where the server hosts no tenants; else: creating
             time.sleep(POLL_S)
+
+
+def retire_and_read(
+    handle: ServerHandle, tenant: str, *, timeout_s: float = CALL_TIMEOUT_S
+) -> tuple[int | None, list[ServerStepMetrics]]:
+    """Retire ``tenant`` (`retire_tenant`: a step under way ends first and is checkpointed) and read the
+    per-step metrics of every step it trained (a retired tenant's are kept).
+
+    Returns:
+        ``(final step, metrics rows oldest first)``: the final step is the retire's answer, or the last
+        metrics row's step where the tenant was retired already (404); ``None`` when neither says.
+
+    Raises:
+        ClientError | httpx.TransportError: as `retire_tenant`; the metrics read is best effort (``[]``).
+    """
+    view = retire_tenant(handle, tenant, timeout_s=timeout_s)
+    rows: list[ServerStepMetrics] = []
+    with handle.client(timeout_s=timeout_s, deadline_s=timeout_s) as client:
+        try:
+            rows = client.tenant_metrics(tenant)
+        except (ClientError, httpx.TransportError):
+            rows = []
+    steps = [row.step for row in rows] + ([view.step] if view is not None else [])
+    return (max(steps) if steps else None), rows

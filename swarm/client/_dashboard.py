@@ -75,13 +75,14 @@ def render(url: str, snap: Snapshot) -> RenderableType:
         return Panel(Text(snap.error or "no answer", style="bold red"), title=f"swarm top {url}")
     st = snap.status
     head = Table.grid(padding=(0, 2))
-    head.add_row("state", Text(st.state.value, style="bold"), "policy step", str(st.step))
+    step = "per tenant (below)" if st.training_per_tenant else str(st.step)  # the frozen base: no step
+    head.add_row("state", Text(st.state.value, style="bold"), "policy step", step)
     head.add_row("model", st.model, "uptime", f"{st.uptime_s:.0f} s")
     training = "per tenant" if st.training_per_tenant else "on" if st.training_enabled else "off"
     head.add_row("training", training, "run dir", st.run_dir)
 
     pool = Table(title="episodes", show_edge=False)
-    counts = st.episodes.model_dump()
+    counts = st.episodes.model_dump(exclude=None if st.tenants is not None else {"pending_retired"})
     for name in counts:
         pool.add_column(name, justify="right")
     pool.add_row(*(str(v) for v in counts.values()))
@@ -94,6 +95,19 @@ def render(url: str, snap: Snapshot) -> RenderableType:
     if not st.clients:
         clients.add_row("-", "0")
 
+    parts: list[RenderableType] = [head, Text(""), pool, Text(""), clients, Text("")]
+    if (
+        st.tenants is not None
+    ):  # a tenants server (fresh-s6 #5): each tenant's state and step, as `swarm status`
+        brief = f"tenants: {st.tenants.resident} of {st.tenants.cap} resident, {st.tenants.retired} retired"
+        tenants = Table(show_edge=False)
+        for name in ("tenant", "state", "step"):
+            tenants.add_column(name, justify="right" if name == "step" else "left")
+        for t in st.tenants.tenants:
+            tenants.add_row(t.id, t.state.value, str(t.step))
+        if not st.tenants.tenants:
+            tenants.add_row("-", "-", "-")
+        parts += [Text(brief, style="bold"), tenants, Text("")]
     if snap.rewards:
         curve: RenderableType = Text.assemble(
             (sparkline(snap.rewards), "green"),
@@ -101,17 +115,6 @@ def render(url: str, snap: Snapshot) -> RenderableType:
             f"  ({len(snap.rewards)} steps)",
         )
     else:
-        curve = Text(snap.metrics_note or "no training step yet", style="dim")
-    return Panel(
-        Group(
-            head,
-            Text(""),
-            pool,
-            Text(""),
-            clients,
-            Text(""),
-            Text("reward mean per step", style="bold"),
-            curve,
-        ),
-        title=f"swarm top {url}",
-    )
+        per_tenant = "training is per tenant: the tenants' steps are above" if st.training_per_tenant else ""
+        curve = Text(snap.metrics_note or per_tenant or "no training step yet", style="dim")
+    return Panel(Group(*parts, Text("reward mean per step", style="bold"), curve), title=f"swarm top {url}")

@@ -69,6 +69,8 @@ class ControlService:
         """Engine state, policy version, model, episode counts and the clients the voting policies see."""
         stored = self.pool.counts()
         counts = EpisodeCounts(**{**stored.model_dump(), "open": len(self.episodes)})
+        if self.tenants is not None:  # fresh-s6 #6: pending counts them, yet no step will train them
+            counts.pending_retired = self.pool.untrained_of(self.tenants.retired_ids())
         training = self.training_loop
         return StatusView(
             state=self.phase.state,

@@ -465,6 +465,10 @@ class TenantRegistry:
         ]
         return TenantsStatus(cap=self.cap, resident=len(brief), retired=len(self._retired), tenants=brief)
 
+    def retired_ids(self) -> list[str]:
+        """The ids of the retired tenants, sorted."""
+        return sorted(self._retired)
+
     def metrics(self, tenant_id: str, since_step: int) -> list[ServerStepMetrics]:
         """A tenant's metrics rows after ``since_step``: a resident one's history, a retired one's
         ``metrics.jsonl``.

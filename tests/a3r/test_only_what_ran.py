@@ -404,3 +404,20 @@ def test_a_study_that_stopped_after_a_start_failure_lists_every_planned_configur
     assert len(line) <= 160 and "(log:" not in line and "/work/studies" not in line
     assert line.startswith("stopped: the sweep run coarse-batch_size=1-s0 ended failed_to_start: swarm serve")
     assert log in conclusion
+
+
+def test_a_run_whose_step_ended_after_the_budget_stop_is_not_evaluated_for_the_budget(
+    tmp_path: Path, store: Store
+) -> None:
+    # fresh-s6 #2: a tenant run's step 1 ended after the budget stop; its row shows that step and says why
+    # there is no held-out evaluation (the budget), never "no step trained"
+    late = _cancelled(2, 1).model_copy(
+        update={
+            "steps": 1,
+            "curve": [(1, 0.25)],
+            "reason": "wall-time budget of 40 s spent at step 0; the step under way then ended: step 1",
+        }
+    )
+    _, report, _ = _report(tmp_path, store, [_run(1, 0), _run(1, 1), _run(2, 0), late])
+    (row,) = [line for line in report.splitlines() if line.startswith("| coarse-batch_size=2-s1 |")]
+    assert "| 1 |" in row and "– (not evaluated: budget)" in row and "no step trained" not in row

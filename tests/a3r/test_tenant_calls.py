@@ -16,12 +16,18 @@ import httpx
 import pytest
 
 from a3r.swarmops.processes import ServerHandle
-from a3r.swarmops.tenant_calls import TenantStartError, create_tenant, retire_tenant, transport_failure
+from a3r.swarmops.tenant_calls import (
+    TenantStartError,
+    create_tenant,
+    retire_and_read,
+    retire_tenant,
+    transport_failure,
+)
 from swarm.batch import BatchConfig, BatchPolicy
 from swarm.config import TrainingConfig
 from swarm.engine import HFEngine
 from swarm.train.config import LoraSettings, TrainerConfig
-from tests.conftest import LiveServer, build_tiny_model, make_server
+from tests.conftest import LiveServer, build_tiny_model, make_server, wait_for
 from tests.server.test_tenants import hold_creates
 
 ADMIN = secrets.token_urlsafe(16)
@@ -83,3 +89,23 @@ def test_a_failed_call_never_has_an_empty_reason() -> None:
     assert transport_failure(httpx.ConnectError(""), "creating tenant x", 180.0) == (
         "creating tenant x failed: ConnectError"
     )
+
+
+def test_a_step_that_ended_after_the_budget_stop_is_read_from_the_retire(live: LiveServer) -> None:
+    """fresh-s6 #2: the watch last saw step 0 when the budget stopped the run, and the step under way then
+    ended afterwards: the retire's answer and the tenant's metrics say the run trained step 1."""
+    from tests.server.test_tenants import rollout
+
+    handle = ServerHandle(url=live.url, admin_token=ADMIN)
+    with handle.client() as client:
+        client.create_tenant("tc", seed=3)
+        seen = client.tenant("tc").step  # the watch's last poll before the budget stop: step 0
+        for reward in (1.0, 0.0):  # one group (B = 1, G = 2): its step ends after the stop
+            rollout(live, "tc", "t1", reward, token=ADMIN)
+        wait_for(lambda: client.tenant("tc").step == 1, 60, "tenant tc's step 1")
+        client.pause_tenant("tc")  # the budget stop (`_freeze_training`)
+    final, rows = retire_and_read(handle, "tc")
+    assert (seen, final) == (0, 1)
+    assert [row.step for row in rows] == [1]
+    assert _states(live) == {"tc": "retired"}
+    assert retire_and_read(handle, "tc") == (1, rows)  # retired already: read from its metrics

@@ -165,6 +165,11 @@ def test_a_coarse_stage_runs_as_tenants_of_one_server(
     created = {e["data"]["tenant"] for e in events if e["kind"] == "tenant.created"}
     retired = {e["data"]["tenant"] for e in events if e["kind"] == "tenant.retired"}
     assert created == retired == {tenant_id(s) for s in specs}
+    retired_at = {  # the step each tenant's retire checkpointed ("retired at step N")
+        e["data"]["tenant"]: int(e["message"].split(" retired at step ")[1].split(";")[0])
+        for e in events
+        if e["kind"] == "tenant.retired"
+    }
     for spec, run, outcome in zip(specs, runs, outcomes, strict=True):
         assert outcome.key == spec.key and outcome.run_id == run.id
         assert outcome.tenant == tenant_id(spec) and outcome.tenant_server == "coarse-tenants"
@@ -184,6 +189,8 @@ def test_a_coarse_stage_runs_as_tenants_of_one_server(
             assert status_text(outcome.status) == "cancelled (budget)"
             assert STORE_STATUS[outcome.status] is RunStatus.cancelled
             assert not any(d.kind.value == "crash" for d in outcome.diagnoses)
+            if outcome.eval is None:  # retired at the stop: a step under way then counts (fresh-s6 #2)
+                assert outcome.steps == retired_at[outcome.tenant], (outcome.steps, outcome.reason)
     store.close()
 
 

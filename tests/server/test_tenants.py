@@ -305,6 +305,12 @@ def test_retire_saves_a_lora_checkpoint_and_frees_a_place(
     shown = CliRunner().invoke(app, ["status", live.url, "--admin-token", ADMIN], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     assert "2 of 2 resident, 0 retired: alpha active step 1, beta active step 0" in shown.output
+    # fresh-s6 #5: swarm top shows the tenants too, not the frozen base's "policy step 0"
+    top = CliRunner().invoke(app, ["top", live.url, "--admin-token", ADMIN, "--once"], env={"COLUMNS": "200"})
+    assert top.exit_code == 0, top.output
+    assert "tenants: 2 of 2 resident, 0 retired" in top.output and "per tenant (below)" in top.output
+    rows = [[cell for cell in line.split() if cell not in "│┃"] for line in top.output.splitlines()]
+    assert ["alpha", "active", "1"] in rows and ["beta", "active", "0"] in rows, top.output
     with admin(live) as http:
         retired = http.post("/api/v1/tenants/alpha/retire").json()
         after = http.get("/api/v1/status").json()["tenants"]

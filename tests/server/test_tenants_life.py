@@ -117,6 +117,10 @@ def test_tenants_refuse_voting_policies_and_take_heartbeats_and_leaves(tenant_se
         assert refused.status_code == 422 and refused.json()["error"]["param"] == "batch_policy", refused.text
         assert f"batch policy {policy} needs readiness votes" in refused.json()["error"]["message"]
         assert "tenants take episodes, tasks, informative_tasks" in refused.json()["error"]["message"]
+    unknown = create(live, "v1", batch_policy="quorum")  # fresh-s6 #6: lists only the tenant policies
+    assert unknown.status_code == 422 and unknown.json()["error"]["param"] == "batch_policy", unknown.text
+    assert "tenants take the batch policies episodes, tasks, informative_tasks, not 'quorum'" in unknown.text
+    assert "all_clients_ready" not in unknown.text and "any_client_ready" not in unknown.text
     assert create(live, "t1", batch_policy="tasks").status_code == 201
     assert begin(live, "t1", client_id="runner-a").status_code == 201
     clients = "/api/v1/clients/runner-a"
@@ -297,3 +301,20 @@ def test_a_tenant_is_created_after_every_earlier_one_was_retired(tenant_server: 
         assert retired.status_code == 200, retired.text
         config = json.loads((Path(retired.json()["checkpoint"]) / "adapter_config.json").read_text())
         assert config["base_model_name_or_path"]
+
+
+def test_status_says_which_pending_episodes_belong_to_retired_tenants(tenant_server: LiveServer) -> None:
+    """fresh-s6 #6: a retired tenant's untrained episodes stayed in ``episodes.pending`` with nothing saying
+    that no step will ever train them; status now counts them apart (they stay pending: they finished)."""
+    live = tenant_server
+    assert create(live, "u1", seed=1, batch_size=4).status_code == 201  # one episode never makes a step
+    rollout(live, "u1", "t1", 1.0)
+    with admin(live) as http:
+        before = http.get("/api/v1/status").json()
+        assert http.post("/api/v1/tenants/u1/retire").status_code == 200
+        after = http.get("/api/v1/status").json()
+    assert (before["episodes"]["pending"], before["episodes"]["pending_retired"]) == (1, 0)
+    assert (after["episodes"]["pending"], after["episodes"]["pending_retired"]) == (1, 1)
+    shown = CliRunner().invoke(app, ["status", live.url, "--admin-token", ADMIN], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"episodes pending_retired\s*│\s*1\s", shown.output), shown.output
