@@ -15,6 +15,7 @@
     ├── EpisodeNotFound (LookupError)    no such episode (HTTP 404)
     ├── EpisodeStateError                episode not open for this action (HTTP 409)
     ├── Unavailable                      engine paused/training/draining or quota full (HTTP 503/429)
+    ├── InsufficientMemory               a tenant's adapter or optimizer did not fit (HTTP 507)
     ├── TrainerError (ValueError)        a batch the trainer cannot use (train)
     └── ClientError                      raised by SwarmClient for an HTTP error answer
 
@@ -116,6 +117,15 @@ which this server has not). Anthropic's shape says ``rate_limit_error`` (`anthro
 
 RATE_LIMIT_CODE = "rate_limit_exceeded"
 """The error ``code`` of a 429 in OpenAI's shape, as OpenAI's API sends it."""
+
+
+class InsufficientMemory(SwarmError):
+    """Out of device memory while building something a request asked for (a tenant's adapter, trainer
+    and optimizer state); nothing of it is left behind. HTTP 507 (RFC 4918: the server cannot store what
+    the request needs), so clients do not retry it as they retry a 503."""
+
+    status_code = 507
+    error_type = "insufficient_memory"
 
 
 class Unavailable(SwarmError):

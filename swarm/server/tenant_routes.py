@@ -41,6 +41,7 @@ _LIFECYCLE = error_models(
     responses=error_models(
         (409, "The id is taken, or the server's cap of resident tenants (--tenants N) is reached."),
         (422, "Invalid settings."),
+        (507, "Out of device memory while building the tenant (nothing of it is kept): retire a tenant."),
     ),
 )
 async def create_tenant(body: TenantCreate, tenants: TenantsDep) -> TenantView:

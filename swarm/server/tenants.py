@@ -32,10 +32,12 @@ import asyncio
 import contextlib
 import json
 import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
+import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
@@ -43,7 +45,7 @@ from swarm.batch import BatchPolicy, tenant_policy_refusal
 from swarm.config import ServerConfig, TrainingConfig
 from swarm.engine.base import Engine
 from swarm.engine.priority_lock import PriorityLock
-from swarm.errors import ConfigError, Paused, RequestError, Unavailable
+from swarm.errors import ConfigError, InsufficientMemory, Paused, RequestError, Unavailable
 from swarm.pool import Pool
 from swarm.precision import MixedPrecision
 from swarm.protocol import (
@@ -493,6 +495,8 @@ class TenantRegistry:
             RequestError: the id is taken (409), ``--tenants`` tenants are resident already (409: the
                 cap on resident adapters and optimizer states), or its settings or id are invalid (422; a
                 voting batch policy included: `TENANT_POLICIES`).
+            InsufficientMemory: its adapter, trainer or optimizer state did not fit (507); nothing of it is
+                kept, so the id can be created again.
         """
         if body.id in "lora_":  # peft renames state-dict keys by adapter name: "a" or "lo" would clash
             raise RequestError(f"tenant id {body.id!r} is part of 'lora_'; choose another", status_code=422)
@@ -536,6 +540,12 @@ class TenantRegistry:
             tenant = await asyncio.to_thread(self._build, body.id, record)
             tenant.save()
             self._start(tenant)
+        except torch.OutOfMemoryError as error:
+            first = str(error).splitlines()[0] if str(error) else "out of memory"
+            raise InsufficientMemory(
+                f"tenant {body.id!r} did not fit in memory ({first}); nothing of it was kept: retire a "
+                f"tenant, or start the server with a smaller --lora-rank"
+            ) from error
         finally:
             del self._creating[body.id]
         self.events.emit("tenant.created", f"tenant {body.id} created", tenant=body.id)
@@ -673,9 +683,18 @@ class TenantRegistry:
             record.lora_rank = lora.r
             _save(self.root / tenant_id, record)
         folder = self.root / tenant_id
+        new_folder = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
-        with self._lock.first(), self.engine.pause():  # no batch or step runs while adapters are injected
-            self._model = add_adapter(self._model, tenant_id, lora, seed=record.seed)
+        try:
+            with self._lock.first(), self.engine.pause():  # no batch or step runs while adapters are injected
+                self._model = add_adapter(self._model, tenant_id, lora, seed=record.seed)
+            return self._assemble(tenant_id, folder, record, training)
+        except BaseException:
+            self._undo_build(tenant_id, folder if new_folder else None)
+            raise
+
+    def _assemble(self, tenant_id: str, folder: Path, record: _Record, training: TrainingConfig) -> Tenant:
+        """The trainer and training loop around tenant ``tenant_id``'s injected adapter; registered."""
         pad = self.engine.tokenizer.pad_token_id
         trainer = TorchTrainer(
             self._model,
@@ -705,6 +724,15 @@ class TenantRegistry:
             phase.pause()
         self._tenants[tenant_id] = tenant
         return tenant
+
+    def _undo_build(self, tenant_id: str, new_folder: Path | None) -> None:
+        """A build that failed part-way (out of memory, say) leaves nothing behind: the adapter, if it was
+        injected, is deleted, and the folder it created is removed, so the same id can be created again."""
+        with self._lock.first(), self.engine.pause():
+            if tenant_id in getattr(self._model, "peft_config", {}):
+                remove_adapter(self._model, tenant_id)
+        if new_folder is not None and not (new_folder / "tenant.json").exists():
+            shutil.rmtree(new_folder, ignore_errors=True)
 
     def _start(self, tenant: Tenant) -> None:
         tenant.task = asyncio.get_running_loop().create_task(tenant.loop.run(), name=f"tenant-{tenant.id}")

@@ -596,3 +596,29 @@ def test_tenants_on_verl_name_the_trainer_not_the_rank() -> None:
     with pytest.raises(ServeOptionsError, match="leave --trainer torch") as refused:
         ServeOptions(tenants=2, lora_rank=8, trainer="verl").to_server_config()
     assert "--lora-rank" not in str(refused.value)
+
+
+def test_a_create_that_fails_part_way_leaves_nothing_behind(
+    tenant_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create whose trainer cannot be built (out of memory, say) after the adapter was injected answers
+    an error, and leaves neither the adapter nor a folder behind: the same id can be created again."""
+    live = tenant_server
+    built = TorchTrainer
+
+    def fails_once(*args: Any, **kwargs: Any) -> TorchTrainer:
+        monkeypatch.setattr("swarm.server.tenants.TorchTrainer", built)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr("swarm.server.tenants.TorchTrainer", fails_once)
+    failed = create(live, "alpha", seed=1)
+    assert failed.status_code == 507, failed.text
+    assert failed.json()["error"]["type"] == "insufficient_memory"
+    assert "did not fit in memory (CUDA out of memory." in failed.json()["error"]["message"]
+    assert not (live.config.run_dir / "tenants" / "alpha").exists()
+    with admin(live) as http:
+        assert http.get("/api/v1/tenants").json() == []
+    again = create(live, "alpha", seed=1)
+    assert again.status_code == 201 and again.json()["state"] == "active", again.text
+    group(live, "alpha", "t0")
+    wait_for(lambda: tenant(live, "alpha")["step"] == 1, 120, "alpha's first step")
