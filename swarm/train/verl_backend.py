@@ -833,24 +833,27 @@ def _worker_class() -> type:
             ``async_save``, every rank its own shard, its planning collectives on a gloo group of their
             own (never the training's), DCP's ``.metadata`` written last by rank 0 (by a rename: the
             folder is complete). A failed write leaves ``FAILED`` in the folder with the error. A
-            previous write still running is waited for first. Rank 0 returns the LR schedule's state
-            (small); ``None`` elsewhere."""
+            previous write still running is waited for first. The staging buffers are kept between
+            snapshots where torch allows (`swarm.train.dcp_staging`: not on torch 2.11.0). Rank 0 returns
+            the LR schedule's state (small); ``None`` elsewhere."""
             from concurrent.futures import Future
 
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
             from torch.distributed.checkpoint.state_dict_saver import async_save
 
+            from swarm.train.dcp_staging import OptimizerStagers
+
             self.finish_optimizer_write()
             engine = self.actor.engine
-            if getattr(self, "_checkpoint_stager", None) is None:
-                self._checkpoint_stager = _optimizer_stager()
+            if getattr(self, "_stagers", None) is None:
+                self._stagers = OptimizerStagers(pinned=torch.cuda.is_available())
             with _resident(engine, optimizer=True):  # sharded: this rank's DTensors, no gather, no copy
                 shard = get_optimizer_state_dict(engine.module, engine.optimizer)
                 written = async_save(
                     {"optimizer": shard},
                     checkpoint_id=folder,
                     process_group=self.checkpoint_group(),
-                    async_stager=self._checkpoint_stager,
+                    async_stager=self._stagers.next(),
                 )  # returns once the shard is staged in CPU memory
             assert isinstance(written, Future)  # a synchronous stager: the write's future
             written.add_done_callback(functools.partial(_report_failed_write, Path(folder)))
@@ -913,22 +916,6 @@ def _worker_class() -> type:
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
 
     return SwarmActorWorker
-
-
-def _optimizer_stager() -> Any:
-    """DCP's stager for :meth:`SwarmActorWorker.stage_optimizer`: synchronous copies into CPU buffers it
-    keeps between snapshots, pinned on a GPU (a fast device-to-host copy)."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-    cuda = torch.cuda.is_available()
-    return DefaultStager(
-        StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=False,
-        )
-    )
 
 
 def _report_failed_write(folder: Path, written: Any) -> None:

@@ -235,3 +235,17 @@ def test_a_non_finite_update_is_skipped_and_the_step_goes_on(
     assert 0 < p["grad_norm"] < 1e30 and p["moved"] > 0
     assert all(abs(p[k]) < 1e30 for k in ("loss", "policy_loss"))  # the applied updates' statistics
     assert "every update" in r["all"]["raised"] and r["all"]["step_count"] == 0 and r["all"]["moved"] == 0.0
+
+
+def test_every_checkpoint_of_one_actor_holds_its_steps_adamw_state_on_torch_2_11_too(
+    scenario_results: Callable[[str], dict[str, Any]],
+) -> None:
+    """Two checkpoints by one actor: each optimizer folder holds its own step's AdamW state. With this
+    torch the staging buffers are kept; with torch 2.11.0's stager, which cannot stage twice
+    (pytorch#183413: an H100 resume check failed at its second checkpoint with ``KeyError: <class
+    'type'>``), every snapshot gets a fresh one and both checkpoints are still written."""
+    r = scenario_results("snapshots")
+    for mode, kept in (("this torch", True), ("torch 2.11", False)):
+        assert r[f"{mode}: reusable"] is kept and r[f"{mode}: stagers kept"] is kept
+        assert r[f"{mode}: step 1 count"] == [1.0] and r[f"{mode}: step 2 count"] == [2.0]
+        assert r[f"{mode}: moments moved"] > 1e-6

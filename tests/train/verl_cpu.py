@@ -12,7 +12,7 @@ Process-global (the platform is resolved once, the process group is global): run
 reads. Scenarios: ``resume`` (and ``resume-lora``): AdamW continued across a checkpoint; ``lora``: the
 actor's adapters reach the served copy; ``async``: a live server with ``--trainer verl`` and
 ``max_staleness = 1``; ``stale``: a batch with episodes one policy version stale, verl against the torch
-trainer.
+trainer; ``snapshots``: two checkpoints by one actor, with this torch's DCP stager and torch 2.11.0's.
 """
 
 from __future__ import annotations

@@ -577,3 +577,54 @@ def nonfinite(folder: Path) -> dict[str, Any]:
 
 
 SCENARIOS["nonfinite"] = nonfinite
+
+
+def snapshots(folder: Path) -> dict[str, Any]:
+    """Two steps with a checkpoint after each, by one actor, twice: with this torch's stager, and with
+    torch 2.11.0's (``DefaultStager._stage`` closes its inner stager after every stage, so staging twice
+    raises ``KeyError: <class 'type'>``: pytorch#183413, met on an H100 at the second checkpoint). Each
+    checkpoint's optimizer folder must hold that step's AdamW state (its step count, moments that moved)."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+    from transformers import AutoTokenizer
+
+    from swarm.server.checkpoints import save_checkpoint
+    from swarm.train.dcp_staging import stager_reusable
+    from swarm.train.verl_backend import read_optimizer_files
+
+    base = folder / "base"
+    save_tiny_model(base)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    config = TrainerConfig(lr=1e-3)
+    stage = DefaultStager._stage
+
+    def stage_as_torch_2_11(self: Any, state_dict: Any, **kwargs: Any) -> Any:
+        staged = stage(self, state_dict, **kwargs)
+        self._state_dict_stager.close()
+        return staged
+
+    out: dict[str, Any] = {}
+    for mode in ("this torch", "torch 2.11"):
+        if mode == "torch 2.11":
+            DefaultStager._stage = stage_as_torch_2_11  # type: ignore[method-assign]
+        run = folder / mode.replace(" ", "-")
+        trainer = _trainer(base, base, config, start=True)
+        trainer.state_dir = run / "checkpoints"
+        moments = []
+        for step, (samples, advantages) in enumerate(BATCHES, start=1):
+            trainer.step(samples, advantages)
+            path = save_checkpoint(run, step, trainer.model, tokenizer, trainer.state_dict(), keep=2)
+            optimizer = read_optimizer_files(path / "verl_optimizer")
+            moments.append({k: v["exp_avg"].clone() for k, v in optimizer["state"].items()})
+            out[f"{mode}: step {step} count"] = sorted(
+                {float(v["step"]) for v in optimizer["state"].values()}
+            )
+        out[f"{mode}: moments moved"] = max(
+            float((moments[1][k] - moments[0][k]).abs().max()) for k in moments[0]
+        )
+        out[f"{mode}: reusable"] = stager_reusable()
+        out[f"{mode}: stagers kept"] = trainer._workers().worker._stagers.reusable
+    DefaultStager._stage = stage  # type: ignore[method-assign]
+    return out
+
+
+SCENARIOS["snapshots"] = snapshots
