@@ -206,7 +206,13 @@ def test_a_stale_batch_trains_as_the_torch_trainer_trains_it(
     (their μ kept) and one fresh. π_θ_old is the step's starting weights for all three, so verl's on-policy
     shortcut (no ``compute_log_prob``) is exact for the stale ones too: loss, gradient norm, TIS weights,
     drift and the weights after the step equal the forced recompute's and the torch trainer's. Taking μ
-    as π_θ_old instead (what skipping the recompute without the shortcut would do) trains differently."""
+    as π_θ_old instead (what skipping the recompute without the shortcut would do) trains differently.
+
+    Weights are compared by their distance relative to the step's update (L2 over every tensor): AdamW
+    divides each element's gradient by its own running RMS, so an element whose gradient is at float32
+    rounding (RMS ≈ 6e-7 here) moves by a visible fraction of lr on rounding alone: 2.3e-4 in one
+    element at lr 1e-2 (transformers 5.25, huggingface-hub 2.4), where earlier versions happened to
+    give < 1e-5."""
     r = scenario_results("stale")
     assert r["stale_drift_max"] > 0.05 and r["fresh_drift_max"] < 1e-4  # step 1 moved the policy
     assert r["on_policy"]["compute_log_prob_calls"] == 0 and r["recompute"]["compute_log_prob_calls"] == 1
@@ -217,10 +223,12 @@ def test_a_stale_batch_trains_as_the_torch_trainer_trains_it(
     assert r["on_policy"]["logprob_drift_max"] == pytest.approx(r["stale_drift_max"], rel=1e-4)
     assert r["on_policy"]["tis_weight_mean"] != pytest.approx(1.0, abs=1e-3)  # the stale tokens' weights
     assert r["on_policy"]["grad_norm"] > 1e-3
-    assert r["on_policy_vs_recompute"] <= 1e-6 and r["on_policy_vs_torch"] <= 1e-5
-    assert r["recompute_vs_torch"] <= 1e-5
+    assert r["on_policy_vs_recompute"] <= 1e-6  # the same computation
+    assert r["on_policy_vs_torch_relative"] <= 1e-4 and r["recompute_vs_torch_relative"] <= 1e-4
+    assert r["on_policy_vs_torch"] <= 1e-3  # 10 % of lr: rounding in a near-zero-gradient element
     assert r["mu_as_old"]["clip_frac"] > 0.05  # the stale tokens' μ ratios clipped …
-    assert r["mu_as_old_vs_torch"] > 100 * max(r["on_policy_vs_torch"], 1e-7)  # … and another update
+    assert r["mu_as_old_vs_torch_relative"] > 0.1  # … and another update (0.59: half the update's length)
+    assert r["mu_as_old_vs_torch_relative"] > 1000 * r["on_policy_vs_torch_relative"]
 
 
 def test_a_non_finite_update_is_skipped_and_the_step_goes_on(

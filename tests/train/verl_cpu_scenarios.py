@@ -45,6 +45,11 @@ def _weights(trainer: VerlTrainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
+def _norm(tensors: dict[str, torch.Tensor]) -> float:
+    """The L2 norm of all of ``tensors`` together (one flat vector)."""
+    return float(torch.sqrt(sum((t.double() ** 2).sum() for t in tensors.values())))
+
+
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
@@ -508,6 +513,7 @@ def stale(folder: Path) -> dict[str, Any]:
         for name, group in (("stale", second[:2]), ("fresh", second[2:]))
     }
     out: dict[str, Any] = {"stale_drift_max": drift["stale"], "fresh_drift_max": drift["fresh"]}
+    start = {k: v.detach().clone() for k, v in torch_trainer.model.state_dict().items()}  # policy 1
     metrics = torch_trainer.step(second, advantages)
     out["torch"] = {f: getattr(metrics, f) for f in fields}
     weights = {"torch": {k: v.detach().clone() for k, v in torch_trainer.model.state_dict().items()}}
@@ -530,8 +536,11 @@ def stale(folder: Path) -> dict[str, Any]:
         out[name] = {f: getattr(metrics, f) for f in fields}
         out[name]["compute_log_prob_calls"] = calls[0]
         weights[name] = _weights(trainer)
+    update = _norm({k: weights["torch"][k].float() - start[k].float() for k in start})
     for name in ("on_policy", "recompute", "mu_as_old"):
         out[f"{name}_vs_torch"] = _max_diff(weights[name], weights["torch"])
+        gap = _norm({k: weights[name][k].float() - weights["torch"][k].float() for k in start})
+        out[f"{name}_vs_torch_relative"] = gap / update
     out["on_policy_vs_recompute"] = _max_diff(weights["on_policy"], weights["recompute"])
     return out
 
