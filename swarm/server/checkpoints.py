@@ -184,39 +184,84 @@ class Snapshot:
     """`TrainerBackend.state_dict` with every tensor copied to CPU."""
 
 
+PINNED_SHARE = 0.25
+"""The largest share of the host's physical memory a snapshot of CUDA tensors is pinned in (page-locked
+memory copies from the GPU several times faster, but the OS cannot swap it); above it the snapshot
+goes to pageable memory."""
+
+
 def snapshot(trainer: TrainerBackend, reuse: Snapshot | None = None) -> Snapshot:
     """Copy the trainer's weights and state to CPU memory (synchronous: a memory copy, no file).
 
     Shapes and dtypes are the live tensors'; a LoRA model's snapshot holds its ``lora_`` tensors only
     (what its checkpoint stores). ``reuse``: a previous snapshot nobody reads any more (its write
-    ended), whose tensors are overwritten where names, shapes and dtypes match (no new allocation)."""
+    ended), whose tensors are overwritten where names, shapes and dtypes match (no new allocation).
+    CUDA tensors are copied into pinned memory when the snapshot fits `PINNED_SHARE` of the host's
+    memory: all copies are queued asynchronously and waited for once (the 1.5B shape's 16.6 GB of
+    weights and AdamW state took 1.2–5.5 s into pageable memory on an H100/H200 host)."""
     model = trainer.model
     lora = hasattr(model, "peft_config")
     old = reuse.weights if reuse is not None else {}
+    live = {name: t for name, t in model.state_dict().items() if not lora or "lora_" in name}
+    state = trainer.state_dict()
+    tensors = [*live.values(), *_tensors(state)]
+    pin = _pinnable(tensors)
     weights: dict[str, torch.Tensor] = {}
     copies: dict[int, torch.Tensor] = {}  # tied tensors (embeddings and head) are copied once
-    for name, tensor in model.state_dict().items():
-        if not lora or "lora_" in name:
-            if tensor.data_ptr() not in copies:
-                copies[tensor.data_ptr()] = _cpu_copy(tensor, old.get(name))
-            weights[name] = copies[tensor.data_ptr()]
-    state = _cpu_copy(trainer.state_dict(), reuse.trainer_state if reuse is not None else None)
+    for name, tensor in live.items():
+        if tensor.data_ptr() not in copies:
+            copies[tensor.data_ptr()] = _cpu_copy(tensor, old.get(name), pin=pin)
+        weights[name] = copies[tensor.data_ptr()]
+    state = _cpu_copy(state, reuse.trainer_state if reuse is not None else None, pin=pin)
+    if any(t.is_cuda for t in tensors):
+        torch.cuda.synchronize()  # the queued device-to-host copies have landed
     return Snapshot(trainer.step_count, weights, state)
 
 
-def _cpu_copy(value: Any, into: Any = None) -> Any:
-    """``value`` with every tensor inside dicts, lists and tuples copied to CPU: into the matching
-    tensor of ``into`` (same structure, shape and dtype) where there is one, else a fresh copy."""
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor inside dicts, lists and tuples."""
     if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _pinnable(tensors: list[torch.Tensor]) -> bool:
+    """Whether a snapshot of ``tensors`` goes to pinned memory: some are CUDA tensors and all together
+    take at most `PINNED_SHARE` of the host's physical memory."""
+    if not any(t.is_cuda for t in tensors):
+        return False
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    try:
+        host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no sysconf: do not pin
+        return False
+    return size <= PINNED_SHARE * host
+
+
+def _cpu_copy(value: Any, into: Any = None, *, pin: bool = False) -> Any:
+    """``value`` with every tensor inside dicts, lists and tuples copied to CPU: into the matching
+    tensor of ``into`` (same structure, shape and dtype) where there is one, else a fresh copy (pinned
+    if ``pin`` and the tensor is on CUDA). Copies from CUDA into pinned memory are queued
+    (``non_blocking``): the caller synchronises before reading them."""
+    if isinstance(value, torch.Tensor):
+        source = value.detach()
         if isinstance(into, torch.Tensor) and into.shape == value.shape and into.dtype == value.dtype:
-            return into.copy_(value.detach())
-        return value.detach().to("cpu", copy=True)
+            return into.copy_(source, non_blocking=source.is_cuda and into.is_pinned())
+        if pin and source.is_cuda:
+            return torch.empty(source.shape, dtype=source.dtype, pin_memory=True).copy_(
+                source, non_blocking=True
+            )
+        return source.to("cpu", copy=True)
     if isinstance(value, dict):
         found = into if isinstance(into, dict) else {}
-        return {k: _cpu_copy(v, found.get(k)) for k, v in value.items()}
+        return {k: _cpu_copy(v, found.get(k), pin=pin) for k, v in value.items()}
     if isinstance(value, list | tuple):
         same = isinstance(into, list | tuple) and len(into) == len(value)
-        return type(value)(_cpu_copy(v, into[i] if same else None) for i, v in enumerate(value))
+        return type(value)(_cpu_copy(v, into[i] if same else None, pin=pin) for i, v in enumerate(value))
     return value
 
 

@@ -40,8 +40,15 @@ def _batch(seed: int) -> StepBatch:
     return StepBatch(batch, samples, [1.0, -1.0], MergeStats(), [0, 0])
 
 
-def _trainer(embedded_source: Any) -> TorchTrainer:
-    return TorchTrainer(build_tiny_model(embedded_source, seed=4), TrainerConfig(lr=1e-2), pad_token_id=PAD)
+def _trainer(embedded_source: Any, device: str = "cpu") -> TorchTrainer:
+    model = build_tiny_model(embedded_source, seed=4).to(device)
+    return TorchTrainer(model, TrainerConfig(lr=1e-2), pad_token_id=PAD)
+
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+]
 
 
 def test_a_journaled_step_is_replayed_to_the_same_weights(
@@ -87,8 +94,10 @@ def test_a_journaled_step_is_replayed_to_the_same_weights(
     assert saved["step"] == 2 and saved["replay"] is True and saved["write_s"] >= 0, saved
 
 
-def test_a_snapshot_is_a_copy_the_next_step_does_not_change(embedded_source: Any) -> None:
-    trainer = _trainer(embedded_source)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_snapshot_is_a_copy_the_next_step_does_not_change(embedded_source: Any, device: str) -> None:
+    """On CUDA the copies go to pinned memory (queued, waited for once) and the next snapshot reuses it."""
+    trainer = _trainer(embedded_source, device)
     batch = _batch(1)
     trainer.step(batch.samples, batch.advantages)
     snap = snapshot(trainer)
@@ -96,10 +105,14 @@ def test_a_snapshot_is_a_copy_the_next_step_does_not_change(embedded_source: Any
     trainer.step(batch.samples, batch.advantages)
     assert snap.step == 1 and all(torch.equal(v, before[k]) for k, v in snap.weights.items())
     exp_avg = snap.trainer_state["optimizer"]["state"][0]["exp_avg"]
-    assert not torch.equal(exp_avg, trainer.state_dict()["optimizer"]["state"][0]["exp_avg"])
+    assert not torch.equal(exp_avg, trainer.state_dict()["optimizer"]["state"][0]["exp_avg"].cpu())
+    assert all(v.device.type == "cpu" and v.is_pinned() == (device == "cuda") for v in snap.weights.values())
+    assert exp_avg.is_pinned() == (device == "cuda")
     again = snapshot(trainer, reuse=snap)  # the next step's copy goes into the same buffers
     live = trainer.model.state_dict()
-    assert all(again.weights[k] is v and torch.equal(v, live[k]) for k, v in snap.weights.items())
+    assert all(again.weights[k] is v and torch.equal(v, live[k].cpu()) for k, v in snap.weights.items())
+    state = trainer.state_dict()["optimizer"]["state"][0]["exp_avg"].cpu()
+    assert again.trainer_state["optimizer"]["state"][0]["exp_avg"] is exp_avg and torch.equal(exp_avg, state)
 
 
 def test_steps_during_a_write_are_journaled_and_the_next_idle_moment_checkpoints_the_newest(
