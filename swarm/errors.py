@@ -17,6 +17,7 @@
     ├── Unavailable                      engine paused/training/draining or quota full (HTTP 503/429)
     ├── InsufficientMemory               a tenant's adapter or optimizer did not fit (HTTP 507)
     ├── TrainerError (ValueError)        a batch the trainer cannot use (train)
+    ├── StepInterrupted                  a step given up for the server's stop, nothing applied (train)
     └── ClientError                      raised by SwarmClient for an HTTP error answer
 
 Every error carries the context a caller needs (episode id, HTTP status) and a message safe to show:

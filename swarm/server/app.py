@@ -262,6 +262,7 @@ class SwarmApp(FastAPI):
                 "server.stopping",
                 f"stopping: ending {runtime.events.subscribers()} event stream(s) and every live chat stream",
             )
+            runtime.interrupt_training()
         stopping.set()
 
     def _get_only(self, scope: Scope) -> bool:
@@ -387,6 +388,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None, *, owns_engin
             yield
         finally:
             app.state.stopping.set()  # the streams of a server stopped without `SwarmApp.begin_stop`
+            runtime.interrupt_training()  # and its step under way (idempotent)
             if runtime.tenants is not None:
                 tasks += runtime.tenants.tasks  # those created while serving too
             for task in tasks:

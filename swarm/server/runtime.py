@@ -200,6 +200,15 @@ class SwarmRuntime:
             )
         return out
 
+    def interrupt_training(self) -> None:
+        """The server is stopping: a training step under way (the main loop's, every tenant's) gives up
+        before its first update where its trainer can (`TrainerBackend.interrupt`: the torch trainer, at
+        its next micro-batch), so a stop does not wait for a whole step; its episodes stay pooled."""
+        if self.training is not None:
+            self.training.trainer.interrupt()
+        if self.tenants is not None:
+            self.tenants.interrupt_steps()
+
     def close(self) -> None:
         """Close the engine (when owned), then the trainer (`TrainerBackend.close`), the pool writer, the pool
         and the event log. The engine goes first: it receives the trainer's weights (vLLM: CUDA IPC or a

@@ -617,6 +617,12 @@ class TenantRegistry:
             del self._tenants[tenant.id]
             self._retired[tenant.id] = tenant.record
 
+    def interrupt_steps(self) -> None:
+        """Every resident tenant's step under way, and any later one, gives up before its first update
+        (`TrainerBackend.interrupt`: the server is stopping)."""
+        for tenant in list(self._tenants.values()):
+            tenant.loop.trainer.interrupt()
+
     def close(self) -> None:
         """Stop every tenant's loop (the app's shutdown awaits the tasks)."""
         for tenant in self._tenants.values():

@@ -77,7 +77,7 @@ from swarm.server.step_history import Drain, StepHistory
 from swarm.server.teacher import TeacherClient
 from swarm.server.teacher_scoring import TeacherScorer
 from swarm.tracking.merge import LossWeighting
-from swarm.train import TorchTrainer, TrainerBackend, TrainerError
+from swarm.train import StepInterrupted, TorchTrainer, TrainerBackend, TrainerError
 
 __all__ = ["TrainingLoop", "make_trainer"]
 
@@ -373,12 +373,18 @@ class TrainingLoop:
         )
         try:
             metrics = await asyncio.shield(work)
+        except StepInterrupted as exc:  # the server is stopping (`TrainerBackend.interrupt`)
+            self._report_interrupted(exc, len(batch.episode_ids))
+            return
         except asyncio.CancelledError:
-            # The server stops during the step: its thread cannot be stopped and publishes the step (served
-            # weights, consumed episodes, metrics row); its event is written before the stop goes on, so
-            # every finished step leaves both.
+            # The server stops during the step: its thread cannot be stopped; it gives up before its first
+            # update where the trainer can (`TrainerBackend.interrupt`, asked when the stop began), else it
+            # publishes the step (served weights, consumed episodes, metrics row); its event is written
+            # before the stop goes on, so every finished step leaves both.
             try:
                 self._emit_step(await work)
+            except StepInterrupted as exc:
+                self._report_interrupted(exc, len(batch.episode_ids))
             except Exception as exc:
                 self._report_failure(exc)
             raise
@@ -386,6 +392,16 @@ class TrainingLoop:
             self.phase.end_step()
         self._emit_step(metrics)
         self.wake()  # another batch may already be waiting
+
+    def _report_interrupted(self, exc: StepInterrupted, episodes: int) -> None:
+        """The ``train.interrupted`` event of a step given up for the server's stop (nothing applied,
+        nothing consumed: its episodes train after a restart)."""
+        self.events.emit(
+            "train.interrupted",
+            f"{exc}; its {episodes} episodes stay pooled and train after a restart",
+            step=self.step + 1,
+            episodes=episodes,
+        )
 
     def _emit_step(self, metrics: ServerStepMetrics | None) -> None:
         """The ``train.step`` event of a finished step (none for a step that trained nothing)."""

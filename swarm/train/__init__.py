@@ -25,7 +25,7 @@ from swarm.train.config import LIVE_FIELDS, LoraSettings, LossAggregation, Train
 from swarm.train.metrics import MetricsLog, StepMetrics, StepTimings
 
 if TYPE_CHECKING:
-    from swarm.train.backend import TrainerBackend
+    from swarm.train.backend import StepInterrupted, TrainerBackend
     from swarm.train.trainer import TorchTrainer, TrainerError
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "LoraSettings",
     "LossAggregation",
     "MetricsLog",
+    "StepInterrupted",
     "StepMetrics",
     "StepTimings",
     "TorchTrainer",

@@ -20,12 +20,18 @@ from swarm.tracking.records import Sample
 from swarm.train.config import TrainerConfig
 from swarm.train.metrics import StepMetrics
 
-__all__ = ["Advantage", "TrainBatch", "TrainerBackend", "TrainerClosed", "TrainerError"]
+__all__ = ["Advantage", "StepInterrupted", "TrainBatch", "TrainerBackend", "TrainerClosed", "TrainerError"]
 
 Advantage = float | Sequence[float]
 """One sample's advantage: a float for every trained token (GRPO), or one per token, shape (T,) aligned
 with ``Sample.input_ids`` and read where the loss mask is 1 (on-policy distillation,
 `swarm.train.distill.token_advantages`)."""
+
+
+class StepInterrupted(SwarmError):
+    """A step gave up before its first update because the server is stopping (:meth:`TrainerBackend.interrupt`):
+    nothing was applied (weights, optimizer state and step counter are as before the call), so its
+    episodes stay pooled and train after a restart. Not a `TrainerError`: the batch is not at fault."""
 
 
 class TrainerError(SwarmError, ValueError):
@@ -204,6 +210,17 @@ class TrainerBackend(ABC):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` output."""
         ...
+
+    def interrupt(self) -> bool:
+        """Ask every step from now on, including one under way, to give up before its first update
+        (`StepInterrupted`): a stopping server's, so that SIGTERM does not wait for a whole step. Safe from
+        any thread; for the rest of this trainer's life.
+
+        Returns:
+            Whether this backend can (the torch trainer: at its next micro-batch; verl: no, a step in its
+            Ray workers runs to its end).
+        """
+        return False
 
     def close(self) -> TrainerClosed | None:
         """Free what the trainer holds outside this process, in bounded time, before the server's process

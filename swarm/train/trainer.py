@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -37,7 +38,7 @@ from swarm.heap import return_freed_memory
 from swarm.precision import MixedPrecision, autocast, require_resolved
 from swarm.tracking.records import Sample
 from swarm.train.adapters import NamedAdapter, adapter_parameters
-from swarm.train.backend import Advantage, TrainBatch, TrainerBackend, TrainerError
+from swarm.train.backend import Advantage, StepInterrupted, TrainBatch, TrainerBackend, TrainerError
 from swarm.train.config import LIVE_FIELDS, TrainerConfig
 from swarm.train.lora import add_adapters, merge_adapters
 from swarm.train.losses import (
@@ -193,6 +194,7 @@ class TorchTrainer(TrainerBackend):
         )
         if not self._params:
             raise TrainerError("the model has no trainable parameters")
+        self._interrupted = threading.Event()
         self.optimizer = torch.optim.AdamW(
             self._params,
             lr=config.lr,
@@ -229,6 +231,18 @@ class TorchTrainer(TrainerBackend):
     def live_fields(self) -> frozenset[str]:
         """Every field of ``LIVE_FIELDS``: the next step reads them all."""
         return LIVE_FIELDS
+
+    def interrupt(self) -> bool:
+        """Every step from now on gives up at its next micro-batch, until its first update is applied
+        (`StepInterrupted`; a step with several updates that applied one runs to its end). Thread-safe."""
+        self._interrupted.set()
+        return True
+
+    def _give_up_if_interrupted(self) -> None:
+        if self._interrupted.is_set():
+            raise StepInterrupted(
+                f"step {self._step + 1} given up before its first update: the server is stopping"
+            )
 
     @property
     def step_count(self) -> int:
@@ -441,6 +455,8 @@ class TorchTrainer(TrainerBackend):
         ``batch.max_updates`` updates are made (a journal replay of such a step, `swarm.server.checkpoints`).
 
         Raises:
+            StepInterrupted: :meth:`interrupt` was called before the step's first update: nothing was
+                applied (weights, optimizer state and step counter are as before the call).
             TrainerError: The step's first update has a non-finite gradient: nothing was applied (weights,
                 optimizer state and step counter are as before the call).
         """
@@ -480,6 +496,7 @@ class TorchTrainer(TrainerBackend):
         if recompute is None:
             recompute = cfg.updates_per_step > 1
         # π_θ_old (and π_ref) of every scored token, computed once under the step's starting weights.
+        self._give_up_if_interrupted()
         self._model.eval()
         old = self._old_logprobs(batches, timings) if recompute else {}
         ref = self._ref_logprobs(batches, timings) if cfg.kl_coef > 0 else {}
@@ -499,7 +516,13 @@ class TorchTrainer(TrainerBackend):
         for epoch, mbs in planned[:max_updates]:
             update = _Totals()
             grad_norm = self._update(
-                mbs, old, ref, update, timings, measure_drift=epoch == 0 and not recompute
+                mbs,
+                old,
+                ref,
+                update,
+                timings,
+                measure_drift=epoch == 0 and not recompute,
+                may_give_up=applied == 0,
             )
             if not math.isfinite(grad_norm):
                 if applied == 0:
@@ -555,9 +578,12 @@ class TorchTrainer(TrainerBackend):
         timings: StepTimings,
         *,
         measure_drift: bool,
+        may_give_up: bool = False,
     ) -> float:
         """One optimizer update on a minibatch: forward/backward of its micro-batches, clip, AdamW; returns
-        the pre-clip gradient norm. A non-finite norm applies nothing (its gradients are dropped)."""
+        the pre-clip gradient norm. A non-finite norm applies nothing (its gradients are dropped).
+        ``may_give_up`` (no update of the step applied yet): an interrupt (:meth:`interrupt`) raises
+        `StepInterrupted` before any micro-batch and before the update."""
         cfg = self.config
         # Normaliser of the whole minibatch: micro-batch losses then sum to the minibatch loss.
         norm = sum(
@@ -566,8 +592,12 @@ class TorchTrainer(TrainerBackend):
         )
         t0 = time.perf_counter()
         for mb in mbs:
+            if may_give_up:
+                self._give_up_if_interrupted()
             totals.add(self._forward_backward(mb, old, ref, norm, measure_drift=measure_drift))
             totals.micro_batches += 1
+        if may_give_up:
+            self._give_up_if_interrupted()
         timings.fwd_bwd_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf

@@ -11,7 +11,15 @@ import torch
 from transformers import LlamaForCausalLM
 
 from swarm.tracking.records import Sample
-from swarm.train import LoraSettings, LossAggregation, MetricsLog, TorchTrainer, TrainerConfig, TrainerError
+from swarm.train import (
+    LoraSettings,
+    LossAggregation,
+    MetricsLog,
+    StepInterrupted,
+    TorchTrainer,
+    TrainerConfig,
+    TrainerError,
+)
 
 from .factories import ADVANTAGES, PAD, make_sample
 
@@ -309,6 +317,54 @@ def test_non_finite_gradient_skips_the_update(make_model: ModelFactory, samples:
     assert all(torch.equal(before[n], after[n]) for n in before)
     assert trainer.step_count == 0 and not trainer.model.training
     assert all(p.grad is None for p in trainer.trainable_parameters)
+
+
+def test_an_interrupted_step_gives_up_at_a_micro_batch_with_nothing_applied(
+    make_model: ModelFactory, samples: list[Sample]
+) -> None:
+    """A stopping server's interrupt (from another thread, here from inside the second micro-batch's
+    forward): the step raises StepInterrupted at the next micro-batch boundary, before its update;
+    weights, AdamW state, step counter and gradients are as before."""
+    trainer = TorchTrainer(make_model(), TrainerConfig(lr=1e-2, micro_batch_size=2), pad_token_id=PAD)
+    trainer.step(samples, ADVANTAGES)  # AdamW has state to keep
+    before, moments = _snapshot(trainer), copy.deepcopy(trainer.optimizer.state_dict())
+    forwards = [0]
+
+    def count(*_: Any) -> None:
+        forwards[0] += 1
+        if forwards[0] == 2:
+            assert trainer.interrupt() is True
+
+    hook = trainer.model.get_decoder().register_forward_hook(count)  # once per micro-batch
+    with pytest.raises(StepInterrupted, match="step 2 given up before its first update"):
+        trainer.step(samples, ADVANTAGES)
+    hook.remove()
+    assert forwards[0] == 2  # the third micro-batch never ran
+    after = _snapshot(trainer)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert trainer.step_count == 1 and all(p.grad is None for p in trainer.trainable_parameters)
+    state = trainer.optimizer.state_dict()["state"]
+    assert all(torch.equal(state[k]["exp_avg"], moments["state"][k]["exp_avg"]) for k in state)
+    with pytest.raises(StepInterrupted):  # for the rest of the trainer's life (the server is stopping)
+        trainer.step(samples, ADVANTAGES)
+
+
+def test_an_interrupt_after_the_first_update_lets_the_step_finish(
+    make_model: ModelFactory, samples: list[Sample]
+) -> None:
+    """With two minibatches, an interrupt that comes after the first update has been applied does not
+    stop the step half-way: it makes both updates and counts."""
+    trainer = TorchTrainer(make_model(), TrainerConfig(lr=1e-2, minibatches=2), pad_token_id=PAD)
+    update = trainer.optimizer.step
+
+    def step_then_interrupt(*args: Any, **kwargs: Any) -> Any:
+        done = update(*args, **kwargs)
+        trainer.interrupt()
+        return done
+
+    trainer.optimizer.step = step_then_interrupt  # type: ignore[method-assign]
+    metrics = trainer.step(samples, ADVANTAGES)
+    assert metrics.updates == 2 and trainer.step_count == 1
 
 
 def test_split_episode_with_episode_weights_gives_the_merged_gradient(make_model: ModelFactory) -> None:
