@@ -39,6 +39,7 @@ from starlette.routing import BaseRoute
 from swarm.errors import AuthError, RequestError
 from swarm.protocol import ADMIN_OWNER
 from swarm.server.episodes import KEY_PREFIX, OpenEpisode, OpenEpisodes
+from swarm.server.limits import ClientLimits
 
 MINTED_PREFIX = "swc-"
 """Prefix of the client tokens the server mints (``POST /api/v1/client-tokens`` without a token)."""
@@ -276,6 +277,7 @@ class Guarded(Protocol):
 
     credentials: Credentials
     episodes: OpenEpisodes
+    limits: ClientLimits
 
     def episode_credentials(self, episode_id: str) -> tuple[str | None, str | None]: ...
 
@@ -360,11 +362,15 @@ async def require_client(request: Request, credentials: BearerDep) -> None:
 
 async def require_scorer(request: Request, credentials: BearerDep) -> None:
     """``POST /v1/score`` and ``/tokenize`` (a distilling server's teacher calls): a client token or the
-    admin token where client tokens are required, as for begin (:meth:`Credentials.begin`)."""
+    admin token where client tokens are required, as for begin (:meth:`Credentials.begin`); a client
+    token's call counts against its request rate (429 + Retry-After over it), as a begin or a chat call
+    does."""
+    server = _guarded(request)
     try:
-        _guarded(request).credentials.begin(_secret(credentials), "scoring or tokenizing")
+        owner = server.credentials.begin(_secret(credentials), "scoring or tokenizing")
     except AuthError as exc:
         raise _explained(request, exc) from None
+    server.limits.take(owner.name)
 
 
 async def check_episode_access(episode_id: str, request: Request, credentials: BearerDep) -> None:

@@ -26,6 +26,7 @@ from swarm.protocol import (
     ConfigPatch,
     ConfigView,
     Event,
+    NoOptions,
     ServerStepMetrics,
     StatusView,
     Vote,
@@ -268,20 +269,20 @@ def revoke_client_token(name: str, control: ControlDep) -> ClientTokenRevoked:
 
 
 @router.post("/pause", response_model_exclude_none=True)  # `distill` only with a teacher
-def pause(control: ControlDep) -> StatusView:
+def pause(control: ControlDep, body: NoOptions | None = None) -> StatusView:
     """No new episodes and no training until resumed; open episodes keep being served."""
     control.pause()
     return control.status()
 
 
 @router.post("/resume", response_model_exclude_none=True)  # `distill` only with a teacher
-def resume(control: ControlDep) -> StatusView:
+def resume(control: ControlDep, body: NoOptions | None = None) -> StatusView:
     control.resume()
     return control.status()
 
 
 @router.post("/checkpoint", responses=_NO_TRAINING)
-async def checkpoint(control: ControlDep) -> CheckpointSaved:
+async def checkpoint(control: ControlDep, body: NoOptions | None = None) -> CheckpointSaved:
     """Save weights, optimizer state and step now (waits for a running step to end)."""
     return await control.checkpoint()
 
@@ -297,7 +298,7 @@ async def vote(client_id: str, control: ControlDep, body: Vote | None = None) ->
 
 
 @votes_router.post("/{client_id}/heartbeat", responses=_NO_TRAINING)
-async def client_heartbeat(client_id: str, control: ControlDep) -> ClientState:
+async def client_heartbeat(client_id: str, control: ControlDep, body: NoOptions | None = None) -> ClientState:
     """A client's sign of life between episodes: it stays active for the voting policies (a client silent
     for the server's client timeout stops counting, so a dead one cannot block ``all_clients_ready``)."""
     control.liveness().touch(client_id)

@@ -22,6 +22,7 @@ from swarm.protocol import (
     EpisodeFinish,
     EpisodePrepare,
     EpisodeView,
+    NoOptions,
 )
 from swarm.server.auth import OwnerDep, check_episode_access
 from swarm.server.deps import EpisodesDep, error_models
@@ -95,7 +96,7 @@ async def abort_episode(episode_id: str, episodes: EpisodesDep, body: EpisodeAbo
 
 
 @episode_router.post("/{episode_id}/heartbeat", responses=_ENDED)
-async def heartbeat(episode_id: str, episodes: EpisodesDep) -> Ack:
+async def heartbeat(episode_id: str, episodes: EpisodesDep, body: NoOptions | None = None) -> Ack:
     """Keep a slow episode from being reclaimed as idle."""
     episodes.heartbeat(episode_id)
     return Ack(episode_id=episode_id, status="open")

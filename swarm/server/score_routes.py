@@ -3,7 +3,8 @@
 shape, plus the tokenizer's fingerprint, so a student can check it shares the tokenizer).
 
 Both take a client token or the admin token where client tokens are configured (open otherwise, like
-begin); never an episode key.
+begin: whoever may sample may score); never an episode key. A client token's calls count against its
+request rate, as begins and chat calls do.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ router = APIRouter(
     responses=error_models(
         (401, "No client token, on a server with client tokens."),
         (403, "A wrong client token (unknown or revoked) or an episode key."),
+        (429, "A client token over its request rate (Retry-After says when to retry)."),
     ),
 )
 

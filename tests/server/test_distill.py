@@ -25,6 +25,7 @@ from swarm.batch import BatchConfig, BatchPolicy
 from swarm.client import SwarmClient
 from swarm.config import DistillConfig, TrainingConfig
 from swarm.engine import HFEngine
+from swarm.protocol import Limits
 from swarm.train import TrainerConfig
 from tests.conftest import LiveServer, build_tiny_model, make_server, wait_for
 
@@ -475,6 +476,39 @@ def test_the_score_route_takes_a_client_or_admin_token_never_an_episode_key(
     finally:
         live.stop()
     assert answers == {"admin": 200, "client": 200, "episode key": 403, "none": 401}
+
+
+def test_a_client_tokens_scoring_and_tokenizing_count_against_its_request_rate(
+    tmp_path: Path, tiny_engine: HFEngine
+) -> None:
+    """fresh35 F6: /v1/score and /tokenize had no rate limit. A client token's calls count against its
+    ``requests_per_s_per_token`` as begins and chat calls do (429 + Retry-After); the admin's do not."""
+    admin, client = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    live = make_server(
+        tmp_path,
+        tiny_engine,
+        training=TrainingConfig(enabled=False),
+        admin_token=SecretStr(admin),
+        client_tokens={"lab": SecretStr(client)},
+        limits=Limits(requests_per_s_per_token=0.01),  # a bucket of one request, refilled in 100 s
+    )
+    try:
+        as_client = {"Authorization": f"Bearer {client}"}
+        first = httpx.post(f"{live.url}/tokenize", json={"prompt": "hello"}, headers=as_client)
+        score = {"token_ids": [1, 2, 3], "start": 1}
+        second = httpx.post(f"{live.url}/v1/score", json=score, headers=as_client)
+        admin_calls = [
+            httpx.post(
+                f"{live.url}/tokenize", json={"prompt": "hi"}, headers={"Authorization": f"Bearer {admin}"}
+            )
+            for _ in range(3)
+        ]
+    finally:
+        live.stop()
+    assert first.status_code == 200, first.text
+    assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1, second.text
+    assert "client token 'lab' is over its 0.01 requests/s" in second.json()["error"]["message"]
+    assert [r.status_code for r in admin_calls] == [200, 200, 200]
 
 
 def unscored_events(run_dir: Path) -> dict[str, str]:

@@ -288,6 +288,36 @@ def test_a_missing_body_is_named_where_a_route_needs_one(server: Any) -> None:
     assert r.status_code == 409 and "training is disabled" in r.json()["error"]["message"], r.text
 
 
+def test_routes_that_take_no_options_refuse_a_body_they_would_ignore(server: Any) -> None:
+    """fresh35 F1: pause, resume, checkpoint and the two heartbeats took any body (``{bad``, bytes that are
+    not UTF-8, text/plain) with a 200, and pause and checkpoint ran. They take none or ``{}``: a body that
+    is not JSON is a 400, one sent as another type a 415, a field a 422 naming it, as on every route."""
+    with SwarmClient(server.url) as client, client.episode("no-options") as ep:
+        key = {"Authorization": f"Bearer {ep.api_key}"}
+        routes = (
+            (f"/api/v1/episodes/{ep.id}/heartbeat", key),
+            ("/api/v1/clients/c1/heartbeat", {}),
+            ("/api/v1/pause", {}),
+            ("/api/v1/resume", {}),
+            ("/api/v1/checkpoint", {}),
+        )
+        for path, headers in routes:
+            answers = []
+            for body, kind in ((b"{bad", "application/json"), (b"\xff\xfe", "application/json")):
+                r = httpx.post(server.url + path, content=body, headers={**headers, "content-type": kind})
+                assert r.status_code == 400 and "the body is not valid JSON" in r.text, (path, r.text)
+            r = httpx.post(
+                server.url + path, content=b"{}", headers={**headers, "content-type": "text/plain"}
+            )
+            assert r.status_code == 415 and "must be JSON" in r.text, (path, r.text)
+            r = httpx.post(server.url + path, json={"force": True}, headers=headers)
+            assert r.status_code == 422 and "force" in r.text, (path, r.text)
+            for sent in ({}, {"json": {}}):  # none, or {}: the route's own answer (200, or 409 here)
+                answers.append(httpx.post(server.url + path, headers=headers, **sent).status_code)  # type: ignore[arg-type]
+            assert answers[0] == answers[1] and answers[0] in (200, 409), (path, answers)
+        ep.finish(0.0)
+
+
 def test_a_request_head_over_the_bound_is_431_json_and_declared(server: Any) -> None:
     """A 200 KB header (accepted before) is refused before the app: 431 in the server's JSON error shape,
     the connection closed; each API's document declares it; the server keeps serving."""
