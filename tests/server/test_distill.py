@@ -447,17 +447,24 @@ def test_teacher_logprobs_are_stored_in_the_pool_and_not_scored_again_after_a_re
         pool.close()
 
 
-def test_the_score_route_takes_a_client_or_admin_token_never_an_episode_key(
-    tmp_path: Path, tiny_engine: HFEngine
-) -> None:
+def _scoring_server(tmp_path: Path, engine: HFEngine, limits: Limits | None = None) -> tuple[Any, str, str]:
+    """A non-training server with an admin token and one client token named ``lab``: (server, admin, client)."""
     admin, client = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     live = make_server(
         tmp_path,
-        tiny_engine,
+        engine,
         training=TrainingConfig(enabled=False),
         admin_token=SecretStr(admin),
         client_tokens={"lab": SecretStr(client)},
+        limits=limits or Limits(),
     )
+    return live, admin, client
+
+
+def test_the_score_route_takes_a_client_or_admin_token_never_an_episode_key(
+    tmp_path: Path, tiny_engine: HFEngine
+) -> None:
+    live, admin, client = _scoring_server(tmp_path, tiny_engine)
     body = {"token_ids": [1, 2, 3], "start": 1}
     try:
         begun = httpx.post(
@@ -483,15 +490,8 @@ def test_a_client_tokens_scoring_and_tokenizing_count_against_its_request_rate(
 ) -> None:
     """fresh35 F6: /v1/score and /tokenize had no rate limit. A client token's calls count against its
     ``requests_per_s_per_token`` as begins and chat calls do (429 + Retry-After); the admin's do not."""
-    admin, client = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
-    live = make_server(
-        tmp_path,
-        tiny_engine,
-        training=TrainingConfig(enabled=False),
-        admin_token=SecretStr(admin),
-        client_tokens={"lab": SecretStr(client)},
-        limits=Limits(requests_per_s_per_token=0.01),  # a bucket of one request, refilled in 100 s
-    )
+    # a bucket of one request, refilled in 100 s
+    live, admin, client = _scoring_server(tmp_path, tiny_engine, Limits(requests_per_s_per_token=0.01))
     try:
         as_client = {"Authorization": f"Bearer {client}"}
         first = httpx.post(f"{live.url}/tokenize", json={"prompt": "hello"}, headers=as_client)
