@@ -31,11 +31,12 @@ def check_prompt_fits(prompt_ids: list[int], max_context: int) -> None:
         ContextLengthError: the prompt is empty, or ``len(prompt_ids) >= max_context`` (HTTP 400).
     """
     if not prompt_ids:
-        raise ContextLengthError("the rendered prompt is empty")
+        raise ContextLengthError("the rendered prompt is empty", param="messages")
     if len(prompt_ids) >= max_context:
         raise ContextLengthError(
             f"the prompt is {len(prompt_ids)} tokens but the context window is {max_context} "
-            "tokens (prompt + at least one completion token must fit)"
+            "tokens (prompt + at least one completion token must fit)",
+            param="messages",  # what OpenAI's API names for a prompt over the context window
         )
 
 
@@ -54,7 +55,8 @@ def check_score_input(token_ids: list[int], start: int, max_context: int, vocab_
         )
     if len(token_ids) > max_context:
         raise ContextLengthError(
-            f"{len(token_ids)} token ids to score but the context window is {max_context} tokens"
+            f"{len(token_ids)} token ids to score but the context window is {max_context} tokens",
+            param="token_ids",
         )
     bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
     if bad is not None:

@@ -66,7 +66,7 @@ def test_bad_requests_get_json_errors_and_server_keeps_serving(server: Any, ep: 
         400,
         "context_length_exceeded",
     )
-    assert "context window" in err["message"]
+    assert "context window" in err["message"] and err["param"] == "messages"  # as OpenAI names it
     assert_error(
         chat(url, "sk-swarm-not-a-key", {"model": model, "messages": QUESTION}), 403, "authentication_error"
     )  # a wrong credential is a 403, a missing one a 401 (README §Security)
