@@ -13,7 +13,9 @@ whose head (request line and headers) grows past ``max_header_bytes`` is answere
 in the same shape and its connection closed before the app sees it; httptools itself sets no bound, so a
 client could make the server hold headers of any size. When the server's stop begins, a request whose body
 is still arriving is answered 503 ("the server is stopping") in the same shape and its connection closed,
-so a slow client cannot hold the stop for uvicorn's graceful-shutdown bound.
+so a slow client cannot hold the stop for uvicorn's graceful-shutdown bound. A request begun when the client
+shuts its sending side (a body shorter than its ``Content-Length``, headers cut short) can never arrive
+whole: it is answered 400 in the same shape at once (uvicorn closed without a word).
 
 Pipelined requests (RFC 9112 section 9.3.2): where one of these refusals falls on a request behind others
 in the same connection that are still to be answered, it waits for their answers and goes out after them,
@@ -332,6 +334,31 @@ if HttpToolsProtocol is not None:
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_request_timer()
             super().connection_lost(exc)
+
+        def eof_received(self) -> None:
+            """The client has shut its sending side (or closed): a request it had begun can never arrive
+            whole, and is answered 400 at once in the server's error shape before the connection closes
+            (uvicorn closed without a word; the client may still be reading). The app waiting for the body
+            sees the client gone. Otherwise, as uvicorn: the connection closes and an app still at work
+            sees the client gone (a closed client and a half-closed one look alike here)."""
+            cycle = self.cycle if self._headers_done else None
+            if (
+                self._receiving
+                and not self._head_too_large
+                and (cycle is None or not cycle.response_started)
+                and not self._earlier_answers_pending()
+            ):
+                if cycle is not None:
+                    cycle.disconnected = True
+                    cycle.message_event.set()
+                    message = (
+                        "the request's body ended before its Content-Length (or its last chunk): the client "
+                        "shut its sending side"
+                    )
+                else:
+                    message = "the request ended before its headers did: the client shut its sending side"
+                self._answer_and_close(400, "invalid_request_error", message)
+            super().eof_received()  # None: the transport closes
 
         def _arm_request_timer(self) -> None:
             self._cancel_request_timer()

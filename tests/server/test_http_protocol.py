@@ -285,6 +285,17 @@ def _statuses(answer: bytes) -> list[int]:
     return [int(m.group(1)) for m in re.finditer(rb"HTTP/1\.1 (\d{3}) ", answer)]
 
 
+def _half_closed(port: int, data: bytes) -> bytes:
+    """What the server sends after ``data`` and the client's half-close (it still reads) until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := sock.recv(65536):  # a socket timeout fails the test: no answer, connection kept
+            out += chunk
+    return out
+
+
 VALID = (
     b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
     b"GET /empty HTTP/1.1\r\nhost: x\r\n\r\n"
@@ -334,6 +345,22 @@ def test_valid_requests_pipelined_before_a_refused_one_are_answered_first(
         assert b'{"echo":"{}","ok":true}' in answer
         _json_error(answer[answer.rindex(b"HTTP/1.1 ") :], status, kind)
     assert not server_errors, [r.getMessage() for r in server_errors]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_body_cut_short_by_the_clients_half_close_is_400(
+    loop: str, server_errors: list[logging.LogRecord]
+) -> None:
+    """A body shorter than its Content-Length, then the client's end of sending (``shutdown(SHUT_WR)``): the
+    body can never be whole, so the answer is a JSON 400 at once (uvicorn closed without an answer); so are
+    headers cut short."""
+    short = b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n{}"
+    for port in _serve(http_protocol(), loop):
+        answer = _half_closed(port, short)
+        assert "body ended before its Content-Length" in _json_error(answer, 400, "invalid_request_error")
+        answer = _half_closed(port, b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-le")  # headers cut short
+        assert "ended before" in _json_error(answer, 400, "invalid_request_error")
+    assert not [r for r in server_errors if "ClientDisconnect" not in str(r.exc_info)]
 
 
 def test_the_servers_own_routes_answer_pipelined_requests_before_junk(
