@@ -13,7 +13,16 @@ whose head (request line and headers) grows past ``max_header_bytes`` is answere
 in the same shape and its connection closed before the app sees it; httptools itself sets no bound, so a
 client could make the server hold headers of any size. When the server's stop begins, a request whose body
 is still arriving is answered 503 ("the server is stopping") in the same shape and its connection closed,
-so a slow client cannot hold the stop for uvicorn's graceful-shutdown bound.
+so a slow client cannot hold the stop for uvicorn's graceful-shutdown bound. A request begun when the client
+shuts its sending side (a body shorter than its ``Content-Length``, headers cut short) can never arrive
+whole: it is answered 400 in the same shape at once (uvicorn closed without a word).
+
+Pipelined requests (RFC 9112 section 9.3.2): where one of these refusals falls on a request behind others
+in the same connection that are still to be answered, it waits for their answers and goes out after them,
+with the status the refused request gets alone; the refused request never reaches the app. uvicorn closed
+at once: the client lost those answers (and the requests ran all the same), each app writing its answer to
+the closed connection logged a traceback (uvloop raises on such a write), and the request line of the
+request ahead made any junk behind it look like an unknown method (501).
 
 Why: uvicorn writes a response's status line and headers as soon as the app sends
 ``http.response.start`` and the body at ``http.response.body``: two ``send`` system calls (and two TCP
@@ -33,6 +42,7 @@ httptools' protocol cannot be imported or uvicorn is outside that range (with on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sys
 from typing import Any
@@ -67,14 +77,21 @@ _HEAD_END = b"\r\n\r\n"
 class _CoalescingTransport:
     """A transport that sends a response head (uvicorn writes it alone) together with the next write."""
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_held", "_loop", "_shut", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._held: bytes | None = None
+        self._shut = False  # closed, aborted or its sending side shut here
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._shut or self._transport.is_closing():
+            # An answer to a connection the server has closed (after refusing a request pipelined behind
+            # this one, or at a timeout) before uvicorn has seen it lost: it cannot be delivered. uvloop
+            # raises on such a write (asyncio after ``write_eof``), and the app would log a traceback.
+            self._held = None
+            return
         held = self._held
         if held is not None:
             self._held = None
@@ -94,11 +111,18 @@ class _CoalescingTransport:
 
     def close(self) -> None:
         self._flush()
+        self._shut = True
         self._transport.close()
 
     def abort(self) -> None:
         self._held = None
+        self._shut = True
         self._transport.abort()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._shut = True
+        self._transport.write_eof()
 
     def __getattr__(self, name: str) -> Any:  # every other transport method: the real transport's
         return getattr(self._transport, name)
@@ -123,21 +147,27 @@ if HttpToolsProtocol is not None:
 
         _request_timer: asyncio.TimerHandle | None = None
         _receiving = False  # a request has begun and not yet been received whole
-        _first_bytes = b""  # the start of the data that began the current request (its request line)
         _headers_done = False  # ... and its headers were complete (``self.cycle`` is its own)
+        _first_bytes = b""  # the start of the data that began the current request (its request line), or
+        # b"" where it began after another request in the same data (`_refused_request_start`)
+        _feed = b""  # the data being parsed ...
+        _feed_at_start = False  # ... and whether it began at a request's start
+        _refusal: tuple[bytes, bool] | None = None  # an answer (and its linger) waiting for those ahead
         _head_bytes = 0  # the current request's target and header lines parsed so far (bytes)
         _head_raw = 0  # bytes received since its head began, while that head was still incomplete
         _begun = 0  # requests begun in the data being parsed
         _head_too_large = False
 
         def data_received(self, data: bytes) -> None:
-            if self._head_too_large:  # answered 431: the rest is read and dropped until the close
-                return
+            if self._head_too_large or self._refusal is not None:
+                return  # a request was refused: the rest is read and dropped until the close
             at_start = not self._receiving  # this data begins a request (unless a pipelined one follows)
             if at_start:
                 self._first_bytes = bytes(data[:_REQUEST_LINE_MAX])
             self._begun = 0
+            self._feed, self._feed_at_start = data, at_start
             super().data_received(data)
+            self._feed = b""
             if self._receiving and not self._headers_done and not self._head_too_large:
                 # the head is still incomplete: all of this data is head where the request began at its
                 # start or before it (httptools holds a header's name and value until it ends, so a single
@@ -187,7 +217,7 @@ if HttpToolsProtocol is not None:
             # uvicorn calls this inside its ``except HttpParserError``: a well-formed request line whose
             # method httptools does not know is a 501 (RFC 9110 section 15.6.2), not a malformed request
             unknown = isinstance(sys.exc_info()[1], httptools.HttpParserInvalidMethodError)
-            if unknown and _REQUEST_LINE.match(self._first_bytes):
+            if unknown and _REQUEST_LINE.match(self._refused_request_start()):
                 message = (
                     "unknown HTTP method: the request line names a method this server does not implement "
                     "(a path answers a standard method it does not serve with 405 and Allow)"
@@ -200,9 +230,33 @@ if HttpToolsProtocol is not None:
             )
             self._answer_and_close(400, "invalid_request_error", message)
 
+        def _refused_request_start(self) -> bytes:
+            """The first bytes of the request the parser refused (b"" where they cannot be told): the data
+            that began it, or, where requests pipelined ahead of it began the same data, that data after
+            them. httptools does not say where in the data it stopped; the request line of the request
+            ahead would make any junk behind it look like an unknown method."""
+            if self._first_bytes or self._begun < 2 or not self._feed_at_start:
+                return self._first_bytes
+            end = _nth_request_end(self._feed, self._begun - 1)
+            return b"" if end is None else bytes(self._feed[end : end + _REQUEST_LINE_MAX])
+
+        def _earlier_answers_pending(self) -> bool:
+            """Whether a request pipelined ahead of the current one (RFC 9112 section 9.3.2) is still to be
+            answered: ``self.cycle`` is the last request whose head was parsed, and uvicorn answers in order."""
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:
+                return False
+            if self._receiving and self._headers_done:  # the current request's own: ahead only if queued
+                return any(queued is cycle for queued, _ in self.pipeline)
+            return True
+
         def _answer_and_close(
             self, status: int, kind: str, message: str, *, linger: bool = False, retry_after_s: int = 0
         ) -> None:
+            """Answer the current request ``status`` in the server's error shape and close the connection; where
+            requests pipelined ahead of it are still to be answered, after their answers (uvicorn closed at
+            once: the client lost those answers, and each app writing its answer to the closed connection
+            logged a traceback). The current request, if queued behind them, is never run."""
             self._cancel_request_timer()
             body = ErrorBody(error=ErrorDetail(type=kind, message=message)).model_dump_json(exclude_none=True)
             head = [_STATUS_LINES[status]]
@@ -212,7 +266,31 @@ if HttpToolsProtocol is not None:
                 head.append(b"retry-after: %d\r\n" % retry_after_s)
             head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
             head.append(b"connection: close\r\n\r\n")
-            self.transport.write(b"".join(head) + body.encode())
+            answer = b"".join(head) + body.encode()
+            if not self._earlier_answers_pending():
+                self._receiving = False
+                self._send_and_close(answer, linger=linger)
+                return
+            if self._receiving and self._headers_done:  # queued behind them: it never runs
+                for queued in self.pipeline:
+                    if queued[0] is self.cycle:
+                        self.pipeline.remove(queued)
+                        break
+            self._receiving = False
+            self._refusal = (answer, linger)  # sent by ``on_response_complete``
+
+        def on_response_complete(self) -> None:
+            """uvicorn's, then a refusal that waited for the last answer ahead of it (`_answer_and_close`)."""
+            last = not self.pipeline
+            super().on_response_complete()  # starts the next request in the pipeline, if any
+            if last and self._refusal is not None and not self.transport.is_closing():
+                answer, linger = self._refusal
+                self._unset_keepalive_if_required()
+                self._send_and_close(answer, linger=linger)
+
+        def _send_and_close(self, answer: bytes, *, linger: bool) -> None:
+            """Send ``answer`` and close; with ``linger``, shut the sending side and close after `LINGER_S`."""
+            self.transport.write(answer)
             if linger and self.transport.can_write_eof():
                 self.transport.write_eof()
                 self.loop.call_later(LINGER_S, self.transport.close)
@@ -240,6 +318,8 @@ if HttpToolsProtocol is not None:
             self._receiving, self._headers_done = True, False
             self._head_bytes = self._head_raw = 0
             self._begun += 1
+            if self._begun > 1 or not self._feed_at_start:  # begun after another request in this data
+                self._first_bytes = b""
             self._arm_request_timer()
 
         def on_headers_complete(self) -> None:
@@ -254,6 +334,31 @@ if HttpToolsProtocol is not None:
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_request_timer()
             super().connection_lost(exc)
+
+        def eof_received(self) -> None:
+            """The client has shut its sending side (or closed): a request it had begun can never arrive
+            whole, and is answered 400 at once in the server's error shape before the connection closes
+            (uvicorn closed without a word; the client may still be reading). The app waiting for the body
+            sees the client gone. Otherwise, as uvicorn: the connection closes and an app still at work
+            sees the client gone (a closed client and a half-closed one look alike here)."""
+            cycle = self.cycle if self._headers_done else None
+            if (
+                self._receiving
+                and not self._head_too_large
+                and (cycle is None or not cycle.response_started)
+                and not self._earlier_answers_pending()
+            ):
+                if cycle is not None:
+                    cycle.disconnected = True
+                    cycle.message_event.set()
+                    message = (
+                        "the request's body ended before its Content-Length (or its last chunk): the client "
+                        "shut its sending side"
+                    )
+                else:
+                    message = "the request ended before its headers did: the client shut its sending side"
+                self._answer_and_close(400, "invalid_request_error", message)
+            super().eof_received()  # None: the transport closes
 
         def _arm_request_timer(self) -> None:
             self._cancel_request_timer()
@@ -291,6 +396,45 @@ if HttpToolsProtocol is not None:
 
 class _HeadTooLarge(Exception):
     """Raised in a parser callback to stop parsing a request whose head is over the bound."""
+
+
+class _Ends:
+    """Parser callbacks counting the requests a parser has read whole."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_message_complete(self) -> None:
+        self.count += 1
+
+
+def _nth_request_end(data: bytes, n: int) -> int | None:
+    """Where the ``n``-th request in ``data`` (which begins at a request's start) ends, or None where it does
+    not end in ``data``: the shortest prefix a fresh parser reads ``n`` requests from, found by bisection
+    (httptools does not tell where in its data it stopped). Only on the refusal of a request pipelined
+    behind others; each probe parses in C."""
+    view = memoryview(data)
+
+    def read_whole(size: int) -> int:
+        ends = _Ends()
+        parser = httptools.HttpRequestParser(ends)
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's parser
+        with contextlib.suppress(httptools.HttpParserError, httptools.HttpParserUpgrade):
+            parser.feed_data(view[:size])  # the requests read before an error count
+        return ends.count
+
+    if read_whole(len(data)) < n:
+        return None
+    low, high = 0, len(data)
+    while low < high:
+        middle = (low + high) // 2
+        if read_whole(middle) >= n:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def http_protocol(max_header_bytes: int = MAX_HEADER_BYTES) -> type[asyncio.Protocol] | str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import select
 import socket
 import threading
@@ -19,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from swarm.server.http_protocol import SwarmHttpProtocol, http_protocol
-from tests.conftest import free_port
+from tests.conftest import LiveServer, free_port
 
 
 async def _json(request: Request) -> Response:
@@ -49,9 +51,9 @@ REQUEST = (
 )
 
 
-def _serve(http: Any) -> Iterator[int]:
+def _serve(http: Any, loop: str = "asyncio") -> Iterator[int]:
     port = free_port()
-    config = uvicorn.Config(APP, port=port, loop="asyncio", http=http, log_level="warning", date_header=False)
+    config = uvicorn.Config(APP, port=port, loop=loop, http=http, log_level="warning", date_header=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -262,3 +264,114 @@ def test_http_protocol_sets_the_bound_it_is_given() -> None:
     small = http_protocol(2048)
     assert isinstance(small, type) and issubclass(small, SwarmHttpProtocol)
     assert small.max_header_bytes == 2048
+
+
+@pytest.fixture
+def server_errors() -> Iterator[list[logging.LogRecord]]:
+    """The ERROR records uvicorn logs (a traceback from the app or the protocol) while a test runs."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+def _statuses(answer: bytes) -> list[int]:
+    """The status of each response in ``answer``, in order (bodies here never hold a status line)."""
+    return [int(m.group(1)) for m in re.finditer(rb"HTTP/1\.1 (\d{3}) ", answer)]
+
+
+def _half_closed(port: int, data: bytes) -> bytes:
+    """What the server sends after ``data`` and the client's half-close (it still reads) until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := sock.recv(65536):  # a socket timeout fails the test: no answer, connection kept
+            out += chunk
+    return out
+
+
+VALID = (
+    b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    b"GET /empty HTTP/1.1\r\nhost: x\r\n\r\n"
+)
+"""Two valid requests a client pipelines ahead of what the server refuses."""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_pipelined_requests_are_answered_in_order(loop: str, server_errors: list[logging.LogRecord]) -> None:
+    """HTTP/1.1 pipelining (RFC 9112 section 9.3.2): every request in one write is answered, in order."""
+    for port in _serve(http_protocol(), loop):
+        two = b"GET /empty HTTP/1.1\r\nhost: x\r\n\r\nGET /empty HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        answer, _ = _answer(port, two)
+        assert _statuses(answer) == [204, 204], answer
+        answer, _ = _answer(port, VALID + b"GET /s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert _statuses(answer) == [200, 204, 200] and b'{"echo":"{}","ok":true}' in answer
+    assert not server_errors
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize(
+    ("refused", "status", "kind", "message"),
+    [
+        (b"GARBAGE\r\n\r\n", 400, "invalid_request_error", "invalid HTTP request"),
+        (b"FOO /json HTTP/1.1\r\nhost: x\r\n\r\n", 501, "not_implemented", "unknown HTTP method"),
+        (b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n", 400, "invalid_request_error", ""),
+        (
+            b"GET /empty HTTP/1.1\r\nx-big: " + b"a" * 8000 + b"\r\n\r\n",
+            431,
+            "request_header_fields_too_large",
+            "",
+        ),
+    ],
+    ids=["garbage", "unknown-method", "bad-length", "large-head"],
+)
+def test_valid_requests_pipelined_before_a_refused_one_are_answered_first(
+    loop: str, refused: bytes, status: int, kind: str, message: str, server_errors: list[logging.LogRecord]
+) -> None:
+    """Requests ahead of one the server refuses before the app are served and answered, then the refused one
+    gets the answer it gets alone (uvicorn answered only the refusal, and the app's answers to the valid
+    ones hit the closed connection: a traceback per request in the log)."""
+    for port in _serve(_SmallHeads, loop):
+        alone, _ = _answer(port, refused)
+        assert message in _json_error(alone, status, kind)
+        answer, _ = _answer(port, VALID + refused)
+        assert _statuses(answer) == [200, 204, status], answer[:300]
+        assert b'{"echo":"{}","ok":true}' in answer
+        _json_error(answer[answer.rindex(b"HTTP/1.1 ") :], status, kind)
+    assert not server_errors, [r.getMessage() for r in server_errors]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_body_cut_short_by_the_clients_half_close_is_400(
+    loop: str, server_errors: list[logging.LogRecord]
+) -> None:
+    """A body shorter than its Content-Length, then the client's end of sending (``shutdown(SHUT_WR)``): the
+    body can never be whole, so the answer is a JSON 400 at once (uvicorn closed without an answer); so are
+    headers cut short."""
+    short = b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n{}"
+    for port in _serve(http_protocol(), loop):
+        answer = _half_closed(port, short)
+        assert "body ended before its Content-Length" in _json_error(answer, 400, "invalid_request_error")
+        answer = _half_closed(port, b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-le")  # headers cut short
+        assert "ended before" in _json_error(answer, 400, "invalid_request_error")
+    assert not [r for r in server_errors if "ClientDisconnect" not in str(r.exc_info)]
+
+
+def test_the_servers_own_routes_answer_pipelined_requests_before_junk(
+    server: LiveServer, server_errors: list[logging.LogRecord]
+) -> None:
+    """The server as ``swarm serve`` runs it (uvloop): a fresh user's pipelined ``/v1/models`` requests
+    followed by junk got one 501 and a traceback per request in the log."""
+    models = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n"
+    answer, _ = _answer(server.config.port, models + models + b"GARBAGE\r\n\r\n")
+    assert _statuses(answer) == [200, 200, 400], answer[:300]
+    assert answer.count(b'"object":"list"') == 2
+    answer, _ = _answer(server.config.port, models + b"FOO / HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert _statuses(answer) == [200, 501], answer[:300]
+    assert not server_errors, [r.getMessage() for r in server_errors]
