@@ -205,7 +205,7 @@ class SwarmRuntime:
         before its first update where its trainer can (`TrainerBackend.interrupt`: the torch trainer, at
         its next micro-batch), so a stop does not wait for a whole step; its episodes stay pooled."""
         if self.training is not None:
-            self.training.trainer.interrupt()
+            self.training.interrupt()
         if self.tenants is not None:
             self.tenants.interrupt_steps()
 

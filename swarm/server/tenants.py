@@ -618,10 +618,10 @@ class TenantRegistry:
             self._retired[tenant.id] = tenant.record
 
     def interrupt_steps(self) -> None:
-        """Every resident tenant's step under way, and any later one, gives up before its first update
-        (`TrainerBackend.interrupt`: the server is stopping)."""
+        """The server is stopping: no tenant starts a step, and one under way gives up before its first
+        update (`TrainingLoop.interrupt`)."""
         for tenant in list(self._tenants.values()):
-            tenant.loop.trainer.interrupt()
+            tenant.loop.interrupt()
 
     def close(self) -> None:
         """Stop every tenant's loop (the app's shutdown awaits the tasks)."""

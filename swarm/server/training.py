@@ -186,6 +186,8 @@ class TrainingLoop:
         )
         self._wakeup: asyncio.Event | None = None
         self._writer = CheckpointWriter(run_dir, self.trainer.model, engine.tokenizer, events=events)
+        self._stopping = False
+        """Set by :meth:`interrupt` (the server is stopping): no step starts."""
         self._trainer_lock = threading.Lock()
         """Held while the trainer steps or is checkpointed (steps run in a worker thread, which a
         cancelled loop does not stop: the stop's `CheckpointWriter.flush` waits for it here)."""
@@ -317,8 +319,14 @@ class TrainingLoop:
         known = [t for t in times if t is not None]
         return min(known) if known else None
 
+    def interrupt(self) -> None:
+        """The server is stopping: no step starts from now on, and one under way gives up before its first
+        update where the trainer can (`TrainerBackend.interrupt`); its episodes stay pooled."""
+        self._stopping = True
+        self.trainer.interrupt()
+
     def _can_train(self) -> bool:
-        if not self.config.enabled or self.phase.state is EngineState.PAUSED:
+        if not self.config.enabled or self.phase.state is EngineState.PAUSED or self._stopping:
             return False
         return self.config.max_steps is None or self.step < self.config.max_steps
 
