@@ -203,7 +203,7 @@ class ServeOptions(FlagOptions):
     )
     max_requests_per_s: float | None = option(
         None,
-        "Begins + chat completions per second per client token (429 + Retry-After beyond).",
+        "Begins, chat completions, scores and tokenizes per second per client token (429 + Retry-After beyond).",
         to="limits.requests_per_s_per_token",
     )
     max_body_bytes: int = option(
