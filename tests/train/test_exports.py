@@ -11,6 +11,7 @@ def test_train_exports() -> None:
         "LoraSettings",
         "LossAggregation",
         "MetricsLog",
+        "StepInterrupted",
         "StepMetrics",
         "StepTimings",
         "TorchTrainer",
