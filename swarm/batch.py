@@ -60,7 +60,6 @@ from swarm.errors import ConfigError, RequestError
 from swarm.protocol import TENANT_BATCH_POLICIES, BatchPolicy, EpisodeStatus
 
 __all__ = [
-    "TENANT_POLICIES",
     "Admission",
     "Batch",
     "BatchConfig",
@@ -475,15 +474,9 @@ def admit(quotas: FamilyQuotas | None, counts: dict[str, int], family: str | Non
     )
 
 
-TENANT_POLICIES = TENANT_BATCH_POLICIES
-"""The batch policies a tenant takes: the sized ones. The voting ones (``all_clients_ready``,
-``any_client_ready``) need readiness votes, and a client's vote (``POST /api/v1/clients/{id}/ready``) names
-no tenant, so a tenant of a voting policy would never train."""
-
-
 def tenant_policy_refusal(policy: BatchPolicy) -> str | None:
-    """Why a tenant cannot take ``policy`` (one line), or ``None`` when it can."""
-    if policy in TENANT_POLICIES:
+    """Why a tenant cannot take ``policy`` (one line), or ``None`` when it can (`TENANT_BATCH_POLICIES`)."""
+    if policy in TENANT_BATCH_POLICIES:
         return None
-    names = ", ".join(p.value for p in TENANT_POLICIES)
+    names = ", ".join(p.value for p in TENANT_BATCH_POLICIES)
     return f"batch policy {policy.value} needs readiness votes, which name no tenant: tenants take {names}"

@@ -135,8 +135,7 @@ def serve(**values: Any) -> None:
     )
     try:
         config = options.check()
-        lora = config.training.trainer.lora  # a run dir's tenants need --tenants ≥ theirs, at their rank
-        check_tenants_on_disk(config.run_dir, config.tenants, lora.r if lora else None)
+        check_tenants_on_disk(config)  # a run dir's tenants need --tenants ≥ theirs, at their rank
     except SwarmError as exc:
         raise fail(str(exc)) from None
     for warning in options.warnings(config):

@@ -568,7 +568,9 @@ class BatchPolicy(StrEnum):
 
 
 TENANT_BATCH_POLICIES = (BatchPolicy.EPISODES, BatchPolicy.TASKS, BatchPolicy.INFORMATIVE_TASKS)
-"""The batch policies a LoRA tenant takes (`swarm.batch.TENANT_POLICIES`, which says why)."""
+"""The batch policies a LoRA tenant takes: the sized ones. The voting ones (``all_clients_ready``,
+``any_client_ready``) need readiness votes, and a client's vote (``POST /api/v1/clients/{id}/ready``) names
+no tenant, so a tenant of a voting policy would never train (`swarm.batch.tenant_policy_refusal`)."""
 
 
 # --- control --------------------------------------------------------------------------------------------

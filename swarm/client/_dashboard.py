@@ -96,9 +96,8 @@ def render(url: str, snap: Snapshot) -> RenderableType:
         clients.add_row("-", "0")
 
     parts: list[RenderableType] = [head, Text(""), pool, Text(""), clients, Text("")]
-    if (
-        st.tenants is not None
-    ):  # a tenants server (fresh-s6 #5): each tenant's state and step, as `swarm status`
+    # a tenants server (fresh-s6 #5): each tenant's state and step, as `swarm status`
+    if st.tenants is not None:
         brief = f"tenants: {st.tenants.resident} of {st.tenants.cap} resident, {st.tenants.retired} retired"
         tenants = Table(show_edge=False)
         for name in ("tenant", "state", "step"):

@@ -62,8 +62,7 @@ class SwarmRuntime:
     def __init__(
         self, config: ServerConfig, engine: Engine | None = None, *, owns_engine: bool | None = None
     ) -> None:
-        lora = config.training.trainer.lora  # before anything in it is touched
-        check_tenants_on_disk(config.run_dir, config.tenants, lora.r if lora else None)
+        check_tenants_on_disk(config)  # before anything in it is touched
         self.config = config
         self.started = time.time()
         run_dir = config.run_dir

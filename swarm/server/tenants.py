@@ -182,18 +182,21 @@ class TenantsOnDisk(ConfigError):
     """A run dir holds more tenants than the server would host (none without ``--tenants``)."""
 
 
-def check_tenants_on_disk(run_dir: Path, cap: int, lora_rank: int | None = None) -> None:
-    """Refuse to serve ``run_dir`` when it holds tenants that a server of ``cap`` tenants (0: none, a
-    one-policy server) cannot resume: any tenant at all without ``--tenants`` (a one-policy server would
-    train their episodes as its own), more resident (not retired) tenants than ``cap``, or resident tenants
-    whose adapters have another LoRA rank than ``lora_rank`` (``--lora-rank``; ``None``: not checked), as
-    ``tenant.json`` records it (or, in a record written before it was kept, the newest checkpoint's
-    ``adapter_config.json``). Reads ``<run dir>/tenants/`` only; creates and changes nothing.
+def check_tenants_on_disk(config: ServerConfig) -> None:
+    """Refuse to serve ``config.run_dir`` when it holds tenants that a server of ``config.tenants`` tenants
+    (0: none, a one-policy server) cannot resume: any tenant at all without ``--tenants`` (a one-policy
+    server would train their episodes as its own), more resident (not retired) tenants than that, or
+    resident tenants whose adapters have another LoRA rank than the server's ``--lora-rank`` (not checked
+    without LoRA settings), as ``tenant.json`` records it (or, in a record written before it was kept, the
+    newest checkpoint's ``adapter_config.json``). Reads ``<run dir>/tenants/`` only; creates and changes
+    nothing.
 
     Raises:
         TenantsOnDisk: one line naming the run dir, the tenants and the ``--tenants`` (or ``--lora-rank``)
             that resumes them.
     """
+    run_dir, cap, lora = config.run_dir, config.tenants, config.training.trainer.lora
+    lora_rank = lora.r if lora is not None else None
     root = run_dir / "tenants"
     resident: list[str] = []
     retired: list[str] = []
@@ -494,7 +497,7 @@ class TenantRegistry:
         Raises:
             RequestError: the id is taken (409), ``--tenants`` tenants are resident already (409: the
                 cap on resident adapters and optimizer states), or its settings or id are invalid (422; a
-                voting batch policy included: `TENANT_POLICIES`).
+                voting batch policy included: `TENANT_BATCH_POLICIES`).
             InsufficientMemory: its adapter, trainer or optimizer state did not fit (507); nothing of it is
                 kept, so the id can be created again.
         """
