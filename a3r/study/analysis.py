@@ -480,6 +480,24 @@ whatever state the process was in (importing at start-up, a smoke episode, a tra
 evaluation)."""
 
 
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+"""How Python joins the tracebacks of one exception chain (PEP 3134): only the last one propagated."""
+
+
+def _final_tracebacks(log_text: str) -> list[str]:
+    """The log's tracebacks, one per exception chain: the chain's last traceback, the exception that
+    propagated. A stop signal that lands while a library handles an exception of its own (``except
+    ImportError:`` around an optional import) prints that exception's traceback first, then "During handling
+    of the above exception…" and the ``KeyboardInterrupt``: the chain is the stop's, not an ImportError."""
+    found = list(_TRACEBACK.finditer(log_text))
+    final = []
+    for index, match in enumerate(found):
+        between = log_text[match.end() : found[index + 1].start()] if index + 1 < len(found) else ""
+        if not any(marker in between for marker in _CHAINED):
+            final.append(match.group(0))
+    return final
+
+
 def _own_failure(traceback: str) -> bool:
     """Whether a traceback is the process's own failure, not the mark of a3r stopping it."""
     last = traceback.strip().splitlines()[-1].strip() if traceback.strip() else ""
@@ -498,7 +516,7 @@ def detect_crash(log_text: str, *, exit_code: int | None, agent_failures: int = 
         exit_code: The client's exit code (``None`` while running, or stopped by us).
         agent_failures: Episodes aborted because the workflow raised.
     """
-    tracebacks = [tb for tb in _TRACEBACK.findall(log_text) if _own_failure(tb)]
+    tracebacks = [tb for tb in _final_tracebacks(log_text) if _own_failure(tb)]
     if exit_code in (None, 0) and agent_failures == 0 and not tracebacks:
         return []
     last = tracebacks[-1] if tracebacks else ""

@@ -1205,7 +1205,7 @@ def _conclude(
     rows = api.metrics() or sources.rows
     rec.metrics(rows)
     rec.events(api.events())
-    diagnoses = _diagnose(run, end, rows, episodes, exit_code, server_exit, client.log_text())
+    diagnoses = _diagnose(run, end, rows, episodes, exit_code, server_exit, client.own_log_text())
     # Held-out evaluation with the frozen evaluator: after a sweep run, and in vibe before (smoke) and
     # after (train) training, so a train-reward gain can be checked against held-out reward. A run the
     # budget stopped is evaluated too: its budget kept `eval_reserve_s` for it. A sweep run stopped
@@ -1276,7 +1276,8 @@ def _diagnose(
     log_text: str,
 ) -> list[Diagnosis]:
     """What the run's server log, metrics, episodes and client log show (a3r.study.analysis); a client
-    a3r stopped (attention, hang, budget, target reached) is not read as crashed by its exit code."""
+    a3r stopped (attention, hang, budget, target reached) is not read as crashed by its exit code, nor by
+    what it printed after the stop signal (``log_text`` is `ManagedProcess.own_log_text`)."""
     spec, process = run.spec, run.handle.process
     diagnoses: list[Diagnosis] = []
     if server_exit is not None and process is not None:

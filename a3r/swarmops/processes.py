@@ -87,6 +87,7 @@ class ManagedProcess:
         popen: The process.
         log_path: Combined stdout/stderr.
         pid_path: JSON ``{"pid", "cmd"}`` written at start, removed when it ends.
+        log_start: Bytes the log held at the start (an earlier process's output, the log being appended to).
     """
 
     name: str
@@ -94,6 +95,8 @@ class ManagedProcess:
     log_path: Path
     pid_path: Path
     _log: IO[bytes] | None = field(default=None, repr=False)
+    log_start: int = 0
+    _log_at_stop: int | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
@@ -111,6 +114,23 @@ class ManagedProcess:
             return ""
         return data[-limit:].decode("utf-8", errors="replace")
 
+    def own_log_text(self, limit: int = 200_000) -> str:
+        """What this process wrote by itself, the last ``limit`` characters: its log from its start up to
+        the signal `stop` sent (to its end when it ended by itself, or was never stopped).
+
+        What a process prints after a3r's stop signal (the ``KeyboardInterrupt`` raised wherever the signal
+        landed, a library's clean-up failing on the way out) is the stop's doing, never the run's crash; an
+        earlier process's output in the same log (a resumed run's) is not this one's.
+        """
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self.log_start)
+                size = None if self._log_at_stop is None else max(0, self._log_at_stop - self.log_start)
+                data = log.read() if size is None else log.read(size)
+        except OSError:
+            return ""
+        return data[-limit:].decode("utf-8", errors="replace")
+
     def stop(self, *, sig: int = signal.SIGINT, grace_s: float = 15.0) -> int | None:
         """Send ``sig``, wait ``grace_s`` seconds, then SIGKILL; returns the exit code.
 
@@ -119,6 +139,8 @@ class ManagedProcess:
         process holding its share of the GPU.
         """
         if self.popen.poll() is None:
+            with contextlib.suppress(OSError):  # the output is unbuffered: all it wrote so far is there
+                self._log_at_stop = self.log_path.stat().st_size
             with contextlib.suppress(ProcessLookupError):
                 self.popen.send_signal(sig)
             try:
@@ -168,6 +190,7 @@ def launch(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     pid_path = log_path.with_suffix(".pid")
     log = log_path.open("ab")
+    start = log.seek(0, os.SEEK_END)
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     try:
         popen = subprocess.Popen(
@@ -184,7 +207,9 @@ def launch(
         log.close()
         raise SwarmProcessError(f"cannot start {name}: {exc.strerror} ({argv[0]})") from None
     pid_path.write_text(json.dumps({"pid": popen.pid, "cmd": list(argv)}), encoding="utf-8")
-    return ManagedProcess(name=name, popen=popen, log_path=log_path, pid_path=pid_path, _log=log)
+    return ManagedProcess(
+        name=name, popen=popen, log_path=log_path, pid_path=pid_path, _log=log, log_start=start
+    )
 
 
 def end_stale(pid_path: Path) -> bool:

@@ -31,6 +31,12 @@ _STATES = {
         "import asyncio\nasync def step():\n    while True:\n        print('step', flush=True)\n"
         "        await asyncio.sleep(0.2)\nasyncio.run(step())\n"
     ),
+    # a library handling an exception of its own (an optional import's fallback) when the signal lands: the
+    # log holds the ImportError's traceback, "During handling of the above exception…", the KeyboardInterrupt
+    "optional-import": (
+        "try:\n    import a3r_no_such_module\nexcept ImportError:\n    import time\n"
+        "    print('fallback', flush=True)\n    time.sleep(60)\n"
+    ),
     # the held-out evaluator's attempts under way at once (`a3r.swarmops.evaluate` runs them as tasks)
     "evaluation": (
         "import asyncio\nasync def attempts():\n    print('attempt', flush=True)\n"
@@ -54,9 +60,41 @@ def _stopped_log(tmp_path: Path, state: str) -> str:
 def test_a_budget_stop_in_every_state_is_no_crash(tmp_path: Path, state: str) -> None:
     log = _stopped_log(tmp_path, state)
     assert "Traceback" in log and ("KeyboardInterrupt" in log or "CancelledError" in log), log
+    if state == "optional-import":  # the whole log, as a3r read it before it knew when it sent the signal
+        assert "ModuleNotFoundError" in log and "During handling of the above exception" in log, log
     # the runner passes no exit code for a run it stopped itself (`execution._conclude`)
     found = detect_all(rows=[], episodes=[], group_size=4, log_text=log, exit_code=None)
     assert [d for d in found if d.kind is DiagnosisKind.crash] == []
+
+
+def test_what_a_client_prints_after_the_stop_signal_is_not_its_own(tmp_path: Path) -> None:
+    """`ManagedProcess.own_log_text`: the log from the process's start to a3r's stop signal. A traceback
+    printed before the signal is kept (the run's own failure); whatever the stop makes it print is not, and
+    neither is an earlier process's output in the same log (a resumed run's client appends to it)."""
+    log_path = tmp_path / "client.log"
+    log_path.write_text(
+        'Traceback (most recent call last):\n  File "x", line 1\nValueError: an earlier run\n'
+    )
+    program = (
+        "import signal, time, traceback\n"
+        "def on_stop(*_):\n    raise RuntimeError('clean-up failed on the way out')\n"
+        "signal.signal(signal.SIGINT, on_stop)\n"
+        "try:\n    {}[1]\nexcept KeyError:\n    traceback.print_exc()\n"
+        "print('running', flush=True)\ntime.sleep(60)\n"
+    )
+    proc = launch("client", [sys.executable, "-c", program], log_path=log_path)
+    deadline = time.monotonic() + 30
+    while "running" not in proc.log_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.stop(grace_s=10)
+    whole, own = proc.log_text(), proc.own_log_text()
+    assert "an earlier run" in whole and "RuntimeError: clean-up failed" in whole, whole
+    assert "an earlier run" not in own and "RuntimeError" not in own and "KeyError: 1" in own, own
+    (crash,) = detect_crash(own, exit_code=None)
+    assert crash.evidence["tracebacks"] == 1 and "KeyError" in crash.summary
+    # a process that ends by itself keeps all it wrote
+    ended = launch("client", [sys.executable, "-c", "print('done')"], log_path=tmp_path / "client.log")
+    assert ended.wait(30) == 0 and ended.own_log_text().strip() == "done"
 
 
 def test_the_runs_own_failure_is_still_a_crash_with_its_traceback(tmp_path: Path) -> None:

@@ -188,7 +188,9 @@ def test_a_coarse_stage_runs_as_tenants_of_one_server(
             assert outcome.status == "budget", outcome.reason
             assert status_text(outcome.status) == "cancelled (budget)"
             assert STORE_STATUS[outcome.status] is RunStatus.cancelled
-            assert not any(d.kind.value == "crash" for d in outcome.diagnoses)
+            assert not any(d.kind.value == "crash" for d in outcome.diagnoses), [
+                (d.summary, d.evidence) for d in outcome.diagnoses
+            ]
             if outcome.eval is None:  # retired at the stop: a step under way then counts (fresh-s6 #2)
                 assert outcome.steps == retired_at[outcome.tenant], (outcome.steps, outcome.reason)
     store.close()
