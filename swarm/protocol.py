@@ -1071,14 +1071,9 @@ class TenantState(StrEnum):
 
 class NoOptions(_Strict):
     """The body of a route that takes no options (``POST /api/v1/pause``, ``/resume``, ``/checkpoint``,
-    ``/api/v1/episodes/{id}/heartbeat``, ``/api/v1/clients/{id}/heartbeat``): none, or ``{}``. Any field
-    is refused (422 naming it), and a body that is not JSON is a 400 (415 without a JSON content type),
-    as on every route, rather than ignored."""
-
-
-class TenantAction(_Strict):
-    """The body of ``POST /api/v1/tenants/{id}/pause``, ``/resume`` and ``/retire``: none, or ``{}``. They
-    take no options, so any field is refused (422 naming it) rather than ignored."""
+    ``/api/v1/episodes/{id}/heartbeat``, ``/api/v1/clients/{id}/heartbeat``, and a tenant's ``/pause``,
+    ``/resume`` and ``/retire``): none, or ``{}``. Any field is refused (422 naming it), and a body that is
+    not JSON is a 400 (415 without a JSON content type), as on every route, rather than ignored."""
 
 
 class TenantBrief(BaseModel):

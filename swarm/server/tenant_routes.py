@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from swarm.protocol import ServerStepMetrics, TenantAction, TenantCreate, TenantView
+from swarm.protocol import NoOptions, ServerStepMetrics, TenantCreate, TenantView
 from swarm.server.auth import require_admin
 from swarm.server.deps import TenantsDep, error_models
 
@@ -71,20 +71,20 @@ def tenant_metrics(tenant_id: str, tenants: TenantsDep, since_step: int = 0) -> 
 
 
 @router.post("/{tenant_id}/pause", responses=_LIFECYCLE)
-async def pause_tenant(tenant_id: str, tenants: TenantsDep, body: TenantAction | None = None) -> TenantView:
+async def pause_tenant(tenant_id: str, tenants: TenantsDep, body: NoOptions | None = None) -> TenantView:
     """No new episodes under the tenant (503) and no step until resumed; its open episodes keep sampling.
     No body, or ``{}``."""
     return tenants.pause(tenant_id)
 
 
 @router.post("/{tenant_id}/resume", responses=_LIFECYCLE)
-async def resume_tenant(tenant_id: str, tenants: TenantsDep, body: TenantAction | None = None) -> TenantView:
+async def resume_tenant(tenant_id: str, tenants: TenantsDep, body: NoOptions | None = None) -> TenantView:
     """Resume a paused or failed tenant (its reason is cleared). No body, or ``{}``."""
     return tenants.resume(tenant_id)
 
 
 @router.post("/{tenant_id}/retire", responses=_LIFECYCLE)
-async def retire_tenant(tenant_id: str, tenants: TenantsDep, body: TenantAction | None = None) -> TenantView:
+async def retire_tenant(tenant_id: str, tenants: TenantsDep, body: NoOptions | None = None) -> TenantView:
     """Retire a tenant: its open episodes are aborted, a running step ends first, its adapter is saved as a
     LoRA checkpoint (``checkpoint``, loadable with ``PeftModel.from_pretrained``) and leaves memory. A
     retire sent while one is under way answers when it ends, with the same view. No body, or ``{}``."""
