@@ -19,6 +19,7 @@ import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -483,26 +484,86 @@ evaluation)."""
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 """How Python joins the tracebacks of one exception chain (PEP 3134): only the last one propagated."""
 
+_GROUP_HEADER = re.compile(
+    r"^[ \t]*\+ Exception Group Traceback \(most recent call last\):[ \t]*$", re.MULTILINE
+)
+"""The first line of an exception group's traceback (PEP 654), whose lines then start with ``|`` or ``+``."""
 
-def _final_tracebacks(log_text: str) -> list[str]:
+
+@dataclass(frozen=True)
+class _Traceback:
+    """One traceback in a log: where it is, its text, the exception line it ends with (a group's: its first
+    sub-exception that is not a stop, else its first), and whether that is a3r's stop (`STOP_EXCEPTIONS`;
+    a group's when every sub-exception is)."""
+
+    start: int
+    end: int
+    text: str
+    error: str
+    stop: bool
+
+
+def _exception_name(line: str) -> str:
+    return line.split(":", 1)[0].strip()
+
+
+def _group_traceback(log_text: str, header: re.Match[str]) -> _Traceback:
+    """The exception group traceback that begins at ``header``: its prefixed lines up to a blank line, another
+    traceback, or the last prefixed line (a sub-exception's message may continue on unprefixed lines)."""
+    end = header.end()
+    errors: list[str] = []
+    position = header.end()
+    for line in log_text[header.end() :].split("\n")[1:]:
+        position += 1 + len(line)
+        stripped = line.strip()
+        if not stripped or ("Traceback (most recent call last)" in line and not stripped.startswith("|")):
+            break
+        if not stripped.startswith(("|", "+")):
+            continue  # a message's continuation line, or other output interleaved
+        end = position
+        if not stripped.startswith("|"):
+            continue  # a separator between sub-exceptions
+        content = stripped[1:].removeprefix(" ")
+        if not content or content[0].isspace() or "Traceback (most recent call last)" in content:
+            continue  # a frame, its code, or a nested traceback's first line
+        if content.startswith(_CHAINED):
+            if errors:
+                errors.pop()  # that exception was handled: the chain's next one propagated
+            continue
+        errors.append(content)
+    leaves = [e for e in errors if not _exception_name(e).endswith("ExceptionGroup")]
+    own = [e for e in leaves if _exception_name(e) not in STOP_EXCEPTIONS]
+    error = (own or leaves or errors or [""])[0]
+    return _Traceback(header.start(), end, log_text[header.start() : end], error, bool(leaves) and not own)
+
+
+def _final_tracebacks(log_text: str) -> list[_Traceback]:
     """The log's tracebacks, one per exception chain: the chain's last traceback, the exception that
     propagated. A stop signal that lands while a library handles an exception of its own (``except
     ImportError:`` around an optional import) prints that exception's traceback first, then "During handling
-    of the above exception…" and the ``KeyboardInterrupt``: the chain is the stop's, not an ImportError."""
-    found = list(_TRACEBACK.finditer(log_text))
+    of the above exception…" and the ``KeyboardInterrupt``: the chain is the stop's, not an ImportError.
+    Exception groups (an ``asyncio.TaskGroup``'s errors, PEP 654) are one traceback each, judged by their
+    sub-exceptions."""
+    groups = [_group_traceback(log_text, header) for header in _GROUP_HEADER.finditer(log_text)]
+    plain_text = log_text
+    for group in groups:  # their nested tracebacks are theirs: blanked, the offsets kept
+        blank = re.sub(r"[^\n]", " ", log_text[group.start : group.end])
+        plain_text = plain_text[: group.start] + blank + plain_text[group.end :]
+    plain = []
+    for match in _TRACEBACK.finditer(plain_text):
+        error = match.group(0).strip().splitlines()[-1].strip()
+        plain.append(
+            _Traceback(
+                match.start(), match.end(), match.group(0), error, _exception_name(error) in STOP_EXCEPTIONS
+            )
+        )
+    found = sorted([*groups, *plain], key=lambda tb: tb.start)
     final = []
-    for index, match in enumerate(found):
-        between = log_text[match.end() : found[index + 1].start()] if index + 1 < len(found) else ""
+    for index, traceback in enumerate(found):
+        between = log_text[traceback.end : found[index + 1].start] if index + 1 < len(found) else ""
         if not any(marker in between for marker in _CHAINED):
-            final.append(match.group(0))
+            final.append(traceback)
     return final
-
-
-def _own_failure(traceback: str) -> bool:
-    """Whether a traceback is the process's own failure, not the mark of a3r stopping it."""
-    last = traceback.strip().splitlines()[-1].strip() if traceback.strip() else ""
-    name = last.split(":", 1)[0].strip()
-    return name not in STOP_EXCEPTIONS
 
 
 def detect_crash(log_text: str, *, exit_code: int | None, agent_failures: int = 0) -> list[Diagnosis]:
@@ -516,12 +577,12 @@ def detect_crash(log_text: str, *, exit_code: int | None, agent_failures: int = 
         exit_code: The client's exit code (``None`` while running, or stopped by us).
         agent_failures: Episodes aborted because the workflow raised.
     """
-    tracebacks = [tb for tb in _final_tracebacks(log_text) if _own_failure(tb)]
+    tracebacks = [tb for tb in _final_tracebacks(log_text) if not tb.stop]
     if exit_code in (None, 0) and agent_failures == 0 and not tracebacks:
         return []
-    last = tracebacks[-1] if tracebacks else ""
+    last = tracebacks[-1].text if tracebacks else ""
     tail = "\n".join(last.strip().splitlines()[-6:]) if last else log_text.strip()[-600:]
-    error_line = last.strip().splitlines()[-1] if last else ""
+    error_line = tracebacks[-1].error if tracebacks else ""
     summary = (
         f"client {'exited with code ' + str(exit_code) if exit_code not in (None, 0) else 'raised'}"
         f"{': ' + error_line if error_line else ''}; {len(tracebacks)} traceback(s), "

@@ -1281,7 +1281,7 @@ def _diagnose(
     spec, process = run.spec, run.handle.process
     diagnoses: list[Diagnosis] = []
     if server_exit is not None and process is not None:
-        diagnoses += detect_crash(process.log_text(), exit_code=process.poll())
+        diagnoses += detect_crash(process.own_log_text(), exit_code=process.poll())
     stopped_by_us = end.status in ("needs_attention", "hung", "budget") or end.reason.startswith(
         "reached step"
     )

@@ -37,6 +37,12 @@ _STATES = {
         "try:\n    import a3r_no_such_module\nexcept ImportError:\n    import time\n"
         "    print('fallback', flush=True)\n    time.sleep(60)\n"
     ),
+    # the client's runner: its slots are tasks of an asyncio.TaskGroup, whose stop prints exception groups
+    "task-group": (
+        "import asyncio\nasync def slot():\n    await asyncio.sleep(60)\nasync def slots():\n"
+        "    async with asyncio.TaskGroup() as group:\n        for _ in range(2):\n"
+        "            group.create_task(slot())\n        print('slots', flush=True)\nasyncio.run(slots())\n"
+    ),
     # the held-out evaluator's attempts under way at once (`a3r.swarmops.evaluate` runs them as tasks)
     "evaluation": (
         "import asyncio\nasync def attempts():\n    print('attempt', flush=True)\n"
@@ -111,6 +117,27 @@ def test_the_runs_own_failure_is_still_a_crash_with_its_traceback(tmp_path: Path
     both = proc.log_text() + 'Traceback (most recent call last):\n  File "x", line 1\nKeyboardInterrupt\n'
     (kept,) = detect_crash(both, exit_code=None)
     assert "JSONDecodeError" in kept.summary and kept.evidence["tracebacks"] == 1
+
+
+def test_a_task_groups_own_failure_is_a_crash_named_by_its_error(tmp_path: Path) -> None:
+    """A failing slot of the client's runner ends it with an exception group (PEP 654), whose lines start
+    with ``|``: the crash names the sub-exception, and an error chained from the group counts once."""
+    program = (
+        "import asyncio\nasync def bad():\n    raise AttributeError('no text')\n"
+        "async def slots():\n    async with asyncio.TaskGroup() as group:\n        group.create_task(bad())\n"
+        "try:\n    asyncio.run(slots())\nexcept ExceptionGroup as group:\n"
+        "    raise RuntimeError('the runner gave up') from group\n"
+    )
+    proc = launch("client", [sys.executable, "-c", program], log_path=tmp_path / "group.log")
+    code = proc.wait(30)
+    log = proc.own_log_text()
+    assert "Exception Group Traceback" in log and "direct cause" in log, log
+    (crash,) = detect_crash(log, exit_code=code)
+    assert crash.evidence["tracebacks"] == 1 and "RuntimeError: the runner gave up" in crash.summary
+    # the group alone, with output after it: named by its sub-exception, not by the next line
+    group_only = log.split("\nThe above exception")[0] + "\nREADY\n"
+    (alone,) = detect_crash(group_only, exit_code=None)
+    assert "AttributeError: no text" in alone.summary, alone.summary
 
 
 @pytest.mark.parametrize(
