@@ -107,7 +107,7 @@ class ManagedProcess:
         return self.popen.poll()
 
     def log_text(self, limit: int = 200_000) -> str:
-        """The last ``limit`` characters of the log."""
+        """The last ``limit`` bytes of the log (decoded, invalid UTF-8 replaced)."""
         try:
             data = self.log_path.read_bytes()
         except OSError:
@@ -115,7 +115,7 @@ class ManagedProcess:
         return data[-limit:].decode("utf-8", errors="replace")
 
     def own_log_text(self, limit: int = 200_000) -> str:
-        """What this process wrote by itself, the last ``limit`` characters: its log from its start up to
+        """What this process wrote by itself, the last ``limit`` bytes: its log from its start up to
         the signal `stop` sent (to its end when it ended by itself, or was never stopped).
 
         What a process prints after a3r's stop signal (the ``KeyboardInterrupt`` raised wherever the signal
